@@ -1,0 +1,42 @@
+"""Rank functions of the harness's own tests (loaded by path in each rank process)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from ascend_eplb.testing import RankContext
+
+
+def allreduce_rank(ctx: RankContext, value: int) -> int:
+    ctx.init_gloo()
+    t = torch.tensor([value + ctx.rank])
+    dist.all_reduce(t)
+    return int(t.item())
+
+
+def raise_on_rank_one(ctx: RankContext) -> int:
+    if ctx.rank == 1:
+        raise RuntimeError("rank one refuses")
+    return ctx.rank
+
+
+def exit_on_rank_zero(ctx: RankContext) -> None:
+    import os
+
+    if ctx.rank == 0:
+        os._exit(7)
+
+
+def sleep_forever(ctx: RankContext) -> None:
+    time.sleep(3600)
+
+
+def wait_for_dead_peer(ctx: RankContext) -> None:
+    """Rank 1 dies before the collective; rank 0 would block on it until killed."""
+    ctx.init_gloo(timeout_s=3600)
+    if ctx.rank == 1:
+        raise RuntimeError("rank one died before the all_reduce")
+    dist.all_reduce(torch.ones(1))

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from ascend_eplb.testing import RankFailure, load_module, run_ranks
+
+rank_fns = load_module(Path(__file__).with_name("rank_fns.py"))
+
+
+def test_results_of_every_rank_come_back(tmp_path):
+    assert run_ranks(rank_fns.allreduce_rank, world_size=3, tmp_path=tmp_path, args=(10,)) == [33, 33, 33]
+
+
+def test_exception_of_one_rank_is_surfaced_with_traceback(tmp_path):
+    with pytest.raises(RankFailure) as info:
+        run_ranks(rank_fns.raise_on_rank_one, world_size=2, tmp_path=tmp_path)
+    assert info.value.reports[0] == (0, "")
+    code, detail = info.value.reports[1]
+    assert code == 1
+    assert "RuntimeError: rank one refuses" in detail
+    assert "--- rank 1: exit code 1" in str(info.value)
+
+
+def test_exit_code_of_a_dying_rank_is_surfaced(tmp_path):
+    with pytest.raises(RankFailure) as info:
+        run_ranks(rank_fns.exit_on_rank_zero, world_size=2, tmp_path=tmp_path)
+    assert info.value.reports[0][0] == 7
+    assert info.value.reports[1] == (0, "")
+
+
+def test_deadline_kills_every_rank(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        run_ranks(rank_fns.sleep_forever, world_size=2, tmp_path=tmp_path, timeout_s=2.0)
+    assert time.monotonic() - start < 15
+    assert {code for code, _ in info.value.reports.values()} == {None}
+    assert "still running after the deadline" in info.value.reports[0][1]
+
+
+def test_peer_blocked_on_a_dead_rank_is_killed_after_grace(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as info:
+        run_ranks(rank_fns.wait_for_dead_peer, world_size=2, tmp_path=tmp_path, timeout_s=120, grace_s=1.0)
+    assert time.monotonic() - start < 30
+    assert "rank one died" in info.value.reports[1][1]
+    assert info.value.reports[0][0] in (None, 1)
+
+
+def test_functions_must_be_module_level(tmp_path):
+    def local(ctx):
+        return 0
+
+    with pytest.raises(ValueError, match="must be defined at module level"):
+        run_ranks(local, world_size=1, tmp_path=tmp_path)
+
+
+def test_world_size_is_bounded(tmp_path):
+    with pytest.raises(ValueError, match=r"world_size=0 must be in \[1, 8\]"):
+        run_ranks(rank_fns.allreduce_rank, world_size=0, tmp_path=tmp_path)
