@@ -1,0 +1,134 @@
+"""The workspace's shape (DESIGN.md section 3): packages, declared dependency edges, import contracts."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# DESIGN.md section 3: folder -> (distribution, import package, dependency edges).
+PACKAGES = {
+    "packages/eplb-quant-views": ("ascend-eplb-quant-views", "quant_views", {"torch"}),
+    "packages/eplb-dataplane": ("ascend-eplb-dataplane", "dataplane", {"torch"}),
+    "packages/eplb-movement": ("ascend-eplb-movement", "movement", {"torch", "vllm"}),
+    "packages/eplb-control": ("ascend-eplb-control", "control", {"torch", "vllm", "ascend-eplb-dataplane"}),
+    "integration": (
+        "ascend-eplb-integration",
+        "integration",
+        {
+            "torch",
+            "vllm",
+            "ascend-eplb-quant-views",
+            "ascend-eplb-dataplane",
+            "ascend-eplb-movement",
+            "ascend-eplb-control",
+        },
+    ),
+}
+# Third-party libraries a plane may use beside its edges (argument parsing, progress, plots).
+TOOL_LIBRARIES = {"integration": {"numpy", "tqdm", "matplotlib"}}
+PINS = {"torch": "==2.13.0", "vllm": "==0.33.0"}
+
+
+def _requirement_name(requirement: str) -> tuple[str, str]:
+    match = re.match(r"^([A-Za-z0-9_.\-]+)\s*(.*)$", requirement)
+    assert match, requirement
+    return match.group(1).lower().replace("_", "-"), match.group(2).split(";")[0].strip()
+
+
+def _pyproject(folder: str) -> dict:
+    return tomllib.loads((ROOT / folder / "pyproject.toml").read_text())
+
+
+@pytest.mark.parametrize("folder", sorted(PACKAGES))
+def test_package_layout_and_metadata(folder):
+    distribution, module, _ = PACKAGES[folder]
+    data = _pyproject(folder)
+    assert data["project"]["name"] == distribution
+    assert data["build-system"]["build-backend"] == "hatchling.build"
+    assert data["project"]["dynamic"] == ["version"]
+    about = f"src/ascend_eplb/{module}/__about__.py"
+    assert data["tool"]["hatch"]["version"]["path"] == about
+    assert re.fullmatch(r'__version__ = "\d+\.\d+\.\d+"\n', (ROOT / folder / about).read_text())
+    for name in ("README.md", "CHANGELOG.md", f"src/ascend_eplb/{module}/py.typed"):
+        assert (ROOT / folder / name).is_file(), f"{folder}/{name} is missing"
+    assert not (ROOT / folder / "src/ascend_eplb/__init__.py").exists(), "ascend_eplb must stay a PEP 420 namespace"
+    assert any((ROOT / folder / "tests").glob("test_*.py")), f"{folder}/tests has no tests"
+
+
+@pytest.mark.parametrize("folder", sorted(PACKAGES))
+def test_declared_dependencies_are_the_design_edges(folder):
+    _, _, edges = PACKAGES[folder]
+    declared = dict(_requirement_name(r) for r in _pyproject(folder)["project"]["dependencies"])
+    assert set(declared) == edges | TOOL_LIBRARIES.get(folder, set())
+    for name, pin in PINS.items():
+        if name in declared:
+            assert declared[name] == pin, f"{folder} pins {name}{declared[name]}, DESIGN says {name}{pin}"
+    extras = _pyproject(folder)["project"].get("optional-dependencies", {})
+    assert set(extras) <= {"npu"}, f"{folder} declares extras {sorted(extras)}; only 'npu' is allowed"
+
+
+@pytest.mark.parametrize("folder", sorted(PACKAGES))
+def test_torch_npu_is_imported_in_at_most_one_probe_module(folder):
+    _, module, _ = PACKAGES[folder]
+    importers = [
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / folder / "src/ascend_eplb" / module).rglob("*.py")
+        if re.search(r"^\s*(import torch_npu|from torch_npu)", path.read_text(), re.MULTILINE)
+    ]
+    assert len(importers) <= 1, f"torch_npu imported in {importers}; DESIGN allows one guarded probe per package"
+
+
+def _lint_imports(src_roots: list[Path]) -> subprocess.CompletedProcess[str]:
+    """Run import-linter with the workspace's contracts over the given ``src`` roots (first wins)."""
+    env = {"PYTHONPATH": ":".join(str(p) for p in src_roots), "PATH": str(Path(sys.executable).parent)}
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports"), "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=240,
+    )
+
+
+def _copy_sources(tmp_path: Path) -> list[Path]:
+    roots = []
+    for folder in PACKAGES:
+        dst = tmp_path / folder / "src"
+        shutil.copytree(ROOT / folder / "src", dst, ignore=shutil.ignore_patterns("__pycache__", "*.npz"))
+        roots.append(dst)
+    return roots
+
+
+def test_import_contracts_hold_on_the_tree():
+    result = _lint_imports([ROOT / folder / "src" for folder in PACKAGES])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 3 kept, 0 broken." in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "broken_contract"),
+    [
+        ("dataplane", "import vllm.distributed.eplb.eplb_state", "quant-views and dataplane never import vllm"),
+        ("quant_views", "import vllm", "quant-views and dataplane never import vllm"),
+        ("control", "import ascend_eplb.integration", "planes stack under integration without cycles"),
+        ("dataplane", "import ascend_eplb.control", "planes stack under integration without cycles"),
+        ("control", "import ascend_eplb.movement", "control depends on dataplane only among the planes"),
+    ],
+)
+def test_a_forbidden_import_breaks_the_check(tmp_path, module, line, broken_contract):
+    roots = _copy_sources(tmp_path)
+    folder = next(f for f, (_, m, _) in PACKAGES.items() if m == module)
+    init = tmp_path / folder / "src/ascend_eplb" / module / "__init__.py"
+    init.write_text(init.read_text() + f"\n{line}  # injected by the test\n")
+    result = _lint_imports(roots)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"{broken_contract} BROKEN" in result.stdout
