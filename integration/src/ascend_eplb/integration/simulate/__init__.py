@@ -1,0 +1,1 @@
+"""``ascend-eplb simulate``: real routing replayed across EP rank processes through every plane."""

@@ -1,0 +1,112 @@
+"""Options of ``ascend-eplb simulate`` and their rules (checked before any rank process starts)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+__all__ = ["FAULTS", "PHASES", "SimulateConfig"]
+
+PHASES = ("all", "prefill", "decode")
+FAULTS = ("wrong-lookup-refresh", "view-skips-scale")
+
+
+@dataclass(frozen=True)
+class SimulateConfig:
+    """One simulator run. Defaults are the README's main-job command.
+
+    ``num_layers=None`` takes every layer of the trace; ``padded_size=None`` rounds ``batch_size`` up to a
+    multiple of 16 (plus 16 when already a multiple, so every batch carries padding rows, as a
+    graph-captured runner's fixed batch does). ``trace=None`` is the embedded ESFT trace.
+    """
+
+    num_ranks: int = 4
+    num_redundant_experts: int = 4
+    quant_format: str = "w8a8_dynamic"
+    num_layers: int | None = None
+    batch_size: int = 32
+    padded_size: int | None = None
+    steps: int = 160
+    window_size: int = 8
+    step_interval: int = 40
+    load_collection_phase: str = "all"
+    trace: str | None = None
+    hidden_size: int = 64
+    intermediate_size: int = 32
+    seed: int = 0
+    out_dir: str = "eplb-simulate"
+    timeout_s: float = 300.0
+    progress: bool = True
+    fault: str | None = None
+    sample_tokens: int = 8192  # tokens drawn when ``trace`` is a load matrix
+    sample_top_k: int = 6
+
+    @property
+    def effective_padded_size(self) -> int:
+        if self.padded_size is not None:
+            return self.padded_size
+        return (self.batch_size // 16 + 1) * 16
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def with_layers(self, num_layers: int) -> SimulateConfig:
+        return replace(self, num_layers=num_layers)
+
+    def validate(self, *, num_trace_layers: int, num_logical_experts: int, top_k: int) -> None:
+        """Raise ``ValueError`` listing every violated rule. Needs the trace's ``L``, ``E`` and ``K``."""
+        from ascend_eplb.quant_views import get_format
+
+        errors: list[str] = []
+        if not 1 <= self.num_ranks <= 8:
+            errors.append(f"ranks={self.num_ranks}: must be in [1, 8] (one CPU process per rank)")
+        if self.num_ranks == 1:
+            errors.append("ranks=1: EPLB needs an expert-parallel world of at least 2 ranks")
+        if self.num_redundant_experts < 0:
+            errors.append(f"redundant experts={self.num_redundant_experts}: must be >= 0")
+        num_physical = num_logical_experts + self.num_redundant_experts
+        if self.num_ranks >= 1 and num_physical % self.num_ranks:
+            errors.append(
+                f"redundant experts={self.num_redundant_experts}: E + redundant = {num_physical} physical "
+                f"experts must divide evenly over ranks={self.num_ranks}"
+            )
+        try:
+            fmt = get_format(self.quant_format)
+        except ValueError as e:
+            errors.append(f"format={self.quant_format!r}: {e}")
+        else:
+            if not fmt.supports_eplb:
+                errors.append(f"format={self.quant_format!r}: does not support EPLB")
+        if self.num_layers is not None and not 1 <= self.num_layers <= num_trace_layers:
+            errors.append(
+                f"layers={self.num_layers}: must be in [1, {num_trace_layers}] (the trace's MoE layers)"
+            )
+        if self.batch_size < 1:
+            errors.append(f"batch size={self.batch_size}: must be >= 1")
+        if self.padded_size is not None and self.padded_size < self.batch_size:
+            errors.append(f"padded size={self.padded_size}: must be >= batch size={self.batch_size}")
+        if self.steps < 1:
+            errors.append(f"steps={self.steps}: must be >= 1")
+        if self.window_size < 1 or self.step_interval < 1:
+            errors.append(f"window size={self.window_size}, step interval={self.step_interval}: must be >= 1")
+        elif self.window_size > self.step_interval:
+            errors.append(
+                f"window size={self.window_size}: must be <= step interval={self.step_interval} "
+                "(upstream records only the last window-size steps of an interval)"
+            )
+        if self.load_collection_phase not in PHASES:
+            errors.append(f"phase={self.load_collection_phase!r}: must be one of {PHASES}")
+        if self.trace is not None and not Path(self.trace).is_file():
+            errors.append(f"trace={self.trace}: no such file")
+        if self.hidden_size < 1 or self.intermediate_size < 1:
+            errors.append(
+                f"hidden size={self.hidden_size}, intermediate size={self.intermediate_size}: must be >= 1"
+            )
+        if self.timeout_s <= 0:
+            errors.append(f"timeout={self.timeout_s}: must be > 0 seconds")
+        if self.fault is not None and self.fault not in FAULTS:
+            errors.append(f"fault={self.fault!r}: must be one of {FAULTS}")
+        if top_k > num_logical_experts:
+            errors.append(f"trace top-k={top_k}: must be <= E={num_logical_experts}")
+        if errors:
+            raise ValueError("invalid simulate options:\n  - " + "\n  - ".join(errors))

@@ -1,0 +1,289 @@
+"""Real routing traces for the simulator: the embedded ESFT trace, its converter, and load matrices.
+
+The embedded default is the per-token top-6 routing of deepseek-ai/ESFT-vanilla-lite (DeepSeek-V2-Lite
+architecture: 26 MoE layers, 64 routed experts, top-6) over the 40 sequences (8,251 tokens) of the ESFT
+"translation" task, recorded by ESFT's ``scripts/expert/get_expert_scores.py`` (MIT, see
+``data/LICENSE-ESFT`` and ``data/ORIGIN.md``). :func:`convert` turns the 26 raw text files
+(``expert_weights_<layer>.txt``, one line per sequence, ``<ids>\\t\\t<gate weights>``) into one compact
+``.npz``; :func:`load_trace` reads it back.
+
+Compact file (``numpy.savez_compressed``), lossless with respect to the text files:
+
+- ``topk_ids``: uint8 ``[L, T, K]``, logical expert ids, tokens in processing order;
+- ``topk_weights_e4``: uint16 ``[L, T, K]``, gate weights times 10,000 (the text has 4 decimals);
+- ``seq_offsets``: int64 ``[S + 1]``, token offset of each sequence (``seq_offsets[-1] == T``);
+- ``layer_ids``: int64 ``[L]``, the model's layer number of each MoE layer (1..26);
+- ``num_logical_experts``: int64 scalar (64).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "EMBEDDED_TRACE",
+    "RoutingTrace",
+    "convert",
+    "embedded_trace_path",
+    "load_load_matrix",
+    "load_routing_source",
+    "load_trace",
+    "sample_trace_from_load",
+]
+
+EMBEDDED_TRACE = "esft_translation_top6.npz"
+"""File name of the embedded trace inside ``ascend_eplb.integration.data``."""
+
+_WEIGHT_SCALE = 10_000
+
+
+@dataclass(frozen=True)
+class RoutingTrace:
+    """Per-token top-k routing of ``L`` MoE layers, in processing order.
+
+    ``topk_ids``: int64 ``[L, T, K]`` logical ids in ``[0, E)``; ``topk_weights``: float32 ``[L, T, K]``
+    router weights; ``seq_offsets``: int64 ``[S + 1]``; ``num_logical_experts``: ``E``; ``name``: where
+    it came from (for the report).
+    """
+
+    topk_ids: np.ndarray
+    topk_weights: np.ndarray
+    seq_offsets: np.ndarray
+    num_logical_experts: int
+    name: str
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.topk_ids.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.topk_ids.shape[1])
+
+    @property
+    def top_k(self) -> int:
+        return int(self.topk_ids.shape[2])
+
+    def load(self) -> np.ndarray:
+        """int64 ``[L, E]``: selections per (layer, logical expert) over the whole trace."""
+        out = np.zeros((self.num_layers, self.num_logical_experts), dtype=np.int64)
+        for layer in range(self.num_layers):
+            out[layer] = np.bincount(self.topk_ids[layer].ravel(), minlength=self.num_logical_experts)
+        return out
+
+    def prefix(self, num_layers: int) -> RoutingTrace:
+        """The first ``num_layers`` layers; ``ValueError`` unless ``1 <= num_layers <= L``."""
+        if not 1 <= num_layers <= self.num_layers:
+            raise ValueError(f"layers={num_layers}: must be in [1, {self.num_layers}] for trace {self.name}")
+        return RoutingTrace(
+            self.topk_ids[:num_layers],
+            self.topk_weights[:num_layers],
+            self.seq_offsets,
+            self.num_logical_experts,
+            self.name,
+        )
+
+
+def _parse_line(line: str, path: Path, lineno: int, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    ids_text, sep, weights_text = line.rstrip("\n").partition("\t\t")
+    if not sep:
+        raise ValueError(f"{path}:{lineno}: expected '<ids>\\t\\t<weights>', found no double tab")
+    ids = np.array(ids_text.split("\t"), dtype=np.int64)
+    weights = np.array(weights_text.split("\t"), dtype=np.float64)
+    if ids.size != weights.size or ids.size % top_k:
+        raise ValueError(
+            f"{path}:{lineno}: {ids.size} ids and {weights.size} weights; both must be equal and a multiple "
+            f"of top_k={top_k}"
+        )
+    return ids.reshape(-1, top_k), weights.reshape(-1, top_k)
+
+
+def convert(
+    source_dir: str | Path, out_path: str | Path, *, top_k: int = 6, num_logical_experts: int = 64
+) -> Path:
+    """Convert ESFT ``expert_weights_<layer>.txt`` files into the compact ``.npz`` described above.
+
+    ``source_dir`` holds ``expert_weights_1.txt`` .. ``expert_weights_<L>.txt`` (layers numbered from 1,
+    contiguous). Raises ``ValueError`` naming the file and line if a file is missing, a line is malformed,
+    an id is outside ``[0, num_logical_experts)``, or the layers disagree on sequences or token counts.
+    Returns ``out_path``.
+    """
+    source_dir = Path(source_dir)
+    files = sorted(source_dir.glob("expert_weights_*.txt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
+    if not files:
+        raise ValueError(f"{source_dir}: no expert_weights_<layer>.txt files")
+    layer_ids = [int(p.stem.rsplit("_", 1)[1]) for p in files]
+    if layer_ids != list(range(layer_ids[0], layer_ids[0] + len(layer_ids))):
+        raise ValueError(f"{source_dir}: layer numbers {layer_ids} are not contiguous")
+    all_ids, all_weights, offsets = [], [], None
+    for path in files:
+        seq_ids, seq_weights, lengths = [], [], []
+        with path.open() as f:
+            for lineno, line in enumerate(f, 1):
+                ids, weights = _parse_line(line, path, lineno, top_k)
+                if ids.size and (ids.min() < 0 or ids.max() >= num_logical_experts):
+                    raise ValueError(f"{path}:{lineno}: expert id outside [0, {num_logical_experts})")
+                seq_ids.append(ids)
+                seq_weights.append(weights)
+                lengths.append(ids.shape[0])
+        layer_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        if offsets is None:
+            offsets = layer_offsets
+        elif not np.array_equal(offsets, layer_offsets):
+            raise ValueError(
+                f"{path}: sequence lengths differ from {files[0].name}; "
+                "every layer must route the same tokens"
+            )
+        all_ids.append(np.concatenate(seq_ids))
+        all_weights.append(np.concatenate(seq_weights))
+    weights_e4 = np.rint(np.stack(all_weights) * _WEIGHT_SCALE)
+    if weights_e4.min() < 0 or weights_e4.max() > np.iinfo(np.uint16).max:
+        raise ValueError(f"{source_dir}: gate weights outside [0, 6.5535]")
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        out_path,
+        topk_ids=np.stack(all_ids).astype(np.uint8),
+        topk_weights_e4=weights_e4.astype(np.uint16),
+        seq_offsets=offsets,
+        layer_ids=np.array(layer_ids, dtype=np.int64),
+        num_logical_experts=np.array(num_logical_experts, dtype=np.int64),
+    )
+    return out_path
+
+
+def embedded_trace_path() -> Path:
+    """Path of the trace shipped in the package (``ascend_eplb/integration/data/``)."""
+    return Path(str(resources.files("ascend_eplb.integration") / "data" / EMBEDDED_TRACE))
+
+
+def load_trace(path: str | Path | None = None) -> RoutingTrace:
+    """Load a compact trace written by :func:`convert`; ``None`` loads the embedded ESFT trace.
+
+    Raises ``ValueError`` naming the file when a key is missing or shapes disagree.
+    """
+    path = embedded_trace_path() if path is None else Path(path)
+    with np.load(path) as z:
+        missing = {"topk_ids", "topk_weights_e4", "seq_offsets", "num_logical_experts"} - set(z.files)
+        if missing:
+            raise ValueError(f"{path}: not a routing trace, missing keys {sorted(missing)}")
+        ids = z["topk_ids"].astype(np.int64)
+        weights = z["topk_weights_e4"].astype(np.float32) / _WEIGHT_SCALE
+        offsets = z["seq_offsets"].astype(np.int64)
+        num_experts = int(z["num_logical_experts"])
+    if ids.ndim != 3 or ids.shape != weights.shape or offsets[-1] != ids.shape[1]:
+        raise ValueError(
+            f"{path}: topk_ids {ids.shape}, weights {weights.shape}, last offset {offsets[-1]} disagree"
+        )
+    if ids.max() >= num_experts:
+        raise ValueError(f"{path}: expert id {ids.max()} >= num_logical_experts {num_experts}")
+    return RoutingTrace(ids, weights, offsets, num_experts, path.name)
+
+
+def _matrix(value: object, source: str) -> np.ndarray:
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{source}: load must be a numeric [L, E] matrix ({e})") from None
+    if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 1:
+        raise ValueError(f"{source}: load must be a [L, E] matrix, got shape {arr.shape}")
+    if not np.isfinite(arr).all() or (arr < 0).any():
+        raise ValueError(f"{source}: load must be finite and >= 0")
+    return arr
+
+
+def load_load_matrix(path: str | Path) -> np.ndarray:
+    """Read recorded expert load as float64 ``[L, E]`` (any non-negative unit: counts or shares).
+
+    Accepted: ``.npy``; ``.csv`` (one row per layer, no header); ``.json`` holding a ``[L, E]`` list, an
+    SGLang expert-distribution dump ``{"logical_count": [[...]]}`` (``[L, E]``, or ``[steps, L, E]``
+    summed over steps), or an ESFT ``summary.json`` (``{"token_scores": {layer: {expert: share}}}``,
+    layers and experts sorted numerically). Raises ``ValueError`` naming the file and the rule.
+    """
+    path = Path(path)
+    source = str(path)
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        return _matrix(np.load(path, allow_pickle=False), source)
+    if suffix == ".csv":
+        with path.open(newline="") as f:
+            rows = [row for row in csv.reader(f) if row]
+        return _matrix(rows, source)
+    if suffix != ".json":
+        raise ValueError(f"{source}: unsupported load file type {suffix!r}; use .json, .npy or .csv")
+    data = json.loads(path.read_text())
+    if isinstance(data, dict) and "token_scores" in data:
+        scores = data["token_scores"]
+        layers = sorted(scores, key=int)
+        experts = sorted({int(e) for layer in layers for e in scores[layer]})
+        if experts != list(range(len(experts))):
+            raise ValueError(f"{source}: token_scores experts must be 0..E-1")
+        return _matrix([[scores[layer].get(str(e), 0.0) for e in experts] for layer in layers], source)
+    if isinstance(data, dict) and "logical_count" in data:
+        arr = np.asarray(data["logical_count"], dtype=np.float64)
+        if arr.ndim == 3:
+            arr = arr.sum(axis=0)
+        return _matrix(arr, source)
+    if isinstance(data, dict):
+        raise ValueError(f"{source}: JSON object must hold 'token_scores' (ESFT) or 'logical_count' (SGLang)")
+    return _matrix(data, source)
+
+
+def sample_trace_from_load(
+    load_le: np.ndarray, *, num_tokens: int, top_k: int, seed: int, name: str = "load matrix"
+) -> RoutingTrace:
+    """Draw a routing trace whose per-layer expert frequencies follow ``load_le`` (float ``[L, E]``).
+
+    Each token picks ``top_k`` distinct experts per layer without replacement, with probability
+    proportional to the load (Gumbel top-k); weights are the normalised probabilities of the picks.
+    Layers with zero total load are routed uniformly. Raises ``ValueError`` if ``top_k > E``.
+    """
+    load = _matrix(load_le, name)
+    num_layers, num_experts = load.shape
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k={top_k}: must be in [1, E={num_experts}]")
+    rng = np.random.default_rng(seed)
+    totals = load.sum(axis=1, keepdims=True)
+    probs = np.where(totals > 0, load / np.where(totals > 0, totals, 1.0), 1.0 / num_experts)
+    logp = np.log(np.maximum(probs, 1e-30))
+    gumbel = rng.gumbel(size=(num_layers, num_tokens, num_experts))
+    ids = np.argsort(-(logp[:, None, :] + gumbel), axis=-1)[..., :top_k]
+    weights = np.take_along_axis(np.broadcast_to(probs[:, None, :], gumbel.shape), ids, axis=-1)
+    weights = (weights / weights.sum(axis=-1, keepdims=True)).astype(np.float32)
+    offsets = np.array([0, num_tokens], dtype=np.int64)
+    return RoutingTrace(ids.astype(np.int64), weights, offsets, num_experts, name)
+
+
+def load_routing_source(
+    path: str | Path | None, *, num_tokens: int = 8192, top_k: int = 6, seed: int = 0
+) -> RoutingTrace:
+    """The simulator's routing: ``None`` -> embedded trace; ``.npz`` -> :func:`load_trace`; a load matrix
+    (JSON/NPY/CSV) -> :func:`sample_trace_from_load` with ``num_tokens`` tokens and ``top_k``."""
+    if path is None or Path(path).suffix.lower() == ".npz":
+        return load_trace(path)
+    return sample_trace_from_load(
+        load_load_matrix(path), num_tokens=num_tokens, top_k=top_k, seed=seed, name=Path(path).name
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ascend_eplb.integration.trace SOURCE_DIR OUT.npz``: rebuild the embedded trace."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("source_dir", type=Path)
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args(argv)
+    out = convert(args.source_dir, args.out)
+    print(f"wrote {out} ({out.stat().st_size} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

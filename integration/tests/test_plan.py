@@ -1,0 +1,112 @@
+"""`ascend-eplb plan` equals upstream's default policy on the real ESFT per-task shares."""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+import torch
+from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
+
+from ascend_eplb.integration import cli, plan, trace
+
+ESFT = (
+    Path(__file__).resolve().parents[2].parent / "shared/data/expert-load/esft-deepseek-v2-lite-expert-scores"
+)
+TASKS = ("intent", "law", "summary", "translation")
+
+
+def _upstream(load, ranks, redundant, nodes=1, groups=1):
+    num_layers, num_experts = load.shape
+    linear = list(range(num_experts)) + [i % num_experts for i in range(redundant)]
+    old = torch.tensor([linear] * num_layers)
+    return DefaultEplbPolicy.rebalance_experts(
+        torch.from_numpy(load), num_experts + redundant, groups, nodes, ranks, old
+    )
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_plan_matches_direct_upstream_policy_call(task):
+    load = trace.load_load_matrix(ESFT / f"results/expert_scores/{task}/summary.json")
+    assert load.shape == (26, 64)
+    result = plan.plan(load, num_ranks=8, redundancy=[0, 8, 16])
+    for level, r in zip(result.levels, (0, 8, 16), strict=True):
+        expected = _upstream(load, 8, r)
+        np.testing.assert_array_equal(np.array(level.physical_to_logical_map), expected.numpy())
+        after = plan.rank_loads(load, expected.numpy(), 8)
+        assert level.balancedness_after == pytest.approx(np.mean(after.mean(1) / after.max(1)))
+        assert level.balancedness_after > level.balancedness_before
+    # Hierarchical branch (groups divisible by nodes) too.
+    hier = plan.plan(load, num_ranks=4, redundancy=[4], num_nodes=2, num_expert_groups=8)
+    np.testing.assert_array_equal(
+        np.array(hier.levels[0].physical_to_logical_map), _upstream(load, 4, 4, 2, 8).numpy()
+    )
+
+
+def test_metrics_on_a_hand_checked_matrix():
+    # 4 experts on 2 ranks, no redundancy: linear puts {0,1} | {2,3} -> loads 10 | 2.
+    load = np.array([[9.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+    result = plan.plan(load, num_ranks=2, redundancy=[0, 2])
+    assert result.layers_excluded == [1]
+    zero, two = result.levels
+    assert zero.balancedness_before == pytest.approx(6 / 10)
+    assert zero.hottest_rank_share_before == pytest.approx(10 / 12)
+    # With 2 redundant slots the policy replicates the hot expert 0.
+    new = np.array(two.physical_to_logical_map)
+    assert new.shape == (1, 6)
+    assert (new[0] == 0).sum() >= 2
+    loads = plan.rank_loads(load[:1], new, 2)
+    assert two.balancedness_after == pytest.approx(float(loads.mean() / loads.max()))
+    moved_expected = sum(
+        e not in set(plan.linear_placement(4, 2, 1)[0, r * 3 : (r + 1) * 3].tolist())
+        for r in range(2)
+        for e in new[0, r * 3 : (r + 1) * 3].tolist()
+    )
+    assert two.experts_moved == moved_expected
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"num_ranks": 3, "redundancy": [0]},
+            r"redundant experts=0: E \+ redundant = 4 physical experts must divide evenly over ranks=3",
+        ),
+        (
+            {"num_ranks": 2, "redundancy": [1, -1]},
+            r"redundant experts=1: .* = 5 .*; redundant experts=-1: must be >= 0",
+        ),
+        ({"num_ranks": 4, "redundancy": [0], "num_nodes": 3}, r"nodes=3: must be >= 1 and divide ranks=4"),
+        (
+            {"num_ranks": 2, "redundancy": [0], "num_expert_groups": 3},
+            r"expert groups=3: must be >= 1 and divide E=4",
+        ),
+    ],
+)
+def test_plan_rules(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        plan.plan(np.ones((2, 4)), **kwargs)
+    with pytest.raises(ValueError, match="all 2 layers have zero load"):
+        plan.plan(np.zeros((2, 4)), num_ranks=2, redundancy=[0])
+
+
+def test_cli_plan_json_and_errors(tmp_path, capsys):
+    path = ESFT / "results/expert_scores/law/summary.json"
+    assert cli.main(["plan", str(path), "--ranks", "8", "--redundant-experts", "0,8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [lv["num_redundant_experts"] for lv in out["levels"]] == [0, 8]
+    expected = _upstream(trace.load_load_matrix(path), 8, 8).tolist()
+    assert out["levels"][1]["physical_to_logical_map"] == expected
+    assert cli.main(["plan", str(path), "--ranks", "8"]) == 0
+    text = capsys.readouterr().out
+    assert "upstream DefaultEplbPolicy: 26 layers x 64 logical experts, ranks=8" in text
+    assert cli.main(["plan", str(path), "--ranks", "6", "--redundant-experts", "4"]) == 2
+    assert "68 physical experts must divide evenly over ranks=6" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    assert cli.main(["plan", str(bad), "--ranks", "2"]) == 2
+    assert "must be a [L, E] matrix, got shape (2,)" in capsys.readouterr().err

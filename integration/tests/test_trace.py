@@ -1,0 +1,95 @@
+"""The embedded ESFT trace: reproducible conversion, fidelity to ESFT's summary, loaders of load matrices."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ascend_eplb.integration import trace
+
+ESFT = (
+    Path(__file__).resolve().parents[2].parent / "shared/data/expert-load/esft-deepseek-v2-lite-expert-scores"
+)
+TRANSLATION = ESFT / "results/expert_scores/translation"
+
+
+def test_convert_reproduces_embedded_trace_and_esft_summary(tmp_path):
+    assert TRANSLATION.is_dir(), f"shared data missing: {TRANSLATION}"
+    out = trace.convert(TRANSLATION, tmp_path / "t.npz")
+    fresh, embedded = trace.load_trace(out), trace.load_trace()
+    assert embedded.topk_ids.shape == (26, 8251, 6)
+    assert embedded.seq_offsets.shape == (41,)
+    assert embedded.num_logical_experts == 64
+    np.testing.assert_array_equal(fresh.topk_ids, embedded.topk_ids)
+    np.testing.assert_array_equal(fresh.topk_weights, embedded.topk_weights)
+    np.testing.assert_array_equal(fresh.seq_offsets, embedded.seq_offsets)
+    # First token of sequence 0, layer 1, as in the text file.
+    assert embedded.topk_ids[0, 0].tolist() == [8, 26, 56, 57, 60, 11]
+    # No token selects the same expert twice.
+    ids = np.sort(embedded.topk_ids, axis=-1)
+    assert not (ids[..., 1:] == ids[..., :-1]).any()
+    # Aggregate shares reproduce ESFT's summary.json token_scores (rounded to 4 decimals there).
+    load = embedded.load()
+    assert load.sum() == 26 * 8251 * 6
+    summary = trace.load_load_matrix(TRANSLATION / "summary.json")
+    assert np.abs(load / load.sum(axis=1, keepdims=True) - summary).max() < 5e-5
+
+
+def test_embedded_license_and_origin_ship_beside_trace():
+    data = trace.embedded_trace_path().parent
+    assert (data / "LICENSE-ESFT").read_text() == (ESFT / "LICENSE-CODE").read_text()
+    assert "18d23501abc867f049f90c0dd7af17efc749c500" in (data / "ORIGIN.md").read_text()
+
+
+def test_load_matrix_formats_agree(tmp_path):
+    m = np.array([[3.0, 0.0, 1.0, 2.0], [0.0, 0.0, 0.0, 0.0]])
+    np.save(tmp_path / "m.npy", m)
+    (tmp_path / "m.csv").write_text("3,0,1,2\n0,0,0,0\n")
+    (tmp_path / "m.json").write_text(json.dumps(m.tolist()))
+    (tmp_path / "sglang.json").write_text(
+        json.dumps({"logical_count": [[[1, 0, 1, 2], [0] * 4], [[2, 0, 0, 0], [0] * 4]]})
+    )
+    scores = {"1": {str(e): v for e, v in enumerate([3, 0, 1, 2])}, "2": {str(e): 0 for e in range(4)}}
+    (tmp_path / "esft.json").write_text(json.dumps({"token_scores": scores}))
+    for name in ("m.npy", "m.csv", "m.json", "sglang.json", "esft.json"):
+        np.testing.assert_array_equal(trace.load_load_matrix(tmp_path / name), m, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    ("content", "suffix", "match"),
+    [
+        ("[1, 2, 3]", ".json", r"\[L, E\] matrix, got shape \(3,\)"),
+        ("[[1, -2]]", ".json", "finite and >= 0"),
+        ('{"counts": []}', ".json", "'token_scores' \\(ESFT\\) or 'logical_count'"),
+        ("1,2\n", ".txt", "unsupported load file type '.txt'"),
+    ],
+)
+def test_load_matrix_rejects_bad_input(tmp_path, content, suffix, match):
+    path = tmp_path / f"bad{suffix}"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=match):
+        trace.load_load_matrix(path)
+
+
+def test_sample_trace_follows_load():
+    load = np.array([[8.0, 4.0, 2.0, 1.0, 1.0, 0.0]])
+    t = trace.sample_trace_from_load(load, num_tokens=4000, top_k=1, seed=3)
+    assert t.topk_ids.shape == (1, 4000, 1)
+    counts = np.bincount(t.topk_ids.ravel(), minlength=6)
+    assert counts[5] == 0
+    np.testing.assert_allclose(counts / 4000, load[0] / load.sum(), atol=0.03)
+    two = trace.sample_trace_from_load(load, num_tokens=100, top_k=2, seed=3)
+    assert (two.topk_ids[..., 0] != two.topk_ids[..., 1]).all()
+    np.testing.assert_allclose(two.topk_weights.sum(-1), 1.0, rtol=1e-6)
+    again = trace.sample_trace_from_load(load, num_tokens=100, top_k=2, seed=3)
+    np.testing.assert_array_equal(two.topk_ids, again.topk_ids)
+    with pytest.raises(ValueError, match=r"top_k=7: must be in \[1, E=6\]"):
+        trace.sample_trace_from_load(load, num_tokens=10, top_k=7, seed=0)
+
+
+def test_prefix_rule():
+    t = trace.load_trace()
+    assert t.prefix(3).topk_ids.shape == (3, 8251, 6)
+    with pytest.raises(ValueError, match=r"layers=27: must be in \[1, 26\]"):
+        t.prefix(27)
