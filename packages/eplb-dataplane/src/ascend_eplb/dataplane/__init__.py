@@ -1,0 +1,46 @@
+"""Ascend EPLB data plane: device replica lookup, graph-safe map-and-record, router adapter.
+
+Pure torch; never imports vLLM. See the package README for the contracts.
+"""
+
+from ascend_eplb.dataplane.__about__ import __version__
+from ascend_eplb.dataplane.lookup import (
+    DEFAULT_ROWS,
+    ReplicaLookup,
+    build_replica_table,
+    table_checksum,
+    validate_placement,
+)
+from ascend_eplb.dataplane.ops import (
+    GROUP_LIST_COUNTS,
+    GROUP_LIST_CUMSUM,
+    map_to_physical,
+    map_to_physical_and_record,
+    record_expert_tokens,
+)
+from ascend_eplb.dataplane.router import (
+    LAYER_STATE_FIELDS,
+    UPSTREAM_MAPPING_METHOD,
+    bind_router,
+    is_bound,
+    unbind_router,
+)
+
+__all__ = [
+    "DEFAULT_ROWS",
+    "GROUP_LIST_COUNTS",
+    "GROUP_LIST_CUMSUM",
+    "LAYER_STATE_FIELDS",
+    "UPSTREAM_MAPPING_METHOD",
+    "ReplicaLookup",
+    "__version__",
+    "bind_router",
+    "build_replica_table",
+    "is_bound",
+    "map_to_physical",
+    "map_to_physical_and_record",
+    "record_expert_tokens",
+    "table_checksum",
+    "unbind_router",
+    "validate_placement",
+]

@@ -1,0 +1,272 @@
+"""Graph-safe logical-to-physical mapping, fused with load recording, and post-compute recording.
+
+Both mapping functions are ``torch.library`` custom ops (namespace ``ascend_eplb``) with a real
+implementation in device-neutral torch (the same code on ``npu``, ``cuda`` and ``cpu``) and a fake
+implementation for tracing. The real implementation launches a fixed sequence of kernels whose
+shapes depend only on ``T``, ``K``, ``E`` and ``P``: no host synchronisation, no data-dependent
+shape, no Python loop over tokens or layers. The record flag and the unpadded token count are
+device scalars, so one captured or compiled graph serves recording and non-recording steps and
+padded batches (vLLM Ascend ``ops/fused_moe/eplb.py``, ``map_to_physical_and_record``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "GROUP_LIST_COUNTS",
+    "GROUP_LIST_CUMSUM",
+    "map_to_physical",
+    "map_to_physical_and_record",
+    "record_expert_tokens",
+]
+
+#: ``group_list_type`` of Ascend ``npu_grouped_matmul``: ``group_list`` holds cumulative sums.
+GROUP_LIST_CUMSUM = 0
+#: ``group_list_type`` of Ascend ``npu_grouped_matmul``: ``group_list`` holds per-group counts.
+GROUP_LIST_COUNTS = 1
+
+_ID_DTYPES = (torch.int32, torch.int64)
+
+
+def _check_map_args(topk_ids: torch.Tensor, table: torch.Tensor) -> None:
+    # Metadata-only checks (no device read): safe in the fake implementation and in graphs.
+    if topk_ids.dim() != 2 or topk_ids.dtype not in _ID_DTYPES:
+        raise ValueError(
+            f"topk_ids must be int32 or int64 (T, K), got {topk_ids.dtype} {tuple(topk_ids.shape)}"
+        )
+    if table.dim() != 2 or table.dtype != torch.int32:
+        raise ValueError(f"table must be int32 (rows, E), got {table.dtype} {tuple(table.shape)}")
+    if table.shape[0] < 1 or table.shape[1] < 1:
+        raise ValueError(f"table must be non-empty, got shape {tuple(table.shape)}")
+    if table.device != topk_ids.device:
+        raise ValueError(f"table is on {table.device}, topk_ids on {topk_ids.device}; they must match")
+
+
+def _check_record_args(
+    topk_ids: torch.Tensor,
+    expert_load_view: torch.Tensor,
+    record_enabled: torch.Tensor,
+    num_unpadded_tokens: torch.Tensor,
+) -> None:
+    if expert_load_view.dim() != 1 or expert_load_view.dtype not in _ID_DTYPES:
+        raise ValueError(
+            "expert_load_view must be int32 or int64 (P,), got "
+            f"{expert_load_view.dtype} {tuple(expert_load_view.shape)}"
+        )
+    if record_enabled.dim() != 0 or record_enabled.dtype != torch.bool:
+        raise ValueError(
+            f"record_enabled must be a 0-d bool tensor, got {record_enabled.dtype} "
+            f"{tuple(record_enabled.shape)}"
+        )
+    if num_unpadded_tokens.dim() != 0 or num_unpadded_tokens.dtype not in _ID_DTYPES:
+        raise ValueError(
+            "num_unpadded_tokens must be a 0-d int32 or int64 tensor, got "
+            f"{num_unpadded_tokens.dtype} {tuple(num_unpadded_tokens.shape)}"
+        )
+    for name, t in (
+        ("expert_load_view", expert_load_view),
+        ("record_enabled", record_enabled),
+        ("num_unpadded_tokens", num_unpadded_tokens),
+    ):
+        if t.device != topk_ids.device:
+            raise ValueError(f"{name} is on {t.device}, topk_ids on {topk_ids.device}; they must match")
+
+
+def _gather_rows(table: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
+    """``table[t % rows, expert_ids[t, k]]`` as int32 (T, K); ``expert_ids`` must be in ``[0, E)``.
+
+    Whole blocks of ``rows`` tokens gather from the table broadcast over blocks (a stride-0 view,
+    no copy), the tail from its first rows: one or two gathers, no index arithmetic per element.
+    """
+    num_tokens, top_k = expert_ids.shape
+    rows, num_experts = table.shape
+    blocks, tail = divmod(num_tokens, rows)
+    if blocks == 0:
+        return torch.gather(table[:tail], 1, expert_ids)
+    head = blocks * rows
+    if tail == 0:
+        return torch.gather(
+            table.expand(blocks, rows, num_experts), 2, expert_ids.view(blocks, rows, top_k)
+        ).view(num_tokens, top_k)
+    out = torch.empty((num_tokens, top_k), dtype=table.dtype, device=table.device)
+    torch.gather(
+        table.expand(blocks, rows, num_experts),
+        2,
+        expert_ids[:head].view(blocks, rows, top_k),
+        out=out[:head].view(blocks, rows, top_k),
+    )
+    torch.gather(table[:tail], 1, expert_ids[head:], out=out[head:])
+    return out
+
+
+def _map(topk_ids: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(physical ids int32 with invalid -> valid slot, validity mask, output in topk_ids' dtype)."""
+    ids = topk_ids.contiguous()
+    safe = ids.clamp(0, table.shape[1] - 1)
+    valid = safe == ids
+    physical = _gather_rows(table, safe)
+    out = torch.where(valid, physical, -1).to(topk_ids.dtype)
+    return physical, valid, out
+
+
+@torch.library.custom_op("ascend_eplb::map_to_physical", mutates_args=())
+def _map_to_physical_op(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    _check_map_args(topk_ids, table)
+    return _map(topk_ids, table)[2]
+
+
+@_map_to_physical_op.register_fake
+def _(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    _check_map_args(topk_ids, table)
+    return torch.empty_like(topk_ids, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("ascend_eplb::map_to_physical_and_record", mutates_args=("expert_load_view",))
+def _map_to_physical_and_record_op(
+    topk_ids: torch.Tensor,
+    table: torch.Tensor,
+    expert_load_view: torch.Tensor,
+    record_enabled: torch.Tensor,
+    num_unpadded_tokens: torch.Tensor,
+) -> torch.Tensor:
+    _check_map_args(topk_ids, table)
+    _check_record_args(topk_ids, expert_load_view, record_enabled, num_unpadded_tokens)
+    physical, valid, out = _map(topk_ids, table)
+    num_tokens = topk_ids.shape[0]
+    counted_row = torch.arange(num_tokens, device=topk_ids.device) < num_unpadded_tokens
+    counted = valid & (counted_row & record_enabled).unsqueeze(1)  # (T, K)
+    expert_load_view.index_add_(0, physical.view(-1), counted.view(-1).to(expert_load_view.dtype))
+    return out
+
+
+@_map_to_physical_and_record_op.register_fake
+def _(
+    topk_ids: torch.Tensor,
+    table: torch.Tensor,
+    expert_load_view: torch.Tensor,
+    record_enabled: torch.Tensor,
+    num_unpadded_tokens: torch.Tensor,
+) -> torch.Tensor:
+    _check_map_args(topk_ids, table)
+    _check_record_args(topk_ids, expert_load_view, record_enabled, num_unpadded_tokens)
+    return torch.empty_like(topk_ids, memory_format=torch.contiguous_format)
+
+
+def map_to_physical(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Map logical expert ids to physical ids through a replica table (op ``ascend_eplb::map_to_physical``).
+
+    Args:
+        topk_ids: int32 or int64 ``(T, K)`` logical expert ids, on the table's device.
+        table: int32 ``(rows, E)`` replica table (``ReplicaLookup.table``); entries are physical ids.
+
+    Returns:
+        A new ``(T, K)`` tensor of ``topk_ids``'s dtype: ``table[t % rows, id]`` for ids in
+        ``[0, E)``, ``-1`` for any other id.
+
+    Raises:
+        ValueError: wrong dtype, rank or device of an argument (metadata only; no device read).
+    """
+    return torch.ops.ascend_eplb.map_to_physical(topk_ids, table)
+
+
+def map_to_physical_and_record(
+    topk_ids: torch.Tensor,
+    table: torch.Tensor,
+    expert_load_view: torch.Tensor,
+    record_enabled: torch.Tensor,
+    num_unpadded_tokens: torch.Tensor,
+) -> torch.Tensor:
+    """Map logical ids to physical ids and count the selections of unpadded tokens, in one op.
+
+    Op ``ascend_eplb::map_to_physical_and_record`` (mutates ``expert_load_view``).
+
+    Args:
+        topk_ids: int32 or int64 ``(T, K)`` logical expert ids; rows ``>= num_unpadded_tokens``
+            are padding.
+        table: int32 ``(rows, E)`` replica table whose entries lie in ``[0, P)``
+            (``ReplicaLookup`` guarantees it).
+        expert_load_view: int32 or int64 ``(P,)``, this layer's load counters in global physical
+            id space (upstream ``EplbLayerState.expert_load_view``); updated in place.
+        record_enabled: 0-d bool tensor on the device (upstream ``should_record_tensor``).
+        num_unpadded_tokens: 0-d int32/int64 tensor on the device: the count of real rows.
+
+    Returns:
+        The physical ids, as :func:`map_to_physical`. When ``record_enabled`` is true, adds 1 to
+        ``expert_load_view[physical]`` for every selection with a valid id (in ``[0, E)``) in rows
+        ``0 .. num_unpadded_tokens - 1``; when false, adds nothing.
+
+    Raises:
+        ValueError: wrong dtype, rank or device of an argument (metadata only; no device read).
+    """
+    return torch.ops.ascend_eplb.map_to_physical_and_record(
+        topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens
+    )
+
+
+def record_expert_tokens(
+    expert_tokens: torch.Tensor,
+    group_list_type: int,
+    expert_load_view: torch.Tensor,
+    ep_rank: int,
+    num_ranks: int,
+    *,
+    record_enabled: torch.Tensor | None = None,
+) -> None:
+    """Add a grouped matmul's per-local-expert token counts to the global load, after compute.
+
+    The Ascend fused MoE path reports how many tokens each of this rank's ``p`` physical experts
+    executed as the ``group_list`` of ``npu_grouped_matmul``; this records them at this rank's
+    slots ``[ep_rank * p, (ep_rank + 1) * p)`` of the global physical id space (vLLM Ascend
+    ``record_local_expert_load``).
+
+    Args:
+        expert_tokens: integer ``(p,)`` on the device. With ``group_list_type ==
+            GROUP_LIST_COUNTS`` (1) entry ``i`` is the token count of local expert ``i``; with
+            ``GROUP_LIST_CUMSUM`` (0) it is the running total up to and including ``i``.
+        group_list_type: ``0`` (cumulative sums) or ``1`` (counts), as ``npu_grouped_matmul``.
+        expert_load_view: int32 or int64 ``(P,)`` with ``P = p * num_ranks``; updated in place.
+        ep_rank: this rank, ``0 <= ep_rank < num_ranks``.
+        num_ranks: EP group size ``N``.
+        record_enabled: optional 0-d bool device tensor; when false nothing is added (no host read).
+
+    Raises:
+        ValueError: unknown ``group_list_type``, ranks out of range, or shapes/dtypes that do not
+            satisfy ``P == p * num_ranks`` (all checked before anything is written).
+    """
+    if group_list_type not in (GROUP_LIST_CUMSUM, GROUP_LIST_COUNTS):
+        raise ValueError(
+            f"group_list_type must be {GROUP_LIST_CUMSUM} (cumulative sums) or {GROUP_LIST_COUNTS} "
+            f"(counts), got {group_list_type!r}"
+        )
+    if isinstance(num_ranks, bool) or not isinstance(num_ranks, int) or num_ranks < 1:
+        raise ValueError(f"num_ranks must be an int >= 1, got {num_ranks!r}")
+    if isinstance(ep_rank, bool) or not isinstance(ep_rank, int) or not 0 <= ep_rank < num_ranks:
+        raise ValueError(f"ep_rank must be an int in [0, {num_ranks}), got {ep_rank!r}")
+    if expert_tokens.dim() != 1 or expert_tokens.dtype not in _ID_DTYPES:
+        raise ValueError(
+            f"expert_tokens must be int32 or int64 (p,), got {expert_tokens.dtype} "
+            f"{tuple(expert_tokens.shape)}"
+        )
+    if expert_load_view.dim() != 1 or expert_load_view.dtype not in _ID_DTYPES:
+        raise ValueError(
+            f"expert_load_view must be int32 or int64 (P,), got {expert_load_view.dtype} "
+            f"{tuple(expert_load_view.shape)}"
+        )
+    num_local = expert_tokens.shape[0]
+    if expert_load_view.shape[0] != num_local * num_ranks:
+        raise ValueError(
+            f"expert_load_view has P = {expert_load_view.shape[0]} slots, expected p * num_ranks = "
+            f"{num_local} * {num_ranks} = {num_local * num_ranks}"
+        )
+    if record_enabled is not None and (record_enabled.dim() != 0 or record_enabled.dtype != torch.bool):
+        raise ValueError(
+            f"record_enabled must be a 0-d bool tensor, got {record_enabled.dtype} "
+            f"{tuple(record_enabled.shape)}"
+        )
+    counts = expert_tokens
+    if group_list_type == GROUP_LIST_CUMSUM:
+        counts = torch.diff(expert_tokens, prepend=expert_tokens.new_zeros(1))
+    if record_enabled is not None:
+        counts = counts * record_enabled
+    expert_load_view.narrow(0, ep_rank * num_local, num_local).add_(counts.to(expert_load_view.dtype))

@@ -1,0 +1,157 @@
+"""Per-instance router adapter: route a vLLM router's EPLB mapping through the replica lookup.
+
+Upstream vLLM 0.33.0 (``model_executor/layers/fused_moe/router/base_router.py``) maps logical to
+physical ids in ``BaseRouter._apply_eplb_mapping(self, topk_ids)``, called once per
+``_select_experts`` after ``_compute_routing`` (and after ``capture_fn`` saw the logical ids).
+Off CUDA its ``eplb_map_to_physical_and_record`` is the identity. :func:`bind_router` replaces that
+method on one router instance (``types.MethodType``; the class is never touched) with
+:func:`~ascend_eplb.dataplane.ops.map_to_physical_and_record` over the layer's
+:class:`~ascend_eplb.dataplane.lookup.ReplicaLookup`, so the mapping stays the single mapping step.
+
+This module never imports vLLM: the router and the layer state are duck-typed, and the replaced
+method's signature is checked against the one of vLLM 0.33.0.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ascend_eplb.dataplane.ops import map_to_physical_and_record
+
+__all__ = ["LAYER_STATE_FIELDS", "UPSTREAM_MAPPING_METHOD", "bind_router", "is_bound", "unbind_router"]
+
+#: The upstream router method this adapter replaces on an instance.
+UPSTREAM_MAPPING_METHOD = "_apply_eplb_mapping"
+#: Its parameters in vLLM 0.33.0.
+_UPSTREAM_PARAMETERS = ("self", "topk_ids")
+#: Attributes the layer state must provide (``AscendEplbLayerState`` of the control plane).
+LAYER_STATE_FIELDS = (
+    "replica_lookup",
+    "expert_load_view",
+    "should_record_tensor",
+    "num_unpadded_tokens_tensors",
+)
+_MARKER = "__ascend_eplb_mapping__"
+
+
+def _first_ubatch() -> int:
+    return 0
+
+
+def _make_mapping(ubatch_id: Callable[[], int]) -> Callable[[Any, torch.Tensor], torch.Tensor]:
+    def _ascend_apply_eplb_mapping(self: Any, topk_ids: torch.Tensor) -> torch.Tensor:
+        """Logical -> physical ids via the layer's replica lookup, recording load (bound by bind_router)."""
+        state = self.eplb_state
+        if state is None:
+            return topk_ids
+        lookup = state.replica_lookup
+        if lookup is None or state.expert_load_view is None or state.should_record_tensor is None:
+            raise RuntimeError(
+                "EPLB layer state is not initialised: replica_lookup, expert_load_view and "
+                "should_record_tensor must be set before the first forward"
+            )
+        if state.num_unpadded_tokens_tensors is None:
+            raise RuntimeError("EPLB layer state is not initialised: num_unpadded_tokens_tensors is None")
+        return map_to_physical_and_record(
+            topk_ids,
+            lookup.table,
+            state.expert_load_view,
+            state.should_record_tensor,
+            state.num_unpadded_tokens_tensors[ubatch_id()],
+        )
+
+    setattr(_ascend_apply_eplb_mapping, _MARKER, True)
+    return _ascend_apply_eplb_mapping
+
+
+def _class_method(router: object) -> Callable[..., Any]:
+    cls = type(router)
+    method = inspect.getattr_static(cls, UPSTREAM_MAPPING_METHOD, None)
+    if method is None or not inspect.isfunction(method):
+        raise RuntimeError(
+            f"{cls.__qualname__}.{UPSTREAM_MAPPING_METHOD} is missing or not a plain method; the EPLB "
+            "router adapter was written for vLLM 0.33.0 BaseRouter._apply_eplb_mapping(self, topk_ids)"
+        )
+    parameters = tuple(inspect.signature(method).parameters)
+    if parameters != _UPSTREAM_PARAMETERS:
+        raise RuntimeError(
+            f"{method.__qualname__} has parameters {parameters}, expected {_UPSTREAM_PARAMETERS} "
+            "(vLLM 0.33.0); upstream changed the EPLB mapping method, update the router adapter"
+        )
+    return method
+
+
+def is_bound(router: object) -> bool:
+    """Whether :func:`bind_router` installed the mapping on this router instance."""
+    bound = vars(router).get(UPSTREAM_MAPPING_METHOD) if hasattr(router, "__dict__") else None
+    return bound is not None and getattr(getattr(bound, "__func__", None), _MARKER, False)
+
+
+def bind_router(
+    router: object,
+    layer_state: object,
+    *,
+    ubatch_id: Callable[[], int] | None = None,
+) -> None:
+    """Install the replica-lookup mapping on one router instance in place of upstream's.
+
+    Sets ``router.eplb_state = layer_state`` and binds ``router._apply_eplb_mapping`` (instance
+    attribute). At each call the bound method reads ``self.eplb_state`` (as upstream does): ``None``
+    returns the ids unchanged; otherwise it returns ``map_to_physical_and_record(topk_ids,
+    state.replica_lookup.table, state.expert_load_view, state.should_record_tensor,
+    state.num_unpadded_tokens_tensors[ubatch_id()])``.
+
+    Args:
+        router: a vLLM router (``BaseRouter`` subclass instance) with an instance ``__dict__``.
+        layer_state: duck-typed layer state with the attributes :data:`LAYER_STATE_FIELDS`
+            (values may still be ``None`` at bind time; they must be set before the first forward).
+        ubatch_id: returns the current DBO micro-batch index (pass vLLM's
+            ``dbo_current_ubatch_id``; this package cannot import it). Default: always 0.
+
+    Idempotent: binding an already bound router replaces the previous binding (same effect).
+
+    Raises:
+        RuntimeError: the router's class lacks ``_apply_eplb_mapping`` or its parameters are not
+            ``(self, topk_ids)`` (upstream drift; the message names the method), or the instance
+            already carries a foreign override of it.
+        TypeError: ``layer_state`` lacks a required attribute, ``ubatch_id`` is not callable, or
+            the router has no instance ``__dict__``.
+        All checks run before anything is changed.
+    """
+    _class_method(router)
+    if not hasattr(router, "__dict__"):
+        raise TypeError(f"cannot bind an instance method on {type(router).__qualname__}: no __dict__")
+    missing = [name for name in LAYER_STATE_FIELDS if not hasattr(layer_state, name)]
+    if missing:
+        raise TypeError(
+            f"layer_state {type(layer_state).__qualname__} lacks {missing}; bind_router needs "
+            f"{list(LAYER_STATE_FIELDS)} (the control plane's AscendEplbLayerState provides them)"
+        )
+    if ubatch_id is not None and not callable(ubatch_id):
+        raise TypeError(f"ubatch_id must be callable returning the micro-batch index, got {ubatch_id!r}")
+    existing = vars(router).get(UPSTREAM_MAPPING_METHOD)
+    if existing is not None and not is_bound(router):
+        raise RuntimeError(
+            f"{type(router).__qualname__} instance already overrides {UPSTREAM_MAPPING_METHOD} with "
+            f"{existing!r}; refusing to replace a binding this adapter did not install"
+        )
+    mapping = _make_mapping(ubatch_id if ubatch_id is not None else _first_ubatch)
+    router.eplb_state = layer_state  # type: ignore[attr-defined]
+    setattr(router, UPSTREAM_MAPPING_METHOD, types.MethodType(mapping, router))
+
+
+def unbind_router(router: object) -> bool:
+    """Remove the instance binding installed by :func:`bind_router`, if any.
+
+    Upstream's class method applies again; ``router.eplb_state`` is left as it is.
+    Returns whether a binding was removed.
+    """
+    if not is_bound(router):
+        return False
+    delattr(router, UPSTREAM_MAPPING_METHOD)
+    return True
