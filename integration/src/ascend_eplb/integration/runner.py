@@ -1,0 +1,159 @@
+"""Model Runner V2 wiring: the calls an Ascend MRv2 runner makes, in the order it makes them.
+
+vLLM's ``GPUModelRunner`` (``vllm/v1/worker/gpu/model_runner.py``, 0.33.0) already drives its
+``self.eplb`` controller at every point but one. An Ascend runner subclassing it adopts this module with
+two lines: ``self.eplb = create_eplb_controller(vllm_config, device)`` in ``__init__`` and
+``self.eplb.set_batch_phase(batch_has_prefill(...))`` in ``prepare_inputs``. :class:`Mrv2EplbWiring`
+packages the whole sequence for runners that do not inherit upstream's decorators (and for tests):
+
+====  =============================  ==========================================================
+ #    runner point                   call
+====  =============================  ==========================================================
+ 1    ``__init__``                   :func:`create_eplb_controller` (validate, patch, construct)
+ 2    ``load_model`` start           ``controller.prepare_load()``
+ 3    ``load_model`` after the draft ``controller.maybe_register_speculator(spec, spec_cfg, dummy)``
+ 4    ``load_model`` end             ``controller.maybe_register_model(model, model_config)`` then
+                                     ``controller.maybe_start_async_loop(added, dummy)``
+ 5    ``profile_run``                ``_dummy_run(is_profile=True)`` then
+                                     ``controller.step(is_dummy=True, is_profile=True)``
+ 6    ``_dummy_run`` (warm-up/idle)  ``controller.step(is_dummy=True)`` unless ``skip_eplb``
+ 7    ``prepare_inputs``             ``controller.set_batch_phase(batch_has_prefill)``
+ 8    ``execute_model`` pre-forward  ``controller.prepare_forward(model_config, num_unpadded, ubatch)``
+                                     (unpadded token count, never the padded one)
+ 9    ``sample_tokens`` / ``pool``   ``controller.step()`` after sampling, every step, every rank
+====  =============================  ==========================================================
+
+Every rank makes calls 5-9 in the same order every step (the upstream step runs collectives); a rank
+whose batch is outside the load-collection phase still steps and records zeros.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["Mrv2EplbWiring", "batch_has_prefill", "create_eplb_controller"]
+
+
+def batch_has_prefill(num_computed_tokens: Sequence[int], num_prompt_tokens: Sequence[int]) -> bool:
+    """Whether a batch contains prefill work: any request with fewer computed than prompt tokens.
+
+    Args:
+        num_computed_tokens: per request of the batch, tokens already computed before this step.
+        num_prompt_tokens: per request, prompt length (same order).
+
+    Raises:
+        ValueError: the two sequences differ in length.
+    """
+    if len(num_computed_tokens) != len(num_prompt_tokens):
+        raise ValueError(
+            f"num_computed_tokens has {len(num_computed_tokens)} entries, num_prompt_tokens "
+            f"{len(num_prompt_tokens)}; they must describe the same requests"
+        )
+    return any(int(c) < int(p) for c, p in zip(num_computed_tokens, num_prompt_tokens, strict=True))
+
+
+def create_eplb_controller(vllm_config: Any, device: torch.device) -> Any:
+    """The controller an Ascend MRv2 runner stores as ``self.eplb`` (runner ``__init__``).
+
+    With ``parallel_config.enable_eplb`` False: upstream's ``EPLBController`` exactly as
+    ``GPUModelRunner`` builds it; no validation, no patch, no plane imported. Otherwise: validates the
+    configuration (:func:`~ascend_eplb.integration.validation.validate_eplb_config`), applies the
+    patches (idempotent) and returns control's ``AscendEPLBController`` with the configured
+    ``load_collection_phase``.
+
+    Raises:
+        EplbConfigError: the configuration violates the support matrix (every violated rule listed).
+        RuntimeError: an upstream callable changed signature (from ``apply_patches``).
+    """
+    parallel_config = vllm_config.parallel_config
+    if not parallel_config.enable_eplb:
+        from vllm.v1.worker.gpu.eplb_utils import EPLBController
+
+        return EPLBController(parallel_config, device)
+    from ascend_eplb.integration.patches import apply_patches
+    from ascend_eplb.integration.validation import validate_eplb_config
+
+    settings = validate_eplb_config(vllm_config)
+    apply_patches()
+    from ascend_eplb.control import AscendEPLBController
+
+    phase = settings.ascend_eplb_config.get("load_collection_phase", "all")
+    return AscendEPLBController(parallel_config, device, load_collection_phase=phase)
+
+
+class Mrv2EplbWiring:
+    """The MRv2 EPLB call sequence of one runner, as methods named after the runner points.
+
+    Args:
+        vllm_config: the runner's ``VllmConfig``.
+        device: the runner's device.
+
+    Attributes:
+        controller: the controller from :func:`create_eplb_controller` (``self.eplb`` of a runner).
+        calls: the controller calls made so far, in order, as ``(name, args)`` (for logs and tests).
+    """
+
+    def __init__(self, vllm_config: Any, device: torch.device) -> None:
+        self.vllm_config = vllm_config
+        self.controller = create_eplb_controller(vllm_config, device)
+        self.calls: list[tuple[str, tuple[Any, ...]]] = [("create_eplb_controller", ())]
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append((name, (*args, *kwargs.values())))
+        return getattr(self.controller, name)(*args, **kwargs)
+
+    def load_model(
+        self,
+        model: Any,
+        model_config: Any,
+        *,
+        speculator: Any | None = None,
+        speculative_config: Any | None = None,
+        load_dummy_weights: bool = False,
+    ) -> bool:
+        """Points 2-4: prepare the state, register the draft and the model, start the async worker.
+
+        Returns:
+            whether a model was registered with EPLB.
+        """
+        self._call("prepare_load")
+        added = bool(
+            self._call("maybe_register_speculator", speculator, speculative_config, load_dummy_weights)
+        )
+        if not load_dummy_weights:
+            added |= bool(self._call("maybe_register_model", model, model_config))
+        self._call("maybe_start_async_loop", added, load_dummy_weights)
+        return added
+
+    def profile_run(self) -> None:
+        """Point 5, after the runner's profile ``_dummy_run``: upstream's profile rearrangement."""
+        self._call("step", is_dummy=True, is_profile=True)
+
+    def dummy_run(self, *, skip_eplb: bool = False) -> None:
+        """Point 6, after a warm-up or idle-rank ``_dummy_run``: a dummy step (no load counted)."""
+        if not skip_eplb:
+            self._call("step", is_dummy=True, is_profile=False)
+
+    def prepare_inputs(self, batch_has_prefill: bool) -> None:
+        """Point 7: declare the batch phase (only Ascend's controller has phases; upstream's ignores it)."""
+        if hasattr(self.controller, "set_batch_phase"):
+            self._call("set_batch_phase", batch_has_prefill)
+
+    def prepare_forward(
+        self, model_config: Any, num_unpadded_tokens: int, ubatch_slices: list | None = None
+    ) -> None:
+        """Point 8: before the forward, with the batch's unpadded token count.
+
+        Raises:
+            ValueError: ``num_unpadded_tokens`` is negative or not an int.
+        """
+        if not isinstance(num_unpadded_tokens, int) or num_unpadded_tokens < 0:
+            raise ValueError(f"num_unpadded_tokens={num_unpadded_tokens!r} must be an int >= 0")
+        self._call("prepare_forward", model_config, num_unpadded_tokens, ubatch_slices)
+
+    def after_sampling(self) -> None:
+        """Point 9: one EPLB step per engine step, after sampling (every rank, every step)."""
+        self._call("step")

@@ -1,0 +1,627 @@
+"""Start-up validation of Model Runner V2 EPLB on Ascend (the support matrix).
+
+Runs before any weight or buffer is allocated (vLLM Ascend calls it from its platform's
+``check_and_update_config``) and raises one :class:`EplbConfigError` that lists every violated rule with
+the offending value and the fix. Nothing here imports the planes or allocates: the quantization format
+check imports ``ascend_eplb.quant_views`` (pure torch) only when EPLB is on.
+
+Where each setting is read from (``validate_eplb_config``):
+
+* vLLM's EPLB and parallel settings: ``vllm_config.parallel_config`` (``enable_eplb``, ``eplb_config``,
+  ``enable_expert_parallel``, ``enable_elastic_ep``, ``tensor_parallel_size``,
+  ``prefill_context_parallel_size``, ``data_parallel_size``, ``enable_dbo``).
+* Runner: ``vllm_config.use_v2_model_runner``.
+* The Ascend ``eplb_config``: ``vllm_config.additional_config["eplb_config"]`` (a dict, or an object with
+  ``__dict__``), the way vLLM Ascend's ``AscendConfig`` reads it; the historical V1 keys are also looked for
+  at the top level of ``additional_config``. The V1 environment switches ``DYNAMIC_EPLB`` and
+  ``EXPERT_MAP_RECORD`` are read from ``os.environ``.
+* Logical experts: ``vllm_config.model_config.get_num_experts()`` (skipped when there is no model config).
+* Quantization format (a name of the quant_views support table, see :func:`quantization_format_name`):
+  ``model_config.quantization`` is None -> the model dtype (``bf16``/``fp16``); an Ascend msModelSlim
+  config (``vllm_config.quant_config.quant_description``) -> the quant type of its routed-expert weights
+  mapped through :data:`ASCEND_QUANT_TYPES`; any other quantization method -> its name, lower-cased.
+* Execution features: ``compilation_config.cudagraph_mode`` with ``model_config.enforce_eager``,
+  ``speculative_config``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ASCEND_QUANT_TYPES",
+    "ASCEND_V2_KEYS",
+    "LOAD_COLLECTION_PHASES",
+    "V1_EPLB_ENV_SWITCHES",
+    "V1_EPLB_KEYS",
+    "CheckResult",
+    "EplbConfigError",
+    "EplbSettings",
+    "Violation",
+    "check_config_file",
+    "check_settings",
+    "quantization_format_name",
+    "settings_from_file_dict",
+    "settings_from_vllm_config",
+    "validate_eplb_config",
+]
+
+#: Model Runner V1 (legacy dynamic/static EPLB) controls of vLLM Ascend's ``eplb_config`` and of the
+#: historical top-level ``additional_config`` (vllm_ascend/ascend_config.py; notes/vllm-ascend-eplb.md 2.2).
+V1_EPLB_KEYS = (
+    "dynamic_eplb",
+    "expert_map_path",
+    "expert_map_record_path",
+    "expert_heat_collection_interval",
+    "algorithm_execution_interval",
+    "eplb_policy_type",
+    "eplb_heat_collection_stage",
+    "num_redundant_experts",
+    "init_redundancy_expert",
+    "num_iterations_eplb_update",
+    "num_wait_worker_iterations",
+    "gate_eplb",
+)
+#: Environment switches of the V1 path (asserted by vLLM Ascend's V1 ``EplbUpdator``).
+V1_EPLB_ENV_SWITCHES = ("DYNAMIC_EPLB", "EXPERT_MAP_RECORD")
+#: The only Ascend-specific key of the Model Runner V2 ``eplb_config``.
+ASCEND_V2_KEYS = ("load_collection_phase",)
+#: Values of ``load_collection_phase`` (control's ``is_phase_matched``).
+LOAD_COLLECTION_PHASES = ("all", "prefill", "decode")
+#: Communicators accepted by this integration (``torch_gloo`` -> ``AscendGlooEplbCommunicator``).
+SUPPORTED_COMMUNICATORS = ("torch_gloo",)
+
+#: msModelSlim quant types of routed-expert weights (vllm_ascend quantization) -> quant_views format names.
+ASCEND_QUANT_TYPES = {
+    "W8A8_DYNAMIC": "w8a8_dynamic",
+    "W8A8": "w8a8_dynamic",
+    "W4A8_DYNAMIC": "w4a8_dynamic",
+    "W8A8_MXFP8": "mxfp8",
+    "W4A4_MXFP4": "mxfp4",
+    "W4A16": "w4a16",
+    "W4A16_MXFP4": "w4a16_mxfp4",
+    "W4A8_MXFP4": "w4a8_mxfp4",
+}
+_DTYPE_FORMATS = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One violated rule: ``rule`` is a stable id, ``message`` names the value and the fix."""
+
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.rule}] {self.message}"
+
+
+class EplbConfigError(ValueError):
+    """Every rule the EPLB configuration violates, in one error.
+
+    Attributes:
+        violations: the violated rules, in rule order.
+    """
+
+    def __init__(self, violations: list[Violation]):
+        self.violations = list(violations)
+        lines = [f"{len(self.violations)} EPLB configuration rule(s) violated:"]
+        lines += [f"  - {v}" for v in self.violations]
+        super().__init__("\n".join(lines))
+
+
+@dataclass
+class EplbSettings:
+    """The settings the rules read, extracted from a ``VllmConfig`` or a config file.
+
+    ``num_ranks`` is the EP size: TP x PCP x DP (the EP group of vLLM's ``ParallelConfig``).
+    """
+
+    enable_eplb: bool = False
+    use_v2_model_runner: bool = True
+    enable_expert_parallel: bool = False
+    enable_elastic_ep: bool = False
+    enable_dbo: bool = False
+    tensor_parallel_size: int = 1
+    prefill_context_parallel_size: int = 1
+    data_parallel_size: int = 1
+    window_size: Any = 1000
+    step_interval: Any = 3000
+    num_redundant_experts: Any = 0
+    use_async: Any = True
+    policy: Any = "default"
+    communicator: Any = None
+    log_balancedness: bool = False
+    ascend_eplb_config: dict[str, Any] = field(default_factory=dict)
+    legacy_top_level_keys: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, str] = field(default_factory=dict)
+    num_logical_experts: int | None = None
+    quantization: str | None = "bf16"
+    cudagraph_mode: str = "NONE"
+    speculative_method: str | None = None
+    speculative_draft_is_moe: bool = False
+
+    @property
+    def num_ranks(self) -> int:
+        return self.tensor_parallel_size * self.prefill_context_parallel_size * self.data_parallel_size
+
+
+def _truthy_env(value: str | None) -> bool:
+    return value is not None and value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def check_settings(s: EplbSettings) -> list[Violation]:
+    """Apply every rule to ``s`` and return the violations (empty: the configuration is supported)."""
+    out: list[Violation] = []
+    phase = s.ascend_eplb_config.get("load_collection_phase", "all")
+    v1_in_config = [k for k in V1_EPLB_KEYS if k in s.ascend_eplb_config]
+    v1_top = [k for k in V1_EPLB_KEYS if k in s.legacy_top_level_keys]
+    env_on = [k for k in V1_EPLB_ENV_SWITCHES if _truthy_env(s.environment.get(k))]
+
+    if not s.enable_eplb:
+        # EPLB off: the V1 path (if any) is not ours to judge; only a V2-only key without EPLB is wrong.
+        if phase != "all":
+            out.append(
+                Violation(
+                    "phase-without-eplb",
+                    f"eplb_config.load_collection_phase={phase!r} needs Model Runner V2 EPLB, but "
+                    "enable_eplb=False; fix: pass --enable-eplb or remove load_collection_phase",
+                )
+            )
+        return out
+
+    if not s.use_v2_model_runner:
+        out.append(
+            Violation(
+                "model-runner-v2",
+                "enable_eplb=True with use_v2_model_runner=False: upstream EPLB is supported by Model "
+                "Runner V2 only; fix: set VLLM_USE_V2_MODEL_RUNNER=1 (or use the V1 dynamic_eplb path "
+                "without --enable-eplb)",
+            )
+        )
+    if v1_in_config or v1_top:
+        where = [f"additional_config.eplb_config.{k}" for k in v1_in_config]
+        where += [f"additional_config.{k}" for k in v1_top]
+        out.append(
+            Violation(
+                "v1-controls",
+                f"Model Runner V1 EPLB controls cannot be mixed with V2 EPLB: got {', '.join(where)}; "
+                "fix: remove them and use --eplb-config (window_size, step_interval, "
+                "num_redundant_experts); the only Ascend V2 key is load_collection_phase",
+            )
+        )
+    if env_on:
+        shown = ", ".join(f"{k}={s.environment[k]!r}" for k in env_on)
+        out.append(
+            Violation(
+                "v1-env",
+                f"Model Runner V1 EPLB environment switches cannot be mixed with V2 EPLB: got {shown}; "
+                f"fix: unset {' and '.join(env_on)}",
+            )
+        )
+    unknown = sorted(k for k in s.ascend_eplb_config if k not in ASCEND_V2_KEYS and k not in V1_EPLB_KEYS)
+    if unknown:
+        out.append(
+            Violation(
+                "unknown-ascend-key",
+                f"unknown additional_config.eplb_config key(s) {unknown}; fix: the only Ascend Model "
+                "Runner V2 key is 'load_collection_phase'",
+            )
+        )
+    if phase not in LOAD_COLLECTION_PHASES:
+        out.append(
+            Violation(
+                "load-collection-phase",
+                f"eplb_config.load_collection_phase={phase!r} is not one of {list(LOAD_COLLECTION_PHASES)}; "
+                "fix: use 'all', 'prefill' or 'decode'",
+            )
+        )
+    if s.use_async is not True:
+        out.append(
+            Violation(
+                "async-only",
+                f"eplb_config.use_async={s.use_async!r}: only asynchronous EPLB is supported (no silent "
+                "switch); fix: set --eplb-config.use_async=true",
+            )
+        )
+    if s.communicator is not None and s.communicator not in SUPPORTED_COMMUNICATORS:
+        out.append(
+            Violation(
+                "communicator",
+                f"eplb_config.communicator={s.communicator!r} is not supported on Ascend; fix: leave it "
+                "unset or set 'torch_gloo' (AscendGlooEplbCommunicator, CPU staging over Gloo)",
+            )
+        )
+    if s.policy != "default":
+        out.append(
+            Violation(
+                "policy",
+                f"eplb_config.policy={s.policy!r}: only vLLM's 'default' policy is supported; fix: set "
+                "policy='default'",
+            )
+        )
+    if s.enable_elastic_ep:
+        out.append(
+            Violation(
+                "elastic-ep",
+                "enable_elastic_ep=True is not supported with Ascend EPLB; fix: disable elastic EP",
+            )
+        )
+    if not s.enable_expert_parallel:
+        out.append(
+            Violation(
+                "expert-parallel",
+                "enable_expert_parallel=False: EPLB needs expert parallelism; fix: pass "
+                "--enable-expert-parallel",
+            )
+        )
+    for name in ("window_size", "step_interval"):
+        value = getattr(s, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            out.append(
+                Violation(
+                    name.replace("_", "-"),
+                    f"eplb_config.{name}={value!r} must be a positive integer; fix: set "
+                    f"--eplb-config.{name} to a value > 0",
+                )
+            )
+    r = s.num_redundant_experts
+    r_ok = isinstance(r, int) and not isinstance(r, bool) and r >= 0
+    if not r_ok:
+        out.append(
+            Violation(
+                "redundant-experts",
+                f"eplb_config.num_redundant_experts={r!r} must be an integer >= 0; fix: set "
+                "--eplb-config.num_redundant_experts to 0 or more",
+            )
+        )
+    if r_ok and s.num_logical_experts is not None and s.enable_expert_parallel:
+        p = s.num_logical_experts + r
+        if p % s.num_ranks != 0:
+            out.append(
+                Violation(
+                    "experts-divisible",
+                    f"logical experts ({s.num_logical_experts}) + num_redundant_experts ({r}) = {p} "
+                    f"physical experts is not divisible by the EP size ({s.num_ranks} = TP "
+                    f"{s.tensor_parallel_size} x PCP {s.prefill_context_parallel_size} x DP "
+                    f"{s.data_parallel_size}); fix: choose num_redundant_experts so that "
+                    f"{s.num_logical_experts} + num_redundant_experts is a multiple of {s.num_ranks}, "
+                    f"e.g. {r + (-p) % s.num_ranks}",
+                )
+            )
+    out.extend(_format_violations(s.quantization))
+    if s.cudagraph_mode.upper() != "NONE":
+        out.append(
+            Violation(
+                "graph-capture",
+                f"graph capture (cudagraph_mode={s.cudagraph_mode}) is not validated with Ascend EPLB "
+                "yet (the lookup's in-place refresh under graph replay has no test); fix: run eager "
+                "(--enforce-eager)",
+            )
+        )
+    if s.speculative_method is not None and s.speculative_draft_is_moe:
+        out.append(
+            Violation(
+                "speculative-moe-draft",
+                f"speculative decoding with an MoE draft (method={s.speculative_method!r}) is not "
+                "validated with Ascend EPLB yet (the draft model's layer states have no test); fix: "
+                "disable speculative decoding or use a dense draft",
+            )
+        )
+    if s.enable_dbo:
+        out.append(
+            Violation(
+                "micro-batching",
+                "enable_dbo=True (dual-batch overlap) is not validated with Ascend EPLB yet (per-micro-"
+                "batch unpadded token counts have no test); fix: disable --enable-dbo",
+            )
+        )
+    return out
+
+
+def _format_violations(name: str | None) -> list[Violation]:
+    if name is None:
+        return []
+    from ascend_eplb.quant_views.formats import UnsupportedFormatError, get_format
+
+    try:
+        fmt = get_format(name)
+    except UnsupportedFormatError as exc:
+        return [
+            Violation("quantization", f"quantization format {name!r}: {exc}; fix: use a supported format")
+        ]
+    if not fmt.supports_eplb:
+        return [
+            Violation(
+                "quantization",
+                f"quantization format {name!r} does not support EPLB (supports_eplb=False); fix: use a "
+                "supported format",
+            )
+        ]
+    return []
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    if obj is None:
+        return {}
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    if hasattr(obj, "__dict__"):
+        return {k: v for k, v in vars(obj).items() if not k.startswith("_")}
+    raise TypeError(f"additional_config.eplb_config must be a mapping, got {type(obj).__name__}")
+
+
+def quantization_format_name(vllm_config: Any) -> str | None:
+    """The quant_views format name of the model's routed experts (None: no model config to read).
+
+    Raises:
+        EplbConfigError: an msModelSlim description whose routed experts mix quant types.
+    """
+    model_config = getattr(vllm_config, "model_config", None)
+    if model_config is None:
+        return None
+    method = getattr(model_config, "quantization", None)
+    if method is None:
+        dtype = str(getattr(model_config, "dtype", "bfloat16")).removeprefix("torch.")
+        return _DTYPE_FORMATS.get(dtype, dtype)
+    description = getattr(getattr(vllm_config, "quant_config", None), "quant_description", None)
+    if isinstance(description, Mapping):
+        types = sorted(
+            {
+                str(v).upper()
+                for k, v in description.items()
+                if ".experts." in str(k) and str(k).endswith("weight")
+            }
+        )
+        if len(types) > 1:
+            raise EplbConfigError(
+                [
+                    Violation(
+                        "quantization", f"routed experts mix quant types {types}; fix: quantize uniformly"
+                    )
+                ]
+            )
+        if types:
+            return ASCEND_QUANT_TYPES.get(types[0], types[0].lower())
+    return str(method).lower()
+
+
+def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | None = None) -> EplbSettings:
+    """Extract the settings the rules read from a ``VllmConfig`` (see the module docstring)."""
+    pc = vllm_config.parallel_config
+    ec = pc.eplb_config
+    additional = _as_dict(getattr(vllm_config, "additional_config", None))
+    model_config = getattr(vllm_config, "model_config", None)
+    spec = getattr(vllm_config, "speculative_config", None)
+    draft = getattr(spec, "draft_model_config", None) if spec is not None else None
+    draft_experts = 0
+    if draft is not None:
+        try:
+            draft_experts = int(draft.get_num_experts() or 0)
+        except Exception:
+            draft_experts = 0
+    env = os.environ if environ is None else environ
+    compilation = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(getattr(compilation, "cudagraph_mode", None), "name", "NONE")
+    if model_config is not None and getattr(model_config, "enforce_eager", False):
+        mode = "NONE"
+    num_experts = None
+    if model_config is not None:
+        num_experts = int(model_config.get_num_experts() or 0) or None
+    return EplbSettings(
+        enable_eplb=bool(pc.enable_eplb),
+        use_v2_model_runner=bool(vllm_config.use_v2_model_runner),
+        enable_expert_parallel=bool(pc.enable_expert_parallel),
+        enable_elastic_ep=bool(getattr(pc, "enable_elastic_ep", False)),
+        enable_dbo=bool(getattr(pc, "enable_dbo", False)),
+        tensor_parallel_size=pc.tensor_parallel_size,
+        prefill_context_parallel_size=getattr(pc, "prefill_context_parallel_size", 1),
+        data_parallel_size=pc.data_parallel_size,
+        window_size=ec.window_size,
+        step_interval=ec.step_interval,
+        num_redundant_experts=ec.num_redundant_experts,
+        use_async=ec.use_async,
+        policy=ec.policy,
+        communicator=ec.communicator,
+        log_balancedness=ec.log_balancedness,
+        ascend_eplb_config=_as_dict(additional.get("eplb_config")),
+        legacy_top_level_keys={k: additional[k] for k in V1_EPLB_KEYS if k in additional},
+        environment={k: env[k] for k in V1_EPLB_ENV_SWITCHES if k in env},
+        num_logical_experts=num_experts,
+        quantization=quantization_format_name(vllm_config) if pc.enable_eplb else None,
+        cudagraph_mode=mode,
+        speculative_method=getattr(spec, "method", None) if spec is not None else None,
+        speculative_draft_is_moe=draft_experts > 0 or "mtp" in str(getattr(spec, "method", "") or ""),
+    )
+
+
+def validate_eplb_config(vllm_config: Any) -> EplbSettings:
+    """Check a ``VllmConfig`` against every rule of the Ascend Model Runner V2 EPLB support matrix.
+
+    Call it at start-up, before any weight or buffer is allocated. With ``enable_eplb=False`` only the
+    "load_collection_phase needs EPLB" rule applies and nothing else is read or imported.
+
+    Returns:
+        the resolved settings (``communicator`` unset resolves to ``"torch_gloo"``, no other backend is
+        probed); the config object itself is not modified.
+
+    Raises:
+        EplbConfigError: one error listing every violated rule with the offending value and the fix.
+    """
+    settings = settings_from_vllm_config(vllm_config)
+    violations = check_settings(settings)
+    if violations:
+        raise EplbConfigError(violations)
+    if settings.enable_eplb and settings.communicator is None:
+        settings.communicator = "torch_gloo"
+    return settings
+
+
+# -- config files (``ascend-eplb check CONFIG.json``) -------------------------------------------------
+
+_FILE_KEYS = {
+    "use_v2_model_runner",
+    "parallel_config",
+    "additional_config",
+    "model",
+    "compilation_config",
+    "speculative_config",
+    "environment",
+}
+_PARALLEL_KEYS = {
+    "enable_eplb",
+    "enable_expert_parallel",
+    "enable_elastic_ep",
+    "enable_dbo",
+    "tensor_parallel_size",
+    "prefill_context_parallel_size",
+    "data_parallel_size",
+    "eplb_config",
+}
+_EPLB_KEYS = {
+    "window_size",
+    "step_interval",
+    "num_redundant_experts",
+    "use_async",
+    "policy",
+    "communicator",
+    "log_balancedness",
+    "log_balancedness_interval",
+    "enable_migration_batching",
+}
+_MODEL_KEYS = {"num_logical_experts", "quantization"}
+
+
+def _check_keys(section: str, value: Any, allowed: set[str], out: list[Violation]) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        out.append(Violation("schema", f"{section} must be a JSON object, got {type(value).__name__}"))
+        return {}
+    extra = sorted(set(value) - allowed)
+    if extra:
+        out.append(Violation("schema", f"unknown key(s) {extra} in {section}; allowed: {sorted(allowed)}"))
+    return value
+
+
+def settings_from_file_dict(
+    data: Any, environ: Mapping[str, str] | None = None
+) -> tuple[EplbSettings, list[Violation]]:
+    """Settings from a parsed config file (schema in the package README) plus schema violations."""
+    out: list[Violation] = []
+    top = _check_keys("the config file", data, _FILE_KEYS, out)
+    pc = _check_keys("parallel_config", top.get("parallel_config"), _PARALLEL_KEYS, out)
+    ec = _check_keys("parallel_config.eplb_config", pc.get("eplb_config"), _EPLB_KEYS, out)
+    additional = _check_keys(
+        "additional_config", top.get("additional_config"), set(V1_EPLB_KEYS) | {"eplb_config"}, out
+    )
+    ascend = additional.get("eplb_config") or {}
+    if not isinstance(ascend, dict):
+        out.append(Violation("schema", "additional_config.eplb_config must be a JSON object"))
+        ascend = {}
+    model = _check_keys("model", top.get("model"), _MODEL_KEYS, out)
+    compilation = _check_keys("compilation_config", top.get("compilation_config"), {"cudagraph_mode"}, out)
+    spec = _check_keys("speculative_config", top.get("speculative_config"), {"method", "draft_is_moe"}, out)
+    env_file = _check_keys("environment", top.get("environment"), set(V1_EPLB_ENV_SWITCHES), out)
+    env = dict(os.environ if environ is None else environ)
+    env.update({k: str(v) for k, v in env_file.items()})
+
+    def integer(section: str, d: dict[str, Any], key: str, default: int) -> int:
+        v = d.get(key, default)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            out.append(Violation("schema", f"{section}.{key}={v!r} must be an integer >= 1"))
+            return default
+        return v
+
+    experts = model.get("num_logical_experts")
+    if experts is not None and (not isinstance(experts, int) or isinstance(experts, bool) or experts < 1):
+        out.append(Violation("schema", f"model.num_logical_experts={experts!r} must be an integer >= 1"))
+        experts = None
+    quant = model.get("quantization", "bf16")
+    settings = EplbSettings(
+        enable_eplb=bool(pc.get("enable_eplb", False)),
+        use_v2_model_runner=bool(top.get("use_v2_model_runner", True)),
+        enable_expert_parallel=bool(pc.get("enable_expert_parallel", False)),
+        enable_elastic_ep=bool(pc.get("enable_elastic_ep", False)),
+        enable_dbo=bool(pc.get("enable_dbo", False)),
+        tensor_parallel_size=integer("parallel_config", pc, "tensor_parallel_size", 1),
+        prefill_context_parallel_size=integer("parallel_config", pc, "prefill_context_parallel_size", 1),
+        data_parallel_size=integer("parallel_config", pc, "data_parallel_size", 1),
+        window_size=ec.get("window_size", 1000),
+        step_interval=ec.get("step_interval", 3000),
+        num_redundant_experts=ec.get("num_redundant_experts", 0),
+        use_async=ec.get("use_async", True),
+        policy=ec.get("policy", "default"),
+        communicator=ec.get("communicator"),
+        log_balancedness=bool(ec.get("log_balancedness", False)),
+        ascend_eplb_config=dict(ascend),
+        legacy_top_level_keys={k: additional[k] for k in V1_EPLB_KEYS if k in additional},
+        environment={k: env[k] for k in V1_EPLB_ENV_SWITCHES if k in env},
+        num_logical_experts=experts,
+        quantization=str(quant) if quant is not None else None,
+        cudagraph_mode=str(compilation.get("cudagraph_mode", "NONE")),
+        speculative_method=spec.get("method") if spec else None,
+        speculative_draft_is_moe=bool(spec.get("draft_is_moe", False)) if spec else False,
+    )
+    return settings, out
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Outcome of :func:`check_config_file`: ``ok`` and the text to print (resolved settings or rules)."""
+
+    ok: bool
+    report: str
+    violations: tuple[Violation, ...] = ()
+    resolved: dict[str, Any] | None = None
+
+    def __iter__(self):
+        """Unpack as ``ok, report = check_config_file(path)``."""
+        return iter((self.ok, self.report))
+
+    @property
+    def exit_code(self) -> int:
+        """0 when the configuration is supported, 2 otherwise (the ``ascend-eplb check`` contract)."""
+        return 0 if self.ok else 2
+
+
+def _resolved(s: EplbSettings) -> dict[str, Any]:
+    d = asdict(s)
+    d["communicator"] = s.communicator or "torch_gloo"
+    d["load_collection_phase"] = s.ascend_eplb_config.get("load_collection_phase", "all")
+    d["num_ranks"] = s.num_ranks
+    if s.num_logical_experts is not None:
+        d["num_physical_experts"] = s.num_logical_experts + s.num_redundant_experts
+        d["num_local_physical_experts"] = d["num_physical_experts"] // s.num_ranks
+    for k in ("ascend_eplb_config", "legacy_top_level_keys", "environment"):
+        d.pop(k)
+    return d
+
+
+def check_config_file(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> CheckResult:
+    """Validate a JSON config file (vLLM's EPLB and parallel settings plus the Ascend ``eplb_config``).
+
+    The schema is in the package README. ``environ`` (default ``os.environ``) supplies the V1 switches
+    ``DYNAMIC_EPLB``/``EXPERT_MAP_RECORD`` unless the file's ``environment`` object sets them.
+
+    Returns:
+        ``CheckResult(ok, report, violations, resolved)``, which unpacks as ``ok, report``. An
+        unreadable or malformed file is a ``schema`` violation, never an exception.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        v = Violation("schema", f"cannot read {os.fspath(path)!r} as JSON: {exc}")
+        return CheckResult(False, str(EplbConfigError([v])), (v,))
+    settings, violations = settings_from_file_dict(data, environ)
+    violations = violations + check_settings(settings)
+    if violations:
+        return CheckResult(False, str(EplbConfigError(violations)), tuple(violations))
+    resolved = _resolved(settings)
+    lines = ["ok"] + [f"  {k}: {resolved[k]}" for k in sorted(resolved)]
+    return CheckResult(True, "\n".join(lines), (), resolved)
