@@ -1,0 +1,123 @@
+"""``AscendEPLBController``: upstream ``EPLBController`` with a batch load-collection phase.
+
+The model runner calls, per batch: :meth:`AscendEPLBController.set_batch_phase`, then
+:meth:`AscendEPLBController.prepare_forward`, the forward, and upstream's ``step`` (through
+``step_eplb_after``). ``prepare_forward`` writes the shared device record flag once, as
+(upstream's record decision for this step) and (the batch matches the phase). A rank whose batch is
+filtered out records nothing, so it contributes zeros to that window slot, while its upstream
+``step`` runs exactly like every other rank's: the step counters, window position and the collectives
+of the rearrangement stay identical across ranks whatever their phases. (vLLM Ascend's MRv2 design of
+PR #14099; its earlier version turned filtered batches into dummy steps instead.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.v1.worker.gpu.eplb_utils import EPLBController
+
+from ascend_eplb.control._signatures import check_signature
+from ascend_eplb.control.phase import LoadCollectionPhase, is_phase_matched, validate_phase
+from ascend_eplb.control.state import AscendEplbState
+
+__all__ = ["AscendEPLBController", "check_upstream_controller_signatures"]
+
+#: vLLM 0.33.0 parameters of the ``EPLBController`` methods overridden or relied on.
+UPSTREAM_CONTROLLER_SIGNATURES: dict[str, tuple[str, ...]] = {
+    "__init__": ("self", "parallel_config", "device"),
+    "prepare_load": ("self",),
+    "prepare_forward": ("self", "model_config", "num_unpadded_tokens", "ubatch_slices"),
+    "step": ("self", "is_dummy", "is_profile"),
+    "suppress": ("self",),
+}
+
+
+def check_upstream_controller_signatures() -> None:
+    """Raise ``RuntimeError`` naming the first ``EPLBController`` method that drifted from vLLM 0.33.0."""
+    for name, params in UPSTREAM_CONTROLLER_SIGNATURES.items():
+        check_signature(getattr(EPLBController, name), f"EPLBController.{name}", params)
+
+
+class AscendEPLBController(EPLBController):
+    """Upstream ``EPLBController`` that builds :class:`AscendEplbState` and filters load by batch phase.
+
+    Args:
+        parallel_config: vLLM ``ParallelConfig`` (EPLB is active when ``enable_eplb``).
+        device: the device of the EPLB state and lookups.
+        load_collection_phase: ``"all"`` (default), ``"prefill"`` or ``"decode"``; see
+            :func:`~ascend_eplb.control.phase.is_phase_matched`.
+
+    Raises:
+        ValueError: ``load_collection_phase`` is not an allowed phase (the message lists them).
+        RuntimeError: an upstream method this class overrides or relies on changed signature since
+            vLLM 0.33.0 (the message names it).
+    """
+
+    state: AscendEplbState | None
+
+    def __init__(
+        self, parallel_config: Any, device: torch.device, load_collection_phase: LoadCollectionPhase = "all"
+    ) -> None:
+        phase = validate_phase(load_collection_phase)
+        check_upstream_controller_signatures()
+        super().__init__(parallel_config, device)
+        self.load_collection_phase: LoadCollectionPhase = phase
+        self._batch_has_prefill: bool | None = None
+        self.last_record_decision: bool | None = None
+        """The flag value the last :meth:`prepare_forward` wrote (None before the first fill)."""
+
+    def prepare_load(self) -> None:
+        """Upstream ``prepare_load``, building an :class:`AscendEplbState` when EPLB is enabled."""
+        self.state = None
+        self._has_registered_models = False
+        if self.parallel_config.enable_eplb:
+            self.state = AscendEplbState(self.parallel_config, self.device)
+
+    def set_batch_phase(self, batch_has_prefill: bool) -> None:
+        """Declare the phase of the next batch; called once per batch before :meth:`prepare_forward`.
+
+        Args:
+            batch_has_prefill: True if any request of the batch is in (chunked) prefill.
+
+        Raises:
+            ValueError: ``batch_has_prefill`` is not a bool.
+        """
+        if not isinstance(batch_has_prefill, bool):
+            raise ValueError(f"batch_has_prefill={batch_has_prefill!r} must be a bool")
+        self._batch_has_prefill = batch_has_prefill
+
+    def phase_matched(self) -> bool:
+        """Whether the declared batch phase is collected; a batch whose phase was not declared only
+        matches ``"all"``."""
+        if self.load_collection_phase == "all":
+            return True
+        if self._batch_has_prefill is None:
+            return False
+        return is_phase_matched(self.load_collection_phase, self._batch_has_prefill)
+
+    def prepare_forward(
+        self, model_config: Any, num_unpadded_tokens: int, ubatch_slices: list | None = None
+    ) -> None:
+        """Upstream ``prepare_forward``, then one fill of the device record flag for this batch.
+
+        The flag becomes (not suppressed) and (upstream ``_should_record_current_step`` for this step)
+        and (:meth:`phase_matched`). The declared phase is consumed: the next batch must declare its own.
+        """
+        super().prepare_forward(model_config, num_unpadded_tokens, ubatch_slices)
+        state = self.state
+        try:
+            if state is None or not self.parallel_config.enable_eplb or state.should_record_tensor is None:
+                return
+            decision = (
+                not self.suppressed
+                and self._has_registered_models
+                and state._should_record_current_step(
+                    log_stats=self.parallel_config.eplb_config.log_balancedness
+                )
+                and self.phase_matched()
+            )
+            state.should_record_tensor.fill_(decision)
+            self.last_record_decision = decision
+        finally:
+            self._batch_has_prefill = None

@@ -1,0 +1,440 @@
+"""``AscendEplbState`` / ``AscendEplbLayerState``: upstream EPLB state plus a stable device lookup per layer.
+
+Upstream ``EplbState`` (vLLM 0.33.0) stays the only placement state: its ``physical_to_logical_map``
+``(L, P)``, ``logical_to_physical_map`` ``(L, E, 1024)`` and ``logical_replica_count`` ``(L, E)``
+are the truth. Each MoE layer's :class:`AscendEplbLayerState` additionally owns a dataplane
+:class:`~ascend_eplb.dataplane.ReplicaLookup` (int32 ``(rows, E)``, fixed ``data_ptr``; what the
+graph-safe router op gathers from), derived from that layer's committed maps and refreshed in place
+exactly when the layer's placement commits (see :mod:`ascend_eplb.control.commit_hooks`).
+
+:class:`AscendEplbState` adds, and only adds:
+
+* the refresh of a layer's lookup right after upstream commits that layer (asynchronous per-layer
+  commit) or all layers (synchronous commit, ``update_mapping``), before the async worker's staging
+  buffer is acknowledged;
+* a skip of a rearrangement whose window holds no load on any rank (upstream would hand an all-zero
+  window to the policy), decided with one collective on the EP CPU group;
+* an inspectable :attr:`AscendEplbState.commit_log` of the per-layer order move, commit, refresh,
+  acknowledge;
+* signature checks of every upstream method it overrides or relies on, at construction.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch.distributed import ReduceOp, all_reduce
+from vllm.distributed.eplb.eplb_state import EplbLayerState, EplbModelState, EplbState
+from vllm.distributed.parallel_state import get_ep_group
+from vllm.logger import init_logger
+from vllm.utils.gpu_sync_debug import gpu_sync_allowed
+
+from ascend_eplb.control._signatures import check_signature
+from ascend_eplb.control.commit_hooks import check_hooked_signatures, install_commit_hooks, register_owner
+from ascend_eplb.dataplane import ReplicaLookup
+
+__all__ = [
+    "COMMIT_LOG_MAXLEN",
+    "AscendEplbLayerState",
+    "AscendEplbState",
+    "CommitEvent",
+    "check_upstream_state_signatures",
+]
+
+logger = init_logger(__name__)
+
+#: Events kept in :attr:`AscendEplbState.commit_log` (4 per layer per rearrangement; oldest dropped).
+COMMIT_LOG_MAXLEN = 4096
+#: Rows of each layer's lookup table; vLLM Ascend's ``EXPERT_REPLICA_ROUTING_TABLE_NUM_ROWS``.
+DEFAULT_LOOKUP_ROWS = 1024
+
+#: vLLM 0.33.0 parameters of the upstream state methods this module overrides or calls.
+UPSTREAM_STATE_SIGNATURES: dict[str, tuple[Any, tuple[str, ...]]] = {
+    "EplbState.__init__": (EplbState.__init__, ("self", "parallel_config", "device")),
+    "EplbState.add_model": (EplbState.add_model, ("self", "model", "model_config", "model_name")),
+    "EplbState.rearrange": (
+        EplbState.rearrange,
+        ("self", "is_profile", "rank_mapping", "use_last_expert_load"),
+    ),
+    "EplbState.update_mapping": (
+        EplbState.update_mapping,
+        ("self", "model_config", "expanded_physical_to_logical"),
+    ),
+    "EplbState.step": (EplbState.step, ("self", "is_dummy", "is_profile", "log_stats")),
+    "EplbState.prepare_forward": (
+        EplbState.prepare_forward,
+        ("self", "model_config", "num_unpadded_tokens", "ubatch_slices"),
+    ),
+    "EplbState._should_record_current_step": (EplbState._should_record_current_step, ("self", "log_stats")),
+    "EplbLayerState.set_layer_state": (
+        EplbLayerState.set_layer_state,
+        ("self", "moe_layer_idx", "expert_load_view", "logical_to_physical_map", "logical_replica_count"),
+    ),
+}
+
+
+def check_upstream_state_signatures() -> None:
+    """Check every upstream state method and module function this module overrides, hooks or calls.
+
+    Raises:
+        RuntimeError: one changed signature since vLLM 0.33.0; the message names it.
+    """
+    for name, (_, params) in UPSTREAM_STATE_SIGNATURES.items():
+        owner_name, attr = name.split(".")
+        owner = EplbState if owner_name == "EplbState" else EplbLayerState
+        check_signature(getattr(owner, attr), name, params)
+    check_hooked_signatures()
+
+
+CommitEventKind = Literal["move", "commit", "refresh", "acknowledge"]
+
+
+@dataclass(frozen=True)
+class CommitEvent:
+    """One observed step of a layer's placement change.
+
+    Attributes:
+        kind: ``"move"`` (observed at the start of upstream's commit: the layer's weights already hold
+            the new placement), ``"commit"`` (upstream's commit returned), ``"refresh"`` (the layer's
+            lookups were refreshed in place), ``"acknowledge"`` (the async worker's staging buffer was
+            released: ``consumed_event.record()`` returned).
+        model_name: upstream ``EplbModelState.model_name``.
+        layer: MoE layer index.
+        rearrangement: 1-based index of the rearrangement this commit belongs to (0: ``update_mapping``
+            before any rearrangement).
+        evidence: what was observed (empty unless :attr:`AscendEplbState.collect_commit_evidence`):
+            ``move``: ``map_before`` (the committed row, list of P ints, still the old placement) and
+            ``probe`` (the return of :attr:`AscendEplbState.commit_probe`); ``commit``: ``map`` (the
+            committed row); ``refresh``: ``checksums`` and ``data_ptrs`` of the layer's lookups;
+            ``acknowledge``: ``pending_result_cleared`` and ``checksums`` at that moment.
+    """
+
+    kind: CommitEventKind
+    model_name: str
+    layer: int
+    rearrangement: int
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AscendEplbLayerState(EplbLayerState):
+    """Upstream ``EplbLayerState`` of one MoE layer plus the layer's device replica lookup.
+
+    Besides the upstream fields (``expert_load_view`` int32 ``(P,)``, ``logical_to_physical_map``
+    ``(E, 1024)``, ``logical_replica_count`` ``(E,)``, the shared 0-d bool ``should_record_tensor`` and
+    ``num_unpadded_tokens_tensors``, all views or references of the owning ``EplbModelState``), it owns
+    ``replica_lookup``, built on the device of the maps by the first :meth:`set_layer_state` and only
+    refreshed in place afterwards (the table's ``data_ptr`` never changes, so captured graphs stay valid).
+
+    Attributes:
+        replica_lookup: the layer's lookup; None until :meth:`set_layer_state`.
+        moe_layer_idx: the layer index upstream registered this state under.
+        ep_rank: EP rank the lookup is built for; None reads ``get_ep_group().rank_in_group`` at
+            :meth:`set_layer_state`.
+        lookup_rows: rows of the lookup table (default 1024, vLLM Ascend's routing-table rows).
+    """
+
+    replica_lookup: ReplicaLookup | None = None
+    moe_layer_idx: int | None = None
+    ep_rank: int | None = None
+    lookup_rows: int = DEFAULT_LOOKUP_ROWS
+
+    @classmethod
+    def from_upstream(
+        cls, state: EplbLayerState, *, ep_rank: int | None = None, lookup_rows: int = DEFAULT_LOOKUP_ROWS
+    ) -> AscendEplbLayerState:
+        """An :class:`AscendEplbLayerState` carrying ``state``'s upstream fields (references, not copies).
+
+        A lookup is built only if ``state`` already has its maps; otherwise the first
+        :meth:`set_layer_state` (called by upstream ``add_model``) builds it.
+        """
+        new = cls(
+            expert_load_view=state.expert_load_view,
+            logical_to_physical_map=state.logical_to_physical_map,
+            logical_replica_count=state.logical_replica_count,
+            should_record_tensor=state.should_record_tensor,
+            num_unpadded_tokens_tensors=state.num_unpadded_tokens_tensors,
+            ep_rank=ep_rank,
+            lookup_rows=lookup_rows,
+        )
+        if (
+            new.logical_to_physical_map is not None
+            and new.logical_replica_count is not None
+            and new.expert_load_view is not None
+        ):
+            new.replica_lookup = new._build_lookup(
+                new.logical_to_physical_map, new.logical_replica_count, int(new.expert_load_view.shape[-1])
+            )
+        return new
+
+    def _build_lookup(
+        self,
+        logical_to_physical_map: torch.Tensor,
+        logical_replica_count: torch.Tensor,
+        num_physical_slots: int,
+    ) -> ReplicaLookup:
+        ep_rank = self.ep_rank if self.ep_rank is not None else get_ep_group().rank_in_group
+        lookup = ReplicaLookup(
+            int(logical_to_physical_map.shape[0]),
+            ep_rank,
+            logical_to_physical_map.device,
+            rows=self.lookup_rows,
+            num_physical_experts=num_physical_slots,
+        )
+        lookup.refresh_(logical_to_physical_map, logical_replica_count)
+        return lookup
+
+    def set_layer_state(
+        self,
+        moe_layer_idx: int,
+        expert_load_view: torch.Tensor,
+        logical_to_physical_map: torch.Tensor,
+        logical_replica_count: torch.Tensor,
+    ) -> None:
+        """Upstream's registration (row ``moe_layer_idx`` of each tensor), then build or refresh the lookup.
+
+        Args:
+            moe_layer_idx: the layer's index among the model's MoE layers.
+            expert_load_view: int32 ``(L, P)`` (``(L, capacity)`` under elastic EP), upstream's load pass.
+            logical_to_physical_map: int64 ``(L, E, 1024)``, padded with -1.
+            logical_replica_count: int64 ``(L, E)``.
+
+        Raises:
+            ValueError: the maps are rejected by ``ReplicaLookup.refresh_`` (nothing is changed then).
+        """
+        l2p, count = logical_to_physical_map[moe_layer_idx], logical_replica_count[moe_layer_idx]
+        if self.replica_lookup is None:
+            # Replica ids index the layer's load view: bound them by its length (P, or the elastic-EP
+            # capacity).
+            lookup = self._build_lookup(l2p, count, int(expert_load_view.shape[-1]))
+        else:
+            lookup = self.replica_lookup
+            lookup.refresh_(l2p, count)
+        super().set_layer_state(
+            moe_layer_idx, expert_load_view, logical_to_physical_map, logical_replica_count
+        )
+        self.replica_lookup = lookup
+        self.moe_layer_idx = moe_layer_idx
+
+    def refresh_replica_lookup(self) -> None:
+        """Rewrite the lookup in place from this layer's (committed) upstream maps.
+
+        Raises:
+            RuntimeError: called before :meth:`set_layer_state`.
+        """
+        if (
+            self.replica_lookup is None
+            or self.logical_to_physical_map is None
+            or self.logical_replica_count is None
+        ):
+            raise RuntimeError("AscendEplbLayerState.refresh_replica_lookup called before set_layer_state")
+        self.replica_lookup.refresh_(self.logical_to_physical_map, self.logical_replica_count)
+
+
+class AscendEplbState(EplbState):
+    """Upstream ``EplbState`` whose layers' replica lookups follow every placement commit.
+
+    Construct it like upstream (``AscendEPLBController.prepare_load`` does). Construction checks the
+    upstream signatures (``RuntimeError`` naming the drifted method) and installs the commit hooks
+    (idempotent). Every MoE layer of a registered model must carry an :class:`AscendEplbLayerState`.
+
+    Attributes:
+        commit_log: the recent :class:`CommitEvent`\\ s, oldest first (at most :data:`COMMIT_LOG_MAXLEN`).
+        collect_commit_evidence: when True, events carry evidence (device reads; for tests and
+            debugging, off by default).
+        commit_probe: optional ``fn(model_state, layer) -> Any`` called at each ``move`` event while
+            collecting evidence (e.g. to read the layer's weight tags).
+        num_rearrangements: rearrangements started (profile rearrangements excluded).
+        num_skipped_rearrangements: rearrangements skipped because no rank recorded load.
+    """
+
+    def __init__(self, parallel_config: Any, device: torch.device) -> None:
+        check_upstream_state_signatures()
+        super().__init__(parallel_config, device)
+        install_commit_hooks()
+        self.commit_log: collections.deque[CommitEvent] = collections.deque(maxlen=COMMIT_LOG_MAXLEN)
+        self.collect_commit_evidence = False
+        self.commit_probe: Callable[[EplbModelState, int], Any] | None = None
+        self.num_rearrangements = 0
+        self.num_skipped_rearrangements = 0
+        self._consecutive_skips = 0
+        self._layer_states: dict[str, dict[int, list[AscendEplbLayerState]]] = {}
+        register_owner(self)
+
+    # ----------------------------------------------------------------- registration
+    def add_model(self, model: Any, model_config: Any, model_name: str | None = None) -> None:
+        """Upstream ``add_model`` after checking every MoE layer carries an :class:`AscendEplbLayerState`.
+
+        Raises:
+            TypeError: a MoE layer's ``eplb_state`` is not an :class:`AscendEplbLayerState` (checked
+                before anything is registered; the message names the layer).
+        """
+        for idx, layer in enumerate(model.moe_layers):
+            layer_state = getattr(layer, "eplb_state", None)
+            if not isinstance(layer_state, AscendEplbLayerState):
+                raise TypeError(
+                    f"MoE layer {idx} ({type(layer).__name__}) has eplb_state of type "
+                    f"{type(layer_state).__name__}; AscendEplbState needs an AscendEplbLayerState on every "
+                    "MoE layer (AscendEplbLayerState.from_upstream converts an upstream one)"
+                )
+        super().add_model(model, model_config, model_name)
+        by_layer: dict[int, list[AscendEplbLayerState]] = collections.defaultdict(list)
+        for layer in model.moe_layers:
+            layer_state = layer.eplb_state
+            if layer_state.replica_lookup is None or layer_state.moe_layer_idx is None:
+                raise RuntimeError(
+                    f"{type(layer).__name__}.set_eplb_state did not register its AscendEplbLayerState "
+                    "(set_layer_state was not called)"
+                )
+            by_layer[layer_state.moe_layer_idx].append(layer_state)
+        self._layer_states[model_config.compute_hash()] = dict(by_layer)
+
+    def owns_model_state(self, model_state: EplbModelState) -> bool:
+        """Whether ``model_state`` (identity) is one of this state's model states."""
+        return self._key_of(model_state) is not None
+
+    def _key_of(self, model_state: EplbModelState) -> str | None:
+        for key, candidate in self.model_states.items():
+            if candidate is model_state:
+                return key
+        return None
+
+    def layer_states(self, model_config: Any) -> dict[int, list[AscendEplbLayerState]]:
+        """The :class:`AscendEplbLayerState`\\ s of a registered model, by MoE layer index."""
+        return self._layer_states[model_config.compute_hash()]
+
+    # ----------------------------------------------------------------- commit, refresh, acknowledge
+    def _log(self, kind: CommitEventKind, model_state: EplbModelState, layer: int, **evidence: Any) -> None:
+        self.commit_log.append(
+            CommitEvent(kind, model_state.model_name, layer, self.num_rearrangements, dict(evidence))
+        )
+
+    def _lookup_evidence(self, layer_states: list[AscendEplbLayerState]) -> dict[str, Any]:
+        lookups = [ls.replica_lookup for ls in layer_states if ls.replica_lookup is not None]
+        return {
+            "checksums": [lk.checksum() for lk in lookups],
+            "data_ptrs": [lk.table.data_ptr() for lk in lookups],
+        }
+
+    def _before_commit(
+        self, model_state: EplbModelState, layers: tuple[int, ...], new_physical_to_logical_map: torch.Tensor
+    ) -> None:
+        """Called by the commit hook before upstream commits ``layers`` (weights already moved)."""
+        for layer in layers:
+            if self.collect_commit_evidence:
+                with gpu_sync_allowed():
+                    map_before = model_state.physical_to_logical_map[layer].tolist()
+                probe = self.commit_probe(model_state, layer) if self.commit_probe is not None else None
+                self._log("move", model_state, layer, map_before=map_before, probe=probe)
+            else:
+                self._log("move", model_state, layer)
+
+    def _after_commit(
+        self, model_state: EplbModelState, layers: tuple[int, ...], acknowledged_by: Any | None
+    ) -> None:
+        """Called by the commit hook after upstream committed ``layers``: refresh their lookups.
+
+        ``acknowledged_by`` is the async ``AsyncEplbLayerResult`` being consumed (None for a
+        synchronous commit); its acknowledgement is logged when it happens.
+        """
+        key = self._key_of(model_state)
+        assert key is not None
+        for layer in layers:
+            if self.collect_commit_evidence:
+                with gpu_sync_allowed():
+                    self._log(
+                        "commit", model_state, layer, map=model_state.physical_to_logical_map[layer].tolist()
+                    )
+            else:
+                self._log("commit", model_state, layer)
+            self._refresh_layer(model_state, key, layer)
+        if acknowledged_by is not None and tuple(layers) == (acknowledged_by.layer_idx,):
+            self._observe_acknowledgement(model_state, key, acknowledged_by)
+
+    def _refresh_layer(self, model_state: EplbModelState, key: str, layer: int) -> None:
+        layer_states = self._layer_states[key].get(layer, [])
+        for layer_state in layer_states:
+            layer_state.refresh_replica_lookup()
+        if self.collect_commit_evidence:
+            with gpu_sync_allowed():
+                self._log("refresh", model_state, layer, **self._lookup_evidence(layer_states))
+        else:
+            self._log("refresh", model_state, layer)
+
+    def _observe_acknowledgement(self, model_state: EplbModelState, key: str, result: Any) -> None:
+        event = result.consumed_event
+        record = event.record
+        layer = result.layer_idx
+
+        def record_and_log(stream: torch.Stream | None = None) -> None:
+            record(stream)
+            if self.collect_commit_evidence:
+                with gpu_sync_allowed():
+                    evidence = self._lookup_evidence(self._layer_states[key].get(layer, []))
+                self._log(
+                    "acknowledge", model_state, layer,
+                    pending_result_cleared=model_state.pending_result is None, **evidence,
+                )  # fmt: skip
+            else:
+                self._log("acknowledge", model_state, layer)
+
+        event.record = record_and_log
+
+    def update_mapping(self, model_config: Any, expanded_physical_to_logical: torch.Tensor) -> None:
+        """Upstream ``update_mapping`` (elastic EP), then refresh every layer's lookup of that model."""
+        super().update_mapping(model_config, expanded_physical_to_logical)
+        key = model_config.compute_hash()
+        model_state = self.model_states[key]
+        for layer in sorted(self._layer_states.get(key, {})):
+            self._refresh_layer(model_state, key, layer)
+
+    # ----------------------------------------------------------------- rearrangement gate
+    def any_rank_recorded_load(self) -> bool:
+        """Whether any EP rank's load window holds a non-zero count (valid physical slots only).
+
+        One ``all_reduce(MAX)`` of an int32 flag over ``get_ep_group().cpu_group`` (none for one rank),
+        so every rank gets the same answer. Reads the window to the host (one synchronisation per
+        rearrangement).
+        """
+        local = False
+        for model_state in self.model_states.values():
+            valid = (model_state.physical_to_logical_map >= 0).unsqueeze(0)
+            with gpu_sync_allowed():
+                local = local or bool((model_state.expert_load_window * valid).any())
+        flag = torch.tensor([int(local)], dtype=torch.int32)
+        cpu_group = get_ep_group().cpu_group
+        if cpu_group.size() > 1:
+            all_reduce(flag, op=ReduceOp.MAX, group=cpu_group)
+        return bool(flag.item())
+
+    def rearrange(
+        self,
+        is_profile: bool = False,
+        rank_mapping: dict[int, int] | None = None,
+        use_last_expert_load: bool = False,
+    ) -> torch.Tensor | None:
+        """Upstream ``rearrange``, unless no EP rank recorded load in the window.
+
+        The skip applies to regular rearrangements only (not profile, elastic-EP ``rank_mapping`` or
+        ``use_last_expert_load`` ones). It is decided by :meth:`any_rank_recorded_load` on every rank
+        alike, so all ranks skip together; EP rank 0 logs the first skip of each idle stretch.
+        """
+        if not is_profile and rank_mapping is None and not use_last_expert_load and self.model_states:
+            if not self.any_rank_recorded_load():
+                self.num_skipped_rearrangements += 1
+                self._consecutive_skips += 1
+                if self._consecutive_skips == 1 and get_ep_group().rank_in_group == 0:
+                    logger.info(
+                        "EPLB: no EP rank recorded expert load in the last %d-step window; skipping the "
+                        "rearrangement until load is recorded again",
+                        self.expert_load_window_size,
+                    )
+                return None
+            self._consecutive_skips = 0
+        if not is_profile:
+            self.num_rearrangements += 1
+        return super().rearrange(is_profile, rank_mapping, use_last_expert_load)

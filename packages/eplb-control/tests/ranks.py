@@ -1,0 +1,288 @@
+"""Rank functions of the control plane's multi-rank tests (loaded by path in each rank process).
+
+One world drives the real upstream stack: ``AscendEPLBController`` over vLLM 0.33.0's
+``EPLBController`` / ``EplbState`` / async worker / ``DefaultEplbPolicy`` / Gloo communicator, a tagged
+``FakeMoEModel`` and dataplane's routing op fed with the real ESFT DeepSeek-V2-Lite routing trace. It
+returns what it observed; the tests compare the ranks' reports.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ascend_eplb.testing import RankContext
+
+TRACE_DIR = Path(
+    "/work/shared/data/expert-load/esft-deepseek-v2-lite-expert-scores/results/expert_scores/translation"
+)
+NUM_MOE_LAYERS = 2
+NUM_LOGICAL = 64  # DeepSeek-V2-Lite routed experts, as in the trace
+NUM_REDUNDANT = 4
+TOP_K = 6
+TOKENS = 24  # real tokens per batch and rank
+PADDING = 8  # padded rows appended to every batch (never recorded)
+WINDOW = 2
+INTERVAL = 8
+DEADLINE_S = 30.0
+
+
+def tag(layer: int, logical_expert: int) -> float:
+    """The value every weight row of ``layer`` holding ``logical_expert`` carries (exact in bf16)."""
+    return float(64 * layer + logical_expert + 1)
+
+
+def _trace(num_sequences: int) -> list[list[torch.Tensor]]:
+    """Per MoE layer ``l`` (trace layer ``l + 1``): the first sequences' top-6 ids, int64 ``(tokens, 6)``."""
+    out = []
+    for layer in range(NUM_MOE_LAYERS):
+        seqs = []
+        with open(TRACE_DIR / f"expert_weights_{layer + 1}.txt") as f:
+            for _, line in zip(range(num_sequences), f, strict=False):
+                ids = [int(v) for v in line.split("\t\t")[0].split("\t")]
+                seqs.append(torch.tensor(ids, dtype=torch.int64).view(-1, TOP_K))
+        out.append(seqs)
+    return out
+
+
+def _config(world_size: int, use_async: bool):
+    from vllm.config import EPLBConfig, ParallelConfig, VllmConfig
+
+    # Valid as built only with the host adaptation's platform proxy installed (no accelerator here).
+    eplb_config = EPLBConfig(
+        window_size=WINDOW,
+        step_interval=INTERVAL,
+        num_redundant_experts=NUM_REDUNDANT,
+        use_async=use_async,
+        communicator="torch_gloo",
+    )
+    parallel_config = ParallelConfig(
+        tensor_parallel_size=world_size,
+        enable_expert_parallel=True,
+        enable_eplb=True,
+        eplb_config=eplb_config,
+    )
+    return VllmConfig(parallel_config=parallel_config)
+
+
+def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, Any]:
+    """Three rearrangement windows: skewed real load, an all-zero window, skewed real load again.
+
+    Phases: under ``decode``/``prefill`` the ranks get different phases in the same step (rank ``r``
+    has prefill at step ``s`` iff ``r + s`` is even); in the zero window every rank gets the filtered
+    phase (under ``all``: batches of padding only).
+    """
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.eplb import eplb_state as upstream_state
+    from vllm.distributed.eplb.policy import DefaultEplbPolicy
+    from vllm.distributed.parallel_state import (
+        get_ep_group,
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+
+    from ascend_eplb.control import AscendEPLBController, host_adaptation
+    from ascend_eplb.control import state as control_state
+    from ascend_eplb.dataplane import build_replica_table, map_to_physical_and_record, table_checksum
+
+    assert host_adaptation.install() is True
+    vc = _config(ctx.world_size, use_async)
+    rank, n = ctx.rank, ctx.world_size
+    report: dict[str, Any] = {"rank": rank}
+    with set_current_vllm_config(vc):
+        init_distributed_environment(
+            world_size=n, rank=rank, distributed_init_method=ctx.init_method, local_rank=rank, backend="gloo"
+        )
+        initialize_model_parallel(tensor_model_parallel_size=n)
+        assert get_ep_group().world_size == n
+
+        # Record every main-thread collective of upstream and of this package, in order.
+        collectives: list[tuple[str, tuple[int, ...], str]] = []
+
+        def recording(module, name):
+            original = module.all_reduce
+
+            def all_reduce(tensor, *args, **kwargs):
+                collectives.append((name, tuple(tensor.shape), str(tensor.dtype)))
+                return original(tensor, *args, **kwargs)
+
+            module.all_reduce = all_reduce
+
+        recording(upstream_state, "upstream")
+        recording(control_state, "control")
+
+        from fake_moe import FakeModelConfig, FakeMoEModel
+
+        model = FakeMoEModel(NUM_MOE_LAYERS, NUM_LOGICAL, NUM_REDUNDANT, rank, n, tag)
+        mc = FakeModelConfig()
+        ctrl = AscendEPLBController(vc.parallel_config, torch.device("cpu"), load_collection_phase=phase)
+        ctrl.prepare_load()
+        state = ctrl.state
+        state.collect_commit_evidence = True
+        state.commit_probe = lambda ms, layer: model.layers[layer].local_tags()
+        assert ctrl.maybe_register_model(model, mc)
+        ctrl.maybe_start_async_loop(True)
+        ms = state.model_states[mc.compute_hash()]
+        p = model.num_local_physical_experts
+        layer_states = [model.layers[layer].eplb_state for layer in range(NUM_MOE_LAYERS)]
+        table_ptrs = [ls.replica_lookup.table.data_ptr() for ls in layer_states]
+
+        def check_lookups_and_weights(where: str) -> list[str]:
+            errors = []
+            for layer, ls in enumerate(layer_states):
+                expected = build_replica_table(
+                    ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], rank, 1024
+                )
+                if not torch.equal(ls.replica_lookup.table, expected):
+                    errors.append(f"{where}: layer {layer} lookup differs from the committed maps")
+                if ls.replica_lookup.table.data_ptr() != table_ptrs[layer]:
+                    errors.append(f"{where}: layer {layer} table moved")
+                committed = ms.physical_to_logical_map[layer, rank * p : (rank + 1) * p].tolist()
+                want = [[tag(layer, e), tag(layer, e)] for e in committed]
+                # Every rank's lookup checksum is what every other rank derives from its committed maps.
+                expected_sums = [
+                    int(
+                        table_checksum(
+                            build_replica_table(
+                                ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], k, 1024
+                            )
+                        )
+                    )
+                    for k in range(n)
+                ]
+                gathered: list[Any] = [None] * n
+                torch.distributed.all_gather_object(
+                    gathered, ls.replica_lookup.checksum(), group=get_ep_group().cpu_group
+                )
+                if gathered != expected_sums:
+                    errors.append(
+                        f"{where}: layer {layer} checksums of the ranks {gathered} != {expected_sums}"
+                    )
+                if model.layers[layer].local_tags() != want:
+                    errors.append(
+                        f"{where}: layer {layer} weights {model.layers[layer].local_tags()} != {want}"
+                    )
+            return errors
+
+        trace = _trace(40)
+        errors: list[str] = []
+        steps: list[dict[str, Any]] = []
+        expected_local = torch.zeros(NUM_MOE_LAYERS, NUM_LOGICAL, dtype=torch.int64)
+
+        # Profile forward and step (profile_run), then a warm-up forward under suppress (skip_eplb).
+        ctrl.step(is_dummy=True, is_profile=True)
+        with ctrl.suppress():
+            ctrl.set_batch_phase(False)
+            ctrl.prepare_forward(mc, TOKENS)
+            report["flag_under_suppress"] = bool(state.should_record_tensor)
+            for layer, ls in enumerate(layer_states):
+                ids = trace[layer][0][:TOKENS]
+                map_to_physical_and_record(
+                    ids, ls.replica_lookup.table, ls.expert_load_view, ls.should_record_tensor,
+                    ls.num_unpadded_tokens_tensors[0],
+                )  # fmt: skip
+        report["load_after_warmup"] = int(ms.expert_load_pass.sum())
+        report["flag_after_suppress"] = bool(state.should_record_tensor)
+        report["rearrangements_after_profile"] = state.num_rearrangements
+        errors += check_lookups_and_weights("after profile and warm-up")
+
+        def run_step(step: int, has_prefill: bool, num_tokens: int) -> None:
+            if state.is_async and ms.rebalanced:
+                deadline = time.monotonic() + DEADLINE_S
+                while ms.pending_result is None:
+                    assert state.async_worker is not None
+                    assert state.async_worker.is_alive(), "async worker died"
+                    assert time.monotonic() < deadline, f"no layer transferred within {DEADLINE_S} s"
+                    time.sleep(0.001)
+            counter_before = state.expert_rearrangement_step
+            ctrl.set_batch_phase(has_prefill)
+            ctrl.prepare_forward(mc, num_tokens)
+            recorded = bool(state.should_record_tensor)
+            seq = (step * n + rank) % 40
+            mismatched = 0
+            for layer, ls in enumerate(layer_states):
+                real = trace[layer][seq][:TOKENS][:num_tokens]
+                ids = torch.cat([real, trace[layer][(seq + 1) % 40][:PADDING]])
+                phys = map_to_physical_and_record(
+                    ids, ls.replica_lookup.table, ls.expert_load_view, ls.should_record_tensor,
+                    ls.num_unpadded_tokens_tensors[0],
+                )  # fmt: skip
+                # Routing only ever uses the committed placement: every physical id holds the expert.
+                mismatched += int((ms.physical_to_logical_map[layer][phys] != ids).sum())
+                if recorded:
+                    expected_local[layer] += torch.bincount(real.flatten(), minlength=NUM_LOGICAL)
+            ctrl.step()
+            steps.append(
+                {
+                    "step": step,
+                    "counter_before": counter_before,
+                    "counter_after": state.expert_rearrangement_step,
+                    "window_step": state.expert_load_window_step,
+                    "has_prefill": has_prefill,
+                    "recorded": recorded,
+                    "routing_mismatches": mismatched,
+                    "rebalanced": ms.rebalanced,
+                    "checksums": [ls.replica_lookup.checksum() for ls in layer_states],
+                }
+            )
+            errors.extend(check_lookups_and_weights(f"step {step}"))
+
+        def run_until_rearranged(first_step: int, zero_window: bool) -> int:
+            """Step until the window closes, then (async) until every layer committed."""
+            step = first_step
+            started = state.num_rearrangements + state.num_skipped_rearrangements
+            while state.num_rearrangements + state.num_skipped_rearrangements == started:
+                assert step - first_step <= INTERVAL, "the window never closed"
+                if zero_window:
+                    has_prefill = phase == "decode"  # the filtered phase for every rank
+                    run_step(step, has_prefill, 0 if phase == "all" else TOKENS)
+                else:
+                    run_step(step, (rank + step) % 2 == 0, TOKENS)
+                step += 1
+            while ms.rebalanced:
+                assert step - first_step <= INTERVAL + NUM_MOE_LAYERS + 1, "the cycle never finished"
+                run_step(step, (rank + step) % 2 == 0, TOKENS)
+                step += 1
+            return step
+
+        cycles = []
+        step = 0
+        for zero_window in (False, True, False):
+            expected_local.zero_()
+            old_map = ms.physical_to_logical_map.clone()
+            step = run_until_rearranged(step, zero_window)
+            expected_global = expected_local.to(torch.int32)
+            torch.distributed.all_reduce(expected_global, group=get_ep_group().cpu_group)
+            policy_map = DefaultEplbPolicy.rebalance_experts(
+                expected_global, model.num_physical_experts, 1, 1, n, old_map
+            )
+            local_window_sum = ms.expert_load_window.sum(dim=0)  # (L, P)
+            cycles.append(
+                {
+                    "zero_window": zero_window,
+                    "expected_global": expected_global.tolist(),
+                    "last_expert_load": ms.last_expert_load.tolist(),
+                    "old_map": old_map.tolist(),
+                    "committed_map": ms.physical_to_logical_map.tolist(),
+                    "policy_map": policy_map.tolist(),
+                    "local_window_total": int(local_window_sum.sum()),
+                    "num_rearrangements": state.num_rearrangements,
+                    "num_skipped": state.num_skipped_rearrangements,
+                    "end_step": step,
+                }
+            )
+
+        report["cycles"] = cycles
+        report["steps"] = steps
+        report["errors"] = errors
+        report["collectives"] = collectives
+        report["commit_log"] = [
+            (e.kind, e.model_name, e.layer, e.rearrangement, dict(e.evidence)) for e in state.commit_log
+        ]
+        report["table_ptrs"] = table_ptrs
+        report["local_slots"] = list(range(rank * p, (rank + 1) * p))
+        report["worker_alive"] = state.async_worker.is_alive() if state.async_worker is not None else None
+    return report

@@ -1,0 +1,153 @@
+"""The control adaptation on real upstream EPLB: 2 and 4 ranks over Gloo on CPU.
+
+Each world runs three rearrangement windows (skewed real routing load, an all-zero window, skewed load
+again) through ``AscendEPLBController`` and vLLM 0.33.0's ``EplbState``, async worker, default policy
+and Gloo communicator; ``ranks.control_world`` reports what it observed on each rank.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ascend_eplb.testing import load_module, run_ranks
+
+ranks = load_module(Path(__file__).with_name("ranks.py"))
+
+PRELOAD = ("vllm.distributed.eplb.eplb_state", "vllm.v1.worker.gpu.eplb_utils", "ascend_eplb.control")
+LAYERS = range(ranks.NUM_MOE_LAYERS)
+
+
+def _run(tmp_path, world_size, use_async, phase):
+    return run_ranks(
+        ranks.control_world,
+        world_size=world_size,
+        tmp_path=tmp_path,
+        args=(use_async, phase),
+        timeout_s=150,
+        preload=PRELOAD,
+    )
+
+
+def _assert_cycles(reports, use_async):
+    world_size = len(reports)
+    first = reports[0]
+    for r in reports:
+        assert r["errors"] == [], r["errors"]
+        # Warm-up under suppress records nothing and leaves the flag as it was; profile is no cycle.
+        assert r["flag_under_suppress"] is False
+        assert r["load_after_warmup"] == 0
+        assert r["flag_after_suppress"] is True
+        assert r["rearrangements_after_profile"] == 0
+        # Every rank stepped upstream identically: counters, window position, collectives.
+        assert [(s["counter_before"], s["counter_after"], s["window_step"]) for s in r["steps"]] == [
+            (s["counter_before"], s["counter_after"], s["window_step"]) for s in first["steps"]
+        ]
+        assert r["collectives"] == first["collectives"]
+        assert all(s["routing_mismatches"] == 0 for s in r["steps"])
+        if use_async:
+            assert r["worker_alive"] is True
+
+    for c in range(3):
+        cycles = [r["cycles"][c] for r in reports]
+        # One global placement, identical on every rank.
+        assert all(cy["committed_map"] == cycles[0]["committed_map"] for cy in cycles)
+        assert all(cy["expected_global"] == cycles[0]["expected_global"] for cy in cycles)
+        cy = cycles[0]
+        if cy["zero_window"]:
+            # No rank recorded load: the rearrangement was skipped everywhere, placement unchanged.
+            assert sum(cy2["local_window_total"] for cy2 in cycles) == 0
+            assert all(cy2["num_skipped"] == 1 and cy2["num_rearrangements"] == 1 for cy2 in cycles)
+            assert cy["committed_map"] == cy["old_map"]
+        else:
+            assert sum(map(sum, cy["expected_global"])) > 0
+            # Upstream's window equals exactly what the unfiltered ranks recorded (filtered ones add 0),
+            assert all(cy2["last_expert_load"] == cy["expected_global"] for cy2 in cycles)
+            # and the committed placement is upstream's default policy on that load.
+            assert cy["committed_map"] == cy["policy_map"]
+            assert cy["committed_map"] != cy["old_map"]
+    assert [r["cycles"][2]["num_rearrangements"] for r in reports] == [2] * world_size
+
+
+def _assert_commit_order(reports, use_async):
+    for r in reports:
+        log = r["commit_log"]
+        for rearrangement in (1, 2):
+            events = [e for e in log if e[3] == rearrangement]
+            for layer in LAYERS:
+                kinds = [e[0] for e in events if e[2] == layer]
+                assert kinds == (
+                    ["move", "commit", "refresh", "acknowledge"]
+                    if use_async
+                    else ["move", "commit", "refresh"]
+                )
+                ev = {e[0]: e[4] for e in events if e[2] == layer}
+                new_map = ev["commit"]["map"]
+                # At move time the weights already hold the new placement, the map still the old one.
+                want_tags = [[ranks.tag(layer, new_map[s])] * 2 for s in r["local_slots"]]
+                assert ev["move"]["probe"] == want_tags
+                assert (
+                    ev["move"]["map_before"] == r["cycles"][0 if rearrangement == 1 else 2]["old_map"][layer]
+                )
+                assert ev["refresh"]["data_ptrs"] == [r["table_ptrs"][layer]]
+                if use_async:
+                    assert ev["acknowledge"]["pending_result_cleared"] is True
+                    assert ev["acknowledge"]["checksums"] == ev["refresh"]["checksums"]
+            if use_async:
+                # Layer by layer: one layer is fully acknowledged before the next one moves.
+                assert [(e[0], e[2]) for e in events] == [
+                    (k, layer) for layer in LAYERS for k in ("move", "commit", "refresh", "acknowledge")
+                ]
+    # The refreshed lookups agree across ranks: each rank's checksum equals its rebuild (ranks), and the
+    # committed maps they derive from are identical (above).
+    for rearrangement in (1, 2):
+        for layer in LAYERS:
+            maps = {
+                tuple(
+                    next(
+                        e[4]["map"]
+                        for e in r["commit_log"]
+                        if e[0] == "commit" and e[2] == layer and e[3] == rearrangement
+                    )
+                )
+                for r in reports
+            }
+            assert len(maps) == 1
+
+
+@pytest.mark.multirank
+def test_async_cycle_with_decode_collection_on_two_ranks(tmp_path):
+    reports = _run(tmp_path, 2, True, "decode")
+    _assert_cycles(reports, use_async=True)
+    _assert_commit_order(reports, use_async=True)
+    # Ranks had different phases in the same steps; only decode batches recorded, when upstream records.
+    for r in reports:
+        recording = [s for s in r["steps"] if s["recorded"]]
+        assert recording
+        assert all(not s["has_prefill"] for s in recording)
+        assert any(
+            s["has_prefill"] != t["has_prefill"]
+            for s, t in zip(r["steps"], reports[1 - r["rank"]]["steps"], strict=True)
+        )
+
+
+@pytest.mark.multirank
+def test_async_cycle_with_prefill_collection_on_four_ranks(tmp_path):
+    reports = _run(tmp_path, 4, True, "prefill")
+    _assert_cycles(reports, use_async=True)
+    _assert_commit_order(reports, use_async=True)
+    for r in reports:
+        recording = [s for s in r["steps"] if s["recorded"]]
+        assert recording
+        assert all(s["has_prefill"] for s in recording)
+
+
+@pytest.mark.multirank
+def test_sync_commit_refreshes_every_layer_on_four_ranks(tmp_path):
+    reports = _run(tmp_path, 4, False, "all")
+    _assert_cycles(reports, use_async=False)
+    _assert_commit_order(reports, use_async=False)
+    for r in reports:
+        # Under "all" every batch of a recording step records, whatever its phase.
+        assert {s["has_prefill"] for s in r["steps"] if s["recorded"]} == {True, False}
