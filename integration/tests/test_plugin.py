@@ -1,0 +1,114 @@
+"""The vllm.general_plugins entry point: discoverable, idempotent, and inert with EPLB off."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+from ascend_eplb.integration.plugin import eplb_requested, register
+
+PLANES = [
+    "ascend_eplb.control",
+    "ascend_eplb.dataplane",
+    "ascend_eplb.movement",
+    "ascend_eplb.quant_views",
+    "ascend_eplb.integration.patches",
+]
+
+_PROBE = r"""
+import json, sys
+from importlib.metadata import entry_points
+(ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "ascend_eplb"]
+register = ep.load()
+first = register()
+loaded_after_register = sorted(m for m in sys.modules if m.startswith(("ascend_eplb.", "vllm")))
+second = register()
+import torch
+from vllm.plugins import load_general_plugins
+load_general_plugins()  # vLLM's own loader calls the entry point again
+import vllm.config.parallel as parallel
+from vllm.distributed.eplb import eplb_communicator, eplb_state
+from vllm.v1.worker.gpu import eplb_utils
+marker = "_ascend_eplb_integration_patch"
+patched = {
+    "platform": type(parallel.current_platform).__name__,
+    "post_init": getattr(parallel.ParallelConfig.__post_init__, marker, False),
+    "factory": getattr(eplb_communicator.create_eplb_communicator, marker, False),
+    "factory_in_state": getattr(eplb_state.create_eplb_communicator, marker, False),
+    "state_class": eplb_utils.EplbState.__name__,
+    "register_model": getattr(eplb_utils.EPLBController.maybe_register_model, marker, False),
+    "event": torch.Event.__name__,
+    "commit_hook": hasattr(eplb_state._commit_eplb_maps_for_layer, "__wrapped__"),
+}
+print(json.dumps({"first": first, "second": second, "loaded": loaded_after_register, "patched": patched,
+                  "planes": sorted(m for m in sys.modules if m.startswith("ascend_eplb."))}))
+"""
+
+
+def _probe(eplb_on: bool) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("ASCEND_EPLB", "VLLM_PLUGINS")}
+    env["VLLM_TARGET_DEVICE"] = "cpu"
+    if eplb_on:
+        env["ASCEND_EPLB"] = "1"
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=240, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_entry_point_is_discoverable():
+    (ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "ascend_eplb"]
+    assert ep.value == "ascend_eplb.integration.plugin:register"
+    assert ep.load() is register
+
+
+def test_eplb_request_comes_from_env_or_command_line():
+    assert eplb_requested({"ASCEND_EPLB": "1"}, []) is True
+    assert eplb_requested({"ASCEND_EPLB": "true"}, []) is True
+    assert eplb_requested({"ASCEND_EPLB": "0"}, []) is False
+    assert eplb_requested({}, ["vllm", "serve", "m", "--enable-eplb"]) is True
+    assert eplb_requested({}, ["vllm", "serve", "m", "--enable-eplb=false"]) is False
+    assert eplb_requested({}, ["vllm", "serve", "m", "--enable-expert-parallel"]) is False
+
+
+def test_eplb_off_isolation_nothing_patched_nothing_imported():
+    result = _probe(eplb_on=False)
+    assert result["first"] is False
+    assert result["second"] is False
+    # Nothing beyond the entry point's own module was imported by register().
+    assert result["loaded"] == [
+        "ascend_eplb.integration",
+        "ascend_eplb.integration.__about__",
+        "ascend_eplb.integration.plugin",
+    ]
+    assert result["patched"] == {
+        "platform": "CpuPlatform",
+        "post_init": False,
+        "factory": False,
+        "factory_in_state": False,
+        "state_class": "EplbState",
+        "register_model": False,
+        "event": "Event",
+        "commit_hook": False,
+    }
+    assert not [m for m in result["planes"] if m.startswith(tuple(PLANES))]
+
+
+def test_register_with_eplb_on_patches_once_and_is_idempotent():
+    result = _probe(eplb_on=True)
+    assert result["first"] is True
+    assert result["second"] is True
+    assert result["patched"] == {
+        "platform": "_EplbCapablePlatform",
+        "post_init": True,
+        "factory": True,
+        "factory_in_state": True,
+        "state_class": "AscendEplbState",
+        "register_model": True,
+        "event": "HostEvent",
+        "commit_hook": True,
+    }
+    assert "ascend_eplb.control" in result["planes"]
