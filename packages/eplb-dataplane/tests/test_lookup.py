@@ -1,0 +1,203 @@
+"""ReplicaLookup and build_replica_table: the replica rule, validation, in-place refresh, checksum."""
+
+import pytest
+import torch
+
+from ascend_eplb.dataplane import (
+    ReplicaLookup,
+    build_replica_table,
+    map_to_physical,
+    table_checksum,
+    validate_placement,
+)
+
+
+def _maps(replicas: list[list[int]], width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """logical_to_physical_map (E, M) -1 padded and logical_replica_count (E,) from replica lists."""
+    width = width or max(len(r) for r in replicas)
+    l2p = torch.full((len(replicas), width), -1, dtype=torch.int64)
+    for e, ids in enumerate(replicas):
+        l2p[e, : len(ids)] = torch.tensor(ids)
+    return l2p, torch.tensor([len(r) for r in replicas])
+
+
+# 4 logical experts, 7 physical slots: expert 0 has 3 replicas, expert 2 has 2.
+REPLICAS = [[0, 4, 6], [1], [2, 5], [3]]
+
+
+def test_table_follows_the_documented_rule_on_every_rank():
+    l2p, count = _maps(REPLICAS)
+    for ep_rank in range(4):
+        table = build_replica_table(l2p, count, ep_rank, rows=12)
+        assert table.dtype == torch.int32
+        assert table.shape == (12, 4)
+        expected = [
+            [REPLICAS[e][(row + ep_rank + e) % len(REPLICAS[e])] for e in range(4)] for row in range(12)
+        ]
+        assert table.tolist() == expected
+
+
+def test_ranks_start_on_different_replicas():
+    l2p, count = _maps(REPLICAS)
+    first = {build_replica_table(l2p, count, r, rows=8)[0, 0].item() for r in range(3)}
+    assert first == {0, 4, 6}
+
+
+@pytest.mark.parametrize(("num_replicas", "num_tokens"), [(2, 1000), (3, 1000), (3, 3000), (5, 4096)])
+def test_replicas_share_one_experts_tokens_evenly_on_every_rank(num_replicas, num_tokens):
+    # Logical expert 3 of 8 gets num_replicas replicas; every token selects it (in a rotating top-k
+    # column) plus other experts, so T tokens are routed to it.
+    num_experts, top_k, num_ranks = 8, 4, 4
+    hot = 3
+    replicas = [[e] for e in range(num_experts)]
+    replicas[hot] = [hot, *range(num_experts, num_experts + num_replicas - 1)]
+    l2p, count = _maps(replicas)
+    gen = torch.Generator().manual_seed(num_tokens)
+    others = torch.tensor([e for e in range(num_experts) if e != hot])
+    topk = torch.stack(
+        [others[torch.randperm(len(others), generator=gen)[: top_k - 1]] for _ in range(num_tokens)]
+    )
+    column = torch.arange(num_tokens) % top_k
+    ids = torch.empty((num_tokens, top_k), dtype=torch.int64)
+    for t in range(num_tokens):  # test data construction only
+        row = topk[t].tolist()
+        row.insert(int(column[t]), hot)
+        ids[t] = torch.tensor(row)
+    for ep_rank in range(num_ranks):
+        lookup = ReplicaLookup(num_experts, ep_rank, "cpu")
+        lookup.refresh_(l2p, count)
+        physical = map_to_physical(ids, lookup.table)
+        chosen = physical[ids == hot]
+        assert chosen.numel() == num_tokens
+        assert set(chosen.tolist()) == set(replicas[hot])
+        shares = torch.bincount(chosen)[replicas[hot]].double()
+        assert shares.sum().item() == num_tokens
+        assert ((shares - num_tokens / num_replicas).abs() <= 0.01 * num_tokens / num_replicas).all(), shares
+        # Other experts keep their only replica.
+        assert torch.equal(physical[ids != hot], ids[ids != hot])
+
+
+def test_table_storage_is_stable_across_refreshes_of_any_shape():
+    lookup = ReplicaLookup(4, 1, "cpu", rows=16, num_physical_experts=7)
+    table = lookup.table
+    ptr = table.data_ptr()
+    assert table.tolist() == [[0, 1, 2, 3]] * 16  # identity until the first refresh
+    placements = [
+        _maps(REPLICAS),  # M = 3
+        _maps([[0, 1, 2, 3], [4], [5], [6]]),  # M = 4
+        _maps([[6], [5], [4], [3]], width=1),  # M = 1
+        _maps([[6], [5], [4], [3]], width=9),  # M = 9, padded
+    ]
+    for l2p, count in placements:
+        lookup.refresh_(l2p, count)
+        assert lookup.table is table
+        assert lookup.table.data_ptr() == ptr
+        expected = build_replica_table(l2p, count, 1, rows=16, num_physical_experts=7)
+        assert torch.equal(lookup.table, expected)
+        assert lookup.checksum() == table_checksum(expected)
+    assert lookup.table[:, 0].tolist() == [6] * 16
+
+
+def test_checksum_distinguishes_placements_and_ranks():
+    l2p, count = _maps(REPLICAS)
+    sums = {table_checksum(build_replica_table(l2p, count, r, rows=64)) for r in range(3)}
+    assert len(sums) == 3
+    a = build_replica_table(l2p, count, 0, rows=64)
+    assert table_checksum(a) == table_checksum(a.clone())
+    flat = a.flatten().to(torch.int64) + 1
+    assert table_checksum(a) == int((flat * torch.arange(1, flat.numel() + 1)).sum())
+
+
+BAD_PLACEMENTS = [
+    (
+        _maps([[0], [], [2], [3]], width=2),
+        {},
+        r"logical expert 1 has no replica \(logical_replica_count\[1\] = 0\)",
+    ),
+    (
+        (torch.tensor([[0, 4], [1, -1], [2, -1], [3, -1]]), torch.tensor([3, 1, 1, 1])),
+        {},
+        r"logical_replica_count\[0\] = 3 exceeds M = 2",
+    ),
+    (
+        _maps([[0, 7], [1], [2], [3]]),
+        {"num_physical_experts": 7},
+        r"logical_to_physical_map\[0, 1\] = 7 is outside \[0, 7\)",
+    ),
+    (
+        _maps([[0, -3], [1], [2], [3]]),
+        {"num_physical_experts": 7},
+        r"logical_to_physical_map\[0, 1\] = -3 is outside \[0, 7\)",
+    ),
+    (
+        _maps([[0], [1], [2], [9]]),  # P inferred as sum(count) = 4
+        {},
+        r"logical_to_physical_map\[3, 0\] = 9 is outside \[0, 4\)",
+    ),
+    (
+        (torch.tensor([[0, 5], [1, -1], [2, -1], [3, -1]]), torch.tensor([1, 1, 1, 1])),
+        {"num_physical_experts": 7},
+        r"logical_to_physical_map\[0, 1\] = 5 lies beyond logical_replica_count\[0\] = 1; padding must be -1",
+    ),
+    (
+        _maps([[0, 4], [1], [2, 4], [3]]),
+        {"num_physical_experts": 7},
+        r"physical expert 4 is listed 2 times \(logical experts \[0, 2\]\)",
+    ),
+    (
+        _maps([[0], [1], [2]]),
+        {},
+        r"logical_to_physical_map has 3 logical experts, this lookup has 4",
+    ),
+    (
+        (torch.tensor([[0], [1], [2], [3]]), torch.tensor([1, 1, 1])),
+        {},
+        r"logical_replica_count must have shape \(4,\)",
+    ),
+    (
+        (torch.tensor([0, 1, 2, 3]), torch.tensor([1, 1, 1, 1])),
+        {},
+        r"logical_to_physical_map must be 2-D \(E, M\)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("maps", "kwargs", "message"), BAD_PLACEMENTS)
+def test_rejected_refresh_leaves_the_table_untouched(maps, kwargs, message):
+    lookup = ReplicaLookup(4, 0, "cpu", rows=8, **kwargs)
+    good = _maps(REPLICAS)
+    lookup.refresh_(*good)
+    before = lookup.table.clone()
+    with pytest.raises(ValueError, match=message):
+        lookup.refresh_(*maps)
+    assert torch.equal(lookup.table, before)
+
+
+def test_float_maps_are_a_type_error():
+    l2p, count = _maps(REPLICAS)
+    with pytest.raises(TypeError, match=r"logical_to_physical_map must be an integer torch\.Tensor"):
+        validate_placement(l2p.float(), count)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "message"),
+    [
+        ((0, 0, "cpu"), {}, ValueError, "num_logical_experts must be >= 1, got 0"),
+        ((4, -1, "cpu"), {}, ValueError, "ep_rank must be >= 0, got -1"),
+        ((4, 0, "cpu", 0), {}, ValueError, "rows must be >= 1, got 0"),
+        ((4, 0, "cpu"), {"num_physical_experts": 3}, ValueError, "num_physical_experts must be >= 4, got 3"),
+        ((4.0, 0, "cpu"), {}, TypeError, "num_logical_experts must be an int"),
+    ],
+)
+def test_constructor_rejects_bad_arguments(args, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        ReplicaLookup(*args, **kwargs)
+
+
+def test_validate_placement_returns_host_int64_copies_and_inferred_size():
+    l2p, count = _maps(REPLICAS)
+    out_l2p, out_count, num_physical = validate_placement(l2p.to(torch.int32), count.to(torch.int32))
+    assert num_physical == 7
+    assert out_l2p.dtype == out_count.dtype == torch.int64
+    assert torch.equal(out_l2p, l2p)
+    assert torch.equal(out_count, count)
