@@ -169,13 +169,10 @@ def _run_check(args: argparse.Namespace) -> int:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     from ascend_eplb.integration.validation import check_config_file
 
-    try:
-        check_config_file(args.config)
-    except ValueError as e:
-        print(f"ascend-eplb check: {args.config}: INVALID\n{e}", file=sys.stderr)
-        return 2
-    print(f"ascend-eplb check: {args.config}: OK")
-    return 0
+    result = check_config_file(args.config)
+    print(f"ascend-eplb check: {args.config}: {'OK' if result.ok else 'INVALID'}")
+    print(result.report, file=sys.stdout if result.ok else sys.stderr)
+    return result.exit_code
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
