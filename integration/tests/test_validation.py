@@ -213,7 +213,7 @@ def test_phase_without_eplb_is_rejected_and_v1_keys_alone_are_not_ours(tmp_path)
 
 
 def test_unsupported_quantization_format_is_rejected_with_quant_views_reason(tmp_path):
-    from ascend_eplb.quant_views.formats import UnsupportedFormatError, get_format
+    from ascend_eplb.quant_views import UnsupportedFormatError, get_format
 
     with pytest.raises(UnsupportedFormatError) as info:
         get_format("w4a16")

@@ -327,7 +327,7 @@ def check_settings(s: EplbSettings) -> list[Violation]:
 def _format_violations(name: str | None) -> list[Violation]:
     if name is None:
         return []
-    from ascend_eplb.quant_views.formats import UnsupportedFormatError, get_format
+    from ascend_eplb.quant_views import UnsupportedFormatError, get_format
 
     try:
         fmt = get_format(name)
