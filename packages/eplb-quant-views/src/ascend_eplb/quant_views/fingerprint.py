@@ -1,0 +1,44 @@
+"""`expert_fingerprint`: a digest of every byte the kernel reads for one expert row."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from ascend_eplb.quant_views._storage import ExpertStorage
+
+__all__ = ["expert_fingerprint"]
+
+
+def expert_fingerprint(storage: ExpertStorage, local_row: int) -> str:
+    """BLAKE2b-128 hex digest of local row ``local_row`` of every kernel tensor of ``storage``.
+
+    Reads ``storage.kernel_tensors`` (the tensors `ExpertWeightFormat.apply` and the Ascend kernel read),
+    never the weight views: a weight-view list that forgets a tensor leaves that tensor's row unmoved,
+    and the slot's fingerprint then differs from its logical expert's. For each kernel tensor, in order,
+    the digest covers its name and the bytes of the row in logical element order of the kernel layout
+    (strided rows are read element by element). dtype and shape are not hashed, so the stacked int32 and
+    per-expert int8 W4A8 storages of the same expert agree. Unread tensors (offsets) are excluded.
+
+    Args:
+        storage: any `ExpertStorage`.
+        local_row: ``0 <= local_row < p``.
+
+    Returns:
+        32 hex characters. Two rows have equal fingerprints iff (up to hash collisions) every kernel
+        tensor row is byte-identical.
+
+    Raises:
+        IndexError: ``local_row`` outside ``[0, p)``.
+    """
+    if isinstance(local_row, bool) or not isinstance(local_row, int):
+        raise IndexError(f"local_row must be an int, got {local_row!r}")
+    digest = hashlib.blake2b(digest_size=16)
+    for name in storage.kernel_tensors:
+        row = storage.expert_tensors(name, local_row)
+        data = row.detach().to("cpu").contiguous().view(-1).view(torch.uint8)
+        digest.update(name.encode())
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data.numpy().tobytes())
+    return digest.hexdigest()
