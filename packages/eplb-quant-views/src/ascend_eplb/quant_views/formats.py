@@ -405,14 +405,14 @@ class Bf16Format(_UnquantizedFormat):
     __doc__ = _UnquantizedFormat.__doc__
     name = "bf16"
     dtype = torch.bfloat16
-    error_bound = 2e-2
+    error_bound = 1e-2
 
 
 class Fp16Format(_UnquantizedFormat):
     __doc__ = _UnquantizedFormat.__doc__
     name = "fp16"
     dtype = torch.float16
-    error_bound = 4e-3
+    error_bound = 2e-3
 
 
 class W8A8DynamicFormat(ExpertWeightFormat):
@@ -441,7 +441,7 @@ class W8A8DynamicFormat(ExpertWeightFormat):
 
     name = "w8a8_dynamic"
     ascend_source = "vllm_ascend/quantization/methods/w8a8_dynamic.py AscendW8A8DynamicFusedMoEMethod"
-    error_bound = 4e-2
+    error_bound = 5e-2
     _options = MappingProxyType({"fused_scales": False})
 
     def _quantize(self, w13, w2, p, opts):
@@ -526,7 +526,7 @@ class W4A8DynamicFormat(ExpertWeightFormat):
 
     name = "w4a8_dynamic"
     ascend_source = "vllm_ascend/quantization/methods/w4a8.py AscendW4A8DynamicFusedMoEMethod"
-    error_bound = 0.2
+    error_bound = 0.32
     _options = MappingProxyType({"group_size": 0})
     _size_rules = (
         ("I", 4, "w13_weight packs 2I int4 into I int8, read as int32"),
@@ -680,7 +680,7 @@ class Mxfp8Format(_MxFormat):
     __doc__ = (__doc__ or "") + (_MxFormat.__doc__ or "")
     name = "mxfp8"
     ascend_source = "vllm_ascend/quantization/methods/w8a8_mxfp8.py AscendW8A8MXFP8DynamicFusedMoEMethod"
-    error_bound = 6e-2
+    error_bound = 0.1
     _quantize_weight = staticmethod(nx.quantize_mxfp8)
     _dequantize_weight = staticmethod(nx.dequantize_mxfp8)
     _fake_quantize_act = staticmethod(nx.fake_quantize_mxfp8)
@@ -696,7 +696,7 @@ class Mxfp4Format(_MxFormat):
     __doc__ = (__doc__ or "") + (_MxFormat.__doc__ or "")
     name = "mxfp4"
     ascend_source = "vllm_ascend/quantization/methods/w4a4_mxfp4.py AscendW4A4MXFP4DynamicFusedMoEMethod"
-    error_bound = 0.3
+    error_bound = 0.45
     _quantize_weight = staticmethod(nx.quantize_mxfp4)
     _dequantize_weight = staticmethod(nx.dequantize_mxfp4)
     _fake_quantize_act = staticmethod(nx.fake_quantize_mxfp4)
