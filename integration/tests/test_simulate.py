@@ -1,4 +1,4 @@
-"""`ascend-eplb simulate` end to end: a short real run passes every check; each injected fault fires its check."""
+"""`ascend-eplb simulate` end to end: a short real run passes every check; each fault fires its check."""
 
 import json
 
