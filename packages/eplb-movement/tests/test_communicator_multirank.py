@@ -1,0 +1,128 @@
+"""AscendGlooEplbCommunicator driven by upstream's own transaction, on real Gloo ranks on CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ascend_eplb.testing import RankFailure, load_module, run_ranks
+
+ranks = load_module(Path(__file__).with_name("ranks.py"))
+PRELOAD = ("ascend_eplb.movement", "vllm.distributed.eplb.rebalance_execute")
+
+pytestmark = pytest.mark.multirank
+
+
+def test_upstream_transaction_two_ranks(tmp_path):
+    results = run_ranks(
+        ranks.upstream_transaction_2r, world_size=2, tmp_path=tmp_path, timeout_s=120, preload=PRELOAD
+    )
+    per_expert = results[0]["bytes_per_expert"]
+    for rank, out in enumerate(results):
+        # Add-time validation: ValueError naming the group's range, nothing queued.
+        errors = out["errors"]
+        assert "dst_rank=2 is outside the EPLB group's ranks [0, 2)" in errors["send_out_of_range"]
+        assert "global ranks [0, 1]" in errors["send_out_of_range"]
+        assert "src_rank=-1 is outside the EPLB group's ranks [0, 2)" in errors["recv_negative"]
+        assert f"src_rank={rank}" not in errors["send_self"] and "is this rank itself" in errors["send_self"]
+        assert out["queued_after_errors"] == 0
+        assert out["global_ranks"] == [0, 1]
+        assert out["needs_profile_buffer_reservation"] is False
+
+        # Every row of every dtype holds exactly its new expert; unchanged rows are untouched.
+        for layers in out["rearrangements"]:
+            for layer in layers:
+                assert layer["bad"] == []
+        # Staging: allocated by the first layer of the first rearrangement, never again.
+        allocations = [layer["pool_allocations"] for layers in out["rearrangements"] for layer in layers]
+        sizes = [layer["pool_bytes"] for layers in out["rearrangements"] for layer in layers]
+        assert allocations[0] > 0
+        assert allocations == [allocations[0]] * len(allocations)
+        assert sizes == [sizes[0]] * len(sizes)
+
+    # Layer 0 of placements[0] -> placements[1]: upstream's transaction, exact per-rank counts.
+    # rank 0 needs experts 4, 5 (5 in two rows: received once) and sends 2; rank 1 needs 2 (twice:
+    # received once) and sends 4 and 5. 7 tensors per expert.
+    s0, s1 = results[0]["first_layer_stats"], results[1]["first_layer_stats"]
+    assert (s0["num_recv_experts"], s0["num_send_experts"]) == (2, 1)
+    assert (s1["num_recv_experts"], s1["num_send_experts"]) == (1, 2)
+    assert (s0["num_recv_tensors"], s0["num_send_tensors"]) == (14, 7)
+    assert (s0["bytes_received"], s0["bytes_sent"]) == (2 * per_expert, per_expert)
+    assert (s1["bytes_received"], s1["bytes_sent"]) == (per_expert, 2 * per_expert)
+    assert s0["staging_bytes"] == 3 * per_expert
+    assert s0["num_executes"] == 1 and s0["num_failed"] == 0
+    # upstream's metadata agrees: one primary receive per distinct remote expert.
+    assert results[0]["rearrangements"][0][0]["recv_experts"] == 2
+    assert results[1]["rearrangements"][0][0]["recv_experts"] == 1
+    assert results[0]["cumulative"]["num_failed"] == 0
+    assert results[0]["cumulative"]["num_executes"] == results[1]["cumulative"]["num_executes"]
+
+
+def test_subgroup_failure_and_clean_restart_four_ranks(tmp_path):
+    results = run_ranks(
+        ranks.subgroup_and_failures_4r, world_size=4, tmp_path=tmp_path, timeout_s=120, preload=PRELOAD
+    )
+    for rank, out in enumerate(results):
+        # EPLB groups {0,1} and {2,3}: each pair's transfer lands in its own processes.
+        assert out["pair_bad"] == []
+        assert out["pair_global_ranks"] == ([0, 1] if rank < 2 else [2, 3])
+        assert out["pair_recv_experts"] == 1
+        expected_globals = "[0, 1]" if rank < 2 else "[2, 3]"
+        assert "src_rank=2 is outside the EPLB group's ranks [0, 2)" in out["pair_range_error"]
+        assert f"global ranks {expected_globals}" in out["pair_range_error"]
+
+    # A layer too big for every rank's staging bound: every rank fails before posting, naming it.
+    for rank, out in enumerate(results):
+        too_big = out["too_big"]
+        assert too_big["phase"] == "staging" and too_big["cause"] == "StagingPoolError"
+        assert "max_bytes=4096" in too_big["error"]
+        assert too_big["expert_ids"] == sorted({10 + rank, 10 + (rank - 1) % 4})
+        assert too_big["unanswered"] == [] and too_big["queued_after"] == 0 and too_big["last_failed"] == 1
+
+    # The next execute starts clean: exact data on every rank, a clean last_stats.
+    for rank, out in enumerate(results):
+        clean = out["clean"]
+        assert clean["error"] is None
+        assert clean["recv"] == [200 + (rank - 1) % 4] * 256
+        assert (clean["last_failed"], clean["cumulative_failed"]) == (0, 1)
+        assert clean["pool_bytes"] == 2 * 256 * 4
+
+    # Rank 3 alone fails before posting; rank 0, which waited on it, names it after the timeout.
+    s0, s3 = results[0]["silent_peer"], results[3]["silent_peer"]
+    assert s3["phase"] == "staging" and s3["cause"] == "StagingPoolError"
+    assert s0["phase"] == "gloo" and s0["unanswered"] == [3]
+    assert "global rank(s) [3] did not answer within 2 s" in s0["error"]
+    assert s0["expert_ids"] == [10, 12, 99] and s0["peers"] == [1, 2, 3]
+    assert 1.9 < s0["elapsed_s"] < 15
+    assert s0["pool_bytes"] == 0  # buffers of posted requests are dropped, never handed out again
+    assert results[1]["silent_peer"]["error"] is None and results[1]["silent_peer"]["recv"] == [300] * 256
+    assert results[2]["silent_peer"]["error"] is None and results[2]["silent_peer"]["recv"] == [301] * 256
+
+    # Gloo closed rank 0's connections at its timeout: every rank talking to rank 0 fails at once.
+    after = [out["after_timeout"] for out in results]
+    assert after[0]["unanswered"] == [1, 3]
+    assert "closed by a timeout" in after[0]["error"]
+    assert after[1]["unanswered"] == [0] and after[3]["unanswered"] == [0]
+    assert after[2]["error"] is None and after[2]["recv"] == [501] * 256
+    for res in after:
+        assert res["elapsed_s"] < 2.0 and res["queued_after"] == 0
+
+
+def test_peer_dies_mid_transfer(tmp_path):
+    with pytest.raises(RankFailure) as info:
+        run_ranks(
+            ranks.peer_dies_3r, world_size=3, tmp_path=tmp_path, timeout_s=90, grace_s=60, preload=PRELOAD
+        )
+    reports = info.value.reports
+    assert reports[2][0] == 17
+    assert reports[0][0] == 0 and reports[1][0] == 0
+    world_dir = next(tmp_path.glob("world-*"))
+    for rank in (0, 1):
+        survivor = json.loads((world_dir / f"survivor{rank}.json").read_text())
+        assert survivor["unanswered"] == [2]
+        assert survivor["peers"] == [r for r in range(3) if r != rank]
+        assert "connection to global rank(s) 2 failed" in survivor["error"]
+        assert survivor["elapsed_s"] < 30  # the connection loss is reported, not waited out
+        assert survivor["queued_after"] == 0
