@@ -6,6 +6,7 @@ so after a transfer each row can be compared bit for bit with what the new place
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -189,7 +190,7 @@ def upstream_transaction_2r(ctx: RankContext) -> dict:
         make_layer(layer, PLACEMENTS_2R[0][ctx.rank * p : (ctx.rank + 1) * p]) for layer in range(2)
     ]
     buffers = empty_buffers(weights_by_layer[0])
-    for old, new in zip(PLACEMENTS_2R, PLACEMENTS_2R[1:], strict=False):
+    for old, new in itertools.pairwise(PLACEMENTS_2R):
         # Layer 1 goes through upstream's migration batching (one execute per batch).
         layers = _rearrange(
             comm, group, weights_by_layer, buffers, old, new, p, migration_batching_layers=(1,)

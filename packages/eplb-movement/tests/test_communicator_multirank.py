@@ -26,7 +26,8 @@ def test_upstream_transaction_two_ranks(tmp_path):
         assert "dst_rank=2 is outside the EPLB group's ranks [0, 2)" in errors["send_out_of_range"]
         assert "global ranks [0, 1]" in errors["send_out_of_range"]
         assert "src_rank=-1 is outside the EPLB group's ranks [0, 2)" in errors["recv_negative"]
-        assert f"src_rank={rank}" not in errors["send_self"] and "is this rank itself" in errors["send_self"]
+        assert f"src_rank={rank}" not in errors["send_self"]
+        assert "is this rank itself" in errors["send_self"]
         assert out["queued_after_errors"] == 0
         assert out["global_ranks"] == [0, 1]
         assert out["needs_profile_buffer_reservation"] is False
@@ -52,7 +53,8 @@ def test_upstream_transaction_two_ranks(tmp_path):
     assert (s0["bytes_received"], s0["bytes_sent"]) == (2 * per_expert, per_expert)
     assert (s1["bytes_received"], s1["bytes_sent"]) == (per_expert, 2 * per_expert)
     assert s0["staging_bytes"] == 3 * per_expert
-    assert s0["num_executes"] == 1 and s0["num_failed"] == 0
+    assert s0["num_executes"] == 1
+    assert s0["num_failed"] == 0
     # upstream's metadata agrees: one primary receive per distinct remote expert.
     assert results[0]["rearrangements"][0][0]["recv_experts"] == 2
     assert results[1]["rearrangements"][0][0]["recv_experts"] == 1
@@ -76,10 +78,13 @@ def test_subgroup_failure_and_clean_restart_four_ranks(tmp_path):
     # A layer too big for every rank's staging bound: every rank fails before posting, naming it.
     for rank, out in enumerate(results):
         too_big = out["too_big"]
-        assert too_big["phase"] == "staging" and too_big["cause"] == "StagingPoolError"
+        assert too_big["phase"] == "staging"
+        assert too_big["cause"] == "StagingPoolError"
         assert "max_bytes=4096" in too_big["error"]
         assert too_big["expert_ids"] == sorted({10 + rank, 10 + (rank - 1) % 4})
-        assert too_big["unanswered"] == [] and too_big["queued_after"] == 0 and too_big["last_failed"] == 1
+        assert too_big["unanswered"] == []
+        assert too_big["queued_after"] == 0
+        assert too_big["last_failed"] == 1
 
     # The next execute starts clean: exact data on every rank, a clean last_stats.
     for rank, out in enumerate(results):
@@ -91,23 +96,31 @@ def test_subgroup_failure_and_clean_restart_four_ranks(tmp_path):
 
     # Rank 3 alone fails before posting; rank 0, which waited on it, names it after the timeout.
     s0, s3 = results[0]["silent_peer"], results[3]["silent_peer"]
-    assert s3["phase"] == "staging" and s3["cause"] == "StagingPoolError"
-    assert s0["phase"] == "gloo" and s0["unanswered"] == [3]
+    assert s3["phase"] == "staging"
+    assert s3["cause"] == "StagingPoolError"
+    assert s0["phase"] == "gloo"
+    assert s0["unanswered"] == [3]
     assert "global rank(s) [3] did not answer within 2 s" in s0["error"]
-    assert s0["expert_ids"] == [10, 12, 99] and s0["peers"] == [1, 2, 3]
+    assert s0["expert_ids"] == [10, 12, 99]
+    assert s0["peers"] == [1, 2, 3]
     assert 1.9 < s0["elapsed_s"] < 15
     assert s0["pool_bytes"] == 0  # buffers of posted requests are dropped, never handed out again
-    assert results[1]["silent_peer"]["error"] is None and results[1]["silent_peer"]["recv"] == [300] * 256
-    assert results[2]["silent_peer"]["error"] is None and results[2]["silent_peer"]["recv"] == [301] * 256
+    assert results[1]["silent_peer"]["error"] is None
+    assert results[1]["silent_peer"]["recv"] == [300] * 256
+    assert results[2]["silent_peer"]["error"] is None
+    assert results[2]["silent_peer"]["recv"] == [301] * 256
 
     # Gloo closed rank 0's connections at its timeout: every rank talking to rank 0 fails at once.
     after = [out["after_timeout"] for out in results]
     assert after[0]["unanswered"] == [1, 3]
     assert "closed by a timeout" in after[0]["error"]
-    assert after[1]["unanswered"] == [0] and after[3]["unanswered"] == [0]
-    assert after[2]["error"] is None and after[2]["recv"] == [501] * 256
+    assert after[1]["unanswered"] == [0]
+    assert after[3]["unanswered"] == [0]
+    assert after[2]["error"] is None
+    assert after[2]["recv"] == [501] * 256
     for res in after:
-        assert res["elapsed_s"] < 2.0 and res["queued_after"] == 0
+        assert res["elapsed_s"] < 2.0
+        assert res["queued_after"] == 0
 
 
 def test_peer_dies_mid_transfer(tmp_path):
@@ -117,7 +130,8 @@ def test_peer_dies_mid_transfer(tmp_path):
         )
     reports = info.value.reports
     assert reports[2][0] == 17
-    assert reports[0][0] == 0 and reports[1][0] == 0
+    assert reports[0][0] == 0
+    assert reports[1][0] == 0
     world_dir = next(tmp_path.glob("world-*"))
     for rank in (0, 1):
         survivor = json.loads((world_dir / f"survivor{rank}.json").read_text())

@@ -439,8 +439,8 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
         unanswered = sorted(rank_errors)
         where = f"layer {layer_idx}" if layer_idx is not None else "a layer"
         parts = [
-            f"EPLB expert transfer of {where} (execute #{sequence}, rank {self.global_ranks[self.group_rank]}) "
-            f"failed in the {phase} phase",
+            f"EPLB expert transfer of {where} (execute #{sequence}, "
+            f"rank {self.global_ranks[self.group_rank]}) failed in the {phase} phase",
             f"sending experts to global ranks {sends or '{}'}",
             f"receiving experts from global ranks {recvs or '{}'}",
         ]
@@ -450,13 +450,13 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
             lost = [r for r in unanswered if r not in timed_out and r not in closed]
             if timed_out:
                 parts.append(
-                    f"global rank(s) {timed_out} did not answer within {self.timeout_s:g} s (Gloo then closes "
-                    "this rank's connections in the group, so later transfers over it fail at once)"
+                    f"global rank(s) {timed_out} did not answer within {self.timeout_s:g} s (Gloo then "
+                    "closes this rank's connections in the group, so later transfers over it fail at once)"
                 )
             if closed:
                 parts.append(
-                    f"requests with global rank(s) {closed} were aborted: this rank's Gloo connections in the "
-                    "group were closed by a timeout"
+                    f"requests with global rank(s) {closed} were aborted: this rank's Gloo connections "
+                    "in the group were closed by a timeout"
                 )
             if lost:
                 parts.append(
