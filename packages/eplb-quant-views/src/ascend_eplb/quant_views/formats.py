@@ -227,8 +227,8 @@ class ExpertWeightFormat(abc.ABC):
         row ``local_ids[t, k]``; entries with ``local_ids == -1`` (expert not on this rank) contribute 0.
         Weights are dequantized from the kernel tensors exactly as the format's docstring says;
         activations are quantized at run time where the kernel does (per-token int8 for W8A8/W4A8,
-        MX blocks for MXFP). Arithmetic is float64 (integer GEMMs are exact in it); each token row is
-        computed independently of the other rows, so results are bit-reproducible.
+        MX blocks for MXFP). Arithmetic is float64 (integer GEMMs are exact in it); the same inputs give
+        bit-identical outputs, and an expert's result depends only on its storage rows.
 
         Args:
             storage: built by this format.
