@@ -1,0 +1,214 @@
+"""In-process checks of the adaptations of upstream vLLM 0.33.0 (no ranks): host adaptation, commit
+hooks, signature drift, layer-state lookups, registration errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+import pytest
+import torch
+from vllm.config import EPLBConfig, ParallelConfig
+from vllm.distributed.eplb import eplb_state as upstream_state
+from vllm.distributed.eplb.eplb_state import EplbLayerState, EplbState, compute_logical_maps
+from vllm.v1.worker.gpu.eplb_utils import EPLBController
+
+from ascend_eplb.control import (
+    AscendEPLBController,
+    AscendEplbLayerState,
+    AscendEplbState,
+    commit_hooks_installed,
+    host_adaptation,
+    install_commit_hooks,
+    uninstall_commit_hooks,
+)
+from ascend_eplb.dataplane import build_replica_table
+from ascend_eplb.testing import load_module
+
+fake_moe = load_module(Path(__file__).with_name("fake_moe.py"))
+EPLB_REFUSED = "Expert parallelism load balancing is only supported on"
+
+
+def _eplb_parallel_config() -> ParallelConfig:
+    return ParallelConfig(
+        tensor_parallel_size=2,
+        enable_expert_parallel=True,
+        enable_eplb=True,
+        eplb_config=EPLBConfig(num_redundant_experts=2, communicator="torch_gloo"),
+    )
+
+
+@pytest.fixture
+def hooks_removed():
+    """Run with upstream's commit functions unwrapped; restore the previous state afterwards."""
+    was = commit_hooks_installed()
+    uninstall_commit_hooks()
+    yield
+    if was:
+        install_commit_hooks()
+
+
+def test_host_adaptation_covers_the_four_points_and_is_removable():
+    assert not torch.accelerator.is_available()
+    original_event, original_init = torch.Event, EplbState.__dict__["__init__"]
+    host_adaptation.uninstall()
+    try:
+        with pytest.raises(ValueError, match=EPLB_REFUSED):
+            _eplb_parallel_config()
+        assert host_adaptation.install() is True
+        patched = (torch.Event, torch.accelerator.current_stream, EplbState.__dict__["__init__"])
+        assert host_adaptation.install() is True  # idempotent: nothing wrapped twice
+        assert (torch.Event, torch.accelerator.current_stream, EplbState.__dict__["__init__"]) == patched
+        assert host_adaptation.is_installed()
+        # 1. platform check: EPLB configs validate, the communicator choice is untouched.
+        pc = _eplb_parallel_config()
+        assert pc.enable_eplb
+        assert pc.eplb_config.communicator == "torch_gloo"
+        # 2. events record and time on the host.
+        start, end = torch.Event(enable_timing=True), torch.Event(enable_timing=True)
+        assert isinstance(start, original_event)
+        start.record()
+        end.record()
+        end.synchronize()
+        assert start.elapsed_time(end) >= 0.0
+        # 3. stream calls.
+        torch.accelerator.set_device_index(0)
+        stream = torch.accelerator.current_stream()
+        assert stream.device == torch.device("cpu")
+        torch.accelerator.set_stream(stream)
+        # 4. device index for the async worker.
+        assert EplbState(pc, torch.device("cpu")).device_index == 0
+    finally:
+        host_adaptation.uninstall()
+    assert host_adaptation.uninstall() is False
+    assert torch.Event is original_event
+    assert EplbState.__dict__["__init__"] is original_init
+    assert EplbState(_parallel_config_without_eplb(), torch.device("cpu")).device_index is None
+    with pytest.raises(RuntimeError, match="Cannot access accelerator"):
+        torch.accelerator.current_stream()
+
+
+def _parallel_config_without_eplb() -> ParallelConfig:
+    return ParallelConfig()
+
+
+def test_commit_hooks_are_idempotent_and_removable(hooks_removed):
+    originals = (upstream_state._commit_eplb_maps_for_layer, upstream_state._commit_eplb_maps)
+    assert install_commit_hooks() is True
+    wrapped = (upstream_state._commit_eplb_maps_for_layer, upstream_state._commit_eplb_maps)
+    assert install_commit_hooks() is False
+    assert (upstream_state._commit_eplb_maps_for_layer, upstream_state._commit_eplb_maps) == wrapped
+    assert tuple(w.__wrapped__ for w in wrapped) == originals
+    assert uninstall_commit_hooks() is True
+    assert (upstream_state._commit_eplb_maps_for_layer, upstream_state._commit_eplb_maps) == originals
+    assert uninstall_commit_hooks() is False
+
+
+def test_commit_hook_drift_is_refused_before_anything_is_wrapped(hooks_removed, monkeypatch):
+    def drifted(model_state, new_physical_to_logical_map, layer, stream):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(upstream_state, "_commit_eplb_maps_for_layer", drifted)
+    original_commit = upstream_state._commit_eplb_maps
+    with pytest.raises(
+        RuntimeError, match=r"vllm\.distributed\.eplb\.eplb_state\._commit_eplb_maps_for_layer"
+    ):
+        install_commit_hooks()
+    assert not commit_hooks_installed()
+    assert upstream_state._commit_eplb_maps is original_commit
+
+
+@pytest.mark.parametrize(
+    ("owner", "name", "qualname"),
+    [
+        (EplbState, "rearrange", "EplbState.rearrange"),
+        (EplbState, "add_model", "EplbState.add_model"),
+        (EplbLayerState, "set_layer_state", "EplbLayerState.set_layer_state"),
+        (upstream_state, "_move_to_workspace", "_move_to_workspace"),
+    ],
+)
+def test_state_construction_names_the_drifted_upstream_method(monkeypatch, owner, name, qualname):
+    def drifted(self, *, something_new):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(owner, name, drifted)
+    with pytest.raises(RuntimeError, match=rf"upstream \S*{qualname} changed signature"):
+        AscendEplbState(_parallel_config_without_eplb(), torch.device("cpu"))
+
+
+def test_controller_construction_names_the_drifted_upstream_method(monkeypatch):
+    def prepare_forward(self, model_config, num_unpadded_tokens):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(EPLBController, "prepare_forward", prepare_forward)
+    with pytest.raises(RuntimeError, match=r"upstream EPLBController\.prepare_forward changed signature"):
+        AscendEPLBController(_parallel_config_without_eplb(), torch.device("cpu"))
+
+
+def test_controller_rejects_an_unknown_phase():
+    with pytest.raises(ValueError, match=r"load_collection_phase='mixed' is not allowed; allowed phases"):
+        AscendEPLBController(
+            _parallel_config_without_eplb(), torch.device("cpu"), load_collection_phase="mixed"
+        )
+    ctrl = AscendEPLBController(_parallel_config_without_eplb(), torch.device("cpu"), "decode")
+    with pytest.raises(ValueError, match="batch_has_prefill='yes' must be a bool"):
+        ctrl.set_batch_phase("yes")
+    ctrl.prepare_load()
+    assert ctrl.state is None  # EPLB off: nothing is built
+
+
+def test_add_model_refuses_a_layer_without_an_ascend_layer_state():
+    model = fake_moe.FakeMoEModel(2, 8, 0, 0, 2, lambda layer, e: float(e))
+    model.layers[1].eplb_state = EplbLayerState()
+    state = AscendEplbState(_parallel_config_without_eplb(), torch.device("cpu"))
+    with pytest.raises(
+        TypeError, match=r"MoE layer 1 \(FakeMoELayer\) has eplb_state of type EplbLayerState"
+    ):
+        state.add_model(model, fake_moe.FakeModelConfig())
+    assert state.model_states == {}
+    assert model.layers[0].eplb_state.replica_lookup is None
+
+
+def _maps(physical_to_logical: list[list[int]], num_logical: int):
+    l2p, count = compute_logical_maps(torch.tensor(physical_to_logical), num_logical)
+    l2p = torch.nn.functional.pad(l2p, (0, 1024 - l2p.shape[-1]), value=-1)
+    return l2p, count
+
+
+def test_layer_state_builds_then_refreshes_its_lookup_in_place():
+    num_logical, rank = 4, 1
+    load = torch.zeros(2, 6, dtype=torch.int32)
+    l2p, count = _maps([[0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 2, 3]], num_logical)
+    ls = AscendEplbLayerState(ep_rank=rank, lookup_rows=16)
+    ls.set_layer_state(1, load, l2p, count)
+    assert ls.moe_layer_idx == 1
+    assert ls.expert_load_view.data_ptr() == load[1].data_ptr()
+    assert torch.equal(ls.replica_lookup.table, build_replica_table(l2p[1], count[1], rank, 16))
+    ptr = ls.replica_lookup.table.data_ptr()
+
+    # A commit writes the upstream maps in place; the refresh follows them without moving the table.
+    new_l2p, new_count = _maps([[0, 1, 2, 3, 0, 1], [3, 3, 2, 1, 0, 3]], num_logical)
+    l2p.copy_(new_l2p)
+    count.copy_(new_count)
+    ls.refresh_replica_lookup()
+    assert ls.replica_lookup.table.data_ptr() == ptr
+    assert torch.equal(ls.replica_lookup.table, build_replica_table(new_l2p[1], new_count[1], rank, 16))
+    assert int(ls.replica_lookup.table[:, 3].unique().numel()) == 3  # expert 3's three replicas all used
+
+    # A placement naming a slot outside the load view is refused before anything changes.
+    before = ls.replica_lookup.table.clone()
+    bad_l2p = l2p.clone()
+    bad_l2p[0, 0, 0] = 6
+    with pytest.raises(ValueError, match=r"outside \[0, 6\)"):
+        ls.set_layer_state(0, load, bad_l2p, count)
+    assert ls.moe_layer_idx == 1
+    assert ls.logical_to_physical_map.data_ptr() == l2p[1].data_ptr()
+    assert torch.equal(ls.replica_lookup.table, before)
+
+    converted = AscendEplbLayerState.from_upstream(ls, ep_rank=0, lookup_rows=16)
+    assert converted.expert_load_view is ls.expert_load_view
+    assert torch.equal(converted.replica_lookup.table, build_replica_table(l2p[1], count[1], 0, 16))
+    with pytest.raises(RuntimeError, match="before set_layer_state"):
+        AscendEplbLayerState().refresh_replica_lookup()
