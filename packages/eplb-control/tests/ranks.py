@@ -181,9 +181,12 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
             for layer, ls in enumerate(layer_states):
                 ids = trace[layer][0][:TOKENS]
                 map_to_physical_and_record(
-                    ids, ls.replica_lookup.table, ls.expert_load_view, ls.should_record_tensor,
+                    ids,
+                    ls.replica_lookup.table,
+                    ls.expert_load_view,
+                    ls.should_record_tensor,
                     ls.num_unpadded_tokens_tensors[0],
-                )  # fmt: skip
+                )
         report["load_after_warmup"] = int(ms.expert_load_pass.sum())
         report["flag_after_suppress"] = bool(state.should_record_tensor)
         report["rearrangements_after_profile"] = state.num_rearrangements
@@ -207,9 +210,12 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
                 real = trace[layer][seq][:TOKENS][:num_tokens]
                 ids = torch.cat([real, trace[layer][(seq + 1) % 40][:PADDING]])
                 phys = map_to_physical_and_record(
-                    ids, ls.replica_lookup.table, ls.expert_load_view, ls.should_record_tensor,
+                    ids,
+                    ls.replica_lookup.table,
+                    ls.expert_load_view,
+                    ls.should_record_tensor,
                     ls.num_unpadded_tokens_tensors[0],
-                )  # fmt: skip
+                )
                 # Routing only ever uses the committed placement: every physical id holds the expert.
                 mismatched += int((ms.physical_to_logical_map[layer][phys] != ids).sum())
                 if recorded:

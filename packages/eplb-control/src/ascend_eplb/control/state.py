@@ -376,9 +376,12 @@ class AscendEplbState(EplbState):
                 with gpu_sync_allowed():
                     evidence = self._lookup_evidence(self._layer_states[key].get(layer, []))
                 self._log(
-                    "acknowledge", model_state, layer,
-                    pending_result_cleared=model_state.pending_result is None, **evidence,
-                )  # fmt: skip
+                    "acknowledge",
+                    model_state,
+                    layer,
+                    pending_result_cleared=model_state.pending_result is None,
+                    **evidence,
+                )
             else:
                 self._log("acknowledge", model_state, layer)
 
