@@ -1,0 +1,401 @@
+"""Rank functions of the integration's end-to-end tests (loaded by path in each rank process).
+
+``mrv2_world`` is one Ascend Model Runner V2 worker with EPLB on, on CPU over Gloo: the plugin entry
+point applies the patches (``ASCEND_EPLB=1``), the runner builds its controller through
+:class:`~ascend_eplb.integration.runner.Mrv2EplbWiring`, and vLLM 0.33.0's own ``EPLBController`` /
+``EplbState`` / async worker / default policy run the rearrangements. The toy MoE model routes through
+upstream's real ``CustomRoutingRouter`` (a ``BaseRouter``) per layer, fed with the real ESFT
+DeepSeek-V2-Lite routing trace, and holds tagged expert weights. The rank returns what it observed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ascend_eplb.testing import RankContext
+
+TRACE_DIR = Path(
+    "/work/shared/data/expert-load/esft-deepseek-v2-lite-expert-scores/results/expert_scores/translation"
+)
+NUM_MOE_LAYERS = 2
+NUM_LOGICAL = 64  # DeepSeek-V2-Lite routed experts, as in the trace
+NUM_REDUNDANT = 4
+TOP_K = 6
+HIDDEN = 8
+TOKENS = 24  # real tokens per batch and rank
+PADDING = 8  # padded rows appended to every batch (never recorded)
+DUMMY_TOKENS = 16  # tokens of the profile and warm-up dummy forwards
+WINDOW = 2
+INTERVAL = 6
+DEADLINE_S = 30.0
+PHASE = "decode"  # load collected from decode batches only
+
+
+def tag(layer: int, logical_expert: int) -> float:
+    """The value every weight row of ``layer`` holding ``logical_expert`` carries (exact in bf16)."""
+    return float(64 * layer + logical_expert + 1)
+
+
+def _trace(num_sequences: int) -> list[list[torch.Tensor]]:
+    """Per MoE layer ``l`` (trace layer ``l + 1``): the first sequences' top-6 ids, int64 ``(tokens, 6)``."""
+    out = []
+    for layer in range(NUM_MOE_LAYERS):
+        seqs = []
+        with open(TRACE_DIR / f"expert_weights_{layer + 1}.txt") as f:
+            for _, line in zip(range(num_sequences), f, strict=False):
+                ids = [int(v) for v in line.split("\t\t")[0].split("\t")]
+                seqs.append(torch.tensor(ids, dtype=torch.int64).view(-1, TOP_K))
+        out.append(seqs)
+    return out
+
+
+def router_logits_for(ids: torch.Tensor) -> torch.Tensor:
+    """float32 ``(T, E)`` logits whose top-``K`` are exactly ``ids`` ``(T, K)``, in that order."""
+    logits = torch.zeros(ids.shape[0], NUM_LOGICAL, dtype=torch.float32)
+    ranks_of_choice = torch.arange(TOP_K, 0, -1, dtype=torch.float32).expand(ids.shape[0], TOP_K)
+    return logits.scatter_(1, ids, ranks_of_choice)
+
+
+class ToyModelConfig:
+    """What ``EplbState`` reads from a ``ModelConfig``: ``.model`` and ``.compute_hash()``."""
+
+    model = "toy/mrv2-moe"
+
+    def compute_hash(self) -> str:
+        return "toy-mrv2-moe-hash"
+
+
+def _build_model(ep_rank: int, num_ranks: int):
+    """The toy MoE model; built inside the rank (vLLM is imported there)."""
+    from vllm.distributed.eplb.eplb_state import EplbLayerState
+    from vllm.model_executor.layers.fused_moe.router.custom_routing_router import CustomRoutingRouter
+    from vllm.model_executor.models.interfaces import MixtureOfExperts
+
+    class ToyMoELayer(torch.nn.Module):
+        """Shaped like upstream's ``MoERunner``: ``router``, ``eplb_state`` (the router's), tagged weights."""
+
+        def __init__(self, layer: int, local_logical: list[int]) -> None:
+            super().__init__()
+            p = len(local_logical)
+            tags = torch.tensor([tag(layer, e) for e in local_logical], dtype=torch.float32)
+            self.w13 = torch.nn.Parameter(
+                tags.view(p, 1, 1).expand(p, 2, 4).contiguous(), requires_grad=False
+            )
+            self.w2 = torch.nn.Parameter(
+                tags.to(torch.bfloat16).view(p, 1, 1).expand(p, 4, 2).contiguous(), requires_grad=False
+            )
+            self.routing_calls = 0
+
+            def topk_routing(hidden_states, gating_output, topk, renormalize):
+                self.routing_calls += 1
+                weights, ids = torch.topk(torch.softmax(gating_output, dim=-1), topk, dim=-1)
+                if renormalize:
+                    weights = weights / weights.sum(dim=-1, keepdim=True)
+                return weights, ids
+
+            # As upstream's FusedMoE builds it with EPLB on: a plain upstream EplbLayerState.
+            self.router = CustomRoutingRouter(
+                top_k=TOP_K,
+                global_num_experts=NUM_LOGICAL,
+                custom_routing_function=topk_routing,
+                eplb_state=EplbLayerState(),
+            )
+
+        @property
+        def eplb_state(self):
+            return self.router.eplb_state
+
+        def get_expert_weights(self) -> list[torch.Tensor]:
+            p = self.w13.shape[0]
+            return [self.w13.data.view(p, -1), self.w2.data.view(p, -1)]
+
+        def set_eplb_state(
+            self, moe_layer_idx, expert_load_view, logical_to_physical_map, logical_replica_count
+        ):
+            if self.router.eplb_state is not None:
+                self.router.eplb_state.set_layer_state(
+                    moe_layer_idx, expert_load_view, logical_to_physical_map, logical_replica_count
+                )
+
+        def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+            _, physical_ids = self.router.select_experts(hidden_states, router_logits)
+            return physical_ids
+
+        def local_tags(self) -> list[list[float]]:
+            return [
+                sorted({float(v) for v in self.w13.data[i].flatten().tolist()})
+                + sorted({float(v) for v in self.w2.data[i].float().flatten().tolist()})
+                for i in range(self.w13.shape[0])
+            ]
+
+    class ToyMoEModel(torch.nn.Module, MixtureOfExperts):
+        def __init__(self) -> None:
+            super().__init__()
+            num_physical = NUM_LOGICAL + NUM_REDUNDANT
+            p = num_physical // num_ranks
+            initial = list(range(NUM_LOGICAL)) + [i % NUM_LOGICAL for i in range(NUM_REDUNDANT)]
+            local = initial[ep_rank * p : (ep_rank + 1) * p]
+            self.layers = torch.nn.ModuleList(ToyMoELayer(layer, local) for layer in range(NUM_MOE_LAYERS))
+            self.moe_layers = list(self.layers)
+            self.expert_weights = []
+            self.num_moe_layers = NUM_MOE_LAYERS
+            self.num_expert_groups = 1
+            self.num_logical_experts = NUM_LOGICAL
+            self.num_physical_experts = num_physical
+            self.num_local_physical_experts = p
+            self.num_routed_experts = NUM_LOGICAL
+            self.num_shared_experts = 0
+            self.num_redundant_experts = NUM_REDUNDANT
+
+        def update_physical_experts_metadata(self, num_physical_experts, num_local_physical_experts):
+            self.num_physical_experts = num_physical_experts
+            self.num_local_physical_experts = num_local_physical_experts
+
+        def forward(self, ids_per_layer: list[torch.Tensor]) -> list[torch.Tensor]:
+            """Route every layer's tokens; returns the physical ids per layer, int ``(T, K)``."""
+            hidden = torch.zeros(ids_per_layer[0].shape[0], HIDDEN)
+            return [
+                layer(hidden, router_logits_for(ids))
+                for layer, ids in zip(self.layers, ids_per_layer, strict=True)
+            ]
+
+    return ToyMoEModel()
+
+
+def mrv2_world(ctx: RankContext) -> dict[str, Any]:
+    """Init, load, profile run, warm-up, then engine steps until a rearrangement completes and one more
+    window passes; every step is checked (weights, lookups, routing) on the spot."""
+    os.environ["ASCEND_EPLB"] = "1"
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    from ascend_eplb.integration.plugin import register
+
+    # The vllm.general_plugins entry point runs before any config exists (vLLM's order).
+    report: dict[str, Any] = {"rank": ctx.rank, "registered": register()}
+
+    from vllm.config import EPLBConfig, ParallelConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
+    from vllm.v1.worker.gpu import eplb_utils
+
+    from ascend_eplb.control import AscendEPLBController, AscendEplbLayerState, AscendEplbState
+    from ascend_eplb.dataplane import build_replica_table, is_bound
+    from ascend_eplb.integration.runner import Mrv2EplbWiring, batch_has_prefill
+    from ascend_eplb.movement import AscendGlooEplbCommunicator
+
+    rank, n = ctx.rank, ctx.world_size
+    # Communicator left unset: the patched ParallelConfig resolves it to torch_gloo.
+    eplb_config = EPLBConfig(
+        window_size=WINDOW, step_interval=INTERVAL, num_redundant_experts=NUM_REDUNDANT, use_async=True
+    )
+    vc = VllmConfig(
+        parallel_config=ParallelConfig(
+            tensor_parallel_size=n, enable_expert_parallel=True, enable_eplb=True, eplb_config=eplb_config
+        ),
+        additional_config={"eplb_config": {"load_collection_phase": PHASE}},
+    )
+    report["communicator_setting"] = vc.parallel_config.eplb_config.communicator
+    device = torch.device("cpu")
+    with set_current_vllm_config(vc):
+        init_distributed_environment(
+            world_size=n, rank=rank, distributed_init_method=ctx.init_method, local_rank=rank, backend="gloo"
+        )
+        initialize_model_parallel(tensor_model_parallel_size=n)
+        from vllm.distributed.parallel_state import get_ep_group
+
+        # 1. runner __init__
+        wiring = Mrv2EplbWiring(vc, device)
+        ctrl = wiring.controller
+        report["controller"] = type(ctrl).__name__
+        report["controller_is_ascend"] = isinstance(ctrl, AscendEPLBController)
+        report["upstream_controller_subclass"] = isinstance(ctrl, eplb_utils.EPLBController)
+
+        # 2-4. load_model: prepare_load, draft (none), model registration, async worker start.
+        model = _build_model(rank, n)
+        mc = ToyModelConfig()
+        upstream_layer_states = [layer.router.eplb_state for layer in model.layers]
+        report["registered_model"] = wiring.load_model(model, mc)
+        state = ctrl.state
+        report["state_class"] = type(state).__name__
+        report["state_is_ascend"] = isinstance(state, AscendEplbState)
+        state.collect_commit_evidence = True
+        state.commit_probe = lambda ms, layer: model.layers[layer].local_tags()
+        ms = state.model_states[mc.compute_hash()]
+        report["communicator"] = type(ms.communicator).__module__ + "." + type(ms.communicator).__qualname__
+        report["communicator_is_movement"] = isinstance(ms.communicator, AscendGlooEplbCommunicator)
+        report["worker_started"] = state.async_worker is not None and state.async_worker.is_alive()
+
+        p = model.num_local_physical_experts
+        routers = [layer.router for layer in model.layers]
+        layer_states = [r.eplb_state for r in routers]
+        report["adapted"] = [
+            {
+                "bound": is_bound(r),
+                "ascend_state": isinstance(ls, AscendEplbLayerState),
+                "replaced_upstream": ls is not upstream_layer_states[i],
+                "layer_sees_it": model.layers[i].eplb_state is ls,
+                "load_view_is_upstream_row": ls.expert_load_view.data_ptr()
+                == ms.expert_load_pass[i].data_ptr(),
+                "shares_record_flag": ls.should_record_tensor is state.should_record_tensor,
+                "registered_by_state": state.layer_states(mc)[i] == [ls],
+            }
+            for i, (r, ls) in enumerate(zip(routers, layer_states, strict=True))
+        ]
+        table_ptrs = [ls.replica_lookup.table.data_ptr() for ls in layer_states]
+
+        errors: list[str] = []
+        forwards = 0
+
+        def check(where: str) -> None:
+            for layer, ls in enumerate(layer_states):
+                expected = build_replica_table(
+                    ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], rank, 1024
+                )
+                if not torch.equal(ls.replica_lookup.table, expected):
+                    errors.append(f"{where}: layer {layer} lookup differs from the committed maps")
+                if ls.replica_lookup.table.data_ptr() != table_ptrs[layer]:
+                    errors.append(f"{where}: layer {layer} lookup table moved")
+                committed = ms.physical_to_logical_map[layer, rank * p : (rank + 1) * p].tolist()
+                want = [[tag(layer, e), tag(layer, e)] for e in committed]
+                if model.layers[layer].local_tags() != want:
+                    errors.append(
+                        f"{where}: layer {layer} weights {model.layers[layer].local_tags()} != {want}"
+                    )
+                if model.layers[layer].routing_calls != forwards:
+                    errors.append(
+                        f"{where}: layer {layer} router called {model.layers[layer].routing_calls} times "
+                        f"in {forwards} forwards"
+                    )
+
+        trace = _trace(40)
+        mismatches = 0
+
+        def forward(seq: int, num_tokens: int) -> torch.Tensor:
+            """One model forward of ``num_tokens`` real rows plus PADDING padded rows; (L, E) real counts."""
+            nonlocal forwards, mismatches
+            ids = [
+                torch.cat([trace[layer][seq % 40][:num_tokens], trace[layer][(seq + 1) % 40][:PADDING]])
+                for layer in range(NUM_MOE_LAYERS)
+            ]
+            physical = model(ids)
+            forwards += 1
+            for layer in range(NUM_MOE_LAYERS):
+                # Routing only ever uses the committed placement: every physical id holds the expert.
+                mismatches += int(
+                    (ms.physical_to_logical_map[layer][physical[layer].long()] != ids[layer]).sum()
+                )
+            return torch.stack(
+                [
+                    torch.bincount(ids[layer][:num_tokens].flatten(), minlength=NUM_LOGICAL)
+                    for layer in range(NUM_MOE_LAYERS)
+                ]
+            )
+
+        # 5. profile_run: _dummy_run(is_profile=True) forward, then the profile step.
+        wiring.prepare_forward(mc, DUMMY_TOKENS)
+        forward(39, DUMMY_TOKENS)
+        wiring.profile_run()
+        report["load_after_profile"] = int(ms.expert_load_pass.sum())
+        # 6. a warm-up _dummy_run: forward then a dummy step.
+        wiring.prepare_forward(mc, DUMMY_TOKENS)
+        forward(38, DUMMY_TOKENS)
+        wiring.dummy_run()
+        report["load_after_warmup"] = int(ms.expert_load_pass.sum())
+        report["rearrangements_after_dummies"] = state.num_rearrangements
+        report["skipped_after_dummies"] = state.num_skipped_rearrangements
+        report["counter_after_dummies"] = state.expert_rearrangement_step
+        check("after profile and warm-up")
+
+        expected_local = torch.zeros(NUM_MOE_LAYERS, NUM_LOGICAL, dtype=torch.int64)
+        steps: list[dict[str, Any]] = []
+        initial_map = ms.physical_to_logical_map.clone()
+        step = 0
+        windows: list[dict[str, Any]] = []
+
+        def engine_step() -> None:
+            nonlocal step
+            if ms.rebalanced:
+                # The async worker must hand over the next layer within the deadline.
+                deadline = time.monotonic() + DEADLINE_S
+                while ms.pending_result is None:
+                    if not state.async_worker.is_alive():
+                        raise AssertionError("the async EPLB worker died")
+                    if time.monotonic() > deadline:
+                        raise AssertionError(f"no layer transferred within {DEADLINE_S} s")
+                    time.sleep(0.001)
+            # Rank r has a prefill request at step s iff r + s is even: a prompt of 24 tokens of which
+            # 0 (prefill) or all (decode) are computed.
+            computed = [0 if (rank + step) % 2 == 0 else TOKENS, TOKENS]
+            has_prefill = batch_has_prefill(computed, [TOKENS, TOKENS])
+            counter_before = state.expert_rearrangement_step
+            wiring.prepare_inputs(has_prefill)  # 7
+            wiring.prepare_forward(mc, TOKENS)  # 8: unpadded count; PADDING rows follow
+            recorded = bool(state.should_record_tensor)
+            counts = forward(step * n + rank, TOKENS)
+            if recorded:
+                expected_local.add_(counts)
+            wiring.after_sampling()  # 9
+            steps.append(
+                {
+                    "step": step,
+                    "has_prefill": has_prefill,
+                    "recorded": recorded,
+                    "counter_before": counter_before,
+                    "counter_after": state.expert_rearrangement_step,
+                    "rearrangements": state.num_rearrangements,
+                    "skipped": state.num_skipped_rearrangements,
+                    "rebalanced": ms.rebalanced,
+                }
+            )
+            check(f"step {step}")
+            step += 1
+
+        # Until the first window closes and every layer committed, then one window more.
+        while state.num_rearrangements == 0:
+            if step > INTERVAL:
+                raise AssertionError("the window never closed")
+            engine_step()
+        expected_global = expected_local.to(torch.int32)
+        torch.distributed.all_reduce(expected_global, group=get_ep_group().cpu_group)
+        from vllm.distributed.eplb.policy import DefaultEplbPolicy
+
+        policy_map = DefaultEplbPolicy.rebalance_experts(
+            expected_global, model.num_physical_experts, 1, 1, n, initial_map
+        )
+        windows.append(
+            {
+                "expected_global": expected_global.tolist(),
+                "last_expert_load": ms.last_expert_load.tolist(),
+                "policy_map": policy_map.tolist(),
+            }
+        )
+        while ms.rebalanced:
+            if step > INTERVAL + NUM_MOE_LAYERS + 1:
+                raise AssertionError("the rearrangement never finished")
+            engine_step()
+
+        report["steps"] = steps
+        report["windows"] = windows
+        report["errors"] = errors
+        report["routing_mismatches"] = mismatches
+        report["forwards"] = forwards
+        report["routing_calls"] = [layer.routing_calls for layer in model.layers]
+        report["initial_map"] = initial_map.tolist()
+        report["committed_map"] = ms.physical_to_logical_map.tolist()
+        report["num_rearrangements"] = state.num_rearrangements
+        report["num_skipped"] = state.num_skipped_rearrangements
+        report["rebalanced"] = ms.rebalanced
+        report["worker_alive"] = state.async_worker.is_alive()
+        report["commit_log"] = [
+            (e.kind, e.model_name, e.layer, e.rearrangement, dict(e.evidence)) for e in state.commit_log
+        ]
+        report["table_ptrs"] = table_ptrs
+        report["local_slots"] = list(range(rank * p, (rank + 1) * p))
+        report["calls"] = [name for name, _ in wiring.calls]
+        report["prepare_forward_tokens"] = [
+            args[1] for name, args in wiring.calls if name == "prepare_forward"
+        ]
+    return report

@@ -1,0 +1,146 @@
+"""End to end on 2 ranks over Gloo on CPU: the plugin's patches, the MRv2 call order, upstream EPLB.
+
+``ranks_mrv2.mrv2_world`` runs one Ascend MRv2 worker per rank: ``register()`` (``ASCEND_EPLB=1``)
+patches vLLM 0.33.0, ``Mrv2EplbWiring`` makes the runner's calls, upstream's ``EPLBController`` /
+``EplbState`` / async worker / default policy rearrange a toy MoE model whose layers route through
+upstream's real ``CustomRoutingRouter`` on the real ESFT trace.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ascend_eplb.testing import load_module, run_ranks
+
+ranks = load_module(Path(__file__).with_name("ranks_mrv2.py"))
+
+PRELOAD = ("vllm.distributed.eplb.eplb_state", "vllm.v1.worker.gpu.eplb_utils", "ascend_eplb.control")
+LAYERS = range(ranks.NUM_MOE_LAYERS)
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    return run_ranks(
+        ranks.mrv2_world,
+        world_size=2,
+        tmp_path=tmp_path_factory.mktemp("mrv2"),
+        timeout_s=150,
+        preload=PRELOAD,
+    )
+
+
+@pytest.mark.multirank
+def test_patches_build_the_ascend_stack_and_adapt_every_router(reports):
+    for r in reports:
+        assert r["registered"] is True
+        assert r["communicator_setting"] == "torch_gloo"  # unset, resolved by the patched ParallelConfig
+        assert r["controller"] == "AscendEPLBController"
+        assert r["controller_is_ascend"] is True
+        assert r["upstream_controller_subclass"] is True
+        assert r["registered_model"] is True
+        assert r["state_class"] == "AscendEplbState"
+        assert r["state_is_ascend"] is True
+        assert r["communicator"] == "ascend_eplb.movement.communicator.AscendGlooEplbCommunicator"
+        assert r["communicator_is_movement"] is True
+        assert r["worker_started"] is True
+        assert (
+            r["adapted"]
+            == [
+                {
+                    "bound": True,
+                    "ascend_state": True,
+                    "replaced_upstream": True,
+                    "layer_sees_it": True,
+                    "load_view_is_upstream_row": True,
+                    "shares_record_flag": True,
+                    "registered_by_state": True,
+                }
+            ]
+            * ranks.NUM_MOE_LAYERS
+        )
+
+
+@pytest.mark.multirank
+def test_mrv2_call_order_and_unpadded_token_counts(reports):
+    for r in reports:
+        num_steps = len(r["steps"])
+        assert (
+            r["calls"]
+            == [
+                "create_eplb_controller",
+                "prepare_load",
+                "maybe_register_speculator",
+                "maybe_register_model",
+                "maybe_start_async_loop",
+                "prepare_forward",  # profile _dummy_run
+                "step",
+                "prepare_forward",  # warm-up _dummy_run
+                "step",
+            ]
+            + ["set_batch_phase", "prepare_forward", "step"] * num_steps
+        )
+        assert r["prepare_forward_tokens"] == [ranks.DUMMY_TOKENS] * 2 + [ranks.TOKENS] * num_steps
+        # Every forward went through each layer's upstream router exactly once.
+        assert r["forwards"] == 2 + num_steps
+        assert r["routing_calls"] == [2 + num_steps] * ranks.NUM_MOE_LAYERS
+        # Dummy runs record nothing; upstream starts at 3/4 of the interval, so the warm-up step reaches
+        # it and control skips that rearrangement (no rank recorded load).
+        assert r["load_after_profile"] == 0
+        assert r["load_after_warmup"] == 0
+        assert r["rearrangements_after_dummies"] == 0
+        assert r["skipped_after_dummies"] == 1
+        assert r["counter_after_dummies"] == 0
+
+
+@pytest.mark.multirank
+def test_a_rearrangement_completes_on_the_recorded_decode_load(reports):
+    first = reports[0]
+    for r in reports:
+        assert r["errors"] == [], r["errors"]
+        assert r["routing_mismatches"] == 0
+        assert r["num_rearrangements"] == 1
+        assert r["num_skipped"] == 1
+        assert r["rebalanced"] is False
+        assert r["worker_alive"] is True
+        # Only decode batches in upstream's recording window were recorded (phase "decode").
+        recorded = [s for s in r["steps"] if s["recorded"]]
+        assert len(recorded) == 1
+        assert all(not s["has_prefill"] for s in recorded)
+        assert [(s["counter_before"], s["counter_after"]) for s in r["steps"]] == [
+            (s["counter_before"], s["counter_after"]) for s in first["steps"]
+        ]
+        assert r["committed_map"] == first["committed_map"]
+    (window,) = first["windows"]
+    assert sum(map(sum, window["expected_global"])) == 2 * ranks.TOKENS * ranks.TOP_K * ranks.NUM_MOE_LAYERS
+    for r in reports:
+        # Upstream's window holds exactly the unpadded real tokens the ranks routed in decode batches,
+        (w,) = r["windows"]
+        assert w["last_expert_load"] == window["expected_global"]
+        assert w["expected_global"] == window["expected_global"]
+    # and the committed placement is upstream's default policy on that load.
+    assert first["committed_map"] == window["policy_map"]
+    assert first["committed_map"] != first["initial_map"]
+
+
+@pytest.mark.multirank
+def test_commit_log_is_move_commit_refresh_acknowledge_for_every_layer(reports):
+    for r in reports:
+        log = r["commit_log"]
+        assert {e[3] for e in log} == {1}
+        assert {e[1] for e in log} == {"toy/mrv2-moe"}
+        # Layer by layer: one layer is fully acknowledged before the next one moves.
+        assert [(e[0], e[2]) for e in log] == [
+            (k, layer) for layer in LAYERS for k in ("move", "commit", "refresh", "acknowledge")
+        ]
+        for layer in LAYERS:
+            ev = {e[0]: e[4] for e in log if e[2] == layer}
+            new_map = ev["commit"]["map"]
+            assert new_map == r["committed_map"][layer]
+            assert ev["move"]["map_before"] == r["initial_map"][layer]
+            # At move time every local slot's tagged weights already hold the committed map's expert.
+            assert ev["move"]["probe"] == [[ranks.tag(layer, new_map[s])] * 2 for s in r["local_slots"]]
+            assert ev["refresh"]["data_ptrs"] == [r["table_ptrs"][layer]]
+            assert ev["acknowledge"]["pending_result_cleared"] is True
+            assert ev["acknowledge"]["checksums"] == ev["refresh"]["checksums"]
