@@ -169,7 +169,10 @@ def upstream_transaction_2r(ctx: RankContext) -> dict:
     ctx.init_gloo()
     group = dist.new_group([0, 1])
     p = 4
-    comm = AscendGlooEplbCommunicator(group, staging_pool=StagingPool(1 << 20), timeout_s=60)
+    # Host tensors staged like device tensors, so CPU runs the accelerator path's staging.
+    comm = AscendGlooEplbCommunicator(
+        group, staging_pool=StagingPool(1 << 20), timeout_s=60, stage_host_tensors=True
+    )
     out: dict = {"rank": ctx.rank, "rearrangements": [], "errors": {}}
 
     # Add-time validation: nothing queued, the message names the group's range.
@@ -200,6 +203,19 @@ def upstream_transaction_2r(ctx: RankContext) -> dict:
     weights = [make_layer(0, PLACEMENTS_2R[0][ctx.rank * p : (ctx.rank + 1) * p])]
     _rearrange(comm, group, weights, buffers, PLACEMENTS_2R[0], PLACEMENTS_2R[1], p)
     out["first_layer_stats"] = comm.last_stats.as_dict()
+    # The default host path (Gloo reads/writes contiguous CPU rows directly; only the strided
+    # per-expert list is staged): same three rearrangements, same exact rows.
+    direct = AscendGlooEplbCommunicator(group, staging_pool=StagingPool(1 << 20), timeout_s=60)
+    weights_by_layer = [
+        make_layer(layer, PLACEMENTS_2R[0][ctx.rank * p : (ctx.rank + 1) * p]) for layer in range(2)
+    ]
+    out["direct"] = [
+        _rearrange(direct, group, weights_by_layer, buffers, old, new, p, migration_batching_layers=(1,))
+        for old, new in itertools.pairwise(PLACEMENTS_2R)
+    ]
+    weights = [make_layer(0, PLACEMENTS_2R[0][ctx.rank * p : (ctx.rank + 1) * p])]
+    _rearrange(direct, group, weights, buffers, PLACEMENTS_2R[0], PLACEMENTS_2R[1], p)
+    out["direct_first_layer_stats"] = direct.last_stats.as_dict()
     out["cumulative"] = comm.cumulative_stats.as_dict()
     out["bytes_per_expert"] = bytes_per_expert()
     out["global_ranks"] = list(comm.global_ranks)
@@ -243,7 +259,7 @@ def subgroup_and_failures_4r(ctx: RankContext) -> dict:
     # Over the world group, 4 ranks in a ring: rank r sends expert 10+r to r+1, receives from r-1.
     world = dist.group.WORLD
     pool = StagingPool(max_bytes=4096)
-    wcomm = AscendGlooEplbCommunicator(world, staging_pool=pool, timeout_s=2.0)
+    wcomm = AscendGlooEplbCommunicator(world, staging_pool=pool, timeout_s=2.0, stage_host_tensors=True)
 
     def ring(round_: int, numel: int, ring_ranks: tuple[int, ...] = (0, 1, 2, 3)) -> torch.Tensor | None:
         if ctx.rank not in ring_ranks:

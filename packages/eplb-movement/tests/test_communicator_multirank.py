@@ -55,6 +55,18 @@ def test_upstream_transaction_two_ranks(tmp_path):
     assert s0["staging_bytes"] == 3 * per_expert
     assert s0["num_executes"] == 1
     assert s0["num_failed"] == 0
+    # The default host path moves the same rows; it stages only the strided per-expert list
+    # (2 x 24 bytes on rank 0: one send source, ... and its received experts' list tensors).
+    list_bytes = 2 * 3 * 4
+    for out in results:
+        for layers in out["direct"]:
+            for layer in layers:
+                assert layer["bad"] == []
+    d0, d1 = results[0]["direct_first_layer_stats"], results[1]["direct_first_layer_stats"]
+    assert (d0["bytes_received"], d0["bytes_sent"]) == (2 * per_expert, per_expert)
+    assert (d1["bytes_received"], d1["bytes_sent"]) == (per_expert, 2 * per_expert)
+    assert d0["staging_bytes"] == 3 * list_bytes
+    assert d1["staging_bytes"] == 3 * list_bytes
     # upstream's metadata agrees: one primary receive per distinct remote expert.
     assert results[0]["rearrangements"][0][0]["recv_experts"] == 2
     assert results[1]["rearrangements"][0][0]["recv_experts"] == 1

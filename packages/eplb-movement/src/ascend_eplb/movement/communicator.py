@@ -113,14 +113,27 @@ class _Queued:
 
 @dataclass(slots=True)
 class _Plan:
-    """One execute's staging layout: distinct send sources, then one buffer per received tensor."""
+    """One execute's layout: the tensor Gloo reads or writes per slot, staged or direct."""
 
-    sources: list[torch.Tensor] = field(default_factory=list)
-    # Per tensor operation, in posting order: (is_send, staging index, global peer, expert id).
-    ops: list[tuple[bool, int, int, int]] = field(default_factory=list)
-    # Per received tensor: (destination, staging index).
-    dests: list[tuple[torch.Tensor, int]] = field(default_factory=list)
+    # Per slot: the tensor Gloo uses directly (contiguous host tensor), or None until a staging
+    # buffer is taken from the pool.
+    slots: list[torch.Tensor | None] = field(default_factory=list)
+    # Staged slots, aligned with ``requests`` ((dtype, numel) asked of the pool).
+    staged_slots: list[int] = field(default_factory=list)
     requests: list[tuple[torch.dtype, int]] = field(default_factory=list)
+    # Distinct staged send tensors: (slot, source), copied in before Gloo.
+    sources: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    # Staged received tensors: (destination, slot), copied out after Gloo.
+    dests: list[tuple[torch.Tensor, int]] = field(default_factory=list)
+    # Per tensor operation, in posting order: (is_send, slot, global peer, expert id).
+    ops: list[tuple[bool, int, int, int]] = field(default_factory=list)
+
+    def add_slot(self, tensor: torch.Tensor, direct: bool) -> int:
+        self.slots.append(tensor if direct else None)
+        if not direct:
+            self.staged_slots.append(len(self.slots) - 1)
+            self.requests.append((tensor.dtype, tensor.numel()))
+        return len(self.slots) - 1
 
 
 def _check_int(name: str, value: object) -> int:
@@ -146,6 +159,10 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
             2.13: later requests raise "Application timeout caused pair closure", and the peers see
             "Connection closed by peer"), so later transfers over the group fail at once, naming the
             ranks, instead of hanging.
+        stage_host_tensors: also stage tensors that are already contiguous host (CPU) memory. By
+            default Gloo reads and writes those directly, as upstream's Gloo communicator does
+            (staging them is a pure extra copy); device tensors and non-contiguous host views are
+            always staged. Tests set it to run the device path's staging on CPU.
 
     Raises:
         TypeError: ``cpu_group`` is not a ``ProcessGroup`` of which this process is a member.
@@ -163,6 +180,7 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
         staging_pool: StagingPool | None = None,
         *,
         timeout_s: float = DEFAULT_TRANSFER_TIMEOUT_S,
+        stage_host_tensors: bool = False,
     ) -> None:
         if not isinstance(cpu_group, ProcessGroup):
             raise TypeError(
@@ -175,6 +193,7 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
         self._stream = stream
         self._pool = staging_pool if staging_pool is not None else StagingPool()
         self.timeout_s = float(timeout_s)
+        self.stage_host_tensors = bool(stage_host_tensors)
         self.group_rank = cpu_group.rank()
         self.group_size = cpu_group.size()
         #: ``global_ranks[g]`` is the global rank of EPLB-group rank ``g``.
@@ -260,9 +279,9 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
             num_send_experts=sum(q.is_send for q in queue),
             num_recv_experts=sum(not q.is_send for q in queue),
             num_send_tensors=sum(is_send for is_send, *_ in plan.ops),
-            num_recv_tensors=len(plan.dests),
+            num_recv_tensors=sum(not is_send for is_send, *_ in plan.ops),
             bytes_sent=sum(_nbytes(t) for q in queue if q.is_send for t in q.tensors),
-            bytes_received=sum(_nbytes(t) for t, _ in plan.dests),
+            bytes_received=sum(_nbytes(t) for q in queue if not q.is_send for t in q.tensors),
             staging_bytes=sum(dtype.itemsize * numel for dtype, numel in plan.requests),
         )
         phase = "staging"
@@ -273,12 +292,15 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
         t1 = t2 = t0
         try:
             staging = self._pool.take(plan.requests)
+            slots = plan.slots
+            for slot, buffer in zip(plan.staged_slots, staging, strict=True):
+                slots[slot] = buffer
             stream = self._transfer_stream(queue)
             non_blocking = self._pool.pinned and stream is not None
             # 1. Device-to-host copies into staging, then one wait for all of them.
             with device_stream(stream):
-                for index, src in enumerate(plan.sources):
-                    staging[index].view(src.shape).copy_(src, non_blocking=non_blocking)
+                for slot, src in plan.sources:
+                    slots[slot].view(src.shape).copy_(src, non_blocking=non_blocking)
             if stream is not None:
                 with gpu_sync_allowed():
                     stream.synchronize()
@@ -291,14 +313,14 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
             tag = sequence % _TAG_MODULUS
             posted = True
             requests: list[dist.Work | None] = []
-            for is_send, index, peer, _ in plan.ops:
+            for is_send, slot, peer, _ in plan.ops:
                 request = None
                 if peer not in rank_errors:
                     try:
                         if is_send:
-                            request = dist.isend(staging[index], dst=peer, group=self._cpu_group, tag=tag)
+                            request = dist.isend(slots[slot], dst=peer, group=self._cpu_group, tag=tag)
                         else:
-                            request = dist.irecv(staging[index], src=peer, group=self._cpu_group, tag=tag)
+                            request = dist.irecv(slots[slot], src=peer, group=self._cpu_group, tag=tag)
                     except Exception as exc:  # Gloo raises RuntimeError on a closed connection
                         rank_errors[peer] = f"{type(exc).__name__}: {exc}"
                 requests.append(request)
@@ -318,8 +340,8 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
             # 4. Host-to-device copies into the destination rows.
             phase = "h2d"
             with device_stream(stream):
-                for dst, index in plan.dests:
-                    dst.copy_(staging[index].view(dst.shape), non_blocking=non_blocking)
+                for dst, slot in plan.dests:
+                    dst.copy_(slots[slot].view(dst.shape), non_blocking=non_blocking)
             self._pool.fence(stream)
         except Exception as exc:
             if posted:
@@ -385,24 +407,25 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
                 raise TypeError(f"tensors[{i}] of expert {expert_id} is a {type(t).__name__}, not a Tensor")
         return _Queued(is_send, tensors, group_peer, self.global_ranks[group_peer], expert_id)
 
-    @staticmethod
-    def _plan(queue: list[_Queued]) -> _Plan:
+    def _plan(self, queue: list[_Queued]) -> _Plan:
         plan = _Plan()
-        source_index: dict[tuple, int] = {}
+        source_slot: dict[tuple, int] = {}
         for q in queue:
             for t in q.tensors:
+                direct = not self.stage_host_tensors and t.device.type == "cpu" and t.is_contiguous()
                 if q.is_send:
+                    # A source sent to several peers is staged (and copied) once.
                     key = (t.device, t.dtype, t.data_ptr(), tuple(t.shape), tuple(t.stride()))
-                    index = source_index.get(key)
-                    if index is None:
-                        index = source_index[key] = len(plan.requests)
-                        plan.sources.append(t)
-                        plan.requests.append((t.dtype, t.numel()))
+                    slot = source_slot.get(key)
+                    if slot is None:
+                        slot = source_slot[key] = plan.add_slot(t, direct)
+                        if not direct:
+                            plan.sources.append((slot, t))
                 else:
-                    index = len(plan.requests)
-                    plan.requests.append((t.dtype, t.numel()))
-                    plan.dests.append((t, index))
-                plan.ops.append((q.is_send, index, q.global_peer, q.expert_id))
+                    slot = plan.add_slot(t, direct)
+                    if not direct:
+                        plan.dests.append((t, slot))
+                plan.ops.append((q.is_send, slot, q.global_peer, q.expert_id))
         return plan
 
     def _transfer_stream(self, queue: list[_Queued]) -> torch.Stream | None:

@@ -1,0 +1,144 @@
+"""One MoE layer's expert transfer between 2 ranks: ``AscendGlooEplbCommunicator.execute`` against raw
+Gloo ``batch_isend_irecv`` of the very same tensors, in the same run, interleaved.
+
+Default: 16 experts of 4 MiB (bf16) cross between the ranks, 8 each way (64 MiB per repetition).
+The raw baseline sends the weight rows and receives straight into the destination rows (possible
+only because they are CPU tensors here); ``execute`` additionally stages through its pool (copy in,
+copy out), which is what it must do for device tensors. Ratio = raw time / execute time (1.0 = no
+overhead; target >= 0.9).
+
+    VLLM_TARGET_DEVICE=cpu /tmp/venv/bin/python packages/eplb-movement/benchmarks/bench_execute_vs_raw_gloo.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import multiprocessing as mp
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
+def _rank(rank: int, args: argparse.Namespace, init: str, queue: mp.Queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from ascend_eplb.movement import AscendGlooEplbCommunicator, StagingPool
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=init, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=300)
+    )
+    group = dist.group.WORLD
+    peer = 1 - rank
+    numel = args.expert_mib * (1 << 20) // 2  # bf16
+    half = args.experts // 2
+    weights = torch.randn(args.experts, numel).to(torch.bfloat16)  # this rank's expert rows
+    dest_raw = torch.empty(half, numel, dtype=torch.bfloat16)
+    dest_ours = torch.empty(half, numel, dtype=torch.bfloat16)
+    dest_staged = torch.empty(half, numel, dtype=torch.bfloat16)
+    comm = AscendGlooEplbCommunicator(group, staging_pool=StagingPool(1 << 31), timeout_s=300)
+    staged = AscendGlooEplbCommunicator(
+        group, staging_pool=StagingPool(1 << 31), timeout_s=300, stage_host_tensors=True
+    )
+
+    def raw() -> None:
+        ops = [dist.P2POp(dist.isend, weights[i], peer, group) for i in range(half)]
+        ops += [dist.P2POp(dist.irecv, dest_raw[i], peer, group) for i in range(half)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+
+    def execute(c: AscendGlooEplbCommunicator, dest: torch.Tensor) -> None:
+        for i in range(half):
+            c.add_send([weights[i]], peer, expert_id=rank * args.experts + i)
+        for i in range(half):
+            c.add_recv([dest[i]], peer, expert_id=peer * args.experts + i)
+        c.execute()
+
+    runs = (
+        ("raw", raw),
+        ("execute", lambda: execute(comm, dest_ours)),
+        ("staged", lambda: execute(staged, dest_staged)),
+    )
+    times: dict[str, list[float]] = {name: [] for name, _ in runs}
+    phases = []
+    for rep in range(args.warmup + args.reps):
+        for name, fn in runs:
+            dist.barrier(group)
+            t0 = time.perf_counter()
+            fn()
+            dt = time.perf_counter() - t0
+            if rep >= args.warmup:
+                times[name].append(dt)
+                if name == "staged":
+                    phases.append(staged.last_stats)
+    assert torch.equal(dest_raw, dest_ours), "execute and raw Gloo received different bytes"
+    assert torch.equal(dest_raw, dest_staged), "staged execute and raw Gloo received different bytes"
+    queue.put(
+        {
+            "rank": rank,
+            "raw": statistics.median(times["raw"]),
+            "execute": statistics.median(times["execute"]),
+            "staged": statistics.median(times["staged"]),
+            "d2h": statistics.median(s.d2h_s for s in phases),
+            "gloo": statistics.median(s.gloo_s for s in phases),
+            "h2d": statistics.median(s.h2d_s for s in phases),
+            "pool_bytes": staged.staging_pool.size_bytes,
+        }
+    )
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--experts", type=int, default=16, help="experts crossing per layer (half each way)")
+    parser.add_argument("--expert-mib", type=int, default=4, help="MiB per expert")
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    args = parser.parse_args()
+
+    import ascend_eplb.movement  # noqa: F401  (import vLLM once, before forking the ranks)
+
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init = f"file://{tmp}/rendezvous"
+        procs = [ctx.Process(target=_rank, args=(r, args, init, queue)) for r in range(2)]
+        for proc in procs:
+            proc.start()
+        results = sorted((queue.get(timeout=600) for _ in procs), key=lambda r: r["rank"])
+        for proc in procs:
+            proc.join()
+    moved_mib = args.experts * args.expert_mib
+    print(
+        f"{args.experts} experts x {args.expert_mib} MiB between 2 ranks ({moved_mib} MiB per layer), "
+        f"median of {args.reps} interleaved repetitions"
+    )
+    header = (
+        "| rank | raw Gloo ms | execute ms | ratio | staged execute ms | staged ratio "
+        "| staged D2H ms | staged Gloo ms | staged H2D ms | staging MiB |"
+    )
+    print(header)
+    print("|---" * (header.count("|") - 1) + "|")
+    for r in results:
+        print(
+            f"| {r['rank']} | {r['raw'] * 1e3:.1f} | {r['execute'] * 1e3:.1f} | "
+            f"{r['raw'] / r['execute']:.2f} | "
+            f"{r['staged'] * 1e3:.1f} | {r['raw'] / r['staged']:.2f} | {r['d2h'] * 1e3:.1f} | "
+            f"{r['gloo'] * 1e3:.1f} | {r['h2d'] * 1e3:.1f} | {r['pool_bytes'] / (1 << 20):.0f} |"
+        )
+    print(
+        f"throughput (MiB/s, rank 0): raw {moved_mib / results[0]['raw']:.0f}, "
+        f"execute {moved_mib / results[0]['execute']:.0f}, staged {moved_mib / results[0]['staged']:.0f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
