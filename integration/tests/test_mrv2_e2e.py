@@ -20,19 +20,18 @@ PRELOAD = ("vllm.distributed.eplb.eplb_state", "vllm.v1.worker.gpu.eplb_utils", 
 LAYERS = range(ranks.NUM_MOE_LAYERS)
 
 
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory):
-    return run_ranks(
-        ranks.mrv2_world,
-        world_size=2,
-        tmp_path=tmp_path_factory.mktemp("mrv2"),
-        timeout_s=150,
-        preload=PRELOAD,
-    )
-
-
 @pytest.mark.multirank
-def test_patches_build_the_ascend_stack_and_adapt_every_router(reports):
+def test_mrv2_worker_on_two_ranks_rearranges_through_the_patched_upstream_stack(tmp_path):
+    """One world (one test, so xdist cannot run it twice), every check below on its reports."""
+    reports = run_ranks(ranks.mrv2_world, world_size=2, tmp_path=tmp_path, timeout_s=150, preload=PRELOAD)
+    assert [r["rank"] for r in reports] == [0, 1]
+    _patches_build_the_ascend_stack_and_adapt_every_router(reports)
+    _mrv2_call_order_and_unpadded_token_counts(reports)
+    _a_rearrangement_completes_on_the_recorded_decode_load(reports)
+    _commit_log_is_move_commit_refresh_acknowledge_for_every_layer(reports)
+
+
+def _patches_build_the_ascend_stack_and_adapt_every_router(reports) -> None:
     for r in reports:
         assert r["registered"] is True
         assert r["communicator_setting"] == "torch_gloo"  # unset, resolved by the patched ParallelConfig
@@ -62,8 +61,7 @@ def test_patches_build_the_ascend_stack_and_adapt_every_router(reports):
         )
 
 
-@pytest.mark.multirank
-def test_mrv2_call_order_and_unpadded_token_counts(reports):
+def _mrv2_call_order_and_unpadded_token_counts(reports) -> None:
     for r in reports:
         num_steps = len(r["steps"])
         assert (
@@ -94,8 +92,7 @@ def test_mrv2_call_order_and_unpadded_token_counts(reports):
         assert r["counter_after_dummies"] == 0
 
 
-@pytest.mark.multirank
-def test_a_rearrangement_completes_on_the_recorded_decode_load(reports):
+def _a_rearrangement_completes_on_the_recorded_decode_load(reports) -> None:
     first = reports[0]
     for r in reports:
         assert r["errors"] == [], r["errors"]
@@ -124,8 +121,7 @@ def test_a_rearrangement_completes_on_the_recorded_decode_load(reports):
     assert first["committed_map"] != first["initial_map"]
 
 
-@pytest.mark.multirank
-def test_commit_log_is_move_commit_refresh_acknowledge_for_every_layer(reports):
+def _commit_log_is_move_commit_refresh_acknowledge_for_every_layer(reports) -> None:
     for r in reports:
         log = r["commit_log"]
         assert {e[3] for e in log} == {1}

@@ -16,43 +16,65 @@ PLANES = [
     "ascend_eplb.movement",
     "ascend_eplb.quant_views",
     "ascend_eplb.integration.patches",
+    "ascend_eplb.integration.validation",
 ]
 
 _PROBE = r"""
-import json, sys
+import json, os, sys
 from importlib.metadata import entry_points
+
+def patched():
+    import torch
+    import vllm.config.parallel as parallel
+    from vllm.distributed.eplb import eplb_communicator, eplb_state
+    from vllm.v1.worker.gpu import eplb_utils
+    marker = "_ascend_eplb_integration_patch"
+    return {
+        "platform": type(parallel.current_platform).__name__,
+        "post_init": getattr(parallel.ParallelConfig.__post_init__, marker, False),
+        "factory": getattr(eplb_communicator.create_eplb_communicator, marker, False),
+        "factory_in_state": getattr(eplb_state.create_eplb_communicator, marker, False),
+        "state_class": eplb_utils.EplbState.__name__,
+        "register_model": getattr(eplb_utils.EPLBController.maybe_register_model, marker, False),
+        "event": torch.Event.__name__,
+        "commit_hook": hasattr(eplb_state._commit_eplb_maps_for_layer, "__wrapped__"),
+    }
+
+def planes():
+    return sorted(m for m in sys.modules if m.startswith("ascend_eplb."))
+
+# Phase 1, EPLB not requested: the entry point as vLLM finds it, called by hand and by vLLM's loader.
 (ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "ascend_eplb"]
 register = ep.load()
-first = register()
-loaded_after_register = sorted(m for m in sys.modules if m.startswith(("ascend_eplb.", "vllm")))
-second = register()
+off = {"first": register()}
+off["loaded"] = sorted(m for m in sys.modules if m.startswith(("ascend_eplb.", "vllm")))
+off["second"] = register()
+import vllm.plugins
+vllm.plugins.load_general_plugins()  # vLLM's own loader calls the entry point again
+# A runner built with EPLB off: upstream's controller, nothing validated, patched or imported.
 import torch
-from vllm.plugins import load_general_plugins
-load_general_plugins()  # vLLM's own loader calls the entry point again
-import vllm.config.parallel as parallel
-from vllm.distributed.eplb import eplb_communicator, eplb_state
-from vllm.v1.worker.gpu import eplb_utils
-marker = "_ascend_eplb_integration_patch"
-patched = {
-    "platform": type(parallel.current_platform).__name__,
-    "post_init": getattr(parallel.ParallelConfig.__post_init__, marker, False),
-    "factory": getattr(eplb_communicator.create_eplb_communicator, marker, False),
-    "factory_in_state": getattr(eplb_state.create_eplb_communicator, marker, False),
-    "state_class": eplb_utils.EplbState.__name__,
-    "register_model": getattr(eplb_utils.EPLBController.maybe_register_model, marker, False),
-    "event": torch.Event.__name__,
-    "commit_hook": hasattr(eplb_state._commit_eplb_maps_for_layer, "__wrapped__"),
-}
-print(json.dumps({"first": first, "second": second, "loaded": loaded_after_register, "patched": patched,
-                  "planes": sorted(m for m in sys.modules if m.startswith("ascend_eplb."))}))
+from vllm.config import ParallelConfig, VllmConfig
+from ascend_eplb.integration.runner import create_eplb_controller
+controller = create_eplb_controller(VllmConfig(parallel_config=ParallelConfig()), torch.device("cpu"))
+off["controller"] = [type(controller).__module__, type(controller).__qualname__, controller.state]
+off["patched"] = patched()
+off["planes"] = planes()
+# Phase 2, same process, EPLB requested (as an engine or worker started with ASCEND_EPLB=1).
+os.environ["ASCEND_EPLB"] = "1"
+on = {"first": register(), "second": register()}
+vllm.plugins.plugins_loaded = False
+vllm.plugins.load_general_plugins()  # and once more through vLLM's loader
+on["third"] = register()
+on["patched"] = patched()
+on["planes"] = planes()
+print(json.dumps({"off": off, "on": on}))
 """
 
 
-def _probe(eplb_on: bool) -> dict:
+def _probe() -> dict:
+    """One fresh interpreter: EPLB off first, then on (one vLLM import for both)."""
     env = {k: v for k, v in os.environ.items() if k not in ("ASCEND_EPLB", "VLLM_PLUGINS")}
     env["VLLM_TARGET_DEVICE"] = "cpu"
-    if eplb_on:
-        env["ASCEND_EPLB"] = "1"
     out = subprocess.run(
         [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=240, check=True
     )
@@ -74,8 +96,10 @@ def test_eplb_request_comes_from_env_or_command_line():
     assert eplb_requested({}, ["vllm", "serve", "m", "--enable-expert-parallel"]) is False
 
 
-def test_eplb_off_isolation_nothing_patched_nothing_imported():
-    result = _probe(eplb_on=False)
+def test_eplb_off_isolation_then_register_with_eplb_on_patches_once_and_is_idempotent():
+    """One subprocess (one test, so xdist cannot split it): EPLB-off facts first, then EPLB on."""
+    probe = _probe()
+    result = probe["off"]
     assert result["first"] is False
     assert result["second"] is False
     # Nothing beyond the entry point's own module was imported by register().
@@ -94,13 +118,19 @@ def test_eplb_off_isolation_nothing_patched_nothing_imported():
         "event": "Event",
         "commit_hook": False,
     }
+    assert result["controller"] == ["vllm.v1.worker.gpu.eplb_utils", "EPLBController", None]
+    assert result["planes"] == [
+        "ascend_eplb.integration",
+        "ascend_eplb.integration.__about__",
+        "ascend_eplb.integration.plugin",
+        "ascend_eplb.integration.runner",
+    ]
     assert not [m for m in result["planes"] if m.startswith(tuple(PLANES))]
 
-
-def test_register_with_eplb_on_patches_once_and_is_idempotent():
-    result = _probe(eplb_on=True)
+    result = probe["on"]
     assert result["first"] is True
     assert result["second"] is True
+    assert result["third"] is True
     assert result["patched"] == {
         "platform": "_EplbCapablePlatform",
         "post_init": True,

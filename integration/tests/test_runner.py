@@ -1,0 +1,111 @@
+"""MRv2 wiring: batch phase, the EPLB-off controller, the call sequence and its argument checks."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before anything imports vllm
+
+import pytest
+import torch
+
+from ascend_eplb.integration import patches
+from ascend_eplb.integration.runner import Mrv2EplbWiring, batch_has_prefill, create_eplb_controller
+
+
+def test_batch_has_prefill():
+    assert batch_has_prefill([], []) is False
+    assert batch_has_prefill([24, 7], [24, 7]) is False  # every request decoding
+    assert batch_has_prefill([24, 0], [24, 7]) is True  # one prompt not computed yet
+    assert batch_has_prefill([24, 4], [24, 7]) is True  # chunked prefill in progress
+    assert batch_has_prefill([30], [24]) is False  # decode past the prompt
+    with pytest.raises(ValueError, match="num_computed_tokens has 2 entries") as info:
+        batch_has_prefill([1, 2], [3])
+    assert str(info.value) == (
+        "num_computed_tokens has 2 entries, num_prompt_tokens 1; they must describe the same requests"
+    )
+
+
+def _config(enable_eplb: bool, use_async: bool = True):
+    from vllm.config import EPLBConfig, ParallelConfig, VllmConfig
+
+    vc = VllmConfig(parallel_config=ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True))
+    # Set after construction: upstream's ParallelConfig rejects EPLB on this platform without the patches.
+    vc.parallel_config.enable_eplb = enable_eplb
+    vc.parallel_config.eplb_config = EPLBConfig(window_size=2, step_interval=4, use_async=use_async)
+    return vc
+
+
+class _MoEFree(torch.nn.Module):
+    """A model with no MoE layer."""
+
+
+def test_eplb_off_builds_upstream_controller_and_patches_nothing(monkeypatch):
+    from vllm.v1.worker.gpu.eplb_utils import EPLBController
+
+    patches.remove_patches()
+    before = {t.name: t.current() for t in patches.PATCH_TARGETS}
+    vc = _config(enable_eplb=False)
+    controller = create_eplb_controller(vc, torch.device("cpu"))
+    assert type(controller) is EPLBController
+    assert controller.parallel_config is vc.parallel_config
+    assert controller.device == torch.device("cpu")
+    assert controller.state is None
+    assert patches.patches_applied() is False
+    assert all(before[t.name] is t.current() for t in patches.PATCH_TARGETS)
+
+    # The whole sequence on the upstream controller: no phase call (upstream has none), nothing stepped.
+    wiring = Mrv2EplbWiring(vc, torch.device("cpu"))
+    assert type(wiring.controller) is EPLBController
+    assert wiring.load_model(_MoEFree(), object()) is False
+    wiring.profile_run()
+    wiring.dummy_run()
+    wiring.dummy_run(skip_eplb=True)
+    wiring.prepare_inputs(True)
+    wiring.prepare_forward(object(), 24)
+    wiring.after_sampling()
+    assert wiring.controller.state is None
+    assert [name for name, _ in wiring.calls] == [
+        "create_eplb_controller",
+        "prepare_load",
+        "maybe_register_speculator",
+        "maybe_register_model",
+        "maybe_start_async_loop",
+        "step",
+        "step",
+        "prepare_forward",
+        "step",
+    ]
+    assert wiring.calls[5:7] == [("step", (True, True)), ("step", (True, False))]
+    assert wiring.calls[7][1][1:] == (24, None)
+    assert wiring.calls[8] == ("step", ())
+    assert patches.patches_applied() is False
+
+
+def test_load_with_dummy_weights_registers_nothing_and_bad_token_counts_are_rejected():
+    wiring = Mrv2EplbWiring(_config(enable_eplb=False), torch.device("cpu"))
+    assert wiring.load_model(_MoEFree(), object(), load_dummy_weights=True) is False
+    assert wiring.calls == [
+        ("create_eplb_controller", ()),
+        ("prepare_load", ()),
+        ("maybe_register_speculator", (None, None, True)),
+        ("maybe_start_async_loop", (False, True)),
+    ]
+    for bad in (-1, 2.0, "24"):
+        with pytest.raises(ValueError, match="must be an int >= 0") as info:
+            wiring.prepare_forward(object(), bad)
+        assert str(info.value) == f"num_unpadded_tokens={bad!r} must be an int >= 0"
+    assert len(wiring.calls) == 4  # nothing was called
+
+
+def test_invalid_eplb_config_raises_before_any_patch(monkeypatch):
+    from ascend_eplb.integration.validation import EplbConfigError
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    patches.remove_patches()
+    before = {t.name: t.current() for t in patches.PATCH_TARGETS}
+    with pytest.raises(EplbConfigError) as info:
+        create_eplb_controller(_config(enable_eplb=True, use_async=False), torch.device("cpu"))
+    assert [v.rule for v in info.value.violations] == ["async-only"]
+    assert patches.patches_applied() is False
+    assert all(before[t.name] is t.current() for t in patches.PATCH_TARGETS)
