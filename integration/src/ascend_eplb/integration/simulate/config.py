@@ -5,10 +5,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-__all__ = ["FAULTS", "PHASES", "SimulateConfig"]
+__all__ = ["CHECKS", "FAULTS", "OUTPUT_ATOL", "OUTPUT_RTOL", "PHASES", "SimulateConfig"]
 
 PHASES = ("all", "prefill", "decode")
 FAULTS = ("wrong-lookup-refresh", "view-skips-scale")
+CHECKS = ("outputs", "fingerprints", "lookups", "load", "worker")
+#: Output tolerance against the EPLB-off reference. Moved weights are bit-identical, so the only
+#: difference is float32 summation order (per-rank partial sums, then all_reduce): a few ulps of the
+#: largest value.
+OUTPUT_RTOL = 1e-5
+OUTPUT_ATOL = 1e-6
 
 
 @dataclass(frozen=True)

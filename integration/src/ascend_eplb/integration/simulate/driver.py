@@ -71,11 +71,9 @@ def _launch(config: SimulateConfig, routing: Any, out: Path) -> list[dict]:
     mp = multiprocessing.get_context("forkserver")
     mp.set_forkserver_preload(["ascend_eplb.integration.simulate.rank"])
     progress_queue = mp.Queue()
-    from ascend_eplb.integration.simulate import rank as rank_module
-
     procs = [
         mp.Process(
-            target=rank_module.rank_main,
+            target=_rank_entry,
             args=(
                 r,
                 config.num_ranks,
@@ -141,17 +139,26 @@ def _launch(config: SimulateConfig, routing: Any, out: Path) -> list[dict]:
     return results
 
 
+def _rank_entry(*args: Any) -> None:
+    """Rank process target. Importing the rank module (and vLLM) happens in the fork server, which
+    preloads it, never in the launching process."""
+    from ascend_eplb.integration.simulate.rank import rank_main
+
+    rank_main(*args)
+
+
 def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: float) -> dict:
-    from ascend_eplb.integration.simulate.rank import CHECKS, OUTPUT_ATOL, OUTPUT_RTOL
+    from ascend_eplb.integration.simulate.config import CHECKS, OUTPUT_ATOL, OUTPUT_RTOL
 
     r0 = results[0]
     bal = r0["balancedness_per_step"]
     commit_steps = [i for i, c in enumerate(r0["commits_per_step"]) if c]
     rearr = r0["rearrangements_per_step"]
     first_rearr = next((i for i, n in enumerate(rearr) if n > 0), None)
-    last_commit = commit_steps[-1] if commit_steps else None
+    # A rearrangement is complete when its last MoE layer commits (upstream commits layers in order).
+    completed = [i for i, c in enumerate(r0["commits_per_step"]) if routing.num_layers - 1 in c]
     before = bal[: first_rearr + 1] if first_rearr is not None else bal
-    after = bal[last_commit + 1 :] if last_commit is not None else []
+    after = bal[completed[-1] + 1 :] if completed else []
     violations = [res["violation"] for res in results if res["violation"] is not None]
     failed = {v[0] for v in violations}
     secs = np.array(r0["step_seconds"])
@@ -172,6 +179,7 @@ def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: f
         "load_collection_phase": config.load_collection_phase,
         "steps": r0["steps_run"],
         "rearrangements": r0["num_rearrangements"],
+        "rearrangements_completed": len(completed),
         "layers_committed": layers_committed,
         "balancedness_before": float(np.mean(before)) if before else None,
         "balancedness_after": float(np.mean(after)) if after else None,
@@ -229,9 +237,10 @@ def _summary(report: dict) -> str:
         f"ascend-eplb simulate: {report['ranks']} ranks, {report['format']}, {report['layers']} layers x "
         f"{report['num_logical_experts']} experts (+{report['num_redundant_experts']} redundant), top-"
         f"{report['top_k']}, trace {report['trace']}",
-        f"  steps {report['steps']}, rearrangements {report['rearrangements']}, layers committed "
+        f"  steps {report['steps']}, rearrangements {report['rearrangements']} "
+        f"({report['rearrangements_completed']} completed), layers committed "
         f"{report['layers_committed']}, bytes moved {report['bytes_moved']}",
-        f"  balancedness before {bal_before} -> after {bal_after}",
+        f"  balancedness before the first rearrangement {bal_before} -> after the last completed {bal_after}",
         f"  step latency p50 {ms(report['step_seconds_p50'])} ms, p99 {ms(report['step_seconds_p99'])} ms "
         f"(p50 with a commit in flight {ms(report['step_seconds_p50_in_flight'])} ms, "
         f"without {ms(report['step_seconds_p50_idle'])} ms)",

@@ -50,16 +50,11 @@ from vllm.model_executor.models.interfaces import MixtureOfExperts
 from ascend_eplb.control import AscendEPLBController, AscendEplbLayerState
 from ascend_eplb.dataplane import build_replica_table, table_checksum
 from ascend_eplb.integration.patches import apply_patches
+from ascend_eplb.integration.simulate.config import CHECKS, OUTPUT_ATOL, OUTPUT_RTOL
 from ascend_eplb.quant_views import expert_fingerprint, get_format
 
 __all__ = ["CHECKS", "OUTPUT_ATOL", "OUTPUT_RTOL", "rank_main"]
 
-CHECKS = ("outputs", "fingerprints", "lookups", "load", "worker")
-#: Output tolerance against the EPLB-off reference. Moved weights are bit-identical, so the only
-#: difference is float32 summation order (per-rank partial sums, then all_reduce): a few ulps of the
-#: largest value.
-OUTPUT_RTOL = 1e-5
-OUTPUT_ATOL = 1e-6
 _HIDDEN_TABLE_ROWS = 4096
 
 
@@ -202,21 +197,22 @@ def _run(rank: int, num_ranks: int, init_method: str, cfg: dict, trace_file: str
         device = torch.device("cpu")
         fmt = get_format(cfg["quant_format"])
 
-        # Storage: this rank's slots under upstream's initial placement; reference: all E logical experts.
+        # Storage: this rank's slots under upstream's initial placement. Reference (the EPLB-off world):
+        # logical experts in identity placement, rank r holding the r-th contiguous share of the E,
+        # built from the same checkpoint weights and never touched by EPLB.
         linear = list(range(num_logical)) + [i % num_logical for i in range(num_redundant)]
+        mine = linear[rank * per_rank : (rank + 1) * per_rank]
+        shares = np.array_split(np.arange(num_logical), num_ranks)
+        ref_lo, ref_hi = int(shares[rank][0]), int(shares[rank][-1]) + 1
         layers, ref_storages, ref_fps = [], [], []
         for layer in range(num_layers):
-            weights = [_expert_weights(seed, layer, e, hidden, inter) for e in range(num_logical)]
-            mine = linear[rank * per_rank : (rank + 1) * per_rank]
-            storage = fmt.create_storage(
-                torch.stack([weights[e][0] for e in mine]), torch.stack([weights[e][1] for e in mine])
-            )
-            ref = fmt.create_storage(
-                torch.stack([w[0] for w in weights]), torch.stack([w[1] for w in weights])
-            )
+            pairs = [_expert_weights(seed, layer, e, hidden, inter) for e in range(num_logical)]
+            w13, w2 = torch.stack([w[0] for w in pairs]), torch.stack([w[1] for w in pairs])
+            storage = fmt.create_storage(w13[mine], w2[mine])
+            full = fmt.create_storage(w13, w2)  # only for every logical expert's fingerprint
             layers.append(SimMoELayer(fmt, storage, rank, cfg["fault"] == "view-skips-scale"))
-            ref_storages.append(ref)
-            ref_fps.append([expert_fingerprint(ref, e) for e in range(num_logical)])
+            ref_storages.append(fmt.create_storage(w13[ref_lo:ref_hi], w2[ref_lo:ref_hi]))
+            ref_fps.append([expert_fingerprint(full, e) for e in range(num_logical)])
         model = SimMoEModel(layers, num_logical, num_redundant, num_ranks)
         model_config = _ModelConfig(cfg["trace_name"])
 
@@ -245,6 +241,12 @@ def _run(rank: int, num_ranks: int, init_method: str, cfg: dict, trace_file: str
 
         g = torch.Generator().manual_seed(seed)
         hidden_table = torch.randn(_HIDDEN_TABLE_ROWS, hidden, generator=g)
+        ids_all = torch.from_numpy(ids_all.astype(np.int64))  # [L, T_trace, K]
+        w_all = torch.from_numpy(w_all.astype(np.float32))
+        world_rows = num_ranks * padded
+        real = torch.cat([torch.arange(padded) < batch] * num_ranks)  # [N*T] real (unpadded) rows
+        layer_offsets = torch.arange(num_layers).view(num_layers, 1, 1)
+        lookup_cache = _LookupCache(num_layers)
         stats: dict[str, Any] = {
             "balancedness_per_step": [],
             "rank_load_per_step": [],
@@ -260,65 +262,79 @@ def _run(rank: int, num_ranks: int, init_method: str, cfg: dict, trace_file: str
         for step in range(cfg["steps"]):
             t0 = time.perf_counter()
             # This rank's real tokens, in trace order (the world consumes N*B tokens per step).
-            tok = (cursor + rank * batch + np.arange(batch)) % num_tokens
+            tok = torch.from_numpy((cursor + rank * batch + np.arange(batch)) % num_tokens)
             cursor += num_ranks * batch
             pad_ids = torch.randint(0, num_logical, (padded - batch, top_k), generator=g)
-            controller.set_batch_phase(bool(seq_starts[tok].any()))
+            controller.set_batch_phase(bool(seq_starts[tok.numpy()].any()))
             controller.prepare_forward(model_config, batch)
             recording = bool(controller.last_record_decision)
             hid = torch.zeros(padded, hidden)
-            hid[:batch] = hidden_table[torch.from_numpy(tok % _HIDDEN_TABLE_ROWS)]
-            rank_load = torch.zeros(num_layers, num_ranks)
-            expected_load = torch.zeros(num_layers, num_physical, dtype=torch.int32)
-            try:
-                for layer in range(num_layers):
-                    ids = torch.cat([torch.from_numpy(ids_all[layer, tok]), pad_ids])
-                    wts = torch.zeros(padded, top_k)
-                    wts[:batch] = torch.from_numpy(w_all[layer, tok])
-                    # The bound router runs dataplane's map_to_physical_and_record on the layer's lookup.
-                    phys = layers[layer].router._apply_eplb_mapping(ids)
-                    if recording:
-                        expected_load[layer] = torch.bincount(
-                            phys[:batch].reshape(-1), minlength=num_physical
-                        ).to(torch.int32)
-                    gathered = [torch.empty_like(phys) for _ in range(num_ranks)]
-                    dist.all_gather(gathered, phys, group=group)
-                    all_phys = torch.cat(gathered)
-                    gh = [torch.empty_like(hid) for _ in range(num_ranks)]
-                    dist.all_gather(gh, hid, group=group)
-                    gw = [torch.empty_like(wts) for _ in range(num_ranks)]
-                    dist.all_gather(gw, wts, group=group)
-                    real = torch.cat([torch.arange(padded) < batch] * num_ranks)
-                    rank_load[layer] = torch.bincount(
-                        all_phys[real].reshape(-1) // per_rank, minlength=num_ranks
-                    ).float()
-                    local = all_phys - rank * per_rank
-                    local = torch.where((local >= 0) & (local < per_rank), local, torch.full_like(local, -1))
-                    out = fmt.apply(layers[layer].storage, torch.cat(gh), torch.cat(gw), local)
-                    dist.all_reduce(out, group=group)
-                    mine = out[rank * padded : rank * padded + batch]
-                    ref = fmt.apply(ref_storages[layer], hid[:batch], wts[:batch], ids[:batch])
-                    err = float((mine - ref).abs().max())
-                    stats["max_output_error"] = max(stats["max_output_error"], err)
-                    bound = OUTPUT_ATOL + OUTPUT_RTOL * float(ref.abs().max())
-                    if violation is None and err > bound:
-                        violation = _CheckViolationError(
-                            "outputs",
-                            f"step {step} layer {layer} rank {rank}: "
-                            f"max |out - ref| = {err:.3g} > {bound:.3g}",
-                        )
-                if violation is None:
-                    recorded = model_state.expert_load_pass.clone()
-                    if not torch.equal(recorded, expected_load):
-                        bad = int((recorded != expected_load).any(dim=1).nonzero()[0])
-                        violation = _CheckViolationError(
-                            "load",
-                            f"step {step} rank {rank} layer {bad}: recorded "
-                            f"{recorded[bad].sum().item()} selections, expected "
-                            f"{expected_load[bad].sum().item()} (recording {'on' if recording else 'off'})",
-                        )
-            except _CheckViolationError as v:  # pragma: no cover - raised only above
-                violation = v
+            hid[:batch] = hidden_table[tok % _HIDDEN_TABLE_ROWS]
+            ids = torch.empty(num_layers, padded, top_k, dtype=torch.int64)  # [L, T, K] logical
+            ids[:, :batch] = ids_all[:, tok]
+            ids[:, batch:] = pad_ids
+            wts = torch.zeros(num_layers, padded, top_k)
+            wts[:, :batch] = w_all[:, tok]
+            # Router of every layer: the bound router runs dataplane's map_to_physical_and_record on
+            # the layer's lookup (records the first B rows when recording is on).
+            phys = torch.stack([layers[i].router._apply_eplb_mapping(ids[i]) for i in range(num_layers)])
+            # Dispatch: all-gather of every layer's logical and physical ids, weights and the hidden
+            # states (one collective per dtype for all layers: the layers of this simulator are
+            # independent, each reads the batch's hidden states).
+            ints = torch.cat([ids, phys.to(torch.int64)], dim=2).transpose(0, 1).contiguous()  # [T, L, 2K]
+            floats = torch.cat([hid, wts.transpose(0, 1).reshape(padded, -1)], dim=1)  # [T, H + L*K]
+            gi = [torch.empty_like(ints) for _ in range(num_ranks)]
+            dist.all_gather(gi, ints, group=group)
+            gf = [torch.empty_like(floats) for _ in range(num_ranks)]
+            dist.all_gather(gf, floats, group=group)
+            all_ints, all_f = torch.cat(gi).transpose(0, 1), torch.cat(gf)  # [L, N*T, 2K], [N*T, H+L*K]
+            all_logical, all_phys = all_ints[..., :top_k], all_ints[..., top_k:]
+            all_hid = all_f[:, :hidden]
+            all_wts = all_f[:, hidden:].reshape(world_rows, num_layers, top_k).transpose(0, 1)
+            # Local experts with the format's reference kernel: [0] EPLB placement (every row, padding
+            # included, as a graph-captured runner computes it), [1] the EPLB-off reference (real rows).
+            local = all_phys - rank * per_rank
+            local = torch.where((local >= 0) & (local < per_rank), local, -1)
+            ref_local = all_logical - ref_lo
+            ref_local = torch.where((ref_local >= 0) & (ref_local < ref_hi - ref_lo) & real.view(1, -1, 1),
+                                    ref_local, -1)  # fmt: skip
+            out = torch.empty(2, num_layers, world_rows, hidden)
+            for layer in range(num_layers):
+                out[0, layer] = fmt.apply(layers[layer].storage, all_hid, all_wts[layer], local[layer])
+                out[1, layer] = fmt.apply(ref_storages[layer], all_hid, all_wts[layer], ref_local[layer])
+            dist.all_reduce(out, group=group)  # combine (both worlds, all layers, one collective)
+            rows = slice(rank * padded, rank * padded + batch)  # the rank keeps its own rows
+            mine, ref = out[0, :, rows], out[1, :, rows]
+            err = (mine - ref).abs().amax(dim=(1, 2))  # [L]
+            bound = OUTPUT_ATOL + OUTPUT_RTOL * ref.abs().amax(dim=(1, 2))
+            stats["max_output_error"] = max(stats["max_output_error"], float(err.max()))
+            rank_load = torch.bincount(
+                ((all_phys[:, real] // per_rank) + layer_offsets * num_ranks).reshape(-1),
+                minlength=num_layers * num_ranks,
+            ).view(num_layers, num_ranks).float()  # fmt: skip
+            if violation is None and bool((err > bound).any()):
+                layer = int((err > bound).nonzero()[0])
+                violation = _CheckViolationError(
+                    "outputs",
+                    f"step {step} layer {layer} rank {rank}: "
+                    f"max |out - ref| = {float(err[layer]):.3g} > {float(bound[layer]):.3g}",
+                )
+            if violation is None:
+                expected_load = torch.zeros(num_layers, num_physical, dtype=torch.int32)
+                if recording:
+                    expected_load = torch.bincount(
+                        (phys[:, :batch].to(torch.int64) + layer_offsets * num_physical).reshape(-1),
+                        minlength=num_layers * num_physical,
+                    ).view(num_layers, num_physical).to(torch.int32)  # fmt: skip
+                recorded = model_state.expert_load_pass.clone()
+                if not torch.equal(recorded, expected_load):
+                    bad = int((recorded != expected_load).any(dim=1).nonzero()[0])
+                    violation = _CheckViolationError(
+                        "load",
+                        f"step {step} rank {rank} layer {bad}: recorded "
+                        f"{recorded[bad].sum().item()} selections, expected "
+                        f"{expected_load[bad].sum().item()} (recording {'on' if recording else 'off'})",
+                    )
             in_flight = bool(model_state.rebalanced)
             controller.step()
             stats["step_seconds"].append(time.perf_counter() - t0)
@@ -331,7 +347,7 @@ def _run(rank: int, num_ranks: int, init_method: str, cfg: dict, trace_file: str
             if violation is None:
                 violation = _check_after_step(
                     rank, step, num_ranks, per_rank, num_physical, group, layers, lookups, table_ptrs,
-                    model_state, committed, ref_fps, state,
+                    model_state, committed, ref_fps, state, lookup_cache,
                 )  # fmt: skip
             loads = rank_load.numpy()
             bal = float(np.mean(loads.mean(axis=1) / np.maximum(loads.max(axis=1), 1)))
@@ -351,8 +367,25 @@ def _run(rank: int, num_ranks: int, init_method: str, cfg: dict, trace_file: str
         return stats
 
 
+class _LookupCache:
+    """Per layer: the committed maps last seen and ``build_replica_table`` of them, rebuilt only when the
+    committed maps change (the comparison with the live table still runs every step)."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.maps: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * num_layers
+        self.tables: list[torch.Tensor | None] = [None] * num_layers
+
+    def expected(self, layer, l2p, counts, rank, rows, num_physical, dtype) -> torch.Tensor:
+        seen = self.maps[layer]
+        if seen is None or not (torch.equal(seen[0], l2p) and torch.equal(seen[1], counts)):
+            table = build_replica_table(l2p, counts, rank, rows, num_physical_experts=num_physical)
+            self.maps[layer] = (l2p.clone(), counts.clone())
+            self.tables[layer] = table.to(dtype)
+        return self.tables[layer]
+
+
 def _check_after_step(rank, step, num_ranks, per_rank, num_physical, group, layers, lookups, table_ptrs,
-                      model_state, committed, ref_fps, state):  # fmt: skip
+                      model_state, committed, ref_fps, state, lookup_cache):  # fmt: skip
     """``worker``, ``lookups`` (every layer) and ``fingerprints`` (layers committed this step)."""
     worker = getattr(state, "async_worker", None)
     if worker is not None and not worker.is_alive():
@@ -375,10 +408,10 @@ def _check_after_step(rank, step, num_ranks, per_rank, num_physical, group, laye
             return _CheckViolationError(
                 "lookups", f"step {step} layer {layer} rank {rank}: lookup table storage changed"
             )
-        expected = build_replica_table(
-            l2p[layer], counts[layer], rank, lookup.rows, num_physical_experts=num_physical
+        expected = lookup_cache.expected(
+            layer, l2p[layer], counts[layer], rank, lookup.rows, num_physical, lookup.table.dtype
         )
-        if not torch.equal(lookup.table, expected.to(lookup.table.dtype)):
+        if not torch.equal(lookup.table, expected):
             return _CheckViolationError(
                 "lookups",
                 f"step {step} layer {layer} rank {rank}: lookup checksum {lookup.checksum()} != "
