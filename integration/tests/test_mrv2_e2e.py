@@ -16,7 +16,17 @@ from ascend_eplb.testing import load_module, run_ranks
 
 ranks = load_module(Path(__file__).with_name("ranks_mrv2.py"))
 
-PRELOAD = ("vllm.distributed.eplb.eplb_state", "vllm.v1.worker.gpu.eplb_utils", "ascend_eplb.control")
+#: Imported once in the fork server, not once per rank.
+PRELOAD = (
+    "vllm.distributed.eplb.eplb_state",
+    "vllm.v1.worker.gpu.eplb_utils",
+    "vllm.model_executor.layers.fused_moe.router.custom_routing_router",
+    "vllm.distributed.eplb.policy",
+    "ascend_eplb.control",
+    "ascend_eplb.movement",
+    "ascend_eplb.integration.patches",
+    "ascend_eplb.integration.runner",
+)
 LAYERS = range(ranks.NUM_MOE_LAYERS)
 
 
