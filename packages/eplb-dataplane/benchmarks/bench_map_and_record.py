@@ -20,6 +20,8 @@ which raises on any host synchronisation.
 from __future__ import annotations
 
 import argparse
+import os
+import time
 
 import torch
 from torch.utils import benchmark
@@ -56,7 +58,17 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("int32", "int64"), default="int32", help="topk_ids dtype")
     parser.add_argument("--min-run-time", type=float, default=0.5, help="seconds per measurement")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "thread"),
+        default="wall",
+        help="wall: perf_counter; thread: this thread's CPU time (cpu, 1 thread only), which leaves "
+        "out the time other processes hold the core on a loaded host",
+    )
     args = parser.parse_args()
+    if args.clock == "thread" and (torch.device(args.device).type != "cpu" or args.threads != 1):
+        parser.error("--clock thread measures only the calling thread: use it with --device cpu --threads 1")
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
     torch.set_num_threads(args.threads)
     device = args.device
     lookup = _lookup(device)
@@ -65,7 +77,8 @@ def main() -> None:
     record = torch.tensor(True, device=device)
     print(
         f"device={device} torch={torch.__version__} threads={torch.get_num_threads()} "
-        f"K={TOP_K} E={NUM_LOGICAL} P={NUM_PHYSICAL} topk_ids={args.dtype}"
+        f"K={TOP_K} E={NUM_LOGICAL} P={NUM_PHYSICAL} topk_ids={args.dtype} clock={args.clock} "
+        f"load average={' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
     print("| T | fused (us) | gather floor (us) | naive (us) | fused / floor | fused / naive |")
     print("|---:|---:|---:|---:|---:|---:|")
@@ -90,7 +103,7 @@ def main() -> None:
             "naive": "naive(ids, table, load, n)",
         }
         times = {
-            name: benchmark.Timer(stmt, globals=env, num_threads=args.threads)
+            name: benchmark.Timer(stmt, globals=env, num_threads=args.threads, timer=clock)
             .blocked_autorange(min_run_time=args.min_run_time)
             .median
             * 1e6

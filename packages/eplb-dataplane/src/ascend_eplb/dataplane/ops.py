@@ -100,30 +100,30 @@ def _gather_rows(table: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _map(topk_ids: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(physical ids int32 with invalid -> valid slot, validity mask, output in topk_ids' dtype)."""
+# Integer ops: no autograd formula; the fake implementations below serve tracing and compile.
+_LIB = torch.library.Library("ascend_eplb", "DEF")
+_LIB.define("map_to_physical(Tensor topk_ids, Tensor table) -> Tensor")
+_LIB.define(
+    "map_to_physical_and_record(Tensor topk_ids, Tensor table, Tensor(a!) expert_load_view, "
+    "Tensor record_enabled, Tensor num_unpadded_tokens) -> Tensor"
+)
+
+
+def _map_generic(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Physical ids in ``topk_ids``' dtype, ``-1`` for ids outside ``[0, E)``: four kernels."""
     ids = topk_ids.contiguous()
     safe = ids.clamp(0, table.shape[1] - 1)
-    valid = safe == ids
-    physical = _gather_rows(table, safe)
-    out = torch.where(valid, physical, -1).to(topk_ids.dtype)
-    return physical, valid, out
+    invalid = safe != ids
+    physical = _gather_rows(table, safe).masked_fill_(invalid, -1)
+    return physical if physical.dtype == topk_ids.dtype else physical.to(topk_ids.dtype)
 
 
-@torch.library.custom_op("ascend_eplb::map_to_physical", mutates_args=())
-def _map_to_physical_op(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+def _map_to_physical_generic(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     _check_map_args(topk_ids, table)
-    return _map(topk_ids, table)[2]
+    return _map_generic(topk_ids, table)
 
 
-@_map_to_physical_op.register_fake
-def _(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    _check_map_args(topk_ids, table)
-    return torch.empty_like(topk_ids, memory_format=torch.contiguous_format)
-
-
-@torch.library.custom_op("ascend_eplb::map_to_physical_and_record", mutates_args=("expert_load_view",))
-def _map_to_physical_and_record_op(
+def _map_to_physical_and_record_generic(
     topk_ids: torch.Tensor,
     table: torch.Tensor,
     expert_load_view: torch.Tensor,
@@ -132,16 +132,26 @@ def _map_to_physical_and_record_op(
 ) -> torch.Tensor:
     _check_map_args(topk_ids, table)
     _check_record_args(topk_ids, expert_load_view, record_enabled, num_unpadded_tokens)
-    physical, valid, out = _map(topk_ids, table)
+    out = _map_generic(topk_ids, table)
     num_tokens = topk_ids.shape[0]
-    counted_row = torch.arange(num_tokens, device=topk_ids.device) < num_unpadded_tokens
-    counted = valid & (counted_row & record_enabled).unsqueeze(1)  # (T, K)
-    expert_load_view.index_add_(0, physical.view(-1), counted.view(-1).to(expert_load_view.dtype))
+    num_physical = expert_load_view.shape[0]
+    # Bins of a (P + 2) scratch: 0 <- invalid ids (-1 + 1), 1..P <- physical ids, P + 1 <- rows
+    # that are padding or a non-recording step. One scatter, no branch on device values.
+    skipped = (torch.arange(num_tokens, device=out.device) >= num_unpadded_tokens) | ~record_enabled
+    bins = (out + 1).masked_fill_(skipped.unsqueeze(1), num_physical + 1)
+    scratch = expert_load_view.new_zeros(num_physical + 2)
+    ones = scratch.new_ones(1).expand(bins.numel())
+    scratch.index_add_(0, bins.view(-1), ones)
+    expert_load_view.add_(scratch[1 : num_physical + 1])
     return out
 
 
-@_map_to_physical_and_record_op.register_fake
-def _(
+def _map_to_physical_fake(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    _check_map_args(topk_ids, table)
+    return torch.empty_like(topk_ids, memory_format=torch.contiguous_format)
+
+
+def _map_to_physical_and_record_fake(
     topk_ids: torch.Tensor,
     table: torch.Tensor,
     expert_load_view: torch.Tensor,
@@ -151,6 +161,14 @@ def _(
     _check_map_args(topk_ids, table)
     _check_record_args(topk_ids, expert_load_view, record_enabled, num_unpadded_tokens)
     return torch.empty_like(topk_ids, memory_format=torch.contiguous_format)
+
+
+_LIB.impl("map_to_physical", _map_to_physical_generic, "CompositeExplicitAutograd")
+_LIB.impl("map_to_physical_and_record", _map_to_physical_and_record_generic, "CompositeExplicitAutograd")
+torch.library.register_fake("ascend_eplb::map_to_physical", _map_to_physical_fake, lib=_LIB)
+torch.library.register_fake(
+    "ascend_eplb::map_to_physical_and_record", _map_to_physical_and_record_fake, lib=_LIB
+)
 
 
 def map_to_physical(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
