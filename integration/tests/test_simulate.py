@@ -10,6 +10,9 @@ from ascend_eplb.integration.simulate.driver import run_simulation
 
 SHORT = dict(num_ranks=2, num_redundant_experts=2, num_layers=2, batch_size=32, steps=16, window_size=2,
              step_interval=4, progress=False, timeout_s=240)  # fmt: skip
+# A fault fires at the first commit (interval 2 starts the first rearrangement at step 0) and stops the run.
+FAULTY = dict(num_ranks=2, num_redundant_experts=2, num_layers=1, batch_size=16, steps=8, window_size=1,
+              step_interval=2, progress=False, timeout_s=240)  # fmt: skip
 
 
 @pytest.mark.multirank
@@ -24,6 +27,7 @@ def test_short_run_passes_every_check_and_balances(tmp_path):
         "worker": True,
     }
     assert report["rearrangements"] >= 2
+    assert report["rearrangements_completed"] >= 2
     assert report["layers_committed"] >= 4
     assert report["bytes_moved"] > 0
     assert report["steps"] == 16
@@ -41,8 +45,9 @@ def test_short_run_passes_every_check_and_balances(tmp_path):
     ("fault", "check"), [("wrong-lookup-refresh", "lookups"), ("view-skips-scale", "fingerprints")]
 )
 def test_each_fault_fires_its_check(tmp_path, fault, check):
-    report = run_simulation(SimulateConfig(**SHORT, out_dir=str(tmp_path), fault=fault))
+    report = run_simulation(SimulateConfig(**FAULTY, out_dir=str(tmp_path), fault=fault))
     assert not report["passed"]
+    assert report["steps"] < FAULTY["steps"]  # stopped at the end of the violating step
     assert report["first_violation"].startswith(f"{check}:")
     assert report["checks"][check] is False
 

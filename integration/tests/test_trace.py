@@ -1,6 +1,7 @@
 """The embedded ESFT trace: reproducible conversion, fidelity to ESFT's summary, loaders of load matrices."""
 
 import json
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,20 @@ def test_embedded_license_and_origin_ship_beside_trace():
     data = trace.embedded_trace_path().parent
     assert (data / "LICENSE-ESFT").read_text() == (ESFT / "LICENSE-CODE").read_text()
     assert "18d23501abc867f049f90c0dd7af17efc749c500" in (data / "ORIGIN.md").read_text()
+
+
+def test_installed_package_finds_embedded_trace_through_importlib_resources():
+    # What a wheel install resolves (the wheel ships ascend_eplb/integration/data/*, see SIMULATE.md).
+    data = resources.files("ascend_eplb.integration").joinpath("data")
+    names = sorted(entry.name for entry in data.iterdir())
+    assert names == ["LICENSE-ESFT", "ORIGIN.md", trace.EMBEDDED_TRACE]
+    resource = data.joinpath(trace.EMBEDDED_TRACE)
+    with resources.as_file(resource) as path:
+        assert path == trace.embedded_trace_path()
+        loaded = trace.load_trace(path)
+    assert loaded.topk_ids.shape == (26, 8251, 6)
+    assert loaded.name == trace.EMBEDDED_TRACE
+    assert resource.read_bytes()[:4] == b"PK\x03\x04"  # an npz is a zip archive
 
 
 def test_load_matrix_formats_agree(tmp_path):

@@ -32,9 +32,9 @@ class SimulateConfig:
     num_layers: int | None = None
     batch_size: int = 32
     padded_size: int | None = None
-    steps: int = 160
+    steps: int = 96
     window_size: int = 8
-    step_interval: int = 40
+    step_interval: int = 16
     load_collection_phase: str = "all"
     trace: str | None = None
     hidden_size: int = 64

@@ -191,6 +191,11 @@ def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: f
         "step_seconds_p99": float(np.percentile(secs, 99)),
         "step_seconds_p50_in_flight": float(np.percentile(secs[in_flight], 50)) if in_flight.any() else None,
         "step_seconds_p50_idle": float(np.percentile(secs[~in_flight], 50)) if (~in_flight).any() else None,
+        # CPU seconds one step costs the whole world (sum over ranks of each rank's median): what the
+        # step needs from the machine whatever else runs on it; wall / this = cores the world got.
+        "world_cpu_seconds_per_step_p50": float(
+            sum(np.percentile(res["step_cpu_seconds"], 50) for res in results)
+        ),
         "max_output_error": max(res["max_output_error"] for res in results),
         "output_tolerance": {"rtol": OUTPUT_RTOL, "atol": OUTPUT_ATOL},
         "checks": {name: name not in failed for name in CHECKS},
@@ -244,6 +249,7 @@ def _summary(report: dict) -> str:
         f"  step latency p50 {ms(report['step_seconds_p50'])} ms, p99 {ms(report['step_seconds_p99'])} ms "
         f"(p50 with a commit in flight {ms(report['step_seconds_p50_in_flight'])} ms, "
         f"without {ms(report['step_seconds_p50_idle'])} ms)",
+        f"  CPU per step, all ranks, p50 {ms(report['world_cpu_seconds_per_step_p50'])} ms",
         f"  time per commit step mean {ms(commit_mean)} ms; "
         f"max output error {report['max_output_error']:.3g}",
     ]

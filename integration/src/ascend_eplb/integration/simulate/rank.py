@@ -251,6 +251,7 @@ def _run(rank: int, num_ranks: int, init_method: str, cfg: dict, trace_file: str
             "balancedness_per_step": [],
             "rank_load_per_step": [],
             "step_seconds": [],
+            "step_cpu_seconds": [],
             "step_in_flight": [],
             "commits_per_step": [],
             "rearrangements_per_step": [],
@@ -260,7 +261,7 @@ def _run(rank: int, num_ranks: int, init_method: str, cfg: dict, trace_file: str
         cursor = 0
         log_len = len(state.commit_log)
         for step in range(cfg["steps"]):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             # This rank's real tokens, in trace order (the world consumes N*B tokens per step).
             tok = torch.from_numpy((cursor + rank * batch + np.arange(batch)) % num_tokens)
             cursor += num_ranks * batch
@@ -338,6 +339,7 @@ def _run(rank: int, num_ranks: int, init_method: str, cfg: dict, trace_file: str
             in_flight = bool(model_state.rebalanced)
             controller.step()
             stats["step_seconds"].append(time.perf_counter() - t0)
+            stats["step_cpu_seconds"].append(time.process_time() - c0)  # this process, all its threads
             stats["step_in_flight"].append(in_flight)
             new_events = list(state.commit_log)[log_len:] if len(state.commit_log) >= log_len else []
             log_len = len(state.commit_log)

@@ -1,0 +1,68 @@
+"""Cross-package end to end: the installed ``ascend-eplb`` console script, as a user runs it.
+
+One short ``simulate`` world (2 rank processes over Gloo through every plane) and ``check`` on a valid and
+an invalid config file. The script is the one pip installed beside this interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(sys.executable).with_name("ascend-eplb")
+ENV = os.environ | {"VLLM_TARGET_DEVICE": "cpu", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+GOOD = {
+    "use_v2_model_runner": True,
+    "parallel_config": {
+        "enable_eplb": True,
+        "enable_expert_parallel": True,
+        "tensor_parallel_size": 2,
+        "eplb_config": {"window_size": 8, "step_interval": 16, "num_redundant_experts": 2},
+    },
+    "model": {"num_logical_experts": 64, "quantization": "w8a8_dynamic"},
+}
+
+
+def _run(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    assert SCRIPT.is_file(), f"console script not installed: {SCRIPT}"
+    return subprocess.run([str(SCRIPT), *args], env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.multirank
+def test_console_script_simulate_passes_every_check(tmp_path):
+    out = tmp_path / "sim"
+    proc = _run(
+        "simulate", "--ranks", "2", "--redundant-experts", "2", "--layers", "2", "--batch-size", "16",
+        "--steps", "8", "--window-size", "1", "--step-interval", "2", "--no-progress", "--out", str(out),
+        timeout=280,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["checks"] == dict.fromkeys(("outputs", "fingerprints", "lookups", "load", "worker"), True)
+    assert report["passed"] is True
+    assert (report["ranks"], report["layers"], report["steps"]) == (2, 2, 8)
+    assert report["rearrangements"] >= 1
+    assert report["layers_committed"] >= 2
+    assert "PASS  outputs" in proc.stdout
+    assert "PASSED in" in proc.stdout
+    assert (out / "balancedness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_console_script_check_good_and_bad_config(tmp_path):
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(GOOD))
+    broken = json.loads(json.dumps(GOOD))
+    broken["parallel_config"]["eplb_config"]["num_redundant_experts"] = 3
+    bad.write_text(json.dumps(broken))
+    ok = _run("check", str(good), timeout=120)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "num_physical_experts: 66" in ok.stdout
+    rejected = _run("check", str(bad), timeout=120)
+    assert rejected.returncode == 2, rejected.stdout + rejected.stderr
+    assert "[experts-divisible]" in rejected.stderr
+    assert "(64) + num_redundant_experts (3) = 67 physical experts is not divisible" in rejected.stderr
