@@ -187,3 +187,40 @@ def test_record_expert_tokens_rejects_bad_input_before_writing(args, message):
     with pytest.raises(ValueError, match=message):
         record_expert_tokens(expert_tokens, group_list_type, load, ep_rank, num_ranks)
     assert load.tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("load_dtype", [torch.int32, torch.int64])
+def test_cpu_kernel_equals_generic_form_and_loop_reference(ids_dtype, load_dtype):
+    # The CPU dispatch runs the fused C kernel; every other device runs the torch form. Both must
+    # give the loop reference's ids and counts, for strided tables and load views too.
+    from ascend_eplb.dataplane import _cpu_kernel, ops
+
+    assert _cpu_kernel.load() is not None  # this host has a C compiler: the kernel is what ran
+    base, num_physical = _replicated_table(ep_rank=3, rows=40)
+    strided_table = torch.zeros((40, 32), dtype=torch.int32)[:, ::2]
+    strided_table.copy_(base)
+    gen = torch.Generator().manual_seed(11)
+    for table in (base, strided_table):
+        for num_tokens in (1, 39, 40, 97):
+            ids = torch.randint(-3, 19, (num_tokens, 5), generator=gen).to(ids_dtype)
+            for num_unpadded in (-2, 0, num_tokens // 3, num_tokens, num_tokens + 5):
+                for record in (ON, OFF):
+                    n = torch.tensor(num_unpadded, dtype=torch.int32 if num_unpadded % 2 else torch.int64)
+                    start = torch.arange(2 * num_physical, dtype=load_dtype)
+                    kernel_load, generic_load = start.clone(), start.clone()
+                    got = map_to_physical_and_record(ids, table, kernel_load[::2], record, n)
+                    want = ops._map_to_physical_and_record_generic(ids, table, generic_load[::2], record, n)
+                    ref_out, ref_load = _reference(ids, table, num_physical, max(num_unpadded, 0))
+                    assert got.dtype == ids_dtype
+                    assert torch.equal(got, ref_out)
+                    assert torch.equal(want, ref_out)
+                    assert torch.equal(map_to_physical(ids, table), ref_out)
+                    assert torch.equal(ops._map_to_physical_generic(ids, table), ref_out)
+                    added = (
+                        ref_load.to(load_dtype)
+                        if bool(record)
+                        else torch.zeros_like(ref_load, dtype=load_dtype)
+                    )
+                    assert torch.equal(kernel_load[::2] - start[::2], added)
+                    assert torch.equal(generic_load, kernel_load)  # odd slots untouched by both

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from ascend_eplb.dataplane import _cpu_kernel
+
 __all__ = [
     "GROUP_LIST_COUNTS",
     "GROUP_LIST_CUMSUM",
@@ -163,8 +165,38 @@ def _map_to_physical_and_record_fake(
     return torch.empty_like(topk_ids, memory_format=torch.contiguous_format)
 
 
+def _map_to_physical_cpu(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    _check_map_args(topk_ids, table)
+    kernel = _cpu_kernel.load()
+    if kernel is None:
+        return _map_generic(topk_ids, table)
+    return kernel.map_to_physical(topk_ids, table)
+
+
+def _map_to_physical_and_record_cpu(
+    topk_ids: torch.Tensor,
+    table: torch.Tensor,
+    expert_load_view: torch.Tensor,
+    record_enabled: torch.Tensor,
+    num_unpadded_tokens: torch.Tensor,
+) -> torch.Tensor:
+    _check_map_args(topk_ids, table)
+    _check_record_args(topk_ids, expert_load_view, record_enabled, num_unpadded_tokens)
+    kernel = _cpu_kernel.load()
+    if kernel is None:
+        return _map_to_physical_and_record_generic(
+            topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens
+        )
+    return kernel.map_to_physical_and_record(
+        topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens
+    )
+
+
+# Every device runs the device-neutral torch form; CPU runs the fused C kernel when it builds.
 _LIB.impl("map_to_physical", _map_to_physical_generic, "CompositeExplicitAutograd")
 _LIB.impl("map_to_physical_and_record", _map_to_physical_and_record_generic, "CompositeExplicitAutograd")
+_LIB.impl("map_to_physical", _map_to_physical_cpu, "CPU")
+_LIB.impl("map_to_physical_and_record", _map_to_physical_and_record_cpu, "CPU")
 torch.library.register_fake("ascend_eplb::map_to_physical", _map_to_physical_fake, lib=_LIB)
 torch.library.register_fake(
     "ascend_eplb::map_to_physical_and_record", _map_to_physical_and_record_fake, lib=_LIB
