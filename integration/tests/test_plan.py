@@ -110,3 +110,9 @@ def test_cli_plan_json_and_errors(tmp_path, capsys):
     bad.write_text("[1, 2]")
     assert cli.main(["plan", str(bad), "--ranks", "2"]) == 2
     assert "must be a [L, E] matrix, got shape (2,)" in capsys.readouterr().err
+    assert cli.main(["plan", str(tmp_path / "missing.json"), "--ranks", "2"]) == 2
+    assert f"{tmp_path / 'missing.json'}: no such file" in capsys.readouterr().err
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    assert cli.main(["plan", str(broken), "--ranks", "2"]) == 2
+    assert f"{broken}: not valid JSON" in capsys.readouterr().err

@@ -209,6 +209,8 @@ def load_load_matrix(path: str | Path) -> np.ndarray:
     path = Path(path)
     source = str(path)
     suffix = path.suffix.lower()
+    if not path.is_file():
+        raise ValueError(f"{source}: no such file (the load to plan from)")
     if suffix == ".npy":
         return _matrix(np.load(path, allow_pickle=False), source)
     if suffix == ".csv":
@@ -217,7 +219,10 @@ def load_load_matrix(path: str | Path) -> np.ndarray:
         return _matrix(rows, source)
     if suffix != ".json":
         raise ValueError(f"{source}: unsupported load file type {suffix!r}; use .json, .npy or .csv")
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{source}: not valid JSON ({e})") from None
     if isinstance(data, dict) and "token_scores" in data:
         scores = data["token_scores"]
         layers = sorted(scores, key=int)
