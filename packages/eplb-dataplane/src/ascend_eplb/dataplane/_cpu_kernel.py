@@ -35,9 +35,11 @@ _SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 
-/* out[t, k] = table[t % rows, ids[t, k]] for ids in [0, E), else -1. When *record, counts the
-   valid selections of rows t < n whose table entry lies in [0, P) in 4 private histograms (so
-   neighbouring increments of one bin do not wait on each other), then adds them to load. */
+#define BLOCK 64 /* tokens mapped before their block is counted: the block's ids stay in L1 */
+
+/* out[t, k] = table[t % rows, ids[t, k]] for ids in [0, E), else -1. When *record, the entries of
+   out in rows t < n that lie in [0, P) (so never a -1) are counted block by block, in 4 private
+   histograms (neighbouring increments of one bin do not wait on each other), added to load. */
 #define MAP_AND_RECORD(NAME, ID_T, LOAD_T)                                                      \
 void NAME(const ID_T* restrict ids, int64_t num_tokens, int64_t top_k,                           \
           const int32_t* restrict table, int64_t rows, int64_t num_experts, int64_t row_stride,  \
@@ -55,27 +57,22 @@ void NAME(const ID_T* restrict ids, int64_t num_tokens, int64_t top_k,          
     }                                                                                            \
     const uint64_t bins = (uint64_t)num_physical;                                                \
     int64_t row = 0;                                                                             \
-    for (int64_t t = 0; t < counted; ++t) {                                                      \
-        const int32_t* restrict table_row = table + row * row_stride;                            \
-        for (int64_t k = 0; k < top_k; ++k) {                                                    \
-            const ID_T e = ids[t * top_k + k];                                                   \
-            int32_t p = -1;                                                                      \
-            if ((uint64_t)(int64_t)e < (uint64_t)num_experts) {                                  \
-                p = table_row[(int64_t)e * col_stride];                                          \
-                if ((uint64_t)(uint32_t)p < bins) hist[(k & 3) * bins + (uint32_t)p] += 1;       \
+    for (int64_t t0 = 0; t0 < num_tokens; t0 += BLOCK) {                                         \
+        const int64_t t1 = t0 + BLOCK < num_tokens ? t0 + BLOCK : num_tokens;                    \
+        for (int64_t t = t0; t < t1; ++t) {                                                      \
+            const int32_t* restrict table_row = table + row * row_stride;                        \
+            for (int64_t k = 0; k < top_k; ++k) {                                                \
+                const ID_T e = ids[t * top_k + k];                                               \
+                out[t * top_k + k] = (uint64_t)(int64_t)e < (uint64_t)num_experts                \
+                    ? (ID_T)table_row[(int64_t)e * col_stride] : (ID_T)-1;                       \
             }                                                                                    \
-            out[t * top_k + k] = (ID_T)p;                                                        \
+            if (++row == rows) row = 0;                                                          \
         }                                                                                        \
-        if (++row == rows) row = 0;                                                              \
-    }                                                                                            \
-    for (int64_t t = counted < 0 ? 0 : counted; t < num_tokens; ++t) {                           \
-        const int32_t* restrict table_row = table + row * row_stride;                            \
-        for (int64_t k = 0; k < top_k; ++k) {                                                    \
-            const ID_T e = ids[t * top_k + k];                                                   \
-            out[t * top_k + k] = (uint64_t)(int64_t)e < (uint64_t)num_experts                    \
-                ? (ID_T)table_row[(int64_t)e * col_stride] : (ID_T)-1;                           \
+        const int64_t c1 = t1 < counted ? t1 : counted;                                          \
+        for (int64_t i = t0 * top_k; i < c1 * top_k; ++i) {                                      \
+            const uint64_t p = (uint64_t)(int64_t)out[i];                                        \
+            if (p < bins) hist[(i & 3) * bins + p] += 1;                                         \
         }                                                                                        \
-        if (++row == rows) row = 0;                                                              \
     }                                                                                            \
     if (hist) {                                                                                  \
         for (uint64_t p = 0; p < bins; ++p)                                                      \
