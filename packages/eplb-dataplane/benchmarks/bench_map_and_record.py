@@ -57,7 +57,7 @@ def main() -> None:
     parser.add_argument("--device", default=default_device())
     parser.add_argument("--dtype", choices=("int32", "int64"), default="int32", help="topk_ids dtype")
     parser.add_argument("--min-run-time", type=float, default=0.5, help="seconds per measurement")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the best is kept")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians reported)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument(
         "--clock",
@@ -104,17 +104,17 @@ def main() -> None:
             "floor": "floor(table, ids)",
             "naive": "naive(ids, table, load, n)",
         }
-        # Rounds interleave the three forms, so a burst of load on the host hits all of them; each
-        # form keeps its least disturbed round (the minimum of the per-round medians).
-        times = dict.fromkeys(statements, float("inf"))
+        # Rounds interleave the three forms, so a burst of load on the host hits all of them; the
+        # table gives the median over rounds of each time and of each round's ratios.
+        rounds = {name: [] for name in statements}
         for _ in range(args.rounds):
             for name, stmt in statements.items():
                 timer = benchmark.Timer(stmt, globals=env, num_threads=args.threads, timer=clock)
-                median = timer.blocked_autorange(min_run_time=args.min_run_time).median * 1e6
-                times[name] = min(times[name], median)
+                rounds[name].append(timer.blocked_autorange(min_run_time=args.min_run_time).median * 1e6)
+        fused, floor, naive = (torch.tensor(rounds[name]) for name in ("fused", "floor", "naive"))
         print(
-            f"| {num_tokens} | {times['fused']:.1f} | {times['floor']:.1f} | {times['naive']:.1f} "
-            f"| {times['fused'] / times['floor']:.2f} | {times['fused'] / times['naive']:.2f} |"
+            f"| {num_tokens} | {fused.median():.1f} | {floor.median():.1f} | {naive.median():.1f} "
+            f"| {(fused / floor).median():.2f} | {(fused / naive).median():.2f} |"
         )
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize()

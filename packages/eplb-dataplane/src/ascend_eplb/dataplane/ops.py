@@ -1,12 +1,21 @@
 """Graph-safe logical-to-physical mapping, fused with load recording, and post-compute recording.
 
-Both mapping functions are ``torch.library`` custom ops (namespace ``ascend_eplb``) with a real
-implementation in device-neutral torch (the same code on ``npu``, ``cuda`` and ``cpu``) and a fake
-implementation for tracing. The real implementation launches a fixed sequence of kernels whose
-shapes depend only on ``T``, ``K``, ``E`` and ``P``: no host synchronisation, no data-dependent
-shape, no Python loop over tokens or layers. The record flag and the unpadded token count are
-device scalars, so one captured or compiled graph serves recording and non-recording steps and
-padded batches (vLLM Ascend ``ops/fused_moe/eplb.py``, ``map_to_physical_and_record``).
+Both mapping functions are ops of the ``torch.library`` namespace ``ascend_eplb`` (defined with
+``Library.define``, one schema each), with
+
+* a device-neutral torch implementation (``CompositeExplicitAutograd``: ``npu``, ``cuda`` and every
+  other device run the same code): a fixed sequence of kernels whose shapes depend only on ``T``,
+  ``K``, ``E`` and ``P``, the counts scattered into a ``(P + 2)`` scratch whose first and last bins
+  take invalid ids and skipped rows;
+* a fused CPU kernel (``CPU`` key, :mod:`ascend_eplb.dataplane._cpu_kernel`): one pass in C that
+  maps and counts, falling back to the torch form when no C compiler is available;
+* a fake implementation for tracing.
+
+No implementation synchronises with the host, branches on device values in Python, or produces a
+data-dependent shape. The record flag and the unpadded token count are device scalars, so one
+captured or compiled graph serves recording and non-recording steps and padded batches (vLLM
+Ascend ``ops/fused_moe/eplb.py``, ``map_to_physical_and_record``; on NPU vLLM Ascend registers a
+Triton kernel for the same schema).
 """
 
 from __future__ import annotations
