@@ -104,3 +104,32 @@ def test_drift_of_a_method_is_named_too(clean, monkeypatch):
     ):
         patches.apply_patches()
     assert patches.patches_applied() is False
+
+
+def test_adapt_layer_routers_names_a_layer_without_router_before_changing_any(clean):
+    from types import SimpleNamespace
+
+    from vllm.config import ParallelConfig
+    from vllm.distributed.eplb.eplb_state import EplbLayerState
+    from vllm.model_executor.models.interfaces import MixtureOfExperts
+
+    from ascend_eplb.control import AscendEplbState
+
+    class TwoLayerMoE(torch.nn.Module, MixtureOfExperts):
+        def __init__(self, layers):
+            super().__init__()
+            self.moe_layers = layers
+            self.num_moe_layers = len(layers)
+
+    class LayerWithoutRouter:
+        pass
+
+    routed = SimpleNamespace(router=SimpleNamespace(eplb_state=EplbLayerState()))
+    model = TwoLayerMoE([routed, LayerWithoutRouter()])
+    state = AscendEplbState(ParallelConfig(), torch.device("cpu"))
+    with pytest.raises(
+        RuntimeError,
+        match=r"MoE layer 1 \(LayerWithoutRouter\) has no router with an 'eplb_state'",
+    ):
+        patches.adapt_layer_routers(state, model)
+    assert type(routed.router.eplb_state) is EplbLayerState  # layer 0 untouched

@@ -215,6 +215,10 @@ def adapt_layer_routers(state: Any, model: Any) -> int:
 
     Returns:
         the number of routers adapted (0 when nothing applies).
+
+    Raises:
+        RuntimeError: a MoE layer has no ``router`` carrying an ``eplb_state`` (raised before any
+            layer is changed).
     """
     from ascend_eplb.control import AscendEplbLayerState, AscendEplbState
 
@@ -228,9 +232,17 @@ def adapt_layer_routers(state: Any, model: Any) -> int:
     moe_model = get_mixture_of_experts_model(model)
     if moe_model is None:
         return 0
+    routers = []
+    for index, layer in enumerate(moe_model.moe_layers):
+        router = getattr(layer, "router", None)
+        if router is None or not hasattr(router, "eplb_state"):
+            raise RuntimeError(
+                f"adapt_layer_routers: MoE layer {index} ({type(layer).__name__}) has no router with an "
+                "'eplb_state' (vLLM 0.33.0 MoERunner.router); cannot bind the Ascend EPLB mapping"
+            )
+        routers.append(router)
     adapted = 0
-    for layer in moe_model.moe_layers:
-        router = layer.router
+    for router in routers:
         layer_state = router.eplb_state
         if layer_state is None:
             continue
