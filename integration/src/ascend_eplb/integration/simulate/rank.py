@@ -41,6 +41,8 @@ import torch
 import torch.distributed as dist
 from vllm.config import EPLBConfig, ParallelConfig, VllmConfig, set_current_vllm_config
 from vllm.distributed.parallel_state import (
+    destroy_distributed_environment,
+    destroy_model_parallel,
     get_ep_group,
     init_distributed_environment,
     initialize_model_parallel,
@@ -165,6 +167,11 @@ def rank_main(
         payload = ("error", traceback.format_exc())
     with open(result_path, "wb") as f:
         pickle.dump(payload, f)
+    if payload[0] == "ok":
+        # Release vLLM's groups (and the shared-memory message queue of its TP group) so the
+        # resource tracker has nothing to reclaim; after a failure, exit at once instead.
+        destroy_model_parallel()
+        destroy_distributed_environment()
     os._exit(0 if payload[0] == "ok" else 1)
 
 
