@@ -59,7 +59,9 @@ def test_package_layout_and_metadata(folder):
     assert re.fullmatch(r'__version__ = "\d+\.\d+\.\d+"\n', (ROOT / folder / about).read_text())
     for name in ("README.md", "CHANGELOG.md", f"src/ascend_eplb/{module}/py.typed"):
         assert (ROOT / folder / name).is_file(), f"{folder}/{name} is missing"
-    assert not (ROOT / folder / "src/ascend_eplb/__init__.py").exists(), "ascend_eplb must stay a PEP 420 namespace"
+    assert not (ROOT / folder / "src/ascend_eplb/__init__.py").exists(), (
+        "ascend_eplb must stay a PEP 420 namespace"
+    )
     assert any((ROOT / folder / "tests").glob("test_*.py")), f"{folder}/tests has no tests"
 
 
@@ -83,14 +85,21 @@ def test_torch_npu_is_imported_in_at_most_one_probe_module(folder):
         for path in (ROOT / folder / "src/ascend_eplb" / module).rglob("*.py")
         if re.search(r"^\s*(import torch_npu|from torch_npu)", path.read_text(), re.MULTILINE)
     ]
-    assert len(importers) <= 1, f"torch_npu imported in {importers}; DESIGN allows one guarded probe per package"
+    assert len(importers) <= 1, (
+        f"torch_npu imported in {importers}; DESIGN allows one guarded probe per package"
+    )
 
 
 def _lint_imports(src_roots: list[Path]) -> subprocess.CompletedProcess[str]:
     """Run import-linter with the workspace's contracts over the given ``src`` roots (first wins)."""
     env = {"PYTHONPATH": ":".join(str(p) for p in src_roots), "PATH": str(Path(sys.executable).parent)}
     return subprocess.run(
-        [str(Path(sys.executable).parent / "lint-imports"), "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+        [
+            str(Path(sys.executable).parent / "lint-imports"),
+            "--config",
+            str(ROOT / "pyproject.toml"),
+            "--no-cache",
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -117,7 +126,11 @@ def test_import_contracts_hold_on_the_tree():
 @pytest.mark.parametrize(
     ("module", "line", "broken_contract"),
     [
-        ("dataplane", "import vllm.distributed.eplb.eplb_state", "quant-views and dataplane never import vllm"),
+        (
+            "dataplane",
+            "import vllm.distributed.eplb.eplb_state",
+            "quant-views and dataplane never import vllm",
+        ),
         ("quant_views", "import vllm", "quant-views and dataplane never import vllm"),
         ("control", "import ascend_eplb.integration", "planes stack under integration without cycles"),
         ("dataplane", "import ascend_eplb.control", "planes stack under integration without cycles"),

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ascend_eplb.testing import RankFailure, load_module, run_ranks
+from ascend_eplb.testing import RankFailureError, load_module, run_ranks
 
 rank_fns = load_module(Path(__file__).with_name("rank_fns.py"))
 
@@ -15,7 +15,7 @@ def test_results_of_every_rank_come_back(tmp_path):
 
 
 def test_exception_of_one_rank_is_surfaced_with_traceback(tmp_path):
-    with pytest.raises(RankFailure) as info:
+    with pytest.raises(RankFailureError) as info:
         run_ranks(rank_fns.raise_on_rank_one, world_size=2, tmp_path=tmp_path)
     assert info.value.reports[0] == (0, "")
     code, detail = info.value.reports[1]
@@ -25,7 +25,7 @@ def test_exception_of_one_rank_is_surfaced_with_traceback(tmp_path):
 
 
 def test_exit_code_of_a_dying_rank_is_surfaced(tmp_path):
-    with pytest.raises(RankFailure) as info:
+    with pytest.raises(RankFailureError) as info:
         run_ranks(rank_fns.exit_on_rank_zero, world_size=2, tmp_path=tmp_path)
     assert info.value.reports[0][0] == 7
     assert info.value.reports[1] == (0, "")
@@ -33,7 +33,7 @@ def test_exit_code_of_a_dying_rank_is_surfaced(tmp_path):
 
 def test_deadline_kills_every_rank(tmp_path):
     start = time.monotonic()
-    with pytest.raises(RankFailure) as info:
+    with pytest.raises(RankFailureError) as info:
         run_ranks(rank_fns.sleep_forever, world_size=2, tmp_path=tmp_path, timeout_s=2.0)
     assert time.monotonic() - start < 15
     assert {code for code, _ in info.value.reports.values()} == {None}
@@ -42,7 +42,7 @@ def test_deadline_kills_every_rank(tmp_path):
 
 def test_peer_blocked_on_a_dead_rank_is_killed_after_grace(tmp_path):
     start = time.monotonic()
-    with pytest.raises(RankFailure) as info:
+    with pytest.raises(RankFailureError) as info:
         run_ranks(rank_fns.wait_for_dead_peer, world_size=2, tmp_path=tmp_path, timeout_s=120, grace_s=1.0)
     assert time.monotonic() - start < 30
     assert "rank one died" in info.value.reports[1][1]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ascend_eplb.testing import RankFailure, load_module, run_ranks
+from ascend_eplb.testing import RankFailureError, load_module, run_ranks
 
 ranks = load_module(Path(__file__).with_name("ranks.py"))
 PRELOAD = ("ascend_eplb.movement", "vllm.distributed.eplb.rebalance_execute")
@@ -136,7 +136,7 @@ def test_subgroup_failure_and_clean_restart_four_ranks(tmp_path):
 
 
 def test_peer_dies_mid_transfer(tmp_path):
-    with pytest.raises(RankFailure) as info:
+    with pytest.raises(RankFailureError) as info:
         run_ranks(
             ranks.peer_dies_3r, world_size=3, tmp_path=tmp_path, timeout_s=90, grace_s=60, preload=PRELOAD
         )

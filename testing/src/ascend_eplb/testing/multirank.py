@@ -11,7 +11,7 @@ tests need ranks calls :func:`run_ranks`; none keeps a copy.
 * Each rank runs with one torch thread, ``GLOO_SOCKET_IFNAME=lo`` and ``VLLM_TARGET_DEVICE=cpu`` (the
   last must be set before vLLM is imported on a host without an accelerator).
 * The whole world has a deadline. When a rank fails, the others get ``grace_s`` to finish (they may
-  be blocked in a collective with the failed rank) and are then killed. :class:`RankFailure` lists the
+  be blocked in a collective with the failed rank) and are then killed. :class:`RankFailureError` lists the
   exit code and the traceback (or "killed after the deadline") of every rank.
 
 Rank functions are module-level functions ``fn(ctx: RankContext, *args)``. They may live in an
@@ -40,7 +40,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["RANK_ENV", "RankContext", "RankFailure", "load_module", "run_ranks"]
+__all__ = ["RANK_ENV", "RankContext", "RankFailureError", "load_module", "run_ranks"]
 
 #: Environment every rank process gets (set in the test process before the fork server starts, so
 #: modules preloaded there see it too). Values already present in the environment are kept.
@@ -83,7 +83,7 @@ class RankContext:
         )
 
 
-class RankFailure(AssertionError):
+class RankFailureError(AssertionError):
     """One or more ranks raised, exited non-zero or missed the deadline.
 
     Attributes:
@@ -168,7 +168,9 @@ def _rank_main(
         try:
             pickle.dump(payload, f)
         except Exception:
-            pickle.dump(("error", f"result of rank {ctx.rank} is not picklable:\n{traceback.format_exc()}"), f)
+            pickle.dump(
+                ("error", f"result of rank {ctx.rank} is not picklable:\n{traceback.format_exc()}"), f
+            )
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: daemon threads (vLLM's async worker) and Gloo groups of a test
@@ -202,7 +204,7 @@ def run_ranks(
 
     Raises:
         ValueError: ``world_size`` outside ``[1, 8]`` or ``fn`` not defined at module level.
-        RankFailure: any rank raised, exited non-zero or missed the deadline.
+        RankFailureError: any rank raised, exited non-zero or missed the deadline.
     """
     if not 1 <= world_size <= 8:
         raise ValueError(f"world_size={world_size} must be in [1, 8]")
@@ -270,5 +272,5 @@ def run_ranks(
             reports[rank] = (proc.exitcode or 1, value if status == "error" else "")
             results.append(None)
     if any(code != 0 for code, _ in reports.values()):
-        raise RankFailure(f"{spec[2]} on {world_size} ranks", reports)
+        raise RankFailureError(f"{spec[2]} on {world_size} ranks", reports)
     return results
