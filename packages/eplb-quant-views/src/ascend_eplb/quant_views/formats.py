@@ -10,7 +10,7 @@ MoE from exactly those tensors in `ExpertWeightFormat.apply`.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -52,9 +52,6 @@ class FormatSupport:
     supports_eplb: bool
     reason: str
     ascend_source: str
-
-
-ComputeFn = Callable[[torch.Tensor], torch.Tensor]
 
 
 class ExpertWeightFormat(abc.ABC):
@@ -246,26 +243,39 @@ class ExpertWeightFormat(abc.ABC):
         """
         self._check_storage(storage)
         _check_apply_inputs(storage, hidden_TH, topk_weights_TK, local_ids_TK)
-        forward = self._expert_forward_fn(storage, comm_path)
+        fused = self._fused_scales_path(storage, comm_path)
         x = hidden_TH.to(torch.float64)
         out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
-        ids = local_ids_TK.to(torch.int64)
-        for row in range(storage.num_local_experts):
-            tok, kk = (ids == row).nonzero(as_tuple=True)
-            if tok.numel() == 0:
-                continue
-            y = forward(row)(x[tok])
-            out.index_add_(0, tok, y * topk_weights_TK[tok, kk].to(torch.float64).unsqueeze(1))
+        sel = _Selection.of(local_ids_TK, topk_weights_TK)
+        if sel is not None:
+            y = self._forward_selected(storage, x, sel, fused)
+            out.index_add_(0, sel.token, y * sel.weight.unsqueeze(1))
         return out.to(hidden_TH.dtype)
 
-    def _expert_forward_fn(self, storage: ExpertStorage, comm_path: str) -> Callable[[int], ComputeFn]:
+    def _fused_scales_path(self, storage: ExpertStorage, comm_path: str) -> bool:
+        """Whether ``comm_path`` reads the fused int64 scales; raises ``ValueError`` for a bad path."""
         if comm_path != "standard":
             raise ValueError(f"{self.name}: comm_path={comm_path!r} is not supported; use 'standard'")
-        return lambda row: self._expert_forward(storage, row)
+        return False
+
+    def _selected_rows(self, storage: ExpertStorage, name: str, sel: _Selection) -> torch.Tensor:
+        """Kernel tensor ``name`` of the experts present in ``sel``, ``(E, ...)`` in ``sel.rows`` order.
+
+        Read from the kernel tensors themselves (one ``index_select`` of the stacked tensor, or one
+        ``torch.stack`` of the list elements), with any internal transpose undone: a fresh copy of the
+        current bytes, so moves through the views are seen by the next call.
+        """
+        t = storage.kernel_tensors[name]
+        if isinstance(t, ExpertTensorList):
+            return torch.stack([self._row_base(name, t[row]) for row in sel.rows_list])
+        base = t.transpose(1, 2) if name in self._transposed else t
+        return base.index_select(0, sel.rows)
 
     @abc.abstractmethod
-    def _expert_forward(self, storage: ExpertStorage, row: int) -> ComputeFn:
-        """Function x (n, H) float64 -> (n, H) float64 for local row ``row``."""
+    def _forward_selected(
+        self, storage: ExpertStorage, x: torch.Tensor, sel: _Selection, fused: bool
+    ) -> torch.Tensor:
+        """Expert outputs ``(S, H)`` float64 of x (T, H) for the S selections of ``sel``, in its order."""
 
 
 # ====================================================================== helpers
@@ -323,8 +333,90 @@ def _check_apply_inputs(storage: ExpertStorage, x: torch.Tensor, w: torch.Tensor
             )
 
 
+#: Elements below which a TensorIterator kernel runs on one thread (ATen ``internal::GRAIN_SIZE``).
+_SERIAL_NUMEL = 32768
+
+
 def _silu_and_mul(h: torch.Tensor, inter: int) -> torch.Tensor:
-    return F.silu(h[:, :inter]) * h[:, inter:]
+    """``SiLU(h[:, :I]) * h[:, I:]`` for h (n, 2I), each row computed alone.
+
+    ATen's SiLU runs SIMD over whole vectors and a scalar ``std::exp`` on a loop's tail, which round
+    differently. ``h[:, :I]`` cannot be coalesced, so each row is its own inner loop (same SIMD/tail
+    split for every row); calls are cut into row chunks under ATen's grain size so no thread boundary
+    falls inside a row. A row's result therefore never depends on the other rows.
+    """
+    rows = max(1, _SERIAL_NUMEL // max(inter, 1) - 1)
+    if h.shape[0] <= rows:
+        return F.silu(h[:, :inter]) * h[:, inter:]
+    return torch.cat([F.silu(c[:, :inter]) * c[:, inter:] for c in h.split(rows)])
+
+
+@dataclass(frozen=True)
+class _Selection:
+    """The (token, k) selections of one `ExpertWeightFormat.apply` call routed to a local row.
+
+    Sorted by local row, then by flat index ``t * K + k`` (the order of the per-row loop this replaces),
+    so each expert's selections form one contiguous segment.
+
+    Attributes:
+        token: int64 (S,) token of each selection.
+        weight: float64 (S,) its top-k weight.
+        group: int64 (S,) index into ``rows`` of its expert.
+        rows: int64 (E,) the distinct local rows present, ascending.
+        rows_list: ``rows`` as Python ints.
+        counts: selections per present row (E ints), segment lengths.
+    """
+
+    token: torch.Tensor
+    weight: torch.Tensor
+    group: torch.Tensor
+    rows: torch.Tensor
+    rows_list: list[int]
+    counts: list[int]
+
+    @staticmethod
+    def of(local_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor) -> _Selection | None:  # noqa: N803
+        flat = local_ids_TK.reshape(-1).to(torch.int64)
+        chosen = (flat >= 0).nonzero().squeeze(1)  # ascending flat index
+        if chosen.numel() == 0:
+            return None
+        row_sorted, perm = torch.sort(flat[chosen], stable=True)
+        order = chosen[perm]
+        rows, counts = torch.unique_consecutive(row_sorted, return_counts=True)
+        count_list = counts.tolist()
+        return _Selection(
+            token=order // local_ids_TK.shape[1],
+            weight=topk_weights_TK.reshape(-1)[order].to(torch.float64),
+            group=torch.repeat_interleave(torch.arange(len(count_list), device=flat.device), counts),
+            rows=rows,
+            rows_list=rows.tolist(),
+            counts=count_list,
+        )
+
+
+def _grouped_mm(a: torch.Tensor, w: torch.Tensor, sel: _Selection, *, exact: bool) -> torch.Tensor:
+    """Segment-wise ``a[seg_e] @ w[e]``: a (S, K) float64 in ``sel`` order, w (E, K, N) -> (S, N).
+
+    ``exact=False``: one ``torch.mm`` per present expert over exactly its selections, the GEMM shape the
+    per-expert reference always used (CPU BLAS rounding depends on the row count M, so grouping other
+    experts' rows into one padded batch would change the bits). ``exact=True`` (integer-valued operands
+    whose sums stay below 2**53: W8A8/W4A8) rounds nowhere, so one ``torch.bmm`` over zero-padded
+    segments gives the same values.
+    """
+    num_groups = len(sel.counts)
+    if exact and num_groups > 1:
+        longest = max(sel.counts)
+        starts = torch.cumsum(torch.tensor([0, *sel.counts[:-1]], device=a.device), 0)
+        pos = torch.arange(a.shape[0], device=a.device) - starts[sel.group]
+        padded = a.new_zeros(num_groups, longest, a.shape[1])
+        padded[sel.group, pos] = a
+        return torch.bmm(padded, w)[sel.group, pos]
+    out = a.new_empty(a.shape[0], w.shape[2])
+    start = 0
+    for g, n in enumerate(sel.counts):
+        torch.mm(a[start : start + n], w[g], out=out[start : start + n])
+        start += n
+    return out
 
 
 # ====================================================================== formats
@@ -381,24 +473,20 @@ class _UnquantizedFormat(ExpertWeightFormat):
             kernel[name] = bias.to(self.dtype).contiguous()
         return kernel, {}
 
-    def _expert_forward(self, storage, row):
+    def _forward_selected(self, storage, x, sel, fused):
         kt = storage.kernel_tensors
         inter = storage.intermediate_size
-        w13 = kt["w13_weight"][row].to(torch.float64)
-        w2 = kt["w2_weight"][row].to(torch.float64)
-        b13 = kt["w13_bias"][row].to(torch.float64) if "w13_bias" in kt else None
-        b2 = kt["w2_bias"][row].to(torch.float64) if "w2_bias" in kt else None
         dt = self.dtype
-
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            h = x.to(dt).to(torch.float64) @ w13
-            if b13 is not None:
-                h = h + b13
-            a = _silu_and_mul(h, inter).to(dt).to(torch.float64)
-            y = a @ w2
-            return y + b2 if b2 is not None else y
-
-        return forward
+        w13 = self._selected_rows(storage, "w13_weight", sel).to(torch.float64)  # (E, H, 2I)
+        w2 = self._selected_rows(storage, "w2_weight", sel).to(torch.float64)  # (E, I, H)
+        h = _grouped_mm(x.to(dt).to(torch.float64)[sel.token], w13, sel, exact=False)
+        if "w13_bias" in kt:
+            h = h + self._selected_rows(storage, "w13_bias", sel).to(torch.float64)[sel.group]
+        a = _silu_and_mul(h, inter).to(dt).to(torch.float64)
+        y = _grouped_mm(a, w2, sel, exact=False)
+        if "w2_bias" in kt:
+            y = y + self._selected_rows(storage, "w2_bias", sel).to(torch.float64)[sel.group]
+        return y
 
 
 class Bf16Format(_UnquantizedFormat):
@@ -461,38 +549,35 @@ class W8A8DynamicFormat(ExpertWeightFormat):
         unread = {"w13_weight_offset": torch.zeros_like(s13), "w2_weight_offset": torch.zeros_like(s2)}
         return kernel, unread
 
-    def _expert_forward_fn(self, storage, comm_path):
+    def _fused_scales_path(self, storage, comm_path):
         if comm_path == "standard":
-            return lambda row: self._expert_forward(storage, row)
+            return False
         if comm_path == "fused_mc2":
             if "fused_w1_scale" not in storage.kernel_tensors:
                 raise ValueError(
                     "w8a8_dynamic: comm_path='fused_mc2' needs storage built with fused_scales=True"
                 )
-            return lambda row: self._expert_forward(storage, row, fused=True)
+            return True
         raise ValueError(
             f"w8a8_dynamic: comm_path={comm_path!r} is not supported; use 'standard' or 'fused_mc2'"
         )
 
-    def _expert_forward(self, storage, row, fused: bool = False):
-        kt = storage.kernel_tensors
+    def _forward_selected(self, storage, x, sel, fused):
         inter = storage.intermediate_size
-        w13 = kt["w13_weight"][row].to(torch.float64)
-        w2 = kt["w2_weight"][row].to(torch.float64)
+        w13 = self._selected_rows(storage, "w13_weight", sel).to(torch.float64)  # (E, H, 2I)
+        w2 = self._selected_rows(storage, "w2_weight", sel).to(torch.float64)  # (E, I, H)
         if fused:
-            s13 = nx.scale_word_to_float(kt["fused_w1_scale"][row]).to(torch.float64)
-            s2 = nx.scale_word_to_float(kt["fused_w2_scale"][row]).to(torch.float64)
+            s13 = nx.scale_word_to_float(self._selected_rows(storage, "fused_w1_scale", sel))
+            s2 = nx.scale_word_to_float(self._selected_rows(storage, "fused_w2_scale", sel))
         else:
-            s13 = kt["w13_weight_scale_fp32"][row].to(torch.float64)
-            s2 = kt["w2_weight_scale"][row].to(torch.float64)
-
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            xq, xs = nx.quantize_per_token(x)
-            h = (xq @ w13) * xs.unsqueeze(1) * s13
-            aq, as_ = nx.quantize_per_token(_silu_and_mul(h, inter))
-            return (aq @ w2) * as_.unsqueeze(1) * s2
-
-        return forward
+            s13 = self._selected_rows(storage, "w13_weight_scale_fp32", sel)
+            s2 = self._selected_rows(storage, "w2_weight_scale", sel)
+        s13, s2 = s13.to(torch.float64)[sel.group], s2.to(torch.float64)[sel.group]  # (S, 2I), (S, H)
+        xq, xs = nx.quantize_per_token(x)  # per token, as npu_dynamic_quant
+        xq, xs = xq[sel.token], xs[sel.token]
+        h = _grouped_mm(xq, w13, sel, exact=True) * xs.unsqueeze(1) * s13
+        aq, as_ = nx.quantize_per_token(_silu_and_mul(h, inter))
+        return _grouped_mm(aq, w2, sel, exact=True) * as_.unsqueeze(1) * s2
 
 
 class W4A8DynamicFormat(ExpertWeightFormat):
@@ -557,31 +642,34 @@ class W4A8DynamicFormat(ExpertWeightFormat):
             return ExpertTensorList(r.view(torch.int8).clone() for r in stacked.unbind(0))
         return super()._to_list(name, stacked)
 
-    def _expert_forward(self, storage, row):
-        kt = storage.kernel_tensors
+    def _forward_selected(self, storage, x, sel, fused):
         inter = storage.intermediate_size
+        num = len(sel.rows_list)
 
-        def weight(name: str) -> torch.Tensor:
-            return nx.unpack_int4(kt[name][row].contiguous().view(torch.int8)).to(torch.float64)
+        def weight(name: str) -> torch.Tensor:  # int32 (E, K, N/8) or int8 list rows -> float64 (E, K, N)
+            packed = self._selected_rows(storage, name, sel).contiguous().view(torch.int8)
+            return nx.unpack_int4(packed).to(torch.float64)
 
-        w13, w2 = weight("w13_weight"), weight("w2_weight")  # (H, 2I), (I, H)
-        s13 = nx.scale_word_to_float(kt["w13_weight_scale"][row]).reshape(-1).to(torch.float64)
-        s2 = nx.scale_word_to_float(kt["w2_weight_scale"][row]).reshape(-1).to(torch.float64)
-        b13 = kt["w13_scale_bias"][row].to(torch.float64)
-        b2 = kt["w2_scale_bias"][row].to(torch.float64)
+        def per_selection(name: str, decode: bool) -> torch.Tensor:  # (E, ...) -> float64 (S, N)
+            t = self._selected_rows(storage, name, sel)
+            t = nx.scale_word_to_float(t) if decode else t
+            return t.reshape(num, -1).to(torch.float64)[sel.group]
+
+        w13, w2 = weight("w13_weight"), weight("w2_weight")  # (E, H, 2I), (E, I, H)
+        s13, s2 = per_selection("w13_weight_scale", True), per_selection("w2_weight_scale", True)
+        b13, b2 = per_selection("w13_scale_bias", False), per_selection("w2_scale_bias", False)
 
         def gemm(xq: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             hi = torch.floor(xq / 16.0)
             lo_s = xq - 16.0 * hi - 8.0
-            return s * (16.0 * (hi @ w) + lo_s @ w) + b
+            hi_w, lo_w = _grouped_mm(hi, w, sel, exact=True), _grouped_mm(lo_s, w, sel, exact=True)
+            return s * (16.0 * hi_w + lo_w) + b
 
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            xq, xs = nx.quantize_per_token(x)
-            h = gemm(xq, w13, s13, b13) * xs.unsqueeze(1)
-            aq, as_ = nx.quantize_per_token(_silu_and_mul(h, inter))
-            return gemm(aq, w2, s2, b2) * as_.unsqueeze(1)
-
-        return forward
+        xq, xs = nx.quantize_per_token(x)  # per token, as npu_dynamic_quant
+        xq, xs = xq[sel.token], xs[sel.token]
+        h = gemm(xq, w13, s13, b13) * xs.unsqueeze(1)
+        aq, as_ = nx.quantize_per_token(_silu_and_mul(h, inter))
+        return gemm(aq, w2, s2, b2) * as_.unsqueeze(1)
 
 
 def check_w4a8_group_size(group_size: Any) -> None:
@@ -652,23 +740,19 @@ class _MxFormat(ExpertWeightFormat):
         # view order: weights then scales, as get_eplb_weight_views returns them
         return {n: kernel[n] for n in ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale")}, {}
 
-    def _expert_forward(self, storage, row):
-        kt = storage.kernel_tensors
+    def _forward_selected(self, storage, x, sel, fused):
         inter = storage.intermediate_size
 
-        def weight(name: str) -> torch.Tensor:
-            q = self._row_base(name, kt[name][row])  # (N, K[/2]) view
-            s = self._row_base(name + "_scale", kt[name + "_scale"][row])  # (N, K/64, 2) view
-            return self._dequantize_weight(q, s.reshape(s.shape[0], -1))  # (N, K)
+        def weight(name: str) -> torch.Tensor:  # (E, N, K) float64, expert-first contiguous rows
+            q = self._selected_rows(storage, name, sel)  # (E, N, K[/2])
+            s = self._selected_rows(storage, name + "_scale", sel)  # (E, N, K/64, 2)
+            return self._dequantize_weight(q, s.reshape(*s.shape[:2], -1))
 
-        w13 = weight("w13_weight")  # (2I, H)
-        w2 = weight("w2_weight")  # (H, I)
-
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            h = self._fake_quantize_act(x) @ w13.T
-            return self._fake_quantize_act(_silu_and_mul(h, inter)) @ w2.T
-
-        return forward
+        w13 = weight("w13_weight").transpose(1, 2)  # (E, H, 2I) view: w13[e].T as before
+        w2 = weight("w2_weight").transpose(1, 2)  # (E, I, H)
+        xa = self._fake_quantize_act(x)[sel.token]  # MX blocks along H, per token
+        h = _grouped_mm(xa, w13, sel, exact=False)
+        return _grouped_mm(self._fake_quantize_act(_silu_and_mul(h, inter)), w2, sel, exact=False)
 
 
 class Mxfp8Format(_MxFormat):
