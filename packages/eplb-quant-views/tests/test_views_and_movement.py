@@ -229,3 +229,32 @@ def test_a_view_list_missing_a_tensor_leaves_a_fingerprint_mismatch(variant, lis
         prints[2],
         prints[3],
     ]
+
+
+@pytest.mark.parametrize(("variant", "lists"), C.CASES, ids=C.CASE_IDS)
+def test_a_token_computes_the_same_alone_and_in_a_batch(variant, lists):
+    """apply's output for a token does not depend on the other tokens of the call (bit-identical)."""
+    fmt, storage = C.build(variant, lists)
+    x = C.hidden()
+    g = torch.Generator().manual_seed(11)
+    alone_ids = torch.tensor([[1, -1, 0]])
+    alone_w = torch.tensor([[0.5, 0.3, 0.2]])
+    # 11 other tokens routed to rows 2 and 3 (and -1), the token itself at position 5 of the batch.
+    others = torch.randint(2, 4, (C.T, 3), generator=g)
+    others[:, 1] = -1
+    exact = variant[1] in ("w8a8_dynamic", "w4a8_dynamic")
+    batches = [others]
+    if exact:  # integer GEMMs round nowhere: even tokens sharing its experts change nothing
+        batches.append(torch.randint(-1, C.P, (C.T, 3), generator=g))
+    for path in C.comm_paths(storage):
+        alone = fmt.apply(storage, x[5:6], alone_w, alone_ids, comm_path=path)
+        assert alone.abs().sum() > 0
+        for batch_ids in batches:
+            ids = batch_ids.clone()
+            ids[5] = alone_ids[0]
+            weights = torch.softmax(torch.randn(C.T, 3, generator=g), dim=1)
+            weights[5] = alone_w[0]
+            out = fmt.apply(storage, x, weights, ids, comm_path=path)
+            assert torch.equal(out[5:6], alone), (path, batch_ids.tolist())
+            # and the others' rows are their own, not zero
+            assert out[[i for i in range(C.T) if i != 5]].abs().sum(dim=1).gt(0).sum() >= C.T // 2

@@ -394,29 +394,45 @@ class _Selection:
         )
 
 
-def _grouped_mm(a: torch.Tensor, w: torch.Tensor, sel: _Selection, *, exact: bool) -> torch.Tensor:
-    """Segment-wise ``a[seg_e] @ w[e]``: a (S, K) float64 in ``sel`` order, w (E, K, N) -> (S, N).
+def _grouped_mm(
+    a: torch.Tensor, w: torch.Tensor, sel: _Selection, *, int_bound: int | None = None
+) -> torch.Tensor:
+    """Segment-wise ``a[seg_e] @ w[e]``: a (S, K) in ``sel`` order, w (E, K, N) -> float64 (S, N).
 
-    ``exact=False``: one ``torch.mm`` per present expert over exactly its selections, the GEMM shape the
-    per-expert reference always used (CPU BLAS rounding depends on the row count M, so grouping other
-    experts' rows into one padded batch would change the bits). ``exact=True`` (integer-valued operands
-    whose sums stay below 2**53: W8A8/W4A8) rounds nowhere, so one ``torch.bmm`` over zero-padded
-    segments gives the same values.
+    Float operands (``int_bound=None``; a and w float64): one ``torch.mm`` per present expert over
+    exactly its selections, the GEMM the per-expert reference always ran. CPU BLAS rounding depends
+    on the row count M (MKL: measured), so batching other experts' rows into one padded GEMM would
+    change the bits.
+
+    Integer-valued operands (W8A8/W4A8; ``int_bound`` bounds ``|a_ik * w_kn|``): every partial sum is
+    an integer below ``K * int_bound``, so no summation order rounds. One ``torch.bmm`` over
+    zero-padded segments then gives exactly the same values, in float32 when ``K * int_bound <= 2**24``
+    (every integer up to 2**24 is a float32) and in float64 (exact up to 2**53) otherwise.
     """
     num_groups = len(sel.counts)
-    if exact and num_groups > 1:
-        longest = max(sel.counts)
-        starts = torch.cumsum(torch.tensor([0, *sel.counts[:-1]], device=a.device), 0)
-        pos = torch.arange(a.shape[0], device=a.device) - starts[sel.group]
-        padded = a.new_zeros(num_groups, longest, a.shape[1])
-        padded[sel.group, pos] = a
-        return torch.bmm(padded, w)[sel.group, pos]
-    out = a.new_empty(a.shape[0], w.shape[2])
-    start = 0
-    for g, n in enumerate(sel.counts):
-        torch.mm(a[start : start + n], w[g], out=out[start : start + n])
-        start += n
-    return out
+    if int_bound is None:
+        out = a.new_empty(a.shape[0], w.shape[2])
+        start = 0
+        for g, n in enumerate(sel.counts):
+            torch.mm(a[start : start + n], w[g], out=out[start : start + n])
+            start += n
+        return out
+    dtype = torch.float32 if a.shape[1] * int_bound <= 2**24 else torch.float64
+    if a.shape[1] * int_bound > 2**53:
+        raise ValueError(f"integer GEMM with K={a.shape[1]} and |a*w| <= {int_bound} is not exact in float64")
+    a, w = a.to(dtype), w.to(dtype)
+    if num_groups == 1:
+        return torch.mm(a, w[0]).to(torch.float64)
+    starts = torch.cumsum(torch.tensor([0, *sel.counts[:-1]], device=a.device), 0)
+    pos = torch.arange(a.shape[0], device=a.device) - starts[sel.group]
+    padded = a.new_zeros(num_groups, max(sel.counts), a.shape[1])
+    padded[sel.group, pos] = a
+    return torch.bmm(padded, w)[sel.group, pos].to(torch.float64)
+
+
+#: ``|a * w|`` bounds of the integer GEMMs: int8 activations (|q| <= 127) times int8 / int4 weights.
+_INT8_X_INT8 = 127 * 128
+_INT4_X_INT4 = 8 * 8
 
 
 # ====================================================================== formats
@@ -479,11 +495,19 @@ class _UnquantizedFormat(ExpertWeightFormat):
         dt = self.dtype
         w13 = self._selected_rows(storage, "w13_weight", sel).to(torch.float64)  # (E, H, 2I)
         w2 = self._selected_rows(storage, "w2_weight", sel).to(torch.float64)  # (E, I, H)
-        h = _grouped_mm(x.to(dt).to(torch.float64)[sel.token], w13, sel, exact=False)
+        h = _grouped_mm(
+            x.to(dt).to(torch.float64)[sel.token],
+            w13,
+            sel,
+        )
         if "w13_bias" in kt:
             h = h + self._selected_rows(storage, "w13_bias", sel).to(torch.float64)[sel.group]
         a = _silu_and_mul(h, inter).to(dt).to(torch.float64)
-        y = _grouped_mm(a, w2, sel, exact=False)
+        y = _grouped_mm(
+            a,
+            w2,
+            sel,
+        )
         if "w2_bias" in kt:
             y = y + self._selected_rows(storage, "w2_bias", sel).to(torch.float64)[sel.group]
         return y
@@ -564,8 +588,8 @@ class W8A8DynamicFormat(ExpertWeightFormat):
 
     def _forward_selected(self, storage, x, sel, fused):
         inter = storage.intermediate_size
-        w13 = self._selected_rows(storage, "w13_weight", sel).to(torch.float64)  # (E, H, 2I)
-        w2 = self._selected_rows(storage, "w2_weight", sel).to(torch.float64)  # (E, I, H)
+        w13 = self._selected_rows(storage, "w13_weight", sel)  # int8 (E, H, 2I)
+        w2 = self._selected_rows(storage, "w2_weight", sel)  # int8 (E, I, H)
         if fused:
             s13 = nx.scale_word_to_float(self._selected_rows(storage, "fused_w1_scale", sel))
             s2 = nx.scale_word_to_float(self._selected_rows(storage, "fused_w2_scale", sel))
@@ -575,9 +599,9 @@ class W8A8DynamicFormat(ExpertWeightFormat):
         s13, s2 = s13.to(torch.float64)[sel.group], s2.to(torch.float64)[sel.group]  # (S, 2I), (S, H)
         xq, xs = nx.quantize_per_token(x)  # per token, as npu_dynamic_quant
         xq, xs = xq[sel.token], xs[sel.token]
-        h = _grouped_mm(xq, w13, sel, exact=True) * xs.unsqueeze(1) * s13
+        h = _grouped_mm(xq, w13, sel, int_bound=_INT8_X_INT8) * xs.unsqueeze(1) * s13
         aq, as_ = nx.quantize_per_token(_silu_and_mul(h, inter))
-        return _grouped_mm(aq, w2, sel, exact=True) * as_.unsqueeze(1) * s2
+        return _grouped_mm(aq, w2, sel, int_bound=_INT8_X_INT8) * as_.unsqueeze(1) * s2
 
 
 class W4A8DynamicFormat(ExpertWeightFormat):
@@ -646,9 +670,8 @@ class W4A8DynamicFormat(ExpertWeightFormat):
         inter = storage.intermediate_size
         num = len(sel.rows_list)
 
-        def weight(name: str) -> torch.Tensor:  # int32 (E, K, N/8) or int8 list rows -> float64 (E, K, N)
-            packed = self._selected_rows(storage, name, sel).contiguous().view(torch.int8)
-            return nx.unpack_int4(packed).to(torch.float64)
+        def weight(name: str) -> torch.Tensor:  # int32 (E, K, N/8) or int8 list rows -> int8 (E, K, N)
+            return nx.unpack_int4(self._selected_rows(storage, name, sel).contiguous().view(torch.int8))
 
         def per_selection(name: str, decode: bool) -> torch.Tensor:  # (E, ...) -> float64 (S, N)
             t = self._selected_rows(storage, name, sel)
@@ -662,7 +685,8 @@ class W4A8DynamicFormat(ExpertWeightFormat):
         def gemm(xq: torch.Tensor, w: torch.Tensor, s: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             hi = torch.floor(xq / 16.0)
             lo_s = xq - 16.0 * hi - 8.0
-            hi_w, lo_w = _grouped_mm(hi, w, sel, exact=True), _grouped_mm(lo_s, w, sel, exact=True)
+            hi_w = _grouped_mm(hi, w, sel, int_bound=_INT4_X_INT4)  # hi, lo - 8 in [-8, 7]
+            lo_w = _grouped_mm(lo_s, w, sel, int_bound=_INT4_X_INT4)
             return s * (16.0 * hi_w + lo_w) + b
 
         xq, xs = nx.quantize_per_token(x)  # per token, as npu_dynamic_quant
@@ -751,8 +775,16 @@ class _MxFormat(ExpertWeightFormat):
         w13 = weight("w13_weight").transpose(1, 2)  # (E, H, 2I) view: w13[e].T as before
         w2 = weight("w2_weight").transpose(1, 2)  # (E, I, H)
         xa = self._fake_quantize_act(x)[sel.token]  # MX blocks along H, per token
-        h = _grouped_mm(xa, w13, sel, exact=False)
-        return _grouped_mm(self._fake_quantize_act(_silu_and_mul(h, inter)), w2, sel, exact=False)
+        h = _grouped_mm(
+            xa,
+            w13,
+            sel,
+        )
+        return _grouped_mm(
+            self._fake_quantize_act(_silu_and_mul(h, inter)),
+            w2,
+            sel,
+        )
 
 
 class Mxfp8Format(_MxFormat):
