@@ -258,3 +258,19 @@ def test_a_token_computes_the_same_alone_and_in_a_batch(variant, lists):
             assert torch.equal(out[5:6], alone), (path, batch_ids.tolist())
             # and the others' rows are their own, not zero
             assert out[[i for i in range(C.T) if i != 5]].abs().sum(dim=1).gt(0).sum() >= C.T // 2
+
+
+@pytest.mark.parametrize(("variant", "lists"), C.CASES, ids=C.CASE_IDS)
+def test_apply_in_expert_chunks_equals_apply_at_once(variant, lists, monkeypatch):
+    """Large layers are computed a few experts at a time; the chunking changes no bit."""
+    from ascend_eplb.quant_views import formats
+
+    fmt, storage = C.build(variant, lists)
+    x = C.hidden()
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(-1, C.P, (C.T, 3), generator=g)
+    weights = torch.softmax(torch.randn(C.T, 3, generator=g), dim=1)
+    at_once = {path: fmt.apply(storage, x, weights, ids, comm_path=path) for path in C.comm_paths(storage)}
+    monkeypatch.setattr(formats, "_CHUNK_BYTES", 1)  # one expert per chunk
+    for path, expected in at_once.items():
+        assert torch.equal(fmt.apply(storage, x, weights, ids, comm_path=path), expected), path

@@ -248,7 +248,9 @@ class ExpertWeightFormat(abc.ABC):
         out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
         sel = _Selection.of(local_ids_TK, topk_weights_TK)
         if sel is not None:
-            y = self._forward_selected(storage, x, sel, fused)
+            # Experts in chunks whose dequantized float64 weights (3*H*I each) stay cache-sized.
+            per_chunk = max(1, _CHUNK_BYTES // (24 * storage.hidden_size * storage.intermediate_size))
+            y = torch.cat([self._forward_selected(storage, x, part, fused) for part in sel.split(per_chunk)])
             out.index_add_(0, sel.token, y * sel.weight.unsqueeze(1))
         return out.to(hidden_TH.dtype)
 
@@ -335,6 +337,9 @@ def _check_apply_inputs(storage: ExpertStorage, x: torch.Tensor, w: torch.Tensor
 
 #: Elements below which a TensorIterator kernel runs on one thread (ATen ``internal::GRAIN_SIZE``).
 _SERIAL_NUMEL = 32768
+#: Dequantized weights computed at once by `ExpertWeightFormat.apply` (bytes, float64): beyond this,
+#: experts go in several chunks (one Python iteration each), which keeps large layers cache-friendly.
+_CHUNK_BYTES = 8 << 20
 
 
 def _silu_and_mul(h: torch.Tensor, inter: int) -> torch.Tensor:
@@ -392,6 +397,27 @@ class _Selection:
             rows_list=rows.tolist(),
             counts=count_list,
         )
+
+    def split(self, experts: int) -> list[_Selection]:
+        """Consecutive sub-selections of at most ``experts`` present rows each (order kept)."""
+        if len(self.counts) <= experts:
+            return [self]
+        parts, start = [], 0
+        for first in range(0, len(self.counts), experts):
+            counts = self.counts[first : first + experts]
+            stop = start + sum(counts)
+            parts.append(
+                _Selection(
+                    token=self.token[start:stop],
+                    weight=self.weight[start:stop],
+                    group=self.group[start:stop] - first,
+                    rows=self.rows[first : first + experts],
+                    rows_list=self.rows_list[first : first + experts],
+                    counts=counts,
+                )
+            )
+            start = stop
+        return parts
 
 
 def _grouped_mm(
