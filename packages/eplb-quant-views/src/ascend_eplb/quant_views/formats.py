@@ -224,8 +224,11 @@ class ExpertWeightFormat(abc.ABC):
         row ``local_ids[t, k]``; entries with ``local_ids == -1`` (expert not on this rank) contribute 0.
         Weights are dequantized from the kernel tensors exactly as the format's docstring says;
         activations are quantized at run time where the kernel does (per-token int8 for W8A8/W4A8,
-        MX blocks for MXFP). Arithmetic is float64 (integer GEMMs are exact in it); the same inputs give
-        bit-identical outputs, and an expert's result depends only on its storage rows.
+        MX blocks for MXFP). Arithmetic is float64 (integer GEMMs run exactly, in float32 where every
+        partial sum fits); the same inputs give bit-identical outputs, and an expert's result depends
+        only on its storage rows and the tokens routed to it (not on other experts or its row index).
+        All selections are computed together: kernel tensors of the experts present are read once per
+        call (README "Reference kernel speed").
 
         Args:
             storage: built by this format.
