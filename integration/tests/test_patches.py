@@ -24,11 +24,21 @@ def _bindings():
     return out
 
 
+def _restore_upstream():
+    # Constructing an AscendEplbState installs control's commit hooks by itself; start and end every
+    # test from upstream's own bindings whoever installed what.
+    from ascend_eplb.control import host_adaptation, uninstall_commit_hooks
+
+    patches.remove_patches()
+    uninstall_commit_hooks()
+    host_adaptation.uninstall()
+
+
 @pytest.fixture
 def clean():
-    patches.remove_patches()
+    _restore_upstream()
     yield
-    patches.remove_patches()
+    _restore_upstream()
 
 
 def test_apply_twice_changes_nothing_and_remove_restores(clean):
