@@ -284,3 +284,34 @@ def test_vllm_config_is_resolved_and_every_violation_is_in_one_error(monkeypatch
     assert "additional_config.eplb_config.expert_map_path" in text
     assert "eplb_config.use_async=False" in text
     assert "eplb_config.communicator='torch_nccl'" in text
+
+
+@pytest.mark.parametrize(
+    ("dotted", "label"),
+    [
+        ("parallel_config__enable_eplb", "parallel_config.enable_eplb"),
+        ("parallel_config__enable_expert_parallel", "parallel_config.enable_expert_parallel"),
+        ("parallel_config__enable_dbo", "parallel_config.enable_dbo"),
+        ("parallel_config__eplb_config__log_balancedness", "parallel_config.eplb_config.log_balancedness"),
+        ("speculative_config__draft_is_moe", "speculative_config.draft_is_moe"),
+    ],
+)
+def test_quoted_booleans_are_schema_errors_not_truthy_strings(tmp_path, dotted, label):
+    # bool("false") is True: a quoted "false" must not switch anything on.
+    result = _check(tmp_path, _with(**{dotted: "false"}))
+    assert not result.ok
+    assert str(result.violations[0]) == f"[schema] {label}='false' must be a JSON boolean (true or false)"
+    # The switch keeps its default (EPLB and EP off), never the truthiness of the string.
+    assert [v.rule for v in result.violations[1:]] == {
+        "parallel_config.enable_eplb": ["phase-without-eplb"],
+        "parallel_config.enable_expert_parallel": ["expert-parallel"],
+    }.get(label, [])
+
+
+def test_log_balancedness_interval_must_be_positive(tmp_path):
+    result = _check(tmp_path, _with(parallel_config__eplb_config__log_balancedness_interval=-3))
+    assert [str(v) for v in result.violations] == [
+        "[schema] parallel_config.eplb_config.log_balancedness_interval=-3 must be an integer >= 1"
+    ]
+    ok = _check(tmp_path, _with(parallel_config__eplb_config__log_balancedness_interval=5))
+    assert ok.ok, ok.report

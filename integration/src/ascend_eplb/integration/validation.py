@@ -538,17 +538,35 @@ def settings_from_file_dict(
             return default
         return v
 
+    def boolean(section: str, d: dict[str, Any], key: str, default: bool) -> bool:
+        # JSON true/false only: bool("false") is True, so a quoted value would flip the switch.
+        v = d.get(key, default)
+        if not isinstance(v, bool):
+            out.append(Violation("schema", f"{section}.{key}={v!r} must be a JSON boolean (true or false)"))
+            return default
+        return v
+
+    interval = ec.get("log_balancedness_interval", 1)
+    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+        out.append(
+            Violation(
+                "schema",
+                f"parallel_config.eplb_config.log_balancedness_interval={interval!r} must be an integer >= 1",
+            )
+        )
+    boolean("parallel_config.eplb_config", ec, "enable_migration_batching", False)
+
     experts = model.get("num_logical_experts")
     if experts is not None and (not isinstance(experts, int) or isinstance(experts, bool) or experts < 1):
         out.append(Violation("schema", f"model.num_logical_experts={experts!r} must be an integer >= 1"))
         experts = None
     quant = model.get("quantization", "bf16")
     settings = EplbSettings(
-        enable_eplb=bool(pc.get("enable_eplb", False)),
-        use_v2_model_runner=bool(top.get("use_v2_model_runner", True)),
-        enable_expert_parallel=bool(pc.get("enable_expert_parallel", False)),
-        enable_elastic_ep=bool(pc.get("enable_elastic_ep", False)),
-        enable_dbo=bool(pc.get("enable_dbo", False)),
+        enable_eplb=boolean("parallel_config", pc, "enable_eplb", False),
+        use_v2_model_runner=boolean("the config file", top, "use_v2_model_runner", True),
+        enable_expert_parallel=boolean("parallel_config", pc, "enable_expert_parallel", False),
+        enable_elastic_ep=boolean("parallel_config", pc, "enable_elastic_ep", False),
+        enable_dbo=boolean("parallel_config", pc, "enable_dbo", False),
         tensor_parallel_size=integer("parallel_config", pc, "tensor_parallel_size", 1),
         prefill_context_parallel_size=integer("parallel_config", pc, "prefill_context_parallel_size", 1),
         data_parallel_size=integer("parallel_config", pc, "data_parallel_size", 1),
@@ -558,7 +576,7 @@ def settings_from_file_dict(
         use_async=ec.get("use_async", True),
         policy=ec.get("policy", "default"),
         communicator=ec.get("communicator"),
-        log_balancedness=bool(ec.get("log_balancedness", False)),
+        log_balancedness=boolean("parallel_config.eplb_config", ec, "log_balancedness", False),
         ascend_eplb_config=dict(ascend),
         legacy_top_level_keys={k: additional[k] for k in V1_EPLB_KEYS if k in additional},
         environment={k: env[k] for k in V1_EPLB_ENV_SWITCHES if k in env},
@@ -566,7 +584,7 @@ def settings_from_file_dict(
         quantization=str(quant) if quant is not None else None,
         cudagraph_mode=str(compilation.get("cudagraph_mode", "NONE")),
         speculative_method=spec.get("method") if spec else None,
-        speculative_draft_is_moe=bool(spec.get("draft_is_moe", False)) if spec else False,
+        speculative_draft_is_moe=boolean("speculative_config", spec, "draft_is_moe", False),
     )
     return settings, out
 
