@@ -175,3 +175,23 @@ def test_apply_and_views_reject_bad_input():
         get_format("bf16").weight_views(storage)
     with pytest.raises(IndexError, match=r"local_row=4 is outside \[0, num_local_experts=4\)"):
         storage.expert_tensors("w2_weight", 4)
+
+
+def test_check_sizes_applies_create_storage_rules_without_weights():
+    # The rules create_storage enforces, checkable before any weight exists (simulate validates with it).
+    get_format("mxfp8").check_sizes(128, 64)
+    get_format("w4a8_dynamic").check_sizes(16, 4)
+    get_format("bf16").check_sizes(33, 1)
+    with pytest.raises(ValueError, match="mxfp8: I=32") as err:
+        get_format("mxfp8").check_sizes(64, 32)
+    assert str(err.value) == (
+        "mxfp8: I=32 must be a multiple of 64 (e8m0 scales per 32 elements of K=I, stored in pairs)"
+    )
+    with pytest.raises(ValueError, match="mxfp4: H=96 must be a multiple of 64"):
+        get_format("mxfp4").check_sizes(96, 64)
+    with pytest.raises(ValueError, match="w4a8_dynamic: H=12 must be a multiple of 8"):
+        get_format("w4a8_dynamic").check_sizes(12, 4)
+    with pytest.raises(ValueError, match=r"bf16: I=0 must be a positive int"):
+        get_format("bf16").check_sizes(64, 0)
+    with pytest.raises(ValueError, match=r"bf16: H=True must be a positive int"):
+        get_format("bf16").check_sizes(True, 8)

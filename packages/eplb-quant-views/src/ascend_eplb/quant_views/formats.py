@@ -116,10 +116,7 @@ class ExpertWeightFormat(abc.ABC):
             UnsupportedFormatError: an option value EPLB cannot support (per-group ``w4a8_dynamic``).
         """
         p, hidden, inter = _check_float_weights(w13, w2)
-        for letter, multiple, why in self._size_rules:
-            value = hidden if letter == "H" else inter
-            if value % multiple:
-                raise ValueError(f"{self.name}: {letter}={value} must be a multiple of {multiple} ({why})")
+        self.check_sizes(hidden, inter)
         unknown = sorted(set(options) - set(self._options))
         if unknown:
             raise TypeError(
@@ -141,6 +138,24 @@ class ExpertWeightFormat(abc.ABC):
             unread_tensors=MappingProxyType(unread),
             options=MappingProxyType({k: opts[k] for k in self._public_options(opts)}),
         )
+
+    def check_sizes(self, hidden_size: int, intermediate_size: int) -> None:
+        """Check ``H`` and ``I`` against this format's layout, without building any storage.
+
+        `create_storage` applies the same rules; callers that size weights up front (a simulator, a
+        config check) call this before starting any work.
+
+        Raises:
+            ValueError: ``H`` or ``I`` is not a positive int, or not a multiple the layout needs
+                (names the letter, the value, the multiple and why).
+        """
+        for letter, value in (("H", hidden_size), ("I", intermediate_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{self.name}: {letter}={value!r} must be a positive int")
+        for letter, multiple, why in self._size_rules:
+            value = hidden_size if letter == "H" else intermediate_size
+            if value % multiple:
+                raise ValueError(f"{self.name}: {letter}={value} must be a multiple of {multiple} ({why})")
 
     def _public_options(self, opts: Mapping[str, Any]) -> list[str]:
         return [k for k, v in opts.items() if not isinstance(v, torch.Tensor)]
