@@ -108,3 +108,37 @@ def test_prefix_rule():
     assert t.prefix(3).topk_ids.shape == (3, 8251, 6)
     with pytest.raises(ValueError, match=r"layers=27: must be in \[1, 26\]"):
         t.prefix(27)
+
+
+def _npz(path, **arrays):
+    np.savez(path, **arrays)
+    return path
+
+
+def test_load_trace_rejects_bad_npz_with_a_value_error_naming_the_file(tmp_path):
+    good = dict(topk_ids=np.ones((1, 4, 2), np.int64), topk_weights_e4=np.ones((1, 4, 2), np.int16),
+                seq_offsets=np.array([0, 4]), num_logical_experts=np.array(8))  # fmt: skip
+    assert trace.load_trace(_npz(tmp_path / "good.npz", **good)).topk_ids.shape == (1, 4, 2)
+    missing = tmp_path / "missing.npz"
+    with pytest.raises(ValueError, match=f"^{missing}: no such file"):
+        trace.load_trace(missing)
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    (tmp_path / "one.npy").rename(tmp_path / "one.npz")
+    with pytest.raises(ValueError, match=r"one.npz: not a readable routing trace .npz \(a single array"):
+        trace.load_trace(tmp_path / "one.npz")
+    (tmp_path / "garbage.npz").write_text("hello")
+    with pytest.raises(ValueError, match=r"garbage\.npz: not a readable routing trace \.npz"):
+        trace.load_trace(tmp_path / "garbage.npz")
+    with pytest.raises(ValueError, match=r"missing keys \['num_logical_experts', 'seq_offsets'"):
+        trace.load_trace(_npz(tmp_path / "keys.npz", topk_ids=good["topk_ids"]))
+    ids = good["topk_ids"].copy()
+    ids[0, 0, 0] = -1
+    neg = _npz(tmp_path / "neg.npz", **good | {"topk_ids": ids})
+    with pytest.raises(
+        ValueError, match=r"expert ids must lie in \[0, num_logical_experts=8\), got \[-1, 1\]"
+    ):
+        trace.load_trace(neg)
+    with pytest.raises(ValueError, match=r"seq_offsets \(0,\) a 1-D array of at least 2 offsets"):
+        trace.load_trace(_npz(tmp_path / "off.npz", **good | {"seq_offsets": np.array([], np.int64)}))
+    with pytest.raises(ValueError, match="seq_offsets must rise from 0 to the token count 4, got first 1"):
+        trace.load_trace(_npz(tmp_path / "rise.npz", **good | {"seq_offsets": np.array([1, 4])}))

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import csv
 import json
+import pickle
+import zipfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -169,20 +171,37 @@ def load_trace(path: str | Path | None = None) -> RoutingTrace:
     Raises ``ValueError`` naming the file when a key is missing or shapes disagree.
     """
     path = embedded_trace_path() if path is None else Path(path)
-    with np.load(path) as z:
-        missing = {"topk_ids", "topk_weights_e4", "seq_offsets", "num_logical_experts"} - set(z.files)
-        if missing:
-            raise ValueError(f"{path}: not a routing trace, missing keys {sorted(missing)}")
-        ids = z["topk_ids"].astype(np.int64)
-        weights = z["topk_weights_e4"].astype(np.float32) / _WEIGHT_SCALE
-        offsets = z["seq_offsets"].astype(np.int64)
-        num_experts = int(z["num_logical_experts"])
-    if ids.ndim != 3 or ids.shape != weights.shape or offsets[-1] != ids.shape[1]:
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file (a compact routing trace .npz)")
+    try:
+        z = np.load(path)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise ValueError("a single array, not an .npz archive")
+        with z:
+            missing = {"topk_ids", "topk_weights_e4", "seq_offsets", "num_logical_experts"} - set(z.files)
+            if missing:
+                raise ValueError(f"not a routing trace, missing keys {sorted(missing)}")
+            ids = z["topk_ids"].astype(np.int64)
+            weights = z["topk_weights_e4"].astype(np.float32) / _WEIGHT_SCALE
+            offsets = z["seq_offsets"].astype(np.int64)
+            num_experts = int(z["num_logical_experts"])
+    except (OSError, ValueError, TypeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError) as e:
+        raise ValueError(f"{path}: not a readable routing trace .npz ({e})") from None
+    if ids.ndim != 3 or ids.shape != weights.shape or offsets.ndim != 1 or offsets.size < 2:
         raise ValueError(
-            f"{path}: topk_ids {ids.shape}, weights {weights.shape}, last offset {offsets[-1]} disagree"
+            f"{path}: topk_ids {ids.shape} must be [L, T, K] like weights {weights.shape}, with "
+            f"seq_offsets {offsets.shape} a 1-D array of at least 2 offsets"
         )
-    if ids.max() >= num_experts:
-        raise ValueError(f"{path}: expert id {ids.max()} >= num_logical_experts {num_experts}")
+    if offsets[-1] != ids.shape[1] or offsets[0] != 0 or (np.diff(offsets) < 0).any():
+        raise ValueError(
+            f"{path}: seq_offsets must rise from 0 to the token count {ids.shape[1]}, got "
+            f"first {offsets[0]}, last {offsets[-1]}"
+        )
+    if ids.size == 0 or ids.min() < 0 or ids.max() >= num_experts:
+        raise ValueError(
+            f"{path}: expert ids must lie in [0, num_logical_experts={num_experts}), got "
+            f"{'none' if ids.size == 0 else f'[{ids.min()}, {ids.max()}]'}"
+        )
     return RoutingTrace(ids, weights, offsets, num_experts, path.name)
 
 
@@ -210,7 +229,7 @@ def load_load_matrix(path: str | Path) -> np.ndarray:
     source = str(path)
     suffix = path.suffix.lower()
     if not path.is_file():
-        raise ValueError(f"{source}: no such file (the load to plan from)")
+        raise ValueError(f"{source}: no such file (an [L, E] load matrix)")
     if suffix == ".npy":
         return _matrix(np.load(path, allow_pickle=False), source)
     if suffix == ".csv":
