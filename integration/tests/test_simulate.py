@@ -62,3 +62,24 @@ def test_bad_options_rejected_before_any_process(tmp_path, capsys):
     assert "format='int3'" in err
     assert "window size=9: must be <= step interval=4" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_unusable_sizes_output_folder_and_timeout_rejected_before_any_process(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code = main(["simulate", "--format", "mxfp8", "--out", str(blocker / "sub"), "--timeout", "inf"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert (
+        "format='mxfp8' with hidden size=64, intermediate size=32: mxfp8: I=32 must be a multiple of 64"
+    ) in err
+    assert f"out={blocker / 'sub'}: cannot be created: {blocker} is not a folder" in err
+    assert "timeout=inf: must be a finite number of seconds > 0" in err
+    assert main(["simulate", "--out", str(blocker), "--timeout", "nan"]) == 2
+    err = capsys.readouterr().err
+    assert f"out={blocker}: exists and is not a folder" in err
+    assert "timeout=nan: must be a finite number of seconds > 0" in err
+    missing = tmp_path / "missing.npz"
+    assert main(["simulate", "--trace", str(missing), "--out", str(tmp_path / "o")]) == 2
+    assert f"{missing}: no such file (a compact routing trace .npz)" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]

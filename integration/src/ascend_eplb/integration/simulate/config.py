@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -83,6 +84,14 @@ class SimulateConfig:
         else:
             if not fmt.supports_eplb:
                 errors.append(f"format={self.quant_format!r}: does not support EPLB")
+            elif self.hidden_size >= 1 and self.intermediate_size >= 1:
+                try:
+                    fmt.check_sizes(self.hidden_size, self.intermediate_size)
+                except ValueError as e:
+                    errors.append(
+                        f"format={self.quant_format!r} with hidden size={self.hidden_size}, intermediate "
+                        f"size={self.intermediate_size}: {e}"
+                    )
         if self.num_layers is not None and not 1 <= self.num_layers <= num_trace_layers:
             errors.append(
                 f"layers={self.num_layers}: must be in [1, {num_trace_layers}] (the trace's MoE layers)"
@@ -108,11 +117,30 @@ class SimulateConfig:
             errors.append(
                 f"hidden size={self.hidden_size}, intermediate size={self.intermediate_size}: must be >= 1"
             )
-        if self.timeout_s <= 0:
-            errors.append(f"timeout={self.timeout_s}: must be > 0 seconds")
+        out_error = _unwritable(Path(self.out_dir))
+        if out_error:
+            errors.append(f"out={self.out_dir}: {out_error}")
+        if not self.timeout_s > 0 or self.timeout_s == float("inf"):
+            errors.append(f"timeout={self.timeout_s}: must be a finite number of seconds > 0")
         if self.fault is not None and self.fault not in FAULTS:
             errors.append(f"fault={self.fault!r}: must be one of {FAULTS}")
         if top_k > num_logical_experts:
             errors.append(f"trace top-k={top_k}: must be <= E={num_logical_experts}")
         if errors:
             raise ValueError("invalid simulate options:\n  - " + "\n  - ".join(errors))
+
+
+def _unwritable(out: Path) -> str | None:
+    """Why the output folder ``out`` cannot be created or written, or None when it can."""
+    if out.exists():
+        if not out.is_dir():
+            return "exists and is not a folder"
+        return None if os.access(out, os.W_OK | os.X_OK) else "folder is not writable"
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"cannot be created: {parent} is not a folder"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be created: {parent} is not writable"
+    return None

@@ -271,7 +271,15 @@ def run_simulation(config: SimulateConfig, *, stream=None) -> dict:
     t0 = time.perf_counter()
     config, routing = _prepare(config)
     out = Path(config.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(
+            f"invalid simulate options:\n  - out={config.out_dir}: cannot write there ({e})"
+        ) from e
     results = _launch(config, routing, out)
     report = _report(config, routing, results, time.perf_counter() - t0)
     (out / "report.json").write_text(json.dumps(report, indent=1))
