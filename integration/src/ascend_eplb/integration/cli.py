@@ -2,7 +2,8 @@
 
 Every option is validated before anything heavy is imported or any process starts; a bad value exits
 with status 2 and names the value and the rule. ``simulate`` exits 0 when every check passed and 1 when
-one failed (the first violation is printed); ``check`` exits 0 for a valid config and 2 otherwise.
+one failed (the first violation is printed) or a rank crashed, raised or missed the deadline (each
+rank's state is printed); ``check`` exits 0 for a valid config and 2 otherwise.
 """
 
 from __future__ import annotations
@@ -215,6 +216,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"ascend-eplb {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:
+        from ascend_eplb.integration.simulate.driver import SimulationError
+
+        if not isinstance(e, SimulationError):
+            raise
+        # A rank crashed, raised or missed the deadline: the message names each rank (with its
+        # traceback); the launcher's own stack says nothing more.
+        print(f"ascend-eplb {args.command}: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
