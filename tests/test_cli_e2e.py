@@ -64,5 +64,5 @@ def test_console_script_check_good_and_bad_config(tmp_path):
     assert "num_physical_experts: 66" in ok.stdout
     rejected = _run("check", str(bad), timeout=120)
     assert rejected.returncode == 2, rejected.stdout + rejected.stderr
-    assert "[experts-divisible]" in rejected.stderr
-    assert "(64) + num_redundant_experts (3) = 67 physical experts is not divisible" in rejected.stderr
+    assert "[experts-divisible]" in rejected.stdout
+    assert "(64) + num_redundant_experts (3) = 67 physical experts is not divisible" in rejected.stdout

@@ -315,3 +315,17 @@ def test_log_balancedness_interval_must_be_positive(tmp_path):
     ]
     ok = _check(tmp_path, _with(parallel_config__eplb_config__log_balancedness_interval=5))
     assert ok.ok, ok.report
+
+
+def test_readme_config_example_passes(tmp_path):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    example = re.search(r"## Config file schema.*?```json\n(.*?)```", readme, re.S).group(1)
+    path = tmp_path / "readme.json"
+    path.write_text(example)
+    result = check_config_file(path, environ={})
+    assert result.ok, result.report
+    assert result.exit_code == 0
+    assert "communicator: torch_gloo" in result.report

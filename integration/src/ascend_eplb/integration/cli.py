@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--padded-size",
         type=_positive,
         default=None,
-        help="padded batch size (graph size), default batch size rounded up to a multiple of 16",
+        help="padded batch size (graph size), default the next multiple of 16 above the batch size",
     )
     sim.add_argument("--steps", type=_positive, default=d.steps, help="default %(default)s")
     sim.add_argument(
@@ -171,8 +171,10 @@ def _run_check(args: argparse.Namespace) -> int:
     from ascend_eplb.integration.validation import check_config_file
 
     result = check_config_file(args.config)
+    # One report on stdout, ok or not, so `ascend-eplb check CONFIG > report.txt` keeps the reasons;
+    # the exit code (0 or 2) tells the outcome.
     print(f"ascend-eplb check: {args.config}: {'OK' if result.ok else 'INVALID'}")
-    print(result.report, file=sys.stdout if result.ok else sys.stderr)
+    print(result.report)
     return result.exit_code
 
 

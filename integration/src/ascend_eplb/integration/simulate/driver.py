@@ -15,7 +15,9 @@ import multiprocessing.connection
 import os
 import pickle
 import queue as queue_mod
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -54,9 +56,17 @@ def _prepare(config: SimulateConfig) -> tuple[SimulateConfig, Any]:
     return config, routing
 
 
-def _launch(config: SimulateConfig, routing: Any, out: Path) -> list[dict]:
-    world = out / f"world-{time.monotonic_ns()}"
-    world.mkdir(parents=True)
+def _launch(config: SimulateConfig, routing: Any) -> list[dict]:
+    # Scratch of this world (trace copy, rendezvous file, per-rank results): removed after the run, so
+    # only report.json and the plot are left in the output folder.
+    world = Path(tempfile.mkdtemp(prefix="ascend-eplb-simulate-"))
+    try:
+        return _launch_in(config, routing, world)
+    finally:
+        shutil.rmtree(world, ignore_errors=True)
+
+
+def _launch_in(config: SimulateConfig, routing: Any, world: Path) -> list[dict]:
     trace_file = world / "trace.npz"
     np.savez(
         trace_file,
@@ -280,7 +290,7 @@ def run_simulation(config: SimulateConfig, *, stream=None) -> dict:
         raise ValueError(
             f"invalid simulate options:\n  - out={config.out_dir}: cannot write there ({e})"
         ) from e
-    results = _launch(config, routing, out)
+    results = _launch(config, routing)
     report = _report(config, routing, results, time.perf_counter() - t0)
     (out / "report.json").write_text(json.dumps(report, indent=1))
     _plot(report, out / "balancedness.png")
