@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from ascend_eplb.testing import RankContext
 
-TRACE_DIR = Path(
-    "/work/shared/data/expert-load/esft-deepseek-v2-lite-expert-scores/results/expert_scores/translation"
-)
 NUM_MOE_LAYERS = 2
 NUM_LOGICAL = 64  # DeepSeek-V2-Lite routed experts, as in the trace
 NUM_REDUNDANT = 4
@@ -42,16 +38,15 @@ def tag(layer: int, logical_expert: int) -> float:
 
 
 def _trace(num_sequences: int) -> list[list[torch.Tensor]]:
-    """Per MoE layer ``l`` (trace layer ``l + 1``): the first sequences' top-6 ids, int64 ``(tokens, 6)``."""
-    out = []
-    for layer in range(NUM_MOE_LAYERS):
-        seqs = []
-        with open(TRACE_DIR / f"expert_weights_{layer + 1}.txt") as f:
-            for _, line in zip(range(num_sequences), f, strict=False):
-                ids = [int(v) for v in line.split("\t\t")[0].split("\t")]
-                seqs.append(torch.tensor(ids, dtype=torch.int64).view(-1, TOP_K))
-        out.append(seqs)
-    return out
+    """Per MoE layer ``l``: the first sequences' top-6 ids of the embedded ESFT trace, int64 (tokens, 6)."""
+    from ascend_eplb.integration.trace import load_trace
+
+    trace = load_trace()
+    offsets = trace.seq_offsets
+    return [
+        [torch.from_numpy(trace.topk_ids[layer, offsets[i] : offsets[i + 1]]) for i in range(num_sequences)]
+        for layer in range(NUM_MOE_LAYERS)
+    ]
 
 
 def router_logits_for(ids: torch.Tensor) -> torch.Tensor:

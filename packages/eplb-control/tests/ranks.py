@@ -16,8 +16,10 @@ import torch
 
 from ascend_eplb.testing import RankContext
 
-TRACE_DIR = Path(
-    "/work/shared/data/expert-load/esft-deepseek-v2-lite-expert-scores/results/expert_scores/translation"
+# The real ESFT routing trace in the project's shared data, checked out beside the repository (as CI has it).
+TRACE_DIR = (
+    Path(__file__).resolve().parents[3].parent
+    / "shared/data/expert-load/esft-deepseek-v2-lite-expert-scores/results/expert_scores/translation"
 )
 NUM_MOE_LAYERS = 2
 NUM_LOGICAL = 64  # DeepSeek-V2-Lite routed experts, as in the trace
