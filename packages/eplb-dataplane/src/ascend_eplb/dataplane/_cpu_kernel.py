@@ -127,16 +127,7 @@ class CpuKernel:
 
     def map_to_physical(self, topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         """``map_to_physical`` on checked CPU arguments (dtypes, ranks, one device)."""
-        ids = topk_ids.contiguous()
-        out = torch.empty_like(ids)
-        num_tokens, top_k = ids.shape
-        rows, num_experts = table.shape
-        row_stride, col_stride = table.stride()
-        self._entry[ids.dtype, torch.int32](
-            ids.data_ptr(), num_tokens, top_k, table.data_ptr(), rows, num_experts, row_stride,
-            col_stride, out.data_ptr(), None, 0, 0, _NO_FLAG_ADDRESS, None, 0,
-        )  # fmt: skip
-        return out
+        return self._run(topk_ids, table, None, None, None)
 
     def map_to_physical_and_record(
         self,
@@ -147,16 +138,34 @@ class CpuKernel:
         num_unpadded_tokens: torch.Tensor,
     ) -> torch.Tensor:
         """``map_to_physical_and_record`` on checked CPU arguments (dtypes, ranks, one device)."""
+        return self._run(topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens)
+
+    def _run(
+        self,
+        topk_ids: torch.Tensor,
+        table: torch.Tensor,
+        expert_load_view: torch.Tensor | None,
+        record_enabled: torch.Tensor | None,
+        num_unpadded_tokens: torch.Tensor | None,
+    ) -> torch.Tensor:
+        # Without a load view the kernel maps only (no load pointer, the constant-false flag).
         ids = topk_ids.contiguous()
         out = torch.empty_like(ids)
         num_tokens, top_k = ids.shape
         rows, num_experts = table.shape
         row_stride, col_stride = table.stride()
-        self._entry[ids.dtype, expert_load_view.dtype](
+        if expert_load_view is None or record_enabled is None or num_unpadded_tokens is None:
+            load_dtype, load = torch.int32, (None, 0, 0, _NO_FLAG_ADDRESS, None, 0)
+        else:
+            load_dtype = expert_load_view.dtype
+            load = (
+                expert_load_view.data_ptr(), expert_load_view.shape[0], expert_load_view.stride(0),
+                record_enabled.data_ptr(), num_unpadded_tokens.data_ptr(),
+                num_unpadded_tokens.dtype == torch.int64,
+            )  # fmt: skip
+        self._entry[ids.dtype, load_dtype](
             ids.data_ptr(), num_tokens, top_k, table.data_ptr(), rows, num_experts, row_stride,
-            col_stride, out.data_ptr(), expert_load_view.data_ptr(), expert_load_view.shape[0],
-            expert_load_view.stride(0), record_enabled.data_ptr(), num_unpadded_tokens.data_ptr(),
-            num_unpadded_tokens.dtype == torch.int64,
+            col_stride, out.data_ptr(), *load,
         )  # fmt: skip
         return out
 
