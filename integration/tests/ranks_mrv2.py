@@ -1,11 +1,12 @@
 """Rank functions of the integration's end-to-end tests (loaded by path in each rank process).
 
-``mrv2_world`` is one Ascend Model Runner V2 worker with EPLB on, on CPU over Gloo: the plugin entry
-point applies the patches (``ASCEND_EPLB=1``), the runner builds its controller through
-:class:`~ascend_eplb.integration.runner.Mrv2EplbWiring`, and vLLM 0.33.0's own ``EPLBController`` /
-``EplbState`` / async worker / default policy run the rearrangements. The toy MoE model routes through
-upstream's real ``CustomRoutingRouter`` (a ``BaseRouter``) per layer, fed with the real ESFT
-DeepSeek-V2-Lite routing trace, and holds tagged expert weights. The rank returns what it observed.
+``mrv2_world`` is one Ascend Model Runner V2 worker with EPLB on, on CPU over Gloo: vLLM's plugin loader
+discovers the integration's entry point, which applies the patches (``ASCEND_EPLB=1``), the runner builds
+its controller through :class:`~ascend_eplb.integration.runner.Mrv2EplbWiring`, and vLLM 0.33.0's own
+``EPLBController`` / ``EplbState`` / async worker / default policy run the rearrangements. The model is
+the repository's toy MoE model (``ascend_eplb.testing.moe``): each layer routes through upstream's real
+``CustomRoutingRouter`` (a ``BaseRouter``), fed with the real ESFT DeepSeek-V2-Lite routing trace, and
+holds tagged expert weights. The rank returns what it observed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ NUM_MOE_LAYERS = 2
 NUM_LOGICAL = 64  # DeepSeek-V2-Lite routed experts, as in the trace
 NUM_REDUNDANT = 4
 TOP_K = 6
-HIDDEN = 8
 TOKENS = 24  # real tokens per batch and rank
 PADDING = 8  # padded rows appended to every batch (never recorded)
 DUMMY_TOKENS = 16  # tokens of the profile and warm-up dummy forwards
@@ -38,139 +38,35 @@ def tag(layer: int, logical_expert: int) -> float:
 
 
 def _trace(num_sequences: int) -> list[list[torch.Tensor]]:
-    """Per MoE layer ``l``: the first sequences' top-6 ids of the embedded ESFT trace, int64 (tokens, 6)."""
-    from ascend_eplb.integration.trace import load_trace
+    """Per MoE layer: the first sequences' top-6 ids of the real ESFT trace, int64 ``(tokens, 6)``."""
+    from ascend_eplb.testing.esft import esft_sequences
 
-    trace = load_trace()
-    offsets = trace.seq_offsets
-    return [
-        [torch.from_numpy(trace.topk_ids[layer, offsets[i] : offsets[i + 1]]) for i in range(num_sequences)]
-        for layer in range(NUM_MOE_LAYERS)
-    ]
-
-
-def router_logits_for(ids: torch.Tensor) -> torch.Tensor:
-    """float32 ``(T, E)`` logits whose top-``K`` are exactly ``ids`` ``(T, K)``, in that order."""
-    logits = torch.zeros(ids.shape[0], NUM_LOGICAL, dtype=torch.float32)
-    ranks_of_choice = torch.arange(TOP_K, 0, -1, dtype=torch.float32).expand(ids.shape[0], TOP_K)
-    return logits.scatter_(1, ids, ranks_of_choice)
-
-
-class ToyModelConfig:
-    """What ``EplbState`` reads from a ``ModelConfig``: ``.model`` and ``.compute_hash()``."""
-
-    model = "toy/mrv2-moe"
-
-    def compute_hash(self) -> str:
-        return "toy-mrv2-moe-hash"
+    return [esft_sequences(layer, num_sequences) for layer in range(NUM_MOE_LAYERS)]
 
 
 def _build_model(ep_rank: int, num_ranks: int):
-    """The toy MoE model; built inside the rank (vLLM is imported there)."""
-    from vllm.distributed.eplb.eplb_state import EplbLayerState
-    from vllm.model_executor.layers.fused_moe.router.custom_routing_router import CustomRoutingRouter
-    from vllm.model_executor.models.interfaces import MixtureOfExperts
+    """The repository's toy MoE model with tagged weights; built inside the rank (it imports vLLM)."""
+    from ascend_eplb.testing.moe import TaggedExperts, ToyMoEModel, initial_local_experts
 
-    class ToyMoELayer(torch.nn.Module):
-        """Shaped like upstream's ``MoERunner``: ``router``, ``eplb_state`` (the router's), tagged weights."""
-
-        def __init__(self, layer: int, local_logical: list[int]) -> None:
-            super().__init__()
-            p = len(local_logical)
-            tags = torch.tensor([tag(layer, e) for e in local_logical], dtype=torch.float32)
-            self.w13 = torch.nn.Parameter(
-                tags.view(p, 1, 1).expand(p, 2, 4).contiguous(), requires_grad=False
-            )
-            self.w2 = torch.nn.Parameter(
-                tags.to(torch.bfloat16).view(p, 1, 1).expand(p, 4, 2).contiguous(), requires_grad=False
-            )
-            self.routing_calls = 0
-
-            def topk_routing(hidden_states, gating_output, topk, renormalize):
-                self.routing_calls += 1
-                weights, ids = torch.topk(torch.softmax(gating_output, dim=-1), topk, dim=-1)
-                if renormalize:
-                    weights = weights / weights.sum(dim=-1, keepdim=True)
-                return weights, ids
-
-            # As upstream's FusedMoE builds it with EPLB on: a plain upstream EplbLayerState.
-            self.router = CustomRoutingRouter(
-                top_k=TOP_K,
-                global_num_experts=NUM_LOGICAL,
-                custom_routing_function=topk_routing,
-                eplb_state=EplbLayerState(),
-            )
-
-        @property
-        def eplb_state(self):
-            return self.router.eplb_state
-
-        def get_expert_weights(self) -> list[torch.Tensor]:
-            p = self.w13.shape[0]
-            return [self.w13.data.view(p, -1), self.w2.data.view(p, -1)]
-
-        def set_eplb_state(
-            self, moe_layer_idx, expert_load_view, logical_to_physical_map, logical_replica_count
-        ):
-            if self.router.eplb_state is not None:
-                self.router.eplb_state.set_layer_state(
-                    moe_layer_idx, expert_load_view, logical_to_physical_map, logical_replica_count
-                )
-
-        def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-            _, physical_ids = self.router.select_experts(hidden_states, router_logits)
-            return physical_ids
-
-        def local_tags(self) -> list[list[float]]:
-            return [
-                sorted({float(v) for v in self.w13.data[i].flatten().tolist()})
-                + sorted({float(v) for v in self.w2.data[i].float().flatten().tolist()})
-                for i in range(self.w13.shape[0])
-            ]
-
-    class ToyMoEModel(torch.nn.Module, MixtureOfExperts):
-        def __init__(self) -> None:
-            super().__init__()
-            num_physical = NUM_LOGICAL + NUM_REDUNDANT
-            p = num_physical // num_ranks
-            initial = list(range(NUM_LOGICAL)) + [i % NUM_LOGICAL for i in range(NUM_REDUNDANT)]
-            local = initial[ep_rank * p : (ep_rank + 1) * p]
-            self.layers = torch.nn.ModuleList(ToyMoELayer(layer, local) for layer in range(NUM_MOE_LAYERS))
-            self.moe_layers = list(self.layers)
-            self.expert_weights = []
-            self.num_moe_layers = NUM_MOE_LAYERS
-            self.num_expert_groups = 1
-            self.num_logical_experts = NUM_LOGICAL
-            self.num_physical_experts = num_physical
-            self.num_local_physical_experts = p
-            self.num_routed_experts = NUM_LOGICAL
-            self.num_shared_experts = 0
-            self.num_redundant_experts = NUM_REDUNDANT
-
-        def update_physical_experts_metadata(self, num_physical_experts, num_local_physical_experts):
-            self.num_physical_experts = num_physical_experts
-            self.num_local_physical_experts = num_local_physical_experts
-
-        def forward(self, ids_per_layer: list[torch.Tensor]) -> list[torch.Tensor]:
-            """Route every layer's tokens; returns the physical ids per layer, int ``(T, K)``."""
-            hidden = torch.zeros(ids_per_layer[0].shape[0], HIDDEN)
-            return [
-                layer(hidden, router_logits_for(ids))
-                for layer, ids in zip(self.layers, ids_per_layer, strict=True)
-            ]
-
-    return ToyMoEModel()
+    local = initial_local_experts(ep_rank, num_ranks, NUM_LOGICAL, NUM_REDUNDANT)
+    experts = [TaggedExperts(layer, local, tag) for layer in range(NUM_MOE_LAYERS)]
+    return ToyMoEModel(experts, NUM_LOGICAL, NUM_REDUNDANT, num_ranks, TOP_K)
 
 
 def mrv2_world(ctx: RankContext) -> dict[str, Any]:
     """Init, load, profile run, warm-up, then engine steps until a rearrangement completes and one more
     window passes; every step is checked (weights, lookups, routing) on the spot."""
     os.environ["ASCEND_EPLB"] = "1"
+    os.environ["ASCEND_EPLB_VERIFY"] = "1"  # the serving verifier checks every commit and step too
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
-    from ascend_eplb.integration.plugin import register
+    import vllm.plugins
 
-    # The vllm.general_plugins entry point runs before any config exists (vLLM's order).
-    report: dict[str, Any] = {"rank": ctx.rank, "registered": register()}
+    from ascend_eplb.integration.patches import patches_applied
+
+    # vLLM's own loader discovers and runs the vllm.general_plugins entry points before any config
+    # exists (what every vLLM process does at start-up).
+    vllm.plugins.load_general_plugins()
+    report: dict[str, Any] = {"rank": ctx.rank, "registered": patches_applied()}
 
     from vllm.config import EPLBConfig, ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
@@ -210,14 +106,16 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
 
         # 2-4. load_model: prepare_load, draft (none), model registration, async worker start.
         model = _build_model(rank, n)
-        mc = ToyModelConfig()
+        from ascend_eplb.testing.moe import ToyModelConfig
+
+        mc = ToyModelConfig("toy/mrv2-moe")
         upstream_layer_states = [layer.router.eplb_state for layer in model.layers]
         report["registered_model"] = wiring.load_model(model, mc)
         state = ctrl.state
         report["state_class"] = type(state).__name__
         report["state_is_ascend"] = isinstance(state, AscendEplbState)
         state.collect_commit_evidence = True
-        state.commit_probe = lambda ms, layer: model.layers[layer].local_tags()
+        state.commit_probe = lambda ms, layer: model.layers[layer].experts.local_tags()
         ms = state.model_states[mc.compute_hash()]
         report["communicator"] = type(ms.communicator).__module__ + "." + type(ms.communicator).__qualname__
         report["communicator_is_movement"] = isinstance(ms.communicator, AscendGlooEplbCommunicator)
@@ -255,9 +153,9 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
                     errors.append(f"{where}: layer {layer} lookup table moved")
                 committed = ms.physical_to_logical_map[layer, rank * p : (rank + 1) * p].tolist()
                 want = [[tag(layer, e), tag(layer, e)] for e in committed]
-                if model.layers[layer].local_tags() != want:
+                if model.layers[layer].experts.local_tags() != want:
                     errors.append(
-                        f"{where}: layer {layer} weights {model.layers[layer].local_tags()} != {want}"
+                        f"{where}: layer {layer} weights {model.layers[layer].experts.local_tags()} != {want}"
                     )
                 if model.layers[layer].routing_calls != forwards:
                     errors.append(
@@ -275,7 +173,7 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
                 torch.cat([trace[layer][seq % 40][:num_tokens], trace[layer][(seq + 1) % 40][:PADDING]])
                 for layer in range(NUM_MOE_LAYERS)
             ]
-            physical = model(ids)
+            physical = [phys for _, phys in model.route(ids)]
             forwards += 1
             for layer in range(NUM_MOE_LAYERS):
                 # Routing only ever uses the committed placement: every physical id holds the expert.
@@ -384,6 +282,8 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
         report["num_skipped"] = state.num_skipped_rearrangements
         report["rebalanced"] = ms.rebalanced
         report["worker_alive"] = state.async_worker.is_alive()
+        (verifier,) = {hook.__self__ for hook in ctrl.step_hooks}
+        report["verifier"] = [type(verifier).__name__, verifier.commits_checked, verifier.steps]
         report["commit_log"] = [
             (e.kind, e.model_name, e.layer, e.rearrangement, dict(e.evidence)) for e in state.commit_log
         ]

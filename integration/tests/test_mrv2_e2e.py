@@ -20,7 +20,7 @@ ranks = load_module(Path(__file__).with_name("ranks_mrv2.py"))
 PRELOAD = (
     "vllm.distributed.eplb.eplb_state",
     "vllm.v1.worker.gpu.eplb_utils",
-    "vllm.model_executor.layers.fused_moe.router.custom_routing_router",
+    "ascend_eplb.testing.moe",
     "vllm.distributed.eplb.policy",
     "ascend_eplb.control",
     "ascend_eplb.movement",
@@ -111,6 +111,8 @@ def _a_rearrangement_completes_on_the_recorded_decode_load(reports) -> None:
         assert r["num_skipped"] == 1
         assert r["rebalanced"] is False
         assert r["worker_alive"] is True
+        # The serving verifier (ASCEND_EPLB_VERIFY=1) checked each layer's commit and every step.
+        assert r["verifier"] == ["EplbVerifier", ranks.NUM_MOE_LAYERS, 2 + len(r["steps"])]
         # Only decode batches in upstream's recording window were recorded (phase "decode").
         recorded = [s for s in r["steps"] if s["recorded"]]
         assert len(recorded) == 1

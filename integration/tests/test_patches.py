@@ -1,4 +1,4 @@
-"""The narrow patches: idempotent, removable, signature-checked before anything changes."""
+"""The one patch registry: idempotent, removable, signature-checked before anything changes."""
 
 from __future__ import annotations
 
@@ -13,59 +13,61 @@ from ascend_eplb.integration import patches
 
 
 def _bindings():
-    out = {}
-    for target in patches.PATCH_TARGETS:
-        out[target.name] = target.current()
-    out["torch.Event"] = torch.Event
-    out["torch.accelerator.current_stream"] = torch.accelerator.current_stream
-    from vllm.distributed.eplb import eplb_state
-
-    out["_commit_eplb_maps_for_layer"] = eplb_state._commit_eplb_maps_for_layer
-    return out
-
-
-def _restore_upstream():
-    # Constructing an AscendEplbState installs control's commit hooks by itself; start and end every
-    # test from upstream's own bindings whoever installed what.
-    from ascend_eplb.control import host_adaptation, uninstall_commit_hooks
-
-    patches.remove_patches()
-    uninstall_commit_hooks()
-    host_adaptation.uninstall()
+    return {patch.name: patch.current() for patch in patches.PATCHES}
 
 
 @pytest.fixture
 def clean():
-    _restore_upstream()
+    patches.remove_patches()
     yield
-    _restore_upstream()
+    patches.remove_patches()
+
+
+def test_every_patch_of_the_process_is_in_the_one_registry():
+    assert [p.name for p in patches.PATCHES] == [
+        "vllm.config.parallel.current_platform",
+        "torch.Event",
+        "torch.accelerator.set_device_index",
+        "torch.accelerator.current_stream",
+        "torch.accelerator.set_stream",
+        "vllm.distributed.eplb.eplb_state.EplbState.__init__",
+        "vllm.config.parallel.ParallelConfig.__post_init__",
+        "vllm.distributed.eplb.eplb_communicator.create_eplb_communicator",
+        "vllm.distributed.eplb.eplb_state.create_eplb_communicator",
+        "vllm.distributed.eplb.eplb_state._commit_eplb_maps_for_layer",
+        "vllm.distributed.eplb.eplb_state._commit_eplb_maps",
+    ]
+    assert {p.owner for p in patches.PATCHES} == {
+        "ascend_eplb.control.host_adaptation",
+        "ascend_eplb.integration.patches",
+        "ascend_eplb.control.commit_hooks",
+    }
 
 
 def test_apply_twice_changes_nothing_and_remove_restores(clean):
     before = _bindings()
     assert patches.apply_patches() is True
     after_first = _bindings()
-    changed = {k for k in before if before[k] is not after_first[k]}
     # Every binding is replaced on this host without an accelerator (control's host adaptation included).
-    assert changed == set(before)
+    assert {k for k in before if before[k] is not after_first[k]} == set(before)
+    assert patches.applied_bindings() == list(before)
     assert patches.apply_patches() is False
-    assert _bindings() == after_first
-    assert all(after_first[k] is _bindings()[k] for k in after_first)
+    assert all(after_first[k] is v for k, v in _bindings().items())
 
     from vllm.config.parallel import current_platform
     from vllm.distributed.eplb import eplb_communicator, eplb_state
-    from vllm.v1.worker.gpu import eplb_utils
 
-    from ascend_eplb.control import AscendEplbState
+    from ascend_eplb.control import commit_hooks_installed
 
     assert current_platform.is_cuda_alike() is True
-    assert eplb_utils.EplbState is AscendEplbState
-    original_factory = before[patches.FACTORY.name]
+    assert commit_hooks_installed()
+    original_factory = before["vllm.distributed.eplb.eplb_communicator.create_eplb_communicator"]
     assert eplb_communicator.create_eplb_communicator.__wrapped__ is original_factory
     assert eplb_state.create_eplb_communicator.__wrapped__ is original_factory
 
     assert patches.remove_patches() is True
-    assert all(before[k] is _bindings()[k] for k in before)
+    assert all(before[k] is v for k, v in _bindings().items())
+    assert not commit_hooks_installed()
     assert patches.remove_patches() is False
 
 
@@ -94,52 +96,31 @@ def test_signature_drift_raises_naming_it_and_changes_nothing(clean, monkeypatch
         "upstream vllm.distributed.eplb.eplb_communicator.create_eplb_communicator changed signature: "
         "expected parameters ('group_coordinator', 'backend', 'expert_weights', 'expert_buffer') "
         "(vLLM 0.33.0), found ('group_coordinator', 'backend', 'expert_weights', 'expert_buffer', 'extra'); "
-        "ascend_eplb.integration.patches must be updated"
+        "ascend_eplb must be updated for this version"
     )
-    assert all(before[k] is _bindings()[k] for k in before)
+    assert all(before[k] is v for k, v in _bindings().items())
     assert patches.patches_applied() is False
 
 
-def test_drift_of_a_method_is_named_too(clean, monkeypatch):
-    from vllm.v1.worker.gpu.eplb_utils import EPLBController
+def test_a_binding_missing_upstream_is_named(clean, monkeypatch):
+    from vllm.distributed.eplb import eplb_state
 
-    def maybe_register_model(self, model, model_config, load_dummy_weights):
-        raise AssertionError("never called")
-
-    monkeypatch.setattr(EPLBController, "maybe_register_model", maybe_register_model)
+    monkeypatch.delattr(eplb_state, "_commit_eplb_maps")
     with pytest.raises(
-        RuntimeError,
-        match=r"upstream vllm\.v1\.worker\.gpu\.eplb_utils\.EPLBController\."
-        r"maybe_register_model changed signature",
+        RuntimeError, match=r"upstream vllm\.distributed\.eplb\.eplb_state\._commit_eplb_maps is missing"
     ):
         patches.apply_patches()
     assert patches.patches_applied() is False
+    assert torch.Event.__name__ == "Event"
 
 
-def test_adapt_layer_routers_names_a_layer_without_router_before_changing_any(clean):
-    from types import SimpleNamespace
+def test_a_second_use_of_the_platform_in_vllm_config_parallel_is_refused(clean, monkeypatch):
+    import inspect
 
-    from vllm.config import ParallelConfig
-    from vllm.distributed.eplb.eplb_state import EplbLayerState
-    from vllm.model_executor.models.interfaces import MixtureOfExperts
+    import vllm.config.parallel as parallel_module
 
-    from ascend_eplb.control import AscendEplbState
-
-    class TwoLayerMoE(torch.nn.Module, MixtureOfExperts):
-        def __init__(self, layers):
-            super().__init__()
-            self.moe_layers = layers
-            self.num_moe_layers = len(layers)
-
-    class LayerWithoutRouter:
-        pass
-
-    routed = SimpleNamespace(router=SimpleNamespace(eplb_state=EplbLayerState()))
-    model = TwoLayerMoE([routed, LayerWithoutRouter()])
-    state = AscendEplbState(ParallelConfig(), torch.device("cpu"))
-    with pytest.raises(
-        RuntimeError,
-        match=r"MoE layer 1 \(LayerWithoutRouter\) has no router with an 'eplb_state'",
-    ):
-        patches.adapt_layer_routers(state, model)
-    assert type(routed.router.eplb_state) is EplbLayerState  # layer 0 untouched
+    source = inspect.getsource(parallel_module)
+    monkeypatch.setattr(inspect, "getsource", lambda m: source + "\nx = current_platform.is_cuda_alike()\n")
+    with pytest.raises(RuntimeError, match=r"must consult current_platform\.is_cuda_alike\(\) exactly once"):
+        patches.apply_patches()
+    assert patches.patches_applied() is False

@@ -27,17 +27,14 @@ def patched():
     import torch
     import vllm.config.parallel as parallel
     from vllm.distributed.eplb import eplb_communicator, eplb_state
-    from vllm.v1.worker.gpu import eplb_utils
-    marker = "_ascend_eplb_integration_patch"
+    marker = "_ascend_eplb_patch"
     return {
         "platform": type(parallel.current_platform).__name__,
-        "post_init": getattr(parallel.ParallelConfig.__post_init__, marker, False),
-        "factory": getattr(eplb_communicator.create_eplb_communicator, marker, False),
-        "factory_in_state": getattr(eplb_state.create_eplb_communicator, marker, False),
-        "state_class": eplb_utils.EplbState.__name__,
-        "register_model": getattr(eplb_utils.EPLBController.maybe_register_model, marker, False),
+        "post_init": getattr(parallel.ParallelConfig.__post_init__, marker, None),
+        "factory": getattr(eplb_communicator.create_eplb_communicator, marker, None),
+        "factory_in_state": getattr(eplb_state.create_eplb_communicator, marker, None),
         "event": torch.Event.__name__,
-        "commit_hook": hasattr(eplb_state._commit_eplb_maps_for_layer, "__wrapped__"),
+        "commit_hook": getattr(eplb_state._commit_eplb_maps_for_layer, marker, None),
     }
 
 def planes():
@@ -110,13 +107,11 @@ def test_eplb_off_isolation_then_register_with_eplb_on_patches_once_and_is_idemp
     ]
     assert result["patched"] == {
         "platform": "CpuPlatform",
-        "post_init": False,
-        "factory": False,
-        "factory_in_state": False,
-        "state_class": "EplbState",
-        "register_model": False,
+        "post_init": None,
+        "factory": None,
+        "factory_in_state": None,
         "event": "Event",
-        "commit_hook": False,
+        "commit_hook": None,
     }
     assert result["controller"] == ["vllm.v1.worker.gpu.eplb_utils", "EPLBController", None]
     assert result["planes"] == [
@@ -132,13 +127,11 @@ def test_eplb_off_isolation_then_register_with_eplb_on_patches_once_and_is_idemp
     assert result["second"] is True
     assert result["third"] is True
     assert result["patched"] == {
-        "platform": "_EplbCapablePlatform",
-        "post_init": True,
-        "factory": True,
-        "factory_in_state": True,
-        "state_class": "AscendEplbState",
-        "register_model": True,
+        "platform": "EplbCapablePlatform",
+        "post_init": "ascend_eplb.integration.patches",
+        "factory": "ascend_eplb.integration.patches",
+        "factory_in_state": "ascend_eplb.integration.patches",
         "event": "HostEvent",
-        "commit_hook": True,
+        "commit_hook": "ascend_eplb.control.commit_hooks",
     }
     assert "ascend_eplb.control" in result["planes"]

@@ -44,7 +44,7 @@ def test_eplb_off_builds_upstream_controller_and_patches_nothing(monkeypatch):
     from vllm.v1.worker.gpu.eplb_utils import EPLBController
 
     patches.remove_patches()
-    before = {t.name: t.current() for t in patches.PATCH_TARGETS}
+    before = {t.name: t.current() for t in patches.PATCHES}
     vc = _config(enable_eplb=False)
     controller = create_eplb_controller(vc, torch.device("cpu"))
     assert type(controller) is EPLBController
@@ -52,7 +52,7 @@ def test_eplb_off_builds_upstream_controller_and_patches_nothing(monkeypatch):
     assert controller.device == torch.device("cpu")
     assert controller.state is None
     assert patches.patches_applied() is False
-    assert all(before[t.name] is t.current() for t in patches.PATCH_TARGETS)
+    assert all(before[t.name] is t.current() for t in patches.PATCHES)
 
     # The whole sequence on the upstream controller: no phase call (upstream has none), nothing stepped.
     wiring = Mrv2EplbWiring(vc, torch.device("cpu"))
@@ -103,9 +103,9 @@ def test_invalid_eplb_config_raises_before_any_patch(monkeypatch):
 
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     patches.remove_patches()
-    before = {t.name: t.current() for t in patches.PATCH_TARGETS}
+    before = {t.name: t.current() for t in patches.PATCHES}
     with pytest.raises(EplbConfigError) as info:
         create_eplb_controller(_config(enable_eplb=True, use_async=False), torch.device("cpu"))
     assert [v.rule for v in info.value.violations] == ["async-only"]
     assert patches.patches_applied() is False
-    assert all(before[t.name] is t.current() for t in patches.PATCH_TARGETS)
+    assert all(before[t.name] is t.current() for t in patches.PATCHES)

@@ -1,26 +1,21 @@
 """Rank functions of the control plane's multi-rank tests (loaded by path in each rank process).
 
 One world drives the real upstream stack: ``AscendEPLBController`` over vLLM 0.33.0's
-``EPLBController`` / ``EplbState`` / async worker / ``DefaultEplbPolicy`` / Gloo communicator, a tagged
-``FakeMoEModel`` and dataplane's routing op fed with the real ESFT DeepSeek-V2-Lite routing trace. It
-returns what it observed; the tests compare the ranks' reports.
+``EPLBController`` / ``EplbState`` / async worker / ``DefaultEplbPolicy`` / Gloo communicator, and the
+toy MoE model (``ascend_eplb.testing.moe``) with tagged weights, whose upstream routers run dataplane's
+op on the real ESFT DeepSeek-V2-Lite routing trace. It returns what it observed; the tests compare the
+ranks' reports.
 """
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from ascend_eplb.testing import RankContext
 
-# The real ESFT routing trace in the project's shared data, checked out beside the repository (as CI has it).
-TRACE_DIR = (
-    Path(__file__).resolve().parents[3].parent
-    / "shared/data/expert-load/esft-deepseek-v2-lite-expert-scores/results/expert_scores/translation"
-)
 NUM_MOE_LAYERS = 2
 NUM_LOGICAL = 64  # DeepSeek-V2-Lite routed experts, as in the trace
 NUM_REDUNDANT = 4
@@ -38,16 +33,10 @@ def tag(layer: int, logical_expert: int) -> float:
 
 
 def _trace(num_sequences: int) -> list[list[torch.Tensor]]:
-    """Per MoE layer ``l`` (trace layer ``l + 1``): the first sequences' top-6 ids, int64 ``(tokens, 6)``."""
-    out = []
-    for layer in range(NUM_MOE_LAYERS):
-        seqs = []
-        with open(TRACE_DIR / f"expert_weights_{layer + 1}.txt") as f:
-            for _, line in zip(range(num_sequences), f, strict=False):
-                ids = [int(v) for v in line.split("\t\t")[0].split("\t")]
-                seqs.append(torch.tensor(ids, dtype=torch.int64).view(-1, TOP_K))
-        out.append(seqs)
-    return out
+    """Per MoE layer: the first sequences' top-6 ids of the real ESFT trace, int64 ``(tokens, 6)``."""
+    from ascend_eplb.testing.esft import esft_sequences
+
+    return [esft_sequences(layer, num_sequences) for layer in range(NUM_MOE_LAYERS)]
 
 
 def _config(world_size: int, use_async: bool):
@@ -86,11 +75,13 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
         initialize_model_parallel,
     )
 
-    from ascend_eplb.control import AscendEPLBController, host_adaptation
+    from ascend_eplb.control import AscendEPLBController, PatchSet, commit_hooks, host_adaptation
     from ascend_eplb.control import state as control_state
-    from ascend_eplb.dataplane import build_replica_table, map_to_physical_and_record, table_checksum
+    from ascend_eplb.dataplane import build_replica_table, table_checksum
+    from ascend_eplb.testing.moe import TaggedExperts, ToyModelConfig, ToyMoEModel, initial_local_experts
 
-    assert host_adaptation.install() is True
+    # What the integration's apply_patches() installs of this plane (control does not install them).
+    assert PatchSet([*host_adaptation.PATCHES, *commit_hooks.PATCHES]).apply() is True
     vc = _config(ctx.world_size, use_async)
     rank, n = ctx.rank, ctx.world_size
     report: dict[str, Any] = {"rank": rank}
@@ -116,16 +107,24 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
         recording(upstream_state, "upstream")
         recording(control_state, "control")
 
-        from fake_moe import FakeModelConfig, FakeMoEModel
-
-        model = FakeMoEModel(NUM_MOE_LAYERS, NUM_LOGICAL, NUM_REDUNDANT, rank, n, tag)
-        mc = FakeModelConfig()
+        local = initial_local_experts(rank, n, NUM_LOGICAL, NUM_REDUNDANT)
+        experts = [TaggedExperts(layer, local, tag) for layer in range(NUM_MOE_LAYERS)]
+        model = ToyMoEModel(experts, NUM_LOGICAL, NUM_REDUNDANT, n, TOP_K)
+        mc = ToyModelConfig("fake/tiny-moe")
         ctrl = AscendEPLBController(vc.parallel_config, torch.device("cpu"), load_collection_phase=phase)
         ctrl.prepare_load()
         state = ctrl.state
         state.collect_commit_evidence = True
-        state.commit_probe = lambda ms, layer: model.layers[layer].local_tags()
+        state.commit_probe = lambda ms, layer: model.layers[layer].experts.local_tags()
+        # The controller converts each router's upstream layer state and binds dataplane's op first.
+        upstream_layer_states = [layer.router.eplb_state for layer in model.layers]
         assert ctrl.maybe_register_model(model, mc)
+        report["routers_adapted"] = [
+            type(layer.router.eplb_state).__name__ == "AscendEplbLayerState"
+            and layer.router.eplb_state is not upstream_layer_states[i]
+            and "_apply_eplb_mapping" in vars(layer.router)
+            for i, layer in enumerate(model.layers)
+        ]
         ctrl.maybe_start_async_loop(True)
         ms = state.model_states[mc.compute_hash()]
         p = model.num_local_physical_experts
@@ -163,9 +162,9 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
                     errors.append(
                         f"{where}: layer {layer} checksums of the ranks {gathered} != {expected_sums}"
                     )
-                if model.layers[layer].local_tags() != want:
+                if model.layers[layer].experts.local_tags() != want:
                     errors.append(
-                        f"{where}: layer {layer} weights {model.layers[layer].local_tags()} != {want}"
+                        f"{where}: layer {layer} weights {model.layers[layer].experts.local_tags()} != {want}"
                     )
             return errors
 
@@ -180,15 +179,7 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
             ctrl.set_batch_phase(False)
             ctrl.prepare_forward(mc, TOKENS)
             report["flag_under_suppress"] = bool(state.should_record_tensor)
-            for layer, ls in enumerate(layer_states):
-                ids = trace[layer][0][:TOKENS]
-                map_to_physical_and_record(
-                    ids,
-                    ls.replica_lookup.table,
-                    ls.expert_load_view,
-                    ls.should_record_tensor,
-                    ls.num_unpadded_tokens_tensors[0],
-                )
+            model.route([trace[layer][0][:TOKENS] for layer in range(NUM_MOE_LAYERS)])
         report["load_after_warmup"] = int(ms.expert_load_pass.sum())
         report["flag_after_suppress"] = bool(state.should_record_tensor)
         report["rearrangements_after_profile"] = state.num_rearrangements
@@ -208,18 +199,12 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
             recorded = bool(state.should_record_tensor)
             seq = (step * n + rank) % 40
             mismatched = 0
-            for layer, ls in enumerate(layer_states):
+            for layer in range(NUM_MOE_LAYERS):
                 real = trace[layer][seq][:TOKENS][:num_tokens]
                 ids = torch.cat([real, trace[layer][(seq + 1) % 40][:PADDING]])
-                phys = map_to_physical_and_record(
-                    ids,
-                    ls.replica_lookup.table,
-                    ls.expert_load_view,
-                    ls.should_record_tensor,
-                    ls.num_unpadded_tokens_tensors[0],
-                )
+                _, phys = model.layers[layer].route(ids)  # upstream's router, dataplane's bound op
                 # Routing only ever uses the committed placement: every physical id holds the expert.
-                mismatched += int((ms.physical_to_logical_map[layer][phys] != ids).sum())
+                mismatched += int((ms.physical_to_logical_map[layer][phys.long()] != ids).sum())
                 if recorded:
                     expected_local[layer] += torch.bincount(real.flatten(), minlength=NUM_LOGICAL)
             ctrl.step()

@@ -15,7 +15,12 @@ from ascend_eplb.testing import load_module, run_ranks
 
 ranks = load_module(Path(__file__).with_name("ranks.py"))
 
-PRELOAD = ("vllm.distributed.eplb.eplb_state", "vllm.v1.worker.gpu.eplb_utils", "ascend_eplb.control")
+PRELOAD = (
+    "vllm.distributed.eplb.eplb_state",
+    "vllm.v1.worker.gpu.eplb_utils",
+    "ascend_eplb.control.controller",
+    "ascend_eplb.testing.moe",
+)
 LAYERS = range(ranks.NUM_MOE_LAYERS)
 
 
@@ -48,6 +53,7 @@ def _assert_cycles(reports, use_async):
         assert all(s["routing_mismatches"] == 0 for s in r["steps"])
         if use_async:
             assert r["worker_alive"] is True
+        assert r["routers_adapted"] == [True] * ranks.NUM_MOE_LAYERS
 
     for c in range(3):
         cycles = [r["cycles"][c] for r in reports]

@@ -4,7 +4,6 @@ hooks, signature drift, layer-state lookups, registration errors."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
@@ -19,15 +18,15 @@ from ascend_eplb.control import (
     AscendEPLBController,
     AscendEplbLayerState,
     AscendEplbState,
+    Patch,
+    PatchSet,
+    commit_hooks,
     commit_hooks_installed,
     host_adaptation,
-    install_commit_hooks,
-    uninstall_commit_hooks,
 )
 from ascend_eplb.dataplane import build_replica_table
-from ascend_eplb.testing import load_module
+from ascend_eplb.testing.moe import TaggedExperts, ToyModelConfig, ToyMoEModel
 
-fake_moe = load_module(Path(__file__).with_name("fake_moe.py"))
 EPLB_REFUSED = "Expert parallelism load balancing is only supported on"
 
 
@@ -41,27 +40,33 @@ def _eplb_parallel_config() -> ParallelConfig:
 
 
 @pytest.fixture
-def hooks_removed():
-    """Run with upstream's commit functions unwrapped; restore the previous state afterwards."""
-    was = commit_hooks_installed()
-    uninstall_commit_hooks()
-    yield
-    if was:
-        install_commit_hooks()
+def control_patches():
+    """This plane's patches installed the way the integration installs them; removed afterwards."""
+    patches = PatchSet([*host_adaptation.PATCHES, *commit_hooks.PATCHES])
+    assert patches.apply() is True
+    yield patches
+    patches.remove()
 
 
 def test_host_adaptation_covers_the_four_points_and_is_removable():
     assert not torch.accelerator.is_available()
     original_event, original_init = torch.Event, EplbState.__dict__["__init__"]
-    host_adaptation.uninstall()
+    patches = PatchSet(host_adaptation.PATCHES)
+    with pytest.raises(ValueError, match=EPLB_REFUSED):
+        _eplb_parallel_config()
     try:
-        with pytest.raises(ValueError, match=EPLB_REFUSED):
-            _eplb_parallel_config()
-        assert host_adaptation.install() is True
+        assert patches.apply() is True
         patched = (torch.Event, torch.accelerator.current_stream, EplbState.__dict__["__init__"])
-        assert host_adaptation.install() is True  # idempotent: nothing wrapped twice
+        assert patches.apply() is False  # idempotent: nothing wrapped twice
         assert (torch.Event, torch.accelerator.current_stream, EplbState.__dict__["__init__"]) == patched
-        assert host_adaptation.is_installed()
+        assert patches.applied_names() == [
+            "vllm.config.parallel.current_platform",
+            "torch.Event",
+            "torch.accelerator.set_device_index",
+            "torch.accelerator.current_stream",
+            "torch.accelerator.set_stream",
+            "vllm.distributed.eplb.eplb_state.EplbState.__init__",
+        ]
         # 1. platform check: EPLB configs validate, the communicator choice is untouched.
         pc = _eplb_parallel_config()
         assert pc.enable_eplb
@@ -81,8 +86,8 @@ def test_host_adaptation_covers_the_four_points_and_is_removable():
         # 4. device index for the async worker.
         assert EplbState(pc, torch.device("cpu")).device_index == 0
     finally:
-        host_adaptation.uninstall()
-    assert host_adaptation.uninstall() is False
+        patches.remove()
+    assert patches.remove() is False
     assert torch.Event is original_event
     assert EplbState.__dict__["__init__"] is original_init
     assert EplbState(_parallel_config_without_eplb(), torch.device("cpu")).device_index is None
@@ -90,34 +95,62 @@ def test_host_adaptation_covers_the_four_points_and_is_removable():
         torch.accelerator.current_stream()
 
 
-def _parallel_config_without_eplb() -> ParallelConfig:
-    return ParallelConfig()
-
-
-def test_commit_hooks_are_idempotent_and_removable(hooks_removed):
+def test_commit_hooks_are_idempotent_and_removable():
     originals = (upstream_state._commit_eplb_maps_for_layer, upstream_state._commit_eplb_maps)
-    assert install_commit_hooks() is True
+    patches = PatchSet(commit_hooks.PATCHES)
+    assert not commit_hooks_installed()
+    assert patches.apply() is True
     wrapped = (upstream_state._commit_eplb_maps_for_layer, upstream_state._commit_eplb_maps)
-    assert install_commit_hooks() is False
+    assert commit_hooks_installed()
+    assert patches.apply() is False
     assert (upstream_state._commit_eplb_maps_for_layer, upstream_state._commit_eplb_maps) == wrapped
     assert tuple(w.__wrapped__ for w in wrapped) == originals
-    assert uninstall_commit_hooks() is True
+    # A second set cannot wrap the wrappers: a binding is patched once.
+    with pytest.raises(RuntimeError, match=r"_commit_eplb_maps_for_layer is already patched by"):
+        PatchSet(commit_hooks.PATCHES).apply()
+    assert patches.remove() is True
     assert (upstream_state._commit_eplb_maps_for_layer, upstream_state._commit_eplb_maps) == originals
-    assert uninstall_commit_hooks() is False
+    assert patches.remove() is False
+    assert not commit_hooks_installed()
 
 
-def test_commit_hook_drift_is_refused_before_anything_is_wrapped(hooks_removed, monkeypatch):
+def test_commit_hook_drift_is_refused_before_anything_is_wrapped(monkeypatch):
     def drifted(model_state, new_physical_to_logical_map, layer, stream):
         raise AssertionError("never called")
 
     monkeypatch.setattr(upstream_state, "_commit_eplb_maps_for_layer", drifted)
     original_commit = upstream_state._commit_eplb_maps
     with pytest.raises(
-        RuntimeError, match=r"vllm\.distributed\.eplb\.eplb_state\._commit_eplb_maps_for_layer"
+        RuntimeError,
+        match=r"upstream vllm\.distributed\.eplb\.eplb_state\._commit_eplb_maps_for_layer changed signature",
     ):
-        install_commit_hooks()
+        PatchSet([*host_adaptation.PATCHES, *commit_hooks.PATCHES]).apply()
     assert not commit_hooks_installed()
     assert upstream_state._commit_eplb_maps is original_commit
+    assert not isinstance(torch.Event, type) or torch.Event.__name__ == "Event"  # host patches untouched
+
+
+def test_a_failing_replacement_rolls_back_the_patches_before_it():
+    original_event = torch.Event
+
+    def broken(_original):
+        raise OSError("replacement cannot be built")
+
+    patches = PatchSet([
+        *host_adaptation.PATCHES,
+        Patch("torch", "Stream", None, broken, "tests"),
+    ])  # fmt: skip
+    with pytest.raises(OSError, match="replacement cannot be built"):
+        patches.apply()
+    assert torch.Event is original_event
+    assert not patches.installed
+    with pytest.raises(ValueError, match=r"listed more than once: \['torch.Event'\]"):
+        PatchSet([*host_adaptation.PATCHES, host_adaptation.PATCHES[1]])
+
+
+def test_state_construction_needs_the_commit_hooks():
+    with pytest.raises(RuntimeError, match="AscendEplbState needs the commit hooks"):
+        AscendEplbState(_parallel_config_without_eplb(), torch.device("cpu"))
 
 
 @pytest.mark.parametrize(
@@ -129,13 +162,19 @@ def test_commit_hook_drift_is_refused_before_anything_is_wrapped(hooks_removed, 
         (upstream_state, "_move_to_workspace", "_move_to_workspace"),
     ],
 )
-def test_state_construction_names_the_drifted_upstream_method(monkeypatch, owner, name, qualname):
+def test_state_construction_names_the_drifted_upstream_method(
+    control_patches, monkeypatch, owner, name, qualname
+):
     def drifted(self, *, something_new):
         raise AssertionError("never called")
 
     monkeypatch.setattr(owner, name, drifted)
     with pytest.raises(RuntimeError, match=rf"upstream \S*{qualname} changed signature"):
         AscendEplbState(_parallel_config_without_eplb(), torch.device("cpu"))
+
+
+def _parallel_config_without_eplb() -> ParallelConfig:
+    return ParallelConfig()
 
 
 def test_controller_construction_names_the_drifted_upstream_method(monkeypatch):
@@ -159,16 +198,25 @@ def test_controller_rejects_an_unknown_phase():
     assert ctrl.state is None  # EPLB off: nothing is built
 
 
-def test_add_model_refuses_a_layer_without_an_ascend_layer_state():
-    model = fake_moe.FakeMoEModel(2, 8, 0, 0, 2, lambda layer, e: float(e))
-    model.layers[1].eplb_state = EplbLayerState()
+def test_add_model_refuses_a_layer_without_an_ascend_layer_state(control_patches):
+    model = ToyMoEModel(
+        [TaggedExperts(i, [0, 1, 2, 3], lambda layer, e: float(e)) for i in range(2)], 8, 0, 2, 2
+    )
+    model.layers[0].router.eplb_state = AscendEplbLayerState.from_upstream(model.layers[0].router.eplb_state)
     state = AscendEplbState(_parallel_config_without_eplb(), torch.device("cpu"))
-    with pytest.raises(
-        TypeError, match=r"MoE layer 1 \(FakeMoELayer\) has eplb_state of type EplbLayerState"
-    ):
-        state.add_model(model, fake_moe.FakeModelConfig())
+    with pytest.raises(TypeError, match=r"MoE layer 1 \(ToyMoELayer\) has eplb_state of type EplbLayerState"):
+        state.add_model(model, ToyModelConfig())
     assert state.model_states == {}
     assert model.layers[0].eplb_state.replica_lookup is None
+
+
+def test_step_hooks_run_only_when_upstream_steps():
+    calls = []
+    ctrl = AscendEPLBController(_parallel_config_without_eplb(), torch.device("cpu"))
+    ctrl.step_hooks.append(lambda c, is_dummy, is_profile: calls.append((is_dummy, is_profile)))
+    ctrl.prepare_load()
+    ctrl.step()  # EPLB off: upstream's step returns at once, and so do the hooks
+    assert calls == []
 
 
 def _maps(physical_to_logical: list[list[int]], num_logical: int):

@@ -62,7 +62,8 @@ def create_eplb_controller(vllm_config: Any, device: torch.device) -> Any:
     ``GPUModelRunner`` builds it; no validation, no patch, no plane imported. Otherwise: validates the
     configuration (:func:`~ascend_eplb.integration.validation.validate_eplb_config`), applies the
     patches (idempotent) and returns control's ``AscendEPLBController`` with the configured
-    ``load_collection_phase``.
+    ``load_collection_phase``; with ``ASCEND_EPLB_VERIFY=1`` an
+    :class:`~ascend_eplb.integration.verify.EplbVerifier` is attached to it.
 
     Raises:
         EplbConfigError: the configuration violates the support matrix (every violated rule listed).
@@ -81,7 +82,12 @@ def create_eplb_controller(vllm_config: Any, device: torch.device) -> Any:
     from ascend_eplb.control import AscendEPLBController
 
     phase = settings.ascend_eplb_config.get("load_collection_phase", "all")
-    return AscendEPLBController(parallel_config, device, load_collection_phase=phase)
+    controller = AscendEPLBController(parallel_config, device, load_collection_phase=phase)
+    from ascend_eplb.integration.verify import EplbVerifier, verify_requested
+
+    if verify_requested():
+        EplbVerifier().attach(controller)
+    return controller
 
 
 class Mrv2EplbWiring:

@@ -1,5 +1,23 @@
-"""Test support shared by every ascend-eplb package (development only, never released)."""
+"""The multi-rank launcher (:func:`run_ranks`) and, in :mod:`ascend_eplb.testing.moe`, the toy MoE model.
 
-from ascend_eplb.testing.multirank import RANK_ENV, RankContext, RankFailureError, load_module, run_ranks
+Used by every package's tests and by ``ascend-eplb simulate``; never by the serving planes. This module
+imports only the standard library and torch; :mod:`ascend_eplb.testing.moe` imports vLLM.
+"""
 
-__all__ = ["RANK_ENV", "RankContext", "RankFailureError", "load_module", "run_ranks"]
+from ascend_eplb.testing.multirank import (
+    RANK_ENV,
+    LauncherInterruptedError,
+    RankContext,
+    RankFailureError,
+    load_module,
+    run_ranks,
+)
+
+__all__ = [
+    "RANK_ENV",
+    "LauncherInterruptedError",
+    "RankContext",
+    "RankFailureError",
+    "load_module",
+    "run_ranks",
+]

@@ -1,7 +1,8 @@
 """Run one function on N real rank processes over Gloo on CPU, and surface every rank's failure.
 
-This is the single multi-rank harness of the repository (DESIGN.md section 6): every package whose
-tests need ranks calls :func:`run_ranks`; none keeps a copy.
+This is the single multi-rank launcher of the repository (DESIGN.md section 6): every package whose
+tests need ranks and ``ascend-eplb simulate`` call :func:`run_ranks`; none keeps a copy. Under
+``torchrun`` the same rank functions run with :meth:`RankContext.from_torchrun` instead.
 
 * Ranks are started with ``multiprocessing``'s ``forkserver`` method. Modules named in ``preload``
   (vLLM, typically: importing it costs about 12 s) are imported once in the fork server of the test
@@ -10,9 +11,16 @@ tests need ranks calls :func:`run_ranks`; none keeps a copy.
   parallel pytest-xdist workers cannot collide.
 * Each rank runs with one torch thread, ``GLOO_SOCKET_IFNAME=lo`` and ``VLLM_TARGET_DEVICE=cpu`` (the
   last must be set before vLLM is imported on a host without an accelerator).
-* The whole world has a deadline. When a rank fails, the others get ``grace_s`` to finish (they may
-  be blocked in a collective with the failed rank) and are then killed. :class:`RankFailureError` lists the
-  exit code and the traceback (or "killed after the deadline") of every rank.
+* The whole world has a deadline, counted from the call (fork-server start-up and preloads
+  included). When a rank fails, the others get ``grace_s`` to finish (they may be blocked in a
+  collective with the failed rank) and are then killed. :class:`RankFailureError` lists the exit code and
+  the traceback (or "killed after the deadline") of every rank.
+* Nothing outlives the launcher: every rank dies with the fork server (``PR_SET_PDEATHSIG``), which
+  exits with the launcher, and a rank also exits when it sees the launcher gone. SIGTERM and SIGHUP of
+  the launcher during :func:`run_ranks` raise :class:`LauncherInterruptedError` after every rank was
+  killed (as Ctrl-C raises ``KeyboardInterrupt`` after the same clean-up).
+* A rank may send picklable messages to the launcher with :meth:`RankContext.send` (progress);
+  ``on_message`` receives them in the launcher.
 
 Rank functions are module-level functions ``fn(ctx: RankContext, *args)``. They may live in an
 installed module or in a plain file next to the tests, loaded with :func:`load_module` (the child loads
@@ -22,6 +30,8 @@ import.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import datetime
 import hashlib
 import importlib
@@ -31,16 +41,26 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import queue as queue_module
+import signal
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["RANK_ENV", "RankContext", "RankFailureError", "load_module", "run_ranks"]
+__all__ = [
+    "RANK_ENV",
+    "LauncherInterruptedError",
+    "RankContext",
+    "RankFailureError",
+    "load_module",
+    "run_ranks",
+]
 
 #: Environment every rank process gets (set in the test process before the fork server starts, so
 #: modules preloaded there see it too). Values already present in the environment are kept.
@@ -59,9 +79,12 @@ class RankContext:
     Attributes:
         rank: global rank of this process, in ``[0, world_size)``.
         world_size: number of rank processes.
-        init_method: ``file://`` rendezvous URL, unique to this world.
-        tmp_dir: a directory shared by all ranks of this world (the test's tmp dir).
+        init_method: the rendezvous URL: ``file://`` unique to this world under :func:`run_ranks`,
+            ``env://`` under ``torchrun``.
+        tmp_dir: a directory of this world (shared by its ranks on one host).
         timeout_s: the world's deadline in seconds; use it for collective timeouts.
+        local_rank: rank on this host (the device index on an accelerator host).
+        messages: the launcher's message queue (None under ``torchrun`` or without ``on_message``).
     """
 
     rank: int
@@ -69,6 +92,38 @@ class RankContext:
     init_method: str
     tmp_dir: Path
     timeout_s: float
+    local_rank: int = 0
+    messages: Any = None
+
+    @classmethod
+    def from_torchrun(cls, tmp_dir: Path, timeout_s: float) -> RankContext:
+        """The context of a process started by ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``).
+
+        Raises:
+            RuntimeError: one of torchrun's variables is missing or not an integer.
+        """
+        values = {}
+        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            if name not in os.environ:
+                raise RuntimeError(f"{name} is not set: this process was not started by torchrun")
+        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            try:
+                values[name] = int(os.environ[name])
+            except ValueError:
+                raise RuntimeError(f"{name}={os.environ[name]!r} from torchrun is not an integer") from None
+        return cls(
+            rank=values["RANK"],
+            world_size=values["WORLD_SIZE"],
+            init_method="env://",
+            tmp_dir=Path(tmp_dir),
+            timeout_s=timeout_s,
+            local_rank=values["LOCAL_RANK"],
+        )
+
+    def send(self, message: Any) -> None:
+        """Hand ``message`` (picklable) to the launcher's ``on_message``; nothing when there is none."""
+        if self.messages is not None:
+            self.messages.put((self.rank, message))
 
     def init_gloo(self, timeout_s: float | None = None) -> None:
         """Initialise the default ``torch.distributed`` process group over Gloo for this world."""
@@ -100,6 +155,18 @@ class RankFailureError(AssertionError):
             if code != 0 and detail:
                 lines.append(detail.rstrip())
         super().__init__("\n".join(lines))
+
+
+class LauncherInterruptedError(RuntimeError):
+    """The launcher got SIGTERM or SIGHUP while ranks ran; every rank was killed first.
+
+    Attributes:
+        signal_name: ``"SIGTERM"`` or ``"SIGHUP"``.
+    """
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(f"stopped by {signal_name}; every rank was stopped")
+        self.signal_name = signal_name
 
 
 def _function_spec(fn: Callable[..., Any]) -> tuple[str, str, str]:
@@ -148,12 +215,36 @@ def _load_function(module_name: str, file: str, qualname: str) -> Callable[..., 
     return obj
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(launcher_pid: int) -> None:
+    """Make this rank process end when its parent (the fork server) or the launcher ends."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(launcher_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:
+                pass
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+
+
 def _rank_main(
     fn_spec: tuple[str, str, str],
     ctx: RankContext,
     args: tuple[Any, ...],
     result_file: str,
+    launcher_pid: int,
 ) -> None:
+    _die_with(launcher_pid)
     os.environ.update({k: v for k, v in RANK_ENV.items() if k not in os.environ})
     try:
         import torch
@@ -178,6 +269,32 @@ def _rank_main(
     os._exit(0 if payload[0] == "ok" else 1)
 
 
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP raise :class:`LauncherInterruptedError` in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise LauncherInterruptedError(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _kill(procs: Sequence[Any]) -> None:
+    for proc in procs:
+        if proc.exitcode is None:
+            proc.kill()
+    for proc in procs:
+        proc.join(5)
+
+
 def run_ranks(
     fn: Callable[..., Any],
     *,
@@ -187,28 +304,37 @@ def run_ranks(
     timeout_s: float = 120.0,
     grace_s: float = 10.0,
     preload: Sequence[str] = (),
+    on_message: Callable[[int, Any], None] | None = None,
 ) -> list[Any]:
     """Run ``fn(ctx, *args)`` on ``world_size`` rank processes and return each rank's result.
 
     Args:
         fn: module-level function taking a :class:`RankContext` first; its return value must pickle.
         world_size: number of ranks, 1 to 8 (DESIGN.md keeps tests at 4 or fewer).
-        tmp_path: the test's tmp dir; the rendezvous file and per-rank results go in a fresh folder there.
+        tmp_path: a folder; the rendezvous file and per-rank results go in a fresh folder there.
         args: extra positional arguments for ``fn``, pickled to every rank.
-        timeout_s: deadline for the whole world, in seconds.
+        timeout_s: deadline for the whole world in seconds, counted from this call.
         grace_s: after a rank fails, how long the others may still run before they are killed.
         preload: modules imported once in this process's fork server (for example ``"vllm"``).
+        on_message: ``on_message(rank, message)`` for each :meth:`RankContext.send`, called in this
+            thread while the ranks run.
 
     Returns:
         ``[result of rank 0, ..., result of rank world_size-1]``.
 
     Raises:
-        ValueError: ``world_size`` outside ``[1, 8]`` or ``fn`` not defined at module level.
+        ValueError: ``world_size`` outside ``[1, 8]``, ``timeout_s`` not a finite positive number, or
+            ``fn`` not defined at module level.
         RankFailureError: any rank raised, exited non-zero or missed the deadline.
+        LauncherInterruptedError: SIGTERM or SIGHUP arrived (every rank is killed first);
+            ``KeyboardInterrupt`` likewise for SIGINT.
     """
     if not 1 <= world_size <= 8:
         raise ValueError(f"world_size={world_size} must be in [1, 8]")
+    if not 0 < timeout_s < float("inf"):
+        raise ValueError(f"timeout_s={timeout_s} must be a finite number of seconds > 0")
     spec = _function_spec(fn)
+    deadline = time.monotonic() + timeout_s
     world_dir = Path(tmp_path) / f"world-{time.monotonic_ns()}"
     world_dir.mkdir(parents=True)
     for key, value in RANK_ENV.items():
@@ -216,35 +342,51 @@ def run_ranks(
     mp = multiprocessing.get_context("forkserver")
     if preload:
         mp.set_forkserver_preload(list(preload))
-    procs = []
-    for rank in range(world_size):
-        ctx = RankContext(
-            rank=rank,
-            world_size=world_size,
-            init_method=f"file://{world_dir / 'rendezvous'}",
-            tmp_dir=world_dir,
-            timeout_s=timeout_s,
-        )
-        result_file = str(world_dir / f"rank{rank}.pkl")
-        proc = mp.Process(
-            target=_rank_main, args=(spec, ctx, tuple(args), result_file), name=f"rank{rank}", daemon=True
-        )
-        proc.start()
-        procs.append(proc)
-
-    deadline = time.monotonic() + timeout_s
+    messages = mp.Queue() if on_message is not None else None
+    procs: list[Any] = []
     first_failure: float | None = None
-    while True:
-        alive = [p for p in procs if p.exitcode is None]
-        if not alive:
-            break
-        if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
-            first_failure = time.monotonic()
-        now = time.monotonic()
-        limit = deadline if first_failure is None else min(deadline, first_failure + grace_s)
-        if now >= limit:
-            break
-        multiprocessing.connection.wait([p.sentinel for p in alive], timeout=min(0.5, limit - now))
+    with _signals_raise():
+        try:
+            for rank in range(world_size):
+                ctx = RankContext(
+                    rank=rank,
+                    world_size=world_size,
+                    init_method=f"file://{world_dir / 'rendezvous'}",
+                    tmp_dir=world_dir,
+                    timeout_s=timeout_s,
+                    local_rank=rank,
+                    messages=messages,
+                )
+                result_file = str(world_dir / f"rank{rank}.pkl")
+                proc = mp.Process(
+                    target=_rank_main,
+                    args=(spec, ctx, tuple(args), result_file, os.getpid()),
+                    name=f"rank{rank}",
+                    daemon=True,
+                )
+                proc.start()
+                procs.append(proc)
+            while True:
+                _drain(messages, on_message)
+                alive = [p for p in procs if p.exitcode is None]
+                if not alive:
+                    break
+                if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
+                    first_failure = time.monotonic()
+                now = time.monotonic()
+                limit = deadline if first_failure is None else min(deadline, first_failure + grace_s)
+                if now >= limit:
+                    break
+                poll = 0.5 if messages is None else 0.1
+                multiprocessing.connection.wait([p.sentinel for p in alive], timeout=min(poll, limit - now))
+            _drain(messages, on_message)
+        except BaseException:
+            _kill(procs)
+            raise
+        finally:
+            if messages is not None:
+                messages.close()
+                messages.cancel_join_thread()
 
     reports: dict[int, tuple[int | None, str]] = {}
     results: list[Any] = []
@@ -274,3 +416,14 @@ def run_ranks(
     if any(code != 0 for code, _ in reports.values()):
         raise RankFailureError(f"{spec[2]} on {world_size} ranks", reports)
     return results
+
+
+def _drain(messages: Any, on_message: Callable[[int, Any], None] | None) -> None:
+    if messages is None or on_message is None:
+        return
+    while True:
+        try:
+            rank, message = messages.get_nowait()
+        except queue_module.Empty:
+            return
+        on_message(rank, message)

@@ -7,19 +7,57 @@ rearrangement transaction). This package adapts its boundaries only:
 * :class:`AscendEplbState` / :class:`AscendEplbLayerState`: a stable device replica lookup per MoE layer,
   refreshed in place when (and only when) the layer's placement commits, before the async worker's
   staging buffer is acknowledged; no rearrangement on an all-zero window;
-* :mod:`~ascend_eplb.control.commit_hooks`: the narrow hooks of upstream's commit functions;
-* :mod:`~ascend_eplb.control.host_adaptation`: upstream EPLB on hosts without an accelerator.
+* :func:`adapt_layer_routers`: each MoE layer's router gets an :class:`AscendEplbLayerState` and
+  dataplane's mapping, before the model is registered;
+* :mod:`~ascend_eplb.control.commit_hooks` and :mod:`~ascend_eplb.control.host_adaptation`: the specs
+  of the upstream patches this plane needs (installed by the integration's ``apply_patches()``, never
+  by this package), with :mod:`~ascend_eplb.control.patching`, the one patch applier and signature
+  checker.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ascend_eplb.control.__about__ import __version__
-from ascend_eplb.control.commit_hooks import (
-    commit_hooks_installed,
-    install_commit_hooks,
-    uninstall_commit_hooks,
-)
-from ascend_eplb.control.controller import AscendEPLBController
-from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES, LoadCollectionPhase, is_phase_matched
-from ascend_eplb.control.state import AscendEplbLayerState, AscendEplbState, CommitEvent
+
+if TYPE_CHECKING:
+    from ascend_eplb.control.commit_hooks import commit_hooks_installed
+    from ascend_eplb.control.controller import AscendEPLBController, RegistrationHook, StepHook
+    from ascend_eplb.control.patching import Patch, PatchSet, check_signature
+    from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES, LoadCollectionPhase, is_phase_matched
+    from ascend_eplb.control.router_adaptation import adapt_layer_routers
+    from ascend_eplb.control.state import AscendEplbLayerState, AscendEplbState, CommitEvent
+
+#: Public name -> submodule. Submodules load on first use, so ``ascend_eplb.control.phase`` and
+#: ``ascend_eplb.control.patching`` import without vLLM.
+_EXPORTS = {
+    "commit_hooks_installed": "commit_hooks",
+    "AscendEPLBController": "controller",
+    "StepHook": "controller",
+    "RegistrationHook": "controller",
+    "Patch": "patching",
+    "PatchSet": "patching",
+    "check_signature": "patching",
+    "LOAD_COLLECTION_PHASES": "phase",
+    "LoadCollectionPhase": "phase",
+    "is_phase_matched": "phase",
+    "adapt_layer_routers": "router_adaptation",
+    "AscendEplbLayerState": "state",
+    "AscendEplbState": "state",
+    "CommitEvent": "state",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ascend_eplb.control' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"ascend_eplb.control.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "LOAD_COLLECTION_PHASES",
@@ -28,9 +66,13 @@ __all__ = [
     "AscendEplbState",
     "CommitEvent",
     "LoadCollectionPhase",
+    "Patch",
+    "PatchSet",
+    "RegistrationHook",
+    "StepHook",
     "__version__",
+    "adapt_layer_routers",
+    "check_signature",
     "commit_hooks_installed",
-    "install_commit_hooks",
     "is_phase_matched",
-    "uninstall_commit_hooks",
 ]

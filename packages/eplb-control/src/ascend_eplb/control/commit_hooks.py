@@ -11,32 +11,37 @@ Upstream vLLM 0.33.0 commits a new placement in two module functions of
   called by ``EplbState.rearrange`` after ``rearrange_expert_weights_inplace``.
 
 Both are looked up as module globals at call time, so replacing the module attributes is the smallest
-point that sees every commit. The wrappers run upstream's commit unchanged, then hand the committed
-layers to the :class:`~ascend_eplb.control.state.AscendEplbState` that owns the model state, which
-refreshes those layers' lookups in place. Hence, per layer: move, commit, refresh, acknowledge. A model
-state owned by a plain upstream ``EplbState`` passes through untouched.
-
-:func:`install_commit_hooks` is idempotent, checks the signatures of the functions it wraps (and of
-``_move_to_workspace`` and ``CpuGpuEvent.record``, whose order it relies on) and raises
-``RuntimeError`` naming the function on drift; :func:`uninstall_commit_hooks` restores upstream.
+point that sees every commit. :data:`PATCHES` declares the two replacements (integration's
+``apply_patches()`` installs them). The wrappers run upstream's commit unchanged and tell the
+:class:`CommitObserver` attached to that model state (by :func:`attach_observer`; the
+:class:`~ascend_eplb.control.state.AscendEplbState` that owns it) before and after, so per layer: move,
+commit, refresh, acknowledge. A model state without an observer (a plain upstream ``EplbState``'s)
+passes through untouched. This module imports nothing of the state module: the dependency is one-way.
 """
 
 from __future__ import annotations
 
 import functools
-import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ascend_eplb.control._signatures import check_signature
+from ascend_eplb.control.patching import Patch, check_signature, patch_owner
 
-if TYPE_CHECKING:
-    from ascend_eplb.control.state import AscendEplbState
+__all__ = [
+    "PATCHES",
+    "CommitObserver",
+    "attach_observer",
+    "check_hooked_signatures",
+    "commit_hooks_installed",
+]
 
-__all__ = ["commit_hooks_installed", "install_commit_hooks", "uninstall_commit_hooks"]
+_MODULE = "vllm.distributed.eplb.eplb_state"
+_OWNER = "ascend_eplb.control.commit_hooks"
+#: Attribute of an upstream ``EplbModelState`` holding a weak reference to its observer.
+_OBSERVER_ATTR = "_ascend_eplb_commit_observer"
 
-#: vLLM 0.33.0 parameters of the module functions the hooks wrap or rely on.
+#: vLLM 0.33.0 parameters of the module functions the hooks wrap or whose order they rely on.
 HOOKED_SIGNATURES: dict[str, tuple[str, ...]] = {
     "_commit_eplb_maps_for_layer": ("model_state", "new_physical_to_logical_map", "layer"),
     "_commit_eplb_maps": ("model_state", "new_physical_to_logical_map"),
@@ -44,21 +49,27 @@ HOOKED_SIGNATURES: dict[str, tuple[str, ...]] = {
 }
 _CPU_GPU_EVENT_RECORD = ("self", "stream")
 
-_LOCK = threading.Lock()
-_ORIGINALS: dict[str, Callable[..., Any]] = {}
-_OWNERS: weakref.WeakSet[AscendEplbState] = weakref.WeakSet()
+
+class CommitObserver(Protocol):
+    """What the hooks call around upstream's commit of ``layers`` of one model state."""
+
+    def before_commit(
+        self, model_state: Any, layers: tuple[int, ...], new_physical_to_logical_map: Any
+    ) -> None:
+        """The layers' weights already hold the new placement; upstream has not committed it yet."""
+
+    def after_commit(self, model_state: Any, layers: tuple[int, ...], acknowledged_by: Any | None) -> None:
+        """Upstream committed ``layers``; ``acknowledged_by`` is the async layer result being consumed."""
 
 
-def register_owner(state: AscendEplbState) -> None:
-    """Make ``state``'s model states visible to the hooks (held weakly)."""
-    _OWNERS.add(state)
+def attach_observer(model_state: Any, observer: CommitObserver) -> None:
+    """Make ``observer`` (held weakly) see every commit of the upstream ``EplbModelState`` ``model_state``."""
+    setattr(model_state, _OBSERVER_ATTR, weakref.ref(observer))
 
 
-def _owner_of(model_state: Any) -> AscendEplbState | None:
-    for owner in list(_OWNERS):
-        if owner.owns_model_state(model_state):
-            return owner
-    return None
+def _observer_of(model_state: Any) -> CommitObserver | None:
+    ref = getattr(model_state, _OBSERVER_ATTR, None)
+    return ref() if ref is not None else None
 
 
 def check_hooked_signatures() -> None:
@@ -67,20 +78,26 @@ def check_hooked_signatures() -> None:
     from vllm.distributed.eplb.eplb_utils import CpuGpuEvent
 
     for name, params in HOOKED_SIGNATURES.items():
-        check_signature(getattr(eplb_state, name), f"vllm.distributed.eplb.eplb_state.{name}", params)
+        if not hasattr(eplb_state, name):
+            raise RuntimeError(f"upstream {_MODULE}.{name} is missing; expected vLLM 0.33.0")
+        check_signature(getattr(eplb_state, name), f"{_MODULE}.{name}", params)
     check_signature(CpuGpuEvent.record, "CpuGpuEvent.record", _CPU_GPU_EVENT_RECORD)
+
+
+def _check_order(_original: Any) -> None:
+    check_hooked_signatures()
 
 
 def _wrap_commit_for_layer(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def _commit_eplb_maps_for_layer(model_state: Any, new_physical_to_logical_map: Any, layer: int) -> None:
-        owner = _owner_of(model_state)
-        if owner is None:
+        observer = _observer_of(model_state)
+        if observer is None:
             original(model_state, new_physical_to_logical_map, layer)
             return
-        owner._before_commit(model_state, (layer,), new_physical_to_logical_map.unsqueeze(0))
+        observer.before_commit(model_state, (layer,), new_physical_to_logical_map.unsqueeze(0))
         original(model_state, new_physical_to_logical_map, layer)
-        owner._after_commit(model_state, (layer,), acknowledged_by=model_state.pending_result)
+        observer.after_commit(model_state, (layer,), acknowledged_by=model_state.pending_result)
 
     return _commit_eplb_maps_for_layer
 
@@ -88,57 +105,37 @@ def _wrap_commit_for_layer(original: Callable[..., None]) -> Callable[..., None]
 def _wrap_commit(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def _commit_eplb_maps(model_state: Any, new_physical_to_logical_map: Any) -> None:
-        owner = _owner_of(model_state)
-        if owner is None:
+        observer = _observer_of(model_state)
+        if observer is None:
             original(model_state, new_physical_to_logical_map)
             return
         layers = tuple(range(new_physical_to_logical_map.shape[0]))
-        owner._before_commit(model_state, layers, new_physical_to_logical_map)
+        observer.before_commit(model_state, layers, new_physical_to_logical_map)
         original(model_state, new_physical_to_logical_map)
-        owner._after_commit(model_state, layers, acknowledged_by=None)
+        observer.after_commit(model_state, layers, acknowledged_by=None)
 
     return _commit_eplb_maps
 
 
-def install_commit_hooks() -> bool:
-    """Wrap upstream's two commit functions; idempotent.
-
-    Returns:
-        True if this call installed the hooks, False if they were already installed.
-
-    Raises:
-        RuntimeError: a wrapped or relied-on upstream function changed signature since vLLM 0.33.0
-            (the message names it); nothing is changed then.
-    """
-    from vllm.distributed.eplb import eplb_state
-
-    with _LOCK:
-        if _ORIGINALS:
-            return False
-        check_hooked_signatures()
-        for name, wrap in (
-            ("_commit_eplb_maps_for_layer", _wrap_commit_for_layer),
-            ("_commit_eplb_maps", _wrap_commit),
-        ):
-            original = getattr(eplb_state, name)
-            _ORIGINALS[name] = original
-            setattr(eplb_state, name, wrap(original))
-        return True
-
-
-def uninstall_commit_hooks() -> bool:
-    """Restore upstream's commit functions; idempotent. Returns True if something was restored."""
-    from vllm.distributed.eplb import eplb_state
-
-    with _LOCK:
-        if not _ORIGINALS:
-            return False
-        for name, original in _ORIGINALS.items():
-            setattr(eplb_state, name, original)
-        _ORIGINALS.clear()
-        return True
+#: The two commit hooks (installed by integration's ``apply_patches()``).
+PATCHES: tuple[Patch, ...] = (
+    Patch(
+        _MODULE,
+        "_commit_eplb_maps_for_layer",
+        HOOKED_SIGNATURES["_commit_eplb_maps_for_layer"],
+        _wrap_commit_for_layer,
+        _OWNER,
+        check=_check_order,
+    ),
+    Patch(_MODULE, "_commit_eplb_maps", HOOKED_SIGNATURES["_commit_eplb_maps"], _wrap_commit, _OWNER),
+)
 
 
 def commit_hooks_installed() -> bool:
-    """Whether the commit hooks are in effect in this process."""
-    return bool(_ORIGINALS)
+    """Whether both commit hooks are bound in ``vllm.distributed.eplb.eplb_state`` now."""
+    from vllm.distributed.eplb import eplb_state
+
+    return all(
+        patch_owner(getattr(eplb_state, name, None)) == _OWNER
+        for name in ("_commit_eplb_maps_for_layer", "_commit_eplb_maps")
+    )

@@ -12,13 +12,15 @@ PR #14099; its earlier version turned filtered batches into dummy steps instead.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from vllm.v1.worker.gpu.eplb_utils import EPLBController
 
-from ascend_eplb.control._signatures import check_signature
+from ascend_eplb.control.patching import check_signature
 from ascend_eplb.control.phase import LoadCollectionPhase, is_phase_matched, validate_phase
+from ascend_eplb.control.router_adaptation import adapt_layer_routers
 from ascend_eplb.control.state import AscendEplbState
 
 __all__ = ["AscendEPLBController", "check_upstream_controller_signatures"]
@@ -27,6 +29,8 @@ __all__ = ["AscendEPLBController", "check_upstream_controller_signatures"]
 UPSTREAM_CONTROLLER_SIGNATURES: dict[str, tuple[str, ...]] = {
     "__init__": ("self", "parallel_config", "device"),
     "prepare_load": ("self",),
+    "maybe_register_model": ("self", "model", "model_config"),
+    "maybe_register_speculator": ("self", "speculator", "speculative_config", "load_dummy_weights"),
     "prepare_forward": ("self", "model_config", "num_unpadded_tokens", "ubatch_slices"),
     "step": ("self", "is_dummy", "is_profile"),
     "suppress": ("self",),
@@ -39,14 +43,28 @@ def check_upstream_controller_signatures() -> None:
         check_signature(getattr(EPLBController, name), f"EPLBController.{name}", params)
 
 
+#: ``fn(controller, is_dummy, is_profile)``, run by :meth:`AscendEPLBController.step` after upstream's step.
+StepHook = Callable[["AscendEPLBController", bool, bool], None]
+#: ``fn(controller, model, model_config)``, run after a model (or draft) was registered with the state.
+RegistrationHook = Callable[["AscendEPLBController", Any, Any], None]
+
+
 class AscendEPLBController(EPLBController):
-    """Upstream ``EPLBController`` that builds :class:`AscendEplbState` and filters load by batch phase.
+    """Upstream ``EPLBController`` that builds :class:`AscendEplbState`, adapts each MoE layer's router
+    before its model is registered, and filters load by batch phase.
 
     Args:
         parallel_config: vLLM ``ParallelConfig`` (EPLB is active when ``enable_eplb``).
         device: the device of the EPLB state and lookups.
         load_collection_phase: ``"all"`` (default), ``"prefill"`` or ``"decode"``; see
             :func:`~ascend_eplb.control.phase.is_phase_matched`.
+
+    Attributes:
+        step_hooks: :data:`StepHook` s run after every upstream step that ran (same condition as
+            upstream's: EPLB on, not suppressed, a model registered), in order, on every rank alike: a
+            hook may run collectives on the EP CPU group (the integration's watchdog and verifier do).
+        registration_hooks: :data:`RegistrationHook` s run after each successful registration of a
+            model or draft with the state, on every rank (collectives allowed, as above).
 
     Raises:
         ValueError: ``load_collection_phase`` is not an allowed phase (the message lists them).
@@ -66,6 +84,8 @@ class AscendEPLBController(EPLBController):
         self._batch_has_prefill: bool | None = None
         self.last_record_decision: bool | None = None
         """The flag value the last :meth:`prepare_forward` wrote (None before the first fill)."""
+        self.step_hooks: list[StepHook] = []
+        self.registration_hooks: list[RegistrationHook] = []
 
     def prepare_load(self) -> None:
         """Upstream ``prepare_load``, building an :class:`AscendEplbState` when EPLB is enabled."""
@@ -73,6 +93,46 @@ class AscendEPLBController(EPLBController):
         self._has_registered_models = False
         if self.parallel_config.enable_eplb:
             self.state = AscendEplbState(self.parallel_config, self.device)
+
+    def maybe_register_speculator(
+        self, speculator: Any | None, speculative_config: Any | None, load_dummy_weights: bool
+    ) -> bool:
+        """Upstream's, after adapting the routers of the draft's MoE layers (when EPLB will register it)."""
+        if (
+            self.parallel_config.enable_eplb
+            and speculator is not None
+            and hasattr(speculator, "model")
+            and not load_dummy_weights
+        ):
+            adapt_layer_routers(speculator.model)
+        added = super().maybe_register_speculator(speculator, speculative_config, load_dummy_weights)
+        if added:
+            for hook in self.registration_hooks:
+                hook(self, speculator.model, speculative_config.draft_model_config)
+        return added
+
+    def maybe_register_model(self, model: Any, model_config: Any) -> bool:
+        """Upstream's, after :func:`~ascend_eplb.control.router_adaptation.adapt_layer_routers`."""
+        if self.parallel_config.enable_eplb:
+            adapt_layer_routers(model)
+        added = super().maybe_register_model(model, model_config)
+        if added:
+            for hook in self.registration_hooks:
+                hook(self, model, model_config)
+        return added
+
+    def step(self, is_dummy: bool = False, is_profile: bool = False) -> None:
+        """Upstream's step, then every :attr:`step_hooks` entry when upstream's step ran."""
+        ran = (
+            self.parallel_config.enable_eplb
+            and not self.suppressed
+            and self.state is not None
+            and self._has_registered_models
+        )
+        super().step(is_dummy, is_profile)
+        if ran:
+            for hook in self.step_hooks:
+                hook(self, is_dummy, is_profile)
 
     def set_batch_phase(self, batch_has_prefill: bool) -> None:
         """Declare the phase of the next batch; called once per batch before :meth:`prepare_forward`.

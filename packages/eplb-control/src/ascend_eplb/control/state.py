@@ -5,7 +5,8 @@ Upstream ``EplbState`` (vLLM 0.33.0) stays the only placement state: its ``physi
 are the truth. Each MoE layer's :class:`AscendEplbLayerState` additionally owns a dataplane
 :class:`~ascend_eplb.dataplane.ReplicaLookup` (int32 ``(rows, E)``, fixed ``data_ptr``; what the
 graph-safe router op gathers from), derived from that layer's committed maps and refreshed in place
-exactly when the layer's placement commits (see :mod:`ascend_eplb.control.commit_hooks`).
+exactly when the layer's placement commits (see :mod:`ascend_eplb.control.commit_hooks`, whose
+:class:`~ascend_eplb.control.commit_hooks.CommitObserver` this state implements).
 
 :class:`AscendEplbState` adds, and only adds:
 
@@ -15,7 +16,7 @@ exactly when the layer's placement commits (see :mod:`ascend_eplb.control.commit
 * a skip of a rearrangement whose window holds no load on any rank (upstream would hand an all-zero
   window to the policy), decided with one collective on the EP CPU group;
 * an inspectable :attr:`AscendEplbState.commit_log` of the per-layer order move, commit, refresh,
-  acknowledge;
+  acknowledge, and :attr:`AscendEplbState.commit_listeners` called with each event as it happens;
 * signature checks of every upstream method it overrides or relies on, at construction.
 """
 
@@ -33,8 +34,8 @@ from vllm.distributed.parallel_state import get_ep_group
 from vllm.logger import init_logger
 from vllm.utils.gpu_sync_debug import gpu_sync_allowed
 
-from ascend_eplb.control._signatures import check_signature
-from ascend_eplb.control.commit_hooks import check_hooked_signatures, install_commit_hooks, register_owner
+from ascend_eplb.control.commit_hooks import attach_observer, check_hooked_signatures, commit_hooks_installed
+from ascend_eplb.control.patching import check_signature
 from ascend_eplb.dataplane import ReplicaLookup
 
 __all__ = [
@@ -175,7 +176,7 @@ class AscendEplbLayerState(EplbLayerState):
         self,
         logical_to_physical_map: torch.Tensor,
         logical_replica_count: torch.Tensor,
-        num_physical_slots: int,
+        num_physical_experts: int,
     ) -> ReplicaLookup:
         ep_rank = self.ep_rank if self.ep_rank is not None else get_ep_group().rank_in_group
         lookup = ReplicaLookup(
@@ -183,7 +184,7 @@ class AscendEplbLayerState(EplbLayerState):
             ep_rank,
             logical_to_physical_map.device,
             rows=self.lookup_rows,
-            num_physical_experts=num_physical_slots,
+            num_physical_experts=num_physical_experts,
         )
         lookup.refresh_(logical_to_physical_map, logical_replica_count)
         return lookup
@@ -238,9 +239,11 @@ class AscendEplbLayerState(EplbLayerState):
 class AscendEplbState(EplbState):
     """Upstream ``EplbState`` whose layers' replica lookups follow every placement commit.
 
-    Construct it like upstream (``AscendEPLBController.prepare_load`` does). Construction checks the
-    upstream signatures (``RuntimeError`` naming the drifted method) and installs the commit hooks
-    (idempotent). Every MoE layer of a registered model must carry an :class:`AscendEplbLayerState`.
+    Construct it like upstream (``AscendEPLBController.prepare_load`` does), after the commit hooks
+    are installed (integration's ``apply_patches()``); construction installs nothing. It checks the
+    upstream signatures (``RuntimeError`` naming the drifted method) and that the hooks are in place
+    (``RuntimeError`` otherwise: without them lookups would never follow a commit). Every MoE layer of
+    a registered model must carry an :class:`AscendEplbLayerState`.
 
     Attributes:
         commit_log: the recent :class:`CommitEvent`\\ s, oldest first (at most :data:`COMMIT_LOG_MAXLEN`).
@@ -250,12 +253,20 @@ class AscendEplbState(EplbState):
             collecting evidence (e.g. to read the layer's weight tags).
         num_rearrangements: rearrangements started (profile rearrangements excluded).
         num_skipped_rearrangements: rearrangements skipped because no rank recorded load.
+        commit_listeners: ``fn(event, model_state)`` called on the runner thread with every
+            :class:`CommitEvent` right after it is logged (the verifier and the events file use it).
+            An exception propagates out of upstream's commit and stops the step.
     """
 
     def __init__(self, parallel_config: Any, device: torch.device) -> None:
         check_upstream_state_signatures()
+        if not commit_hooks_installed():
+            raise RuntimeError(
+                "AscendEplbState needs the commit hooks of ascend_eplb.control.commit_hooks installed "
+                "(ascend_eplb.integration.patches.apply_patches() installs them); without them replica "
+                "lookups would not follow placement commits"
+            )
         super().__init__(parallel_config, device)
-        install_commit_hooks()
         self.commit_log: collections.deque[CommitEvent] = collections.deque(maxlen=COMMIT_LOG_MAXLEN)
         self.collect_commit_evidence = False
         self.commit_probe: Callable[[EplbModelState, int], Any] | None = None
@@ -263,7 +274,7 @@ class AscendEplbState(EplbState):
         self.num_skipped_rearrangements = 0
         self._consecutive_skips = 0
         self._layer_states: dict[str, dict[int, list[AscendEplbLayerState]]] = {}
-        register_owner(self)
+        self.commit_listeners: list[Callable[[CommitEvent, EplbModelState], None]] = []
 
     # ----------------------------------------------------------------- registration
     def add_model(self, model: Any, model_config: Any, model_name: str | None = None) -> None:
@@ -291,11 +302,9 @@ class AscendEplbState(EplbState):
                     "(set_layer_state was not called)"
                 )
             by_layer[layer_state.moe_layer_idx].append(layer_state)
-        self._layer_states[model_config.compute_hash()] = dict(by_layer)
-
-    def owns_model_state(self, model_state: EplbModelState) -> bool:
-        """Whether ``model_state`` (identity) is one of this state's model states."""
-        return self._key_of(model_state) is not None
+        key = model_config.compute_hash()
+        self._layer_states[key] = dict(by_layer)
+        attach_observer(self.model_states[key], self)
 
     def _key_of(self, model_state: EplbModelState) -> str | None:
         for key, candidate in self.model_states.items():
@@ -309,9 +318,10 @@ class AscendEplbState(EplbState):
 
     # ----------------------------------------------------------------- commit, refresh, acknowledge
     def _log(self, kind: CommitEventKind, model_state: EplbModelState, layer: int, **evidence: Any) -> None:
-        self.commit_log.append(
-            CommitEvent(kind, model_state.model_name, layer, self.num_rearrangements, dict(evidence))
-        )
+        event = CommitEvent(kind, model_state.model_name, layer, self.num_rearrangements, dict(evidence))
+        self.commit_log.append(event)
+        for listener in self.commit_listeners:
+            listener(event, model_state)
 
     def _lookup_evidence(self, layer_states: list[AscendEplbLayerState]) -> dict[str, Any]:
         lookups = [ls.replica_lookup for ls in layer_states if ls.replica_lookup is not None]
@@ -320,10 +330,10 @@ class AscendEplbState(EplbState):
             "data_ptrs": [lk.table.data_ptr() for lk in lookups],
         }
 
-    def _before_commit(
+    def before_commit(
         self, model_state: EplbModelState, layers: tuple[int, ...], new_physical_to_logical_map: torch.Tensor
     ) -> None:
-        """Called by the commit hook before upstream commits ``layers`` (weights already moved)."""
+        """:class:`~ascend_eplb.control.commit_hooks.CommitObserver`: ``layers``' weights already moved."""
         for layer in layers:
             if self.collect_commit_evidence:
                 with gpu_sync_allowed():
@@ -333,10 +343,10 @@ class AscendEplbState(EplbState):
             else:
                 self._log("move", model_state, layer)
 
-    def _after_commit(
+    def after_commit(
         self, model_state: EplbModelState, layers: tuple[int, ...], acknowledged_by: Any | None
     ) -> None:
-        """Called by the commit hook after upstream committed ``layers``: refresh their lookups.
+        """:class:`~ascend_eplb.control.commit_hooks.CommitObserver`: refresh the committed layers' lookups.
 
         ``acknowledged_by`` is the async ``AsyncEplbLayerResult`` being consumed (None for a
         synchronous commit); its acknowledgement is logged when it happens.

@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 EMBEDDED_TRACE = "esft_translation_top6.npz"
-"""File name of the embedded trace inside ``ascend_eplb.integration.data``."""
+"""File name of the embedded trace inside ``ascend_eplb.tools.data``."""
 
 _WEIGHT_SCALE = 10_000
 
@@ -161,8 +161,8 @@ def convert(
 
 
 def embedded_trace_path() -> Path:
-    """Path of the trace shipped in the package (``ascend_eplb/integration/data/``)."""
-    return Path(str(resources.files("ascend_eplb.integration") / "data" / EMBEDDED_TRACE))
+    """Path of the trace shipped in the package (``ascend_eplb/tools/data/``)."""
+    return Path(str(resources.files("ascend_eplb.tools") / "data" / EMBEDDED_TRACE))
 
 
 def load_trace(path: str | Path | None = None) -> RoutingTrace:
@@ -297,7 +297,7 @@ def load_routing_source(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ascend_eplb.integration.trace SOURCE_DIR OUT.npz``: rebuild the embedded trace."""
+    """``python -m ascend_eplb.tools.trace SOURCE_DIR OUT.npz``: rebuild the embedded trace."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)

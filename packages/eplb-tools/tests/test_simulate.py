@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from ascend_eplb.integration.cli import main
-from ascend_eplb.integration.simulate.config import SimulateConfig
-from ascend_eplb.integration.simulate.driver import run_simulation
+from ascend_eplb.tools.cli import main
+from ascend_eplb.tools.simulate.config import SimulateConfig
+from ascend_eplb.tools.simulate.driver import run_simulation
 
 SHORT = dict(num_ranks=2, num_redundant_experts=2, num_layers=2, batch_size=32, steps=16, window_size=2,
              step_interval=4, progress=False, timeout_s=240)  # fmt: skip

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ascend_eplb.integration import trace
+from ascend_eplb.tools import trace
 
 ESFT = (
     Path(__file__).resolve().parents[2].parent / "shared/data/expert-load/esft-deepseek-v2-lite-expert-scores"
@@ -44,8 +44,8 @@ def test_embedded_license_and_origin_ship_beside_trace():
 
 
 def test_installed_package_finds_embedded_trace_through_importlib_resources():
-    # What a wheel install resolves (the wheel ships ascend_eplb/integration/data/*, see SIMULATE.md).
-    data = resources.files("ascend_eplb.integration").joinpath("data")
+    # What a wheel install resolves (the wheel ships ascend_eplb/tools/data/*, see SIMULATE.md).
+    data = resources.files("ascend_eplb.tools").joinpath("data")
     names = sorted(entry.name for entry in data.iterdir())
     assert names == ["LICENSE-ESFT", "ORIGIN.md", trace.EMBEDDED_TRACE]
     resource = data.joinpath(trace.EMBEDDED_TRACE)

@@ -6,11 +6,15 @@ import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-__all__ = ["CHECKS", "FAULTS", "OUTPUT_ATOL", "OUTPUT_RTOL", "PHASES", "SimulateConfig"]
+from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES as PHASES
+from ascend_eplb.integration.verify import CHECKS as VERIFIER_CHECKS
 
-PHASES = ("all", "prefill", "decode")
+__all__ = ["CHECKS", "FAULTS", "OUTPUT_ATOL", "OUTPUT_RTOL", "PHASES", "SIMULATOR_CHECKS", "SimulateConfig"]
+
 FAULTS = ("wrong-lookup-refresh", "view-skips-scale")
-CHECKS = ("outputs", "fingerprints", "lookups", "load", "worker")
+#: The simulator's own checks; the others are the serving verifier's (ASCEND_EPLB_VERIFY=1).
+SIMULATOR_CHECKS = ("outputs", "load")
+CHECKS = (*SIMULATOR_CHECKS, *VERIFIER_CHECKS)
 #: Output tolerance against the EPLB-off reference. Moved weights are bit-identical, so the only
 #: difference is float32 summation order (per-rank partial sums, then all_reduce): a few ulps of the
 #: largest value.

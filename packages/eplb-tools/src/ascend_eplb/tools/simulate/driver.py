@@ -1,20 +1,17 @@
-"""Launch the simulator's rank processes, show progress, and write ``report.json`` and ``balancedness.png``.
+"""Run the simulator's ranks, show progress, and write ``report.json`` and ``balancedness.png``.
 
-Ranks start with ``multiprocessing``'s ``forkserver`` method; the fork server imports the rank module
-(and with it vLLM, about 12 s) once, so the ranks themselves start in well under a second. Rendezvous is
-a ``file://`` URL in the output folder (never a fixed port). The whole world has a deadline
-(``SimulateConfig.timeout_s``); a rank that raises is reported with its traceback and the others get a
-grace period before they are killed.
+On one host the ranks are started by the repository's one launcher, :func:`ascend_eplb.testing.run_ranks`
+(forkserver: the fork server imports the rank module, and with it vLLM, once; rendezvous a ``file://``
+URL in a scratch folder; a deadline over the whole run; a rank that fails is reported with its
+traceback and the others get a grace period). Under ``torchrun`` (one process per rank, one or more
+hosts) every process runs its rank directly, with rank and world from torchrun's environment, and EP
+rank 0 writes the report.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
-import multiprocessing.connection
 import os
-import pickle
-import queue as queue_mod
 import shutil
 import sys
 import tempfile
@@ -24,22 +21,23 @@ from typing import Any
 
 import numpy as np
 
-from ascend_eplb.integration.simulate.config import SimulateConfig
-from ascend_eplb.integration.trace import load_routing_source
+from ascend_eplb.tools.simulate.config import SimulateConfig
+from ascend_eplb.tools.trace import load_routing_source
 
-__all__ = ["RANK_ENV", "SimulationError", "run_simulation"]
+__all__ = ["SimulationError", "run_simulation", "under_torchrun"]
 
-RANK_ENV = {
-    "GLOO_SOCKET_IFNAME": "lo",
-    "OMP_NUM_THREADS": "1",
-    "VLLM_TARGET_DEVICE": "cpu",
-    "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
-}
 _GRACE_S = 15.0
+_RANK_MODULE = "ascend_eplb.tools.simulate.rank"
 
 
 class SimulationError(RuntimeError):
     """A rank raised, exited without a result or missed the deadline (the message has every rank's)."""
+
+
+def under_torchrun(environ: dict[str, str] | None = None) -> bool:
+    """Whether this process was started by ``torchrun`` (its ``TORCHELASTIC_RUN_ID`` is set)."""
+    env = os.environ if environ is None else environ
+    return "TORCHELASTIC_RUN_ID" in env
 
 
 def _prepare(config: SimulateConfig) -> tuple[SimulateConfig, Any]:
@@ -56,109 +54,87 @@ def _prepare(config: SimulateConfig) -> tuple[SimulateConfig, Any]:
     return config, routing
 
 
-def _launch(config: SimulateConfig, routing: Any) -> list[dict]:
-    # Scratch of this world (trace copy, rendezvous file, per-rank results): removed after the run, so
-    # only report.json and the plot are left in the output folder.
-    world = Path(tempfile.mkdtemp(prefix="ascend-eplb-simulate-"))
-    try:
-        return _launch_in(config, routing, world)
-    finally:
-        shutil.rmtree(world, ignore_errors=True)
-
-
-def _launch_in(config: SimulateConfig, routing: Any, world: Path) -> list[dict]:
-    trace_file = world / "trace.npz"
-    np.savez(
-        trace_file,
-        topk_ids=routing.topk_ids,
-        topk_weights=routing.topk_weights,
-        seq_offsets=routing.seq_offsets,
-        num_logical_experts=np.array(routing.num_logical_experts),
-    )
+def _rank_args(config: SimulateConfig, routing: Any) -> tuple[dict, dict]:
     cfg = config.to_json() | {"padded_size": config.effective_padded_size, "trace_name": routing.name}
-    for key, value in RANK_ENV.items():
-        os.environ.setdefault(key, value)
-    mp = multiprocessing.get_context("forkserver")
-    mp.set_forkserver_preload(["ascend_eplb.integration.simulate.rank"])
-    progress_queue = mp.Queue()
-    procs = [
-        mp.Process(
-            target=_rank_entry,
-            args=(
-                r,
-                config.num_ranks,
-                f"file://{world / 'rendezvous'}",
-                cfg,
-                str(trace_file),
-                str(world),
-                progress_queue if r == 0 else None,
-            ),
-            name=f"eplb-sim-rank{r}",
-            daemon=True,
-        )
-        for r in range(config.num_ranks)
-    ]
-    for p in procs:
-        p.start()
+    arrays = {
+        "topk_ids": routing.topk_ids,
+        "topk_weights": routing.topk_weights,
+        "seq_offsets": routing.seq_offsets,
+        "num_logical_experts": routing.num_logical_experts,
+    }
+    return cfg, arrays
+
+
+def _launch(config: SimulateConfig, routing: Any, deadline: float) -> list[dict]:
+    from ascend_eplb.testing import RankFailureError, run_ranks
+    from ascend_eplb.tools.simulate.rank import simulate_rank
+
+    cfg, arrays = _rank_args(config, routing)
     bar = None
     if config.progress:
         from tqdm import tqdm
 
         bar = tqdm(total=config.steps, desc="simulate", unit="step", file=sys.stderr)
-    deadline = time.monotonic() + config.timeout_s
-    failed_at: float | None = None
+
+    def on_message(rank: int, message: Any) -> None:
+        _, step, rearrangements, bal = message
+        if bar is not None and rank == 0:
+            bar.n = step + 1
+            bar.set_postfix(rearrangements=rearrangements, balancedness=f"{bal:.3f}", refresh=False)
+            bar.refresh()
+
+    # Scratch of this world (rendezvous file, per-rank results): removed after the run, whatever ends it.
+    world = Path(tempfile.mkdtemp(prefix="ascend-eplb-simulate-"))
     try:
-        while any(p.exitcode is None for p in procs):
-            now = time.monotonic()
-            if failed_at is None and any(p.exitcode not in (None, 0) for p in procs):
-                failed_at = now
-            limit = deadline if failed_at is None else min(deadline, failed_at + _GRACE_S)
-            if now >= limit:
-                break
-            try:
-                _, step, rearr, bal = progress_queue.get(timeout=0.2)
-                if bar is not None:
-                    bar.n = step + 1
-                    bar.set_postfix(rearrangements=rearr, balancedness=f"{bal:.3f}", refresh=False)
-                    bar.refresh()
-            except queue_mod.Empty:
-                pass
+        return run_ranks(
+            simulate_rank,
+            world_size=config.num_ranks,
+            tmp_path=world,
+            args=(cfg, arrays),
+            timeout_s=max(deadline - time.monotonic(), 0.001),
+            grace_s=_GRACE_S,
+            preload=[_RANK_MODULE],
+            on_message=on_message,
+        )
+    except RankFailureError as e:
+        lines = ["simulation failed:"]
+        for rank in sorted(e.reports):
+            code, detail = e.reports[rank]
+            if code == 0:
+                continue
+            if code is None:
+                lines.append(
+                    f"--- rank {rank}: still running at the deadline ({config.timeout_s:.0f} s); killed"
+                )
+            elif detail.startswith("exited with code"):
+                lines.append(f"--- rank {rank}: {detail}")
+            else:
+                lines.append(f"--- rank {rank}: raised\n{detail.rstrip()}")
+        raise SimulationError("\n".join(lines)) from None
     finally:
         if bar is not None:
             bar.close()
-    results, errors = [], []
-    for r, p in enumerate(procs):
-        if p.exitcode is None:
-            p.kill()
-            p.join(5)
-            errors.append(f"--- rank {r}: still running at the deadline ({config.timeout_s:.0f} s); killed")
-            continue
-        p.join()
-        path = world / f"rank{r}.pkl"
-        if not path.exists():
-            errors.append(f"--- rank {r}: exited with code {p.exitcode} without a result")
-            continue
-        with open(path, "rb") as f:
-            status, value = pickle.load(f)
-        if status != "ok":
-            errors.append(f"--- rank {r}: raised\n{value.rstrip()}")
-        else:
-            results.append(value)
-    if errors:
-        raise SimulationError("simulation failed:\n" + "\n".join(errors))
-    return results
+        shutil.rmtree(world, ignore_errors=True)
 
 
-def _rank_entry(*args: Any) -> None:
-    """Rank process target. Importing the rank module (and vLLM) happens in the fork server, which
-    preloads it, never in the launching process."""
-    from ascend_eplb.integration.simulate.rank import rank_main
+def _run_torchrun(config: SimulateConfig, routing: Any) -> list[dict] | None:
+    """This process's rank under torchrun; every rank's statistics on EP rank 0, None elsewhere."""
+    from ascend_eplb.testing import RankContext
+    from ascend_eplb.tools.simulate.rank import simulate_rank
 
-    rank_main(*args)
+    ctx = RankContext.from_torchrun(Path(config.out_dir), config.timeout_s)
+    if ctx.world_size != config.num_ranks:
+        raise ValueError(
+            f"invalid simulate options:\n  - ranks={config.num_ranks}: torchrun started "
+            f"{ctx.world_size} processes (WORLD_SIZE); pass --ranks {ctx.world_size}"
+        )
+    cfg, arrays = _rank_args(config, routing)
+    results = simulate_rank(ctx, cfg, arrays, gather=True)
+    return results if ctx.rank == 0 else None
 
 
 def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: float) -> dict:
-    from ascend_eplb.integration.simulate.config import CHECKS, OUTPUT_ATOL, OUTPUT_RTOL
+    from ascend_eplb.tools.simulate.config import CHECKS, OUTPUT_ATOL, OUTPUT_RTOL
 
     r0 = results[0]
     bal = r0["balancedness_per_step"]
@@ -205,6 +181,12 @@ def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: f
         # step needs from the machine whatever else runs on it; wall / this = cores the world got.
         "world_cpu_seconds_per_step_p50": float(
             sum(np.percentile(res["step_cpu_seconds"], 50) for res in results)
+        ),
+        # The serving verifier's own time per step (its step-boundary collective and the commit checks
+        # it finds pending), measured inside the same steps: the cost of ASCEND_EPLB_VERIFY=1.
+        "verifier_seconds_per_step_p50": float(np.percentile(r0["verifier_seconds"], 50)),
+        "step_seconds_p50_without_verifier": float(
+            np.percentile(secs - np.array(r0["verifier_seconds"]), 50)
         ),
         "max_output_error": max(res["max_output_error"] for res in results),
         "output_tolerance": {"rtol": OUTPUT_RTOL, "atol": OUTPUT_ATOL},
@@ -260,6 +242,9 @@ def _summary(report: dict) -> str:
         f"(p50 with a commit in flight {ms(report['step_seconds_p50_in_flight'])} ms, "
         f"without {ms(report['step_seconds_p50_idle'])} ms)",
         f"  CPU per step, all ranks, p50 {ms(report['world_cpu_seconds_per_step_p50'])} ms",
+        f"  serving verifier (ASCEND_EPLB_VERIFY=1) per step p50 "
+        f"{ms(report['verifier_seconds_per_step_p50'])} ms (step p50 without it "
+        f"{ms(report['step_seconds_p50_without_verifier'])} ms)",
         f"  time per commit step mean {ms(commit_mean)} ms; "
         f"max output error {report['max_output_error']:.3g}",
     ]
@@ -270,15 +255,21 @@ def _summary(report: dict) -> str:
     return "\n".join(lines)
 
 
-def run_simulation(config: SimulateConfig, *, stream=None) -> dict:
+def run_simulation(config: SimulateConfig, *, stream=None) -> dict | None:
     """Validate ``config``, run the world, write ``report.json`` and ``balancedness.png`` to
     ``config.out_dir``, print the summary to ``stream`` (default stdout) and return the report.
 
+    Under ``torchrun`` every process calls this; EP rank 0 writes, prints and returns the report, the
+    others return None.
+
     Raises ``ValueError`` listing every bad option (before any process starts) and
     :class:`SimulationError` when a rank crashed or missed the deadline. A failed check is not an
-    exception: the report has ``passed == False`` and names the first violation.
+    exception: the report has ``passed == False`` and names the first violation. An earlier
+    ``report.json`` in the output folder is removed before the run starts, so a run that ends without
+    a report leaves none behind.
     """
     t0 = time.perf_counter()
+    deadline = time.monotonic() + config.timeout_s
     config, routing = _prepare(config)
     out = Path(config.out_dir)
     try:
@@ -290,7 +281,13 @@ def run_simulation(config: SimulateConfig, *, stream=None) -> dict:
         raise ValueError(
             f"invalid simulate options:\n  - out={config.out_dir}: cannot write there ({e})"
         ) from e
-    results = _launch(config, routing)
+    if under_torchrun():
+        results = _run_torchrun(config, routing)
+        if results is None:
+            return None
+    else:
+        (out / "report.json").unlink(missing_ok=True)
+        results = _launch(config, routing, deadline)
     report = _report(config, routing, results, time.perf_counter() - t0)
     (out / "report.json").write_text(json.dumps(report, indent=1))
     _plot(report, out / "balancedness.png")

@@ -12,7 +12,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 import torch
 from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
 
-from ascend_eplb.integration import cli, plan, trace
+from ascend_eplb.tools import cli, plan, trace
 
 ESFT = (
     Path(__file__).resolve().parents[2].parent / "shared/data/expert-load/esft-deepseek-v2-lite-expert-scores"

@@ -45,7 +45,7 @@ def _int_list(value: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ascend_eplb.integration.simulate.config import SimulateConfig
+    from ascend_eplb.tools.simulate.config import SimulateConfig
 
     parser = argparse.ArgumentParser(prog="ascend-eplb", description="Ascend EPLB for vLLM Model Runner V2.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -144,13 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
-    from ascend_eplb.integration.plan import format_plan, validate_plan_args
-    from ascend_eplb.integration.trace import load_load_matrix
+    from ascend_eplb.tools.plan import format_plan, validate_plan_args
+    from ascend_eplb.tools.trace import load_load_matrix
 
     load = load_load_matrix(args.load)
     validate_plan_args(load.shape, args.ranks, args.nodes, args.expert_groups, args.redundant_experts)
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    from ascend_eplb.integration.plan import plan
+    from ascend_eplb.tools.plan import plan
 
     result = plan(
         load,
@@ -179,8 +179,8 @@ def _run_check(args: argparse.Namespace) -> int:
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
-    from ascend_eplb.integration.simulate.config import SimulateConfig
-    from ascend_eplb.integration.simulate.driver import run_simulation
+    from ascend_eplb.tools.simulate.config import SimulateConfig
+    from ascend_eplb.tools.simulate.driver import run_simulation
 
     config = SimulateConfig(
         num_ranks=args.ranks,
@@ -219,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ascend-eplb {args.command}: error: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:
-        from ascend_eplb.integration.simulate.driver import SimulationError
+        from ascend_eplb.tools.simulate.driver import SimulationError
 
         if not isinstance(e, SimulationError):
             raise

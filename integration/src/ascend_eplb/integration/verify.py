@@ -1,0 +1,281 @@
+"""Runtime verifier of a serving worker: invariants 3 and 5 checked at every commit and every step.
+
+Switched on by ``ASCEND_EPLB_VERIFY=1`` (off by default). Off, nothing is allocated, hooked or
+imported. On, :func:`ascend_eplb.integration.runner.create_eplb_controller` attaches an
+:class:`EplbVerifier` to the controller it builds, which
+
+* at model registration (every rank, same order): takes the fingerprint of every local slot from the
+  exact kernel storage (the layer's quant_views ``expert_storage`` when it has one, else its weight
+  views), gathers them over the EP CPU group and keeps, per MoE layer, the fingerprint of each logical
+  expert (replicas of one logical expert must agree);
+* at each layer commit (the ``refresh`` event of control's commit log, on the runner thread):
+  ``fingerprints``: every local slot's fingerprint equals the one of the logical expert the committed
+  ``physical_to_logical_map`` assigns to it; ``lookups``: the layer's lookup table equals
+  ``build_replica_table`` of the committed upstream maps and keeps its storage (``data_ptr``);
+* every EPLB step, on every rank: ``worker``: upstream's async worker thread is alive; ``lookups``:
+  the committed maps' checksums are equal on every rank. One ``all_gather`` of a small int64 tensor
+  on the EP CPU group (plus one ``all_gather_object`` only when some rank found a violation), at the
+  step boundary, in the same order on every rank.
+
+A violation found at a commit is raised at the next step boundary, on every rank alike, as
+:class:`EplbVerificationError` naming the check, step, layer, rank and slot: never silently, and
+never on one rank only (the others would wait in the next collective).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["CHECKS", "ENV_VERIFY", "EplbVerificationError", "EplbVerifier", "verify_requested"]
+
+#: The environment switch of the verifier.
+ENV_VERIFY = "ASCEND_EPLB_VERIFY"
+#: What the verifier checks, by name (used in errors and by the simulator's report).
+CHECKS = ("fingerprints", "lookups", "worker")
+_TRUE = ("1", "true", "yes", "on")
+
+
+def verify_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``ASCEND_EPLB_VERIFY`` asks for the verifier (``1``/``true``/``yes``/``on``)."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_VERIFY, "").strip().lower() in _TRUE
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One failed check: where, and what was seen."""
+
+    check: str
+    step: int
+    rank: int
+    layer: int | None
+    slot: int | None
+    detail: str
+
+    def message(self) -> str:
+        where = [f"step {self.step}", f"rank {self.rank}"]
+        if self.layer is not None:
+            where.insert(1, f"layer {self.layer}")
+        if self.slot is not None:
+            where.append(f"slot {self.slot}")
+        return f"EPLB verifier: {self.check} check failed at {', '.join(where)}: {self.detail}"
+
+
+class EplbVerificationError(RuntimeError):
+    """A verifier check failed (raised on every EP rank at the same step boundary).
+
+    Attributes:
+        check: ``"fingerprints"``, ``"lookups"`` or ``"worker"``.
+        step: the verifier's step count (EPLB steps since registration) when the violation was found.
+        rank: the EP rank that found it.
+        layer: the MoE layer, or None for a whole-model check.
+        slot: the physical slot (global id in ``[0, P)``), or None.
+    """
+
+    def __init__(self, violation: Violation) -> None:
+        super().__init__(violation.message())
+        self.check = violation.check
+        self.step = violation.step
+        self.rank = violation.rank
+        self.layer = violation.layer
+        self.slot = violation.slot
+
+
+def slot_fingerprint(layer: Any, row: int) -> str:
+    """BLAKE2b-128 digest of local row ``row`` of a MoE layer's expert storage.
+
+    Uses ``layer.expert_storage`` (a quant_views ``ExpertStorage``: every kernel tensor, so a weight
+    view list that forgets a tensor is caught) when the layer has one, else every tensor of
+    ``layer.get_expert_weights()`` (what upstream moves).
+    """
+    storage = getattr(layer, "expert_storage", None)
+    if storage is not None:
+        from ascend_eplb.quant_views import expert_fingerprint
+
+        return expert_fingerprint(storage, row)
+    digest = hashlib.blake2b(digest_size=16)
+    for view in layer.get_expert_weights():
+        data = view[row].detach().to("cpu").contiguous().view(-1).view(torch.uint8)
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(bytes(data.tolist()))
+    return digest.hexdigest()
+
+
+class EplbVerifier:
+    """The checks of the module docstring for every model registered with one controller.
+
+    Use :meth:`attach` (``create_eplb_controller`` does when :func:`verify_requested`).
+
+    Attributes:
+        steps: EPLB steps seen.
+        commits_checked: layer commits checked on this rank.
+    """
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.commits_checked = 0
+        self._models: dict[str, dict[str, Any]] = {}
+        self._pending: Violation | None = None
+
+    def attach(self, controller: Any) -> None:
+        """Register on ``controller`` (control's ``AscendEPLBController``): model registration, step."""
+        controller.registration_hooks.append(self.on_model_registered)
+        controller.step_hooks.append(self.on_step)
+
+    # ------------------------------------------------------------------ registration
+    def on_model_registered(self, controller: Any, model: Any, model_config: Any) -> None:
+        """Fingerprint every logical expert from the ranks' initial slots (one gather, every rank)."""
+        import torch.distributed as dist
+        from vllm.distributed.parallel_state import get_ep_group
+        from vllm.model_executor.models.interfaces import get_mixture_of_experts_model
+
+        state = controller.state
+        key = model_config.compute_hash()
+        model_state = state.model_states[key]
+        layers = list(get_mixture_of_experts_model(model).moe_layers)
+        group = get_ep_group()
+        rank, num_ranks = group.rank_in_group, group.world_size
+        p2l = model_state.physical_to_logical_map.cpu()
+        p = p2l.shape[1] // num_ranks
+        local = [[slot_fingerprint(layer, row) for row in range(p)] for layer in layers]
+        gathered: list[Any] = [None] * num_ranks
+        dist.all_gather_object(gathered, local, group=group.cpu_group)
+        logical: list[dict[int, str]] = []
+        for layer_idx in range(len(layers)):
+            fps: dict[int, str] = {}
+            for other, per_layer in enumerate(gathered):
+                for row, fp in enumerate(per_layer[layer_idx]):
+                    slot = other * p + row
+                    expert = int(p2l[layer_idx, slot])
+                    if fps.setdefault(expert, fp) != fp:
+                        raise EplbVerificationError(
+                            Violation(
+                                "fingerprints",
+                                0,
+                                other,
+                                layer_idx,
+                                slot,
+                                f"at load, slot {slot} holds logical expert {expert} with weights that "
+                                "differ from another replica of it",
+                            )
+                        )
+            logical.append(fps)
+        self._models[key] = {
+            "model_state": model_state,
+            "layers": layers,
+            "logical": logical,
+            "rank": rank,
+            "num_ranks": num_ranks,
+            "p": p,
+            "table_ptrs": {
+                i: [ls.replica_lookup.table.data_ptr() for ls in states]
+                for i, states in state.layer_states(model_config).items()
+            },
+            "layer_states": state.layer_states(model_config),
+            "group": group,
+        }
+        if self._on_commit_event not in state.commit_listeners:
+            state.commit_listeners.append(self._on_commit_event)
+
+    # ------------------------------------------------------------------ per commit
+    def _model_of(self, model_state: Any) -> dict[str, Any] | None:
+        for entry in self._models.values():
+            if entry["model_state"] is model_state:
+                return entry
+        return None
+
+    def _on_commit_event(self, event: Any, model_state: Any) -> None:
+        if event.kind != "refresh" or self._pending is not None:
+            return
+        entry = self._model_of(model_state)
+        if entry is None:
+            return
+        self.commits_checked += 1
+        self._pending = self._check_layer(entry, event.layer)
+
+    def _check_layer(self, entry: dict[str, Any], layer_idx: int) -> Violation | None:
+        from ascend_eplb.dataplane import build_replica_table
+
+        ms, rank, p = entry["model_state"], entry["rank"], entry["p"]
+        p2l = ms.physical_to_logical_map[layer_idx].cpu()
+        layer = entry["layers"][layer_idx]
+        for row in range(p):
+            slot = rank * p + row
+            expert = int(p2l[slot])
+            want = entry["logical"][layer_idx].get(expert)
+            if slot_fingerprint(layer, row) != want:
+                return Violation(
+                    "fingerprints", self.steps, rank, layer_idx, slot,
+                    f"after the commit the slot's weights are not logical expert {expert}'s",
+                )  # fmt: skip
+        l2p = ms.logical_to_physical_map[layer_idx].cpu()
+        counts = ms.logical_replica_count[layer_idx].cpu()
+        for ls, ptr in zip(entry["layer_states"][layer_idx], entry["table_ptrs"][layer_idx], strict=True):
+            lookup = ls.replica_lookup
+            if lookup.table.data_ptr() != ptr:
+                return Violation(
+                    "lookups", self.steps, rank, layer_idx, None, "the lookup table's storage changed"
+                )
+            expected = build_replica_table(
+                l2p, counts, rank, lookup.rows, num_physical_experts=int(p2l.shape[0])
+            ).to(lookup.table.device)
+            if not torch.equal(lookup.table, expected):
+                bad = (lookup.table != expected).nonzero()[0].tolist()
+                return Violation(
+                    "lookups", self.steps, rank, layer_idx, None,
+                    f"lookup row {bad[0]} expert {bad[1]} holds {int(lookup.table[bad[0], bad[1]])}, the "
+                    f"committed maps give {int(expected[bad[0], bad[1]])}",
+                )  # fmt: skip
+        return None
+
+    # ------------------------------------------------------------------ per step
+    def on_step(self, controller: Any, is_dummy: bool, is_profile: bool) -> None:
+        """The step-boundary collective: worker alive, committed maps equal, pending violations.
+
+        Raises:
+            EplbVerificationError: on every rank, when any rank found a violation.
+        """
+        import torch.distributed as dist
+
+        from ascend_eplb.dataplane import table_checksum
+
+        self.steps += 1
+        if not self._models:
+            return
+        entries = list(self._models.values())
+        group = entries[0]["group"]
+        rank = entries[0]["rank"]
+        worker = getattr(controller.state, "async_worker", None)
+        if self._pending is None and worker is not None and not worker.is_alive():
+            self._pending = Violation(
+                "worker", self.steps, rank, None, None, "upstream's async EPLB worker thread is not alive"
+            )
+        sums = [table_checksum(e["model_state"].physical_to_logical_map.cpu()) for e in entries]
+        mine = torch.tensor([0 if self._pending is None else 1, *sums], dtype=torch.int64)
+        gathered = [torch.empty_like(mine) for _ in range(group.world_size)]
+        dist.all_gather(gathered, mine, group=group.cpu_group)
+        if any(int(t[0]) for t in gathered):
+            violations: list[Any] = [None] * group.world_size
+            dist.all_gather_object(violations, self._pending, group=group.cpu_group)
+            first = next(v for v in violations if v is not None)
+            raise EplbVerificationError(first)
+        for other, theirs in enumerate(gathered):
+            if not torch.equal(theirs, mine):
+                model = next(i for i in range(len(sums)) if int(theirs[1 + i]) != sums[i])
+                raise EplbVerificationError(
+                    Violation(
+                        "lookups",
+                        self.steps,
+                        rank,
+                        None,
+                        None,
+                        f"the committed placement of model {model} differs between rank {other} and "
+                        f"rank {rank} (checksums {int(theirs[1 + model])} != {sums[model]})",
+                    )
+                )

@@ -1,0 +1,59 @@
+"""Give each MoE layer's router an :class:`AscendEplbLayerState` and bind dataplane's mapping on it.
+
+vLLM 0.33.0 builds every ``MoERunner`` with a plain upstream ``EplbLayerState`` on its router
+(``router.eplb_state``) and maps logical to physical ids in ``BaseRouter._apply_eplb_mapping``, with a
+CUDA-only kernel. Before the model is registered with the EPLB state, each router's layer state is
+converted (same tensors, by reference) and dataplane's :func:`~ascend_eplb.dataplane.bind_router` binds
+the graph-safe map-and-record op on that router instance; the router class is never touched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["adapt_layer_routers"]
+
+
+def adapt_layer_routers(model: Any) -> int:
+    """Convert and bind the router of every MoE layer of ``model``; idempotent.
+
+    Args:
+        model: a vLLM model; its ``MixtureOfExperts`` part (upstream ``get_mixture_of_experts_model``)
+            is adapted. A model without one is left alone.
+
+    Returns:
+        the number of routers bound (layers whose router carries no ``eplb_state`` are skipped).
+
+    Raises:
+        RuntimeError: a MoE layer has no ``router`` with an ``eplb_state`` attribute (raised before any
+            layer is changed), or dataplane's ``bind_router`` found an upstream signature drift.
+    """
+    from vllm.model_executor.models.interfaces import get_mixture_of_experts_model
+    from vllm.v1.worker.ubatching import dbo_current_ubatch_id
+
+    from ascend_eplb.control.state import AscendEplbLayerState
+    from ascend_eplb.dataplane import bind_router
+
+    moe_model = get_mixture_of_experts_model(model)
+    if moe_model is None:
+        return 0
+    routers = []
+    for index, layer in enumerate(moe_model.moe_layers):
+        router = getattr(layer, "router", None)
+        if router is None or not hasattr(router, "eplb_state"):
+            raise RuntimeError(
+                f"adapt_layer_routers: MoE layer {index} ({type(layer).__name__}) has no router with an "
+                "'eplb_state' (vLLM 0.33.0 MoERunner.router); cannot bind the Ascend EPLB mapping"
+            )
+        routers.append(router)
+    adapted = 0
+    for router in routers:
+        layer_state = router.eplb_state
+        if layer_state is None:
+            continue
+        if not isinstance(layer_state, AscendEplbLayerState):
+            layer_state = AscendEplbLayerState.from_upstream(layer_state)
+            router.eplb_state = layer_state
+        bind_router(router, layer_state, ubatch_id=dbo_current_ubatch_id)
+        adapted += 1
+    return adapted

@@ -1,0 +1,360 @@
+"""One EP rank of ``ascend-eplb simulate``: a Model Runner V2 worker built the way a serving worker is.
+
+Per rank (the serving path, nothing re-wired by hand):
+
+1. vLLM's plugin loader (``vllm.plugins.load_general_plugins``) discovers the integration's
+   ``vllm.general_plugins`` entry point, which applies the patches (``ASCEND_EPLB=1``);
+2. the runner's controller comes from :class:`~ascend_eplb.integration.runner.Mrv2EplbWiring` (so from
+   ``create_eplb_controller``: start-up validation, Ascend controller, and the runtime verifier with
+   ``ASCEND_EPLB_VERIFY=1``), and every runner point is driven through that wiring in MRv2 order;
+3. the model is the repository's toy MoE model (:mod:`ascend_eplb.testing.moe`): each MoE layer routes
+   through upstream's real router, on which the integration bound dataplane's map-and-record op, and
+   holds its local experts in the format's exact kernel storage (quant_views).
+
+The simulator adds only what a real runner gets from vLLM: the replayed router selections (the trace),
+padding rows (the batch is padded to ``T`` rows, as a graph-captured runner's is), the all-gather
+dispatch and the all-reduce combine, plus the EPLB-off reference world (the same tokens' logical experts
+computed from one storage of all ``E`` experts in identity placement). Its own checks, every step, on
+every rank:
+
+- ``outputs``: each layer's output for the real tokens equals the EPLB-off reference within
+  ``OUTPUT_ATOL + OUTPUT_RTOL * max|reference|``;
+- ``load``: the recorded ``expert_load_pass`` equals the bincount of the real (unpadded) tokens'
+  physical ids when recording was on, and is zero when it was off.
+
+``fingerprints``, ``lookups`` and ``worker`` are the serving verifier's
+(:mod:`ascend_eplb.integration.verify`), raised from the controller's step on every rank alike.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from vllm.config import EPLBConfig, ParallelConfig, VllmConfig, set_current_vllm_config
+from vllm.distributed.parallel_state import (
+    destroy_distributed_environment,
+    destroy_model_parallel,
+    get_ep_group,
+    init_distributed_environment,
+    initialize_model_parallel,
+)
+
+from ascend_eplb.integration.runner import Mrv2EplbWiring
+from ascend_eplb.integration.verify import EplbVerificationError
+from ascend_eplb.quant_views import get_format
+from ascend_eplb.testing import RankContext
+from ascend_eplb.testing.moe import ToyModelConfig, ToyMoEModel, initial_local_experts
+from ascend_eplb.tools.simulate.config import OUTPUT_ATOL, OUTPUT_RTOL
+
+__all__ = ["QuantExperts", "simulate_rank"]
+
+_HIDDEN_TABLE_ROWS = 4096
+
+
+def _expert_weights(seed: int, layer: int, expert: int, hidden: int, inter: int) -> tuple[torch.Tensor, ...]:
+    """Deterministic float32 checkpoint weights of one logical expert: ``w13 (2I, H)``, ``w2 (H, I)``."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + layer * 1009 + expert)
+    w13 = torch.randn(2 * inter, hidden, generator=g) / hidden**0.5
+    w2 = torch.randn(hidden, inter, generator=g) / inter**0.5
+    return w13, w2
+
+
+class QuantExperts:
+    """A layer's local experts in a quant_views format: what the toy layer's ``get_expert_weights``
+    hands upstream (the format's weight views) and the storage the verifier fingerprints.
+
+    Args:
+        fmt: the quant_views ``ExpertWeightFormat``.
+        storage: its ``ExpertStorage`` of this rank's ``p`` slots.
+        skip_scale_view: fault injection: the view list forgets one scale tensor.
+    """
+
+    def __init__(self, fmt: Any, storage: Any, skip_scale_view: bool = False) -> None:
+        self.fmt, self.storage, self.skip_scale_view = fmt, storage, skip_scale_view
+
+    def weight_views(self) -> list[Any]:
+        views = list(self.fmt.weight_views(self.storage))
+        if self.skip_scale_view:
+            names = list(self.storage.kernel_tensors)
+            del views[next(i for i, n in enumerate(names) if "scale" in n)]
+        return views
+
+
+class _CheckViolationError(Exception):
+    def __init__(self, check: str, message: str) -> None:
+        super().__init__(f"{check}: {message}")
+        self.check = check
+
+
+def _vllm_config(cfg: dict, num_ranks: int) -> VllmConfig:
+    return VllmConfig(
+        parallel_config=ParallelConfig(
+            tensor_parallel_size=num_ranks,
+            enable_expert_parallel=True,
+            enable_eplb=True,
+            eplb_config=EPLBConfig(
+                window_size=cfg["window_size"],
+                step_interval=cfg["step_interval"],
+                num_redundant_experts=cfg["num_redundant_experts"],
+                use_async=True,
+            ),
+        ),
+        additional_config={"eplb_config": {"load_collection_phase": cfg["load_collection_phase"]}},
+    )
+
+
+def _load_plugins() -> None:
+    """vLLM's plugin loading, as every vLLM process does it; the integration's entry point must apply."""
+    from vllm.plugins import load_general_plugins
+
+    from ascend_eplb.integration.patches import patches_applied
+
+    os.environ["ASCEND_EPLB"] = "1"
+    load_general_plugins()
+    if not patches_applied():
+        raise RuntimeError(
+            "vLLM's plugin loader did not run the ascend_eplb entry point (vllm.general_plugins): "
+            "is ascend-eplb-integration installed, and VLLM_PLUGINS unset or naming ascend_eplb?"
+        )
+
+
+def simulate_rank(ctx: RankContext, cfg: dict, routing: dict, gather: bool = False) -> Any:
+    """Rank entry point (``run_ranks`` or torchrun): the simulation of this rank.
+
+    Args:
+        ctx: the rank's context (rendezvous, rank, world size).
+        cfg: ``SimulateConfig.to_json()`` plus ``padded_size`` and ``trace_name``.
+        routing: ``topk_ids (L, T_trace, K)``, ``topk_weights``, ``seq_offsets``, ``num_logical_experts``.
+        gather: gather every rank's statistics to each rank at the end (torchrun, where there is no
+            launcher to collect them).
+
+    Returns:
+        this rank's statistics (``gather``: the list of every rank's).
+    """
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    os.environ["ASCEND_EPLB_VERIFY"] = "1" if cfg.get("verify", True) else "0"
+    torch.set_num_threads(1)
+    _load_plugins()
+    vc = _vllm_config(cfg, ctx.world_size)
+    with set_current_vllm_config(vc):
+        init_distributed_environment(
+            world_size=ctx.world_size,
+            rank=ctx.rank,
+            distributed_init_method=ctx.init_method,
+            local_rank=ctx.local_rank,
+            backend="gloo",
+        )
+        initialize_model_parallel(tensor_model_parallel_size=ctx.world_size)
+        stats = _run(ctx, cfg, routing, vc)
+        if gather:
+            everyone: list[Any] = [None] * ctx.world_size
+            dist.all_gather_object(everyone, stats, group=get_ep_group().cpu_group)
+            stats = everyone
+    # Release vLLM's groups (and the shared-memory message queue of its TP group) so nothing is left
+    # for the resource tracker; after a failure the launcher ends the process at once instead.
+    destroy_model_parallel()
+    destroy_distributed_environment()
+    return stats
+
+
+def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
+    rank, num_ranks = ctx.rank, ctx.world_size
+    ids_all, w_all, seq_offsets = routing["topk_ids"], routing["topk_weights"], routing["seq_offsets"]
+    num_moe_layers, num_trace_tokens, top_k = ids_all.shape
+    num_logical = int(routing["num_logical_experts"])
+    num_redundant = cfg["num_redundant_experts"]
+    num_physical = num_logical + num_redundant
+    p = num_physical // num_ranks
+    hidden, inter, seed = cfg["hidden_size"], cfg["intermediate_size"], cfg["seed"]
+    batch, padded = cfg["batch_size"], cfg["padded_size"]
+    seq_starts = np.zeros(num_trace_tokens, dtype=bool)
+    seq_starts[seq_offsets[:-1]] = True
+    group = get_ep_group().cpu_group
+    fmt = get_format(cfg["quant_format"])
+
+    # Storage: this rank's slots under upstream's initial placement. Reference (the EPLB-off world):
+    # logical experts in identity placement, rank r holding the r-th contiguous share of the E, built
+    # from the same checkpoint weights and never touched by EPLB.
+    mine = initial_local_experts(rank, num_ranks, num_logical, num_redundant)
+    shares = np.array_split(np.arange(num_logical), num_ranks)
+    ref_lo, ref_hi = int(shares[rank][0]), int(shares[rank][-1]) + 1
+    experts, ref_storages = [], []
+    for layer in range(num_moe_layers):
+        pairs = [_expert_weights(seed, layer, e, hidden, inter) for e in range(num_logical)]
+        w13, w2 = torch.stack([w[0] for w in pairs]), torch.stack([w[1] for w in pairs])
+        experts.append(
+            QuantExperts(fmt, fmt.create_storage(w13[mine], w2[mine]), cfg["fault"] == "view-skips-scale")
+        )
+        ref_storages.append(fmt.create_storage(w13[ref_lo:ref_hi], w2[ref_lo:ref_hi]))
+    model = ToyMoEModel(experts, num_logical, num_redundant, num_ranks, top_k)
+    model_config = ToyModelConfig(cfg["trace_name"])
+
+    device = torch.device("cpu")
+    wiring = Mrv2EplbWiring(vc, device)  # runner __init__
+    wiring.load_model(model, model_config)  # load_model: prepare, register (routers bound), start worker
+    state = wiring.controller.state
+    model_state = state.model_states[model_config.compute_hash()]
+    verifier_hooks = list(wiring.controller.step_hooks)
+
+    if cfg["fault"] == "wrong-lookup-refresh":
+        layer_state = model.layers[0].eplb_state
+        stale = (layer_state.logical_to_physical_map.clone(), layer_state.logical_replica_count.clone())
+        # Keeps serving the pre-commit placement after the layer's commit.
+        layer_state.refresh_replica_lookup = lambda: layer_state.replica_lookup.refresh_(*stale)
+
+    g = torch.Generator().manual_seed(seed)
+    hidden_table = torch.randn(_HIDDEN_TABLE_ROWS, hidden, generator=g)
+    ids_all = torch.from_numpy(ids_all.astype(np.int64))  # [L, T_trace, K]
+    w_all = torch.from_numpy(w_all.astype(np.float32))
+    world_rows = num_ranks * padded
+    real = torch.cat([torch.arange(padded) < batch] * num_ranks)  # [N*T] real (unpadded) rows
+    layer_offsets = torch.arange(num_moe_layers).view(num_moe_layers, 1, 1)
+    stats: dict[str, Any] = {
+        "balancedness_per_step": [],
+        "rank_load_per_step": [],
+        "step_seconds": [],
+        "step_cpu_seconds": [],
+        "verifier_seconds": [],
+        "step_in_flight": [],
+        "commits_per_step": [],
+        "rearrangements_per_step": [],
+        "max_output_error": 0.0,
+    }
+    verifier_time = [0.0]
+
+    def timed(hook):
+        def run(*args):
+            t = time.perf_counter()
+            try:
+                hook(*args)
+            finally:
+                verifier_time[0] += time.perf_counter() - t
+
+        return run
+
+    wiring.controller.step_hooks[:] = [timed(h) for h in verifier_hooks]
+    violation: _CheckViolationError | None = None
+    cursor = 0
+    log_len = len(state.commit_log)
+    for step in range(cfg["steps"]):
+        t0, c0 = time.perf_counter(), time.process_time()
+        verifier_time[0] = 0.0
+        # This rank's real tokens, in trace order (the world consumes N*B tokens per step).
+        tok = torch.from_numpy((cursor + rank * batch + np.arange(batch)) % num_trace_tokens)
+        cursor += num_ranks * batch
+        pad_ids = torch.randint(0, num_logical, (padded - batch, top_k), generator=g)
+        wiring.prepare_inputs(bool(seq_starts[tok.numpy()].any()))
+        wiring.prepare_forward(model_config, batch)
+        recording = bool(wiring.controller.last_record_decision)
+        hid = torch.zeros(padded, hidden)
+        hid[:batch] = hidden_table[tok % _HIDDEN_TABLE_ROWS]
+        ids = torch.empty(num_moe_layers, padded, top_k, dtype=torch.int64)  # [L, T, K] logical
+        ids[:, :batch] = ids_all[:, tok]
+        ids[:, batch:] = pad_ids
+        wts = torch.zeros(num_moe_layers, padded, top_k)
+        wts[:, :batch] = w_all[:, tok]
+        # Every layer's upstream router: replayed selection, then the bound dataplane op (mapping and,
+        # when recording, the load of the first B rows).
+        phys = torch.stack([pid for _, pid in model.route(list(ids), list(wts))]).to(torch.int64)
+        # Dispatch: all-gather of every layer's logical and physical ids, weights and the hidden states
+        # (one collective per dtype for all layers: the layers here are independent, each reads the
+        # batch's hidden states).
+        ints = torch.cat([ids, phys], dim=2).transpose(0, 1).contiguous()  # [T, L, 2K]
+        floats = torch.cat([hid, wts.transpose(0, 1).reshape(padded, -1)], dim=1)  # [T, H + L*K]
+        gi = [torch.empty_like(ints) for _ in range(num_ranks)]
+        dist.all_gather(gi, ints, group=group)
+        gf = [torch.empty_like(floats) for _ in range(num_ranks)]
+        dist.all_gather(gf, floats, group=group)
+        all_ints, all_f = torch.cat(gi).transpose(0, 1), torch.cat(gf)  # [L, N*T, 2K], [N*T, H+L*K]
+        all_logical, all_phys = all_ints[..., :top_k], all_ints[..., top_k:]
+        all_hid = all_f[:, :hidden]
+        all_wts = all_f[:, hidden:].reshape(world_rows, num_moe_layers, top_k).transpose(0, 1)
+        # Local experts with the format's reference kernel: [0] EPLB placement (every row, padding
+        # included, as a graph-captured runner computes it), [1] the EPLB-off reference (real rows).
+        local = all_phys - rank * p
+        local = torch.where((local >= 0) & (local < p), local, -1)
+        ref_local = all_logical - ref_lo
+        ref_local = torch.where((ref_local >= 0) & (ref_local < ref_hi - ref_lo) & real.view(1, -1, 1),
+                                ref_local, -1)  # fmt: skip
+        out = torch.empty(2, num_moe_layers, world_rows, hidden)
+        for layer in range(num_moe_layers):
+            out[0, layer] = fmt.apply(experts[layer].storage, all_hid, all_wts[layer], local[layer])
+            out[1, layer] = fmt.apply(ref_storages[layer], all_hid, all_wts[layer], ref_local[layer])
+        dist.all_reduce(out, group=group)  # combine (both worlds, all layers, one collective)
+        rows = slice(rank * padded, rank * padded + batch)  # the rank keeps its own rows
+        err = (out[0, :, rows] - out[1, :, rows]).abs().amax(dim=(1, 2))  # [L]
+        bound = OUTPUT_ATOL + OUTPUT_RTOL * out[1, :, rows].abs().amax(dim=(1, 2))
+        stats["max_output_error"] = max(stats["max_output_error"], float(err.max()))
+        rank_load = torch.bincount(
+            ((all_phys[:, real] // p) + layer_offsets * num_ranks).reshape(-1),
+            minlength=num_moe_layers * num_ranks,
+        ).view(num_moe_layers, num_ranks).float()  # fmt: skip
+        if violation is None and bool((err > bound).any()):
+            layer = int((err > bound).nonzero()[0])
+            violation = _CheckViolationError(
+                "outputs",
+                f"step {step} layer {layer} rank {rank}: "
+                f"max |out - ref| = {float(err[layer]):.3g} > {float(bound[layer]):.3g}",
+            )
+        if violation is None:
+            expected_load = torch.zeros(num_moe_layers, num_physical, dtype=torch.int32)
+            if recording:
+                expected_load = torch.bincount(
+                    (phys[:, :batch] + layer_offsets * num_physical).reshape(-1),
+                    minlength=num_moe_layers * num_physical,
+                ).view(num_moe_layers, num_physical).to(torch.int32)  # fmt: skip
+            recorded = model_state.expert_load_pass.clone()
+            if not torch.equal(recorded, expected_load):
+                bad = int((recorded != expected_load).any(dim=1).nonzero()[0])
+                violation = _CheckViolationError(
+                    "load",
+                    f"step {step} rank {rank} layer {bad}: recorded {recorded[bad].sum().item()} "
+                    f"selections, expected {expected_load[bad].sum().item()} "
+                    f"(recording {'on' if recording else 'off'})",
+                )
+        in_flight = bool(model_state.rebalanced)
+        verified = None
+        try:
+            wiring.after_sampling()  # upstream's step, then the verifier at the step boundary
+        except EplbVerificationError as e:
+            verified = _CheckViolationError(e.check, str(e))
+        stats["step_seconds"].append(time.perf_counter() - t0)
+        stats["step_cpu_seconds"].append(time.process_time() - c0)  # this process, all its threads
+        stats["verifier_seconds"].append(verifier_time[0])
+        stats["step_in_flight"].append(in_flight)
+        events = list(state.commit_log)
+        new_events = events[log_len:] if len(events) >= log_len else []
+        log_len = len(events)
+        stats["commits_per_step"].append(sorted({ev.layer for ev in new_events if ev.kind == "commit"}))
+        stats["rearrangements_per_step"].append(state.num_rearrangements)
+        loads = rank_load.numpy()
+        bal = float(np.mean(loads.mean(axis=1) / np.maximum(loads.max(axis=1), 1)))
+        stats["balancedness_per_step"].append(bal)
+        stats["rank_load_per_step"].append(loads.sum(axis=0).tolist())
+        ctx.send(("step", step, state.num_rearrangements, bal))
+        if verified is not None:
+            # Raised on every rank at this same step boundary: all ranks stop here together.
+            violation = violation or verified
+            break
+        flag = torch.tensor([0 if violation is None else 1], dtype=torch.int32)
+        dist.all_reduce(flag, group=group)
+        if int(flag) > 0:
+            break
+    stats["violation"] = None if violation is None else (violation.check, str(violation))
+    stats["steps_run"] = len(stats["step_seconds"])
+    stats["num_rearrangements"] = state.num_rearrangements
+    stats["bytes_moved"] = _bytes_received(model_state)
+    return stats
+
+
+def _bytes_received(model_state: Any) -> int:
+    """Bytes this rank received over all rearrangements (movement's transfer statistics)."""
+    stats = model_state.communicator.cumulative_stats
+    return int(stats.bytes_received)
