@@ -31,9 +31,25 @@ PACKAGES = {
             "ascend-eplb-control",
         },
     ),
+    "packages/eplb-tools": (
+        "ascend-eplb-tools",
+        "tools",
+        {"torch", "vllm", "ascend-eplb-integration", "ascend-eplb-testing"},
+    ),
+    "testing": ("ascend-eplb-testing", "testing", {"torch"}),
 }
-# Third-party libraries a plane may use beside its edges (argument parsing, progress, plots).
-TOOL_LIBRARIES = {"integration": {"numpy", "tqdm", "matplotlib"}}
+# Third-party libraries a package may use beside its edges (traces, progress, plots).
+TOOL_LIBRARIES = {"packages/eplb-tools": {"numpy", "tqdm", "matplotlib"}}
+#: Optional extras a package may declare: torch_npu probes, and the toy MoE model's vLLM.
+EXTRAS = {"npu", "vllm"}
+#: The serving product: what a serving image installs. None of it may need the tools' libraries.
+SERVING = [
+    "packages/eplb-quant-views",
+    "packages/eplb-dataplane",
+    "packages/eplb-movement",
+    "packages/eplb-control",
+    "integration",
+]
 PINS = {"torch": "==2.13.0", "vllm": "==0.33.0"}
 
 
@@ -74,7 +90,15 @@ def test_declared_dependencies_are_the_design_edges(folder):
         if name in declared:
             assert declared[name] == pin, f"{folder} pins {name}{declared[name]}, DESIGN says {name}{pin}"
     extras = _pyproject(folder)["project"].get("optional-dependencies", {})
-    assert set(extras) <= {"npu"}, f"{folder} declares extras {sorted(extras)}; only 'npu' is allowed"
+    assert set(extras) <= EXTRAS, f"{folder} declares extras {sorted(extras)}; allowed: {sorted(EXTRAS)}"
+
+
+@pytest.mark.parametrize("folder", SERVING)
+def test_the_serving_product_pulls_no_tool_library_or_trace(folder):
+    declared = {_requirement_name(r)[0] for r in _pyproject(folder)["project"]["dependencies"]}
+    assert not declared & {"numpy", "tqdm", "matplotlib", "ascend-eplb-tools", "ascend-eplb-testing"}
+    assert not list((ROOT / folder / "src").rglob("*.npz")), f"{folder} ships trace data"
+    assert "scripts" not in _pyproject(folder)["project"], f"{folder} installs a command"
 
 
 @pytest.mark.parametrize("folder", sorted(PACKAGES))
@@ -120,7 +144,7 @@ def _copy_sources(tmp_path: Path) -> list[Path]:
 def test_import_contracts_hold_on_the_tree():
     result = _lint_imports([ROOT / folder / "src" for folder in PACKAGES])
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 3 kept, 0 broken." in result.stdout
+    assert "Contracts: 6 kept, 0 broken." in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -132,9 +156,27 @@ def test_import_contracts_hold_on_the_tree():
             "quant-views and dataplane never import vllm",
         ),
         ("quant_views", "import vllm", "quant-views and dataplane never import vllm"),
-        ("control", "import ascend_eplb.integration", "planes stack under integration without cycles"),
-        ("dataplane", "import ascend_eplb.control", "planes stack under integration without cycles"),
+        (
+            "control",
+            "import ascend_eplb.integration",
+            "tools on top of integration, planes under it, without cycles",
+        ),
+        (
+            "dataplane",
+            "import ascend_eplb.control",
+            "tools on top of integration, planes under it, without cycles",
+        ),
+        (
+            "integration",
+            "import ascend_eplb.tools",
+            "tools on top of integration, planes under it, without cycles",
+        ),
         ("control", "import ascend_eplb.movement", "control depends on dataplane only among the planes"),
+        (
+            "integration",
+            "import ascend_eplb.testing",
+            "the serving product never imports the tools or the test support",
+        ),
     ],
 )
 def test_a_forbidden_import_breaks_the_check(tmp_path, module, line, broken_contract):

@@ -2,7 +2,6 @@
 
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,11 +11,10 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 import torch
 from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
 
+from ascend_eplb.testing.esft import esft_data_dir
 from ascend_eplb.tools import cli, plan, trace
 
-ESFT = (
-    Path(__file__).resolve().parents[2].parent / "shared/data/expert-load/esft-deepseek-v2-lite-expert-scores"
-)
+ESFT = esft_data_dir()
 TASKS = ("intent", "law", "summary", "translation")
 
 

@@ -2,16 +2,14 @@
 
 import json
 from importlib import resources
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from ascend_eplb.testing.esft import esft_data_dir
 from ascend_eplb.tools import trace
 
-ESFT = (
-    Path(__file__).resolve().parents[2].parent / "shared/data/expert-load/esft-deepseek-v2-lite-expert-scores"
-)
+ESFT = esft_data_dir()
 TRANSLATION = ESFT / "results/expert_scores/translation"
 
 

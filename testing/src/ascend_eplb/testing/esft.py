@@ -13,29 +13,34 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["ESFT_NUM_LOGICAL_EXPERTS", "ESFT_TOP_K", "esft_sequences", "esft_trace_dir"]
+__all__ = ["ESFT_NUM_LOGICAL_EXPERTS", "ESFT_TOP_K", "esft_data_dir", "esft_sequences", "esft_trace_dir"]
 
 #: DeepSeek-V2-Lite's routed experts and top-k, as in the trace.
 ESFT_NUM_LOGICAL_EXPERTS = 64
 ESFT_TOP_K = 6
-_TRACE = "data/expert-load/esft-deepseek-v2-lite-expert-scores/results/expert_scores/translation"
+_DATA = "data/expert-load/esft-deepseek-v2-lite-expert-scores"
 
 
-def esft_trace_dir() -> Path:
-    """The folder of the ``expert_weights_*.txt`` files.
+def esft_data_dir() -> Path:
+    """The ESFT dataset's folder (``results/expert_scores/<task>/...``).
 
     Raises:
         FileNotFoundError: the shared data is not beside the checkout (nor at ``ASCEND_EPLB_SHARED_DIR``).
     """
     shared = os.environ.get("ASCEND_EPLB_SHARED_DIR")
     root = Path(shared) if shared else Path(__file__).resolve().parents[4].parent / "shared"
-    folder = root / _TRACE
+    folder = root / _DATA
     if not folder.is_dir():
         raise FileNotFoundError(
             f"{folder}: the ESFT trace of the shared data is missing; check shared/ out beside the "
             "repository or set ASCEND_EPLB_SHARED_DIR"
         )
     return folder
+
+
+def esft_trace_dir() -> Path:
+    """The folder of the translation task's ``expert_weights_*.txt`` files (see :func:`esft_data_dir`)."""
+    return esft_data_dir() / "results/expert_scores/translation"
 
 
 def esft_sequences(moe_layer: int, num_sequences: int) -> list[torch.Tensor]:
