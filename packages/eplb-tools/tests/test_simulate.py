@@ -97,3 +97,29 @@ def test_ranks_past_the_deadline_end_the_run_with_exit_1_naming_each_rank(tmp_pa
     assert "--- rank 1: still running at the deadline (2 s); killed" in err
     assert "Traceback" not in err
     assert not (tmp_path / "o" / "report.json").exists()
+
+
+@pytest.mark.multirank
+def test_torchrun_runs_the_same_simulation_two_ranks_on_one_host(tmp_path):
+    """``torchrun --standalone --nproc-per-node 2 -m ascend_eplb.tools simulate``: rank and world from
+    torchrun's environment, rank 0 writes the report."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "sim"
+    env = os.environ | {"VLLM_TARGET_DEVICE": "cpu", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "ascend_eplb.tools", "simulate", "--ranks", "2", "--redundant-experts", "2", "--layers", "2",
+         "--steps", "12", "--window-size", "2", "--step-interval", "4", "--no-progress", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["passed"] is True
+    assert report["ranks"] == 2
+    assert report["steps"] == 12
+    assert report["rearrangements"] >= 2
+    assert report["layers_committed"] >= 4
+    assert proc.stdout.count("PASSED in") == 1  # one report, from rank 0

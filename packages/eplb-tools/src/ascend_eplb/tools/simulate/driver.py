@@ -117,8 +117,8 @@ def _launch(config: SimulateConfig, routing: Any, deadline: float) -> list[dict]
         shutil.rmtree(world, ignore_errors=True)
 
 
-def _run_torchrun(config: SimulateConfig, routing: Any) -> list[dict] | None:
-    """This process's rank under torchrun; every rank's statistics on EP rank 0, None elsewhere."""
+def _run_torchrun(config: SimulateConfig, routing: Any) -> tuple[list[dict], bool]:
+    """This process's rank under torchrun: every rank's statistics, and whether this is rank 0."""
     from ascend_eplb.testing import RankContext
     from ascend_eplb.tools.simulate.rank import simulate_rank
 
@@ -129,8 +129,7 @@ def _run_torchrun(config: SimulateConfig, routing: Any) -> list[dict] | None:
             f"{ctx.world_size} processes (WORLD_SIZE); pass --ranks {ctx.world_size}"
         )
     cfg, arrays = _rank_args(config, routing)
-    results = simulate_rank(ctx, cfg, arrays, gather=True)
-    return results if ctx.rank == 0 else None
+    return simulate_rank(ctx, cfg, arrays, gather=True), ctx.rank == 0
 
 
 def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: float) -> dict:
@@ -255,12 +254,12 @@ def _summary(report: dict) -> str:
     return "\n".join(lines)
 
 
-def run_simulation(config: SimulateConfig, *, stream=None) -> dict | None:
+def run_simulation(config: SimulateConfig, *, stream=None) -> dict:
     """Validate ``config``, run the world, write ``report.json`` and ``balancedness.png`` to
     ``config.out_dir``, print the summary to ``stream`` (default stdout) and return the report.
 
-    Under ``torchrun`` every process calls this; EP rank 0 writes, prints and returns the report, the
-    others return None.
+    Under ``torchrun`` every process calls this and returns the report; rank 0 alone writes and prints
+    it.
 
     Raises ``ValueError`` listing every bad option (before any process starts) and
     :class:`SimulationError` when a rank crashed or missed the deadline. A failed check is not an
@@ -281,14 +280,15 @@ def run_simulation(config: SimulateConfig, *, stream=None) -> dict | None:
         raise ValueError(
             f"invalid simulate options:\n  - out={config.out_dir}: cannot write there ({e})"
         ) from e
+    writer = True
     if under_torchrun():
-        results = _run_torchrun(config, routing)
-        if results is None:
-            return None
+        results, writer = _run_torchrun(config, routing)
     else:
         (out / "report.json").unlink(missing_ok=True)
         results = _launch(config, routing, deadline)
     report = _report(config, routing, results, time.perf_counter() - t0)
+    if not writer:
+        return report
     (out / "report.json").write_text(json.dumps(report, indent=1))
     _plot(report, out / "balancedness.png")
     print(_summary(report), file=stream or sys.stdout)
