@@ -7,9 +7,9 @@ call), and adds the weighted results with one ``index_add_``. `grouped_mm` is th
 methods run. The result is bit-identical to `ascend_eplb.quant_views.per_expert.per_expert_apply`
 (tested over every format, storage mode and odd shapes); README "Reference kernel speed" explains why.
 
-Shape names: S selections (``(token, k)`` pairs routed to a local row), ``rows`` the distinct local rows
-present in a call (at most p), ``in_features`` / ``out_features`` the reduction / output dimension of a
-GEMM. The DESIGN §2 letters keep their meaning (T tokens, K top-k, H, I).
+Shape names: ``selections`` counts the ``(token, k)`` pairs routed to a local row, ``rows`` the
+distinct local rows present in a call (at most p), ``in_features`` / ``out_features`` the reduction /
+output dimension of a GEMM. The DESIGN §2 letters keep their meaning (T tokens, K top-k, H, I).
 """
 
 from __future__ import annotations
@@ -37,15 +37,15 @@ INT4_X_INT4 = 8 * 8
 
 @dataclass(frozen=True)
 class Selection:
-    """The S (token, k) selections of one `ExpertWeightFormat.apply` call routed to a local row.
+    """The (token, k) selections of one `ExpertWeightFormat.apply` call routed to a local row.
 
     Sorted by local row, then by flat index ``t * K + k`` (the order of the per-expert loop), so each
     present row's selections form one contiguous segment.
 
     Attributes:
-        token: int64 (S,) token of each selection.
-        weight: float64 (S,) its top-k weight.
-        group: int64 (S,) index into ``rows`` of its local row.
+        token: int64 (selections,) token of each selection.
+        weight: float64 (selections,) its top-k weight.
+        group: int64 (selections,) index into ``rows`` of its local row.
         rows: int64 (num_rows,) the distinct local rows present, ascending.
         rows_list: ``rows`` as Python ints.
         counts: selections per present row (num_rows ints), the segment lengths.
@@ -128,9 +128,10 @@ def batched_apply(
 def grouped_mm(
     a: torch.Tensor, w: torch.Tensor, sel: Selection, *, int_bound: int | None = None
 ) -> torch.Tensor:
-    """Segment-wise ``a[segment] @ w[row]``: a (S, in_features), w (num_rows, in_features, out_features).
+    """Segment-wise ``a[segment] @ w[row]``, one segment of ``sel`` per present row.
 
-    Returns float64 (S, out_features), in ``sel`` order.
+    ``a`` (selections, in_features) in ``sel`` order, ``w`` (rows, in_features, out_features); returns
+    float64 (selections, out_features), in ``sel`` order.
 
     Float operands (``int_bound=None``; a and w float64): one ``torch.mm`` per present row over exactly
     its selections, the GEMM the per-expert reference runs. CPU BLAS rounding depends on the number of

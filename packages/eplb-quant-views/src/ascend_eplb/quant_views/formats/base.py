@@ -276,8 +276,10 @@ class ExpertWeightFormat(abc.ABC):
     def _forward_batched(
         self, storage: ExpertStorage, x: torch.Tensor, sel: Selection, fused: bool
     ) -> torch.Tensor:
-        """Batched form: outputs float64 ``(S, H)`` of ``x`` (T, H) for the S selections of ``sel``, in its
-        order; bit-identical, selection by selection, to `_forward_expert`."""
+        """Batched form: float64 ``(selections, H)`` outputs of ``x`` (T, H) for the selections of ``sel``.
+
+        In ``sel`` order; bit-identical, selection by selection, to `_forward_expert`.
+        """
 
 
 # ====================================================================== input checks

@@ -116,7 +116,7 @@ class W4A8DynamicFormat(ExpertWeightFormat):
         ) -> torch.Tensor:  # int32 (rows, in, out/8) or int8 list rows -> int8 (rows, in, out)
             return nx.unpack_int4(self._selected_rows(storage, name, sel).contiguous().view(torch.int8))
 
-        def per_selection(name: str, decode: bool) -> torch.Tensor:  # (rows, ...) -> float64 (S, out)
+        def per_selection(name: str, decode: bool) -> torch.Tensor:  # -> float64 (selections, out)
             t = self._selected_rows(storage, name, sel)
             t = nx.scale_word_to_float(t) if decode else t
             return t.reshape(num_rows, -1).to(torch.float64)[sel.group]

@@ -97,8 +97,8 @@ class W8A8DynamicFormat(ExpertWeightFormat):
     ) -> torch.Tensor:
         w13 = self._selected_rows(storage, "w13_weight", sel)  # int8 (rows, H, 2I)
         w2 = self._selected_rows(storage, "w2_weight", sel)  # int8 (rows, I, H)
-        s13, s2 = (
-            self._decode_scale(n, self._selected_rows(storage, n, sel))[sel.group]  # (S, 2I), (S, H)
+        s13, s2 = (  # float64 (selections, 2I), (selections, H)
+            self._decode_scale(n, self._selected_rows(storage, n, sel))[sel.group]
             for n in self._scale_names(fused)
         )
         xq, xs = nx.quantize_per_token(x)  # per token, as npu_dynamic_quant
