@@ -190,10 +190,6 @@ class ExpertWeightFormat(abc.ABC):
         """One expert's kernel tensor with its transpose undone (a view)."""
         return row.transpose(0, 1) if name in self._transposed else row
 
-    def validate(self, storage: ExpertStorage) -> None:
-        """`validate_weight_views` on `weight_views` (raises ``ValueError`` naming the tensor)."""
-        self.weight_views(storage)
-
     def _check_storage(self, storage: ExpertStorage) -> None:
         if not isinstance(storage, ExpertStorage):
             raise ValueError(f"expected an ExpertStorage, got {type(storage).__name__}")
