@@ -2,7 +2,7 @@
 
 Prints, per format, the documented bound and the measured relative Frobenius error
 (`ascend_eplb.quant_views.quantization_error`) over several seeds, at the size the tests use and at a
-larger one. Run: ``/tmp/venv/bin/python packages/eplb-quant-views/benchmarks/quant_error.py``.
+larger one. Run (repository root): ``hatch run python packages/eplb-quant-views/benchmarks/quant_error.py``.
 """
 
 from __future__ import annotations

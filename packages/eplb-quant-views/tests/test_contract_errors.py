@@ -185,7 +185,8 @@ def test_check_sizes_applies_create_storage_rules_without_weights():
     with pytest.raises(ValueError, match="mxfp8: I=32") as err:
         get_format("mxfp8").check_sizes(64, 32)
     assert str(err.value) == (
-        "mxfp8: I=32 must be a multiple of 64 (e8m0 scales per 32 elements of K=I, stored in pairs)"
+        "mxfp8: I=32 must be a multiple of 64 "
+        "(one e8m0 scale per 32 elements along I, w2's reduction dimension, stored in pairs)"
     )
     with pytest.raises(ValueError, match="mxfp4: H=96 must be a multiple of 64"):
         get_format("mxfp4").check_sizes(96, 64)

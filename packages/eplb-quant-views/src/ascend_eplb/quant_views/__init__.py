@@ -11,19 +11,19 @@ from ascend_eplb.quant_views._storage import ExpertStorage
 from ascend_eplb.quant_views._tensor_list import ExpertTensorList
 from ascend_eplb.quant_views._validate import BOTH_OR_NEITHER, validate_weight_views
 from ascend_eplb.quant_views.fingerprint import expert_fingerprint
-from ascend_eplb.quant_views.formats import (
-    FORMAT_SUPPORT,
-    ExpertWeightFormat,
-    FormatSupport,
-    UnsupportedFormatError,
-    get_format,
-    supported_formats,
-)
+from ascend_eplb.quant_views.formats import ExpertWeightFormat
 from ascend_eplb.quant_views.reference import (
     build_expert_storage,
     quantization_error,
     reference_expert_weights,
     reference_moe,
+)
+from ascend_eplb.quant_views.registry import (
+    FORMAT_SUPPORT,
+    FormatSupport,
+    UnsupportedFormatError,
+    get_format,
+    supported_formats,
 )
 
 __all__ = [

@@ -1,12 +1,16 @@
 """Quantization arithmetic shared by the formats (pure torch, any device).
 
+Shape names: ``in_features`` is the reduction dimension of a GEMM and ``out_features`` its output
+dimension (for ``w13``: H and 2I; for ``w2``: I and H); ``rows`` counts independent rows (tokens,
+channels). The DESIGN §2 letters (p, T, H, I ...) keep their one meaning and are never reused for these.
+
 Conventions (all documented in the package README):
 
 - int4 (W4A8): two signed two's-complement nibbles per int8 along the last dimension, element ``2j`` in
   the low nibble, element ``2j + 1`` in the high nibble (vllm-ascend ``w4a8.py`` ``_pack_int4_to_int8``).
 - fp4 e2m1 (MXFP4): the same packing, two codes per uint8, element ``2j`` in the low nibble; a code is
   ``sign << 3 | exponent << 1 | mantissa`` (OCP MX v1.0 FP4), magnitudes ``0, .5, 1, 1.5, 2, 3, 4, 6``.
-- MX block scales: one e8m0 power of two per 32 consecutive elements along the reduction dimension K,
+- MX block scales: one e8m0 power of two per 32 consecutive elements along ``in_features``,
   ``2 ** ceil(log2(amax / max_elem))`` with ``max_elem`` 448 for e4m3 and 6 for e2m1, so the block's
   largest magnitude never saturates (the "round scale up" choice of NVIDIA's and torchao's MX casts; the
   OCP MX v1.0 section 6.3 example ``floor(log2(amax)) - emax_elem`` clips up to 12.5 % of e4m3's range).
@@ -18,6 +22,7 @@ Conventions (all documented in the package README):
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 MX_BLOCK = 32
 """Elements per MX block scale (OCP MX v1.0; vllm-ascend ``group_size`` 32)."""
@@ -35,9 +40,10 @@ _FP4_MIDPOINTS = (_FP4_MAGNITUDES[1:] + _FP4_MAGNITUDES[:-1]) / 2
 
 
 def quantize_per_channel(w: torch.Tensor, qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-output-channel quantization of ``w`` (..., N, K), reducing over K.
+    """Symmetric per-output-channel quantization of ``w`` (..., out_features, in_features).
 
-    Returns ``(q, scale)``: ``q`` int8 with values in ``[-qmax - 1, qmax]`` and float32 ``scale`` (..., N),
+    Reduces over ``in_features``. Returns ``(q, scale)``: ``q`` int8 with values in ``[-qmax - 1, qmax]``
+    and float32 ``scale`` (..., out_features),
     ``scale = amax / qmax`` (1.0 where a channel is all zero).
     """
     w64 = w.to(torch.float64)
@@ -48,9 +54,10 @@ def quantize_per_channel(w: torch.Tensor, qmax: int) -> tuple[torch.Tensor, torc
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dynamic symmetric int8 quantization per row of ``x`` (n, K) as ``npu_dynamic_quant`` does.
+    """Dynamic symmetric int8 quantization per row of ``x`` (rows, in_features) as ``npu_dynamic_quant`` does.
 
-    Returns float64 ``(q, scale)``: integer-valued ``q`` (n, K) in ``[-127, 127]`` and ``scale`` (n,).
+    Returns float64 ``(q, scale)``: integer-valued ``q`` (rows, in_features) in ``[-127, 127]`` and
+    ``scale`` (rows,).
     """
     x64 = x.to(torch.float64)
     amax = x64.abs().amax(dim=-1)
@@ -95,7 +102,10 @@ def scale_word_to_float(word: torch.Tensor) -> torch.Tensor:
 
 
 def _mx_block_exponents(x64: torch.Tensor, max_elem: float) -> torch.Tensor:
-    """Shared exponent per block: x64 (..., nb, 32) -> int64 (..., nb), ``ceil(log2(amax / max_elem))``."""
+    """Shared exponent per block: x64 (..., blocks, 32) -> int64 (..., blocks).
+
+    ``ceil(log2(amax / max_elem))``, clamped to the e8m0 range.
+    """
     amax = x64.abs().amax(dim=-1)
     safe = torch.where(amax > 0, amax, torch.ones_like(amax))
     exp = torch.ceil(torch.log2(safe / max_elem)).to(torch.int64)
@@ -115,16 +125,20 @@ def e8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
 
 
 def _blocks(x: torch.Tensor) -> torch.Tensor:
-    k = x.shape[-1]
-    if k % MX_BLOCK:
-        raise ValueError(f"MX quantization needs the reduction size K={k} to be a multiple of {MX_BLOCK}")
-    return x.to(torch.float64).reshape(*x.shape[:-1], k // MX_BLOCK, MX_BLOCK)
+    in_features = x.shape[-1]
+    if in_features % MX_BLOCK:
+        raise ValueError(
+            f"MX quantization needs in_features={in_features} (the reduction dimension) to be a multiple "
+            f"of {MX_BLOCK}"
+        )
+    return x.to(torch.float64).reshape(*x.shape[:-1], in_features // MX_BLOCK, MX_BLOCK)
 
 
 def quantize_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """MXFP8 (e4m3) quantization of ``x`` (..., K) in blocks of 32 along K.
+    """MXFP8 (e4m3) quantization of ``x`` (..., in_features) in blocks of 32 along ``in_features``.
 
-    Returns ``(q, scale)``: ``q`` torch.float8_e4m3fn (..., K), ``scale`` torch.float8_e8m0fnu (..., K/32).
+    Returns ``(q, scale)``: ``q`` torch.float8_e4m3fn (..., in_features), ``scale`` torch.float8_e8m0fnu
+    (..., in_features/32).
     """
     xb = _blocks(x)
     exp = _mx_block_exponents(xb, E4M3_MAX)
@@ -134,9 +148,9 @@ def quantize_mxfp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dequantize_mxfp8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """float8_e4m3fn (..., K) with e8m0 scales (..., K/32) -> float64 (..., K)."""
-    k = q.shape[-1]
-    vals = q.to(torch.float64).reshape(*q.shape[:-1], k // MX_BLOCK, MX_BLOCK)
+    """float8_e4m3fn (..., in_features), e8m0 scales (..., in_features/32) -> float64 (..., in_features)."""
+    in_features = q.shape[-1]
+    vals = q.to(torch.float64).reshape(*q.shape[:-1], in_features // MX_BLOCK, MX_BLOCK)
     return (vals * e8m0_to_float(scale).unsqueeze(-1)).reshape(q.shape)
 
 
@@ -155,22 +169,22 @@ def fp4_codes_to_float(codes: torch.Tensor) -> torch.Tensor:
 
 
 def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
-    """Pack e2m1 codes (uint8 (..., K), K even) two per uint8; element 2j in the low nibble."""
+    """Pack e2m1 codes (uint8 (..., in_features), in_features even) two per uint8; element 2j low nibble."""
     return (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous()
 
 
 def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
-    """Inverse of `pack_fp4`: uint8 (..., K/2) -> codes uint8 (..., K)."""
+    """Inverse of `pack_fp4`: uint8 (..., in_features/2) -> codes uint8 (..., in_features)."""
     lo = packed & 0x0F
     hi = packed >> 4
     return torch.stack((lo, hi), dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
 
 
 def quantize_mxfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """MXFP4 (e2m1) quantization of ``x`` (..., K) in blocks of 32 along K.
+    """MXFP4 (e2m1) quantization of ``x`` (..., in_features) in blocks of 32 along ``in_features``.
 
-    Returns ``(packed, scale)``: ``packed`` uint8 (..., K/2) (two codes per byte, element 2j low nibble),
-    ``scale`` torch.float8_e8m0fnu (..., K/32).
+    Returns ``(packed, scale)``: ``packed`` uint8 (..., in_features/2) (two codes per byte, element 2j in
+    the low nibble), ``scale`` torch.float8_e8m0fnu (..., in_features/32).
     """
     xb = _blocks(x)
     exp = _mx_block_exponents(xb, E2M1_MAX)
@@ -180,11 +194,14 @@ def quantize_mxfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dequantize_mxfp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """uint8 packed e2m1 (..., K/2) with e8m0 scales (..., K/32) -> float64 (..., K)."""
+    """Dequantize MXFP4: packed e2m1 uint8 (..., in_features/2) -> float64 (..., in_features).
+
+    ``scale``: torch.float8_e8m0fnu (..., in_features/32), one per block of 32 elements.
+    """
     vals = fp4_codes_to_float(unpack_fp4(packed))
-    k = vals.shape[-1]
-    vals = vals.reshape(*vals.shape[:-1], k // MX_BLOCK, MX_BLOCK)
-    return (vals * e8m0_to_float(scale).unsqueeze(-1)).reshape(*packed.shape[:-1], k)
+    in_features = vals.shape[-1]
+    vals = vals.reshape(*vals.shape[:-1], in_features // MX_BLOCK, MX_BLOCK)
+    return (vals * e8m0_to_float(scale).unsqueeze(-1)).reshape(*packed.shape[:-1], in_features)
 
 
 def fake_quantize_mxfp8(x: torch.Tensor) -> torch.Tensor:
@@ -195,3 +212,25 @@ def fake_quantize_mxfp8(x: torch.Tensor) -> torch.Tensor:
 def fake_quantize_mxfp4(x: torch.Tensor) -> torch.Tensor:
     """Dynamic MXFP4 activation quantization (``npu_dynamic_mx_quant``), returned dequantized in float64."""
     return dequantize_mxfp4(*quantize_mxfp4(x))
+
+
+# ----------------------------------------------------------------------------- SwiGLU
+
+
+#: Elements below which a TensorIterator kernel runs on one thread (ATen ``internal::GRAIN_SIZE``).
+_SERIAL_NUMEL = 32768
+
+
+def silu_and_mul(h: torch.Tensor, inter: int) -> torch.Tensor:
+    """``SiLU(h[:, :I]) * h[:, I:]`` for ``h`` (rows, 2I), each row computed alone.
+
+    ATen's SiLU runs SIMD over whole vectors and a scalar ``std::exp`` on a loop's tail, which round
+    differently. ``h[:, :I]`` cannot be coalesced, so each row is its own inner loop (same SIMD/tail
+    split for every row); calls are cut into row chunks under ATen's grain size so no thread boundary
+    falls inside a row. A row's result therefore never depends on the other rows, which is what makes
+    the batched and the per-expert reference kernels agree bit for bit.
+    """
+    rows = max(1, _SERIAL_NUMEL // max(inter, 1) - 1)
+    if h.shape[0] <= rows:
+        return F.silu(h[:, :inter]) * h[:, inter:]
+    return torch.cat([F.silu(c[:, :inter]) * c[:, inter:] for c in h.split(rows)])

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from ascend_eplb.quant_views._storage import ExpertStorage
-from ascend_eplb.quant_views.formats import ExpertWeightFormat, get_format
+from ascend_eplb.quant_views.formats import ExpertWeightFormat
+from ascend_eplb.quant_views.registry import get_format
 
 __all__ = ["build_expert_storage", "quantization_error", "reference_expert_weights", "reference_moe"]
 

@@ -1,0 +1,171 @@
+"""The batched reference kernel: every (token, k) selection of an `ExpertWeightFormat.apply` call at once.
+
+`batched_apply` sorts the selections by local row (stable, so the order of the per-expert loop of
+`ascend_eplb.quant_views.per_expert` is kept), lets the format compute all of them in one
+``_forward_batched`` call per chunk of experts (each kernel tensor of the experts present read once per
+call), and adds the weighted results with one ``index_add_``. `grouped_mm` is the GEMM those format
+methods run. The result is bit-identical to `ascend_eplb.quant_views.per_expert.per_expert_apply`
+(tested over every format, storage mode and odd shapes); README "Reference kernel speed" explains why.
+
+Shape names: ``selections`` counts the ``(token, k)`` pairs routed to a local row, ``rows`` the
+distinct local rows present in a call (at most p), ``in_features`` / ``out_features`` the reduction /
+output dimension of a GEMM. The DESIGN §2 letters keep their meaning (T tokens, K top-k, H, I).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from ascend_eplb.quant_views._storage import ExpertStorage
+
+if TYPE_CHECKING:
+    from ascend_eplb.quant_views.formats.base import ExpertWeightFormat
+
+__all__ = ["CHUNK_BYTES", "INT4_X_INT4", "INT8_X_INT8", "Selection", "batched_apply", "grouped_mm"]
+
+#: Dequantized weights computed at once by `batched_apply` (bytes, float64): beyond this, experts go in
+#: several chunks (one Python iteration each), which keeps large layers cache-friendly.
+CHUNK_BYTES = 8 << 20
+
+#: ``|a * w|`` bounds of the integer GEMMs: int8 activations (|q| <= 127) times int8 / int4 weights.
+INT8_X_INT8 = 127 * 128
+INT4_X_INT4 = 8 * 8
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The (token, k) selections of one `ExpertWeightFormat.apply` call routed to a local row.
+
+    Sorted by local row, then by flat index ``t * K + k`` (the order of the per-expert loop), so each
+    present row's selections form one contiguous segment.
+
+    Attributes:
+        token: int64 (selections,) token of each selection.
+        weight: float64 (selections,) its top-k weight.
+        group: int64 (selections,) index into ``rows`` of its local row.
+        rows: int64 (num_rows,) the distinct local rows present, ascending.
+        rows_list: ``rows`` as Python ints.
+        counts: selections per present row (num_rows ints), the segment lengths.
+    """
+
+    token: torch.Tensor
+    weight: torch.Tensor
+    group: torch.Tensor
+    rows: torch.Tensor
+    rows_list: list[int]
+    counts: list[int]
+
+    @staticmethod
+    def of(local_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor) -> Selection | None:  # noqa: N803
+        """The selections of ``local_ids_TK`` (T, K) with ids >= 0; None when there are none."""
+        flat = local_ids_TK.reshape(-1).to(torch.int64)
+        chosen = (flat >= 0).nonzero().squeeze(1)  # ascending flat index
+        if chosen.numel() == 0:
+            return None
+        row_sorted, perm = torch.sort(flat[chosen], stable=True)
+        order = chosen[perm]
+        rows, counts = torch.unique_consecutive(row_sorted, return_counts=True)
+        count_list = counts.tolist()
+        return Selection(
+            token=order // local_ids_TK.shape[1],
+            weight=topk_weights_TK.reshape(-1)[order].to(torch.float64),
+            group=torch.repeat_interleave(torch.arange(len(count_list), device=flat.device), counts),
+            rows=rows,
+            rows_list=rows.tolist(),
+            counts=count_list,
+        )
+
+    def split(self, max_rows: int) -> list[Selection]:
+        """Consecutive sub-selections of at most ``max_rows`` present rows each (order kept)."""
+        if len(self.counts) <= max_rows:
+            return [self]
+        parts, start = [], 0
+        for first in range(0, len(self.counts), max_rows):
+            counts = self.counts[first : first + max_rows]
+            stop = start + sum(counts)
+            parts.append(
+                Selection(
+                    token=self.token[start:stop],
+                    weight=self.weight[start:stop],
+                    group=self.group[start:stop] - first,
+                    rows=self.rows[first : first + max_rows],
+                    rows_list=self.rows_list[first : first + max_rows],
+                    counts=counts,
+                )
+            )
+            start = stop
+        return parts
+
+
+def batched_apply(
+    fmt: ExpertWeightFormat,
+    storage: ExpertStorage,
+    hidden_TH: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
+    topk_weights_TK: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
+    local_ids_TK: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
+    *,
+    fused: bool,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> torch.Tensor:
+    """The body of `ExpertWeightFormat.apply` once its inputs are checked: ``(T, H)`` in ``hidden_TH.dtype``.
+
+    ``fused`` selects the W8A8 fused-scale path. Experts go in chunks whose dequantized float64 weights
+    (``3 * H * I * 8`` bytes each) stay under ``chunk_bytes``; chunking changes no bit (tested).
+    """
+    x = hidden_TH.to(torch.float64)
+    out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    sel = Selection.of(local_ids_TK, topk_weights_TK)
+    if sel is not None:
+        per_chunk = max(1, chunk_bytes // (24 * storage.hidden_size * storage.intermediate_size))
+        y = torch.cat([fmt._forward_batched(storage, x, part, fused) for part in sel.split(per_chunk)])
+        out.index_add_(0, sel.token, y * sel.weight.unsqueeze(1))
+    return out.to(hidden_TH.dtype)
+
+
+def grouped_mm(
+    a: torch.Tensor, w: torch.Tensor, sel: Selection, *, int_bound: int | None = None
+) -> torch.Tensor:
+    """Segment-wise ``a[segment] @ w[row]``, one segment of ``sel`` per present row.
+
+    ``a`` (selections, in_features) in ``sel`` order, ``w`` (rows, in_features, out_features); returns
+    float64 (selections, out_features), in ``sel`` order.
+
+    Float operands (``int_bound=None``; a and w float64): one ``torch.mm`` per present row over exactly
+    its selections, the GEMM the per-expert reference runs. CPU BLAS rounding depends on the number of
+    GEMM rows (MKL: measured), so batching other experts' selections into one padded GEMM would change
+    the bits.
+
+    Integer-valued operands (W8A8/W4A8; ``int_bound`` bounds ``|a_ij * w_jn|``): every partial sum is an
+    integer below ``in_features * int_bound``, so no summation order rounds. One ``torch.bmm`` over
+    zero-padded segments then gives exactly the same values, in float32 when
+    ``in_features * int_bound <= 2**24`` (every integer up to 2**24 is a float32) and in float64 (exact up
+    to 2**53) otherwise.
+
+    Raises:
+        ValueError: ``in_features * int_bound > 2**53`` (no exact float GEMM exists).
+    """
+    num_rows = len(sel.counts)
+    if int_bound is None:
+        out = a.new_empty(a.shape[0], w.shape[2])
+        start = 0
+        for g, n in enumerate(sel.counts):
+            torch.mm(a[start : start + n], w[g], out=out[start : start + n])
+            start += n
+        return out
+    in_features = a.shape[1]
+    if in_features * int_bound > 2**53:
+        raise ValueError(
+            f"integer GEMM with in_features={in_features} and |a*w| <= {int_bound} is not exact in float64"
+        )
+    dtype = torch.float32 if in_features * int_bound <= 2**24 else torch.float64
+    a, w = a.to(dtype), w.to(dtype)
+    if num_rows == 1:
+        return torch.mm(a, w[0]).to(torch.float64)
+    starts = torch.cumsum(torch.tensor([0, *sel.counts[:-1]], device=a.device), 0)
+    pos = torch.arange(a.shape[0], device=a.device) - starts[sel.group]
+    padded = a.new_zeros(num_rows, max(sel.counts), in_features)
+    padded[sel.group, pos] = a
+    return torch.bmm(padded, w)[sel.group, pos].to(torch.float64)

@@ -1,0 +1,340 @@
+"""`ExpertWeightFormat`: what every format shares (storage checks, weight views, the reference kernel).
+
+A format module (`unquantized`, `w8a8`, `w4a8`, `mx`) subclasses it with its layout (``_quantize``, the
+kernel tensors in vllm-ascend's post-``process_weights_after_loading`` layout) and its expert math twice:
+``_forward_expert``, the plain per-expert form (`ascend_eplb.quant_views.per_expert`), and
+``_forward_batched``, the form `apply` runs over every selection of a call at once
+(`ascend_eplb.quant_views._batched`). The two are tested bit-identical.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+import torch
+
+from ascend_eplb.quant_views._batched import Selection, batched_apply
+from ascend_eplb.quant_views._storage import ExpertStorage
+from ascend_eplb.quant_views._tensor_list import ExpertTensorList
+from ascend_eplb.quant_views._validate import validate_weight_views
+
+__all__ = ["ExpertWeightFormat", "UnsupportedFormatError", "check_apply_inputs"]
+
+
+class UnsupportedFormatError(ValueError):
+    """A quantization format (or format option) whose expert storage EPLB cannot move safely.
+
+    Raised by `get_format` (registry) and by a format's ``create_storage`` for an option value EPLB
+    rejects (per-group ``w4a8_dynamic``); defined here, below both, so format modules can raise it.
+    """
+
+
+class ExpertWeightFormat(abc.ABC):
+    """One quantization format's expert storage, weight views and reference fused MoE kernel.
+
+    Subclasses set ``name``, ``ascend_source``, ``error_bound``, the names of their kernel tensors and
+    how each expert row is computed. Instances are stateless; get them with `get_format`.
+
+    Attributes:
+        name: format name (``bf16``, ``fp16``, ``w8a8_dynamic``, ``w4a8_dynamic``, ``mxfp8``, ``mxfp4``).
+        supports_eplb: always True for a format `get_format` returns (rejected formats raise there).
+        ascend_source: the vllm-ascend method whose post-loading layout `create_storage` reproduces.
+        error_bound: documented bound on the relative Frobenius error of `apply` against a float64
+            fused MoE on the unquantized weights (see `ascend_eplb.quant_views.reference.quantization_error`;
+            measured values in the README).
+    """
+
+    name: ClassVar[str]
+    supports_eplb: ClassVar[bool] = True
+    ascend_source: ClassVar[str]
+    error_bound: ClassVar[float]
+    #: keyword options of `create_storage` beyond ``per_expert_lists``, with their defaults.
+    _options: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+    #: kernel tensors stored as a transpose(1, 2) strided view of an expert-first contiguous base.
+    _transposed: ClassVar[frozenset[str]] = frozenset()
+    #: (H, I) divisibility rules: (DESIGN §2 letter ``"H"`` or ``"I"``, multiple, reason).
+    _size_rules: ClassVar[tuple[tuple[str, int, str], ...]] = ()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+    # ------------------------------------------------------------------ storage
+
+    def create_storage(
+        self,
+        w13: torch.Tensor,
+        w2: torch.Tensor,
+        *,
+        per_expert_lists: bool = False,
+        **options: Any,
+    ) -> ExpertStorage:
+        """Quantize float checkpoint-layout weights into the tensors the Ascend kernel reads.
+
+        Args:
+            w13: floating ``(p, 2I, H)``: per expert the gate projection rows ``[:I]`` then the up
+                projection rows ``[I:]`` (vLLM's ``w13_weight`` checkpoint layout).
+            w2: floating ``(p, H, I)``: the down projection (vLLM's ``w2_weight``).
+            per_expert_lists: False: each kernel tensor is one stacked ``(p, ...)`` tensor; True: each is
+                an `ExpertTensorList` of ``p`` separately allocated tensors (vllm-ascend's ``*_list``
+                attributes; what NZ-formatted weights need on NPU).
+            **options: format options (see the subclass docstring), e.g. ``fused_scales`` for
+                ``w8a8_dynamic``, ``w13_bias``/``w2_bias`` for ``bf16``/``fp16``.
+
+        Returns:
+            An `ExpertStorage` on ``w13.device``. Quantization is per expert (per channel or per block
+            inside one expert), so an expert's storage rows do not depend on the other experts.
+
+        Raises:
+            ValueError: shapes, dtypes or devices inconsistent, ``H``/``I`` not a multiple the layout
+                needs, non-finite weights.
+            TypeError: an unknown option.
+            UnsupportedFormatError: an option value EPLB cannot support (per-group ``w4a8_dynamic``).
+        """
+        p, hidden, inter = check_float_weights(w13, w2)
+        self.check_sizes(hidden, inter)
+        unknown = sorted(set(options) - set(self._options))
+        if unknown:
+            raise TypeError(
+                f"{self.name}.create_storage got unknown option(s) {unknown}; "
+                f"known: {sorted(self._options) or 'none'}"
+            )
+        opts = {**self._options, **options}
+        kernel, unread = self._quantize(w13, w2, p, opts)
+        if per_expert_lists:
+            kernel = {n: self._to_list(n, t) for n, t in kernel.items()}
+            unread = {n: ExpertTensorList(r.clone() for r in t.unbind(0)) for n, t in unread.items()}
+        return ExpertStorage(
+            format_name=self.name,
+            num_local_experts=p,
+            hidden_size=hidden,
+            intermediate_size=inter,
+            per_expert_lists=per_expert_lists,
+            kernel_tensors=MappingProxyType(kernel),
+            unread_tensors=MappingProxyType(unread),
+            options=MappingProxyType({k: opts[k] for k in self._public_options(opts)}),
+        )
+
+    def check_sizes(self, hidden_size: int, intermediate_size: int) -> None:
+        """Check ``H`` and ``I`` against this format's layout, without building any storage.
+
+        `create_storage` applies the same rules; callers that size weights up front (a simulator, a
+        config check) call this before starting any work.
+
+        Raises:
+            ValueError: ``H`` or ``I`` is not a positive int, or not a multiple the layout needs
+                (names the letter, the value, the multiple and why).
+        """
+        for letter, value in (("H", hidden_size), ("I", intermediate_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{self.name}: {letter}={value!r} must be a positive int")
+        for letter, multiple, why in self._size_rules:
+            value = hidden_size if letter == "H" else intermediate_size
+            if value % multiple:
+                raise ValueError(f"{self.name}: {letter}={value} must be a multiple of {multiple} ({why})")
+
+    def _public_options(self, opts: Mapping[str, Any]) -> list[str]:
+        return [k for k, v in opts.items() if not isinstance(v, torch.Tensor)]
+
+    def _to_list(self, name: str, stacked: torch.Tensor) -> ExpertTensorList:
+        rows = []
+        for row in stacked.unbind(0):
+            if name in self._transposed:
+                rows.append(row.transpose(0, 1).contiguous().clone().transpose(0, 1))
+            else:
+                rows.append(row.contiguous().clone())
+        return ExpertTensorList(rows)
+
+    @abc.abstractmethod
+    def _quantize(
+        self, w13: torch.Tensor, w2: torch.Tensor, p: int, opts: Mapping[str, Any]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Stacked kernel tensors (kernel layout, in view order) and stacked unread tensors."""
+
+    # ------------------------------------------------------------------ views
+
+    def view_names(self, storage: ExpertStorage) -> list[str]:
+        """vllm-ascend parameter names of `weight_views` entries (``*_list`` in per-expert-list mode)."""
+        self._check_storage(storage)
+        suffix = "_list" if storage.per_expert_lists else ""
+        return [n + suffix for n in storage.kernel_tensors]
+
+    def weight_views(self, storage: ExpertStorage) -> list[torch.Tensor | ExpertTensorList]:
+        """Every per-expert tensor the kernel reads, expert-first, over the very same memory.
+
+        Stacked mode: each entry is a ``(p, -1)`` view (``Tensor.view``, never a copy) of a kernel tensor,
+        with any internal transpose undone first so each expert row is one contiguous block (MXFP:
+        vllm-ascend ``w.transpose(1, 2)``). Per-expert-list mode: each entry is an `ExpertTensorList`
+        of ``p`` 1-D views, element ``e`` over expert ``e``'s tensor. Order and names: `view_names`.
+        Tensors the kernel does not read (W8A8 offsets) are not included.
+
+        Raises:
+            ValueError: ``storage`` was built by another format, or the views break the contract
+                (`validate_weight_views`).
+        """
+        self._check_storage(storage)
+        p = storage.num_local_experts
+        views: list[torch.Tensor | ExpertTensorList] = []
+        for name, t in storage.kernel_tensors.items():
+            if isinstance(t, ExpertTensorList):
+                views.append(ExpertTensorList(self._row_base(name, r).view(-1) for r in t))
+            else:
+                base = t.transpose(1, 2) if name in self._transposed else t
+                views.append(base.view(p, -1))
+        validate_weight_views(views, p, names=self.view_names(storage))
+        return views
+
+    def _row_base(self, name: str, row: torch.Tensor) -> torch.Tensor:
+        """One expert's kernel tensor with its transpose undone (a view)."""
+        return row.transpose(0, 1) if name in self._transposed else row
+
+    def _check_storage(self, storage: ExpertStorage) -> None:
+        if not isinstance(storage, ExpertStorage):
+            raise ValueError(f"expected an ExpertStorage, got {type(storage).__name__}")
+        if storage.format_name != self.name:
+            raise ValueError(f"storage was built by format {storage.format_name!r}, not {self.name!r}")
+
+    # ------------------------------------------------------------------ reference kernel
+
+    def apply(
+        self,
+        storage: ExpertStorage,
+        hidden_TH: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
+        topk_weights_TK: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
+        local_ids_TK: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
+        *,
+        comm_path: str = "standard",
+    ) -> torch.Tensor:
+        """CPU reference fused MoE reading only ``storage.kernel_tensors``.
+
+        ``out[t] = sum_k topk_weights[t, k] * down(silu(gate(x_t)) * up(x_t))`` with the expert of local
+        row ``local_ids[t, k]``; entries with ``local_ids == -1`` (expert not on this rank) contribute 0.
+        Weights are dequantized from the kernel tensors exactly as the format's docstring says;
+        activations are quantized at run time where the kernel does (per-token int8 for W8A8/W4A8,
+        MX blocks for MXFP). Arithmetic is float64 (integer GEMMs run exactly, in float32 where every
+        partial sum fits); the same inputs give bit-identical outputs, and an expert's result depends
+        only on its storage rows and the tokens routed to it (not on other experts or its row index).
+        All selections are computed together: kernel tensors of the experts present are read once per
+        call (README "Reference kernel speed").
+
+        Args:
+            storage: built by this format.
+            hidden_TH: floating ``(T, H)``.
+            topk_weights_TK: floating ``(T, K)``.
+            local_ids_TK: integer ``(T, K)``, values in ``[-1, p)``.
+            comm_path: ``"standard"`` (grouped-matmul path) or, for ``w8a8_dynamic`` storage built with
+                ``fused_scales=True``, ``"fused_mc2"`` (reads ``fused_w1_scale``/``fused_w2_scale``).
+
+        Returns:
+            ``(T, H)`` in ``hidden_TH.dtype``.
+
+        Raises:
+            ValueError: wrong shapes/dtypes/devices, ids outside ``[-1, p)``, unknown ``comm_path``.
+        """
+        self._check_storage(storage)
+        check_apply_inputs(storage, hidden_TH, topk_weights_TK, local_ids_TK)
+        fused = self._fused_scales_path(storage, comm_path)
+        return batched_apply(self, storage, hidden_TH, topk_weights_TK, local_ids_TK, fused=fused)
+
+    def _fused_scales_path(self, storage: ExpertStorage, comm_path: str) -> bool:
+        """Whether ``comm_path`` reads the fused int64 scales; raises ``ValueError`` for a bad path."""
+        if comm_path != "standard":
+            raise ValueError(f"{self.name}: comm_path={comm_path!r} is not supported; use 'standard'")
+        return False
+
+    def _expert_row(self, storage: ExpertStorage, name: str, row: int) -> torch.Tensor:
+        """Kernel tensor ``name`` of local row ``row`` with any internal transpose undone (a view)."""
+        return self._row_base(name, storage.kernel_tensors[name][row])
+
+    def _selected_rows(self, storage: ExpertStorage, name: str, sel: Selection) -> torch.Tensor:
+        """Kernel tensor ``name`` of the rows present in ``sel``, ``(num_rows, ...)`` in ``sel.rows`` order.
+
+        Read from the kernel tensors themselves (one ``index_select`` of the stacked tensor, or one
+        ``torch.stack`` of the list elements), with any internal transpose undone: a fresh copy of the
+        current bytes, so moves through the views are seen by the next call.
+        """
+        t = storage.kernel_tensors[name]
+        if isinstance(t, ExpertTensorList):
+            return torch.stack([self._row_base(name, t[row]) for row in sel.rows_list])
+        base = t.transpose(1, 2) if name in self._transposed else t
+        return base.index_select(0, sel.rows)
+
+    @abc.abstractmethod
+    def _forward_expert(self, storage: ExpertStorage, row: int, x: torch.Tensor, fused: bool) -> torch.Tensor:
+        """Plain per-expert form: local row ``row``'s output float64 ``(n, H)`` for its tokens ``x`` (n, H).
+
+        ``x`` is float64; ``fused`` selects the W8A8 fused-scale path. Read the row with `_expert_row`.
+        """
+
+    @abc.abstractmethod
+    def _forward_batched(
+        self, storage: ExpertStorage, x: torch.Tensor, sel: Selection, fused: bool
+    ) -> torch.Tensor:
+        """Batched form: float64 ``(selections, H)`` outputs of ``x`` (T, H) for the selections of ``sel``.
+
+        In ``sel`` order; bit-identical, selection by selection, to `_forward_expert`.
+        """
+
+
+# ====================================================================== input checks
+
+
+def check_float_weights(w13: torch.Tensor, w2: torch.Tensor) -> tuple[int, int, int]:
+    """``(p, H, I)`` of checkpoint weights ``w13 (p, 2I, H)``, ``w2 (p, H, I)``; ``ValueError`` otherwise."""
+    for label, t in (("w13", w13), ("w2", w2)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{label} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise ValueError(f"{label} must be floating point (checkpoint weights), got {t.dtype}")
+        if t.dim() != 3:
+            raise ValueError(f"{label} must be 3-D, got shape {tuple(t.shape)}")
+    p, two_i, hidden = w13.shape
+    if p < 1 or hidden < 1 or two_i < 2 or two_i % 2:
+        raise ValueError(f"w13 must be (p, 2I, H) with p, I, H >= 1, got shape {tuple(w13.shape)}")
+    inter = two_i // 2
+    if tuple(w2.shape) != (p, hidden, inter):
+        raise ValueError(
+            f"w2 must be (p, H, I) = {(p, hidden, inter)} to match w13 {tuple(w13.shape)}, "
+            f"got {tuple(w2.shape)}"
+        )
+    if w13.device != w2.device:
+        raise ValueError(f"w13 is on {w13.device} but w2 is on {w2.device}")
+    for label, t in (("w13", w13), ("w2", w2)):
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{label} contains non-finite values")
+    return p, hidden, inter
+
+
+def check_apply_inputs(storage: ExpertStorage, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> None:
+    """The input rules of `ExpertWeightFormat.apply`, checked before anything is computed.
+
+    Raises:
+        ValueError: ``x`` not floating (T, H), ``w`` not floating (T, K), ``ids`` not an integer tensor of
+            ``w``'s shape, tensors on different devices (storage included), ids outside ``[-1, p)``.
+    """
+    h = storage.hidden_size
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != h or not x.is_floating_point():
+        raise ValueError(f"hidden_TH must be floating (T, H={h}), got {getattr(x, 'shape', x)!r}")
+    t = x.shape[0]
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[0] != t or not w.is_floating_point():
+        raise ValueError(f"topk_weights_TK must be floating (T={t}, K), got {getattr(w, 'shape', w)!r}")
+    if not isinstance(ids, torch.Tensor) or tuple(ids.shape) != tuple(w.shape):
+        raise ValueError(
+            f"local_ids_TK must have the shape of topk_weights_TK {tuple(w.shape)}, "
+            f"got {getattr(ids, 'shape', ids)!r}"
+        )
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
+        raise ValueError(f"local_ids_TK must be an integer tensor, got {ids.dtype}")
+    for label, other in (("topk_weights_TK", w), ("local_ids_TK", ids)):
+        if other.device != x.device:
+            raise ValueError(f"{label} is on {other.device} but hidden_TH is on {x.device}")
+    if storage.device != x.device:
+        raise ValueError(f"storage is on {storage.device} but hidden_TH is on {x.device}")
+    if ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < -1 or hi >= storage.num_local_experts:
+            raise ValueError(
+                f"local_ids_TK values must be in [-1, p={storage.num_local_experts}), got min {lo} max {hi}"
+            )

@@ -1,0 +1,50 @@
+"""The per-expert reference kernel: the plainly readable form of `ExpertWeightFormat.apply`.
+
+One Python iteration per local row: find the (token, k) selections routed to it, run that row's
+dequantize-and-matmul (the format's ``_forward_expert``), add the weighted result. `apply` computes the
+same thing batched (`ascend_eplb.quant_views._batched`); the tests require both to agree bit for bit over
+every format, storage mode and odd shapes, and `benchmarks/bench_apply.py` times one against the other.
+A test and benchmark helper, not part of the package's public names (``__all__``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ascend_eplb.quant_views._storage import ExpertStorage
+from ascend_eplb.quant_views.formats.base import ExpertWeightFormat, check_apply_inputs
+
+__all__ = ["per_expert_apply"]
+
+
+def per_expert_apply(
+    fmt: ExpertWeightFormat,
+    storage: ExpertStorage,
+    hidden_TH: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
+    topk_weights_TK: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
+    local_ids_TK: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
+    *,
+    comm_path: str = "standard",
+) -> torch.Tensor:
+    """``fmt.apply(storage, hidden_TH, topk_weights_TK, local_ids_TK, comm_path=...)``, one expert at a time.
+
+    Same arguments, checks, errors and result as `ExpertWeightFormat.apply`: ``(T, H)`` in
+    ``hidden_TH.dtype``, on ``hidden_TH.device``; ``local_ids_TK == -1`` contributes 0.
+
+    Raises:
+        ValueError: as `ExpertWeightFormat.apply` (storage of another format, bad shapes, dtypes,
+            devices, ids outside ``[-1, p)``, unknown ``comm_path``).
+    """
+    fmt._check_storage(storage)
+    check_apply_inputs(storage, hidden_TH, topk_weights_TK, local_ids_TK)
+    fused = fmt._fused_scales_path(storage, comm_path)
+    x = hidden_TH.to(torch.float64)
+    out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    ids = local_ids_TK.to(torch.int64)
+    for row in range(storage.num_local_experts):
+        tokens, ks = (ids == row).nonzero(as_tuple=True)  # in flat (t, k) order
+        if tokens.numel() == 0:
+            continue
+        y = fmt._forward_expert(storage, row, x[tokens], fused)
+        out.index_add_(0, tokens, y * topk_weights_TK[tokens, ks].to(torch.float64).unsqueeze(1))
+    return out.to(hidden_TH.dtype)
