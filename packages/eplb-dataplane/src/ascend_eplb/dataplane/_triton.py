@@ -83,9 +83,12 @@ if triton is not None:
         if record_counts:
             # Device scalars read inside the kernel: one launch serves recording and non-recording
             # steps and any padding, with no host synchronisation.
-            record = tl.load(record_ptr).to(tl.int1)
+            # A non-recording step counts no row: the flag folds into the row limit (a scalar select).
+            # ANDing the loaded flag into the block mask gave an int32 mask under the interpreter,
+            # which Triton 3.9's interpreter rejects in atomic_add.
             unpadded = tl.load(unpadded_ptr).to(tl.int64)
-            counted = valid & (token_2d < unpadded) & (physical >= 0) & (physical < num_load) & record
+            limit = tl.where(tl.load(record_ptr) != 0, unpadded, 0)
+            counted = valid & (token_2d < limit) & (physical >= 0) & (physical < num_load)
             ones = tl.full((block_t, block_k), 1, dtype=load_ptr.dtype.element_ty)
             tl.atomic_add(load_ptr + physical * load_stride, ones, mask=counted, sem="relaxed")
 
