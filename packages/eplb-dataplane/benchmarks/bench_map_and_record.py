@@ -3,7 +3,8 @@
 For T in {256, 4096, 32768} tokens, K = 8, E = 256 logical and P = 288 physical experts (32 hot
 experts with a second replica), times, side by side in one run:
 
-* ``fused``: ``map_to_physical_and_record`` (map + masked recording, device scalars, no host sync);
+* ``fused``: ``map_to_physical_and_record`` as dispatched (map + masked recording, device scalars, no
+  host sync): the Triton kernel on cuda (with triton installed), the torch form on cpu;
 * ``gather floor``: the single gather of the same ids through the replica table (no validity
   handling, no recording) - nothing cheaper can map;
 * ``naive``: the same gather, then the unpadded rows sliced on the host (``int(num_unpadded)``,
@@ -14,7 +15,7 @@ Usage (from the repository root)::
     python packages/eplb-dataplane/benchmarks/bench_map_and_record.py [--device cpu|cuda|npu]
 
 On ``cuda`` it also runs the fused op once under ``torch.cuda.set_sync_debug_mode("error")``,
-which raises on any host synchronisation.
+which raises on any host synchronisation. ``device_check.py`` beside it is the complete GPU check.
 """
 
 from __future__ import annotations

@@ -201,3 +201,49 @@ def test_validate_placement_returns_host_int64_copies_and_inferred_size():
     assert out_l2p.dtype == out_count.dtype == torch.int64
     assert torch.equal(out_l2p, l2p)
     assert torch.equal(out_count, count)
+
+
+def test_physical_id_bound_follows_the_placement_and_bounds_the_load_view():
+    lookup = ReplicaLookup(4, 0, "cpu", rows=8)
+    assert lookup.physical_id_bound == 4  # identity table: ids < E
+    lookup.check_load_view(torch.zeros(4, dtype=torch.int32))
+    l2p, count = _maps(REPLICAS)  # P = 7 inferred
+    lookup.refresh_(l2p, count)
+    assert lookup.physical_id_bound == 7
+    assert int(lookup.table.max()) == 6
+    lookup.check_load_view(torch.zeros(7, dtype=torch.int64))
+    lookup.check_load_view(torch.zeros(9, dtype=torch.int32))  # elastic-EP capacity above P: fine
+    fixed = ReplicaLookup(4, 0, "cpu", rows=8, num_physical_experts=9)
+    assert fixed.physical_id_bound == 9
+
+
+@pytest.mark.parametrize(
+    ("view", "message"),
+    [
+        (
+            torch.zeros(6, dtype=torch.int32),
+            r"expert_load_view has 6 counters, fewer than the lookup's P = 7",
+        ),
+        (torch.zeros(7), r"expert_load_view must be int32 or int64 \(P,\), got torch.float32 \(7,\)"),
+        (torch.zeros((1, 7), dtype=torch.int32), r"must be int32 or int64 \(P,\), got torch.int32 \(1, 7\)"),
+        ([0] * 7, r"expert_load_view must be int32 or int64 \(P,\), got list"),
+        (
+            torch.zeros(7, dtype=torch.int32, device="meta"),
+            r"expert_load_view is on meta, the lookup's table on cpu",
+        ),
+        (torch.zeros(1, dtype=torch.int32).expand(7), r"must not be a stride-0 \(expanded\) view"),
+    ],
+)
+def test_check_load_view_and_refresh_reject_a_view_that_cannot_count_the_table(view, message):
+    l2p, count = _maps(REPLICAS)
+    lookup = ReplicaLookup(4, 1, "cpu", rows=8)
+    lookup.refresh_(l2p, count)
+    with pytest.raises(ValueError, match=message):
+        lookup.check_load_view(view)
+    # refresh_ checks the view against the new placement's P before touching the table.
+    lookup = ReplicaLookup(4, 1, "cpu", rows=8)
+    before = lookup.table.clone()
+    with pytest.raises(ValueError, match=message):
+        lookup.refresh_(l2p, count, expert_load_view=view)
+    assert torch.equal(lookup.table, before)
+    assert lookup.physical_id_bound == 4

@@ -191,12 +191,13 @@ def test_record_expert_tokens_rejects_bad_input_before_writing(args, message):
 
 @pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("load_dtype", [torch.int32, torch.int64])
-def test_cpu_kernel_equals_generic_form_and_loop_reference(ids_dtype, load_dtype):
-    # The CPU dispatch runs the fused C kernel; every other device runs the torch form. Both must
-    # give the loop reference's ids and counts, for strided tables and load views too.
-    from ascend_eplb.dataplane import _cpu_kernel, ops
+def test_cpu_dispatch_is_the_torch_form_and_equals_loop_reference(ids_dtype, load_dtype):
+    # CPU is not a serving device: its dispatch runs the torch form (CompositeExplicitAutograd), for
+    # strided tables and load views too, with negative and over-long unpadded counts.
+    from ascend_eplb.dataplane import ops
 
-    assert _cpu_kernel.load() is not None  # this host has a C compiler: the kernel is what ran
+    for name in ("map_to_physical", "map_to_physical_and_record"):
+        assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"ascend_eplb::{name}", "CPU")
     base, num_physical = _replicated_table(ep_rank=3, rows=40)
     strided_table = torch.zeros((40, 32), dtype=torch.int32)[:, ::2]
     strided_table.copy_(base)
@@ -208,19 +209,29 @@ def test_cpu_kernel_equals_generic_form_and_loop_reference(ids_dtype, load_dtype
                 for record in (ON, OFF):
                     n = torch.tensor(num_unpadded, dtype=torch.int32 if num_unpadded % 2 else torch.int64)
                     start = torch.arange(2 * num_physical, dtype=load_dtype)
-                    kernel_load, generic_load = start.clone(), start.clone()
-                    got = map_to_physical_and_record(ids, table, kernel_load[::2], record, n)
+                    op_load, generic_load = start.clone(), start.clone()
+                    got = map_to_physical_and_record(ids, table, op_load[::2], record, n)
                     want = ops._map_to_physical_and_record_generic(ids, table, generic_load[::2], record, n)
                     ref_out, ref_load = _reference(ids, table, num_physical, max(num_unpadded, 0))
                     assert got.dtype == ids_dtype
                     assert torch.equal(got, ref_out)
                     assert torch.equal(want, ref_out)
                     assert torch.equal(map_to_physical(ids, table), ref_out)
-                    assert torch.equal(ops._map_to_physical_generic(ids, table), ref_out)
                     added = (
                         ref_load.to(load_dtype)
                         if bool(record)
                         else torch.zeros_like(ref_load, dtype=load_dtype)
                     )
-                    assert torch.equal(kernel_load[::2] - start[::2], added)
-                    assert torch.equal(generic_load, kernel_load)  # odd slots untouched by both
+                    assert torch.equal(op_load[::2] - start[::2], added)
+                    assert torch.equal(generic_load, op_load)  # odd slots untouched
+
+
+def test_table_entries_beyond_the_load_view_are_mapped_not_counted():
+    # E = 4 <= len(load) = 5 < P = 8: the op cannot see P; entries 5..7 are mapped and not counted
+    # (ReplicaLookup.check_load_view rejects such a view where P is known).
+    table = torch.tensor([[0, 5, 2, 7]], dtype=torch.int32)
+    ids = torch.tensor([[0, 1], [2, 3], [1, 1]], dtype=torch.int32)
+    load = torch.zeros(5, dtype=torch.int64)
+    out = map_to_physical_and_record(ids, table, load, ON, torch.tensor(3))
+    assert out.tolist() == [[0, 5], [2, 7], [5, 5]]
+    assert load.tolist() == [1, 0, 1, 0, 0]

@@ -166,3 +166,17 @@ def test_bad_layer_state_foreign_override_and_bad_ubatch_are_rejected_before_cha
     with pytest.raises(RuntimeError, match="refusing to replace a binding this adapter did not install"):
         bind_router(router, _state())
     assert router.eplb_state is None
+
+
+def test_load_view_shorter_than_the_lookups_physical_experts_is_rejected_at_bind():
+    # Issue 14: a view of 9 counters for P = 10 would leave slot 9 (a replica of expert 5) unrecorded.
+    router = Router(2)
+    state = _state()
+    state.expert_load_view = torch.zeros(9, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"expert_load_view has 9 counters, fewer than the lookup's P = 10"):
+        bind_router(router, state)
+    assert router.eplb_state is None
+    assert not is_bound(router)
+    state.expert_load_view = torch.zeros(10, dtype=torch.int64)[None].expand(2, 10)[0]  # a (10,) view
+    bind_router(router, state)
+    assert is_bound(router)

@@ -229,6 +229,9 @@ class ReplicaLookup:
             for the lookup's whole life. Until the first :meth:`refresh_` it is the identity
             placement (``table[row, e] = e``, upstream's initial placement before redundant slots),
             so every entry is always a valid physical id.
+        physical_id_bound: every entry of :attr:`table` is ``< physical_id_bound``: the given ``P``,
+            else the ``P`` inferred by the last refresh (``E`` before the first). A load view for
+            this lookup needs at least that many counters (:meth:`check_load_view`).
 
     Raises:
         TypeError, ValueError: an argument of the wrong type or out of range.
@@ -249,31 +252,90 @@ class ReplicaLookup:
         if num_physical_experts is not None:
             _check_int("num_physical_experts", num_physical_experts, num_logical_experts)
         self.num_physical_experts = num_physical_experts
+        self.physical_id_bound = num_logical_experts if num_physical_experts is None else num_physical_experts
         self.device = torch.device(device)
         identity = torch.arange(num_logical_experts, dtype=torch.int32, device=self.device)
         self.table = identity.unsqueeze(0).repeat(rows, 1)
 
-    def refresh_(self, logical_to_physical_map: torch.Tensor, logical_replica_count: torch.Tensor) -> None:
+    def refresh_(
+        self,
+        logical_to_physical_map: torch.Tensor,
+        logical_replica_count: torch.Tensor,
+        *,
+        expert_load_view: torch.Tensor | None = None,
+    ) -> None:
         """Validate a committed placement, then copy its replica table into :attr:`table` in place.
 
         Args:
             logical_to_physical_map: integer ``(E, M)``, any ``M >= 1``, -1 padded, any device.
             logical_replica_count: integer ``(E,)``.
+            expert_load_view: optional, keyword-only: the layer's load view ``(P,)`` the table will
+                be recorded into; checked (as :meth:`check_load_view`) against the new placement's
+                ``P`` before the table is touched.
 
         Raises:
-            TypeError, ValueError: as :func:`validate_placement`, raised before the table is touched
-            (a rejected placement leaves the previous one in force).
+            TypeError, ValueError: as :func:`validate_placement` or :meth:`check_load_view`, raised
+            before the table is touched (a rejected placement leaves the previous one in force).
 
         Synchronises with the maps' device (validation reads them on the host): call it at commit
         time, outside any captured graph.
         """
-        l2p, count, _ = validate_placement(
+        l2p, count, num_physical = validate_placement(
             logical_to_physical_map,
             logical_replica_count,
             num_logical_experts=self.num_logical_experts,
             num_physical_experts=self.num_physical_experts,
         )
+        if expert_load_view is not None:
+            self._check_load_view(expert_load_view, num_physical)
         self.table.copy_(_replica_table(l2p, count, self.ep_rank, self.rows))
+        self.physical_id_bound = num_physical
+
+    def check_load_view(self, expert_load_view: torch.Tensor) -> None:
+        """Check that ``expert_load_view`` can count every id of :attr:`table` (metadata only).
+
+        Args:
+            expert_load_view: the layer's load counters, int32 or int64 ``(P,)`` on :attr:`device`.
+
+        Raises:
+            ValueError: not a 1-D int32/int64 tensor, on another device, stride-0, or with fewer
+                than :attr:`physical_id_bound` counters (the ops would map table entries beyond the
+                view and never count them: a silently partial record).
+
+        No device data is read. ``bind_router`` calls it when it binds a layer state whose lookup
+        and load view are set; pass the view to :meth:`refresh_` to check it at every commit.
+        """
+        self._check_load_view(expert_load_view, self.physical_id_bound)
+
+    def _check_load_view(self, expert_load_view: torch.Tensor, num_physical: int) -> None:
+        if (
+            not isinstance(expert_load_view, torch.Tensor)
+            or expert_load_view.dim() != 1
+            or expert_load_view.dtype not in (torch.int32, torch.int64)
+        ):
+            got = (
+                f"{expert_load_view.dtype} {tuple(expert_load_view.shape)}"
+                if isinstance(expert_load_view, torch.Tensor)
+                else type(expert_load_view).__name__
+            )
+            raise ValueError(f"expert_load_view must be int32 or int64 (P,), got {got}")
+        if expert_load_view.device != self.device:
+            raise ValueError(
+                f"expert_load_view is on {expert_load_view.device}, the lookup's table on {self.device}; "
+                "they must match"
+            )
+        if expert_load_view.shape[0] < num_physical:
+            raise ValueError(
+                f"expert_load_view has {expert_load_view.shape[0]} counters, fewer than the lookup's "
+                f"P = {num_physical} physical experts; the table's ids in "
+                f"[{expert_load_view.shape[0]}, {num_physical}) would never be counted"
+            )
+        if expert_load_view.shape[0] > 1 and expert_load_view.stride(0) == 0:
+            raise ValueError(
+                f"expert_load_view must not be a stride-0 (expanded) view, got shape "
+                f"{tuple(expert_load_view.shape)} stride {tuple(expert_load_view.stride())}: its P "
+                "counters would share one element"
+            )
 
     def checksum(self) -> int:
         """:func:`table_checksum` of :attr:`table` (one device-to-host read)."""

@@ -3,26 +3,33 @@
 Both mapping functions are ops of the ``torch.library`` namespace ``ascend_eplb`` (defined with
 ``Library.define``, one schema each), with
 
-* a device-neutral torch implementation (``CompositeExplicitAutograd``: ``npu``, ``cuda`` and every
-  other device run the same code): a fixed sequence of kernels whose shapes depend only on ``T``,
-  ``K``, ``E`` and ``P``, the counts scattered into a ``(P + 2)`` scratch whose first and last bins
-  take invalid ids and skipped rows;
-* a fused CPU kernel (``CPU`` key, :mod:`ascend_eplb.dataplane._cpu_kernel`): one pass in C that
-  maps and counts, falling back to the torch form when no C compiler is available;
-* a fake implementation for tracing.
+* a Triton kernel (:mod:`ascend_eplb.dataplane._triton`) for the devices Triton serves, registered for
+  the ``CUDA`` dispatch key when ``triton`` imports (the optional extra
+  ``ascend-eplb-dataplane[triton]``) and for ``PrivateUse1`` (``npu``) when ``torch_npu`` and
+  triton-ascend are installed: one launch that range-checks, gathers, fills ``-1`` and counts, reading
+  the record flag and the unpadded token count on the device;
+* a device-neutral torch form (``CompositeExplicitAutograd``): the fallback on every other device
+  (``cpu`` included) and the reference the kernel is tested against: a fixed sequence of kernels whose
+  shapes depend only on ``T``, ``K``, ``E`` and the load view's length, the counts scattered into a
+  scratch whose last bin takes every selection that is not counted;
+* a fake implementation for tracing and ``torch.compile``.
 
-No implementation synchronises with the host, branches on device values in Python, or produces a
-data-dependent shape. The record flag and the unpadded token count are device scalars, so one
-captured or compiled graph serves recording and non-recording steps and padded batches (vLLM
-Ascend ``ops/fused_moe/eplb.py``, ``map_to_physical_and_record``; on NPU vLLM Ascend registers a
-Triton kernel for the same schema).
+Every implementation runs the same metadata checks first (:func:`_check_map_args`,
+:func:`_check_record_args`), so a bad argument raises the same ``ValueError`` on each path before
+anything is written, without reading device data. No implementation synchronises with the host,
+branches on device values in Python, or produces a data-dependent shape; the record flag and the
+unpadded token count are device scalars, so one captured or compiled graph serves recording and
+non-recording steps and padded batches (the design of vLLM Ascend's ``map_to_physical_and_record``
+in ``ops/fused_moe/eplb.py``, whose NPU path is a Triton kernel of the same schema).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import torch
 
-from ascend_eplb.dataplane import _cpu_kernel
+from ascend_eplb.dataplane import _npu, _triton
 
 __all__ = [
     "GROUP_LIST_COUNTS",
@@ -41,7 +48,11 @@ _ID_DTYPES = (torch.int32, torch.int64)
 
 
 def _check_map_args(topk_ids: torch.Tensor, table: torch.Tensor) -> None:
-    # Metadata-only checks (no device read): safe in the fake implementation and in graphs.
+    """The metadata rules of both ops' ``topk_ids`` and ``table``; ``ValueError`` naming value and rule.
+
+    Reads only dtypes, shapes, strides and devices (no device data): the torch form, the Triton path
+    and the fake implementation call it first, so each rejects the same input with the same message.
+    """
     if topk_ids.dim() != 2 or topk_ids.dtype not in _ID_DTYPES:
         raise ValueError(
             f"topk_ids must be int32 or int64 (T, K), got {topk_ids.dtype} {tuple(topk_ids.shape)}"
@@ -49,21 +60,44 @@ def _check_map_args(topk_ids: torch.Tensor, table: torch.Tensor) -> None:
     if table.dim() != 2 or table.dtype != torch.int32:
         raise ValueError(f"table must be int32 (rows, E), got {table.dtype} {tuple(table.shape)}")
     if table.shape[0] < 1 or table.shape[1] < 1:
-        raise ValueError(f"table must be non-empty, got shape {tuple(table.shape)}")
+        raise ValueError(f"table must be non-empty (rows >= 1, E >= 1), got shape {tuple(table.shape)}")
     if table.device != topk_ids.device:
         raise ValueError(f"table is on {table.device}, topk_ids on {topk_ids.device}; they must match")
 
 
 def _check_record_args(
     topk_ids: torch.Tensor,
+    table: torch.Tensor,
     expert_load_view: torch.Tensor,
     record_enabled: torch.Tensor,
     num_unpadded_tokens: torch.Tensor,
 ) -> None:
+    """The metadata rules of the recording arguments (after :func:`_check_map_args`); ``ValueError``.
+
+    ``expert_load_view`` needs one counter per physical expert, ``P`` of them, and ``P >= E`` for any
+    placement (each logical expert has a replica in a slot of its own), so a view shorter than the
+    table's ``E`` is rejected here. ``P`` itself is not visible in metadata (the table holds physical
+    ids as data): :meth:`ReplicaLookup.check_load_view` checks the view against the lookup's ``P``
+    where both are known (``bind_router``, ``refresh_``); inside the op a table entry outside
+    ``[0, len(expert_load_view))`` is mapped but never counted, on every path.
+    """
     if expert_load_view.dim() != 1 or expert_load_view.dtype not in _ID_DTYPES:
         raise ValueError(
             "expert_load_view must be int32 or int64 (P,), got "
             f"{expert_load_view.dtype} {tuple(expert_load_view.shape)}"
+        )
+    num_experts = table.shape[1]
+    if expert_load_view.shape[0] < num_experts:
+        raise ValueError(
+            f"expert_load_view has {expert_load_view.shape[0]} counters, fewer than the table's "
+            f"E = {num_experts} logical experts; it must hold one counter per physical expert "
+            "(global P >= E), not a rank's local slots"
+        )
+    if expert_load_view.shape[0] > 1 and expert_load_view.stride(0) == 0:
+        raise ValueError(
+            f"expert_load_view must not be a stride-0 (expanded) view, got shape "
+            f"{tuple(expert_load_view.shape)} stride {tuple(expert_load_view.stride())}: its P "
+            "counters would share one element"
         )
     if record_enabled.dim() != 0 or record_enabled.dtype != torch.bool:
         raise ValueError(
@@ -142,19 +176,38 @@ def _map_to_physical_and_record_generic(
     num_unpadded_tokens: torch.Tensor,
 ) -> torch.Tensor:
     _check_map_args(topk_ids, table)
-    _check_record_args(topk_ids, expert_load_view, record_enabled, num_unpadded_tokens)
+    _check_record_args(topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens)
     out = _map_generic(topk_ids, table)
     num_tokens = topk_ids.shape[0]
-    num_physical = expert_load_view.shape[0]
-    # Bins of a (P + 2) scratch: 0 <- invalid ids (-1 + 1), 1..P <- physical ids, P + 1 <- rows
-    # that are padding or a non-recording step. One scatter, no branch on device values.
+    num_counters = expert_load_view.shape[0]
+    # A (len + 1) scratch: bins 0..len-1 take the counted selections; bin len every other one
+    # (invalid id, a table entry outside [0, len), a padded row, a non-recording step). One scatter,
+    # no branch on device values.
     skipped = (torch.arange(num_tokens, device=out.device) >= num_unpadded_tokens) | ~record_enabled
-    bins = (out + 1).masked_fill_(skipped.unsqueeze(1), num_physical + 1)
-    scratch = expert_load_view.new_zeros(num_physical + 2)
+    uncounted = (out < 0) | (out >= num_counters) | skipped.unsqueeze(1)
+    bins = out.masked_fill(uncounted, num_counters)
+    scratch = expert_load_view.new_zeros(num_counters + 1)
     ones = scratch.new_ones(1).expand(bins.numel())
     scratch.index_add_(0, bins.view(-1), ones)
-    expert_load_view.add_(scratch[1 : num_physical + 1])
+    expert_load_view.add_(scratch[:num_counters])
     return out
+
+
+def _map_to_physical_triton(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    _check_map_args(topk_ids, table)
+    return _triton.launch(topk_ids, table, None, None, None)
+
+
+def _map_to_physical_and_record_triton(
+    topk_ids: torch.Tensor,
+    table: torch.Tensor,
+    expert_load_view: torch.Tensor,
+    record_enabled: torch.Tensor,
+    num_unpadded_tokens: torch.Tensor,
+) -> torch.Tensor:
+    _check_map_args(topk_ids, table)
+    _check_record_args(topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens)
+    return _triton.launch(topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens)
 
 
 def _map_to_physical_fake(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -170,42 +223,41 @@ def _map_to_physical_and_record_fake(
     num_unpadded_tokens: torch.Tensor,
 ) -> torch.Tensor:
     _check_map_args(topk_ids, table)
-    _check_record_args(topk_ids, expert_load_view, record_enabled, num_unpadded_tokens)
+    _check_record_args(topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens)
     return torch.empty_like(topk_ids, memory_format=torch.contiguous_format)
 
 
-def _map_to_physical_cpu(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    _check_map_args(topk_ids, table)
-    kernel = _cpu_kernel.load()
-    if kernel is None:
-        return _map_generic(topk_ids, table)
-    return kernel.map_to_physical(topk_ids, table)
+def _has_triton_ascend() -> bool:
+    try:
+        importlib.metadata.version("triton-ascend")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
-def _map_to_physical_and_record_cpu(
-    topk_ids: torch.Tensor,
-    table: torch.Tensor,
-    expert_load_view: torch.Tensor,
-    record_enabled: torch.Tensor,
-    num_unpadded_tokens: torch.Tensor,
-) -> torch.Tensor:
-    _check_map_args(topk_ids, table)
-    _check_record_args(topk_ids, expert_load_view, record_enabled, num_unpadded_tokens)
-    kernel = _cpu_kernel.load()
-    if kernel is None:
-        return _map_to_physical_and_record_generic(
-            topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens
-        )
-    return kernel.map_to_physical_and_record(
-        topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens
-    )
+def _triton_dispatch_keys() -> tuple[str, ...]:
+    if not _triton.HAS_TRITON:
+        return ()
+    keys = ["CUDA"]
+    if _npu.HAS_TORCH_NPU and _has_triton_ascend():  # pragma: no cover - needs an Ascend host
+        keys.append("PrivateUse1")
+    return tuple(keys)
 
 
-# Every device runs the device-neutral torch form; CPU runs the fused C kernel when it builds.
+def _register_triton(lib: torch.library.Library, dispatch_key: str) -> None:
+    """Register the Triton path of both ops for ``dispatch_key`` in ``lib`` (``DEF`` or ``IMPL``)."""
+    lib.impl("map_to_physical", _map_to_physical_triton, dispatch_key)
+    lib.impl("map_to_physical_and_record", _map_to_physical_and_record_triton, dispatch_key)
+
+
+#: Dispatch keys whose tensors run the Triton kernel: ``("CUDA",)`` with triton, plus
+#: ``"PrivateUse1"`` with torch_npu and triton-ascend; ``()`` without triton (torch form everywhere).
+TRITON_DISPATCH_KEYS = _triton_dispatch_keys()
+
 _LIB.impl("map_to_physical", _map_to_physical_generic, "CompositeExplicitAutograd")
 _LIB.impl("map_to_physical_and_record", _map_to_physical_and_record_generic, "CompositeExplicitAutograd")
-_LIB.impl("map_to_physical", _map_to_physical_cpu, "CPU")
-_LIB.impl("map_to_physical_and_record", _map_to_physical_and_record_cpu, "CPU")
+for _key in TRITON_DISPATCH_KEYS:
+    _register_triton(_LIB, _key)
 torch.library.register_fake("ascend_eplb::map_to_physical", _map_to_physical_fake, lib=_LIB)
 torch.library.register_fake(
     "ascend_eplb::map_to_physical_and_record", _map_to_physical_and_record_fake, lib=_LIB
@@ -216,15 +268,21 @@ def map_to_physical(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor
     """Map logical expert ids to physical ids through a replica table (op ``ascend_eplb::map_to_physical``).
 
     Args:
-        topk_ids: int32 or int64 ``(T, K)`` logical expert ids, on the table's device.
-        table: int32 ``(rows, E)`` replica table (``ReplicaLookup.table``); entries are physical ids.
+        topk_ids: int32 or int64 ``(T, K)`` logical expert ids, on the table's device (any strides).
+        table: int32 ``(rows, E)`` replica table (``ReplicaLookup.table``; any strides); entries are
+            physical ids.
 
     Returns:
-        A new ``(T, K)`` tensor of ``topk_ids``'s dtype: ``table[t % rows, id]`` for ids in
-        ``[0, E)``, ``-1`` for any other id.
+        A new contiguous ``(T, K)`` tensor of ``topk_ids``'s dtype on the same device:
+        ``table[t % rows, id]`` for ids in ``[0, E)``, ``-1`` for any other id.
 
     Raises:
-        ValueError: wrong dtype, rank or device of an argument (metadata only; no device read).
+        ValueError: ``topk_ids`` not int32/int64 2-D, ``table`` not int32 2-D or empty, or the two on
+            different devices. Checked from metadata only (no device read), with the same message on
+            the Triton path, the torch form and the fake implementation.
+
+    Runs the Triton kernel on ``cuda`` (and ``npu`` with triton-ascend) when triton is installed,
+    the torch form elsewhere; both give the same ids.
     """
     return torch.ops.ascend_eplb.map_to_physical(topk_ids, table)
 
@@ -238,7 +296,9 @@ def map_to_physical_and_record(
 ) -> torch.Tensor:
     """Map logical ids to physical ids and count the selections of unpadded tokens, in one op.
 
-    Op ``ascend_eplb::map_to_physical_and_record`` (mutates ``expert_load_view``).
+    Op ``ascend_eplb::map_to_physical_and_record`` (mutates ``expert_load_view``). The design of
+    vLLM Ascend's ``map_to_physical_and_record`` (``ops/fused_moe/eplb.py``): the record flag and the
+    unpadded count are device scalars, so nothing is read on the host.
 
     Args:
         topk_ids: int32 or int64 ``(T, K)`` logical expert ids; rows ``>= num_unpadded_tokens``
@@ -246,17 +306,25 @@ def map_to_physical_and_record(
         table: int32 ``(rows, E)`` replica table whose entries lie in ``[0, P)``
             (``ReplicaLookup`` guarantees it).
         expert_load_view: int32 or int64 ``(P,)``, this layer's load counters in global physical
-            id space (upstream ``EplbLayerState.expert_load_view``); updated in place.
+            id space (upstream ``EplbLayerState.expert_load_view``); updated in place; any nonzero
+            stride.
         record_enabled: 0-d bool tensor on the device (upstream ``should_record_tensor``).
-        num_unpadded_tokens: 0-d int32/int64 tensor on the device: the count of real rows.
+        num_unpadded_tokens: 0-d int32/int64 tensor on the device: the count of real rows (negative
+            counts nothing, above ``T`` counts every row).
 
     Returns:
         The physical ids, as :func:`map_to_physical`. When ``record_enabled`` is true, adds 1 to
         ``expert_load_view[physical]`` for every selection with a valid id (in ``[0, E)``) in rows
-        ``0 .. num_unpadded_tokens - 1``; when false, adds nothing.
+        ``0 .. num_unpadded_tokens - 1``; when false, adds nothing. A table entry outside
+        ``[0, len(expert_load_view))`` (impossible for a ``ReplicaLookup`` table whose ``P`` the view
+        matches, see :meth:`ReplicaLookup.check_load_view`) is mapped but not counted, on every path.
 
     Raises:
-        ValueError: wrong dtype, rank or device of an argument (metadata only; no device read).
+        ValueError: as :func:`map_to_physical`; ``expert_load_view`` not int32/int64 1-D, shorter than
+            ``E`` (``P >= E`` always) or stride-0; ``record_enabled`` not a 0-d bool tensor;
+            ``num_unpadded_tokens`` not a 0-d int32/int64 tensor; any of them on another device than
+            ``topk_ids``. Checked from metadata only, before anything is written, with the same
+            message on every path (Triton, torch form, fake).
     """
     return torch.ops.ascend_eplb.map_to_physical_and_record(
         topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens

@@ -1,7 +1,7 @@
 """Per-instance router adapter: route a vLLM router's EPLB mapping through the replica lookup.
 
-Upstream vLLM 0.33.0 (``model_executor/layers/fused_moe/router/base_router.py``) maps logical to
-physical ids in ``BaseRouter._apply_eplb_mapping(self, topk_ids)``, called once per
+Upstream vLLM 0.33.0 (``BaseRouter`` in ``model_executor/layers/fused_moe/router/base_router.py``) maps
+logical to physical ids in ``BaseRouter._apply_eplb_mapping(self, topk_ids)``, called once per
 ``_select_experts`` after ``_compute_routing`` (and after ``capture_fn`` saw the logical ids).
 Off CUDA its ``eplb_map_to_physical_and_record`` is the identity. :func:`bind_router` replaces that
 method on one router instance (``types.MethodType``; the class is never touched) with
@@ -121,6 +121,9 @@ def bind_router(
             already carries a foreign override of it.
         TypeError: ``layer_state`` lacks a required attribute, ``ubatch_id`` is not callable, or
             the router has no instance ``__dict__``.
+        ValueError: the state's ``expert_load_view`` and ``replica_lookup`` are both set and the view
+            cannot count every id of the lookup's table (``ReplicaLookup.check_load_view``: fewer
+            counters than the lookup's ``P``, wrong dtype, rank or device).
         All checks run before anything is changed.
     """
     _class_method(router)
@@ -132,6 +135,9 @@ def bind_router(
             f"layer_state {type(layer_state).__qualname__} lacks {missing}; bind_router needs "
             f"{list(LAYER_STATE_FIELDS)} (the control plane's AscendEplbLayerState provides them)"
         )
+    lookup, load_view = layer_state.replica_lookup, layer_state.expert_load_view
+    if lookup is not None and load_view is not None:
+        lookup.check_load_view(load_view)
     if ubatch_id is not None and not callable(ubatch_id):
         raise TypeError(f"ubatch_id must be callable returning the micro-batch index, got {ubatch_id!r}")
     existing = vars(router).get(UPSTREAM_MAPPING_METHOD)

@@ -1,0 +1,145 @@
+"""The Triton kernel of the map-and-record ops: range check, gather, ``-1`` fill and count in one launch.
+
+Guarded: ``triton`` is the optional extra ``ascend-eplb-dataplane[triton]`` (on Ascend, triton-ascend
+provides the same module). Without it :data:`HAS_TRITON` is false, nothing here is defined beyond the
+flag, and the ops keep their torch form on every device.
+
+One program handles ``block_t`` tokens times ``block_k`` (``K`` padded to a power of two) selections:
+
+* loads the logical ids (any strides), marks those in ``[0, E)`` valid;
+* gathers ``table[t % rows, e]`` for valid ids (any table strides) and stores the physical id, or
+  ``-1``, in the ``topk_ids`` dtype into a contiguous ``(T, K)`` output;
+* when recording, reads the record flag and the unpadded token count from their device tensors (no host
+  read) and adds 1 with ``tl.atomic_add`` at ``expert_load_view[physical]`` (any stride) for each valid
+  selection of a row ``< num_unpadded_tokens`` whose physical id lies in ``[0, len(expert_load_view))``.
+
+The same semantics as the torch form in :mod:`ascend_eplb.dataplane.ops`, which is the reference the
+kernel is tested against (bit-identical ids and counts). Offsets are computed in int64, so ``T * K``
+and table sizes are not limited to 2**31.
+
+Reads ``TRITON_INTERPRET`` when this module is imported (``triton.jit`` decides then): set it to ``1``
+before the first import of :mod:`ascend_eplb.dataplane` to run the kernel on CPU tensors under Triton's
+interpreter, as the tests do in a subprocess.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the optional extra is not installed: the torch form serves every device
+    triton = None
+    tl = None
+
+HAS_TRITON = triton is not None
+#: ``triton.__version__``, or ``None`` without triton.
+TRITON_VERSION: str | None = triton.__version__ if triton is not None else None
+
+__all__ = ["HAS_TRITON", "TRITON_VERSION", "launch"]
+
+# Selections per program: block_t * block_k = _ELEMENTS_PER_PROGRAM (K <= _ELEMENTS_PER_PROGRAM).
+_ELEMENTS_PER_PROGRAM = 1024
+
+if triton is not None:
+
+    @triton.jit(do_not_specialize=["num_tokens"])
+    def _map_and_record_kernel(
+        ids_ptr,
+        table_ptr,
+        out_ptr,
+        load_ptr,
+        record_ptr,
+        unpadded_ptr,
+        num_tokens,
+        top_k,
+        rows,
+        num_experts,
+        num_load,
+        ids_stride_t,
+        ids_stride_k,
+        table_stride_row,
+        table_stride_expert,
+        load_stride,
+        record_counts: tl.constexpr,
+        block_t: tl.constexpr,
+        block_k: tl.constexpr,
+    ):
+        token = tl.program_id(0).to(tl.int64) * block_t + tl.arange(0, block_t).to(tl.int64)
+        column = tl.arange(0, block_k).to(tl.int64)
+        token_2d = token[:, None]
+        column_2d = column[None, :]
+        in_range = (token_2d < num_tokens) & (column_2d < top_k)
+        expert = tl.load(
+            ids_ptr + token_2d * ids_stride_t + column_2d * ids_stride_k, mask=in_range, other=-1
+        ).to(tl.int64)
+        valid = in_range & (expert >= 0) & (expert < num_experts)
+        row = (token % rows)[:, None]
+        physical = tl.load(
+            table_ptr + row * table_stride_row + expert * table_stride_expert, mask=valid, other=-1
+        ).to(tl.int64)
+        tl.store(out_ptr + token_2d * top_k + column_2d, physical.to(out_ptr.dtype.element_ty), mask=in_range)
+        if record_counts:
+            # Device scalars read inside the kernel: one launch serves recording and non-recording
+            # steps and any padding, with no host synchronisation.
+            # A non-recording step counts no row: the flag folds into the row limit (a scalar select).
+            # ANDing the loaded flag into the block mask gave an int32 mask under the interpreter,
+            # which Triton 3.9's interpreter rejects in atomic_add.
+            unpadded = tl.load(unpadded_ptr).to(tl.int64)
+            limit = tl.where(tl.load(record_ptr) != 0, unpadded, 0)
+            counted = valid & (token_2d < limit) & (physical >= 0) & (physical < num_load)
+            ones = tl.full((block_t, block_k), 1, dtype=load_ptr.dtype.element_ty)
+            tl.atomic_add(load_ptr + physical * load_stride, ones, mask=counted, sem="relaxed")
+
+
+def launch(
+    topk_ids: torch.Tensor,
+    table: torch.Tensor,
+    expert_load_view: torch.Tensor | None,
+    record_enabled: torch.Tensor | None,
+    num_unpadded_tokens: torch.Tensor | None,
+) -> torch.Tensor:
+    """Run the kernel on arguments the ops have already checked; returns the new ``(T, K)`` ids.
+
+    ``expert_load_view``, ``record_enabled`` and ``num_unpadded_tokens`` all ``None``: map only
+    (``map_to_physical``). Requires :data:`HAS_TRITON`.
+    """
+    if triton is None:
+        raise RuntimeError("the Triton kernel needs the optional extra ascend-eplb-dataplane[triton]")
+    num_tokens, top_k = topk_ids.shape
+    rows, num_experts = table.shape
+    out = torch.empty((num_tokens, top_k), dtype=topk_ids.dtype, device=topk_ids.device)
+    if out.numel() == 0:
+        return out  # nothing to map or count: no launch (a zero-size grid is not a valid launch)
+    record = expert_load_view is not None
+    if record:
+        load, flag, unpadded = expert_load_view, record_enabled, num_unpadded_tokens
+        num_load, load_stride = expert_load_view.shape[0], expert_load_view.stride(0)
+    else:  # never read: record_counts is a compile-time false
+        load, flag, unpadded, num_load, load_stride = out, out, out, 0, 0
+    block_k = triton.next_power_of_2(top_k)
+    block_t = max(1, _ELEMENTS_PER_PROGRAM // block_k)
+    grid = (triton.cdiv(num_tokens, block_t),)
+    _map_and_record_kernel[grid](
+        topk_ids,
+        table,
+        out,
+        load,
+        flag,
+        unpadded,
+        num_tokens,
+        top_k,
+        rows,
+        num_experts,
+        num_load,
+        topk_ids.stride(0),
+        topk_ids.stride(1),
+        table.stride(0),
+        table.stride(1),
+        load_stride,
+        record_counts=record,
+        block_t=block_t,
+        block_k=block_k,
+    )
+    return out
