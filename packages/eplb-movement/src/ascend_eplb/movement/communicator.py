@@ -178,16 +178,17 @@ class _Handshake:
     failed_peers: list[int] = field(default_factory=list)
 
 
-def _plan_words(queue: Sequence[_Queued], is_send: bool, peer: int) -> list[int]:
-    """One direction of a pair's plan as int64 words: the number of experts, then per expert its id,
-    its number of tensors and per tensor (dtype code, element count), in queue order."""
-    words = [0]
+def _plan_words(queue: Sequence[_Queued]) -> dict[int, tuple[list[int], list[int]]]:
+    """Per global peer, both directions of the pair's plan (sends to it, receives from it) as int64
+    words: the number of experts, then per expert its id, its number of tensors and per tensor
+    (dtype code, element count), in queue order. One pass over the queue."""
+    words: dict[int, tuple[list[int], list[int]]] = {}
     for q in queue:
-        if q.is_send is is_send and q.global_peer == peer:
-            words[0] += 1
-            words += (q.expert_id, len(q.tensors))
-            for t in q.tensors:
-                words += (_DTYPE_CODE.get(t.dtype, -1), t.numel())
+        direction = words.setdefault(q.global_peer, ([0], [0]))[0 if q.is_send else 1]
+        direction[0] += 1
+        direction += (q.expert_id, len(q.tensors))
+        for t in q.tensors:
+            direction += (_DTYPE_CODE.get(t.dtype, -1), t.numel())
     return words
 
 
@@ -649,12 +650,12 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
         Each rank of a pair posts exactly the same operations as the other whatever the plans say.
         """
         me = self.global_ranks[self.group_rank]
-        peers = sorted({q.global_peer for q in queue})
-        words = {p: (_plan_words(queue, True, p), _plan_words(queue, False, p)) for p in peers}
+        words = _plan_words(queue)
+        peers = sorted(words)
         status = _STATUS_FAILED if failed else _STATUS_OK
         outgoing = {
             p: torch.tensor([status, len(sw) + len(rw), *_digest(sw), *_digest(rw)], dtype=torch.int64)
-            for p, (sw, rw) in words.items()
+            for p, (sw, rw) in sorted(words.items())
         }
         incoming = {p: torch.zeros(_HEADER_WORDS, dtype=torch.int64) for p in peers}
         out = _Handshake(rank_errors=self._exchange(outgoing, incoming, base_tag + _HEADER))
