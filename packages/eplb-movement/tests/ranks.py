@@ -278,7 +278,6 @@ def subgroup_and_failures_4r(ctx: RankContext) -> dict:
         res: dict = {"error": None}
         try:
             wcomm.execute()
-            res["recv"] = recv.tolist() if recv is not None else None
         except EplbTransferError as exc:
             res.update(
                 error=str(exc),
@@ -286,8 +285,10 @@ def subgroup_and_failures_4r(ctx: RankContext) -> dict:
                 unanswered=exc.unanswered_ranks,
                 peers=exc.peers,
                 expert_ids=exc.expert_ids,
+                failed_peers=exc.failed_peers,
                 cause=type(exc.__cause__).__name__,
             )
+        res["recv"] = recv.tolist() if recv is not None else None
         res.update(
             elapsed_s=time.monotonic() - start,
             queued_after=wcomm.num_queued,
@@ -301,15 +302,24 @@ def subgroup_and_failures_4r(ctx: RankContext) -> dict:
     out["too_big"] = attempt(ring(1, 2048))  # 2 x 8 KiB > 4 KiB
     # 3. The next execute starts clean and moves the exact data.
     out["clean"] = attempt(ring(2, 256))
-    # 4. Rank 3 alone fails before posting (one more tensor than its bound allows) while rank 0
-    #    waits for it: rank 0 names rank 3 after the 2 s timeout; ranks 1 and 2 complete.
+    # 4. Rank 3 alone fails before the handshake (one more tensor than its bound allows) while rank 0
+    #    expects data from it: rank 3 says so in its header, so rank 0 raises at once naming it, its
+    #    other receive (from rank 2) left untouched; ranks 1 and 2 complete.
     recv = ring(3, 256, ring_ranks=(0, 1, 2))
     if ctx.rank == 0:
         wcomm.add_recv([torch.zeros(256, dtype=torch.int32)], 3, expert_id=99)
     if ctx.rank == 3:
         wcomm.add_send([torch.ones(2048, dtype=torch.int32)], 0, expert_id=99)
+    out["failed_peer"] = attempt(recv)
+    # 4b. Rank 0 expects expert 99 from rank 3, which queued nothing for it (its execute has nothing
+    #    to do): rank 0 names rank 3 after the 2 s timeout; ranks 1 and 2, exchanging between
+    #    themselves, complete.
+    recv = ring(4, 256, ring_ranks=(1, 2))
+    if ctx.rank == 0:
+        recv = torch.zeros(256, dtype=torch.int32)
+        wcomm.add_recv([recv], 3, expert_id=99)
     out["silent_peer"] = attempt(recv)
-    dist.barrier(group=coordination)  # rank 3 must not give up on rank 0 before rank 0 times out
+    dist.barrier(group=coordination)  # rank 3 must not go on before rank 0's handshake timed out
     # 5. Gloo closed rank 0's connections when its wait timed out: the next ring fails at once on
     #    every rank that talks to rank 0, naming it, instead of hanging.
     out["after_timeout"] = attempt(ring(5, 256))
@@ -341,3 +351,105 @@ def peer_dies_3r(ctx: RankContext) -> dict:
     result["queued_after"] = comm.num_queued
     (ctx.tmp_dir / f"survivor{ctx.rank}.json").write_text(json.dumps(result))
     return result
+
+
+# Plan disagreements between 2 ranks: rank 1 sends expert 5 to rank 0 as one float32[16] tensor
+# (plus, in "missing", expert 7 too); rank 0 receives it into what the case says. In the same
+# execute rank 0 sends expert 2 to rank 1 (that direction agrees). Values: rank 0 -> rows of 2s.
+MISMATCH_CASES = ("larger", "smaller", "dtype", "count", "expert", "missing")
+
+
+def _recv_tensors(case: str) -> list[torch.Tensor]:
+    """Rank 0's receive rows for expert 5 from rank 1 in ``case`` (sentinel-filled)."""
+    shapes = {
+        "larger": [(torch.float32, 32)],
+        "smaller": [(torch.float32, 8)],
+        "dtype": [(torch.int32, 16)],
+        "count": [(torch.float32, 16), (torch.int8, 4)],
+    }.get(case, [(torch.float32, 16)])
+    return [torch.full((n,), -7, dtype=d) for d, n in shapes]
+
+
+def plan_mismatches_2r(ctx: RankContext) -> dict:
+    """Every kind of plan disagreement, on the direct and the staged path, in one world; after each
+    the same communicator moves exact data. Plus the add-time type errors."""
+    from ascend_eplb.movement import AscendGlooEplbCommunicator, EplbTransferError, StagingPool
+
+    ctx.init_gloo()
+    group = dist.group.WORLD
+    out: dict = {"rank": ctx.rank, "type_errors": {}}
+    peer = 1 - ctx.rank
+
+    comm = AscendGlooEplbCommunicator(group, timeout_s=30)
+    for name, call in (
+        ("bare_tensor", lambda: comm.add_send(torch.zeros(3, 2), peer, expert_id=1)),
+        ("non_tensor", lambda: comm.add_recv([torch.zeros(2), [1.0, 2.0]], peer, expert_id=1)),
+        ("float_peer", lambda: comm.add_send([torch.zeros(2)], float(peer), expert_id=1)),
+        ("bool_peer", lambda: comm.add_recv([torch.zeros(2)], True, expert_id=1)),
+        ("str_expert", lambda: comm.add_recv([torch.zeros(2)], peer, expert_id="1")),
+        ("dict_tensors", lambda: comm.add_send({"w": torch.zeros(2)}, peer, expert_id=1)),
+    ):
+        try:
+            call()
+            out["type_errors"][name] = None
+        except TypeError as exc:
+            out["type_errors"][name] = str(exc)
+    out["queued_after_type_errors"] = comm.num_queued
+
+    staged = AscendGlooEplbCommunicator(
+        group, staging_pool=StagingPool(1 << 20), timeout_s=30, stage_host_tensors=True
+    )
+    for path, c in (("direct", comm), ("staged", staged)):
+        results = out[path] = {}
+        for layer, case in enumerate(MISMATCH_CASES):
+            c.set_transfer_context(np.zeros(1, dtype=np.int64), layer)
+            if ctx.rank == 1:
+                send = [torch.full((16,), 5.0)]
+                c.add_send(send, 0, expert_id=5)
+                if case == "missing":
+                    c.add_send([torch.full((16,), 7.0)], 0, expert_id=7)
+                recv = [torch.full((16,), -7.0)]
+                c.add_recv(recv, 0, expert_id=2)
+            else:
+                c.add_send([torch.full((16,), 2.0)], 1, expert_id=2)
+                recv = _recv_tensors(case)
+                c.add_recv(recv, 1, expert_id=6 if case == "expert" else 5)
+            before = [t.clone() for t in recv]
+            res: dict = {"error": None}
+            start = time.monotonic()
+            try:
+                c.execute()
+            except EplbTransferError as exc:
+                res.update(
+                    error=str(exc),
+                    phase=exc.phase,
+                    mismatches={str(k): v for k, v in exc.mismatches.items()},
+                    peers=exc.peers,
+                    expert_ids=exc.expert_ids,
+                    unanswered=exc.unanswered_ranks,
+                    failed_peers=exc.failed_peers,
+                )
+            res["elapsed_s"] = time.monotonic() - start
+            res["recv_untouched"] = all(
+                torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+                for a, b in zip(recv, before, strict=True)
+            )
+            res["queued_after"] = c.num_queued
+            res["last_failed"] = c.last_stats.num_failed
+            # The same communicator (and group) moves exact data next.
+            got = torch.full((16,), -7.0)
+            if ctx.rank == 1:
+                c.add_send([torch.arange(16, dtype=torch.float32) + 100 * layer], 0, expert_id=5)
+                c.add_recv([got], 0, expert_id=2)
+            else:
+                c.add_send([torch.arange(16, dtype=torch.float32) + 1000 * layer], 1, expert_id=2)
+                c.add_recv([got], 1, expert_id=5)
+            try:
+                c.execute()
+                res["next"] = got.tolist()
+            except EplbTransferError as exc:
+                res["next"] = str(exc)
+            res["next_handshake_s"] = c.last_stats.handshake_s
+            results[case] = res
+        out[f"{path}_cumulative"] = c.cumulative_stats.as_dict()
+    return out

@@ -95,6 +95,7 @@ def test_subgroup_failure_and_clean_restart_four_ranks(tmp_path):
         assert "max_bytes=4096" in too_big["error"]
         assert too_big["expert_ids"] == sorted({10 + rank, 10 + (rank - 1) % 4})
         assert too_big["unanswered"] == []
+        assert too_big["failed_peers"] == sorted({(rank + 1) % 4, (rank - 1) % 4})  # each announced it
         assert too_big["queued_after"] == 0
         assert too_big["last_failed"] == 1
 
@@ -106,21 +107,36 @@ def test_subgroup_failure_and_clean_restart_four_ranks(tmp_path):
         assert (clean["last_failed"], clean["cumulative_failed"]) == (0, 1)
         assert clean["pool_bytes"] == 2 * 256 * 4
 
-    # Rank 3 alone fails before posting; rank 0, which waited on it, names it after the timeout.
-    s0, s3 = results[0]["silent_peer"], results[3]["silent_peer"]
-    assert s3["phase"] == "staging"
-    assert s3["cause"] == "StagingPoolError"
-    assert s0["phase"] == "gloo"
+    # Rank 3 alone fails before the handshake and says so: rank 0 raises at once naming it, without
+    # writing its receive from rank 2; ranks 1 and 2 complete.
+    f0, f3 = results[0]["failed_peer"], results[3]["failed_peer"]
+    assert (f3["phase"], f3["cause"], f3["failed_peers"]) == ("staging", "StagingPoolError", [])
+    assert "nothing was sent or received and no destination row was written" in f3["error"]
+    assert f0["phase"] == "handshake"
+    assert f0["failed_peers"] == [3]
+    assert f0["unanswered"] == []
+    assert "global rank(s) [3] failed before the handshake and sent nothing" in f0["error"]
+    assert "no payload moved with global rank(s) [3] and no destination row" in f0["error"]
+    assert f0["recv"] == [0] * 256  # the agreed receive from rank 2 went to scratch
+    assert f0["elapsed_s"] < 1.9  # announced, not waited out
+    assert f0["pool_bytes"] == 3 * 256 * 4  # every posted request completed: buffers kept
+    assert results[1]["failed_peer"]["error"] is None
+    assert results[1]["failed_peer"]["recv"] == [300] * 256
+    assert results[2]["failed_peer"]["error"] is None
+    assert results[2]["failed_peer"]["recv"] == [301] * 256
+
+    # Rank 3 queued nothing for rank 0, which expects expert 99 from it: rank 0 names it after the
+    # 2 s timeout of the handshake; ranks 1 and 2, exchanging between themselves, complete.
+    s0 = results[0]["silent_peer"]
+    assert s0["phase"] == "handshake"
     assert s0["unanswered"] == [3]
     assert "global rank(s) [3] did not answer within 2 s" in s0["error"]
-    assert s0["expert_ids"] == [10, 12, 99]
-    assert s0["peers"] == [1, 2, 3]
+    assert (s0["expert_ids"], s0["peers"]) == ([99], [3])
+    assert s0["recv"] == [0] * 256
     assert 1.9 < s0["elapsed_s"] < 15
-    assert s0["pool_bytes"] == 0  # buffers of posted requests are dropped, never handed out again
-    assert results[1]["silent_peer"]["error"] is None
-    assert results[1]["silent_peer"]["recv"] == [300] * 256
-    assert results[2]["silent_peer"]["error"] is None
-    assert results[2]["silent_peer"]["recv"] == [301] * 256
+    assert results[3]["silent_peer"]["error"] is None
+    assert results[1]["silent_peer"]["recv"] == [402] * 256
+    assert results[2]["silent_peer"]["recv"] == [401] * 256
 
     # Gloo closed rank 0's connections at its timeout: every rank talking to rank 0 fails at once.
     after = [out["after_timeout"] for out in results]
@@ -152,3 +168,73 @@ def test_peer_dies_mid_transfer(tmp_path):
         assert "connection to global rank(s) 2 failed" in survivor["error"]
         assert survivor["elapsed_s"] < 30  # the connection loss is reported, not waited out
         assert survivor["queued_after"] == 0
+
+
+# What rank 1 sends (expert 5, one float32[16]) against what rank 0 receives, per case: the same
+# description on both ranks (ranks.MISMATCH_CASES, ranks._recv_tensors).
+SENT = "global rank 1 sends expert 5 to global rank 0 as [float32[16]], but global rank 0 receives"
+MISMATCH_TEXT = {
+    "larger": f"{SENT} expert 5 from global rank 1 into [float32[32]] (transfer 0 between them: tensor 0: "
+    "16 elements (64 bytes) sent, 32 elements (128 bytes) expected)",
+    "smaller": f"{SENT} expert 5 from global rank 1 into [float32[8]] (transfer 0 between them: tensor 0: "
+    "16 elements (64 bytes) sent, 8 elements (32 bytes) expected)",
+    "dtype": f"{SENT} expert 5 from global rank 1 into [int32[16]] (transfer 0 between them: tensor 0: "
+    "float32 sent, int32 expected)",
+    "count": f"{SENT} expert 5 from global rank 1 into [float32[16], int8[4]] (transfer 0 between them: "
+    "1 tensor(s) sent, 2 expected)",
+    "expert": f"{SENT} expert 6 from global rank 1 into [float32[16]] (transfer 0 between them: expert ids "
+    "differ)",
+    "missing": "global rank 1 sends 2 expert(s) [5, 7] to global rank 0, but global rank 0 receives 1 "
+    "expert(s) [5] from global rank 1",
+}
+
+
+def test_plan_mismatches_fail_on_both_ranks_two_ranks(tmp_path):
+    results = run_ranks(
+        ranks.plan_mismatches_2r, world_size=2, tmp_path=tmp_path, timeout_s=120, preload=PRELOAD
+    )
+    for rank, out in enumerate(results):
+        peer = 1 - rank
+        # Add-time type errors: TypeError naming the value and the rule, nothing queued.
+        assert out["type_errors"] == {
+            "bare_tensor": "add_send of expert 1: tensors must be a list of torch.Tensor (one per weight "
+            "view), got a bare Tensor of shape (3, 2)",
+            "non_tensor": "add_recv of expert 1: tensors[1] is a list, not a torch.Tensor",
+            "float_peer": f"dst_rank={float(peer)} must be an int, got a float",
+            "bool_peer": "src_rank=True must be an int, got a bool",
+            "str_expert": "expert_id='1' must be an int, got a str",
+            "dict_tensors": "add_send of expert 1: tensors must be a list of torch.Tensor (one per weight "
+            "view), got a dict",
+        }
+        assert out["queued_after_type_errors"] == 0
+
+        for path in ("direct", "staged"):
+            for layer, case in enumerate(ranks.MISMATCH_CASES):
+                res = out[path][case]
+                # Rank 0 sends expert 2 to rank 1 in the same execute; rank 1 sends 5 (and 7 in "missing").
+                sending = {0: [5, 7] if case == "missing" else [5]} if rank == 1 else {1: [2]}
+                receiving = {0: [2]} if rank == 1 else {1: [6] if case == "expert" else [5]}
+                assert res["error"] == (
+                    f"EPLB expert transfer of layer {layer} (execute #{2 * layer + 1}, rank {rank}) failed "
+                    f"in the handshake phase; sending experts to global ranks {sending}; receiving experts "
+                    f"from global ranks {receiving}; the transfer plans disagree: {MISMATCH_TEXT[case]}; "
+                    f"no payload moved with global rank(s) [{peer}] and no destination row of this execute "
+                    "was written"
+                ), (path, case, rank)
+                assert res["phase"] == "handshake"
+                assert res["mismatches"] == {str(peer): [MISMATCH_TEXT[case]]}
+                assert res["peers"] == [peer]
+                assert res["unanswered"] == []
+                assert res["failed_peers"] == []
+                assert res["recv_untouched"] is True  # bit-identical sentinel rows, on both ranks
+                assert res["queued_after"] == 0
+                assert res["last_failed"] == 1
+                assert res["elapsed_s"] < 10  # decided in the handshake, not by a timeout
+                # The same communicator and group move exact data at once afterwards.
+                base = 100 * layer if rank == 0 else 1000 * layer
+                assert res["next"] == [float(base + i) for i in range(16)], (path, case, rank)
+                assert res["next_handshake_s"] > 0
+            cumulative = out[f"{path}_cumulative"]
+            n = len(ranks.MISMATCH_CASES)
+            assert (cumulative["num_executes"], cumulative["num_failed"]) == (2 * n, n)
+            assert cumulative["bytes_received"] == n * 64  # only the agreed executes count

@@ -9,11 +9,16 @@ group:
 
 1. device-to-host copies of every distinct send tensor into :class:`StagingPool` buffers, on the
    worker's stream, then one wait for them;
-2. one Gloo batch of all staged sends and all receives, posted like ``batch_isend_irecv`` (peers
-   translated from EPLB-group ranks to global ranks; a tag per ``execute`` keeps a failed layer's
-   stragglers from matching a later layer's operations);
-3. a wait on every request, bounded by ``timeout_s`` for the whole batch;
-4. host-to-device copies from staging into the destination rows, on the worker's stream.
+2. a handshake with every peer of the batch, before any payload moves: each side sends a fixed
+   48-byte header (its local status and digests of what it will send to and expects from that
+   peer: expert ids, tensor counts, dtypes, element counts); the two sides of a pair reach the same
+   verdict from the same two headers, and only a pair that disagrees exchanges its full
+   descriptions (so every Gloo operation on the group stays paired even when the plans differ);
+3. one Gloo batch of all staged sends and all receives, posted like ``batch_isend_irecv`` (peers
+   translated from EPLB-group ranks to global ranks; tags per ``execute`` keep a failed layer's
+   stragglers from matching a later layer's operations), only with peers whose plans agreed;
+4. a wait on every request, bounded by ``timeout_s`` for the whole batch;
+5. host-to-device copies from staging into the destination rows, on the worker's stream.
 
 On a host without an accelerator (CPU tensors) every copy is synchronous and no stream or
 ``torch.accelerator`` call is made, so it runs on CPU-only CI without any adaptation of torch.
@@ -21,6 +26,7 @@ On a host without an accelerator (CPU tensors) every copy is synchronous and no 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import numbers
 import time
@@ -46,8 +52,19 @@ logger = logging.getLogger(__name__)
 #: Default bound on waiting for one ``execute``'s Gloo requests, in seconds.
 DEFAULT_TRANSFER_TIMEOUT_S = 300.0
 
-# Gloo slots are 64-bit (prefix, tag); keep tags well inside int32 for c10d's ``int tag``.
-_TAG_MODULUS = 1 << 30
+# Gloo slots are 64-bit (prefix, tag); keep tags well inside int32 for c10d's ``int tag``. Each
+# ``execute`` uses ``_TAGS_PER_EXECUTE`` consecutive tags: payload, header, full descriptions.
+_TAG_MODULUS = 1 << 28
+_TAGS_PER_EXECUTE = 4
+_PAYLOAD, _HEADER, _DETAIL = 0, 1, 2
+# Handshake header, int64 words: status, description length, send digest (2), receive digest (2).
+_HEADER_WORDS = 6
+_STATUS_OK, _STATUS_FAILED = 0, 1
+# A stable code per torch dtype, equal on every rank running the same torch.
+_DTYPES: tuple[torch.dtype, ...] = tuple(
+    sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
+)
+_DTYPE_CODE = {d: i for i, d in enumerate(_DTYPES)}
 # Gloo's error for requests on a context whose wait timed out (it closes every pair of the context).
 _OWN_TIMEOUT_CLOSURE = "Application timeout caused pair closure"
 
@@ -59,13 +76,19 @@ class EplbTransferError(RuntimeError):
         layer_idx: MoE layer given to ``set_transfer_context`` for this batch, or None.
         sequence: number of this ``execute`` call on this communicator (1-based; equal on all ranks of
             the group, it is the Gloo tag of the batch).
-        phase: ``"staging"`` (before anything was posted to Gloo), ``"gloo"`` or ``"h2d"``.
+        phase: ``"staging"`` (this rank failed before the handshake: staging or its copies),
+            ``"handshake"`` (a peer's plan disagreed with this rank's, a peer reported its own
+            failure, or a header did not arrive: no payload moved with those peers and no
+            destination row was written), ``"gloo"`` (a payload request failed) or ``"h2d"``.
         sends: global peer rank -> logical expert ids this rank was sending it.
         recvs: global peer rank -> logical expert ids this rank was receiving from it.
         unanswered_ranks: global ranks whose requests did not complete (timed out or connection lost),
             sorted; empty when the failure was local.
         rank_errors: global rank -> the Gloo error of its first failed request.
         timeout_s: the bound that applied to the wait.
+        mismatches: global peer rank -> descriptions of how the two plans disagree (one per
+            direction that disagrees; the same text on both ranks of the pair).
+        failed_peers: global ranks that reported, in the handshake, that they failed before it.
     """
 
     def __init__(
@@ -80,8 +103,12 @@ class EplbTransferError(RuntimeError):
         unanswered_ranks: list[int],
         rank_errors: dict[int, str],
         timeout_s: float,
+        mismatches: dict[int, list[str]] | None = None,
+        failed_peers: list[int] | None = None,
     ):
         super().__init__(message)
+        self.mismatches = dict(mismatches or {})
+        self.failed_peers = list(failed_peers or [])
         self.layer_idx = layer_idx
         self.sequence = sequence
         self.phase = phase
@@ -118,6 +145,8 @@ class _Plan:
     # Per slot: the tensor Gloo uses directly (contiguous host tensor), or None until a staging
     # buffer is taken from the pool.
     slots: list[torch.Tensor | None] = field(default_factory=list)
+    # Per slot: True when Gloo reads or writes the caller's tensor itself (no staging).
+    direct: list[bool] = field(default_factory=list)
     # Staged slots, aligned with ``requests`` ((dtype, numel) asked of the pool).
     staged_slots: list[int] = field(default_factory=list)
     requests: list[tuple[torch.dtype, int]] = field(default_factory=list)
@@ -130,15 +159,113 @@ class _Plan:
 
     def add_slot(self, tensor: torch.Tensor, direct: bool) -> int:
         self.slots.append(tensor if direct else None)
+        self.direct.append(direct)
         if not direct:
             self.staged_slots.append(len(self.slots) - 1)
             self.requests.append((tensor.dtype, tensor.numel()))
         return len(self.slots) - 1
 
 
+@dataclass(slots=True)
+class _Handshake:
+    """Outcome of one ``execute``'s handshake, the same on both ranks of every pair that completed it."""
+
+    # Global peer -> the Gloo error of a header (or description) request that failed.
+    rank_errors: dict[int, str] = field(default_factory=dict)
+    # Global peer -> how the two plans disagree, one text per disagreeing direction.
+    mismatches: dict[int, list[str]] = field(default_factory=dict)
+    # Global peers that announced their own failure before the handshake.
+    failed_peers: list[int] = field(default_factory=list)
+
+
+def _plan_words(queue: Sequence[_Queued]) -> dict[int, tuple[list[int], list[int]]]:
+    """Per global peer, both directions of the pair's plan (sends to it, receives from it) as int64
+    words: the number of experts, then per expert its id, its number of tensors and per tensor
+    (dtype code, element count), in queue order. One pass over the queue."""
+    words: dict[int, tuple[list[int], list[int]]] = {}
+    for q in queue:
+        direction = words.setdefault(q.global_peer, ([0], [0]))[0 if q.is_send else 1]
+        direction[0] += 1
+        direction += (q.expert_id, len(q.tensors))
+        for t in q.tensors:
+            direction += (_DTYPE_CODE.get(t.dtype, -1), t.numel())
+    return words
+
+
+def _digest(words: Sequence[int]) -> tuple[int, int]:
+    raw = hashlib.blake2b(np.asarray(words, dtype=np.int64).tobytes(), digest_size=16).digest()
+    return int.from_bytes(raw[:8], "little", signed=True), int.from_bytes(raw[8:], "little", signed=True)
+
+
+def _parse_words(words: Sequence[int]) -> list[tuple[int, list[tuple[int, int]]]]:
+    """Inverse of :func:`_plan_words`: ``[(expert_id, [(dtype code, numel), ...]), ...]``."""
+    items = []
+    pos = 1
+    for _ in range(int(words[0])):
+        expert, count = int(words[pos]), int(words[pos + 1])
+        pos += 2
+        items.append((expert, [(int(words[pos + 2 * j]), int(words[pos + 2 * j + 1])) for j in range(count)]))
+        pos += 2 * count
+    return items
+
+
+def _dtype_name(code: int) -> str:
+    return str(_DTYPES[code]).removeprefix("torch.") if 0 <= code < len(_DTYPES) else f"dtype#{code}"
+
+
+def _format_tensors(tensors: Sequence[tuple[int, int]]) -> str:
+    return "[" + ", ".join(f"{_dtype_name(code)}[{numel}]" for code, numel in tensors) + "]"
+
+
+def _describe_mismatch(
+    sender: int, receiver: int, sent: Sequence[int], expected: Sequence[int]
+) -> str | None:
+    """How the sender's plan towards the receiver and the receiver's plan from the sender differ
+    (global ranks), or None if they agree. The same text on both ranks."""
+    s_items, r_items = _parse_words(sent), _parse_words(expected)
+    for i, ((s_expert, s_tensors), (r_expert, r_tensors)) in enumerate(zip(s_items, r_items, strict=False)):
+        if (s_expert, s_tensors) == (r_expert, r_tensors):
+            continue
+        if s_expert != r_expert:
+            why = "expert ids differ"
+        elif len(s_tensors) != len(r_tensors):
+            why = f"{len(s_tensors)} tensor(s) sent, {len(r_tensors)} expected"
+        else:
+            j = next(j for j, (a, b) in enumerate(zip(s_tensors, r_tensors, strict=True)) if a != b)
+            (s_code, s_numel), (r_code, r_numel) = s_tensors[j], r_tensors[j]
+            if s_code != r_code:
+                why = f"tensor {j}: {_dtype_name(s_code)} sent, {_dtype_name(r_code)} expected"
+            else:
+                size = _DTYPES[s_code].itemsize if 0 <= s_code < len(_DTYPES) else 0
+                why = (
+                    f"tensor {j}: {s_numel} elements ({s_numel * size} bytes) sent, "
+                    f"{r_numel} elements ({r_numel * size} bytes) expected"
+                )
+        return (
+            f"global rank {sender} sends expert {s_expert} to global rank {receiver} as "
+            f"{_format_tensors(s_tensors)}, but global rank {receiver} receives expert {r_expert} from "
+            f"global rank {sender} into {_format_tensors(r_tensors)} (transfer {i} between them: {why})"
+        )
+    if len(s_items) != len(r_items):
+        return (
+            f"global rank {sender} sends {len(s_items)} expert(s) {[e for e, _ in s_items]} to global "
+            f"rank {receiver}, but global rank {receiver} receives {len(r_items)} expert(s) "
+            f"{[e for e, _ in r_items]} from global rank {sender}"
+        )
+    return None
+
+
+def _words_length(words: Sequence[int]) -> int:
+    """Length of the first direction in a full description (``_plan_words`` of sends, then receives)."""
+    pos = 1
+    for _ in range(int(words[0])):
+        pos += 2 + 2 * int(words[pos + 1])
+    return pos
+
+
 def _check_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}={value!r} must be an int")
+        raise TypeError(f"{name}={value!r} must be an int, got a {type(value).__name__}")
     return int(value)
 
 
@@ -225,14 +352,19 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
         """Queue sending one expert's tensors to EPLB-group rank ``dst_rank``.
 
         Args:
-            tensors: the expert's row of every weight view of the layer (any device, any strides);
-                read during ``execute``.
+            tensors: a list (or tuple) of the expert's row of every weight view of the layer, one
+                ``torch.Tensor`` per view (any device, dtype, shape and strides); read during
+                ``execute``. The receiver's tensors for this expert must match them in count, order,
+                dtype and element count (checked in ``execute``'s handshake).
             dst_rank: EPLB-group rank, in ``[0, group_size)`` and not this rank.
-            expert_id: logical expert id (for statistics and error messages).
+            expert_id: logical expert id; the receiver must queue the same id at the same position
+                of its receives from this rank.
 
         Raises:
+            TypeError: ``tensors`` is not a list/tuple (a bare tensor included: it is never split
+                into its rows), an element is not a ``torch.Tensor``, or ``dst_rank``/``expert_id``
+                is not an int (``bool`` rejected).
             ValueError: ``dst_rank`` outside the group or this rank itself, or ``tensors`` empty.
-            TypeError: a tensor is not a ``torch.Tensor`` or a rank/id is not an int.
 
         Nothing is queued when it raises.
         """
@@ -242,13 +374,15 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
         """Queue receiving one expert's tensors from EPLB-group rank ``src_rank``.
 
         Args:
-            tensors: destination rows (rows of upstream's ``expert_buffer``), written by ``execute``;
-                same count, dtypes and element counts as the sender's tensors, in the same order.
+            tensors: a list (or tuple) of destination rows (rows of upstream's ``expert_buffer``),
+                written by ``execute`` only if every peer's plan agrees with this rank's; same count,
+                dtypes and element counts as the sender's tensors, in the same order (shapes may
+                differ: elements land in row-major order).
             src_rank: EPLB-group rank, in ``[0, group_size)`` and not this rank.
-            expert_id: logical expert id (for statistics and error messages).
+            expert_id: logical expert id; must equal the sender's at the same position.
 
         Raises:
-            ValueError, TypeError: as :meth:`add_send`. Nothing is queued when it raises.
+            TypeError, ValueError: as :meth:`add_send`. Nothing is queued when it raises.
         """
         self._queue.append(self._validated(False, tensors, src_rank, expert_id))
 
@@ -257,13 +391,26 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
         accelerator: enqueued on the transfer stream, ordered before later work on it).
 
         Every rank of the group must call it the same number of times (upstream calls it once per
-        layer, or once per migration batch, on every rank), since its call count is the Gloo tag.
+        layer, or once per migration batch, on every rank), since its call count makes the Gloo tags.
+
+        Before any payload moves, this rank and each peer it has queued transfers with exchange a
+        header (the handshake). Per pair and direction, the sender's ``add_send`` calls to the receiver
+        and the receiver's ``add_recv`` calls from the sender, in queue order, must agree: the same
+        number of experts, the same expert ids, and per expert the same number of tensors with equal
+        dtypes and element counts. Where they disagree, both ranks of the pair raise
+        :class:`EplbTransferError` with the same description of the difference; where a rank failed
+        before the handshake (staging), its peers raise at once naming it. Either way no payload
+        moves between the ranks concerned and *no destination row of this rank is written* (payload
+        from peers whose plans agreed is still exchanged, so they complete, and is dropped here).
+        Peers with no queued transfer are not contacted: a peer that queued nothing for this rank
+        while this rank expects data from it is reported after ``timeout_s``.
 
         Raises:
-            EplbTransferError: staging failed, a Gloo request failed or did not complete within
-                ``timeout_s``, or a copy failed. It names the peers (global ranks), the expert ids
-                of the batch and the ranks that did not answer. The queue is empty afterwards, and
-                staging buffers a posted request may still touch are dropped from the pool.
+            EplbTransferError: staging failed, a peer's plan disagreed or it failed, a Gloo request
+                failed or did not complete within ``timeout_s``, or a copy failed. It names the
+                peers (global ranks), the expert ids of the batch, the disagreements and the ranks
+                that did not answer. The queue is empty afterwards, and staging buffers a posted
+                request may still touch are dropped from the pool.
         """
         queue, self._queue = self._queue, []
         layer_idx, self._layer_idx = self._layer_idx, None
@@ -284,82 +431,112 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
             bytes_received=sum(_nbytes(t) for q in queue if not q.is_send for t in q.tensors),
             staging_bytes=sum(dtype.itemsize * numel for dtype, numel in plan.requests),
         )
-        phase = "staging"
+        base_tag = (sequence % _TAG_MODULUS) * _TAGS_PER_EXECUTE
         staging: list[torch.Tensor] = []
-        posted = False
-        rank_errors: dict[int, str] = {}
+        slots = plan.slots
+        stream: torch.Stream | None = None
+        non_blocking = False
+        local_error: Exception | None = None
         t0 = time.perf_counter()
-        t1 = t2 = t0
+        # 1. Device-to-host copies into staging, then one wait for all of them. A failure here is
+        #    announced to the peers in the handshake instead of leaving them waiting.
         try:
             staging = self._pool.take(plan.requests)
-            slots = plan.slots
             for slot, buffer in zip(plan.staged_slots, staging, strict=True):
                 slots[slot] = buffer
             stream = self._transfer_stream(queue)
             non_blocking = self._pool.pinned and stream is not None
-            # 1. Device-to-host copies into staging, then one wait for all of them.
             with device_stream(stream):
                 for slot, src in plan.sources:
                     slots[slot].view(src.shape).copy_(src, non_blocking=non_blocking)
             if stream is not None:
                 with gpu_sync_allowed():
                     stream.synchronize()
-            t1 = time.perf_counter()
+        except Exception as exc:
+            local_error = exc
+        t1 = time.perf_counter()
 
-            # 2./3. One Gloo batch for every send and receive, then a bounded wait on each request.
-            # Posted op by op, exactly as batch_isend_irecv does for Gloo (no coalescing support), so
-            # a failure to post is attributed to its peer and the other peers' operations still go.
-            phase = "gloo"
-            tag = sequence % _TAG_MODULUS
-            posted = True
-            requests: list[dist.Work | None] = []
+        # 2. Handshake with every peer of the batch: agree on the plan before any payload moves.
+        shake = self._handshake(queue, base_tag, failed=local_error is not None)
+        rank_errors = dict(shake.rank_errors)
+        bad = set(rank_errors) | set(shake.mismatches) | set(shake.failed_peers)
+        t2 = t3 = time.perf_counter()
+
+        phase = "staging" if local_error is not None else "handshake" if bad else "gloo"
+        cause: Exception | None = local_error
+        posted = incomplete = False
+        if local_error is None:
+            # 3./4. One Gloo batch with every peer whose plan agreed, then a bounded wait on each
+            # request. Posted op by op, exactly as batch_isend_irecv does for Gloo (no coalescing
+            # support), so a failure to post is attributed to its peer and the others still go. If
+            # any peer disagreed, receives from the others land in scratch, never in a destination.
+            tag = base_tag + _PAYLOAD
+            requests: list[tuple[dist.Work, int]] = []
             for is_send, slot, peer, _ in plan.ops:
-                request = None
-                if peer not in rank_errors:
-                    try:
-                        if is_send:
-                            request = dist.isend(slots[slot], dst=peer, group=self._cpu_group, tag=tag)
-                        else:
-                            request = dist.irecv(slots[slot], src=peer, group=self._cpu_group, tag=tag)
-                    except Exception as exc:  # Gloo raises RuntimeError on a closed connection
-                        rank_errors[peer] = f"{type(exc).__name__}: {exc}"
-                requests.append(request)
-            deadline = time.monotonic() + self.timeout_s
-            for request, (_, _, peer, _) in zip(requests, plan.ops, strict=True):
-                if request is None or peer in rank_errors:
+                if peer in bad or peer in rank_errors:
                     continue
-                remaining = max(deadline - time.monotonic(), 1e-3)
+                buffer = slots[slot]
+                if bad and not is_send and plan.direct[slot]:
+                    buffer = torch.empty_like(buffer)
                 try:
-                    request.wait(timeout=timedelta(seconds=remaining))
+                    posted = True
+                    if is_send:
+                        request = dist.isend(buffer, dst=peer, group=self._cpu_group, tag=tag)
+                    else:
+                        request = dist.irecv(buffer, src=peer, group=self._cpu_group, tag=tag)
+                    requests.append((request, peer))
+                except Exception as exc:  # Gloo raises RuntimeError on a closed connection
+                    rank_errors[peer] = f"{type(exc).__name__}: {exc}"
+            deadline = time.monotonic() + self.timeout_s
+            for request, peer in requests:
+                if peer in rank_errors:
+                    incomplete = True
+                    continue
+                try:
+                    request.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 1e-3)))
                 except Exception as exc:  # Gloo raises RuntimeError (timeout, closed connection)
                     rank_errors[peer] = f"{type(exc).__name__}: {exc}"
-            if rank_errors:
-                raise RuntimeError(f"Gloo requests failed for global ranks {sorted(rank_errors)}")
-            t2 = time.perf_counter()
+                    incomplete = True
+            t3 = time.perf_counter()
 
-            # 4. Host-to-device copies into the destination rows.
-            phase = "h2d"
-            with device_stream(stream):
-                for dst, slot in plan.dests:
-                    dst.copy_(slots[slot].view(dst.shape), non_blocking=non_blocking)
-            self._pool.fence(stream)
-        except Exception as exc:
-            if posted:
-                # A request that did not complete may still read or write its buffer later.
-                self._pool.discard(staging)
-            now = time.perf_counter()
+            # 5. Host-to-device copies into the destination rows, only if everything agreed.
+            if not bad and not rank_errors:
+                phase = "h2d"
+                try:
+                    with device_stream(stream):
+                        for dst, slot in plan.dests:
+                            dst.copy_(slots[slot].view(dst.shape), non_blocking=non_blocking)
+                    self._pool.fence(stream)
+                    phase = "done"
+                except Exception as exc:
+                    cause = exc
+                    incomplete = True
+        t4 = time.perf_counter()
+        if phase == "done":
             self._record(
-                TransferStats(
-                    **{**stats, "bytes_sent": 0, "bytes_received": 0},
-                    num_failed=1,
-                    d2h_s=(t1 if phase != "staging" else now) - t0,
-                    gloo_s=(now - t1) if phase == "gloo" else (t2 - t1),
-                    h2d_s=(now - t2) if phase == "h2d" else 0.0,
-                )
+                TransferStats(**stats, d2h_s=t1 - t0, handshake_s=t2 - t1, gloo_s=t3 - t2, h2d_s=t4 - t3)
             )
-            raise self._error(queue, layer_idx, sequence, phase, rank_errors, exc) from exc
-        t3 = time.perf_counter()
-        self._record(TransferStats(**stats, d2h_s=t1 - t0, gloo_s=t2 - t1, h2d_s=t3 - t2))
+            return
+
+        if posted and incomplete:
+            # A request that did not complete may still read or write its buffer later.
+            self._pool.discard(staging)
+        self._record(
+            TransferStats(
+                **{**stats, "bytes_sent": 0, "bytes_received": 0},
+                num_failed=1,
+                d2h_s=t1 - t0,
+                handshake_s=t2 - t1,
+                gloo_s=t3 - t2,
+                h2d_s=t4 - t3,
+            )
+        )
+        error = self._error(
+            queue, layer_idx, sequence, phase, rank_errors, cause, shake.mismatches, shake.failed_peers
+        )
+        if cause is not None:
+            raise error from cause
+        raise error
 
     # -- statistics ------------------------------------------------------------------------------
     @property
@@ -383,12 +560,28 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
         return len(self._queue)
 
     # -- internals -------------------------------------------------------------------------------
-    def _validated(
-        self, is_send: bool, tensors: Sequence[torch.Tensor], peer: int, expert_id: int
-    ) -> _Queued:
+    def _validated(self, is_send: bool, tensors: object, peer: object, expert_id: object) -> _Queued:
         what = "dst_rank" if is_send else "src_rank"
+        call = "add_send" if is_send else "add_recv"
+        # Types first (TypeError), then values (ValueError); nothing is queued when either raises.
         group_peer = _check_int(what, peer)
         expert_id = _check_int("expert_id", expert_id)
+        if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (list, tuple)):
+            got = (
+                f"a bare Tensor of shape {tuple(tensors.shape)}"
+                if isinstance(tensors, torch.Tensor)
+                else f"a {type(tensors).__name__}"
+            )
+            raise TypeError(
+                f"{call} of expert {expert_id}: tensors must be a list of torch.Tensor (one per weight "
+                f"view), got {got}"
+            )
+        tensors = list(tensors)
+        for i, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(
+                    f"{call} of expert {expert_id}: tensors[{i}] is a {type(t).__name__}, not a torch.Tensor"
+                )
         if not 0 <= group_peer < self.group_size:
             raise ValueError(
                 f"{what}={group_peer} is outside the EPLB group's ranks [0, {self.group_size}) "
@@ -399,12 +592,8 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
                 f"{what}={group_peer} is this rank itself (global rank {self.global_ranks[group_peer]}); "
                 f"local copies of expert {expert_id} are not transfers"
             )
-        tensors = list(tensors)
         if not tensors:
-            raise ValueError(f"add_{'send' if is_send else 'recv'} of expert {expert_id} got no tensors")
-        for i, t in enumerate(tensors):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"tensors[{i}] of expert {expert_id} is a {type(t).__name__}, not a Tensor")
+            raise ValueError(f"{call} of expert {expert_id} got no tensors")
         return _Queued(is_send, tensors, group_peer, self.global_ranks[group_peer], expert_id)
 
     def _plan(self, queue: list[_Queued]) -> _Plan:
@@ -427,6 +616,86 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
                         plan.dests.append((t, slot))
                 plan.ops.append((q.is_send, slot, q.global_peer, q.expert_id))
         return plan
+
+    def _exchange(
+        self, outgoing: dict[int, torch.Tensor], incoming: dict[int, torch.Tensor], tag: int
+    ) -> dict[int, str]:
+        """Send ``outgoing[peer]`` to and receive ``incoming[peer]`` from every peer (same keys),
+        then wait for all of it within ``timeout_s``. Returns global peer -> error of a failed one."""
+        errors: dict[int, str] = {}
+        requests: list[tuple[dist.Work, int]] = []
+        for peer in outgoing:
+            try:
+                requests.append((dist.isend(outgoing[peer], dst=peer, group=self._cpu_group, tag=tag), peer))
+                requests.append((dist.irecv(incoming[peer], src=peer, group=self._cpu_group, tag=tag), peer))
+            except Exception as exc:  # Gloo raises RuntimeError on a closed connection
+                errors.setdefault(peer, f"{type(exc).__name__}: {exc}")
+        deadline = time.monotonic() + self.timeout_s
+        for request, peer in requests:
+            if peer in errors:
+                continue
+            try:
+                request.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 1e-3)))
+            except Exception as exc:  # Gloo raises RuntimeError (timeout, closed connection)
+                errors[peer] = f"{type(exc).__name__}: {exc}"
+        return errors
+
+    def _handshake(self, queue: list[_Queued], base_tag: int, failed: bool) -> _Handshake:
+        """Agree with every peer of ``queue`` on what moves between the two ranks.
+
+        Round 1, with every peer: a fixed header (this rank's status, the length of its full
+        description, a digest of what it sends to the peer and of what it expects from it). Both
+        ranks of a pair then hold both headers and decide alike whether the plans agree. Round 2,
+        only with peers whose digests disagree: the full descriptions, to name the difference.
+        Each rank of a pair posts exactly the same operations as the other whatever the plans say.
+        """
+        me = self.global_ranks[self.group_rank]
+        words = _plan_words(queue)
+        peers = sorted(words)
+        status = _STATUS_FAILED if failed else _STATUS_OK
+        outgoing = {
+            p: torch.tensor([status, len(sw) + len(rw), *_digest(sw), *_digest(rw)], dtype=torch.int64)
+            for p, (sw, rw) in sorted(words.items())
+        }
+        incoming = {p: torch.zeros(_HEADER_WORDS, dtype=torch.int64) for p in peers}
+        out = _Handshake(rank_errors=self._exchange(outgoing, incoming, base_tag + _HEADER))
+        detail_peers = []
+        for p in peers:
+            if p in out.rank_errors:
+                continue
+            peer_status, _, *digests = incoming[p].tolist()
+            if peer_status != _STATUS_OK:
+                out.failed_peers.append(p)
+            elif failed:
+                continue  # the peer learns of this rank's failure from its header
+            elif digests[2:] != outgoing[p].tolist()[2:4] or digests[:2] != outgoing[p].tolist()[4:6]:
+                detail_peers.append(p)
+        if not detail_peers:
+            return out
+        full_out = {p: torch.tensor(words[p][0] + words[p][1], dtype=torch.int64) for p in detail_peers}
+        full_in = {p: torch.zeros(int(incoming[p][1]), dtype=torch.int64) for p in detail_peers}
+        errors = self._exchange(full_out, full_in, base_tag + _DETAIL)
+        for p in detail_peers:
+            if p in errors:
+                out.mismatches[p] = [
+                    f"the transfer plans of global ranks {min(me, p)} and {max(me, p)} disagree, and "
+                    f"their descriptions could not be exchanged ({errors[p].splitlines()[0]})"
+                ]
+                continue
+            theirs = full_in[p].tolist()
+            their_sends = theirs[: _words_length(theirs)]
+            their_recvs = theirs[len(their_sends) :]
+            my_sends, my_recvs = words[p]
+            texts = [
+                _describe_mismatch(sender, receiver, sent, expected)
+                for sender, receiver, sent, expected in sorted(
+                    [(me, p, my_sends, their_recvs), (p, me, their_sends, my_recvs)]
+                )
+            ]
+            out.mismatches[p] = [t for t in texts if t is not None] or [
+                f"the transfer plans of global ranks {min(me, p)} and {max(me, p)} disagree (digests differ)"
+            ]
+        return out
 
     def _transfer_stream(self, queue: list[_Queued]) -> torch.Stream | None:
         """The stream for staging copies, or None when every tensor is on CPU (synchronous copies;
@@ -451,7 +720,9 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
         sequence: int,
         phase: str,
         rank_errors: dict[int, str],
-        cause: BaseException,
+        cause: BaseException | None,
+        mismatches: dict[int, list[str]],
+        failed_peers: list[int],
     ) -> EplbTransferError:
         sends: dict[int, list[int]] = {}
         recvs: dict[int, list[int]] = {}
@@ -467,6 +738,15 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
             f"sending experts to global ranks {sends or '{}'}",
             f"receiving experts from global ranks {recvs or '{}'}",
         ]
+        if mismatches:
+            parts.append(
+                "the transfer plans disagree: "
+                + "; ".join(t for _, texts in sorted(mismatches.items()) for t in texts)
+            )
+        if failed_peers:
+            parts.append(
+                f"global rank(s) {sorted(failed_peers)} failed before the handshake and sent nothing"
+            )
         if unanswered:
             timed_out = [r for r in unanswered if "Timed out" in rank_errors[r]]
             closed = [r for r in unanswered if _OWN_TIMEOUT_CLOSURE in rank_errors[r]]
@@ -486,8 +766,16 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
                     "connection to global rank(s) "
                     + ", ".join(f"{r} failed ({rank_errors[r].splitlines()[0]})" for r in lost)
                 )
-        else:
+        if cause is not None:
             parts.append(f"cause: {type(cause).__name__}: {cause}")
+        if phase == "staging":
+            parts.append("nothing was sent or received and no destination row was written")
+        elif phase == "handshake":
+            excluded = sorted(set(mismatches) | set(failed_peers) | set(rank_errors))
+            parts.append(
+                f"no payload moved with global rank(s) {excluded} and no destination row of this "
+                "execute was written"
+            )
         return EplbTransferError(
             "; ".join(parts),
             layer_idx=layer_idx,
@@ -498,6 +786,8 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
             unanswered_ranks=unanswered,
             rank_errors=dict(rank_errors),
             timeout_s=self.timeout_s,
+            mismatches=mismatches,
+            failed_peers=sorted(failed_peers),
         )
 
 

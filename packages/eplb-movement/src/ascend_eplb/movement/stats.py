@@ -24,7 +24,9 @@ class TransferStats:
         staging_bytes: bytes of staging buffers the call used (a source tensor sent to several peers
             is staged once).
         d2h_s: copying send tensors into staging, including the one wait for those copies.
-        gloo_s: posting the Gloo ``batch_isend_irecv`` and waiting for every request.
+        handshake_s: exchanging the per-peer plan headers (and, on a disagreement, the full
+            descriptions) before any payload moves.
+        gloo_s: posting the payload's Gloo ``batch_isend_irecv`` and waiting for every request.
         h2d_s: issuing the copies from staging into the destination rows (on an accelerator these are
             asynchronous on the transfer stream; on CPU they are complete).
     """
@@ -39,6 +41,7 @@ class TransferStats:
     bytes_received: int = 0
     staging_bytes: int = 0
     d2h_s: float = 0.0
+    handshake_s: float = 0.0
     gloo_s: float = 0.0
     h2d_s: float = 0.0
 
@@ -49,8 +52,8 @@ class TransferStats:
 
     @property
     def total_s(self) -> float:
-        """``d2h_s + gloo_s + h2d_s``."""
-        return self.d2h_s + self.gloo_s + self.h2d_s
+        """``d2h_s + handshake_s + gloo_s + h2d_s``."""
+        return self.d2h_s + self.handshake_s + self.gloo_s + self.h2d_s
 
     def as_dict(self) -> dict[str, int | float]:
         """Plain ``{field: value}`` for logs and the simulator's reports."""
