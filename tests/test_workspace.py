@@ -40,8 +40,9 @@ PACKAGES = {
 }
 # Third-party libraries a package may use beside its edges (traces, progress, plots).
 TOOL_LIBRARIES = {"packages/eplb-tools": {"numpy", "tqdm", "matplotlib"}}
-#: Optional extras a package may declare: torch_npu probes, and the toy MoE model's vLLM.
-EXTRAS = {"npu", "vllm"}
+#: Optional extras a package may declare: torch_npu probes, the dataplane's Triton kernel, the toy
+#: MoE model's vLLM.
+EXTRAS = {"npu", "triton", "vllm"}
 #: The serving product: what a serving image installs. None of it may need the tools' libraries.
 SERVING = [
     "packages/eplb-quant-views",

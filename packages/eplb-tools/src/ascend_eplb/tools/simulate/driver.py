@@ -143,7 +143,8 @@ def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: f
     # A rearrangement is complete when its last MoE layer commits (upstream commits layers in order).
     completed = [i for i, c in enumerate(r0["commits_per_step"]) if routing.num_layers - 1 in c]
     before = bal[: first_rearr + 1] if first_rearr is not None else bal
-    after = bal[completed[-1] + 1 :] if completed else []
+    # From the first completed rearrangement on, routing runs on placements EPLB chose.
+    after = bal[completed[0] + 1 :] if completed else []
     violations = [res["violation"] for res in results if res["violation"] is not None]
     failed = {v[0] for v in violations}
     secs = np.array(r0["step_seconds"])
@@ -236,7 +237,7 @@ def _summary(report: dict) -> str:
         f"  steps {report['steps']}, rearrangements {report['rearrangements']} "
         f"({report['rearrangements_completed']} completed), layers committed "
         f"{report['layers_committed']}, bytes moved {report['bytes_moved']}",
-        f"  balancedness before the first rearrangement {bal_before} -> after the last completed {bal_after}",
+        f"  balancedness before the first rearrangement {bal_before} -> after the first completed {bal_after}",
         f"  step latency p50 {ms(report['step_seconds_p50'])} ms, p99 {ms(report['step_seconds_p99'])} ms "
         f"(p50 with a commit in flight {ms(report['step_seconds_p50_in_flight'])} ms, "
         f"without {ms(report['step_seconds_p50_idle'])} ms)",
