@@ -114,3 +114,54 @@ def test_cli_plan_json_and_errors(tmp_path, capsys):
     broken.write_text("{")
     assert cli.main(["plan", str(broken), "--ranks", "2"]) == 2
     assert f"{broken}: not valid JSON" in capsys.readouterr().err
+
+
+@pytest.mark.multirank
+def test_a_simulated_events_file_plans_like_its_load_matrix_and_like_the_online_record(tmp_path):
+    """simulate writes events.jsonl through the serving recorder; plan reads it back."""
+    from ascend_eplb.tools.simulate.config import SimulateConfig
+    from ascend_eplb.tools.simulate.driver import run_simulation
+
+    report = run_simulation(
+        SimulateConfig(
+            num_ranks=2,
+            num_redundant_experts=2,
+            num_layers=2,
+            steps=12,
+            window_size=2,
+            step_interval=4,
+            progress=False,
+            timeout_s=240,
+            out_dir=str(tmp_path),
+        )
+    )
+    assert report["passed"], report["first_violation"]
+    events_file = tmp_path / "events.jsonl"
+    events = [json.loads(line) for line in events_file.read_text().splitlines()]
+    windows = [e for e in events if e["event"] == "window"]
+    assert len(windows) == report["rearrangements"]
+    # A window counts each real (unpadded) token's K selections of every layer once per recorded step:
+    # ranks x batch x K = 384 per step and layer, never a padded row.
+    for w in windows:
+        sums = [sum(row) for row in w["load"]]
+        assert sums[0] == sums[1] and sums[0] in (384, 768), sums
+
+    total = trace.load_load_matrix(events_file)
+    assert np.array_equal(total, np.sum([w["load"] for w in windows], axis=0))
+    np.save(tmp_path / "load.npy", total)
+    from_events = plan.plan(total, num_ranks=2, redundancy=[2])
+    from_matrix = plan.plan(trace.load_load_matrix(tmp_path / "load.npy"), num_ranks=2, redundancy=[2])
+    assert from_events == from_matrix
+    last = trace.load_load_matrix(events_file, last=1)
+    assert np.array_equal(last, np.array(windows[-1]["load"], dtype=np.float64))
+
+    # The online record of the first rearrangement (initial placement -> the policy's) is exactly what
+    # plan computes offline on that window.
+    (first,) = [e for e in events if e["event"] == "rearrangement" and e["rearrangement"] == 1]
+    offline = plan.plan(np.array(windows[0]["load"], dtype=np.float64), num_ranks=2, redundancy=[2]).levels[0]
+    assert first["balancedness_before"] == pytest.approx(offline.balancedness_before, abs=1e-12)
+    assert first["balancedness_after"] == pytest.approx(offline.balancedness_after, abs=1e-12)
+    assert first["experts_crossing_ranks"] == offline.experts_moved
+    assert (
+        cli.main(["plan", str(events_file), "--ranks", "2", "--redundant-experts", "2", "--last", "1"]) == 0
+    )

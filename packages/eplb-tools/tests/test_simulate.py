@@ -123,3 +123,63 @@ def test_torchrun_runs_the_same_simulation_two_ranks_on_one_host(tmp_path):
     assert report["rearrangements"] >= 2
     assert report["layers_committed"] >= 4
     assert proc.stdout.count("PASSED in") == 1  # one report, from rank 0
+
+
+WORKER_FAULT = dict(num_ranks=2, num_redundant_experts=2, num_layers=3, batch_size=16, steps=300,
+                    window_size=2, step_interval=4, progress=False, timeout_s=240,
+                    worker_timeout_s=1.0)  # fmt: skip
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize(
+    ("fault", "named"),
+    [
+        ("worker-dies", "rank(s) 1 died (model esft_translation_top6.npz, layer 1,"),
+        ("worker-stalls", "rank(s) 1 stalled (model esft_translation_top6.npz, layer 1,"),
+    ],
+)
+def test_a_dead_or_stalled_worker_stops_eplb_on_every_rank_and_serving_goes_on(tmp_path, fault, named):
+    report = run_simulation(SimulateConfig(**WORKER_FAULT, out_dir=str(tmp_path), fault=fault))
+    assert not report["passed"]
+    assert report["checks"] == {
+        "outputs": True,  # every step after the stop still equals the EPLB-off reference
+        "load": True,
+        "fingerprints": True,
+        "lookups": True,
+        "worker": False,
+    }
+    assert report["steps"] == WORKER_FAULT["steps"]  # no hang, no early end: serving went on
+    message, step = report["worker_failure"]
+    assert named in message
+    assert report["first_violation"] == f"worker: {message}"
+    if fault == "worker-dies":
+        assert "RuntimeError('injected fault: the expert transfer of layer 1 failed on rank 1')" in message
+        assert "Traceback" in message  # the dead worker's own traceback, from its rank
+    else:
+        assert "rank 0's transfer waits on rank 1, which waits on no peer" in message
+        # Decided once the cycle went 1 s without progress (steps take tens of ms here).
+        assert step < 250
+    # Exactly the layer before the failure committed: each layer wholly old or wholly new.
+    assert report["layers_committed"] == 1
+    assert report["rearrangements_completed"] == 0
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    failures = [e for e in events if e["event"] == "worker_failure"]
+    assert len(failures) == 1
+    assert failures[0]["ranks"] == [1]
+    assert failures[0]["layer"] == 1
+    assert failures[0]["kind"] == ("died" if fault == "worker-dies" else "stalled")
+    assert [e["layer"] for e in events if e["event"] == "commit"] == [0]
+
+
+@pytest.mark.multirank
+def test_on_worker_failure_raise_ends_the_run_on_every_rank_at_the_same_step(tmp_path):
+    config = SimulateConfig(
+        **WORKER_FAULT, out_dir=str(tmp_path), fault="worker-dies", on_worker_failure="raise"
+    )
+    report = run_simulation(config)
+    assert not report["passed"]
+    assert report["checks"]["worker"] is False
+    assert report["first_violation"].startswith(
+        "worker: EPLB worker watchdog: the async EPLB worker of rank(s) 1 died"
+    )
+    assert report["steps"] < WORKER_FAULT["steps"]  # the step raised on both ranks, and the run ended

@@ -21,6 +21,8 @@ binding (vLLM 0.33.0 / torch 2.13.0)                      replacement (owner)
                                                           (integration)
 ``eplb_state._commit_eplb_maps_for_layer``,               per-layer commit hooks: move, commit, refresh,
 ``eplb_state._commit_eplb_maps``                          acknowledge (control.commit_hooks)
+``async_worker.transfer_run_periodically``                records the worker's exception before the
+                                                          thread ends (integration.watchdog)
 ========================================================  ==============================================
 
 Control's ``AscendEPLBController`` builds the Ascend state and adapts the routers itself (a subclass,
@@ -35,6 +37,7 @@ from typing import Any
 
 from ascend_eplb.control import commit_hooks, host_adaptation
 from ascend_eplb.control.patching import Patch, PatchSet
+from ascend_eplb.integration import watchdog
 
 __all__ = ["PATCHES", "apply_patches", "patches_applied", "remove_patches"]
 
@@ -81,6 +84,7 @@ PATCHES: tuple[Patch, ...] = (
         "vllm.distributed.eplb.eplb_state", "create_eplb_communicator", _FACTORY_PARAMS, _wrap_factory, _OWNER
     ),
     *commit_hooks.PATCHES,
+    *watchdog.PATCHES,
 )
 
 _REGISTRY = PatchSet(PATCHES)

@@ -62,11 +62,13 @@ def create_eplb_controller(vllm_config: Any, device: torch.device) -> Any:
     ``GPUModelRunner`` builds it; no validation, no patch, no plane imported. Otherwise: validates the
     configuration (:func:`~ascend_eplb.integration.validation.validate_eplb_config`), applies the
     patches (idempotent) and returns control's ``AscendEPLBController`` with the configured
-    ``load_collection_phase``; with ``ASCEND_EPLB_VERIFY=1`` an
-    :class:`~ascend_eplb.integration.verify.EplbVerifier` is attached to it.
+    ``load_collection_phase``, with the serving guardrails attached: the worker watchdog
+    (:mod:`~ascend_eplb.integration.watchdog`, always), the runtime verifier (``ASCEND_EPLB_VERIFY=1``)
+    and the events file (``ASCEND_EPLB_EVENTS=path``).
 
     Raises:
         EplbConfigError: the configuration violates the support matrix (every violated rule listed).
+        ValueError: ``ASCEND_EPLB_WORKER_TIMEOUT_S`` or ``ASCEND_EPLB_ON_WORKER_FAILURE`` is invalid.
         RuntimeError: an upstream callable changed signature (from ``apply_patches``).
     """
     parallel_config = vllm_config.parallel_config
@@ -76,17 +78,28 @@ def create_eplb_controller(vllm_config: Any, device: torch.device) -> Any:
         return EPLBController(parallel_config, device)
     from ascend_eplb.integration.patches import apply_patches
     from ascend_eplb.integration.validation import validate_eplb_config
+    from ascend_eplb.integration.watchdog import watchdog_settings
 
     settings = validate_eplb_config(vllm_config)
+    timeout_s, on_failure = watchdog_settings()
     apply_patches()
     from ascend_eplb.control import AscendEPLBController
 
     phase = settings.ascend_eplb_config.get("load_collection_phase", "all")
     controller = AscendEPLBController(parallel_config, device, load_collection_phase=phase)
+    from ascend_eplb.integration.events import EventsRecorder, events_path
     from ascend_eplb.integration.verify import EplbVerifier, verify_requested
+    from ascend_eplb.integration.watchdog import WorkerWatchdog
 
+    # Step hooks run in this order on every rank: the watchdog first (a failure stops EPLB before any
+    # other hook looks at the cycle), then the verifier, then the events file.
+    watchdog = WorkerWatchdog(timeout_s, on_failure)
+    watchdog.attach(controller)
     if verify_requested():
         EplbVerifier().attach(controller)
+    path = events_path()
+    if path is not None:
+        EventsRecorder(path).attach(controller, watchdog)
     return controller
 
 

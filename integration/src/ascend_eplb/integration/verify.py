@@ -12,10 +12,11 @@ imported. On, :func:`ascend_eplb.integration.runner.create_eplb_controller` atta
   ``fingerprints``: every local slot's fingerprint equals the one of the logical expert the committed
   ``physical_to_logical_map`` assigns to it; ``lookups``: the layer's lookup table equals
   ``build_replica_table`` of the committed upstream maps and keeps its storage (``data_ptr``);
-* every EPLB step, on every rank: ``worker``: upstream's async worker thread is alive; ``lookups``:
-  the committed maps' checksums are equal on every rank. One ``all_gather`` of a small int64 tensor
-  on the EP CPU group (plus one ``all_gather_object`` only when some rank found a violation), at the
-  step boundary, in the same order on every rank.
+* every EPLB step, on every rank: ``lookups``: the committed maps' checksums are equal on every rank.
+  One ``all_gather`` of a small int64 tensor on the EP CPU group (plus one ``all_gather_object`` only
+  when some rank found a violation), at the step boundary, in the same order on every rank. (Whether
+  the async worker is alive and progressing is the always-on watchdog's check,
+  :mod:`ascend_eplb.integration.watchdog`, named ``worker``.)
 
 A violation found at a commit is raised at the next step boundary, on every rank alike, as
 :class:`EplbVerificationError` naming the check, step, layer, rank and slot: never silently, and
@@ -37,7 +38,7 @@ __all__ = ["CHECKS", "ENV_VERIFY", "EplbVerificationError", "EplbVerifier", "ver
 #: The environment switch of the verifier.
 ENV_VERIFY = "ASCEND_EPLB_VERIFY"
 #: What the verifier checks, by name (used in errors and by the simulator's report).
-CHECKS = ("fingerprints", "lookups", "worker")
+CHECKS = ("fingerprints", "lookups")
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -71,7 +72,7 @@ class EplbVerificationError(RuntimeError):
     """A verifier check failed (raised on every EP rank at the same step boundary).
 
     Attributes:
-        check: ``"fingerprints"``, ``"lookups"`` or ``"worker"``.
+        check: ``"fingerprints"`` or ``"lookups"``.
         step: the verifier's step count (EPLB steps since registration) when the violation was found.
         rank: the EP rank that found it.
         layer: the MoE layer, or None for a whole-model check.
@@ -236,7 +237,7 @@ class EplbVerifier:
 
     # ------------------------------------------------------------------ per step
     def on_step(self, controller: Any, is_dummy: bool, is_profile: bool) -> None:
-        """The step-boundary collective: worker alive, committed maps equal, pending violations.
+        """The step-boundary collective: committed maps equal on every rank, pending violations.
 
         Raises:
             EplbVerificationError: on every rank, when any rank found a violation.
@@ -251,11 +252,6 @@ class EplbVerifier:
         entries = list(self._models.values())
         group = entries[0]["group"]
         rank = entries[0]["rank"]
-        worker = getattr(controller.state, "async_worker", None)
-        if self._pending is None and worker is not None and not worker.is_alive():
-            self._pending = Violation(
-                "worker", self.steps, rank, None, None, "upstream's async EPLB worker thread is not alive"
-            )
         sums = [table_checksum(e["model_state"].physical_to_logical_map.cpu()) for e in entries]
         mine = torch.tensor([0 if self._pending is None else 1, *sums], dtype=torch.int64)
         gathered = [torch.empty_like(mine) for _ in range(group.world_size)]

@@ -256,6 +256,9 @@ class AscendEplbState(EplbState):
         commit_listeners: ``fn(event, model_state)`` called on the runner thread with every
             :class:`CommitEvent` right after it is logged (the verifier and the events file use it).
             An exception propagates out of upstream's commit and stops the step.
+        rearrangement_listeners: ``fn(state)`` called on the runner thread right after upstream's
+            ``rearrange`` handed a closed window to the policy (not for profile or skipped ones);
+            each model state's ``last_expert_load`` is that window's global logical load.
     """
 
     def __init__(self, parallel_config: Any, device: torch.device) -> None:
@@ -275,6 +278,7 @@ class AscendEplbState(EplbState):
         self._consecutive_skips = 0
         self._layer_states: dict[str, dict[int, list[AscendEplbLayerState]]] = {}
         self.commit_listeners: list[Callable[[CommitEvent, EplbModelState], None]] = []
+        self.rearrangement_listeners: list[Callable[[AscendEplbState], None]] = []
 
     # ----------------------------------------------------------------- registration
     def add_model(self, model: Any, model_config: Any, model_name: str | None = None) -> None:
@@ -450,4 +454,8 @@ class AscendEplbState(EplbState):
             self._consecutive_skips = 0
         if not is_profile:
             self.num_rearrangements += 1
-        return super().rearrange(is_profile, rank_mapping, use_last_expert_load)
+        result = super().rearrange(is_profile, rank_mapping, use_last_expert_load)
+        if not is_profile:
+            for listener in self.rearrangement_listeners:
+                listener(self)
+        return result

@@ -332,6 +332,7 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
         self._sequence = 0
         self._last = TransferStats()
         self._cumulative = TransferStats()
+        self._waiting_on: int | None = None
         self._log_initialized()
 
     # -- upstream contract -------------------------------------------------------------------------
@@ -493,10 +494,13 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
                     incomplete = True
                     continue
                 try:
+                    self._waiting_on = peer
                     request.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 1e-3)))
                 except Exception as exc:  # Gloo raises RuntimeError (timeout, closed connection)
                     rank_errors[peer] = f"{type(exc).__name__}: {exc}"
                     incomplete = True
+                finally:
+                    self._waiting_on = None
             t3 = time.perf_counter()
 
             # 5. Host-to-device copies into the destination rows, only if everything agreed.
@@ -543,6 +547,12 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
     def last_stats(self) -> TransferStats:
         """Statistics of the latest ``execute`` (all zeros before the first)."""
         return self._last
+
+    @property
+    def waiting_on(self) -> int | None:
+        """The global rank whose Gloo request :meth:`execute` is blocked on now (read from another
+        thread: the worker watchdog names a stalled transfer's peer), None when it is not waiting."""
+        return self._waiting_on
 
     @property
     def cumulative_stats(self) -> TransferStats:
@@ -635,9 +645,12 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
             if peer in errors:
                 continue
             try:
+                self._waiting_on = peer
                 request.wait(timeout=timedelta(seconds=max(deadline - time.monotonic(), 1e-3)))
             except Exception as exc:  # Gloo raises RuntimeError (timeout, closed connection)
                 errors[peer] = f"{type(exc).__name__}: {exc}"
+            finally:
+                self._waiting_on = None
         return errors
 
     def _handshake(self, queue: list[_Queued], base_tag: int, failed: bool) -> _Handshake:

@@ -45,7 +45,7 @@ def _int_list(value: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ascend_eplb.tools.simulate.config import SimulateConfig
+    from ascend_eplb.tools.simulate.config import FAULTS, SimulateConfig
 
     parser = argparse.ArgumentParser(prog="ascend-eplb", description="Ascend EPLB for vLLM Model Runner V2.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -101,8 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace",
         type=Path,
         default=None,
-        help="routing: a compact trace (.npz) or a [L, E] load matrix (.json/.npy/.csv) to sample "
-        "from; default the embedded ESFT trace",
+        help="routing: a compact trace (.npz), or load to sample from: a serving events file (.jsonl) or "
+        "a [L, E] load matrix (.json/.npy/.csv); default the embedded ESFT trace",
     )
     sim.add_argument("--hidden-size", type=_positive, default=d.hidden_size, help="H, default %(default)s")
     sim.add_argument(
@@ -118,14 +118,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--no-progress", action="store_true", help="no progress bar")
     sim.add_argument(
-        "--fault", choices=("wrong-lookup-refresh", "view-skips-scale"), default=None, help=argparse.SUPPRESS
+        "--worker-timeout",
+        type=float,
+        default=d.worker_timeout_s,
+        help="seconds a rearrangement may go without progress before the watchdog stops EPLB "
+        "(ASCEND_EPLB_WORKER_TIMEOUT_S), default %(default)s",
+    )
+    sim.add_argument(
+        "--on-worker-failure",
+        choices=("stop", "raise"),
+        default=d.on_worker_failure,
+        help="what the watchdog does on a dead or stalled worker (ASCEND_EPLB_ON_WORKER_FAILURE): stop "
+        "EPLB and keep serving, or raise; default %(default)s",
+    )
+    sim.add_argument(
+        "--fault",
+        choices=FAULTS,
+        default=None,
+        help="inject a fault to see the check that catches it: " + ", ".join(FAULTS),
     )
 
     pl = sub.add_parser("plan", help="offline what-if of upstream's default EPLB policy on recorded load")
     pl.add_argument(
         "load",
         type=Path,
-        help="[L, E] load: .json/.npy/.csv matrix, ESFT summary.json or SGLang {'logical_count': ...}",
+        help="[L, E] load: a serving events file (.jsonl, ASCEND_EPLB_EVENTS), a .json/.npy/.csv matrix, "
+        "an ESFT summary.json or an SGLang {'logical_count': ...}",
     )
     pl.add_argument("--ranks", type=_positive, required=True, help="EP ranks")
     pl.add_argument(
@@ -133,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_int_list,
         default=[0],
         help="comma-separated levels, e.g. 0,8,16 (default 0)",
+    )
+    pl.add_argument(
+        "--last",
+        type=_positive,
+        default=None,
+        help="with an events file (.jsonl): plan on the sum of its last N windows (default all)",
     )
     pl.add_argument("--nodes", type=_positive, default=1, help="default %(default)s")
     pl.add_argument("--expert-groups", type=_positive, default=1, help="default %(default)s")
@@ -147,7 +171,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     from ascend_eplb.tools.plan import format_plan, validate_plan_args
     from ascend_eplb.tools.trace import load_load_matrix
 
-    load = load_load_matrix(args.load)
+    load = load_load_matrix(args.load, last=args.last)
     validate_plan_args(load.shape, args.ranks, args.nodes, args.expert_groups, args.redundant_experts)
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     from ascend_eplb.tools.plan import plan
@@ -201,6 +225,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         progress=not args.no_progress,
         fault=args.fault,
+        worker_timeout_s=args.worker_timeout,
+        on_worker_failure=args.on_worker_failure,
     )
     report = run_simulation(config)
     return 0 if report["passed"] else 1

@@ -7,16 +7,9 @@ build_initial_global_physical_to_logical_map``: experts ``0..E-1`` then ``i % E`
 slots, slot ``p`` on rank ``p // (P / N)``) as the "before" and as ``old_global_expert_indices``, exactly
 as ``EplbState.rearrange`` passes the current map. Nothing here computes a placement itself.
 
-Metrics (float64, the unit of the input load):
-
-- rank load: a logical expert's load split evenly over its replicas (the policy's own model,
-  ``tokens_per_mlog / mlogcnt`` in ``rebalance_experts_hierarchical``), summed per rank;
-- balancedness: mean rank load / max rank load per layer, averaged over the layers with load
-  (upstream's ``EPLB step ... balancedness`` log sums over layers before dividing; we average the
-  per-layer ratios so that every layer counts equally);
-- hottest rank load: the largest rank load of any layer, as a share of that layer's total load;
-- experts moved: slots, over all layers, whose new logical expert was not on that slot's rank before,
-  i.e. weights that would travel between ranks.
+Metrics (float64, the unit of the input load): rank load, balancedness, hottest rank share and
+experts moved (crossing ranks) as :mod:`ascend_eplb.integration.metrics` defines them, the one
+definition the serving events file uses too.
 """
 
 from __future__ import annotations
@@ -105,32 +98,12 @@ def linear_placement(num_logical_experts: int, num_redundant_experts: int, num_l
 
 
 def rank_loads(load_le: np.ndarray, phy2log_lp: np.ndarray, num_ranks: int) -> np.ndarray:
-    """float64 ``[L, N]``: each logical expert's load split evenly over its replicas, summed per rank."""
-    num_layers, num_experts = load_le.shape
-    replicas = np.zeros((num_layers, num_experts))
-    np.add.at(replicas, (np.arange(num_layers)[:, None], phy2log_lp), 1.0)
-    per_slot = np.take_along_axis(load_le / np.maximum(replicas, 1.0), phy2log_lp, axis=1)
-    return per_slot.reshape(num_layers, num_ranks, -1).sum(axis=-1)
+    """float64 ``[L, N]`` (:func:`ascend_eplb.integration.metrics.rank_loads` on numpy arrays)."""
+    from ascend_eplb.integration.metrics import rank_loads as loads_of
 
-
-def _balancedness(loads_ln: np.ndarray) -> float:
-    return float(np.mean(loads_ln.mean(axis=1) / loads_ln.max(axis=1)))
-
-
-def _hottest_share(loads_ln: np.ndarray) -> float:
-    return float(np.max(loads_ln.max(axis=1) / loads_ln.sum(axis=1)))
-
-
-def _moved(old_lp: np.ndarray, new_lp: np.ndarray, num_ranks: int) -> int:
-    num_layers, num_physical = new_lp.shape
-    per_rank = num_physical // num_ranks
-    moved = 0
-    for layer in range(num_layers):
-        for rank in range(num_ranks):
-            sl = slice(rank * per_rank, (rank + 1) * per_rank)
-            held = set(old_lp[layer, sl].tolist())
-            moved += sum(1 for e in new_lp[layer, sl].tolist() if e not in held)
-    return moved
+    return loads_of(
+        torch.from_numpy(np.asarray(load_le)), torch.from_numpy(np.asarray(phy2log_lp)), num_ranks
+    ).numpy()
 
 
 def plan(
@@ -147,6 +120,8 @@ def plan(
     ``ValueError`` if every layer is empty, or with every violated rule of :func:`validate_plan_args`.
     """
     from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
+
+    from ascend_eplb.integration import metrics
 
     load = np.asarray(load_le, dtype=np.float64)
     validate_plan_args(load.shape, num_ranks, num_nodes, num_expert_groups, redundancy)
@@ -165,15 +140,16 @@ def plan(
             torch.from_numpy(load), num_experts + r, num_expert_groups, num_nodes, num_ranks, old
         ).numpy()
         before, after = rank_loads(load, old.numpy(), num_ranks), rank_loads(load, new, num_ranks)
+        before_t, after_t = torch.from_numpy(before), torch.from_numpy(after)
         levels.append(
             PlanLevel(
                 num_redundant_experts=int(r),
                 num_physical_experts=num_experts + int(r),
-                balancedness_before=_balancedness(before),
-                balancedness_after=_balancedness(after),
-                hottest_rank_share_before=_hottest_share(before),
-                hottest_rank_share_after=_hottest_share(after),
-                experts_moved=_moved(old.numpy(), new, num_ranks),
+                balancedness_before=metrics.balancedness(before_t),
+                balancedness_after=metrics.balancedness(after_t),
+                hottest_rank_share_before=metrics.hottest_rank_share(before_t),
+                hottest_rank_share_after=metrics.hottest_rank_share(after_t),
+                experts_moved=metrics.experts_crossing_ranks(old, torch.from_numpy(new), num_ranks),
                 physical_to_logical_map=new.tolist(),
             )
         )

@@ -217,10 +217,12 @@ def _matrix(value: object, source: str) -> np.ndarray:
     return arr
 
 
-def load_load_matrix(path: str | Path) -> np.ndarray:
+def load_load_matrix(path: str | Path, *, last: int | None = None) -> np.ndarray:
     """Read recorded expert load as float64 ``[L, E]`` (any non-negative unit: counts or shares).
 
-    Accepted: ``.npy``; ``.csv`` (one row per layer, no header); ``.json`` holding a ``[L, E]`` list, an
+    Accepted: a serving events file ``.jsonl`` (``ASCEND_EPLB_EVENTS``): the sum of its ``window``
+    loads, or of the ``last`` ones; ``.npy``; ``.csv`` (one row per layer, no header); ``.json``
+    holding a ``[L, E]`` list, an
     SGLang expert-distribution dump ``{"logical_count": [[...]]}`` (``[L, E]``, or ``[steps, L, E]``
     summed over steps), or an ESFT ``summary.json`` (``{"token_scores": {layer: {expert: share}}}``,
     layers and experts sorted numerically). Raises ``ValueError`` naming the file and the rule.
@@ -230,6 +232,19 @@ def load_load_matrix(path: str | Path) -> np.ndarray:
     suffix = path.suffix.lower()
     if not path.is_file():
         raise ValueError(f"{source}: no such file (an [L, E] load matrix)")
+    if last is not None and (last < 1 or suffix != ".jsonl"):
+        raise ValueError(f"last={last}: must be >= 1 and is only for an events file (.jsonl)")
+    if suffix == ".jsonl":
+        from ascend_eplb.integration.events import read_windows
+
+        windows = read_windows(path)
+        if not windows:
+            raise ValueError(f"{source}: the events file holds no 'window' record (no load was recorded)")
+        chosen = windows[-last:] if last is not None else windows
+        total = np.zeros(tuple(chosen[0].shape), dtype=np.float64)
+        for window in chosen:
+            total += window.numpy()
+        return _matrix(total, source)
     if suffix == ".npy":
         return _matrix(np.load(path, allow_pickle=False), source)
     if suffix == ".csv":
@@ -237,7 +252,9 @@ def load_load_matrix(path: str | Path) -> np.ndarray:
             rows = [row for row in csv.reader(f) if row]
         return _matrix(rows, source)
     if suffix != ".json":
-        raise ValueError(f"{source}: unsupported load file type {suffix!r}; use .json, .npy or .csv")
+        raise ValueError(
+            f"{source}: unsupported load file type {suffix!r}; use .jsonl (events), .json, .npy or .csv"
+        )
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:

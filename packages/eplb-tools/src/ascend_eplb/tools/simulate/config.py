@@ -8,13 +8,15 @@ from pathlib import Path
 
 from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES as PHASES
 from ascend_eplb.integration.verify import CHECKS as VERIFIER_CHECKS
+from ascend_eplb.integration.watchdog import CHECK as WATCHDOG_CHECK
 
 __all__ = ["CHECKS", "FAULTS", "OUTPUT_ATOL", "OUTPUT_RTOL", "PHASES", "SIMULATOR_CHECKS", "SimulateConfig"]
 
-FAULTS = ("wrong-lookup-refresh", "view-skips-scale")
-#: The simulator's own checks; the others are the serving verifier's (ASCEND_EPLB_VERIFY=1).
+FAULTS = ("wrong-lookup-refresh", "view-skips-scale", "worker-dies", "worker-stalls")
+#: The simulator's own checks; the others are the serving verifier's (ASCEND_EPLB_VERIFY=1) and the
+#: serving watchdog's (always on).
 SIMULATOR_CHECKS = ("outputs", "load")
-CHECKS = (*SIMULATOR_CHECKS, *VERIFIER_CHECKS)
+CHECKS = (*SIMULATOR_CHECKS, *VERIFIER_CHECKS, WATCHDOG_CHECK)
 #: Output tolerance against the EPLB-off reference. Moved weights are bit-identical, so the only
 #: difference is float32 summation order (per-rank partial sums, then all_reduce): a few ulps of the
 #: largest value.
@@ -49,6 +51,8 @@ class SimulateConfig:
     timeout_s: float = 300.0
     progress: bool = True
     fault: str | None = None
+    worker_timeout_s: float = 600.0  # ASCEND_EPLB_WORKER_TIMEOUT_S of the ranks
+    on_worker_failure: str = "stop"  # ASCEND_EPLB_ON_WORKER_FAILURE of the ranks
     sample_tokens: int = 8192  # tokens drawn when ``trace`` is a load matrix
     sample_top_k: int = 6
 
@@ -126,6 +130,10 @@ class SimulateConfig:
             errors.append(f"out={self.out_dir}: {out_error}")
         if not self.timeout_s > 0 or self.timeout_s == float("inf"):
             errors.append(f"timeout={self.timeout_s}: must be a finite number of seconds > 0")
+        if not (0 < self.worker_timeout_s < float("inf")):
+            errors.append(f"worker timeout={self.worker_timeout_s}: must be a finite number of seconds > 0")
+        if self.on_worker_failure not in ("stop", "raise"):
+            errors.append(f"on worker failure={self.on_worker_failure!r}: must be 'stop' or 'raise'")
         if self.fault is not None and self.fault not in FAULTS:
             errors.append(f"fault={self.fault!r}: must be one of {FAULTS}")
         if top_k > num_logical_experts:

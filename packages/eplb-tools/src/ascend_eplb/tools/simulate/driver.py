@@ -55,7 +55,12 @@ def _prepare(config: SimulateConfig) -> tuple[SimulateConfig, Any]:
 
 
 def _rank_args(config: SimulateConfig, routing: Any) -> tuple[dict, dict]:
-    cfg = config.to_json() | {"padded_size": config.effective_padded_size, "trace_name": routing.name}
+    cfg = config.to_json() | {
+        "padded_size": config.effective_padded_size,
+        "trace_name": routing.name,
+        # The serving events file (ASCEND_EPLB_EVENTS), written by EP rank 0.
+        "events_file": str(Path(config.out_dir).resolve() / "events.jsonl"),
+    }
     arrays = {
         "topk_ids": routing.topk_ids,
         "topk_weights": routing.topk_weights,
@@ -192,6 +197,7 @@ def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: f
         "output_tolerance": {"rtol": OUTPUT_RTOL, "atol": OUTPUT_ATOL},
         "checks": {name: name not in failed for name in CHECKS},
         "first_violation": violations[0][1] if violations else None,
+        "worker_failure": r0["worker_failure"],
         "passed": not violations,
         "wall_seconds": wall_s,
         "config": config.to_json(),
@@ -237,7 +243,8 @@ def _summary(report: dict) -> str:
         f"  steps {report['steps']}, rearrangements {report['rearrangements']} "
         f"({report['rearrangements_completed']} completed), layers committed "
         f"{report['layers_committed']}, bytes moved {report['bytes_moved']}",
-        f"  balancedness before the first rearrangement {bal_before} -> after the first completed {bal_after}",
+        f"  balancedness before the first rearrangement {bal_before} -> after the first completed "
+        f"{bal_after}",
         f"  step latency p50 {ms(report['step_seconds_p50'])} ms, p99 {ms(report['step_seconds_p99'])} ms "
         f"(p50 with a commit in flight {ms(report['step_seconds_p50_in_flight'])} ms, "
         f"without {ms(report['step_seconds_p50_idle'])} ms)",
@@ -250,7 +257,8 @@ def _summary(report: dict) -> str:
     ]
     lines += [f"  {'PASS' if ok else 'FAIL'}  {name}" for name, ok in report["checks"].items()]
     if report["first_violation"]:
-        lines.append(f"  first violation: {report['first_violation']}")
+        # The first line; a dead worker's traceback is in report.json (and events.jsonl).
+        lines.append(f"  first violation: {report['first_violation'].splitlines()[0]}")
     lines.append(f"  {'PASSED' if report['passed'] else 'FAILED'} in {report['wall_seconds']:.1f} s")
     return "\n".join(lines)
 
@@ -285,7 +293,9 @@ def run_simulation(config: SimulateConfig, *, stream=None) -> dict:
     if under_torchrun():
         results, writer = _run_torchrun(config, routing)
     else:
+        # A run that ends without a report leaves no earlier run's report or events behind.
         (out / "report.json").unlink(missing_ok=True)
+        (out / "events.jsonl").unlink(missing_ok=True)
         results = _launch(config, routing, deadline)
     report = _report(config, routing, results, time.perf_counter() - t0)
     if not writer:

@@ -22,8 +22,11 @@ every rank:
 - ``load``: the recorded ``expert_load_pass`` equals the bincount of the real (unpadded) tokens'
   physical ids when recording was on, and is zero when it was off.
 
-``fingerprints``, ``lookups`` and ``worker`` are the serving verifier's
-(:mod:`ascend_eplb.integration.verify`), raised from the controller's step on every rank alike.
+``fingerprints`` and ``lookups`` are the serving verifier's (:mod:`ascend_eplb.integration.verify`),
+raised from the controller's step on every rank alike; ``worker`` is the serving watchdog's
+(:mod:`ascend_eplb.integration.watchdog`): a dead or stalled async worker stops EPLB on every rank and
+the run goes on, so the ``outputs`` check shows serving continue on the last committed placement. The
+events file (``ASCEND_EPLB_EVENTS``) is written by EP rank 0 into the output folder.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from vllm.distributed.parallel_state import (
 
 from ascend_eplb.integration.runner import Mrv2EplbWiring
 from ascend_eplb.integration.verify import EplbVerificationError
+from ascend_eplb.integration.watchdog import EplbWorkerFailureError, WorkerWatchdog
 from ascend_eplb.quant_views import get_format
 from ascend_eplb.testing import RankContext
 from ascend_eplb.testing.moe import ToyModelConfig, ToyMoEModel, initial_local_experts
@@ -140,6 +144,10 @@ def simulate_rank(ctx: RankContext, cfg: dict, routing: dict, gather: bool = Fal
     """
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     os.environ["ASCEND_EPLB_VERIFY"] = "1" if cfg.get("verify", True) else "0"
+    os.environ["ASCEND_EPLB_WORKER_TIMEOUT_S"] = str(cfg["worker_timeout_s"])
+    os.environ["ASCEND_EPLB_ON_WORKER_FAILURE"] = cfg["on_worker_failure"]
+    if cfg.get("events_file"):
+        os.environ["ASCEND_EPLB_EVENTS"] = cfg["events_file"]
     torch.set_num_threads(1)
     _load_plugins()
     vc = _vllm_config(cfg, ctx.world_size)
@@ -154,9 +162,7 @@ def simulate_rank(ctx: RankContext, cfg: dict, routing: dict, gather: bool = Fal
         initialize_model_parallel(tensor_model_parallel_size=ctx.world_size)
         stats = _run(ctx, cfg, routing, vc)
         if gather:
-            everyone: list[Any] = [None] * ctx.world_size
-            dist.all_gather_object(everyone, stats, group=get_ep_group().cpu_group)
-            stats = everyone
+            stats = _gather(ctx, stats)
     # Release vLLM's groups (and the shared-memory message queue of its TP group) so nothing is left
     # for the resource tracker; after a failure the launcher ends the process at once instead.
     destroy_model_parallel()
@@ -201,7 +207,10 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
     wiring.load_model(model, model_config)  # load_model: prepare, register (routers bound), start worker
     state = wiring.controller.state
     model_state = state.model_states[model_config.compute_hash()]
-    verifier_hooks = list(wiring.controller.step_hooks)
+    hooks = list(wiring.controller.step_hooks)
+    (watchdog,) = [h.__self__ for h in hooks if isinstance(getattr(h, "__self__", None), WorkerWatchdog)]
+    if cfg["fault"] in ("worker-dies", "worker-stalls") and rank == num_ranks - 1:
+        _inject_worker_fault(model_state.communicator, cfg["fault"], rank)
 
     if cfg["fault"] == "wrong-lookup-refresh":
         layer_state = model.layers[0].eplb_state
@@ -226,6 +235,7 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
         "commits_per_step": [],
         "rearrangements_per_step": [],
         "max_output_error": 0.0,
+        "worker_failure": None,
     }
     verifier_time = [0.0]
 
@@ -239,7 +249,7 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
 
         return run
 
-    wiring.controller.step_hooks[:] = [timed(h) for h in verifier_hooks]
+    wiring.controller.step_hooks[:] = [timed(h) for h in hooks]
     violation: _CheckViolationError | None = None
     cursor = 0
     log_len = len(state.commit_log)
@@ -325,10 +335,16 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
             wiring.after_sampling()  # upstream's step, then the verifier at the step boundary
         except EplbVerificationError as e:
             verified = _CheckViolationError(e.check, str(e))
+        except EplbWorkerFailureError as e:  # ASCEND_EPLB_ON_WORKER_FAILURE=raise, on every rank
+            verified = _CheckViolationError("worker", str(e))
         stats["step_seconds"].append(time.perf_counter() - t0)
         stats["step_cpu_seconds"].append(time.process_time() - c0)  # this process, all its threads
         stats["verifier_seconds"].append(verifier_time[0])
         stats["step_in_flight"].append(in_flight)
+        if watchdog.failure is not None and stats["worker_failure"] is None:
+            # EPLB stopped on every rank at this step; serving (and every other check) goes on.
+            stats["worker_failure"] = (watchdog.failure.message(), step)
+            violation = violation or _CheckViolationError("worker", watchdog.failure.message())
         events = list(state.commit_log)
         new_events = events[log_len:] if len(events) >= log_len else []
         log_len = len(events)
@@ -343,7 +359,8 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
             # Raised on every rank at this same step boundary: all ranks stop here together.
             violation = violation or verified
             break
-        flag = torch.tensor([0 if violation is None else 1], dtype=torch.int32)
+        stop = violation is not None and violation.check != "worker"
+        flag = torch.tensor([int(stop)], dtype=torch.int32)
         dist.all_reduce(flag, group=group)
         if int(flag) > 0:
             break
@@ -352,6 +369,29 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
     stats["num_rearrangements"] = state.num_rearrangements
     stats["bytes_moved"] = _bytes_received(model_state)
     return stats
+
+
+def _gather(ctx: RankContext, stats: dict) -> list[dict]:
+    everyone: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(everyone, stats, group=get_ep_group().cpu_group)
+    return everyone
+
+
+def _inject_worker_fault(communicator: Any, fault: str, rank: int) -> None:
+    """Fault injection in this rank's async worker: its second transfer (layer 1 of the first
+    rearrangement) raises (``worker-dies``) or never returns (``worker-stalls``)."""
+    execute = communicator.execute
+    calls = [0]
+
+    def faulty_execute(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 2:
+            if fault == "worker-dies":
+                raise RuntimeError(f"injected fault: the expert transfer of layer 1 failed on rank {rank}")
+            time.sleep(3600)
+        return execute(*args, **kwargs)
+
+    communicator.execute = faulty_execute
 
 
 def _bytes_received(model_state: Any) -> int:

@@ -1,0 +1,279 @@
+"""The events file of a serving worker: what EPLB saw, decided, moved and what each commit cost.
+
+``ASCEND_EPLB_EVENTS=/path/events.jsonl`` makes EP rank 0 append one JSON object per line, each
+written and flushed at once (a crash loses at most the line being written). Every object has ``event``,
+``time`` (Unix seconds) and ``step`` (EPLB steps since the model was registered):
+
+- ``window``: a load window closed and upstream's policy receives it: ``model``, ``rearrangement``
+  (1-based index), ``load`` (``[L][E]`` integers: the window's global load per MoE layer in logical
+  expert space, exactly upstream's ``last_expert_load``);
+- ``rearrangement``: every layer of a rearrangement committed: ``model``, ``rearrangement``,
+  ``balancedness_before`` / ``balancedness_after`` (of the window's load under the old and the new
+  placement, :mod:`ascend_eplb.integration.metrics`), ``layers_changed``, ``experts_crossing_ranks``;
+- ``commit``: one layer committed: ``model``, ``rearrangement``, ``layer``, ``publish_to_acknowledge_s``
+  (from the step boundary at which the runner thread first saw the layer published, or its move, to the
+  acknowledgement of the staging buffer), ``bytes_received`` (by EP rank 0 for this layer);
+- ``worker_failure``: the watchdog's decision (``kind``, ``ranks``, ``model``, ``layer``, ``cause``).
+
+A one-line INFO log per rearrangement says the same for people reading logs. :func:`read_windows`
+reads the windows back (``ascend-eplb plan events.jsonl``, ``ascend-eplb simulate --trace events.jsonl``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["ENV_EVENTS", "EventsRecorder", "EventsWriter", "events_path", "read_windows"]
+
+ENV_EVENTS = "ASCEND_EPLB_EVENTS"
+
+
+def events_path(environ: Mapping[str, str] | None = None) -> str | None:
+    """The path ``ASCEND_EPLB_EVENTS`` names, or None (unset or empty)."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_EVENTS, "").strip() or None
+
+
+class EventsWriter:
+    """Appends JSON lines to ``path``, each flushed at once.
+
+    Raises:
+        ValueError: ``path`` cannot be opened for appending (the message names it and why).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open for the run)
+        except OSError as e:
+            raise ValueError(f"{ENV_EVENTS}={self.path}: cannot append there ({e})") from e
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class EventsRecorder:
+    """Writes the events of one controller's models (on EP rank 0; every other rank records nothing).
+
+    Use :meth:`attach` (``create_eplb_controller`` does when :func:`events_path` is set).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], clock=time.monotonic) -> None:
+        self.path = Path(path)
+        self.clock = clock
+        self.steps = 0
+        self._writer: EventsWriter | None = None
+        self._active = False
+        self._cycles: dict[str, dict[str, Any]] = {}
+        self._published: dict[tuple[str, int], float] = {}
+        self._bytes_seen: dict[str, int] = {}
+
+    def attach(self, controller: Any, watchdog: Any | None = None) -> None:
+        controller.registration_hooks.append(self._on_registered)
+        controller.step_hooks.append(self._on_step)
+        if watchdog is not None:
+            watchdog.listeners.append(self._on_worker_failure)
+
+    # ------------------------------------------------------------------ hooks
+    def _on_registered(self, controller: Any, model: Any, model_config: Any) -> None:
+        from vllm.distributed.parallel_state import get_ep_group
+
+        if get_ep_group().rank_in_group != 0:
+            return
+        if self._writer is None:
+            self._writer = EventsWriter(self.path)
+        self._active = True
+        state = controller.state
+        if self._on_rearrangement not in state.rearrangement_listeners:
+            state.rearrangement_listeners.append(self._on_rearrangement)
+            state.commit_listeners.append(self._on_commit_event)
+
+    def _write(self, event: str, **fields: Any) -> None:
+        assert self._writer is not None
+        self._writer.write({"event": event, "time": time.time(), "step": self.steps, **fields})
+
+    def _on_step(self, controller: Any, is_dummy: bool, is_profile: bool) -> None:
+        self.steps += 1
+        if not self._active:
+            return
+        now = self.clock()
+        for ms in controller.state.model_states.values():
+            pending = ms.pending_result
+            if pending is not None:
+                self._published.setdefault((ms.model_name, pending.layer_idx), now)
+
+    def _on_rearrangement(self, state: Any) -> None:
+        for ms in state.model_states.values():
+            load = ms.last_expert_load
+            if load is None:
+                continue
+            self._cycles[ms.model_name] = {
+                "index": state.num_rearrangements,
+                "load": load.detach().cpu().to(torch.float64),
+                "old": ms.physical_to_logical_map.detach().cpu().clone(),
+                "num_ranks": state_num_ranks(),
+            }
+            self._bytes_seen[ms.model_name] = _bytes_received(ms)
+            self._write(
+                "window",
+                model=ms.model_name,
+                rearrangement=state.num_rearrangements,
+                load=load.detach().cpu().to(torch.int64).tolist(),
+            )
+
+    def _on_commit_event(self, event: Any, model_state: Any) -> None:
+        if event.kind == "move":
+            self._published.setdefault((event.model_name, event.layer), self.clock())
+            return
+        if event.kind != "acknowledge":  # EPLB is asynchronous only: every layer is acknowledged
+            return
+        name = event.model_name
+        published = self._published.pop((name, event.layer), None)
+        received = _bytes_received(model_state)
+        delta = received - self._bytes_seen.get(name, received)
+        self._bytes_seen[name] = received
+        self._write(
+            "commit",
+            model=name,
+            rearrangement=event.rearrangement,
+            layer=event.layer,
+            publish_to_acknowledge_s=None if published is None else self.clock() - published,
+            bytes_received=delta,
+        )
+        if event.layer == model_state.physical_to_logical_map.shape[0] - 1:
+            self._finish_cycle(model_state)
+
+    def _finish_cycle(self, model_state: Any) -> None:
+        from ascend_eplb.integration.metrics import balancedness, experts_crossing_ranks, rank_loads
+
+        cycle = self._cycles.pop(model_state.model_name, None)
+        if cycle is None:
+            return
+        new = model_state.physical_to_logical_map.detach().cpu()
+        old, load, num_ranks = cycle["old"], cycle["load"], cycle["num_ranks"]
+        before = balancedness(rank_loads(load, old, num_ranks))
+        after = balancedness(rank_loads(load, new, num_ranks))
+        changed = int((old != new).any(dim=1).sum())
+        crossing = experts_crossing_ranks(old, new, num_ranks)
+        self._write(
+            "rearrangement",
+            model=model_state.model_name,
+            rearrangement=cycle["index"],
+            balancedness_before=before,
+            balancedness_after=after,
+            layers_changed=changed,
+            experts_crossing_ranks=crossing,
+        )
+        from vllm.logger import init_logger
+
+        init_logger(__name__).info(
+            "EPLB rearrangement %d of %s committed: balancedness of its window %.4f -> %.4f, %d layers "
+            "changed, %d experts crossed ranks",
+            cycle["index"], model_state.model_name, before, after, changed, crossing,
+        )  # fmt: skip
+
+    def _on_worker_failure(self, failure: Any) -> None:
+        if not self._active:
+            return
+        self._write(
+            "worker_failure",
+            kind=failure.kind,
+            ranks=list(failure.ranks),
+            model=failure.model,
+            layer=failure.layer,
+            cause=failure.cause,
+        )
+
+
+def state_num_ranks() -> int:
+    from vllm.distributed.parallel_state import get_ep_group
+
+    return get_ep_group().world_size
+
+
+def _bytes_received(model_state: Any) -> int:
+    stats = getattr(model_state.communicator, "cumulative_stats", None)
+    return int(stats.bytes_received) if stats is not None else 0
+
+
+def read_windows(path: str | os.PathLike[str], *, model: str | None = None) -> list[torch.Tensor]:
+    """The ``window`` loads of an events file, oldest first, each int64 ``(L, E)``.
+
+    Args:
+        path: the events file.
+        model: only this model's windows (default: the first model named in the file).
+
+    Raises:
+        ValueError: the file is missing or unreadable, a line other than a truncated last one is not a
+            JSON object, a window's load is not a rectangular ``[L][E]`` list of integers >= 0, or the
+            windows' shapes differ (the message names the file and the line). A truncated last line
+            (a crash while writing) is skipped with a ``UserWarning``.
+    """
+    source = Path(path)
+    try:
+        raw = source.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{source}: cannot read the events file ({e.strerror or e})") from e
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{source}: not UTF-8 text (byte {e.start}); not an events file") from e
+    lines = text.split("\n")
+    complete_end = text.endswith("\n")
+    windows: list[torch.Tensor] = []
+    shape: tuple[int, int] | None = None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        last = number == len(lines) and not complete_end
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            if last:
+                warnings.warn(f"{source}:{number}: truncated last line skipped ({e.msg})", stacklevel=2)
+                continue
+            raise ValueError(f"{source}:{number}: not a JSON object ({e.msg})") from e
+        if not isinstance(record, dict) or not isinstance(record.get("event"), str):
+            raise ValueError(f"{source}:{number}: not an events record (an object with an 'event' name)")
+        if record["event"] != "window":
+            continue
+        name = record.get("model")
+        if model is None:
+            model = name
+        if name != model:
+            continue
+        load = _load_of(record.get("load"), source, number)
+        if shape is not None and tuple(load.shape) != shape:
+            raise ValueError(
+                f"{source}:{number}: window load shape {tuple(load.shape)} differs from the earlier {shape}"
+            )
+        shape = tuple(load.shape)
+        windows.append(load)
+    return windows
+
+
+def _load_of(value: Any, source: Path, number: int) -> torch.Tensor:
+    rule = "a window's 'load' must be a non-empty [L][E] list of integers >= 0"
+    if not isinstance(value, list) or not value or not all(isinstance(row, list) and row for row in value):
+        raise ValueError(f"{source}:{number}: {rule}")
+    width = len(value[0])
+    if any(len(row) != width for row in value):
+        raise ValueError(f"{source}:{number}: {rule} (rows of different lengths)")
+    if not all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62 for row in value for v in row
+    ):
+        raise ValueError(f"{source}:{number}: {rule}")
+    return torch.tensor(value, dtype=torch.int64)

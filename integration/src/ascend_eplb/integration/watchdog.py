@@ -1,0 +1,316 @@
+"""Worker watchdog of a serving worker: a dead or stalled asynchronous EPLB worker is caught and named.
+
+Upstream's asynchronous EPLB worker (``vllm.distributed.eplb.async_worker``) runs in a daemon thread
+that logs an exception and ends; the runner thread then keeps stepping, every rank waits forever for
+the dead rank's next layer, and EPLB silently never rearranges again. A cycle can also stall (a peer's
+transfer never completes). The watchdog, on by default (attached by
+:func:`ascend_eplb.integration.runner.create_eplb_controller`), decides at every EPLB step boundary, on
+every EP rank alike:
+
+* ``worker``: each rank's async worker thread is alive, and a rearrangement cycle that began has made
+  progress (a layer published by this rank's worker, or committed) within
+  ``ASCEND_EPLB_WORKER_TIMEOUT_S`` seconds (default 600).
+
+The decision is one ``all_gather`` of a small int64 vector on the EP CPU group per step, taken from
+the gathered values, so every rank reaches the same verdict at the same step and no rank's collectives
+diverge from the others'. On a failure EP rank 0 logs an error naming the model, the layer in flight,
+the rank(s) whose worker failed and the cause (the worker's exception and traceback when it died,
+recorded by the :data:`PATCHES` wrapper of upstream's worker loop); every rank then stops EPLB
+rearrangement (the controller is suppressed and the unfinished cycle dropped: layers committed so far
+keep the new placement, the others the old one, each layer wholly old or wholly new) and serving goes
+on, or, with ``ASCEND_EPLB_ON_WORKER_FAILURE=raise``, the step raises :class:`EplbWorkerFailureError` on every
+rank.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ascend_eplb.control.patching import Patch
+
+__all__ = [
+    "CHECK",
+    "DEFAULT_WORKER_TIMEOUT_S",
+    "ENV_ON_FAILURE",
+    "ENV_TIMEOUT",
+    "PATCHES",
+    "EplbWorkerFailureError",
+    "WorkerFailure",
+    "WorkerWatchdog",
+    "watchdog_settings",
+]
+
+#: The name of the watchdog's check (in errors, logs and the simulator's report).
+CHECK = "worker"
+ENV_TIMEOUT = "ASCEND_EPLB_WORKER_TIMEOUT_S"
+ENV_ON_FAILURE = "ASCEND_EPLB_ON_WORKER_FAILURE"
+#: Seconds a started cycle may go without progress before its worker is declared stalled.
+DEFAULT_WORKER_TIMEOUT_S = 600.0
+ON_FAILURE_POLICIES = ("stop", "raise")
+#: Attribute of upstream's ``EplbState`` holding the worker's exception and traceback, once it died.
+_ERROR_ATTR = "_ascend_eplb_worker_error"
+_OWNER = "ascend_eplb.integration.watchdog"
+
+
+def watchdog_settings(environ: Mapping[str, str] | None = None) -> tuple[float, str]:
+    """``(timeout_s, on_failure)`` from ``ASCEND_EPLB_WORKER_TIMEOUT_S`` and
+    ``ASCEND_EPLB_ON_WORKER_FAILURE``.
+
+    Raises:
+        ValueError: the timeout is not a finite number > 0, or the policy is not ``stop``/``raise``
+            (the message names the variable and the value).
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_TIMEOUT, "").strip()
+    timeout = DEFAULT_WORKER_TIMEOUT_S
+    if raw:
+        try:
+            timeout = float(raw)
+        except ValueError:
+            timeout = math.nan
+        if not (timeout > 0 and math.isfinite(timeout)):
+            raise ValueError(f"{ENV_TIMEOUT}={raw!r}: must be a finite number of seconds > 0")
+    policy = env.get(ENV_ON_FAILURE, "").strip().lower() or "stop"
+    if policy not in ON_FAILURE_POLICIES:
+        raise ValueError(
+            f"{ENV_ON_FAILURE}={env.get(ENV_ON_FAILURE)!r}: must be one of {', '.join(ON_FAILURE_POLICIES)}"
+        )
+    return timeout, policy
+
+
+def _wrap_worker_loop(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def transfer_run_periodically(state: Any, stream: Any, is_profile: bool = False) -> None:
+        try:
+            original(state, stream, is_profile)
+        except BaseException as exc:
+            setattr(state, _ERROR_ATTR, (repr(exc), traceback.format_exc()))
+            raise
+
+    return transfer_run_periodically
+
+
+#: Records the async worker's exception on its ``EplbState`` (upstream only logs it).
+PATCHES: tuple[Patch, ...] = (
+    Patch(
+        "vllm.distributed.eplb.async_worker",
+        "transfer_run_periodically",
+        ("state", "stream", "is_profile"),
+        _wrap_worker_loop,
+        _OWNER,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """What the watchdog decided, identical on every rank.
+
+    Attributes:
+        kind: ``"died"`` or ``"stalled"``.
+        ranks: the EP ranks whose worker failed (died, or did not publish its layer).
+        model: the model whose cycle was in flight (None if no cycle was).
+        layer: the MoE layer in flight (the next to commit), or None.
+        step: the watchdog's step count at the decision.
+        cause: the dead worker's exception and traceback (as that rank recorded it), or why it stalled.
+    """
+
+    kind: str
+    ranks: tuple[int, ...]
+    model: str | None
+    layer: int | None
+    step: int
+    cause: str
+
+    def message(self) -> str:
+        where = f"model {self.model}, layer {self.layer}" if self.model is not None else "no cycle in flight"
+        ranks = ", ".join(str(r) for r in self.ranks)
+        return (
+            f"EPLB worker watchdog: the async EPLB worker of rank(s) {ranks} {self.kind} ({where}, step "
+            f"{self.step}): {self.cause}"
+        )
+
+
+class EplbWorkerFailureError(RuntimeError):
+    """Raised on every rank with ``ASCEND_EPLB_ON_WORKER_FAILURE=raise``; ``.failure`` says what."""
+
+    def __init__(self, failure: WorkerFailure) -> None:
+        super().__init__(failure.message())
+        self.failure = failure
+
+
+class WorkerWatchdog:
+    """The per-step decision of the module docstring for one controller.
+
+    Args:
+        timeout_s: seconds without progress of a started cycle before it is declared stalled.
+        on_failure: ``"stop"`` (stop rearranging, keep serving) or ``"raise"``.
+        clock: the time source in seconds (tests).
+
+    Attributes:
+        steps: EPLB steps seen.
+        failure: the failure decided, once (None while healthy).
+        listeners: ``fn(failure)`` called on every rank once a failure is decided (the events file).
+    """
+
+    def __init__(
+        self, timeout_s: float = DEFAULT_WORKER_TIMEOUT_S, on_failure: str = "stop", clock=time.monotonic
+    ) -> None:
+        if on_failure not in ON_FAILURE_POLICIES:
+            raise ValueError(f"on_failure={on_failure!r}: must be one of {ON_FAILURE_POLICIES}")
+        self.timeout_s = timeout_s
+        self.on_failure = on_failure
+        self.clock = clock
+        self.steps = 0
+        self.failure: WorkerFailure | None = None
+        self.listeners: list[Callable[[WorkerFailure], None]] = []
+        self._progress: dict[int, tuple[tuple[bool, int, bool], float]] = {}
+
+    def attach(self, controller: Any) -> None:
+        """Run at every step boundary of ``controller`` (control's ``AscendEPLBController``)."""
+        controller.step_hooks.append(self.on_step)
+
+    def _local_status(self, state: Any) -> list[int]:
+        """``[alive, then per model: in_cycle, has_pending, ms_without_progress, layer_in_flight]``."""
+        worker = getattr(state, "async_worker", None)
+        alive = worker is None or worker.is_alive()
+        now = self.clock()
+        out = [int(alive)]
+        for index, ms in enumerate(state.model_states.values()):
+            pending = ms.pending_result
+            layer = pending.layer_idx if pending is not None else _next_layer(state, ms)
+            key = (bool(ms.rebalanced), layer, pending is not None)
+            seen = self._progress.get(index)
+            if seen is None or seen[0] != key:
+                self._progress[index] = (key, now)
+                idle_ms = 0
+            else:
+                idle_ms = int((now - seen[1]) * 1000) if ms.rebalanced else 0
+            out += [int(ms.rebalanced), int(pending is not None), idle_ms, layer]
+        return out
+
+    def on_step(self, controller: Any, is_dummy: bool, is_profile: bool) -> None:
+        """The step-boundary decision (every rank, same order).
+
+        Raises:
+            EplbWorkerFailureError: a worker failed and the policy is ``raise``.
+        """
+        import torch.distributed as dist
+        from vllm.distributed.parallel_state import get_ep_group
+
+        self.steps += 1
+        if self.failure is not None:
+            return
+        state = controller.state
+        group = get_ep_group()
+        mine = torch.tensor(self._local_status(state), dtype=torch.int64)
+        gathered = [torch.empty_like(mine) for _ in range(group.world_size)]
+        dist.all_gather(gathered, mine, group=group.cpu_group)
+        failure = self._decide(state, [t.tolist() for t in gathered])
+        if failure is None:
+            return
+        if failure.kind == "died":
+            # Only the dead rank holds its worker's exception: gather it (every rank is here).
+            causes: list[Any] = [None] * group.world_size
+            dist.all_gather_object(causes, getattr(state, _ERROR_ATTR, None), group=group.cpu_group)
+            text = [f"rank {r}: {causes[r][0]}\n{causes[r][1]}" for r in failure.ranks if causes[r]]
+            failure = WorkerFailure(
+                failure.kind, failure.ranks, failure.model, failure.layer, failure.step,
+                "\n".join(text) or "the worker thread ended without an exception",
+            )  # fmt: skip
+        if failure.kind == "stalled":
+            failure = self._name_stalled(state, group, failure)
+        self.failure = failure
+        self._stop(controller)
+        if group.rank_in_group == 0:
+            from vllm.logger import init_logger
+
+            init_logger(__name__).error("%s; EPLB rearrangement is stopped on every rank", failure.message())
+        for listener in self.listeners:
+            listener(failure)
+        if self.on_failure == "raise":
+            raise EplbWorkerFailureError(failure)
+
+    @staticmethod
+    def _name_stalled(state: Any, group: Any, failure: WorkerFailure) -> WorkerFailure:
+        """Name the rank(s) a stalled cycle waits for: ranks whose worker others wait on (movement's
+        communicator tells the peer it is blocked on) while waiting on nobody themselves."""
+        import torch.distributed as dist
+
+        waiting = None
+        for ms in state.model_states.values():
+            peer = getattr(ms.communicator, "waiting_on", None)
+            if peer is not None:
+                waiting = group.ranks.index(peer) if peer in group.ranks else None
+                break
+        everyone: list[Any] = [None] * group.world_size
+        dist.all_gather_object(everyone, waiting, group=group.cpu_group)
+        waited_on = {w for w in everyone if w is not None}
+        culprits = tuple(sorted(r for r in waited_on if everyone[r] is None))
+        if not culprits:
+            return failure
+        waits = "; ".join(
+            f"rank {r}'s transfer waits on rank {w}" for r, w in enumerate(everyone) if w is not None
+        )
+        return WorkerFailure(
+            failure.kind, culprits, failure.model, failure.layer, failure.step,
+            f"{failure.cause}; {waits}, which waits on no peer",
+        )  # fmt: skip
+
+    def _decide(self, state: Any, gathered: list[list[int]]) -> WorkerFailure | None:
+        names = [ms.model_name for ms in state.model_states.values()]
+        dead = tuple(r for r, row in enumerate(gathered) if not row[0])
+        in_flight = None
+        for index, name in enumerate(names):
+            rows = [row[1 + 4 * index : 5 + 4 * index] for row in gathered]
+            if any(r[0] for r in rows):
+                in_flight = (index, name, max(r[3] for r in rows), rows)
+                break
+        model = in_flight[1] if in_flight else None
+        layer = in_flight[2] if in_flight else None
+        if dead:
+            return WorkerFailure("died", dead, model, layer, self.steps, "")
+        if in_flight is None:
+            return None
+        rows = in_flight[3]
+        idle_s = max(r[2] for r in rows) / 1000.0
+        if idle_s <= self.timeout_s:
+            return None
+        silent = tuple(r for r, row in enumerate(rows) if not row[1]) or tuple(range(len(rows)))
+        return WorkerFailure(
+            "stalled", silent, model, layer, self.steps,
+            f"the rearrangement cycle made no progress for {idle_s:.1f} s (> {self.timeout_s:g} s, "
+            f"{ENV_TIMEOUT}): layer {layer} was not published by rank(s) {', '.join(map(str, silent))}",
+        )  # fmt: skip
+
+    @staticmethod
+    def _stop(controller: Any) -> None:
+        """Stop EPLB rearrangement on this rank; serving keeps the last committed placement."""
+        controller.suppressed = True
+        state = controller.state
+        if state.should_record_tensor is not None:
+            state.should_record_tensor.fill_(False)
+        for ms in state.model_states.values():
+            # The unfinished cycle is dropped: its staged layer (if any) is never moved into the
+            # weights, so every layer stays wholly committed, old or new.
+            ms.rebalanced = False
+            ms.pending_result = None
+
+
+def _next_layer(state: Any, model_state: Any) -> int:
+    """The MoE layer the cycle in flight commits next (from control's commit log), 0 when none yet."""
+    log = getattr(state, "commit_log", None)
+    if not model_state.rebalanced or not log:
+        return 0
+    current = getattr(state, "num_rearrangements", 0)
+    committed = [e.layer for e in log if e.kind == "acknowledge" and e.rearrangement == current]
+    return (max(committed) + 1) if committed else 0
