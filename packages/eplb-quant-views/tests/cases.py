@@ -6,7 +6,7 @@ import torch
 
 from ascend_eplb.quant_views import build_expert_storage, get_format
 
-# DESIGN §2 letters: p local physical experts, H hidden, I intermediate, T tokens. Distinct H, I and 2I,
+# GLOSSARY.md letters: p local physical experts, H hidden, I intermediate, T tokens. Distinct H, I and 2I,
 # so no transposed layout passes for another.
 p, H, I = 4, 192, 64  # noqa: E741
 T = 12

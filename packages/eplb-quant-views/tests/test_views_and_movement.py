@@ -37,7 +37,7 @@ EXPECTED_NAMES = {
     "mxfp4": ["w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"],
 }
 
-H, I2, I = C.H, 2 * C.I, C.I  # noqa: E741 (DESIGN §2 letters)
+H, I2, I = C.H, 2 * C.I, C.I  # noqa: E741 (GLOSSARY.md letters)
 E8 = torch.float8_e8m0fnu
 # Stacked kernel tensors: (shape, stride or None for contiguous, dtype). p = 4, H = 192, I = 64.
 EXPECTED_LAYOUT = {

@@ -144,7 +144,8 @@ def test_a_simulated_events_file_plans_like_its_load_matrix_and_like_the_online_
     # ranks x batch x K = 384 per step and layer, never a padded row.
     for w in windows:
         sums = [sum(row) for row in w["load"]]
-        assert sums[0] == sums[1] and sums[0] in (384, 768), sums
+        assert sums[0] == sums[1], sums
+        assert sums[0] in (384, 768), sums
 
     total = trace.load_load_matrix(events_file)
     assert np.array_equal(total, np.sum([w["load"] for w in windows], axis=0))

@@ -37,15 +37,15 @@ def rank_loads(load: torch.Tensor, physical_to_logical: torch.Tensor, num_ranks:
         raise ValueError(
             f"load {tuple(load.shape)} and placement {tuple(p2l.shape)} must be (L, E) and (L, P) of one L"
         )
-    num_layers, num_experts = load.shape
+    num_moe_layers, num_experts = load.shape
     if num_ranks < 1 or p2l.shape[1] % num_ranks:
         raise ValueError(f"num_ranks={num_ranks} must divide P={p2l.shape[1]}")
     if p2l.numel() and (int(p2l.min()) < 0 or int(p2l.max()) >= num_experts):
         raise ValueError(f"the placement names experts outside [0, {num_experts})")
-    replicas = torch.zeros(num_layers, num_experts, dtype=torch.float64)
+    replicas = torch.zeros(num_moe_layers, num_experts, dtype=torch.float64)
     replicas.scatter_add_(1, p2l, torch.ones_like(p2l, dtype=torch.float64))
     per_slot = torch.gather(load / replicas.clamp(min=1.0), 1, p2l)
-    return per_slot.view(num_layers, num_ranks, -1).sum(dim=-1)
+    return per_slot.view(num_moe_layers, num_ranks, -1).sum(dim=-1)
 
 
 def balancedness(loads: torch.Tensor) -> float:
@@ -73,9 +73,9 @@ def experts_crossing_ranks(old: torch.Tensor, new: torch.Tensor, num_ranks: int)
     new = torch.as_tensor(new, dtype=torch.int64)
     if old.shape != new.shape or old.dim() != 2 or old.shape[1] % num_ranks:
         raise ValueError(f"placements {tuple(old.shape)} and {tuple(new.shape)} must be (L, P), N | P")
-    num_layers, num_physical = old.shape
+    num_moe_layers, num_physical = old.shape
     p = num_physical // num_ranks
-    old_r = old.view(num_layers, num_ranks, p)
-    new_r = new.view(num_layers, num_ranks, p)
+    old_r = old.view(num_moe_layers, num_ranks, p)
+    new_r = new.view(num_moe_layers, num_ranks, p)
     held = (new_r.unsqueeze(-1) == old_r.unsqueeze(-2)).any(dim=-1)  # (L, N, p)
     return int((~held).sum())

@@ -39,7 +39,7 @@ from ascend_eplb.control import commit_hooks, host_adaptation
 from ascend_eplb.control.patching import Patch, PatchSet
 from ascend_eplb.integration import watchdog
 
-__all__ = ["PATCHES", "apply_patches", "patches_applied", "remove_patches"]
+__all__ = ["PATCHES", "applied_bindings", "apply_patches", "patches_applied", "remove_patches"]
 
 _OWNER = "ascend_eplb.integration.patches"
 _FACTORY_PARAMS = ("group_coordinator", "backend", "expert_weights", "expert_buffer")

@@ -12,7 +12,7 @@ Expert weights are pluggable: :class:`TaggedExperts` (plain torch, each row fill
 logical expert, for exact movement checks) or any object with ``weight_views()`` (the simulator's
 quantized storage). This module imports vLLM; the rest of ``ascend_eplb.testing`` does not.
 
-Shape letters (DESIGN.md section 2): E logical experts, P physical experts, p local physical experts,
+Shape letters (GLOSSARY.md): E logical experts, P physical experts, p local physical experts,
 N ranks, T tokens, K top-k.
 """
 

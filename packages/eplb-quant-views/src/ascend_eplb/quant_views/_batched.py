@@ -9,7 +9,7 @@ methods run. The result is bit-identical to `ascend_eplb.quant_views.per_expert.
 
 Shape names: ``selections`` counts the ``(token, k)`` pairs routed to a local row, ``rows`` the
 distinct local rows present in a call (at most p), ``in_features`` / ``out_features`` the reduction /
-output dimension of a GEMM. The DESIGN §2 letters keep their meaning (T tokens, K top-k, H, I).
+output dimension of a GEMM. The GLOSSARY.md letters keep their meaning (T tokens, K top-k, H, I).
 """
 
 from __future__ import annotations
@@ -103,9 +103,9 @@ class Selection:
 def batched_apply(
     fmt: ExpertWeightFormat,
     storage: ExpertStorage,
-    hidden_TH: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
-    topk_weights_TK: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
-    local_ids_TK: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
+    hidden_TH: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
+    topk_weights_TK: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
+    local_ids_TK: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
     *,
     fused: bool,
     chunk_bytes: int = CHUNK_BYTES,

@@ -2,7 +2,7 @@
 
 Shape names: ``in_features`` is the reduction dimension of a GEMM and ``out_features`` its output
 dimension (for ``w13``: H and 2I; for ``w2``: I and H); ``rows`` counts independent rows (tokens,
-channels). The DESIGN §2 letters (p, T, H, I ...) keep their one meaning and are never reused for these.
+channels). The GLOSSARY.md letters (p, T, H, I ...) keep their one meaning and are never reused for these.
 
 Conventions (all documented in the package README):
 

@@ -20,9 +20,9 @@ __all__ = ["per_expert_apply"]
 def per_expert_apply(
     fmt: ExpertWeightFormat,
     storage: ExpertStorage,
-    hidden_TH: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
-    topk_weights_TK: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
-    local_ids_TK: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
+    hidden_TH: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
+    topk_weights_TK: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
+    local_ids_TK: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
     *,
     comm_path: str = "standard",
 ) -> torch.Tensor:

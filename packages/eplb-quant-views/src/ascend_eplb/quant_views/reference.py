@@ -100,9 +100,9 @@ def build_expert_storage(
 def reference_moe(
     w13: torch.Tensor,
     w2: torch.Tensor,
-    hidden_TH: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
-    topk_weights_TK: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
-    local_ids_TK: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
+    hidden_TH: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
+    topk_weights_TK: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
+    local_ids_TK: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
     *,
     w13_bias: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,

@@ -55,7 +55,7 @@ class ExpertWeightFormat(abc.ABC):
     _options: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     #: kernel tensors stored as a transpose(1, 2) strided view of an expert-first contiguous base.
     _transposed: ClassVar[frozenset[str]] = frozenset()
-    #: (H, I) divisibility rules: (DESIGN §2 letter ``"H"`` or ``"I"``, multiple, reason).
+    #: (H, I) divisibility rules: (GLOSSARY.md letter ``"H"`` or ``"I"``, multiple, reason).
     _size_rules: ClassVar[tuple[tuple[str, int, str], ...]] = ()
 
     def __repr__(self) -> str:
@@ -201,9 +201,9 @@ class ExpertWeightFormat(abc.ABC):
     def apply(
         self,
         storage: ExpertStorage,
-        hidden_TH: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
-        topk_weights_TK: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
-        local_ids_TK: torch.Tensor,  # noqa: N803 (DESIGN §2 shape letters)
+        hidden_TH: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
+        topk_weights_TK: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
+        local_ids_TK: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
         *,
         comm_path: str = "standard",
     ) -> torch.Tensor:

@@ -1,0 +1,30 @@
+"""The public names of the serving product's modules (what vLLM Ascend imports)."""
+
+import importlib
+
+import pytest
+
+API = {
+    "ascend_eplb.integration": ["__version__"],
+    "ascend_eplb.integration.plugin": ["ENV_SWITCH", "eplb_requested", "register"],
+    "ascend_eplb.integration.patches": ["PATCHES", "applied_bindings", "apply_patches", "patches_applied",
+                                        "remove_patches"],
+    "ascend_eplb.integration.runner": ["Mrv2EplbWiring", "batch_has_prefill", "create_eplb_controller"],
+    "ascend_eplb.integration.verify": ["CHECKS", "ENV_VERIFY", "EplbVerificationError", "EplbVerifier",
+                                       "verify_requested"],
+    "ascend_eplb.integration.watchdog": ["CHECK", "DEFAULT_WORKER_TIMEOUT_S", "ENV_ON_FAILURE",
+                                         "ENV_TIMEOUT", "PATCHES", "EplbWorkerFailureError", "WorkerFailure",
+                                         "WorkerWatchdog", "watchdog_settings"],
+    "ascend_eplb.integration.events": ["ENV_EVENTS", "EventsRecorder", "EventsWriter", "events_path",
+                                       "read_windows"],
+    "ascend_eplb.integration.metrics": ["balancedness", "experts_crossing_ranks", "hottest_rank_share",
+                                        "rank_loads"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("module", sorted(API))
+def test_all_is_the_documented_api(module):
+    mod = importlib.import_module(module)
+    assert sorted(mod.__all__) == sorted(API[module])
+    for name in mod.__all__:
+        assert hasattr(mod, name), f"{module}.{name}"

@@ -1,0 +1,40 @@
+"""The public names of ascend_eplb.control, and that its vLLM-free modules import without vLLM."""
+
+import subprocess
+import sys
+
+import ascend_eplb.control as control
+
+
+def test_all_is_the_documented_api():
+    assert sorted(control.__all__) == sorted([
+        "LOAD_COLLECTION_PHASES",
+        "AscendEPLBController",
+        "AscendEplbLayerState",
+        "AscendEplbState",
+        "CommitEvent",
+        "LoadCollectionPhase",
+        "Patch",
+        "PatchSet",
+        "RegistrationHook",
+        "StepHook",
+        "__version__",
+        "adapt_layer_routers",
+        "check_signature",
+        "commit_hooks_installed",
+        "is_phase_matched",
+    ])  # fmt: skip
+    for name in control.__all__:
+        assert getattr(control, name) is not None
+
+
+def test_phase_and_patching_import_without_vllm():
+    code = (
+        "import sys; import ascend_eplb.control as c; from ascend_eplb.control import phase, patching; "
+        "assert c.is_phase_matched('decode', False); "
+        "print(sorted(m for m in sys.modules if m.startswith('vllm')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"
