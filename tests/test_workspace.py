@@ -52,6 +52,12 @@ SERVING = [
     "integration",
 ]
 PINS = {"torch": "==2.13.0", "vllm": "==0.33.0"}
+#: The torch-only planes declare the range they are tested on (floor: the root's `floor` environment).
+TORCH_RANGE = {
+    "packages/eplb-quant-views": ">=2.9.1,<2.14",
+    "packages/eplb-dataplane": ">=2.9.1,<2.14",
+    "testing": ">=2.9.1,<2.14",
+}
 
 
 def _requirement_name(requirement: str) -> tuple[str, str]:
@@ -88,6 +94,10 @@ def test_declared_dependencies_are_the_design_edges(folder):
     declared = dict(_requirement_name(r) for r in _pyproject(folder)["project"]["dependencies"])
     assert set(declared) == edges | TOOL_LIBRARIES.get(folder, set())
     for name, pin in PINS.items():
+        if name == "torch" and folder in TORCH_RANGE:
+            pin = TORCH_RANGE[folder]
+            floor = _pyproject(".")["tool"]["hatch"]["envs"]["floor"]["dependencies"]
+            assert f"torch=={pin.split(',')[0].removeprefix('>=')}" in floor
         if name in declared:
             assert declared[name] == pin, f"{folder} pins {name}{declared[name]}, DESIGN says {name}{pin}"
     extras = _pyproject(folder)["project"].get("optional-dependencies", {})
