@@ -282,7 +282,9 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
         report["num_skipped"] = state.num_skipped_rearrangements
         report["rebalanced"] = ms.rebalanced
         report["worker_alive"] = state.async_worker.is_alive()
-        (verifier,) = {hook.__self__ for hook in ctrl.step_hooks}
+        from ascend_eplb.integration.verify import EplbVerifier
+
+        (verifier,) = [h.__self__ for h in ctrl.step_hooks if isinstance(h.__self__, EplbVerifier)]
         report["verifier"] = [type(verifier).__name__, verifier.commits_checked, verifier.steps]
         report["commit_log"] = [
             (e.kind, e.model_name, e.layer, e.rearrangement, dict(e.evidence)) for e in state.commit_log

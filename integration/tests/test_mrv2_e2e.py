@@ -33,7 +33,7 @@ LAYERS = range(ranks.NUM_MOE_LAYERS)
 @pytest.mark.multirank
 def test_mrv2_worker_on_two_ranks_rearranges_through_the_patched_upstream_stack(tmp_path):
     """One world (one test, so xdist cannot run it twice), every check below on its reports."""
-    reports = run_ranks(ranks.mrv2_world, world_size=2, tmp_path=tmp_path, timeout_s=150, preload=PRELOAD)
+    reports = run_ranks(ranks.mrv2_world, world_size=2, tmp_path=tmp_path, timeout_s=240, preload=PRELOAD)
     assert [r["rank"] for r in reports] == [0, 1]
     _patches_build_the_ascend_stack_and_adapt_every_router(reports)
     _mrv2_call_order_and_unpadded_token_counts(reports)

@@ -36,11 +36,13 @@ def test_every_patch_of_the_process_is_in_the_one_registry():
         "vllm.distributed.eplb.eplb_state.create_eplb_communicator",
         "vllm.distributed.eplb.eplb_state._commit_eplb_maps_for_layer",
         "vllm.distributed.eplb.eplb_state._commit_eplb_maps",
+        "vllm.distributed.eplb.async_worker.transfer_run_periodically",
     ]
     assert {p.owner for p in patches.PATCHES} == {
         "ascend_eplb.control.host_adaptation",
         "ascend_eplb.integration.patches",
         "ascend_eplb.control.commit_hooks",
+        "ascend_eplb.integration.watchdog",
     }
 
 

@@ -30,7 +30,7 @@ def _run(tmp_path, world_size, use_async, phase):
         world_size=world_size,
         tmp_path=tmp_path,
         args=(use_async, phase),
-        timeout_s=150,
+        timeout_s=240,  # from the call: the fork server's vLLM import included
         preload=PRELOAD,
     )
 
