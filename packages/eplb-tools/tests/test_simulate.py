@@ -56,7 +56,8 @@ def test_short_run_passes_every_check_and_balances(tmp_path):
 
 def test_eplb_off_balancedness_is_metrics_on_the_initial_placement():
     """The rank's EPLB-off number, recomputed here for one hand-made step: 4 experts, 2 ranks, 2
-    redundant slots (upstream's initial map [0, 1, 2, 3, 0, 1] -> rank 0 holds {0, 1, 2}, rank 1 {3, 0, 1})."""
+    redundant slots (upstream's initial map [0, 1, 2, 3, 0, 1]: rank 0 holds {0, 1, 2}, rank 1
+    {3, 0, 1})."""
     import torch
     from vllm.distributed.eplb.eplb_state import EplbState
 
