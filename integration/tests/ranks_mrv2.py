@@ -95,7 +95,16 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
             world_size=n, rank=rank, distributed_init_method=ctx.init_method, local_rank=rank, backend="gloo"
         )
         initialize_model_parallel(tensor_model_parallel_size=n)
+        # 1'. Upstream's own runner construction, `EPLBController(self.parallel_config, self.device)`
+        # looked up in vllm/v1/worker/gpu/model_runner.py: the plugin's patch alone gives it the
+        # Ascend controller, from the current vLLM config.
+        import vllm.v1.worker.gpu.model_runner as upstream_runner
         from vllm.distributed.parallel_state import get_ep_group
+
+        via_upstream = upstream_runner.EPLBController(vc.parallel_config, device)
+        report["upstream_construction"] = type(via_upstream).__name__
+        report["upstream_construction_phase"] = via_upstream.load_collection_phase
+        del via_upstream
 
         # 1. runner __init__
         wiring = Mrv2EplbWiring(vc, device)
@@ -282,7 +291,10 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
         report["num_skipped"] = state.num_skipped_rearrangements
         report["rebalanced"] = ms.rebalanced
         report["worker_alive"] = state.async_worker.is_alive()
-        (verifier,) = {hook.__self__ for hook in ctrl.step_hooks}
+        from ascend_eplb.integration.verify import EplbVerifier
+
+        # Step hooks: the watchdog's (always) and the verifier's (ASCEND_EPLB_VERIFY=1).
+        (verifier,) = {h.__self__ for h in ctrl.step_hooks if isinstance(h.__self__, EplbVerifier)}
         report["verifier"] = [type(verifier).__name__, verifier.commits_checked, verifier.steps]
         report["commit_log"] = [
             (e.kind, e.model_name, e.layer, e.rearrangement, dict(e.evidence)) for e in state.commit_log

@@ -266,3 +266,25 @@ def test_on_worker_failure_raise_ends_the_run_on_every_rank_at_the_same_step(tmp
         "worker: EPLB worker watchdog: the async EPLB worker of rank(s) 1 died"
     )
     assert report["steps"] < WORKER_FAULT["steps"]  # the step raised on both ranks, and the run ended
+
+
+def test_quiet_drops_only_the_named_vllm_start_up_lines(caplog):
+    import logging
+
+    from ascend_eplb.tools import quiet
+
+    assert quiet.install()
+    caplog.set_level(logging.INFO)
+    logging.getLogger("vllm.platforms.cpu").warning(
+        "Triton is not installed. triton-cpu is expected on x86 CPUs."
+    )
+    logging.getLogger("vllm.platforms.interface").warning("Failed to import from vllm._C: %s", "x")
+    logging.getLogger("vllm.config.vllm").warning(
+        "Model Runner V2 requires Triton; using the V1 model runner"
+    )
+    logging.getLogger("vllm.platforms.cpu").warning("some other CPU platform warning")
+    logging.getLogger("ascend_eplb.integration.watchdog").error("worker died; EPLB rearrangement is stopped")
+    assert [r.getMessage() for r in caplog.records] == [
+        "some other CPU platform warning",
+        "worker died; EPLB rearrangement is stopped",
+    ]

@@ -180,8 +180,12 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ascend_eplb.tools import quiet
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    if quiet.install():
+        print(quiet.NOTE, file=sys.stderr)
     try:
         if args.command == "plan":
             return _run_plan(args)
