@@ -184,8 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    if quiet.install():
-        print(quiet.NOTE, file=sys.stderr)
+    quiet.install()
     try:
         if args.command == "plan":
             return _run_plan(args)

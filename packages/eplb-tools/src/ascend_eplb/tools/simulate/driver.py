@@ -325,6 +325,10 @@ def _summary(report: dict) -> str:
         # The first line; a dead worker's traceback is in report.json (and events.jsonl).
         lines.append(f"  first violation: {report['first_violation'].splitlines()[0]}")
     lines.append(f"  report.json, balancedness.png, events.jsonl in {report['out_dir']}")
+    from ascend_eplb.tools import quiet
+
+    if quiet.install():
+        lines.append(f"  {quiet.NOTE}")
     lines.append(f"  {'PASSED' if report['passed'] else 'FAILED'} in {report['wall_seconds']:.1f} s")
     return "\n".join(lines)
 
