@@ -95,7 +95,16 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
             world_size=n, rank=rank, distributed_init_method=ctx.init_method, local_rank=rank, backend="gloo"
         )
         initialize_model_parallel(tensor_model_parallel_size=n)
+        # 1'. Upstream's own runner construction, `EPLBController(self.parallel_config, self.device)`
+        # looked up in vllm/v1/worker/gpu/model_runner.py: the plugin's patch alone gives it the
+        # Ascend controller, from the current vLLM config.
+        import vllm.v1.worker.gpu.model_runner as upstream_runner
         from vllm.distributed.parallel_state import get_ep_group
+
+        via_upstream = upstream_runner.EPLBController(vc.parallel_config, device)
+        report["upstream_construction"] = type(via_upstream).__name__
+        report["upstream_construction_phase"] = via_upstream.load_collection_phase
+        del via_upstream
 
         # 1. runner __init__
         wiring = Mrv2EplbWiring(vc, device)

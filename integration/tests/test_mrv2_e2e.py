@@ -47,6 +47,9 @@ def _patches_build_the_ascend_stack_and_adapt_every_router(reports) -> None:
         assert r["communicator_setting"] == "torch_gloo"  # unset, resolved by the patched ParallelConfig
         assert r["controller"] == "AscendEPLBController"
         assert r["controller_is_ascend"] is True
+        # Upstream's runner construction, patched by the plugin alone, builds the same controller.
+        assert r["upstream_construction"] == "AscendEPLBController"
+        assert r["upstream_construction_phase"] == "decode"
         assert r["upstream_controller_subclass"] is True
         assert r["registered_model"] is True
         assert r["state_class"] == "AscendEplbState"

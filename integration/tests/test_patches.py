@@ -37,6 +37,7 @@ def test_every_patch_of_the_process_is_in_the_one_registry():
         "vllm.distributed.eplb.eplb_state._commit_eplb_maps_for_layer",
         "vllm.distributed.eplb.eplb_state._commit_eplb_maps",
         "vllm.distributed.eplb.async_worker.transfer_run_periodically",
+        "vllm.v1.worker.gpu.model_runner.EPLBController",
     ]
     assert {p.owner for p in patches.PATCHES} == {
         "ascend_eplb.control.host_adaptation",
@@ -126,3 +127,19 @@ def test_a_second_use_of_the_platform_in_vllm_config_parallel_is_refused(clean, 
     with pytest.raises(RuntimeError, match=r"must consult current_platform\.is_cuda_alike\(\) exactly once"):
         patches.apply_patches()
     assert patches.patches_applied() is False
+
+
+def test_upstream_runner_construction_gets_the_ascend_controller_only_with_eplb_and_a_current_config(clean):
+    from types import SimpleNamespace
+
+    import vllm.v1.worker.gpu.model_runner as upstream_runner
+    from vllm.config import ParallelConfig
+    from vllm.v1.worker.gpu.eplb_utils import EPLBController
+
+    patches.apply_patches()
+    off = upstream_runner.EPLBController(ParallelConfig(), torch.device("cpu"))
+    assert type(off) is EPLBController  # EPLB off: upstream's class itself
+    with pytest.raises(RuntimeError, match=r"built outside vLLM's set_current_vllm_config\(\)"):
+        upstream_runner.EPLBController(SimpleNamespace(enable_eplb=True), torch.device("cpu"))
+    patches.remove_patches()
+    assert upstream_runner.EPLBController is EPLBController

@@ -122,9 +122,9 @@ RULES = [
     (
         "experts-divisible",
         {"parallel_config__eplb_config__num_redundant_experts": 2},
-        "logical experts (64) + num_redundant_experts (2) = 66 physical experts is not divisible by the EP "
-        "size (4 = TP 2 x PCP 1 x DP 2); fix: choose num_redundant_experts so that 64 + "
-        "num_redundant_experts is a multiple of 4, e.g. 4",
+        "logical experts (64) + num_redundant_experts (2) = 66 physical experts is not divisible by 4 EP "
+        "ranks; fix: choose num_redundant_experts so that 64 + num_redundant_experts is a multiple of 4, "
+        "e.g. 4 (EP size 4 = TP 2 x PCP 1 x DP 2)",
     ),
     (
         "window-size",

@@ -72,7 +72,8 @@ def test_metrics_on_a_hand_checked_matrix():
     [
         (
             {"num_ranks": 3, "redundancy": [0]},
-            r"redundant experts=0: E \+ redundant = 4 physical experts must divide evenly over ranks=3",
+            r"redundant experts=0: logical experts \(4\) \+ num_redundant_experts \(0\) = 4 physical experts "
+            r"is not divisible by 3 EP ranks; fix: .* e.g. 2",
         ),
         (
             {"num_ranks": 2, "redundancy": [1, -1]},
@@ -103,7 +104,7 @@ def test_cli_plan_json_and_errors(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "upstream DefaultEplbPolicy: 26 layers x 64 logical experts, ranks=8" in text
     assert cli.main(["plan", str(path), "--ranks", "6", "--redundant-experts", "4"]) == 2
-    assert "68 physical experts must divide evenly over ranks=6" in capsys.readouterr().err
+    assert "68 physical experts is not divisible by 6 EP ranks" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2]")
     assert cli.main(["plan", str(bad), "--ranks", "2"]) == 2
@@ -166,3 +167,95 @@ def test_a_simulated_events_file_plans_like_its_load_matrix_and_like_the_online_
     assert (
         cli.main(["plan", str(events_file), "--ranks", "2", "--redundant-experts", "2", "--last", "1"]) == 0
     )
+
+
+def test_default_sweep_recommendation_and_an_invalid_level_beside_the_valid_ones(capsys):
+    path = ESFT / "results/expert_scores/translation/summary.json"
+    load = trace.load_load_matrix(path)
+    result = plan.plan(load, num_ranks=4)
+    assert [lv.num_redundant_experts for lv in result.levels] == list(range(0, 65, 4))
+    assert {lv.policy for lv in result.levels} == {"global"}
+    best = max(lv.balancedness_after for lv in result.levels)
+    chosen = result.level(result.recommended)
+    assert chosen.balancedness_after >= best - plan.DEFAULT_MARGIN
+    assert all(
+        lv.balancedness_after < best - plan.DEFAULT_MARGIN
+        for lv in result.levels
+        if lv.num_redundant_experts < chosen.num_redundant_experts
+    )
+    # One invalid level among valid ones: the valid rows are computed and printed, the invalid one is
+    # named with its rule, the exit status is 2.
+    assert cli.main(["plan", str(path), "--ranks", "8", "--redundant-experts", "0,4,8"]) == 2
+    out, err = capsys.readouterr()
+    assert (
+        "        4  invalid: redundant experts=4: logical experts (64) + num_redundant_experts (4) = 68"
+        in out
+    )
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["0"], ["8"])]
+    assert [r[:3] for r in rows] == [["0", "64", "global"], ["8", "72", "global"]]
+    assert "ascend-eplb plan: error: redundant experts=4:" in err
+
+
+def test_global_policy_is_shown_beside_the_hierarchical_one_on_several_nodes():
+    load = trace.load_load_matrix(ESFT / "results/expert_scores/translation/summary.json")
+    result = plan.plan(load, num_ranks=8, redundancy=[8], num_nodes=2, num_expert_groups=8)
+    hier, glob = result.level(8, "hierarchical"), result.level(8, "global")
+    np.testing.assert_array_equal(np.array(hier.physical_to_logical_map), _upstream(load, 8, 8, 2, 8).numpy())
+    np.testing.assert_array_equal(np.array(glob.physical_to_logical_map), _upstream(load, 8, 8, 1, 1).numpy())
+    # Node-local packing costs balance on this workload: 0.9710 hierarchical, 0.9958 global.
+    assert round(hier.balancedness_after, 4) == 0.9710
+    assert round(glob.balancedness_after, 4) == 0.9958
+
+
+def test_esft_text_files_plan_like_their_compact_trace(tmp_path):
+    folder = ESFT / "results/expert_scores/translation"
+    from_text = trace.load_load_matrix(folder)
+    assert np.array_equal(from_text, trace.load_trace().load().astype(np.float64))
+    one = trace.load_load_matrix(folder / "expert_weights_1.txt")
+    assert np.array_equal(one, from_text[:1])
+    assert one.sum() == 8251 * 6
+
+
+def test_export_expert_map_reads_back_as_the_recommended_placement(tmp_path, capsys):
+    path = ESFT / "results/expert_scores/law/summary.json"
+    out = tmp_path / "map" / "expert_map.json"
+    assert (
+        cli.main(
+            ["plan", str(path), "--ranks", "4", "--redundant-experts", "4", "--export-expert-map", str(out)]
+        )
+        == 0
+    )
+    assert f"wrote {out}: num_redundant_experts=4 (global policy), 26 MoE layers x 4 devices" in (
+        capsys.readouterr().out
+    )
+    data = json.loads(out.read_text())
+    assert data["moe_layer_count"] == 26
+    expected = _upstream(trace.load_load_matrix(path), 4, 4).numpy()
+    for layer in data["layer_list"]:
+        assert layer["device_count"] == 4
+        assert [d["device_id"] for d in layer["device_list"]] == [0, 1, 2, 3]
+        row = [e for d in layer["device_list"] for e in d["device_expert"]]
+        assert row == expected[layer["layer_id"]].tolist()
+        assert all(len(d["device_expert"]) == 17 for d in layer["device_list"])
+
+
+def test_costs_at_the_model_size(tmp_path, capsys):
+    from ascend_eplb.tools.costs import estimate_costs, read_model_size
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({
+        "hidden_size": 7168, "moe_intermediate_size": 2048, "n_routed_experts": 256,
+        "num_hidden_layers": 61, "first_k_dense_replace": 3, "num_experts_per_tok": 8,
+    }))  # fmt: skip
+    model = read_model_size(tmp_path)  # DeepSeek-V3's sizes
+    assert (model.num_logical_experts, model.num_moe_layers, model.top_k) == (256, 58, 8)
+    c = estimate_costs(model, "w8a8_dynamic", num_ranks=32, num_redundant_experts=32, link_gbps=25.0,
+                       busiest_rank_experts_per_layer=2.0)  # fmt: skip
+    assert c.expert_nbytes == 3 * 7168 * 2048 + (2 * 2048 + 7168) * 4 == 44_085_248
+    assert c.redundant_slots_per_rank_per_layer == 1
+    assert c.redundant_nbytes_per_rank == 58 * 44_085_248
+    assert c.busiest_rank_experts_received == 116
+    assert c.transfer_seconds == pytest.approx(116 * 44_085_248 * 8 / 25e9)
+    (tmp_path / "dense.json").write_text('{"hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 2}')
+    with pytest.raises(ValueError, match=r"dense.json: no routed experts count \(a dense model has none\)"):
+        read_model_size(tmp_path / "dense.json")

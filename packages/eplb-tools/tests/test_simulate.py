@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from ascend_eplb.tools.cli import main
@@ -38,6 +39,84 @@ def test_short_run_passes_every_check_and_balances(tmp_path):
                 "step_seconds_p99", "checks"):  # fmt: skip
         assert key in on_disk
     assert (tmp_path / "balancedness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # EPLB off over the same steps, from the step's logical ids under upstream's initial placement
+    # with the replica split of integration.metrics; the EPLB-on run beats it after rearranging.
+    off = on_disk["balancedness_off_per_step"]
+    assert len(off) == len(on_disk["balancedness_per_step"]) == 16
+    assert all(0 < b <= 1 for b in off)
+    assert report["balancedness_after"] > report["balancedness_off_after"]
+    shares = np.array(on_disk["rank_load_share_per_step"])
+    assert shares.shape == (16, 2)
+    np.testing.assert_allclose(shares.sum(axis=1), 1.0)
+    assert on_disk["commit_completed_steps"] == sorted(on_disk["commit_completed_steps"])
+    assert len(on_disk["commit_completed_steps"]) == report["rearrangements_completed"]
+    assert sum(on_disk["bytes_received_per_rank"]) == report["bytes_moved"]
+    assert on_disk["out_dir"] == str(tmp_path.resolve())
+
+
+def test_eplb_off_balancedness_is_metrics_on_the_initial_placement():
+    """The rank's EPLB-off number, recomputed here for one hand-made step: 4 experts, 2 ranks, 2
+    redundant slots (upstream's initial map [0, 1, 2, 3, 0, 1]: rank 0 holds {0, 1, 2}, rank 1
+    {3, 0, 1})."""
+    import torch
+    from vllm.distributed.eplb.eplb_state import EplbState
+
+    from ascend_eplb.integration import metrics
+
+    p2l = torch.tensor([EplbState.build_initial_global_physical_to_logical_map(4, 2)])
+    assert p2l.tolist() == [[0, 1, 2, 3, 0, 1]]
+    load = torch.tensor([[8.0, 2.0, 1.0, 1.0]])  # expert 0 split 4 | 4, expert 1 split 1 | 1
+    loads = metrics.rank_loads(load, p2l, 2)
+    assert loads.tolist() == [[4 + 1 + 1, 1 + 4 + 1]]
+    assert metrics.balancedness(loads) == pytest.approx(1.0)
+
+
+def test_the_parser_is_generated_from_the_config_fields():
+    from dataclasses import fields
+
+    from ascend_eplb.tools.cli import build_parser
+    from ascend_eplb.tools.simulate.config import config_from_args
+
+    args = build_parser().parse_args(
+        [
+            "simulate",
+            "--ranks",
+            "2",
+            "--top-k",
+            "8",
+            "--no-progress",
+            "--link-gbps",
+            "100",
+            "--phase",
+            "decode",
+        ]
+    )
+    config = config_from_args(args)
+    assert (config.num_ranks, config.sample_top_k, config.progress, config.link_gbps) == (2, 8, False, 100.0)
+    assert config.load_collection_phase == "decode"
+    assert config_from_args(build_parser().parse_args(["simulate"])) == SimulateConfig()
+    flags = {f.metadata["flag"] for f in fields(SimulateConfig) if "flag" in f.metadata}
+    help_text = build_parser()._subparsers._group_actions[0].choices["simulate"].format_help()
+    assert all(flag in help_text for flag in flags)
+
+
+def test_top_k_samples_a_load_matrix_and_skips_layers_without_load(tmp_path, capsys):
+    from ascend_eplb.tools.trace import load_routing_source
+
+    load = np.zeros((3, 16))
+    load[1] = np.arange(1, 17)
+    load[2] = 1.0
+    path = tmp_path / "load.npy"
+    np.save(path, load)
+    routing = load_routing_source(path, num_tokens=64, top_k=8, seed=0)
+    assert routing.topk_ids.shape == (2, 64, 8)  # the dense (all-zero) layer 0 skipped
+    assert routing.name == "load.npy (1 layers without load skipped)"
+    assert load_routing_source(path, num_tokens=64, seed=0).top_k == 6  # the stated default
+    # --top-k is for sampling: with a routing trace (.npz) it is an error naming the trace's own K.
+    code = main(["simulate", "--top-k", "8", "--out", str(tmp_path / "o")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "top-k=8: the routing trace routes top-6; --top-k is for sampling a load matrix" in err
 
 
 @pytest.mark.multirank
@@ -57,7 +136,11 @@ def test_bad_options_rejected_before_any_process(tmp_path, capsys):
                  "--window-size", "9", "--step-interval", "4", "--out", str(tmp_path / "o")])  # fmt: skip
     assert code == 2
     err = capsys.readouterr().err
-    assert "E + redundant = 65 physical experts must divide evenly over ranks=3" in err
+    assert (
+        "redundant experts=1: logical experts (64) + num_redundant_experts (1) = 65 physical experts is "
+        "not divisible by 3 EP ranks; fix: choose num_redundant_experts so that 64 + num_redundant_experts "
+        "is a multiple of 3, e.g. 2"
+    ) in err
     assert "layers=40: must be in [1, 26]" in err
     assert "format='int3'" in err
     assert "window size=9: must be <= step interval=4" in err
@@ -183,3 +266,25 @@ def test_on_worker_failure_raise_ends_the_run_on_every_rank_at_the_same_step(tmp
         "worker: EPLB worker watchdog: the async EPLB worker of rank(s) 1 died"
     )
     assert report["steps"] < WORKER_FAULT["steps"]  # the step raised on both ranks, and the run ended
+
+
+def test_quiet_drops_only_the_named_vllm_start_up_lines(caplog):
+    import logging
+
+    from ascend_eplb.tools import quiet
+
+    assert quiet.install()
+    caplog.set_level(logging.INFO)
+    logging.getLogger("vllm.platforms.cpu").warning(
+        "Triton is not installed. triton-cpu is expected on x86 CPUs."
+    )
+    logging.getLogger("vllm.platforms.interface").warning("Failed to import from vllm._C: %s", "x")
+    logging.getLogger("vllm.config.vllm").warning(
+        "Model Runner V2 requires Triton; using the V1 model runner"
+    )
+    logging.getLogger("vllm.platforms.cpu").warning("some other CPU platform warning")
+    logging.getLogger("ascend_eplb.integration.watchdog").error("worker died; EPLB rearrangement is stopped")
+    assert [r.getMessage() for r in caplog.records] == [
+        "some other CPU platform warning",
+        "worker died; EPLB rearrangement is stopped",
+    ]

@@ -75,7 +75,8 @@ def test_load_matrix_formats_agree(tmp_path):
         ("[1, 2, 3]", ".json", r"\[L, E\] matrix, got shape \(3,\)"),
         ("[[1, -2]]", ".json", "finite and >= 0"),
         ('{"counts": []}', ".json", "'token_scores' \\(ESFT\\) or 'logical_count'"),
-        ("1,2\n", ".txt", "unsupported load file type '.txt'"),
+        ("1,2\n", ".bin", "unsupported load file type '.bin'"),
+        ("1,2\n", ".txt", r"bad.txt:1: expected '<ids>\\t\\t<weights>', found no double tab"),
     ],
 )
 def test_load_matrix_rejects_bad_input(tmp_path, content, suffix, match):

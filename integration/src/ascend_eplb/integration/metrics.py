@@ -10,14 +10,20 @@ and returns host tensors in float64 (loads) or int64 (placements) and does not m
   ``EPLB step ... balancedness`` log sums over layers before dividing; the per-layer mean makes every
   layer count equally); a layer without load counts as 1.0 (nothing to balance);
 - experts crossing ranks: slots, over all layers, whose new logical expert was not on that slot's rank
-  before, i.e. expert weights that travel between ranks.
+  before, i.e. expert weights that travel between ranks; per rank: the experts that rank receives.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["balancedness", "experts_crossing_ranks", "hottest_rank_share", "rank_loads"]
+__all__ = [
+    "balancedness",
+    "experts_crossing_ranks",
+    "experts_received_per_rank",
+    "hottest_rank_share",
+    "rank_loads",
+]
 
 
 def rank_loads(load: torch.Tensor, physical_to_logical: torch.Tensor, num_ranks: int) -> torch.Tensor:
@@ -69,6 +75,16 @@ def hottest_rank_share(loads: torch.Tensor) -> float:
 
 def experts_crossing_ranks(old: torch.Tensor, new: torch.Tensor, num_ranks: int) -> int:
     """Slots of ``new`` ``(L, P)`` whose logical expert was not held by that slot's rank under ``old``."""
+    return int(experts_received_per_rank(old, new, num_ranks).sum())
+
+
+def experts_received_per_rank(old: torch.Tensor, new: torch.Tensor, num_ranks: int) -> torch.Tensor:
+    """int64 ``(L, N)``: per layer, the slots of each rank whose new logical expert the rank did not
+    hold under ``old`` (``(L, P)`` each), i.e. the experts the rank receives in that rearrangement.
+
+    Raises:
+        ValueError: the placements differ in shape, are not 2-D, or N does not divide P.
+    """
     old = torch.as_tensor(old, dtype=torch.int64)
     new = torch.as_tensor(new, dtype=torch.int64)
     if old.shape != new.shape or old.dim() != 2 or old.shape[1] % num_ranks:
@@ -78,4 +94,4 @@ def experts_crossing_ranks(old: torch.Tensor, new: torch.Tensor, num_ranks: int)
     old_r = old.view(num_moe_layers, num_ranks, p)
     new_r = new.view(num_moe_layers, num_ranks, p)
     held = (new_r.unsqueeze(-1) == old_r.unsqueeze(-2)).any(dim=-1)  # (L, N, p)
-    return int((~held).sum())
+    return (~held).sum(dim=-1)

@@ -23,6 +23,8 @@ binding (vLLM 0.33.0 / torch 2.13.0)                      replacement (owner)
 ``eplb_state._commit_eplb_maps``                          acknowledge (control.commit_hooks)
 ``async_worker.transfer_run_periodically``                records the worker's exception before the
                                                           thread ends (integration.watchdog)
+``vllm.v1.worker.gpu.model_runner.EPLBController``        EPLB on: ``create_eplb_controller(current
+                                                          vllm config, device)``; off: upstream's class
 ========================================================  ==============================================
 
 Control's ``AscendEPLBController`` builds the Ascend state and adapts the routers itself (a subclass,
@@ -69,6 +71,32 @@ def _wrap_factory(original: Callable[..., Any]) -> Callable[..., Any]:
     return create_eplb_communicator
 
 
+def _wrap_runner_controller(original: type) -> Callable[[Any, Any], Any]:
+    def EPLBController(parallel_config: Any, device: Any) -> Any:  # noqa: N802 (the name upstream calls)
+        """Upstream ``GPUModelRunner.__init__``'s ``EPLBController(self.parallel_config, self.device)``:
+        with EPLB on, the controller :func:`~ascend_eplb.integration.runner.create_eplb_controller`
+        builds from the current vLLM config (set by vLLM's worker around ``init_device``, where the
+        runner is constructed); with EPLB off, upstream's class itself."""
+        if not parallel_config.enable_eplb:
+            return original(parallel_config, device)
+        from vllm.config import get_current_vllm_config_or_none
+
+        from ascend_eplb.integration.runner import create_eplb_controller
+
+        vllm_config = get_current_vllm_config_or_none()
+        if vllm_config is None or vllm_config.parallel_config is not parallel_config:
+            raise RuntimeError(
+                "Ascend EPLB: the Model Runner V2 controller was built outside vLLM's "
+                "set_current_vllm_config() of this runner's config, so its Ascend settings cannot be "
+                "read; construct the runner inside set_current_vllm_config(vllm_config) or call "
+                "ascend_eplb.integration.runner.create_eplb_controller(vllm_config, device)"
+            )
+        return create_eplb_controller(vllm_config, device)
+
+    EPLBController.__wrapped__ = original  # type: ignore[attr-defined]  (signature check, removal)
+    return EPLBController
+
+
 #: Every patch of the process, in installation order.
 PATCHES: tuple[Patch, ...] = (
     *host_adaptation.PATCHES,
@@ -85,6 +113,15 @@ PATCHES: tuple[Patch, ...] = (
     ),
     *commit_hooks.PATCHES,
     *watchdog.PATCHES,
+    # The controller of upstream's MRv2 runner (imported there by name from eplb_utils): the plugin
+    # alone then serves a runner that keeps upstream's construction.
+    Patch(
+        "vllm.v1.worker.gpu.model_runner",
+        "EPLBController",
+        ("self", "parallel_config", "device"),
+        _wrap_runner_controller,
+        _OWNER,
+    ),
 )
 
 _REGISTRY = PatchSet(PATCHES)

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Mrv2EplbWiring", "batch_has_prefill", "create_eplb_controller"]
+__all__ = ["Mrv2EplbWiring", "active_line", "batch_has_prefill", "create_eplb_controller"]
 
 
 def batch_has_prefill(num_computed_tokens: Sequence[int], num_prompt_tokens: Sequence[int]) -> bool:
@@ -95,12 +95,36 @@ def create_eplb_controller(vllm_config: Any, device: torch.device) -> Any:
     # other hook looks at the cycle), then the verifier, then the events file.
     watchdog = WorkerWatchdog(timeout_s, on_failure)
     watchdog.attach(controller)
-    if verify_requested():
+    verifying = verify_requested()
+    if verifying:
         EplbVerifier().attach(controller)
     path = events_path()
     if path is not None:
         EventsRecorder(path).attach(controller, watchdog)
+    from vllm.logger import init_logger
+
+    # The one line that tells an operator, in the serving log, that Ascend EPLB is active and how.
+    init_logger(__name__).info(
+        "%s", active_line(phase, verifying, timeout_s, on_failure, path, settings.num_redundant_experts)
+    )
     return controller
+
+
+def active_line(
+    phase: str,
+    verifying: bool,
+    timeout_s: float,
+    on_failure: str,
+    events: Any,
+    num_redundant_experts: Any,
+) -> str:
+    """The INFO line :func:`create_eplb_controller` logs (also what an operator greps for)."""
+    return (
+        f"Ascend EPLB active: AscendEPLBController, load_collection_phase={phase}, "
+        f"num_redundant_experts={num_redundant_experts}, verifier={'on' if verifying else 'off'} "
+        f"(ASCEND_EPLB_VERIFY), watchdog timeout {timeout_s:g} s on_failure={on_failure}, "
+        f"events={events if events is not None else 'off'} (ASCEND_EPLB_EVENTS)"
+    )
 
 
 class Mrv2EplbWiring:

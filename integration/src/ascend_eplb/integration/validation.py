@@ -2,8 +2,9 @@
 
 Runs before any weight or buffer is allocated (vLLM Ascend calls it from its platform's
 ``check_and_update_config``) and raises one :class:`EplbConfigError` that lists every violated rule with
-the offending value and the fix. Nothing here imports the planes or allocates: the quantization format
-check imports ``ascend_eplb.quant_views`` (pure torch) only when EPLB is on.
+the offending value and the fix. Nothing here imports vLLM or allocates: the phases come from
+``ascend_eplb.control.phase`` (standard library only); the quantization format check imports
+``ascend_eplb.quant_views`` (pure torch) only when EPLB is on.
 
 Where each setting is read from (``validate_eplb_config``):
 
@@ -33,6 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES as _CONTROL_PHASES
+
 __all__ = [
     "ASCEND_QUANT_TYPES",
     "ASCEND_V2_KEYS",
@@ -45,6 +48,7 @@ __all__ = [
     "Violation",
     "check_config_file",
     "check_settings",
+    "experts_divisibility_error",
     "quantization_format_name",
     "settings_from_file_dict",
     "settings_from_vllm_config",
@@ -71,8 +75,8 @@ V1_EPLB_KEYS = (
 V1_EPLB_ENV_SWITCHES = ("DYNAMIC_EPLB", "EXPERT_MAP_RECORD")
 #: The only Ascend-specific key of the Model Runner V2 ``eplb_config``.
 ASCEND_V2_KEYS = ("load_collection_phase",)
-#: Values of ``load_collection_phase`` (control's ``is_phase_matched``).
-LOAD_COLLECTION_PHASES = ("all", "prefill", "decode")
+#: Values of ``load_collection_phase``: control's own constant (``ascend_eplb.control.phase``, no vLLM).
+LOAD_COLLECTION_PHASES = _CONTROL_PHASES
 #: Communicators accepted by this integration (``torch_gloo`` -> ``AscendGlooEplbCommunicator``).
 SUPPORTED_COMMUNICATORS = ("torch_gloo",)
 
@@ -149,6 +153,26 @@ class EplbSettings:
     @property
     def num_ranks(self) -> int:
         return self.tensor_parallel_size * self.prefill_context_parallel_size * self.data_parallel_size
+
+
+def experts_divisibility_error(
+    num_logical_experts: int, num_redundant_experts: int, num_ranks: int
+) -> str | None:
+    """Why ``E + R`` physical experts cannot be spread evenly over ``N`` EP ranks, or None when they can.
+
+    The one statement of upstream's layout rule (``EplbState``: ``P / N`` local physical experts per
+    rank), used by start-up validation, ``ascend-eplb plan`` and ``ascend-eplb simulate``. The message
+    names the values and the nearest fix (the next redundancy level that divides).
+    """
+    p = num_logical_experts + num_redundant_experts
+    if num_ranks < 1 or p % num_ranks == 0:
+        return None
+    fix = num_redundant_experts + (-p) % num_ranks
+    return (
+        f"logical experts ({num_logical_experts}) + num_redundant_experts ({num_redundant_experts}) = {p} "
+        f"physical experts is not divisible by {num_ranks} EP ranks; fix: choose num_redundant_experts so "
+        f"that {num_logical_experts} + num_redundant_experts is a multiple of {num_ranks}, e.g. {fix}"
+    )
 
 
 def _truthy_env(value: str | None) -> bool:
@@ -281,17 +305,13 @@ def check_settings(s: EplbSettings) -> list[Violation]:
             )
         )
     if r_ok and s.num_logical_experts is not None and s.enable_expert_parallel:
-        p = s.num_logical_experts + r
-        if p % s.num_ranks != 0:
+        reason = experts_divisibility_error(s.num_logical_experts, r, s.num_ranks)
+        if reason is not None:
             out.append(
                 Violation(
                     "experts-divisible",
-                    f"logical experts ({s.num_logical_experts}) + num_redundant_experts ({r}) = {p} "
-                    f"physical experts is not divisible by the EP size ({s.num_ranks} = TP "
-                    f"{s.tensor_parallel_size} x PCP {s.prefill_context_parallel_size} x DP "
-                    f"{s.data_parallel_size}); fix: choose num_redundant_experts so that "
-                    f"{s.num_logical_experts} + num_redundant_experts is a multiple of {s.num_ranks}, "
-                    f"e.g. {r + (-p) % s.num_ranks}",
+                    f"{reason} (EP size {s.num_ranks} = TP {s.tensor_parallel_size} x PCP "
+                    f"{s.prefill_context_parallel_size} x DP {s.data_parallel_size})",
                 )
             )
     out.extend(_format_violations(s.quantization))

@@ -15,151 +15,77 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ascend_eplb.tools.options import int_list, positive_float, positive_int
+
 __all__ = ["build_parser", "main"]
 
 
-def _positive(value: str) -> int:
-    n = int(value)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n}: must be >= 1")
-    return n
-
-
-def _non_negative(value: str) -> int:
-    n = int(value)
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{n}: must be >= 0")
-    return n
-
-
-def _int_list(value: str) -> list[int]:
-    try:
-        out = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{value!r}: must be comma-separated integers, e.g. 0,8,16"
-        ) from None
-    if not out or min(out) < 0:
-        raise argparse.ArgumentTypeError(f"{value!r}: must list integers >= 0")
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from ascend_eplb.tools.simulate.config import FAULTS, SimulateConfig
+    from ascend_eplb.tools.simulate.config import add_simulate_arguments
 
     parser = argparse.ArgumentParser(prog="ascend-eplb", description="Ascend EPLB for vLLM Model Runner V2.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    d = SimulateConfig()
     sim = sub.add_parser(
         "simulate",
         help="replay real routing across EP ranks over Gloo on CPU, checking every invariant",
         description="Replay real MoE routing across EP rank processes (Gloo, CPU) through the Ascend EPLB "
         "planes and upstream vLLM's async EPLB, checking every invariant at every step.",
     )
-    sim.add_argument(
-        "--ranks", type=_positive, default=d.num_ranks, help="EP ranks (processes), default %(default)s"
-    )
-    sim.add_argument(
-        "--redundant-experts", type=_non_negative, default=d.num_redundant_experts, help="default %(default)s"
-    )
-    sim.add_argument(
-        "--format",
-        dest="quant_format",
-        default=d.quant_format,
-        help="expert weight format, default %(default)s",
-    )
-    sim.add_argument(
-        "--layers", type=_positive, default=None, help="MoE layers (a prefix of the trace), default all"
-    )
-    sim.add_argument(
-        "--batch-size", type=_positive, default=d.batch_size, help="real tokens per step, default %(default)s"
-    )
-    sim.add_argument(
-        "--padded-size",
-        type=_positive,
-        default=None,
-        help="padded batch size (graph size), default the next multiple of 16 above the batch size",
-    )
-    sim.add_argument("--steps", type=_positive, default=d.steps, help="default %(default)s")
-    sim.add_argument(
-        "--window-size", type=_positive, default=d.window_size, help="EPLB load window, default %(default)s"
-    )
-    sim.add_argument(
-        "--step-interval",
-        type=_positive,
-        default=d.step_interval,
-        help="EPLB step interval, default %(default)s",
-    )
-    sim.add_argument(
-        "--phase",
-        choices=("all", "prefill", "decode"),
-        default=d.load_collection_phase,
-        help="load collection phase, default %(default)s",
-    )
-    sim.add_argument(
-        "--trace",
-        type=Path,
-        default=None,
-        help="routing: a compact trace (.npz), or load to sample from: a serving events file (.jsonl) or "
-        "a [L, E] load matrix (.json/.npy/.csv); default the embedded ESFT trace",
-    )
-    sim.add_argument("--hidden-size", type=_positive, default=d.hidden_size, help="H, default %(default)s")
-    sim.add_argument(
-        "--intermediate-size", type=_positive, default=d.intermediate_size, help="I, default %(default)s"
-    )
-    sim.add_argument("--seed", type=int, default=d.seed, help="default %(default)s")
-    sim.add_argument("--out", type=Path, default=Path(d.out_dir), help="output folder, default %(default)s")
-    sim.add_argument(
-        "--timeout",
-        type=float,
-        default=d.timeout_s,
-        help="deadline of the whole run in seconds, default %(default)s",
-    )
-    sim.add_argument("--no-progress", action="store_true", help="no progress bar")
-    sim.add_argument(
-        "--worker-timeout",
-        type=float,
-        default=d.worker_timeout_s,
-        help="seconds a rearrangement may go without progress before the watchdog stops EPLB "
-        "(ASCEND_EPLB_WORKER_TIMEOUT_S), default %(default)s",
-    )
-    sim.add_argument(
-        "--on-worker-failure",
-        choices=("stop", "raise"),
-        default=d.on_worker_failure,
-        help="what the watchdog does on a dead or stalled worker (ASCEND_EPLB_ON_WORKER_FAILURE): stop "
-        "EPLB and keep serving, or raise; default %(default)s",
-    )
-    sim.add_argument(
-        "--fault",
-        choices=FAULTS,
-        default=None,
-        help="inject a fault to see the check that catches it: " + ", ".join(FAULTS),
-    )
+    add_simulate_arguments(sim)
+
+    from ascend_eplb.tools.simulate.config import LINK_GBPS_DEFAULT, LINK_GBPS_HELP
 
     pl = sub.add_parser("plan", help="offline what-if of upstream's default EPLB policy on recorded load")
     pl.add_argument(
         "load",
         type=Path,
         help="[L, E] load: a serving events file (.jsonl, ASCEND_EPLB_EVENTS), a .json/.npy/.csv matrix, "
-        "an ESFT summary.json or an SGLang {'logical_count': ...}",
+        "an ESFT summary.json, ESFT expert_weights_*.txt (a folder of them or one file) or an SGLang "
+        "{'logical_count': ...}",
     )
-    pl.add_argument("--ranks", type=_positive, required=True, help="EP ranks")
+    pl.add_argument("--ranks", type=positive_int, required=True, help="EP ranks")
     pl.add_argument(
         "--redundant-experts",
-        type=_int_list,
-        default=[0],
-        help="comma-separated levels, e.g. 0,8,16 (default 0)",
+        type=int_list,
+        default=None,
+        help="comma-separated levels, e.g. 0,8,16; default a sweep: every level in [0, E] with E + level "
+        "divisible by the ranks (0 and the multiples of the ranks when they divide E)",
     )
     pl.add_argument(
         "--last",
-        type=_positive,
+        type=positive_int,
         default=None,
         help="with an events file (.jsonl): plan on the sum of its last N windows (default all)",
     )
-    pl.add_argument("--nodes", type=_positive, default=1, help="default %(default)s")
-    pl.add_argument("--expert-groups", type=_positive, default=1, help="default %(default)s")
+    pl.add_argument("--nodes", type=positive_int, default=1, help="default %(default)s")
+    pl.add_argument("--expert-groups", type=positive_int, default=1, help="default %(default)s")
+    pl.add_argument(
+        "--margin",
+        type=float,
+        default=None,
+        help="recommend the smallest level within this balancedness of the best; default 0.01",
+    )
+    pl.add_argument(
+        "--model-config",
+        type=Path,
+        default=None,
+        help="the model's config.json (or its folder): report memory and rearrangement costs at its size",
+    )
+    pl.add_argument(
+        "--format",
+        dest="quant_format",
+        default="bf16",
+        help="expert weight format for costs, default %(default)s",
+    )
+    pl.add_argument("--link-gbps", type=positive_float, default=LINK_GBPS_DEFAULT, help=LINK_GBPS_HELP)
+    pl.add_argument(
+        "--export-expert-map",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="write the recommended level's placement as vLLM Ascend's expert_map_path JSON",
+    )
     pl.add_argument("--json", action="store_true", help="machine-readable output")
 
     ck = sub.add_parser("check", help="validate an EPLB configuration file")
@@ -168,13 +94,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
-    from ascend_eplb.tools.plan import format_plan, validate_plan_args
+    from ascend_eplb.tools.plan import DEFAULT_MARGIN, format_plan, validate_plan_args
     from ascend_eplb.tools.trace import load_load_matrix
 
     load = load_load_matrix(args.load, last=args.last)
     validate_plan_args(load.shape, args.ranks, args.nodes, args.expert_groups, args.redundant_experts)
+    margin = DEFAULT_MARGIN if args.margin is None else args.margin
+    if not 0 <= margin < 1:
+        raise ValueError(f"margin={margin}: must be in [0, 1)")
+    model = None
+    if args.model_config is not None:
+        from ascend_eplb.tools.costs import read_model_size
+
+        model = read_model_size(args.model_config)
+        from ascend_eplb.quant_views import get_format
+
+        get_format(args.quant_format).check_sizes(model.hidden_size, model.moe_intermediate_size)
+    if args.export_expert_map is not None and args.export_expert_map.is_dir():
+        raise ValueError(f"export expert map={args.export_expert_map}: is a folder, give a .json file path")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    from ascend_eplb.tools.plan import plan
+    from dataclasses import replace
+
+    from ascend_eplb.tools.plan import expert_map_json, plan
 
     result = plan(
         load,
@@ -182,11 +123,39 @@ def _run_plan(args: argparse.Namespace) -> int:
         redundancy=args.redundant_experts,
         num_nodes=args.nodes,
         num_expert_groups=args.expert_groups,
+        margin=margin,
     )
+    if model is not None:
+        from ascend_eplb.tools.costs import estimate_costs
+
+        costs: dict = {}
+        for lv in result.levels:
+            costs.setdefault(str(lv.num_redundant_experts), {})[lv.policy] = estimate_costs(
+                model,
+                args.quant_format,
+                num_ranks=args.ranks,
+                num_redundant_experts=lv.num_redundant_experts,
+                link_gbps=args.link_gbps,
+                busiest_rank_experts_per_layer=lv.busiest_rank_experts_received / result.num_layers,
+            ).to_json()
+        result = replace(result, costs=costs)
     if args.json:
         print(json.dumps(result.to_json()))
     else:
         print(format_plan(result))
+    if args.export_expert_map is not None and result.recommended is not None:
+        data = expert_map_json(result.level(result.recommended), args.ranks)
+        args.export_expert_map.parent.mkdir(parents=True, exist_ok=True)
+        args.export_expert_map.write_text(json.dumps(data, indent=1))
+        print(
+            f"wrote {args.export_expert_map}: num_redundant_experts={result.recommended} "
+            f"({result.policy} policy), {data['moe_layer_count']} MoE layers x {args.ranks} devices",
+            file=sys.stderr if args.json else sys.stdout,
+        )
+    if result.invalid_levels:
+        for d in result.invalid_levels:
+            print(f"ascend-eplb plan: error: {d['error']}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -203,38 +172,19 @@ def _run_check(args: argparse.Namespace) -> int:
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
-    from ascend_eplb.tools.simulate.config import SimulateConfig
+    from ascend_eplb.tools.simulate.config import config_from_args
     from ascend_eplb.tools.simulate.driver import run_simulation
 
-    config = SimulateConfig(
-        num_ranks=args.ranks,
-        num_redundant_experts=args.redundant_experts,
-        quant_format=args.quant_format,
-        num_layers=args.layers,
-        batch_size=args.batch_size,
-        padded_size=args.padded_size,
-        steps=args.steps,
-        window_size=args.window_size,
-        step_interval=args.step_interval,
-        load_collection_phase=args.phase,
-        trace=str(args.trace) if args.trace else None,
-        hidden_size=args.hidden_size,
-        intermediate_size=args.intermediate_size,
-        seed=args.seed,
-        out_dir=str(args.out),
-        timeout_s=args.timeout,
-        progress=not args.no_progress,
-        fault=args.fault,
-        worker_timeout_s=args.worker_timeout,
-        on_worker_failure=args.on_worker_failure,
-    )
-    report = run_simulation(config)
+    report = run_simulation(config_from_args(args))
     return 0 if report["passed"] else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ascend_eplb.tools import quiet
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    quiet.install()
     try:
         if args.command == "plan":
             return _run_plan(args)

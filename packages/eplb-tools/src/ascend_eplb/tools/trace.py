@@ -29,10 +29,12 @@ from pathlib import Path
 import numpy as np
 
 __all__ = [
+    "DEFAULT_SAMPLE_TOP_K",
     "EMBEDDED_TRACE",
     "RoutingTrace",
     "convert",
     "embedded_trace_path",
+    "load_esft_expert_weights",
     "load_load_matrix",
     "load_routing_source",
     "load_trace",
@@ -217,12 +219,42 @@ def _matrix(value: object, source: str) -> np.ndarray:
     return arr
 
 
+def load_esft_expert_weights(path: str | Path, *, top_k: int = 6) -> np.ndarray:
+    """Selections per (layer, logical expert), float64 ``[L, E]``, from ESFT's per-token routing text
+    (``expert_weights_<layer>.txt``, one line per sequence, ``<ids>\\t\\t<gate weights>``, top-``k``
+    per token): a folder of them (layers in numeric order) or one file (``L = 1``).
+
+    ``E`` is the largest id + 1 over all files (ESFT's DeepSeek-V2-Lite: 64). Raises ``ValueError``
+    naming the file and line of a malformed line, or the folder when it holds no such file.
+    """
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("expert_weights_*.txt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
+        if not files:
+            raise ValueError(f"{path}: no expert_weights_<layer>.txt files")
+    else:
+        files = [path]
+    per_layer = []
+    for file in files:
+        with file.open() as f:
+            ids = [_parse_line(line, file, n, top_k)[0] for n, line in enumerate(f, 1) if line.strip()]
+        flat = np.concatenate(ids).ravel() if ids else np.zeros(0, dtype=np.int64)
+        if flat.size and flat.min() < 0:
+            raise ValueError(f"{file}: negative expert id {flat.min()}")
+        per_layer.append(flat)
+    num_experts = max((int(a.max()) + 1 for a in per_layer if a.size), default=0)
+    if num_experts == 0:
+        raise ValueError(f"{path}: no routed token in the ESFT expert_weights files")
+    return np.stack([np.bincount(a, minlength=num_experts) for a in per_layer]).astype(np.float64)
+
+
 def load_load_matrix(path: str | Path, *, last: int | None = None) -> np.ndarray:
     """Read recorded expert load as float64 ``[L, E]`` (any non-negative unit: counts or shares).
 
-    Accepted: a serving events file ``.jsonl`` (``ASCEND_EPLB_EVENTS``): the sum of its ``window``
-    loads, or of the ``last`` ones; ``.npy``; ``.csv`` (one row per layer, no header); ``.json``
-    holding a ``[L, E]`` list, an
+    Accepted: ESFT per-token routing (a folder of ``expert_weights_*.txt`` or one such ``.txt``:
+    :func:`load_esft_expert_weights`); a serving events file ``.jsonl`` (``ASCEND_EPLB_EVENTS``): the
+    sum of its ``window`` loads, or of the ``last`` ones; ``.npy``; ``.csv`` (one row per layer, no
+    header); ``.json`` holding a ``[L, E]`` list, an
     SGLang expert-distribution dump ``{"logical_count": [[...]]}`` (``[L, E]``, or ``[steps, L, E]``
     summed over steps), or an ESFT ``summary.json`` (``{"token_scores": {layer: {expert: share}}}``,
     layers and experts sorted numerically). Raises ``ValueError`` naming the file and the rule.
@@ -230,6 +262,10 @@ def load_load_matrix(path: str | Path, *, last: int | None = None) -> np.ndarray
     path = Path(path)
     source = str(path)
     suffix = path.suffix.lower()
+    if path.is_dir() or (suffix == ".txt" and path.is_file()):
+        if last is not None:
+            raise ValueError(f"last={last}: is only for an events file (.jsonl)")
+        return load_esft_expert_weights(path)
     if not path.is_file():
         raise ValueError(f"{source}: no such file (an [L, E] load matrix)")
     if last is not None and (last < 1 or suffix != ".jsonl"):
@@ -301,15 +337,34 @@ def sample_trace_from_load(
     return RoutingTrace(ids.astype(np.int64), weights, offsets, num_experts, name)
 
 
+#: Top-k drawn when sampling a load matrix and the operator names none: the embedded trace's (ESFT,
+#: DeepSeek-V2-Lite routes top-6). DeepSeek-V3/R1 route top-8: pass ``--top-k 8``.
+DEFAULT_SAMPLE_TOP_K = 6
+
+
 def load_routing_source(
-    path: str | Path | None, *, num_tokens: int = 8192, top_k: int = 6, seed: int = 0
+    path: str | Path | None, *, num_tokens: int = 8192, top_k: int | None = None, seed: int = 0
 ) -> RoutingTrace:
-    """The simulator's routing: ``None`` -> embedded trace; ``.npz`` -> :func:`load_trace`; a load matrix
-    (JSON/NPY/CSV) -> :func:`sample_trace_from_load` with ``num_tokens`` tokens and ``top_k``."""
-    if path is None or Path(path).suffix.lower() == ".npz":
+    """The simulator's routing: ``None`` -> embedded trace; ``.npz`` -> :func:`load_trace` (its own top-k;
+    ``top_k`` is not applied); a load matrix (any :func:`load_load_matrix` input) ->
+    :func:`sample_trace_from_load` with ``num_tokens`` tokens and ``top_k`` (default
+    :data:`DEFAULT_SAMPLE_TOP_K`), on the layers that carry load: layers whose load sums to 0 (dense
+    layers of a model's full layer list) are skipped, as ``plan`` skips them. Raises ``ValueError`` if
+    no layer carries load."""
+    if path is None or (Path(path).suffix.lower() == ".npz" and not Path(path).is_dir()):
         return load_trace(path)
+    load = load_load_matrix(path)
+    loaded = load.sum(axis=1) > 0
+    if not loaded.any():
+        raise ValueError(f"{path}: all {load.shape[0]} layers have zero load; nothing to route")
+    skipped = int((~loaded).sum())
+    name = Path(path).name + (f" ({skipped} layers without load skipped)" if skipped else "")
     return sample_trace_from_load(
-        load_load_matrix(path), num_tokens=num_tokens, top_k=top_k, seed=seed, name=Path(path).name
+        load[loaded],
+        num_tokens=num_tokens,
+        top_k=DEFAULT_SAMPLE_TOP_K if top_k is None else top_k,
+        seed=seed,
+        name=name,
     )
 
 

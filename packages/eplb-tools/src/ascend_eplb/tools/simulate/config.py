@@ -2,59 +2,158 @@
 
 from __future__ import annotations
 
+import argparse
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES as PHASES
+from ascend_eplb.integration.validation import experts_divisibility_error
 from ascend_eplb.integration.verify import CHECKS as VERIFIER_CHECKS
 from ascend_eplb.integration.watchdog import CHECK as WATCHDOG_CHECK
+from ascend_eplb.tools.options import non_negative_int, positive_int
 
-__all__ = ["CHECKS", "FAULTS", "OUTPUT_ATOL", "OUTPUT_RTOL", "PHASES", "SIMULATOR_CHECKS", "SimulateConfig"]
+__all__ = [
+    "CHECKS",
+    "CHECK_DESCRIPTIONS",
+    "FAULTS",
+    "LINK_GBPS_DEFAULT",
+    "OUTPUT_ATOL",
+    "OUTPUT_RTOL",
+    "PHASES",
+    "SIMULATOR_CHECKS",
+    "SimulateConfig",
+    "add_simulate_arguments",
+    "config_from_args",
+    "non_negative_int",
+    "positive_int",
+]
 
 FAULTS = ("wrong-lookup-refresh", "view-skips-scale", "worker-dies", "worker-stalls")
 #: The simulator's own checks; the others are the serving verifier's (ASCEND_EPLB_VERIFY=1) and the
 #: serving watchdog's (always on).
 SIMULATOR_CHECKS = ("outputs", "load")
 CHECKS = (*SIMULATOR_CHECKS, *VERIFIER_CHECKS, WATCHDOG_CHECK)
+#: Each check in plain words (the summary prints them).
+CHECK_DESCRIPTIONS = {
+    "outputs": "every layer's output equals the EPLB-off model's, every step",
+    "load": "the recorded load equals the routed real tokens (padding excluded)",
+    "fingerprints": "each moved expert's weights equal its logical expert's after the commit",
+    "lookups": "routing tables equal the committed placement, the same on every rank",
+    "worker": "the async EPLB worker stayed alive and made progress",
+}
 #: Output tolerance against the EPLB-off reference. Moved weights are bit-identical, so the only
 #: difference is float32 summation order (per-rank partial sums, then all_reduce): a few ulps of the
 #: largest value.
 OUTPUT_RTOL = 1e-5
 OUTPUT_ATOL = 1e-6
+#: Default link speed (Gbit/s) for the rearrangement-time estimate of ``simulate`` and ``plan``:
+#: 25 Gbit/s, one 25GE port per rank. Movement stages every expert through host memory over Gloo (TCP),
+#: so the host NIC, not HCCS or RoCE at 200 Gbit/s, bounds a rearrangement; pass your own.
+LINK_GBPS_DEFAULT = 25.0
+LINK_GBPS_HELP = (
+    "link speed in Gbit/s for the time a rearrangement's transfer takes; default %(default)s (one 25GE "
+    "host port per rank: the Gloo-staged movement goes through host memory and TCP)"
+)
+
+
+def _option(default: Any, flag: str, help: str, **argparse_kwargs: Any) -> Any:
+    """A :class:`SimulateConfig` field that is also a command-line option: the one place an option is
+    spelled. ``flag`` and ``help`` (and any ``argparse`` keyword: ``type``, ``choices``, ``action``,
+    ``metavar``) build the ``simulate`` parser (:func:`add_simulate_arguments`)."""
+    return field(default=default, metadata={"flag": flag, "help": help, **argparse_kwargs})
 
 
 @dataclass(frozen=True)
 class SimulateConfig:
     """One simulator run. Defaults are the README's main-job command.
 
-    ``num_layers=None`` takes every layer of the trace; ``padded_size=None`` rounds ``batch_size`` up to a
-    multiple of 16 (plus 16 when already a multiple, so every batch carries padding rows, as a
-    graph-captured runner's fixed batch does). ``trace=None`` is the embedded ESFT trace.
+    Every field with a ``flag`` in its metadata is a ``simulate`` option (the parser is generated from
+    these fields, :func:`add_simulate_arguments`); adding an option is one field here.
+    ``num_layers=None`` takes every loaded layer of the trace; ``padded_size=None`` rounds
+    ``batch_size`` up to a multiple of 16 (plus 16 when already a multiple, so every batch carries
+    padding rows, as a graph-captured runner's fixed batch does). ``trace=None`` is the embedded ESFT
+    trace. ``sample_top_k=None``: the trace's own top-k for a routing trace (.npz), 6 (the embedded
+    trace's) when sampling a load matrix.
     """
 
-    num_ranks: int = 4
-    num_redundant_experts: int = 4
-    quant_format: str = "w8a8_dynamic"
-    num_layers: int | None = None
-    batch_size: int = 32
-    padded_size: int | None = None
-    steps: int = 96
-    window_size: int = 8
-    step_interval: int = 16
-    load_collection_phase: str = "all"
-    trace: str | None = None
-    hidden_size: int = 64
-    intermediate_size: int = 32
-    seed: int = 0
-    out_dir: str = "eplb-simulate"
-    timeout_s: float = 300.0
-    progress: bool = True
-    fault: str | None = None
-    worker_timeout_s: float = 600.0  # ASCEND_EPLB_WORKER_TIMEOUT_S of the ranks
-    on_worker_failure: str = "stop"  # ASCEND_EPLB_ON_WORKER_FAILURE of the ranks
-    sample_tokens: int = 8192  # tokens drawn when ``trace`` is a load matrix
-    sample_top_k: int = 6
+    num_ranks: int = _option(4, "--ranks", "EP ranks (processes), default %(default)s", type=positive_int)
+    num_redundant_experts: int = _option(
+        4, "--redundant-experts", "redundant physical experts per layer, default %(default)s",
+        type=non_negative_int,
+    )  # fmt: skip
+    quant_format: str = _option("w8a8_dynamic", "--format", "expert weight format, default %(default)s")
+    num_layers: int | None = _option(
+        None, "--layers", "MoE layers (a prefix of the trace's loaded layers), default all", type=positive_int
+    )
+    batch_size: int = _option(
+        32, "--batch-size", "real tokens per step, default %(default)s", type=positive_int
+    )
+    padded_size: int | None = _option(
+        None, "--padded-size",
+        "padded batch size (graph size), default the next multiple of 16 above the batch size",
+        type=positive_int,
+    )  # fmt: skip
+    steps: int = _option(96, "--steps", "default %(default)s", type=positive_int)
+    window_size: int = _option(8, "--window-size", "EPLB load window, default %(default)s", type=positive_int)
+    step_interval: int = _option(
+        16, "--step-interval", "EPLB step interval, default %(default)s", type=positive_int
+    )
+    load_collection_phase: str = _option(
+        "all", "--phase", "load collection phase, default %(default)s", choices=PHASES
+    )
+    trace: str | None = _option(
+        None, "--trace",
+        "routing: a compact trace (.npz), or load to sample from: a serving events file (.jsonl), a "
+        "[L, E] load matrix (.json/.npy/.csv), ESFT expert_weights_*.txt (a folder or one file); "
+        "default the embedded ESFT trace",
+        metavar="PATH",
+    )  # fmt: skip
+    sample_top_k: int | None = _option(
+        None, "--top-k",
+        "experts per token when sampling a load matrix (DeepSeek-V3: 8); default 6 (the embedded "
+        "trace's); a routing trace keeps its own",
+        type=positive_int,
+    )  # fmt: skip
+    sample_tokens: int = _option(
+        8192, "--sample-tokens", "tokens drawn when sampling a load matrix, default %(default)s",
+        type=positive_int,
+    )  # fmt: skip
+    hidden_size: int = _option(64, "--hidden-size", "H of the simulated experts, default %(default)s",
+                               type=positive_int)  # fmt: skip
+    intermediate_size: int = _option(
+        32, "--intermediate-size", "I of the simulated experts, default %(default)s", type=positive_int
+    )
+    seed: int = _option(0, "--seed", "default %(default)s", type=int)
+    out_dir: str = _option("eplb-simulate", "--out", "output folder, default %(default)s", metavar="DIR")
+    timeout_s: float = _option(
+        300.0, "--timeout", "deadline of the whole run in seconds, default %(default)s", type=float
+    )
+    progress: bool = _option(True, "--no-progress", "no progress bar", action="store_false")
+    fault: str | None = _option(
+        None, "--fault", "inject a fault to see the check that catches it: " + ", ".join(FAULTS),
+        choices=FAULTS,
+    )  # fmt: skip
+    worker_timeout_s: float = _option(
+        600.0, "--worker-timeout",
+        "seconds a rearrangement may go without progress before the watchdog stops EPLB "
+        "(ASCEND_EPLB_WORKER_TIMEOUT_S), default %(default)s",
+        type=float,
+    )  # fmt: skip
+    on_worker_failure: str = _option(
+        "stop", "--on-worker-failure",
+        "what the watchdog does on a dead or stalled worker (ASCEND_EPLB_ON_WORKER_FAILURE): stop "
+        "EPLB and keep serving, or raise; default %(default)s",
+        choices=("stop", "raise"),
+    )  # fmt: skip
+    model_config: str | None = _option(
+        None, "--model-config",
+        "a model's config.json (hidden_size, moe_intermediate_size, routed experts, MoE layers): "
+        "report expert bytes, redundancy memory and rearrangement traffic at that size in --format",
+        metavar="PATH",
+    )  # fmt: skip
+    link_gbps: float = _option(LINK_GBPS_DEFAULT, "--link-gbps", LINK_GBPS_HELP, type=float)
 
     @property
     def effective_padded_size(self) -> int:
@@ -68,8 +167,11 @@ class SimulateConfig:
     def with_layers(self, num_layers: int) -> SimulateConfig:
         return replace(self, num_layers=num_layers)
 
-    def validate(self, *, num_trace_layers: int, num_logical_experts: int, top_k: int) -> None:
-        """Raise ``ValueError`` listing every violated rule. Needs the trace's ``L``, ``E`` and ``K``."""
+    def validate(
+        self, *, num_trace_layers: int, num_logical_experts: int, top_k: int, samples_load: bool = False
+    ) -> None:
+        """Raise ``ValueError`` listing every violated rule. Needs the trace's ``L``, ``E`` and ``K``
+        (``samples_load``: the routing was sampled from a load matrix, so ``--top-k`` applied)."""
         from ascend_eplb.quant_views import get_format
 
         errors: list[str] = []
@@ -79,12 +181,9 @@ class SimulateConfig:
             errors.append("ranks=1: EPLB needs an expert-parallel world of at least 2 ranks")
         if self.num_redundant_experts < 0:
             errors.append(f"redundant experts={self.num_redundant_experts}: must be >= 0")
-        num_physical = num_logical_experts + self.num_redundant_experts
-        if self.num_ranks >= 1 and num_physical % self.num_ranks:
-            errors.append(
-                f"redundant experts={self.num_redundant_experts}: E + redundant = {num_physical} physical "
-                f"experts must divide evenly over ranks={self.num_ranks}"
-            )
+        reason = experts_divisibility_error(num_logical_experts, self.num_redundant_experts, self.num_ranks)
+        if self.num_redundant_experts >= 0 and reason is not None:
+            errors.append(f"redundant experts={self.num_redundant_experts}: {reason}")
         try:
             fmt = get_format(self.quant_format)
         except ValueError as e:
@@ -138,6 +237,15 @@ class SimulateConfig:
             errors.append(f"fault={self.fault!r}: must be one of {FAULTS}")
         if top_k > num_logical_experts:
             errors.append(f"trace top-k={top_k}: must be <= E={num_logical_experts}")
+        if self.sample_top_k is not None and not samples_load:
+            errors.append(
+                f"top-k={self.sample_top_k}: the routing trace routes top-{top_k}; --top-k is for "
+                "sampling a load matrix"
+            )
+        if not (0 < self.link_gbps < float("inf")):
+            errors.append(f"link gbps={self.link_gbps}: must be a finite number > 0")
+        if self.model_config is not None and not Path(self.model_config).is_file():
+            errors.append(f"model config={self.model_config}: no such file (a model's config.json)")
         if errors:
             raise ValueError("invalid simulate options:\n  - " + "\n  - ".join(errors))
 
@@ -156,3 +264,22 @@ def _unwritable(out: Path) -> str | None:
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"cannot be created: {parent} is not writable"
     return None
+
+
+def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one option per :class:`SimulateConfig` field that has a ``flag`` (its metadata: flag, help,
+    argparse keywords; the default is the field's). ``dest`` is the field name."""
+    for f in fields(SimulateConfig):
+        meta = dict(f.metadata)
+        if "flag" not in meta:
+            continue
+        flag = meta.pop("flag")
+        parser.add_argument(flag, dest=f.name, default=f.default, **meta)
+
+
+def config_from_args(args: argparse.Namespace) -> SimulateConfig:
+    """The :class:`SimulateConfig` of parsed ``simulate`` arguments (fields without a flag keep their
+    defaults)."""
+    return SimulateConfig(
+        **{f.name: getattr(args, f.name) for f in fields(SimulateConfig) if "flag" in f.metadata}
+    )

@@ -48,6 +48,7 @@ def _prepare(config: SimulateConfig) -> tuple[SimulateConfig, Any]:
         num_trace_layers=routing.num_layers,
         num_logical_experts=routing.num_logical_experts,
         top_k=routing.top_k,
+        samples_load=config.trace is not None and Path(config.trace).suffix.lower() != ".npz",
     )
     if config.num_layers is not None:
         routing = routing.prefix(config.num_layers)
@@ -147,9 +148,13 @@ def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: f
     first_rearr = next((i for i, n in enumerate(rearr) if n > 0), None)
     # A rearrangement is complete when its last MoE layer commits (upstream commits layers in order).
     completed = [i for i, c in enumerate(r0["commits_per_step"]) if routing.num_layers - 1 in c]
+    bal_off = r0["balancedness_off_per_step"]
     before = bal[: first_rearr + 1] if first_rearr is not None else bal
     # From the first completed rearrangement on, routing runs on placements EPLB chose.
     after = bal[completed[0] + 1 :] if completed else []
+    off_after = bal_off[completed[0] + 1 :] if completed else []
+    received = [int(res["bytes_moved"]) for res in results]  # per rank, toy sizes
+    busiest_experts = max(received) // r0["expert_nbytes"] if r0["expert_nbytes"] else 0
     violations = [res["violation"] for res in results if res["violation"] is not None]
     failed = {v[0] for v in violations}
     secs = np.array(r0["step_seconds"])
@@ -174,9 +179,17 @@ def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: f
         "layers_committed": layers_committed,
         "balancedness_before": float(np.mean(before)) if before else None,
         "balancedness_after": float(np.mean(after)) if after else None,
+        "balancedness_off_after": float(np.mean(off_after)) if off_after else None,
+        "balancedness_off_mean": float(np.mean(bal_off)) if bal_off else None,
         "balancedness_per_step": bal,
-        "rank_load_per_step": r0["rank_load_per_step"],
-        "bytes_moved": int(sum(res["bytes_moved"] for res in results)),
+        "balancedness_off_per_step": bal_off,
+        "rank_load_share_per_step": r0["rank_load_share_per_step"],
+        "commit_completed_steps": completed,
+        "bytes_moved": int(sum(received)),
+        "bytes_received_per_rank": received,
+        "busiest_rank_experts_received": int(busiest_experts),
+        "costs": _costs(config, routing, int(busiest_experts), len(completed) or r0["num_rearrangements"]),
+        "out_dir": str(Path(config.out_dir).resolve()),
         "commit_seconds": [float(secs[i]) for i in commit_steps],
         "step_seconds_p50": float(np.percentile(secs, 50)),
         "step_seconds_p99": float(np.percentile(secs, 99)),
@@ -204,23 +217,57 @@ def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: f
     }
 
 
+def _costs(config: SimulateConfig, routing: Any, busiest_experts: int, rearrangements: int) -> dict | None:
+    """With ``--model-config``: the costs at the model's size (:mod:`ascend_eplb.tools.costs`); the
+    busiest rank's experts received per rearrangement are the simulated ones per simulated layer,
+    scaled to the model's MoE layers."""
+    if config.model_config is None:
+        return None
+    from ascend_eplb.tools.costs import estimate_costs, read_model_size
+
+    model = read_model_size(config.model_config)
+    per_layer = busiest_experts / max(rearrangements, 1) / routing.num_layers if busiest_experts else None
+    c = estimate_costs(
+        model,
+        config.quant_format,
+        num_ranks=config.num_ranks,
+        num_redundant_experts=config.num_redundant_experts,
+        link_gbps=config.link_gbps,
+        busiest_rank_experts_per_layer=per_layer,
+    )
+    return {"model": model.source, "num_moe_layers": model.num_moe_layers, **c.to_json()}
+
+
 def _plot(report: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
     steps = np.arange(len(report["balancedness_per_step"]))
-    ax1.plot(steps, report["balancedness_per_step"], lw=1)
-    ax1.set_ylabel("balancedness (mean/max)")
+    ax1.plot(steps, report["balancedness_per_step"], lw=1.2, label="EPLB on")
+    ax1.plot(steps, report["balancedness_off_per_step"], lw=1, ls="--", color="gray",
+             label="EPLB off (initial placement, same tokens)")  # fmt: skip
+    ax1.set_ylabel("balancedness (mean/max per layer, layer mean)")
     ax1.set_ylim(0, 1.05)
-    loads = np.array(report["rank_load_per_step"])
-    for r in range(loads.shape[1]):
-        ax2.plot(steps, loads[:, r], lw=0.8, label=f"rank {r}")
-    ax2.set_ylabel("selections per rank")
+    for i, step in enumerate(report["commit_completed_steps"]):
+        for ax in (ax1, ax2):
+            ax.axvline(
+                step,
+                color="tab:red",
+                lw=0.8,
+                alpha=0.6,
+                label="rearrangement committed" if i == 0 and ax is ax1 else None,
+            )
+    ax1.legend(loc="lower right", fontsize=7)
+    shares = np.array(report["rank_load_share_per_step"])
+    for r in range(shares.shape[1]):
+        ax2.plot(steps, shares[:, r], lw=0.8, label=f"rank {r}")
+    ax2.axhline(1.0 / report["ranks"], color="black", lw=0.8, ls=":", label="even share 1/N")
+    ax2.set_ylabel("rank's share of a layer's load (layer mean)")
     ax2.set_xlabel("step")
-    ax2.legend(loc="upper right", fontsize=7)
+    ax2.legend(loc="upper right", fontsize=7, ncol=2)
     fig.suptitle(f"ascend-eplb simulate: {report['ranks']} ranks, {report['format']}, {report['trace']}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -228,6 +275,9 @@ def _plot(report: dict, path: Path) -> None:
 
 
 def _summary(report: dict) -> str:
+    from ascend_eplb.tools.costs import format_bytes
+    from ascend_eplb.tools.simulate.config import CHECK_DESCRIPTIONS
+
     def f(x: float | None, spec: str = ".4f") -> str:
         return "n/a" if x is None else format(x, spec)
 
@@ -243,8 +293,10 @@ def _summary(report: dict) -> str:
         f"  steps {report['steps']}, rearrangements {report['rearrangements']} "
         f"({report['rearrangements_completed']} completed), layers committed "
         f"{report['layers_committed']}, bytes moved {report['bytes_moved']}",
+        "  balancedness = mean rank load / max rank load of a layer, averaged over layers (1.0 = even)",
         f"  balancedness before the first rearrangement {bal_before} -> after the first completed "
-        f"{bal_after}",
+        f"{bal_after}; without EPLB over the same steps {f(report['balancedness_off_after'])} "
+        f"(whole run {f(report['balancedness_off_mean'])})",
         f"  step latency p50 {ms(report['step_seconds_p50'])} ms, p99 {ms(report['step_seconds_p99'])} ms "
         f"(p50 with a commit in flight {ms(report['step_seconds_p50_in_flight'])} ms, "
         f"without {ms(report['step_seconds_p50_idle'])} ms)",
@@ -255,10 +307,28 @@ def _summary(report: dict) -> str:
         f"  time per commit step mean {ms(commit_mean)} ms; "
         f"max output error {report['max_output_error']:.3g}",
     ]
-    lines += [f"  {'PASS' if ok else 'FAIL'}  {name}" for name, ok in report["checks"].items()]
+    c = report.get("costs")
+    if c:
+        t = "n/a" if c["transfer_seconds"] is None else f"{c['transfer_seconds']:.1f} s"
+        lines.append(
+            f"  at the size of {c['model']} ({c['num_moe_layers']} MoE layers, {c['quant_format']}): one "
+            f"expert {format_bytes(c['expert_nbytes'])}; {c['num_redundant_experts']} redundant experts "
+            f"cost {format_bytes(c['redundant_nbytes_per_rank'])} of device memory per rank; per "
+            f"rearrangement the busiest rank receives {format_bytes(c['busiest_rank_nbytes_received'])} "
+            f"({t} at {c['link_gbps']:g} Gbit/s)"
+        )
+    lines += [
+        f"  {'PASS' if ok else 'FAIL'}  {name:<12} {CHECK_DESCRIPTIONS[name]}"
+        for name, ok in report["checks"].items()
+    ]
     if report["first_violation"]:
         # The first line; a dead worker's traceback is in report.json (and events.jsonl).
         lines.append(f"  first violation: {report['first_violation'].splitlines()[0]}")
+    lines.append(f"  report.json, balancedness.png, events.jsonl in {report['out_dir']}")
+    from ascend_eplb.tools import quiet
+
+    if quiet.install():
+        lines.append(f"  {quiet.NOTE}")
     lines.append(f"  {'PASSED' if report['passed'] else 'FAILED'} in {report['wall_seconds']:.1f} s")
     return "\n".join(lines)
 

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from vllm.config import EPLBConfig, ParallelConfig, VllmConfig, set_current_vllm_config
+from vllm.distributed.eplb.eplb_state import EplbState
 from vllm.distributed.parallel_state import (
     destroy_distributed_environment,
     destroy_model_parallel,
@@ -49,6 +50,7 @@ from vllm.distributed.parallel_state import (
     initialize_model_parallel,
 )
 
+from ascend_eplb.integration import metrics
 from ascend_eplb.integration.runner import Mrv2EplbWiring
 from ascend_eplb.integration.verify import EplbVerificationError
 from ascend_eplb.integration.watchdog import EplbWorkerFailureError, WorkerWatchdog
@@ -225,9 +227,16 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
     world_rows = num_ranks * padded
     real = torch.cat([torch.arange(padded) < batch] * num_ranks)  # [N*T] real (unpadded) rows
     layer_offsets = torch.arange(num_moe_layers).view(num_moe_layers, 1, 1)
+    # EPLB off over the same tokens: upstream's initial placement (EplbState's linear map, redundant
+    # slots replicating experts 0..R-1), each expert's load split evenly over its replicas
+    # (integration.metrics, the policy's own model).
+    initial_p2l = torch.tensor(
+        EplbState.build_initial_global_physical_to_logical_map(num_logical, num_redundant), dtype=torch.int64
+    ).expand(num_moe_layers, -1)
     stats: dict[str, Any] = {
         "balancedness_per_step": [],
-        "rank_load_per_step": [],
+        "balancedness_off_per_step": [],
+        "rank_load_share_per_step": [],
         "step_seconds": [],
         "step_cpu_seconds": [],
         "verifier_seconds": [],
@@ -353,7 +362,17 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
         loads = rank_load.numpy()
         bal = float(np.mean(loads.mean(axis=1) / np.maximum(loads.max(axis=1), 1)))
         stats["balancedness_per_step"].append(bal)
-        stats["rank_load_per_step"].append(loads.sum(axis=0).tolist())
+        # Per-rank share of each layer's selections, averaged over layers (1/N everywhere = balanced).
+        stats["rank_load_share_per_step"].append(
+            (loads / np.maximum(loads.sum(axis=1, keepdims=True), 1)).mean(axis=0).tolist()
+        )
+        logical_load = torch.bincount(
+            (all_logical[:, real] + layer_offsets * num_logical).reshape(-1),
+            minlength=num_moe_layers * num_logical,
+        ).view(num_moe_layers, num_logical)  # fmt: skip
+        stats["balancedness_off_per_step"].append(
+            metrics.balancedness(metrics.rank_loads(logical_load, initial_p2l, num_ranks))
+        )
         ctx.send(("step", step, state.num_rearrangements, bal))
         if verified is not None:
             # Raised on every rank at this same step boundary: all ranks stop here together.
@@ -368,6 +387,7 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
     stats["steps_run"] = len(stats["step_seconds"])
     stats["num_rearrangements"] = state.num_rearrangements
     stats["bytes_moved"] = _bytes_received(model_state)
+    stats["expert_nbytes"] = fmt.expert_nbytes(hidden, inter)
     return stats
 
 

@@ -1,0 +1,56 @@
+"""argparse value types shared by the ``ascend-eplb`` subcommands (standard library only, so the parser
+builds before anything heavy is imported). Each raises ``argparse.ArgumentTypeError`` naming the value
+and the rule (argparse turns it into exit status 2)."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["int_list", "non_negative_int", "positive_float", "positive_int"]
+
+
+def positive_int(value: str) -> int:
+    """An integer >= 1."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be an integer >= 1") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: must be >= 1")
+    return n
+
+
+def non_negative_int(value: str) -> int:
+    """An integer >= 0."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be an integer >= 0") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n}: must be >= 0")
+    return n
+
+
+def positive_float(value: str) -> float:
+    """A finite number > 0."""
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be a number > 0") from None
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r}: must be a finite number > 0")
+    return x
+
+
+def int_list(value: str) -> list[int]:
+    """Comma-separated integers (each checked by the command's own rules, so that one bad level is
+    reported beside the valid ones)."""
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: must be comma-separated integers, e.g. 0,8,16"
+        ) from None
+    if not out:
+        raise argparse.ArgumentTypeError(f"{value!r}: must list at least one integer")
+    return out

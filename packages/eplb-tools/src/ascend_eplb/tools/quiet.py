@@ -1,0 +1,56 @@
+"""Keep vLLM's start-up lines that do not concern EPLB out of the tools' output.
+
+On a host without an accelerator (what ``simulate``, ``plan`` and ``check`` run on), vLLM 0.33.0 logs,
+once per process (so once per rank), lines about kernels and runners the tools never use: the CPU
+platform's ``Failed to import from vllm._C...`` (no CPU kernels are built with
+``VLLM_TARGET_DEVICE=empty``), ``Triton is not installed...``, ``Reset SSM cache type...`` (mamba
+backends) and the config's ``Model Runner V2 requires Triton; using the V1 model runner instead``
+(the simulator builds no vLLM runner; it makes the MRv2 EPLB calls itself). :func:`install` adds a
+``logging.Filter`` to exactly the vLLM loggers that emit them, dropping only records whose message
+starts with one of :data:`DROPPED`. Every other vLLM record and every ``ascend_eplb`` record
+(watchdog, verifier, controller) passes; vLLM's own logging configuration (``VLLM_LOGGING_LEVEL``,
+``VLLM_CONFIGURE_LOGGING``) is untouched. ``ASCEND_EPLB_TOOLS_VLLM_NOISE=1`` turns the filter off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+__all__ = ["DROPPED", "NOTE", "install"]
+
+#: vLLM logger -> message prefixes dropped from it (vLLM 0.33.0 sources in the module docstring).
+DROPPED: dict[str, tuple[str, ...]] = {
+    "vllm.platforms.cpu": (
+        "Failed to import from vllm._C",
+        "Triton is not installed",
+        "Reset SSM cache type",
+    ),
+    "vllm.platforms.interface": ("Failed to import from vllm._C",),
+    "vllm.config.vllm": ("Model Runner V2 requires Triton",),
+}
+#: The one line the tools print about what remains of vLLM's start-up output.
+NOTE = (
+    "note: vLLM start-up lines about kernels and runners these tools do not use are hidden "
+    "(ASCEND_EPLB_TOOLS_VLLM_NOISE=1 shows them); other vLLM warnings are shown as vLLM logs them"
+)
+
+
+class _Drop(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def install() -> bool:
+    """Add the filters (idempotent; before vLLM is imported or after). Returns whether they are on."""
+    if os.environ.get("ASCEND_EPLB_TOOLS_VLLM_NOISE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    for name, prefixes in DROPPED.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Drop) for f in logger.filters):
+            logger.addFilter(_Drop(prefixes))
+    return True
