@@ -9,7 +9,7 @@ API = {
     "ascend_eplb.integration.plugin": ["ENV_SWITCH", "eplb_requested", "register"],
     "ascend_eplb.integration.patches": ["PATCHES", "applied_bindings", "apply_patches", "patches_applied",
                                         "remove_patches"],
-    "ascend_eplb.integration.runner": ["Mrv2EplbWiring", "batch_has_prefill", "create_eplb_controller"],
+    "ascend_eplb.integration.runner": ["Mrv2EplbWiring", "active_line", "batch_has_prefill", "create_eplb_controller"],
     "ascend_eplb.integration.verify": ["CHECKS", "ENV_VERIFY", "EplbVerificationError", "EplbVerifier",
                                        "verify_requested"],
     "ascend_eplb.integration.watchdog": ["CHECK", "DEFAULT_WORKER_TIMEOUT_S", "ENV_ON_FAILURE",
@@ -17,7 +17,8 @@ API = {
                                          "WorkerWatchdog", "watchdog_settings"],
     "ascend_eplb.integration.events": ["ENV_EVENTS", "EventsRecorder", "EventsWriter", "events_path",
                                        "read_windows"],
-    "ascend_eplb.integration.metrics": ["balancedness", "experts_crossing_ranks", "hottest_rank_share",
+    "ascend_eplb.integration.metrics": ["balancedness", "experts_crossing_ranks", "experts_received_per_rank",
+                                        "hottest_rank_share",
                                         "rank_loads"],
 }  # fmt: skip
 
