@@ -313,6 +313,9 @@ def sample_trace_from_load(
     num_layers, num_experts = load.shape
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k={top_k}: must be in [1, E={num_experts}]")
+    from ascend_eplb.tools.simulate.resources import check_sampling
+
+    check_sampling(num_layers, num_tokens, num_experts)
     rng = np.random.default_rng(seed)
     totals = load.sum(axis=1, keepdims=True)
     probs = np.where(totals > 0, load / np.where(totals > 0, totals, 1.0), 1.0 / num_experts)

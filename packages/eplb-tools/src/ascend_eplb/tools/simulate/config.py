@@ -68,9 +68,21 @@ class SimulateConfig:
     def with_layers(self, num_layers: int) -> SimulateConfig:
         return replace(self, num_layers=num_layers)
 
-    def validate(self, *, num_trace_layers: int, num_logical_experts: int, top_k: int) -> None:
-        """Raise ``ValueError`` listing every violated rule. Needs the trace's ``L``, ``E`` and ``K``."""
+    def validate(
+        self,
+        *,
+        num_trace_layers: int,
+        num_logical_experts: int,
+        top_k: int,
+        num_trace_tokens: int | None = None,
+        sampled: bool = False,
+    ) -> None:
+        """Raise ``ValueError`` listing every violated rule. Needs the trace's ``L``, ``E``, ``K`` and
+        token count (default ``sample_tokens``; ``sampled``: routing is still to be sampled from a load
+        matrix). Last, when every other rule holds, the memory the run needs against the memory the
+        host has available (:mod:`ascend_eplb.tools.simulate.resources`)."""
         from ascend_eplb.quant_views import get_format
+        from ascend_eplb.tools.simulate import resources
 
         errors: list[str] = []
         if not 1 <= self.num_ranks <= 8:
@@ -138,6 +150,12 @@ class SimulateConfig:
             errors.append(f"fault={self.fault!r}: must be one of {FAULTS}")
         if top_k > num_logical_experts:
             errors.append(f"trace top-k={top_k}: must be <= E={num_logical_experts}")
+        num_layers = self.num_layers if self.num_layers is not None else num_trace_layers
+        sizes = dict(num_layers=num_layers, num_logical_experts=num_logical_experts, top_k=top_k)
+        errors += resources.integer_rules(self, **sizes)
+        if not errors:
+            tokens = self.sample_tokens if num_trace_tokens is None else num_trace_tokens
+            errors += resources.memory_rule(self, **sizes, num_trace_tokens=tokens, sampled=sampled)
         if errors:
             raise ValueError("invalid simulate options:\n  - " + "\n  - ".join(errors))
 

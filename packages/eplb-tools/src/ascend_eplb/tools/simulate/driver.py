@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ascend_eplb.tools.simulate.config import SimulateConfig
-from ascend_eplb.tools.trace import load_routing_source
+from ascend_eplb.tools.trace import load_load_matrix, load_trace, sample_trace_from_load
 
 __all__ = ["SimulationError", "run_simulation", "under_torchrun"]
 
@@ -41,14 +41,33 @@ def under_torchrun(environ: dict[str, str] | None = None) -> bool:
 
 
 def _prepare(config: SimulateConfig) -> tuple[SimulateConfig, Any]:
-    routing = load_routing_source(
-        config.trace, num_tokens=config.sample_tokens, top_k=config.sample_top_k, seed=config.seed
-    )
-    config.validate(
-        num_trace_layers=routing.num_layers,
-        num_logical_experts=routing.num_logical_experts,
-        top_k=routing.top_k,
-    )
+    """Read the routing and validate every option, before anything is sampled or started: a load
+    matrix is read, the options (the memory of the sampling and of the run included) checked, and only
+    then is the routing sampled from it."""
+    if config.trace is not None and Path(config.trace).suffix.lower() != ".npz":
+        load = load_load_matrix(config.trace)
+        config.validate(
+            num_trace_layers=load.shape[0],
+            num_logical_experts=load.shape[1],
+            top_k=config.sample_top_k,
+            num_trace_tokens=config.sample_tokens,
+            sampled=True,
+        )
+        routing = sample_trace_from_load(
+            load,
+            num_tokens=config.sample_tokens,
+            top_k=config.sample_top_k,
+            seed=config.seed,
+            name=Path(config.trace).name,
+        )
+    else:
+        routing = load_trace(config.trace)
+        config.validate(
+            num_trace_layers=routing.num_layers,
+            num_logical_experts=routing.num_logical_experts,
+            top_k=routing.top_k,
+            num_trace_tokens=routing.num_tokens,
+        )
     if config.num_layers is not None:
         routing = routing.prefix(config.num_layers)
     return config, routing
