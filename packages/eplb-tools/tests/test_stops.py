@@ -103,7 +103,7 @@ def _own_lines(err: str) -> list[str]:
 def _ranks(run: Run) -> list[int]:
     """The rank processes: children of the run's fork server."""
     pids = run.processes()
-    parents = {pid: int((Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])) for pid in pids}
+    parents = {pid: int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in pids}
     server = [pid for pid in pids if parents[pid] == run.proc.pid and b"forkserver" in
               Path(f"/proc/{pid}/cmdline").read_bytes()]  # fmt: skip
     assert len(server) == 1, server
@@ -125,7 +125,8 @@ def test_a_signal_mid_run_stops_every_process_removes_the_scratch_and_prints_one
     returncode, out, err = run.finish(timeout=60)
     assert returncode == code, err
     assert time.monotonic() - sent < 20  # at once, not at the deadline
-    assert _own_lines(err) == [f"ascend-eplb simulate: stopped by {sig}; every rank was stopped, nothing left behind"]
+    expected = f"ascend-eplb simulate: stopped by {sig}; every rank was stopped, nothing left behind"
+    assert _own_lines(err) == [expected]
     assert "Traceback" not in err
     assert out == ""
     run.assert_nothing_left(err)
@@ -139,7 +140,7 @@ def test_the_timeout_is_the_deadline_of_the_whole_run_start_up_included(tmp_path
     own_start = time.monotonic() - t0
     # Start-up alone (vLLM imported by the launcher, then by the fork server) takes longer than 3 s.
     run = Run(tmp_path, *SMALL, "--steps", "8", "--timeout", "3")
-    returncode, out, err = run.finish()
+    returncode, _, err = run.finish()
     assert returncode == 1, err
     (line,) = _own_lines(err)
     assert line.startswith(
@@ -176,7 +177,7 @@ def test_a_failed_check_writes_a_failed_report_over_a_stale_one_and_leaves_nothi
     _stale(tmp_path / "out")
     run = Run(tmp_path, *SMALL, "--steps", "8", "--window-size", "1", "--step-interval", "2",
               "--fault", "wrong-lookup-refresh")  # fmt: skip
-    returncode, out, err = run.finish()
+    returncode, _, err = run.finish()
     assert returncode == 1, err
     report = json.loads((run.out / "report.json").read_text())
     assert report["passed"] is False
@@ -193,7 +194,7 @@ def test_a_crashed_rank_fails_the_run_removes_stale_results_and_leaves_nothing_b
     run = Run(tmp_path, *SMALL, "--steps", "100000", "--timeout", "300")
     run.wait_ranks_running()
     os.kill(_ranks(run)[1], signal.SIGKILL)  # rank 1 dies holding vLLM's resources
-    returncode, out, err = run.finish()
+    returncode, _, err = run.finish()
     assert returncode == 1, err
     lines = _own_lines(err)
     assert lines[0] == "ascend-eplb simulate: error: simulation failed:"

@@ -236,18 +236,25 @@ def _run_simulate(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from ascend_eplb.tools.simulate.lifecycle import command_scope
+
+    # SIGTERM/SIGHUP stop the command anywhere, as Ctrl-C does; for simulate the scope also stops the
+    # fork server and the resource tracker and removes the command's scratch on the way out, after the
+    # error below was handled (so what the failed run held is released first).
+    with command_scope(args.command):
+        return _dispatch(args)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     from ascend_eplb.testing import LauncherInterruptedError
-    from ascend_eplb.tools.simulate.lifecycle import command_scope, exit_code_of
+    from ascend_eplb.tools.simulate.lifecycle import exit_code_of
 
     try:
-        # SIGTERM/SIGHUP stop the command anywhere, as Ctrl-C does; for simulate the scope also stops
-        # the fork server and removes the command's scratch on the way out.
-        with command_scope(args.command):
-            if args.command == "plan":
-                return _run_plan(args)
-            if args.command == "check":
-                return _run_check(args)
-            return _run_simulate(args)
+        if args.command == "plan":
+            return _run_plan(args)
+        if args.command == "check":
+            return _run_check(args)
+        return _run_simulate(args)
     except ValueError as e:
         print(f"ascend-eplb {args.command}: error: {e}", file=sys.stderr)
         return 2

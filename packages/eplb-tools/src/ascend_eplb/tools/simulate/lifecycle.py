@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -133,6 +134,7 @@ def command_scope(command: str) -> Iterator[None]:
             yield
     finally:
         with _signals_ignored():
+            gc.collect()  # a failed run's queues and locks: their semaphores unlinked, not "leaked"
             stop_fork_server()
             _stop_resource_tracker()
             shutil.rmtree(scratch, ignore_errors=True)
