@@ -160,7 +160,13 @@ def deadline_alarm(deadline: float, timeout_s: float, phase: list[str]) -> Itera
         )
 
     previous = signal.signal(signal.SIGALRM, handler)
-    signal.setitimer(signal.ITIMER_REAL, max(deadline - time.monotonic() + _ALARM_AFTER_S, 0.001))
+    from ascend_eplb.tools.simulate.resources import MAX_TIMEOUT_S
+
+    # Capped: a timeout beyond the limit is refused by the options' validation, inside this scope.
+    remaining = deadline - time.monotonic() + _ALARM_AFTER_S
+    if not remaining < MAX_TIMEOUT_S + 60.0:  # also nan and inf
+        remaining = MAX_TIMEOUT_S + 60.0
+    signal.setitimer(signal.ITIMER_REAL, max(remaining, 0.001))
     try:
         yield
     finally:
