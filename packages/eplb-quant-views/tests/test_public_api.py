@@ -2,6 +2,8 @@
 
 import inspect
 
+import pytest
+
 import ascend_eplb.quant_views as qv
 from ascend_eplb.quant_views import ExpertWeightFormat, UnsupportedFormatError, get_format
 
@@ -67,3 +69,22 @@ def test_contract_signatures_are_unchanged():
     assert [p[0] for p in params(qv.expert_fingerprint)] == ["storage", "local_row"]
     assert issubclass(UnsupportedFormatError, ValueError)
     assert get_format("bf16").supports_eplb is True
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16", "w8a8_dynamic", "w4a8_dynamic", "mxfp8", "mxfp4"])
+def test_storage_nbytes_equals_the_bytes_create_storage_allocates(name):
+    import torch
+
+    fmt = get_format(name)
+    num_local, hidden, inter = 3, 128, 64
+    storage = fmt.create_storage(
+        torch.randn(num_local, 2 * inter, hidden), torch.randn(num_local, hidden, inter)
+    )
+    tensors = [*storage.kernel_tensors.values(), *storage.unread_tensors.values()]
+    allocated = sum(t.numel() * t.element_size() for t in tensors)
+    assert fmt.storage_nbytes(num_local, hidden, inter) == allocated
+    assert fmt.storage_nbytes(5 * num_local, hidden, inter) == 5 * allocated  # per expert, linear
+    # Nothing allocated: sizes far beyond this host's memory come at once (at least 4 bits a weight).
+    assert fmt.storage_nbytes(10**6, 2**16, 2**16) >= 10**6 * 3 * 2**16 * 2**16 // 2
+    with pytest.raises(ValueError, match=rf"^{name}: num_local_experts=0 must be a positive int$"):
+        fmt.storage_nbytes(0, hidden, inter)

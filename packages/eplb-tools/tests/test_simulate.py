@@ -170,14 +170,15 @@ def test_unusable_sizes_output_folder_and_timeout_rejected_before_any_process(tm
 
 @pytest.mark.multirank
 def test_ranks_past_the_deadline_end_the_run_with_exit_1_naming_each_rank(tmp_path, capsys):
-    # 5000 steps (tens of ms each) cannot finish within 2 s: each rank is killed at the deadline.
-    code = main(["simulate", "--ranks", "2", "--layers", "1", "--steps", "5000", "--timeout", "2",
+    # 100000 steps (tens of ms each) cannot finish within 60 s, start-up (which the deadline covers,
+    # test_stops.py) well within it: each rank is killed at the deadline.
+    code = main(["simulate", "--ranks", "2", "--layers", "1", "--steps", "100000", "--timeout", "60",
                  "--no-progress", "--out", str(tmp_path / "o")])  # fmt: skip
     assert code == 1
     err = capsys.readouterr().err
     assert err.startswith("ascend-eplb simulate: error: simulation failed:\n")
-    assert "--- rank 0: still running at the deadline (2 s); killed" in err
-    assert "--- rank 1: still running at the deadline (2 s); killed" in err
+    assert "--- rank 0: still running at the deadline (60 s); killed" in err
+    assert "--- rank 1: still running at the deadline (60 s); killed" in err
     assert "Traceback" not in err
     assert not (tmp_path / "o" / "report.json").exists()
 

@@ -123,10 +123,14 @@ def test_load_trace_rejects_bad_npz_with_a_value_error_naming_the_file(tmp_path)
         trace.load_trace(missing)
     np.save(tmp_path / "one.npy", np.zeros(3))
     (tmp_path / "one.npy").rename(tmp_path / "one.npz")
-    with pytest.raises(ValueError, match=r"one.npz: not a readable routing trace .npz \(a single array"):
+    with pytest.raises(
+        ValueError, match=r"one.npz: not a compact routing trace .npz \(no zip archive signature"
+    ):
         trace.load_trace(tmp_path / "one.npz")
     (tmp_path / "garbage.npz").write_text("hello")
-    with pytest.raises(ValueError, match=r"garbage\.npz: not a readable routing trace \.npz"):
+    with pytest.raises(
+        ValueError, match=r"garbage\.npz: not a compact routing trace \.npz \(no zip archive signature\)"
+    ):
         trace.load_trace(tmp_path / "garbage.npz")
     with pytest.raises(ValueError, match=r"missing keys \['num_logical_experts', 'seq_offsets'"):
         trace.load_trace(_npz(tmp_path / "keys.npz", topk_ids=good["topk_ids"]))

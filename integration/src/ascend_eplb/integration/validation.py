@@ -529,6 +529,16 @@ def _check_keys(section: str, value: Any, allowed: set[str], out: list[Violation
     return value
 
 
+#: Largest integer a config setting may hold: the sizes feed int32 device tables and counters.
+_INT32_MAX = 2**31 - 1
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, shortened for the message when it is very long (a 400-digit integer)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+
+
 def settings_from_file_dict(
     data: Any, environ: Mapping[str, str] | None = None
 ) -> tuple[EplbSettings, list[Violation]]:
@@ -553,8 +563,9 @@ def settings_from_file_dict(
 
     def integer(section: str, d: dict[str, Any], key: str, default: int) -> int:
         v = d.get(key, default)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            out.append(Violation("schema", f"{section}.{key}={v!r} must be an integer >= 1"))
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= _INT32_MAX:
+            rule = f"must be an integer in [1, {_INT32_MAX}]"
+            out.append(Violation("schema", f"{section}.{key}={_short(v)} {rule}"))
             return default
         return v
 
@@ -567,18 +578,22 @@ def settings_from_file_dict(
         return v
 
     interval = ec.get("log_balancedness_interval", 1)
-    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+    if not isinstance(interval, int) or isinstance(interval, bool) or not 1 <= interval <= _INT32_MAX:
         out.append(
             Violation(
                 "schema",
-                f"parallel_config.eplb_config.log_balancedness_interval={interval!r} must be an integer >= 1",
+                f"parallel_config.eplb_config.log_balancedness_interval={_short(interval)} must be an "
+                f"integer in [1, {_INT32_MAX}]",
             )
         )
     boolean("parallel_config.eplb_config", ec, "enable_migration_batching", False)
 
     experts = model.get("num_logical_experts")
-    if experts is not None and (not isinstance(experts, int) or isinstance(experts, bool) or experts < 1):
-        out.append(Violation("schema", f"model.num_logical_experts={experts!r} must be an integer >= 1"))
+    if experts is not None and (
+        not isinstance(experts, int) or isinstance(experts, bool) or not 1 <= experts <= _INT32_MAX
+    ):
+        rule = f"must be an integer in [1, {_INT32_MAX}]"
+        out.append(Violation("schema", f"model.num_logical_experts={_short(experts)} {rule}"))
         experts = None
     quant = model.get("quantization", "bf16")
     settings = EplbSettings(
@@ -652,12 +667,23 @@ def check_config_file(path: str | os.PathLike[str], environ: Mapping[str, str] |
         unreadable or malformed file is a ``schema`` violation, never an exception.
     """
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        v = Violation("schema", f"cannot read {os.fspath(path)!r} as JSON: {exc}")
+        raw = Path(path).read_bytes()
+        data = json.loads(raw.decode("utf-8")) if raw.strip() else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, MemoryError) as exc:
+        v = Violation("schema", f"cannot read {os.fspath(path)!r} as JSON: {type(exc).__name__}: {exc}")
         return CheckResult(False, str(EplbConfigError([v])), (v,))
-    settings, violations = settings_from_file_dict(data, environ)
-    violations = violations + check_settings(settings)
+    if data is None:
+        v = Violation("schema", f"{os.fspath(path)!r}: empty file, not a config")
+        return CheckResult(False, str(EplbConfigError([v])), (v,))
+    try:
+        settings, violations = settings_from_file_dict(data, environ)
+        violations = violations + check_settings(settings)
+    except Exception as exc:  # a structure no schema rule foresaw is still a schema violation
+        v = Violation(
+            "schema",
+            f"{os.fspath(path)!r} is not a config of the documented structure ({type(exc).__name__}: {exc})",
+        )
+        return CheckResult(False, str(EplbConfigError([v])), (v,))
     if violations:
         return CheckResult(False, str(EplbConfigError(violations)), tuple(violations))
     resolved = _resolved(settings)

@@ -11,6 +11,7 @@ from ascend_eplb.testing.multirank import (
     RankFailureError,
     load_module,
     run_ranks,
+    stop_fork_server,
 )
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "RankFailureError",
     "load_module",
     "run_ranks",
+    "stop_fork_server",
 ]

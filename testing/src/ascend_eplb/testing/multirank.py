@@ -60,6 +60,7 @@ __all__ = [
     "RankFailureError",
     "load_module",
     "run_ranks",
+    "stop_fork_server",
 ]
 
 #: Environment every rank process gets (set in the test process before the fork server starts, so
@@ -427,3 +428,46 @@ def _drain(messages: Any, on_message: Callable[[int, Any], None] | None) -> None
         except queue_module.Empty:
             return
         on_message(rank, message)
+
+
+def stop_fork_server(*, kill: bool = False, wait_s: float = 5.0) -> None:
+    """End this process's fork server, and with it every rank it forked (``PR_SET_PDEATHSIG``).
+
+    The fork server otherwise lives until this process exits (it sees its end of a pipe close), so a
+    command that must leave no process behind when it returns calls this. ``kill``: at once with
+    SIGKILL (after a failure, or while it may still be importing the preloads); otherwise it is asked to
+    stop and killed if it has not within ``wait_s``. The next :func:`run_ranks` starts a fresh one.
+    """
+    from multiprocessing import forkserver, util
+
+    server = forkserver._forkserver
+    with server._lock:
+        pid = server._forkserver_pid
+        if pid is None:
+            return
+        if kill:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        os.close(server._forkserver_alive_fd)
+        end = time.monotonic() + wait_s
+        while True:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if done:
+                break
+            if time.monotonic() >= end:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+                break
+            time.sleep(0.02)
+        address = server._forkserver_address
+        if address and not util.is_abstract_socket_namespace(address):
+            with contextlib.suppress(OSError):
+                os.unlink(address)
+        server._forkserver_alive_fd = None
+        server._forkserver_pid = None
+        server._forkserver_address = None

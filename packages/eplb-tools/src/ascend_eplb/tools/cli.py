@@ -3,7 +3,8 @@
 Every option is validated before anything heavy is imported or any process starts; a bad value exits
 with status 2 and names the value and the rule. ``simulate`` exits 0 when every check passed and 1 when
 one failed (the first violation is printed) or a rank crashed, raised or missed the deadline (each
-rank's state is printed); ``check`` exits 0 for a valid config and 2 otherwise.
+rank's state is printed); ``check`` exits 0 for a valid config and 2 otherwise. A command stopped by
+SIGTERM, SIGHUP or Ctrl-C prints one line and exits ``128 + signal`` (143, 129, 130).
 """
 
 from __future__ import annotations
@@ -185,6 +186,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     quiet.install()
+    from ascend_eplb.tools.simulate.lifecycle import command_scope
+
+    # SIGTERM/SIGHUP stop the command anywhere, as Ctrl-C does; for simulate the scope also stops the
+    # fork server and the resource tracker and removes the command's scratch on the way out, after the
+    # error below was handled (so what the failed run held is released first).
+    with command_scope(args.command):
+        return _dispatch(args)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from ascend_eplb.testing import LauncherInterruptedError
+    from ascend_eplb.tools.simulate.lifecycle import exit_code_of
+
     try:
         if args.command == "plan":
             return _run_plan(args)
@@ -194,6 +208,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"ascend-eplb {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except (LauncherInterruptedError, KeyboardInterrupt) as e:
+        name = e.signal_name if isinstance(e, LauncherInterruptedError) else "SIGINT"
+        print(
+            f"ascend-eplb {args.command}: stopped by {name}"
+            + ("; every rank was stopped, nothing left behind" if args.command == "simulate" else ""),
+            file=sys.stderr,
+        )
+        return exit_code_of(e)
     except RuntimeError as e:
         from ascend_eplb.tools.simulate.driver import SimulationError
 

@@ -19,14 +19,15 @@ Compact file (``numpy.savez_compressed``), lossless with respect to the text fil
 from __future__ import annotations
 
 import csv
+import io
 import json
-import pickle
-import zipfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
+
+from ascend_eplb.tools.files import check_load_values, read_input
 
 __all__ = [
     "DEFAULT_SAMPLE_TOP_K",
@@ -37,8 +38,10 @@ __all__ = [
     "load_esft_expert_weights",
     "load_load_matrix",
     "load_routing_source",
+    "load_sampled_load",
     "load_trace",
     "sample_trace_from_load",
+    "samples_routing",
 ]
 
 EMBEDDED_TRACE = "esft_translation_top6.npz"
@@ -170,25 +173,30 @@ def embedded_trace_path() -> Path:
 def load_trace(path: str | Path | None = None) -> RoutingTrace:
     """Load a compact trace written by :func:`convert`; ``None`` loads the embedded ESFT trace.
 
-    Raises ``ValueError`` naming the file when a key is missing or shapes disagree.
+    Raises :class:`~ascend_eplb.tools.files.InputFileError` (a ``ValueError``) naming the file when it
+    is missing, empty, not an ``.npz`` archive, corrupt or truncated, a key is missing or shapes
+    disagree.
     """
     path = embedded_trace_path() if path is None else Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file (a compact routing trace .npz)")
-    try:
-        z = np.load(path)
-        if not isinstance(z, np.lib.npyio.NpzFile):
-            raise ValueError("a single array, not an .npz archive")
-        with z:
-            missing = {"topk_ids", "topk_weights_e4", "seq_offsets", "num_logical_experts"} - set(z.files)
-            if missing:
-                raise ValueError(f"not a routing trace, missing keys {sorted(missing)}")
-            ids = z["topk_ids"].astype(np.int64)
-            weights = z["topk_weights_e4"].astype(np.float32) / _WEIGHT_SCALE
-            offsets = z["seq_offsets"].astype(np.int64)
-            num_experts = int(z["num_logical_experts"])
-    except (OSError, ValueError, TypeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError) as e:
-        raise ValueError(f"{path}: not a readable routing trace .npz ({e})") from None
+    return read_input(path, "a compact routing trace .npz", _read_trace)
+
+
+def _read_trace(path: Path) -> RoutingTrace:
+    with path.open("rb") as f:
+        if f.read(4) != b"PK\x03\x04":
+            raise ValueError(f"{path}: not a compact routing trace .npz (no zip archive signature)")
+    with np.load(path, allow_pickle=False) as z:
+        missing = {"topk_ids", "topk_weights_e4", "seq_offsets", "num_logical_experts"} - set(z.files)
+        if missing:
+            raise ValueError(f"{path}: not a readable routing trace .npz (missing keys {sorted(missing)})")
+        ids = z["topk_ids"].astype(np.int64)
+        weights = z["topk_weights_e4"].astype(np.float32) / _WEIGHT_SCALE
+        offsets = z["seq_offsets"].astype(np.int64)
+        declared = z["num_logical_experts"]
+    if declared.shape != () or declared.dtype.kind not in "iu":
+        raise ValueError(f"{path}: num_logical_experts must be an integer scalar, got {declared.dtype} "
+                         f"{declared.shape}")  # fmt: skip
+    num_experts = int(declared)
     if ids.ndim != 3 or ids.shape != weights.shape or offsets.ndim != 1 or offsets.size < 2:
         raise ValueError(
             f"{path}: topk_ids {ids.shape} must be [L, T, K] like weights {weights.shape}, with "
@@ -208,15 +216,10 @@ def load_trace(path: str | Path | None = None) -> RoutingTrace:
 
 
 def _matrix(value: object, source: str) -> np.ndarray:
-    try:
-        arr = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{source}: load must be a numeric [L, E] matrix ({e})") from None
+    arr = _matrix_values(value, source)
     if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 1:
         raise ValueError(f"{source}: load must be a [L, E] matrix, got shape {arr.shape}")
-    if not np.isfinite(arr).all() or (arr < 0).any():
-        raise ValueError(f"{source}: load must be finite and >= 0")
-    return arr
+    return check_load_values(arr, source)
 
 
 def load_esft_expert_weights(path: str | Path, *, top_k: int = 6) -> np.ndarray:
@@ -260,16 +263,23 @@ def load_load_matrix(path: str | Path, *, last: int | None = None) -> np.ndarray
     layers and experts sorted numerically). Raises ``ValueError`` naming the file and the rule.
     """
     path = Path(path)
-    source = str(path)
     suffix = path.suffix.lower()
-    if path.is_dir() or (suffix == ".txt" and path.is_file()):
+    if path.is_dir() or suffix == ".txt":
         if last is not None:
             raise ValueError(f"last={last}: is only for an events file (.jsonl)")
         return load_esft_expert_weights(path)
-    if not path.is_file():
-        raise ValueError(f"{source}: no such file (an [L, E] load matrix)")
     if last is not None and (last < 1 or suffix != ".jsonl"):
         raise ValueError(f"last={last}: must be >= 1 and is only for an events file (.jsonl)")
+    if suffix not in (".jsonl", ".npy", ".csv", ".json"):
+        raise ValueError(
+            f"{path}: unsupported load file type {suffix!r}; use .jsonl (events), .json, .npy or .csv"
+        )
+    what = "a serving events file (.jsonl)" if suffix == ".jsonl" else "an [L, E] load matrix"
+    return read_input(path, what, lambda p: _read_load(p, suffix, last))
+
+
+def _read_load(path: Path, suffix: str, last: int | None) -> np.ndarray:
+    source = str(path)
     if suffix == ".jsonl":
         from ascend_eplb.integration.events import read_windows
 
@@ -282,34 +292,50 @@ def load_load_matrix(path: str | Path, *, last: int | None = None) -> np.ndarray
             total += window.numpy()
         return _matrix(total, source)
     if suffix == ".npy":
+        with path.open("rb") as f:
+            if f.read(6) != b"\x93NUMPY":
+                raise ValueError(f"{source}: not an [L, E] load matrix (no .npy signature)")
         return _matrix(np.load(path, allow_pickle=False), source)
     if suffix == ".csv":
-        with path.open(newline="") as f:
-            rows = [row for row in csv.reader(f) if row]
+        text = path.read_bytes().decode("utf-8")
+        rows = [row for row in csv.reader(io.StringIO(text, newline="")) if row]
         return _matrix(rows, source)
-    if suffix != ".json":
-        raise ValueError(
-            f"{source}: unsupported load file type {suffix!r}; use .jsonl (events), .json, .npy or .csv"
-        )
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes().decode("utf-8"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{source}: not valid JSON ({e})") from None
     if isinstance(data, dict) and "token_scores" in data:
-        scores = data["token_scores"]
-        layers = sorted(scores, key=int)
-        experts = sorted({int(e) for layer in layers for e in scores[layer]})
-        if experts != list(range(len(experts))):
-            raise ValueError(f"{source}: token_scores experts must be 0..E-1")
-        return _matrix([[scores[layer].get(str(e), 0.0) for e in experts] for layer in layers], source)
+        return _matrix(_esft_scores(data["token_scores"], source), source)
     if isinstance(data, dict) and "logical_count" in data:
-        arr = np.asarray(data["logical_count"], dtype=np.float64)
+        arr = _matrix_values(data["logical_count"], source)
         if arr.ndim == 3:
             arr = arr.sum(axis=0)
         return _matrix(arr, source)
     if isinstance(data, dict):
         raise ValueError(f"{source}: JSON object must hold 'token_scores' (ESFT) or 'logical_count' (SGLang)")
     return _matrix(data, source)
+
+
+def _matrix_values(value: object, source: str) -> np.ndarray:
+    try:
+        return np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"{source}: load must be a numeric [L, E] matrix ({e})") from None
+
+
+def _esft_scores(scores: object, source: str) -> list[list[float]]:
+    """ESFT ``token_scores``: ``{layer: {expert: share}}``, layer and expert keys integers."""
+    rule = f"{source}: token_scores must map layer numbers to {{expert number: share}} objects"
+    if not isinstance(scores, dict) or not scores or not all(isinstance(v, dict) for v in scores.values()):
+        raise ValueError(rule)
+    try:
+        layers = sorted(scores, key=int)
+        experts = sorted({int(e) for layer in layers for e in scores[layer]})
+    except ValueError:
+        raise ValueError(f"{rule} (a key is not an integer)") from None
+    if experts != list(range(len(experts))):
+        raise ValueError(f"{source}: token_scores experts must be 0..E-1")
+    return [[scores[layer].get(str(e), 0.0) for e in experts] for layer in layers]
 
 
 def sample_trace_from_load(
@@ -325,6 +351,9 @@ def sample_trace_from_load(
     num_layers, num_experts = load.shape
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k={top_k}: must be in [1, E={num_experts}]")
+    from ascend_eplb.tools.simulate.resources import check_sampling
+
+    check_sampling(num_layers, num_tokens, num_experts)
     rng = np.random.default_rng(seed)
     totals = load.sum(axis=1, keepdims=True)
     probs = np.where(totals > 0, load / np.where(totals > 0, totals, 1.0), 1.0 / num_experts)
@@ -342,25 +371,34 @@ def sample_trace_from_load(
 DEFAULT_SAMPLE_TOP_K = 6
 
 
-def load_routing_source(
-    path: str | Path | None, *, num_tokens: int = 8192, top_k: int | None = None, seed: int = 0
-) -> RoutingTrace:
-    """The simulator's routing: ``None`` -> embedded trace; ``.npz`` -> :func:`load_trace` (its own top-k;
-    ``top_k`` is not applied); a load matrix (any :func:`load_load_matrix` input) ->
-    :func:`sample_trace_from_load` with ``num_tokens`` tokens and ``top_k`` (default
-    :data:`DEFAULT_SAMPLE_TOP_K`), on the layers that carry load: layers whose load sums to 0 (dense
-    layers of a model's full layer list) are skipped, as ``plan`` skips them. Raises ``ValueError`` if
-    no layer carries load."""
-    if path is None or (Path(path).suffix.lower() == ".npz" and not Path(path).is_dir()):
-        return load_trace(path)
+def load_sampled_load(path: str | Path) -> tuple[np.ndarray, str]:
+    """The load a simulation samples its routing from: any :func:`load_load_matrix` input, on the
+    layers that carry load (layers whose load sums to 0, dense layers of a model's full layer list, are
+    skipped, as ``plan`` skips them), and its name. Raises ``ValueError`` if no layer carries load."""
     load = load_load_matrix(path)
     loaded = load.sum(axis=1) > 0
     if not loaded.any():
         raise ValueError(f"{path}: all {load.shape[0]} layers have zero load; nothing to route")
     skipped = int((~loaded).sum())
-    name = Path(path).name + (f" ({skipped} layers without load skipped)" if skipped else "")
+    return load[loaded], Path(path).name + (f" ({skipped} layers without load skipped)" if skipped else "")
+
+
+def samples_routing(path: str | Path | None) -> bool:
+    """Whether ``path`` (``--trace``) is load to sample routing from rather than a routing trace."""
+    return path is not None and (Path(path).is_dir() or Path(path).suffix.lower() != ".npz")
+
+
+def load_routing_source(
+    path: str | Path | None, *, num_tokens: int = 8192, top_k: int | None = None, seed: int = 0
+) -> RoutingTrace:
+    """The simulator's routing: ``None`` -> embedded trace; ``.npz`` -> :func:`load_trace` (its own top-k;
+    ``top_k`` is not applied); load (:func:`load_sampled_load`) -> :func:`sample_trace_from_load` with
+    ``num_tokens`` tokens and ``top_k`` (default :data:`DEFAULT_SAMPLE_TOP_K`)."""
+    if not samples_routing(path):
+        return load_trace(path)
+    load, name = load_sampled_load(path)
     return sample_trace_from_load(
-        load[loaded],
+        load,
         num_tokens=num_tokens,
         top_k=DEFAULT_SAMPLE_TOP_K if top_k is None else top_k,
         seed=seed,

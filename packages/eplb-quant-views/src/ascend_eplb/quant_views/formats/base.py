@@ -177,6 +177,28 @@ class ExpertWeightFormat(abc.ABC):
             raise ValueError(f"{self.name}: H={hidden_size}, I={intermediate_size} give {total} bytes")
         return int(total)
 
+    def storage_nbytes(self, num_local_experts: int, hidden_size: int, intermediate_size: int) -> int:
+        """Bytes `create_storage` allocates for ``num_local_experts`` experts of sizes ``H``, ``I``
+        (kernel and unread tensors, default options), computed on the meta device: nothing is
+        allocated, so a caller can size a run before building anything.
+
+        Raises:
+            ValueError: a count or size is not a positive int, or ``H``/``I`` breaks this layout's rules
+                (as `check_sizes`).
+        """
+        if (
+            isinstance(num_local_experts, bool)
+            or not isinstance(num_local_experts, int)
+            or num_local_experts < 1
+        ):
+            raise ValueError(f"{self.name}: num_local_experts={num_local_experts!r} must be a positive int")
+        self.check_sizes(hidden_size, intermediate_size)
+        meta = torch.device("meta")
+        w13 = torch.empty(num_local_experts, 2 * intermediate_size, hidden_size, device=meta)
+        w2 = torch.empty(num_local_experts, hidden_size, intermediate_size, device=meta)
+        kernel, unread = self._quantize(w13, w2, num_local_experts, dict(self._options))
+        return sum(t.numel() * t.element_size() for t in (*kernel.values(), *unread.values()))
+
     def _public_options(self, opts: Mapping[str, Any]) -> list[str]:
         return [k for k, v in opts.items() if not isinstance(v, torch.Tensor)]
 

@@ -168,11 +168,20 @@ class SimulateConfig:
         return replace(self, num_layers=num_layers)
 
     def validate(
-        self, *, num_trace_layers: int, num_logical_experts: int, top_k: int, samples_load: bool = False
+        self,
+        *,
+        num_trace_layers: int,
+        num_logical_experts: int,
+        top_k: int,
+        num_trace_tokens: int | None = None,
+        sampled: bool = False,
     ) -> None:
-        """Raise ``ValueError`` listing every violated rule. Needs the trace's ``L``, ``E`` and ``K``
-        (``samples_load``: the routing was sampled from a load matrix, so ``--top-k`` applied)."""
+        """Raise ``ValueError`` listing every violated rule. Needs the trace's ``L``, ``E``, ``K`` and
+        token count (default ``sample_tokens``; ``sampled``: routing is still to be sampled from a load
+        matrix). Last, when every other rule holds, the memory the run needs against the memory the
+        host has available (:mod:`ascend_eplb.tools.simulate.resources`)."""
         from ascend_eplb.quant_views import get_format
+        from ascend_eplb.tools.simulate import resources
 
         errors: list[str] = []
         if not 1 <= self.num_ranks <= 8:
@@ -237,7 +246,7 @@ class SimulateConfig:
             errors.append(f"fault={self.fault!r}: must be one of {FAULTS}")
         if top_k > num_logical_experts:
             errors.append(f"trace top-k={top_k}: must be <= E={num_logical_experts}")
-        if self.sample_top_k is not None and not samples_load:
+        if self.sample_top_k is not None and not sampled:
             errors.append(
                 f"top-k={self.sample_top_k}: the routing trace routes top-{top_k}; --top-k is for "
                 "sampling a load matrix"
@@ -246,6 +255,12 @@ class SimulateConfig:
             errors.append(f"link gbps={self.link_gbps}: must be a finite number > 0")
         if self.model_config is not None and not Path(self.model_config).is_file():
             errors.append(f"model config={self.model_config}: no such file (a model's config.json)")
+        num_layers = self.num_layers if self.num_layers is not None else num_trace_layers
+        sizes = dict(num_layers=num_layers, num_logical_experts=num_logical_experts, top_k=top_k)
+        errors += resources.integer_rules(self, **sizes)
+        if not errors:
+            tokens = self.sample_tokens if num_trace_tokens is None else num_trace_tokens
+            errors += resources.memory_rule(self, **sizes, num_trace_tokens=tokens, sampled=sampled)
         if errors:
             raise ValueError("invalid simulate options:\n  - " + "\n  - ".join(errors))
 

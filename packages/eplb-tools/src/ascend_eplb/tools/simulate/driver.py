@@ -22,7 +22,13 @@ from typing import Any
 import numpy as np
 
 from ascend_eplb.tools.simulate.config import SimulateConfig
-from ascend_eplb.tools.trace import load_routing_source
+from ascend_eplb.tools.trace import (
+    DEFAULT_SAMPLE_TOP_K,
+    load_sampled_load,
+    load_trace,
+    sample_trace_from_load,
+    samples_routing,
+)
 
 __all__ = ["SimulationError", "run_simulation", "under_torchrun"]
 
@@ -41,15 +47,30 @@ def under_torchrun(environ: dict[str, str] | None = None) -> bool:
 
 
 def _prepare(config: SimulateConfig) -> tuple[SimulateConfig, Any]:
-    routing = load_routing_source(
-        config.trace, num_tokens=config.sample_tokens, top_k=config.sample_top_k, seed=config.seed
-    )
-    config.validate(
-        num_trace_layers=routing.num_layers,
-        num_logical_experts=routing.num_logical_experts,
-        top_k=routing.top_k,
-        samples_load=config.trace is not None and Path(config.trace).suffix.lower() != ".npz",
-    )
+    """Read the routing and validate every option, before anything is sampled or started: load to
+    sample from is read, the options (the memory of the sampling and of the run included) checked, and
+    only then is the routing sampled from it."""
+    if samples_routing(config.trace):
+        load, name = load_sampled_load(config.trace)
+        top_k = DEFAULT_SAMPLE_TOP_K if config.sample_top_k is None else config.sample_top_k
+        config.validate(
+            num_trace_layers=load.shape[0],
+            num_logical_experts=load.shape[1],
+            top_k=top_k,
+            num_trace_tokens=config.sample_tokens,
+            sampled=True,
+        )
+        routing = sample_trace_from_load(
+            load, num_tokens=config.sample_tokens, top_k=top_k, seed=config.seed, name=name
+        )
+    else:
+        routing = load_trace(config.trace)
+        config.validate(
+            num_trace_layers=routing.num_layers,
+            num_logical_experts=routing.num_logical_experts,
+            top_k=routing.top_k,
+            num_trace_tokens=routing.num_tokens,
+        )
     if config.num_layers is not None:
         routing = routing.prefix(config.num_layers)
     return config, routing
@@ -71,27 +92,38 @@ def _rank_args(config: SimulateConfig, routing: Any) -> tuple[dict, dict]:
     return cfg, arrays
 
 
-def _launch(config: SimulateConfig, routing: Any, deadline: float) -> list[dict]:
-    from ascend_eplb.testing import RankFailureError, run_ranks
-    from ascend_eplb.tools.simulate.rank import simulate_rank
+def _launch(config: SimulateConfig, routing: Any, deadline: float, phase: list[str]) -> list[dict]:
+    from ascend_eplb.testing import LauncherInterruptedError, RankFailureError, run_ranks, stop_fork_server
+    from ascend_eplb.tools.simulate.lifecycle import (
+        SCRATCH_PREFIX,
+        DeadlineExceededError,
+        release_world_resources,
+    )
 
-    cfg, arrays = _rank_args(config, routing)
+    # Scratch of this world (rendezvous file, per-rank results and resource records): removed after the
+    # run, whatever ends it, with whatever a killed rank left.
+    world = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
     bar = None
-    if config.progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=config.steps, desc="simulate", unit="step", file=sys.stderr)
-
-    def on_message(rank: int, message: Any) -> None:
-        _, step, rearrangements, bal = message
-        if bar is not None and rank == 0:
-            bar.n = step + 1
-            bar.set_postfix(rearrangements=rearrangements, balancedness=f"{bal:.3f}", refresh=False)
-            bar.refresh()
-
-    # Scratch of this world (rendezvous file, per-rank results): removed after the run, whatever ends it.
-    world = Path(tempfile.mkdtemp(prefix="ascend-eplb-simulate-"))
     try:
+        phase[0] = "importing vLLM in the launcher"
+        from ascend_eplb.tools.simulate.rank import simulate_rank
+
+        cfg, arrays = _rank_args(config, routing)
+        cfg["record_resources"] = True
+        if config.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=config.steps, desc="simulate", unit="step", file=sys.stderr)
+
+        def on_message(rank: int, message: Any) -> None:
+            phase[0] = "running the ranks"
+            _, step, rearrangements, bal = message
+            if bar is not None and rank == 0:
+                bar.n = step + 1
+                bar.set_postfix(rearrangements=rearrangements, balancedness=f"{bal:.3f}", refresh=False)
+                bar.refresh()
+
+        phase[0] = "starting the ranks (the fork server imports vLLM)"
         return run_ranks(
             simulate_rank,
             world_size=config.num_ranks,
@@ -117,9 +149,16 @@ def _launch(config: SimulateConfig, routing: Any, deadline: float) -> list[dict]
             else:
                 lines.append(f"--- rank {rank}: raised\n{detail.rstrip()}")
         raise SimulationError("\n".join(lines)) from None
+    except (DeadlineExceededError, LauncherInterruptedError, KeyboardInterrupt) as e:
+        # The fork server may still be importing vLLM, with rank starts queued: end it and every rank.
+        stop_fork_server(kill=True)
+        if isinstance(e, DeadlineExceededError):
+            raise SimulationError(str(e)) from None
+        raise
     finally:
         if bar is not None:
             bar.close()
+        release_world_resources(world)
         shutil.rmtree(world, ignore_errors=True)
 
 
@@ -340,15 +379,35 @@ def run_simulation(config: SimulateConfig, *, stream=None) -> dict:
     Under ``torchrun`` every process calls this and returns the report; rank 0 alone writes and prints
     it.
 
-    Raises ``ValueError`` listing every bad option (before any process starts) and
-    :class:`SimulationError` when a rank crashed or missed the deadline. A failed check is not an
-    exception: the report has ``passed == False`` and names the first violation. An earlier
-    ``report.json`` in the output folder is removed before the run starts, so a run that ends without
+    Raises ``ValueError`` listing every bad option (before any process starts or anything in the
+    output folder changes) and :class:`SimulationError` when a rank crashed or the deadline passed
+    (``timeout_s`` counts from this call: reading the routing, importing vLLM and starting ranks
+    included). A failed check is not an exception: the report has ``passed == False`` and names the
+    first violation. Once the options are valid, an earlier ``report.json``, ``balancedness.png`` and
+    ``events.jsonl`` in the output folder are removed before the run starts, so a run that ends without
     a report leaves none behind.
     """
     t0 = time.perf_counter()
     deadline = time.monotonic() + config.timeout_s
-    config, routing = _prepare(config)
+    if under_torchrun():
+        return _run_under_torchrun(config, t0, stream)
+    from ascend_eplb.tools.simulate.lifecycle import DeadlineExceededError, deadline_alarm
+
+    phase = ["reading the routing"]
+    try:
+        with deadline_alarm(deadline, config.timeout_s, phase):
+            config, routing = _prepare(config)
+            out = _output_folder(config)
+            # A run that ends without a report leaves no earlier run's report, plot or events behind.
+            for name in ("report.json", "balancedness.png", "events.jsonl"):
+                (out / name).unlink(missing_ok=True)
+            results = _launch(config, routing, deadline, phase)
+    except DeadlineExceededError as e:  # before the launch (reading or sampling the routing)
+        raise SimulationError(str(e)) from None
+    return _write(config, routing, results, t0, out, stream)
+
+
+def _output_folder(config: SimulateConfig) -> Path:
     out = Path(config.out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -359,17 +418,22 @@ def run_simulation(config: SimulateConfig, *, stream=None) -> dict:
         raise ValueError(
             f"invalid simulate options:\n  - out={config.out_dir}: cannot write there ({e})"
         ) from e
-    writer = True
-    if under_torchrun():
-        results, writer = _run_torchrun(config, routing)
-    else:
-        # A run that ends without a report leaves no earlier run's report or events behind.
-        (out / "report.json").unlink(missing_ok=True)
-        (out / "events.jsonl").unlink(missing_ok=True)
-        results = _launch(config, routing, deadline)
-    report = _report(config, routing, results, time.perf_counter() - t0)
+    return out
+
+
+def _run_under_torchrun(config: SimulateConfig, t0: float, stream: Any) -> dict:
+    config, routing = _prepare(config)
+    out = _output_folder(config)
+    results, writer = _run_torchrun(config, routing)
     if not writer:
-        return report
+        return _report(config, routing, results, time.perf_counter() - t0)
+    return _write(config, routing, results, t0, out, stream)
+
+
+def _write(
+    config: SimulateConfig, routing: Any, results: list[dict], t0: float, out: Path, stream: Any
+) -> dict:
+    report = _report(config, routing, results, time.perf_counter() - t0)
     (out / "report.json").write_text(json.dumps(report, indent=1))
     _plot(report, out / "balancedness.png")
     print(_summary(report), file=stream or sys.stdout)

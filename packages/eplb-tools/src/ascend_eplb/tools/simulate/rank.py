@@ -162,6 +162,10 @@ def simulate_rank(ctx: RankContext, cfg: dict, routing: dict, gather: bool = Fal
             backend="gloo",
         )
         initialize_model_parallel(tensor_model_parallel_size=ctx.world_size)
+        if cfg.get("record_resources"):
+            from ascend_eplb.tools.simulate.lifecycle import record_rank_resources
+
+            record_rank_resources(ctx.tmp_dir, ctx.rank)  # the launcher removes what a killed rank left
         stats = _run(ctx, cfg, routing, vc)
         if gather:
             stats = _gather(ctx, stats)

@@ -1,0 +1,94 @@
+"""The one loading layer of every file the tools read.
+
+Every reader (the compact trace ``.npz``, load matrices ``.npy``/``.csv``/``.json``, an ESFT
+``summary.json``, a serving events file ``.jsonl``) parses through :func:`read_input`: whatever goes
+wrong inside (a truncated or corrupt archive, an empty file, bytes that are not UTF-8, JSON of another
+structure, a number too large for its type, a file too large for memory) becomes one
+:class:`InputFileError` whose message starts with the file's path and says what is wrong. The command
+turns it into one line on stderr and exit status 2; no reader lets a library's own exception
+(``zlib.error``, ``EOFError``, ``KeyError``, ``TypeError``, ...) out as a traceback.
+
+:func:`check_load_values` is the rule every load matrix meets, so that what is computed from it stays
+finite: values finite and >= 0, and their sum at most the largest float32 (upstream's policy reads the
+load as float32; every sum it or the metrics form is at most that total).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+
+__all__ = ["FLOAT32_MAX", "InputFileError", "check_load_values", "read_input"]
+
+T = TypeVar("T")
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+class InputFileError(ValueError):
+    """A file a tool reads is missing, empty, unreadable or not what it must be.
+
+    The message starts with the file's path. A ``ValueError``, so every caller that refuses bad input
+    with exit status 2 refuses it the same way.
+    """
+
+
+def read_input(path: str | Path, what: str, parse: Callable[[Path], T]) -> T:
+    """``parse(path)``, with every failure turned into :class:`InputFileError` naming ``path``.
+
+    Args:
+        path: the file.
+        what: what the file must be, for the message ("a compact routing trace .npz").
+        parse: reads and checks the file; it may raise anything. A ``ValueError`` whose message
+            already starts with the path keeps its message; any other failure is reported as
+            ``"<path>: not <what> (<type>: <detail>)"``.
+
+    Raises:
+        InputFileError: the file is missing, not a regular file, empty or ``parse`` failed.
+    """
+    path = Path(path)
+    source = str(path)
+    if not path.is_file():
+        raise InputFileError(f"{source}: no such file ({what})")
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise InputFileError(f"{source}: cannot read it ({e.strerror or e})") from None
+    if size == 0:
+        raise InputFileError(f"{source}: empty file, not {what}")
+    try:
+        return parse(path)
+    except InputFileError:
+        raise
+    except MemoryError:
+        raise InputFileError(f"{source}: too large to load into memory ({size} bytes on disk)") from None
+    except RecursionError:
+        raise InputFileError(f"{source}: not {what} (nested too deeply to parse)") from None
+    except OSError as e:
+        raise InputFileError(f"{source}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise InputFileError(f"{source}: not UTF-8 text (byte {e.start}), not {what}") from None
+    except Exception as e:
+        message = str(e)
+        if isinstance(e, ValueError) and message.startswith(source):
+            raise InputFileError(message) from None
+        detail = f"{type(e).__name__}: {message}" if message else type(e).__name__
+        raise InputFileError(f"{source}: not {what} ({detail})") from None
+
+
+def check_load_values(arr: np.ndarray, source: str) -> np.ndarray:
+    """Return ``arr`` (float64) if every value is finite and >= 0 and the sum is at most
+    :data:`FLOAT32_MAX`; raise ``ValueError`` naming ``source`` and the rule otherwise."""
+    if not np.isfinite(arr).all() or (arr < 0).any():
+        raise ValueError(f"{source}: load must be finite and >= 0")
+    with np.errstate(over="ignore"):
+        total = float(arr.sum())
+    if not total <= FLOAT32_MAX:
+        raise ValueError(
+            f"{source}: the loads sum to {total:.4g}, more than {FLOAT32_MAX:.4g} (the largest float32, "
+            "the type upstream's policy reads the load in); scale the load down"
+        )
+    return arr

@@ -1,0 +1,224 @@
+"""How an ``ascend-eplb`` command ends: signals, the whole-run deadline, and nothing left behind.
+
+- :func:`command_scope` wraps a whole command. SIGTERM and SIGHUP raise
+  :class:`~ascend_eplb.testing.LauncherInterruptedError` wherever the command is (reading the trace,
+  importing vLLM, starting or running ranks), as Ctrl-C raises ``KeyboardInterrupt``; the command prints
+  one line and exits ``128 + signal``. For ``simulate`` it also gives torch's compile cache (which
+  importing vLLM creates in ``$TMPDIR``) a scratch folder of the command, and on the way out stops the
+  fork server (so its ranks) and the resource tracker and removes that folder.
+- :func:`deadline_alarm`: ``--timeout`` is the deadline of the whole run; a SIGALRM just after it ends
+  whatever is still starting (vLLM's import in the launcher, the fork server's preload, a stalled rank
+  start), which the launcher's own deadline (counted while ranks run) cannot interrupt.
+- :func:`record_rank_resources` (in each rank, once vLLM's groups exist) writes the names of the
+  shared-memory segments and message-queue sockets vLLM created into the world's folder;
+  :func:`release_world_resources` (in the launcher, after the world, whatever ended it) removes those a
+  crashed or killed rank left, so no socket file stays in ``$TMPDIR`` and the resource tracker has no
+  leaked segment to warn about.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from ascend_eplb.testing import LauncherInterruptedError, stop_fork_server
+
+__all__ = [
+    "SCRATCH_PREFIX",
+    "DeadlineExceededError",
+    "command_scope",
+    "deadline_alarm",
+    "exit_code_of",
+    "record_rank_resources",
+    "release_world_resources",
+]
+
+SCRATCH_PREFIX = "ascend-eplb-simulate-"
+#: The alarm comes this long after the deadline, so the launcher's own deadline (which names each
+#: rank still running) decides first whenever ranks run.
+_ALARM_AFTER_S = 0.5
+
+
+class DeadlineExceededError(RuntimeError):
+    """The run's deadline passed before its ranks finished starting."""
+
+
+def exit_code_of(error: BaseException) -> int:
+    """``128 + signal number`` of a stop by signal (SIGINT for ``KeyboardInterrupt``)."""
+    if isinstance(error, LauncherInterruptedError):
+        return 128 + int(signal.Signals[error.signal_name])
+    return 128 + int(signal.SIGINT)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def _stop_signals_raise() -> Iterator[None]:
+    if not _main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: object) -> None:
+        raise LauncherInterruptedError(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """Clean-up runs to its end: a second Ctrl-C or SIGTERM does not cut it short."""
+    if not _main_thread():
+        yield
+        return
+    sigs = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _stop_resource_tracker(wait_s: float = 5.0) -> None:
+    """End this process's multiprocessing resource tracker (it exits once every user closed its pipe:
+    the fork server and the ranks are gone by now), waiting at most ``wait_s``."""
+    from multiprocessing import resource_tracker
+
+    tracker = resource_tracker._resource_tracker
+    with tracker._lock:
+        if tracker._fd is None:
+            return
+        os.close(tracker._fd)
+        tracker._fd = None
+        pid, tracker._pid = tracker._pid, None
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done:
+            return
+        time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def command_scope(command: str) -> Iterator[None]:
+    """The whole of one ``ascend-eplb`` command (see the module docstring)."""
+    if command != "simulate":
+        with _stop_signals_raise():
+            yield
+        return
+    scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
+    own_cache = "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    if own_cache:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / "torchinductor")
+    try:
+        with _stop_signals_raise():
+            yield
+    finally:
+        with _signals_ignored():
+            gc.collect()  # a failed run's queues and locks: their semaphores unlinked, not "leaked"
+            stop_fork_server()
+            _stop_resource_tracker()
+            shutil.rmtree(scratch, ignore_errors=True)
+            if own_cache:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+
+
+@contextlib.contextmanager
+def deadline_alarm(deadline: float, timeout_s: float, phase: list[str]) -> Iterator[None]:
+    """Raise :class:`DeadlineExceededError` in the main thread just after ``deadline`` (monotonic).
+
+    ``phase[0]`` says what the run was doing, for the message. Off the main thread (no signals
+    there) this does nothing: the launcher's own deadline still holds once ranks run.
+    """
+    if not _main_thread():
+        yield
+        return
+
+    def handler(_signum: int, _frame: object) -> None:
+        raise DeadlineExceededError(
+            f"simulation failed: the deadline (--timeout {timeout_s:g} s, start-up included) passed while "
+            f"{phase[0]}; every process of the run was stopped"
+        )
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    from ascend_eplb.tools.simulate.resources import MAX_TIMEOUT_S
+
+    # Capped: a timeout beyond the limit is refused by the options' validation, inside this scope.
+    remaining = deadline - time.monotonic() + _ALARM_AFTER_S
+    if not remaining < MAX_TIMEOUT_S + 60.0:  # also nan and inf
+        remaining = MAX_TIMEOUT_S + 60.0
+    signal.setitimer(signal.ITIMER_REAL, max(remaining, 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def record_rank_resources(world_dir: str | os.PathLike[str], rank: int) -> None:
+    """In a rank, once vLLM's groups exist: write ``resources-rank<r>.json`` (shared-memory segment
+    names and message-queue socket paths this rank's vLLM groups created) into the world's folder."""
+    from vllm.distributed import parallel_state
+
+    shm, sockets = [], []
+    for ref in list(parallel_state._groups.values()):
+        group = ref()
+        queue = getattr(group, "mq_broadcaster", None) if group is not None else None
+        if queue is None:
+            continue
+        for holder in (getattr(queue, "buffer", None), getattr(queue, "tensor_arena", None)):
+            memory = getattr(holder, "shared_memory", None)
+            if memory is not None and getattr(holder, "is_creator", False):
+                shm.append(memory.name)
+        handle = getattr(queue, "handle", None)
+        for address in (
+            getattr(handle, "local_subscribe_addr", None),
+            getattr(handle, "local_notify_addr", None),
+        ):
+            if isinstance(address, str) and address.startswith("ipc://"):
+                sockets.append(address.removeprefix("ipc://"))
+    path = Path(world_dir) / f"resources-rank{rank}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"shared_memory": shm, "sockets": sockets}))
+    tmp.replace(path)
+
+
+def release_world_resources(scratch: str | os.PathLike[str]) -> None:
+    """In the launcher, after a world ended: remove what its ranks recorded and left (a rank that ended
+    cleanly removed its own; a crashed or killed one could not)."""
+    from multiprocessing import shared_memory
+
+    for record in sorted(Path(scratch).glob("*/resources-rank*.json")):
+        try:
+            listed = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        for socket_path in listed.get("sockets", []):
+            with contextlib.suppress(OSError):
+                os.unlink(socket_path)
+        for name in listed.get("shared_memory", []):
+            try:
+                segment = shared_memory.SharedMemory(name=name)
+            except (OSError, ValueError):
+                continue  # already unlinked by its rank
+            segment.close()
+            segment.unlink()  # also unregisters it from the resource tracker: no "leaked" warning

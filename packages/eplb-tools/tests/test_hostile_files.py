@@ -1,0 +1,193 @@
+"""Every file the tools read, under every corruption: one error naming the file and what is wrong, exit 2.
+
+Table-driven: each reader (the command that reads it) x each corruption. A reader never lets a library's
+own exception out (``zlib.error``, ``EOFError``, ``KeyError``, ``TypeError``, ``OverflowError``, ...), and a
+load whose sums would not be finite is refused instead of printing ``nan``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ascend_eplb.integration.validation import check_config_file
+from ascend_eplb.tools.cli import main
+
+GOOD_CONFIG = {
+    "use_v2_model_runner": True,
+    "parallel_config": {
+        "enable_eplb": True,
+        "enable_expert_parallel": True,
+        "tensor_parallel_size": 2,
+        "eplb_config": {"window_size": 8, "step_interval": 16, "num_redundant_experts": 2},
+    },
+    "model": {"num_logical_experts": 64, "quantization": "w8a8_dynamic"},
+}
+
+
+def _npz_bytes(**overrides) -> bytes:
+    arrays = {
+        "topk_ids": np.array([[[0, 1], [2, 3], [1, 2], [3, 0]]], dtype=np.uint8),
+        "topk_weights_e4": np.full((1, 4, 2), 5000, dtype=np.uint16),
+        "seq_offsets": np.array([0, 4], dtype=np.int64),
+        "layer_ids": np.array([1], dtype=np.int64),
+        "num_logical_experts": np.array(4, dtype=np.int64),
+    }
+    arrays.update(overrides)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    return buf.getvalue()
+
+
+def _npy_bytes(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=True)
+    return buf.getvalue()
+
+
+def _corrupt_member(data: bytes) -> bytes:
+    """The archive with the compressed bytes of its first member flipped (a zlib stream error)."""
+    raw = bytearray(data)
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        info = z.infolist()[0]
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    for i in range(start + 2, start + min(info.compress_size, 40)):
+        raw[i] ^= 0xFF
+    return bytes(raw)
+
+
+def _window(load) -> str:
+    return json.dumps({"event": "window", "time": 0.0, "step": 1, "model": "m", "load": load}) + "\n"
+
+
+VALID = {
+    "trace.npz": _npz_bytes(),
+    "load.npy": _npy_bytes(np.array([[1.0, 2.0], [3.0, 4.0]])),
+    "load.csv": b"1,2\n3,4\n",
+    "load.json": b"[[1, 2], [3, 4]]",
+    "summary.json": json.dumps({"token_scores": {"1": {"0": 0.25, "1": 0.75}}}).encode(),
+    "events.jsonl": (_window([[1, 2], [3, 4]]) * 2).encode(),
+    "config.json": json.dumps(GOOD_CONFIG).encode(),
+}
+GARBAGE = b"\xff\xfe\x80\x81 not text \x00\x9f" * 16
+
+# (file, corruption, file bytes, a fragment of the one error line after "<path>: ")
+CASES = [
+    # every reader: empty, truncated to half, binary garbage
+    *[(name, "empty", b"", "empty file, not ") for name in VALID],
+    ("trace.npz", "truncated", VALID["trace.npz"][: len(VALID["trace.npz"]) // 2],
+     "not a compact routing trace .npz (BadZipFile: "),
+    ("load.npy", "truncated", VALID["load.npy"][:100], "not an [L, E] load matrix ("),
+    ("load.csv", "truncated", b"1,2\n3,", "load must be a numeric [L, E] matrix"),
+    ("load.json", "truncated", b"[[1, 2], [3,", "not valid JSON ("),
+    ("summary.json", "truncated", VALID["summary.json"][:20], "not valid JSON ("),
+    ("events.jsonl", "truncated", _window([[1, 2]]).encode()[:30],
+     "the events file holds no 'window' record"),
+    ("config.json", "truncated", VALID["config.json"][:40], "cannot read "),
+    ("trace.npz", "garbage", GARBAGE, "not a compact routing trace .npz (no zip archive signature)"),
+    ("load.npy", "garbage", GARBAGE, "not an [L, E] load matrix (no .npy signature)"),
+    ("load.csv", "garbage", GARBAGE, "not UTF-8 text (byte 0), not an [L, E] load matrix"),
+    ("load.json", "garbage", GARBAGE, "not UTF-8 text (byte 0), not an [L, E] load matrix"),
+    ("summary.json", "garbage", GARBAGE, "not UTF-8 text (byte 0), not an [L, E] load matrix"),
+    ("events.jsonl", "garbage", GARBAGE, "not UTF-8 text (byte 0); not an events file"),
+    ("config.json", "garbage", GARBAGE, "UnicodeDecodeError"),
+    # corrupt inside a valid container
+    ("trace.npz", "corrupt member", _corrupt_member(VALID["trace.npz"]),
+     "not a compact routing trace .npz ("),
+    # valid encoding, wrong structure
+    ("trace.npz", "wrong keys", _npz_bytes(topk_ids=np.zeros(3)).replace(b"topk_ids", b"topk_xyz"),
+     "missing keys ['topk_ids']"),
+    ("trace.npz", "object arrays", _npz_bytes(seq_offsets=np.array([0, "x"], dtype=object)),
+     "not a compact routing trace .npz (ValueError: Object arrays cannot be loaded when allow_pickle=False)"),
+    ("trace.npz", "non-scalar expert count", _npz_bytes(num_logical_experts=np.array([4, 4])),
+     "num_logical_experts must be an integer scalar, got int64 (2,)"),
+    ("load.npy", "object array", _npy_bytes(np.array([[1, "x"]], dtype=object)),
+     "not an [L, E] load matrix (ValueError: Object arrays cannot be loaded when allow_pickle=False)"),
+    ("load.npy", "3-D", _npy_bytes(np.ones((2, 2, 2))), "load must be a [L, E] matrix, got shape (2, 2, 2)"),
+    ("load.csv", "text cells", b"1,a\n3,4\n", "load must be a numeric [L, E] matrix"),
+    ("load.json", "object", b'{"a": 1}', "JSON object must hold 'token_scores' (ESFT) or 'logical_count'"),
+    ("load.json", "nested strings", b'[["1", "x"]]', "load must be a numeric [L, E] matrix"),
+    ("summary.json", "scores a list", b'{"token_scores": [1, 2]}',
+     "token_scores must map layer numbers to {expert number: share} objects"),
+    ("summary.json", "layer key text", b'{"token_scores": {"a": {"0": 1}}}', "(a key is not an integer)"),
+    ("summary.json", "share text", b'{"token_scores": {"1": {"0": "x"}}}', "load must be a numeric [L, E]"),
+    ("events.jsonl", "record a list", b"[1, 2]\n" + _window([[1]]).encode(),
+     "events.jsonl:1: not an events record"),
+    ("events.jsonl", "load a string", _window("x").encode(), "events.jsonl:1: a window's 'load' must be"),
+    ("config.json", "a list", b"[1, 2]", "[schema]"),
+    ("config.json", "sections of wrong types", b'{"parallel_config": [], "model": 3}', "[schema]"),
+    # numbers that overflow
+    ("load.json", "integer beyond float64", b"[[1, " + b"9" * 400 + b"]]",
+     "load must be a numeric [L, E] matrix"),
+    ("load.json", "sum beyond float32", b"[[3e38, 3e38]]", "the loads sum to 6e+38, more than 3.403e+38"),
+    ("load.json", "infinite", b"[[1e400, 1]]", "load must be finite and >= 0"),
+    ("load.json", "NaN", b"[[NaN, 1]]", "load must be finite and >= 0"),
+    ("load.npy", "sum beyond float64", _npy_bytes(np.full((2, 2), 1e308)), "the loads sum to inf, more than"),
+    ("load.csv", "sum beyond float32", b"3e38,3e38\n", "the loads sum to 6e+38"),
+    ("summary.json", "sum beyond float32", b'{"token_scores": {"1": {"0": 3e38, "1": 3e38}}}',
+     "the loads sum to 6e+38"),
+    ("events.jsonl", "integer beyond int64", _window([[2**70, 1]]).encode(), "a window's 'load' must be"),
+    ("trace.npz", "ids beyond the expert count", _npz_bytes(num_logical_experts=np.array(2, dtype=np.int64)),
+     "expert ids must lie in [0, num_logical_experts=2), got [0, 3]"),
+    ("config.json", "integer beyond float64",
+     b'{"parallel_config": {"tensor_parallel_size": ' + b"9" * 400 + b"}}",
+     "[schema] parallel_config.tensor_parallel_size=99999999999999999999...(400 characters) "
+     "must be an integer in [1, 2147483647]"),
+    ("config.json", "infinite", b'{"parallel_config": {"tensor_parallel_size": 1e400}}', "[schema]"),
+]  # fmt: skip
+
+
+def _command(name: str, path: Path, tmp_path: Path) -> list[str]:
+    if name == "trace.npz":
+        return ["simulate", "--trace", str(path), "--out", str(tmp_path / "out")]
+    if name == "config.json":
+        return ["check", str(path)]
+    return ["plan", str(path), "--ranks", "2"]
+
+
+@pytest.mark.parametrize(
+    ("name", "corruption", "data", "fragment"), CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES]
+)
+def test_every_reader_refuses_every_corruption_with_one_line_naming_the_file(
+    tmp_path, capsys, name, corruption, data, fragment
+):
+    path = tmp_path / name
+    path.write_bytes(data)
+    command = _command(name, path, tmp_path)
+    code = main(command)
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    if name == "config.json":
+        # check reports on stdout (ok or not) and never raises
+        assert err == ""
+        assert out.startswith(f"ascend-eplb check: {path}: INVALID\n")
+        assert fragment in out
+        result = check_config_file(path)
+        assert (result.ok, result.exit_code) == (False, 2)
+        assert result.violations[0].rule == "schema"
+        return
+    assert out == ""
+    prefix = f"ascend-eplb {command[0]}: error: {path}:"
+    assert err.startswith(prefix), err
+    assert err.count("\n") == 1, err  # one line, no traceback
+    assert fragment in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_valid_file_of_each_reader_is_accepted(tmp_path, capsys):
+    """The table's corruptions start from files each reader accepts (so each case fails for its reason)."""
+    for name, data in VALID.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        if name == "trace.npz":
+            from ascend_eplb.tools.trace import load_trace
+
+            assert load_trace(path).topk_ids.shape == (1, 4, 2)
+            continue
+        assert main(_command(name, path, tmp_path)) == 0, capsys.readouterr()
+    capsys.readouterr()

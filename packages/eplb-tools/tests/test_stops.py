@@ -1,0 +1,203 @@
+"""How ``ascend-eplb simulate`` ends, with real processes: a signal mid-run, the deadline during
+start-up, a failed check, a crashed rank. Every time: the exit code, one line on stderr, no process of
+the run left (found by a marker in their environment, reparented or not), nothing left in ``$TMPDIR``
+(vLLM's message-queue sockets, torch's cache, the launcher's scratch), no "leaked" warning."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(sys.executable).with_name("ascend-eplb")
+#: vLLM 0.33.0's import-time notices on a host without an accelerator (SIMULATE.md), from the launcher
+#: and the fork server; everything else on stderr is the command's own.
+VLLM_NOTICES = (
+    "Failed to import from vllm._C",
+    "Triton is not installed",
+    "Reset SSM cache type",
+    "Model Runner V2 requires Triton",
+)
+SMALL = ["--ranks", "2", "--redundant-experts", "2", "--layers", "1", "--batch-size", "16", "--no-progress"]
+
+
+class Run:
+    """One ``ascend-eplb simulate`` subprocess with a private, short ``$TMPDIR`` and a marker."""
+
+    def __init__(self, tmp_path: Path, *args: str) -> None:
+        self.marker = uuid.uuid4().hex
+        # Short on purpose: vLLM's socket paths ($TMPDIR/<uuid>) must fit a unix socket address.
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="ae-", dir="/tmp"))
+        self.out = tmp_path / "out"
+        env = os.environ | {
+            "TMPDIR": str(self.tmpdir),
+            "ASCEND_EPLB_TEST_MARKER": self.marker,
+            "VLLM_TARGET_DEVICE": "cpu",
+            "GLOO_SOCKET_IFNAME": "lo",
+            "OMP_NUM_THREADS": "1",
+        }
+        env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            [str(SCRIPT), "simulate", *args, "--out", str(self.out)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+
+    def processes(self) -> list[int]:
+        """Pids of live processes carrying this run's marker (the launcher and all it started)."""
+        found = []
+        needle = f"ASCEND_EPLB_TEST_MARKER={self.marker}".encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if needle in (entry / "environ").read_bytes():
+                    state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                    if state != "Z":
+                        found.append(int(entry.name))
+            except OSError:
+                continue
+        return found
+
+    def wait_ranks_running(self, timeout: float = 300) -> list[Path]:
+        """Block until both ranks recorded their vLLM resources (the world is up, mid-run)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            records = list(self.tmpdir.glob("ascend-eplb-simulate-*/world-*/resources-rank*.json"))
+            if len(records) == 2:
+                return records
+            assert self.proc.poll() is None, self.proc.communicate()
+            time.sleep(0.2)
+        raise AssertionError("ranks did not start")
+
+    def finish(self, timeout: float = 300) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        self.elapsed = time.monotonic() - self.t0
+        return self.proc.returncode, out, err
+
+    def assert_nothing_left(self, err: str) -> None:
+        time.sleep(0.2)
+        assert self.processes() == []
+        assert sorted(p.name for p in self.tmpdir.iterdir()) == []
+        assert "leaked" not in err
+        shutil.rmtree(self.tmpdir)
+
+
+def _own_lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line and not line.startswith(VLLM_NOTICES)]
+
+
+def _ranks(run: Run) -> list[int]:
+    """The rank processes: children of the run's fork server."""
+    pids = run.processes()
+    parents = {pid: int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in pids}
+    server = [pid for pid in pids if parents[pid] == run.proc.pid and b"forkserver" in
+              Path(f"/proc/{pid}/cmdline").read_bytes()]  # fmt: skip
+    assert len(server) == 1, server
+    return sorted(pid for pid, parent in parents.items() if parent == server[0])
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize(("sig", "code"), [("SIGTERM", 143), ("SIGHUP", 129), ("SIGINT", 130)])
+def test_a_signal_mid_run_stops_every_process_removes_the_scratch_and_prints_one_line(tmp_path, sig, code):
+    run = Run(tmp_path, *SMALL, "--steps", "100000", "--timeout", "300")
+    run.wait_ranks_running()
+    assert len(_ranks(run)) == 2
+    time.sleep(1.0)
+    sent = time.monotonic()
+    if sig == "SIGINT":
+        os.killpg(run.proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole process group
+    else:
+        run.proc.send_signal(getattr(signal, sig))  # kill -TERM / -HUP <launcher pid>
+    returncode, out, err = run.finish(timeout=60)
+    assert returncode == code, err
+    assert time.monotonic() - sent < 20  # at once, not at the deadline
+    expected = f"ascend-eplb simulate: stopped by {sig}; every rank was stopped, nothing left behind"
+    assert _own_lines(err) == [expected]
+    assert "Traceback" not in err
+    assert out == ""
+    run.assert_nothing_left(err)
+
+
+@pytest.mark.multirank
+def test_the_timeout_is_the_deadline_of_the_whole_run_start_up_included(tmp_path):
+    # The command's own interpreter start-up (before the run, and its deadline, begin).
+    t0 = time.monotonic()
+    subprocess.run([str(SCRIPT), "simulate", "--help"], capture_output=True, check=True)
+    own_start = time.monotonic() - t0
+    # Start-up alone (vLLM imported by the launcher, then by the fork server) takes longer than 3 s.
+    run = Run(tmp_path, *SMALL, "--steps", "8", "--timeout", "3")
+    returncode, _, err = run.finish()
+    assert returncode == 1, err
+    (line,) = _own_lines(err)
+    assert line.startswith(
+        "ascend-eplb simulate: error: simulation failed: the deadline (--timeout 3 s, start-up included) "
+        "passed while "
+    ), line
+    assert line.endswith("; every process of the run was stopped")
+    # Ended within the deadline: 3 s from the run's start, plus the command's own start-up and the stop
+    # (without the whole-run deadline: vLLM's import in the launcher and in the fork server on top).
+    assert run.elapsed < own_start + 3 + 8, (run.elapsed, own_start)
+    assert not (run.out / "report.json").exists()
+    run.assert_nothing_left(err)
+
+
+def _stale(out: Path) -> None:
+    out.mkdir(parents=True)
+    (out / "report.json").write_text(json.dumps({"passed": True, "stale": True}))
+    (out / "balancedness.png").write_bytes(b"stale")
+    (out / "events.jsonl").write_text('{"event": "stale"}\n')
+
+
+@pytest.mark.multirank
+def test_a_passing_run_leaves_nothing_behind(tmp_path):
+    run = Run(tmp_path, *SMALL, "--steps", "6", "--window-size", "1", "--step-interval", "2")
+    returncode, out, err = run.finish()
+    assert returncode == 0, err
+    assert "PASSED in" in out
+    assert _own_lines(err) == []
+    run.assert_nothing_left(err)
+
+
+@pytest.mark.multirank
+def test_a_failed_check_writes_a_failed_report_over_a_stale_one_and_leaves_nothing_behind(tmp_path):
+    _stale(tmp_path / "out")
+    run = Run(tmp_path, *SMALL, "--steps", "8", "--window-size", "1", "--step-interval", "2",
+              "--fault", "wrong-lookup-refresh")  # fmt: skip
+    returncode, _, err = run.finish()
+    assert returncode == 1, err
+    report = json.loads((run.out / "report.json").read_text())
+    assert report["passed"] is False
+    assert "stale" not in report
+    assert report["first_violation"].startswith("lookups:")
+    assert (run.out / "balancedness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "stale" not in (run.out / "events.jsonl").read_text()
+    run.assert_nothing_left(err)
+
+
+@pytest.mark.multirank
+def test_a_crashed_rank_fails_the_run_removes_stale_results_and_leaves_nothing_behind(tmp_path):
+    _stale(tmp_path / "out")
+    run = Run(tmp_path, *SMALL, "--steps", "100000", "--timeout", "300")
+    run.wait_ranks_running()
+    os.kill(_ranks(run)[1], signal.SIGKILL)  # rank 1 dies holding vLLM's resources
+    returncode, _, err = run.finish()
+    assert returncode == 1, err
+    lines = _own_lines(err)
+    assert lines[0] == "ascend-eplb simulate: error: simulation failed:"
+    assert "--- rank 1: exited with code -9 without a result" in lines
+    assert sorted(p.name for p in run.out.iterdir()) == []  # no stale report, plot or events
+    run.assert_nothing_left(err)
