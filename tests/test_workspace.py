@@ -39,7 +39,7 @@ PACKAGES = {
     "testing": ("ascend-eplb-testing", "testing", {"torch"}),
 }
 # Third-party libraries a package may use beside its edges (traces, progress, plots).
-TOOL_LIBRARIES = {"packages/eplb-tools": {"numpy", "tqdm", "matplotlib"}}
+TOOL_LIBRARIES = {"packages/eplb-tools": {"numpy", "tqdm", "matplotlib", "psutil"}}
 #: Optional extras a package may declare: torch_npu probes, the dataplane's Triton kernel, the toy
 #: MoE model's vLLM.
 EXTRAS = {"npu", "triton", "vllm"}
@@ -107,7 +107,14 @@ def test_declared_dependencies_are_the_design_edges(folder):
 @pytest.mark.parametrize("folder", SERVING)
 def test_the_serving_product_pulls_no_tool_library_or_trace(folder):
     declared = {_requirement_name(r)[0] for r in _pyproject(folder)["project"]["dependencies"]}
-    assert not declared & {"numpy", "tqdm", "matplotlib", "ascend-eplb-tools", "ascend-eplb-testing"}
+    assert not declared & {
+        "numpy",
+        "tqdm",
+        "matplotlib",
+        "psutil",
+        "ascend-eplb-tools",
+        "ascend-eplb-testing",
+    }
     assert not list((ROOT / folder / "src").rglob("*.npz")), f"{folder} ships trace data"
     assert "scripts" not in _pyproject(folder)["project"], f"{folder} installs a command"
 

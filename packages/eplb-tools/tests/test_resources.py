@@ -3,6 +3,7 @@ before anything is sampled, loaded into ranks or started; the message has the es
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -66,7 +67,8 @@ def test_sizes_beyond_the_host_are_refused_with_the_estimate(tmp_path, capsys):
     assert "  - memory: this run needs about " in err
     assert f"per rank (expert storage {resources.gib(storage)}, " in err
     assert " x 4 ranks + launcher " in err
-    assert f"the host has {resources.gib(resources.available_bytes())[:-6]}" in err
+    # What is available moves between the run and this line (other processes): its form, not its value.
+    assert re.search(r"the host has \d+\.\d\d GiB available \(MemAvailable\)", err), err
 
 
 def test_a_trace_declaring_millions_of_experts_is_refused(tmp_path, capsys):
