@@ -219,7 +219,7 @@ def check_settings(s: EplbSettings) -> Judgement:
     ``s.unknown_facts`` is not judged: it is listed in the result's ``.unjudged``, never passed silently.
     """
     out = Judgement()
-    unknown = s.unknown_facts
+    facts_unknown = s.unknown_facts
     phase = s.ascend_eplb_config.get("load_collection_phase", "all")
     v1_in_config = [k for k in V1_EPLB_KEYS if k in s.ascend_eplb_config]
     v1_top = [k for k in V1_EPLB_KEYS if k in s.legacy_top_level_keys]
@@ -342,8 +342,8 @@ def check_settings(s: EplbSettings) -> Judgement:
                 "--eplb-config.num_redundant_experts to 0 or more",
             )
         )
-    if r_ok and s.enable_expert_parallel and "num_logical_experts" in unknown:
-        out.unjudged.append(Unjudged("experts-divisible", unknown["num_logical_experts"]))
+    if r_ok and s.enable_expert_parallel and "num_logical_experts" in facts_unknown:
+        out.unjudged.append(Unjudged("experts-divisible", facts_unknown["num_logical_experts"]))
     elif r_ok and s.num_logical_experts is not None and s.enable_expert_parallel:
         reason = experts_divisibility_error(s.num_logical_experts, r, s.num_ranks)
         if reason is not None:
@@ -354,8 +354,8 @@ def check_settings(s: EplbSettings) -> Judgement:
                     f"{s.prefill_context_parallel_size} x DP {s.data_parallel_size})",
                 )
             )
-    if "quantization" in unknown:
-        out.unjudged.append(Unjudged("quantization", unknown["quantization"]))
+    if "quantization" in facts_unknown:
+        out.unjudged.append(Unjudged("quantization", facts_unknown["quantization"]))
     else:
         out.extend(_format_violations(s.quantization))
     if s.cudagraph_mode.upper() != "NONE":
@@ -367,8 +367,8 @@ def check_settings(s: EplbSettings) -> Judgement:
                 "(--enforce-eager)",
             )
         )
-    if s.speculative_method is not None and "speculative_draft_is_moe" in unknown:
-        out.unjudged.append(Unjudged("speculative-moe-draft", unknown["speculative_draft_is_moe"]))
+    if s.speculative_method is not None and "speculative_draft_is_moe" in facts_unknown:
+        out.unjudged.append(Unjudged("speculative-moe-draft", facts_unknown["speculative_draft_is_moe"]))
     elif s.speculative_method is not None and s.speculative_draft_is_moe:
         out.append(
             Violation(
