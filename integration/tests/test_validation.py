@@ -390,7 +390,7 @@ def test_command_line_with_a_model_folder_is_ok_with_every_fact(tmp_path):
 
 def test_command_line_without_facts_reports_what_cannot_be_judged():
     result = _serve("deepseek-ai/DeepSeek-V3", *EAGER_ARGS)
-    assert result.ok and result.exit_code == 0
+    assert (result.ok, result.exit_code) == (True, 0)
     assert result.verdict == "OK (2 rules could not be judged)"
     assert [str(u) for u in result.unjudged] == [EXPERTS_UNJUDGED, QUANT_UNJUDGED]
     assert result.report.splitlines()[-2:] == [EXPERTS_UNJUDGED, QUANT_UNJUDGED]
@@ -498,7 +498,7 @@ def test_vllm_serve_config_yaml_and_json_are_read_as_vllm_reads_them(tmp_path):
     path = tmp_path / "serve.yaml"
     path.write_text(YAML.format(model=folder))
     result = check_config_file(path, environ={})
-    assert result.ok and result.unjudged == (), result.report
+    assert (result.ok, result.unjudged) == (True, ()), result.report
     assert (result.resolved["window_size"], result.resolved["load_collection_phase"]) == (100, "decode")
     assert (result.resolved["num_ranks"], result.resolved["quantization"]) == (4, "w8a8_dynamic")
     as_json = tmp_path / "serve.json"
@@ -573,9 +573,7 @@ def test_check_config_file_never_raises_on_garbage(tmp_path, name, data):
     result = check_config_file(path, environ={})
     assert (result.ok, result.exit_code) == (False, 2)
     assert result.violations[0].rule in ("schema", "engine-args")
-    assert result.report.startswith("1 EPLB configuration rule(s) violated:") or result.report.startswith(
-        f"{len(result.violations)} EPLB"
-    )
+    assert result.report.startswith(f"{len(result.violations)} EPLB configuration rule(s) violated:")
 
 
 def test_model_folder_facts_as_vllm_reads_them(tmp_path):
