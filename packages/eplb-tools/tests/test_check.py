@@ -71,8 +71,10 @@ def test_unknown_flag_is_rejected_by_vllms_parser_with_exit_2(capsys):
 def test_serve_config_yaml_and_the_config_flag(tmp_path, capsys):
     folder = _model(tmp_path, experts=62)
     yaml = tmp_path / "serve.yaml"
-    yaml.write_text(f"model: {folder}\nenable-eplb: true\nenable_expert_parallel: true\ntensor-parallel-size: 4\n"
-                    "enforce-eager: true\neplb-config: '{\"num_redundant_experts\": 2}'\n")  # fmt: skip
+    yaml.write_text(
+        f"model: {folder}\nenable-eplb: true\nenable_expert_parallel: true\ntensor-parallel-size: 4\n"
+        "enforce-eager: true\neplb-config: '{\"num_redundant_experts\": 2}'\n"
+    )
     assert main(["check", str(yaml)]) == 0
     out, _ = capsys.readouterr()
     assert out.splitlines()[0] == f"ascend-eplb check: {yaml}: OK"
