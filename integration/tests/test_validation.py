@@ -28,6 +28,7 @@ BASE = {
     },
     "additional_config": {"eplb_config": {"load_collection_phase": "decode"}},
     "model": {"num_logical_experts": 64, "quantization": "w8a8_dynamic"},
+    "compilation_config": {"cudagraph_mode": "NONE"},
 }
 
 
@@ -330,3 +331,262 @@ def test_readme_config_example_passes(tmp_path):
     assert result.ok, result.report
     assert result.exit_code == 0
     assert "communicator: torch_gloo" in result.report
+
+
+# -- the forms operators have: engine arguments, command lines, model folders -------------------------
+
+EAGER_ARGS = [
+    "--enable-eplb", "-tp", "2", "--data-parallel-size", "2", "--enable-expert-parallel",
+    "--eplb-config", '{"num_redundant_experts": 4}', "--enforce-eager",
+]  # fmt: skip
+GRAPH_MESSAGE = (
+    "graph capture (cudagraph_mode=FULL_AND_PIECEWISE) is not validated with Ascend EPLB yet (the lookup's "
+    "in-place refresh under graph replay has no test); fix: run eager (--enforce-eager)"
+)
+EXPERTS_UNJUDGED = (
+    "cannot judge: experts-divisible: the routed-expert count is unknown (model 'deepseek-ai/DeepSeek-V3' "
+    "is not a local folder); pass --num-experts / the model folder"
+)
+QUANT_UNJUDGED = (
+    "cannot judge: quantization: the checkpoint's dtype is unknown (dtype=auto, model "
+    "'deepseek-ai/DeepSeek-V3' is not a local folder); pass --quantization FORMAT / the model folder"
+)
+
+
+def _model_folder(tmp_path, experts=64, quant_type="W8A8_DYNAMIC"):
+    folder = tmp_path / "DeepSeek-tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "deepseek_v3", "n_routed_experts": experts, "torch_dtype": "bfloat16"})
+    )
+    if quant_type is not None:
+        (folder / "quant_model_description_w8a8_dynamic.json").write_text(
+            json.dumps(
+                {
+                    "model.layers.1.mlp.experts.0.gate_proj.weight": quant_type,
+                    "model.layers.1.mlp.experts.0.down_proj.weight": quant_type,
+                    "model.layers.1.self_attn.q_proj.weight": "W8A8",
+                }
+            )
+        )
+    return folder
+
+
+def _serve(*argv, **kw):
+    from ascend_eplb.integration.validation import check_serve_command
+
+    return check_serve_command(["serve", *argv], environ={}, **kw)
+
+
+def test_command_line_with_a_model_folder_is_ok_with_every_fact(tmp_path):
+    folder = _model_folder(tmp_path)
+    result = _serve(str(folder), *EAGER_ARGS, "--quantization", "ascend")
+    assert (result.ok, result.verdict, result.unjudged) == (True, "OK", ())
+    assert result.resolved["num_logical_experts"] == 64
+    assert result.resolved["quantization"] == "w8a8_dynamic"
+    assert result.resolved["num_local_physical_experts"] == 17
+    assert result.resolved["cudagraph_mode"] == "NONE"
+
+
+def test_command_line_without_facts_reports_what_cannot_be_judged():
+    result = _serve("deepseek-ai/DeepSeek-V3", *EAGER_ARGS)
+    assert (result.ok, result.exit_code) == (True, 0)
+    assert result.verdict == "OK (2 rules could not be judged)"
+    assert [str(u) for u in result.unjudged] == [EXPERTS_UNJUDGED, QUANT_UNJUDGED]
+    assert result.report.splitlines()[-2:] == [EXPERTS_UNJUDGED, QUANT_UNJUDGED]
+    given = _serve("deepseek-ai/DeepSeek-V3", *EAGER_ARGS, num_experts=66, quantization="W8A8_DYNAMIC")
+    assert [(v.rule, v.message) for v in given.violations] == [
+        (
+            "experts-divisible",
+            "logical experts (66) + num_redundant_experts (4) = 70 physical experts is not divisible by 4 EP "
+            "ranks; fix: choose num_redundant_experts so that 66 + num_redundant_experts is a multiple of 4, "
+            "e.g. 6 (EP size 4 = TP 2 x PCP 1 x DP 2)",
+        )
+    ]
+    assert given.unjudged == ()
+
+
+def test_quantization_ascend_without_a_description_cannot_be_judged(tmp_path):
+    folder = _model_folder(tmp_path, quant_type=None)
+    result = _serve(str(folder), *EAGER_ARGS, "--quantization", "ascend")
+    assert result.verdict == "OK (1 rule could not be judged)"
+    assert [str(u) for u in result.unjudged] == [
+        f"cannot judge: quantization: --quantization ascend takes the routed experts' format from "
+        f"msModelSlim's quant_model_description*.json (none in {folder}); pass --quantization FORMAT / the "
+        "model folder"
+    ]
+    w4a16 = tmp_path / "w4a16"
+    w4a16.mkdir()
+    (w4a16 / "config.json").write_text(json.dumps({"num_experts": 64}))
+    (w4a16 / "quant_model_description.json").write_text(json.dumps({"m.experts.0.w1.weight": "W4A16"}))
+    bad = _serve(str(w4a16), *EAGER_ARGS, "--quantization", "ascend")
+    assert [v.rule for v in bad.violations] == ["quantization"]
+    assert bad.violations[0].message.startswith("quantization format 'w4a16': ")
+
+
+def test_omitted_cudagraph_mode_is_vllms_graph_capture_default(tmp_path):
+    folder = _model_folder(tmp_path)
+    args = [a for a in EAGER_ARGS if a != "--enforce-eager"]
+    result = _serve(str(folder), *args)
+    assert [(v.rule, v.message) for v in result.violations] == [("graph-capture", GRAPH_MESSAGE)]
+    data = copy.deepcopy(BASE)
+    del data["compilation_config"]
+    file_result = _check(tmp_path, data)
+    assert [(v.rule, v.message) for v in file_result.violations] == [("graph-capture", GRAPH_MESSAGE)]
+    cc = _serve(str(folder), *args, "-cc", '{"cudagraph_mode": "NONE"}')
+    assert cc.ok, cc.report
+
+
+def test_mtp_speculative_config_fails_check_as_start_up_does(tmp_path, monkeypatch):
+    folder = _model_folder(tmp_path)
+    spec = '{"method": "mtp", "num_speculative_tokens": 1}'
+    result = _serve(str(folder), *EAGER_ARGS, "--speculative-config", spec)
+    startup = RULES[[r[0] for r in RULES].index("speculative-moe-draft")]
+    assert [(v.rule, v.message) for v in result.violations] == [(startup[0], startup[2])]
+    file_result = _check(tmp_path, _with(speculative_config={"method": "mtp"}))
+    assert [(v.rule, v.message) for v in file_result.violations] == [(startup[0], startup[2])]
+    # start-up validation on a VllmConfig whose speculative config is MTP: the same rule and message
+    from types import SimpleNamespace
+
+    from ascend_eplb.integration.validation import check_settings, settings_from_vllm_config
+
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    from vllm.config import EPLBConfig, ParallelConfig, VllmConfig
+
+    vc = VllmConfig(parallel_config=ParallelConfig(tensor_parallel_size=1, enable_expert_parallel=True))
+    vc.parallel_config.enable_eplb = True
+    vc.parallel_config.eplb_config = EPLBConfig()
+    vc.speculative_config = SimpleNamespace(method="mtp", draft_model_config=None)
+    settings = settings_from_vllm_config(vc, environ={})
+    settings.cudagraph_mode = "NONE"
+    assert [(v.rule, v.message) for v in check_settings(settings)] == [(startup[0], startup[2])]
+    assert check_settings(settings).unjudged == []
+
+
+def test_unknown_flag_is_rejected_by_vllms_parser():
+    result = _serve("deepseek-ai/DeepSeek-V3", "--enable-eplb", "--bogus-flag")
+    assert [(v.rule, v.message) for v in result.violations] == [
+        (
+            "engine-args",
+            "the command line: vLLM's parser rejects the engine arguments: vllm: error: unrecognized "
+            "arguments: --bogus-flag",
+        )
+    ]
+    assert result.exit_code == 2
+
+
+YAML = """\
+model: {model}
+enable-eplb: true
+enable_expert_parallel: true
+tensor-parallel-size: 2
+data-parallel-size: 2
+enforce-eager: true
+quantization: ascend
+eplb-config:
+  num_redundant_experts: 4
+  window_size: 100
+additional-config:
+  eplb_config:
+    load_collection_phase: decode
+"""
+
+
+def test_vllm_serve_config_yaml_and_json_are_read_as_vllm_reads_them(tmp_path):
+    folder = _model_folder(tmp_path)
+    path = tmp_path / "serve.yaml"
+    path.write_text(YAML.format(model=folder))
+    result = check_config_file(path, environ={})
+    assert (result.ok, result.unjudged) == (True, ()), result.report
+    assert (result.resolved["window_size"], result.resolved["load_collection_phase"]) == (100, "decode")
+    assert (result.resolved["num_ranks"], result.resolved["quantization"]) == (4, "w8a8_dynamic")
+    as_json = tmp_path / "serve.json"
+    as_json.write_text(
+        json.dumps(
+            {
+                "model": str(folder), "enable-eplb": True, "enable_expert_parallel": True,
+                "tensor_parallel_size": 2, "data-parallel-size": 2, "quantization": "ascend",
+                "eplb-config": '{"num_redundant_experts": 2}',
+            }
+        )
+    )  # fmt: skip
+    json_result = check_config_file(as_json, environ={})
+    assert [v.rule for v in json_result.violations] == ["experts-divisible", "graph-capture"]
+    no_model = tmp_path / "nomodel.yaml"
+    no_model.write_text(YAML.replace("model: {model}\n", ""))
+    unknown = check_config_file(no_model, environ={})
+    assert unknown.verdict == "OK (2 rules could not be judged)"
+    assert [str(u) for u in unknown.unjudged] == [
+        "cannot judge: experts-divisible: the routed-expert count is unknown (no model is given); pass "
+        "--num-experts / the model folder",
+        "cannot judge: quantization: --quantization ascend takes the routed experts' format from "
+        "msModelSlim's quant_model_description*.json (no model is given); pass --quantization FORMAT / the "
+        "model folder",
+    ]
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("enable-eplb: true\nenable-expert-paralel: true\n")
+    rejected = check_config_file(typo, environ={})
+    assert [str(v) for v in rejected.violations] == [
+        f"[engine-args] {typo}: vLLM's parser rejects the engine arguments: vllm: error: unrecognized "
+        "arguments: --enable-expert-paralel"
+    ]
+
+
+def test_file_schema_without_expert_count_cannot_judge_divisibility(tmp_path):
+    data = copy.deepcopy(BASE)
+    del data["model"]["num_logical_experts"]
+    data["model"]["quantization"] = "ascend"
+    result = _check(tmp_path, data)
+    assert result.verdict == "OK (2 rules could not be judged)"
+    assert [u.rule for u in result.unjudged] == ["experts-divisible", "quantization"]
+    path = tmp_path / "config.json"
+    given = check_config_file(path, environ={}, num_experts=64, quantization="w8a8_dynamic")
+    assert (given.verdict, given.resolved["num_physical_experts"]) == ("OK", 68)
+
+
+GARBAGE = [
+    ("missing.json", None),
+    ("folder.json", "dir"),
+    ("empty.json", b""),
+    ("binary.json", b"\xff\xfe\x00garbage"),
+    ("truncated.json", b'{"parallel_config": {'),
+    ("list.json", b"[1, 2]"),
+    ("number.json", b"3"),
+    ("deep.json", b"[" * 100000 + b"]" * 100000),
+    ("bad.yaml", b"a: [1, 2\n"),
+    ("scalar.yaml", b"just text"),
+    ("keys.yaml", b"1: 2\n? [a]\n: b\n"),
+    ("badtype.yaml", b"tensor-parallel-size: many\n"),
+    ("badeplb.yaml", b"enable-eplb: true\neplb-config: {window_size: [1]}\n"),
+    ("nested.json", b'{"parallel_config": [1], "model": "x", "environment": 7}'),
+]
+
+
+@pytest.mark.parametrize(("name", "data"), GARBAGE, ids=[g[0] for g in GARBAGE])
+def test_check_config_file_never_raises_on_garbage(tmp_path, name, data):
+    path = tmp_path / name
+    if data == "dir":
+        path.mkdir()
+    elif data is not None:
+        path.write_bytes(data)
+    result = check_config_file(path, environ={})
+    assert (result.ok, result.exit_code) == (False, 2)
+    assert result.violations[0].rule in ("schema", "engine-args")
+    assert result.report.startswith(f"{len(result.violations)} EPLB configuration rule(s) violated:")
+
+
+def test_model_folder_facts_as_vllm_reads_them(tmp_path):
+    from ascend_eplb.integration.validation import model_folder_facts
+
+    folder = _model_folder(tmp_path)
+    facts = model_folder_facts(folder)
+    assert (facts.num_logical_experts, facts.quantization, facts.dtype) == (64, "w8a8_dynamic", "bf16")
+    (folder / "config.json").write_text(json.dumps({"text_config": {"num_local_experts": 8}}))
+    assert model_folder_facts(folder).num_logical_experts == 8
+    (folder / "config.json").write_text(json.dumps({"n_routed_experts": "many"}))
+    with pytest.raises(ValueError, match=r"config.json: n_routed_experts='many' must be an integer"):
+        model_folder_facts(folder)
+    broken = _serve(str(folder), *EAGER_ARGS)
+    assert [v.rule for v in broken.violations] == ["model-folder"]
+    assert "n_routed_experts='many' must be an integer in [0, 2147483647]" in broken.violations[0].message

@@ -27,6 +27,7 @@ GOOD_CONFIG = {
         "eplb_config": {"window_size": 8, "step_interval": 16, "num_redundant_experts": 2},
     },
     "model": {"num_logical_experts": 64, "quantization": "w8a8_dynamic"},
+    "compilation_config": {"cudagraph_mode": "NONE"},  # omitted: vLLM's default captures graphs
 }
 
 

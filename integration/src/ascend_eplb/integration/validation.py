@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,11 +45,18 @@ __all__ = [
     "CheckResult",
     "EplbConfigError",
     "EplbSettings",
+    "Judgement",
+    "ModelFacts",
+    "Unjudged",
     "Violation",
     "check_config_file",
+    "check_serve_command",
     "check_settings",
     "experts_divisibility_error",
+    "model_folder_facts",
+    "parse_serve_command",
     "quantization_format_name",
+    "settings_from_engine_args",
     "settings_from_file_dict",
     "settings_from_vllm_config",
     "validate_eplb_config",
@@ -105,6 +112,27 @@ class Violation:
         return f"[{self.rule}] {self.message}"
 
 
+@dataclass(frozen=True)
+class Unjudged:
+    """A rule that could not be judged for lack of a fact: ``reason`` says which fact and how to give it."""
+
+    rule: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"cannot judge: {self.rule}: {self.reason}"
+
+
+class Judgement(list):
+    """What :func:`check_settings` returns: the violations (a ``list[Violation]``) plus ``.unjudged``,
+    the rules that could not be judged because a fact is unknown (``EplbSettings.unknown_facts``).
+    At start-up every fact is known, so ``.unjudged`` is empty there."""
+
+    def __init__(self, violations=(), unjudged=()):
+        super().__init__(violations)
+        self.unjudged: list[Unjudged] = list(unjudged)
+
+
 class EplbConfigError(ValueError):
     """Every rule the EPLB configuration violates, in one error.
 
@@ -124,6 +152,10 @@ class EplbSettings:
     """The settings the rules read, extracted from a ``VllmConfig`` or a config file.
 
     ``num_ranks`` is the EP size: TP x PCP x DP (the EP group of vLLM's ``ParallelConfig``).
+    ``unknown_facts`` maps a fact's field (``num_logical_experts``, ``quantization``,
+    ``speculative_draft_is_moe``) to why it is unknown and how to give it; the rule that needs it is
+    then reported as :class:`Unjudged` instead of passing (``ascend-eplb check`` without the model
+    folder). Start-up validation knows every fact and leaves it empty.
     """
 
     enable_eplb: bool = False
@@ -149,6 +181,7 @@ class EplbSettings:
     cudagraph_mode: str = "NONE"
     speculative_method: str | None = None
     speculative_draft_is_moe: bool = False
+    unknown_facts: dict[str, str] = field(default_factory=dict)
 
     @property
     def num_ranks(self) -> int:
@@ -179,9 +212,14 @@ def _truthy_env(value: str | None) -> bool:
     return value is not None and value.strip().lower() in ("1", "true", "yes", "on")
 
 
-def check_settings(s: EplbSettings) -> list[Violation]:
-    """Apply every rule to ``s`` and return the violations (empty: the configuration is supported)."""
-    out: list[Violation] = []
+def check_settings(s: EplbSettings) -> Judgement:
+    """Apply every rule to ``s`` and return the violations (empty: the configuration is supported).
+
+    The one rules function of start-up validation and ``ascend-eplb check``. A rule whose fact is in
+    ``s.unknown_facts`` is not judged: it is listed in the result's ``.unjudged``, never passed silently.
+    """
+    out = Judgement()
+    facts_unknown = s.unknown_facts
     phase = s.ascend_eplb_config.get("load_collection_phase", "all")
     v1_in_config = [k for k in V1_EPLB_KEYS if k in s.ascend_eplb_config]
     v1_top = [k for k in V1_EPLB_KEYS if k in s.legacy_top_level_keys]
@@ -304,7 +342,9 @@ def check_settings(s: EplbSettings) -> list[Violation]:
                 "--eplb-config.num_redundant_experts to 0 or more",
             )
         )
-    if r_ok and s.num_logical_experts is not None and s.enable_expert_parallel:
+    if r_ok and s.enable_expert_parallel and "num_logical_experts" in facts_unknown:
+        out.unjudged.append(Unjudged("experts-divisible", facts_unknown["num_logical_experts"]))
+    elif r_ok and s.num_logical_experts is not None and s.enable_expert_parallel:
         reason = experts_divisibility_error(s.num_logical_experts, r, s.num_ranks)
         if reason is not None:
             out.append(
@@ -314,7 +354,10 @@ def check_settings(s: EplbSettings) -> list[Violation]:
                     f"{s.prefill_context_parallel_size} x DP {s.data_parallel_size})",
                 )
             )
-    out.extend(_format_violations(s.quantization))
+    if "quantization" in facts_unknown:
+        out.unjudged.append(Unjudged("quantization", facts_unknown["quantization"]))
+    else:
+        out.extend(_format_violations(s.quantization))
     if s.cudagraph_mode.upper() != "NONE":
         out.append(
             Violation(
@@ -324,7 +367,9 @@ def check_settings(s: EplbSettings) -> list[Violation]:
                 "(--enforce-eager)",
             )
         )
-    if s.speculative_method is not None and s.speculative_draft_is_moe:
+    if s.speculative_method is not None and "speculative_draft_is_moe" in facts_unknown:
+        out.unjudged.append(Unjudged("speculative-moe-draft", facts_unknown["speculative_draft_is_moe"]))
+    elif s.speculative_method is not None and s.speculative_draft_is_moe:
         out.append(
             Violation(
                 "speculative-moe-draft",
@@ -391,24 +436,26 @@ def quantization_format_name(vllm_config: Any) -> str | None:
         return _DTYPE_FORMATS.get(dtype, dtype)
     description = getattr(getattr(vllm_config, "quant_config", None), "quant_description", None)
     if isinstance(description, Mapping):
-        types = sorted(
-            {
-                str(v).upper()
-                for k, v in description.items()
-                if ".experts." in str(k) and str(k).endswith("weight")
-            }
-        )
-        if len(types) > 1:
-            raise EplbConfigError(
-                [
-                    Violation(
-                        "quantization", f"routed experts mix quant types {types}; fix: quantize uniformly"
-                    )
-                ]
-            )
-        if types:
-            return ASCEND_QUANT_TYPES.get(types[0], types[0].lower())
+        name = _experts_format(description)
+        if name is not None:
+            return name
     return str(method).lower()
+
+
+def _experts_format(description: Mapping[Any, Any]) -> str | None:
+    """The format of an msModelSlim description's routed-expert weights (None: it has none)."""
+    types = sorted(
+        {
+            str(v).upper()
+            for k, v in description.items()
+            if ".experts." in str(k) and str(k).endswith("weight")
+        }
+    )
+    if len(types) > 1:
+        raise EplbConfigError(
+            [Violation("quantization", f"routed experts mix quant types {types}; fix: quantize uniformly")]
+        )
+    return ASCEND_QUANT_TYPES.get(types[0], types[0].lower()) if types else None
 
 
 def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | None = None) -> EplbSettings:
@@ -596,6 +643,17 @@ def settings_from_file_dict(
         out.append(Violation("schema", f"model.num_logical_experts={_short(experts)} {rule}"))
         experts = None
     quant = model.get("quantization", "bf16")
+    unknown: dict[str, str] = {}
+    if experts is None:
+        unknown["num_logical_experts"] = (
+            "the routed-expert count is unknown (model.num_logical_experts is not given); pass "
+            "--num-experts / model.num_logical_experts"
+        )
+    if isinstance(quant, str) and quant.lower() == "ascend":
+        unknown["quantization"] = (
+            "quantization 'ascend' takes the routed experts' format from msModelSlim's "
+            "quant_model_description*.json, which a config file does not carry; pass --quantization FORMAT"
+        )
     settings = EplbSettings(
         enable_eplb=boolean("parallel_config", pc, "enable_eplb", False),
         use_v2_model_runner=boolean("the config file", top, "use_v2_model_runner", True),
@@ -617,21 +675,25 @@ def settings_from_file_dict(
         environment={k: env[k] for k in V1_EPLB_ENV_SWITCHES if k in env},
         num_logical_experts=experts,
         quantization=str(quant) if quant is not None else None,
-        cudagraph_mode=str(compilation.get("cudagraph_mode", "NONE")),
+        cudagraph_mode=str(compilation.get("cudagraph_mode") or _default_cudagraph_mode()),
         speculative_method=spec.get("method") if spec else None,
-        speculative_draft_is_moe=boolean("speculative_config", spec, "draft_is_moe", False),
+        speculative_draft_is_moe=boolean("speculative_config", spec, "draft_is_moe", False)
+        or "mtp" in str(spec.get("method") or ""),
+        unknown_facts=unknown,
     )
     return settings, out
 
 
 @dataclass(frozen=True)
 class CheckResult:
-    """Outcome of :func:`check_config_file`: ``ok`` and the text to print (resolved settings or rules)."""
+    """Outcome of :func:`check_config_file` / :func:`check_serve_command`: ``ok`` (no violation) and the
+    text to print (resolved settings or rules); ``unjudged`` lists the rules that could not be judged."""
 
     ok: bool
     report: str
     violations: tuple[Violation, ...] = ()
     resolved: dict[str, Any] | None = None
+    unjudged: tuple[Unjudged, ...] = ()
 
     def __iter__(self):
         """Unpack as ``ok, report = check_config_file(path)``."""
@@ -639,8 +701,18 @@ class CheckResult:
 
     @property
     def exit_code(self) -> int:
-        """0 when the configuration is supported, 2 otherwise (the ``ascend-eplb check`` contract)."""
+        """0 when no rule is violated (some may be unjudged), 2 otherwise (``ascend-eplb check``'s)."""
         return 0 if self.ok else 2
+
+    @property
+    def verdict(self) -> str:
+        """``OK``, ``OK (N rule(s) could not be judged)`` or ``INVALID``."""
+        if not self.ok:
+            return "INVALID"
+        n = len(self.unjudged)
+        if not n:
+            return "OK"
+        return f"OK ({n} rule{'' if n == 1 else 's'} could not be judged)"
 
 
 def _resolved(s: EplbSettings) -> dict[str, Any]:
@@ -651,41 +723,409 @@ def _resolved(s: EplbSettings) -> dict[str, Any]:
     if s.num_logical_experts is not None:
         d["num_physical_experts"] = s.num_logical_experts + s.num_redundant_experts
         d["num_local_physical_experts"] = d["num_physical_experts"] // s.num_ranks
-    for k in ("ascend_eplb_config", "legacy_top_level_keys", "environment"):
+    for k in ("ascend_eplb_config", "legacy_top_level_keys", "environment", "unknown_facts"):
         d.pop(k)
     return d
 
 
-def check_config_file(path: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> CheckResult:
-    """Validate a JSON config file (vLLM's EPLB and parallel settings plus the Ascend ``eplb_config``).
+def _result(settings: EplbSettings | None, violations: list[Violation]) -> CheckResult:
+    unjudged = tuple(getattr(violations, "unjudged", ()))
+    tail = [str(u) for u in unjudged]
+    if violations:
+        text = "\n".join([str(EplbConfigError(violations)), *tail])
+        return CheckResult(False, text, tuple(violations), None, unjudged)
+    assert settings is not None
+    resolved = _resolved(settings)
+    lines = ["ok"] + [f"  {k}: {resolved[k]}" for k in sorted(resolved)] + tail
+    return CheckResult(True, "\n".join(lines), (), resolved, unjudged)
 
-    The schema is in the package README. ``environ`` (default ``os.environ``) supplies the V1 switches
-    ``DYNAMIC_EPLB``/``EXPERT_MAP_RECORD`` unless the file's ``environment`` object sets them.
+
+def _refused(rule: str, message: str) -> CheckResult:
+    v = Violation(rule, message)
+    return CheckResult(False, str(EplbConfigError([v])), (v,))
+
+
+def _is_engine_args(data: Any) -> bool:
+    """A flat mapping of engine arguments (``vllm serve --config``), not this package's nested schema."""
+    return (
+        isinstance(data, dict)
+        and "parallel_config" not in data
+        and not isinstance(data.get("model"), dict)
+        and not set(data) <= _FILE_KEYS
+    )
+
+
+def check_config_file(
+    path: str | os.PathLike[str],
+    environ: Mapping[str, str] | None = None,
+    *,
+    num_experts: int | None = None,
+    quantization: str | None = None,
+) -> CheckResult:
+    """Validate a config file: this package's JSON schema, or a ``vllm serve --config`` YAML/JSON.
+
+    The form is told by content: the schema (README) has a nested ``parallel_config`` (or a ``model``
+    object, or only schema keys); anything else is a flat mapping of vLLM engine arguments (dashes or
+    underscores), read by vLLM's own ``--config`` handling and parser (:func:`parse_serve_command`) and
+    turned into settings by :func:`settings_from_engine_args` (``model:`` a local folder gives the model
+    facts). ``.yaml``/``.yml`` files are read as YAML, anything else as JSON. ``environ`` (default
+    ``os.environ``) supplies the V1 switches and ``VLLM_USE_V2_MODEL_RUNNER``; ``num_experts`` and
+    ``quantization`` (a format name) give model facts the file lacks (they win over the file's).
 
     Returns:
-        ``CheckResult(ok, report, violations, resolved)``, which unpacks as ``ok, report``. An
-        unreadable or malformed file is a ``schema`` violation, never an exception.
+        ``CheckResult(ok, report, violations, resolved, unjudged)``, which unpacks as ``ok, report``.
+
+    Never raises: an unreadable, empty, malformed or hostile file, a non-object, an argument vLLM's
+    parser rejects, an unreadable model folder, anything the rules did not foresee, is a violation
+    (``schema``, ``engine-args`` or ``model-folder``) naming the file and the cause. Only an interrupt
+    (``KeyboardInterrupt``) passes through.
     """
+    name = os.fspath(path)
     try:
         raw = Path(path).read_bytes()
-        data = json.loads(raw.decode("utf-8")) if raw.strip() else None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, MemoryError) as exc:
-        v = Violation("schema", f"cannot read {os.fspath(path)!r} as JSON: {type(exc).__name__}: {exc}")
-        return CheckResult(False, str(EplbConfigError([v])), (v,))
+        text = raw.decode("utf-8")
+        is_yaml = str(name).lower().endswith((".yaml", ".yml"))
+        if not raw.strip():
+            data = None
+        elif is_yaml:
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except (Exception, RecursionError, MemoryError) as exc:
+        form = "YAML" if str(name).lower().endswith((".yaml", ".yml")) else "JSON"
+        return _refused("schema", f"cannot read {name!r} as {form}: {type(exc).__name__}: {exc}")
     if data is None:
-        v = Violation("schema", f"{os.fspath(path)!r}: empty file, not a config")
-        return CheckResult(False, str(EplbConfigError([v])), (v,))
+        return _refused("schema", f"{name!r}: empty file, not a config")
     try:
+        if _is_engine_args(data):
+            return _check_engine_args_file(name, raw, environ, num_experts, quantization)
         settings, violations = settings_from_file_dict(data, environ)
-        violations = violations + check_settings(settings)
+        settings = _with_fact_options(settings, num_experts, quantization)
+        judged = check_settings(settings)
+        return _result(settings, Judgement(violations + judged, judged.unjudged))
     except Exception as exc:  # a structure no schema rule foresaw is still a schema violation
-        v = Violation(
-            "schema",
-            f"{os.fspath(path)!r} is not a config of the documented structure ({type(exc).__name__}: {exc})",
+        return _refused(
+            "schema", f"{name!r} is not a config of the documented structure ({type(exc).__name__}: {exc})"
         )
-        return CheckResult(False, str(EplbConfigError([v])), (v,))
-    if violations:
-        return CheckResult(False, str(EplbConfigError(violations)), tuple(violations))
-    resolved = _resolved(settings)
-    lines = ["ok"] + [f"  {k}: {resolved[k]}" for k in sorted(resolved)]
-    return CheckResult(True, "\n".join(lines), (), resolved)
+
+
+def _with_fact_options(s: EplbSettings, num_experts: int | None, quantization: str | None) -> EplbSettings:
+    if num_experts is not None:
+        s.num_logical_experts = num_experts
+        s.unknown_facts.pop("num_logical_experts", None)
+    if quantization is not None and quantization.lower() != "ascend":
+        s.quantization = _format_name(quantization)
+        s.unknown_facts.pop("quantization", None)
+    return s
+
+
+def _format_name(name: str) -> str:
+    """A quant_views format name, or an msModelSlim quant type (``W8A8_DYNAMIC``) mapped to one."""
+    return ASCEND_QUANT_TYPES.get(name.upper(), name.lower())
+
+
+def _check_engine_args_file(
+    name: str,
+    raw: bytes,
+    environ: Mapping[str, str] | None,
+    num_experts: int | None,
+    quantization: str | None,
+) -> CheckResult:
+    import tempfile
+
+    import yaml
+
+    data = yaml.safe_load(raw.decode("utf-8"))
+    with tempfile.TemporaryDirectory(prefix="ascend-eplb-check-") as tmp:
+        # vLLM's --config reads YAML files only; JSON is YAML, so a JSON file goes the same way.
+        config = name if name.lower().endswith((".yaml", ".yml")) else os.path.join(tmp, "engine_args.yaml")
+        if config != name:
+            Path(config).write_bytes(raw)
+        # Without model: in the file, the model is unknown (vLLM's --config wants one: an empty one).
+        argv = ["serve", "--config", config] if "model" in data else ["serve", "", "--config", config]
+        return check_serve_command(
+            argv, environ, num_experts=num_experts, quantization=quantization, source=name
+        )
+
+
+def check_serve_command(
+    argv: Sequence[str],
+    environ: Mapping[str, str] | None = None,
+    *,
+    num_experts: int | None = None,
+    quantization: str | None = None,
+    source: str | None = None,
+) -> CheckResult:
+    """Validate a ``vllm serve`` command line (``argv`` after ``vllm``: ``serve MODEL --enable-eplb ...``).
+
+    The arguments go through vLLM's own parser (:func:`parse_serve_command`, ``--config FILE`` included)
+    and :func:`settings_from_engine_args`; ``environ``, ``num_experts`` and ``quantization`` as for
+    :func:`check_config_file`; ``source`` names the input in messages.
+
+    Never raises (an interrupt aside): an argument vLLM's parser rejects is an ``engine-args`` violation
+    quoting vLLM's message (``vllm serve: error: unrecognized arguments: --bogus``); an unreadable model
+    folder a ``model-folder`` violation.
+    """
+    import contextlib
+    import io
+
+    where = source or "the command line"
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            engine_args = parse_serve_command(argv)
+    except SystemExit as exc:
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        said = lines[-1] if lines else f"vLLM's parser exited with status {exc.code}"
+        return _refused("engine-args", f"{where}: vLLM's parser rejects the engine arguments: {said}")
+    except Exception as exc:
+        return _refused(
+            "engine-args", f"{where}: vLLM's parser rejects the engine arguments: {type(exc).__name__}: {exc}"
+        )
+    try:
+        settings = settings_from_engine_args(
+            engine_args, environ, num_experts=num_experts, quantization=quantization
+        )
+    except EplbConfigError as exc:
+        return CheckResult(False, str(exc), tuple(exc.violations))
+    except Exception as exc:
+        return _refused("model-folder", f"{where}: {exc}")
+    return _result(settings, check_settings(settings))
+
+
+# -- engine arguments (a ``vllm serve`` command line, a ``vllm serve --config`` file) -----------------
+
+
+def parse_serve_command(argv: Sequence[str]) -> Any:
+    """``argv`` (``serve [MODEL] [options]``) parsed by vLLM's own ``vllm serve`` parser -> ``EngineArgs``.
+
+    The parser is built as ``vllm``'s CLI builds it (``FlexibleArgumentParser`` with the ``serve``
+    subcommand's ``ServeSubcommand().subparser_init``: ``make_arg_parser``, ``EngineArgs.add_cli_args``),
+    so ``--config FILE``, ``--x.y`` dotted keys, JSON values and underscores behave as in vLLM; the
+    positional model wins over ``--model``/``model:`` as in ``ServeSubcommand.cmd``.
+
+    Raises:
+        SystemExit: vLLM's parser rejected an argument (status 2, its message on stderr).
+        ValueError: not a ``serve`` command line, or vLLM's parser's own checks (``--config`` not a YAML
+            file, no model with ``--config``), or ``EngineArgs`` rejected a value.
+    """
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    argv = list(argv)
+    if argv[:1] != ["serve"]:
+        raise ValueError(f"a vllm serve command line starts with 'serve' (as after 'vllm'), got {argv[:1]}")
+    parser = FlexibleArgumentParser(prog="vllm")
+    ServeSubcommand().subparser_init(parser.add_subparsers(required=False, dest="subparser"))
+    args = parser.parse_args(argv)
+    if getattr(args, "model_tag", None) is not None:
+        args.model = args.model_tag
+    return EngineArgs.from_cli_args(args)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a local model folder says: routed experts (None: none stated), the routed experts' format
+    from an msModelSlim ``quant_model_description*.json`` (None: no description), the checkpoint's dtype
+    as a format (None: not stated), and the description file read."""
+
+    folder: str
+    num_logical_experts: int | None
+    quantization: str | None
+    dtype: str | None
+    description: str | None
+
+
+def _json_object(file: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(file.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{file}: cannot read as JSON ({type(exc).__name__}: {exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{file}: must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def model_folder_facts(folder: str | os.PathLike[str]) -> ModelFacts:
+    """Read a local model folder's ``config.json`` and msModelSlim description.
+
+    Routed experts: the first of vLLM's ``CONFIG_FIELD_ALIASES["num_experts"]`` (``num_experts``,
+    ``moe_num_experts``, ``n_routed_experts``, ``num_local_experts``) in the text config, as vLLM's
+    ``get_num_experts`` reads them (0 or absent: None). Format: the quant type of the description's
+    ``.experts.`` weights mapped by :data:`ASCEND_QUANT_TYPES`.
+
+    Raises:
+        ValueError: ``config.json`` or the description is missing, not JSON or not an object, or the
+            expert count is not an integer >= 0 (naming the file and the key).
+        EplbConfigError: the description's routed experts mix quant types.
+    """
+    from vllm.transformers_utils.config import CONFIG_FIELD_ALIASES
+
+    root = Path(folder)
+    config_file = root / "config.json"
+    cfg = _json_object(config_file)
+    if isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg, **cfg["text_config"]}
+    key = next((k for k in CONFIG_FIELD_ALIASES["num_experts"] if k in cfg), None)
+    experts = cfg.get(key, 0) if key else 0
+    if isinstance(experts, list):
+        experts = experts[0] if experts else 0
+    if experts is None:
+        experts = 0
+    if not isinstance(experts, int) or isinstance(experts, bool) or not 0 <= experts <= _INT32_MAX:
+        raise ValueError(f"{config_file}: {key}={_short(experts)} must be an integer in [0, {_INT32_MAX}]")
+    dtype = cfg.get("torch_dtype") or cfg.get("dtype")
+    descriptions = sorted(root.glob("quant_model_description*.json"))
+    quant = None
+    if descriptions:
+        quant = _experts_format(_json_object(descriptions[0]))
+    return ModelFacts(
+        str(root),
+        experts or None,
+        quant,
+        _DTYPE_FORMATS.get(str(dtype)) if dtype else None,
+        str(descriptions[0]) if descriptions else None,
+    )
+
+
+def _default_cudagraph_mode(optimization_level: Any = None) -> str:
+    """vLLM's ``cudagraph_mode`` when none is set: its optimization level's default (``O2``: graphs)."""
+    from vllm.config import VllmConfig
+    from vllm.config.vllm import OPTIMIZATION_LEVEL_TO_CONFIG
+
+    level = VllmConfig.optimization_level if optimization_level is None else optimization_level
+    mode = OPTIMIZATION_LEVEL_TO_CONFIG[level]["compilation_config"]["cudagraph_mode"]
+    return mode.name
+
+
+def settings_from_engine_args(
+    engine_args: Any,
+    environ: Mapping[str, str] | None = None,
+    *,
+    num_experts: int | None = None,
+    quantization: str | None = None,
+) -> EplbSettings:
+    """The settings the rules read from vLLM ``EngineArgs`` (parsed, with vLLM's own field defaults).
+
+    No ``VllmConfig`` is built (that needs the model from a hub); each setting is read as vLLM resolves
+    it: the parallel and EPLB fields as given; ``use_v2_model_runner`` from ``VLLM_USE_V2_MODEL_RUNNER``
+    (unset: True, vLLM's default); ``cudagraph_mode`` NONE with ``enforce_eager``, else the compilation
+    config's, else the optimization level's default (graph capture); the draft of an MTP method is MoE,
+    as at start-up. Model facts come from ``num_experts``/``quantization`` (a format name), else from
+    ``model`` when it is a local folder (:func:`model_folder_facts`); a fact neither gives is recorded in
+    ``unknown_facts`` (its rule is then not judged): the expert count; the format of ``quantization
+    ascend`` without an msModelSlim description, or of ``dtype auto`` without the checkpoint's dtype;
+    whether a non-MTP draft has experts when its ``model`` is not a local folder.
+
+    Raises:
+        ValueError: a model folder's ``config.json`` or description cannot be read (naming the file).
+        EplbConfigError: the description's routed experts mix quant types.
+    """
+    from typing import get_args
+
+    from vllm.config.speculative import MTPModelTypes
+    from vllm.envs import maybe_convert_bool
+
+    ea = engine_args
+    env = os.environ if environ is None else environ
+    model = str(ea.model or "")
+    facts = model_folder_facts(model) if model and Path(model).is_dir() else None
+    if not model:
+        missing = "no model is given"
+    elif facts is None:
+        missing = f"model {model!r} is not a local folder"
+    else:
+        missing = f"the model folder {model} does not say"
+    unknown: dict[str, str] = {}
+
+    experts = num_experts if num_experts is not None else (facts.num_logical_experts if facts else None)
+    if experts is None and facts is None:
+        unknown["num_logical_experts"] = (
+            f"the routed-expert count is unknown ({missing}); pass --num-experts / the model folder"
+        )
+
+    fmt: str | None = None
+    method = ea.quantization
+    if quantization is not None and quantization.lower() != "ascend":
+        fmt = _format_name(quantization)
+    elif quantization is not None or (method is not None and str(method).lower() == "ascend"):
+        fmt = facts.quantization if facts else None
+        if fmt is None:
+            where = f"none in {model}" if facts else missing
+            unknown["quantization"] = (
+                "--quantization ascend takes the routed experts' format from msModelSlim's "
+                f"quant_model_description*.json ({where}); pass --quantization FORMAT / the model folder"
+            )
+    elif method is None:
+        dtype = str(ea.dtype).removeprefix("torch.")
+        fmt = (facts.dtype if facts else None) if dtype == "auto" else _DTYPE_FORMATS.get(dtype, dtype)
+        if fmt is None:
+            unknown["quantization"] = (
+                f"the checkpoint's dtype is unknown (dtype=auto, {missing}); pass --quantization FORMAT / "
+                "the model folder"
+            )
+    else:
+        fmt = str(method).lower()
+
+    if ea.enforce_eager:
+        mode = "NONE"
+    else:
+        configured = getattr(ea.compilation_config, "cudagraph_mode", None)
+        if configured is None:
+            mode = _default_cudagraph_mode(ea.optimization_level)
+        else:
+            mode = str(getattr(configured, "name", configured)).upper()
+
+    spec = ea.speculative_config
+    spec_method = None
+    draft_is_moe = False
+    if spec is not None:
+        spec = dict(spec)
+        spec_method = spec.get("method")
+        if spec_method in get_args(MTPModelTypes):
+            spec_method = "mtp"  # vLLM's SpeculativeConfig renames the deprecated MTP methods
+        draft = spec.get("model")
+        if "mtp" in str(spec_method or ""):
+            draft_is_moe = True
+        elif draft and Path(str(draft)).is_dir():
+            draft_is_moe = (model_folder_facts(str(draft)).num_logical_experts or 0) > 0
+        else:
+            unknown["speculative_draft_is_moe"] = (
+                f"whether the draft of speculative method={spec_method!r} has routed experts is unknown "
+                f"(draft model {draft!r} is not a local folder); pass the draft's local folder as "
+                "speculative-config model"
+            )
+        spec_method = spec_method or "unset"
+
+    v2 = maybe_convert_bool(env.get("VLLM_USE_V2_MODEL_RUNNER"))
+    additional = _as_dict(ea.additional_config)
+    ec = ea.eplb_config
+    return EplbSettings(
+        enable_eplb=bool(ea.enable_eplb),
+        use_v2_model_runner=True if v2 is None else bool(v2),
+        enable_expert_parallel=bool(ea.enable_expert_parallel),
+        enable_elastic_ep=bool(ea.enable_elastic_ep),
+        enable_dbo=bool(ea.enable_dbo),
+        tensor_parallel_size=ea.tensor_parallel_size,
+        prefill_context_parallel_size=ea.prefill_context_parallel_size,
+        data_parallel_size=ea.data_parallel_size,
+        window_size=ec.window_size,
+        step_interval=ec.step_interval,
+        num_redundant_experts=ec.num_redundant_experts,
+        use_async=ec.use_async,
+        policy=ec.policy,
+        communicator=ec.communicator,
+        log_balancedness=ec.log_balancedness,
+        ascend_eplb_config=_as_dict(additional.get("eplb_config")),
+        legacy_top_level_keys={k: additional[k] for k in V1_EPLB_KEYS if k in additional},
+        environment={k: env[k] for k in V1_EPLB_ENV_SWITCHES if k in env},
+        num_logical_experts=experts,
+        quantization=fmt,
+        cudagraph_mode=mode,
+        speculative_method=spec_method,
+        speculative_draft_is_moe=draft_is_moe,
+        unknown_facts=unknown,
+    )

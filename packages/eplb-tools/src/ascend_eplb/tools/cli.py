@@ -89,8 +89,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument("--json", action="store_true", help="machine-readable output")
 
-    ck = sub.add_parser("check", help="validate an EPLB configuration file")
-    ck.add_argument("config", type=Path, help="config file (see the integration README)")
+    ck = sub.add_parser(
+        "check",
+        help="validate an EPLB configuration: a config file or a vllm serve command line after --",
+        usage="ascend-eplb check [--num-experts N] [--quantization FORMAT] (CONFIG | -- serve MODEL [vllm "
+        "serve options])",
+        description="Judge a configuration by start-up validation's rules: this package's JSON schema, a "
+        "vllm serve --config YAML/JSON of engine arguments, or a vllm serve command line after -- (parsed "
+        "by vLLM's own parser). A local model folder (MODEL, or model: of the YAML) gives the routed-expert "
+        "count and the msModelSlim format; a rule that lacks its fact is reported as 'cannot judge'.",
+    )
+    ck.add_argument(
+        "config", type=Path, nargs="?", help="config file (see the integration README); or -- serve ..."
+    )
+    ck.add_argument(
+        "--num-experts", type=positive_int, default=None, help="routed (logical) experts of the model"
+    )
+    ck.add_argument(
+        "--quantization",
+        default=None,
+        metavar="FORMAT",
+        help="routed experts' format (quant_views name, e.g. w8a8_dynamic, or an msModelSlim quant type)",
+    )
     return parser
 
 
@@ -161,13 +181,27 @@ def _run_plan(args: argparse.Namespace) -> int:
 
 
 def _run_check(args: argparse.Namespace) -> int:
+    serve_argv = getattr(args, "serve_argv", None)
+    if (args.config is None) == (serve_argv is None):
+        raise ValueError(
+            "give either a config file or a vllm serve command line after -- (ascend-eplb check -- serve "
+            "MODEL ...), " + ("not both" if args.config is not None else "got neither")
+        )
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    from ascend_eplb.integration.validation import check_config_file
+    from ascend_eplb.integration.validation import check_config_file, check_serve_command
 
-    result = check_config_file(args.config)
+    facts = {"num_experts": args.num_experts, "quantization": args.quantization}
+    if serve_argv is not None:
+        import shlex
+
+        label = "vllm " + shlex.join(serve_argv)
+        result = check_serve_command(serve_argv, **facts)
+    else:
+        label = str(args.config)
+        result = check_config_file(args.config, **facts)
     # One report on stdout, ok or not, so `ascend-eplb check CONFIG > report.txt` keeps the reasons;
     # the exit code (0 or 2) tells the outcome.
-    print(f"ascend-eplb check: {args.config}: {'OK' if result.ok else 'INVALID'}")
+    print(f"ascend-eplb check: {label}: {result.verdict}")
     print(result.report)
     return result.exit_code
 
@@ -184,7 +218,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ascend_eplb.tools import quiet
 
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    serve_argv = None
+    if argv[:1] == ["check"] and "--" in argv:
+        # `ascend-eplb check -- serve MODEL ...`: what follows -- is vLLM's, for vLLM's own parser.
+        cut = argv.index("--")
+        argv, serve_argv = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
+    if args.command == "check":
+        args.serve_argv = serve_argv
     quiet.install()
     from ascend_eplb.tools.simulate.lifecycle import command_scope
 
