@@ -25,6 +25,8 @@ GOOD = {
         "eplb_config": {"window_size": 8, "step_interval": 16, "num_redundant_experts": 2},
     },
     "model": {"num_logical_experts": 64, "quantization": "w8a8_dynamic"},
+    # vLLM captures graphs unless told otherwise; Ascend EPLB runs eager.
+    "compilation_config": {"cudagraph_mode": "NONE"},
 }
 
 
