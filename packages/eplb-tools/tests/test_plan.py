@@ -19,9 +19,9 @@ TASKS = ("intent", "law", "summary", "translation")
 
 
 def _upstream(load, ranks, redundant, nodes=1, groups=1):
-    num_layers, num_experts = load.shape
+    num_moe_layers, num_experts = load.shape
     linear = list(range(num_experts)) + [i % num_experts for i in range(redundant)]
-    old = torch.tensor([linear] * num_layers)
+    old = torch.tensor([linear] * num_moe_layers)
     return DefaultEplbPolicy.rebalance_experts(
         torch.from_numpy(load), num_experts + redundant, groups, nodes, ranks, old
     )
@@ -127,7 +127,7 @@ def test_a_simulated_events_file_plans_like_its_load_matrix_and_like_the_online_
         SimulateConfig(
             num_ranks=2,
             num_redundant_experts=2,
-            num_layers=2,
+            num_moe_layers=2,
             steps=12,
             window_size=2,
             step_interval=4,

@@ -29,8 +29,9 @@ def _allocated(fmt, num_local: int, hidden: int, inter: int) -> int:
 
 def test_the_default_run_estimate_counts_the_real_storage_and_fits_this_host():
     config = SimulateConfig()
-    est = resources.estimate(config, num_layers=26, num_logical_experts=64, top_k=6, num_trace_tokens=8251,
-                             sampled=False)  # fmt: skip
+    est = resources.estimate(
+        config, num_moe_layers=26, num_logical_experts=64, top_k=6, num_trace_tokens=8251, sampled=False
+    )
     fmt = get_format("w8a8_dynamic")
     # 68 physical experts over 4 ranks: 17 slots a rank; the reference world holds 64 / 4 = 16.
     assert est.rank_parts["expert storage"] == 26 * _allocated(fmt, 17, 64, 32)
@@ -40,7 +41,12 @@ def test_the_default_run_estimate_counts_the_real_storage_and_fits_this_host():
     assert est.total == 4 * est.per_rank + est.launcher + resources.PROCESS_BASE_BYTES
     assert est.total < resources.available_bytes()  # the README's main job runs here
     assert resources.memory_rule(
-        config, num_layers=26, num_logical_experts=64, top_k=6, num_trace_tokens=8251, available=est.total - 1
+        config,
+        num_moe_layers=26,
+        num_logical_experts=64,
+        top_k=6,
+        num_trace_tokens=8251,
+        available=est.total - 1,
     ) == [
         f"memory: this run needs about {resources.gib(est.total)} ({est.describe()}), the host has "
         f"{resources.gib(est.total - 1)} available (MemAvailable); use fewer layers, ranks or redundant "

@@ -9,10 +9,10 @@ from ascend_eplb.tools.cli import main
 from ascend_eplb.tools.simulate.config import SimulateConfig
 from ascend_eplb.tools.simulate.driver import run_simulation
 
-SHORT = dict(num_ranks=2, num_redundant_experts=2, num_layers=2, batch_size=32, steps=16, window_size=2,
+SHORT = dict(num_ranks=2, num_redundant_experts=2, num_moe_layers=2, batch_size=32, steps=16, window_size=2,
              step_interval=4, progress=False, timeout_s=240)  # fmt: skip
 # A fault fires at the first commit (interval 2 starts the first rearrangement at step 0) and stops the run.
-FAULTY = dict(num_ranks=2, num_redundant_experts=2, num_layers=1, batch_size=16, steps=8, window_size=1,
+FAULTY = dict(num_ranks=2, num_redundant_experts=2, num_moe_layers=1, batch_size=16, steps=8, window_size=1,
               step_interval=2, progress=False, timeout_s=240)  # fmt: skip
 
 
@@ -209,7 +209,7 @@ def test_torchrun_runs_the_same_simulation_two_ranks_on_one_host(tmp_path):
     assert proc.stdout.count("PASSED in") == 1  # one report, from rank 0
 
 
-WORKER_FAULT = dict(num_ranks=2, num_redundant_experts=2, num_layers=3, batch_size=16, steps=300,
+WORKER_FAULT = dict(num_ranks=2, num_redundant_experts=2, num_moe_layers=3, batch_size=16, steps=300,
                     window_size=2, step_interval=4, progress=False, timeout_s=240,
                     worker_timeout_s=1.0)  # fmt: skip
 

@@ -157,7 +157,7 @@ def _run_plan(args: argparse.Namespace) -> int:
                 num_ranks=args.ranks,
                 num_redundant_experts=lv.num_redundant_experts,
                 link_gbps=args.link_gbps,
-                busiest_rank_experts_per_layer=lv.busiest_rank_experts_received / result.num_layers,
+                busiest_rank_experts_per_layer=lv.busiest_rank_experts_received / result.num_moe_layers,
             ).to_json()
         result = replace(result, costs=costs)
     if args.json:

@@ -73,7 +73,7 @@ class PlanResult:
     num_ranks: int
     num_nodes: int
     num_expert_groups: int
-    num_layers: int
+    num_moe_layers: int
     num_logical_experts: int
     layers_excluded: list[int]  # indices into the input's L with zero total load
     levels: list[PlanLevel]
@@ -143,12 +143,14 @@ def validate_plan_args(
         raise ValueError("; ".join(errors))
 
 
-def linear_placement(num_logical_experts: int, num_redundant_experts: int, num_layers: int) -> torch.Tensor:
+def linear_placement(
+    num_logical_experts: int, num_redundant_experts: int, num_moe_layers: int
+) -> torch.Tensor:
     """int64 ``[L, P]``: upstream's initial placement, repeated per layer."""
     from vllm.distributed.eplb.eplb_state import EplbState
 
     row = EplbState.build_initial_global_physical_to_logical_map(num_logical_experts, num_redundant_experts)
-    return torch.tensor(row, dtype=torch.int64).unsqueeze(0).repeat(num_layers, 1)
+    return torch.tensor(row, dtype=torch.int64).unsqueeze(0).repeat(num_moe_layers, 1)
 
 
 def rank_loads(load_le: np.ndarray, phy2log_lp: np.ndarray, num_ranks: int) -> np.ndarray:
@@ -199,7 +201,7 @@ def plan(
     if not loaded.any():
         raise ValueError(f"load: all {load.shape[0]} layers have zero load; nothing to plan")
     load = load[loaded]
-    num_layers, num_experts = load.shape
+    num_moe_layers, num_experts = load.shape
     levels_in = sweep_levels(num_experts, num_ranks) if redundancy is None else list(redundancy)
     # Upstream's branch: hierarchical when the groups divide over the nodes; on one node that packs every
     # group onto the one node, the same as global, so it is named global there.
@@ -214,7 +216,7 @@ def plan(
         if error is not None:
             invalid.append({"num_redundant_experts": int(r), "error": error})
             continue
-        old = linear_placement(num_experts, r, num_layers)
+        old = linear_placement(num_experts, r, num_moe_layers)
         before = rank_loads(load, old.numpy(), num_ranks)
         before_t = torch.from_numpy(before)
         for name, groups, nodes in policies:
@@ -274,7 +276,7 @@ def format_plan(result: PlanResult) -> str:
     from ascend_eplb.tools.costs import format_bytes
 
     lines = [
-        f"upstream DefaultEplbPolicy: {result.num_layers} layers x {result.num_logical_experts} "
+        f"upstream DefaultEplbPolicy: {result.num_moe_layers} layers x {result.num_logical_experts} "
         f"logical experts, ranks={result.num_ranks} nodes={result.num_nodes} "
         f"expert groups={result.num_expert_groups} (policy upstream runs: {result.policy})",
         "balancedness = mean rank load / max rank load per layer, averaged over layers (1.0 = even)",

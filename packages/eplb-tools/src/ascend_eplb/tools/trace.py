@@ -66,7 +66,7 @@ class RoutingTrace:
     name: str
 
     @property
-    def num_layers(self) -> int:
+    def num_moe_layers(self) -> int:
         return int(self.topk_ids.shape[0])
 
     @property
@@ -79,18 +79,20 @@ class RoutingTrace:
 
     def load(self) -> np.ndarray:
         """int64 ``[L, E]``: selections per (layer, logical expert) over the whole trace."""
-        out = np.zeros((self.num_layers, self.num_logical_experts), dtype=np.int64)
-        for layer in range(self.num_layers):
+        out = np.zeros((self.num_moe_layers, self.num_logical_experts), dtype=np.int64)
+        for layer in range(self.num_moe_layers):
             out[layer] = np.bincount(self.topk_ids[layer].ravel(), minlength=self.num_logical_experts)
         return out
 
-    def prefix(self, num_layers: int) -> RoutingTrace:
-        """The first ``num_layers`` layers; ``ValueError`` unless ``1 <= num_layers <= L``."""
-        if not 1 <= num_layers <= self.num_layers:
-            raise ValueError(f"layers={num_layers}: must be in [1, {self.num_layers}] for trace {self.name}")
+    def prefix(self, num_moe_layers: int) -> RoutingTrace:
+        """The first ``num_moe_layers`` layers; ``ValueError`` unless ``1 <= num_moe_layers <= L``."""
+        if not 1 <= num_moe_layers <= self.num_moe_layers:
+            raise ValueError(
+                f"layers={num_moe_layers}: must be in [1, {self.num_moe_layers}] for trace {self.name}"
+            )
         return RoutingTrace(
-            self.topk_ids[:num_layers],
-            self.topk_weights[:num_layers],
+            self.topk_ids[:num_moe_layers],
+            self.topk_weights[:num_moe_layers],
             self.seq_offsets,
             self.num_logical_experts,
             self.name,
@@ -348,17 +350,17 @@ def sample_trace_from_load(
     Layers with zero total load are routed uniformly. Raises ``ValueError`` if ``top_k > E``.
     """
     load = _matrix(load_le, name)
-    num_layers, num_experts = load.shape
+    num_moe_layers, num_experts = load.shape
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k={top_k}: must be in [1, E={num_experts}]")
     from ascend_eplb.tools.simulate.resources import check_sampling
 
-    check_sampling(num_layers, num_tokens, num_experts)
+    check_sampling(num_moe_layers, num_tokens, num_experts)
     rng = np.random.default_rng(seed)
     totals = load.sum(axis=1, keepdims=True)
     probs = np.where(totals > 0, load / np.where(totals > 0, totals, 1.0), 1.0 / num_experts)
     logp = np.log(np.maximum(probs, 1e-30))
-    gumbel = rng.gumbel(size=(num_layers, num_tokens, num_experts))
+    gumbel = rng.gumbel(size=(num_moe_layers, num_tokens, num_experts))
     ids = np.argsort(-(logp[:, None, :] + gumbel), axis=-1)[..., :top_k]
     weights = np.take_along_axis(np.broadcast_to(probs[:, None, :], gumbel.shape), ids, axis=-1)
     weights = (weights / weights.sum(axis=-1, keepdims=True)).astype(np.float32)

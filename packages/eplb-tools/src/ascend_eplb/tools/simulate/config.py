@@ -71,7 +71,7 @@ class SimulateConfig:
 
     Every field with a ``flag`` in its metadata is a ``simulate`` option (the parser is generated from
     these fields, :func:`add_simulate_arguments`); adding an option is one field here.
-    ``num_layers=None`` takes every loaded layer of the trace; ``padded_size=None`` rounds
+    ``num_moe_layers=None`` takes every loaded layer of the trace; ``padded_size=None`` rounds
     ``batch_size`` up to a multiple of 16 (plus 16 when already a multiple, so every batch carries
     padding rows, as a graph-captured runner's fixed batch does). ``trace=None`` is the embedded ESFT
     trace. ``sample_top_k=None``: the trace's own top-k for a routing trace (.npz), 6 (the embedded
@@ -84,7 +84,7 @@ class SimulateConfig:
         type=non_negative_int,
     )  # fmt: skip
     quant_format: str = _option("w8a8_dynamic", "--format", "expert weight format, default %(default)s")
-    num_layers: int | None = _option(
+    num_moe_layers: int | None = _option(
         None, "--layers", "MoE layers (a prefix of the trace's loaded layers), default all", type=positive_int
     )
     batch_size: int = _option(
@@ -164,13 +164,13 @@ class SimulateConfig:
     def to_json(self) -> dict:
         return asdict(self)
 
-    def with_layers(self, num_layers: int) -> SimulateConfig:
-        return replace(self, num_layers=num_layers)
+    def with_layers(self, num_moe_layers: int) -> SimulateConfig:
+        return replace(self, num_moe_layers=num_moe_layers)
 
     def validate(
         self,
         *,
-        num_trace_layers: int,
+        num_trace_moe_layers: int,
         num_logical_experts: int,
         top_k: int,
         num_trace_tokens: int | None = None,
@@ -208,9 +208,10 @@ class SimulateConfig:
                         f"format={self.quant_format!r} with hidden size={self.hidden_size}, intermediate "
                         f"size={self.intermediate_size}: {e}"
                     )
-        if self.num_layers is not None and not 1 <= self.num_layers <= num_trace_layers:
+        if self.num_moe_layers is not None and not 1 <= self.num_moe_layers <= num_trace_moe_layers:
             errors.append(
-                f"layers={self.num_layers}: must be in [1, {num_trace_layers}] (the trace's MoE layers)"
+                f"layers={self.num_moe_layers}: must be in [1, {num_trace_moe_layers}] "
+                "(the trace's MoE layers)"
             )
         if self.batch_size < 1:
             errors.append(f"batch size={self.batch_size}: must be >= 1")
@@ -255,8 +256,8 @@ class SimulateConfig:
             errors.append(f"link gbps={self.link_gbps}: must be a finite number > 0")
         if self.model_config is not None and not Path(self.model_config).is_file():
             errors.append(f"model config={self.model_config}: no such file (a model's config.json)")
-        num_layers = self.num_layers if self.num_layers is not None else num_trace_layers
-        sizes = dict(num_layers=num_layers, num_logical_experts=num_logical_experts, top_k=top_k)
+        num_moe_layers = self.num_moe_layers if self.num_moe_layers is not None else num_trace_moe_layers
+        sizes = dict(num_moe_layers=num_moe_layers, num_logical_experts=num_logical_experts, top_k=top_k)
         errors += resources.integer_rules(self, **sizes)
         if not errors:
             tokens = self.sample_tokens if num_trace_tokens is None else num_trace_tokens

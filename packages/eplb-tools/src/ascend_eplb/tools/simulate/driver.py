@@ -54,7 +54,7 @@ def _prepare(config: SimulateConfig) -> tuple[SimulateConfig, Any]:
         load, name = load_sampled_load(config.trace)
         top_k = DEFAULT_SAMPLE_TOP_K if config.sample_top_k is None else config.sample_top_k
         config.validate(
-            num_trace_layers=load.shape[0],
+            num_trace_moe_layers=load.shape[0],
             num_logical_experts=load.shape[1],
             top_k=top_k,
             num_trace_tokens=config.sample_tokens,
@@ -66,13 +66,13 @@ def _prepare(config: SimulateConfig) -> tuple[SimulateConfig, Any]:
     else:
         routing = load_trace(config.trace)
         config.validate(
-            num_trace_layers=routing.num_layers,
+            num_trace_moe_layers=routing.num_moe_layers,
             num_logical_experts=routing.num_logical_experts,
             top_k=routing.top_k,
             num_trace_tokens=routing.num_tokens,
         )
-    if config.num_layers is not None:
-        routing = routing.prefix(config.num_layers)
+    if config.num_moe_layers is not None:
+        routing = routing.prefix(config.num_moe_layers)
     return config, routing
 
 
@@ -186,7 +186,7 @@ def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: f
     rearr = r0["rearrangements_per_step"]
     first_rearr = next((i for i, n in enumerate(rearr) if n > 0), None)
     # A rearrangement is complete when its last MoE layer commits (upstream commits layers in order).
-    completed = [i for i, c in enumerate(r0["commits_per_step"]) if routing.num_layers - 1 in c]
+    completed = [i for i, c in enumerate(r0["commits_per_step"]) if routing.num_moe_layers - 1 in c]
     bal_off = r0["balancedness_off_per_step"]
     before = bal[: first_rearr + 1] if first_rearr is not None else bal
     # From the first completed rearrangement on, routing runs on placements EPLB chose.
@@ -203,7 +203,7 @@ def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: f
         "ranks": config.num_ranks,
         "format": config.quant_format,
         "trace": routing.name,
-        "layers": routing.num_layers,
+        "layers": routing.num_moe_layers,
         "num_logical_experts": routing.num_logical_experts,
         "num_redundant_experts": config.num_redundant_experts,
         "top_k": routing.top_k,
@@ -265,7 +265,7 @@ def _costs(config: SimulateConfig, routing: Any, busiest_experts: int, rearrange
     from ascend_eplb.tools.costs import estimate_costs, read_model_size
 
     model = read_model_size(config.model_config)
-    per_layer = busiest_experts / max(rearrangements, 1) / routing.num_layers if busiest_experts else None
+    per_layer = busiest_experts / max(rearrangements, 1) / routing.num_moe_layers if busiest_experts else None
     c = estimate_costs(
         model,
         config.quant_format,
@@ -399,12 +399,22 @@ def run_simulation(config: SimulateConfig, *, stream=None) -> dict:
             config, routing = _prepare(config)
             out = _output_folder(config)
             # A run that ends without a report leaves no earlier run's report, plot or events behind.
-            for name in ("report.json", "balancedness.png", "events.jsonl"):
-                (out / name).unlink(missing_ok=True)
-            results = _launch(config, routing, deadline, phase)
+            _remove_outputs(out)
+            try:
+                results = _launch(config, routing, deadline, phase)
+            except SimulationError:
+                # A run without a report leaves no partial events either (a crashed rank's run may
+                # have recorded some windows before it ended): the output folder is as before the run.
+                _remove_outputs(out)
+                raise
     except DeadlineExceededError as e:  # before the launch (reading or sampling the routing)
         raise SimulationError(str(e)) from None
     return _write(config, routing, results, t0, out, stream)
+
+
+def _remove_outputs(out: Path) -> None:
+    for name in ("report.json", "balancedness.png", "events.jsonl"):
+        (out / name).unlink(missing_ok=True)
 
 
 def _output_folder(config: SimulateConfig) -> Path:
@@ -424,6 +434,8 @@ def _output_folder(config: SimulateConfig) -> Path:
 def _run_under_torchrun(config: SimulateConfig, t0: float, stream: Any) -> dict:
     config, routing = _prepare(config)
     out = _output_folder(config)
+    if int(os.environ.get("RANK", "0")) == 0:
+        _remove_outputs(out)  # rank 0 writes them; the others start after torchrun's rendezvous
     results, writer = _run_torchrun(config, routing)
     if not writer:
         return _report(config, routing, results, time.perf_counter() - t0)

@@ -76,16 +76,16 @@ class ResourceEstimate:
         return text
 
 
-def sampling_bytes(num_layers: int, num_tokens: int, num_experts: int) -> int:
+def sampling_bytes(num_moe_layers: int, num_tokens: int, num_experts: int) -> int:
     """Peak bytes of :func:`ascend_eplb.tools.trace.sample_trace_from_load`: float64 Gumbel noise, the
     perturbed scores and the int64 argsort, each ``[L, T, E]``."""
-    return 3 * 8 * num_layers * num_tokens * num_experts
+    return 3 * 8 * num_moe_layers * num_tokens * num_experts
 
 
 def estimate(
     config: Any,
     *,
-    num_layers: int,
+    num_moe_layers: int,
     num_logical_experts: int,
     top_k: int,
     num_trace_tokens: int,
@@ -95,7 +95,7 @@ def estimate(
     from ascend_eplb.quant_views import get_format
 
     fmt = get_format(config.quant_format)
-    n, L, E, K = config.num_ranks, num_layers, num_logical_experts, top_k  # noqa: N806 (DESIGN letters)
+    n, L, E, K = config.num_ranks, num_moe_layers, num_logical_experts, top_k  # noqa: N806 (DESIGN letters)
     H, I = config.hidden_size, config.intermediate_size  # noqa: N806, E741
     P = E + config.num_redundant_experts  # noqa: N806
     p, ref = P // n, math.ceil(E / n)
@@ -128,10 +128,10 @@ def available_bytes() -> int:
     return int(psutil.virtual_memory().available)
 
 
-def integer_rules(config: Any, *, num_layers: int, num_logical_experts: int, top_k: int) -> list[str]:
+def integer_rules(config: Any, *, num_moe_layers: int, num_logical_experts: int, top_k: int) -> list[str]:
     """Options that would overflow the integer types they feed (each rule names the value)."""
     errors = []
-    seed_max = (_INT64_MAX - _LAYER_STRIDE * num_layers - num_logical_experts) // _SEED_STRIDE
+    seed_max = (_INT64_MAX - _LAYER_STRIDE * num_moe_layers - num_logical_experts) // _SEED_STRIDE
     if not 0 <= config.seed <= seed_max:
         errors.append(
             f"seed={config.seed}: must be in [0, {seed_max}] (expert weights are seeded with seed x "
@@ -163,7 +163,7 @@ def integer_rules(config: Any, *, num_layers: int, num_logical_experts: int, top
 def memory_rule(
     config: Any,
     *,
-    num_layers: int,
+    num_moe_layers: int,
     num_logical_experts: int,
     top_k: int,
     num_trace_tokens: int,
@@ -174,7 +174,7 @@ def memory_rule(
     available (``available`` defaults to :func:`available_bytes`), else ``[]``."""
     need = estimate(
         config,
-        num_layers=num_layers,
+        num_moe_layers=num_moe_layers,
         num_logical_experts=num_logical_experts,
         top_k=top_k,
         num_trace_tokens=num_trace_tokens,
@@ -190,14 +190,14 @@ def memory_rule(
 
 
 def check_sampling(
-    num_layers: int, num_tokens: int, num_experts: int, *, available: int | None = None
+    num_moe_layers: int, num_tokens: int, num_experts: int, *, available: int | None = None
 ) -> None:
     """Raise ``ValueError`` if sampling ``num_tokens`` tokens from an ``[L, E]`` load needs more memory
     than the host has available."""
-    need = sampling_bytes(num_layers, num_tokens, num_experts)
+    need = sampling_bytes(num_moe_layers, num_tokens, num_experts)
     have = available_bytes() if available is None else available
     if need > have:
         raise ValueError(
-            f"memory: sampling {num_tokens} tokens from a [{num_layers}, {num_experts}] load matrix needs "
-            f"about {gib(need)}, the host has {gib(have)} available (MemAvailable)"
+            f"memory: sampling {num_tokens} tokens from a [{num_moe_layers}, {num_experts}] load matrix "
+            f"needs about {gib(need)}, the host has {gib(have)} available (MemAvailable)"
         )
