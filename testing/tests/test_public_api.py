@@ -12,6 +12,7 @@ def test_all_is_the_documented_api():
             "RankFailureError",
             "load_module",
             "run_ranks",
+            "signals_raise",
             "stop_fork_server",
         ]
     )

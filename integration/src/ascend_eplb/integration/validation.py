@@ -458,6 +458,31 @@ def _experts_format(description: Mapping[Any, Any]) -> str | None:
     return ASCEND_QUANT_TYPES.get(types[0], types[0].lower()) if types else None
 
 
+def _parallel_and_eplb_fields(
+    parallel: Any, eplb_config: Any, additional: Mapping[str, Any], env: Mapping[str, str]
+) -> dict[str, Any]:
+    """The settings a ``ParallelConfig`` and vLLM's ``EngineArgs`` name alike (same field names), with
+    the ``EPLBConfig``, the Ascend ``additional_config`` and the V1 switches of the environment."""
+    return {
+        "enable_expert_parallel": bool(parallel.enable_expert_parallel),
+        "enable_elastic_ep": bool(getattr(parallel, "enable_elastic_ep", False)),
+        "enable_dbo": bool(getattr(parallel, "enable_dbo", False)),
+        "tensor_parallel_size": parallel.tensor_parallel_size,
+        "prefill_context_parallel_size": getattr(parallel, "prefill_context_parallel_size", 1),
+        "data_parallel_size": parallel.data_parallel_size,
+        "window_size": eplb_config.window_size,
+        "step_interval": eplb_config.step_interval,
+        "num_redundant_experts": eplb_config.num_redundant_experts,
+        "use_async": eplb_config.use_async,
+        "policy": eplb_config.policy,
+        "communicator": eplb_config.communicator,
+        "log_balancedness": eplb_config.log_balancedness,
+        "ascend_eplb_config": _as_dict(additional.get("eplb_config")),
+        "legacy_top_level_keys": {k: additional[k] for k in V1_EPLB_KEYS if k in additional},
+        "environment": {k: env[k] for k in V1_EPLB_ENV_SWITCHES if k in env},
+    }
+
+
 def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | None = None) -> EplbSettings:
     """Extract the settings the rules read from a ``VllmConfig`` (see the module docstring)."""
     pc = vllm_config.parallel_config
@@ -483,22 +508,7 @@ def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | Non
     return EplbSettings(
         enable_eplb=bool(pc.enable_eplb),
         use_v2_model_runner=bool(vllm_config.use_v2_model_runner),
-        enable_expert_parallel=bool(pc.enable_expert_parallel),
-        enable_elastic_ep=bool(getattr(pc, "enable_elastic_ep", False)),
-        enable_dbo=bool(getattr(pc, "enable_dbo", False)),
-        tensor_parallel_size=pc.tensor_parallel_size,
-        prefill_context_parallel_size=getattr(pc, "prefill_context_parallel_size", 1),
-        data_parallel_size=pc.data_parallel_size,
-        window_size=ec.window_size,
-        step_interval=ec.step_interval,
-        num_redundant_experts=ec.num_redundant_experts,
-        use_async=ec.use_async,
-        policy=ec.policy,
-        communicator=ec.communicator,
-        log_balancedness=ec.log_balancedness,
-        ascend_eplb_config=_as_dict(additional.get("eplb_config")),
-        legacy_top_level_keys={k: additional[k] for k in V1_EPLB_KEYS if k in additional},
-        environment={k: env[k] for k in V1_EPLB_ENV_SWITCHES if k in env},
+        **_parallel_and_eplb_fields(pc, ec, additional, env),
         num_logical_experts=num_experts,
         quantization=quantization_format_name(vllm_config) if pc.enable_eplb else None,
         cudagraph_mode=mode,
@@ -1106,22 +1116,7 @@ def settings_from_engine_args(
     return EplbSettings(
         enable_eplb=bool(ea.enable_eplb),
         use_v2_model_runner=True if v2 is None else bool(v2),
-        enable_expert_parallel=bool(ea.enable_expert_parallel),
-        enable_elastic_ep=bool(ea.enable_elastic_ep),
-        enable_dbo=bool(ea.enable_dbo),
-        tensor_parallel_size=ea.tensor_parallel_size,
-        prefill_context_parallel_size=ea.prefill_context_parallel_size,
-        data_parallel_size=ea.data_parallel_size,
-        window_size=ec.window_size,
-        step_interval=ec.step_interval,
-        num_redundant_experts=ec.num_redundant_experts,
-        use_async=ec.use_async,
-        policy=ec.policy,
-        communicator=ec.communicator,
-        log_balancedness=ec.log_balancedness,
-        ascend_eplb_config=_as_dict(additional.get("eplb_config")),
-        legacy_top_level_keys={k: additional[k] for k in V1_EPLB_KEYS if k in additional},
-        environment={k: env[k] for k in V1_EPLB_ENV_SWITCHES if k in env},
+        **_parallel_and_eplb_fields(ea, ec, additional, env),
         num_logical_experts=experts,
         quantization=fmt,
         cudagraph_mode=mode,

@@ -11,6 +11,7 @@ from ascend_eplb.testing.multirank import (
     RankFailureError,
     load_module,
     run_ranks,
+    signals_raise,
     stop_fork_server,
 )
 
@@ -21,5 +22,6 @@ __all__ = [
     "RankFailureError",
     "load_module",
     "run_ranks",
+    "signals_raise",
     "stop_fork_server",
 ]

@@ -60,6 +60,7 @@ __all__ = [
     "RankFailureError",
     "load_module",
     "run_ranks",
+    "signals_raise",
     "stop_fork_server",
 ]
 
@@ -271,7 +272,7 @@ def _rank_main(
 
 
 @contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
+def signals_raise() -> Iterator[None]:
     """While inside, SIGTERM and SIGHUP raise :class:`LauncherInterruptedError` in the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -346,7 +347,7 @@ def run_ranks(
     messages = mp.Queue() if on_message is not None else None
     procs: list[Any] = []
     first_failure: float | None = None
-    with _signals_raise():
+    with signals_raise():
         try:
             for rank in range(world_size):
                 ctx = RankContext(

@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ascend_eplb.testing import LauncherInterruptedError, stop_fork_server
+from ascend_eplb.testing import LauncherInterruptedError, signals_raise, stop_fork_server
 
 __all__ = [
     "SCRATCH_PREFIX",
@@ -61,23 +61,6 @@ def exit_code_of(error: BaseException) -> int:
 
 def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
-
-
-@contextlib.contextmanager
-def _stop_signals_raise() -> Iterator[None]:
-    if not _main_thread():
-        yield
-        return
-
-    def handler(signum: int, _frame: object) -> None:
-        raise LauncherInterruptedError(signal.Signals(signum).name)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 @contextlib.contextmanager
@@ -122,7 +105,7 @@ def _stop_resource_tracker(wait_s: float = 5.0) -> None:
 def command_scope(command: str) -> Iterator[None]:
     """The whole of one ``ascend-eplb`` command (see the module docstring)."""
     if command != "simulate":
-        with _stop_signals_raise():
+        with signals_raise():
             yield
         return
     scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
@@ -130,7 +113,7 @@ def command_scope(command: str) -> Iterator[None]:
     if own_cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / "torchinductor")
     try:
-        with _stop_signals_raise():
+        with signals_raise():
             yield
     finally:
         with _signals_ignored():
