@@ -260,3 +260,18 @@ def test_layer_state_builds_then_refreshes_its_lookup_in_place():
     assert torch.equal(converted.replica_lookup.table, build_replica_table(l2p[1], count[1], 0, 16))
     with pytest.raises(RuntimeError, match="before set_layer_state"):
         AscendEplbLayerState().refresh_replica_lookup()
+
+
+def test_an_undeclared_phase_records_nothing_and_warns_once(caplog):
+    ctrl = AscendEPLBController(_parallel_config_without_eplb(), torch.device("cpu"), "decode")
+    with caplog.at_level("WARNING"):
+        assert ctrl.phase_matched() is False
+        assert ctrl.phase_matched() is False
+    warned = [r.getMessage() for r in caplog.records if "was not declared" in r.getMessage()]
+    assert warned == [
+        "EPLB: load_collection_phase=decode but this batch's phase was not declared "
+        "(AscendEPLBController.set_batch_phase was not called before prepare_forward): its load is not "
+        "recorded. The runner must call set_batch_phase once per batch, or use load_collection_phase=all"
+    ]
+    ctrl.set_batch_phase(False)
+    assert ctrl.phase_matched() is True

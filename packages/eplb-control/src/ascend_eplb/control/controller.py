@@ -16,12 +16,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from vllm.logger import init_logger
 from vllm.v1.worker.gpu.eplb_utils import EPLBController
 
 from ascend_eplb.control.patching import check_signature
 from ascend_eplb.control.phase import LoadCollectionPhase, is_phase_matched, validate_phase
 from ascend_eplb.control.router_adaptation import adapt_layer_routers
 from ascend_eplb.control.state import AscendEplbState
+
+logger = init_logger(__name__)
 
 __all__ = ["AscendEPLBController", "check_upstream_controller_signatures"]
 
@@ -85,6 +88,7 @@ class AscendEPLBController(EPLBController):
         self.last_record_decision: bool | None = None
         """The flag value the last :meth:`prepare_forward` wrote (None before the first fill)."""
         self.step_hooks: list[StepHook] = []
+        self._warned_undeclared_phase = False
         self.registration_hooks: list[RegistrationHook] = []
 
     def prepare_load(self) -> None:
@@ -153,6 +157,15 @@ class AscendEPLBController(EPLBController):
         if self.load_collection_phase == "all":
             return True
         if self._batch_has_prefill is None:
+            if not self._warned_undeclared_phase:
+                self._warned_undeclared_phase = True
+                logger.warning(
+                    "EPLB: load_collection_phase=%s but this batch's phase was not declared "
+                    "(AscendEPLBController.set_batch_phase was not called before prepare_forward): its "
+                    "load is not recorded. The runner must call set_batch_phase once per batch, or use "
+                    "load_collection_phase=all",
+                    self.load_collection_phase,
+                )
             return False
         return is_phase_matched(self.load_collection_phase, self._batch_has_prefill)
 
