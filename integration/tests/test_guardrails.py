@@ -133,3 +133,22 @@ def test_events_writer_appends_flushed_lines_and_names_an_unwritable_path(tmp_pa
         EventsWriter(blocker / "events.jsonl")
     assert events_path({"ASCEND_EPLB_EVENTS": " "}) is None
     assert events_path({"ASCEND_EPLB_EVENTS": "/x/e.jsonl"}) == "/x/e.jsonl"
+
+
+def test_a_bad_verify_or_events_switch_is_refused_not_ignored(tmp_path):
+    from ascend_eplb.integration.verify import verify_requested
+
+    assert verify_requested({}) is False
+    assert verify_requested({"ASCEND_EPLB_VERIFY": "On"}) is True
+    assert verify_requested({"ASCEND_EPLB_VERIFY": "0"}) is False
+    with pytest.raises(ValueError, match=r"ASCEND_EPLB_VERIFY='ture': must be one of 1, true, yes, on, 0"):
+        verify_requested({"ASCEND_EPLB_VERIFY": "ture"})
+    with pytest.raises(ValueError, match=r"is a folder; name the events file"):
+        events_path({"ASCEND_EPLB_EVENTS": str(tmp_path)})
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match=r"is not a writable folder"):
+        events_path({"ASCEND_EPLB_EVENTS": str(blocker / "sub" / "events.jsonl")})
+    assert events_path({"ASCEND_EPLB_EVENTS": str(tmp_path / "new" / "e.jsonl")}) == str(
+        tmp_path / "new" / "e.jsonl"
+    )

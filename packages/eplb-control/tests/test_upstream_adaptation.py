@@ -275,3 +275,25 @@ def test_an_undeclared_phase_records_nothing_and_warns_once(caplog):
     ]
     ctrl.set_batch_phase(False)
     assert ctrl.phase_matched() is True
+
+
+def test_remove_refuses_to_drop_a_later_replacement_of_its_binding():
+    import types
+
+    module = types.ModuleType("ascend_eplb_test_target")
+    module.f = lambda a, b: "original"
+    import sys
+
+    sys.modules["ascend_eplb_test_target"] = module
+    try:
+        first = PatchSet([Patch("ascend_eplb_test_target", "f", ("a", "b"), lambda o: len, "first")])
+        assert first.apply() is True  # len cannot carry the marker
+        module.f = later = lambda a, b: "later"
+        with pytest.raises(RuntimeError, match=r"ascend_eplb_test_target\.f was replaced again after first"):
+            first.remove()
+        assert module.f is later  # nothing was restored
+        module.f = len
+        assert first.remove() is True
+        assert module.f(1, 2) == "original"
+    finally:
+        del sys.modules["ascend_eplb_test_target"]

@@ -259,3 +259,22 @@ def test_costs_at_the_model_size(tmp_path, capsys):
     (tmp_path / "dense.json").write_text('{"hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 2}')
     with pytest.raises(ValueError, match=r"dense.json: no routed experts count \(a dense model has none\)"):
         read_model_size(tmp_path / "dense.json")
+
+
+def test_plan_refuses_what_it_cannot_plan_or_write_before_planning(tmp_path, capsys):
+    load = tmp_path / "load.json"
+    load.write_text("[[9, 1, 1, 1], [1, 2, 3, 4]]")
+    assert cli.main(["plan", str(load), "--ranks", "9"]) == 2
+    assert (
+        "ranks=9: no redundancy level in [0, E=4] makes E + level divisible by the ranks"
+        in capsys.readouterr().err
+    )
+    assert cli.main(["plan", str(load), "--ranks", "2", "--redundant-experts", "100000000"]) == 2
+    assert "redundant experts=100000000: must be <= 1023 x E = 4092" in capsys.readouterr().err
+    for target, why in [
+        (tmp_path / "missing" / "map.json", f"the folder {tmp_path / 'missing'} does not exist"),
+        (tmp_path, "is a folder, give a .json file path"),
+    ]:
+        assert cli.main(["plan", str(load), "--ranks", "2", "--export-expert-map", str(target)]) == 2
+        assert f"export expert map={target}: {why}" in capsys.readouterr().err
+    assert not (tmp_path / "missing").exists()

@@ -289,3 +289,16 @@ def test_quiet_drops_only_the_named_vllm_start_up_lines(caplog):
         "some other CPU platform warning",
         "worker died; EPLB rearrangement is stopped",
     ]
+
+
+def test_a_bad_model_config_or_an_output_name_taken_by_a_folder_is_refused_before_any_rank(tmp_path, capsys):
+    bad = tmp_path / "config.json"
+    bad.write_bytes(b"\xff\x00")
+    assert main(["simulate", "--model-config", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert f"model config={bad}: {bad}: cannot read the model config as JSON" in capsys.readouterr().err
+    (tmp_path / "o2" / "events.jsonl").mkdir(parents=True)
+    assert main(["simulate", "--out", str(tmp_path / "o2")]) == 2
+    assert (
+        f"{tmp_path / 'o2' / 'events.jsonl'} is not a file; the run writes a file there"
+        in capsys.readouterr().err
+    )

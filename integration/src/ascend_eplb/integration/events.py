@@ -37,9 +37,29 @@ ENV_EVENTS = "ASCEND_EPLB_EVENTS"
 
 
 def events_path(environ: Mapping[str, str] | None = None) -> str | None:
-    """The path ``ASCEND_EPLB_EVENTS`` names, or None (unset or empty)."""
+    """The path ``ASCEND_EPLB_EVENTS`` names, or None (unset or empty).
+
+    Checked on every rank at start-up, though only EP rank 0 writes: a path that is a folder, or whose
+    folder cannot be created or written, is refused everywhere alike.
+
+    Raises:
+        ValueError: the path is a folder or cannot be written (the message names it and why).
+    """
     env = os.environ if environ is None else environ
-    return env.get(ENV_EVENTS, "").strip() or None
+    raw = env.get(ENV_EVENTS, "").strip()
+    if not raw:
+        return None
+    path = Path(raw)
+    if path.is_dir():
+        raise ValueError(f"{ENV_EVENTS}={raw}: is a folder; name the events file (e.g. events.jsonl)")
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{ENV_EVENTS}={raw}: {folder} is not a writable folder")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{ENV_EVENTS}={raw}: the file is not writable")
+    return raw
 
 
 class EventsWriter:

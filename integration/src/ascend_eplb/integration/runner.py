@@ -68,7 +68,8 @@ def create_eplb_controller(vllm_config: Any, device: torch.device) -> Any:
 
     Raises:
         EplbConfigError: the configuration violates the support matrix (every violated rule listed).
-        ValueError: ``ASCEND_EPLB_WORKER_TIMEOUT_S`` or ``ASCEND_EPLB_ON_WORKER_FAILURE`` is invalid.
+        ValueError: ``ASCEND_EPLB_WORKER_TIMEOUT_S``, ``ASCEND_EPLB_ON_WORKER_FAILURE``,
+            ``ASCEND_EPLB_VERIFY`` or ``ASCEND_EPLB_EVENTS`` is invalid (before anything is patched).
         RuntimeError: an upstream callable changed signature (from ``apply_patches``).
     """
     parallel_config = vllm_config.parallel_config
@@ -76,29 +77,31 @@ def create_eplb_controller(vllm_config: Any, device: torch.device) -> Any:
         from vllm.v1.worker.gpu.eplb_utils import EPLBController
 
         return EPLBController(parallel_config, device)
+    from ascend_eplb.integration.events import EventsRecorder, events_path
     from ascend_eplb.integration.patches import apply_patches
     from ascend_eplb.integration.validation import validate_eplb_config
+    from ascend_eplb.integration.verify import EplbVerifier, verify_requested
     from ascend_eplb.integration.watchdog import watchdog_settings
 
     settings = validate_eplb_config(vllm_config)
+    # Every switch is read, and a bad value refused, on every rank before anything is patched.
     timeout_s, on_failure = watchdog_settings()
+    verify = verify_requested()
+    path = events_path()
     apply_patches()
     from ascend_eplb.control import AscendEPLBController
 
     phase = settings.ascend_eplb_config.get("load_collection_phase", "all")
     controller = AscendEPLBController(parallel_config, device, load_collection_phase=phase)
-    from ascend_eplb.integration.events import EventsRecorder, events_path
-    from ascend_eplb.integration.verify import EplbVerifier, verify_requested
     from ascend_eplb.integration.watchdog import WorkerWatchdog
 
     # Step hooks run in this order on every rank: the watchdog first (a failure stops EPLB before any
     # other hook looks at the cycle), then the verifier, then the events file.
     watchdog = WorkerWatchdog(timeout_s, on_failure)
     watchdog.attach(controller)
-    verifying = verify_requested()
+    verifying = verify
     if verifying:
         EplbVerifier().attach(controller)
-    path = events_path()
     if path is not None:
         EventsRecorder(path).attach(controller, watchdog)
     from vllm.logger import init_logger

@@ -42,10 +42,23 @@ CHECKS = ("fingerprints", "lookups")
 _TRUE = ("1", "true", "yes", "on")
 
 
+_FALSE = ("", "0", "false", "no", "off")
+
+
 def verify_requested(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``ASCEND_EPLB_VERIFY`` asks for the verifier (``1``/``true``/``yes``/``on``)."""
+    """Whether ``ASCEND_EPLB_VERIFY`` asks for the verifier (``1``/``true``/``yes``/``on``; unset or
+    ``0``/``false``/``no``/``off``: no).
+
+    Raises:
+        ValueError: any other value (a typo must not silently leave the verifier off).
+    """
     env = os.environ if environ is None else environ
-    return env.get(ENV_VERIFY, "").strip().lower() in _TRUE
+    value = env.get(ENV_VERIFY, "").strip().lower()
+    if value not in _TRUE + _FALSE:
+        raise ValueError(
+            f"{ENV_VERIFY}={env.get(ENV_VERIFY)!r}: must be one of 1, true, yes, on, 0, false, no, off"
+        )
+    return value in _TRUE
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,7 @@ class PatchSet:
         self._lock = threading.Lock()
         self._applied: list[tuple[Patch, Any, str, Any]] = []  # (patch, holder, attr, original)
         self._installed = False
+        self._replacements: dict[str, Any] = {}
 
     def apply(self) -> bool:
         """Install every patch whose ``when`` holds; idempotent.
@@ -187,6 +188,7 @@ class PatchSet:
                         setattr(replacement, PATCH_MARKER, patch.owner)
                     setattr(holder, attr, replacement)
                     self._applied.append((patch, holder, attr, original))
+                    self._replacements[patch.name] = replacement
             except BaseException:
                 self._restore()
                 raise
@@ -198,8 +200,19 @@ class PatchSet:
 
         Returns:
             True if something was restored.
+
+        Raises:
+            RuntimeError: a binding this set replaced was replaced again by someone else since
+                (restoring it would drop that replacement); nothing is restored then.
         """
         with self._lock:
+            for patch, holder, attr, _ in self._applied:
+                now = holder.__dict__.get(attr) if isinstance(holder, type) else getattr(holder, attr, None)
+                if now is not self._replacements[patch.name]:
+                    raise RuntimeError(
+                        f"{patch.name} was replaced again after {patch.owner} patched it; remove that "
+                        "replacement first (nothing was restored)"
+                    )
             was = self._installed
             self._restore()
             return was
@@ -208,6 +221,7 @@ class PatchSet:
         for _, holder, attr, original in reversed(self._applied):
             setattr(holder, attr, original)
         self._applied.clear()
+        self._replacements.clear()
         self._installed = False
 
     @property

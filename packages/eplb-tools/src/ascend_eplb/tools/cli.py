@@ -114,6 +114,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_writable_file(what: str, path: Path) -> None:
+    """``ValueError`` unless ``path`` names a file that can be written in an existing folder."""
+    if str(path) in ("", ".") or path.is_dir():
+        raise ValueError(f"{what}={path}: is a folder, give a .json file path")
+    parent = path.parent
+    if not parent.is_dir():
+        raise ValueError(f"{what}={path}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"{what}={path}: not writable")
+
+
 def _run_plan(args: argparse.Namespace) -> int:
     from ascend_eplb.tools.plan import DEFAULT_MARGIN, format_plan, validate_plan_args
     from ascend_eplb.tools.trace import load_load_matrix
@@ -131,8 +142,8 @@ def _run_plan(args: argparse.Namespace) -> int:
         from ascend_eplb.quant_views import get_format
 
         get_format(args.quant_format).check_sizes(model.hidden_size, model.moe_intermediate_size)
-    if args.export_expert_map is not None and args.export_expert_map.is_dir():
-        raise ValueError(f"export expert map={args.export_expert_map}: is a folder, give a .json file path")
+    if args.export_expert_map is not None:
+        _check_writable_file("export expert map", args.export_expert_map)
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     from dataclasses import replace
 
@@ -166,8 +177,10 @@ def _run_plan(args: argparse.Namespace) -> int:
         print(format_plan(result))
     if args.export_expert_map is not None and result.recommended is not None:
         data = expert_map_json(result.level(result.recommended), args.ranks)
-        args.export_expert_map.parent.mkdir(parents=True, exist_ok=True)
-        args.export_expert_map.write_text(json.dumps(data, indent=1))
+        try:
+            args.export_expert_map.write_text(json.dumps(data, indent=1))
+        except OSError as e:
+            raise ValueError(f"export expert map={args.export_expert_map}: cannot write it ({e})") from e
         print(
             f"wrote {args.export_expert_map}: num_redundant_experts={result.recommended} "
             f"({result.policy} policy), {data['moe_layer_count']} MoE layers x {args.ranks} devices",

@@ -95,12 +95,23 @@ class PlanResult:
         raise KeyError(f"no valid level {num_redundant_experts} under the {want} policy")
 
 
+#: Upstream ``EplbState.add_model``'s ``MAX_EXPERT_REDUNDANCY``: replicas beyond the first per logical
+#: expert its maps can hold.
+MAX_REDUNDANT_PER_EXPERT = 1023
+
+
 def level_error(num_logical_experts: int, num_redundant_experts: int, num_ranks: int) -> str | None:
     """Why one redundancy level cannot be planned, or None."""
     from ascend_eplb.integration.validation import experts_divisibility_error
 
     if num_redundant_experts < 0:
         return f"redundant experts={num_redundant_experts}: must be >= 0"
+    if num_redundant_experts > MAX_REDUNDANT_PER_EXPERT * num_logical_experts:
+        return (
+            f"redundant experts={num_redundant_experts}: must be <= {MAX_REDUNDANT_PER_EXPERT} x E = "
+            f"{MAX_REDUNDANT_PER_EXPERT * num_logical_experts} (upstream EplbState keeps at most "
+            f"{MAX_REDUNDANT_PER_EXPERT} + 1 replicas of a logical expert)"
+        )
     reason = experts_divisibility_error(num_logical_experts, num_redundant_experts, num_ranks)
     return None if reason is None else f"redundant experts={num_redundant_experts}: {reason}"
 
@@ -132,6 +143,11 @@ def validate_plan_args(
         errors.append(f"nodes={num_nodes}: must be >= 1 and divide ranks={num_ranks}")
     if num_expert_groups < 1 or num_experts % num_expert_groups:
         errors.append(f"expert groups={num_expert_groups}: must be >= 1 and divide E={num_experts}")
+    if redundancy is None and num_ranks >= 1 and not sweep_levels(num_experts, num_ranks):
+        errors.append(
+            f"ranks={num_ranks}: no redundancy level in [0, E={num_experts}] makes E + level divisible by "
+            "the ranks; give --redundant-experts"
+        )
     if redundancy is not None:
         if not redundancy:
             errors.append("redundancy levels: give at least one")

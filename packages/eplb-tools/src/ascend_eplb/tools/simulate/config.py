@@ -254,8 +254,14 @@ class SimulateConfig:
             )
         if not (0 < self.link_gbps < float("inf")):
             errors.append(f"link gbps={self.link_gbps}: must be a finite number > 0")
-        if self.model_config is not None and not Path(self.model_config).is_file():
-            errors.append(f"model config={self.model_config}: no such file (a model's config.json)")
+        if self.model_config is not None:
+            from ascend_eplb.tools.costs import read_model_size
+
+            try:  # read at validation, so a bad file is refused before anything runs
+                model = read_model_size(self.model_config)
+                get_format(self.quant_format).check_sizes(model.hidden_size, model.moe_intermediate_size)
+            except ValueError as e:
+                errors.append(f"model config={self.model_config}: {e}")
         num_moe_layers = self.num_moe_layers if self.num_moe_layers is not None else num_trace_moe_layers
         sizes = dict(num_moe_layers=num_moe_layers, num_logical_experts=num_logical_experts, top_k=top_k)
         errors += resources.integer_rules(self, **sizes)

@@ -412,8 +412,12 @@ def run_simulation(config: SimulateConfig, *, stream=None) -> dict:
     return _write(config, routing, results, t0, out, stream)
 
 
+#: What a run writes into its output folder (and removes, from an earlier run, before it starts).
+_OUTPUTS = ("report.json", "balancedness.png", "events.jsonl")
+
+
 def _remove_outputs(out: Path) -> None:
-    for name in ("report.json", "balancedness.png", "events.jsonl"):
+    for name in _OUTPUTS:
         (out / name).unlink(missing_ok=True)
 
 
@@ -428,6 +432,12 @@ def _output_folder(config: SimulateConfig) -> Path:
         raise ValueError(
             f"invalid simulate options:\n  - out={config.out_dir}: cannot write there ({e})"
         ) from e
+    for name in _OUTPUTS:
+        if (out / name).exists() and not (out / name).is_file():
+            raise ValueError(
+                f"invalid simulate options:\n  - out={config.out_dir}: {out / name} is not a file; the "
+                "run writes a file there"
+            )
     return out
 
 
