@@ -218,7 +218,7 @@ def test_esft_text_files_plan_like_their_compact_trace(tmp_path):
 
 def test_export_expert_map_reads_back_as_the_recommended_placement(tmp_path, capsys):
     path = ESFT / "results/expert_scores/law/summary.json"
-    out = tmp_path / "map" / "expert_map.json"
+    out = tmp_path / "expert_map.json"  # in an existing folder (plan creates none)
     assert (
         cli.main(
             ["plan", str(path), "--ranks", "4", "--redundant-experts", "4", "--export-expert-map", str(out)]
