@@ -10,9 +10,7 @@ kernel tensors in vllm-ascend's post-``process_weights_after_loading`` layout) a
 from __future__ import annotations
 
 import abc
-import math
 from collections.abc import Mapping
-from fractions import Fraction
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -97,13 +95,7 @@ class ExpertWeightFormat(abc.ABC):
         """
         p, hidden, inter = check_float_weights(w13, w2)
         self.check_sizes(hidden, inter)
-        unknown = sorted(set(options) - set(self._options))
-        if unknown:
-            raise TypeError(
-                f"{self.name}.create_storage got unknown option(s) {unknown}; "
-                f"known: {sorted(self._options) or 'none'}"
-            )
-        opts = {**self._options, **options}
+        opts = self._resolved_options(options)
         kernel, unread = self._quantize(w13, w2, p, opts)
         if per_expert_lists:
             kernel = {n: self._to_list(n, t) for n, t in kernel.items()}
@@ -139,43 +131,17 @@ class ExpertWeightFormat(abc.ABC):
 
     def expert_nbytes(self, hidden_size: int, intermediate_size: int, **options: Any) -> int:
         """Bytes of one expert's kernel storage at ``H``, ``I`` (what `weight_views` cover: the bytes
-        EPLB moves per expert and a physical slot occupies), without allocating storage of that size.
-
-        Every format's per-expert tensors are bilinear in ``H`` and ``I`` (weights ``H*I``, per-channel
-        scales ``H`` or ``I``, MX block scales ``H*I/32``, fixed words a constant), so the bytes of four
-        tiny storages at the format's smallest valid sizes ``(h, i)``, ``(2h, i)``, ``(h, 2i)``,
-        ``(2h, 2i)`` determine ``a*H*I + b*H + c*I + d`` exactly. ``options``: as `create_storage`
-        (e.g. ``fused_scales=True`` for ``w8a8_dynamic``). Unread tensors (W8A8 offsets) are excluded.
+        EPLB moves per expert and a physical slot occupies), computed on the meta device: nothing of
+        that size is allocated. ``options``: as `create_storage` (e.g. ``fused_scales=True`` for
+        ``w8a8_dynamic``). Unread tensors (W8A8 offsets) are excluded.
 
         Raises:
             ValueError: ``H`` or ``I`` breaks `check_sizes`.
             TypeError: an unknown option.
         """
         self.check_sizes(hidden_size, intermediate_size)
-        h0 = i0 = 1
-        for letter, multiple, _ in self._size_rules:
-            if letter == "H":
-                h0 = math.lcm(h0, multiple)
-            else:
-                i0 = math.lcm(i0, multiple)
-
-        def probe(h: int, i: int) -> int:
-            g = torch.Generator().manual_seed(0)
-            w13 = torch.randn(1, 2 * i, h, generator=g)
-            w2 = torch.randn(1, h, i, generator=g)
-            storage = self.create_storage(w13, w2, **options)
-            return sum(v.numel() * v.element_size() for v in self.weight_views(storage))
-
-        f11, f21, f12, f22 = probe(h0, i0), probe(2 * h0, i0), probe(h0, 2 * i0), probe(2 * h0, 2 * i0)
-        # Exact rationals: a is fractional where elements are sub-byte or block scales (mxfp4: 51/32).
-        a = Fraction(f22 - f21 - f12 + f11, h0 * i0)
-        b = Fraction(f21 - f11, h0) - a * i0
-        c = Fraction(f12 - f11, i0) - a * h0
-        d = f11 - a * h0 * i0 - b * h0 - c * i0
-        total = a * hidden_size * intermediate_size + b * hidden_size + c * intermediate_size + d
-        if total.denominator != 1:  # cannot happen at sizes check_sizes accepts
-            raise ValueError(f"{self.name}: H={hidden_size}, I={intermediate_size} give {total} bytes")
-        return int(total)
+        kernel, _ = self._meta_quantize(1, hidden_size, intermediate_size, self._resolved_options(options))
+        return sum(t.numel() * t.element_size() for t in kernel.values())
 
     def storage_nbytes(self, num_local_experts: int, hidden_size: int, intermediate_size: int) -> int:
         """Bytes `create_storage` allocates for ``num_local_experts`` experts of sizes ``H``, ``I``
@@ -193,11 +159,29 @@ class ExpertWeightFormat(abc.ABC):
         ):
             raise ValueError(f"{self.name}: num_local_experts={num_local_experts!r} must be a positive int")
         self.check_sizes(hidden_size, intermediate_size)
+        kernel, unread = self._meta_quantize(
+            num_local_experts, hidden_size, intermediate_size, dict(self._options)
+        )
+        return sum(t.numel() * t.element_size() for t in (*kernel.values(), *unread.values()))
+
+    def _meta_quantize(
+        self, num_local_experts: int, hidden_size: int, intermediate_size: int, opts: Mapping[str, Any]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """`_quantize` of ``(p, 2I, H)`` / ``(p, H, I)`` weights on the meta device (shapes, no data)."""
         meta = torch.device("meta")
         w13 = torch.empty(num_local_experts, 2 * intermediate_size, hidden_size, device=meta)
         w2 = torch.empty(num_local_experts, hidden_size, intermediate_size, device=meta)
-        kernel, unread = self._quantize(w13, w2, num_local_experts, dict(self._options))
-        return sum(t.numel() * t.element_size() for t in (*kernel.values(), *unread.values()))
+        return self._quantize(w13, w2, num_local_experts, dict(opts))
+
+    def _resolved_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The format's default options updated with ``options``; ``TypeError`` naming unknown ones."""
+        unknown = sorted(set(options) - set(self._options))
+        if unknown:
+            raise TypeError(
+                f"{self.name}.create_storage got unknown option(s) {unknown}; "
+                f"known: {sorted(self._options) or 'none'}"
+            )
+        return {**self._options, **options}
 
     def _public_options(self, opts: Mapping[str, Any]) -> list[str]:
         return [k for k, v in opts.items() if not isinstance(v, torch.Tensor)]
