@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -391,21 +392,42 @@ def samples_routing(path: str | Path | None) -> bool:
 
 
 def load_routing_source(
-    path: str | Path | None, *, num_tokens: int = 8192, top_k: int | None = None, seed: int = 0
+    path: str | Path | None,
+    *,
+    num_tokens: int = 8192,
+    top_k: int | None = None,
+    seed: int = 0,
+    check: Callable[..., None] | None = None,
 ) -> RoutingTrace:
     """The simulator's routing: ``None`` -> embedded trace; ``.npz`` -> :func:`load_trace` (its own top-k;
     ``top_k`` is not applied); load (:func:`load_sampled_load`) -> :func:`sample_trace_from_load` with
-    ``num_tokens`` tokens and ``top_k`` (default :data:`DEFAULT_SAMPLE_TOP_K`)."""
+    ``num_tokens`` tokens and ``top_k`` (default :data:`DEFAULT_SAMPLE_TOP_K`).
+
+    ``check(num_trace_moe_layers=, num_logical_experts=, top_k=, num_trace_tokens=, sampled=)`` is
+    called with the routing's facts once they are known and, for load, before anything is sampled (the
+    simulator validates its options there, the memory of the sampling included)."""
     if not samples_routing(path):
-        return load_trace(path)
+        routing = load_trace(path)
+        if check is not None:
+            check(
+                num_trace_moe_layers=routing.num_moe_layers,
+                num_logical_experts=routing.num_logical_experts,
+                top_k=routing.top_k,
+                num_trace_tokens=routing.num_tokens,
+                sampled=False,
+            )
+        return routing
     load, name = load_sampled_load(path)
-    return sample_trace_from_load(
-        load,
-        num_tokens=num_tokens,
-        top_k=DEFAULT_SAMPLE_TOP_K if top_k is None else top_k,
-        seed=seed,
-        name=name,
-    )
+    top_k = DEFAULT_SAMPLE_TOP_K if top_k is None else top_k
+    if check is not None:
+        check(
+            num_trace_moe_layers=load.shape[0],
+            num_logical_experts=load.shape[1],
+            top_k=top_k,
+            num_trace_tokens=num_tokens,
+            sampled=True,
+        )
+    return sample_trace_from_load(load, num_tokens=num_tokens, top_k=top_k, seed=seed, name=name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,13 +22,7 @@ from typing import Any
 import numpy as np
 
 from ascend_eplb.tools.simulate.config import SimulateConfig
-from ascend_eplb.tools.trace import (
-    DEFAULT_SAMPLE_TOP_K,
-    load_sampled_load,
-    load_trace,
-    sample_trace_from_load,
-    samples_routing,
-)
+from ascend_eplb.tools.trace import load_routing_source
 
 __all__ = ["SimulationError", "run_simulation", "under_torchrun"]
 
@@ -50,27 +44,13 @@ def _prepare(config: SimulateConfig) -> tuple[SimulateConfig, Any]:
     """Read the routing and validate every option, before anything is sampled or started: load to
     sample from is read, the options (the memory of the sampling and of the run included) checked, and
     only then is the routing sampled from it."""
-    if samples_routing(config.trace):
-        load, name = load_sampled_load(config.trace)
-        top_k = DEFAULT_SAMPLE_TOP_K if config.sample_top_k is None else config.sample_top_k
-        config.validate(
-            num_trace_moe_layers=load.shape[0],
-            num_logical_experts=load.shape[1],
-            top_k=top_k,
-            num_trace_tokens=config.sample_tokens,
-            sampled=True,
-        )
-        routing = sample_trace_from_load(
-            load, num_tokens=config.sample_tokens, top_k=top_k, seed=config.seed, name=name
-        )
-    else:
-        routing = load_trace(config.trace)
-        config.validate(
-            num_trace_moe_layers=routing.num_moe_layers,
-            num_logical_experts=routing.num_logical_experts,
-            top_k=routing.top_k,
-            num_trace_tokens=routing.num_tokens,
-        )
+    routing = load_routing_source(
+        config.trace,
+        num_tokens=config.sample_tokens,
+        top_k=config.sample_top_k,
+        seed=config.seed,
+        check=config.validate,
+    )
     if config.num_moe_layers is not None:
         routing = routing.prefix(config.num_moe_layers)
     return config, routing
