@@ -312,5 +312,11 @@ def _next_layer(state: Any, model_state: Any) -> int:
     if not model_state.rebalanced or not log:
         return 0
     current = getattr(state, "num_rearrangements", 0)
-    committed = [e.layer for e in log if e.kind == "acknowledge" and e.rearrangement == current]
-    return (max(committed) + 1) if committed else 0
+    # Newest first: layers commit in order, so this model's latest acknowledgement of the cycle in flight
+    # is its highest; an event of an earlier cycle ends the search (a step reads a few events, not the log).
+    for event in reversed(log):
+        if event.rearrangement != current:
+            break
+        if event.kind == "acknowledge" and event.model_name == model_state.model_name:
+            return event.layer + 1
+    return 0
