@@ -11,6 +11,7 @@ def test_all_is_the_documented_api():
             "RankContext",
             "RankFailureError",
             "load_module",
+            "reap_child",
             "run_ranks",
             "signals_raise",
             "stop_fork_server",

@@ -136,6 +136,8 @@ class EventsRecorder:
                 self._published.setdefault((ms.model_name, pending.layer_idx), now)
 
     def _on_rearrangement(self, state: Any) -> None:
+        from vllm.distributed.parallel_state import get_ep_group
+
         for ms in state.model_states.values():
             load = ms.last_expert_load
             if load is None:
@@ -144,7 +146,7 @@ class EventsRecorder:
                 "index": state.num_rearrangements,
                 "load": load.detach().cpu().to(torch.float64),
                 "old": ms.physical_to_logical_map.detach().cpu().clone(),
-                "num_ranks": state_num_ranks(),
+                "num_ranks": get_ep_group().world_size,
             }
             self._bytes_seen[ms.model_name] = _bytes_received(ms)
             self._write(
@@ -216,12 +218,6 @@ class EventsRecorder:
             layer=failure.layer,
             cause=failure.cause,
         )
-
-
-def state_num_ranks() -> int:
-    from vllm.distributed.parallel_state import get_ep_group
-
-    return get_ep_group().world_size
 
 
 def _bytes_received(model_state: Any) -> int:

@@ -59,6 +59,7 @@ __all__ = [
     "RankContext",
     "RankFailureError",
     "load_module",
+    "reap_child",
     "run_ranks",
     "signals_raise",
     "stop_fork_server",
@@ -431,6 +432,25 @@ def _drain(messages: Any, on_message: Callable[[int, Any], None] | None) -> None
         on_message(rank, message)
 
 
+def reap_child(pid: int, wait_s: float) -> bool:
+    """Wait at most ``wait_s`` seconds for this process's child ``pid`` to end, and reap it.
+
+    Returns:
+        True once it ended (or is not a child of this process any more), False if it still runs.
+    """
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if done:
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.02)
+
+
 def stop_fork_server(*, kill: bool = False, wait_s: float = 5.0) -> None:
     """End this process's fork server, and with it every rank it forked (``PR_SET_PDEATHSIG``).
 
@@ -450,21 +470,11 @@ def stop_fork_server(*, kill: bool = False, wait_s: float = 5.0) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         os.close(server._forkserver_alive_fd)
-        end = time.monotonic() + wait_s
-        while True:
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if done:
-                break
-            if time.monotonic() >= end:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, 0)
-                break
-            time.sleep(0.02)
+        if not reap_child(pid, wait_s):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
         address = server._forkserver_address
         if address and not util.is_abstract_socket_namespace(address):
             with contextlib.suppress(OSError):

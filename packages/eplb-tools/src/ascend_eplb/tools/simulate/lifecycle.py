@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ascend_eplb.testing import LauncherInterruptedError, signals_raise, stop_fork_server
+from ascend_eplb.testing import LauncherInterruptedError, reap_child, signals_raise, stop_fork_server
 
 __all__ = [
     "SCRATCH_PREFIX",
@@ -90,15 +90,7 @@ def _stop_resource_tracker(wait_s: float = 5.0) -> None:
         os.close(tracker._fd)
         tracker._fd = None
         pid, tracker._pid = tracker._pid, None
-    end = time.monotonic() + wait_s
-    while time.monotonic() < end:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if done:
-            return
-        time.sleep(0.02)
+    reap_child(pid, wait_s)
 
 
 @contextlib.contextmanager
