@@ -201,3 +201,29 @@ def test_a_crashed_rank_fails_the_run_removes_stale_results_and_leaves_nothing_b
     assert "--- rank 1: exited with code -9 without a result" in lines
     assert sorted(p.name for p in run.out.iterdir()) == []  # no stale report, plot or events
     run.assert_nothing_left(err)
+
+
+def _import_wrapped_by_a_library() -> None:
+    from ascend_eplb.tools.simulate.lifecycle import DeadlineExceededError
+
+    try:
+        time.sleep(5)  # the alarm comes 0.5 s after the deadline
+    except DeadlineExceededError as e:
+        raise RuntimeError("Failed to import transformers.something because of the error above") from e
+
+
+def test_the_deadline_ends_the_run_even_when_a_library_wraps_the_alarm_in_its_own_error():
+    """transformers' lazy imports re-raise an error raised during an import as their RuntimeError: the
+    alarm must still end the run as the deadline, with its one line, not as that library's error."""
+    from ascend_eplb.tools.simulate.lifecycle import DeadlineExceededError, deadline_alarm
+
+    def run() -> None:
+        with deadline_alarm(time.monotonic() - 1.0, 3.0, ["importing"]):
+            _import_wrapped_by_a_library()
+
+    with pytest.raises(DeadlineExceededError) as info:
+        run()
+    assert str(info.value) == (
+        "simulation failed: the deadline (--timeout 3 s, start-up included) passed while importing; every "
+        "process of the run was stopped"
+    )

@@ -128,11 +128,14 @@ def deadline_alarm(deadline: float, timeout_s: float, phase: list[str]) -> Itera
         yield
         return
 
+    fired: list[str] = []
+
     def handler(_signum: int, _frame: object) -> None:
-        raise DeadlineExceededError(
+        fired.append(
             f"simulation failed: the deadline (--timeout {timeout_s:g} s, start-up included) passed while "
             f"{phase[0]}; every process of the run was stopped"
         )
+        raise DeadlineExceededError(fired[0])
 
     previous = signal.signal(signal.SIGALRM, handler)
     from ascend_eplb.tools.simulate.resources import MAX_TIMEOUT_S
@@ -144,6 +147,12 @@ def deadline_alarm(deadline: float, timeout_s: float, phase: list[str]) -> Itera
     signal.setitimer(signal.ITIMER_REAL, max(remaining, 0.001))
     try:
         yield
+    except BaseException as e:
+        # The alarm raises wherever the main thread is; a library running then may wrap the error in
+        # its own (transformers' lazy imports raise RuntimeError from it): the deadline is what ended it.
+        if fired and not isinstance(e, DeadlineExceededError):
+            raise DeadlineExceededError(fired[0]) from None
+        raise
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
