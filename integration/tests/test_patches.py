@@ -30,6 +30,7 @@ def test_every_patch_of_the_process_is_in_the_one_registry():
         "torch.accelerator.set_device_index",
         "torch.accelerator.current_stream",
         "torch.accelerator.set_stream",
+        "torch.accelerator.empty_cache",
         "vllm.distributed.eplb.eplb_state.EplbState.__init__",
         "vllm.config.parallel.ParallelConfig.__post_init__",
         "vllm.distributed.eplb.eplb_communicator.create_eplb_communicator",

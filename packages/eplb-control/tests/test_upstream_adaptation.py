@@ -48,9 +48,10 @@ def control_patches():
     patches.remove()
 
 
-def test_host_adaptation_covers_the_four_points_and_is_removable():
+def test_host_adaptation_covers_the_five_points_and_is_removable():
     assert not torch.accelerator.is_available()
     original_event, original_init = torch.Event, EplbState.__dict__["__init__"]
+    original_empty_cache = torch.accelerator.empty_cache
     patches = PatchSet(host_adaptation.PATCHES)
     with pytest.raises(ValueError, match=EPLB_REFUSED):
         _eplb_parallel_config()
@@ -65,6 +66,7 @@ def test_host_adaptation_covers_the_four_points_and_is_removable():
             "torch.accelerator.set_device_index",
             "torch.accelerator.current_stream",
             "torch.accelerator.set_stream",
+            "torch.accelerator.empty_cache",
             "vllm.distributed.eplb.eplb_state.EplbState.__init__",
         ]
         # 1. platform check: EPLB configs validate, the communicator choice is untouched.
@@ -85,6 +87,8 @@ def test_host_adaptation_covers_the_four_points_and_is_removable():
         torch.accelerator.set_stream(stream)
         # 4. device index for the async worker.
         assert EplbState(pc, torch.device("cpu")).device_index == 0
+        # 5. the model loader's cache release.
+        assert torch.accelerator.empty_cache() is None
     finally:
         patches.remove()
     assert patches.remove() is False
@@ -93,6 +97,9 @@ def test_host_adaptation_covers_the_four_points_and_is_removable():
     assert EplbState(_parallel_config_without_eplb(), torch.device("cpu")).device_index is None
     with pytest.raises(RuntimeError, match="Cannot access accelerator"):
         torch.accelerator.current_stream()
+    assert torch.accelerator.empty_cache is original_empty_cache
+    with pytest.raises(RuntimeError, match="Cannot access accelerator"):
+        torch.accelerator.empty_cache()
 
 
 def test_commit_hooks_are_idempotent_and_removable():

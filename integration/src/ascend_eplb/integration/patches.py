@@ -11,9 +11,9 @@ binding (vLLM 0.33.0 / torch 2.13.0)                      replacement (owner)
 ========================================================  ==============================================
 ``vllm.config.parallel.current_platform``                 EPLB-capable view of the platform, where it is
                                                           not CUDA-alike (control.host_adaptation)
-``torch.Event``, ``torch.accelerator.set_device_index``,  host events and streams, only without an
-``current_stream``, ``set_stream``,                       accelerator (control.host_adaptation)
-``EplbState.__init__``
+``torch.Event``, ``torch.accelerator.set_device_index``,  host events, streams and cache release, only
+``current_stream``, ``set_stream``, ``empty_cache``,      without an accelerator
+``EplbState.__init__``                                    (control.host_adaptation)
 ``ParallelConfig.__post_init__``                          communicator unset -> ``"torch_gloo"`` before
                                                           upstream probes NIXL/XCCL (integration)
 ``eplb_communicator.create_eplb_communicator``            ``"torch_gloo"`` -> movement's

@@ -1,7 +1,8 @@
 """Upstream EPLB on hosts without an accelerator, and on platforms vLLM does not call CUDA-alike.
 
 vLLM 0.33.0's ``EplbState``, its asynchronous worker and ``EPLBController`` run unmodified on a CPU
-host, except at exactly four points (measured: ``notes/upstream-on-cpu.md``; DESIGN.md section 6).
+host, except at exactly four points (measured: ``notes/upstream-on-cpu.md``; DESIGN.md section 6);
+vLLM's model loader needs a fifth (``notes/real-models-on-cpu.md``).
 This module declares the adaptation of each as a :class:`~ascend_eplb.control.patching.Patch` in
 :data:`PATCHES`; it installs nothing itself (integration's ``apply_patches()`` does):
 
@@ -25,8 +26,12 @@ This module declares the adaptation of each as a :class:`~ascend_eplb.control.pa
    are the single narrow point.
 4. **device index**: ``EplbState.__init__`` sets ``device_index`` only for cuda/xpu devices, and the
    async worker asserts it. The wrapped ``__init__`` sets it to 0 for a CPU device.
+5. **cache release**: vLLM's model loader (``BaseModelLoader.load_model``,
+   ``model_executor/model_loader/base_loader.py``) calls ``torch.accelerator.empty_cache()``, which
+   raises "Cannot access accelerator device when none is available". There is no device cache to
+   release on the host, so it becomes a no-op.
 
-Points 2-4 apply only where ``torch.accelerator.is_available()`` is False (npu, cuda and xpu hosts are
+Points 2-5 apply only where ``torch.accelerator.is_available()`` is False (npu, cuda and xpu hosts are
 untouched).
 """
 
@@ -113,6 +118,10 @@ def _set_stream(stream: torch.Stream) -> None:
     return None
 
 
+def _empty_cache() -> None:
+    return None
+
+
 def _check_parallel_module(_platform: Any) -> None:
     import vllm.config.parallel as parallel_module
 
@@ -190,6 +199,14 @@ PATCHES: tuple[Patch, ...] = (
         "set_stream",
         ("stream",),
         lambda _original: _set_stream,
+        _OWNER,
+        when=_no_accelerator,
+    ),
+    Patch(
+        "torch.accelerator",
+        "empty_cache",
+        (),
+        lambda _original: _empty_cache,
         _OWNER,
         when=_no_accelerator,
     ),
