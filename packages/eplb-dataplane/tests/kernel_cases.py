@@ -131,6 +131,38 @@ def equality_cases() -> list[dict]:
                 }
             )
             index += 1
+    # Row layouts (replica_offset, num_slices, recording_slice): offsets past and before the table's
+    # rows, a gathered batch of 2 and 3 slices recording each slice (unpadded counts inside and beyond
+    # the slice), and a rank that records no slice.
+    layouts = (
+        (0, 1, 0),
+        (5, 1, 0),
+        (ROWS + 3, 1, 0),
+        (-2, 1, 0),
+        (1, 2, 0),
+        (0, 2, 1),
+        (2, 3, 2),
+        (0, 3, 1),
+        (7, 2, -1),
+    )
+    for layout_index, layout in enumerate(layouts):
+        for num_tokens in (1, 37, 300):
+            unpadded = (num_tokens // max(layout[1], 1)) // 2 + layout_index % 3 * num_tokens
+            cases.append(
+                {
+                    "name": f"T{num_tokens}-layout{'_'.join(str(v) for v in layout)}-n{unpadded}",
+                    "num_tokens": num_tokens,
+                    "ids_dtype": torch.int64 if layout_index % 2 else torch.int32,
+                    "load_dtype": torch.int32,
+                    "record": True,
+                    "unpadded": unpadded,
+                    "unpadded_dtype": torch.int64,
+                    "strided": layout_index % 3 == 0,
+                    "seed": index,
+                    "layout": layout,
+                }
+            )
+            index += 1
     # A real ReplicaLookup (1024 rows, E = 256, P = 288, K = 8) at T = rows - 1, rows, rows + 1.
     for num_tokens in (DEFAULT_LOOKUP[0] - 1, DEFAULT_LOOKUP[0], DEFAULT_LOOKUP[0] + 1):
         cases.append(
@@ -163,6 +195,7 @@ def case_inputs(case: dict) -> dict[str, torch.Tensor]:
             "load": torch.zeros(num_physical, dtype=torch.int32),
             "record": torch.tensor(True),
             "unpadded": torch.tensor(case["unpadded"], dtype=torch.int32),
+            "layout": None,
         }
     ids = torch.randint(-4, NUM_LOGICAL + 4, (num_tokens, TOP_K), generator=gen)
     ids = ids.to(case["ids_dtype"])
@@ -181,20 +214,32 @@ def case_inputs(case: dict) -> dict[str, torch.Tensor]:
         "load": load,
         "record": torch.tensor(case["record"]),
         "unpadded": torch.tensor(case["unpadded"], dtype=case["unpadded_dtype"]),
+        "layout": torch.tensor(case["layout"]) if "layout" in case else None,
     }
 
 
-def reference(ids: torch.Tensor, table_: torch.Tensor, num_counters: int, num_unpadded: int):
-    """Loop reference: mapped ids and the counts of the first ``num_unpadded`` rows."""
+def reference(
+    ids: torch.Tensor,
+    table_: torch.Tensor,
+    num_counters: int,
+    num_unpadded: int,
+    layout: tuple[int, int, int] | None = None,
+):
+    """Loop reference: mapped ids (token ``t`` reads row ``(t + offset) % rows``) and the counts of the
+    first ``num_unpadded`` rows of the recording slice (``layout`` None: offset 0, one slice)."""
+    offset, num_slices, recording_slice = layout if layout is not None else (0, 1, 0)
     rows, num_experts = table_.shape
+    size = ids.shape[0] // max(num_slices, 1)
+    first = recording_slice * size
+    recorded = range(first, first + min(num_unpadded, size)) if recording_slice >= 0 else range(0)
     rows_of_table, id_rows = table_.tolist(), ids.tolist()
     out = [[-1] * ids.shape[1] for _ in id_rows]
     load = [0] * num_counters
     for t, row in enumerate(id_rows):
         for k, e in enumerate(row):
             if 0 <= e < num_experts:
-                out[t][k] = rows_of_table[t % rows][e]
-                if t < num_unpadded and 0 <= out[t][k] < num_counters:
+                out[t][k] = rows_of_table[(t + offset) % rows][e]
+                if t in recorded and 0 <= out[t][k] < num_counters:
                     load[out[t][k]] += 1
     return torch.tensor(out, dtype=ids.dtype).view(ids.shape), torch.tensor(load, dtype=torch.int64)
 
@@ -206,6 +251,7 @@ def _good_args() -> dict[str, torch.Tensor]:
         "load": torch.zeros(NUM_PHYSICAL, dtype=torch.int32),
         "record": torch.tensor(True),
         "unpadded": torch.tensor(4),
+        "layout": torch.tensor([0, 1, 0]),
     }
 
 
@@ -307,6 +353,21 @@ BAD_ARGUMENTS: list[tuple[str, dict, str]] = [
         "unpadded-device",
         {"unpadded": lambda: torch.tensor(4, device="meta")},
         r"num_unpadded_tokens is on meta, topk_ids on cpu",
+    ),
+    (
+        "layout-short",
+        {"layout": lambda: torch.tensor([0, 1])},
+        r"row_layout must be int32 or int64 \(3,\) .* got torch.int64 \(2,\)",
+    ),
+    (
+        "layout-float",
+        {"layout": lambda: torch.tensor([0.0, 1.0, 0.0])},
+        r"row_layout must be .* got torch.float32 \(3,\)",
+    ),
+    (
+        "layout-device",
+        {"layout": lambda: torch.tensor([0, 1, 0], device="meta")},
+        r"row_layout is on meta, topk_ids on cpu",
     ),
 ]
 

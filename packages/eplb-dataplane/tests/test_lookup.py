@@ -183,7 +183,7 @@ def test_float_maps_are_a_type_error():
     ("args", "kwargs", "error", "message"),
     [
         ((0, 0, "cpu"), {}, ValueError, "num_logical_experts must be >= 1, got 0"),
-        ((4, -1, "cpu"), {}, ValueError, "ep_rank must be >= 0, got -1"),
+        ((4, -1, "cpu"), {}, ValueError, "phase must be >= 0, got -1"),
         ((4, 0, "cpu", 0), {}, ValueError, "rows must be >= 1, got 0"),
         ((4, 0, "cpu"), {"num_physical_experts": 3}, ValueError, "num_physical_experts must be >= 4, got 3"),
         ((4.0, 0, "cpu"), {}, TypeError, "num_logical_experts must be an int"),

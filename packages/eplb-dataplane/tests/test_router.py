@@ -51,6 +51,7 @@ class LayerState:
     expert_load_view: torch.Tensor | None = None
     should_record_tensor: torch.Tensor | None = None
     num_unpadded_tokens_tensors: list[torch.Tensor] | None = field(default=None)
+    row_layout: torch.Tensor | None = None
 
 
 # 8 logical experts, 10 physical: experts 2 and 5 have a second replica in slots 8 and 9.
@@ -87,6 +88,32 @@ def test_bound_router_maps_through_the_lookup_and_records_once():
     assert not torch.equal(physical, logical)  # replicas 8/9 were chosen for some rows
     assert int(state.expert_load_view.sum()) == 5 * 3  # 5 unpadded rows, K = 3
     assert torch.equal(other.select_experts(LOGITS), logical)  # other instance unaffected
+
+
+def test_bound_router_applies_the_row_layout_it_reads_at_each_call():
+    router = Router(3)
+    state = _state(unpadded=(3,))
+    state.row_layout = torch.tensor([1, 1, 0])
+    bind_router(router, state)
+    logical = torch.topk(LOGITS, 3, dim=-1).indices
+    table = build_replica_table(L2P, COUNT, 0, rows=16)
+    # Offset 1: token t reads row t + 1, the rule with phase 1.
+    assert torch.equal(
+        router.select_experts(LOGITS), map_to_physical(logical, build_replica_table(L2P, COUNT, 1, rows=16))
+    )
+    assert int(state.expert_load_view.sum()) == 3 * 3
+    # A gathered batch of 7 rows in 2 slices of 3 (row 6 is beyond both): slice 1 records rows 3..5.
+    state.expert_load_view.zero_()
+    state.row_layout.copy_(torch.tensor([0, 2, 1]))
+    physical = router.select_experts(LOGITS)
+    assert torch.equal(physical, map_to_physical(logical, table))
+    want = torch.bincount(physical[3:6].flatten(), minlength=10).to(torch.int32)
+    assert torch.equal(state.expert_load_view, want)
+    # A rank that shares its rows with the recording rank records none of them.
+    state.expert_load_view.zero_()
+    state.row_layout.copy_(torch.tensor([0, 1, -1]))
+    assert torch.equal(router.select_experts(LOGITS), physical)
+    assert int(state.expert_load_view.sum()) == 0
 
 
 def test_bind_is_idempotent_and_rebinding_follows_the_new_state():
@@ -156,7 +183,9 @@ def test_bad_layer_state_foreign_override_and_bad_ubatch_are_rejected_before_cha
         replica_lookup = None
         expert_load_view = None
 
-    with pytest.raises(TypeError, match=r"lacks \['should_record_tensor', 'num_unpadded_tokens_tensors'\]"):
+    with pytest.raises(
+        TypeError, match=r"lacks \['should_record_tensor', 'num_unpadded_tokens_tensors', 'row_layout'\]"
+    ):
         bind_router(router, Partial())
     with pytest.raises(TypeError, match="ubatch_id must be callable"):
         bind_router(router, _state(), ubatch_id=0)

@@ -47,7 +47,9 @@ def main(out_path: str) -> int:
     for case in kernel_cases.equality_cases():
         args = kernel_cases.case_inputs(case)
         load = args["load"]
-        ids = map_to_physical_and_record(args["ids"], args["table"], load, args["record"], args["unpadded"])
+        ids = map_to_physical_and_record(
+            args["ids"], args["table"], load, args["record"], args["unpadded"], args["layout"]
+        )
         equal[case["name"]] = {
             "ids": ids,
             "load": load,
@@ -62,13 +64,15 @@ def main(out_path: str) -> int:
         got = {}
         calls = {
             "record_direct": lambda a=args: ops._map_to_physical_and_record_triton(
-                a["ids"], a["table"], a["load"], a["record"], a["unpadded"]
+                a["ids"], a["table"], a["load"], a["record"], a["unpadded"], a["layout"]
             ),
             "map_direct": lambda a=args: ops._map_to_physical_triton(a["ids"], a["table"]),
         }
-        if all(t.device.type == "cpu" for t in args.values()):  # the dispatcher reaches the CPU key
+        if all(
+            t.device.type == "cpu" for t in args.values() if t is not None
+        ):  # the dispatcher reaches the CPU key
             calls["record_op"] = lambda a=args: map_to_physical_and_record(
-                a["ids"], a["table"], a["load"], a["record"], a["unpadded"]
+                a["ids"], a["table"], a["load"], a["record"], a["unpadded"], a["layout"]
             )
             calls["map_op"] = lambda a=args: map_to_physical(a["ids"], a["table"])
         for path, call in calls.items():

@@ -7,11 +7,14 @@ flag, and the ops keep their torch form on every device.
 One program handles ``block_t`` tokens times ``block_k`` (``K`` padded to a power of two) selections:
 
 * loads the logical ids (any strides), marks those in ``[0, E)`` valid;
-* gathers ``table[t % rows, e]`` for valid ids (any table strides) and stores the physical id, or
-  ``-1``, in the ``topk_ids`` dtype into a contiguous ``(T, K)`` output;
-* when recording, reads the record flag and the unpadded token count from their device tensors (no host
-  read) and adds 1 with ``tl.atomic_add`` at ``expert_load_view[physical]`` (any stride) for each valid
-  selection of a row ``< num_unpadded_tokens`` whose physical id lies in ``[0, len(expert_load_view))``.
+* gathers ``table[(t + replica_offset) % rows, e]`` for valid ids (any table strides; the offset read
+  from the row layout on the device, 0 without one) and stores the physical id, or ``-1``, in the
+  ``topk_ids`` dtype into a contiguous ``(T, K)`` output;
+* when recording, reads the record flag, the unpadded token count and the row layout's recording slice
+  from their device tensors (no host read) and adds 1 with ``tl.atomic_add`` at
+  ``expert_load_view[physical]`` (any stride) for each valid selection of a recorded row (the first
+  ``num_unpadded_tokens`` rows of the recording slice) whose physical id lies in
+  ``[0, len(expert_load_view))``.
 
 The same semantics as the torch form in :mod:`ascend_eplb.dataplane.ops`, which is the reference the
 kernel is tested against (bit-identical ids and counts). Offsets are computed in int64, so ``T * K``
@@ -52,6 +55,8 @@ if triton is not None:
         load_ptr,
         record_ptr,
         unpadded_ptr,
+        layout_ptr,
+        layout_stride,
         num_tokens,
         top_k,
         rows,
@@ -63,6 +68,7 @@ if triton is not None:
         table_stride_expert,
         load_stride,
         record_counts: tl.constexpr,
+        has_layout: tl.constexpr,
         block_t: tl.constexpr,
         block_k: tl.constexpr,
     ):
@@ -75,7 +81,12 @@ if triton is not None:
             ids_ptr + token_2d * ids_stride_t + column_2d * ids_stride_k, mask=in_range, other=-1
         ).to(tl.int64)
         valid = in_range & (expert >= 0) & (expert < num_experts)
-        row = (token % rows)[:, None]
+        if has_layout:  # noqa: SIM108 (a constexpr branch of the Triton kernel)
+            offset = tl.load(layout_ptr).to(tl.int64)
+        else:
+            offset = 0
+        # Python's modulo (never negative), as torch.remainder in the torch form.
+        row = (((token + offset) % rows + rows) % rows)[:, None]
         physical = tl.load(
             table_ptr + row * table_stride_row + expert * table_stride_expert, mask=valid, other=-1
         ).to(tl.int64)
@@ -87,8 +98,21 @@ if triton is not None:
             # ANDing the loaded flag into the block mask gave an int32 mask under the interpreter,
             # which Triton 3.9's interpreter rejects in atomic_add.
             unpadded = tl.load(unpadded_ptr).to(tl.int64)
-            limit = tl.where(tl.load(record_ptr) != 0, unpadded, 0)
-            counted = valid & (token_2d < limit) & (physical >= 0) & (physical < num_load)
+            if has_layout:
+                num_slices = tl.maximum(tl.load(layout_ptr + layout_stride).to(tl.int64), 1)
+                recording_slice = tl.load(layout_ptr + 2 * layout_stride).to(tl.int64)
+                size = num_tokens // num_slices
+                first = recording_slice * size
+                limit = tl.minimum(first + unpadded, first + size)
+                # A negative slice records nothing: an empty range, folded into the limit as the flag is.
+                limit = tl.where(recording_slice >= 0, limit, first)
+            else:
+                first = 0
+                limit = unpadded
+            limit = tl.where(tl.load(record_ptr) != 0, limit, first)
+            counted = (
+                valid & (token_2d >= first) & (token_2d < limit) & (physical >= 0) & (physical < num_load)
+            )
             ones = tl.full((block_t, block_k), 1, dtype=load_ptr.dtype.element_ty)
             tl.atomic_add(load_ptr + physical * load_stride, ones, mask=counted, sem="relaxed")
 
@@ -99,11 +123,13 @@ def launch(
     expert_load_view: torch.Tensor | None,
     record_enabled: torch.Tensor | None,
     num_unpadded_tokens: torch.Tensor | None,
+    row_layout: torch.Tensor | None,
 ) -> torch.Tensor:
     """Run the kernel on arguments the ops have already checked; returns the new ``(T, K)`` ids.
 
     ``expert_load_view``, ``record_enabled`` and ``num_unpadded_tokens`` all ``None``: map only
-    (``map_to_physical``). Requires :data:`HAS_TRITON`.
+    (``map_to_physical``). ``row_layout`` ``None``: offset 0, the first ``num_unpadded_tokens`` rows
+    recorded. Requires :data:`HAS_TRITON`.
     """
     if triton is None:
         raise RuntimeError("the Triton kernel needs the optional extra ascend-eplb-dataplane[triton]")
@@ -118,6 +144,8 @@ def launch(
         num_load, load_stride = expert_load_view.shape[0], expert_load_view.stride(0)
     else:  # never read: record_counts is a compile-time false
         load, flag, unpadded, num_load, load_stride = out, out, out, 0, 0
+    has_layout = row_layout is not None
+    layout, layout_stride = (row_layout, row_layout.stride(0)) if has_layout else (out, 0)
     block_k = triton.next_power_of_2(top_k)
     block_t = max(1, _ELEMENTS_PER_PROGRAM // block_k)
     grid = (triton.cdiv(num_tokens, block_t),)
@@ -128,6 +156,8 @@ def launch(
         load,
         flag,
         unpadded,
+        layout,
+        layout_stride,
         num_tokens,
         top_k,
         rows,
@@ -139,6 +169,7 @@ def launch(
         table.stride(1),
         load_stride,
         record_counts=record,
+        has_layout=has_layout,
         block_t=block_t,
         block_k=block_k,
     )

@@ -5,22 +5,34 @@ layer's committed placement (upstream vLLM's ``logical_to_physical_map (E, M)``,
 ``logical_replica_count (E,)``). A token in batch row ``t`` routed to logical expert ``e`` goes to
 physical expert ``table[t % rows, e]``.
 
-Replica rule (vLLM Ascend ``ops/fused_moe/eplb.py``, ``build_expert_replica_routing_table``)::
+Replica rule (the table of vLLM Ascend ``ops/fused_moe/eplb.py``, ``build_expert_replica_routing_table``,
+with its ``ep_rank`` term taken out of the table)::
 
-    replica(row, e) = (row + ep_rank + e) % logical_replica_count[e]
+    replica(row, e) = (row + phase + e) % logical_replica_count[e]
     table[row, e]   = logical_to_physical_map[e, replica(row, e)]
 
+and token ``t`` of a forward reads row ``(t + replica_offset) % rows``, where ``replica_offset`` is a
+device scalar of the forward's row layout (:func:`~ascend_eplb.dataplane.map_to_physical_and_record`).
+
+* Agreement (the invariant): every rank that computes a token's expert output must choose the same
+  physical replica for it. In vLLM's TP+EP layout, and in every dispatch that gathers tokens before
+  routing, several ranks route the same rows and each computes only the replicas it holds; a choice
+  that differs between them computes a token's expert twice or not at all. The choice is therefore a
+  pure function of (token row, placement, offset), the table is the same on every rank (``phase`` 0 in
+  serving), and the offset is equal on every rank that routes the same rows: the control plane chooses
+  it per forward from the parallel layout (``ascend_eplb.control.layout``). vLLM Ascend's rule
+  ``(row + ep_rank + e)`` breaks this wherever EP ranks share rows.
 * Even spread: consecutive token rows walk the replicas of ``e`` round-robin, so ``n`` consecutive
   tokens routed to ``e`` give each of its ``R`` replicas ``floor(n / R)`` or ``ceil(n / R)`` of them
   (with ``rows`` a multiple of ``R``, exactly; otherwise the wrap at ``rows`` shifts the phase by
   ``rows % R``, at most one token per ``rows`` tokens).
-* Rank offset: ``ep_rank`` shifts the phase, so the ranks of an EP group, which route their own batches
-  independently, do not all send their first tokens to replica 0 of every expert.
+* Rank spread where it is safe: where each rank routes rows of its own (all-to-all dispatch), the
+  offset is the rank, so small decode batches of different ranks do not all start at replica 0.
 * Expert offset: ``e`` shifts the phase, so the replicas of different experts chosen by one row are
   spread over ranks too.
 
-Upstream vLLM's CUDA kernel (``router/base_router.py``) hashes the token index instead; this table
-keeps the hot path a single gather and makes the choice a pure function of (row, rank, placement).
+Upstream vLLM's CUDA kernel (``router/base_router.py``) hashes the token index instead (also
+rank-independent); this table keeps the hot path a single gather.
 
 The table is refreshed in place (``Tensor.copy_``): its storage, and so every compiled graph or
 long-lived router holding it, stays valid across placements of any shape ``M``.
@@ -157,18 +169,18 @@ def validate_placement(
     return l2p, count, num_physical_experts
 
 
-def _replica_table(l2p: torch.Tensor, count: torch.Tensor, ep_rank: int, rows: int) -> torch.Tensor:
+def _replica_table(l2p: torch.Tensor, count: torch.Tensor, phase: int, rows: int) -> torch.Tensor:
     num_experts = l2p.shape[0]
     row = torch.arange(rows, device=l2p.device).unsqueeze(1)  # (rows, 1)
     expert = torch.arange(num_experts, device=l2p.device).unsqueeze(0)  # (1, E)
-    replica = (row + ep_rank + expert) % count.unsqueeze(0)  # (rows, E)
+    replica = (row + phase + expert) % count.unsqueeze(0)  # (rows, E)
     return torch.gather(l2p.t(), 0, replica).to(torch.int32)
 
 
 def build_replica_table(
     logical_to_physical_map: torch.Tensor,
     logical_replica_count: torch.Tensor,
-    ep_rank: int,
+    phase: int = 0,
     rows: int = DEFAULT_ROWS,
     *,
     num_physical_experts: int | None = None,
@@ -178,23 +190,24 @@ def build_replica_table(
     Args:
         logical_to_physical_map: integer ``(E, M)``, -1 padded (see :func:`validate_placement`).
         logical_replica_count: integer ``(E,)``.
-        ep_rank: this rank's index in the EP group, ``>= 0``.
+        phase: a constant replica shift, ``>= 0`` (0 in serving: the table is the same on every rank;
+            the per-forward offset comes from the row layout).
         rows: table rows (token rows before the rule repeats), ``>= 1``.
         num_physical_experts: ``P`` for the id range check; ``None`` infers ``sum(count)``.
 
     Returns:
-        ``int32 (rows, E)`` on the CPU, ``table[row, e] = map[e, (row + ep_rank + e) % count[e]]``
+        ``int32 (rows, E)`` on the CPU, ``table[row, e] = map[e, (row + phase + e) % count[e]]``
         (module docstring). Equal to ``ReplicaLookup.table`` after ``refresh_`` with the same maps.
 
     Raises:
-        TypeError, ValueError: as :func:`validate_placement`; ``ep_rank < 0`` or ``rows < 1``.
+        TypeError, ValueError: as :func:`validate_placement`; ``phase < 0`` or ``rows < 1``.
     """
-    _check_int("ep_rank", ep_rank, 0)
+    _check_int("phase", phase, 0)
     _check_int("rows", rows, 1)
     l2p, count, _ = validate_placement(
         logical_to_physical_map, logical_replica_count, num_physical_experts=num_physical_experts
     )
-    return _replica_table(l2p, count, ep_rank, rows)
+    return _replica_table(l2p, count, phase, rows)
 
 
 def table_checksum(table: torch.Tensor) -> int:
@@ -218,7 +231,8 @@ class ReplicaLookup:
 
     Args:
         num_logical_experts: ``E``, ``>= 1``.
-        ep_rank: this rank's index in the EP group, ``>= 0``; part of the replica rule.
+        phase: a constant replica shift of the table, ``>= 0`` (module docstring). Serving uses 0 on
+            every rank, so the table of a placement is the same on every rank.
         device: the routing device (``npu``, ``cuda`` or ``cpu``).
         rows: table rows, ``>= 1`` (default :data:`DEFAULT_ROWS` = 1024, as vLLM Ascend).
         num_physical_experts: ``P``, keyword-only. When given, every refresh checks replica ids
@@ -240,14 +254,14 @@ class ReplicaLookup:
     def __init__(
         self,
         num_logical_experts: int,
-        ep_rank: int,
+        phase: int,
         device: torch.device | str,
         rows: int = DEFAULT_ROWS,
         *,
         num_physical_experts: int | None = None,
     ) -> None:
         self.num_logical_experts = _check_int("num_logical_experts", num_logical_experts, 1)
-        self.ep_rank = _check_int("ep_rank", ep_rank, 0)
+        self.phase = _check_int("phase", phase, 0)
         self.rows = _check_int("rows", rows, 1)
         if num_physical_experts is not None:
             _check_int("num_physical_experts", num_physical_experts, num_logical_experts)
@@ -288,7 +302,7 @@ class ReplicaLookup:
         )
         if expert_load_view is not None:
             self._check_load_view(expert_load_view, num_physical)
-        self.table.copy_(_replica_table(l2p, count, self.ep_rank, self.rows))
+        self.table.copy_(_replica_table(l2p, count, self.phase, self.rows))
         self.physical_id_bound = num_physical
 
     def check_load_view(self, expert_load_view: torch.Tensor) -> None:
@@ -343,6 +357,6 @@ class ReplicaLookup:
 
     def __repr__(self) -> str:
         return (
-            f"ReplicaLookup(num_logical_experts={self.num_logical_experts}, ep_rank={self.ep_rank}, "
+            f"ReplicaLookup(num_logical_experts={self.num_logical_experts}, phase={self.phase}, "
             f"device={self.device}, rows={self.rows}, num_physical_experts={self.num_physical_experts})"
         )

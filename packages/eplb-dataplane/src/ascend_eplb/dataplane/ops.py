@@ -34,10 +34,12 @@ from ascend_eplb.dataplane import _npu, _triton
 __all__ = [
     "GROUP_LIST_COUNTS",
     "GROUP_LIST_CUMSUM",
+    "ROW_LAYOUT_SIZE",
     "map_to_physical",
     "map_to_physical_and_record",
     "record_expert_tokens",
 ]
+
 
 #: ``group_list_type`` of Ascend ``npu_grouped_matmul``: ``group_list`` holds cumulative sums.
 GROUP_LIST_CUMSUM = 0
@@ -45,6 +47,10 @@ GROUP_LIST_CUMSUM = 0
 GROUP_LIST_COUNTS = 1
 
 _ID_DTYPES = (torch.int32, torch.int64)
+
+#: Entries of a row layout (``row_layout`` argument of :func:`map_to_physical_and_record`):
+#: ``(replica_offset, num_slices, recording_slice)``.
+ROW_LAYOUT_SIZE = 3
 
 
 def _check_map_args(topk_ids: torch.Tensor, table: torch.Tensor) -> None:
@@ -71,6 +77,7 @@ def _check_record_args(
     expert_load_view: torch.Tensor,
     record_enabled: torch.Tensor,
     num_unpadded_tokens: torch.Tensor,
+    row_layout: torch.Tensor | None,
 ) -> None:
     """The metadata rules of the recording arguments (after :func:`_check_map_args`); ``ValueError``.
 
@@ -109,12 +116,20 @@ def _check_record_args(
             "num_unpadded_tokens must be a 0-d int32 or int64 tensor, got "
             f"{num_unpadded_tokens.dtype} {tuple(num_unpadded_tokens.shape)}"
         )
+    if row_layout is not None and (
+        row_layout.dim() != 1 or row_layout.shape[0] != ROW_LAYOUT_SIZE or row_layout.dtype not in _ID_DTYPES
+    ):
+        raise ValueError(
+            f"row_layout must be int32 or int64 ({ROW_LAYOUT_SIZE},) (replica_offset, num_slices, "
+            f"recording_slice), got {row_layout.dtype} {tuple(row_layout.shape)}"
+        )
     for name, t in (
         ("expert_load_view", expert_load_view),
         ("record_enabled", record_enabled),
         ("num_unpadded_tokens", num_unpadded_tokens),
+        ("row_layout", row_layout),
     ):
-        if t.device != topk_ids.device:
+        if t is not None and t.device != topk_ids.device:
             raise ValueError(f"{name} is on {t.device}, topk_ids on {topk_ids.device}; they must match")
 
 
@@ -150,17 +165,46 @@ _LIB = torch.library.Library("ascend_eplb", "DEF")
 _LIB.define("map_to_physical(Tensor topk_ids, Tensor table) -> Tensor")
 _LIB.define(
     "map_to_physical_and_record(Tensor topk_ids, Tensor table, Tensor(a!) expert_load_view, "
-    "Tensor record_enabled, Tensor num_unpadded_tokens) -> Tensor"
+    "Tensor record_enabled, Tensor num_unpadded_tokens, Tensor? row_layout=None) -> Tensor"
 )
 
 
-def _map_generic(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Physical ids in ``topk_ids``' dtype, ``-1`` for ids outside ``[0, E)``: four kernels."""
+def _map_generic(
+    topk_ids: torch.Tensor, table: torch.Tensor, replica_offset: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Physical ids in ``topk_ids``' dtype, ``-1`` for ids outside ``[0, E)``: four kernels.
+
+    With ``replica_offset`` (a 0-d device integer) token ``t`` reads table row
+    ``(t + replica_offset) % rows``; without it row ``t % rows``.
+    """
     ids = topk_ids.contiguous()
     safe = ids.clamp(0, table.shape[1] - 1)
     invalid = safe != ids
-    physical = _gather_rows(table, safe).masked_fill_(invalid, -1)
+    if replica_offset is None:
+        gathered = _gather_rows(table, safe)
+    else:
+        token = torch.arange(ids.shape[0], device=ids.device)
+        row = torch.remainder(token + replica_offset, table.shape[0])
+        gathered = table[row.unsqueeze(1), safe]
+    physical = gathered.masked_fill_(invalid, -1)
     return physical if physical.dtype == topk_ids.dtype else physical.to(topk_ids.dtype)
+
+
+def _recorded_rows(
+    token: torch.Tensor, num_tokens: int, row_layout: torch.Tensor, num_unpadded_tokens: torch.Tensor
+) -> torch.Tensor:
+    """Bool ``(T,)``: the rows a rank records under ``row_layout`` (see :func:`map_to_physical_and_record`).
+
+    Slice ``s`` of ``n`` spans rows ``[s * (T // n), (s + 1) * (T // n))``; its first
+    ``num_unpadded_tokens`` rows are real. A negative ``recording_slice`` records no row; ``n`` below 1
+    counts as 1. Device arithmetic only (no host read).
+    """
+    num_slices = row_layout[1].clamp_min(1)
+    recording_slice = row_layout[2]
+    size = torch.div(num_tokens, num_slices, rounding_mode="floor")
+    first = recording_slice * size
+    limit = torch.minimum(first + num_unpadded_tokens, first + size)
+    return (token >= first) & (token < limit) & (recording_slice >= 0)
 
 
 def _map_to_physical_generic(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -174,16 +218,23 @@ def _map_to_physical_and_record_generic(
     expert_load_view: torch.Tensor,
     record_enabled: torch.Tensor,
     num_unpadded_tokens: torch.Tensor,
+    row_layout: torch.Tensor | None = None,
 ) -> torch.Tensor:
     _check_map_args(topk_ids, table)
-    _check_record_args(topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens)
-    out = _map_generic(topk_ids, table)
+    _check_record_args(topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens, row_layout)
     num_tokens = topk_ids.shape[0]
+    token = torch.arange(num_tokens, device=topk_ids.device)
+    if row_layout is None:
+        out = _map_generic(topk_ids, table)
+        counted_row = token < num_unpadded_tokens
+    else:
+        out = _map_generic(topk_ids, table, replica_offset=row_layout[0])
+        counted_row = _recorded_rows(token, num_tokens, row_layout, num_unpadded_tokens)
     num_counters = expert_load_view.shape[0]
     # A (len + 1) scratch: bins 0..len-1 take the counted selections; bin len every other one
-    # (invalid id, a table entry outside [0, len), a padded row, a non-recording step). One scatter,
-    # no branch on device values.
-    skipped = (torch.arange(num_tokens, device=out.device) >= num_unpadded_tokens) | ~record_enabled
+    # (invalid id, a table entry outside [0, len), a padded row, another slice's row, a non-recording
+    # step). One scatter, no branch on device values.
+    skipped = ~counted_row | ~record_enabled
     uncounted = (out < 0) | (out >= num_counters) | skipped.unsqueeze(1)
     bins = out.masked_fill(uncounted, num_counters)
     scratch = expert_load_view.new_zeros(num_counters + 1)
@@ -195,7 +246,7 @@ def _map_to_physical_and_record_generic(
 
 def _map_to_physical_triton(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     _check_map_args(topk_ids, table)
-    return _triton.launch(topk_ids, table, None, None, None)
+    return _triton.launch(topk_ids, table, None, None, None, None)
 
 
 def _map_to_physical_and_record_triton(
@@ -204,10 +255,11 @@ def _map_to_physical_and_record_triton(
     expert_load_view: torch.Tensor,
     record_enabled: torch.Tensor,
     num_unpadded_tokens: torch.Tensor,
+    row_layout: torch.Tensor | None = None,
 ) -> torch.Tensor:
     _check_map_args(topk_ids, table)
-    _check_record_args(topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens)
-    return _triton.launch(topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens)
+    _check_record_args(topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens, row_layout)
+    return _triton.launch(topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens, row_layout)
 
 
 def _map_to_physical_fake(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -221,9 +273,10 @@ def _map_to_physical_and_record_fake(
     expert_load_view: torch.Tensor,
     record_enabled: torch.Tensor,
     num_unpadded_tokens: torch.Tensor,
+    row_layout: torch.Tensor | None = None,
 ) -> torch.Tensor:
     _check_map_args(topk_ids, table)
-    _check_record_args(topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens)
+    _check_record_args(topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens, row_layout)
     return torch.empty_like(topk_ids, memory_format=torch.contiguous_format)
 
 
@@ -293,6 +346,7 @@ def map_to_physical_and_record(
     expert_load_view: torch.Tensor,
     record_enabled: torch.Tensor,
     num_unpadded_tokens: torch.Tensor,
+    row_layout: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Map logical ids to physical ids and count the selections of unpadded tokens, in one op.
 
@@ -309,25 +363,37 @@ def map_to_physical_and_record(
             id space (upstream ``EplbLayerState.expert_load_view``); updated in place; any nonzero
             stride.
         record_enabled: 0-d bool tensor on the device (upstream ``should_record_tensor``).
-        num_unpadded_tokens: 0-d int32/int64 tensor on the device: the count of real rows (negative
-            counts nothing, above ``T`` counts every row).
+        num_unpadded_tokens: 0-d int32/int64 tensor on the device: the count of real rows (of this
+            rank's slice, with ``row_layout``; negative counts nothing, above the slice counts all of it).
+        row_layout: optional int32/int64 ``(3,)`` tensor on the device,
+            ``(replica_offset, num_slices, recording_slice)``, written once per forward by the control
+            plane from the parallel layout (``ascend_eplb.control.layout``), read only on the device:
+
+            * ``replica_offset``: token ``t`` reads table row ``(t + replica_offset) % rows``. Ranks that
+              route the same rows must hold the same offset (GLOSSARY.md "replica agreement");
+            * ``num_slices``, ``recording_slice``: the batch is ``num_slices`` equal slices of
+              ``T // num_slices`` rows (a gathered batch: one slice per contributing rank); this rank
+              records the first ``num_unpadded_tokens`` rows of slice ``recording_slice`` only, and no
+              row when it is negative (another rank that routes the same rows records them).
+
+            ``None`` is ``(0, 1, 0)``: rows ``t % rows``, the first ``num_unpadded_tokens`` rows recorded.
 
     Returns:
-        The physical ids, as :func:`map_to_physical`. When ``record_enabled`` is true, adds 1 to
-        ``expert_load_view[physical]`` for every selection with a valid id (in ``[0, E)``) in rows
-        ``0 .. num_unpadded_tokens - 1``; when false, adds nothing. A table entry outside
+        The physical ids, as :func:`map_to_physical` (with the offset). When ``record_enabled`` is
+        true, adds 1 to ``expert_load_view[physical]`` for every selection with a valid id (in
+        ``[0, E)``) in the recorded rows; when false, adds nothing. A table entry outside
         ``[0, len(expert_load_view))`` (impossible for a ``ReplicaLookup`` table whose ``P`` the view
         matches, see :meth:`ReplicaLookup.check_load_view`) is mapped but not counted, on every path.
 
     Raises:
         ValueError: as :func:`map_to_physical`; ``expert_load_view`` not int32/int64 1-D, shorter than
             ``E`` (``P >= E`` always) or stride-0; ``record_enabled`` not a 0-d bool tensor;
-            ``num_unpadded_tokens`` not a 0-d int32/int64 tensor; any of them on another device than
-            ``topk_ids``. Checked from metadata only, before anything is written, with the same
-            message on every path (Triton, torch form, fake).
+            ``num_unpadded_tokens`` not a 0-d int32/int64 tensor; ``row_layout`` not int32/int64
+            ``(3,)``; any of them on another device than ``topk_ids``. Checked from metadata only,
+            before anything is written, with the same message on every path (Triton, torch form, fake).
     """
     return torch.ops.ascend_eplb.map_to_physical_and_record(
-        topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens
+        topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens, row_layout
     )
 
 

@@ -35,6 +35,7 @@ LAYER_STATE_FIELDS = (
     "expert_load_view",
     "should_record_tensor",
     "num_unpadded_tokens_tensors",
+    "row_layout",
 )
 _MARKER = "__ascend_eplb_mapping__"
 
@@ -63,6 +64,7 @@ def _make_mapping(ubatch_id: Callable[[], int]) -> Callable[[Any, torch.Tensor],
             state.expert_load_view,
             state.should_record_tensor,
             state.num_unpadded_tokens_tensors[ubatch_id()],
+            state.row_layout,
         )
 
     setattr(_ascend_apply_eplb_mapping, _MARKER, True)
@@ -104,7 +106,8 @@ def bind_router(
     attribute). At each call the bound method reads ``self.eplb_state`` (as upstream does): ``None``
     returns the ids unchanged; otherwise it returns ``map_to_physical_and_record(topk_ids,
     state.replica_lookup.table, state.expert_load_view, state.should_record_tensor,
-    state.num_unpadded_tokens_tensors[ubatch_id()])``.
+    state.num_unpadded_tokens_tensors[ubatch_id()], state.row_layout)`` (``row_layout`` may be
+    ``None``: offset 0, the first unpadded rows recorded).
 
     Args:
         router: a vLLM router (``BaseRouter`` subclass instance) with an instance ``__dict__``.
