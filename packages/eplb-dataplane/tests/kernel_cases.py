@@ -134,16 +134,19 @@ def equality_cases() -> list[dict]:
     # Row layouts (replica_offset, num_slices, recording_slice): offsets past and before the table's
     # rows, a gathered batch of 2 and 3 slices recording each slice (unpadded counts inside and beyond
     # the slice), and a rank that records no slice.
+    # A sequence-parallel slice is chunk local_chunk of the rank's own batch.
     layouts = (
-        (0, 1, 0),
-        (5, 1, 0),
-        (ROWS + 3, 1, 0),
-        (-2, 1, 0),
-        (1, 2, 0),
-        (0, 2, 1),
-        (2, 3, 2),
-        (0, 3, 1),
-        (7, 2, -1),
+        (0, 1, 0, 0),
+        (5, 1, 0, 0),
+        (ROWS + 3, 1, 0, 0),
+        (-2, 1, 0, 0),
+        (1, 2, 0, 0),
+        (0, 2, 1, 0),
+        (2, 3, 2, 0),
+        (0, 3, 1, 0),
+        (7, 2, -1, 0),
+        (0, 4, 3, 1),
+        (1, 2, 1, 1),
     )
     for layout_index, layout in enumerate(layouts):
         for num_tokens in (1, 37, 300):
@@ -223,15 +226,16 @@ def reference(
     table_: torch.Tensor,
     num_counters: int,
     num_unpadded: int,
-    layout: tuple[int, int, int] | None = None,
+    layout: tuple[int, int, int, int] | None = None,
 ):
     """Loop reference: mapped ids (token ``t`` reads row ``(t + offset) % rows``) and the counts of the
     first ``num_unpadded`` rows of the recording slice (``layout`` None: offset 0, one slice)."""
-    offset, num_slices, recording_slice = layout if layout is not None else (0, 1, 0)
+    offset, num_slices, recording_slice, local_chunk = layout if layout is not None else (0, 1, 0, 0)
     rows, num_experts = table_.shape
     size = ids.shape[0] // max(num_slices, 1)
     first = recording_slice * size
-    recorded = range(first, first + min(num_unpadded, size)) if recording_slice >= 0 else range(0)
+    real = min(max(num_unpadded - local_chunk * size, 0), size)
+    recorded = range(first, first + real) if recording_slice >= 0 else range(0)
     rows_of_table, id_rows = table_.tolist(), ids.tolist()
     out = [[-1] * ids.shape[1] for _ in id_rows]
     load = [0] * num_counters
@@ -251,7 +255,7 @@ def _good_args() -> dict[str, torch.Tensor]:
         "load": torch.zeros(NUM_PHYSICAL, dtype=torch.int32),
         "record": torch.tensor(True),
         "unpadded": torch.tensor(4),
-        "layout": torch.tensor([0, 1, 0]),
+        "layout": torch.tensor([0, 1, 0, 0]),
     }
 
 
@@ -356,17 +360,17 @@ BAD_ARGUMENTS: list[tuple[str, dict, str]] = [
     ),
     (
         "layout-short",
-        {"layout": lambda: torch.tensor([0, 1])},
-        r"row_layout must be int32 or int64 \(3,\) .* got torch.int64 \(2,\)",
+        {"layout": lambda: torch.tensor([0, 1, 0])},
+        r"row_layout must be int32 or int64 \(4,\) .* got torch.int64 \(3,\)",
     ),
     (
         "layout-float",
-        {"layout": lambda: torch.tensor([0.0, 1.0, 0.0])},
-        r"row_layout must be .* got torch.float32 \(3,\)",
+        {"layout": lambda: torch.tensor([0.0, 1.0, 0.0, 0.0])},
+        r"row_layout must be .* got torch.float32 \(4,\)",
     ),
     (
         "layout-device",
-        {"layout": lambda: torch.tensor([0, 1, 0], device="meta")},
+        {"layout": lambda: torch.tensor([0, 1, 0, 0], device="meta")},
         r"row_layout is on meta, topk_ids on cpu",
     ),
 ]

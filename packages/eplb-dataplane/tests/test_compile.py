@@ -87,7 +87,7 @@ class LayerState:
         self.expert_load_view = torch.zeros(20, dtype=torch.int32)
         self.should_record_tensor = torch.tensor(True)
         self.num_unpadded_tokens_tensors = [torch.tensor(0, dtype=torch.int32)]
-        self.row_layout = torch.tensor([0, 1, 0])
+        self.row_layout = torch.tensor([0, 1, 0, 0])
 
 
 def test_compiled_bound_router_sees_refreshes_without_recompiling():
@@ -118,7 +118,7 @@ def test_compiled_bound_router_sees_refreshes_without_recompiling():
     assert int(state.expert_load_view.sum()) == 90  # record flag off: nothing added
     # A new row layout of the next forward (offset 3, the second of 2 slices recorded): the same graph.
     state.should_record_tensor.fill_(True)
-    state.row_layout.copy_(torch.tensor([3, 2, 1]))
+    state.row_layout.copy_(torch.tensor([3, 2, 1, 0]))
     state.expert_load_view.zero_()
     physical = compiled(logits)
     shifted = lookup.table[(torch.arange(25).unsqueeze(1) + 3) % lookup.table.shape[0], logical]

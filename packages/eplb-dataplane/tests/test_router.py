@@ -93,7 +93,7 @@ def test_bound_router_maps_through_the_lookup_and_records_once():
 def test_bound_router_applies_the_row_layout_it_reads_at_each_call():
     router = Router(3)
     state = _state(unpadded=(3,))
-    state.row_layout = torch.tensor([1, 1, 0])
+    state.row_layout = torch.tensor([1, 1, 0, 0])
     bind_router(router, state)
     logical = torch.topk(LOGITS, 3, dim=-1).indices
     table = build_replica_table(L2P, COUNT, 0, rows=16)
@@ -104,14 +104,14 @@ def test_bound_router_applies_the_row_layout_it_reads_at_each_call():
     assert int(state.expert_load_view.sum()) == 3 * 3
     # A gathered batch of 7 rows in 2 slices of 3 (row 6 is beyond both): slice 1 records rows 3..5.
     state.expert_load_view.zero_()
-    state.row_layout.copy_(torch.tensor([0, 2, 1]))
+    state.row_layout.copy_(torch.tensor([0, 2, 1, 0]))
     physical = router.select_experts(LOGITS)
     assert torch.equal(physical, map_to_physical(logical, table))
     want = torch.bincount(physical[3:6].flatten(), minlength=10).to(torch.int32)
     assert torch.equal(state.expert_load_view, want)
     # A rank that shares its rows with the recording rank records none of them.
     state.expert_load_view.zero_()
-    state.row_layout.copy_(torch.tensor([0, 1, -1]))
+    state.row_layout.copy_(torch.tensor([0, 1, -1, 0]))
     assert torch.equal(router.select_experts(LOGITS), physical)
     assert int(state.expert_load_view.sum()) == 0
 

@@ -103,7 +103,8 @@ if triton is not None:
                 recording_slice = tl.load(layout_ptr + 2 * layout_stride).to(tl.int64)
                 size = num_tokens // num_slices
                 first = recording_slice * size
-                limit = tl.minimum(first + unpadded, first + size)
+                real = tl.maximum(unpadded - tl.load(layout_ptr + 3 * layout_stride).to(tl.int64) * size, 0)
+                limit = first + tl.minimum(real, size)
                 # A negative slice records nothing: an empty range, folded into the limit as the flag is.
                 limit = tl.where(recording_slice >= 0, limit, first)
             else:

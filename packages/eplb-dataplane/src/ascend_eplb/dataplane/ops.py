@@ -49,8 +49,8 @@ GROUP_LIST_COUNTS = 1
 _ID_DTYPES = (torch.int32, torch.int64)
 
 #: Entries of a row layout (``row_layout`` argument of :func:`map_to_physical_and_record`):
-#: ``(replica_offset, num_slices, recording_slice)``.
-ROW_LAYOUT_SIZE = 3
+#: ``(replica_offset, num_slices, recording_slice, local_chunk)``.
+ROW_LAYOUT_SIZE = 4
 
 
 def _check_map_args(topk_ids: torch.Tensor, table: torch.Tensor) -> None:
@@ -121,7 +121,7 @@ def _check_record_args(
     ):
         raise ValueError(
             f"row_layout must be int32 or int64 ({ROW_LAYOUT_SIZE},) (replica_offset, num_slices, "
-            f"recording_slice), got {row_layout.dtype} {tuple(row_layout.shape)}"
+            f"recording_slice, local_chunk), got {row_layout.dtype} {tuple(row_layout.shape)}"
         )
     for name, t in (
         ("expert_load_view", expert_load_view),
@@ -195,15 +195,17 @@ def _recorded_rows(
 ) -> torch.Tensor:
     """Bool ``(T,)``: the rows a rank records under ``row_layout`` (see :func:`map_to_physical_and_record`).
 
-    Slice ``s`` of ``n`` spans rows ``[s * (T // n), (s + 1) * (T // n))``; its first
-    ``num_unpadded_tokens`` rows are real. A negative ``recording_slice`` records no row; ``n`` below 1
-    counts as 1. Device arithmetic only (no host read).
+    Slice ``s`` of ``n`` spans rows ``[s * (T // n), (s + 1) * (T // n))``; it is chunk ``c`` of this
+    rank's own batch, whose first ``num_unpadded_tokens`` rows are real, so its first
+    ``clamp(num_unpadded_tokens - c * (T // n), 0, T // n)`` rows are. A negative ``recording_slice``
+    records no row; ``n`` below 1 counts as 1. Device arithmetic only (no host read).
     """
     num_slices = row_layout[1].clamp_min(1)
     recording_slice = row_layout[2]
     size = torch.div(num_tokens, num_slices, rounding_mode="floor")
     first = recording_slice * size
-    limit = torch.minimum(first + num_unpadded_tokens, first + size)
+    real = (num_unpadded_tokens - row_layout[3] * size).clamp_min(0)
+    limit = first + torch.minimum(real, size)
     return (token >= first) & (token < limit) & (recording_slice >= 0)
 
 
@@ -365,18 +367,24 @@ def map_to_physical_and_record(
         record_enabled: 0-d bool tensor on the device (upstream ``should_record_tensor``).
         num_unpadded_tokens: 0-d int32/int64 tensor on the device: the count of real rows (of this
             rank's slice, with ``row_layout``; negative counts nothing, above the slice counts all of it).
-        row_layout: optional int32/int64 ``(3,)`` tensor on the device,
-            ``(replica_offset, num_slices, recording_slice)``, written once per forward by the control
-            plane from the parallel layout (``ascend_eplb.control.layout``), read only on the device:
+        row_layout: optional int32/int64 ``(4,)`` tensor on the device,
+            ``(replica_offset, num_slices, recording_slice, local_chunk)``, written once per forward by
+            the control plane from the parallel layout (``ascend_eplb.control.layout``), read only on
+            the device:
 
             * ``replica_offset``: token ``t`` reads table row ``(t + replica_offset) % rows``. Ranks that
               route the same rows must hold the same offset (GLOSSARY.md "replica agreement");
             * ``num_slices``, ``recording_slice``: the batch is ``num_slices`` equal slices of
               ``T // num_slices`` rows (a gathered batch: one slice per contributing rank); this rank
-              records the first ``num_unpadded_tokens`` rows of slice ``recording_slice`` only, and no
-              row when it is negative (another rank that routes the same rows records them).
+              records slice ``recording_slice`` only, and no row when it is negative (another rank
+              that routes the same rows records them);
+            * ``local_chunk``: the recorded slice is chunk ``local_chunk`` of this rank's own batch of
+              which the first ``num_unpadded_tokens`` rows are real (sequence-parallel MoE splits a
+              batch into equal chunks over the TP ranks; 0 otherwise), so the slice's real rows are its
+              first ``clamp(num_unpadded_tokens - local_chunk * (T // num_slices), 0, T // num_slices)``.
 
-            ``None`` is ``(0, 1, 0)``: rows ``t % rows``, the first ``num_unpadded_tokens`` rows recorded.
+            ``None`` is ``(0, 1, 0, 0)``: rows ``t % rows``, the first ``num_unpadded_tokens`` rows
+            recorded.
 
     Returns:
         The physical ids, as :func:`map_to_physical` (with the offset). When ``record_enabled`` is
@@ -389,7 +397,7 @@ def map_to_physical_and_record(
         ValueError: as :func:`map_to_physical`; ``expert_load_view`` not int32/int64 1-D, shorter than
             ``E`` (``P >= E`` always) or stride-0; ``record_enabled`` not a 0-d bool tensor;
             ``num_unpadded_tokens`` not a 0-d int32/int64 tensor; ``row_layout`` not int32/int64
-            ``(3,)``; any of them on another device than ``topk_ids``. Checked from metadata only,
+            ``(4,)``; any of them on another device than ``topk_ids``. Checked from metadata only,
             before anything is written, with the same message on every path (Triton, torch form, fake).
     """
     return torch.ops.ascend_eplb.map_to_physical_and_record(
