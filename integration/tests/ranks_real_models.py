@@ -1,0 +1,71 @@
+"""Rank functions of the real-model tests (loaded by path in each rank process).
+
+``real_model_checks`` builds vLLM 0.33.0's real model class of a tiny checkpoint twice on one world
+(TP = EP = world size over Gloo, ``ascend_eplb.testing.real_models``): with EPLB off it runs one
+prefill forward per prompt and returns the logits (the test compares them with HF transformers); with
+EPLB on (redundant experts, vLLM's loader) it returns which local slots differ from the checkpoint's
+expert under upstream's initial placement, and the EPLB state's initial map.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import torch
+
+from ascend_eplb.testing import RankContext
+
+
+def real_model_checks(
+    ctx: RankContext, folder: str, prompts: list[torch.Tensor], num_redundant_experts: int
+) -> dict[str, Any]:
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+    from ascend_eplb.testing import real_models as rm
+
+    report: dict[str, Any] = {"rank": ctx.rank}
+    info = rm.checkpoint_info(folder)
+    experts = rm.checkpoint_experts(folder)
+    t0 = time.monotonic()
+    model, vc = rm.build_model(ctx, folder, enable_eplb=False)
+    report["build_off_s"] = time.monotonic() - t0
+    report["attention_stand_ins"] = rm.install_attention_stand_ins(model)
+    method = rm.register_torch_moe_method()
+    report["moe_methods"] = sorted({type(m.quant_method).__name__ for m in rm.routed_experts(model)})
+    report["moe_methods_are_stand_in"] = all(
+        isinstance(m.quant_method, method) for m in rm.routed_experts(model)
+    )
+    report["expert_map_off"] = [m.expert_map.tolist() for m in rm.routed_experts(model)]
+    positions = [torch.arange(p.shape[0]) for p in prompts]
+    calls_before = method.calls
+    method.recorded_ids = []
+    t1 = time.monotonic()
+    report["logits_off"] = [rm.forward(model, vc, p, pos) for p, pos in zip(prompts, positions, strict=True)]
+    report["forward_off_s"] = (time.monotonic() - t1) / len(prompts)
+    report["moe_calls_per_forward"] = (method.calls - calls_before) / len(prompts)
+    # The router's selections, per MoE layer call: int64 (T, K) ids in [0, E) (EPLB off: P = E).
+    report["selections"] = method.recorded_ids
+    method.recorded_ids = None
+    report["slot_mismatches_off"] = rm.local_slot_mismatches(
+        model, experts, rm.initial_physical_to_logical(info, 0), ctx.rank
+    )
+    del model
+
+    t2 = time.monotonic()
+    model_on, _ = rm.build_model(
+        ctx, folder, enable_eplb=True, eplb={"num_redundant_experts": num_redundant_experts}
+    )
+    report["build_on_s"] = time.monotonic() - t2
+    layers = rm.routed_experts(model_on)
+    report["local_slots_on"] = [int(m.w13_weight.shape[0]) for m in layers]
+    report["expert_map_on"] = [m.expert_map.tolist() for m in layers]
+    report["slot_mismatches_on"] = rm.local_slot_mismatches(
+        model_on, experts, rm.initial_physical_to_logical(info, num_redundant_experts), ctx.rank
+    )
+    # The slots hold distinct experts (not one repeated tensor): the check above can fail.
+    report["distinct_local_rows"] = [
+        len({tuple(m.w2_weight[row].flatten()[:4].tolist()) for row in range(m.w2_weight.shape[0])})
+        for m in layers
+    ]
+    return report

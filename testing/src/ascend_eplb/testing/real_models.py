@@ -1,0 +1,879 @@
+"""vLLM 0.33.0's real MoE model classes on a CPU host: tiny checkpoints, a rank's model, the HF oracle.
+
+DESIGN.md section 5 asks for the invariants to be proven on vLLM's real model classes; this module is
+what lets a rank build and run them (facts measured in ``notes/real-models-on-cpu.md``):
+
+* :func:`write_checkpoint` writes a tiny random checkpoint (``config.json`` + safetensors, float32) of
+  ``"qwen3-moe"`` (``Qwen3MoeForCausalLM``), ``"deepseek-v3"`` (``DeepseekV3ForCausalLM``: grouped
+  top-k, sigmoid scoring with a nonzero ``e_score_correction_bias``, a shared expert, a dense first
+  layer, MLA) or ``"mixtral"`` (``MixtralForCausalLM``) with transformers' own config and model classes;
+  never a hub.
+* :func:`build_model` builds one rank's model with vLLM's own ``get_model`` (safetensors loader) under
+  TP x EP over Gloo; :func:`forward` runs one prefill forward; :func:`hf_logits` is the HF transformers
+  oracle on the same checkpoint.
+* :func:`real_model_world` is a rank function that drives the serving path with EPLB on
+  (``Mrv2EplbWiring``) for N steps, and the EPLB-off run of the same checkpoint and prompts.
+
+Stand-ins, each the narrowest for what this CPU build lacks (``VLLM_TARGET_DEVICE=empty`` has no
+``vllm._C``), each checked against HF transformers by ``integration/tests/test_real_models.py``:
+
+1. **Expert compute** (:class:`TorchFusedMoEMethod`): vLLM's CPU backend prepacks expert weights with
+   ``torch.ops._C.prepack_moe_weight`` and runs ``torch.ops._C.cpu_fused_moe``, both absent. The
+   stand-in subclasses ``UnquantizedFusedMoEMethod`` and is registered through vLLM's out-of-tree
+   CustomOp registry (``UnquantizedFusedMoEMethod.register_oot``, :func:`register_torch_moe_method`),
+   so every ``FusedMoE`` built afterwards gets it. It keeps the layer's ``w13_weight`` ``(p, 2I, H)``
+   and ``w2_weight`` ``(p, H, I)`` as loaded (no kernel layout, so EPLB's weight views are the very
+   tensors it reads) and consumes the ids the router returned (physical ids, the router is called once,
+   experts are never re-selected): ``layer.expert_map`` (global physical id -> local slot, -1 elsewhere)
+   gives each selection's local slot, and only selections of local slots contribute on this rank.
+   vLLM's runner then all-reduces over TP, summing the ranks; shared experts run in the runner (no
+   modular kernel).
+2. **Attention** (:func:`install_attention_stand_ins`): the CPU platform picks ``CPU_ATTN`` /
+   ``CPU_MLA``, which need ``_C`` and KV-cache metadata; without metadata MLA returns zeros and raises
+   nothing. After the model is built, each ``Attention`` and ``MLAAttention`` instance of *this model*
+   gets a prefill-only causal SDPA ``forward`` (no KV cache, one sequence per forward, positions
+   ``0..T-1``): ``Attention`` with GQA, MLA by expanding ``kv_c`` through the layer's ``kv_b_proj``
+   weight into per-head ``k_nope`` and ``v`` and appending the shared rotary key. Nothing global changes.
+   MLA models are configured with the reference ``CPU_MLA`` backend: on a CPU with AMX tiles vLLM would
+   pick ``AMX_MLA``, whose weight processing after loading needs ``_C`` (``convert_weight_packed``).
+3. **Cache release**: vLLM's loader calls ``torch.accelerator.empty_cache()``, which raises without an
+   accelerator: adapted by the project's host adaptation (``ascend_eplb.control.host_adaptation``, in
+   the integration's one patch registry), which :func:`build_model` installs with ``apply_patches()``
+   as the plugin does; nothing here patches it.
+
+With ``CompilationConfig(custom_ops=["none"])`` RMSNorm, rotary, SiluAndMul, embeddings and the logits
+run their native torch forms; linear layers fall back to ``F.linear``.
+
+This module imports vLLM and transformers; :func:`build_model` and :func:`real_model_world` also import
+``ascend_eplb.integration`` (a test dependency of the callers, not of this distribution). Shape
+letters (DESIGN.md section 2): E logical experts, P physical experts, p local physical experts, N EP
+ranks, T tokens, K top-k, H hidden size, I MoE intermediate size, L MoE layers; V here is the
+vocabulary size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "ARCHITECTURES",
+    "CheckpointInfo",
+    "RealModelSpec",
+    "build_model",
+    "checkpoint_experts",
+    "checkpoint_info",
+    "forward",
+    "hf_logits",
+    "init_world",
+    "initial_physical_to_logical",
+    "install_attention_stand_ins",
+    "local_slot_mismatches",
+    "moe_layers",
+    "prompt",
+    "real_model_world",
+    "register_torch_moe_method",
+    "routed_experts",
+    "write_checkpoint",
+]
+
+#: The architectures :func:`write_checkpoint` writes, with their HF ``architectures`` entry.
+ARCHITECTURES = {
+    "qwen3-moe": "Qwen3MoeForCausalLM",
+    "deepseek-v3": "DeepseekV3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+}
+_ARCH_BY_CLASS = {v: k for k, v in ARCHITECTURES.items()}
+#: Checkpoint key templates of one routed expert's (gate, up, down) weights per architecture.
+_EXPERT_KEYS = {
+    "qwen3-moe": ("mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj", "mlp.experts.{e}.down_proj"),
+    "deepseek-v3": ("mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj", "mlp.experts.{e}.down_proj"),
+    "mixtral": (
+        "block_sparse_moe.experts.{e}.w1",
+        "block_sparse_moe.experts.{e}.w3",
+        "block_sparse_moe.experts.{e}.w2",
+    ),
+}
+_VOCAB = 128
+_HIDDEN = 64
+# Measured: with every weight of std 0.1 the second MoE layer routes nearly every token to the same
+# experts (the first layer's output dominates the residual stream). HF's 0.02, token embeddings of std 1
+# (they dominate the residual) and router gates of std 0.5 give diverse routing in every layer, and an
+# LM head of std 0.3 gives logits of scale ~5.
+_INIT_STD = 0.02
+_EMBED_STD = 1.0
+_ROUTER_STD = 0.5
+_HEAD_STD = 0.3
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """The sizes of a checkpoint :func:`write_checkpoint` wrote (read back from its ``config.json``).
+
+    Attributes:
+        arch: ``"qwen3-moe"``, ``"deepseek-v3"`` or ``"mixtral"``.
+        folder: the checkpoint folder.
+        num_logical_experts: E (routed experts per MoE layer).
+        top_k: K.
+        moe_layer_indices: the decoder-layer index of each MoE layer, in order (L entries).
+        vocab_size: V.
+        hidden_size: H.
+    """
+
+    arch: str
+    folder: Path
+    num_logical_experts: int
+    top_k: int
+    moe_layer_indices: tuple[int, ...]
+    vocab_size: int
+    hidden_size: int
+
+    @property
+    def num_moe_layers(self) -> int:
+        """L."""
+        return len(self.moe_layer_indices)
+
+    def redundant_experts_for(self, num_ranks: int, at_least: int = 1) -> int:
+        """The smallest ``R >= at_least`` with ``(E + R) % num_ranks == 0``."""
+        r = at_least
+        while (self.num_logical_experts + r) % num_ranks:
+            r += 1
+        return r
+
+
+def _hf_config(arch: str, num_experts: int | None, top_k: int | None) -> Any:
+    from transformers import DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
+
+    common = {
+        "vocab_size": _VOCAB,
+        "hidden_size": _HIDDEN,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+        "initializer_range": _INIT_STD,
+        "num_attention_heads": 4,
+    }
+    if arch == "qwen3-moe":
+        return Qwen3MoeConfig(
+            **common,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_hidden_layers=2,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=num_experts or 8,
+            num_experts_per_tok=top_k or 2,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+        )
+    if arch == "mixtral":
+        return MixtralConfig(
+            **common,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_local_experts=num_experts or 8,
+            num_experts_per_tok=top_k or 2,
+        )
+    if arch == "deepseek-v3":
+        return DeepseekV3Config(
+            **common,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_hidden_layers=3,
+            num_key_value_heads=4,
+            n_shared_experts=1,
+            n_routed_experts=num_experts or 16,
+            num_experts_per_tok=top_k or 4,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+            first_k_dense_replace=1,
+            kv_lora_rank=32,
+            q_lora_rank=48,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            topk_method="noaux_tc",  # else vLLM creates no e_score_correction_bias
+            scoring_func="sigmoid",
+            norm_topk_prob=True,
+        )
+    raise ValueError(f"unknown architecture {arch!r}; known: {sorted(ARCHITECTURES)}")
+
+
+def write_checkpoint(
+    arch: str,
+    folder: str | os.PathLike[str],
+    *,
+    seed: int = 0,
+    num_experts: int | None = None,
+    top_k: int | None = None,
+) -> Path:
+    """Write a tiny random float32 checkpoint of ``arch`` into ``folder`` and return the folder.
+
+    Hidden size 64, vocabulary 128, 4 attention heads; ``qwen3-moe`` and ``mixtral``: 2 layers, both
+    MoE, E=8, K=2; ``deepseek-v3``: 3 layers (the first dense), E=16 in 4 groups (2 chosen), K=4, one
+    shared expert, MLA (q LoRA 48, kv LoRA 32). Weights are drawn from ``seed`` with std 0.02, token
+    embeddings std 1, router gates std 0.5, LM head std 0.3 (routing is not degenerate in any layer);
+    DeepSeek's ``e_score_correction_bias`` is nonzero (std 0.05). Written with
+    transformers' config class, ``AutoModelForCausalLM.from_config`` and ``save_pretrained`` (per-expert
+    keys); about 0.1 s. Sizes: :func:`checkpoint_info`.
+
+    Args:
+        arch: ``"qwen3-moe"``, ``"deepseek-v3"`` or ``"mixtral"``.
+        folder: created if missing; its files are overwritten.
+        seed: torch seed of the weights.
+        num_experts: E instead of the default (DeepSeek: a multiple of its 4 groups).
+        top_k: K instead of the default.
+
+    Raises:
+        ValueError: unknown ``arch``.
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = _hf_config(arch, num_experts, top_k)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("e_score_correction_bias"):
+                    param.normal_(0.0, 0.05)
+                elif name.endswith((".mlp.gate.weight", ".block_sparse_moe.gate.weight")):
+                    param.normal_(0.0, _ROUTER_STD)
+                elif name == "model.embed_tokens.weight":
+                    param.normal_(0.0, _EMBED_STD)
+                elif name == "lm_head.weight":
+                    param.normal_(0.0, _HEAD_STD)
+            for name, buffer in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    buffer.normal_(0.0, 0.05)
+        model.save_pretrained(folder)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    return folder
+
+
+def checkpoint_info(folder: str | os.PathLike[str]) -> CheckpointInfo:
+    """The sizes of the checkpoint in ``folder`` (its ``config.json``).
+
+    Raises:
+        ValueError: the checkpoint's architecture is none of :data:`ARCHITECTURES`.
+    """
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    (cls,) = config["architectures"]
+    if cls not in _ARCH_BY_CLASS:
+        raise ValueError(f"{folder}: architecture {cls} is none of {sorted(ARCHITECTURES.values())}")
+    arch = _ARCH_BY_CLASS[cls]
+    layers = config["num_hidden_layers"]
+    if arch == "deepseek-v3":
+        experts = config["n_routed_experts"]
+        moe = tuple(range(config["first_k_dense_replace"], layers))
+    elif arch == "qwen3-moe":
+        experts = config.get(
+            "num_experts", config.get("num_local_experts")
+        )  # transformers 5 writes the latter
+        moe = tuple(i for i in range(layers) if i not in config.get("mlp_only_layers", []))
+    else:
+        experts = config["num_local_experts"]
+        moe = tuple(range(layers))
+    return CheckpointInfo(
+        arch=arch,
+        folder=folder,
+        num_logical_experts=experts,
+        top_k=config["num_experts_per_tok"],
+        moe_layer_indices=moe,
+        vocab_size=config["vocab_size"],
+        hidden_size=config["hidden_size"],
+    )
+
+
+def checkpoint_experts(folder: str | os.PathLike[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every MoE layer's routed experts as the checkpoint holds them, in vLLM's layout.
+
+    Returns:
+        per MoE layer (L entries): ``(w13 (E, 2I, H), w2 (E, H, I))`` float32, gate rows then up rows,
+        as vLLM's ``w13_weight`` / ``w2_weight`` hold a logical expert.
+    """
+    from safetensors.torch import load_file
+
+    info = checkpoint_info(folder)
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    gate_t, up_t, down_t = _EXPERT_KEYS[info.arch]
+    out = []
+    for layer in info.moe_layer_indices:
+        prefix = f"model.layers.{layer}."
+        w13, w2 = [], []
+        for e in range(info.num_logical_experts):
+            gate = tensors[prefix + gate_t.format(e=e) + ".weight"]
+            up = tensors[prefix + up_t.format(e=e) + ".weight"]
+            w13.append(torch.cat([gate, up]))
+            w2.append(tensors[prefix + down_t.format(e=e) + ".weight"])
+        out.append((torch.stack(w13), torch.stack(w2)))
+    return out
+
+
+# --- stand-in 1: expert compute -------------------------------------------------------------------
+
+
+def _torch_moe_method_class() -> type:
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
+    class TorchFusedMoEMethod(UnquantizedFusedMoEMethod):
+        """Plain-torch routed-expert compute from the layer's own ``w13_weight`` / ``w2_weight``.
+
+        ``apply`` takes the router's ``topk_ids`` ``(T, K)`` (physical ids, global P space) and
+        ``topk_weights`` ``(T, K)`` float32 and returns ``(T, H)`` in ``x``'s dtype: the weighted sum of
+        SiLU-gated expert outputs of the selections whose slot is local (``layer.expert_map``), zero for
+        the others. Weights stay as loaded (no kernel layout, no prepacking).
+        """
+
+        calls = 0  # apply() calls in this process (all layers), for tests
+        #: when a list: every apply() appends the router's ids, int64 (T, K) (for tests)
+        recorded_ids: list[torch.Tensor] | None = None
+
+        @property
+        def is_monolithic(self) -> bool:
+            return False
+
+        def process_weights_after_loading(self, layer: Any) -> None:
+            # Keep the loaded (p, 2I, H) / (p, H, I) parameters; build no kernel.
+            return None
+
+        def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
+            if layer.activation != MoEActivation.SILU:
+                raise NotImplementedError(f"TorchFusedMoEMethod: activation {layer.activation} (only silu)")
+            if layer.apply_router_weight_on_input:
+                raise NotImplementedError("TorchFusedMoEMethod: apply_router_weight_on_input")
+            type(self).calls += 1
+            w13, w2 = layer.w13_weight, layer.w2_weight
+            ids = topk_ids.long()
+            if type(self).recorded_ids is not None:
+                type(self).recorded_ids.append(ids.clone())
+            expert_map = layer.expert_map
+            local = (
+                ids if expert_map is None else torch.where(ids >= 0, expert_map.long()[ids.clamp(min=0)], -1)
+            )
+            out = torch.zeros_like(x)
+            for slot in torch.unique(local[local >= 0]).tolist():
+                tokens, k = (local == slot).nonzero(as_tuple=True)
+                h = x[tokens]
+                gate_up = F.linear(h, w13[slot])
+                gate, up = gate_up.chunk(2, dim=-1)
+                y = F.linear(F.silu(gate) * up, w2[slot])
+                out.index_add_(0, tokens, y * topk_weights[tokens, k].to(y.dtype).unsqueeze(-1))
+            return out
+
+    return TorchFusedMoEMethod
+
+
+_METHOD: type | None = None
+
+
+def _method_class() -> type:
+    global _METHOD
+    if _METHOD is None:
+        _METHOD = _torch_moe_method_class()
+    return _METHOD
+
+
+def register_torch_moe_method() -> type:
+    """Register :class:`TorchFusedMoEMethod` as vLLM's ``UnquantizedFusedMoEMethod`` (idempotent).
+
+    Must run before the model is built: vLLM's CustomOp registry then instantiates it wherever a
+    ``FusedMoE`` asks for the unquantized method. Returns the class.
+
+    Raises:
+        RuntimeError: another out-of-tree ``UnquantizedFusedMoEMethod`` is registered already.
+    """
+    from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
+    method = _method_class()
+    current = op_registry_oot.get("UnquantizedFusedMoEMethod")
+    if current is method:
+        return method
+    if current is not None:
+        raise RuntimeError(f"UnquantizedFusedMoEMethod already has an out-of-tree replacement: {current!r}")
+    UnquantizedFusedMoEMethod.register_oot(method)
+    return method
+
+
+def __getattr__(name: str) -> Any:
+    # TorchFusedMoEMethod is built on first access (it subclasses a vLLM class); not registered by this.
+    if name == "TorchFusedMoEMethod":
+        return _method_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --- stand-in 2: attention ------------------------------------------------------------------------
+
+
+def _sdpa_attention(self: Any, query, key, value, output_shape=None, output_dtype=None):
+    """Prefill-only causal SDPA, one sequence: query ``(T, heads * D)``, key/value ``(T, kv_heads * D)``."""
+    t = query.shape[0]
+    q = query.reshape(t, self.num_heads, self.head_size).transpose(0, 1)
+    k = key.reshape(t, self.num_kv_heads, self.head_size).transpose(0, 1)
+    v = value.reshape(t, self.num_kv_heads, self.head_size_v).transpose(0, 1)
+    if self.num_kv_heads != self.num_heads:
+        k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=0)
+        v = v.repeat_interleave(self.num_heads // self.num_kv_heads, dim=0)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.impl.scale)
+    o = o.transpose(0, 1).reshape(t, self.num_heads * self.head_size_v)
+    return o.to(output_dtype or query.dtype)
+
+
+def _sdpa_mla(self: Any, q, kv_c_normed, k_pe, output_shape=None, q_dcp_replicated=None):
+    """Prefill-only causal MLA for one sequence: q ``(T, heads, nope + rope)`` (rotary applied),
+    kv_c ``(T, kv_lora)``, k_pe ``(T, 1, rope)``; ``kv_b_proj`` expands kv_c to ``k_nope`` and ``v``."""
+    t, heads = q.shape[0], self.num_heads
+    kv = F.linear(kv_c_normed, self.kv_b_proj.weight).view(t, heads, self.qk_nope_head_dim + self.v_head_dim)
+    k_nope, v = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+    k = torch.cat([k_nope, k_pe.expand(t, heads, k_pe.shape[-1])], dim=-1)
+    o = F.scaled_dot_product_attention(
+        q.view(t, heads, -1).transpose(0, 1),
+        k.transpose(0, 1),
+        v.transpose(0, 1),
+        is_causal=True,
+        scale=self.scale,
+    )
+    return o.transpose(0, 1).reshape(t, heads * self.v_head_dim)
+
+
+def install_attention_stand_ins(model: torch.nn.Module) -> dict[str, int]:
+    """Give each ``Attention`` / ``MLAAttention`` instance of ``model`` the prefill SDPA ``forward``.
+
+    Returns:
+        how many instances of each class got it, e.g. ``{"Attention": 2, "MLAAttention": 0}``.
+
+    Raises:
+        RuntimeError: the model has an attention layer of another class (it would run unadapted).
+    """
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    counts = {"Attention": 0, "MLAAttention": 0}
+    for name, module in model.named_modules():
+        if type(module) is Attention:
+            module.forward = types.MethodType(_sdpa_attention, module)
+            counts["Attention"] += 1
+        elif type(module) is MLAAttention:
+            module.forward = types.MethodType(_sdpa_mla, module)
+            counts["MLAAttention"] += 1
+        elif isinstance(module, AttentionLayerBase):
+            raise RuntimeError(f"{name}: attention class {type(module).__name__} has no stand-in")
+    return counts
+
+
+# --- a rank's model --------------------------------------------------------------------------------
+
+
+def _vllm_config(folder: Path, num_ranks: int, enable_eplb: bool, eplb: dict[str, Any] | None) -> Any:
+    from vllm.config import (
+        AttentionConfig,
+        CompilationConfig,
+        EPLBConfig,
+        ModelConfig,
+        ParallelConfig,
+        VllmConfig,
+    )
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    parallel = ParallelConfig(
+        tensor_parallel_size=num_ranks,
+        enable_expert_parallel=True,
+        enable_eplb=enable_eplb,
+        eplb_config=EPLBConfig(**(eplb or {})),
+    )
+    model_config = ModelConfig(
+        model=str(folder),
+        tokenizer=str(folder),
+        skip_tokenizer_init=True,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=256,
+    )
+    # MLA: the reference CPU_MLA backend, never AMX_MLA (picked on CPUs with AMX tiles; its weight
+    # processing after loading needs vllm._C). Its forward is replaced by the SDPA stand-in anyway.
+    attention = (
+        AttentionConfig(backend=AttentionBackendEnum.CPU_MLA) if model_config.use_mla else AttentionConfig()
+    )
+    return VllmConfig(
+        model_config=model_config,
+        parallel_config=parallel,
+        compilation_config=CompilationConfig(custom_ops=["none"]),
+        attention_config=attention,
+    )
+
+
+def init_world(ctx: Any, vllm_config: Any) -> None:
+    """vLLM's distributed environment over Gloo for ``ctx``'s world (TP = world size); idempotent."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        return
+    with set_current_vllm_config(vllm_config):
+        parallel_state.init_distributed_environment(
+            world_size=ctx.world_size,
+            rank=ctx.rank,
+            distributed_init_method=ctx.init_method,
+            local_rank=ctx.rank,
+            backend="gloo",
+        )
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=ctx.world_size)
+
+
+def build_model(
+    ctx: Any,
+    folder: str | os.PathLike[str],
+    *,
+    enable_eplb: bool = False,
+    eplb: dict[str, Any] | None = None,
+) -> tuple[torch.nn.Module, Any]:
+    """One rank's vLLM model of the checkpoint in ``folder``: TP = EP = ``ctx.world_size`` over Gloo.
+
+    Installs the project's patches (``ascend_eplb.integration.patches.apply_patches``: the host
+    adaptation, as the plugin does), registers :class:`TorchFusedMoEMethod`, builds the ``VllmConfig``
+    (float32, eager, ``custom_ops=["none"]``, ``enable_expert_parallel``, ``enable_eplb``), initialises
+    vLLM's distributed environment once per process, runs vLLM's ``get_model`` (safetensors loader)
+    and installs the attention stand-ins.
+
+    Args:
+        ctx: the rank's ``RankContext``.
+        folder: a checkpoint of :func:`write_checkpoint`.
+        enable_eplb: ``ParallelConfig.enable_eplb``.
+        eplb: ``EPLBConfig`` fields (``num_redundant_experts``, ``window_size``, ``step_interval``,
+            ``use_async``, ...).
+
+    Returns:
+        ``(model, vllm_config)``.
+    """
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader import get_model
+
+    from ascend_eplb.integration.patches import apply_patches
+
+    apply_patches()
+    register_torch_moe_method()
+    vllm_config = _vllm_config(Path(folder), ctx.world_size, enable_eplb, eplb)
+    init_world(ctx, vllm_config)
+    with set_current_vllm_config(vllm_config):
+        model = get_model(vllm_config=vllm_config)
+    install_attention_stand_ins(model)
+    return model, vllm_config
+
+
+def moe_layers(model: torch.nn.Module) -> list[Any]:
+    """The model's MoE layers (``MixtureOfExperts.moe_layers``: vLLM's ``MoERunner`` s), in order."""
+    return list(model.moe_layers)
+
+
+def routed_experts(model: torch.nn.Module) -> list[Any]:
+    """Each MoE layer's ``RoutedExperts`` (holding ``w13_weight`` ``(p, 2I, H)``, ``w2_weight``
+    ``(p, H, I)``, ``expert_map`` and ``quant_method``), in order."""
+    return [layer.routed_experts for layer in moe_layers(model)]
+
+
+def forward(
+    model: torch.nn.Module, vllm_config: Any, input_ids: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """One prefill forward of one sequence inside ``set_forward_context``.
+
+    Args:
+        model: from :func:`build_model`.
+        vllm_config: its config.
+        input_ids: int64 ``(T,)`` token ids.
+        positions: int64 ``(T,)``, ``0..T-1`` (the attention stand-ins are causal from position 0).
+
+    Returns:
+        float32 ``(T, V)`` logits, on every rank (gathered over TP).
+    """
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import tensor_model_parallel_all_gather
+    from vllm.forward_context import set_forward_context
+
+    with (
+        torch.inference_mode(),
+        set_current_vllm_config(vllm_config),
+        set_forward_context(None, vllm_config, num_tokens=int(input_ids.shape[0])),
+    ):
+        hidden = model(input_ids=input_ids, positions=positions)
+        head = model.lm_head
+        logits = F.linear(hidden, head.weight)  # (T, V / TP): this rank's vocabulary shard
+        logits = tensor_model_parallel_all_gather(logits.contiguous(), dim=-1)
+    return logits[:, : model.config.vocab_size].float()
+
+
+def hf_logits(folder: str | os.PathLike[str], input_ids: torch.Tensor) -> torch.Tensor:
+    """HF transformers' logits on the checkpoint in ``folder`` (eager attention, float32).
+
+    Args:
+        input_ids: int64 ``(T,)``, one sequence.
+
+    Returns:
+        float32 ``(T, V)``.
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=torch.float32, attn_implementation="eager"
+    )
+    model.eval()
+    with torch.inference_mode():
+        return model(input_ids.view(1, -1)).logits[0].float()
+
+
+def prompt(seed: int, num_tokens: int = 12, vocab_size: int = _VOCAB) -> torch.Tensor:
+    """A deterministic prompt: int64 ``(num_tokens,)`` ids in ``[0, vocab_size)`` from ``seed``."""
+    g = torch.Generator().manual_seed(1000 + seed)
+    return torch.randint(0, vocab_size, (num_tokens,), generator=g)
+
+
+def local_slot_mismatches(
+    model: torch.nn.Module,
+    experts: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    physical_to_logical: torch.Tensor,
+    ep_rank: int,
+) -> list[str]:
+    """Local slots whose weights differ from the checkpoint's expert under a placement.
+
+    Args:
+        model: a rank's model.
+        experts: :func:`checkpoint_experts` of its checkpoint.
+        physical_to_logical: int ``(L, P)``: the logical expert of each physical slot.
+        ep_rank: this rank's EP rank (its slots are ``[ep_rank * p, (ep_rank + 1) * p)``).
+
+    Returns:
+        one line per mismatching ``(layer, slot)`` (empty when every local slot holds its expert
+        exactly).
+    """
+    out = []
+    for layer, (moe, (w13, w2)) in enumerate(zip(routed_experts(model), experts, strict=True)):
+        p = moe.w13_weight.shape[0]
+        for row in range(p):
+            slot = ep_rank * p + row
+            logical = int(physical_to_logical[layer, slot])
+            if not (
+                torch.equal(moe.w13_weight[row], w13[logical])
+                and torch.equal(moe.w2_weight[row], w2[logical])
+            ):
+                out.append(f"layer {layer} slot {slot} (row {row}) != logical expert {logical}")
+    return out
+
+
+def initial_physical_to_logical(info: CheckpointInfo, num_redundant_experts: int) -> torch.Tensor:
+    """Upstream's initial placement, int64 ``(L, P)``: slot ``i < E`` holds ``i``, ``E + j``: ``j % E``."""
+    e = info.num_logical_experts
+    row = list(range(e)) + [j % e for j in range(num_redundant_experts)]
+    return torch.tensor([row] * info.num_moe_layers)
+
+
+# --- the serving-path world ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RealModelSpec:
+    """Parameters of :func:`real_model_world` (picklable; every rank gets the same).
+
+    Attributes:
+        arch: an :data:`ARCHITECTURES` key.
+        folder: the checkpoint (:func:`write_checkpoint`, written before the world starts).
+        num_redundant_experts: R; ``E + R`` must divide by the number of ranks.
+        steps: engine steps of the EPLB-on run (each one prefill forward of one prompt).
+        phase: ``load_collection_phase`` (``"all"``, ``"prefill"``, ``"decode"``); every step is a
+            prefill batch.
+        window_size, step_interval: upstream ``EPLBConfig`` fields.
+        num_tokens: T per prompt.
+        seed: prompt seed.
+        run_eplb_off: also build the EPLB-off model and run the same prompts (the comparison run).
+        worker_deadline_s: how long a step waits for the async worker to hand over a layer.
+    """
+
+    arch: str
+    folder: str
+    num_redundant_experts: int = 2
+    steps: int = 40
+    phase: str = "all"
+    window_size: int = 2
+    step_interval: int = 6
+    num_tokens: int = 12
+    seed: int = 0
+    run_eplb_off: bool = True
+    worker_deadline_s: float = 20.0
+    eplb_extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _ValidationView:
+    """``vllm_config`` as start-up validation reads it, with the model dtype shown as bfloat16.
+
+    Validation refuses ``float32`` (no quant_views format of that name) while the oracles need float32
+    checkpoints; only validation reads this view (the controller and the model use the real config).
+    To be dropped when validation accepts float32.
+    """
+
+    def __init__(self, vllm_config: Any) -> None:
+        self._config = vllm_config
+        self.model_config = _Overlay(vllm_config.model_config, dtype=torch.bfloat16)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._config, name)
+
+
+class _Overlay:
+    def __init__(self, obj: Any, **overrides: Any) -> None:
+        self._obj = obj
+        self.__dict__.update(overrides)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._obj, name)
+
+
+def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
+    """One serving worker per rank on a real vLLM model with EPLB on, then the EPLB-off run.
+
+    EPLB on: ``ASCEND_EPLB=1`` and ``vllm.plugins.load_general_plugins()`` (the plugin applies the
+    patches), the model through :func:`build_model` (vLLM's loader fills every slot), then the runner's
+    calls through ``Mrv2EplbWiring``: ``load_model`` registration, the profile step, then per step
+    ``prepare_inputs`` / ``prepare_forward(model_config, T)`` / :func:`forward` / ``after_sampling``.
+    The async worker rearranges every ``step_interval`` steps; before a step, a pending layer transfer
+    is awaited (deadline ``worker_deadline_s``, worker alive). After each step in which layers
+    committed, every local slot is compared with the checkpoint's logical expert under upstream's
+    committed ``physical_to_logical_map``.
+
+    Returns (every rank), a dict:
+        ``rank``; ``info`` (``num_logical_experts``, ``top_k``, ``num_moe_layers``,
+        ``num_physical_experts``); ``prompts``: list of int64 ``(T,)`` per step;
+        ``logits_on``: float32 ``(T, V)`` per step (EPLB on); ``logits_off``: same prompts, EPLB off
+        (absent when ``run_eplb_off`` is False); ``load``: per step int64 ``(L, P)``, upstream's
+        ``expert_load_pass`` after the forward (this rank's recorded load, physical id space);
+        ``recorded``: per step, whether the step recorded; ``maps``: per step int64 ``(L, P)`` committed
+        ``physical_to_logical_map`` after the step; ``commits``: list of ``(step, layer)`` of each
+        completed layer commit (seen as a changed map row or a moved layer); ``slot_checks``: list of
+        ``(step, mismatches)`` after each commit (``mismatches`` from :func:`local_slot_mismatches`,
+        empty when every slot holds its expert); ``initial_slot_mismatches``: the same check right after
+        loading under the initial placement; ``num_rearrangements``; ``worker_alive``;
+        ``seconds``: wall time of ``build_on``, ``steps_on``, ``build_off``, ``steps_off``;
+        ``moe_calls``: :class:`TorchFusedMoEMethod` applies on this rank.
+    """
+    os.environ["ASCEND_EPLB"] = "1"
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+    import vllm.plugins
+
+    vllm.plugins.load_general_plugins()
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.parallel_state import get_ep_group
+
+    from ascend_eplb.integration.runner import Mrv2EplbWiring, batch_has_prefill
+
+    folder = Path(spec.folder)
+    info = checkpoint_info(folder)
+    experts = checkpoint_experts(folder)
+    eplb = {
+        "num_redundant_experts": spec.num_redundant_experts,
+        "window_size": spec.window_size,
+        "step_interval": spec.step_interval,
+        "use_async": True,
+        **spec.eplb_extra,
+    }
+    seconds: dict[str, float] = {}
+    t0 = time.monotonic()
+    model, vc = build_model(ctx, folder, enable_eplb=True, eplb=eplb)
+    vc.additional_config = {
+        **(vc.additional_config or {}),
+        "eplb_config": {"load_collection_phase": spec.phase},
+    }
+    device = torch.device("cpu")
+    ep_rank = get_ep_group().rank_in_group
+    report: dict[str, Any] = {"rank": ctx.rank}
+    report["initial_slot_mismatches"] = local_slot_mismatches(
+        model, experts, initial_physical_to_logical(info, spec.num_redundant_experts), ep_rank
+    )
+    prompts = [prompt(spec.seed * 1000 + s, spec.num_tokens, info.vocab_size) for s in range(spec.steps)]
+    positions = torch.arange(spec.num_tokens)
+    method = register_torch_moe_method()
+    with set_current_vllm_config(vc):
+        wiring = Mrv2EplbWiring(_ValidationView(vc), device)
+        mc = vc.model_config
+        wiring.load_model(model, mc)
+        state = wiring.controller.state
+        ms = state.model_states[mc.compute_hash()]
+        seconds["build_on"] = time.monotonic() - t0
+        report["info"] = {
+            "num_logical_experts": info.num_logical_experts,
+            "top_k": info.top_k,
+            "num_moe_layers": info.num_moe_layers,
+            "num_physical_experts": int(ms.physical_to_logical_map.shape[1]),
+        }
+        # profile_run: a dummy forward, then the profile step.
+        wiring.prepare_forward(mc, spec.num_tokens)
+        forward(model, vc, prompts[0], positions)
+        wiring.profile_run()
+        logits_on, loads, recorded, maps, commits, slot_checks = [], [], [], [], [], []
+        t1 = time.monotonic()
+        for step in range(spec.steps):
+            if ms.rebalanced:
+                deadline = time.monotonic() + spec.worker_deadline_s
+                while ms.pending_result is None:
+                    if not state.async_worker.is_alive():
+                        raise AssertionError(f"step {step}: the async EPLB worker died")
+                    if time.monotonic() > deadline:
+                        raise AssertionError(
+                            f"step {step}: no layer transferred within {spec.worker_deadline_s} s"
+                        )
+                    time.sleep(0.001)
+            before = ms.physical_to_logical_map.clone()
+            wiring.prepare_inputs(batch_has_prefill([0], [spec.num_tokens]))
+            wiring.prepare_forward(mc, spec.num_tokens)
+            rec = bool(state.should_record_tensor)
+            logits_on.append(forward(model, vc, prompts[step], positions))
+            loads.append(ms.expert_load_pass.clone().long())
+            recorded.append(rec)
+            wiring.after_sampling()
+            after = ms.physical_to_logical_map.clone()
+            maps.append(after.long())
+            changed = [
+                layer for layer in range(info.num_moe_layers) if not torch.equal(before[layer], after[layer])
+            ]
+            if changed:
+                commits.extend((step, layer) for layer in changed)
+                slot_checks.append((step, local_slot_mismatches(model, experts, after, ep_rank)))
+        seconds["steps_on"] = time.monotonic() - t1
+        report["num_rearrangements"] = state.num_rearrangements
+        report["worker_alive"] = state.async_worker is not None and state.async_worker.is_alive()
+    report.update(
+        prompts=prompts,
+        logits_on=logits_on,
+        load=loads,
+        recorded=recorded,
+        maps=maps,
+        commits=commits,
+        slot_checks=slot_checks,
+    )
+    if spec.run_eplb_off:
+        t2 = time.monotonic()
+        model_off, vc_off = build_model(ctx, folder, enable_eplb=False)
+        seconds["build_off"] = time.monotonic() - t2
+        t3 = time.monotonic()
+        report["logits_off"] = [forward(model_off, vc_off, p, positions) for p in prompts]
+        seconds["steps_off"] = time.monotonic() - t3
+    report["seconds"] = seconds
+    report["moe_calls"] = method.calls
+    return report
