@@ -154,7 +154,7 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
         def check(where: str) -> None:
             for layer, ls in enumerate(layer_states):
                 expected = build_replica_table(
-                    ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], rank, 1024
+                    ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], 0, 1024
                 )
                 if not torch.equal(ls.replica_lookup.table, expected):
                     errors.append(f"{where}: layer {layer} lookup differs from the committed maps")
@@ -234,7 +234,9 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
             has_prefill = batch_has_prefill(computed, [TOKENS, TOKENS])
             counter_before = state.expert_rearrangement_step
             wiring.prepare_inputs(has_prefill)  # 7
-            wiring.prepare_forward(mc, TOKENS)  # 8: unpadded count; PADDING rows follow
+            # 8: unpadded count (PADDING rows follow); each rank routes rows of its own, as vLLM Ascend's
+            # MC2 dispatch does: the 'split' row layout.
+            wiring.prepare_forward(mc, TOKENS, moe_rows="split")
             recorded = bool(state.should_record_tensor)
             counts = forward(step * n + rank, TOKENS)
             if recorded:

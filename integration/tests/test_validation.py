@@ -162,6 +162,12 @@ RULES = [
         {"parallel_config__enable_dbo": True},
         "enable_dbo=True (dual-batch overlap) is not validated with Ascend EPLB yet (per-micro-batch "
         "unpadded token counts have no test); fix: disable --enable-dbo",
+    ),    (
+        "row-layout",
+        {"parallel_config__prefill_context_parallel_size": 2, "parallel_config__data_parallel_size": 1},
+        "prefill_context_parallel_size=2: the MoE rows gathered over the PCP group are not placed by the "
+        "replica rule (which ranks route the same rows is not modelled); use 1; fix: set "
+        "--prefill-context-parallel-size 1",
     ),
 ]
 
@@ -590,3 +596,19 @@ def test_model_folder_facts_as_vllm_reads_them(tmp_path):
     broken = _serve(str(folder), *EAGER_ARGS)
     assert [v.rule for v in broken.violations] == ["model-folder"]
     assert "n_routed_experts='many' must be an integer in [0, 2147483647]" in broken.violations[0].message
+
+
+def test_float32_experts_pass_on_this_cpu_host_and_are_refused_elsewhere(tmp_path, monkeypatch):
+    data = copy.deepcopy(BASE)
+    data["model"]["quantization"] = "float32"
+    assert list(_check(tmp_path, data).violations) == []
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
+    assert [(v.rule, v.message) for v in _check(tmp_path, data).violations] == [
+        (
+            "quantization",
+            "float32 expert weights are accepted on a CPU host only (exact comparisons); fix: serve "
+            "--dtype bfloat16 or float16",
+        )
+    ]

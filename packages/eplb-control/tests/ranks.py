@@ -135,7 +135,7 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
             errors = []
             for layer, ls in enumerate(layer_states):
                 expected = build_replica_table(
-                    ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], rank, 1024
+                    ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], 0, 1024
                 )
                 if not torch.equal(ls.replica_lookup.table, expected):
                     errors.append(f"{where}: layer {layer} lookup differs from the committed maps")
@@ -148,11 +148,11 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
                     int(
                         table_checksum(
                             build_replica_table(
-                                ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], k, 1024
+                                ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], 0, 1024
                             )
                         )
                     )
-                    for k in range(n)
+                    for _ in range(n)
                 ]
                 gathered: list[Any] = [None] * n
                 torch.distributed.all_gather_object(
@@ -177,7 +177,8 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
         ctrl.step(is_dummy=True, is_profile=True)
         with ctrl.suppress():
             ctrl.set_batch_phase(False)
-            ctrl.prepare_forward(mc, TOKENS)
+            # Each rank routes rows of its own (vLLM Ascend's MC2 dispatch): the 'split' row layout.
+            ctrl.prepare_forward(mc, TOKENS, moe_rows="split")
             report["flag_under_suppress"] = bool(state.should_record_tensor)
             model.route([trace[layer][0][:TOKENS] for layer in range(NUM_MOE_LAYERS)])
         report["load_after_warmup"] = int(ms.expert_load_pass.sum())
@@ -195,7 +196,7 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
                     time.sleep(0.001)
             counter_before = state.expert_rearrangement_step
             ctrl.set_batch_phase(has_prefill)
-            ctrl.prepare_forward(mc, num_tokens)
+            ctrl.prepare_forward(mc, num_tokens, moe_rows="split")
             recorded = bool(state.should_record_tensor)
             seq = (step * n + rank) % 40
             mismatched = 0

@@ -233,10 +233,10 @@ def _maps(physical_to_logical: list[list[int]], num_logical: int):
 
 
 def test_layer_state_builds_then_refreshes_its_lookup_in_place():
-    num_logical, rank = 4, 1
+    num_logical, rank = 4, 0  # the table is the same on every rank (phase 0)
     load = torch.zeros(2, 6, dtype=torch.int32)
     l2p, count = _maps([[0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 2, 3]], num_logical)
-    ls = AscendEplbLayerState(ep_rank=rank, lookup_rows=16)
+    ls = AscendEplbLayerState(lookup_rows=16)
     ls.set_layer_state(1, load, l2p, count)
     assert ls.moe_layer_idx == 1
     assert ls.expert_load_view.data_ptr() == load[1].data_ptr()
@@ -262,7 +262,7 @@ def test_layer_state_builds_then_refreshes_its_lookup_in_place():
     assert ls.logical_to_physical_map.data_ptr() == l2p[1].data_ptr()
     assert torch.equal(ls.replica_lookup.table, before)
 
-    converted = AscendEplbLayerState.from_upstream(ls, ep_rank=0, lookup_rows=16)
+    converted = AscendEplbLayerState.from_upstream(ls, lookup_rows=16)
     assert converted.expert_load_view is ls.expert_load_view
     assert torch.equal(converted.replica_lookup.table, build_replica_table(l2p[1], count[1], 0, 16))
     with pytest.raises(RuntimeError, match="before set_layer_state"):

@@ -189,16 +189,28 @@ class Mrv2EplbWiring:
             self._call("set_batch_phase", batch_has_prefill)
 
     def prepare_forward(
-        self, model_config: Any, num_unpadded_tokens: int, ubatch_slices: list | None = None
+        self,
+        model_config: Any,
+        num_unpadded_tokens: int,
+        ubatch_slices: list | None = None,
+        *,
+        moe_rows: str | None = None,
     ) -> None:
         """Point 8: before the forward, with the batch's unpadded token count.
 
+        ``moe_rows`` names the rows this forward's MoE routes when the runner's dispatch differs per
+        batch (``AscendEPLBController.prepare_forward``); None: the configuration's. Upstream's
+        controller (EPLB off) takes no such argument and is called without it.
+
         Raises:
-            ValueError: ``num_unpadded_tokens`` is negative or not an int.
+            ValueError: ``num_unpadded_tokens`` is negative or not an int; ``moe_rows`` is unknown.
         """
         if not isinstance(num_unpadded_tokens, int) or num_unpadded_tokens < 0:
             raise ValueError(f"num_unpadded_tokens={num_unpadded_tokens!r} must be an int >= 0")
-        self._call("prepare_forward", model_config, num_unpadded_tokens, ubatch_slices)
+        if moe_rows is None:
+            self._call("prepare_forward", model_config, num_unpadded_tokens, ubatch_slices)
+        else:
+            self._call("prepare_forward", model_config, num_unpadded_tokens, ubatch_slices, moe_rows=moe_rows)
 
     def after_sampling(self) -> None:
         """Point 9: one EPLB step per engine step, after sampling (every rank, every step)."""

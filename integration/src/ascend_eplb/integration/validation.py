@@ -386,12 +386,31 @@ def check_settings(s: EplbSettings) -> Judgement:
                 "batch unpadded token counts have no test); fix: disable --enable-dbo",
             )
         )
+    from ascend_eplb.control.layout import unplaceable_layout
+
+    layout_reason = unplaceable_layout(s)
+    if layout_reason is not None:
+        out.append(Violation("row-layout", f"{layout_reason}; fix: set --prefill-context-parallel-size 1"))
     return out
 
 
 def _format_violations(name: str | None) -> list[Violation]:
     if name is None:
         return []
+    if name == "float32":
+        # Unquantized float32 experts: what exact comparisons on a CPU host need (the test suite, the
+        # simulator on real models); no Ascend kernel serves them.
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            return []
+        return [
+            Violation(
+                "quantization",
+                "float32 expert weights are accepted on a CPU host only (exact comparisons); fix: serve "
+                "--dtype bfloat16 or float16",
+            )
+        ]
     from ascend_eplb.quant_views import UnsupportedFormatError, get_format
 
     try:

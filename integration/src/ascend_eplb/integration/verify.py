@@ -237,7 +237,7 @@ class EplbVerifier:
                     "lookups", self.steps, rank, layer_idx, None, "the lookup table's storage changed"
                 )
             expected = build_replica_table(
-                l2p, counts, rank, lookup.rows, num_physical_experts=int(p2l.shape[0])
+                l2p, counts, lookup.phase, lookup.rows, num_physical_experts=int(p2l.shape[0])
             ).to(lookup.table.device)
             if not torch.equal(lookup.table, expected):
                 bad = (lookup.table != expected).nonzero()[0].tolist()

@@ -8,6 +8,11 @@ filtered out records nothing, so it contributes zeros to that window slot, while
 ``step`` runs exactly like every other rank's: the step counters, window position and the collectives
 of the rearrangement stay identical across ranks whatever their phases. (vLLM Ascend's MRv2 design of
 PR #14099; its earlier version turned filtered batches into dummy steps instead.)
+
+``prepare_forward`` also writes the forward's row layout (:mod:`ascend_eplb.control.layout`): which
+replica offset this rank uses and which rows it records, from the rows the MoE dispatch of this
+forward routes (the configuration's, or the ones the runner names), so that ranks routing the same
+rows choose the same replicas and each real selection is counted once.
 """
 
 from __future__ import annotations
@@ -19,6 +24,14 @@ import torch
 from vllm.logger import init_logger
 from vllm.v1.worker.gpu.eplb_utils import EPLBController
 
+from ascend_eplb.control.layout import (
+    MOE_ROWS,
+    RankCoordinates,
+    RowLayout,
+    current_rank_coordinates,
+    default_moe_rows,
+    row_layout,
+)
 from ascend_eplb.control.patching import check_signature
 from ascend_eplb.control.phase import LoadCollectionPhase, is_phase_matched, validate_phase
 from ascend_eplb.control.router_adaptation import adapt_layer_routers
@@ -90,6 +103,10 @@ class AscendEPLBController(EPLBController):
         self.step_hooks: list[StepHook] = []
         self._warned_undeclared_phase = False
         self.registration_hooks: list[RegistrationHook] = []
+        self._ranks: RankCoordinates | None = None
+        self._row_layouts: dict[str, RowLayout] = {}
+        self.last_row_layout: RowLayout | None = None
+        """The row layout the last :meth:`prepare_forward` put in force (None before the first)."""
 
     def prepare_load(self) -> None:
         """Upstream ``prepare_load``, building an :class:`AscendEplbState` when EPLB is enabled."""
@@ -169,19 +186,58 @@ class AscendEPLBController(EPLBController):
             return False
         return is_phase_matched(self.load_collection_phase, self._batch_has_prefill)
 
+    def row_layout_for(self, moe_rows: str | None = None) -> RowLayout:
+        """This rank's row layout for a forward whose MoE routes ``moe_rows`` (None: the configuration's,
+        :func:`~ascend_eplb.control.layout.default_moe_rows`).
+
+        Raises:
+            ValueError: ``moe_rows`` is not one of ``replicated``, ``split``, ``gathered``,
+                ``gathered-sp``.
+        """
+        rows = default_moe_rows(self.parallel_config) if moe_rows is None else moe_rows
+        layout = self._row_layouts.get(rows)
+        if layout is None:
+            if rows not in MOE_ROWS:
+                raise ValueError(f"moe_rows={rows!r} must be None or one of {list(MOE_ROWS)}")
+            if self._ranks is None:
+                self._ranks = current_rank_coordinates()
+            layout = self._row_layouts[rows] = row_layout(rows, self._ranks)
+        return layout
+
     def prepare_forward(
-        self, model_config: Any, num_unpadded_tokens: int, ubatch_slices: list | None = None
+        self,
+        model_config: Any,
+        num_unpadded_tokens: int,
+        ubatch_slices: list | None = None,
+        *,
+        moe_rows: str | None = None,
     ) -> None:
-        """Upstream ``prepare_forward``, then one fill of the device record flag for this batch.
+        """Upstream ``prepare_forward``, then the forward's row layout and one fill of the record flag.
+
+        Args:
+            model_config: upstream's.
+            num_unpadded_tokens: this rank's real tokens of the batch (upstream's); with
+                ``moe_rows="gathered-sp"`` still the rank's whole batch (the chunk is derived).
+            ubatch_slices: upstream's.
+            moe_rows: the rows this forward's MoE routes (:mod:`ascend_eplb.control.layout`), for a
+                runner whose dispatch differs per batch (vLLM Ascend: MC2/ALLTOALL ``"split"``,
+                ALLGATHER ``"gathered"`` or ``"gathered-sp"``); None: the configuration's rows.
 
         The flag becomes (not suppressed) and (upstream ``_should_record_current_step`` for this step)
         and (:meth:`phase_matched`). The declared phase is consumed: the next batch must declare its own.
+
+        Raises:
+            ValueError: ``moe_rows`` is not a row layout name (raised before upstream's call).
         """
+        layout = self.row_layout_for(moe_rows) if self.parallel_config.enable_eplb else None
         super().prepare_forward(model_config, num_unpadded_tokens, ubatch_slices)
         state = self.state
         try:
             if state is None or not self.parallel_config.enable_eplb or state.should_record_tensor is None:
                 return
+            assert layout is not None
+            state.set_row_layout(layout)
+            self.last_row_layout = layout
             decision = (
                 not self.suppressed
                 and self._has_registered_models

@@ -35,6 +35,7 @@ from vllm.logger import init_logger
 from vllm.utils.gpu_sync_debug import gpu_sync_allowed
 
 from ascend_eplb.control.commit_hooks import attach_observer, check_hooked_signatures, commit_hooks_installed
+from ascend_eplb.control.layout import RowLayout, current_rank_coordinates, default_moe_rows, row_layout
 from ascend_eplb.control.patching import check_signature
 from ascend_eplb.dataplane import ReplicaLookup
 
@@ -130,23 +131,27 @@ class AscendEplbLayerState(EplbLayerState):
     ``num_unpadded_tokens_tensors``, all views or references of the owning ``EplbModelState``), it owns
     ``replica_lookup``, built on the device of the maps by the first :meth:`set_layer_state` and only
     refreshed in place afterwards (the table's ``data_ptr`` never changes, so captured graphs stay valid).
+    The table is the same on every rank (phase 0): which replica a rank picks for a token also depends
+    on the forward's ``row_layout`` (shared by the model's layers, written by the controller's
+    ``prepare_forward`` from the parallel layout, :mod:`ascend_eplb.control.layout`).
 
     Attributes:
         replica_lookup: the layer's lookup; None until :meth:`set_layer_state`.
         moe_layer_idx: the layer index upstream registered this state under.
-        ep_rank: EP rank the lookup is built for; None reads ``get_ep_group().rank_in_group`` at
-            :meth:`set_layer_state`.
+        row_layout: int64 ``(4,)`` on the maps' device, the model's row layout
+            ``(replica_offset, num_slices, recording_slice, local_chunk)``; set by
+            ``AscendEplbState.add_model`` (None before: offset 0, first unpadded rows recorded).
         lookup_rows: rows of the lookup table (default 1024, vLLM Ascend's routing-table rows).
     """
 
     replica_lookup: ReplicaLookup | None = None
     moe_layer_idx: int | None = None
-    ep_rank: int | None = None
+    row_layout: torch.Tensor | None = None
     lookup_rows: int = DEFAULT_LOOKUP_ROWS
 
     @classmethod
     def from_upstream(
-        cls, state: EplbLayerState, *, ep_rank: int | None = None, lookup_rows: int = DEFAULT_LOOKUP_ROWS
+        cls, state: EplbLayerState, *, lookup_rows: int = DEFAULT_LOOKUP_ROWS
     ) -> AscendEplbLayerState:
         """An :class:`AscendEplbLayerState` carrying ``state``'s upstream fields (references, not copies).
 
@@ -159,7 +164,6 @@ class AscendEplbLayerState(EplbLayerState):
             logical_replica_count=state.logical_replica_count,
             should_record_tensor=state.should_record_tensor,
             num_unpadded_tokens_tensors=state.num_unpadded_tokens_tensors,
-            ep_rank=ep_rank,
             lookup_rows=lookup_rows,
         )
         if (
@@ -178,10 +182,9 @@ class AscendEplbLayerState(EplbLayerState):
         logical_replica_count: torch.Tensor,
         num_physical_experts: int,
     ) -> ReplicaLookup:
-        ep_rank = self.ep_rank if self.ep_rank is not None else get_ep_group().rank_in_group
         lookup = ReplicaLookup(
             int(logical_to_physical_map.shape[0]),
-            ep_rank,
+            0,
             logical_to_physical_map.device,
             rows=self.lookup_rows,
             num_physical_experts=num_physical_experts,
@@ -278,6 +281,10 @@ class AscendEplbState(EplbState):
         self._consecutive_skips = 0
         self._layer_states: dict[str, dict[int, list[AscendEplbLayerState]]] = {}
         self.commit_listeners: list[Callable[[CommitEvent, EplbModelState], None]] = []
+        self.row_layouts: dict[str, torch.Tensor] = {}
+        """Per registered model (by config hash): its int64 ``(4,)`` row-layout tensor."""
+        self.row_layout_in_force: dict[str, RowLayout] = {}
+        """Per registered model: the :class:`~ascend_eplb.control.layout.RowLayout` its tensor holds."""
         self.rearrangement_listeners: list[Callable[[AscendEplbState], None]] = []
 
     # ----------------------------------------------------------------- registration
@@ -308,7 +315,28 @@ class AscendEplbState(EplbState):
             by_layer[layer_state.moe_layer_idx].append(layer_state)
         key = model_config.compute_hash()
         self._layer_states[key] = dict(by_layer)
+        # One row layout per model, shared by its layers (like upstream's should_record_tensor); it
+        # starts as the configuration's own layout and the controller rewrites it per forward.
+        states = [ls for group in by_layer.values() for ls in group]
+        initial = row_layout(default_moe_rows(self.parallel_config), current_rank_coordinates())
+        layout = torch.tensor(initial.values(), dtype=torch.int64, device=self.device)
+        for layer_state in states:
+            layer_state.row_layout = layout
+        self.row_layouts[key] = layout
+        self.row_layout_in_force[key] = initial
         attach_observer(self.model_states[key], self)
+
+    def set_row_layout(self, layout: RowLayout) -> None:
+        """Write ``layout`` into every registered model's row-layout tensor, where it differs.
+
+        One small host-to-device copy per model when the layout changes (never on the device's
+        critical path of a forward); nothing when it is already in force. Called by the controller's
+        ``prepare_forward`` before the forward, outside any captured graph.
+        """
+        for key, tensor in self.row_layouts.items():
+            if self.row_layout_in_force.get(key) != layout:
+                tensor.copy_(torch.tensor(layout.values(), dtype=torch.int64), non_blocking=True)
+                self.row_layout_in_force[key] = layout
 
     def _key_of(self, model_state: EplbModelState) -> str | None:
         for key, candidate in self.model_states.items():

@@ -274,7 +274,8 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
         cursor += num_ranks * batch
         pad_ids = torch.randint(0, num_logical, (padded - batch, top_k), generator=g)
         wiring.prepare_inputs(bool(seq_starts[tok.numpy()].any()))
-        wiring.prepare_forward(model_config, batch)
+        # Each rank routes rows of its own (vLLM Ascend's MC2 dispatch): the 'split' row layout.
+        wiring.prepare_forward(model_config, batch, moe_rows="split")
         recording = bool(wiring.controller.last_record_decision)
         hid = torch.zeros(padded, hidden)
         hid[:batch] = hidden_table[tok % _HIDDEN_TABLE_ROWS]
