@@ -722,16 +722,22 @@ class RealModelSpec:
 
 
 class _ValidationView:
-    """``vllm_config`` as start-up validation reads it, with the model dtype shown as bfloat16.
+    """``vllm_config`` as start-up validation reads it, with two facts of this host hidden.
 
-    Validation refuses ``float32`` (no quant_views format of that name) while the oracles need float32
-    checkpoints; only validation reads this view (the controller and the model use the real config).
-    To be dropped when validation accepts float32.
+    * the model dtype is shown as bfloat16: validation refuses ``float32`` (no quant_views format of that
+      name) while the oracles need float32 checkpoints;
+    * ``use_v2_model_runner`` is shown True: vLLM sets it False on a host without Triton ("Model Runner
+      V2 requires Triton"), while this world drives Model Runner V2's EPLB call sequence itself
+      (``Mrv2EplbWiring``).
+
+    Only validation reads this view (the wiring's controller gets the real parallel config, the model
+    the real config). To be dropped when validation accepts float32 on a CPU test host.
     """
 
     def __init__(self, vllm_config: Any) -> None:
         self._config = vllm_config
         self.model_config = _Overlay(vllm_config.model_config, dtype=torch.bfloat16)
+        self.use_v2_model_runner = True
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._config, name)
