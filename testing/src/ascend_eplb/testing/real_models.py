@@ -698,8 +698,8 @@ class RealModelSpec:
         folder: the checkpoint (:func:`write_checkpoint`, written before the world starts).
         num_redundant_experts: R; ``E + R`` must divide by the number of ranks.
         steps: engine steps of the EPLB-on run (each one prefill forward of one prompt).
-        phase: ``load_collection_phase`` (``"all"``, ``"prefill"``, ``"decode"``); every step is a
-            prefill batch.
+        phase: ``load_collection_phase`` (``"all"``, ``"prefill"``, ``"decode"``); even steps are
+            declared prefill batches and odd steps decode batches (each is one forward of its prompt).
         window_size, step_interval: upstream ``EPLBConfig`` fields.
         num_tokens: T per prompt.
         seed: prompt seed.
@@ -719,37 +719,6 @@ class RealModelSpec:
     run_eplb_off: bool = True
     worker_deadline_s: float = 20.0
     eplb_extra: dict[str, Any] = field(default_factory=dict)
-
-
-class _ValidationView:
-    """``vllm_config`` as start-up validation reads it, with two facts of this host hidden.
-
-    * the model dtype is shown as bfloat16: validation refuses ``float32`` (no quant_views format of that
-      name) while the oracles need float32 checkpoints;
-    * ``use_v2_model_runner`` is shown True: vLLM sets it False on a host without Triton ("Model Runner
-      V2 requires Triton"), while this world drives Model Runner V2's EPLB call sequence itself
-      (``Mrv2EplbWiring``).
-
-    Only validation reads this view (the wiring's controller gets the real parallel config, the model
-    the real config). To be dropped when validation accepts float32 on a CPU test host.
-    """
-
-    def __init__(self, vllm_config: Any) -> None:
-        self._config = vllm_config
-        self.model_config = _Overlay(vllm_config.model_config, dtype=torch.bfloat16)
-        self.use_v2_model_runner = True
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._config, name)
-
-
-class _Overlay:
-    def __init__(self, obj: Any, **overrides: Any) -> None:
-        self._obj = obj
-        self.__dict__.update(overrides)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._obj, name)
 
 
 def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
@@ -780,6 +749,10 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
         ``moe_calls``: :class:`TorchFusedMoEMethod` applies on this rank.
     """
     os.environ["ASCEND_EPLB"] = "1"
+    os.environ["ASCEND_EPLB_VERIFY"] = "1"  # the serving verifier checks every commit and step
+    # As the README's serving command: without it vLLM picks V1 on a host without Triton ("Model Runner
+    # V2 requires Triton"); this world is the Model Runner V2 worker (it makes MRv2's EPLB calls).
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
     import vllm.plugins
 
@@ -816,7 +789,7 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
     positions = torch.arange(spec.num_tokens)
     method = register_torch_moe_method()
     with set_current_vllm_config(vc):
-        wiring = Mrv2EplbWiring(_ValidationView(vc), device)
+        wiring = Mrv2EplbWiring(vc, device)
         mc = vc.model_config
         wiring.load_model(model, mc)
         state = wiring.controller.state
@@ -846,7 +819,10 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
                         )
                     time.sleep(0.001)
             before = ms.physical_to_logical_map.clone()
-            wiring.prepare_inputs(batch_has_prefill([0], [spec.num_tokens]))
+            # Even steps are declared prefill batches, odd steps decode batches (computed = prompt
+            # tokens), so a "prefill" or "decode" phase records every other step.
+            computed = 0 if step % 2 == 0 else spec.num_tokens
+            wiring.prepare_inputs(batch_has_prefill([computed], [spec.num_tokens]))
             wiring.prepare_forward(mc, spec.num_tokens)
             rec = bool(state.should_record_tensor)
             logits_on.append(forward(model, vc, prompts[step], positions))
