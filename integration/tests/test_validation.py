@@ -162,7 +162,8 @@ RULES = [
         {"parallel_config__enable_dbo": True},
         "enable_dbo=True (dual-batch overlap) is not validated with Ascend EPLB yet (per-micro-batch "
         "unpadded token counts have no test); fix: disable --enable-dbo",
-    ),    (
+    ),
+    (
         "row-layout",
         {"parallel_config__prefill_context_parallel_size": 2, "parallel_config__data_parallel_size": 1},
         "prefill_context_parallel_size=2: the MoE rows gathered over the PCP group are not placed by the "
