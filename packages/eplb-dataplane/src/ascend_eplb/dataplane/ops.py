@@ -202,7 +202,7 @@ def _recorded_rows(
     """
     num_slices = row_layout[1].clamp_min(1)
     recording_slice = row_layout[2]
-    size = torch.div(num_tokens, num_slices, rounding_mode="floor")
+    size = num_tokens // num_slices  # Tensor.__rfloordiv__: a device scalar
     first = recording_slice * size
     real = (num_unpadded_tokens - row_layout[3] * size).clamp_min(0)
     limit = first + torch.minimum(real, size)
