@@ -74,6 +74,7 @@ __all__ = [
     "build_model",
     "checkpoint_experts",
     "checkpoint_info",
+    "fit_routing_bias",
     "forward",
     "hf_logits",
     "init_world",
@@ -152,7 +153,7 @@ class CheckpointInfo:
         return r
 
 
-def _hf_config(arch: str, num_experts: int | None, top_k: int | None) -> Any:
+def _hf_config(arch: str, num_experts: int | None, top_k: int | None, num_moe_layers: int | None) -> Any:
     from transformers import DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
 
     common = {
@@ -168,7 +169,7 @@ def _hf_config(arch: str, num_experts: int | None, top_k: int | None) -> Any:
             **common,
             intermediate_size=128,
             moe_intermediate_size=32,
-            num_hidden_layers=2,
+            num_hidden_layers=num_moe_layers or 2,
             num_key_value_heads=2,
             head_dim=16,
             num_experts=num_experts or 8,
@@ -180,7 +181,7 @@ def _hf_config(arch: str, num_experts: int | None, top_k: int | None) -> Any:
         return MixtralConfig(
             **common,
             intermediate_size=32,
-            num_hidden_layers=2,
+            num_hidden_layers=num_moe_layers or 2,
             num_key_value_heads=2,
             head_dim=16,
             num_local_experts=num_experts or 8,
@@ -191,7 +192,7 @@ def _hf_config(arch: str, num_experts: int | None, top_k: int | None) -> Any:
             **common,
             intermediate_size=128,
             moe_intermediate_size=32,
-            num_hidden_layers=3,
+            num_hidden_layers=1 + (num_moe_layers or 2),
             num_key_value_heads=4,
             n_shared_experts=1,
             n_routed_experts=num_experts or 16,
@@ -219,6 +220,7 @@ def write_checkpoint(
     seed: int = 0,
     num_experts: int | None = None,
     top_k: int | None = None,
+    num_moe_layers: int | None = None,
 ) -> Path:
     """Write a tiny random float32 checkpoint of ``arch`` into ``folder`` and return the folder.
 
@@ -236,13 +238,14 @@ def write_checkpoint(
         seed: torch seed of the weights.
         num_experts: E instead of the default (DeepSeek: a multiple of its 4 groups).
         top_k: K instead of the default.
+        num_moe_layers: L instead of the default 2 (DeepSeek-V3 keeps its dense first layer).
 
     Raises:
         ValueError: unknown ``arch``.
     """
     from transformers import AutoModelForCausalLM
 
-    config = _hf_config(arch, num_experts, top_k)
+    config = _hf_config(arch, num_experts, top_k, num_moe_layers)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     generator_state = torch.random.get_rng_state()
@@ -266,6 +269,82 @@ def write_checkpoint(
     finally:
         torch.random.set_rng_state(generator_state)
     return folder
+
+
+def fit_routing_bias(
+    folder: str | os.PathLike[str],
+    popularity: Any,
+    *,
+    iterations: int = 60,
+    step: float = 0.02,
+    seed: int = 0,
+) -> torch.Tensor:
+    """Fit a DeepSeek-V3 checkpoint's ``e_score_correction_bias`` so its routing follows ``popularity``.
+
+    The bias shifts expert selection only (upstream ``noaux_tc``: it is added to the scores for the
+    top-k choice, not to the routing weights), so this skews which experts tokens pick without changing
+    what an expert computes. Each iteration runs HF transformers on 16 random sequences of 64 tokens,
+    counts each MoE layer's selections and moves the layer's bias by
+    ``step * log(target share / observed share)``; the fitted bias is written back into the checkpoint.
+
+    Args:
+        folder: a ``"deepseek-v3"`` checkpoint of :func:`write_checkpoint`.
+        popularity: ``(L, E)`` non-negative load per logical expert (e.g. a recorded trace's per-layer
+            selections); each layer is normalised to shares.
+        iterations: fitting iterations (60: the embedded ESFT trace's first 4 layers to within
+            0.10-0.17 in total variation, measured).
+        step: the bias step per unit of log-share error.
+        seed: seed of the fitting tokens.
+
+    Returns:
+        float64 ``(L, E)``: the selection shares the fitted checkpoint gave in the last iteration.
+
+    Raises:
+        ValueError: not a DeepSeek-V3 checkpoint, or ``popularity`` not ``(L, E)`` with positive rows.
+    """
+    from transformers import AutoModelForCausalLM
+
+    info = checkpoint_info(folder)
+    if info.arch != "deepseek-v3":
+        raise ValueError(f"{folder}: only a deepseek-v3 checkpoint has a routing bias, got {info.arch}")
+    target = torch.as_tensor(popularity, dtype=torch.float64)
+    if target.shape != (info.num_moe_layers, info.num_logical_experts) or bool((target.sum(1) <= 0).any()):
+        raise ValueError(
+            f"popularity must be (L, E) = ({info.num_moe_layers}, {info.num_logical_experts}) with a "
+            f"positive total per layer, got {tuple(target.shape)}"
+        )
+    target = target / target.sum(1, keepdim=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=torch.float32, attn_implementation="eager"
+    )
+    model.eval()
+    gates = [model.model.layers[i].mlp.gate for i in info.moe_layer_indices]
+    counts: list[torch.Tensor | None] = [None] * len(gates)
+
+    def counter(layer: int) -> Any:
+        def hook(module: Any, inputs: Any, output: Any) -> None:
+            counts[layer] = torch.bincount(output[2].reshape(-1), minlength=info.num_logical_experts)
+
+        return hook
+
+    handles = [gate.register_forward_hook(counter(i)) for i, gate in enumerate(gates)]
+    ids = torch.randint(0, info.vocab_size, (16, 64), generator=torch.Generator().manual_seed(seed))
+    shares = target
+    try:
+        for _ in range(iterations):
+            with torch.inference_mode():
+                model(ids)
+            observed = torch.stack([c.double() for c in counts])
+            shares = observed / observed.sum(1, keepdim=True)
+            with torch.no_grad():
+                for layer, gate in enumerate(gates):
+                    error = torch.log((target[layer] + 1e-4) / (shares[layer] + 1e-4))
+                    gate.e_score_correction_bias += (step * error).float()
+    finally:
+        for handle in handles:
+            handle.remove()
+    model.save_pretrained(folder)
+    return shares
 
 
 def checkpoint_info(folder: str | os.PathLike[str]) -> CheckpointInfo:
@@ -492,6 +571,7 @@ def _vllm_config(folder: Path, num_ranks: int, enable_eplb: bool, eplb: dict[str
         AttentionConfig,
         CompilationConfig,
         EPLBConfig,
+        LoadConfig,
         ModelConfig,
         ParallelConfig,
         VllmConfig,
@@ -519,6 +599,8 @@ def _vllm_config(folder: Path, num_ranks: int, enable_eplb: bool, eplb: dict[str
     )
     return VllmConfig(
         model_config=model_config,
+        # No loading progress bar: tqdm's multiprocessing lock would be a semaphore of each rank.
+        load_config=LoadConfig(use_tqdm_on_load=False),
         parallel_config=parallel,
         compilation_config=CompilationConfig(custom_ops=["none"]),
         attention_config=attention,
@@ -537,10 +619,25 @@ def init_world(ctx: Any, vllm_config: Any) -> None:
             world_size=ctx.world_size,
             rank=ctx.rank,
             distributed_init_method=ctx.init_method,
-            local_rank=ctx.rank,
+            local_rank=ctx.local_rank,
             backend="gloo",
         )
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=ctx.world_size)
+
+
+def _thread_lock_for_tqdm() -> None:
+    """Give tqdm a threading lock before vLLM's loader makes its (disabled) progress bar.
+
+    tqdm's class lock is otherwise a ``multiprocessing`` semaphore, created at the first bar of each
+    process and never released: one leaked semaphore per rank at shutdown (the resource tracker warns).
+    A rank has no child process to share the lock with.
+    """
+    import threading
+
+    from tqdm import tqdm
+
+    if getattr(tqdm, "_lock", None) is None:
+        tqdm.set_lock(threading.RLock())
 
 
 def build_model(
@@ -575,6 +672,7 @@ def build_model(
 
     apply_patches()
     register_torch_moe_method()
+    _thread_lock_for_tqdm()
     vllm_config = _vllm_config(Path(folder), ctx.world_size, enable_eplb, eplb)
     init_world(ctx, vllm_config)
     with set_current_vllm_config(vllm_config):
