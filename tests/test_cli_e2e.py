@@ -39,7 +39,7 @@ def _run(*args: str, timeout: float) -> subprocess.CompletedProcess:
 def test_console_script_simulate_passes_every_check(tmp_path):
     out = tmp_path / "sim"
     proc = _run(
-        "simulate", "--ranks", "2", "--redundant-experts", "2", "--layers", "2", "--batch-size", "16",
+        "simulate", "--ranks", "2", "--redundant-experts", "2", "--batch-size", "16",
         "--steps", "8", "--window-size", "1", "--step-interval", "2", "--no-progress", "--out", str(out),
         timeout=280,
     )  # fmt: skip
@@ -47,7 +47,13 @@ def test_console_script_simulate_passes_every_check(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["checks"] == dict.fromkeys(("outputs", "fingerprints", "lookups", "load", "worker"), True)
     assert report["passed"] is True
-    assert (report["ranks"], report["layers"], report["steps"]) == (2, 2, 8)
+    # The default model: vLLM's DeepseekV3ForCausalLM on the preset checkpoint (4 MoE layers).
+    assert (report["model"], report["ranks"], report["layers"], report["steps"]) == (
+        "DeepseekV3ForCausalLM",
+        2,
+        4,
+        8,
+    )
     assert report["rearrangements"] >= 1
     assert report["layers_committed"] >= 2
     assert "PASS  outputs" in proc.stdout

@@ -145,7 +145,7 @@ CASES = [
 
 def _command(name: str, path: Path, tmp_path: Path) -> list[str]:
     if name == "trace.npz":
-        return ["simulate", "--trace", str(path), "--out", str(tmp_path / "out")]
+        return ["simulate", "--model", "replay", "--trace", str(path), "--out", str(tmp_path / "out")]
     if name == "config.json":
         return ["check", str(path)]
     return ["plan", str(path), "--ranks", "2"]

@@ -125,6 +125,7 @@ def test_a_simulated_events_file_plans_like_its_load_matrix_and_like_the_online_
 
     report = run_simulation(
         SimulateConfig(
+            model="replay",
             num_ranks=2,
             num_redundant_experts=2,
             num_moe_layers=2,

@@ -9,11 +9,12 @@ from ascend_eplb.tools.cli import main
 from ascend_eplb.tools.simulate.config import SimulateConfig
 from ascend_eplb.tools.simulate.driver import run_simulation
 
-SHORT = dict(num_ranks=2, num_redundant_experts=2, num_moe_layers=2, batch_size=32, steps=16, window_size=2,
-             step_interval=4, progress=False, timeout_s=240)  # fmt: skip
+# The trace-replay world (--model replay): the embedded ESFT trace on synthetic w8a8_dynamic experts.
+SHORT = dict(model="replay", num_ranks=2, num_redundant_experts=2, num_moe_layers=2, batch_size=32, steps=16,
+             window_size=2, step_interval=4, progress=False, timeout_s=240)  # fmt: skip
 # A fault fires at the first commit (interval 2 starts the first rearrangement at step 0) and stops the run.
-FAULTY = dict(num_ranks=2, num_redundant_experts=2, num_moe_layers=1, batch_size=16, steps=8, window_size=1,
-              step_interval=2, progress=False, timeout_s=240)  # fmt: skip
+FAULTY = dict(model="replay", num_ranks=2, num_redundant_experts=2, num_moe_layers=1, batch_size=16, steps=8,
+              window_size=1, step_interval=2, progress=False, timeout_s=240)  # fmt: skip
 
 
 @pytest.mark.multirank
@@ -113,7 +114,7 @@ def test_top_k_samples_a_load_matrix_and_skips_layers_without_load(tmp_path, cap
     assert routing.name == "load.npy (1 layers without load skipped)"
     assert load_routing_source(path, num_tokens=64, seed=0).top_k == 6  # the stated default
     # --top-k is for sampling: with a routing trace (.npz) it is an error naming the trace's own K.
-    code = main(["simulate", "--top-k", "8", "--out", str(tmp_path / "o")])
+    code = main(["simulate", "--model", "replay", "--top-k", "8", "--out", str(tmp_path / "o")])
     assert code == 2
     err = capsys.readouterr().err
     assert "top-k=8: the routing trace routes top-6; --top-k is for sampling a load matrix" in err
@@ -132,8 +133,9 @@ def test_each_fault_fires_its_check(tmp_path, fault, check):
 
 
 def test_bad_options_rejected_before_any_process(tmp_path, capsys):
-    code = main(["simulate", "--ranks", "3", "--redundant-experts", "1", "--layers", "40", "--format", "int3",
-                 "--window-size", "9", "--step-interval", "4", "--out", str(tmp_path / "o")])  # fmt: skip
+    code = main(["simulate", "--model", "replay", "--ranks", "3", "--redundant-experts", "1", "--layers",
+                 "40", "--format", "int3", "--window-size", "9", "--step-interval", "4", "--out",
+                 str(tmp_path / "o")])  # fmt: skip
     assert code == 2
     err = capsys.readouterr().err
     assert (
@@ -150,7 +152,8 @@ def test_bad_options_rejected_before_any_process(tmp_path, capsys):
 def test_unusable_sizes_output_folder_and_timeout_rejected_before_any_process(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    code = main(["simulate", "--format", "mxfp8", "--out", str(blocker / "sub"), "--timeout", "inf"])
+    code = main(["simulate", "--model", "replay", "--format", "mxfp8", "--out", str(blocker / "sub"),
+                 "--timeout", "inf"])  # fmt: skip
     assert code == 2
     err = capsys.readouterr().err
     assert (
@@ -163,7 +166,7 @@ def test_unusable_sizes_output_folder_and_timeout_rejected_before_any_process(tm
     assert f"out={blocker}: exists and is not a folder" in err
     assert "timeout=nan: must be a finite number of seconds > 0" in err
     missing = tmp_path / "missing.npz"
-    assert main(["simulate", "--trace", str(missing), "--out", str(tmp_path / "o")]) == 2
+    assert main(["simulate", "--model", "replay", "--trace", str(missing), "--out", str(tmp_path / "o")]) == 2
     assert f"{missing}: no such file (a compact routing trace .npz)" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
@@ -172,7 +175,8 @@ def test_unusable_sizes_output_folder_and_timeout_rejected_before_any_process(tm
 def test_ranks_past_the_deadline_end_the_run_with_exit_1_naming_each_rank(tmp_path, capsys):
     # 100000 steps (tens of ms each) cannot finish within 60 s, start-up (which the deadline covers,
     # test_stops.py) well within it: each rank is killed at the deadline.
-    code = main(["simulate", "--ranks", "2", "--layers", "1", "--steps", "100000", "--timeout", "60",
+    code = main(["simulate", "--model", "replay", "--ranks", "2", "--layers", "1", "--steps", "100000",
+                 "--timeout", "60",
                  "--no-progress", "--out", str(tmp_path / "o")])  # fmt: skip
     assert code == 1
     err = capsys.readouterr().err
@@ -195,22 +199,21 @@ def test_torchrun_runs_the_same_simulation_two_ranks_on_one_host(tmp_path):
     env = os.environ | {"VLLM_TARGET_DEVICE": "cpu", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "ascend_eplb.tools", "simulate", "--ranks", "2", "--redundant-experts", "2", "--layers", "2",
-         "--steps", "12", "--window-size", "2", "--step-interval", "4", "--no-progress", "--out", str(out)],
+         "-m", "ascend_eplb.tools", "simulate", "--ranks", "2", "--redundant-experts", "2", "--steps", "12",
+         "--window-size", "2", "--step-interval", "4", "--no-progress", "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["passed"] is True
-    assert report["ranks"] == 2
-    assert report["steps"] == 12
+    assert (report["model"], report["ranks"], report["steps"]) == ("DeepseekV3ForCausalLM", 2, 12)
     assert report["rearrangements"] >= 2
     assert report["layers_committed"] >= 4
     assert proc.stdout.count("PASSED in") == 1  # one report, from rank 0
 
 
-WORKER_FAULT = dict(num_ranks=2, num_redundant_experts=2, num_moe_layers=3, batch_size=16, steps=300,
-                    window_size=2, step_interval=4, progress=False, timeout_s=240,
+WORKER_FAULT = dict(model="replay", num_ranks=2, num_redundant_experts=2, num_moe_layers=3, batch_size=16,
+                    steps=300, window_size=2, step_interval=4, progress=False, timeout_s=240,
                     worker_timeout_s=1.0)  # fmt: skip
 
 
@@ -294,7 +297,9 @@ def test_quiet_drops_only_the_named_vllm_start_up_lines(caplog):
 def test_a_bad_model_config_or_an_output_name_taken_by_a_folder_is_refused_before_any_rank(tmp_path, capsys):
     bad = tmp_path / "config.json"
     bad.write_bytes(b"\xff\x00")
-    assert main(["simulate", "--model-config", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert (
+        main(["simulate", "--model", "replay", "--model-config", str(bad), "--out", str(tmp_path / "o")]) == 2
+    )
     assert f"model config={bad}: {bad}: cannot read the model config as JSON" in capsys.readouterr().err
     (tmp_path / "o2" / "events.jsonl").mkdir(parents=True)
     assert main(["simulate", "--out", str(tmp_path / "o2")]) == 2
@@ -302,3 +307,108 @@ def test_a_bad_model_config_or_an_output_name_taken_by_a_folder_is_refused_befor
         f"{tmp_path / 'o2' / 'events.jsonl'} is not a file; the run writes a file there"
         in capsys.readouterr().err
     )
+
+
+def _trace_balancedness_off(
+    num_moe_layers: int, num_ranks: int, num_redundant: int, step_tokens: int
+) -> float:
+    """The embedded ESFT trace's own EPLB-off balancedness: its first MoE layers' selections in steps of
+    ``step_tokens`` tokens, on upstream's initial placement (the metric simulate reports per step)."""
+    import torch
+    from vllm.distributed.eplb.eplb_state import EplbState
+
+    from ascend_eplb.integration import metrics
+    from ascend_eplb.tools.trace import load_trace
+
+    trace = load_trace()
+    ids = torch.from_numpy(trace.topk_ids[:num_moe_layers].astype(np.int64))  # [L, T, K]
+    e = trace.num_logical_experts
+    p2l = torch.tensor(
+        [EplbState.build_initial_global_physical_to_logical_map(e, num_redundant)] * num_moe_layers
+    )
+    values = []
+    for start in range(0, ids.shape[1] - step_tokens + 1, step_tokens):
+        load = torch.stack([torch.bincount(ids[layer, start : start + step_tokens].reshape(-1), minlength=e)
+                            for layer in range(num_moe_layers)])  # fmt: skip
+        values.append(metrics.balancedness(metrics.rank_loads(load, p2l, num_ranks)))
+    return float(np.mean(values))
+
+
+@pytest.mark.multirank
+def test_the_main_job_serves_a_real_deepseek_v3_model_skewed_like_the_trace(tmp_path):
+    """The default --model: vLLM's DeepseekV3ForCausalLM on the preset checkpoint (routing bias fitted to
+    the ESFT trace), 4 ranks TP=4 x EP=4, every check every step."""
+    config = SimulateConfig(steps=40, progress=False, timeout_s=280, out_dir=str(tmp_path))
+    assert (config.model, config.num_ranks, config.batch_size) == ("deepseek-v3", 4, 32)
+    report = run_simulation(config)
+    assert report["passed"], report["first_violation"]
+    assert report["checks"] == dict.fromkeys(("outputs", "load", "fingerprints", "lookups", "worker"), True)
+    served = (report["model"], report["format"], report["layers"], report["num_logical_experts"])
+    assert served == ("DeepseekV3ForCausalLM", "float32", 4, 64)
+    assert report["top_k"] == 6
+    assert report["steps"] == 40
+    assert report["rearrangements_completed"] >= 2
+    assert report["max_output_error"] <= 1e-5
+    # The load is skewed like the real trace's: without EPLB, within 0.05 of the trace's own figure.
+    trace_off = _trace_balancedness_off(4, 4, 4, 4 * 32)
+    assert abs(report["balancedness_off_mean"] - trace_off) <= 0.05, (
+        report["balancedness_off_mean"],
+        trace_off,
+    )
+    assert report["balancedness_after"] > report["balancedness_off_after"] + 0.05
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert {e["event"] for e in events} >= {"window", "rearrangement", "commit"}
+
+
+REAL_FAULTY = dict(model="qwen3-moe", num_ranks=2, num_redundant_experts=2, batch_size=16, window_size=1,
+                   step_interval=2, progress=False, timeout_s=240, worker_timeout_s=1.0)  # fmt: skip
+
+
+@pytest.mark.multirank
+def test_a_stale_lookup_on_the_real_model_fails_the_lookups_check(tmp_path):
+    report = run_simulation(
+        SimulateConfig(**REAL_FAULTY, steps=8, out_dir=str(tmp_path), fault="wrong-lookup-refresh")
+    )
+    assert not report["passed"]
+    assert report["first_violation"].startswith("lookups:")
+    assert report["checks"]["lookups"] is False
+    assert report["steps"] < 8  # stopped at the end of the violating step
+
+
+@pytest.mark.multirank
+def test_a_dead_worker_on_the_real_model_stops_eplb_and_serving_goes_on(tmp_path):
+    report = run_simulation(
+        SimulateConfig(**REAL_FAULTY, steps=60, out_dir=str(tmp_path), fault="worker-dies")
+    )
+    assert report["checks"] == {
+        "outputs": True,
+        "load": True,
+        "fingerprints": True,
+        "lookups": True,
+        "worker": False,
+    }
+    assert report["steps"] == 60  # no hang, no early end
+    assert "rank(s) 1 died" in report["worker_failure"][0]
+    assert report["layers_committed"] == 1  # layer 0 committed, layer 1's transfer failed
+    assert report["rearrangements_completed"] == 0
+
+
+def test_real_model_runs_refuse_replay_options_and_bad_folders_before_any_process(tmp_path, capsys):
+    code = main(["simulate", "--model", "qwen3-moe", "--format", "mxfp8", "--layers", "2", "--padded-size",
+                 "300", "--fault", "view-skips-scale", "--out", str(tmp_path / "o")])  # fmt: skip
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "format=mxfp8: applies to --model replay only" in err
+    assert "layers=2: applies to --model replay only" in err
+    assert "fault=view-skips-scale: a quantized format's view list; applies to --model replay only" in err
+    assert "padded size=300: one step is one sequence of that many tokens, the model has 256 positions" in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["simulate", "--model", str(empty), "--out", str(tmp_path / "o")]) == 2
+    assert f"model={empty}: neither a preset (deepseek-v3, qwen3-moe, mixtral, or replay) nor a folder" in (
+        capsys.readouterr().err
+    )
+    (empty / "config.json").write_text("{}")
+    assert main(["simulate", "--model", str(empty), "--out", str(tmp_path / "o")]) == 2
+    assert f"model={empty}: the folder has no *.safetensors weights" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

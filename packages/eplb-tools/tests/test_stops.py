@@ -27,7 +27,19 @@ VLLM_NOTICES = (
     "Reset SSM cache type",
     "Model Runner V2 requires Triton",
 )
-SMALL = ["--ranks", "2", "--redundant-experts", "2", "--layers", "1", "--batch-size", "16", "--no-progress"]
+SMALL = [
+    "--model",
+    "replay",
+    "--ranks",
+    "2",
+    "--redundant-experts",
+    "2",
+    "--layers",
+    "1",
+    "--batch-size",
+    "16",
+    "--no-progress",
+]
 
 
 class Run:

@@ -5,19 +5,26 @@ once per process (so once per rank), lines about kernels and runners the tools n
 platform's ``Failed to import from vllm._C...`` (no CPU kernels are built with
 ``VLLM_TARGET_DEVICE=empty``), ``Triton is not installed...``, ``Reset SSM cache type...`` (mamba
 backends) and the config's ``Model Runner V2 requires Triton; using the V1 model runner instead``
-(the simulator builds no vLLM runner; it makes the MRv2 EPLB calls itself). :func:`install` adds a
+(the simulator builds no vLLM runner; it makes the MRv2 EPLB calls itself), and, per custom op of a
+real model class, ``Priority not set for op rms_norm, using native implementation`` (``vllm.ir.op``:
+no kernel priority on this platform, the op's torch form runs) and, per model, the config's notes that
+eager mode disables compilation (``Enforce eager set...``, ``Inductor compilation was disabled...``:
+the real models run eager, as start-up validation requires). :func:`install` adds a
 ``logging.Filter`` to exactly the vLLM loggers that emit them, dropping only records whose message
 starts with one of :data:`DROPPED`. Every other vLLM record and every ``ascend_eplb`` record
 (watchdog, verifier, controller) passes; vLLM's own logging configuration (``VLLM_LOGGING_LEVEL``,
-``VLLM_CONFIGURE_LOGGING``) is untouched. ``ASCEND_EPLB_TOOLS_VLLM_NOISE=1`` turns the filter off.
+``VLLM_CONFIGURE_LOGGING``) is untouched. It also ignores torch's ``FutureWarning`` that
+``all_gather_into_tensor`` is deprecated, which vLLM's TP all-gather raises once per rank (vLLM's call,
+not the tools'). ``ASCEND_EPLB_TOOLS_VLLM_NOISE=1`` turns both off.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import warnings
 
-__all__ = ["DROPPED", "NOTE", "install"]
+__all__ = ["DROPPED", "IGNORED_WARNINGS", "NOTE", "install"]
 
 #: vLLM logger -> message prefixes dropped from it (vLLM 0.33.0 sources in the module docstring).
 DROPPED: dict[str, tuple[str, ...]] = {
@@ -27,8 +34,17 @@ DROPPED: dict[str, tuple[str, ...]] = {
         "Reset SSM cache type",
     ),
     "vllm.platforms.interface": ("Failed to import from vllm._C",),
-    "vllm.config.vllm": ("Model Runner V2 requires Triton",),
+    "vllm.config.vllm": (
+        "Model Runner V2 requires Triton",
+        "Enforce eager set",
+        "Inductor compilation was disabled by user settings",
+    ),
+    "vllm.ir.op": ("Priority not set for op",),
 }
+#: Python warnings ignored (message regex, category): raised by vLLM's calls into torch.
+IGNORED_WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
+    (r"`torch\.distributed\.all_gather_into_tensor` is deprecated", FutureWarning),
+)
 #: The one line the tools print about what remains of vLLM's start-up output.
 NOTE = (
     "note: vLLM start-up lines about kernels and runners these tools do not use are hidden "
@@ -53,4 +69,6 @@ def install() -> bool:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _Drop) for f in logger.filters):
             logger.addFilter(_Drop(prefixes))
+    for message, category in IGNORED_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
     return True

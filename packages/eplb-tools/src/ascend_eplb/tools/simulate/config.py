@@ -22,6 +22,7 @@ __all__ = [
     "OUTPUT_ATOL",
     "OUTPUT_RTOL",
     "PHASES",
+    "REPLAY_ONLY",
     "SIMULATOR_CHECKS",
     "SimulateConfig",
     "add_simulate_arguments",
@@ -37,7 +38,7 @@ SIMULATOR_CHECKS = ("outputs", "load")
 CHECKS = (*SIMULATOR_CHECKS, *VERIFIER_CHECKS, WATCHDOG_CHECK)
 #: Each check in plain words (the summary prints them).
 CHECK_DESCRIPTIONS = {
-    "outputs": "every layer's output equals the EPLB-off model's, every step",
+    "outputs": "the outputs equal the EPLB-off model's every step (a real model's logits)",
     "load": "the recorded load equals the routed real tokens (padding excluded)",
     "fingerprints": "each moved expert's weights equal its logical expert's after the commit",
     "lookups": "routing tables equal the committed placement, the same on every rank",
@@ -78,12 +79,23 @@ class SimulateConfig:
     trace's) when sampling a load matrix.
     """
 
+    model: str = _option(
+        "deepseek-v3", "--model",
+        "the model served: a local folder (config.json + safetensors of Qwen3-MoE, DeepSeek-V3 or "
+        "Mixtral), a preset (deepseek-v3, qwen3-moe, mixtral: a tiny checkpoint written once into the "
+        "cache; deepseek-v3's routing fitted to the embedded ESFT trace), or 'replay': the trace-replay "
+        "world (synthetic experts in --format's kernel storage, routing from --trace); default "
+        "%(default)s",
+        metavar="DIR|PRESET|replay",
+    )  # fmt: skip
     num_ranks: int = _option(4, "--ranks", "EP ranks (processes), default %(default)s", type=positive_int)
     num_redundant_experts: int = _option(
         4, "--redundant-experts", "redundant physical experts per layer, default %(default)s",
         type=non_negative_int,
     )  # fmt: skip
-    quant_format: str = _option("w8a8_dynamic", "--format", "expert weight format, default %(default)s")
+    quant_format: str = _option(
+        "w8a8_dynamic", "--format", "expert weight format of --model replay, default %(default)s"
+    )
     num_moe_layers: int | None = _option(
         None, "--layers", "MoE layers (a prefix of the trace's loaded layers), default all", type=positive_int
     )
@@ -156,6 +168,13 @@ class SimulateConfig:
     link_gbps: float = _option(LINK_GBPS_DEFAULT, "--link-gbps", LINK_GBPS_HELP, type=float)
 
     @property
+    def replays(self) -> bool:
+        """Whether this run is the trace-replay world (``--model replay``), not a real model."""
+        from ascend_eplb.tools.simulate.models import REPLAY
+
+        return self.model == REPLAY
+
+    @property
     def effective_padded_size(self) -> int:
         if self.padded_size is not None:
             return self.padded_size
@@ -183,16 +202,7 @@ class SimulateConfig:
         from ascend_eplb.quant_views import get_format
         from ascend_eplb.tools.simulate import resources
 
-        errors: list[str] = []
-        if not 1 <= self.num_ranks <= 8:
-            errors.append(f"ranks={self.num_ranks}: must be in [1, 8] (one CPU process per rank)")
-        if self.num_ranks == 1:
-            errors.append("ranks=1: EPLB needs an expert-parallel world of at least 2 ranks")
-        if self.num_redundant_experts < 0:
-            errors.append(f"redundant experts={self.num_redundant_experts}: must be >= 0")
-        reason = experts_divisibility_error(num_logical_experts, self.num_redundant_experts, self.num_ranks)
-        if self.num_redundant_experts >= 0 and reason is not None:
-            errors.append(f"redundant experts={self.num_redundant_experts}: {reason}")
+        errors = self._common_errors(num_logical_experts)
         try:
             fmt = get_format(self.quant_format)
         except ValueError as e:
@@ -213,38 +223,12 @@ class SimulateConfig:
                 f"layers={self.num_moe_layers}: must be in [1, {num_trace_moe_layers}] "
                 "(the trace's MoE layers)"
             )
-        if self.batch_size < 1:
-            errors.append(f"batch size={self.batch_size}: must be >= 1")
-        if self.padded_size is not None and self.padded_size < self.batch_size:
-            errors.append(f"padded size={self.padded_size}: must be >= batch size={self.batch_size}")
-        if self.steps < 1:
-            errors.append(f"steps={self.steps}: must be >= 1")
-        if self.window_size < 1 or self.step_interval < 1:
-            errors.append(f"window size={self.window_size}, step interval={self.step_interval}: must be >= 1")
-        elif self.window_size > self.step_interval:
-            errors.append(
-                f"window size={self.window_size}: must be <= step interval={self.step_interval} "
-                "(upstream records only the last window-size steps of an interval)"
-            )
-        if self.load_collection_phase not in PHASES:
-            errors.append(f"phase={self.load_collection_phase!r}: must be one of {PHASES}")
         if self.trace is not None and not Path(self.trace).is_file():
             errors.append(f"trace={self.trace}: no such file")
         if self.hidden_size < 1 or self.intermediate_size < 1:
             errors.append(
                 f"hidden size={self.hidden_size}, intermediate size={self.intermediate_size}: must be >= 1"
             )
-        out_error = _unwritable(Path(self.out_dir))
-        if out_error:
-            errors.append(f"out={self.out_dir}: {out_error}")
-        if not self.timeout_s > 0 or self.timeout_s == float("inf"):
-            errors.append(f"timeout={self.timeout_s}: must be a finite number of seconds > 0")
-        if not (0 < self.worker_timeout_s < float("inf")):
-            errors.append(f"worker timeout={self.worker_timeout_s}: must be a finite number of seconds > 0")
-        if self.on_worker_failure not in ("stop", "raise"):
-            errors.append(f"on worker failure={self.on_worker_failure!r}: must be 'stop' or 'raise'")
-        if self.fault is not None and self.fault not in FAULTS:
-            errors.append(f"fault={self.fault!r}: must be one of {FAULTS}")
         if top_k > num_logical_experts:
             errors.append(f"trace top-k={top_k}: must be <= E={num_logical_experts}")
         if self.sample_top_k is not None and not sampled:
@@ -270,6 +254,98 @@ class SimulateConfig:
             errors += resources.memory_rule(self, **sizes, num_trace_tokens=tokens, sampled=sampled)
         if errors:
             raise ValueError("invalid simulate options:\n  - " + "\n  - ".join(errors))
+
+    def _common_errors(self, num_logical_experts: int) -> list[str]:
+        """The rules of both worlds (ranks, redundancy, batch, steps, window, phase, output, timeouts,
+        fault), as one message each."""
+        errors: list[str] = []
+        if not 1 <= self.num_ranks <= 8:
+            errors.append(f"ranks={self.num_ranks}: must be in [1, 8] (one CPU process per rank)")
+        if self.num_ranks == 1:
+            errors.append("ranks=1: EPLB needs an expert-parallel world of at least 2 ranks")
+        if self.num_redundant_experts < 0:
+            errors.append(f"redundant experts={self.num_redundant_experts}: must be >= 0")
+        reason = experts_divisibility_error(num_logical_experts, self.num_redundant_experts, self.num_ranks)
+        if self.num_redundant_experts >= 0 and reason is not None:
+            errors.append(f"redundant experts={self.num_redundant_experts}: {reason}")
+        if self.batch_size < 1:
+            errors.append(f"batch size={self.batch_size}: must be >= 1")
+        if self.padded_size is not None and self.padded_size < self.batch_size:
+            errors.append(f"padded size={self.padded_size}: must be >= batch size={self.batch_size}")
+        if self.steps < 1:
+            errors.append(f"steps={self.steps}: must be >= 1")
+        if self.window_size < 1 or self.step_interval < 1:
+            errors.append(f"window size={self.window_size}, step interval={self.step_interval}: must be >= 1")
+        elif self.window_size > self.step_interval:
+            errors.append(
+                f"window size={self.window_size}: must be <= step interval={self.step_interval} "
+                "(upstream records only the last window-size steps of an interval)"
+            )
+        if self.load_collection_phase not in PHASES:
+            errors.append(f"phase={self.load_collection_phase!r}: must be one of {PHASES}")
+        out_error = _unwritable(Path(self.out_dir))
+        if out_error:
+            errors.append(f"out={self.out_dir}: {out_error}")
+        if not self.timeout_s > 0 or self.timeout_s == float("inf"):
+            errors.append(f"timeout={self.timeout_s}: must be a finite number of seconds > 0")
+        if not (0 < self.worker_timeout_s < float("inf")):
+            errors.append(f"worker timeout={self.worker_timeout_s}: must be a finite number of seconds > 0")
+        if self.on_worker_failure not in ("stop", "raise"):
+            errors.append(f"on worker failure={self.on_worker_failure!r}: must be 'stop' or 'raise'")
+        if self.fault is not None and self.fault not in FAULTS:
+            errors.append(f"fault={self.fault!r}: must be one of {FAULTS}")
+        return errors
+
+    def validate_model(self, source: Any) -> None:
+        """The rules of a run on a real model (``source``: a resolved ``ModelSource``); ``ValueError``
+        listing every violated rule, as :meth:`validate`.
+
+        Options of the trace-replay world must keep their defaults; the padded batch must fit the
+        model's positions; and, last, the memory of the run (per rank the EPLB-on and EPLB-off models'
+        weights, at most the whole checkpoint each, plus a process with vLLM imported) against the
+        host's available memory.
+        """
+        from ascend_eplb.tools.simulate import resources
+
+        errors = self._common_errors(source.num_logical_experts)
+        defaults = {f.name: f.default for f in fields(SimulateConfig)}
+        for name in REPLAY_ONLY:
+            if getattr(self, name) != defaults[name]:
+                flag = next(f.metadata["flag"] for f in fields(SimulateConfig) if f.name == name)
+                errors.append(
+                    f"{flag[2:]}={getattr(self, name)}: applies to --model replay only (a real model's "
+                    "experts, sizes and routing are its checkpoint's)"
+                )
+        if self.fault == "view-skips-scale":
+            errors.append(
+                "fault=view-skips-scale: a quantized format's view list; applies to --model replay only"
+            )
+        if self.effective_padded_size > source.max_positions:
+            errors.append(
+                f"padded size={self.effective_padded_size}: one step is one sequence of that many tokens, "
+                f"the model has {source.max_positions} positions (max_position_embeddings)"
+            )
+        errors += resources.integer_rules(
+            self, num_moe_layers=source.num_moe_layers, num_logical_experts=source.num_logical_experts,
+            top_k=source.top_k,
+        )  # fmt: skip
+        if not errors:
+            errors += resources.model_memory_rule(self.num_ranks, source.folder)
+        if errors:
+            raise ValueError("invalid simulate options:\n  - " + "\n  - ".join(errors))
+
+
+#: Options of the trace-replay world only (``--model replay``).
+REPLAY_ONLY = (
+    "quant_format",
+    "num_moe_layers",
+    "trace",
+    "sample_top_k",
+    "sample_tokens",
+    "hidden_size",
+    "intermediate_size",
+    "model_config",
+)
 
 
 def _unwritable(out: Path) -> str | None:

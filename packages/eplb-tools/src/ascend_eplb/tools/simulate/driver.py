@@ -41,9 +41,19 @@ def under_torchrun(environ: dict[str, str] | None = None) -> bool:
 
 
 def _prepare(config: SimulateConfig) -> tuple[SimulateConfig, Any]:
-    """Read the routing and validate every option, before anything is sampled or started: load to
-    sample from is read, the options (the memory of the sampling and of the run included) checked, and
-    only then is the routing sampled from it."""
+    """Resolve the model (a preset is written into the cache the first time) and validate every option
+    against it; or, for ``--model replay``, read the routing and validate every option, before anything
+    is sampled or started: load to sample from is read, the options (the memory of the sampling and of
+    the run included) checked, and only then is the routing sampled from it."""
+    if not config.replays:
+        from ascend_eplb.tools.simulate.models import resolve_model
+
+        try:
+            source = resolve_model(config.model)
+        except ValueError as e:
+            raise ValueError(f"invalid simulate options:\n  - {e}") from None
+        config.validate_model(source)
+        return config, source
     routing = load_routing_source(
         config.trace,
         num_tokens=config.sample_tokens,
@@ -63,6 +73,8 @@ def _rank_args(config: SimulateConfig, routing: Any) -> tuple[dict, dict]:
         # The serving events file (ASCEND_EPLB_EVENTS), written by EP rank 0.
         "events_file": str(Path(config.out_dir).resolve() / "events.jsonl"),
     }
+    if not config.replays:
+        return cfg | {"model_folder": str(routing.folder)}, {}
     arrays = {
         "topk_ids": routing.topk_ids,
         "topk_weights": routing.topk_weights,
@@ -181,7 +193,8 @@ def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: f
     layers_committed = sum(len(c) for c in r0["commits_per_step"])
     return {
         "ranks": config.num_ranks,
-        "format": config.quant_format,
+        "model": routing.architecture if not config.replays else "replay",
+        "format": config.quant_format if config.replays else "float32",
         "trace": routing.name,
         "layers": routing.num_moe_layers,
         "num_logical_experts": routing.num_logical_experts,
@@ -305,10 +318,16 @@ def _summary(report: dict) -> str:
 
     commit_mean = float(np.mean(report["commit_seconds"])) if report["commit_seconds"] else None
     bal_before, bal_after = f(report["balancedness_before"]), f(report["balancedness_after"])
+    served = (
+        f"trace {report['trace']}"
+        if report["model"] == "replay"
+        else f"{report['model']} ({report['trace']}, vLLM's model class, TP={report['ranks']} x "
+        f"EP={report['ranks']})"
+    )
     lines = [
         f"ascend-eplb simulate: {report['ranks']} ranks, {report['format']}, {report['layers']} layers x "
         f"{report['num_logical_experts']} experts (+{report['num_redundant_experts']} redundant), top-"
-        f"{report['top_k']}, trace {report['trace']}",
+        f"{report['top_k']}, {served}",
         f"  steps {report['steps']}, rearrangements {report['rearrangements']} "
         f"({report['rearrangements_completed']} completed), layers committed "
         f"{report['layers_committed']}, bytes moved {report['bytes_moved']}",

@@ -1,32 +1,34 @@
 """One EP rank of ``ascend-eplb simulate``: a Model Runner V2 worker built the way a serving worker is.
 
-Per rank (the serving path, nothing re-wired by hand):
+A run on a real model (``--model`` a preset or a folder, :func:`_run_model`) is one
+:class:`~ascend_eplb.testing.real_models.ServingWorker`: vLLM's plugin loader runs the integration's
+entry point (the patches), vLLM's loader builds vLLM's own model class with its real routers (TP = EP =
+the ranks), the controller comes from :class:`~ascend_eplb.integration.runner.Mrv2EplbWiring` (so from
+``create_eplb_controller``: start-up validation, Ascend controller, the watchdog, the runtime verifier
+with ``ASCEND_EPLB_VERIFY=1``) and every runner point is driven through that wiring in MRv2 order,
+beside the EPLB-off model of the same checkpoint. Its own checks, every step, on every rank:
+``outputs`` (logits of the real rows equal the EPLB-off model's) and ``load`` (the load recorded over
+all ranks equals the real rows' selections of the physical ids the expert kernel consumed, once).
 
-1. vLLM's plugin loader (``vllm.plugins.load_general_plugins``) discovers the integration's
-   ``vllm.general_plugins`` entry point, which applies the patches (``ASCEND_EPLB=1``);
-2. the runner's controller comes from :class:`~ascend_eplb.integration.runner.Mrv2EplbWiring` (so from
-   ``create_eplb_controller``: start-up validation, Ascend controller, and the runtime verifier with
-   ``ASCEND_EPLB_VERIFY=1``), and every runner point is driven through that wiring in MRv2 order;
-3. the model is the repository's toy MoE model (:mod:`ascend_eplb.testing.moe`): each MoE layer routes
-   through upstream's real router, on which the integration bound dataplane's map-and-record op, and
-   holds its local experts in the format's exact kernel storage (quant_views).
-
-The simulator adds only what a real runner gets from vLLM: the replayed router selections (the trace),
-padding rows (the batch is padded to ``T`` rows, as a graph-captured runner's is), the all-gather
-dispatch and the all-reduce combine, plus the EPLB-off reference world (the same tokens' logical experts
-computed from one storage of all ``E`` experts in identity placement). Its own checks, every step, on
-every rank:
+The trace-replay world (``--model replay``, :func:`_run`) keeps the repository's toy MoE model
+(:mod:`ascend_eplb.testing.moe`) for the quantized formats: each MoE layer routes the replayed trace
+through upstream's real router, on which the integration bound dataplane's map-and-record op, and holds
+its local experts in the format's exact kernel storage (quant_views); each rank routes rows of its own
+(the ``split`` row layout). The simulator adds what a real runner gets from vLLM: padding rows, the
+all-gather dispatch and the all-reduce combine, plus the EPLB-off reference world (the same tokens'
+logical experts computed from one storage of all ``E`` experts in identity placement). Its checks:
 
 - ``outputs``: each layer's output for the real tokens equals the EPLB-off reference within
   ``OUTPUT_ATOL + OUTPUT_RTOL * max|reference|``;
 - ``load``: the recorded ``expert_load_pass`` equals the bincount of the real (unpadded) tokens'
   physical ids when recording was on, and is zero when it was off.
 
-``fingerprints`` and ``lookups`` are the serving verifier's (:mod:`ascend_eplb.integration.verify`),
-raised from the controller's step on every rank alike; ``worker`` is the serving watchdog's
-(:mod:`ascend_eplb.integration.watchdog`): a dead or stalled async worker stops EPLB on every rank and
-the run goes on, so the ``outputs`` check shows serving continue on the last committed placement. The
-events file (``ASCEND_EPLB_EVENTS``) is written by EP rank 0 into the output folder.
+In both worlds ``fingerprints`` and ``lookups`` are the serving verifier's
+(:mod:`ascend_eplb.integration.verify`), raised from the controller's step on every rank alike;
+``worker`` is the serving watchdog's (:mod:`ascend_eplb.integration.watchdog`): a dead or stalled async
+worker stops EPLB on every rank and the run goes on, so the ``outputs`` check shows serving continue on
+the last committed placement. The events file (``ASCEND_EPLB_EVENTS``) is written by EP rank 0 into the
+output folder.
 """
 
 from __future__ import annotations
@@ -152,28 +154,139 @@ def simulate_rank(ctx: RankContext, cfg: dict, routing: dict, gather: bool = Fal
         os.environ["ASCEND_EPLB_EVENTS"] = cfg["events_file"]
     torch.set_num_threads(1)
     _load_plugins()
-    vc = _vllm_config(cfg, ctx.world_size)
-    with set_current_vllm_config(vc):
-        init_distributed_environment(
-            world_size=ctx.world_size,
-            rank=ctx.rank,
-            distributed_init_method=ctx.init_method,
-            local_rank=ctx.local_rank,
-            backend="gloo",
-        )
-        initialize_model_parallel(tensor_model_parallel_size=ctx.world_size)
-        if cfg.get("record_resources"):
-            from ascend_eplb.tools.simulate.lifecycle import record_rank_resources
-
-            record_rank_resources(ctx.tmp_dir, ctx.rank)  # the launcher removes what a killed rank left
-        stats = _run(ctx, cfg, routing, vc)
-        if gather:
-            stats = _gather(ctx, stats)
+    if cfg.get("model_folder"):
+        stats = _run_model(ctx, cfg)  # the worker initialises vLLM's world with the model's config
+    else:
+        vc = _vllm_config(cfg, ctx.world_size)
+        with set_current_vllm_config(vc):
+            init_distributed_environment(
+                world_size=ctx.world_size,
+                rank=ctx.rank,
+                distributed_init_method=ctx.init_method,
+                local_rank=ctx.local_rank,
+                backend="gloo",
+            )
+            initialize_model_parallel(tensor_model_parallel_size=ctx.world_size)
+            _record_resources(ctx, cfg)
+            stats = _run(ctx, cfg, routing, vc)
+    if gather:
+        stats = _gather(ctx, stats)
     # Release vLLM's groups (and the shared-memory message queue of its TP group) so nothing is left
     # for the resource tracker; after a failure the launcher ends the process at once instead.
     destroy_model_parallel()
     destroy_distributed_environment()
     return stats
+
+
+def _record_resources(ctx: RankContext, cfg: dict) -> None:
+    if cfg.get("record_resources"):
+        from ascend_eplb.tools.simulate.lifecycle import record_rank_resources
+
+        record_rank_resources(ctx.tmp_dir, ctx.rank)  # the launcher removes what a killed rank left
+
+
+def _new_stats() -> dict[str, Any]:
+    """A rank's statistics, per step (the report's schema, both worlds)."""
+    return {
+        "balancedness_per_step": [],
+        "balancedness_off_per_step": [],
+        "rank_load_share_per_step": [],
+        "step_seconds": [],
+        "step_cpu_seconds": [],
+        "verifier_seconds": [],
+        "step_in_flight": [],
+        "commits_per_step": [],
+        "rearrangements_per_step": [],
+        "max_output_error": 0.0,
+        "worker_failure": None,
+    }
+
+
+def _timed_hooks(controller: Any) -> tuple[WorkerWatchdog, list[float]]:
+    """Wrap the controller's step hooks to time them (the verifier's cost per step); returns the
+    watchdog among them and the one-element list each step's hook seconds accumulate into."""
+    hooks = list(controller.step_hooks)
+    (watchdog,) = [h.__self__ for h in hooks if isinstance(getattr(h, "__self__", None), WorkerWatchdog)]
+    spent = [0.0]
+
+    def timed(hook):
+        def run(*args):
+            t = time.perf_counter()
+            try:
+                hook(*args)
+            finally:
+                spent[0] += time.perf_counter() - t
+
+        return run
+
+    controller.step_hooks[:] = [timed(h) for h in hooks]
+    return watchdog, spent
+
+
+def _close_step(
+    ctx: RankContext, stats: dict, step: int, started: tuple[float, float], violation: Any,
+    after_sampling: Any, model_state: Any, state: Any, watchdog: WorkerWatchdog, hook_seconds: list[float],
+    log_len: int, loads: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> tuple[Any, bool, int]:  # fmt: skip
+    """The end of one step, the same in both worlds: runner point 9 (``after_sampling``: upstream's step,
+    then the watchdog and the verifier, which may raise the same error on every rank), the step's
+    timings, a worker failure the watchdog decided, the commits, balancedness and rank shares
+    (:func:`_end_of_step` with ``loads`` = ``(rank_load, logical_load, initial_p2l)``), the progress
+    message, and whether every rank stops now (one flag all-reduced over the EP group).
+
+    Returns:
+        ``(violation, stop, log_len)``: the first violation so far, whether the ranks leave the loop,
+        and the commit log's length after this step.
+    """
+    in_flight = bool(model_state.rebalanced)
+    verified = None
+    try:
+        after_sampling()
+    except EplbVerificationError as e:
+        verified = _CheckViolationError(e.check, str(e))
+    except EplbWorkerFailureError as e:  # ASCEND_EPLB_ON_WORKER_FAILURE=raise, on every rank
+        verified = _CheckViolationError("worker", str(e))
+    stats["step_seconds"].append(time.perf_counter() - started[0])
+    stats["step_cpu_seconds"].append(time.process_time() - started[1])  # this process, all its threads
+    stats["verifier_seconds"].append(hook_seconds[0])
+    stats["step_in_flight"].append(in_flight)
+    if watchdog.failure is not None and stats["worker_failure"] is None:
+        # EPLB stopped on every rank at this step; serving (and every other check) goes on.
+        stats["worker_failure"] = (watchdog.failure.message(), step)
+        violation = violation or _CheckViolationError("worker", watchdog.failure.message())
+    log_len = _end_of_step(stats, state, log_len, *loads, ctx.world_size)
+    ctx.send(("step", step, state.num_rearrangements, stats["balancedness_per_step"][-1]))
+    if verified is not None:
+        # Raised on every rank at this same step boundary: all ranks stop here together.
+        return violation or verified, True, log_len
+    stop = violation is not None and violation.check != "worker"
+    flag = torch.tensor([int(stop)], dtype=torch.int32)
+    dist.all_reduce(flag, group=get_ep_group().cpu_group)
+    return violation, int(flag) > 0, log_len
+
+
+def _end_of_step(
+    stats: dict, state: Any, log_len: int, rank_load: torch.Tensor, logical_load: torch.Tensor,
+    initial_p2l: torch.Tensor, num_ranks: int,
+) -> int:  # fmt: skip
+    """Record the step's commits (the commit log's events from ``log_len`` on), rearrangements,
+    balancedness with EPLB (``rank_load`` ``(L, N)``) and without (``logical_load`` ``(L, E)`` on
+    upstream's initial placement ``initial_p2l``) and rank shares; returns the new log length."""
+    events = list(state.commit_log)
+    new_events = events[log_len:] if len(events) >= log_len else []
+    stats["commits_per_step"].append(sorted({ev.layer for ev in new_events if ev.kind == "commit"}))
+    stats["rearrangements_per_step"].append(state.num_rearrangements)
+    loads = rank_load.numpy()
+    bal = float(np.mean(loads.mean(axis=1) / np.maximum(loads.max(axis=1), 1)))
+    stats["balancedness_per_step"].append(bal)
+    # Per-rank share of each layer's selections, averaged over layers (1/N everywhere = balanced).
+    stats["rank_load_share_per_step"].append(
+        (loads / np.maximum(loads.sum(axis=1, keepdims=True), 1)).mean(axis=0).tolist()
+    )
+    stats["balancedness_off_per_step"].append(
+        metrics.balancedness(metrics.rank_loads(logical_load, initial_p2l, num_ranks))
+    )
+    return len(events)
 
 
 def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
@@ -213,16 +326,12 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
     wiring.load_model(model, model_config)  # load_model: prepare, register (routers bound), start worker
     state = wiring.controller.state
     model_state = state.model_states[model_config.compute_hash()]
-    hooks = list(wiring.controller.step_hooks)
-    (watchdog,) = [h.__self__ for h in hooks if isinstance(getattr(h, "__self__", None), WorkerWatchdog)]
+    watchdog, verifier_time = _timed_hooks(wiring.controller)
     if cfg["fault"] in ("worker-dies", "worker-stalls") and rank == num_ranks - 1:
         _inject_worker_fault(model_state.communicator, cfg["fault"], rank)
 
     if cfg["fault"] == "wrong-lookup-refresh":
-        layer_state = model.layers[0].eplb_state
-        stale = (layer_state.logical_to_physical_map.clone(), layer_state.logical_replica_count.clone())
-        # Keeps serving the pre-commit placement after the layer's commit.
-        layer_state.refresh_replica_lookup = lambda: layer_state.replica_lookup.refresh_(*stale)
+        _inject_stale_lookup(model.layers[0].eplb_state)
 
     g = torch.Generator().manual_seed(seed)
     hidden_table = torch.randn(_HIDDEN_TABLE_ROWS, hidden, generator=g)
@@ -237,32 +346,7 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
     initial_p2l = torch.tensor(
         EplbState.build_initial_global_physical_to_logical_map(num_logical, num_redundant), dtype=torch.int64
     ).expand(num_moe_layers, -1)
-    stats: dict[str, Any] = {
-        "balancedness_per_step": [],
-        "balancedness_off_per_step": [],
-        "rank_load_share_per_step": [],
-        "step_seconds": [],
-        "step_cpu_seconds": [],
-        "verifier_seconds": [],
-        "step_in_flight": [],
-        "commits_per_step": [],
-        "rearrangements_per_step": [],
-        "max_output_error": 0.0,
-        "worker_failure": None,
-    }
-    verifier_time = [0.0]
-
-    def timed(hook):
-        def run(*args):
-            t = time.perf_counter()
-            try:
-                hook(*args)
-            finally:
-                verifier_time[0] += time.perf_counter() - t
-
-        return run
-
-    wiring.controller.step_hooks[:] = [timed(h) for h in hooks]
+    stats = _new_stats()
     violation: _CheckViolationError | None = None
     cursor = 0
     log_len = len(state.commit_log)
@@ -343,56 +427,119 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
                     f"selections, expected {expected_load[bad].sum().item()} "
                     f"(recording {'on' if recording else 'off'})",
                 )
-        in_flight = bool(model_state.rebalanced)
-        verified = None
-        try:
-            wiring.after_sampling()  # upstream's step, then the verifier at the step boundary
-        except EplbVerificationError as e:
-            verified = _CheckViolationError(e.check, str(e))
-        except EplbWorkerFailureError as e:  # ASCEND_EPLB_ON_WORKER_FAILURE=raise, on every rank
-            verified = _CheckViolationError("worker", str(e))
-        stats["step_seconds"].append(time.perf_counter() - t0)
-        stats["step_cpu_seconds"].append(time.process_time() - c0)  # this process, all its threads
-        stats["verifier_seconds"].append(verifier_time[0])
-        stats["step_in_flight"].append(in_flight)
-        if watchdog.failure is not None and stats["worker_failure"] is None:
-            # EPLB stopped on every rank at this step; serving (and every other check) goes on.
-            stats["worker_failure"] = (watchdog.failure.message(), step)
-            violation = violation or _CheckViolationError("worker", watchdog.failure.message())
-        events = list(state.commit_log)
-        new_events = events[log_len:] if len(events) >= log_len else []
-        log_len = len(events)
-        stats["commits_per_step"].append(sorted({ev.layer for ev in new_events if ev.kind == "commit"}))
-        stats["rearrangements_per_step"].append(state.num_rearrangements)
-        loads = rank_load.numpy()
-        bal = float(np.mean(loads.mean(axis=1) / np.maximum(loads.max(axis=1), 1)))
-        stats["balancedness_per_step"].append(bal)
-        # Per-rank share of each layer's selections, averaged over layers (1/N everywhere = balanced).
-        stats["rank_load_share_per_step"].append(
-            (loads / np.maximum(loads.sum(axis=1, keepdims=True), 1)).mean(axis=0).tolist()
-        )
         logical_load = torch.bincount(
             (all_logical[:, real] + layer_offsets * num_logical).reshape(-1),
             minlength=num_moe_layers * num_logical,
         ).view(num_moe_layers, num_logical)  # fmt: skip
-        stats["balancedness_off_per_step"].append(
-            metrics.balancedness(metrics.rank_loads(logical_load, initial_p2l, num_ranks))
-        )
-        ctx.send(("step", step, state.num_rearrangements, bal))
-        if verified is not None:
-            # Raised on every rank at this same step boundary: all ranks stop here together.
-            violation = violation or verified
-            break
-        stop = violation is not None and violation.check != "worker"
-        flag = torch.tensor([int(stop)], dtype=torch.int32)
-        dist.all_reduce(flag, group=group)
-        if int(flag) > 0:
+        violation, stop, log_len = _close_step(
+            ctx, stats, step, (t0, c0), violation, wiring.after_sampling, model_state, state, watchdog,
+            verifier_time, log_len, (rank_load, logical_load, initial_p2l),
+        )  # fmt: skip
+        if stop:
             break
     stats["violation"] = None if violation is None else (violation.check, str(violation))
     stats["steps_run"] = len(stats["step_seconds"])
     stats["num_rearrangements"] = state.num_rearrangements
     stats["bytes_moved"] = _bytes_received(model_state)
     stats["expert_nbytes"] = fmt.expert_nbytes(hidden, inter)
+    return stats
+
+
+def _run_model(ctx: RankContext, cfg: dict) -> dict:
+    """This rank of a run on a real vLLM model: a :class:`~ascend_eplb.testing.real_models.ServingWorker`
+    (the plugin, vLLM's loader and real model class, ``Mrv2EplbWiring`` with the verifier, watchdog and
+    events file) beside its EPLB-off twin, at TP = EP = the ranks (vLLM's TP+EP layout: every rank routes
+    the same, TP-replicated, rows).
+
+    Each step is one sequence of ``padded_size`` token ids (the same on every rank, from ``seed``), its
+    first ``batch_size`` rows real; even steps are declared prefill batches, odd steps decode batches.
+    Checks, every step: ``outputs`` (the real rows' logits equal the EPLB-off model's within
+    ``OUTPUT_ATOL + OUTPUT_RTOL * max|reference|``) and ``load`` (the load recorded over all ranks equals
+    the bincount of the physical ids the expert kernel consumed for the real rows, each selection once,
+    when the step records; nothing when it does not).
+    """
+    from ascend_eplb.testing.real_models import ServingWorker, initial_physical_to_logical
+
+    rank, num_ranks = ctx.rank, ctx.world_size
+    num_redundant = cfg["num_redundant_experts"]
+    worker = ServingWorker(
+        ctx,
+        cfg["model_folder"],
+        num_redundant_experts=num_redundant,
+        window_size=cfg["window_size"],
+        step_interval=cfg["step_interval"],
+        phase=cfg["load_collection_phase"],
+    )
+    _record_resources(ctx, cfg)
+    info, state, model_state = worker.info, worker.state, worker.model_state
+    num_moe_layers, num_logical = info.num_moe_layers, info.num_logical_experts
+    num_physical = worker.num_physical_experts
+    p = num_physical // num_ranks
+    group = get_ep_group().cpu_group
+    watchdog, hook_seconds = _timed_hooks(worker.wiring.controller)
+    if cfg["fault"] in ("worker-dies", "worker-stalls") and rank == num_ranks - 1:
+        _inject_worker_fault(model_state.communicator, cfg["fault"], rank)
+    if cfg["fault"] == "wrong-lookup-refresh":
+        _inject_stale_lookup(worker.model.moe_layers[0].eplb_state)
+    batch, padded = cfg["batch_size"], cfg["padded_size"]
+    g = torch.Generator().manual_seed(cfg["seed"])
+    worker.profile_run(torch.randint(0, info.vocab_size, (padded,), generator=g))
+    initial_p2l = initial_physical_to_logical(info, num_redundant)
+    layer_offsets = torch.arange(num_moe_layers).view(num_moe_layers, 1, 1)
+    stats = _new_stats()
+    violation: _CheckViolationError | None = None
+    log_len = len(state.commit_log)
+    for step in range(cfg["steps"]):
+        t0, c0 = time.perf_counter(), time.process_time()
+        hook_seconds[0] = 0.0
+        ids = torch.randint(0, info.vocab_size, (padded,), generator=g)
+        placement = model_state.physical_to_logical_map.clone()  # in force for this forward
+        seen = worker.forward_step(ids, num_unpadded_tokens=batch, batch_has_prefill=step % 2 == 0)
+        assert seen.logits_off is not None
+        phys = torch.stack([x[:batch] for x in seen.physical_ids])  # [L, B, K] physical, real rows
+        on, off = seen.logits_on[:batch], seen.logits_off[:batch]
+        err = float((on - off).abs().max())
+        bound = OUTPUT_ATOL + OUTPUT_RTOL * float(off.abs().max())
+        stats["max_output_error"] = max(stats["max_output_error"], err)
+        if violation is None and err > bound:
+            violation = _CheckViolationError(
+                "outputs",
+                f"step {step} rank {rank}: max |logits - EPLB-off logits| = {err:.3g} > {bound:.3g}",
+            )
+        recorded = seen.load.clone()
+        dist.all_reduce(recorded, group=group)  # each real selection must be counted once over the ranks
+        expected = torch.zeros(num_moe_layers, num_physical, dtype=torch.int64)
+        if seen.recorded:
+            expected = torch.bincount(
+                (phys + layer_offsets * num_physical).reshape(-1), minlength=num_moe_layers * num_physical
+            ).view(num_moe_layers, num_physical)  # fmt: skip
+        if violation is None and not torch.equal(recorded, expected):
+            bad = int((recorded != expected).any(dim=1).nonzero()[0])
+            violation = _CheckViolationError(
+                "load",
+                f"step {step} layer {bad}: the ranks recorded {int(recorded[bad].sum())} selections, the "
+                f"real rows made {int(expected[bad].sum())} (recording {'on' if seen.recorded else 'off'})",
+            )
+        rank_load = torch.bincount(
+            ((phys // p) + layer_offsets * num_ranks).reshape(-1), minlength=num_moe_layers * num_ranks
+        ).view(num_moe_layers, num_ranks).float()  # fmt: skip
+        logical = placement.gather(1, phys.reshape(num_moe_layers, -1))
+        logical_load = torch.bincount(
+            (logical + layer_offsets.view(-1, 1) * num_logical).reshape(-1),
+            minlength=num_moe_layers * num_logical,
+        ).view(num_moe_layers, num_logical)  # fmt: skip
+        violation, stop, log_len = _close_step(
+            ctx, stats, step, (t0, c0), violation, worker.end_step, model_state, state, watchdog,
+            hook_seconds, log_len, (rank_load, logical_load, initial_p2l),
+        )  # fmt: skip
+        if stop:
+            break
+    stats["violation"] = None if violation is None else (violation.check, str(violation))
+    stats["steps_run"] = len(stats["step_seconds"])
+    stats["num_rearrangements"] = state.num_rearrangements
+    stats["bytes_moved"] = _bytes_received(model_state)
+    experts = worker.model.moe_layers[0].routed_experts
+    stats["expert_nbytes"] = experts.w13_weight[0].nbytes + experts.w2_weight[0].nbytes
     return stats
 
 
@@ -417,6 +564,12 @@ def _inject_worker_fault(communicator: Any, fault: str, rank: int) -> None:
         return execute(*args, **kwargs)
 
     communicator.execute = faulty_execute
+
+
+def _inject_stale_lookup(layer_state: Any) -> None:
+    """Fault injection: the layer's lookup keeps serving the pre-commit placement after its commit."""
+    stale = (layer_state.logical_to_physical_map.clone(), layer_state.logical_replica_count.clone())
+    layer_state.refresh_replica_lookup = lambda: layer_state.replica_lookup.refresh_(*stale)
 
 
 def _bytes_received(model_state: Any) -> int:

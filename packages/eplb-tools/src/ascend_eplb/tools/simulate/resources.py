@@ -27,6 +27,7 @@ __all__ = [
     "gib",
     "integer_rules",
     "memory_rule",
+    "model_memory_rule",
     "sampling_bytes",
 ]
 
@@ -129,14 +130,22 @@ def available_bytes() -> int:
 
 
 def integer_rules(config: Any, *, num_moe_layers: int, num_logical_experts: int, top_k: int) -> list[str]:
-    """Options that would overflow the integer types they feed (each rule names the value)."""
+    """Options that would overflow the integer types they feed (each rule names the value).
+
+    ``config.replays`` (the trace-replay world): the seed must leave room for its expert-weight seeds;
+    a real model: the seed must be a torch generator seed (it draws the prompts).
+    """
     errors = []
-    seed_max = (_INT64_MAX - _LAYER_STRIDE * num_moe_layers - num_logical_experts) // _SEED_STRIDE
-    if not 0 <= config.seed <= seed_max:
-        errors.append(
-            f"seed={config.seed}: must be in [0, {seed_max}] (expert weights are seeded with seed x "
-            f"{_SEED_STRIDE} + layer x {_LAYER_STRIDE} + expert, an int64)"
+    if config.replays:
+        seed_max = (_INT64_MAX - _LAYER_STRIDE * num_moe_layers - num_logical_experts) // _SEED_STRIDE
+        why = (
+            f"expert weights are seeded with seed x {_SEED_STRIDE} + layer x {_LAYER_STRIDE} + expert, "
+            "an int64"
         )
+    else:
+        seed_max, why = _INT64_MAX, "the torch generator seed of the prompts"
+    if not 0 <= config.seed <= seed_max:
+        errors.append(f"seed={config.seed}: must be in [0, {seed_max}] ({why})")
     tokens = config.steps * config.num_ranks * config.batch_size
     if tokens > _INT64_MAX:
         errors.append(
@@ -201,3 +210,22 @@ def check_sampling(
             f"memory: sampling {num_tokens} tokens from a [{num_moe_layers}, {num_experts}] load matrix "
             f"needs about {gib(need)}, the host has {gib(have)} available (MemAvailable)"
         )
+
+
+def model_memory_rule(num_ranks: int, folder: Any) -> list[str]:
+    """A run on the real model in ``folder``: per rank a process with vLLM imported plus the EPLB-on and
+    EPLB-off models' weights (each at most the checkpoint's safetensors bytes), plus the launcher and
+    its fork server, against :func:`available_bytes`. Returns the rule's message, or nothing."""
+    from pathlib import Path
+
+    weights = sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
+    need = num_ranks * (PROCESS_BASE_BYTES + 2 * weights) + 2 * PROCESS_BASE_BYTES
+    have = available_bytes()
+    if need > have:
+        return [
+            f"memory: the run needs about {gib(need)} ({num_ranks} ranks x (a process "
+            f"{gib(PROCESS_BASE_BYTES)} + 2 x the checkpoint's {gib(weights)}) + launcher and fork "
+            "server), this host has "
+            f"{gib(have)} available"
+        ]
+    return []

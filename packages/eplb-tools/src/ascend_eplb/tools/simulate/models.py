@@ -1,0 +1,124 @@
+"""The model ``ascend-eplb simulate`` serves: a local checkpoint folder, or a preset written once.
+
+A folder holds ``config.json`` and safetensors of a supported architecture (vLLM 0.33.0's
+``Qwen3MoeForCausalLM``, ``DeepseekV3ForCausalLM`` or ``MixtralForCausalLM``; what
+``ascend_eplb.testing.real_models`` can run on a CPU host). A preset is a tiny random checkpoint of that
+architecture, written by ``real_models.write_checkpoint`` into the cache (``$ASCEND_EPLB_CACHE``, default
+``~/.cache/ascend-eplb``, under ``models/``) the first time it is asked for:
+
+* ``deepseek-v3`` (the main job's default): DeepSeek-V3's architecture (grouped top-k over 4 groups,
+  sigmoid scores with a correction bias, a shared expert, a dense first layer, MLA) at E = 64 routed
+  experts, top-6 and 4 MoE layers, the embedded ESFT DeepSeek-V2-Lite trace's shape. Its routing bias
+  is fitted (``real_models.fit_routing_bias``) to the trace's per-layer expert popularity of its first
+  4 MoE layers, so that the load is skewed like that real serving load: without EPLB, balancedness of
+  its steps is within 0.05 of the trace's own (``packages/eplb-tools/tests/test_simulate.py``).
+* ``qwen3-moe``, ``mixtral``: the architectures' defaults of ``write_checkpoint`` (E = 8, top-2,
+  2 MoE layers); their routing follows their random router gates (they have no routing bias).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["PRESETS", "REPLAY", "ModelSource", "cache_folder", "resolve_model"]
+
+#: ``--model`` value of the trace-replay world (synthetic experts in a quant_views format).
+REPLAY = "replay"
+#: Preset names and the version of their recipe (a new version writes a new folder).
+PRESETS = {"deepseek-v3": "v1", "qwen3-moe": "v1", "mixtral": "v1"}
+#: The DeepSeek-V3 preset's sizes: the embedded trace's E and top-k, its first MoE layers.
+_DEEPSEEK_PRESET = {"num_experts": 64, "top_k": 6, "num_moe_layers": 4}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved ``--model``: what the report and the ranks need of it.
+
+    Attributes:
+        name: the preset name or the folder as given.
+        folder: the checkpoint folder (absolute).
+        architecture: the HF ``architectures`` entry (``DeepseekV3ForCausalLM``, ...).
+        num_logical_experts: E; ``top_k``: K; ``num_moe_layers``: L.
+        max_positions: the model's ``max_position_embeddings`` (the longest sequence of one step).
+    """
+
+    name: str
+    folder: Path
+    architecture: str
+    num_logical_experts: int
+    top_k: int
+    num_moe_layers: int
+    max_positions: int
+
+
+def cache_folder() -> Path:
+    """``$ASCEND_EPLB_CACHE/models`` (default ``~/.cache/ascend-eplb/models``)."""
+    root = Path(os.environ.get("ASCEND_EPLB_CACHE", Path.home() / ".cache" / "ascend-eplb"))
+    return root / "models"
+
+
+def _write_preset(name: str, folder: Path) -> None:
+    """Write preset ``name`` into ``folder`` atomically (a scratch folder renamed into place)."""
+    from ascend_eplb.testing import real_models
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        if name == "deepseek-v3":
+            from ascend_eplb.tools.trace import load_trace
+
+            real_models.write_checkpoint(name, scratch, seed=0, **_DEEPSEEK_PRESET)
+            popularity = load_trace().load()[: _DEEPSEEK_PRESET["num_moe_layers"]]
+            real_models.fit_routing_bias(scratch, popularity)
+        else:
+            real_models.write_checkpoint(name, scratch, seed=0)
+        try:
+            scratch.rename(folder)
+        except OSError:
+            if not (folder / "config.json").is_file():  # not another process's finished preset
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def resolve_model(model: str) -> ModelSource:
+    """The checkpoint of ``--model``: a preset (written into :func:`cache_folder` if missing) or a folder.
+
+    Raises:
+        ValueError: ``model`` is neither a preset nor a folder with a ``config.json`` of a supported
+            architecture (the message names the value and what is accepted).
+    """
+    from ascend_eplb.testing import real_models
+
+    if model in PRESETS:
+        folder = cache_folder() / f"{model}-{PRESETS[model]}"
+        if not (folder / "config.json").is_file():
+            _write_preset(model, folder)
+    else:
+        folder = Path(model)
+        if not (folder / "config.json").is_file():
+            raise ValueError(
+                f"model={model}: neither a preset ({', '.join(PRESETS)}, or {REPLAY}) nor a folder with a "
+                "config.json"
+            )
+        if not any(folder.glob("*.safetensors")):
+            raise ValueError(f"model={model}: the folder has no *.safetensors weights")
+    try:
+        info = real_models.checkpoint_info(folder)
+        max_positions = int(json.loads((folder / "config.json").read_text())["max_position_embeddings"])
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        raise ValueError(f"model={model}: {type(e).__name__}: {e}") from None
+    return ModelSource(
+        name=model,
+        folder=folder.resolve(),
+        architecture=real_models.ARCHITECTURES[info.arch],
+        num_logical_experts=info.num_logical_experts,
+        top_k=info.top_k,
+        num_moe_layers=info.num_moe_layers,
+        max_positions=max_positions,
+    )
