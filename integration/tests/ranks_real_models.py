@@ -69,3 +69,38 @@ def real_model_checks(
         for m in layers
     ]
     return report
+
+
+def rank_dependent_replicas_world(
+    ctx: RankContext, folder: str, num_redundant_experts: int
+) -> dict[str, Any]:
+    """The bug of issue 19 put back: the serving path (verifier on) on TP-replicated rows, with each
+    rank's replica offset forced to its EP rank (vLLM Ascend's ``row + ep_rank + e``) after start-up.
+
+    Returns ``error`` (the ``EplbVerificationError`` text, None if none was raised), ``step`` (the step
+    whose boundary raised it) and ``max_rel_err`` (the worst real-row logits error against the EPLB-off
+    model before that: the wrong outputs the verifier is there to catch).
+    """
+    os.environ["ASCEND_EPLB_VERIFY"] = "1"
+    from ascend_eplb.integration.verify import EplbVerificationError
+    from ascend_eplb.testing import real_models as rm
+
+    worker = rm.ServingWorker(
+        ctx, folder, num_redundant_experts=num_redundant_experts, window_size=1, step_interval=2
+    )
+    info = worker.info
+    worker.profile_run(rm.prompt(0, 12, info.vocab_size))
+    for layout in worker.state.row_layouts.values():
+        layout[0] = worker.ep_rank  # stays: the controller rewrites the tensor only when the layout changes
+    report: dict[str, Any] = {"rank": ctx.rank, "error": None, "step": None, "max_rel_err": 0.0}
+    for step in range(20):
+        seen = worker.forward_step(rm.prompt(step, 12, info.vocab_size), num_unpadded_tokens=12,
+                                   batch_has_prefill=True)  # fmt: skip
+        err = float((seen.logits_on - seen.logits_off).abs().max() / seen.logits_off.abs().max())
+        report["max_rel_err"] = max(report["max_rel_err"], err)
+        try:
+            worker.end_step()
+        except EplbVerificationError as e:
+            report.update(error=str(e), step=step, check=e.check)
+            break
+    return report

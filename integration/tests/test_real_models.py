@@ -195,3 +195,26 @@ def test_serving_world_on_a_real_model_gives_eplb_off_and_hf_logits_through_rear
     # Every rank sees the same committed placement after every step.
     for r in reports[1:]:
         assert all(torch.equal(a, b) for a, b in zip(reports[0]["maps"], r["maps"], strict=True))
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(180)
+def test_the_verifier_catches_a_rank_dependent_replica_choice_on_tp_replicated_rows(tmp_path):
+    """Issue 19's bug put back (each rank's offset = its EP rank while TP+EP ranks route the same rows):
+    the logits go wrong, and the serving verifier names the broken agreement at the first commit's
+    step boundary, on both ranks."""
+    folder = rm.write_checkpoint("qwen3-moe", tmp_path / "qwen3-moe", seed=0)
+    reports = run_ranks(
+        ranks.rank_dependent_replicas_world, world_size=2, tmp_path=tmp_path, args=(str(folder), 2),
+        timeout_s=150, preload=PRELOAD,
+    )  # fmt: skip
+    for r in reports:
+        assert r["check"] == "lookups"
+        assert (
+            "replica agreement: ranks 0 and 1 route the same rows (replicated row layout) but chose "
+            "different replicas for the probe batch of model 0's layer(s) [0]"
+        ) in r["error"]
+        # Wrong outputs (tokens' experts computed twice or not at all): far beyond the 2e-7 of a right
+        # choice, though small here, where only 2 of 8 experts have a second replica.
+        assert r["max_rel_err"] > 1e-3
+    assert reports[0]["step"] == reports[1]["step"]

@@ -163,5 +163,13 @@ def test_default_rows_follow_vllms_fused_moe_dispatch():
     assert "prefill_context_parallel_size=2" in unplaceable_layout(_config(pcp=2))
 
 
-def test_row_layout_is_a_value():
-    assert RowLayout("split", 1, 1, 0, 0) == row_layout("split", RankCoordinates(1, 2, 1, 2, 0, 1))
+def test_row_layout_is_a_value_with_its_sharing_group():
+    assert RowLayout("split", 1, 1, 0, 0, 1) == row_layout("split", RankCoordinates(1, 2, 1, 2, 0, 1))
+    ranks = _ranks(2, 2)
+    groups = {rows: [row_layout(rows, r).sharing_group for r in ranks] for rows in MOE_ROWS}
+    assert groups == {
+        "replicated": [0, 0, 1, 1],
+        "split": [0, 1, 2, 3],
+        "gathered": [0, 0, 0, 0],
+        "gathered-sp": [0, 0, 0, 0],
+    }

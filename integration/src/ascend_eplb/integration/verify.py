@@ -12,9 +12,13 @@ imported. On, :func:`ascend_eplb.integration.runner.create_eplb_controller` atta
   ``fingerprints``: every local slot's fingerprint equals the one of the logical expert the committed
   ``physical_to_logical_map`` assigns to it; ``lookups``: the layer's lookup table equals
   ``build_replica_table`` of the committed upstream maps and keeps its storage (``data_ptr``);
-* every EPLB step, on every rank: ``lookups``: the committed maps' checksums are equal on every rank.
-  One ``all_gather`` of a small int64 tensor on the EP CPU group (plus one ``all_gather_object`` only
-  when some rank found a violation), at the step boundary, in the same order on every rank. (Whether
+* every EPLB step, on every rank: ``lookups``: the committed maps' checksums are equal on every rank;
+  and, at a step boundary after layer commits, replica agreement (GLOSSARY.md): a probe batch
+  (:data:`PROBE_ROWS` rows routing every logical expert) mapped through each committed layer's lookup
+  with the rank's row layout of the last forward gives the same physical ids on every rank that routes
+  the same rows (equal ``RowLayout.sharing_group``). One ``all_gather`` of a small int64 tensor on the
+  EP CPU group (plus one ``all_gather_object`` only when some rank found a violation), at the step
+  boundary, in the same order on every rank. (Whether
   the async worker is alive and progressing is the always-on watchdog's check,
   :mod:`ascend_eplb.integration.watchdog`, named ``worker``.)
 
@@ -40,6 +44,10 @@ ENV_VERIFY = "ASCEND_EPLB_VERIFY"
 #: What the verifier checks, by name (used in errors and by the simulator's report).
 CHECKS = ("fingerprints", "lookups")
 _TRUE = ("1", "true", "yes", "on")
+#: Rows of the replica-agreement probe batch (each routes every logical expert once).
+PROBE_ROWS = 8
+#: The gathered probe entry of a rank without a fresh probe this step (no layer committed).
+_NO_PROBE = -1
 
 
 _FALSE = ("", "0", "false", "no", "off")
@@ -136,6 +144,7 @@ class EplbVerifier:
         self.commits_checked = 0
         self._models: dict[str, dict[str, Any]] = {}
         self._pending: Violation | None = None
+        self._committed_layers: dict[str, set[int]] = {}  # per model: layers committed since last step
 
     def attach(self, controller: Any) -> None:
         """Register on ``controller`` (control's ``AscendEPLBController``): model registration, step."""
@@ -181,6 +190,7 @@ class EplbVerifier:
                         )
             logical.append(fps)
         self._models[key] = {
+            "key": key,
             "model_state": model_state,
             "layers": layers,
             "logical": logical,
@@ -211,6 +221,7 @@ class EplbVerifier:
         if entry is None:
             return
         self.commits_checked += 1
+        self._committed_layers.setdefault(entry["key"], set()).add(event.layer)
         self._pending = self._check_layer(entry, event.layer)
 
     def _check_layer(self, entry: dict[str, Any], layer_idx: int) -> Violation | None:
@@ -248,6 +259,23 @@ class EplbVerifier:
                 )  # fmt: skip
         return None
 
+    def _probe_checksum(self, entry: dict[str, Any], layers: set[int]) -> int:
+        """The physical ids the probe batch gets through each of ``layers``' lookups with the layer's
+        row layout (what the next forward reads), as one checksum (no load is recorded)."""
+        from ascend_eplb.dataplane import map_to_physical_and_record, table_checksum
+
+        total = 0
+        for layer_idx in sorted(layers):
+            ls = entry["layer_states"][layer_idx][0]
+            table = ls.replica_lookup.table
+            ids = torch.arange(table.shape[1], device=table.device).repeat(PROBE_ROWS, 1)
+            off = torch.zeros((), dtype=torch.bool, device=table.device)
+            physical = map_to_physical_and_record(
+                ids, table, ls.expert_load_view, off, ls.num_unpadded_tokens_tensors[0], ls.row_layout
+            )
+            total += (layer_idx + 1) * table_checksum(physical)
+        return total
+
     # ------------------------------------------------------------------ per step
     def on_step(self, controller: Any, is_dummy: bool, is_profile: bool) -> None:
         """The step-boundary collective: committed maps equal on every rank, pending violations.
@@ -266,7 +294,20 @@ class EplbVerifier:
         group = entries[0]["group"]
         rank = entries[0]["rank"]
         sums = [table_checksum(e["model_state"].physical_to_logical_map.cpu()) for e in entries]
-        mine = torch.tensor([0 if self._pending is None else 1, *sums], dtype=torch.int64)
+        layout = getattr(controller, "last_row_layout", None)
+        committed, self._committed_layers = self._committed_layers, {}
+        probes = [
+            self._probe_checksum(e, committed[e["key"]])
+            if layout is not None and committed.get(e["key"])
+            else _NO_PROBE
+            for e in entries
+        ]
+        # Which layers each probe covers (a bit per layer, folded past 62): ranks compare like with like.
+        masks = [sum(1 << (layer % 62) for layer in committed.get(e["key"], ())) for e in entries]
+        sharing = _NO_PROBE if layout is None else layout.sharing_group
+        mine = torch.tensor(
+            [0 if self._pending is None else 1, *sums, *probes, *masks, sharing], dtype=torch.int64
+        )
         gathered = [torch.empty_like(mine) for _ in range(group.world_size)]
         dist.all_gather(gathered, mine, group=group.cpu_group)
         if any(int(t[0]) for t in gathered):
@@ -274,9 +315,10 @@ class EplbVerifier:
             dist.all_gather_object(violations, self._pending, group=group.cpu_group)
             first = next(v for v in violations if v is not None)
             raise EplbVerificationError(first)
+        n = len(sums)
         for other, theirs in enumerate(gathered):
-            if not torch.equal(theirs, mine):
-                model = next(i for i in range(len(sums)) if int(theirs[1 + i]) != sums[i])
+            if not torch.equal(theirs[: 1 + n], mine[: 1 + n]):
+                model = next(i for i in range(n) if int(theirs[1 + i]) != sums[i])
                 raise EplbVerificationError(
                     Violation(
                         "lookups",
@@ -288,3 +330,23 @@ class EplbVerifier:
                         f"rank {rank} (checksums {int(theirs[1 + model])} != {sums[model]})",
                     )
                 )
+        if layout is None:
+            return
+        for other, theirs in enumerate(gathered):
+            if other == rank or int(theirs[-1]) != sharing:
+                continue
+            for i, probe in enumerate(probes):
+                same_layers = int(theirs[1 + 2 * n + i]) == masks[i]
+                if probe != _NO_PROBE and same_layers and int(theirs[1 + n + i]) not in (_NO_PROBE, probe):
+                    raise EplbVerificationError(
+                        Violation(
+                            "lookups",
+                            self.steps,
+                            rank,
+                            None,
+                            None,
+                            f"replica agreement: ranks {min(rank, other)} and {max(rank, other)} route the "
+                            f"same rows ({layout.rows} row layout) but chose different replicas for the "
+                            f"probe batch of model {i}'s layer(s) {sorted(committed[entries[i]['key']])}",
+                        )
+                    )

@@ -116,6 +116,9 @@ class RowLayout:
         num_slices: equal slices of the routed batch (1 unless gathered).
         recording_slice: the slice this rank records, ``-1`` for none (a peer records those rows).
         local_chunk: which chunk of the rank's own batch the recorded slice is (sequence parallel).
+        sharing_group: ranks of the same ``rows`` with equal values route the same rows (so must choose
+            the same replicas): the DP rank for ``replicated``, 0 for the gathered layouts, the EP rank
+            for ``split`` (no other rank). Host-only; not a device entry.
     """
 
     rows: MoeRows
@@ -123,6 +126,7 @@ class RowLayout:
     num_slices: int
     recording_slice: int
     local_chunk: int
+    sharing_group: int = 0
 
     def values(self) -> list[int]:
         """``[replica_offset, num_slices, recording_slice, local_chunk]`` for the device tensor."""
@@ -137,13 +141,13 @@ def row_layout(rows: str, ranks: RankCoordinates) -> RowLayout:
     """
     tp_leader = ranks.tp_rank == 0
     if rows == "replicated":
-        return RowLayout("replicated", ranks.dp_rank, 1, 0 if tp_leader else -1, 0)
+        return RowLayout("replicated", ranks.dp_rank, 1, 0 if tp_leader else -1, 0, ranks.dp_rank)
     if rows == "split":
-        return RowLayout("split", ranks.ep_rank, 1, 0, 0)
+        return RowLayout("split", ranks.ep_rank, 1, 0, 0, ranks.ep_rank)
     if rows == "gathered":
-        return RowLayout("gathered", 0, ranks.dp_size, ranks.dp_rank if tp_leader else -1, 0)
+        return RowLayout("gathered", 0, ranks.dp_size, ranks.dp_rank if tp_leader else -1, 0, 0)
     if rows == "gathered-sp":
-        return RowLayout("gathered-sp", 0, ranks.ep_size, ranks.ep_rank, ranks.tp_rank)
+        return RowLayout("gathered-sp", 0, ranks.ep_size, ranks.ep_rank, ranks.tp_rank, 0)
     raise ValueError(f"moe rows {rows!r} is not one of {list(MOE_ROWS)}")
 
 
