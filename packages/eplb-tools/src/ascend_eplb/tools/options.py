@@ -9,26 +9,24 @@ import argparse
 __all__ = ["int_list", "non_negative_int", "positive_float", "positive_int"]
 
 
-def positive_int(value: str) -> int:
-    """An integer >= 1."""
+def _int_at_least(minimum: int, value: str) -> int:
     try:
         n = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: must be an integer >= 1") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n}: must be >= 1")
+        raise argparse.ArgumentTypeError(f"{value!r}: must be an integer >= {minimum}") from None
+    if n < minimum:
+        raise argparse.ArgumentTypeError(f"{n}: must be >= {minimum}")
     return n
+
+
+def positive_int(value: str) -> int:
+    """An integer >= 1."""
+    return _int_at_least(1, value)
 
 
 def non_negative_int(value: str) -> int:
     """An integer >= 0."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: must be an integer >= 0") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{n}: must be >= 0")
-    return n
+    return _int_at_least(0, value)
 
 
 def positive_float(value: str) -> float:
