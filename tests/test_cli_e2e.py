@@ -14,20 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from ascend_eplb.testing.configs import VALID_EPLB_CONFIG
+
 SCRIPT = Path(sys.executable).with_name("ascend-eplb")
 ENV = os.environ | {"VLLM_TARGET_DEVICE": "cpu", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-GOOD = {
-    "use_v2_model_runner": True,
-    "parallel_config": {
-        "enable_eplb": True,
-        "enable_expert_parallel": True,
-        "tensor_parallel_size": 2,
-        "eplb_config": {"window_size": 8, "step_interval": 16, "num_redundant_experts": 2},
-    },
-    "model": {"num_logical_experts": 64, "quantization": "w8a8_dynamic"},
-    # vLLM captures graphs unless told otherwise; Ascend EPLB runs eager.
-    "compilation_config": {"cudagraph_mode": "NONE"},
-}
+GOOD = VALID_EPLB_CONFIG
 
 
 def _run(*args: str, timeout: float) -> subprocess.CompletedProcess:

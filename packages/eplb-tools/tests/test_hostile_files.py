@@ -16,19 +16,10 @@ import numpy as np
 import pytest
 
 from ascend_eplb.integration.validation import check_config_file
+from ascend_eplb.testing.configs import VALID_EPLB_CONFIG
 from ascend_eplb.tools.cli import main
 
-GOOD_CONFIG = {
-    "use_v2_model_runner": True,
-    "parallel_config": {
-        "enable_eplb": True,
-        "enable_expert_parallel": True,
-        "tensor_parallel_size": 2,
-        "eplb_config": {"window_size": 8, "step_interval": 16, "num_redundant_experts": 2},
-    },
-    "model": {"num_logical_experts": 64, "quantization": "w8a8_dynamic"},
-    "compilation_config": {"cudagraph_mode": "NONE"},  # omitted: vLLM's default captures graphs
-}
+GOOD_CONFIG = VALID_EPLB_CONFIG
 
 
 def _npz_bytes(**overrides) -> bytes:
