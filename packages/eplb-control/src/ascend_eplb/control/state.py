@@ -35,7 +35,7 @@ from vllm.logger import init_logger
 from vllm.utils.gpu_sync_debug import gpu_sync_allowed
 
 from ascend_eplb.control.commit_hooks import attach_observer, check_hooked_signatures, commit_hooks_installed
-from ascend_eplb.control.layout import RowLayout, current_rank_coordinates, default_moe_rows, row_layout
+from ascend_eplb.control.layout import RowLayout
 from ascend_eplb.control.patching import check_signature
 from ascend_eplb.dataplane import ReplicaLookup
 
@@ -284,7 +284,8 @@ class AscendEplbState(EplbState):
         self.row_layouts: dict[str, torch.Tensor] = {}
         """Per registered model (by config hash): its int64 ``(4,)`` row-layout tensor."""
         self.row_layout_in_force: dict[str, RowLayout] = {}
-        """Per registered model: the :class:`~ascend_eplb.control.layout.RowLayout` its tensor holds."""
+        """Per registered model: the :class:`~ascend_eplb.control.layout.RowLayout` its tensor holds
+        (absent before the first ``set_row_layout``)."""
         self.rearrangement_listeners: list[Callable[[AscendEplbState], None]] = []
 
     # ----------------------------------------------------------------- registration
@@ -315,15 +316,14 @@ class AscendEplbState(EplbState):
             by_layer[layer_state.moe_layer_idx].append(layer_state)
         key = model_config.compute_hash()
         self._layer_states[key] = dict(by_layer)
-        # One row layout per model, shared by its layers (like upstream's should_record_tensor); it
-        # starts as the configuration's own layout and the controller rewrites it per forward.
-        states = [ls for group in by_layer.values() for ls in group]
-        initial = row_layout(default_moe_rows(self.parallel_config), current_rank_coordinates())
-        layout = torch.tensor(initial.values(), dtype=torch.int64, device=self.device)
-        for layer_state in states:
-            layer_state.row_layout = layout
+        # One row layout per model, shared by its layers (like upstream's should_record_tensor). The
+        # controller's prepare_forward, which precedes every forward, writes the forward's layout into
+        # it; until then it holds the op's neutral layout (offset 0, the first unpadded rows recorded).
+        layout = torch.tensor([0, 1, 0, 0], dtype=torch.int64, device=self.device)
+        for group in by_layer.values():
+            for layer_state in group:
+                layer_state.row_layout = layout
         self.row_layouts[key] = layout
-        self.row_layout_in_force[key] = initial
         attach_observer(self.model_states[key], self)
 
     def set_row_layout(self, layout: RowLayout) -> None:
