@@ -291,8 +291,9 @@ def fit_routing_bias(
         folder: a ``"deepseek-v3"`` checkpoint of :func:`write_checkpoint`.
         popularity: ``(L, E)`` non-negative load per logical expert (e.g. a recorded trace's per-layer
             selections); each layer is normalised to shares.
-        iterations: fitting iterations (60: the embedded ESFT trace's first 4 layers to within
-            0.10-0.17 in total variation, measured).
+        iterations: fitting iterations (60 fit the embedded ESFT trace's first 4 MoE layers to an L1
+            distance of 0.14-0.17 between target and observed shares, measured on the 64-expert
+            preset; balancedness without EPLB then within 0.01 of the trace's).
         step: the bias step per unit of log-share error.
         seed: seed of the fitting tokens.
 
