@@ -104,3 +104,32 @@ def rank_dependent_replicas_world(
             report.update(error=str(e), step=step, check=e.check)
             break
     return report
+
+
+def quantized_world(ctx: RankContext, spec: Any) -> dict[str, Any]:
+    """``real_model_world`` of a format's checkpoint (the environment of ``spec`` chooses the layout)."""
+    from ascend_eplb.testing import real_models as rm
+
+    return rm.real_model_world(ctx, spec)
+
+
+def start_up_errors(ctx: RankContext, folders: dict[str, str]) -> dict[str, Any]:
+    """Start a ``ServingWorker`` on each folder; per format: ``(error class, message, model loaded)``."""
+    from ascend_eplb.testing import real_models as rm
+
+    loads: list[str] = []
+    original = rm.load_model
+    errors = {}
+    for fmt, folder in folders.items():
+        rm.load_model = lambda vc, _f=folder: loads.append(_f) or original(vc)
+        try:
+            rm.ServingWorker(
+                ctx, folder, num_redundant_experts=2, window_size=2, step_interval=4, eplb_off=False
+            )
+        except Exception as exc:
+            errors[fmt] = (type(exc).__name__, str(exc), folder in loads)
+        else:
+            errors[fmt] = (None, "started", folder in loads)
+        finally:
+            rm.load_model = original
+    return {"rank": ctx.rank, "errors": errors}

@@ -19,6 +19,9 @@ PUBLIC = [
     "build_expert_storage",
     "expert_fingerprint",
     "get_format",
+    "layer_storage",
+    "layer_view_names",
+    "layer_weight_views",
     "quantization_error",
     "reference_expert_weights",
     "reference_moe",
@@ -67,6 +70,15 @@ def test_contract_signatures_are_unchanged():
         "intermediate_size",
     ]
     assert [p[0] for p in params(qv.expert_fingerprint)] == ["storage", "local_row"]
+    assert [p[0] for p in params(qv.layer_weight_views)] == ["layer", "fmt"]
+    assert [p[0] for p in params(ExpertWeightFormat.storage_from_checkpoint)] == [
+        "self",
+        "tensors",
+        "hidden_size",
+        "intermediate_size",
+        "per_expert_lists",
+        "options",
+    ]
     assert issubclass(UnsupportedFormatError, ValueError)
     assert get_format("bf16").supports_eplb is True
 

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from ascend_eplb.testing import real_models as rm
 from ascend_eplb.tools.cli import main
 from ascend_eplb.tools.simulate.config import SimulateConfig
 from ascend_eplb.tools.simulate.driver import run_simulation
@@ -394,11 +395,10 @@ def test_a_dead_worker_on_the_real_model_stops_eplb_and_serving_goes_on(tmp_path
 
 
 def test_real_model_runs_refuse_replay_options_and_bad_folders_before_any_process(tmp_path, capsys):
-    code = main(["simulate", "--model", "qwen3-moe", "--format", "mxfp8", "--layers", "2", "--padded-size",
+    code = main(["simulate", "--model", "qwen3-moe", "--layers", "2", "--padded-size",
                  "300", "--fault", "view-skips-scale", "--out", str(tmp_path / "o")])  # fmt: skip
     assert code == 2
     err = capsys.readouterr().err
-    assert "format=mxfp8: applies to --model replay only" in err
     assert "layers=2: applies to --model replay only" in err
     assert "fault=view-skips-scale: a quantized format's view list; applies to --model replay only" in err
     assert "padded size=300: one step is one sequence of that many tokens, the model has 256 positions" in err
@@ -412,3 +412,42 @@ def test_real_model_runs_refuse_replay_options_and_bad_folders_before_any_proces
     assert main(["simulate", "--model", str(empty), "--out", str(tmp_path / "o")]) == 2
     assert f"model={empty}: the folder has no *.safetensors weights" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_format_is_refused_before_any_process_when_eplb_cannot_move_it_or_the_folder_disagrees(
+    tmp_path, capsys
+):
+    assert main(["simulate", "--model", "qwen3-moe", "--format", "w4a16", "--out", str(tmp_path / "o")]) == 2
+    assert "format='w4a16': does not support EPLB (int32-packed weights" in capsys.readouterr().err
+    assert main(["simulate", "--model", "qwen3-moe", "--format", "int3", "--out", str(tmp_path / "o")]) == 2
+    assert "format='int3': must be float32 or one of bf16, fp16, mxfp4, mxfp8" in capsys.readouterr().err
+    folder = rm.write_checkpoint("qwen3-moe", tmp_path / "w8a8", seed=0, fmt="w8a8_dynamic")
+    code = main(["simulate", "--model", str(folder), "--format", "bf16", "--out", str(tmp_path / "o")])
+    assert code == 2
+    assert (
+        "format=bf16: the folder's experts are w8a8_dynamic (its quant_model_description.json or dtype, as "
+        "start-up reads it); leave --format out or pass w8a8_dynamic"
+    ) in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize(("model", "fmt", "lists"), [("folder", None, False), ("qwen3-moe", "mxfp4", True)])
+def test_simulate_serves_quantized_experts_of_a_folder_or_a_preset(model, fmt, lists, tmp_path, monkeypatch):
+    """A folder's format is read from its description (as start-up reads it); a preset is written in
+    --format's msModelSlim layout; both pass every check through completed rearrangements, with
+    vllm-ascend's per-expert lists (NZ) when VLLM_ASCEND_ENABLE_NZ=1."""
+    monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "1" if lists else "0")
+    monkeypatch.setenv("ASCEND_EPLB_CACHE", str(tmp_path / "cache"))
+    if model == "folder":
+        model = str(rm.write_checkpoint("qwen3-moe", tmp_path / "ckpt", seed=0, fmt="w4a8_dynamic"))
+    config = SimulateConfig(
+        model=model, quant_format=fmt, num_ranks=2, num_redundant_experts=2, batch_size=16, steps=14,
+        window_size=1, step_interval=4, progress=False, timeout_s=240, out_dir=str(tmp_path / "out"),
+    )  # fmt: skip
+    report = run_simulation(config)
+    assert report["passed"], report["first_violation"]
+    assert report["checks"] == dict.fromkeys(("outputs", "load", "fingerprints", "lookups", "worker"), True)
+    assert (report["model"], report["format"]) == ("Qwen3MoeForCausalLM", fmt or "w4a8_dynamic")
+    assert report["rearrangements_completed"] >= 2
+    assert report["max_output_error"] == 0.0  # top-2 on 2 ranks: bit for bit (ascend_quant's docstring)

@@ -36,7 +36,13 @@ Stand-ins, each the narrowest for what this CPU build lacks (``VLLM_TARGET_DEVIC
    weight into per-head ``k_nope`` and ``v`` and appending the shared rotary key. Nothing global changes.
    MLA models are configured with the reference ``CPU_MLA`` backend: on a CPU with AMX tiles vLLM would
    pick ``AMX_MLA``, whose weight processing after loading needs ``_C`` (``convert_weight_packed``).
-3. **Cache release**: vLLM's loader calls ``torch.accelerator.empty_cache()``, which raises without an
+3. **16-bit linear layers** (:func:`stand_in_patches`): on a CPU with AMX tiles vLLM packs bf16/fp16
+   linear and embedding weights for the sgl kernel (``check_cpu_sgl_kernel`` ->
+   ``torch.ops._C.convert_weight_packed``), absent here. The one patched binding,
+   ``vllm.model_executor.layers.utils.check_cpu_sgl_kernel`` (signature-checked), answers False while
+   ``torch.ops._C`` lacks that op, so the layers take vLLM's own ``F.linear`` fallback; float32 and
+   hosts with ``_C`` are unaffected.
+4. **Cache release**: vLLM's loader calls ``torch.accelerator.empty_cache()``, which raises without an
    accelerator: adapted by the project's host adaptation (``ascend_eplb.control.host_adaptation``, in
    the integration's one patch registry), which :func:`build_model` installs with ``apply_patches()``
    as the plugin does; nothing here patches it.
@@ -80,12 +86,15 @@ __all__ = [
     "init_world",
     "initial_physical_to_logical",
     "install_attention_stand_ins",
+    "load_model",
     "local_slot_mismatches",
     "moe_layers",
+    "prepare_world",
     "prompt",
     "real_model_world",
     "register_torch_moe_method",
     "routed_experts",
+    "stand_in_patches",
     "write_checkpoint",
 ]
 
@@ -153,7 +162,13 @@ class CheckpointInfo:
         return r
 
 
-def _hf_config(arch: str, num_experts: int | None, top_k: int | None, num_moe_layers: int | None) -> Any:
+def _hf_config(
+    arch: str,
+    num_experts: int | None,
+    top_k: int | None,
+    num_moe_layers: int | None,
+    moe_intermediate_size: int | None = None,
+) -> Any:
     from transformers import DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
 
     common = {
@@ -168,7 +183,7 @@ def _hf_config(arch: str, num_experts: int | None, top_k: int | None, num_moe_la
         return Qwen3MoeConfig(
             **common,
             intermediate_size=128,
-            moe_intermediate_size=32,
+            moe_intermediate_size=moe_intermediate_size or 32,
             num_hidden_layers=num_moe_layers or 2,
             num_key_value_heads=2,
             head_dim=16,
@@ -180,7 +195,7 @@ def _hf_config(arch: str, num_experts: int | None, top_k: int | None, num_moe_la
     if arch == "mixtral":
         return MixtralConfig(
             **common,
-            intermediate_size=32,
+            intermediate_size=moe_intermediate_size or 32,
             num_hidden_layers=num_moe_layers or 2,
             num_key_value_heads=2,
             head_dim=16,
@@ -191,7 +206,7 @@ def _hf_config(arch: str, num_experts: int | None, top_k: int | None, num_moe_la
         return DeepseekV3Config(
             **common,
             intermediate_size=128,
-            moe_intermediate_size=32,
+            moe_intermediate_size=moe_intermediate_size or 32,
             num_hidden_layers=1 + (num_moe_layers or 2),
             num_key_value_heads=4,
             n_shared_experts=1,
@@ -221,8 +236,10 @@ def write_checkpoint(
     num_experts: int | None = None,
     top_k: int | None = None,
     num_moe_layers: int | None = None,
+    fmt: str | None = None,
+    moe_intermediate_size: int | None = None,
 ) -> Path:
-    """Write a tiny random float32 checkpoint of ``arch`` into ``folder`` and return the folder.
+    """Write a tiny random checkpoint of ``arch`` into ``folder`` and return the folder.
 
     Hidden size 64, vocabulary 128, 4 attention heads; ``qwen3-moe`` and ``mixtral``: 2 layers, both
     MoE, E=8, K=2; ``deepseek-v3``: 3 layers (the first dense), E=16 in 4 groups (2 chosen), K=4, one
@@ -239,13 +256,19 @@ def write_checkpoint(
         num_experts: E instead of the default (DeepSeek: a multiple of its 4 groups).
         top_k: K instead of the default.
         num_moe_layers: L instead of the default 2 (DeepSeek-V3 keeps its dense first layer).
+        fmt: the experts' quant_views format (``ascend_quant.to_format``): None or ``"float32"``
+            (float32 everywhere, a CPU-host-only dtype), ``"bf16"``/``"fp16"`` (the whole checkpoint in
+            that dtype), or a quantized format: float32 non-expert weights and the routed experts in
+            msModelSlim's layout with its ``quant_model_description.json`` (served with
+            ``--quantization ascend``).
+        moe_intermediate_size: I instead of the default 32 (the MX formats need a multiple of 64).
 
     Raises:
-        ValueError: unknown ``arch``.
+        ValueError: unknown ``arch`` or ``fmt``.
     """
     from transformers import AutoModelForCausalLM
 
-    config = _hf_config(arch, num_experts, top_k, num_moe_layers)
+    config = _hf_config(arch, num_experts, top_k, num_moe_layers, moe_intermediate_size)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     generator_state = torch.random.get_rng_state()
@@ -268,7 +291,9 @@ def write_checkpoint(
         model.save_pretrained(folder)
     finally:
         torch.random.set_rng_state(generator_state)
-    return folder
+    from ascend_eplb.testing.ascend_quant import to_format
+
+    return to_format(folder, fmt)
 
 
 def fit_routing_bias(
@@ -387,8 +412,12 @@ def checkpoint_experts(folder: str | os.PathLike[str]) -> list[tuple[torch.Tenso
     """Every MoE layer's routed experts as the checkpoint holds them, in vLLM's layout.
 
     Returns:
-        per MoE layer (L entries): ``(w13 (E, 2I, H), w2 (E, H, I))`` float32, gate rows then up rows,
-        as vLLM's ``w13_weight`` / ``w2_weight`` hold a logical expert.
+        per MoE layer (L entries): ``(w13 (E, 2I, H), w2 (E, H, I))`` in the checkpoint's dtype, gate
+        rows then up rows, as vLLM's ``w13_weight`` / ``w2_weight`` hold a logical expert.
+
+    Raises:
+        KeyError: the experts are quantized (their float weights are not in the checkpoint; see
+            ``ascend_quant.checkpoint_expert_storage``).
     """
     from safetensors.torch import load_file
 
@@ -429,14 +458,28 @@ def _torch_moe_method_class() -> type:
         calls = 0  # apply() calls in this process (all layers), for tests
         #: when a list: every apply() appends the router's ids, int64 (T, K) (for tests)
         recorded_ids: list[torch.Tensor] | None = None
+        #: the quant_views format of a bf16/fp16 layer (set after loading); None for float32
+        format_name: str | None = None
 
         @property
         def is_monolithic(self) -> bool:
             return False
 
         def process_weights_after_loading(self, layer: Any) -> None:
-            # Keep the loaded (p, 2I, H) / (p, H, I) parameters; build no kernel.
-            return None
+            # float32 (CPU host only): keep the loaded (p, 2I, H) / (p, H, I) parameters, no kernel.
+            # bf16/fp16: vllm-ascend's AscendUnquantizedFusedMoEMethod layout through quant_views.
+            fmt = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(layer.w13_weight.dtype)
+            if fmt is not None:
+                from ascend_eplb.testing.ascend_quant import lay_out_experts
+
+                self.format_name = fmt
+                lay_out_experts(layer, fmt, ("w13_weight", "w2_weight", "w13_bias", "w2_bias"))
+
+        def get_eplb_weight_views(self, layer: Any) -> list[Any]:
+            """vllm-ascend's contract (bf16/fp16 layers): quant_views ``layer_weight_views``."""
+            from ascend_eplb.quant_views import layer_weight_views
+
+            return layer_weight_views(layer, self.format_name)
 
         def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
             if layer.activation != MoEActivation.SILU:
@@ -444,10 +487,14 @@ def _torch_moe_method_class() -> type:
             if layer.apply_router_weight_on_input:
                 raise NotImplementedError("TorchFusedMoEMethod: apply_router_weight_on_input")
             type(self).calls += 1
-            w13, w2 = layer.w13_weight, layer.w2_weight
             ids = topk_ids.long()
             if type(self).recorded_ids is not None:
                 type(self).recorded_ids.append(ids.clone())
+            if self.format_name is not None:
+                from ascend_eplb.testing.ascend_quant import apply_layer
+
+                return apply_layer(layer, self.format_name, x, topk_weights, ids)
+            w13, w2 = layer.w13_weight, layer.w2_weight
             expert_map = layer.expert_map
             local = (
                 ids if expert_map is None else torch.where(ids >= 0, expert_map.long()[ids.clamp(min=0)], -1)
@@ -495,6 +542,53 @@ def register_torch_moe_method() -> type:
         raise RuntimeError(f"UnquantizedFusedMoEMethod already has an out-of-tree replacement: {current!r}")
     UnquantizedFusedMoEMethod.register_oot(method)
     return method
+
+
+# --- stand-in 3: 16-bit linear layers ------------------------------------------------------------
+
+
+def _has_packed_linear() -> bool:
+    try:
+        return hasattr(torch.ops._C, "convert_weight_packed")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _without_absent_sgl_kernel(original: Any) -> Any:
+    import functools
+
+    @functools.wraps(original)
+    def check_cpu_sgl_kernel(n: int, k: int, dtype: torch.dtype) -> bool:
+        return _has_packed_linear() and original(n, k, dtype)
+
+    return check_cpu_sgl_kernel
+
+
+def _stand_in_patches() -> Any:
+    from ascend_eplb.control.patching import Patch, PatchSet
+
+    return PatchSet(
+        [
+            Patch(
+                "vllm.model_executor.layers.utils",
+                "check_cpu_sgl_kernel",
+                ("n", "k", "dtype"),
+                _without_absent_sgl_kernel,
+                __name__,
+            )
+        ]
+    )
+
+
+_STAND_IN_PATCHES: Any = None
+
+
+def stand_in_patches() -> Any:
+    """The ``PatchSet`` of this harness's upstream replacements (stand-in 3), built once."""
+    global _STAND_IN_PATCHES
+    if _STAND_IN_PATCHES is None:
+        _STAND_IN_PATCHES = _stand_in_patches()
+    return _STAND_IN_PATCHES
 
 
 def __getattr__(name: str) -> Any:
@@ -585,11 +679,15 @@ def _vllm_config(folder: Path, num_ranks: int, enable_eplb: bool, eplb: dict[str
         enable_eplb=enable_eplb,
         eplb_config=EPLBConfig(**(eplb or {})),
     )
+    config = json.loads((folder / "config.json").read_text())
+    quantized = (folder / "quant_model_description.json").is_file()
     model_config = ModelConfig(
         model=str(folder),
         tokenizer=str(folder),
         skip_tokenizer_init=True,
-        dtype="float32",
+        # explicit: vLLM's "auto" would serve a float32 checkpoint in a 16-bit dtype
+        dtype=str(config.get("dtype") or config.get("torch_dtype") or "float32"),
+        quantization="ascend" if quantized else None,
         enforce_eager=True,
         max_model_len=256,
     )
@@ -641,6 +739,55 @@ def _thread_lock_for_tqdm() -> None:
         tqdm.set_lock(threading.RLock())
 
 
+def prepare_world(
+    ctx: Any,
+    folder: str | os.PathLike[str],
+    *,
+    enable_eplb: bool = False,
+    eplb: dict[str, Any] | None = None,
+) -> Any:
+    """What a worker has before it loads the model of ``folder``: its ``VllmConfig`` and vLLM's world.
+
+    Installs the project's patches (``ascend_eplb.integration.patches.apply_patches``: the host
+    adaptation, as the plugin does), registers :class:`TorchFusedMoEMethod` and, for a checkpoint
+    with an msModelSlim description, the ``"ascend"`` quantization stand-in
+    (``ascend_quant.register_ascend_quantization``), builds the ``VllmConfig`` (the checkpoint's dtype,
+    ``quantization="ascend"`` with a description, eager, ``custom_ops=["none"]``,
+    ``enable_expert_parallel``, ``enable_eplb``) and initialises vLLM's distributed environment once
+    per process (TP = EP = ``ctx.world_size`` over Gloo). Arguments as :func:`build_model`.
+    """
+    from ascend_eplb.integration.patches import apply_patches
+
+    apply_patches()
+    stand_in_patches().apply()
+    register_torch_moe_method()
+    folder = Path(folder)
+    if (folder / "quant_model_description.json").is_file():
+        from ascend_eplb.testing.ascend_quant import register_ascend_quantization
+
+        register_ascend_quantization()
+    _thread_lock_for_tqdm()
+    vllm_config = _vllm_config(folder, ctx.world_size, enable_eplb, eplb)
+    init_world(ctx, vllm_config)
+    return vllm_config
+
+
+def load_model(vllm_config: Any) -> torch.nn.Module:
+    """vLLM's ``get_model`` (safetensors loader) under ``vllm_config`` (:func:`prepare_world`), then the
+    attention stand-ins and, for quantized experts, vllm-ascend's ``get_expert_weights``
+    (``ascend_quant.install_ascend_routed_experts``)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader import get_model
+
+    from ascend_eplb.testing.ascend_quant import install_ascend_routed_experts
+
+    with set_current_vllm_config(vllm_config):
+        model = get_model(vllm_config=vllm_config)
+    install_attention_stand_ins(model)
+    install_ascend_routed_experts(model)
+    return model
+
+
 def build_model(
     ctx: Any,
     folder: str | os.PathLike[str],
@@ -648,13 +795,8 @@ def build_model(
     enable_eplb: bool = False,
     eplb: dict[str, Any] | None = None,
 ) -> tuple[torch.nn.Module, Any]:
-    """One rank's vLLM model of the checkpoint in ``folder``: TP = EP = ``ctx.world_size`` over Gloo.
-
-    Installs the project's patches (``ascend_eplb.integration.patches.apply_patches``: the host
-    adaptation, as the plugin does), registers :class:`TorchFusedMoEMethod`, builds the ``VllmConfig``
-    (float32, eager, ``custom_ops=["none"]``, ``enable_expert_parallel``, ``enable_eplb``), initialises
-    vLLM's distributed environment once per process, runs vLLM's ``get_model`` (safetensors loader)
-    and installs the attention stand-ins.
+    """One rank's vLLM model of the checkpoint in ``folder``: :func:`prepare_world`, then
+    :func:`load_model`.
 
     Args:
         ctx: the rank's ``RankContext``.
@@ -666,20 +808,8 @@ def build_model(
     Returns:
         ``(model, vllm_config)``.
     """
-    from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader import get_model
-
-    from ascend_eplb.integration.patches import apply_patches
-
-    apply_patches()
-    register_torch_moe_method()
-    _thread_lock_for_tqdm()
-    vllm_config = _vllm_config(Path(folder), ctx.world_size, enable_eplb, eplb)
-    init_world(ctx, vllm_config)
-    with set_current_vllm_config(vllm_config):
-        model = get_model(vllm_config=vllm_config)
-    install_attention_stand_ins(model)
-    return model, vllm_config
+    vllm_config = prepare_world(ctx, folder, enable_eplb=enable_eplb, eplb=eplb)
+    return load_model(vllm_config), vllm_config
 
 
 def moe_layers(model: torch.nn.Module) -> list[Any]:
@@ -857,10 +987,11 @@ class ServingWorker:
         from vllm.distributed.parallel_state import get_ep_group
 
         from ascend_eplb.integration.runner import Mrv2EplbWiring
+        from ascend_eplb.testing.ascend_quant import checkpoint_expert_storage, checkpoint_format
 
         self.folder = Path(folder)
         self.info = checkpoint_info(self.folder)
-        self.experts = checkpoint_experts(self.folder)
+        self.format = checkpoint_format(self.folder)
         eplb = {
             "num_redundant_experts": num_redundant_experts,
             "window_size": window_size,
@@ -869,25 +1000,30 @@ class ServingWorker:
         }
         self.seconds: dict[str, float] = {}
         t0 = time.monotonic()
-        self.model, self.vllm_config = build_model(ctx, self.folder, enable_eplb=True, eplb=eplb)
+        # As a serving worker: the runner (its controller: start-up validation) before the model loads.
+        self.vllm_config = prepare_world(ctx, self.folder, enable_eplb=True, eplb=eplb)
         self.vllm_config.additional_config = {
             **(self.vllm_config.additional_config or {}),
             "eplb_config": {"load_collection_phase": phase},
         }
         self.ep_rank = get_ep_group().rank_in_group
-        self.method = register_torch_moe_method()
         self.model_config = self.vllm_config.model_config
         with set_current_vllm_config(self.vllm_config):
             self.wiring = Mrv2EplbWiring(self.vllm_config, torch.device("cpu"))
+        self.model = load_model(self.vllm_config)
+        self.method = type(routed_experts(self.model)[0].quant_method)
+        # the truth each slot is checked against: float weights, or the format's kernel storage
+        self.experts = checkpoint_experts(self.folder) if self.format is None else None
+        self.expert_storage = (
+            None if self.format is None else checkpoint_expert_storage(self.folder, self.format)
+        )
+        with set_current_vllm_config(self.vllm_config):
             self.wiring.load_model(self.model, self.model_config)
         self.state = self.wiring.controller.state
         self.model_state = self.state.model_states[self.model_config.compute_hash()]
         self.seconds["build_on"] = time.monotonic() - t0
-        self.initial_slot_mismatches = local_slot_mismatches(
-            self.model,
-            self.experts,
-            initial_physical_to_logical(self.info, num_redundant_experts),
-            self.ep_rank,
+        self.initial_slot_mismatches = self._mismatches(
+            initial_physical_to_logical(self.info, num_redundant_experts)
         )
         self.model_off = self.vllm_config_off = None
         if eplb_off:
@@ -974,10 +1110,37 @@ class ServingWorker:
         after = self.model_state.physical_to_logical_map
         return [layer for layer in range(before.shape[0]) if not torch.equal(before[layer], after[layer])]
 
+    def describe_experts(self) -> dict[str, Any]:
+        """What serves the routed experts: ``methods`` (class name per MoE layer), ``formats``
+        (quant_views format per layer, None for float32), ``kernel_names`` (layer 0's kernel tensors,
+        [] for float32) and ``view_names`` (per layer, the weight views' attribute names)."""
+        from ascend_eplb.quant_views import layer_storage, layer_view_names
+
+        layers = routed_experts(self.model)
+        formats = [getattr(layer.quant_method, "format_name", None) for layer in layers]
+        return {
+            "methods": [type(layer.quant_method).__name__ for layer in layers],
+            "formats": formats,
+            "kernel_names": list(layer_storage(layers[0], formats[0]).kernel_tensors) if formats[0] else [],
+            "view_names": [
+                layer_view_names(layer, f) if f else ["w13_weight", "w2_weight"]
+                for layer, f in zip(layers, formats, strict=True)
+            ],
+        }
+
     def slot_mismatches(self) -> list[str]:
-        """:func:`local_slot_mismatches` under the committed placement."""
-        return local_slot_mismatches(
-            self.model, self.experts, self.model_state.physical_to_logical_map, self.ep_rank
+        """Local slots not holding their logical expert under the committed placement: the float weights
+        (:func:`local_slot_mismatches`), or for a quant_views format the fingerprint over every kernel
+        tensor (``ascend_quant.slot_fingerprint_mismatches``)."""
+        return self._mismatches(self.model_state.physical_to_logical_map)
+
+    def _mismatches(self, physical_to_logical: torch.Tensor) -> list[str]:
+        if self.format is None:
+            return local_slot_mismatches(self.model, self.experts, physical_to_logical, self.ep_rank)
+        from ascend_eplb.testing.ascend_quant import slot_fingerprint_mismatches
+
+        return slot_fingerprint_mismatches(
+            self.model, self.expert_storage, physical_to_logical, self.ep_rank, self.format
         )
 
 
@@ -1000,6 +1163,8 @@ class RealModelSpec:
         seed: prompt seed.
         run_eplb_off: also build the EPLB-off model and run the same prompts (the comparison run).
         worker_deadline_s: how long a step waits for the async worker to hand over a layer.
+        environ: environment set in each rank before anything is built (e.g. vllm-ascend's
+            ``VLLM_ASCEND_ENABLE_NZ``, see ``ascend_quant.FORMAT_SWITCHES``).
     """
 
     arch: str
@@ -1014,6 +1179,7 @@ class RealModelSpec:
     run_eplb_off: bool = True
     worker_deadline_s: float = 20.0
     eplb_extra: dict[str, Any] = field(default_factory=dict)
+    environ: dict[str, str] = field(default_factory=dict)
 
 
 def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
@@ -1040,9 +1206,13 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
         empty when every slot holds its expert); ``initial_slot_mismatches``: the same check right after
         loading under the initial placement; ``num_rearrangements``; ``worker_alive``;
         ``seconds``: wall time of ``build_on``, ``build_off`` and ``steps`` (both models);
-        ``moe_calls``: :class:`TorchFusedMoEMethod` applies on this rank.
+        ``moe_calls``: the expert method's applies on this rank; ``methods``: the expert method's class
+        name per MoE layer; ``formats``: the quant_views format per layer (None: float32);
+        ``kernel_names``: layer 0's kernel tensors (quant_views ``layer_storage``, [] for float32);
+        ``view_names``: per layer, the attribute names of the weight views EPLB moves.
     """
     os.environ["ASCEND_EPLB_VERIFY"] = "1"  # the serving verifier checks every commit and step
+    os.environ.update(spec.environ)
     from ascend_eplb.integration.runner import batch_has_prefill
 
     worker = ServingWorker(
@@ -1089,6 +1259,7 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
             commits.extend((step, layer) for layer in changed)
             slot_checks.append((step, worker.slot_mismatches()))
     report["seconds"] = {**worker.seconds, "steps": time.monotonic() - t1}
+    report.update(worker.describe_experts())
     report["num_rearrangements"] = worker.state.num_rearrangements
     report["worker_alive"] = worker.state.async_worker is not None and worker.state.async_worker.is_alive()
     report.update(

@@ -2,8 +2,9 @@
 
 Public names (DESIGN §4): `get_format`, `ExpertWeightFormat`, `ExpertStorage`, `ExpertTensorList`,
 `UnsupportedFormatError`, `validate_weight_views`; plus the support table (`FORMAT_SUPPORT`,
-`FormatSupport`, `supported_formats`), `expert_fingerprint`, and the deterministic test weights of
-`ascend_eplb.quant_views.reference`. Never imports vllm.
+`FormatSupport`, `supported_formats`), `expert_fingerprint`, a FusedMoE layer's storage and views read
+from its parameters (`layer_storage`, `layer_weight_views`, `layer_view_names`), and the deterministic
+test weights of `ascend_eplb.quant_views.reference`. Never imports vllm.
 """
 
 from ascend_eplb.quant_views.__about__ import __version__
@@ -12,6 +13,7 @@ from ascend_eplb.quant_views._tensor_list import ExpertTensorList
 from ascend_eplb.quant_views._validate import BOTH_OR_NEITHER, validate_weight_views
 from ascend_eplb.quant_views.fingerprint import expert_fingerprint
 from ascend_eplb.quant_views.formats import ExpertWeightFormat
+from ascend_eplb.quant_views.layer import layer_storage, layer_view_names, layer_weight_views
 from ascend_eplb.quant_views.reference import (
     build_expert_storage,
     quantization_error,
@@ -38,6 +40,9 @@ __all__ = [
     "build_expert_storage",
     "expert_fingerprint",
     "get_format",
+    "layer_storage",
+    "layer_view_names",
+    "layer_weight_views",
     "quantization_error",
     "reference_expert_weights",
     "reference_moe",

@@ -57,6 +57,20 @@ class ExpertTensorList(list[torch.Tensor]):
             raise ValueError("ExpertTensorList is empty: it has no device")
         return self[0].device
 
+    def element_size(self) -> int:
+        """Bytes per element of the per-expert tensors (upstream ``set_eplb_state`` views 1-byte dtypes
+        as uint8 for the transfer)."""
+        if not self:
+            raise ValueError("ExpertTensorList is empty: it has no element size")
+        return self[0].element_size()
+
+    def view(self, dtype: torch.dtype) -> ExpertTensorList:
+        """``ExpertTensorList`` of ``t.view(dtype)`` per element: the same memory read as ``dtype``
+        (what upstream ``set_eplb_state`` does to stacked 1-byte weights: ``w.view(torch.uint8)``)."""
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"ExpertTensorList.view takes a torch.dtype, got {dtype!r}")
+        return ExpertTensorList(t.view(dtype) for t in self)
+
     def __repr__(self) -> str:
         if not self:
             return "ExpertTensorList([])"

@@ -1,7 +1,9 @@
 """`ExpertWeightFormat`: what every format shares (storage checks, weight views, the reference kernel).
 
-A format module (`unquantized`, `w8a8`, `w4a8`, `mx`) subclasses it with its layout (``_quantize``, the
-kernel tensors in vllm-ascend's post-``process_weights_after_loading`` layout) and its expert math twice:
+A format module (`unquantized`, `w8a8`, `w4a8`, `mx`) subclasses it with its two layouts (``_checkpoint``:
+the tensors an msModelSlim checkpoint holds, as vllm-ascend's ``create_weights`` registers them;
+``_after_loading``: the kernel tensors its ``process_weights_after_loading`` makes of them) and its
+expert math twice:
 ``_forward_expert``, the plain per-expert form (`ascend_eplb.quant_views.per_expert`), and
 ``_forward_batched``, the form `apply` runs over every selection of a call at once
 (`ascend_eplb.quant_views._batched`). The two are tested bit-identical.
@@ -97,6 +99,131 @@ class ExpertWeightFormat(abc.ABC):
         self.check_sizes(hidden, inter)
         opts = self._resolved_options(options)
         kernel, unread = self._quantize(w13, w2, p, opts)
+        return self._new_storage(kernel, unread, p, hidden, inter, per_expert_lists, opts)
+
+    def quantize_checkpoint(
+        self, w13: torch.Tensor, w2: torch.Tensor, **options: Any
+    ) -> dict[str, torch.Tensor]:
+        """Quantize float weights into the tensors a checkpoint of this format holds (msModelSlim layout).
+
+        The names are the layer parameters vllm-ascend's ``create_weights`` registers (``w13_weight``,
+        ``w13_weight_scale``, ...; see the format's docstring), stacked ``(p, ...)``; expert ``e``'s
+        gate rows ``[:I]`` and up rows ``[I:]`` of a ``w13_*`` tensor are the checkpoint's
+        ``experts.e.gate_proj.*`` / ``up_proj.*``, ``w2_*`` its ``down_proj.*``.
+        `storage_from_checkpoint` of the result equals `create_storage` of the same weights, bit for bit.
+
+        Args:
+            w13, w2: as `create_storage`; ``options``: as `create_storage` (only the bias options of
+                ``bf16``/``fp16`` and ``group_size`` of ``w4a8_dynamic`` change the checkpoint).
+
+        Raises:
+            as `create_storage`.
+        """
+        p, hidden, inter = check_float_weights(w13, w2)
+        self.check_sizes(hidden, inter)
+        return self._checkpoint(w13, w2, p, self._resolved_options(options))
+
+    def checkpoint_layout(
+        self, num_local_experts: int, hidden_size: int, intermediate_size: int, *, with_bias: bool = False
+    ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Shape ``(p, ...)`` and dtype of every checkpoint tensor `quantize_checkpoint` returns, by name
+        (what a quantization method's ``create_weights`` registers), computed on the meta device.
+
+        ``with_bias``: include ``w13_bias`` / ``w2_bias`` (``bf16``/``fp16`` only).
+
+        Raises:
+            ValueError: a count or size is not a positive int or breaks `check_sizes`; ``with_bias`` for
+                a format without biases.
+        """
+        self._check_count(num_local_experts)
+        self.check_sizes(hidden_size, intermediate_size)
+        opts = dict(self._options)
+        if with_bias:
+            if "w13_bias" not in opts:
+                raise ValueError(f"{self.name}: with_bias=True, but this format has no expert biases")
+            meta = torch.device("meta")
+            opts["w13_bias"] = torch.empty(num_local_experts, 2 * intermediate_size, device=meta)
+            opts["w2_bias"] = torch.empty(num_local_experts, hidden_size, device=meta)
+        w13, w2 = self._meta_weights(num_local_experts, hidden_size, intermediate_size)
+        return {
+            n: (tuple(t.shape), t.dtype)
+            for n, t in self._checkpoint(w13, w2, num_local_experts, opts).items()
+        }
+
+    def storage_from_checkpoint(
+        self,
+        tensors: Mapping[str, torch.Tensor],
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        per_expert_lists: bool = False,
+        **options: Any,
+    ) -> ExpertStorage:
+        """Lay loaded checkpoint tensors out as the kernel reads them (vllm-ascend's
+        ``process_weights_after_loading``): transposes, scale words, packing, fused scales.
+
+        Args:
+            tensors: stacked ``(p, ...)`` tensors by the names and layout of `checkpoint_layout`
+                (``w13_bias``/``w2_bias`` optional for ``bf16``/``fp16``), all on one device; not modified.
+            hidden_size, intermediate_size: ``H``, ``I``.
+            per_expert_lists, options: as `create_storage` (``fused_scales`` for ``w8a8_dynamic``;
+                the bias options are given as tensors here, not as options).
+
+        Returns:
+            New `ExpertStorage` (fresh tensors; ``tensors`` can be freed).
+
+        Raises:
+            ValueError: a tensor missing, unexpected, or of another shape or dtype than
+                `checkpoint_layout` (naming it and both), tensors on several devices, sizes breaking
+                `check_sizes`.
+            TypeError: an unknown option or a bias given as an option.
+            UnsupportedFormatError: an option value EPLB rejects.
+        """
+        self.check_sizes(hidden_size, intermediate_size)
+        w13 = tensors.get("w13_weight")
+        if not isinstance(w13, torch.Tensor) or w13.dim() < 1:
+            raise ValueError(f"{self.name}: checkpoint tensors must include a stacked 'w13_weight' tensor")
+        p = int(w13.shape[0])
+        with_bias = "w13_bias" in tensors or "w2_bias" in tensors
+        expected = self.checkpoint_layout(p, hidden_size, intermediate_size, with_bias=with_bias)
+        unknown = sorted(set(tensors) - set(expected))
+        missing = sorted(set(expected) - set(tensors))
+        if unknown or missing:
+            raise ValueError(
+                f"{self.name}: checkpoint tensors {sorted(tensors)} must be exactly {sorted(expected)} "
+                f"(missing {missing}, unexpected {unknown})"
+            )
+        devices = {t.device for t in tensors.values()}
+        if len(devices) > 1:
+            raise ValueError(
+                f"{self.name}: checkpoint tensors are on several devices {sorted(map(str, devices))}"
+            )
+        for name, (shape, dtype) in expected.items():
+            t = tensors[name]
+            if tuple(t.shape) != shape or t.dtype != dtype:
+                raise ValueError(
+                    f"{self.name}: checkpoint tensor {name!r} must be {shape} {dtype}, "
+                    f"got {tuple(t.shape)} {t.dtype}"
+                )
+        if any(k in options for k in ("w13_bias", "w2_bias")):
+            raise TypeError(f"{self.name}.storage_from_checkpoint takes biases as tensors, not options")
+        opts = self._resolved_options(options)
+        kernel, unread = self._after_loading({n: t.clone() for n, t in tensors.items()}, p, opts)
+        for name in ("w13_bias", "w2_bias"):
+            if name in opts and name in tensors:
+                opts[name] = tensors[name]
+        return self._new_storage(kernel, unread, p, hidden_size, intermediate_size, per_expert_lists, opts)
+
+    def _new_storage(
+        self,
+        kernel: dict[str, torch.Tensor],
+        unread: dict[str, torch.Tensor],
+        p: int,
+        hidden: int,
+        inter: int,
+        per_expert_lists: bool,
+        opts: Mapping[str, Any],
+    ) -> ExpertStorage:
         if per_expert_lists:
             kernel = {n: self._to_list(n, t) for n, t in kernel.items()}
             unread = {n: ExpertTensorList(r.clone() for r in t.unbind(0)) for n, t in unread.items()}
@@ -152,12 +279,7 @@ class ExpertWeightFormat(abc.ABC):
             ValueError: a count or size is not a positive int, or ``H``/``I`` breaks this layout's rules
                 (as `check_sizes`).
         """
-        if (
-            isinstance(num_local_experts, bool)
-            or not isinstance(num_local_experts, int)
-            or num_local_experts < 1
-        ):
-            raise ValueError(f"{self.name}: num_local_experts={num_local_experts!r} must be a positive int")
+        self._check_count(num_local_experts)
         self.check_sizes(hidden_size, intermediate_size)
         kernel, unread = self._meta_quantize(
             num_local_experts, hidden_size, intermediate_size, dict(self._options)
@@ -168,10 +290,24 @@ class ExpertWeightFormat(abc.ABC):
         self, num_local_experts: int, hidden_size: int, intermediate_size: int, opts: Mapping[str, Any]
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """`_quantize` of ``(p, 2I, H)`` / ``(p, H, I)`` weights on the meta device (shapes, no data)."""
-        meta = torch.device("meta")
-        w13 = torch.empty(num_local_experts, 2 * intermediate_size, hidden_size, device=meta)
-        w2 = torch.empty(num_local_experts, hidden_size, intermediate_size, device=meta)
+        w13, w2 = self._meta_weights(num_local_experts, hidden_size, intermediate_size)
         return self._quantize(w13, w2, num_local_experts, dict(opts))
+
+    @staticmethod
+    def _meta_weights(p: int, hidden_size: int, intermediate_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        meta = torch.device("meta")
+        return (
+            torch.empty(p, 2 * intermediate_size, hidden_size, device=meta),
+            torch.empty(p, hidden_size, intermediate_size, device=meta),
+        )
+
+    def _check_count(self, num_local_experts: Any) -> None:
+        if (
+            isinstance(num_local_experts, bool)
+            or not isinstance(num_local_experts, int)
+            or num_local_experts < 1
+        ):
+            raise ValueError(f"{self.name}: num_local_experts={num_local_experts!r} must be a positive int")
 
     def _resolved_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """The format's default options updated with ``options``; ``TypeError`` naming unknown ones."""
@@ -195,11 +331,24 @@ class ExpertWeightFormat(abc.ABC):
                 rows.append(row.contiguous().clone())
         return ExpertTensorList(rows)
 
-    @abc.abstractmethod
     def _quantize(
         self, w13: torch.Tensor, w2: torch.Tensor, p: int, opts: Mapping[str, Any]
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """Stacked kernel tensors (kernel layout, in view order) and stacked unread tensors."""
+        """Stacked kernel tensors (kernel layout, in view order) and stacked unread tensors: the
+        checkpoint of ``w13``/``w2`` laid out after loading (one path for both entry points)."""
+        return self._after_loading(self._checkpoint(w13, w2, p, opts), p, opts)
+
+    @abc.abstractmethod
+    def _checkpoint(
+        self, w13: torch.Tensor, w2: torch.Tensor, p: int, opts: Mapping[str, Any]
+    ) -> dict[str, torch.Tensor]:
+        """Stacked checkpoint tensors (msModelSlim layout, create_weights names) of float weights."""
+
+    @abc.abstractmethod
+    def _after_loading(
+        self, ckpt: Mapping[str, torch.Tensor], p: int, opts: Mapping[str, Any]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """Kernel tensors (view order) and unread tensors made from checkpoint tensors (fresh memory)."""
 
     # ------------------------------------------------------------------ views
 

@@ -31,7 +31,10 @@ class _MxFormat(ExpertWeightFormat):
     w2_weight_scale  (p, I/64, H, 2)      (p, H, I/64, 2)
     ================ ==================== ============================ ==========================
 
-    (``*``: halved for packed fp4.) Views: the four ``transpose(1, 2)`` (undoing the kernel transpose,
+    (``*``: halved for packed fp4.) Checkpoint (msModelSlim ``W8A8_MXFP8`` / ``W4A4_MXFP4``, the parameters
+    ``create_weights`` registers): ``w13_weight`` (p, 2I, H*), ``w2_weight`` (p, H, I*), ``w13_weight_scale``
+    (p, 2I, H/32) and ``w2_weight_scale`` (p, H, I/32) torch.float8_e8m0fnu. Views: the four
+    ``transpose(1, 2)`` (undoing the kernel transpose,
     giving contiguous expert rows), flattened to ``(p, -1)``. Needs ``H % 64 == 0`` and ``I % 64 == 0``.
     Reference: weights dequantized block-wise (value * 2 ** (byte - 127)); activations MX-quantized at
     run time in blocks of 32 along ``in_features`` with the same element type (``npu_dynamic_mx_quant``),
@@ -56,13 +59,17 @@ class _MxFormat(ExpertWeightFormat):
     @abc.abstractmethod
     def _fake_quantize_act(x: torch.Tensor) -> torch.Tensor: ...
 
-    def _quantize(self, w13, w2, p, opts):
-        kernel = {}
+    def _checkpoint(self, w13, w2, p, opts):
         q13, s13 = self._quantize_weight(w13)  # (p, 2I, H[/2]), (p, 2I, H/32)
         q2, s2 = self._quantize_weight(w2)
+        return {"w13_weight": q13, "w13_weight_scale": s13, "w2_weight": q2, "w2_weight_scale": s2}
+
+    def _after_loading(self, ckpt, p, opts):
+        kernel = {}
+        s13, s2 = ckpt["w13_weight_scale"], ckpt["w2_weight_scale"]
         for name, t in (
-            ("w13_weight", q13),
-            ("w2_weight", q2),
+            ("w13_weight", ckpt["w13_weight"]),
+            ("w2_weight", ckpt["w2_weight"]),
             ("w13_weight_scale", s13.reshape(p, s13.shape[1], -1, 2)),
             ("w2_weight_scale", s2.reshape(p, s2.shape[1], -1, 2)),
         ):

@@ -32,6 +32,8 @@ class _UnquantizedFormat(ExpertWeightFormat):
     ============ =========== ===========
 
     Views: all of them (``get_eplb_weight_views``: ``[w13_weight, w2_weight] (+ w13_bias, w2_bias)``).
+    Checkpoint (the parameters ``create_weights`` registers): ``w13_weight`` (p, 2I, H), ``w2_weight``
+    (p, H, I) (+ ``w13_bias`` (p, 2I), ``w2_bias`` (p, H)) in the format's dtype.
     Reference: ``h = x @ w13_weight[e] + w13_bias[e]``, SiLU(gate) * up rounded to the weight dtype,
     ``y = a @ w2_weight[e] + w2_bias[e]``; activations rounded to the weight dtype first.
     """
@@ -43,11 +45,8 @@ class _UnquantizedFormat(ExpertWeightFormat):
     def _public_options(self, opts: Mapping[str, Any]) -> list[str]:
         return []
 
-    def _quantize(self, w13, w2, p, opts):
-        kernel = {
-            "w13_weight": w13.transpose(1, 2).to(self.dtype).contiguous(),
-            "w2_weight": w2.transpose(1, 2).to(self.dtype).contiguous(),
-        }
+    def _checkpoint(self, w13, w2, p, opts):
+        ckpt = {"w13_weight": w13.to(self.dtype), "w2_weight": w2.to(self.dtype)}
         inter, hidden = w2.shape[2], w2.shape[1]
         for name, shape in (("w13_bias", (p, 2 * inter)), ("w2_bias", (p, hidden))):
             bias = opts[name]
@@ -64,7 +63,17 @@ class _UnquantizedFormat(ExpertWeightFormat):
                 )
             if bias.device != w13.device:
                 raise ValueError(f"{self.name}: {name} is on {bias.device}, weights on {w13.device}")
-            kernel[name] = bias.to(self.dtype).contiguous()
+            ckpt[name] = bias.to(self.dtype)
+        return ckpt
+
+    def _after_loading(self, ckpt, p, opts):
+        kernel = {
+            "w13_weight": ckpt["w13_weight"].transpose(1, 2).to(self.dtype).contiguous(),
+            "w2_weight": ckpt["w2_weight"].transpose(1, 2).to(self.dtype).contiguous(),
+        }
+        for name in ("w13_bias", "w2_bias"):
+            if name in ckpt:
+                kernel[name] = ckpt[name].to(self.dtype).contiguous()
         return kernel, {}
 
     def _forward_expert(self, storage: ExpertStorage, row: int, x: torch.Tensor, fused: bool) -> torch.Tensor:

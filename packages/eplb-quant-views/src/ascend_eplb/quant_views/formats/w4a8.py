@@ -37,6 +37,10 @@ class W4A8DynamicFormat(ExpertWeightFormat):
     ================ ================================= ======= ===============================================
 
     Views: all six (``get_eplb_weight_views``; the scale_bias pair is both-or-neither).
+    Checkpoint (msModelSlim ``W4A8_DYNAMIC`` per channel, the parameters ``create_weights`` registers):
+    ``w13_weight`` (p, 2I, H) and ``w2_weight`` (p, H, I) int8 holding int4 values, ``w13_weight_scale``
+    (p, 2I, 1) and ``w2_weight_scale`` (p, H, 1) float32; packing, scale words and ``scale_bias`` are
+    computed after loading.
     Needs ``I % 4 == 0`` and ``H % 8 == 0`` (int32 view of packed int8). Per-group quantization
     (option ``group_size > 0``) raises `UnsupportedFormatError` (vllm-ascend rejects it for EPLB).
     Reference: activations int8 per token; the int8 x int4 GEMM is modelled as the split
@@ -56,12 +60,23 @@ class W4A8DynamicFormat(ExpertWeightFormat):
         ("H", 8, "w2_weight packs H int4 into H/2 int8, read as int32"),
     )
 
-    def _quantize(self, w13, w2, p, opts):
+    def _checkpoint(self, w13, w2, p, opts):
         check_w4a8_group_size(opts["group_size"])
         q13, s13 = nx.quantize_per_channel(w13, 7)  # (p, 2I, H) int8 in [-8, 7], (p, 2I)
         q2, s2 = nx.quantize_per_channel(w2, 7)  # (p, H, I), (p, H)
-        k13 = q13.transpose(1, 2).contiguous()  # (p, H, 2I): (p, in_features, out_features)
-        k2 = q2.transpose(1, 2).contiguous()  # (p, I, H)
+        return {
+            "w13_weight": q13,
+            "w13_weight_scale": s13.unsqueeze(-1),
+            "w2_weight": q2,
+            "w2_weight_scale": s2.unsqueeze(-1),
+        }
+
+    def _after_loading(self, ckpt, p, opts):
+        check_w4a8_group_size(opts["group_size"])
+        s13 = ckpt["w13_weight_scale"].reshape(p, -1).to(torch.float32)  # (p, 2I)
+        s2 = ckpt["w2_weight_scale"].reshape(p, -1).to(torch.float32)  # (p, H)
+        k13 = ckpt["w13_weight"].transpose(1, 2).contiguous()  # (p, H, 2I): (p, in_features, out_features)
+        k2 = ckpt["w2_weight"].transpose(1, 2).contiguous()  # (p, I, H)
         bias13 = 8.0 * (k13.to(torch.float64) * s13.to(torch.float64).unsqueeze(1)).sum(dim=1)
         bias2 = 8.0 * (k2.to(torch.float64) * s2.to(torch.float64).unsqueeze(1)).sum(dim=1)
         kernel = {

@@ -32,6 +32,10 @@ class W8A8DynamicFormat(ExpertWeightFormat):
     ===================== =========== ========= =========================================
 
     Unread (not views): ``w13_weight_offset`` (p, 2I) and ``w2_weight_offset`` (p, H) float32 zeros.
+
+    Checkpoint (msModelSlim ``W8A8_DYNAMIC``, the parameters ``create_weights`` registers): ``w13_weight``
+    (p, 2I, H) and ``w2_weight`` (p, H, I) int8, ``w13_weight_scale`` / ``w13_weight_offset`` (p, 2I, 1)
+    and ``w2_weight_scale`` / ``w2_weight_offset`` (p, H, 1) float32 (per output channel; offsets 0).
     Views: ``[w13_weight, w2_weight, w13_weight_scale_fp32, w2_weight_scale] (+ fused_w1_scale,
     fused_w2_scale)``; the fused pair is both-or-neither.
     Reference: ``h = (q(x) @ w13_weight[e]) * s_x * scale13``; SiLU(gate) * up; ``y = (q(a) @ w2_weight[e])
@@ -43,21 +47,36 @@ class W8A8DynamicFormat(ExpertWeightFormat):
     error_bound = 5e-2
     _options = MappingProxyType({"fused_scales": False})
 
-    def _quantize(self, w13, w2, p, opts):
-        if not isinstance(opts["fused_scales"], bool):
-            raise ValueError(f"w8a8_dynamic: fused_scales must be a bool, got {opts['fused_scales']!r}")
+    def _checkpoint(self, w13, w2, p, opts):
         q13, s13 = nx.quantize_per_channel(w13, 127)  # (p, 2I, H), (p, 2I)
         q2, s2 = nx.quantize_per_channel(w2, 127)  # (p, H, I), (p, H)
+        return {
+            "w13_weight": q13,
+            "w13_weight_scale": s13.unsqueeze(-1),
+            "w13_weight_offset": torch.zeros_like(s13).unsqueeze(-1),
+            "w2_weight": q2,
+            "w2_weight_scale": s2.unsqueeze(-1),
+            "w2_weight_offset": torch.zeros_like(s2).unsqueeze(-1),
+        }
+
+    def _after_loading(self, ckpt, p, opts):
+        if not isinstance(opts["fused_scales"], bool):
+            raise ValueError(f"w8a8_dynamic: fused_scales must be a bool, got {opts['fused_scales']!r}")
+        s13 = ckpt["w13_weight_scale"].reshape(p, -1).to(torch.float32)  # (p, 2I)
+        s2 = ckpt["w2_weight_scale"].reshape(p, -1).to(torch.float32)  # (p, H)
         kernel = {
-            "w13_weight": q13.transpose(1, 2).contiguous(),
-            "w2_weight": q2.transpose(1, 2).contiguous(),
+            "w13_weight": ckpt["w13_weight"].transpose(1, 2).contiguous(),
+            "w2_weight": ckpt["w2_weight"].transpose(1, 2).contiguous(),
             "w13_weight_scale_fp32": s13.contiguous(),
             "w2_weight_scale": s2.contiguous(),
         }
         if opts["fused_scales"]:
             kernel["fused_w1_scale"] = nx.float_to_scale_word(s13)
             kernel["fused_w2_scale"] = nx.float_to_scale_word(s2)
-        unread = {"w13_weight_offset": torch.zeros_like(s13), "w2_weight_offset": torch.zeros_like(s2)}
+        unread = {
+            "w13_weight_offset": ckpt["w13_weight_offset"].reshape(p, -1).contiguous(),
+            "w2_weight_offset": ckpt["w2_weight_offset"].reshape(p, -1).contiguous(),
+        }
         return kernel, unread
 
     def _fused_scales_path(self, storage, comm_path):

@@ -93,9 +93,14 @@ class SimulateConfig:
         4, "--redundant-experts", "redundant physical experts per layer, default %(default)s",
         type=non_negative_int,
     )  # fmt: skip
-    quant_format: str = _option(
-        "w8a8_dynamic", "--format", "expert weight format of --model replay, default %(default)s"
-    )
+    quant_format: str | None = _option(
+        None, "--format",
+        "the routed experts' format: a preset is written in it (float32 by default, exact on a CPU "
+        "host; bf16, fp16; or w8a8_dynamic, w4a8_dynamic, mxfp8, mxfp4 in msModelSlim's layout, served "
+        "with --quantization ascend); a model folder says its own (quant_model_description.json, else "
+        "its dtype), which --format must match; --model replay: default w8a8_dynamic",
+        metavar="FORMAT",
+    )  # fmt: skip
     num_moe_layers: int | None = _option(
         None, "--layers", "MoE layers (a prefix of the trace's loaded layers), default all", type=positive_int
     )
@@ -337,7 +342,6 @@ class SimulateConfig:
 
 #: Options of the trace-replay world only (``--model replay``).
 REPLAY_ONLY = (
-    "quant_format",
     "num_moe_layers",
     "trace",
     "sample_top_k",

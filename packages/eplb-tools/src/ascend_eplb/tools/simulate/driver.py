@@ -10,6 +10,7 @@ rank 0 writes the report.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -45,15 +46,17 @@ def _prepare(config: SimulateConfig) -> tuple[SimulateConfig, Any]:
     against it; or, for ``--model replay``, read the routing and validate every option, before anything
     is sampled or started: load to sample from is read, the options (the memory of the sampling and of
     the run included) checked, and only then is the routing sampled from it."""
-    if not config.replays:
-        from ascend_eplb.tools.simulate.models import resolve_model
+    from ascend_eplb.tools.simulate.models import REPLAY_FORMAT, resolve_model
 
+    if not config.replays:
         try:
-            source = resolve_model(config.model)
+            source = resolve_model(config.model, config.quant_format)
         except ValueError as e:
             raise ValueError(f"invalid simulate options:\n  - {e}") from None
+        config = dataclasses.replace(config, quant_format=source.format)
         config.validate_model(source)
         return config, source
+    config = dataclasses.replace(config, quant_format=config.quant_format or REPLAY_FORMAT)
     routing = load_routing_source(
         config.trace,
         num_tokens=config.sample_tokens,
@@ -194,7 +197,7 @@ def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: f
     return {
         "ranks": config.num_ranks,
         "model": routing.architecture if not config.replays else "replay",
-        "format": config.quant_format if config.replays else "float32",
+        "format": config.quant_format,
         "trace": routing.name,
         "layers": routing.num_moe_layers,
         "num_logical_experts": routing.num_logical_experts,

@@ -14,6 +14,13 @@ architecture, written by ``real_models.write_checkpoint`` into the cache (``$ASC
   its steps is within 0.05 of the trace's own (``packages/eplb-tools/tests/test_simulate.py``).
 * ``qwen3-moe``, ``mixtral``: the architectures' defaults of ``write_checkpoint`` (E = 8, top-2,
   2 MoE layers); their routing follows their random router gates (they have no routing bias).
+
+The experts' format (``--format``): a preset is written in it, once per format (float32 by default, the
+exact CPU-host case; ``bf16``/``fp16`` checkpoints; a quantized format's experts in msModelSlim's
+layout with ``quant_model_description.json``, served with ``--quantization ascend``; the MX formats
+with I = 64, a multiple of their block pairs). A folder's format is what start-up reads of it
+(``ascend_eplb.integration.validation.model_folder_facts``: the description's quant type, else the
+checkpoint's dtype); ``--format`` must match it.
 """
 
 from __future__ import annotations
@@ -25,10 +32,22 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PRESETS", "REPLAY", "ModelSource", "cache_folder", "resolve_model"]
+__all__ = [
+    "PRESETS",
+    "REPLAY",
+    "REPLAY_FORMAT",
+    "ModelSource",
+    "cache_folder",
+    "folder_format",
+    "resolve_model",
+]
 
 #: ``--model`` value of the trace-replay world (synthetic experts in a quant_views format).
 REPLAY = "replay"
+#: The replay world's ``--format`` when none is given.
+REPLAY_FORMAT = "w8a8_dynamic"
+#: The format of a preset when ``--format`` is not given (exact comparisons on a CPU host).
+PRESET_FORMAT = "float32"
 #: Preset names and the version of their recipe (a new version writes a new folder).
 PRESETS = {"deepseek-v3": "v1", "qwen3-moe": "v1", "mixtral": "v1"}
 #: The DeepSeek-V3 preset's sizes: the embedded trace's E and top-k, its first MoE layers.
@@ -45,6 +64,7 @@ class ModelSource:
         architecture: the HF ``architectures`` entry (``DeepseekV3ForCausalLM``, ...).
         num_logical_experts: E; ``top_k``: K; ``num_moe_layers``: L.
         max_positions: the model's ``max_position_embeddings`` (the longest sequence of one step).
+        format: the routed experts' format (``float32``, ``bf16``, ``fp16`` or a quantized format).
     """
 
     name: str
@@ -54,6 +74,7 @@ class ModelSource:
     top_k: int
     num_moe_layers: int
     max_positions: int
+    format: str = PRESET_FORMAT
 
 
 def cache_folder() -> Path:
@@ -62,21 +83,25 @@ def cache_folder() -> Path:
     return root / "models"
 
 
-def _write_preset(name: str, folder: Path) -> None:
-    """Write preset ``name`` into ``folder`` atomically (a scratch folder renamed into place)."""
+def _write_preset(name: str, folder: Path, fmt: str) -> None:
+    """Write preset ``name`` in format ``fmt`` into ``folder`` atomically (a scratch folder renamed into
+    place): the float32 checkpoint (routing fitted first), then converted (``ascend_quant.to_format``)."""
     from ascend_eplb.testing import real_models
+    from ascend_eplb.testing.ascend_quant import to_format
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
+        sizes = {"moe_intermediate_size": 64} if fmt.startswith("mx") else {}
         if name == "deepseek-v3":
             from ascend_eplb.tools.trace import load_trace
 
-            real_models.write_checkpoint(name, scratch, seed=0, **_DEEPSEEK_PRESET)
+            real_models.write_checkpoint(name, scratch, seed=0, **_DEEPSEEK_PRESET, **sizes)
             popularity = load_trace().load()[: _DEEPSEEK_PRESET["num_moe_layers"]]
             real_models.fit_routing_bias(scratch, popularity)
         else:
-            real_models.write_checkpoint(name, scratch, seed=0)
+            real_models.write_checkpoint(name, scratch, seed=0, **sizes)
+        to_format(scratch, fmt)
         try:
             scratch.rename(folder)
         except OSError:
@@ -86,19 +111,49 @@ def _write_preset(name: str, folder: Path) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def resolve_model(model: str) -> ModelSource:
-    """The checkpoint of ``--model``: a preset (written into :func:`cache_folder` if missing) or a folder.
+def folder_format(folder: str | os.PathLike[str]) -> str:
+    """The routed experts' format of a model folder, read as start-up validation reads it
+    (``model_folder_facts``: the msModelSlim description's quant type, else the checkpoint's dtype,
+    else ``float32``).
+
+    Raises:
+        ValueError: ``config.json`` or the description cannot be read (naming the file).
+    """
+    from ascend_eplb.integration.validation import model_folder_facts
+
+    facts = model_folder_facts(folder)
+    return facts.quantization or facts.dtype or PRESET_FORMAT
+
+
+def _check_format(fmt: str) -> None:
+    from ascend_eplb.quant_views import FORMAT_SUPPORT
+
+    if fmt != PRESET_FORMAT and fmt not in FORMAT_SUPPORT:
+        raise ValueError(
+            f"format={fmt!r}: must be {PRESET_FORMAT} or one of {', '.join(sorted(FORMAT_SUPPORT))}"
+        )
+    if fmt != PRESET_FORMAT and not FORMAT_SUPPORT[fmt].supports_eplb:
+        raise ValueError(f"format={fmt!r}: does not support EPLB ({FORMAT_SUPPORT[fmt].reason})")
+
+
+def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
+    """The checkpoint of ``--model``: a preset (written into :func:`cache_folder` in format ``fmt`` if
+    missing) or a folder (whose format ``fmt``, when given, must be).
 
     Raises:
         ValueError: ``model`` is neither a preset nor a folder with a ``config.json`` of a supported
-            architecture (the message names the value and what is accepted).
+            architecture; ``fmt`` is not a format EPLB supports (or ``float32``); a folder's format is
+            not ``fmt`` (each message names the value and what is accepted).
     """
     from ascend_eplb.testing import real_models
 
     if model in PRESETS:
-        folder = cache_folder() / f"{model}-{PRESETS[model]}"
+        fmt = fmt or PRESET_FORMAT
+        _check_format(fmt)
+        suffix = "" if fmt == PRESET_FORMAT else f"-{fmt}"
+        folder = cache_folder() / f"{model}-{PRESETS[model]}{suffix}"
         if not (folder / "config.json").is_file():
-            _write_preset(model, folder)
+            _write_preset(model, folder, fmt)
     else:
         folder = Path(model)
         if not (folder / "config.json").is_file():
@@ -108,6 +163,14 @@ def resolve_model(model: str) -> ModelSource:
             )
         if not any(folder.glob("*.safetensors")):
             raise ValueError(f"model={model}: the folder has no *.safetensors weights")
+        own = folder_format(folder)
+        if fmt is not None and fmt != own:
+            raise ValueError(
+                f"format={fmt}: the folder's experts are {own} (its quant_model_description.json or dtype, "
+                f"as start-up reads it); leave --format out or pass {own}"
+            )
+        fmt = own
+        _check_format(fmt)
     try:
         info = real_models.checkpoint_info(folder)
         max_positions = int(json.loads((folder / "config.json").read_text())["max_position_embeddings"])
@@ -121,4 +184,5 @@ def resolve_model(model: str) -> ModelSource:
         top_k=info.top_k,
         num_moe_layers=info.num_moe_layers,
         max_positions=max_positions,
+        format=fmt,
     )

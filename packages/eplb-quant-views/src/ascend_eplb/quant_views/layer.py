@@ -1,0 +1,186 @@
+"""A FusedMoE layer's expert storage read from its parameters by their vllm-ascend names.
+
+In vLLM Ascend the kernel tensors of a format belong to the MoE layer: its quantization method
+registers them in ``create_weights``, lays them out in ``process_weights_after_loading`` and answers
+``get_eplb_weight_views(layer)``, which ``AscendRoutedExperts.get_expert_weights`` hands to upstream's
+``EplbState``. `layer_weight_views` is what that method calls: it reads the layer's attributes (no
+vLLM import: any object with them works), checks them against the format's layout and returns the
+views `ExpertWeightFormat.weight_views` returns for the same tensors, with the same validation.
+
+A layer holds each kernel tensor of the format either stacked, as attribute ``name`` ``(p, ...)``, or
+as per-expert lists, as attribute ``name + "_list"`` (an `ExpertTensorList` or list of ``p``
+tensors: vllm-ascend's NZ layout with EPLB); one mode for every tensor. Sizes come from the layer's
+``local_num_experts`` (p), ``hidden_size`` (H) and ``intermediate_size_per_partition`` (I), as vLLM's
+``RoutedExperts`` sets them.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from ascend_eplb.quant_views._storage import ExpertStorage
+from ascend_eplb.quant_views._tensor_list import ExpertTensorList
+from ascend_eplb.quant_views.formats.base import ExpertWeightFormat
+from ascend_eplb.quant_views.registry import get_format
+
+__all__ = ["layer_storage", "layer_view_names", "layer_weight_views"]
+
+_SIZE_ATTRS = (("local_num_experts", "p"), ("hidden_size", "H"), ("intermediate_size_per_partition", "I"))
+
+
+def _resolve(fmt: ExpertWeightFormat | str) -> ExpertWeightFormat:
+    return fmt if isinstance(fmt, ExpertWeightFormat) else get_format(fmt)
+
+
+def _sizes(layer: Any) -> tuple[int, int, int]:
+    out = []
+    for attr, letter in _SIZE_ATTRS:
+        value = getattr(layer, attr, None)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"{type(layer).__name__}.{attr} ({letter}) must be a positive int, got {value!r} "
+                "(a vLLM RoutedExperts layer sets it)"
+            )
+        out.append(value)
+    return out[0], out[1], out[2]
+
+
+def _read(layer: Any, name: str) -> tuple[Any, bool] | None:
+    """``(tensor or list, is_list)`` of kernel tensor ``name`` on ``layer``; None when absent."""
+    stacked = getattr(layer, name, None)
+    listed = getattr(layer, name + "_list", None)
+    if stacked is not None and listed is not None:
+        raise ValueError(
+            f"{type(layer).__name__} has both {name!r} and {name + '_list'!r}: a kernel tensor is stacked "
+            "or per-expert lists, not both"
+        )
+    if listed is not None:
+        if not isinstance(listed, (list, tuple)):
+            raise ValueError(
+                f"{type(layer).__name__}.{name}_list must be a list of tensors, got {type(listed).__name__}"
+            )
+        return ExpertTensorList(listed), True
+    if stacked is not None:
+        if not isinstance(stacked, torch.Tensor):
+            raise ValueError(f"{type(layer).__name__}.{name} must be a tensor, got {type(stacked).__name__}")
+        return stacked, False
+    return None
+
+
+def layer_storage(layer: Any, fmt: ExpertWeightFormat | str) -> ExpertStorage:
+    """The `ExpertStorage` over ``layer``'s own kernel tensors of format ``fmt`` (no copy).
+
+    Options are read from what the layer holds: ``fused_w1_scale``/``fused_w2_scale`` present means
+    ``fused_scales=True`` (``w8a8_dynamic``), ``w13_bias``/``w2_bias`` present means biases
+    (``bf16``/``fp16``). Unread tensors (W8A8 offsets) are included when the layer has them.
+
+    Args:
+        layer: a FusedMoE layer (vLLM ``RoutedExperts``) after ``process_weights_after_loading``.
+        fmt: a format or its name (`get_format`).
+
+    Returns:
+        an `ExpertStorage` whose kernel tensors are the layer's attributes themselves, so
+        `expert_fingerprint` and `ExpertWeightFormat.apply` read exactly what the layer's kernel reads.
+
+    Raises:
+        UnsupportedFormatError: ``fmt`` is a rejected or unknown format name.
+        ValueError: a size attribute missing or not a positive int; a kernel tensor of the format
+            missing, held both stacked and as a list, in another mode than the others, or of another
+            shape or dtype than the format lays out for p, H, I (naming the attribute and both).
+    """
+    fmt = _resolve(fmt)
+    p, hidden, inter = _sizes(layer)
+    fmt.check_sizes(hidden, inter)
+    opts: dict[str, Any] = dict(fmt._options)
+    if "fused_scales" in opts:
+        opts["fused_scales"] = _read(layer, "fused_w1_scale") is not None
+    meta = torch.device("meta")
+    for name, shape in (("w13_bias", (p, 2 * inter)), ("w2_bias", (p, hidden))):
+        if name in opts and _read(layer, name) is not None:
+            opts[name] = torch.empty(shape, device=meta)
+    expected, expected_unread = fmt._meta_quantize(p, hidden, inter, opts)
+    kernel: dict[str, Any] = {}
+    modes: dict[str, bool] = {}
+    for name, meta_t in expected.items():
+        found = _read(layer, name)
+        if found is None:
+            raise ValueError(
+                f"{type(layer).__name__} has neither {name!r} nor {name + '_list'!r}; format {fmt.name} "
+                f"reads {list(expected)}"
+            )
+        t, is_list = found
+        modes[name] = is_list
+        _check_tensor(layer, fmt, name, t, is_list, meta_t, p)
+        kernel[name] = t
+    if len(set(modes.values())) > 1:
+        listed = sorted(n for n, m in modes.items() if m)
+        raise ValueError(
+            f"{type(layer).__name__} mixes stacked and per-expert list kernel tensors (lists: {listed}); "
+            f"format {fmt.name} needs one mode for {list(expected)}"
+        )
+    per_expert_lists = next(iter(modes.values()))
+    unread = {}
+    for name in expected_unread:
+        found = _read(layer, name)
+        if found is not None:
+            unread[name] = found[0]
+    return ExpertStorage(
+        format_name=fmt.name,
+        num_local_experts=p,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        per_expert_lists=per_expert_lists,
+        kernel_tensors=MappingProxyType(kernel),
+        unread_tensors=MappingProxyType(unread),
+        options=MappingProxyType({k: opts[k] for k in fmt._public_options(opts)}),
+    )
+
+
+def _check_tensor(
+    layer: Any, fmt: ExpertWeightFormat, name: str, t: Any, is_list: bool, meta_t: torch.Tensor, p: int
+) -> None:
+    where = f"{type(layer).__name__}.{name}{'_list' if is_list else ''}"
+    if not is_list:
+        if tuple(t.shape) != tuple(meta_t.shape) or t.dtype != meta_t.dtype:
+            raise ValueError(
+                f"{where} must be {tuple(meta_t.shape)} {meta_t.dtype} for format {fmt.name}, "
+                f"got {tuple(t.shape)} {t.dtype}"
+            )
+        return
+    element = fmt._to_list(name, meta_t[:1])[0]
+    if len(t) != p:
+        raise ValueError(f"{where} must hold p={p} tensors (one per local expert), got {len(t)}")
+    for row, r in enumerate(t):
+        if (
+            not isinstance(r, torch.Tensor)
+            or tuple(r.shape) != tuple(element.shape)
+            or r.dtype != element.dtype
+        ):
+            raise ValueError(
+                f"{where}[{row}] must be {tuple(element.shape)} {element.dtype} for format {fmt.name}, "
+                f"got {tuple(getattr(r, 'shape', ()))} {getattr(r, 'dtype', type(r).__name__)}"
+            )
+
+
+def layer_weight_views(layer: Any, fmt: ExpertWeightFormat | str) -> list[torch.Tensor | ExpertTensorList]:
+    """What a vllm-ascend quantization method's ``get_eplb_weight_views(layer)`` returns.
+
+    ``fmt.weight_views(layer_storage(layer, fmt))``: every kernel tensor of the layer, expert-first
+    ``(p, -1)`` over the layer's own memory (lists: `ExpertTensorList` of 1-D views), in the order of
+    `layer_view_names`, validated by `validate_weight_views`.
+
+    Raises:
+        as `layer_storage`, and ``ValueError`` from `validate_weight_views` (e.g. a list whose tensors
+        share memory, a stacked tensor whose expert rows are not contiguous).
+    """
+    fmt = _resolve(fmt)
+    return fmt.weight_views(layer_storage(layer, fmt))
+
+
+def layer_view_names(layer: Any, fmt: ExpertWeightFormat | str) -> list[str]:
+    """The attribute names of `layer_weight_views` entries (``*_list`` in per-expert-list mode)."""
+    fmt = _resolve(fmt)
+    return fmt.view_names(layer_storage(layer, fmt))

@@ -1,0 +1,578 @@
+"""vLLM Ascend's quantized experts on a CPU host: msModelSlim checkpoints and a FusedMoE method per format.
+
+vLLM Ascend reaches quantized experts through ``--quantization ascend``: its ``AscendQuantConfig`` reads
+the checkpoint's msModelSlim ``quant_model_description.json`` and gives every FusedMoE layer the
+method of its quant type, whose ``create_weights`` registers the format's parameters, vLLM's loader
+fills them, ``process_weights_after_loading`` lays them out for the Ascend kernel and
+``get_eplb_weight_views(layer)`` answers ``AscendRoutedExperts.get_expert_weights()``. Without Ascend
+kernels this module stands in for exactly those pieces, each the narrowest for what this host lacks:
+
+* :func:`write_quantized_experts` rewrites a checkpoint of ``real_models.write_checkpoint`` in
+  msModelSlim's layout: each routed expert's ``gate_proj``/``up_proj``/``down_proj`` replaced by the
+  format's tensors (``weight``, ``weight_scale``, ``weight_offset``, ... as quant_views'
+  ``quantize_checkpoint`` makes them) and the description, every other weight ``FLOAT``.
+* :class:`AscendQuantConfig` (registered as vLLM quantization ``"ascend"`` by
+  :func:`register_ascend_quantization`, only where vLLM Ascend has not registered it) reads the
+  description with vLLM's own
+  ``get_quant_config`` (``get_config_filenames``), exposes it as ``quant_description`` (what start-up
+  validation reads) and gives each ``RoutedExperts`` a :class:`QuantViewsFusedMoEMethod` of its
+  experts' format; linear layers stay unquantized (the description says ``FLOAT``).
+* :class:`QuantViewsFusedMoEMethod` registers the checkpoint tensors (quant_views
+  ``checkpoint_layout``: per-channel scales and offsets load as ``"channel"``, MX block scales as
+  ``"block"`` through vLLM's ``RoutedExperts.weight_loader``), lays them out with quant_views
+  ``storage_from_checkpoint`` after loading (stacked, or per-expert lists when ``VLLM_ASCEND_ENABLE_NZ``
+  is on, as NZ weights need with EPLB; W8A8's fused MC2 scales when ``VLLM_ASCEND_ENABLE_FUSED_MC2`` is on),
+  computes with quant_views' reference kernel from the layer's own tensors (``layer_storage``) and
+  answers ``get_eplb_weight_views`` with ``layer_weight_views``. ``supports_eplb`` follows
+  ``FORMAT_SUPPORT``.
+* :func:`install_ascend_routed_experts` gives each such layer the ``get_expert_weights`` of vLLM Ascend's
+  ``AscendRoutedExperts`` (the method's views), per instance, before EPLB registers the model.
+
+Exactness (README of the integration, "Quantized experts"): the method computes every (token, k)
+selection on its own (one ``apply`` of one row, so no GEMM's row count depends on the batch or on
+which replica served it) and sums a token's selections in ``k`` order in the activation dtype. With 2
+EP ranks and top-2 routing a token's output is then the sum of at most two nonzero partials, which
+vLLM's TP all-reduce adds commutatively, so EPLB-on logits equal EPLB-off's bit for bit whatever the
+placement.
+
+This module imports vLLM (and ``ascend_eplb.integration`` for the msModelSlim quant-type names).
+Shape letters (DESIGN.md section 2): E logical experts, p local physical experts, T tokens, K top-k,
+H hidden size, I MoE intermediate size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "FORMAT_SWITCHES",
+    "apply_layer",
+    "checkpoint_expert_storage",
+    "checkpoint_format",
+    "install_ascend_routed_experts",
+    "lay_out_experts",
+    "msmodelslim_quant_type",
+    "register_ascend_quantization",
+    "slot_fingerprint_mismatches",
+    "to_format",
+    "write_quantized_experts",
+]
+
+#: The vllm-ascend environment switches this stand-in follows, as vllm-ascend reads them ("0" off).
+FORMAT_SWITCHES = {
+    "per_expert_lists": "VLLM_ASCEND_ENABLE_NZ",
+    "fused_scales": "VLLM_ASCEND_ENABLE_FUSED_MC2",
+}
+
+DESCRIPTION_FILE = "quant_model_description.json"
+
+
+def _switch(name: str) -> bool:
+    return os.environ.get(FORMAT_SWITCHES[name], "0").strip() not in ("", "0")
+
+
+def msmodelslim_quant_type(fmt: str) -> str:
+    """The msModelSlim quant type of a quant_views format name (``w8a8_dynamic`` -> ``W8A8_DYNAMIC``).
+
+    Raises:
+        ValueError: no msModelSlim type maps to ``fmt``.
+    """
+    from ascend_eplb.integration.validation import ASCEND_QUANT_TYPES
+
+    for quant_type, name in ASCEND_QUANT_TYPES.items():
+        if name == fmt:
+            return quant_type
+    raise ValueError(
+        f"no msModelSlim quant type for format {fmt!r}; known: {sorted(set(ASCEND_QUANT_TYPES.values()))}"
+    )
+
+
+def _format_of(quant_type: str) -> str:
+    from ascend_eplb.integration.validation import ASCEND_QUANT_TYPES
+
+    name = ASCEND_QUANT_TYPES.get(str(quant_type).upper())
+    if name is None:
+        raise ValueError(f"msModelSlim quant type {quant_type!r} is none of {sorted(ASCEND_QUANT_TYPES)}")
+    return name
+
+
+# --- the checkpoint ------------------------------------------------------------------------------
+
+
+def write_quantized_experts(folder: str | os.PathLike[str], fmt: str) -> Path:
+    """Rewrite the routed experts of a float checkpoint in ``folder`` in msModelSlim's layout of ``fmt``.
+
+    Per MoE layer, the E experts' float weights are quantized together by quant_views'
+    ``quantize_checkpoint`` (per expert, so an expert's tensors do not depend on the others) and
+    written per expert under the checkpoint's own keys: ``w13_<suffix>`` rows ``[:I]`` as
+    ``experts.<e>.gate_proj.<suffix>``, rows ``[I:]`` as ``up_proj``, ``w2_<suffix>`` as ``down_proj``
+    (Mixtral: ``w1``/``w3``/``w2``). The description maps every tensor name to its quant type
+    (``FLOAT`` for non-expert weights) plus ``model_quant_type``. A rejected format (``w4a16`` ...)
+    writes only the description, over the float experts: start-up must refuse it before loading.
+
+    Returns:
+        the description file's path.
+
+    Raises:
+        ValueError: ``fmt`` has no msModelSlim type, or the checkpoint is not one of ``real_models``.
+    """
+    from safetensors.torch import load_file, save_file
+
+    from ascend_eplb.quant_views import FORMAT_SUPPORT, get_format
+    from ascend_eplb.testing.real_models import _EXPERT_KEYS, checkpoint_experts, checkpoint_info
+
+    quant_type = msmodelslim_quant_type(fmt)
+    folder = Path(folder)
+    info = checkpoint_info(folder)
+    files = sorted(folder.glob("*.safetensors"))
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(load_file(str(file)))
+    gate_t, up_t, down_t = _EXPERT_KEYS[info.arch]
+    expert_keys: set[str] = set()
+    quantize = FORMAT_SUPPORT[fmt].supports_eplb
+    for layer, (w13, w2) in zip(info.moe_layer_indices, checkpoint_experts(folder), strict=True):
+        prefix = f"model.layers.{layer}."
+        inter = w2.shape[2]
+        ckpt = get_format(fmt).quantize_checkpoint(w13, w2) if quantize else None
+        for e in range(info.num_logical_experts):
+            gate, up, down = (prefix + t.format(e=e) for t in (gate_t, up_t, down_t))
+            if ckpt is None:
+                expert_keys.update(f"{k}.weight" for k in (gate, up, down))
+                continue
+            for k in (gate, up, down):
+                del tensors[f"{k}.weight"]
+            for name, t in ckpt.items():
+                stem, suffix = name.split("_", 1)
+                parts = {gate: t[e, :inter], up: t[e, inter:]} if stem == "w13" else {down: t[e]}
+                for key, part in parts.items():
+                    tensors[f"{key}.{suffix}"] = part.contiguous().clone()
+                    expert_keys.add(f"{key}.{suffix}")
+    if quantize:
+        for file in files:
+            file.unlink()
+        (folder / "model.safetensors.index.json").unlink(missing_ok=True)
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    description: dict[str, str] = {"model_quant_type": quant_type}
+    description.update({k: (quant_type if k in expert_keys else "FLOAT") for k in sorted(tensors)})
+    path = folder / DESCRIPTION_FILE
+    path.write_text(json.dumps(description, indent=1) + "\n")
+    return path
+
+
+def to_format(folder: str | os.PathLike[str], fmt: str | None) -> Path:
+    """Convert a float32 ``real_models`` checkpoint in ``folder`` to the experts' format ``fmt``, in place.
+
+    ``None``/``"float32"``: nothing; ``"bf16"``/``"fp16"``: every floating tensor cast and ``config.json``'s
+    dtype set (vLLM then serves it in that dtype); a quantized format: :func:`write_quantized_experts`.
+
+    Returns:
+        ``folder``.
+
+    Raises:
+        ValueError: ``fmt`` is none of these (as :func:`msmodelslim_quant_type`).
+    """
+    from safetensors.torch import load_file, save_file
+
+    folder = Path(folder)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(fmt or "")
+    if fmt in (None, "float32"):
+        return folder
+    if dtype is None:
+        write_quantized_experts(folder, fmt)
+        return folder
+    for file in sorted(folder.glob("*.safetensors")):
+        tensors = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in load_file(str(file)).items()}
+        save_file(tensors, str(file), metadata={"format": "pt"})
+    config_file = folder / "config.json"
+    config = json.loads(config_file.read_text())
+    config["dtype"] = {"bf16": "bfloat16", "fp16": "float16"}[fmt]
+    config.pop("torch_dtype", None)
+    config_file.write_text(json.dumps(config, indent=2) + "\n")
+    return folder
+
+
+# --- the quantization config and the FusedMoE method ---------------------------------------------
+
+
+def _config_class() -> type:
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+    from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+    from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+
+    class AscendQuantConfig(QuantizationConfig):
+        """Stand-in for vllm-ascend's ``AscendQuantConfig`` (routed experts only).
+
+        Attributes:
+            quant_description: the msModelSlim description (name -> quant type), as vllm-ascend keeps it.
+        """
+
+        def __init__(self, quant_description: dict[str, Any]) -> None:
+            super().__init__()
+            self.quant_description = dict(quant_description)
+
+        def get_name(self) -> str:
+            return "ascend"
+
+        def get_supported_act_dtypes(self) -> list[torch.dtype]:
+            return [torch.bfloat16, torch.float16, torch.float32]
+
+        @classmethod
+        def get_min_capability(cls) -> int:
+            return 0
+
+        @staticmethod
+        def get_config_filenames() -> list[str]:
+            return [DESCRIPTION_FILE]
+
+        @classmethod
+        def from_config(cls, config: dict[str, Any]) -> AscendQuantConfig:
+            return cls(config)
+
+        def experts_format(self, prefix: str) -> str | None:
+            """The quant_views format of the routed experts under ``prefix`` (None: ``FLOAT``).
+
+            Raises:
+                ValueError: the layer's experts mix quant types, or a type maps to no format.
+            """
+            types = {
+                str(v).upper()
+                for k, v in self.quant_description.items()
+                if k.startswith(prefix + ".") and k.endswith(".weight")
+            }
+            types.discard("FLOAT")
+            if len(types) > 1:
+                raise ValueError(f"{prefix}: routed experts mix quant types {sorted(types)}")
+            return _format_of(types.pop()) if types else None
+
+        def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Any:
+            if isinstance(layer, RoutedExperts):
+                fmt = self.experts_format(prefix)
+                return None if fmt is None else _cached("QuantViewsFusedMoEMethod")(fmt, layer.moe_config)
+            if isinstance(layer, LinearBase):
+                return UnquantizedLinearMethod()
+            return None
+
+    return AscendQuantConfig
+
+
+def _method_class() -> type:
+    from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
+    from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
+    from vllm.model_executor.utils import set_weight_attrs
+
+    from ascend_eplb.quant_views import FORMAT_SUPPORT, get_format
+
+    class QuantViewsFusedMoEMethod(FusedMoEMethodBase):
+        """A format's FusedMoE method: checkpoint parameters, Ascend layout, quant_views kernel.
+
+        Args:
+            fmt: a quant_views format name (``FORMAT_SUPPORT`` key).
+            moe: the layer's ``FusedMoEConfig``.
+
+        Attributes:
+            format_name: ``fmt``; ``per_expert_lists``, ``fused_scales``: the layout chosen at
+            ``create_weights`` from :data:`FORMAT_SWITCHES`.
+        """
+
+        calls = 0  # apply() calls in this process (all layers), for tests
+        #: when a list: every apply() appends the router's ids, int64 (T, K) (for tests)
+        recorded_ids: list[torch.Tensor] | None = None
+
+        def __init__(self, fmt: str, moe: Any) -> None:
+            super().__init__(moe)
+            if fmt not in FORMAT_SUPPORT:
+                raise ValueError(f"format {fmt!r} is none of {sorted(FORMAT_SUPPORT)}")
+            self.format_name = fmt
+            self.per_expert_lists = _switch("per_expert_lists")
+            self.fused_scales = fmt == "w8a8_dynamic" and _switch("fused_scales")
+            self._layout: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+
+        @property
+        def supports_eplb(self) -> bool:
+            return FORMAT_SUPPORT[self.format_name].supports_eplb
+
+        @property
+        def is_monolithic(self) -> bool:
+            return False
+
+        @property
+        def format(self) -> Any:
+            """The quant_views format (``UnsupportedFormatError`` with the reason for a rejected one)."""
+            return get_format(self.format_name)
+
+        def create_weights(
+            self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **extra
+        ) -> None:
+            self._layout = self.format.checkpoint_layout(
+                num_experts, hidden_size, intermediate_size_per_partition
+            )
+            for name, (shape, dtype) in self._layout.items():
+                param = torch.nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
+                layer.register_parameter(name, param)
+                set_weight_attrs(param, extra)
+                if "scale" in name or "offset" in name:
+                    kind = (
+                        FusedMoeWeightScaleSupported.CHANNEL
+                        if shape[-1] == 1
+                        else FusedMoeWeightScaleSupported.BLOCK
+                    )
+                    set_weight_attrs(param, {"quant_method": kind.value})
+
+        def process_weights_after_loading(self, layer) -> None:
+            lay_out_experts(layer, self.format_name, tuple(self._layout), fused_scales=self.fused_scales)
+
+        def get_fused_moe_quant_config(self, layer) -> None:
+            return None
+
+        def get_eplb_weight_views(self, layer) -> list[Any]:
+            """vllm-ascend's contract: every kernel tensor, expert-first (``layer_weight_views``)."""
+            from ascend_eplb.quant_views import layer_weight_views
+
+            return layer_weight_views(layer, self.format)
+
+        def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
+            type(self).calls += 1
+            ids = topk_ids.long()
+            if type(self).recorded_ids is not None:
+                type(self).recorded_ids.append(ids.clone())
+            path = "fused_mc2" if self.fused_scales else "standard"
+            return apply_layer(layer, self.format_name, x, topk_weights, ids, path)
+
+    return QuantViewsFusedMoEMethod
+
+
+def lay_out_experts(
+    layer: torch.nn.Module, fmt: str, names: tuple[str, ...], *, fused_scales: bool = False
+) -> None:
+    """``process_weights_after_loading`` of vllm-ascend's method for ``fmt``: the loaded checkpoint
+    parameters ``names`` (absent ones skipped) replaced by the kernel tensors of quant_views
+    ``storage_from_checkpoint``, as parameters (stacked) or ``<name>_list`` attributes (per-expert
+    lists, when ``VLLM_ASCEND_ENABLE_NZ`` is on).
+
+    Raises:
+        ValueError: the loaded tensors do not match the format's checkpoint layout (quant_views' message).
+    """
+    from ascend_eplb.quant_views import get_format
+
+    loaded = {n: getattr(layer, n).data for n in names if getattr(layer, n, None) is not None}
+    storage = get_format(fmt).storage_from_checkpoint(
+        loaded,
+        layer.hidden_size,
+        layer.intermediate_size_per_partition,
+        per_expert_lists=_switch("per_expert_lists"),
+        **({"fused_scales": True} if fused_scales else {}),
+    )
+    for name in loaded:
+        delattr(layer, name)
+    for name, t in {**storage.kernel_tensors, **storage.unread_tensors}.items():
+        if storage.per_expert_lists:
+            setattr(layer, name + "_list", t)
+        else:
+            layer.register_parameter(name, torch.nn.Parameter(t, requires_grad=False))
+
+
+def apply_layer(
+    layer: torch.nn.Module,
+    fmt: str,
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    comm_path: str = "standard",
+) -> torch.Tensor:
+    """The routed experts' output of this rank from the layer's own kernel tensors (quant_views
+    ``layer_storage``, read at every call), each (token, k) selection computed on its own.
+
+    Args:
+        layer: a ``RoutedExperts`` laid out by :func:`lay_out_experts` (its ``expert_map``: int ``(P,)``
+            global physical id -> local row, -1 elsewhere, or None when every expert is local).
+        fmt: its quant_views format name.
+        x: ``(T, H)`` activations; topk_weights: float32 ``(T, K)``; topk_ids: int64 ``(T, K)`` physical ids.
+        comm_path: passed to ``apply``.
+
+    Returns:
+        ``(T, H)`` in ``x``'s dtype: per token, the outputs of its local selections added in ``k`` order
+        (zero for a token with none).
+    """
+    from ascend_eplb.quant_views import get_format, layer_storage
+
+    fmt_ = get_format(fmt)
+    storage = layer_storage(layer, fmt_)
+    expert_map = layer.expert_map
+    local = (
+        topk_ids
+        if expert_map is None
+        else torch.where(topk_ids >= 0, expert_map.long()[topk_ids.clamp(min=0)], -1)
+    )
+    out = torch.zeros_like(x)
+    for k in range(local.shape[1]):
+        for t in (local[:, k] >= 0).nonzero().flatten().tolist():
+            y = fmt_.apply(
+                storage,
+                x[t : t + 1],
+                topk_weights[t : t + 1, k : k + 1],
+                local[t : t + 1, k : k + 1],
+                comm_path=comm_path,
+            )
+            out[t] += y[0]
+    return out
+
+
+_CLASSES: dict[str, type] = {}
+
+
+def _cached(name: str) -> type:
+    if name not in _CLASSES:
+        _CLASSES[name] = {"AscendQuantConfig": _config_class, "QuantViewsFusedMoEMethod": _method_class}[
+            name
+        ]()
+    return _CLASSES[name]
+
+
+def __getattr__(name: str) -> Any:
+    # The classes subclass vLLM's; they are built on first access.
+    if name in ("AscendQuantConfig", "QuantViewsFusedMoEMethod"):
+        return _cached(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def register_ascend_quantization() -> type:
+    """Register :class:`AscendQuantConfig` as vLLM quantization ``"ascend"`` (idempotent); return it.
+
+    Raises:
+        RuntimeError: another ``"ascend"`` quantization (vLLM Ascend's own) is registered already: then
+            that one is what a model gets, and this stand-in must not be used.
+    """
+    from vllm.model_executor.layers.quantization import (
+        get_quantization_config,
+        register_quantization_config,
+    )
+
+    cls = _cached("AscendQuantConfig")
+    try:
+        current = get_quantization_config("ascend")
+    except ValueError:
+        current = None
+    if current is cls:
+        return cls
+    if current is not None:
+        raise RuntimeError(f"vLLM quantization 'ascend' is registered already: {current!r}")
+    register_quantization_config("ascend")(cls)
+    return cls
+
+
+def install_ascend_routed_experts(model: torch.nn.Module) -> int:
+    """Give each ``RoutedExperts`` whose method answers ``get_eplb_weight_views`` vllm-ascend's
+    ``AscendRoutedExperts.get_expert_weights`` (the method's views), per instance. Returns how many."""
+    from vllm.model_executor.layers.fused_moe import RoutedExperts
+
+    count = 0
+    for module in model.modules():
+        if (
+            isinstance(module, RoutedExperts)
+            and getattr(module.quant_method, "format_name", None) is not None
+        ):
+            method = module.quant_method
+            module.get_expert_weights = lambda m=module, q=method: q.get_eplb_weight_views(m)
+            count += 1
+    return count
+
+
+# --- what the checkpoint says, for the checks ---------------------------------------------------
+
+
+def checkpoint_format(folder: str | os.PathLike[str]) -> str | None:
+    """The routed experts' quant_views format of a ``real_models`` checkpoint: the description's
+    (quantized), ``"bf16"``/``"fp16"`` by the checkpoint's dtype, or None (float32, CPU host only).
+
+    Raises:
+        ValueError: the description's experts mix quant types or name an unknown one.
+    """
+    folder = Path(folder)
+    description = folder / DESCRIPTION_FILE
+    if description.is_file():
+        types = {
+            str(v).upper() for k, v in json.loads(description.read_text()).items() if ".experts." in k
+        } - {"FLOAT"}
+        if len(types) != 1:
+            raise ValueError(f"{description}: routed experts must have one quant type, got {sorted(types)}")
+        return _format_of(types.pop())
+    config = json.loads((folder / "config.json").read_text())
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    return {"bfloat16": "bf16", "float16": "fp16"}.get(dtype)
+
+
+def checkpoint_expert_storage(folder: str | os.PathLike[str], fmt: str) -> list[Any]:
+    """Every logical expert of each MoE layer laid out as the kernel reads it: the truth a slot's
+    fingerprint is compared with.
+
+    Per MoE layer (L entries) a quant_views ``ExpertStorage`` with E rows (row e: logical expert e),
+    made by ``storage_from_checkpoint`` from the checkpoint's own tensors (so any difference from a
+    slot is a movement error, never a requantization), with the runtime options the method uses
+    (W8A8 fused scales when ``VLLM_ASCEND_ENABLE_FUSED_MC2`` is on); stacked.
+    """
+    from safetensors.torch import load_file
+
+    from ascend_eplb.quant_views import get_format
+    from ascend_eplb.testing.real_models import _EXPERT_KEYS, checkpoint_info
+
+    info = checkpoint_info(folder)
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    gate_t, up_t, down_t = _EXPERT_KEYS[info.arch]
+    fmt_ = get_format(fmt)
+    options = {"fused_scales": True} if fmt == "w8a8_dynamic" and _switch("fused_scales") else {}
+    out = []
+    for layer in info.moe_layer_indices:
+        prefix = f"model.layers.{layer}."
+        down = tensors[prefix + down_t.format(e=0) + ".weight"]
+        hidden = down.shape[0]
+        per_name: dict[str, list[torch.Tensor]] = {}
+        for e in range(info.num_logical_experts):
+            gate, up, down = (prefix + t.format(e=e) for t in (gate_t, up_t, down_t))
+            for key, value in tensors.items():
+                for stem, parts in (("w13", (gate, up)), ("w2", (down,))):
+                    if key.startswith(parts[0] + "."):
+                        suffix = key[len(parts[0]) + 1 :]
+                        rows = [value] + [tensors[f"{k}.{suffix}"] for k in parts[1:]]
+                        per_name.setdefault(f"{stem}_{suffix}", []).append(torch.cat(rows))
+        stacked = {n: torch.stack(v) for n, v in per_name.items()}
+        inter = stacked["w13_weight"].shape[1] // 2
+        out.append(fmt_.storage_from_checkpoint(stacked, hidden, inter, **options))
+    return out
+
+
+def slot_fingerprint_mismatches(
+    model: torch.nn.Module, truth: list[Any], physical_to_logical: torch.Tensor, ep_rank: int, fmt: str
+) -> list[str]:
+    """Local slots whose kernel storage differs from their logical expert's under a placement.
+
+    Args:
+        model: a rank's model with quant_views-laid-out experts.
+        truth: :func:`checkpoint_expert_storage` of its checkpoint.
+        physical_to_logical: int ``(L, P)``.
+        ep_rank: this rank's EP rank (its slots are ``[ep_rank * p, (ep_rank + 1) * p)``).
+        fmt: the format name.
+
+    Returns:
+        one line per mismatching ``(layer, slot)``: quant_views ``expert_fingerprint`` over every kernel
+        tensor of the layer (read from the layer's own parameters) against the truth's.
+    """
+    from ascend_eplb.quant_views import expert_fingerprint, layer_storage
+
+    out = []
+    layers = [layer.routed_experts for layer in model.moe_layers]
+    for index, (experts, reference) in enumerate(zip(layers, truth, strict=True)):
+        storage = layer_storage(experts, fmt)
+        for row in range(storage.num_local_experts):
+            slot = ep_rank * storage.num_local_experts + row
+            logical = int(physical_to_logical[index, slot])
+            if expert_fingerprint(storage, row) != expert_fingerprint(reference, logical):
+                out.append(f"layer {index} slot {slot} (row {row}) != logical expert {logical} (fingerprint)")
+    return out
