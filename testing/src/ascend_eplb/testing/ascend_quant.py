@@ -28,7 +28,7 @@ kernels this module stands in for exactly those pieces, each the narrowest for w
 * :func:`install_ascend_routed_experts` gives each such layer the ``get_expert_weights`` of vLLM Ascend's
   ``AscendRoutedExperts`` (the method's views), per instance, before EPLB registers the model.
 
-Exactness (README of the integration, "Quantized experts"): the method computes every (token, k)
+Exactness (root README, "Quantized experts on real layers"): the method computes every (token, k)
 selection on its own (one ``apply`` of one row, so no GEMM's row count depends on the batch or on
 which replica served it) and sums a token's selections in ``k`` order in the activation dtype. With 2
 EP ranks and top-2 routing a token's output is then the sum of at most two nonzero partials, which

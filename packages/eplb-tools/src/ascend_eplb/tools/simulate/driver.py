@@ -173,7 +173,7 @@ def _run_torchrun(config: SimulateConfig, routing: Any) -> tuple[list[dict], boo
 
 
 def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: float) -> dict:
-    from ascend_eplb.tools.simulate.config import CHECKS, OUTPUT_ATOL, OUTPUT_RTOL
+    from ascend_eplb.tools.simulate.config import CHECKS, OUTPUT_ATOL, output_rtol
 
     r0 = results[0]
     bal = r0["balancedness_per_step"]
@@ -242,7 +242,7 @@ def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: f
             np.percentile(secs - np.array(r0["verifier_seconds"]), 50)
         ),
         "max_output_error": max(res["max_output_error"] for res in results),
-        "output_tolerance": {"rtol": OUTPUT_RTOL, "atol": OUTPUT_ATOL},
+        "output_tolerance": {"rtol": output_rtol(config.quant_format), "atol": OUTPUT_ATOL},
         "checks": {name: name not in failed for name in CHECKS},
         "first_violation": violations[0][1] if violations else None,
         "worker_failure": r0["worker_failure"],

@@ -59,7 +59,7 @@ from ascend_eplb.integration.watchdog import EplbWorkerFailureError, WorkerWatch
 from ascend_eplb.quant_views import get_format
 from ascend_eplb.testing import RankContext
 from ascend_eplb.testing.moe import ToyModelConfig, ToyMoEModel, initial_local_experts
-from ascend_eplb.tools.simulate.config import OUTPUT_ATOL, OUTPUT_RTOL
+from ascend_eplb.tools.simulate.config import OUTPUT_ATOL, OUTPUT_RTOL, output_rtol
 
 __all__ = ["QuantExperts", "simulate_rank"]
 
@@ -454,7 +454,8 @@ def _run_model(ctx: RankContext, cfg: dict) -> dict:
     Each step is one sequence of ``padded_size`` token ids (the same on every rank, from ``seed``), its
     first ``batch_size`` rows real; even steps are declared prefill batches, odd steps decode batches.
     Checks, every step: ``outputs`` (the real rows' logits equal the EPLB-off model's within
-    ``OUTPUT_ATOL + OUTPUT_RTOL * max|reference|``) and ``load`` (the load recorded over all ranks equals
+    ``OUTPUT_ATOL + output_rtol(format) * max|reference|``: 1e-5 for float32 activations, 16 units of
+    roundoff for bf16/fp16) and ``load`` (the load recorded over all ranks equals
     the bincount of the physical ids the expert kernel consumed for the real rows, each selection once,
     when the step records; nothing when it does not).
     """
@@ -485,6 +486,7 @@ def _run_model(ctx: RankContext, cfg: dict) -> dict:
     g = torch.Generator().manual_seed(cfg["seed"])
     worker.profile_run(torch.randint(0, info.vocab_size, (padded,), generator=g))
     initial_p2l = initial_physical_to_logical(info, num_redundant)
+    rtol = output_rtol(cfg["quant_format"])  # the real model's experts' format (16-bit: its roundoff)
     layer_offsets = torch.arange(num_moe_layers).view(num_moe_layers, 1, 1)
     stats = _new_stats()
     violation: _CheckViolationError | None = None
@@ -499,7 +501,7 @@ def _run_model(ctx: RankContext, cfg: dict) -> dict:
         phys = torch.stack([x[:batch] for x in seen.physical_ids])  # [L, B, K] physical, real rows
         on, off = seen.logits_on[:batch], seen.logits_off[:batch]
         err = float((on - off).abs().max())
-        bound = OUTPUT_ATOL + OUTPUT_RTOL * float(off.abs().max())
+        bound = OUTPUT_ATOL + rtol * float(off.abs().max())
         stats["max_output_error"] = max(stats["max_output_error"], err)
         if violation is None and err > bound:
             violation = _CheckViolationError(
