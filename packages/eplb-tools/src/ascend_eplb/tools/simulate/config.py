@@ -29,6 +29,7 @@ __all__ = [
     "add_simulate_arguments",
     "config_from_args",
     "non_negative_int",
+    "output_rtol",
     "positive_int",
 ]
 
