@@ -961,9 +961,16 @@ class ServingWorker:
         eplb_off: also build the EPLB-off model.
 
     Attributes:
-        info: :func:`checkpoint_info`; ``experts``: :func:`checkpoint_experts`; ``model``, ``vllm_config``,
-        ``wiring``, ``state`` (the ``AscendEplbState``), ``model_state`` (upstream's), ``ep_rank``,
-        ``seconds`` (``build_on``, ``build_off``), ``method`` (:class:`TorchFusedMoEMethod`).
+        info: :func:`checkpoint_info`; ``format``: the experts' quant_views format
+        (``ascend_quant.checkpoint_format``, None for float32); ``experts``: :func:`checkpoint_experts`
+        (float32) or ``expert_storage``: ``ascend_quant.checkpoint_expert_storage`` (a format), the truth
+        slots are checked against; ``model``, ``vllm_config``, ``wiring``, ``state`` (the
+        ``AscendEplbState``), ``model_state`` (upstream's), ``ep_rank``, ``seconds`` (``build_on``,
+        ``build_off``), ``method`` (the expert method's class: :class:`TorchFusedMoEMethod`, or
+        ``ascend_quant``'s ``QuantViewsFusedMoEMethod`` for a quantized checkpoint).
+
+    Order as a serving worker: :func:`prepare_world`, the runner's controller (start-up validation, which
+    refuses a rejected format before anything loads), :func:`load_model`, ``load_model`` registration.
     """
 
     def __init__(
