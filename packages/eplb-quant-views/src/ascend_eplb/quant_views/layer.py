@@ -16,7 +16,6 @@ tensors: vllm-ascend's NZ layout with EPLB); one mode for every tensor. Sizes co
 
 from __future__ import annotations
 
-from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -127,16 +126,7 @@ def layer_storage(layer: Any, fmt: ExpertWeightFormat | str) -> ExpertStorage:
         found = _read(layer, name)
         if found is not None:
             unread[name] = found[0]
-    return ExpertStorage(
-        format_name=fmt.name,
-        num_local_experts=p,
-        hidden_size=hidden,
-        intermediate_size=inter,
-        per_expert_lists=per_expert_lists,
-        kernel_tensors=MappingProxyType(kernel),
-        unread_tensors=MappingProxyType(unread),
-        options=MappingProxyType({k: opts[k] for k in fmt._public_options(opts)}),
-    )
+    return fmt._storage_record(kernel, unread, p, hidden, inter, per_expert_lists, opts)
 
 
 def _check_tensor(

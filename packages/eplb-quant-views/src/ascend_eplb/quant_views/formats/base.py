@@ -98,8 +98,8 @@ class ExpertWeightFormat(abc.ABC):
         p, hidden, inter = check_float_weights(w13, w2)
         self.check_sizes(hidden, inter)
         opts = self._resolved_options(options)
-        kernel, unread = self._quantize(w13, w2, p, opts)
-        return self._new_storage(kernel, unread, p, hidden, inter, per_expert_lists, opts)
+        kernel, unread = self._laid_out(*self._quantize(w13, w2, p, opts), per_expert_lists)
+        return self._storage_record(kernel, unread, p, hidden, inter, per_expert_lists, opts)
 
     def quantize_checkpoint(
         self, w13: torch.Tensor, w2: torch.Tensor, **options: Any
@@ -212,29 +212,39 @@ class ExpertWeightFormat(abc.ABC):
         for name in ("w13_bias", "w2_bias"):
             if name in opts and name in tensors:
                 opts[name] = tensors[name]
-        return self._new_storage(kernel, unread, p, hidden_size, intermediate_size, per_expert_lists, opts)
+        kernel, unread = self._laid_out(kernel, unread, per_expert_lists)
+        return self._storage_record(kernel, unread, p, hidden_size, intermediate_size, per_expert_lists, opts)
 
-    def _new_storage(
+    def _laid_out(
+        self, kernel: dict[str, torch.Tensor], unread: dict[str, torch.Tensor], per_expert_lists: bool
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Stacked kernel and unread tensors, or per-expert lists of fresh tensors of them."""
+        if not per_expert_lists:
+            return kernel, unread
+        return (
+            {n: self._to_list(n, t) for n, t in kernel.items()},
+            {n: ExpertTensorList(r.clone() for r in t.unbind(0)) for n, t in unread.items()},
+        )
+
+    def _storage_record(
         self,
-        kernel: dict[str, torch.Tensor],
-        unread: dict[str, torch.Tensor],
+        kernel: Mapping[str, Any],
+        unread: Mapping[str, Any],
         p: int,
         hidden: int,
         inter: int,
         per_expert_lists: bool,
         opts: Mapping[str, Any],
     ) -> ExpertStorage:
-        if per_expert_lists:
-            kernel = {n: self._to_list(n, t) for n, t in kernel.items()}
-            unread = {n: ExpertTensorList(r.clone() for r in t.unbind(0)) for n, t in unread.items()}
+        """The `ExpertStorage` over these tensors as they are (no copy, no layout change)."""
         return ExpertStorage(
             format_name=self.name,
             num_local_experts=p,
             hidden_size=hidden,
             intermediate_size=inter,
             per_expert_lists=per_expert_lists,
-            kernel_tensors=MappingProxyType(kernel),
-            unread_tensors=MappingProxyType(unread),
+            kernel_tensors=MappingProxyType(dict(kernel)),
+            unread_tensors=MappingProxyType(dict(unread)),
             options=MappingProxyType({k: opts[k] for k in self._public_options(opts)}),
         )
 
