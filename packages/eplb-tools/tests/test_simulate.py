@@ -199,29 +199,78 @@ def test_ranks_past_the_deadline_end_the_run_with_exit_1_naming_each_rank(tmp_pa
     assert not (tmp_path / "o" / "report.json").exists()
 
 
+def _readme_two_node_command() -> tuple[dict[str, str], list[str]]:
+    """The README's two-node command block: its exported environment and the torchrun command line."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = re.search(r"<!-- the two-node command: [^\n]*-->\n```bash\n(.*?)```", readme, re.S)
+    assert block is not None, "README.md lost its two-node command block"
+    lines = block.group(1).replace("\\\n", " ").splitlines()
+    (exports,) = [line for line in lines if line.startswith("export ")]
+    (command,) = [line for line in lines if line.startswith("torchrun ")]
+    env = dict(pair.split("=", 1) for pair in shlex.split(exports)[1:])
+    return env, shlex.split(command)
+
+
 @pytest.mark.multirank
-def test_torchrun_runs_the_same_simulation_two_ranks_on_one_host(tmp_path):
-    """``torchrun --standalone --nproc-per-node 2 -m ascend_eplb.tools simulate``: rank and world from
-    torchrun's environment, rank 0 writes the report."""
+def test_two_nodes_under_torchrun_pass_every_check_of_the_short_soak(tmp_path):
+    """The README's two-node command, both nodes on this host: two ``torchrun --nnodes 2`` launchers
+    (node ranks 0 and 1, 2 ranks each) meeting at a loopback c10d rendezvous, running the soak's short
+    run of vLLM's DeepseekV3ForCausalLM (at least 5 consecutive completed rearrangements): every check
+    passes, as in a one-node run, and EP rank 0 alone writes the report."""
     import os
+    import socket
     import subprocess
     import sys
 
+    from ascend_eplb.testing import load_module
+
+    soak = load_module(os.path.join(os.path.dirname(__file__), "..", "benchmarks", "soak.py"))
+    exported, command = _readme_two_node_command()
+    assert exported == {"GLOO_SOCKET_IFNAME": "$IFACE", "VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+    simulate = command[command.index("simulate") + 1 :]
+    # The README runs the soak's short version: its options, plus the output folder.
+    assert simulate == [*soak.soak_args("replicated", 5, num_ranks=4), "--out", "eplb-simulate"]
+    with socket.socket() as probe:  # a free port for the rendezvous (never a fixed one: xdist workers)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     out = tmp_path / "sim"
-    env = os.environ | {"VLLM_TARGET_DEVICE": "cpu", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "ascend_eplb.tools", "simulate", "--ranks", "2", "--redundant-experts", "2", "--steps", "12",
-         "--window-size", "2", "--step-interval", "4", "--no-progress", "--out", str(out)],
-        env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    env = os.environ | {**exported, "GLOO_SOCKET_IFNAME": "lo"}
+    procs, logs = [], [tmp_path / "node0.log", tmp_path / "node1.log"]
+    for node, log in enumerate(logs):
+        words = {"$NODE_RANK": str(node), "$HOST0:$PORT": f"127.0.0.1:{port}", "eplb-simulate": str(out)}
+        argv = [words.get(word, word) for word in command[1:]]
+        with log.open("w") as sink:  # files, not pipes: a full pipe would block a node's ranks
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "torch.distributed.run", *argv],
+                    env=env,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    try:
+        for proc in procs:
+            proc.wait(timeout=400)
+    finally:
+        for proc in procs:
+            proc.kill()
+    outputs = [log.read_text() for log in logs]
+    for proc, output in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, output[-6000:]
     report = json.loads((out / "report.json").read_text())
-    assert report["passed"] is True
-    assert (report["model"], report["ranks"], report["steps"]) == ("DeepseekV3ForCausalLM", 2, 12)
-    assert report["rearrangements"] >= 2
-    assert report["layers_committed"] >= 4
-    assert proc.stdout.count("PASSED in") == 1  # one report, from rank 0
+    assert (report["verdict"], report["passed"]) == ("passed", True)
+    assert report["checks"] == dict.fromkeys(("outputs", "load", "fingerprints", "lookups", "worker"), True)
+    assert (report["model"], report["ranks"], report["steps"]) == ("DeepseekV3ForCausalLM", 4, 32)
+    assert report["rearrangements_completed"] >= 5
+    assert report["check_evidence"]["fingerprints"].startswith(
+        f"{report['layers_committed']} layer commits on each of 4 ranks: "
+    )
+    assert report["max_output_error"] <= 1e-5
+    assert [output.count("PASSED in") for output in outputs] == [1, 0]  # one report, from node 0
 
 
 WORKER_FAULT = dict(model="replay", num_ranks=2, num_redundant_experts=2, num_moe_layers=3, batch_size=16,

@@ -309,12 +309,13 @@ def _verdicts(
     # A real model's ranks check the world's load (all-reduced); replay ranks each check their own rows.
     selections = sum(res["load_selections"] for res in results) if config.replays else r0["load_selections"]
     if recorded:
+        rest = (
+            "; the other steps recorded nothing, as the window and the phase said" if recorded < steps else ""
+        )
         out["load"] = (
             "pass",
-            (
-                f"{recorded} of {steps} steps recorded load: {selections} real selections, each counted "
-                "once, padding never; the other steps recorded nothing, as the window and the phase said"
-            ),
+            f"{recorded} of {steps} steps recorded load: {selections} real selections, each counted once, "
+            f"padding never{rest}",
         )
     else:
         out["load"] = (
