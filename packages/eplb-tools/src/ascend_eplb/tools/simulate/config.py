@@ -58,7 +58,7 @@ SIMULATOR_CHECKS = ("outputs", "load")
 CHECKS = (*SIMULATOR_CHECKS, *VERIFIER_CHECKS, WATCHDOG_CHECK)
 #: Each check in plain words (the summary prints them).
 CHECK_DESCRIPTIONS = {
-    "outputs": "the outputs equal the EPLB-off model's every step (a real model's logits)",
+    "outputs": "the outputs equal the EPLB-off model's every step",
     "load": "the recorded load equals the routed real tokens (padding excluded)",
     "fingerprints": "each moved expert's weights equal its logical expert's after the commit",
     "lookups": "routing tables equal the committed placement, the same on every rank",

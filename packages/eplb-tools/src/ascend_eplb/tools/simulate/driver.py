@@ -242,8 +242,7 @@ def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: f
         ),
         "max_output_error": max(res["max_output_error"] for res in results),
         "output_tolerance": {"rtol": OUTPUT_RTOL, "atol": OUTPUT_ATOL},
-        # True passed, False failed, None not judged (``check_evidence`` says why); every check says what
-        # it saw in ``check_evidence``.
+        # True passed, False failed, None not judged; ``check_evidence``: what each check saw, or why not.
         "checks": {name: _JUDGED[verdicts[name][0]] for name in CHECKS},
         "check_evidence": {name: verdicts[name][1] for name in CHECKS},
         "first_violation": violations[0][1] if violations else None,
@@ -268,7 +267,8 @@ def _run_verdict(verdicts: dict[str, tuple[str, str]]) -> str:
 
 def _cycles(results: list[dict], num_moe_layers: int) -> list[list[int]]:
     """Each completed rearrangement's progress steps (rank 0's step indices): the step it started in,
-    then the step of each layer's commit (upstream commits layers in order, one per step at most)."""
+    then the step of each layer's commit (upstream commits layers in order, one per step at most; the
+    n-th layer 0 commit belongs to the n-th rearrangement started)."""
     r0 = results[0]
     counts = [0, *r0["rearrangements_per_step"]]
     starts = [i for i in range(len(counts) - 1) if counts[i + 1] > counts[i]]
@@ -276,7 +276,7 @@ def _cycles(results: list[dict], num_moe_layers: int) -> list[list[int]]:
     for step, layers in enumerate(r0["commits_per_step"]):
         for layer in layers:
             if layer == 0:
-                current = [starts[len(cycles)] if len(cycles) < len(starts) else step - 1]
+                current = [starts[len(cycles)]]
             if current is not None:
                 current.append(step)
                 if layer == num_moe_layers - 1:
@@ -329,20 +329,16 @@ def _verdicts(
     boundaries = min(res["verifier_steps"] for res in results)
     p = r0["slots_per_rank"]
     if commits:
-        out["fingerprints"] = (
-            "pass",
-            (
-                f"{commits} layer commits on each of {n} ranks: after each, all {p} local slots hold their "
-                f"logical expert's weights ({commits * p * n} slots compared)"
-            ),
+        checked = _count(commits, "layer commit")
+        moved = (
+            f"{checked} on each of {n} ranks: after each, all {p} local slots hold their logical expert's "
+            f"weights ({commits * p * n} slots compared)"
         )
-        out["lookups"] = (
-            "pass",
-            (
-                f"{commits} layer commits: each lookup equals the committed maps, in its own storage; the "
-                f"committed placement was equal on the {n} ranks at {boundaries} step boundaries"
-            ),
+        tables = (
+            f"{checked}: each lookup equals the committed maps, in its own storage; the committed placement "
+            f"was equal on the {n} ranks at {boundaries} step boundaries"
         )
+        out["fingerprints"], out["lookups"] = ("pass", moved), ("pass", tables)
     else:
         out["fingerprints"] = "not judged", "no layer committed, so no moved weights were compared"
         out["lookups"] = (
@@ -377,7 +373,7 @@ def _worker_verdict(
     gaps = [b - a for cycle in cycles for a, b in itertools.pairwise(cycle)]
     normal = max(gaps, default=1)
     pace = (
-        f"a layer took at most {_steps(normal)} in the {len(cycles)} completed"
+        f"a layer took at most {_count(normal, 'step')} in the {len(cycles)} completed"
         if cycles
         else "upstream commits at most one layer per step"
     )
@@ -397,8 +393,8 @@ def _worker_verdict(
         )
         return "not judged", (
             f"rearrangement {slow['rearrangement']} in flight at the end: no layer committed in its last "
-            f"{_steps(idle)} ({idle_s:.1f} s; layer {slow['layer']} next, rank {slow['rank']} without "
-            f"progress), more than a layer takes ({pace}), {judged}"
+            f"{_count(idle, 'step')} ({idle_s:.1f} s; layer {slow['layer']} next, rank {slow['rank']} "
+            f"without progress), more than a layer takes ({pace}), {judged}"
         )
     if not cycles:
         if not r0["rearrangements_per_step"] or r0["rearrangements_per_step"][-1] == 0:
@@ -414,17 +410,16 @@ def _worker_verdict(
         )
     if slow is not None:
         idle = slow["steps_without_progress"]
-        progressed = "in the last step" if idle == 0 else f"{_steps(idle)} before the end"
+        progressed = "in the last step" if idle == 0 else f"{_count(idle, 'step')} before the end"
         tail = f"rearrangement {slow['rearrangement']} in flight at the end progressed {progressed}"
     else:
         tail = "none in flight at the end"
-    return "pass", (
-        f"alive on {n} ranks for {steps} steps; {len(cycles)} rearrangements completed ({pace}); {tail}"
-    )
+    done = _count(len(cycles), "rearrangement")
+    return "pass", f"alive on {n} ranks for {steps} steps; {done} completed ({pace}); {tail}"
 
 
-def _steps(count: int) -> str:
-    return f"{count} step" if count == 1 else f"{count} steps"
+def _count(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def _costs(config: SimulateConfig, routing: Any, busiest_experts: int, rearrangements: int) -> dict | None:
