@@ -36,30 +36,110 @@ def test_watchdog_settings_defaults_and_every_bad_value():
         watchdog_settings({"ASCEND_EPLB_ON_WORKER_FAILURE": "ignore"})
 
 
-def _state(*names):
-    return SimpleNamespace(model_states={n: SimpleNamespace(model_name=n) for n in names})
+def _state(*names, steps_until=4):
+    return SimpleNamespace(
+        model_states={n: SimpleNamespace(model_name=n) for n in names},
+        expert_rearrangement_step_interval=8,
+        expert_rearrangement_step=8 - steps_until,
+    )
 
 
 def test_watchdog_decides_from_the_gathered_rows_alone():
     dog = WorkerWatchdog(timeout_s=5.0)
     state = _state("m")
-    # Rows: [alive, in_cycle, has_pending, ms_without_progress, layer_in_flight] per rank.
-    assert dog._decide(state, [[1, 0, 0, 0, 0], [1, 0, 0, 0, 0]]) is None  # idle
-    assert dog._decide(state, [[1, 1, 1, 4000, 3], [1, 1, 0, 4000, 3]]) is None  # within the timeout
-    died = dog._decide(state, [[1, 1, 1, 100, 3], [0, 1, 0, 100, 3]])
-    assert (died.kind, died.ranks, died.model, died.layer) == ("died", (1,), "m", 3)
-    stalled = dog._decide(state, [[1, 1, 1, 5001, 3], [1, 1, 0, 5001, 3]])
-    assert (stalled.kind, stalled.ranks, stalled.model, stalled.layer) == ("stalled", (1,), "m", 3)
+    # Rows: [alive, steps_until_next_rearrangement, in_cycle, has_pending, ms_without_progress,
+    # layer_in_flight] per rank.
+    assert dog._decide(state, [[1, 4, 0, 0, 0, 0], [1, 4, 0, 0, 0, 0]]) is None  # idle
+    assert dog._decide(state, [[1, 4, 1, 1, 4000, 3], [1, 4, 1, 0, 4000, 3]]) is None  # within the timeout
+    died = dog._decide(state, [[1, 4, 1, 1, 100, 3], [0, 4, 1, 0, 100, 3]])
+    assert (died.kind, died.ranks, died.model, died.layer, died.cause) == ("died", (1,), "m", 3, "")
+    stalled = dog._decide(state, [[1, 4, 1, 0, 5001, 3], [1, 4, 1, 0, 5001, 3]])
+    assert (stalled.kind, stalled.ranks, stalled.model, stalled.layer) == ("stalled", (0, 1), "m", 3)
     assert stalled.cause == (
         "the rearrangement cycle made no progress for 5.0 s (> 5 s, ASCEND_EPLB_WORKER_TIMEOUT_S): "
-        "layer 3 was not published by rank(s) 1"
+        "layer 3 was not published by rank(s) 0, 1"
     )
     # A worker dead between cycles is named too, with no cycle in flight.
-    idle_dead = dog._decide(state, [[0, 0, 0, 0, 0], [1, 0, 0, 0, 0]])
+    idle_dead = dog._decide(state, [[0, 4, 0, 0, 0, 0], [1, 4, 0, 0, 0, 0]])
     assert (idle_dead.ranks, idle_dead.model, idle_dead.layer) == ((0,), None, None)
     assert "no cycle in flight" in idle_dead.message()
     with pytest.raises(ValueError, match="on_failure='ignore'"):
         WorkerWatchdog(on_failure="ignore")
+
+
+def test_a_stall_past_the_interval_is_named_as_upstreams_silent_stop():
+    """vllm-project/vllm#57883: rank 0's worker published layer 3 and waits for it to be consumed, rank 1's
+    never publishes it; upstream's step counter runs past its interval (its log says "steps until the
+    next rearrangement: -37")."""
+    dog = WorkerWatchdog(timeout_s=5.0)
+    state = _state("m", steps_until=-37)
+    stalled = dog._decide(state, [[1, -37, 1, 1, 5001, 3], [1, -37, 1, 0, 5001, 3]])
+    assert (stalled.kind, stalled.ranks, stalled.layer) == ("stalled", (1,), 3)
+    assert stalled.cause == (
+        "the rearrangement cycle made no progress for 5.0 s (> 5 s, ASCEND_EPLB_WORKER_TIMEOUT_S): "
+        "layer 3 was not published by rank(s) 1 (rank(s) 0 published it: their workers wait for it to be "
+        "consumed); upstream's silent stop (vllm-project/vllm#57883): EplbState.expert_rearrangement_step "
+        "ran 37 steps past expert_rearrangement_step_interval ('steps until the next rearrangement: -37'), "
+        "because EplbState.step returns before resetting it while a cycle is in flight, so upstream alone "
+        "would never rearrange again"
+    )
+    # Within the timeout nothing is decided, whatever the counter says (a slow transfer is not a stall).
+    assert dog._decide(state, [[1, -37, 1, 1, 4000, 3], [1, -37, 1, 0, 4000, 3]]) is None
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def _model_state(rebalanced, pending_layer=None):
+    pending = None if pending_layer is None else SimpleNamespace(layer_idx=pending_layer)
+    return SimpleNamespace(model_name="m", rebalanced=rebalanced, pending_result=pending)
+
+
+def test_at_shutdown_logs_a_cycle_in_flight_with_how_long_it_went_without_progress(caplog):
+    import logging
+
+    clock = _Clock()
+    dog = WorkerWatchdog(timeout_s=2.0, clock=clock)
+    ms = _model_state(False)
+    state = SimpleNamespace(model_states={"k": ms}, num_rearrangements=0, commit_log=[])
+    controller = SimpleNamespace(state=state, step_hooks=[], shutdown_hooks=[])
+    dog.attach(controller)
+    assert controller.shutdown_hooks == [dog.at_shutdown]
+    dog._local_status(state)  # step boundary 0: nothing in flight
+    assert dog.at_shutdown(controller) == []
+    ms.rebalanced, state.num_rearrangements = True, 1  # the cycle starts at boundary 1
+    dog.steps = 1
+    dog._local_status(state)
+    dog._rank = 3
+    for step in range(2, 27):  # 25 boundaries, 0.5 s, without progress
+        clock.now += 0.02
+        dog.steps = step
+        dog._local_status(state)
+    caplog.set_level(logging.INFO)
+    (cycle,) = dog.at_shutdown(controller)
+    assert (cycle.model, cycle.rearrangement, cycle.layer, cycle.published) == ("m", 1, 0, False)
+    assert cycle.rank == 3
+    assert cycle.steps_without_progress == 25
+    assert cycle.seconds_without_progress == pytest.approx(0.5)
+    assert dog.in_flight_at_shutdown == [cycle]
+    assert cycle.message() == (
+        "EPLB worker watchdog at shutdown: rank 3: rearrangement 1 of model m in flight (layer 0 not "
+        "published), no progress for 0.5 s (25 steps), below the watchdog's timeout, so it was never judged "
+        "stalled (ASCEND_EPLB_WORKER_TIMEOUT_S=2 s); the cycle is dropped with the runner"
+    )
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("WARNING", cycle.message())]
+    # Layer 0 published since the last boundary: that is progress, logged at INFO.
+    ms.pending_result = SimpleNamespace(layer_idx=0)
+    caplog.clear()
+    (cycle,) = dog.at_shutdown(controller)
+    assert (cycle.steps_without_progress, cycle.published, cycle.seconds_without_progress) == (0, True, 0.0)
+    assert [r.levelname for r in caplog.records] == ["INFO"]
+    assert "(layer 0 published, not yet committed), no progress for 0.0 s (0 steps)" in cycle.message()
 
 
 def _write(path, *records, tail=""):

@@ -39,6 +39,7 @@ def test_every_patch_of_the_process_is_in_the_one_registry():
         "vllm.distributed.eplb.eplb_state._commit_eplb_maps",
         "vllm.distributed.eplb.async_worker.transfer_run_periodically",
         "vllm.v1.worker.gpu.model_runner.EPLBController",
+        "vllm.v1.worker.gpu.model_runner.GPUModelRunner.shutdown",
     ]
     assert {p.owner for p in patches.PATCHES} == {
         "ascend_eplb.control.host_adaptation",

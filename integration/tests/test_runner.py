@@ -64,6 +64,7 @@ def test_eplb_off_builds_upstream_controller_and_patches_nothing(monkeypatch):
     wiring.prepare_inputs(True)
     wiring.prepare_forward(object(), 24)
     wiring.after_sampling()
+    wiring.shutdown()  # upstream's controller has no end of life: nothing is called
     assert wiring.controller.state is None
     assert [name for name, _ in wiring.calls] == [
         "create_eplb_controller",
@@ -109,3 +110,48 @@ def test_invalid_eplb_config_raises_before_any_patch(monkeypatch):
     assert [v.rule for v in info.value.violations] == ["async-only"]
     assert patches.patches_applied() is False
     assert all(before[t.name] is t.current() for t in patches.PATCHES)
+
+
+def test_shutdown_runs_the_watchdogs_end_of_life_once_from_the_wiring_and_from_upstreams_runner(monkeypatch):
+    """Point 10: ``Mrv2EplbWiring.shutdown`` and the patched ``GPUModelRunner.shutdown`` both reach the
+    controller's shutdown hooks (the watchdog's :meth:`at_shutdown`), once, before upstream's shutdown."""
+    from types import SimpleNamespace
+
+    from ascend_eplb.control import AscendEPLBController
+    from ascend_eplb.integration.watchdog import WorkerWatchdog
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    try:
+        wiring = Mrv2EplbWiring(_config(enable_eplb=True), torch.device("cpu"))
+        controller = wiring.controller
+        assert type(controller) is AscendEPLBController
+        (hook,) = controller.shutdown_hooks
+        assert isinstance(hook.__self__, WorkerWatchdog)
+        assert hook.__func__ is WorkerWatchdog.at_shutdown
+        seen = []
+        controller.shutdown_hooks.append(lambda c: seen.append(("hook", c)))
+        wiring.shutdown()
+        wiring.shutdown()
+        assert seen == [("hook", controller)]  # once: the second shutdown does nothing
+        assert [name for name, _ in wiring.calls][-2:] == ["shutdown", "shutdown"]
+
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+        assert "vllm.v1.worker.gpu.model_runner.GPUModelRunner.shutdown" in patches.applied_bindings()
+        assert GPUModelRunner.shutdown.__wrapped__.__qualname__ == "GPUModelRunner.shutdown"
+        order = []
+        patched = patches._wrap_runner_shutdown(lambda runner: order.append("upstream shutdown"))
+
+        def failing_hook(c):
+            order.append("controller shutdown")
+            raise RuntimeError("hook failed")
+
+        other = AscendEPLBController(_config(enable_eplb=True).parallel_config, torch.device("cpu"))
+        other.shutdown_hooks.append(failing_hook)
+        with pytest.raises(RuntimeError, match="hook failed"):
+            patched(SimpleNamespace(eplb=other))
+        assert order == ["controller shutdown", "upstream shutdown"]  # upstream's shutdown runs anyway
+        patched(SimpleNamespace(eplb=object()))  # upstream's controller (EPLB off) has no shutdown
+        assert order == ["controller shutdown", "upstream shutdown", "upstream shutdown"]
+    finally:
+        patches.remove_patches()

@@ -17,6 +17,7 @@ def test_all_is_the_documented_api():
         "Patch",
         "PatchSet",
         "RegistrationHook",
+        "ShutdownHook",
         "StepHook",
         "__version__",
         "adapt_layer_routers",

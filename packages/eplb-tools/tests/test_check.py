@@ -118,4 +118,7 @@ def test_check_reads_the_format_from_a_real_checkpoints_description_as_start_up_
     bad = rm.write_checkpoint("qwen3-moe", tmp_path / "w4a16", seed=0, fmt="w4a16")
     assert main(["check", "--", "serve", str(bad), *args]) == 2
     out = capsys.readouterr().out
-    assert "  - [quantization] quantization format 'w4a16': quantization format 'w4a16' does not support EPLB" in out
+    assert (
+        "  - [quantization] quantization format 'w4a16': quantization format 'w4a16' does not support EPLB"
+        in out
+    )

@@ -25,6 +25,9 @@ binding (vLLM 0.33.0 / torch 2.13.0)                      replacement (owner)
                                                           thread ends (integration.watchdog)
 ``vllm.v1.worker.gpu.model_runner.EPLBController``        EPLB on: ``create_eplb_controller(current
                                                           vllm config, device)``; off: upstream's class
+``GPUModelRunner.shutdown`` (same module)                 the controller's ``shutdown()`` first, when it
+                                                          has one (the watchdog's end of life), then
+                                                          upstream's (integration)
 ========================================================  ==============================================
 
 Control's ``AscendEPLBController`` builds the Ascend state and adapts the routers itself (a subclass,
@@ -97,6 +100,21 @@ def _wrap_runner_controller(original: type) -> Callable[[Any, Any], Any]:
     return EPLBController
 
 
+def _wrap_runner_shutdown(original: Callable[[Any], None]) -> Callable[[Any], None]:
+    @functools.wraps(original)
+    def shutdown(self: Any) -> None:
+        """Upstream ``GPUModelRunner.shutdown``, after the EPLB controller's end of life (Ascend's
+        ``AscendEPLBController.shutdown``: a cycle in flight is logged; upstream's controller has none)."""
+        controller = getattr(self, "eplb", None)
+        try:
+            if controller is not None and hasattr(controller, "shutdown"):
+                controller.shutdown()
+        finally:
+            original(self)
+
+    return shutdown
+
+
 #: Every patch of the process, in installation order.
 PATCHES: tuple[Patch, ...] = (
     *host_adaptation.PATCHES,
@@ -121,6 +139,9 @@ PATCHES: tuple[Patch, ...] = (
         ("self", "parallel_config", "device"),
         _wrap_runner_controller,
         _OWNER,
+    ),
+    Patch(
+        "vllm.v1.worker.gpu.model_runner", "GPUModelRunner.shutdown", ("self",), _wrap_runner_shutdown, _OWNER
     ),
 )
 

@@ -21,10 +21,14 @@ packages the whole sequence for runners that do not inherit upstream's decorator
  8    ``execute_model`` pre-forward  ``controller.prepare_forward(model_config, num_unpadded, ubatch)``
                                      (unpadded token count, never the padded one)
  9    ``sample_tokens`` / ``pool``   ``controller.step()`` after sampling, every step, every rank
+10    ``shutdown``                   ``controller.shutdown()`` (Ascend's controller only: the
+                                     watchdog logs a cycle in flight; no collective)
 ====  =============================  ==========================================================
 
 Every rank makes calls 5-9 in the same order every step (the upstream step runs collectives); a rank
-whose batch is outside the load-collection phase still steps and records zeros.
+whose batch is outside the load-collection phase still steps and records zeros. Point 10 needs nothing
+from a runner that keeps upstream's ``shutdown``: the plugin's patch of ``GPUModelRunner.shutdown``
+calls it.
 """
 
 from __future__ import annotations
@@ -215,3 +219,9 @@ class Mrv2EplbWiring:
     def after_sampling(self) -> None:
         """Point 9: one EPLB step per engine step, after sampling (every rank, every step)."""
         self._call("step")
+
+    def shutdown(self) -> None:
+        """Point 10, the runner's ``shutdown``: the controller's end of life (rank-local, once); nothing
+        for upstream's controller (EPLB off), which has none."""
+        if hasattr(self.controller, "shutdown"):
+            self._call("shutdown")

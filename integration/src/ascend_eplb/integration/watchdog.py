@@ -11,6 +11,12 @@ every EP rank alike:
   progress (a layer published by this rank's worker, or committed) within
   ``ASCEND_EPLB_WORKER_TIMEOUT_S`` seconds (default 600).
 
+A stalled cycle is upstream's silent stop of vllm-project/vllm#57883: ``EplbState.step`` returns early
+while a cycle is in flight, before it resets ``expert_rearrangement_step``, so the counter runs past
+``expert_rearrangement_step_interval`` ("steps until the next rearrangement" goes negative) and no
+rearrangement ever starts again, with nothing logged. The decision names that counter and which ranks
+published the layer in flight (their workers wait for it to be consumed) and which did not.
+
 The decision is one ``all_gather`` of a small int64 vector on the EP CPU group per step, taken from
 the gathered values, so every rank reaches the same verdict at the same step and no rank's collectives
 diverge from the others'. On a failure EP rank 0 logs an error naming the model, the layer in flight,
@@ -20,6 +26,10 @@ rearrangement (the controller is suppressed and the unfinished cycle dropped: la
 keep the new placement, the others the old one, each layer wholly old or wholly new) and serving goes
 on, or, with ``ASCEND_EPLB_ON_WORKER_FAILURE=raise``, the step raises :class:`EplbWorkerFailureError` on every
 rank.
+
+At the runner's shutdown (:meth:`WorkerWatchdog.at_shutdown`, a shutdown hook of the controller) a cycle
+still in flight is logged on its rank with how long, in seconds and steps, it went without progress:
+a cycle that stalled for less than the timeout was never judged, and the log says so.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ __all__ = [
     "ENV_TIMEOUT",
     "PATCHES",
     "EplbWorkerFailureError",
+    "InFlightAtShutdown",
     "WorkerFailure",
     "WorkerWatchdog",
     "watchdog_settings",
@@ -140,6 +151,46 @@ class WorkerFailure:
         )
 
 
+@dataclass(frozen=True)
+class InFlightAtShutdown:
+    """A rearrangement cycle still in flight on this rank when the runner shut down.
+
+    Attributes:
+        model: the model of the cycle.
+        rearrangement: upstream's rearrangement count (the cycle's number).
+        layer: the MoE layer in flight (the next to commit).
+        published: whether this rank's worker had published that layer (waiting to be consumed).
+        seconds_without_progress: since the cycle's last progress on this rank (a layer published or
+            committed, or its start), seconds of the watchdog's clock.
+        steps_without_progress: EPLB steps since then.
+        timeout_s: the watchdog's timeout (``ASCEND_EPLB_WORKER_TIMEOUT_S``).
+        rank: this rank in the EP group (None when no step was seen).
+    """
+
+    model: str
+    rearrangement: int
+    layer: int
+    published: bool
+    seconds_without_progress: float
+    steps_without_progress: int
+    timeout_s: float
+    rank: int | None
+
+    def message(self) -> str:
+        judged = (
+            "below the watchdog's timeout, so it was never judged stalled"
+            if self.seconds_without_progress <= self.timeout_s
+            else "past the watchdog's timeout"
+        )
+        layer = f"layer {self.layer} {'published, not yet committed' if self.published else 'not published'}"
+        return (
+            f"EPLB worker watchdog at shutdown: rank {self.rank if self.rank is not None else '?'}: "
+            f"rearrangement {self.rearrangement} of model {self.model} in flight ({layer}), no progress for "
+            f"{self.seconds_without_progress:.1f} s ({self.steps_without_progress} steps), {judged} "
+            f"({ENV_TIMEOUT}={self.timeout_s:g} s); the cycle is dropped with the runner"
+        )
+
+
 class EplbWorkerFailureError(RuntimeError):
     """Raised on every rank with ``ASCEND_EPLB_ON_WORKER_FAILURE=raise``; ``.failure`` says what."""
 
@@ -160,6 +211,7 @@ class WorkerWatchdog:
         steps: EPLB steps seen.
         failure: the failure decided, once (None while healthy).
         listeners: ``fn(failure)`` called on every rank once a failure is decided (the events file).
+        in_flight_at_shutdown: what :meth:`at_shutdown` found (empty before it ran).
     """
 
     def __init__(
@@ -173,30 +225,78 @@ class WorkerWatchdog:
         self.steps = 0
         self.failure: WorkerFailure | None = None
         self.listeners: list[Callable[[WorkerFailure], None]] = []
-        self._progress: dict[int, tuple[tuple[bool, int, bool], float]] = {}
+        # Per model index: (progress key, clock at its last change, self.steps at its last change).
+        self._progress: dict[int, tuple[tuple[bool, int, bool], float, int]] = {}
+        self._rank: int | None = None
+        self.in_flight_at_shutdown: list[InFlightAtShutdown] = []
 
     def attach(self, controller: Any) -> None:
-        """Run at every step boundary of ``controller`` (control's ``AscendEPLBController``)."""
+        """Run at every step boundary of ``controller`` (control's ``AscendEPLBController``) and at its
+        shutdown (:meth:`at_shutdown`)."""
         controller.step_hooks.append(self.on_step)
+        controller.shutdown_hooks.append(self.at_shutdown)
 
     def _local_status(self, state: Any) -> list[int]:
-        """``[alive, then per model: in_cycle, has_pending, ms_without_progress, layer_in_flight]``."""
+        """``[alive, steps_until_next_rearrangement, then per model: in_cycle, has_pending,
+        ms_without_progress, layer_in_flight]``; the second is upstream's own figure,
+        ``expert_rearrangement_step_interval - expert_rearrangement_step`` (equal on every rank)."""
         worker = getattr(state, "async_worker", None)
         alive = worker is None or worker.is_alive()
         now = self.clock()
-        out = [int(alive)]
+        out = [int(alive), _steps_until_next_rearrangement(state)]
         for index, ms in enumerate(state.model_states.values()):
             pending = ms.pending_result
             layer = pending.layer_idx if pending is not None else _next_layer(state, ms)
             key = (bool(ms.rebalanced), layer, pending is not None)
             seen = self._progress.get(index)
             if seen is None or seen[0] != key:
-                self._progress[index] = (key, now)
+                self._progress[index] = (key, now, self.steps)
                 idle_ms = 0
             else:
                 idle_ms = int((now - seen[1]) * 1000) if ms.rebalanced else 0
             out += [int(ms.rebalanced), int(pending is not None), idle_ms, layer]
         return out
+
+    def at_shutdown(self, controller: Any) -> list[InFlightAtShutdown]:
+        """The runner's end of life on this rank (no collective): each cycle still in flight, logged with
+        how long it went without progress (:meth:`InFlightAtShutdown.message`; INFO when it progressed in
+        the last step or the one before, WARNING otherwise).
+
+        Returns:
+            the cycles in flight (empty when none was, or after a failure stopped EPLB).
+        """
+        state = controller.state
+        if state is None or self.failure is not None:
+            return []
+        self._local_status(state)  # a layer published or committed since the last step is progress
+        now = self.clock()
+        found = []
+        for index, ms in enumerate(state.model_states.values()):
+            seen = self._progress.get(index)
+            if not ms.rebalanced or seen is None:
+                continue
+            (_, layer, published), since, step = seen
+            found.append(
+                InFlightAtShutdown(
+                    ms.model_name,
+                    int(getattr(state, "num_rearrangements", 0)),
+                    layer,
+                    published,
+                    now - since,
+                    self.steps - step,
+                    self.timeout_s,
+                    self._rank,
+                )
+            )
+        if found:
+            from vllm.logger import init_logger
+
+            log = init_logger(__name__)
+            for cycle in found:
+                # At most one step without progress is a cycle progressing as it ends; more is worth a look.
+                (log.info if cycle.steps_without_progress <= 1 else log.warning)("%s", cycle.message())
+        self.in_flight_at_shutdown = found
+        return found
 
     def on_step(self, controller: Any, is_dummy: bool, is_profile: bool) -> None:
         """The step-boundary decision (every rank, same order).
@@ -212,6 +312,7 @@ class WorkerWatchdog:
             return
         state = controller.state
         group = get_ep_group()
+        self._rank = group.rank_in_group
         mine = torch.tensor(self._local_status(state), dtype=torch.int64)
         gathered = [torch.empty_like(mine) for _ in range(group.world_size)]
         dist.all_gather(gathered, mine, group=group.cpu_group)
@@ -269,15 +370,17 @@ class WorkerWatchdog:
     def _decide(self, state: Any, gathered: list[list[int]]) -> WorkerFailure | None:
         names = [ms.model_name for ms in state.model_states.values()]
         dead = tuple(r for r, row in enumerate(gathered) if not row[0])
+        steps_until = min(row[1] for row in gathered)
         in_flight = None
         for index, name in enumerate(names):
-            rows = [row[1 + 4 * index : 5 + 4 * index] for row in gathered]
+            rows = [row[2 + 4 * index : 6 + 4 * index] for row in gathered]
             if any(r[0] for r in rows):
                 in_flight = (index, name, max(r[3] for r in rows), rows)
                 break
         model = in_flight[1] if in_flight else None
         layer = in_flight[2] if in_flight else None
         if dead:
+            # (A dead worker is seen at the next step boundary, before the counter can overrun.)
             return WorkerFailure("died", dead, model, layer, self.steps, "")
         if in_flight is None:
             return None
@@ -286,10 +389,18 @@ class WorkerWatchdog:
         if idle_s <= self.timeout_s:
             return None
         silent = tuple(r for r, row in enumerate(rows) if not row[1]) or tuple(range(len(rows)))
+        published = tuple(r for r, row in enumerate(rows) if row[1])
+        waiting = (
+            f" (rank(s) {', '.join(map(str, published))} published it: their workers wait for it to be "
+            "consumed)"
+            if published and silent != tuple(range(len(rows)))
+            else ""
+        )
         return WorkerFailure(
             "stalled", silent, model, layer, self.steps,
             f"the rearrangement cycle made no progress for {idle_s:.1f} s (> {self.timeout_s:g} s, "
-            f"{ENV_TIMEOUT}): layer {layer} was not published by rank(s) {', '.join(map(str, silent))}",
+            f"{ENV_TIMEOUT}): layer {layer} was not published by rank(s) {', '.join(map(str, silent))}"
+            f"{waiting}{_overrun(steps_until, in_flight)}",
         )  # fmt: skip
 
     @staticmethod
@@ -304,6 +415,26 @@ class WorkerWatchdog:
             # weights, so every layer stays wholly committed, old or new.
             ms.rebalanced = False
             ms.pending_result = None
+
+
+def _steps_until_next_rearrangement(state: Any) -> int:
+    """Upstream's "steps until the next rearrangement" (``EplbState.step``'s log line):
+    ``expert_rearrangement_step_interval - expert_rearrangement_step``; negative once a cycle in flight
+    kept ``step`` from resetting the counter (vllm-project/vllm#57883)."""
+    interval = int(getattr(state, "expert_rearrangement_step_interval", 0))
+    return interval - int(getattr(state, "expert_rearrangement_step", 0))
+
+
+def _overrun(steps_until: int, in_flight: Any) -> str:
+    """The cause's words for upstream's step counter past its interval with a cycle in flight."""
+    if in_flight is None or steps_until >= 0:
+        return ""
+    return (
+        f"; upstream's silent stop (vllm-project/vllm#57883): EplbState.expert_rearrangement_step ran "
+        f"{-steps_until} steps past expert_rearrangement_step_interval ('steps until the next "
+        f"rearrangement: {steps_until}'), because EplbState.step returns before resetting it while a cycle "
+        "is in flight, so upstream alone would never rearrange again"
+    )
 
 
 def _next_layer(state: Any, model_state: Any) -> int:

@@ -24,7 +24,7 @@ from ascend_eplb.control.__about__ import __version__
 
 if TYPE_CHECKING:
     from ascend_eplb.control.commit_hooks import commit_hooks_installed
-    from ascend_eplb.control.controller import AscendEPLBController, RegistrationHook, StepHook
+    from ascend_eplb.control.controller import AscendEPLBController, RegistrationHook, ShutdownHook, StepHook
     from ascend_eplb.control.patching import Patch, PatchSet, check_signature
     from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES, LoadCollectionPhase, is_phase_matched
     from ascend_eplb.control.router_adaptation import adapt_layer_routers
@@ -37,6 +37,7 @@ _EXPORTS = {
     "AscendEPLBController": "controller",
     "StepHook": "controller",
     "RegistrationHook": "controller",
+    "ShutdownHook": "controller",
     "Patch": "patching",
     "PatchSet": "patching",
     "check_signature": "patching",
@@ -69,6 +70,7 @@ __all__ = [
     "Patch",
     "PatchSet",
     "RegistrationHook",
+    "ShutdownHook",
     "StepHook",
     "__version__",
     "adapt_layer_routers",

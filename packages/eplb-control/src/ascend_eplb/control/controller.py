@@ -63,6 +63,9 @@ def check_upstream_controller_signatures() -> None:
 StepHook = Callable[["AscendEPLBController", bool, bool], None]
 #: ``fn(controller, model, model_config)``, run after a model (or draft) was registered with the state.
 RegistrationHook = Callable[["AscendEPLBController", Any, Any], None]
+#: ``fn(controller)``, run once by :meth:`AscendEPLBController.shutdown` (no collectives: ranks may shut
+#: down at different times).
+ShutdownHook = Callable[["AscendEPLBController"], None]
 
 
 class AscendEPLBController(EPLBController):
@@ -81,6 +84,7 @@ class AscendEPLBController(EPLBController):
             hook may run collectives on the EP CPU group (the integration's watchdog and verifier do).
         registration_hooks: :data:`RegistrationHook` s run after each successful registration of a
             model or draft with the state, on every rank (collectives allowed, as above).
+        shutdown_hooks: :data:`ShutdownHook` s run once by :meth:`shutdown`, in order (rank-local).
 
     Raises:
         ValueError: ``load_collection_phase`` is not an allowed phase (the message lists them).
@@ -103,6 +107,8 @@ class AscendEPLBController(EPLBController):
         self.step_hooks: list[StepHook] = []
         self._warned_undeclared_phase = False
         self.registration_hooks: list[RegistrationHook] = []
+        self.shutdown_hooks: list[ShutdownHook] = []
+        self._shut_down = False
         self._ranks: RankCoordinates | None = None
         self._row_layouts: dict[str, RowLayout] = {}
         self.last_row_layout: RowLayout | None = None
@@ -154,6 +160,16 @@ class AscendEPLBController(EPLBController):
         if ran:
             for hook in self.step_hooks:
                 hook(self, is_dummy, is_profile)
+
+    def shutdown(self) -> None:
+        """The runner's end of life: every :attr:`shutdown_hooks` entry, once (later calls do nothing).
+        Upstream's ``EPLBController`` has no such point; the integration calls it from the runner's
+        ``shutdown``."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        for hook in self.shutdown_hooks:
+            hook(self)
 
     def set_batch_phase(self, batch_has_prefill: bool) -> None:
         """Declare the phase of the next batch; called once per batch before :meth:`prepare_forward`.

@@ -1,9 +1,10 @@
 """The ``ascend-eplb`` command: ``simulate`` (the main job), ``plan`` and ``check``.
 
 Every option is validated before anything heavy is imported or any process starts; a bad value exits
-with status 2 and names the value and the rule. ``simulate`` exits 0 when every check passed and 1 when
-one failed (the first violation is printed) or a rank crashed, raised or missed the deadline (each
-rank's state is printed); ``check`` exits 0 for a valid config and 2 otherwise. A command stopped by
+with status 2 and names the value and the rule. ``simulate`` prints what each check saw and exits 0 when
+every check passed, 1 when one failed or a rank crashed, raised or missed the deadline (each rank's
+state is printed), and 3 when none failed but one could not be judged (it says why); ``check`` exits 0
+for a valid config and 2 otherwise. A command stopped by
 SIGTERM, SIGHUP or Ctrl-C prints one line and exits ``128 + signal`` (143, 129, 130).
 """
 
@@ -219,12 +220,17 @@ def _run_check(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+#: ``simulate``'s exit status per verdict: 0 every check passed, 1 a check failed, 3 none failed but one
+#: could not be judged (2 is a refusal before start, 128 + N a signal).
+EXIT_CODES = {"passed": 0, "failed": 1, "not judged": 3}
+
+
 def _run_simulate(args: argparse.Namespace) -> int:
     from ascend_eplb.tools.simulate.config import config_from_args
     from ascend_eplb.tools.simulate.driver import run_simulation
 
     report = run_simulation(config_from_args(args))
-    return 0 if report["passed"] else 1
+    return EXIT_CODES[report["verdict"]]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

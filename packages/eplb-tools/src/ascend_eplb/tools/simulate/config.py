@@ -18,6 +18,7 @@ __all__ = [
     "CHECKS",
     "CHECK_DESCRIPTIONS",
     "FAULTS",
+    "FAULT_DESCRIPTIONS",
     "LINK_GBPS_DEFAULT",
     "OUTPUT_ATOL",
     "OUTPUT_RTOL",
@@ -33,14 +34,33 @@ __all__ = [
     "positive_int",
 ]
 
-FAULTS = ("wrong-lookup-refresh", "view-skips-scale", "worker-dies", "worker-stalls")
+FAULTS = (
+    "wrong-lookup-refresh",
+    "view-skips-scale",
+    "worker-dies",
+    "worker-stalls",
+    "worker-never-publishes",
+)
+#: What each fault does (``--fault``'s help and SIMULATE.md).
+FAULT_DESCRIPTIONS = {
+    "wrong-lookup-refresh": "layer 0's lookup keeps the pre-commit placement after its commit (lookups)",
+    "view-skips-scale": (
+        "the weight views forget a scale tensor, so it is never moved (fingerprints; replay only)"
+    ),
+    "worker-dies": "the last rank's async worker raises in layer 1's transfer (worker)",
+    "worker-stalls": "the last rank's async worker never returns from layer 1's transfer (worker)",
+    "worker-never-publishes": (
+        "the last rank's async worker moves layer 1 but never publishes it, while the other ranks' "
+        "workers wait for theirs to be consumed: upstream's silent stop, vllm-project/vllm#57883 (worker)"
+    ),
+}
 #: The simulator's own checks; the others are the serving verifier's (ASCEND_EPLB_VERIFY=1) and the
 #: serving watchdog's (always on).
 SIMULATOR_CHECKS = ("outputs", "load")
 CHECKS = (*SIMULATOR_CHECKS, *VERIFIER_CHECKS, WATCHDOG_CHECK)
 #: Each check in plain words (the summary prints them).
 CHECK_DESCRIPTIONS = {
-    "outputs": "the outputs equal the EPLB-off model's every step (a real model's logits)",
+    "outputs": "the outputs equal the EPLB-off model's every step",
     "load": "the recorded load equals the routed real tokens (padding excluded)",
     "fingerprints": "each moved expert's weights equal its logical expert's after the commit",
     "lookups": "routing tables equal the committed placement, the same on every rank",
@@ -164,7 +184,9 @@ class SimulateConfig:
     )
     progress: bool = _option(True, "--no-progress", "no progress bar", action="store_false")
     fault: str | None = _option(
-        None, "--fault", "inject a fault to see the check that catches it: " + ", ".join(FAULTS),
+        None, "--fault",
+        "inject a fault to see the check that catches it: "
+        + "; ".join(f"{name}: {what}" for name, what in FAULT_DESCRIPTIONS.items()),
         choices=FAULTS,
     )  # fmt: skip
     worker_timeout_s: float = _option(
@@ -202,6 +224,30 @@ class SimulateConfig:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    @property
+    def first_rearrangement_step(self) -> int:
+        """The step (1-based) at which upstream starts the first rearrangement: ``EplbState`` starts its
+        counter at ``step_interval - step_interval // 4`` and rearranges once a step brings it to
+        ``step_interval``."""
+        return max(self.step_interval // 4, 1)
+
+    def min_steps(self, num_moe_layers: int) -> int:
+        """The fewest steps in which a rearrangement can complete: the first starts at
+        :attr:`first_rearrangement_step`, then upstream's async mode commits at most one MoE layer per
+        step (``EplbState.step``'s ``_move_to_workspace`` of the one pending layer)."""
+        return self.first_rearrangement_step + num_moe_layers
+
+    def _steps_error(self, num_moe_layers: int) -> str | None:
+        need = self.min_steps(num_moe_layers)
+        if self.steps >= need or self.steps < 1 or self.step_interval < 1:
+            return None
+        return (
+            f"steps={self.steps}: too few to complete a rearrangement: the first starts at step "
+            f"{self.first_rearrangement_step} (upstream starts its counter at 3/4 of step interval "
+            f"{self.step_interval}) and upstream commits at most one of the {num_moe_layers} MoE layers per "
+            f"step, so at least {need} steps"
+        )
 
     def with_layers(self, num_moe_layers: int) -> SimulateConfig:
         return replace(self, num_moe_layers=num_moe_layers)
@@ -267,6 +313,8 @@ class SimulateConfig:
             except ValueError as e:
                 errors.append(f"model config={self.model_config}: {e}")
         num_moe_layers = self.num_moe_layers if self.num_moe_layers is not None else num_trace_moe_layers
+        if 1 <= num_moe_layers <= num_trace_moe_layers and (reason := self._steps_error(num_moe_layers)):
+            errors.append(reason)
         sizes = dict(num_moe_layers=num_moe_layers, num_logical_experts=num_logical_experts, top_k=top_k)
         errors += resources.integer_rules(self, **sizes)
         if not errors:
@@ -340,6 +388,8 @@ class SimulateConfig:
             errors.append(
                 "fault=view-skips-scale: a quantized format's view list; applies to --model replay only"
             )
+        if reason := self._steps_error(source.num_moe_layers):
+            errors.append(reason)
         if self.effective_padded_size > source.max_positions:
             errors.append(
                 f"padded size={self.effective_padded_size}: one step is one sequence of that many tokens, "

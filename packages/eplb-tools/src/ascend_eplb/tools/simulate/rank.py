@@ -27,14 +27,17 @@ In both worlds ``fingerprints`` and ``lookups`` are the serving verifier's
 (:mod:`ascend_eplb.integration.verify`), raised from the controller's step on every rank alike;
 ``worker`` is the serving watchdog's (:mod:`ascend_eplb.integration.watchdog`): a dead or stalled async
 worker stops EPLB on every rank and the run goes on, so the ``outputs`` check shows serving continue on
-the last committed placement. The events file (``ASCEND_EPLB_EVENTS``) is written by EP rank 0 into the
-output folder.
+the last committed placement. At the end of the run the runner's shutdown point runs (the watchdog's end
+of life), and each rank reports what its checks saw (steps, selections, commits checked, the cycle in
+flight at shutdown) for the driver's verdicts. The events file (``ASCEND_EPLB_EVENTS``) is written by EP
+rank 0 into the output folder.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import asdict
 from typing import Any
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -54,7 +57,7 @@ from vllm.distributed.parallel_state import (
 
 from ascend_eplb.integration import metrics
 from ascend_eplb.integration.runner import Mrv2EplbWiring
-from ascend_eplb.integration.verify import EplbVerificationError
+from ascend_eplb.integration.verify import EplbVerificationError, EplbVerifier
 from ascend_eplb.integration.watchdog import EplbWorkerFailureError, WorkerWatchdog
 from ascend_eplb.quant_views import get_format
 from ascend_eplb.testing import RankContext
@@ -199,14 +202,20 @@ def _new_stats() -> dict[str, Any]:
         "rearrangements_per_step": [],
         "max_output_error": 0.0,
         "worker_failure": None,
+        # What the load check compared: steps that recorded, and the real selections they held.
+        "load_steps_recorded": 0,
+        "load_selections": 0,
     }
 
 
-def _timed_hooks(controller: Any) -> tuple[WorkerWatchdog, list[float]]:
+def _timed_hooks(controller: Any) -> tuple[WorkerWatchdog, EplbVerifier, list[float]]:
     """Wrap the controller's step hooks to time them (the verifier's cost per step); returns the
-    watchdog among them and the one-element list each step's hook seconds accumulate into."""
+    watchdog and the verifier among them and the one-element list each step's hook seconds accumulate
+    into."""
     hooks = list(controller.step_hooks)
-    (watchdog,) = [h.__self__ for h in hooks if isinstance(getattr(h, "__self__", None), WorkerWatchdog)]
+    owners = [getattr(h, "__self__", None) for h in hooks]
+    (watchdog,) = [o for o in owners if isinstance(o, WorkerWatchdog)]
+    (verifier,) = [o for o in owners if isinstance(o, EplbVerifier)]  # ASCEND_EPLB_VERIFY=1 here
     spent = [0.0]
 
     def timed(hook):
@@ -220,7 +229,7 @@ def _timed_hooks(controller: Any) -> tuple[WorkerWatchdog, list[float]]:
         return run
 
     controller.step_hooks[:] = [timed(h) for h in hooks]
-    return watchdog, spent
+    return watchdog, verifier, spent
 
 
 def _close_step(
@@ -326,8 +335,8 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
     wiring.load_model(model, model_config)  # load_model: prepare, register (routers bound), start worker
     state = wiring.controller.state
     model_state = state.model_states[model_config.compute_hash()]
-    watchdog, verifier_time = _timed_hooks(wiring.controller)
-    if cfg["fault"] in ("worker-dies", "worker-stalls") and rank == num_ranks - 1:
+    watchdog, verifier, verifier_time = _timed_hooks(wiring.controller)
+    if cfg["fault"] in WORKER_FAULTS and rank == num_ranks - 1:
         _inject_worker_fault(model_state.communicator, cfg["fault"], rank)
 
     if cfg["fault"] == "wrong-lookup-refresh":
@@ -419,6 +428,8 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
                     minlength=num_moe_layers * num_physical,
                 ).view(num_moe_layers, num_physical).to(torch.int32)  # fmt: skip
             recorded = model_state.expert_load_pass.clone()
+            stats["load_steps_recorded"] += int(recording)
+            stats["load_selections"] += int(expected_load.sum())
             if not torch.equal(recorded, expected_load):
                 bad = int((recorded != expected_load).any(dim=1).nonzero()[0])
                 violation = _CheckViolationError(
@@ -437,10 +448,7 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
         )  # fmt: skip
         if stop:
             break
-    stats["violation"] = None if violation is None else (violation.check, str(violation))
-    stats["steps_run"] = len(stats["step_seconds"])
-    stats["num_rearrangements"] = state.num_rearrangements
-    stats["bytes_moved"] = _bytes_received(model_state)
+    _end_of_run(stats, violation, wiring, state, model_state, watchdog, verifier, p)
     stats["expert_nbytes"] = fmt.expert_nbytes(hidden, inter)
     return stats
 
@@ -477,8 +485,8 @@ def _run_model(ctx: RankContext, cfg: dict) -> dict:
     num_physical = worker.num_physical_experts
     p = num_physical // num_ranks
     group = get_ep_group().cpu_group
-    watchdog, hook_seconds = _timed_hooks(worker.wiring.controller)
-    if cfg["fault"] in ("worker-dies", "worker-stalls") and rank == num_ranks - 1:
+    watchdog, verifier, hook_seconds = _timed_hooks(worker.wiring.controller)
+    if cfg["fault"] in WORKER_FAULTS and rank == num_ranks - 1:
         _inject_worker_fault(model_state.communicator, cfg["fault"], rank)
     if cfg["fault"] == "wrong-lookup-refresh":
         _inject_stale_lookup(worker.model.moe_layers[0].eplb_state)
@@ -515,6 +523,8 @@ def _run_model(ctx: RankContext, cfg: dict) -> dict:
             expected = torch.bincount(
                 (phys + layer_offsets * num_physical).reshape(-1), minlength=num_moe_layers * num_physical
             ).view(num_moe_layers, num_physical)  # fmt: skip
+        stats["load_steps_recorded"] += int(seen.recorded)
+        stats["load_selections"] += int(expected.sum())  # the world's (the recorded load is all-reduced)
         if violation is None and not torch.equal(recorded, expected):
             bad = int((recorded != expected).any(dim=1).nonzero()[0])
             violation = _CheckViolationError(
@@ -536,13 +546,28 @@ def _run_model(ctx: RankContext, cfg: dict) -> dict:
         )  # fmt: skip
         if stop:
             break
-    stats["violation"] = None if violation is None else (violation.check, str(violation))
-    stats["steps_run"] = len(stats["step_seconds"])
-    stats["num_rearrangements"] = state.num_rearrangements
-    stats["bytes_moved"] = _bytes_received(model_state)
+    _end_of_run(stats, violation, worker.wiring, state, model_state, watchdog, verifier, p)
     experts = worker.model.moe_layers[0].routed_experts
     stats["expert_nbytes"] = experts.w13_weight[0].nbytes + experts.w2_weight[0].nbytes
     return stats
+
+
+def _end_of_run(
+    stats: dict, violation: Any, wiring: Mrv2EplbWiring, state: Any, model_state: Any,
+    watchdog: WorkerWatchdog, verifier: EplbVerifier, slots_per_rank: int,
+) -> None:  # fmt: skip
+    """The end of a run, the same in both worlds: the runner's shutdown point (the watchdog logs a cycle
+    in flight, :meth:`WorkerWatchdog.at_shutdown`), then what this rank's checks saw."""
+    wiring.shutdown()
+    stats["violation"] = None if violation is None else (violation.check, str(violation))
+    stats["steps_run"] = len(stats["step_seconds"])
+    stats["num_rearrangements"] = state.num_rearrangements
+    stats["num_skipped_rearrangements"] = state.num_skipped_rearrangements  # all-zero windows
+    stats["bytes_moved"] = _bytes_received(model_state)
+    stats["verifier_commits_checked"] = verifier.commits_checked
+    stats["verifier_steps"] = verifier.steps
+    stats["slots_per_rank"] = slots_per_rank
+    stats["in_flight_at_end"] = [asdict(cycle) for cycle in watchdog.in_flight_at_shutdown]
 
 
 def _gather(ctx: RankContext, stats: dict) -> list[dict]:
@@ -551,9 +576,16 @@ def _gather(ctx: RankContext, stats: dict) -> list[dict]:
     return everyone
 
 
+#: The faults of the async worker (:func:`_inject_worker_fault`), injected on the last rank.
+WORKER_FAULTS = ("worker-dies", "worker-stalls", "worker-never-publishes")
+
+
 def _inject_worker_fault(communicator: Any, fault: str, rank: int) -> None:
-    """Fault injection in this rank's async worker: its second transfer (layer 1 of the first
-    rearrangement) raises (``worker-dies``) or never returns (``worker-stalls``)."""
+    """Fault injection in this rank's async worker, at its second transfer (layer 1 of the first
+    rearrangement): it raises (``worker-dies``), never returns (``worker-stalls``: the peers wait in
+    their transfer), or completes and then never returns (``worker-never-publishes``: the peers'
+    transfers complete and their workers publish layer 1 and wait for it to be consumed, this rank
+    never publishes it, so upstream's step counter runs past its interval: vllm-project/vllm#57883)."""
     execute = communicator.execute
     calls = [0]
 
@@ -562,6 +594,8 @@ def _inject_worker_fault(communicator: Any, fault: str, rank: int) -> None:
         if calls[0] == 2:
             if fault == "worker-dies":
                 raise RuntimeError(f"injected fault: the expert transfer of layer 1 failed on rank {rank}")
+            if fault == "worker-never-publishes":
+                execute(*args, **kwargs)
             time.sleep(3600)
         return execute(*args, **kwargs)
 

@@ -1,0 +1,121 @@
+"""Soak: at least 100 consecutive completed rearrangements per row layout, 4 ranks, the verifier on.
+
+Each layout is one ``ascend-eplb simulate`` run (:func:`soak_args` are its options; the run is the main
+job's path, :func:`ascend_eplb.tools.simulate.driver.run_simulation`, with every check on every rank
+every step and the serving verifier on) with back-to-back rearrangements: window = interval = the MoE
+layers, so upstream starts the next rearrangement at the step its last layer commits. A run passes when
+every check passed (no failure between two rearrangements: they are consecutive) and at least
+``--rearrangements`` completed.
+
+Layouts (which rows each rank routes, ``ascend_eplb.control.layout``):
+
+* ``replicated``: vLLM 0.33.0's own ``DeepseekV3ForCausalLM`` (the ``deepseek-v3`` preset, 4 MoE
+  layers, 64 experts, top-6) at TP = EP = the ranks: every rank routes the same TP-replicated rows. The
+  only layout vLLM's real model classes run in on this CPU build (a DP > 1 world fails inside vLLM: its
+  CPU communicator has no ``all_gatherv``).
+* ``split``: the trace-replay world (``--model replay``: the repository's toy MoE model on upstream's
+  ``CustomRoutingRouter``, ``w8a8_dynamic`` kernel storage, the embedded ESFT trace's first 4 MoE
+  layers): every rank routes rows of its own (vLLM Ascend's MC2 dispatch). Not a real model class.
+
+Usage (from the repository root)::
+
+    hatch run python packages/eplb-tools/benchmarks/soak.py [--rearrangements 100] [--ranks 4]
+        [--layouts replicated split] [--out eplb-soak]
+
+Prints one row per layout (steps, wall time, rearrangements completed, max output error against the
+EPLB-off model, bytes moved, verdict) and writes each run's ``report.json`` and summary under
+``--out/<layout>``. Exit status 0 when every layout passed with enough rearrangements, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import sys
+from pathlib import Path
+
+LAYOUTS = {
+    "replicated": ["--model", "deepseek-v3"],
+    "split": ["--model", "replay", "--layers", "4"],
+}
+#: Steps granted beyond upstream's fastest pace (one layer per step): a layer may take a second step
+#: on a busy host, and the soak must still reach its count.
+SLACK = 1.5
+
+
+def _num_moe_layers(layout: str) -> int:
+    if layout == "split":
+        return 4
+    from ascend_eplb.tools.simulate.models import resolve_model
+
+    return resolve_model(LAYOUTS[layout][1]).num_moe_layers
+
+
+def soak_args(layout: str, rearrangements: int, num_ranks: int = 4) -> list[str]:
+    """``ascend-eplb simulate`` options of one soak run: ``rearrangements`` back-to-back rearrangements
+    of ``layout`` on ``num_ranks`` ranks (redundant experts: one per rank), with steps for them at
+    upstream's fastest pace times :data:`SLACK`.
+
+    Raises:
+        ValueError: ``layout`` is not one of :data:`LAYOUTS`, or ``rearrangements`` < 1.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r}: must be one of {', '.join(LAYOUTS)}")
+    if rearrangements < 1:
+        raise ValueError(f"rearrangements={rearrangements}: must be >= 1")
+    layers = _num_moe_layers(layout)
+    # Window = interval = L: upstream's first rearrangement starts at step max(L // 4, 1), each takes L
+    # steps, and the next starts at the step the last layer commits.
+    steps = math.ceil((max(layers // 4, 1) + rearrangements * layers) * SLACK)
+    return [
+        *LAYOUTS[layout], "--ranks", str(num_ranks), "--redundant-experts", str(num_ranks),
+        "--window-size", str(layers), "--step-interval", str(layers), "--steps", str(steps), "--no-progress",
+    ]  # fmt: skip
+
+
+def run_layout(layout: str, rearrangements: int, num_ranks: int, out: Path) -> dict:
+    """One soak run through ``simulate``'s own parser and driver; returns its report (its summary is in
+    ``out/summary.txt``)."""
+    from ascend_eplb.tools.cli import build_parser
+    from ascend_eplb.tools.simulate.config import config_from_args
+    from ascend_eplb.tools.simulate.driver import run_simulation
+
+    args = [*soak_args(layout, rearrangements, num_ranks), "--out", str(out), "--timeout", "3600"]
+    config = config_from_args(build_parser().parse_args(["simulate", *args]))
+    summary = io.StringIO()
+    report = run_simulation(config, stream=summary)
+    (out / "summary.txt").write_text(f"ascend-eplb simulate {' '.join(args)}\n{summary.getvalue()}")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rearrangements", type=int, default=100, help="completed per layout, default 100")
+    parser.add_argument("--ranks", type=int, default=4, help="EP ranks, default 4")
+    parser.add_argument("--layouts", nargs="+", choices=tuple(LAYOUTS), default=list(LAYOUTS))
+    parser.add_argument("--out", type=Path, default=Path("eplb-soak"))
+    args = parser.parse_args(argv)
+    rows, ok = [], True
+    for layout in args.layouts:
+        report = run_layout(layout, args.rearrangements, args.ranks, args.out / layout)
+        enough = report["rearrangements_completed"] >= args.rearrangements
+        ok &= report["passed"] and enough
+        served = report["model"] if layout == "replicated" else f"replay ({report['format']}, toy MoE)"
+        rows.append(
+            f"{layout:<11} {served:<30} {report['ranks']:>5} {report['steps']:>6} "
+            f"{report['wall_seconds']:>8.1f} {report['rearrangements_completed']:>9} "
+            f"{report['max_output_error']:>10.3g} {report['bytes_moved']:>12} {report['verdict']}"
+            + ("" if enough else f" (fewer than {args.rearrangements} completed)")
+        )
+        print(f"{layout}: {report['verdict']}, report in {args.out / layout}", file=sys.stderr)
+    print(
+        f"{'layout':<11} {'model':<30} {'ranks':>5} {'steps':>6} {'wall s':>8} {'completed':>9} "
+        f"{'max error':>10} {'bytes moved':>12} verdict"
+    )
+    print("\n".join(rows))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
