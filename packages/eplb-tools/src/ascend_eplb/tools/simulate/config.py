@@ -209,6 +209,13 @@ class SimulateConfig:
     )  # fmt: skip
     link_gbps: float = _option(LINK_GBPS_DEFAULT, "--link-gbps", LINK_GBPS_HELP, type=float)
 
+    def __post_init__(self) -> None:
+        from ascend_eplb.tools.simulate.models import REPLAY, REPLAY_FORMAT
+
+        # The replay world's format default; a real model's comes from its checkpoint (models.resolve_model).
+        if self.model == REPLAY and self.quant_format is None:
+            object.__setattr__(self, "quant_format", REPLAY_FORMAT)
+
     @property
     def replays(self) -> bool:
         """Whether this run is the trace-replay world (``--model replay``), not a real model."""

@@ -47,7 +47,7 @@ def _prepare(config: SimulateConfig) -> tuple[SimulateConfig, Any]:
     against it; or, for ``--model replay``, read the routing and validate every option, before anything
     is sampled or started: load to sample from is read, the options (the memory of the sampling and of
     the run included) checked, and only then is the routing sampled from it."""
-    from ascend_eplb.tools.simulate.models import REPLAY_FORMAT, resolve_model
+    from ascend_eplb.tools.simulate.models import resolve_model
 
     if not config.replays:
         try:
@@ -57,7 +57,6 @@ def _prepare(config: SimulateConfig) -> tuple[SimulateConfig, Any]:
         config = dataclasses.replace(config, quant_format=source.format)
         config.validate_model(source)
         return config, source
-    config = dataclasses.replace(config, quant_format=config.quant_format or REPLAY_FORMAT)
     routing = load_routing_source(
         config.trace,
         num_tokens=config.sample_tokens,
