@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ascend_eplb.quant_views import ExpertTensorList, expert_fingerprint
-from ascend_eplb.quant_views._batched import Selection, batched_apply
+from ascend_eplb.quant_views._batched import Selection
+from ascend_eplb.quant_views.formats.base import batched_apply
 from ascend_eplb.testing import load_module
 
 C = load_module(Path(__file__).with_name("cases.py"))

@@ -6,7 +6,8 @@ the tensors an msModelSlim checkpoint holds, as vllm-ascend's ``create_weights``
 expert math twice:
 ``_forward_expert``, the plain per-expert form (`ascend_eplb.quant_views.per_expert`), and
 ``_forward_batched``, the form `apply` runs over every selection of a call at once
-(`ascend_eplb.quant_views._batched`). The two are tested bit-identical.
+(`batched_apply`, over the selections and GEMM of `ascend_eplb.quant_views._batched`). The two are
+tested bit-identical.
 """
 
 from __future__ import annotations
@@ -18,12 +19,22 @@ from typing import Any, ClassVar
 
 import torch
 
-from ascend_eplb.quant_views._batched import Selection, batched_apply
+from ascend_eplb.quant_views._batched import Selection
 from ascend_eplb.quant_views._storage import ExpertStorage
 from ascend_eplb.quant_views._tensor_list import ExpertTensorList
 from ascend_eplb.quant_views._validate import validate_weight_views
 
-__all__ = ["ExpertWeightFormat", "UnsupportedFormatError", "check_apply_inputs"]
+__all__ = [
+    "CHUNK_BYTES",
+    "ExpertWeightFormat",
+    "UnsupportedFormatError",
+    "batched_apply",
+    "check_apply_inputs",
+]
+
+#: Dequantized weights computed at once by `batched_apply` (bytes, float64): beyond this, experts go in
+#: several chunks (one Python iteration each), which keeps large layers cache-friendly.
+CHUNK_BYTES = 8 << 20
 
 
 class UnsupportedFormatError(ValueError):
@@ -473,6 +484,34 @@ class ExpertWeightFormat(abc.ABC):
 
         In ``sel`` order; bit-identical, selection by selection, to `_forward_expert`.
         """
+
+
+# ====================================================================== the batched kernel
+
+
+def batched_apply(
+    fmt: ExpertWeightFormat,
+    storage: ExpertStorage,
+    hidden_TH: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
+    topk_weights_TK: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
+    local_ids_TK: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
+    *,
+    fused: bool,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> torch.Tensor:
+    """The body of `ExpertWeightFormat.apply` once its inputs are checked: ``(T, H)`` in ``hidden_TH.dtype``.
+
+    ``fused`` selects the W8A8 fused-scale path. Experts go in chunks whose dequantized float64 weights
+    (``3 * H * I * 8`` bytes each) stay under ``chunk_bytes``; chunking changes no bit (tested).
+    """
+    x = hidden_TH.to(torch.float64)
+    out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    sel = Selection.of(local_ids_TK, topk_weights_TK)
+    if sel is not None:
+        per_chunk = max(1, chunk_bytes // (24 * storage.hidden_size * storage.intermediate_size))
+        y = torch.cat([fmt._forward_batched(storage, x, part, fused) for part in sel.split(per_chunk)])
+        out.index_add_(0, sel.token, y * sel.weight.unsqueeze(1))
+    return out.to(hidden_TH.dtype)
 
 
 # ====================================================================== input checks
