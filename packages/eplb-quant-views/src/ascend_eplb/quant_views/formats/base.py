@@ -22,7 +22,7 @@ import torch
 from ascend_eplb.quant_views._batched import Selection
 from ascend_eplb.quant_views._storage import ExpertStorage
 from ascend_eplb.quant_views._tensor_list import ExpertTensorList
-from ascend_eplb.quant_views._validate import validate_weight_views
+from ascend_eplb.quant_views._validate import is_int, validate_weight_views
 
 __all__ = [
     "CHUNK_BYTES",
@@ -260,7 +260,7 @@ class ExpertWeightFormat(abc.ABC):
                 (names the letter, the value, the multiple and why).
         """
         for letter, value in (("H", hidden_size), ("I", intermediate_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{self.name}: {letter}={value!r} must be a positive int")
         for letter, multiple, why in self._size_rules:
             value = hidden_size if letter == "H" else intermediate_size
@@ -313,11 +313,7 @@ class ExpertWeightFormat(abc.ABC):
         )
 
     def _check_count(self, num_local_experts: Any) -> None:
-        if (
-            isinstance(num_local_experts, bool)
-            or not isinstance(num_local_experts, int)
-            or num_local_experts < 1
-        ):
+        if not is_int(num_local_experts) or num_local_experts < 1:
             raise ValueError(f"{self.name}: num_local_experts={num_local_experts!r} must be a positive int")
 
     def _resolved_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
