@@ -93,6 +93,19 @@ def test_eplb_request_comes_from_env_or_command_line():
     assert eplb_requested({}, ["vllm", "serve", "m", "--enable-expert-parallel"]) is False
 
 
+def test_the_one_truthy_parsing_of_a_switch():
+    from ascend_eplb.integration.plugin import TRUE_VALUES, is_true
+
+    assert TRUE_VALUES == ("1", "true", "yes", "on")
+    for value in ("1", "true", "TRUE", " Yes ", "on\n"):
+        assert is_true(value) is True, value
+    for value in (None, "", "0", "false", "off", "no", "2", "truthy", "y"):
+        assert is_true(value) is False, value
+    # its users read it: the entry point, and start-up validation's V1 switches
+    assert eplb_requested({"ASCEND_EPLB": " ON "}, []) is True
+    assert eplb_requested({}, ["vllm", "serve", "m", "--enable-eplb=Yes"]) is True
+
+
 def test_eplb_off_isolation_then_register_with_eplb_on_patches_once_and_is_idempotent():
     """One subprocess (one test, so xdist cannot split it): EPLB-off facts first, then EPLB on."""
     probe = _probe()

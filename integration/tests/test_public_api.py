@@ -6,7 +6,8 @@ import pytest
 
 API = {
     "ascend_eplb.integration": ["__version__"],
-    "ascend_eplb.integration.plugin": ["ENV_SWITCH", "eplb_requested", "register"],
+    "ascend_eplb.integration.plugin": ["ENV_SWITCH", "TRUE_VALUES", "eplb_requested", "is_true",
+                                       "register"],
     "ascend_eplb.integration.patches": ["PATCHES", "applied_bindings", "apply_patches", "patches_applied",
                                         "remove_patches"],
     "ascend_eplb.integration.runner": ["Mrv2EplbWiring", "batch_has_prefill", "create_eplb_controller"],

@@ -22,23 +22,32 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-__all__ = ["ENV_SWITCH", "eplb_requested", "register"]
+__all__ = ["ENV_SWITCH", "TRUE_VALUES", "eplb_requested", "is_true", "register"]
 
 #: The environment switch that turns the integration on in every vLLM process.
 ENV_SWITCH = "ASCEND_EPLB"
-_TRUE = ("1", "true", "yes", "on")
+#: The values that switch an environment variable (or a ``--flag=value``) on, compared lower-cased
+#: without surrounding spaces: the project's one truthy parsing, here because the entry point, the
+#: lowest of its users, imports nothing but the standard library.
+TRUE_VALUES = ("1", "true", "yes", "on")
+
+
+def is_true(value: str | None) -> bool:
+    """Whether ``value`` (an environment variable's value, None when unset) is one of :data:`TRUE_VALUES`,
+    ignoring case and surrounding spaces; anything else, None included, is False."""
+    return value is not None and value.strip().lower() in TRUE_VALUES
 
 
 def eplb_requested(environ: Mapping[str, str] | None = None, argv: Sequence[str] | None = None) -> bool:
     """Whether this process was started with EPLB requested (``ASCEND_EPLB`` or ``--enable-eplb``)."""
     env = os.environ if environ is None else environ
-    if env.get(ENV_SWITCH, "").strip().lower() in _TRUE:
+    if is_true(env.get(ENV_SWITCH)):
         return True
     for arg in sys.argv if argv is None else argv:
         if arg == "--enable-eplb":
             return True
         if arg.startswith("--enable-eplb="):
-            return arg.split("=", 1)[1].strip().lower() in _TRUE
+            return is_true(arg.split("=", 1)[1])
     return False
 
 
