@@ -440,7 +440,9 @@ class ExpertWeightFormat(abc.ABC):
         self._check_storage(storage)
         check_apply_inputs(storage, hidden_TH, topk_weights_TK, local_ids_TK)
         fused = self._fused_scales_path(storage, comm_path)
-        return batched_apply(self, storage, hidden_TH, topk_weights_TK, local_ids_TK, fused=fused)
+        x = hidden_TH.to(torch.float64)
+        out = batched_apply(self, storage, x, Selection.of(local_ids_TK, topk_weights_TK), fused=fused)
+        return out.to(hidden_TH.dtype)
 
     def _fused_scales_path(self, storage: ExpertStorage, comm_path: str) -> bool:
         """Whether ``comm_path`` reads the fused int64 scales; raises ``ValueError`` for a bad path."""
@@ -488,26 +490,26 @@ class ExpertWeightFormat(abc.ABC):
 def batched_apply(
     fmt: ExpertWeightFormat,
     storage: ExpertStorage,
-    hidden_TH: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
-    topk_weights_TK: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
-    local_ids_TK: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
+    x: torch.Tensor,
+    sel: Selection | None,
     *,
     fused: bool,
     chunk_bytes: int = CHUNK_BYTES,
 ) -> torch.Tensor:
-    """The body of `ExpertWeightFormat.apply` once its inputs are checked: ``(T, H)`` in ``hidden_TH.dtype``.
+    """The body of `ExpertWeightFormat.apply` once its inputs are checked: float64 ``(T, H)``.
 
-    ``fused`` selects the W8A8 fused-scale path. Experts go in chunks whose dequantized float64 weights
-    (``3 * H * I * 8`` bytes each) stay under ``chunk_bytes``; chunking changes no bit (tested).
+    ``x`` is the float64 ``(T, H)`` hidden states, ``sel`` the call's selections (`Selection.of` its
+    local ids and top-k weights; None when no id is on this rank: the result is zeros); each selection's
+    expert output is weighted and added to its token's row. ``fused`` selects the W8A8 fused-scale path.
+    Experts go in chunks whose dequantized float64 weights (``3 * H * I * 8`` bytes each) stay under
+    ``chunk_bytes``; chunking changes no bit (tested).
     """
-    x = hidden_TH.to(torch.float64)
     out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
-    sel = Selection.of(local_ids_TK, topk_weights_TK)
     if sel is not None:
         per_chunk = max(1, chunk_bytes // (24 * storage.hidden_size * storage.intermediate_size))
         y = torch.cat([fmt._forward_batched(storage, x, part, fused) for part in sel.split(per_chunk)])
         out.index_add_(0, sel.token, y * sel.weight.unsqueeze(1))
-    return out.to(hidden_TH.dtype)
+    return out
 
 
 # ====================================================================== input checks
