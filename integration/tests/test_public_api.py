@@ -8,8 +8,8 @@ from ascend_eplb.testing.api import check_public_names
 
 API = {
     "ascend_eplb.integration": ["__version__"],
-    "ascend_eplb.integration.plugin": ["ENV_SWITCH", "TRUE_VALUES", "eplb_requested", "is_true",
-                                       "register"],
+    "ascend_eplb.integration.plugin": ["ENV_SWITCH", "eplb_requested", "register"],
+    "ascend_eplb.integration.switches": ["TRUE_VALUES", "is_true"],
     "ascend_eplb.integration.patches": ["PATCHES", "applied_bindings", "apply_patches", "patches_applied",
                                         "remove_patches"],
     "ascend_eplb.integration.runner": ["Mrv2EplbWiring", "batch_has_prefill", "create_eplb_controller"],

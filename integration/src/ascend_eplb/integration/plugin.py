@@ -8,8 +8,9 @@ time, never from a config object:
   worker processes), or
 * the ``--enable-eplb`` flag of the command line that started vLLM (``vllm serve ... --enable-eplb``).
 
-With neither, :func:`register` returns at once: it imports nothing beyond this module (which imports only
-the standard library), patches nothing and allocates nothing, so EPLB-off serving and the Model Runner
+With neither, :func:`register` returns at once: it imports nothing beyond this module and
+:mod:`~ascend_eplb.integration.switches` (both import only the standard library), patches nothing and
+allocates nothing, so EPLB-off serving and the Model Runner
 V1 path are untouched. With EPLB requested it applies :func:`ascend_eplb.integration.patches.apply_patches`
 (idempotent). The Model Runner V2 wiring (:mod:`ascend_eplb.integration.runner`) applies the same patches
 again, lazily, when a runner is created with ``enable_eplb=True`` (a no-op if register already did), and
@@ -22,20 +23,12 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
-__all__ = ["ENV_SWITCH", "TRUE_VALUES", "eplb_requested", "is_true", "register"]
+from ascend_eplb.integration.switches import is_true
+
+__all__ = ["ENV_SWITCH", "eplb_requested", "register"]
 
 #: The environment switch that turns the integration on in every vLLM process.
 ENV_SWITCH = "ASCEND_EPLB"
-#: The values that switch an environment variable (or a ``--flag=value``) on, compared lower-cased
-#: without surrounding spaces: the project's one truthy parsing, here because the entry point, the
-#: lowest of its users, imports nothing but the standard library.
-TRUE_VALUES = ("1", "true", "yes", "on")
-
-
-def is_true(value: str | None) -> bool:
-    """Whether ``value`` (an environment variable's value, None when unset) is one of :data:`TRUE_VALUES`,
-    ignoring case and surrounding spaces; anything else, None included, is False."""
-    return value is not None and value.strip().lower() in TRUE_VALUES
 
 
 def eplb_requested(environ: Mapping[str, str] | None = None, argv: Sequence[str] | None = None) -> bool:

@@ -4,7 +4,7 @@ Runs before any weight or buffer is allocated (vLLM Ascend calls it from its pla
 ``check_and_update_config``) and raises one :class:`EplbConfigError` that lists every violated rule with
 the offending value and the fix. Nothing here imports vLLM or allocates: the phases come from
 ``ascend_eplb.control.phase``, the int check from ``ascend_eplb.control.values`` and the truthy
-parsing of environment switches from ``ascend_eplb.integration.plugin`` (all standard library only);
+parsing of environment switches from ``ascend_eplb.integration.switches`` (all standard library only);
 the quantization format check imports ``ascend_eplb.quant_views`` (pure torch) only when EPLB is on.
 
 Where each setting is read from (``validate_eplb_config``):
@@ -37,7 +37,7 @@ from typing import Any
 
 from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES as _CONTROL_PHASES
 from ascend_eplb.control.values import is_int
-from ascend_eplb.integration.plugin import is_true
+from ascend_eplb.integration.switches import is_true
 
 __all__ = [
     "ASCEND_QUANT_TYPES",

@@ -24,7 +24,7 @@ import logging
 import os
 import warnings
 
-from ascend_eplb.integration.plugin import is_true
+from ascend_eplb.integration.switches import is_true
 
 __all__ = ["DROPPED", "IGNORED_WARNINGS", "NOTE", "install"]
 
