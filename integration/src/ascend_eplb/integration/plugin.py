@@ -10,11 +10,10 @@ time, never from a config object:
 
 With neither, :func:`register` returns at once: it imports nothing beyond this module and
 :mod:`~ascend_eplb.integration.switches` (both import only the standard library), patches nothing and
-allocates nothing, so EPLB-off serving and the Model Runner
-V1 path are untouched. With EPLB requested it applies :func:`ascend_eplb.integration.patches.apply_patches`
-(idempotent). The Model Runner V2 wiring (:mod:`ascend_eplb.integration.runner`) applies the same patches
-again, lazily, when a runner is created with ``enable_eplb=True`` (a no-op if register already did), and
-validates the configuration there.
+allocates nothing, so EPLB-off serving and the Model Runner V1 path are untouched. With EPLB requested
+it applies :func:`ascend_eplb.integration.patches.apply_patches` (idempotent). The Model Runner V2 wiring
+(:mod:`ascend_eplb.integration.runner`) applies the same patches again, lazily, when a runner is created
+with ``enable_eplb=True`` (a no-op if register already did), and validates the configuration there.
 """
 
 from __future__ import annotations

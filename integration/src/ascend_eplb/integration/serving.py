@@ -31,16 +31,16 @@ class ServingSetup:
     Attributes:
         settings: the validated ``EplbSettings`` (``validate_eplb_config``).
         worker_timeout_s: ``ASCEND_EPLB_WORKER_TIMEOUT_S`` (seconds), the watchdog's stall limit.
-        on_worker_failure: ``ASCEND_EPLB_ON_WORKER_FAILURE`` (``"raise"`` or the watchdog's default).
+        on_worker_failure: ``ASCEND_EPLB_ON_WORKER_FAILURE``, ``"stop"`` (the default) or ``"raise"``.
         verify: ``ASCEND_EPLB_VERIFY`` asks for the runtime verifier.
-        events: ``ASCEND_EPLB_EVENTS``, the events file path, or None (off).
+        events: ``ASCEND_EPLB_EVENTS``, the events file path (str), or None (off).
     """
 
     settings: Any
     worker_timeout_s: float
     on_worker_failure: str
     verify: bool
-    events: Any
+    events: str | None
 
 
 def read_serving_setup(vllm_config: Any) -> ServingSetup:
