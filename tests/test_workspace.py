@@ -162,7 +162,7 @@ def _copy_sources(tmp_path: Path) -> list[Path]:
 def test_import_contracts_hold_on_the_tree():
     result = _lint_imports([ROOT / folder / "src" for folder in PACKAGES])
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 6 kept, 0 broken." in result.stdout
+    assert "Contracts: 12 kept, 0 broken." in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -205,3 +205,67 @@ def test_a_forbidden_import_breaks_the_check(tmp_path, module, line, broken_cont
     result = _lint_imports(roots)
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"{broken_contract} BROKEN" in result.stdout
+
+
+#: One import cycle per package (a function-level import back into a module that imports this one), and
+#: the contract that must catch it.
+CYCLES = [
+    (
+        "quant_views",
+        "_batched.py",
+        "from ascend_eplb.quant_views.formats.base import ExpertWeightFormat",
+        "quant-views' modules depend one way (no import cycle inside the plane)",
+    ),
+    (
+        "dataplane",
+        "ops.py",
+        "from ascend_eplb.dataplane.router import bind_router",
+        "dataplane's modules depend one way (no import cycle inside the plane)",
+    ),
+    (
+        "movement",
+        "staging.py",
+        "from ascend_eplb.movement.communicator import AscendGlooEplbCommunicator",
+        "movement's modules depend one way (no import cycle inside the plane)",
+    ),
+    (
+        "control",
+        "layout.py",
+        "from ascend_eplb.control.state import AscendEplbState",
+        "control's modules depend one way (no import cycle inside the plane)",
+    ),
+    (
+        "integration",
+        "patches.py",
+        "from ascend_eplb.integration.runner import create_eplb_controller",
+        "integration's modules depend one way (no import cycle inside the package)",
+    ),
+    (
+        "testing",
+        "checkpoints.py",
+        "from ascend_eplb.testing.real_models import build_model",
+        "the test support's modules depend one way (no import cycle inside the package)",
+    ),
+    (
+        "tools",
+        "options.py",
+        "from ascend_eplb.tools.cli import main",
+        "the tools' modules depend one way (no import cycle inside the package)",
+    ),
+]
+
+
+def test_an_import_cycle_in_any_package_breaks_its_contract(tmp_path):
+    """The cycles issue 21 removed (patches <-> runner, _batched <-> formats.base, ...) cannot come back:
+    one cycle injected into each package (inside a function, as the removed ones were) breaks exactly
+    that package's contract, and nothing else."""
+    roots = _copy_sources(tmp_path)
+    for module, file, line, _ in CYCLES:
+        folder = next(f for f, (_, m, _) in PACKAGES.items() if m == module)
+        path = tmp_path / folder / "src/ascend_eplb" / module / file
+        path.write_text(path.read_text() + f"\n\ndef _cycle():\n    {line}  # injected by the test\n")
+    result = _lint_imports(roots)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"Contracts: 5 kept, {len(CYCLES)} broken." in result.stdout
+    for _, _, _, contract in CYCLES:
+        assert f"{contract} BROKEN" in result.stdout

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
+import types
+import warnings
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before anything imports vllm
 
@@ -11,9 +15,31 @@ import torch
 
 from ascend_eplb.integration import patches
 
+_MISSING = object()
+
 
 def _bindings():
     return {patch.name: patch.current() for patch in patches.PATCHES}
+
+
+def _process_bindings() -> dict[str, object]:
+    """Every binding of the loaded torch and vLLM modules, by name, as the process holds it now: each
+    module global (``module.attr``, modules excluded) and each attribute of a class its module defines
+    (``module.Class.attr``). The objects are kept, so identity comparisons are exact."""
+    out: dict[str, object] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # touching deprecated torch aliases warns
+        for modname, module in list(sys.modules.items()):
+            if module is None or modname.split(".")[0] not in ("torch", "vllm"):
+                continue
+            for attr, value in list(vars(module).items()):
+                if isinstance(value, types.ModuleType):
+                    continue
+                out[f"{modname}.{attr}"] = value
+                if isinstance(value, type) and value.__module__ == modname and value.__qualname__ == attr:
+                    for cattr, cvalue in list(vars(value).items()):
+                        out[f"{modname}.{attr}.{cattr}"] = cvalue
+    return out
 
 
 @pytest.fixture
@@ -47,6 +73,24 @@ def test_every_patch_of_the_process_is_in_the_one_registry():
         "ascend_eplb.control.commit_hooks",
         "ascend_eplb.integration.watchdog",
     }
+
+
+def test_the_registry_is_what_the_process_really_replaces(clean):
+    """apply_patches() rebinds exactly the registry's bindings and nothing else in torch and vLLM: every
+    module global and class attribute of every loaded torch/vLLM module (about 175,000) is compared
+    before and after, so a binding replaced outside the registry, or an entry that replaces nothing,
+    fails; remove_patches() gives every one of them back."""
+    for patch in patches.PATCHES:
+        importlib.import_module(patch.module)  # the target modules are loaded before the first look
+    before = _process_bindings()
+    assert patches.apply_patches() is True
+    after = _process_bindings()
+    replaced = [name for name in before if name in after and after[name] is not before[name]]
+    assert sorted(replaced) == sorted(patches.applied_bindings()) == sorted(p.name for p in patches.PATCHES)
+    assert sorted(set(after) - set(before)) == []  # nothing bound that was not there
+    assert patches.remove_patches() is True
+    restored = _process_bindings()
+    assert [name for name in before if restored.get(name, _MISSING) is not before[name]] == []
 
 
 def test_apply_twice_changes_nothing_and_remove_restores(clean):

@@ -93,17 +93,32 @@ def test_eplb_request_comes_from_env_or_command_line():
     assert eplb_requested({}, ["vllm", "serve", "m", "--enable-expert-parallel"]) is False
 
 
+def test_the_one_truthy_parsing_of_a_switch():
+    from ascend_eplb.integration.switches import TRUE_VALUES, is_true
+
+    assert TRUE_VALUES == ("1", "true", "yes", "on")
+    for value in ("1", "true", "TRUE", " Yes ", "on\n"):
+        assert is_true(value) is True, value
+    for value in (None, "", "0", "false", "off", "no", "2", "truthy", "y"):
+        assert is_true(value) is False, value
+    # its users read it: the entry point, and start-up validation's V1 switches
+    assert eplb_requested({"ASCEND_EPLB": " ON "}, []) is True
+    assert eplb_requested({}, ["vllm", "serve", "m", "--enable-eplb=Yes"]) is True
+
+
 def test_eplb_off_isolation_then_register_with_eplb_on_patches_once_and_is_idempotent():
     """One subprocess (one test, so xdist cannot split it): EPLB-off facts first, then EPLB on."""
     probe = _probe()
     result = probe["off"]
     assert result["first"] is False
     assert result["second"] is False
-    # Nothing beyond the entry point's own module was imported by register().
+    # Nothing beyond the entry point's own module and its truthy parsing (both standard library only)
+    # was imported by register().
     assert result["loaded"] == [
         "ascend_eplb.integration",
         "ascend_eplb.integration.__about__",
         "ascend_eplb.integration.plugin",
+        "ascend_eplb.integration.switches",
     ]
     assert result["patched"] == {
         "platform": "CpuPlatform",
@@ -119,6 +134,7 @@ def test_eplb_off_isolation_then_register_with_eplb_on_patches_once_and_is_idemp
         "ascend_eplb.integration.__about__",
         "ascend_eplb.integration.plugin",
         "ascend_eplb.integration.runner",
+        "ascend_eplb.integration.switches",
     ]
     assert not [m for m in result["planes"] if m.startswith(tuple(PLANES))]
 

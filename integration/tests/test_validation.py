@@ -253,10 +253,43 @@ def test_schema_errors_name_the_key(tmp_path):
     assert broken.violations[0].rule == "schema"
 
 
-def test_phases_match_the_control_plane():
+def test_phases_match_the_control_plane(tmp_path):
+    """Start-up validation accepts exactly the phases the controller accepts, from control's one list."""
     from ascend_eplb.control import LOAD_COLLECTION_PHASES as CONTROL_PHASES
+    from ascend_eplb.control.phase import validate_phase
 
-    assert LOAD_COLLECTION_PHASES == CONTROL_PHASES
+    assert LOAD_COLLECTION_PHASES is CONTROL_PHASES  # control's tuple itself, not a copy
+    assert LOAD_COLLECTION_PHASES == ("all", "prefill", "decode")  # DESIGN.md section 4
+    for value in (*CONTROL_PHASES, "chunked", "ALL", "Decode", " all", "", None, 0):
+        result = _check(tmp_path, _with(additional_config__eplb_config__load_collection_phase=value))
+        refused_at_start_up = [v.rule for v in result.violations if v.rule == "load-collection-phase"] != []
+        try:
+            validate_phase(value)  # what AscendEPLBController.__init__ runs
+            refused_by_control = False
+        except ValueError:
+            refused_by_control = True
+        assert refused_at_start_up == refused_by_control == (value not in CONTROL_PHASES), value
+
+
+def test_a_config_file_without_eplb_settings_gets_upstreams_defaults(tmp_path):
+    """The EPLB defaults are stated once (EplbSettings) and are upstream ``EPLBConfig``'s own."""
+    from dataclasses import fields
+
+    from vllm.config import EPLBConfig
+
+    from ascend_eplb.integration.validation import EplbSettings, settings_from_file_dict
+
+    upstream = EPLBConfig()
+    ours = EplbSettings()
+    eplb_fields = ("window_size", "step_interval", "num_redundant_experts", "use_async", "policy")
+    eplb_fields += ("communicator", "log_balancedness")
+    assert {f: getattr(ours, f) for f in eplb_fields} == {f: getattr(upstream, f) for f in eplb_fields}
+    assert set(eplb_fields) <= {f.name for f in fields(EplbSettings)}
+    data = copy.deepcopy(BASE)
+    del data["parallel_config"]["eplb_config"]
+    settings, violations = settings_from_file_dict(data, environ={})
+    assert violations == []
+    assert {f: getattr(settings, f) for f in eplb_fields} == {f: getattr(upstream, f) for f in eplb_fields}
 
 
 def test_vllm_config_is_resolved_and_every_violation_is_in_one_error(monkeypatch):

@@ -120,3 +120,19 @@ def test_quantization_error_within_documented_bound(name, lists):
     ]
     assert max(errors) <= fmt.error_bound, errors
     assert min(errors) > 0.0  # every format really quantizes (bf16/fp16 round weights and activations)
+
+
+def test_the_weight_seed_scheme_is_the_one_reference_weights_draw_from():
+    """``expert_seed`` is the one seed scheme: the reference weights (layer 0) and the simulator's
+    per-layer weights are drawn from a generator seeded with it."""
+    from ascend_eplb.quant_views.reference import LAYER_SEED_STRIDE, SEED_STRIDE, expert_seed
+
+    assert (SEED_STRIDE, LAYER_SEED_STRIDE) == (1_000_003, 1009)
+    assert expert_seed(3, 5) == 3 * 1_000_003 + 5
+    assert expert_seed(3, 5, layer=2) == 3 * 1_000_003 + 2 * 1009 + 5
+    w13, w2, _, _ = reference_expert_weights([5, 0], C.H, C.I, seed=3)
+    g = torch.Generator().manual_seed(expert_seed(3, 5))
+    assert torch.equal(w13[0], torch.randn(2 * C.I, C.H, generator=g) / C.H**0.5)
+    assert torch.equal(w2[0], torch.randn(C.H, C.I, generator=g) / C.I**0.5)
+    with pytest.raises(ValueError, match=r"logical expert ids must be in \[0, 1000003\), got \[1000003\]"):
+        reference_expert_weights([SEED_STRIDE], C.H, C.I)

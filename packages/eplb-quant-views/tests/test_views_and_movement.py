@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ascend_eplb.quant_views import ExpertTensorList, expert_fingerprint
-from ascend_eplb.quant_views._batched import Selection, batched_apply
+from ascend_eplb.quant_views._batched import Selection
+from ascend_eplb.quant_views.formats.base import batched_apply
 from ascend_eplb.testing import load_module
 
 C = load_module(Path(__file__).with_name("cases.py"))
@@ -272,6 +273,7 @@ def test_apply_in_expert_chunks_equals_apply_at_once(variant, lists):
     for path in C.comm_paths(storage):
         at_once = fmt.apply(storage, x, weights, ids, comm_path=path)
         fused = path == "fused_mc2"
-        one_per_chunk = batched_apply(fmt, storage, x, weights, ids, fused=fused, chunk_bytes=1)
+        selections = Selection.of(ids, weights)
+        one_per_chunk = batched_apply(fmt, storage, x, selections, fused=fused, chunk_bytes=1)
         assert len(Selection.of(ids, weights).split(1)) == len(set(ids[ids >= 0].tolist())) > 1
         assert torch.equal(one_per_chunk, at_once), path

@@ -79,12 +79,14 @@ def _wrap_runner_controller(original: type) -> Callable[[Any, Any], Any]:
         """Upstream ``GPUModelRunner.__init__``'s ``EPLBController(self.parallel_config, self.device)``:
         with EPLB on, the controller :func:`~ascend_eplb.integration.runner.create_eplb_controller`
         builds from the current vLLM config (set by vLLM's worker around ``init_device``, where the
-        runner is constructed); with EPLB off, upstream's class itself."""
+        runner is constructed): the same :mod:`~ascend_eplb.integration.serving` read and build,
+        without applying the patches again (this wrapper is one of them); with EPLB off, upstream's
+        class itself."""
         if not parallel_config.enable_eplb:
             return original(parallel_config, device)
         from vllm.config import get_current_vllm_config_or_none
 
-        from ascend_eplb.integration.runner import create_eplb_controller
+        from ascend_eplb.integration.serving import build_serving_controller, read_serving_setup
 
         vllm_config = get_current_vllm_config_or_none()
         if vllm_config is None or vllm_config.parallel_config is not parallel_config:
@@ -94,7 +96,7 @@ def _wrap_runner_controller(original: type) -> Callable[[Any, Any], Any]:
                 "read; construct the runner inside set_current_vllm_config(vllm_config) or call "
                 "ascend_eplb.integration.runner.create_eplb_controller(vllm_config, device)"
             )
-        return create_eplb_controller(vllm_config, device)
+        return build_serving_controller(parallel_config, device, read_serving_setup(vllm_config))
 
     EPLBController.__wrapped__ = original  # type: ignore[attr-defined]  (signature check, removal)
     return EPLBController

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Mrv2EplbWiring", "active_line", "batch_has_prefill", "create_eplb_controller"]
+__all__ = ["Mrv2EplbWiring", "batch_has_prefill", "create_eplb_controller"]
 
 
 def batch_has_prefill(num_computed_tokens: Sequence[int], num_prompt_tokens: Sequence[int]) -> bool:
@@ -64,9 +64,11 @@ def create_eplb_controller(vllm_config: Any, device: torch.device) -> Any:
 
     With ``parallel_config.enable_eplb`` False: upstream's ``EPLBController`` exactly as
     ``GPUModelRunner`` builds it; no validation, no patch, no plane imported. Otherwise: validates the
-    configuration (:func:`~ascend_eplb.integration.validation.validate_eplb_config`), applies the
-    patches (idempotent) and returns control's ``AscendEPLBController`` with the configured
-    ``load_collection_phase``, with the serving guardrails attached: the worker watchdog
+    configuration (:func:`~ascend_eplb.integration.validation.validate_eplb_config`) and reads the
+    switches (:func:`~ascend_eplb.integration.serving.read_serving_setup`), applies the patches
+    (idempotent) and returns control's ``AscendEPLBController`` with the configured
+    ``load_collection_phase``, with the serving guardrails attached
+    (:func:`~ascend_eplb.integration.serving.build_serving_controller`): the worker watchdog
     (:mod:`~ascend_eplb.integration.watchdog`, always), the runtime verifier (``ASCEND_EPLB_VERIFY=1``)
     and the events file (``ASCEND_EPLB_EVENTS=path``).
 
@@ -81,57 +83,13 @@ def create_eplb_controller(vllm_config: Any, device: torch.device) -> Any:
         from vllm.v1.worker.gpu.eplb_utils import EPLBController
 
         return EPLBController(parallel_config, device)
-    from ascend_eplb.integration.events import EventsRecorder, events_path
     from ascend_eplb.integration.patches import apply_patches
-    from ascend_eplb.integration.validation import validate_eplb_config
-    from ascend_eplb.integration.verify import EplbVerifier, verify_requested
-    from ascend_eplb.integration.watchdog import watchdog_settings
+    from ascend_eplb.integration.serving import build_serving_controller, read_serving_setup
 
-    settings = validate_eplb_config(vllm_config)
     # Every switch is read, and a bad value refused, on every rank before anything is patched.
-    timeout_s, on_failure = watchdog_settings()
-    verify = verify_requested()
-    path = events_path()
+    setup = read_serving_setup(vllm_config)
     apply_patches()
-    from ascend_eplb.control import AscendEPLBController
-
-    phase = settings.ascend_eplb_config.get("load_collection_phase", "all")
-    controller = AscendEPLBController(parallel_config, device, load_collection_phase=phase)
-    from ascend_eplb.integration.watchdog import WorkerWatchdog
-
-    # Step hooks run in this order on every rank: the watchdog first (a failure stops EPLB before any
-    # other hook looks at the cycle), then the verifier, then the events file.
-    watchdog = WorkerWatchdog(timeout_s, on_failure)
-    watchdog.attach(controller)
-    verifying = verify
-    if verifying:
-        EplbVerifier().attach(controller)
-    if path is not None:
-        EventsRecorder(path).attach(controller, watchdog)
-    from vllm.logger import init_logger
-
-    # The one line that tells an operator, in the serving log, that Ascend EPLB is active and how.
-    init_logger(__name__).info(
-        "%s", active_line(phase, verifying, timeout_s, on_failure, path, settings.num_redundant_experts)
-    )
-    return controller
-
-
-def active_line(
-    phase: str,
-    verifying: bool,
-    timeout_s: float,
-    on_failure: str,
-    events: Any,
-    num_redundant_experts: Any,
-) -> str:
-    """The INFO line :func:`create_eplb_controller` logs (also what an operator greps for)."""
-    return (
-        f"Ascend EPLB active: AscendEPLBController, load_collection_phase={phase}, "
-        f"num_redundant_experts={num_redundant_experts}, verifier={'on' if verifying else 'off'} "
-        f"(ASCEND_EPLB_VERIFY), watchdog timeout {timeout_s:g} s on_failure={on_failure}, "
-        f"events={events if events is not None else 'off'} (ASCEND_EPLB_EVENTS)"
-    )
+    return build_serving_controller(parallel_config, device, setup)
 
 
 class Mrv2EplbWiring:

@@ -3,8 +3,9 @@
 Runs before any weight or buffer is allocated (vLLM Ascend calls it from its platform's
 ``check_and_update_config``) and raises one :class:`EplbConfigError` that lists every violated rule with
 the offending value and the fix. Nothing here imports vLLM or allocates: the phases come from
-``ascend_eplb.control.phase`` (standard library only); the quantization format check imports
-``ascend_eplb.quant_views`` (pure torch) only when EPLB is on.
+``ascend_eplb.control.phase``, the int check from ``ascend_eplb.control.values`` and the truthy
+parsing of environment switches from ``ascend_eplb.integration.switches`` (all standard library only);
+the quantization format check imports ``ascend_eplb.quant_views`` (pure torch) only when EPLB is on.
 
 Where each setting is read from (``validate_eplb_config``):
 
@@ -35,10 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES as _CONTROL_PHASES
+from ascend_eplb.control.values import is_int
+from ascend_eplb.integration.switches import is_true
 
 __all__ = [
     "ASCEND_QUANT_TYPES",
     "ASCEND_V2_KEYS",
+    "INT32_MAX",
     "LOAD_COLLECTION_PHASES",
     "V1_EPLB_ENV_SWITCHES",
     "V1_EPLB_KEYS",
@@ -47,7 +51,6 @@ __all__ = [
     "EplbSettings",
     "Judgement",
     "ModelFacts",
-    "Unjudged",
     "Violation",
     "check_config_file",
     "check_serve_command",
@@ -86,6 +89,10 @@ ASCEND_V2_KEYS = ("load_collection_phase",)
 LOAD_COLLECTION_PHASES = _CONTROL_PHASES
 #: Communicators accepted by this integration (``torch_gloo`` -> ``AscendGlooEplbCommunicator``).
 SUPPORTED_COMMUNICATORS = ("torch_gloo",)
+#: Largest integer a setting may hold (``2**31 - 1``): the sizes and counts feed int32 device tables
+#: (the dataplane's replica lookup) and upstream's int32 load counters. The one statement of the
+#: limit, also read by ``ascend-eplb simulate``'s integer rules.
+INT32_MAX = 2**31 - 1
 
 #: msModelSlim quant types of routed-expert weights (vllm_ascend quantization) -> quant_views format names.
 ASCEND_QUANT_TYPES = {
@@ -103,34 +110,37 @@ _DTYPE_FORMATS = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
 
 @dataclass(frozen=True)
 class Violation:
-    """One violated rule: ``rule`` is a stable id, ``message`` names the value and the fix."""
+    """One rule's finding; ``rule`` is its stable id.
+
+    Judged (the default): the rule is violated and ``message`` names the value and the fix. Unjudged
+    (``judged=False``, :meth:`unjudged`): the rule could not be judged for lack of a fact and ``message``
+    says which fact and how to give it; never a pass (``ascend-eplb check`` without the model folder).
+    """
 
     rule: str
     message: str
+    judged: bool = True
+
+    @classmethod
+    def unjudged(cls, rule: str, reason: str) -> Violation:
+        """The finding of ``rule`` not judged for lack of a fact (``reason``: which, and how to give it)."""
+        return cls(rule, reason, judged=False)
 
     def __str__(self) -> str:
-        return f"[{self.rule}] {self.message}"
-
-
-@dataclass(frozen=True)
-class Unjudged:
-    """A rule that could not be judged for lack of a fact: ``reason`` says which fact and how to give it."""
-
-    rule: str
-    reason: str
-
-    def __str__(self) -> str:
-        return f"cannot judge: {self.rule}: {self.reason}"
+        if self.judged:
+            return f"[{self.rule}] {self.message}"
+        return f"cannot judge: {self.rule}: {self.message}"
 
 
 class Judgement(list):
-    """What :func:`check_settings` returns: the violations (a ``list[Violation]``) plus ``.unjudged``,
-    the rules that could not be judged because a fact is unknown (``EplbSettings.unknown_facts``).
+    """What :func:`check_settings` returns: the violations (a ``list[Violation]``) plus ``.unjudged``
+    (unjudged ``Violation`` s), the rules that could not be judged because a fact is unknown
+    (``EplbSettings.unknown_facts``).
     At start-up every fact is known, so ``.unjudged`` is empty there."""
 
     def __init__(self, violations=(), unjudged=()):
         super().__init__(violations)
-        self.unjudged: list[Unjudged] = list(unjudged)
+        self.unjudged: list[Violation] = list(unjudged)
 
 
 class EplbConfigError(ValueError):
@@ -154,8 +164,11 @@ class EplbSettings:
     ``num_ranks`` is the EP size: TP x PCP x DP (the EP group of vLLM's ``ParallelConfig``).
     ``unknown_facts`` maps a fact's field (``num_logical_experts``, ``quantization``,
     ``speculative_draft_is_moe``) to why it is unknown and how to give it; the rule that needs it is
-    then reported as :class:`Unjudged` instead of passing (``ascend-eplb check`` without the model
-    folder). Start-up validation knows every fact and leaves it empty.
+    then reported as unjudged (:meth:`Violation.unjudged`) instead of passing (``ascend-eplb check``
+    without the model folder). Start-up validation knows every fact and leaves it empty.
+
+    The EPLB fields' defaults (``window_size`` to ``communicator``, ``log_balancedness``) are upstream
+    vLLM 0.33.0 ``EPLBConfig``'s (tested equal); a config file that omits one reads them from here.
     """
 
     enable_eplb: bool = False
@@ -188,6 +201,10 @@ class EplbSettings:
         return self.tensor_parallel_size * self.prefill_context_parallel_size * self.data_parallel_size
 
 
+#: Every field at its default: what a config file that omits a setting means.
+_DEFAULTS = EplbSettings()
+
+
 def experts_divisibility_error(
     num_logical_experts: int, num_redundant_experts: int, num_ranks: int
 ) -> str | None:
@@ -208,10 +225,6 @@ def experts_divisibility_error(
     )
 
 
-def _truthy_env(value: str | None) -> bool:
-    return value is not None and value.strip().lower() in ("1", "true", "yes", "on")
-
-
 def check_settings(s: EplbSettings) -> Judgement:
     """Apply every rule to ``s`` and return the violations (empty: the configuration is supported).
 
@@ -223,7 +236,7 @@ def check_settings(s: EplbSettings) -> Judgement:
     phase = s.ascend_eplb_config.get("load_collection_phase", "all")
     v1_in_config = [k for k in V1_EPLB_KEYS if k in s.ascend_eplb_config]
     v1_top = [k for k in V1_EPLB_KEYS if k in s.legacy_top_level_keys]
-    env_on = [k for k in V1_EPLB_ENV_SWITCHES if _truthy_env(s.environment.get(k))]
+    env_on = [k for k in V1_EPLB_ENV_SWITCHES if is_true(s.environment.get(k))]
 
     if not s.enable_eplb:
         # EPLB off: the V1 path (if any) is not ours to judge; only a V2-only key without EPLB is wrong.
@@ -324,7 +337,7 @@ def check_settings(s: EplbSettings) -> Judgement:
         )
     for name in ("window_size", "step_interval"):
         value = getattr(s, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        if not is_int(value) or value <= 0:
             out.append(
                 Violation(
                     name.replace("_", "-"),
@@ -333,7 +346,7 @@ def check_settings(s: EplbSettings) -> Judgement:
                 )
             )
     r = s.num_redundant_experts
-    r_ok = isinstance(r, int) and not isinstance(r, bool) and r >= 0
+    r_ok = is_int(r) and r >= 0
     if not r_ok:
         out.append(
             Violation(
@@ -343,7 +356,7 @@ def check_settings(s: EplbSettings) -> Judgement:
             )
         )
     if r_ok and s.enable_expert_parallel and "num_logical_experts" in facts_unknown:
-        out.unjudged.append(Unjudged("experts-divisible", facts_unknown["num_logical_experts"]))
+        out.unjudged.append(Violation.unjudged("experts-divisible", facts_unknown["num_logical_experts"]))
     elif r_ok and s.num_logical_experts is not None and s.enable_expert_parallel:
         reason = experts_divisibility_error(s.num_logical_experts, r, s.num_ranks)
         if reason is not None:
@@ -355,7 +368,7 @@ def check_settings(s: EplbSettings) -> Judgement:
                 )
             )
     if "quantization" in facts_unknown:
-        out.unjudged.append(Unjudged("quantization", facts_unknown["quantization"]))
+        out.unjudged.append(Violation.unjudged("quantization", facts_unknown["quantization"]))
     else:
         out.extend(_format_violations(s.quantization))
     if s.cudagraph_mode.upper() != "NONE":
@@ -368,7 +381,9 @@ def check_settings(s: EplbSettings) -> Judgement:
             )
         )
     if s.speculative_method is not None and "speculative_draft_is_moe" in facts_unknown:
-        out.unjudged.append(Unjudged("speculative-moe-draft", facts_unknown["speculative_draft_is_moe"]))
+        out.unjudged.append(
+            Violation.unjudged("speculative-moe-draft", facts_unknown["speculative_draft_is_moe"])
+        )
     elif s.speculative_method is not None and s.speculative_draft_is_moe:
         out.append(
             Violation(
@@ -605,10 +620,6 @@ def _check_keys(section: str, value: Any, allowed: set[str], out: list[Violation
     return value
 
 
-#: Largest integer a config setting may hold: the sizes feed int32 device tables and counters.
-_INT32_MAX = 2**31 - 1
-
-
 def _short(value: Any) -> str:
     """``repr(value)``, shortened for the message when it is very long (a 400-digit integer)."""
     text = repr(value)
@@ -639,8 +650,8 @@ def settings_from_file_dict(
 
     def integer(section: str, d: dict[str, Any], key: str, default: int) -> int:
         v = d.get(key, default)
-        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= _INT32_MAX:
-            rule = f"must be an integer in [1, {_INT32_MAX}]"
+        if not is_int(v) or not 1 <= v <= INT32_MAX:
+            rule = f"must be an integer in [1, {INT32_MAX}]"
             out.append(Violation("schema", f"{section}.{key}={_short(v)} {rule}"))
             return default
         return v
@@ -654,21 +665,19 @@ def settings_from_file_dict(
         return v
 
     interval = ec.get("log_balancedness_interval", 1)
-    if not isinstance(interval, int) or isinstance(interval, bool) or not 1 <= interval <= _INT32_MAX:
+    if not is_int(interval) or not 1 <= interval <= INT32_MAX:
         out.append(
             Violation(
                 "schema",
                 f"parallel_config.eplb_config.log_balancedness_interval={_short(interval)} must be an "
-                f"integer in [1, {_INT32_MAX}]",
+                f"integer in [1, {INT32_MAX}]",
             )
         )
     boolean("parallel_config.eplb_config", ec, "enable_migration_batching", False)
 
     experts = model.get("num_logical_experts")
-    if experts is not None and (
-        not isinstance(experts, int) or isinstance(experts, bool) or not 1 <= experts <= _INT32_MAX
-    ):
-        rule = f"must be an integer in [1, {_INT32_MAX}]"
+    if experts is not None and (not is_int(experts) or not 1 <= experts <= INT32_MAX):
+        rule = f"must be an integer in [1, {INT32_MAX}]"
         out.append(Violation("schema", f"model.num_logical_experts={_short(experts)} {rule}"))
         experts = None
     quant = model.get("quantization", "bf16")
@@ -692,13 +701,15 @@ def settings_from_file_dict(
         tensor_parallel_size=integer("parallel_config", pc, "tensor_parallel_size", 1),
         prefill_context_parallel_size=integer("parallel_config", pc, "prefill_context_parallel_size", 1),
         data_parallel_size=integer("parallel_config", pc, "data_parallel_size", 1),
-        window_size=ec.get("window_size", 1000),
-        step_interval=ec.get("step_interval", 3000),
-        num_redundant_experts=ec.get("num_redundant_experts", 0),
-        use_async=ec.get("use_async", True),
-        policy=ec.get("policy", "default"),
-        communicator=ec.get("communicator"),
-        log_balancedness=boolean("parallel_config.eplb_config", ec, "log_balancedness", False),
+        window_size=ec.get("window_size", _DEFAULTS.window_size),
+        step_interval=ec.get("step_interval", _DEFAULTS.step_interval),
+        num_redundant_experts=ec.get("num_redundant_experts", _DEFAULTS.num_redundant_experts),
+        use_async=ec.get("use_async", _DEFAULTS.use_async),
+        policy=ec.get("policy", _DEFAULTS.policy),
+        communicator=ec.get("communicator", _DEFAULTS.communicator),
+        log_balancedness=boolean(
+            "parallel_config.eplb_config", ec, "log_balancedness", _DEFAULTS.log_balancedness
+        ),
         ascend_eplb_config=dict(ascend),
         legacy_top_level_keys={k: additional[k] for k in V1_EPLB_KEYS if k in additional},
         environment={k: env[k] for k in V1_EPLB_ENV_SWITCHES if k in env},
@@ -722,7 +733,7 @@ class CheckResult:
     report: str
     violations: tuple[Violation, ...] = ()
     resolved: dict[str, Any] | None = None
-    unjudged: tuple[Unjudged, ...] = ()
+    unjudged: tuple[Violation, ...] = ()
 
     def __iter__(self):
         """Unpack as ``ok, report = check_config_file(path)``."""
@@ -1004,8 +1015,8 @@ def model_folder_facts(folder: str | os.PathLike[str]) -> ModelFacts:
         experts = experts[0] if experts else 0
     if experts is None:
         experts = 0
-    if not isinstance(experts, int) or isinstance(experts, bool) or not 0 <= experts <= _INT32_MAX:
-        raise ValueError(f"{config_file}: {key}={_short(experts)} must be an integer in [0, {_INT32_MAX}]")
+    if not is_int(experts) or not 0 <= experts <= INT32_MAX:
+        raise ValueError(f"{config_file}: {key}={_short(experts)} must be an integer in [0, {INT32_MAX}]")
     dtype = cfg.get("torch_dtype") or cfg.get("dtype")
     descriptions = sorted(root.glob("quant_model_description*.json"))
     quant = None

@@ -49,6 +49,8 @@ from typing import Any
 
 import torch
 
+from ascend_eplb.testing.checkpoints import EXPERT_KEYS, checkpoint_experts, checkpoint_info
+
 __all__ = [
     "FORMAT_SWITCHES",
     "apply_layer",
@@ -124,7 +126,6 @@ def write_quantized_experts(folder: str | os.PathLike[str], fmt: str) -> Path:
     from safetensors.torch import load_file, save_file
 
     from ascend_eplb.quant_views import FORMAT_SUPPORT, get_format
-    from ascend_eplb.testing.real_models import _EXPERT_KEYS, checkpoint_experts, checkpoint_info
 
     quant_type = msmodelslim_quant_type(fmt)
     folder = Path(folder)
@@ -133,7 +134,7 @@ def write_quantized_experts(folder: str | os.PathLike[str], fmt: str) -> Path:
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         tensors.update(load_file(str(file)))
-    gate_t, up_t, down_t = _EXPERT_KEYS[info.arch]
+    gate_t, up_t, down_t = EXPERT_KEYS[info.arch]
     expert_keys: set[str] = set()
     quantize = FORMAT_SUPPORT[fmt].supports_eplb
     for layer, (w13, w2) in zip(info.moe_layer_indices, checkpoint_experts(folder), strict=True):
@@ -519,13 +520,12 @@ def checkpoint_expert_storage(folder: str | os.PathLike[str], fmt: str) -> list[
     from safetensors.torch import load_file
 
     from ascend_eplb.quant_views import get_format
-    from ascend_eplb.testing.real_models import _EXPERT_KEYS, checkpoint_info
 
     info = checkpoint_info(folder)
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(Path(folder).glob("*.safetensors")):
         tensors.update(load_file(str(file)))
-    gate_t, up_t, down_t = _EXPERT_KEYS[info.arch]
+    gate_t, up_t, down_t = EXPERT_KEYS[info.arch]
     fmt_ = get_format(fmt)
     options = {"fused_scales": True} if fmt == "w8a8_dynamic" and _switch("fused_scales") else {}
     out = []

@@ -18,20 +18,13 @@ rearrangement transaction). This package adapts its boundaries only:
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ascend_eplb.control.__about__ import __version__
 
-if TYPE_CHECKING:
-    from ascend_eplb.control.commit_hooks import commit_hooks_installed
-    from ascend_eplb.control.controller import AscendEPLBController, RegistrationHook, ShutdownHook, StepHook
-    from ascend_eplb.control.patching import Patch, PatchSet, check_signature
-    from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES, LoadCollectionPhase, is_phase_matched
-    from ascend_eplb.control.router_adaptation import adapt_layer_routers
-    from ascend_eplb.control.state import AscendEplbLayerState, AscendEplbState, CommitEvent
-
-#: Public name -> submodule. Submodules load on first use, so ``ascend_eplb.control.phase`` and
-#: ``ascend_eplb.control.patching`` import without vLLM.
+#: Public name -> submodule: the one list of this package's names (``__all__`` is made of it). The
+#: submodules load on first use, so ``ascend_eplb.control.phase`` and ``ascend_eplb.control.patching``
+#: import without vLLM; a static type checker sees these names through ``__getattr__`` (as ``Any``).
 _EXPORTS = {
     "commit_hooks_installed": "commit_hooks",
     "AscendEPLBController": "controller",
@@ -50,6 +43,8 @@ _EXPORTS = {
     "CommitEvent": "state",
 }
 
+__all__ = ["__version__", *_EXPORTS]
+
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
@@ -60,21 +55,5 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = [
-    "LOAD_COLLECTION_PHASES",
-    "AscendEPLBController",
-    "AscendEplbLayerState",
-    "AscendEplbState",
-    "CommitEvent",
-    "LoadCollectionPhase",
-    "Patch",
-    "PatchSet",
-    "RegistrationHook",
-    "ShutdownHook",
-    "StepHook",
-    "__version__",
-    "adapt_layer_routers",
-    "check_signature",
-    "commit_hooks_installed",
-    "is_phase_matched",
-]
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -42,6 +42,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from ascend_eplb.control.values import is_int
+
 __all__ = [
     "MOE_ROWS",
     "MoeRows",
@@ -89,9 +91,9 @@ class RankCoordinates:
     def __post_init__(self) -> None:
         for name in ("ep", "tp", "dp"):
             rank, size = getattr(self, f"{name}_rank"), getattr(self, f"{name}_size")
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            if not is_int(size) or size < 1:
                 raise ValueError(f"{name}_size must be an int >= 1, got {size!r}")
-            if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
+            if not is_int(rank) or not 0 <= rank < size:
                 raise ValueError(f"{name}_rank must be an int in [0, {size}), got {rank!r}")
         if self.ep_size != self.dp_size * self.tp_size:
             raise ValueError(

@@ -37,7 +37,7 @@ from vllm.utils.gpu_sync_debug import gpu_sync_allowed
 from ascend_eplb.control.commit_hooks import attach_observer, check_hooked_signatures, commit_hooks_installed
 from ascend_eplb.control.layout import RowLayout
 from ascend_eplb.control.patching import check_signature
-from ascend_eplb.dataplane import ReplicaLookup
+from ascend_eplb.dataplane import DEFAULT_ROWS, ReplicaLookup
 
 __all__ = [
     "COMMIT_LOG_MAXLEN",
@@ -51,8 +51,6 @@ logger = init_logger(__name__)
 
 #: Events kept in :attr:`AscendEplbState.commit_log` (4 per layer per rearrangement; oldest dropped).
 COMMIT_LOG_MAXLEN = 4096
-#: Rows of each layer's lookup table; vLLM Ascend's ``EXPERT_REPLICA_ROUTING_TABLE_NUM_ROWS``.
-DEFAULT_LOOKUP_ROWS = 1024
 
 #: vLLM 0.33.0 parameters of the upstream state methods this module overrides or calls.
 UPSTREAM_STATE_SIGNATURES: dict[str, tuple[Any, tuple[str, ...]]] = {
@@ -141,18 +139,17 @@ class AscendEplbLayerState(EplbLayerState):
         row_layout: int64 ``(4,)`` on the maps' device, the model's row layout
             ``(replica_offset, num_slices, recording_slice, local_chunk)``; set by
             ``AscendEplbState.add_model`` (None before: offset 0, first unpadded rows recorded).
-        lookup_rows: rows of the lookup table (default 1024, vLLM Ascend's routing-table rows).
+        lookup_rows: rows of the lookup table (default dataplane's ``DEFAULT_ROWS``, 1024: vLLM Ascend's
+            routing-table rows).
     """
 
     replica_lookup: ReplicaLookup | None = None
     moe_layer_idx: int | None = None
     row_layout: torch.Tensor | None = None
-    lookup_rows: int = DEFAULT_LOOKUP_ROWS
+    lookup_rows: int = DEFAULT_ROWS
 
     @classmethod
-    def from_upstream(
-        cls, state: EplbLayerState, *, lookup_rows: int = DEFAULT_LOOKUP_ROWS
-    ) -> AscendEplbLayerState:
+    def from_upstream(cls, state: EplbLayerState, *, lookup_rows: int = DEFAULT_ROWS) -> AscendEplbLayerState:
         """An :class:`AscendEplbLayerState` carrying ``state``'s upstream fields (references, not copies).
 
         A lookup is built only if ``state`` already has its maps; otherwise the first

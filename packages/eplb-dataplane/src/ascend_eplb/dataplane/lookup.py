@@ -56,8 +56,14 @@ DEFAULT_ROWS = 1024
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
+def is_int(value: object) -> bool:
+    """Whether ``value`` is an ``int`` and not a ``bool`` (``True`` is an ``int`` to Python, never a count,
+    rank or row here): the one such check of this package (not a public name of it)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")

@@ -30,6 +30,7 @@ import importlib.metadata
 import torch
 
 from ascend_eplb.dataplane import _npu, _triton
+from ascend_eplb.dataplane.lookup import is_int
 
 __all__ = [
     "GROUP_LIST_COUNTS",
@@ -440,9 +441,9 @@ def record_expert_tokens(
             f"group_list_type must be {GROUP_LIST_CUMSUM} (cumulative sums) or {GROUP_LIST_COUNTS} "
             f"(counts), got {group_list_type!r}"
         )
-    if isinstance(num_ranks, bool) or not isinstance(num_ranks, int) or num_ranks < 1:
+    if not is_int(num_ranks) or num_ranks < 1:
         raise ValueError(f"num_ranks must be an int >= 1, got {num_ranks!r}")
-    if isinstance(ep_rank, bool) or not isinstance(ep_rank, int) or not 0 <= ep_rank < num_ranks:
+    if not is_int(ep_rank) or not 0 <= ep_rank < num_ranks:
         raise ValueError(f"ep_rank must be an int in [0, {num_ranks}), got {ep_rank!r}")
     if expert_tokens.dim() != 1 or expert_tokens.dtype not in _ID_DTYPES:
         raise ValueError(

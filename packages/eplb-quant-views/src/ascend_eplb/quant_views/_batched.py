@@ -1,11 +1,15 @@
-"""The batched reference kernel: every (token, k) selection of an `ExpertWeightFormat.apply` call at once.
+"""The pieces of the batched reference kernel: the selections of one `ExpertWeightFormat.apply` call
+and the GEMM the formats' ``_forward_batched`` run over them.
 
-`batched_apply` sorts the selections by local row (stable, so the order of the per-expert loop of
-`ascend_eplb.quant_views.per_expert` is kept), lets the format compute all of them in one
-``_forward_batched`` call per chunk of experts (each kernel tensor of the experts present read once per
-call), and adds the weighted results with one ``index_add_``. `grouped_mm` is the GEMM those format
-methods run. The result is bit-identical to `ascend_eplb.quant_views.per_expert.per_expert_apply`
-(tested over every format, storage mode and odd shapes); README "Reference kernel speed" explains why.
+`Selection` sorts a call's (token, k) selections by local row (stable, so the order of the per-expert
+loop of `ascend_eplb.quant_views.per_expert` is kept), so each present row's selections form one
+segment; `grouped_mm` multiplies each segment by its row's weights. `formats.base.batched_apply` (the
+body of `apply`) lets the format compute every selection in one ``_forward_batched`` call per chunk of
+experts (each kernel tensor of the experts present read once per call) and adds the weighted results
+with one ``index_add_``. The result is bit-identical to
+`ascend_eplb.quant_views.per_expert.per_expert_apply` (tested over every format, storage mode and odd
+shapes); README "Reference kernel speed" explains why. This module knows no format: the formats import
+it, never the reverse.
 
 Shape names: ``selections`` counts the ``(token, k)`` pairs routed to a local row, ``rows`` the
 distinct local rows present in a call (at most p), ``in_features`` / ``out_features`` the reduction /
@@ -15,20 +19,10 @@ output dimension of a GEMM. The GLOSSARY.md letters keep their meaning (T tokens
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from ascend_eplb.quant_views._storage import ExpertStorage
-
-if TYPE_CHECKING:
-    from ascend_eplb.quant_views.formats.base import ExpertWeightFormat
-
-__all__ = ["CHUNK_BYTES", "INT4_X_INT4", "INT8_X_INT8", "Selection", "batched_apply", "grouped_mm"]
-
-#: Dequantized weights computed at once by `batched_apply` (bytes, float64): beyond this, experts go in
-#: several chunks (one Python iteration each), which keeps large layers cache-friendly.
-CHUNK_BYTES = 8 << 20
+__all__ = ["INT4_X_INT4", "INT8_X_INT8", "Selection", "grouped_mm"]
 
 #: ``|a * w|`` bounds of the integer GEMMs: int8 activations (|q| <= 127) times int8 / int4 weights.
 INT8_X_INT8 = 127 * 128
@@ -98,31 +92,6 @@ class Selection:
             )
             start = stop
         return parts
-
-
-def batched_apply(
-    fmt: ExpertWeightFormat,
-    storage: ExpertStorage,
-    hidden_TH: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
-    topk_weights_TK: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
-    local_ids_TK: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
-    *,
-    fused: bool,
-    chunk_bytes: int = CHUNK_BYTES,
-) -> torch.Tensor:
-    """The body of `ExpertWeightFormat.apply` once its inputs are checked: ``(T, H)`` in ``hidden_TH.dtype``.
-
-    ``fused`` selects the W8A8 fused-scale path. Experts go in chunks whose dequantized float64 weights
-    (``3 * H * I * 8`` bytes each) stay under ``chunk_bytes``; chunking changes no bit (tested).
-    """
-    x = hidden_TH.to(torch.float64)
-    out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
-    sel = Selection.of(local_ids_TK, topk_weights_TK)
-    if sel is not None:
-        per_chunk = max(1, chunk_bytes // (24 * storage.hidden_size * storage.intermediate_size))
-        y = torch.cat([fmt._forward_batched(storage, x, part, fused) for part in sel.split(per_chunk)])
-        out.index_add_(0, sel.token, y * sel.weight.unsqueeze(1))
-    return out.to(hidden_TH.dtype)
 
 
 def grouped_mm(

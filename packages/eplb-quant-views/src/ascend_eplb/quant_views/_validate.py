@@ -8,7 +8,7 @@ import torch
 
 from ascend_eplb.quant_views._tensor_list import ExpertTensorList
 
-__all__ = ["BOTH_OR_NEITHER", "validate_weight_views"]
+__all__ = ["BOTH_OR_NEITHER", "is_int", "validate_weight_views"]
 
 BOTH_OR_NEITHER: tuple[tuple[str, str], ...] = (
     ("fused_w1_scale", "fused_w2_scale"),
@@ -16,6 +16,12 @@ BOTH_OR_NEITHER: tuple[tuple[str, str], ...] = (
 )
 """Pairs of per-expert tensors that exist together or not at all (vllm-ascend ``w8a8_dynamic.py`` /
 ``w4a8.py`` ``get_eplb_weight_views``: "must be present or absent together")."""
+
+
+def is_int(value: object) -> bool:
+    """Whether ``value`` is an ``int`` and not a ``bool`` (``True`` is an ``int`` to Python, never a count
+    or a row here): the one such check of this package."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _base(name: str) -> str:
@@ -56,7 +62,7 @@ def validate_weight_views(
     Raises:
         ValueError: naming the first offending view (index and name) and the rule it breaks.
     """
-    if isinstance(num_local_experts, bool) or not isinstance(num_local_experts, int) or num_local_experts < 1:
+    if not is_int(num_local_experts) or num_local_experts < 1:
         raise ValueError(f"num_local_experts must be a positive int, got {num_local_experts!r}")
     if not isinstance(views, Sequence) or isinstance(views, torch.Tensor | ExpertTensorList) or not views:
         raise ValueError(

@@ -8,6 +8,7 @@ import hashlib
 import torch
 
 from ascend_eplb.quant_views._storage import ExpertStorage
+from ascend_eplb.quant_views._validate import is_int
 
 __all__ = ["expert_fingerprint"]
 
@@ -33,7 +34,7 @@ def expert_fingerprint(storage: ExpertStorage, local_row: int) -> str:
     Raises:
         IndexError: ``local_row`` outside ``[0, p)``.
     """
-    if isinstance(local_row, bool) or not isinstance(local_row, int):
+    if not is_int(local_row):
         raise IndexError(f"local_row must be an int, got {local_row!r}")
     digest = hashlib.blake2b(digest_size=16)
     for name in storage.kernel_tensors:

@@ -22,6 +22,7 @@ import torch
 
 from ascend_eplb.quant_views._storage import ExpertStorage
 from ascend_eplb.quant_views._tensor_list import ExpertTensorList
+from ascend_eplb.quant_views._validate import is_int
 from ascend_eplb.quant_views.formats.base import ExpertWeightFormat
 from ascend_eplb.quant_views.registry import get_format
 
@@ -38,7 +39,7 @@ def _sizes(layer: Any) -> tuple[int, int, int]:
     out = []
     for attr, letter in _SIZE_ATTRS:
         value = getattr(layer, attr, None)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_int(value) or value < 1:
             raise ValueError(
                 f"{type(layer).__name__}.{attr} ({letter}) must be a positive int, got {value!r} "
                 "(a vLLM RoutedExperts layer sets it)"

@@ -17,9 +17,32 @@ from ascend_eplb.quant_views._storage import ExpertStorage
 from ascend_eplb.quant_views.formats import ExpertWeightFormat
 from ascend_eplb.quant_views.registry import get_format
 
-__all__ = ["build_expert_storage", "quantization_error", "reference_expert_weights", "reference_moe"]
+__all__ = [
+    "LAYER_SEED_STRIDE",
+    "SEED_STRIDE",
+    "build_expert_storage",
+    "expert_seed",
+    "quantization_error",
+    "reference_expert_weights",
+    "reference_moe",
+]
 
-_SEED_STRIDE = 1_000_003  # prime; seed and expert id never collide for ids below it
+#: Strides of the weight seed scheme (`expert_seed`): the seed's, a prime, so a seed and an expert id
+#: below it never collide; and the MoE layer's, for weights that differ per layer.
+SEED_STRIDE = 1_000_003
+LAYER_SEED_STRIDE = 1009
+
+
+def expert_seed(seed: int, expert: int, *, layer: int = 0) -> int:
+    """The ``torch.Generator`` seed of logical expert ``expert``'s deterministic weights in MoE layer
+    ``layer``: ``seed * 1_000_003 + layer * 1009 + expert``, the project's one weight seed scheme
+    (`reference_expert_weights` uses layer 0; ``ascend-eplb simulate``'s replay world one per layer).
+
+    Distinct for every expert id below 1_000_003 at layer 0, and for every ``(layer, expert)`` with
+    ``expert < 1009`` and ``layer < 991``. Python ints: the caller keeps the result within torch's seed
+    range (the simulator checks it before starting).
+    """
+    return seed * SEED_STRIDE + layer * LAYER_SEED_STRIDE + expert
 
 
 def reference_expert_weights(
@@ -33,9 +56,10 @@ def reference_expert_weights(
     """Float32 checkpoint-layout weights, one row per entry of ``logical_expert_ids`` (CPU).
 
     Expert ``e``'s weights depend only on ``(seed, e, H, I)``: a ``torch.Generator`` seeded with
-    ``seed * 1_000_003 + e`` draws ``w13 (2I, H) ~ N(0, 1/H)``, ``w2 (H, I) ~ N(0, 1/I)`` and, with
-    ``with_bias``, ``w13_bias (2I,) ~ N(0, 0.01)`` and ``w2_bias (H,) ~ N(0, 0.01)``. The same expert id
-    therefore gives bit-identical rows in any slot, on any rank.
+    ``expert_seed(seed, e)`` = ``seed * 1_000_003 + e`` draws ``w13 (2I, H) ~ N(0, 1/H)``,
+    ``w2 (H, I) ~ N(0, 1/I)`` and, with ``with_bias``, ``w13_bias (2I,) ~ N(0, 0.01)`` and
+    ``w2_bias (H,) ~ N(0, 0.01)``. The same expert id therefore gives bit-identical rows in any slot, on
+    any rank.
 
     Returns:
         ``(w13 (n, 2I, H), w2 (n, H, I), w13_bias (n, 2I) | None, w2_bias (n, H) | None)``,
@@ -49,13 +73,13 @@ def reference_expert_weights(
         raise ValueError("logical_expert_ids is empty")
     if hidden_size < 1 or intermediate_size < 1:
         raise ValueError(f"hidden_size={hidden_size} and intermediate_size={intermediate_size} must be >= 1")
-    bad = [e for e in ids if not 0 <= e < _SEED_STRIDE]
+    bad = [e for e in ids if not 0 <= e < SEED_STRIDE]
     if bad:
-        raise ValueError(f"logical expert ids must be in [0, {_SEED_STRIDE}), got {bad[:5]}")
+        raise ValueError(f"logical expert ids must be in [0, {SEED_STRIDE}), got {bad[:5]}")
     h, i = hidden_size, intermediate_size
     w13, w2, b13, b2 = [], [], [], []
     for e in ids:
-        g = torch.Generator().manual_seed(seed * _SEED_STRIDE + e)
+        g = torch.Generator().manual_seed(expert_seed(seed, e))
         w13.append(torch.randn(2 * i, h, generator=g) / h**0.5)
         w2.append(torch.randn(h, i, generator=g) / i**0.5)
         if with_bias:

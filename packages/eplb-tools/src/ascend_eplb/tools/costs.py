@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ascend_eplb.control.values import is_int
+
 __all__ = ["CostEstimate", "ModelSize", "estimate_costs", "format_bytes", "read_model_size"]
 
 #: config.json keys of the routed-expert count, in vLLM 0.33.0's ``CONFIG_FIELD_ALIASES["num_experts"]``
@@ -42,7 +44,7 @@ class ModelSize:
 def _first(cfg: dict[str, Any], keys: tuple[str, ...], source: str, what: str) -> int:
     for k in keys:
         v = cfg.get(k)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+        if is_int(v) and v > 0:
             return v
     raise ValueError(f"{source}: no {what} (looked for {', '.join(keys)}; each must be an integer > 0)")
 

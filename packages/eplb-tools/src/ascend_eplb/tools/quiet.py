@@ -24,6 +24,8 @@ import logging
 import os
 import warnings
 
+from ascend_eplb.integration.switches import is_true
+
 __all__ = ["DROPPED", "IGNORED_WARNINGS", "NOTE", "install"]
 
 #: vLLM logger -> message prefixes dropped from it (vLLM 0.33.0 sources in the module docstring).
@@ -63,7 +65,7 @@ class _Drop(logging.Filter):
 
 def install() -> bool:
     """Add the filters (idempotent; before vLLM is imported or after). Returns whether they are on."""
-    if os.environ.get("ASCEND_EPLB_TOOLS_VLLM_NOISE", "").strip().lower() in ("1", "true", "yes", "on"):
+    if is_true(os.environ.get("ASCEND_EPLB_TOOLS_VLLM_NOISE")):
         return False
     for name, prefixes in DROPPED.items():
         logger = logging.getLogger(name)

@@ -6,7 +6,8 @@ the tensors an msModelSlim checkpoint holds, as vllm-ascend's ``create_weights``
 expert math twice:
 ``_forward_expert``, the plain per-expert form (`ascend_eplb.quant_views.per_expert`), and
 ``_forward_batched``, the form `apply` runs over every selection of a call at once
-(`ascend_eplb.quant_views._batched`). The two are tested bit-identical.
+(`batched_apply`, over the selections and GEMM of `ascend_eplb.quant_views._batched`). The two are
+tested bit-identical.
 """
 
 from __future__ import annotations
@@ -18,12 +19,22 @@ from typing import Any, ClassVar
 
 import torch
 
-from ascend_eplb.quant_views._batched import Selection, batched_apply
+from ascend_eplb.quant_views._batched import Selection
 from ascend_eplb.quant_views._storage import ExpertStorage
 from ascend_eplb.quant_views._tensor_list import ExpertTensorList
-from ascend_eplb.quant_views._validate import validate_weight_views
+from ascend_eplb.quant_views._validate import is_int, validate_weight_views
 
-__all__ = ["ExpertWeightFormat", "UnsupportedFormatError", "check_apply_inputs"]
+__all__ = [
+    "CHUNK_BYTES",
+    "ExpertWeightFormat",
+    "UnsupportedFormatError",
+    "batched_apply",
+    "check_apply_inputs",
+]
+
+#: Dequantized weights computed at once by `batched_apply` (bytes, float64): beyond this, experts go in
+#: several chunks (one Python iteration each), which keeps large layers cache-friendly.
+CHUNK_BYTES = 8 << 20
 
 
 class UnsupportedFormatError(ValueError):
@@ -259,7 +270,7 @@ class ExpertWeightFormat(abc.ABC):
                 (names the letter, the value, the multiple and why).
         """
         for letter, value in (("H", hidden_size), ("I", intermediate_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{self.name}: {letter}={value!r} must be a positive int")
         for letter, multiple, why in self._size_rules:
             value = hidden_size if letter == "H" else intermediate_size
@@ -312,11 +323,7 @@ class ExpertWeightFormat(abc.ABC):
         )
 
     def _check_count(self, num_local_experts: Any) -> None:
-        if (
-            isinstance(num_local_experts, bool)
-            or not isinstance(num_local_experts, int)
-            or num_local_experts < 1
-        ):
+        if not is_int(num_local_experts) or num_local_experts < 1:
             raise ValueError(f"{self.name}: num_local_experts={num_local_experts!r} must be a positive int")
 
     def _resolved_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -443,7 +450,9 @@ class ExpertWeightFormat(abc.ABC):
         self._check_storage(storage)
         check_apply_inputs(storage, hidden_TH, topk_weights_TK, local_ids_TK)
         fused = self._fused_scales_path(storage, comm_path)
-        return batched_apply(self, storage, hidden_TH, topk_weights_TK, local_ids_TK, fused=fused)
+        x = hidden_TH.to(torch.float64)
+        out = batched_apply(self, storage, x, Selection.of(local_ids_TK, topk_weights_TK), fused=fused)
+        return out.to(hidden_TH.dtype)
 
     def _fused_scales_path(self, storage: ExpertStorage, comm_path: str) -> bool:
         """Whether ``comm_path`` reads the fused int64 scales; raises ``ValueError`` for a bad path."""
@@ -483,6 +492,34 @@ class ExpertWeightFormat(abc.ABC):
 
         In ``sel`` order; bit-identical, selection by selection, to `_forward_expert`.
         """
+
+
+# ====================================================================== the batched kernel
+
+
+def batched_apply(
+    fmt: ExpertWeightFormat,
+    storage: ExpertStorage,
+    x: torch.Tensor,
+    sel: Selection | None,
+    *,
+    fused: bool,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> torch.Tensor:
+    """The body of `ExpertWeightFormat.apply` once its inputs are checked: float64 ``(T, H)``.
+
+    ``x`` is the float64 ``(T, H)`` hidden states, ``sel`` the call's selections (`Selection.of` its
+    local ids and top-k weights; None when no id is on this rank: the result is zeros); each selection's
+    expert output is weighted and added to its token's row. ``fused`` selects the W8A8 fused-scale path.
+    Experts go in chunks whose dequantized float64 weights (``3 * H * I * 8`` bytes each) stay under
+    ``chunk_bytes``; chunking changes no bit (tested).
+    """
+    out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+    if sel is not None:
+        per_chunk = max(1, chunk_bytes // (24 * storage.hidden_size * storage.intermediate_size))
+        y = torch.cat([fmt._forward_batched(storage, x, part, fused) for part in sel.split(per_chunk)])
+        out.index_add_(0, sel.token, y * sel.weight.unsqueeze(1))
+    return out
 
 
 # ====================================================================== input checks

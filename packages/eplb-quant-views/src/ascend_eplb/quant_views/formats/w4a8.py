@@ -13,6 +13,7 @@ from ascend_eplb.quant_views import _numerics as nx
 from ascend_eplb.quant_views._batched import INT4_X_INT4, Selection, grouped_mm
 from ascend_eplb.quant_views._storage import ExpertStorage
 from ascend_eplb.quant_views._tensor_list import ExpertTensorList
+from ascend_eplb.quant_views._validate import is_int
 from ascend_eplb.quant_views.formats.base import ExpertWeightFormat, UnsupportedFormatError
 
 __all__ = ["W4A8DynamicFormat", "check_w4a8_group_size"]
@@ -149,9 +150,7 @@ class W4A8DynamicFormat(ExpertWeightFormat):
 
 def check_w4a8_group_size(group_size: Any) -> None:
     """Raise `UnsupportedFormatError` unless ``group_size`` means per-channel W4A8 (None or 0)."""
-    if group_size is None or (
-        isinstance(group_size, int) and not isinstance(group_size, bool) and group_size == 0
-    ):
+    if group_size is None or (is_int(group_size) and group_size == 0):
         return
     raise UnsupportedFormatError(
         f"w4a8_dynamic with group_size={group_size!r} (per-group) does not support EPLB: vllm-ascend "

@@ -60,6 +60,7 @@ from ascend_eplb.integration.runner import Mrv2EplbWiring
 from ascend_eplb.integration.verify import EplbVerificationError, EplbVerifier
 from ascend_eplb.integration.watchdog import EplbWorkerFailureError, WorkerWatchdog
 from ascend_eplb.quant_views import get_format
+from ascend_eplb.quant_views.reference import expert_seed
 from ascend_eplb.testing import RankContext
 from ascend_eplb.testing.moe import ToyModelConfig, ToyMoEModel, initial_local_experts
 from ascend_eplb.tools.simulate.config import OUTPUT_ATOL, OUTPUT_RTOL, output_rtol
@@ -71,7 +72,7 @@ _HIDDEN_TABLE_ROWS = 4096
 
 def _expert_weights(seed: int, layer: int, expert: int, hidden: int, inter: int) -> tuple[torch.Tensor, ...]:
     """Deterministic float32 checkpoint weights of one logical expert: ``w13 (2I, H)``, ``w2 (H, I)``."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + layer * 1009 + expert)
+    g = torch.Generator().manual_seed(expert_seed(seed, expert, layer=layer))
     w13 = torch.randn(2 * inter, hidden, generator=g) / hidden**0.5
     w2 = torch.randn(hidden, inter, generator=g) / inter**0.5
     return w13, w2

@@ -17,6 +17,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ascend_eplb.integration.validation import INT32_MAX as _INT32_MAX
+from ascend_eplb.quant_views.reference import LAYER_SEED_STRIDE as _LAYER_STRIDE
+from ascend_eplb.quant_views.reference import SEED_STRIDE as _SEED_STRIDE
+
 __all__ = [
     "MAX_TIMEOUT_S",
     "PROCESS_BASE_BYTES",
@@ -34,17 +38,12 @@ __all__ = [
 #: Resident memory of one process with torch and vLLM imported (measured: 658 MiB, vLLM 0.33.0, torch
 #: 2.13.0 CPU), rounded up.
 PROCESS_BASE_BYTES = 768 * 2**20
-#: Rows of each layer's ``ReplicaLookup`` table (int32 ``[rows, E]``).
-LOOKUP_ROWS = 1024
 #: Rows of the simulator's hidden-state table (float32 ``[rows, H]``), see ``simulate.rank``.
 HIDDEN_TABLE_ROWS = 4096
 #: Longest ``--timeout`` / ``--worker-timeout``: 7 days (the OS timers and timedeltas they feed stay
 #: far from their limits).
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
-_INT32_MAX = 2**31 - 1
 _INT64_MAX = 2**63 - 1
-#: ``simulate.rank`` seeds expert ``e`` of layer ``l`` with ``seed * 1_000_003 + l * 1009 + e`` (int64).
-_SEED_STRIDE, _LAYER_STRIDE = 1_000_003, 1009
 #: Python objects per step in the statistics a rank keeps and pickles (floats in lists, ~40 bytes each).
 _STAT_BYTES = 40
 
@@ -93,6 +92,7 @@ def estimate(
     sampled: bool,
 ) -> ResourceEstimate:
     """Bytes the run of ``config`` (a valid ``SimulateConfig``) needs on this host."""
+    from ascend_eplb.dataplane import DEFAULT_ROWS as LOOKUP_ROWS
     from ascend_eplb.quant_views import get_format
 
     fmt = get_format(config.quant_format)

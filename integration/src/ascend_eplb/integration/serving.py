@@ -1,0 +1,117 @@
+"""The Ascend controller of a serving worker: its start-up validation, switches and guardrails.
+
+Building the controller with EPLB on takes two steps with the patches applied between them:
+
+1. :func:`read_serving_setup` validates the ``VllmConfig`` against the support matrix and reads every
+   ``ASCEND_EPLB_*`` switch, refusing a bad value before anything is patched or built;
+2. :func:`build_serving_controller` builds control's ``AscendEPLBController`` with the configured
+   ``load_collection_phase``, attaches the serving guardrails (the worker watchdog always, the runtime
+   verifier and the events file when switched on) and logs the one :func:`active_line`.
+
+Two callers make these calls: :func:`ascend_eplb.integration.runner.create_eplb_controller` (read,
+``apply_patches()``, build) and the patched ``EPLBController`` of upstream's runner in
+:mod:`ascend_eplb.integration.patches` (read, build: that wrapper is one of the patches, so they are in
+effect whenever it runs). This module imports neither of them, which keeps the integration free of import
+cycles. At import it loads only the standard library; the guardrails and control load when a
+controller is built, so EPLB-off serving imports none of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ServingSetup", "active_line", "build_serving_controller", "read_serving_setup"]
+
+
+@dataclass(frozen=True)
+class ServingSetup:
+    """What EPLB-on serving is configured by, read and checked before anything changes.
+
+    Attributes:
+        settings: the validated ``EplbSettings`` (``validate_eplb_config``).
+        worker_timeout_s: ``ASCEND_EPLB_WORKER_TIMEOUT_S`` (seconds), the watchdog's stall limit.
+        on_worker_failure: ``ASCEND_EPLB_ON_WORKER_FAILURE``, ``"stop"`` (the default) or ``"raise"``.
+        verify: ``ASCEND_EPLB_VERIFY`` asks for the runtime verifier.
+        events: ``ASCEND_EPLB_EVENTS``, the events file path (str), or None (off).
+    """
+
+    settings: Any
+    worker_timeout_s: float
+    on_worker_failure: str
+    verify: bool
+    events: str | None
+
+
+def read_serving_setup(vllm_config: Any) -> ServingSetup:
+    """Validate ``vllm_config`` and read every serving switch; changes nothing.
+
+    Raises:
+        EplbConfigError: the configuration violates the support matrix (every violated rule listed).
+        ValueError: ``ASCEND_EPLB_WORKER_TIMEOUT_S``, ``ASCEND_EPLB_ON_WORKER_FAILURE``,
+            ``ASCEND_EPLB_VERIFY`` or ``ASCEND_EPLB_EVENTS`` is invalid.
+    """
+    from ascend_eplb.integration.events import events_path
+    from ascend_eplb.integration.validation import validate_eplb_config
+    from ascend_eplb.integration.verify import verify_requested
+    from ascend_eplb.integration.watchdog import watchdog_settings
+
+    settings = validate_eplb_config(vllm_config)
+    timeout_s, on_failure = watchdog_settings()
+    return ServingSetup(settings, timeout_s, on_failure, verify_requested(), events_path())
+
+
+def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSetup) -> Any:
+    """Control's ``AscendEPLBController`` for ``parallel_config`` on ``device``, with the guardrails of
+    ``setup`` attached; logs :func:`active_line` at INFO. Call it with the patches in effect.
+
+    Raises:
+        RuntimeError: an upstream ``EPLBController`` method changed signature (control's check).
+    """
+    from vllm.logger import init_logger
+
+    from ascend_eplb.control import AscendEPLBController
+    from ascend_eplb.integration.events import EventsRecorder
+    from ascend_eplb.integration.verify import EplbVerifier
+    from ascend_eplb.integration.watchdog import WorkerWatchdog
+
+    phase = setup.settings.ascend_eplb_config.get("load_collection_phase", "all")
+    controller = AscendEPLBController(parallel_config, device, load_collection_phase=phase)
+    # Step hooks run in this order on every rank: the watchdog first (a failure stops EPLB before any
+    # other hook looks at the cycle), then the verifier, then the events file.
+    watchdog = WorkerWatchdog(setup.worker_timeout_s, setup.on_worker_failure)
+    watchdog.attach(controller)
+    if setup.verify:
+        EplbVerifier().attach(controller)
+    if setup.events is not None:
+        EventsRecorder(setup.events).attach(controller, watchdog)
+    # The one line that tells an operator, in the serving log, that Ascend EPLB is active and how.
+    init_logger(__name__).info(
+        "%s",
+        active_line(
+            phase,
+            setup.verify,
+            setup.worker_timeout_s,
+            setup.on_worker_failure,
+            setup.events,
+            setup.settings.num_redundant_experts,
+        ),
+    )
+    return controller
+
+
+def active_line(
+    phase: str,
+    verifying: bool,
+    timeout_s: float,
+    on_failure: str,
+    events: Any,
+    num_redundant_experts: Any,
+) -> str:
+    """The INFO line :func:`build_serving_controller` logs (also what an operator greps for)."""
+    return (
+        f"Ascend EPLB active: AscendEPLBController, load_collection_phase={phase}, "
+        f"num_redundant_experts={num_redundant_experts}, verifier={'on' if verifying else 'off'} "
+        f"(ASCEND_EPLB_VERIFY), watchdog timeout {timeout_s:g} s on_failure={on_failure}, "
+        f"events={events if events is not None else 'off'} (ASCEND_EPLB_EVENTS)"
+    )
