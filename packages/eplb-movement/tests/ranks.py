@@ -453,3 +453,99 @@ def plan_mismatches_2r(ctx: RankContext) -> dict:
             results[case] = res
         out[f"{path}_cumulative"] = c.cumulative_stats.as_dict()
     return out
+
+
+def _expert_rows(rank: int, expert: int) -> list[torch.Tensor]:
+    """One expert's tensors as ``rank`` sends them: a contiguous float32 row and a strided int32 view
+    (so the default path receives one directly and stages the other)."""
+    base = 1000 * rank + expert
+    return [
+        torch.arange(1024, dtype=torch.float32) + base,
+        (torch.arange(24, dtype=torch.int32) + base).reshape(4, 6).t(),
+    ]
+
+
+def _sentinel_rows() -> list[torch.Tensor]:
+    return [torch.full((1024,), -7.0), torch.full((4, 6), -7, dtype=torch.int32).t()]
+
+
+def overlap_3r(ctx: RankContext) -> dict:
+    """Pairs start their payload as soon as they agree: a mismatch found after an agreeing pair's
+    payload arrived leaves every destination row untouched; then exact data over all three ranks."""
+    from ascend_eplb.movement import AscendGlooEplbCommunicator, EplbTransferError, StagingPool
+
+    ctx.init_gloo()
+    world = dist.group.WORLD
+    late = dist.new_group([1, 2])  # rank 2 starts only after rank 1's execute returned
+    out: dict = {"rank": ctx.rank}
+    comms = {
+        "staged": AscendGlooEplbCommunicator(
+            world, staging_pool=StagingPool(1 << 22), timeout_s=30, stage_host_tensors=True
+        ),
+        "direct": AscendGlooEplbCommunicator(world, staging_pool=StagingPool(1 << 22), timeout_s=30),
+    }
+    for path, comm in comms.items():
+        res: dict = {"error": None}
+        # Rank 1 sends experts 0..7 to rank 0 and receives expert 50 from it; rank 2 sends expert
+        # 60 to rank 0 as float32[64] while rank 0 expects float32[128].
+        recv: list[list[torch.Tensor]] = []
+        if ctx.rank == 0:
+            recv = [_sentinel_rows() for _ in range(8)]
+            for e, rows in enumerate(recv):
+                comm.add_recv(rows, 1, expert_id=e)
+            comm.add_send(_expert_rows(0, 50), 1, expert_id=50)
+            recv.append([torch.full((128,), -7.0)])
+            comm.add_recv(recv[-1], 2, expert_id=60)
+        elif ctx.rank == 1:
+            for e in range(8):
+                comm.add_send(_expert_rows(1, e), 0, expert_id=e)
+            recv = [_sentinel_rows()]
+            comm.add_recv(recv[0], 0, expert_id=50)
+        else:
+            comm.add_send([torch.full((64,), 60.0)], 0, expert_id=60)
+            if path == "staged":
+                # Rank 0 posts its receives from rank 1 into staging before it has rank 2's header.
+                dist.barrier(group=late)
+        before = [[t.clone() for t in rows] for rows in recv]
+        try:
+            comm.execute()
+        except EplbTransferError as exc:
+            res.update(
+                error=str(exc), phase=exc.phase, mismatches={str(k): v for k, v in exc.mismatches.items()}
+            )
+        if ctx.rank == 1 and path == "staged":
+            dist.barrier(group=late)
+        res["untouched"] = all(
+            torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+            for rows, rows_before in zip(recv, before, strict=True)
+            for a, b in zip(rows, rows_before, strict=True)
+        )
+        res["received_exact"] = all(
+            torch.equal(a, b) for rows in recv for a, b in zip(rows, _expert_rows(0, 50), strict=False)
+        )
+        res["queued_after"] = comm.num_queued
+        # Then a ring with every pair in both directions, 4 experts each: exact rows on all ranks.
+        received = {}
+        for peer in range(3):
+            if peer == ctx.rank:
+                continue
+            for e in range(4):
+                comm.add_send(_expert_rows(ctx.rank, 10 * ctx.rank + e), peer, expert_id=10 * ctx.rank + e)
+            received[peer] = [_sentinel_rows() for _ in range(4)]
+            for e, rows in enumerate(received[peer]):
+                comm.add_recv(rows, peer, expert_id=10 * peer + e)
+        start = time.perf_counter()
+        comm.execute()
+        res["elapsed_s"] = time.perf_counter() - start
+        res["ring_bad"] = [
+            (peer, e)
+            for peer, experts in received.items()
+            for e, rows in enumerate(experts)
+            if not all(
+                torch.equal(a, b) for a, b in zip(rows, _expert_rows(peer, 10 * peer + e), strict=True)
+            )
+        ]
+        res["stats"] = comm.last_stats.as_dict()
+        res["total_s"] = comm.last_stats.total_s
+        out[path] = res
+    return out

@@ -238,3 +238,40 @@ def test_plan_mismatches_fail_on_both_ranks_two_ranks(tmp_path):
             n = len(ranks.MISMATCH_CASES)
             assert (cumulative["num_executes"], cumulative["num_failed"]) == (2 * n, n)
             assert cumulative["bytes_received"] == n * 64  # only the agreed executes count
+
+
+def test_pairs_start_when_they_agree_and_a_later_mismatch_writes_no_row_three_ranks(tmp_path):
+    results = run_ranks(ranks.overlap_3r, world_size=3, tmp_path=tmp_path, timeout_s=120, preload=PRELOAD)
+    text = (
+        "global rank 2 sends expert 60 to global rank 0 as [float32[64]], but global rank 0 receives expert "
+        "60 from global rank 2 into [float32[128]] (transfer 0 between them: tensor 0: 64 elements (256 "
+        "bytes) sent, 128 elements (512 bytes) expected)"
+    )
+    for path in ("staged", "direct"):
+        r0, r1, r2 = (out[path] for out in results)
+        # Rank 0's pair with rank 1 agreed and moved (on the staged path before rank 2 even started,
+        # so before rank 0 knew of the mismatch: rank 1 waited for nothing else); the mismatch with
+        # rank 2 then kept every destination row of rank 0 bit-identical, the rows from rank 1 too.
+        assert r1["error"] is None, path
+        assert r1["received_exact"] is True, path
+        assert (r0["phase"], r2["phase"]) == ("handshake", "handshake"), path
+        assert r0["mismatches"] == {"2": [text]}, path
+        assert r2["mismatches"] == {"0": [text]}, path
+        assert "no payload moved with global rank(s) [2] and no destination row" in r0["error"]
+        assert r0["untouched"] is True, path
+        assert r0["queued_after"] == 0
+        # The same communicators then move exact rows between every pair, both ways.
+        for rank, res in enumerate((r0, r1, r2)):
+            assert res["ring_bad"] == [], (path, rank)
+            stats = res["stats"]
+            assert (stats["num_send_experts"], stats["num_recv_experts"], stats["num_failed"]) == (8, 8, 0)
+            assert stats["bytes_received"] == 8 * (1024 * 4 + 24 * 4)
+            # Phase times are parts of the execute's wall time.
+            assert stats["handshake_s"] > 0
+            assert 0 < res["total_s"] <= res["elapsed_s"]
+            if path == "staged":
+                assert stats["d2h_s"] > 0
+                assert stats["h2d_s"] > 0
+                assert stats["staging_bytes"] == 16 * (1024 * 4 + 24 * 4)
+            else:  # only the strided views are staged
+                assert stats["staging_bytes"] == 16 * 24 * 4

@@ -1,7 +1,10 @@
 """`ascend-eplb plan` equals upstream's default policy on the real ESFT per-task shares."""
 
+import inspect
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -9,6 +12,7 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import torch
+from vllm.distributed.eplb.eplb_state import EplbState
 from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
 
 from ascend_eplb.testing.esft import esft_data_dir
@@ -43,6 +47,58 @@ def test_plan_matches_direct_upstream_policy_call(task):
     np.testing.assert_array_equal(
         np.array(hier.levels[0].physical_to_logical_map), _upstream(load, 4, 4, 2, 8).numpy()
     )
+
+
+def test_linear_placement_is_upstreams_initial_map():
+    for experts in range(1, 10):
+        for redundant in range(2 * experts + 1):
+            row = EplbState.build_initial_global_physical_to_logical_map(experts, redundant)
+            assert plan.linear_placement(experts, redundant, 3).tolist() == [list(row)] * 3, (
+                experts,
+                redundant,
+            )
+
+
+# One `ascend-eplb plan` call in a fresh interpreter: the vllm modules it imported, where its policy
+# class came from, and its JSON.
+_FRESH_PLAN = """
+import inspect, json, sys
+from ascend_eplb.tools import cli, plan
+code = cli.main(sys.argv[1:])
+print(json.dumps({"code": code, "vllm": [m for m in sys.modules if m.split(".")[0] == "vllm"],
+                  "policy_file": inspect.getsourcefile(plan.upstream_policy())}), file=sys.stderr)
+"""
+
+
+def test_a_plan_call_runs_upstreams_policy_file_without_importing_vllm_and_prints_the_same():
+    path = ESFT / "results/expert_scores/summary/summary.json"
+    argv = ["plan", str(path), "--ranks", "4", "--json"]
+    done = subprocess.run(
+        [sys.executable, "-c", _FRESH_PLAN, *argv], capture_output=True, text=True, timeout=120, check=False
+    )
+    report = json.loads(done.stderr.strip().splitlines()[-1])
+    assert report["code"] == 0
+    assert report["vllm"] == []
+    assert report["policy_file"] == inspect.getsourcefile(DefaultEplbPolicy)
+    # Here vllm's module is imported by name: the plan uses its class, and prints the very same.
+    assert plan.upstream_policy() is DefaultEplbPolicy
+    expected = plan.plan(trace.load_load_matrix(path), num_ranks=4)
+    assert json.loads(done.stdout) == json.loads(json.dumps(expected.to_json()))
+    assert [lv.num_redundant_experts for lv in expected.levels] == list(range(0, 65, 4))
+
+
+def test_upstream_policy_is_imported_by_name_when_its_files_do_not_load_alone(monkeypatch):
+    def fail():
+        raise ImportError("stand-in for a later vLLM whose policy files import more")
+
+    package = sys.modules["vllm.distributed.eplb.policy"]
+    monkeypatch.setattr(package, "default", package.default)  # the import below rebinds it
+    monkeypatch.delitem(sys.modules, plan.UPSTREAM_POLICY_MODULE)
+    monkeypatch.setattr(plan, "_load_policy_files", fail)
+    policy = plan.upstream_policy()
+    assert policy.__module__ == plan.UPSTREAM_POLICY_MODULE
+    assert inspect.getsourcefile(policy) == inspect.getsourcefile(DefaultEplbPolicy)
+    assert sys.modules[plan.UPSTREAM_POLICY_MODULE].DefaultEplbPolicy is policy
 
 
 def test_metrics_on_a_hand_checked_matrix():

@@ -3,7 +3,8 @@
 Public names:
 
 * :class:`AscendGlooEplbCommunicator` — upstream ``EplbCommunicator`` over the EPLB group's Gloo
-  group; group-local peers translated to global ranks; D2H into staging, one Gloo batch, H2D.
+  group; group-local peers translated to global ranks; D2H into staging, per pair a handshake and
+  the Gloo payload, H2D, pipelined expert by expert.
 * :class:`EplbTransferError` — a failed ``execute``, naming peers, expert ids and silent ranks.
 * :class:`StagingPool`, :class:`StagingPoolError` — bounded, reused (pinned where supported) CPU
   staging buffers keyed by ``(dtype, numel)``.

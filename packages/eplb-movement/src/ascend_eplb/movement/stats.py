@@ -23,12 +23,16 @@ class TransferStats:
         bytes_sent / bytes_received: payload bytes sent to / received from peers.
         staging_bytes: bytes of staging buffers the call used (a source tensor sent to several peers
             is staged once).
-        d2h_s: copying send tensors into staging, including the one wait for those copies.
-        handshake_s: exchanging the per-peer plan headers (and, on a disagreement, the full
-            descriptions) before any payload moves.
-        gloo_s: posting the payload's Gloo ``batch_isend_irecv`` and waiting for every request.
-        h2d_s: issuing the copies from staging into the destination rows (on an accelerator these are
-            asynchronous on the transfer stream; on CPU they are complete).
+        d2h_s: taking the staging buffers and copying send tensors into them: issuing the copies
+            (on CPU: the copies themselves) and, on an accelerator, waiting for each expert's copy
+            before its sends are posted.
+        handshake_s: waiting for the peers' plan headers and comparing them with this rank's.
+        gloo_s: the rest of the execute's wall time: posting the payload (and, on a disagreement, the
+            full descriptions) and waiting for every request.
+        h2d_s: issuing the copies from staging into the destination rows, each as soon as its
+            receive landed (on an accelerator these are asynchronous on the transfer stream; on CPU
+            they are complete). The four phases add up to the wall time of the execute from taking
+            the staging buffers on.
     """
 
     num_executes: int = 0

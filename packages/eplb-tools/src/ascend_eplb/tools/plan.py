@@ -1,11 +1,13 @@
 """``ascend-eplb plan``: offline what-if of upstream vLLM's default EPLB policy on recorded load.
 
 For each redundancy level the placement comes from one call of upstream
-``vllm.distributed.eplb.policy.default.DefaultEplbPolicy.rebalance_experts`` (vLLM 0.33.0), with the
-initial placement upstream's ``EplbState.add_model`` builds (``EplbState.
-build_initial_global_physical_to_logical_map``: experts ``0..E-1`` then ``i % E`` for the redundant
-slots, slot ``p`` on rank ``p // (P / N)``) as the "before" and as ``old_global_expert_indices``, exactly
-as ``EplbState.rearrange`` passes the current map. Nothing here computes a placement itself.
+``vllm.distributed.eplb.policy.default.DefaultEplbPolicy.rebalance_experts`` (vLLM 0.33.0, see
+:func:`upstream_policy`), with the initial placement upstream's ``EplbState.add_model`` builds
+(``EplbState.build_initial_global_physical_to_logical_map``: experts ``0..E-1`` then ``i % E`` for the
+redundant slots, slot ``p`` on rank ``p // (P / N)``) as the "before" and as
+``old_global_expert_indices``, exactly as ``EplbState.rearrange`` passes the current map. That two-line
+initial map is restated in :func:`linear_placement` (importing ``EplbState`` imports all of vLLM) and
+checked equal to upstream's by the tests; every other placement is the policy's own.
 
 Metrics (float64, the unit of the input load): rank load, balancedness, hottest rank share and
 experts moved (crossing ranks; per rank: experts received) as :mod:`ascend_eplb.integration.metrics`
@@ -22,6 +24,10 @@ limits the balance it can reach, and the operator sees that trade. Recommendatio
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
+import types
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -40,6 +46,7 @@ __all__ = [
     "rank_loads",
     "recommend",
     "sweep_levels",
+    "upstream_policy",
     "validate_plan_args",
 ]
 
@@ -162,11 +169,54 @@ def validate_plan_args(
 def linear_placement(
     num_logical_experts: int, num_redundant_experts: int, num_moe_layers: int
 ) -> torch.Tensor:
-    """int64 ``[L, P]``: upstream's initial placement, repeated per layer."""
-    from vllm.distributed.eplb.eplb_state import EplbState
+    """int64 ``[L, P]``: upstream's initial placement, repeated per layer.
 
-    row = EplbState.build_initial_global_physical_to_logical_map(num_logical_experts, num_redundant_experts)
+    Upstream's ``EplbState.build_initial_global_physical_to_logical_map`` (vLLM 0.33.0): the logical
+    experts in order, then ``i % E`` for redundant slot ``i``; ``tests/test_plan.py`` checks the two
+    are equal."""
+    row = list(range(num_logical_experts)) + [i % num_logical_experts for i in range(num_redundant_experts)]
     return torch.tensor(row, dtype=torch.int64).unsqueeze(0).repeat(num_moe_layers, 1)
+
+
+#: Upstream's policy module (vLLM 0.33.0).
+UPSTREAM_POLICY_MODULE = "vllm.distributed.eplb.policy.default"
+# The private package upstream's policy files run in when vLLM is not imported (a top-level name,
+# so a relative import reaching above ``policy/`` fails instead of finding one of our modules).
+_POLICY_FILES_PACKAGE = "_ascend_eplb_vllm_eplb_policy"
+
+
+def upstream_policy() -> type:
+    """Upstream ``DefaultEplbPolicy``, the class of :data:`UPSTREAM_POLICY_MODULE`.
+
+    When that module is imported already, its class. Otherwise upstream's ``policy/abstract.py`` and
+    ``policy/default.py`` are run from vLLM's installed files, unchanged, as the modules of a private
+    package (:data:`_POLICY_FILES_PACKAGE`), without the ``__init__`` of ``vllm`` and of its
+    subpackages: importing the module by name imports vLLM's config, distributed and model layers,
+    about 6.6 s of the 8.1 s one ``ascend-eplb plan`` call took on a 2-core CPU host (``python -X
+    importtime``). Those two files import only numpy, torch and each other; should a later vLLM's
+    import anything else there, loading them alone fails and the module is imported by name (slower,
+    the same code). ``tests/test_plan.py`` checks that a ``plan`` call imports no ``vllm`` module and
+    prints what the by-name import gives.
+    """
+    loaded = sys.modules.get(UPSTREAM_POLICY_MODULE) or sys.modules.get(f"{_POLICY_FILES_PACKAGE}.default")
+    if loaded is None:
+        try:
+            loaded = _load_policy_files()
+        except Exception:
+            for name in [n for n in sys.modules if n.split(".")[0] == _POLICY_FILES_PACKAGE]:
+                del sys.modules[name]
+            loaded = importlib.import_module(UPSTREAM_POLICY_MODULE)
+    return loaded.DefaultEplbPolicy
+
+
+def _load_policy_files() -> types.ModuleType:
+    spec = importlib.util.find_spec("vllm")  # locates the installed package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("vllm is not installed")
+    package = types.ModuleType(_POLICY_FILES_PACKAGE, f"vLLM's {UPSTREAM_POLICY_MODULE} files, run alone")
+    package.__path__ = [f"{spec.submodule_search_locations[0]}/distributed/eplb/policy"]
+    sys.modules[_POLICY_FILES_PACKAGE] = package
+    return importlib.import_module(f"{_POLICY_FILES_PACKAGE}.default")
 
 
 def rank_loads(load_le: np.ndarray, phy2log_lp: np.ndarray, num_ranks: int) -> np.ndarray:
@@ -204,9 +254,9 @@ def plan(
     is reported in ``invalid_levels`` beside the valid ones. Raises ``ValueError`` if every layer is
     empty, or with every violated rule of :func:`validate_plan_args` (every level invalid included).
     """
-    from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
-
     from ascend_eplb.integration import metrics
+
+    policy = upstream_policy()
 
     load = np.asarray(load_le, dtype=np.float64)
     validate_plan_args(load.shape, num_ranks, num_nodes, num_expert_groups, redundancy)
@@ -236,7 +286,7 @@ def plan(
         before = rank_loads(load, old.numpy(), num_ranks)
         before_t = torch.from_numpy(before)
         for name, groups, nodes in policies:
-            new = DefaultEplbPolicy.rebalance_experts(
+            new = policy.rebalance_experts(
                 torch.from_numpy(load), num_experts + r, groups, nodes, num_ranks, old
             ).numpy()
             after_t = torch.from_numpy(rank_loads(load, new, num_ranks))
