@@ -63,13 +63,14 @@ def create_eplb_controller(vllm_config: Any, device: torch.device) -> Any:
     configuration (:func:`~ascend_eplb.integration.validation.validate_eplb_config`), applies the
     patches (idempotent) and returns control's ``AscendEPLBController`` with the configured
     ``load_collection_phase``, with the serving guardrails attached: the worker watchdog
-    (:mod:`~ascend_eplb.integration.watchdog`, always), the runtime verifier (``ASCEND_EPLB_VERIFY=1``)
-    and the events file (``ASCEND_EPLB_EVENTS=path``).
+    (:mod:`~ascend_eplb.integration.watchdog`, always), the runtime verifier (``ASCEND_EPLB_VERIFY=1``),
+    the events file (``ASCEND_EPLB_EVENTS=path``) and the Prometheus metrics (``ASCEND_EPLB_METRICS=1``).
 
     Raises:
         EplbConfigError: the configuration violates the support matrix (every violated rule listed).
         ValueError: ``ASCEND_EPLB_WORKER_TIMEOUT_S``, ``ASCEND_EPLB_ON_WORKER_FAILURE``,
-            ``ASCEND_EPLB_VERIFY`` or ``ASCEND_EPLB_EVENTS`` is invalid (before anything is patched).
+            ``ASCEND_EPLB_VERIFY``, ``ASCEND_EPLB_EVENTS`` or ``ASCEND_EPLB_METRICS`` (with
+            ``PROMETHEUS_MULTIPROC_DIR``) is invalid (before anything is patched).
         RuntimeError: an upstream callable changed signature (from ``apply_patches``).
     """
     parallel_config = vllm_config.parallel_config
@@ -79,6 +80,7 @@ def create_eplb_controller(vllm_config: Any, device: torch.device) -> Any:
         return EPLBController(parallel_config, device)
     from ascend_eplb.integration.events import EventsRecorder, events_path
     from ascend_eplb.integration.patches import apply_patches
+    from ascend_eplb.integration.prometheus import PrometheusMetrics, metrics_requested
     from ascend_eplb.integration.validation import validate_eplb_config
     from ascend_eplb.integration.verify import EplbVerifier, verify_requested
     from ascend_eplb.integration.watchdog import watchdog_settings
@@ -88,6 +90,7 @@ def create_eplb_controller(vllm_config: Any, device: torch.device) -> Any:
     timeout_s, on_failure = watchdog_settings()
     verify = verify_requested()
     path = events_path()
+    metrics = metrics_requested()  # prometheus_client is imported only when on
     apply_patches()
     from ascend_eplb.control import AscendEPLBController
 
@@ -96,19 +99,27 @@ def create_eplb_controller(vllm_config: Any, device: torch.device) -> Any:
     from ascend_eplb.integration.watchdog import WorkerWatchdog
 
     # Step hooks run in this order on every rank: the watchdog first (a failure stops EPLB before any
-    # other hook looks at the cycle), then the verifier, then the events file.
+    # other hook looks at the cycle), then the verifier, then the events recorder (the events file and
+    # the metrics are its record's two consumers).
     watchdog = WorkerWatchdog(timeout_s, on_failure)
     watchdog.attach(controller)
-    verifying = verify
-    if verifying:
-        EplbVerifier().attach(controller)
-    if path is not None:
-        EventsRecorder(path).attach(controller, watchdog)
+    verifier = None
+    if verify:
+        verifier = EplbVerifier()
+        verifier.attach(controller)
+    if path is not None or metrics:
+        recorder = EventsRecorder(path)
+        recorder.attach(controller, watchdog, verifier)
+        if metrics:
+            PrometheusMetrics().attach(controller, recorder)
     from vllm.logger import init_logger
 
     # The one line that tells an operator, in the serving log, that Ascend EPLB is active and how.
     init_logger(__name__).info(
-        "%s", active_line(phase, verifying, timeout_s, on_failure, path, settings.num_redundant_experts)
+        "%s",
+        active_line(
+            phase, verify, timeout_s, on_failure, path, settings.num_redundant_experts, metrics=metrics
+        ),
     )
     return controller
 
@@ -120,13 +131,16 @@ def active_line(
     on_failure: str,
     events: Any,
     num_redundant_experts: Any,
+    *,
+    metrics: bool = False,
 ) -> str:
     """The INFO line :func:`create_eplb_controller` logs (also what an operator greps for)."""
     return (
         f"Ascend EPLB active: AscendEPLBController, load_collection_phase={phase}, "
         f"num_redundant_experts={num_redundant_experts}, verifier={'on' if verifying else 'off'} "
         f"(ASCEND_EPLB_VERIFY), watchdog timeout {timeout_s:g} s on_failure={on_failure}, "
-        f"events={events if events is not None else 'off'} (ASCEND_EPLB_EVENTS)"
+        f"events={events if events is not None else 'off'} (ASCEND_EPLB_EVENTS), "
+        f"metrics={'on' if metrics else 'off'} (ASCEND_EPLB_METRICS)"
     )
 
 
