@@ -118,7 +118,7 @@ def test_a_scrape_of_a_serving_world_equals_its_events_file(tmp_path, monkeypatc
     windows = [e for e in events if e["event"] == "window"]
     assert value("ascend_eplb_window_balancedness") == windows[-1]["balancedness"]
     assert value("ascend_eplb_window_balancedness_eplb_off") == windows[-1]["balancedness_eplb_off"]
-    # The window's figures, recomputed here: under the placement that served it (the one the
+    # The window's figures, recomputed here: under the placement in force when it closed (the one the
     # rearrangement record of that window judged too) and under upstream's initial placement.
     done = {e["rearrangement"]: e for e in events if e["event"] == "rearrangement"}
     for w in windows:

@@ -7,8 +7,8 @@ written and flushed at once (a crash loses at most the line being written). Ever
 - ``window``: a load window closed and upstream's policy receives it: ``model``, ``rearrangement``
   (1-based index), ``load`` (``[L][E]`` integers: the window's global load per MoE layer in logical
   expert space, exactly upstream's ``last_expert_load``), ``balancedness`` (of that load under the
-  placement that served it) and ``balancedness_eplb_off`` (under upstream's initial placement, what
-  EPLB off would have served; both :mod:`ascend_eplb.integration.metrics`);
+  placement in force when the window closed) and ``balancedness_eplb_off`` (under upstream's initial
+  placement, what EPLB off would have served; both :mod:`ascend_eplb.integration.metrics`);
 - ``rearrangement_skipped``: a window closed in which no EP rank recorded load (``model``; upstream's
   policy is not run, ``AscendEplbState.rearrange``);
 - ``rearrangement``: every layer of a rearrangement committed: ``model``, ``rearrangement``,
@@ -21,8 +21,9 @@ written and flushed at once (a crash loses at most the line being written). Ever
 - ``verifier_violation``: a serving verifier check failed (``check``, ``model``, ``layer``, ``rank``
   that found it, ``slot``, ``message``), written just before the verifier raises.
 
-A one-line INFO log per rearrangement says the same for people reading logs. :func:`read_windows`
-reads the windows back (``ascend-eplb plan events.jsonl``, ``ascend-eplb simulate --trace events.jsonl``).
+A one-line INFO log per rearrangement (EP rank 0) says the same for people reading logs.
+:func:`read_windows` reads the windows back (``ascend-eplb plan events.jsonl``,
+``ascend-eplb simulate --trace events.jsonl``).
 
 The same records, computed once, go to :attr:`EventsRecorder.listeners` on every EP rank (each with that
 rank's own ``bytes_received`` and ``publish_to_acknowledge_s``): the Prometheus metrics
@@ -123,6 +124,7 @@ class EventsRecorder:
         self._published: dict[tuple[str, int], float] = {}
         self._bytes_seen: dict[str, int] = {}
         self._skips_seen = 0
+        self._rank: int | None = None
 
     def attach(self, controller: Any, watchdog: Any | None = None, verifier: Any | None = None) -> None:
         """Record ``controller``'s models; ``watchdog`` and ``verifier`` (when given) add their
@@ -138,7 +140,8 @@ class EventsRecorder:
     def _on_registered(self, controller: Any, model: Any, model_config: Any) -> None:
         from vllm.distributed.parallel_state import get_ep_group
 
-        if get_ep_group().rank_in_group == 0 and self.path is not None and self._writer is None:
+        self._rank = get_ep_group().rank_in_group
+        if self._rank == 0 and self.path is not None and self._writer is None:
             self._writer = EventsWriter(self.path)
         if self._writer is None and not self.listeners:
             return
@@ -250,6 +253,8 @@ class EventsRecorder:
             layers_changed=changed,
             experts_crossing_ranks=crossing,
         )
+        if self._rank != 0:
+            return
         from vllm.logger import init_logger
 
         init_logger(__name__).info(

@@ -42,7 +42,7 @@ ENV_MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
 METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("ascend_eplb_window_balancedness", "gauge", ("model",),
      "Balancedness (mean rank load / max rank load per MoE layer, averaged over layers) of the last closed "
-     "load window under the placement that served it"),
+     "load window under the placement in force when it closed"),
     ("ascend_eplb_window_balancedness_eplb_off", "gauge", ("model",),
      "Balancedness of the same window's load under upstream's initial placement (EPLB off)"),
     ("ascend_eplb_rearrangements_started_total", "counter", ("model",),
