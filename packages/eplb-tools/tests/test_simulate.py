@@ -84,6 +84,16 @@ def test_metrics_writes_the_scrape_of_the_run_beside_the_report(tmp_path, capsys
     assert 0 < sum(per_rank) <= report["bytes_moved"]
 
 
+def test_metrics_under_torchrun_is_refused_before_anything(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    code = main(["simulate", "--model", "replay", "--ranks", "2", "--metrics", "--out", str(tmp_path / "o")])
+    assert code == 2
+    assert "metrics: not under torchrun (set ASCEND_EPLB_METRICS=1 and PROMETHEUS_MULTIPROC_DIR" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "o").exists()
+
+
 def test_eplb_off_balancedness_is_metrics_on_the_initial_placement():
     """The rank's EPLB-off number, recomputed here for one hand-made step: 4 experts, 2 ranks, 2
     redundant slots (upstream's initial map [0, 1, 2, 3, 0, 1]: rank 0 holds {0, 1, 2}, rank 1

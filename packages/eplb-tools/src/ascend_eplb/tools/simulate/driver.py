@@ -470,15 +470,15 @@ def _output_folder(config: SimulateConfig) -> Path:
 
 
 def _run_under_torchrun(config: SimulateConfig, t0: float, stream: Any) -> dict:
-    config, routing = _prepare(config)
-    out = _output_folder(config)
-    if int(os.environ.get("RANK", "0")) == 0:
-        _remove_outputs(out)  # rank 0 writes them; the others start after torchrun's rendezvous
     if config.metrics:
         raise ValueError(
             "invalid simulate options:\n  - metrics: not under torchrun (set ASCEND_EPLB_METRICS=1 and "
             "PROMETHEUS_MULTIPROC_DIR in torchrun's environment instead)"
         )
+    config, routing = _prepare(config)
+    out = _output_folder(config)
+    if int(os.environ.get("RANK", "0")) == 0:
+        _remove_outputs(out)  # rank 0 writes them; the others start after torchrun's rendezvous
     results, writer = _run_torchrun(config, routing)
     if not writer:
         return _report(config, routing, results, time.perf_counter() - t0)
