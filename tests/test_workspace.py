@@ -38,8 +38,12 @@ PACKAGES = {
     ),
     "testing": ("ascend-eplb-testing", "testing", {"torch"}),
 }
-# Third-party libraries a package may use beside its edges (traces, progress, plots).
-TOOL_LIBRARIES = {"packages/eplb-tools": {"numpy", "tqdm", "matplotlib", "psutil"}}
+# Third-party libraries a package may use beside its edges (traces, progress, plots; the serving
+# product's Prometheus metrics, prometheus_client, already a dependency of vLLM).
+TOOL_LIBRARIES = {
+    "packages/eplb-tools": {"numpy", "tqdm", "matplotlib", "psutil", "prometheus-client"},
+    "integration": {"prometheus-client"},
+}
 #: Optional extras a package may declare: torch_npu probes, the dataplane's Triton kernel, the toy
 #: MoE model's vLLM.
 EXTRAS = {"npu", "triton", "vllm"}

@@ -296,7 +296,10 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
         from ascend_eplb.integration.verify import EplbVerifier
 
         (verifier,) = [h.__self__ for h in ctrl.step_hooks if isinstance(h.__self__, EplbVerifier)]
-        report["verifier"] = [type(verifier).__name__, verifier.commits_checked, verifier.steps]
+        report["verifier"] = [
+            type(verifier).__name__, verifier.commits_checked, verifier.steps, verifier.boundaries_checked
+        ]  # fmt: skip
+        report["step_hooks"] = [type(h.__self__).__name__ for h in ctrl.step_hooks]
         report["commit_log"] = [
             (e.kind, e.model_name, e.layer, e.rearrangement, dict(e.evidence)) for e in state.commit_log
         ]

@@ -133,3 +133,60 @@ def start_up_errors(ctx: RankContext, folders: dict[str, str]) -> dict[str, Any]
         finally:
             rm.load_model = original
     return {"rank": ctx.rank, "errors": errors}
+
+
+def metrics_world(
+    ctx: RankContext, folder: str, num_redundant_experts: int, events_file: str, steps: int
+) -> dict[str, Any]:
+    """The serving path with the events file, the Prometheus metrics and the verifier on
+    (``PROMETHEUS_MULTIPROC_DIR`` comes from the launcher's environment), through every kind of record.
+
+    Phase ``decode``, window 2, interval 4: steps 0-3 are declared prefill batches, so the first window
+    holds no load and is skipped; decode batches follow, and rearrangements complete. From step 12 on,
+    layer 0's lookup is refreshed from the placement of start-up (the simulator's
+    ``wrong-lookup-refresh``), so its next commit to another placement is a ``lookups`` violation, raised
+    on both ranks at that step boundary (the run ends there).
+
+    Returns ``model`` (the model's name), ``records`` (every record this rank's events recorder made,
+    in order), ``bytes_received`` (this rank's communicator total), ``skipped`` (upstream state's
+    skipped rearrangements), ``violation`` (the check raised, or None) and ``step`` (where).
+    """
+    os.environ["ASCEND_EPLB_VERIFY"] = "1"
+    os.environ["ASCEND_EPLB_EVENTS"] = events_file
+    os.environ["ASCEND_EPLB_METRICS"] = "1"
+    from ascend_eplb.integration.events import EventsRecorder
+    from ascend_eplb.integration.verify import EplbVerificationError
+    from ascend_eplb.testing import real_models as rm
+
+    worker = rm.ServingWorker(
+        ctx, folder, num_redundant_experts=num_redundant_experts, window_size=2, step_interval=4,
+        phase="decode", eplb_off=False,
+    )  # fmt: skip
+    controller = worker.wiring.controller
+    (recorder,) = [
+        h.__self__ for h in controller.step_hooks if isinstance(getattr(h, "__self__", None), EventsRecorder)
+    ]
+    records: list[dict[str, Any]] = []
+    recorder.listeners.append(records.append)
+    layer_state = worker.model.moe_layers[0].eplb_state
+    stale = (layer_state.logical_to_physical_map.clone(), layer_state.logical_replica_count.clone())
+    info = worker.info
+    worker.profile_run(rm.prompt(0, 12, info.vocab_size))
+    report: dict[str, Any] = {"model": worker.model_state.model_name, "violation": None, "step": None}
+    for step in range(steps):
+        if step == 12:
+            layer_state.refresh_replica_lookup = lambda: layer_state.replica_lookup.refresh_(*stale)
+        worker.wait_for_transfer(20.0)
+        worker.forward_step(rm.prompt(step, 12, info.vocab_size), num_unpadded_tokens=12,
+                            batch_has_prefill=step < 4)  # fmt: skip
+        try:
+            worker.end_step()
+        except EplbVerificationError as e:
+            report.update(violation=e.check, step=step)
+            break
+    report.update(
+        records=records,
+        bytes_received=int(worker.model_state.communicator.cumulative_stats.bytes_received),
+        skipped=worker.state.num_skipped_rearrangements,
+    )
+    return report

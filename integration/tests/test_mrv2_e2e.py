@@ -114,8 +114,16 @@ def _a_rearrangement_completes_on_the_recorded_decode_load(reports) -> None:
         assert r["num_skipped"] == 1
         assert r["rebalanced"] is False
         assert r["worker_alive"] is True
-        # The serving verifier (ASCEND_EPLB_VERIFY=1) checked each layer's commit and every step.
-        assert r["verifier"] == ["EplbVerifier", ranks.NUM_MOE_LAYERS, 2 + len(r["steps"])]
+        # The serving verifier (ASCEND_EPLB_VERIFY=1) checked each layer's commit and saw every step; its
+        # collective ran only at the boundaries after a commit (upstream commits one layer per step).
+        assert r["verifier"] == [
+            "EplbVerifier",
+            ranks.NUM_MOE_LAYERS,
+            2 + len(r["steps"]),
+            ranks.NUM_MOE_LAYERS,
+        ]
+        # Events file and metrics off: no recorder, no hook of theirs.
+        assert r["step_hooks"] == ["WorkerWatchdog", "EplbVerifier"]
         # Only decode batches in upstream's recording window were recorded (phase "decode").
         recorded = [s for s in r["steps"] if s["recorded"]]
         assert len(recorded) == 1

@@ -68,6 +68,45 @@ def test_short_run_passes_every_check_and_balances(tmp_path):
     assert on_disk["out_dir"] == str(tmp_path.resolve())
 
 
+@pytest.mark.multirank
+def test_metrics_writes_the_scrape_of_the_run_beside_the_report(tmp_path, capsys):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    report = run_simulation(SimulateConfig(**FAULTY, out_dir=str(tmp_path), metrics=True))
+    assert report["passed"], report["first_violation"]
+    assert f"events.jsonl, metrics.prom in {tmp_path.resolve()}" in capsys.readouterr().out
+    scrape = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families((tmp_path / "metrics.prom").read_text())
+        for sample in family.samples
+    }
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    (model,) = {e["model"] for e in events}
+    kinds = [e["event"] for e in events]
+    assert kinds.count("rearrangement") == report["rearrangements_completed"] >= 2
+    by_model = (("model", model),)
+    assert scrape[("ascend_eplb_rearrangements_started_total", by_model)] == kinds.count("window")
+    assert scrape[("ascend_eplb_rearrangements_completed_total", by_model)] == kinds.count("rearrangement")
+    assert scrape[("ascend_eplb_layers_committed_total", by_model)] == report["layers_committed"]
+    last_window = [e for e in events if e["event"] == "window"][-1]
+    assert scrape[("ascend_eplb_window_balancedness", by_model)] == last_window["balancedness"]
+    per_rank = [
+        scrape[("ascend_eplb_bytes_received_total", (("model", model), ("rank", str(r))))] for r in (0, 1)
+    ]
+    assert per_rank[0] == sum(e["bytes_received"] for e in events if e["event"] == "commit")
+    assert 0 < sum(per_rank) <= report["bytes_moved"]
+
+
+def test_metrics_under_torchrun_is_refused_before_anything(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    code = main(["simulate", "--model", "replay", "--ranks", "2", "--metrics", "--out", str(tmp_path / "o")])
+    assert code == 2
+    assert "metrics: not under torchrun (set ASCEND_EPLB_METRICS=1 and PROMETHEUS_MULTIPROC_DIR" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "o").exists()
+
+
 def test_eplb_off_balancedness_is_metrics_on_the_initial_placement():
     """The rank's EPLB-off number, recomputed here for one hand-made step: 4 experts, 2 ranks, 2
     redundant slots (upstream's initial map [0, 1, 2, 3, 0, 1]: rank 0 holds {0, 1, 2}, rank 1

@@ -6,17 +6,29 @@ written and flushed at once (a crash loses at most the line being written). Ever
 
 - ``window``: a load window closed and upstream's policy receives it: ``model``, ``rearrangement``
   (1-based index), ``load`` (``[L][E]`` integers: the window's global load per MoE layer in logical
-  expert space, exactly upstream's ``last_expert_load``);
+  expert space, exactly upstream's ``last_expert_load``), ``balancedness`` (of that load under the
+  placement in force when the window closed) and ``balancedness_eplb_off`` (under upstream's initial
+  placement, what EPLB off would have served; both :mod:`ascend_eplb.integration.metrics`);
+- ``rearrangement_skipped``: a window closed in which no EP rank recorded load (``model``; upstream's
+  policy is not run, ``AscendEplbState.rearrange``);
 - ``rearrangement``: every layer of a rearrangement committed: ``model``, ``rearrangement``,
   ``balancedness_before`` / ``balancedness_after`` (of the window's load under the old and the new
   placement, :mod:`ascend_eplb.integration.metrics`), ``layers_changed``, ``experts_crossing_ranks``;
 - ``commit``: one layer committed: ``model``, ``rearrangement``, ``layer``, ``publish_to_acknowledge_s``
   (from the step boundary at which the runner thread first saw the layer published, or its move, to the
   acknowledgement of the staging buffer), ``bytes_received`` (by EP rank 0 for this layer);
-- ``worker_failure``: the watchdog's decision (``kind``, ``ranks``, ``model``, ``layer``, ``cause``).
+- ``worker_failure``: the watchdog's decision (``kind``, ``ranks``, ``model``, ``layer``, ``cause``);
+- ``verifier_violation``: a serving verifier check failed (``check``, ``model``, ``layer``, ``rank``
+  that found it, ``slot``, ``message``), written just before the verifier raises.
 
-A one-line INFO log per rearrangement says the same for people reading logs. :func:`read_windows`
-reads the windows back (``ascend-eplb plan events.jsonl``, ``ascend-eplb simulate --trace events.jsonl``).
+A one-line INFO log per rearrangement (EP rank 0) says the same for people reading logs.
+:func:`read_windows` reads the windows back (``ascend-eplb plan events.jsonl``,
+``ascend-eplb simulate --trace events.jsonl``).
+
+The same records, computed once, go to :attr:`EventsRecorder.listeners` on every EP rank (each with that
+rank's own ``bytes_received`` and ``publish_to_acknowledge_s``): the Prometheus metrics
+(:mod:`ascend_eplb.integration.prometheus`) are such a listener, so the file and the scrape hold the
+same values.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -86,35 +98,53 @@ class EventsWriter:
 
 
 class EventsRecorder:
-    """Writes the events of one controller's models (on EP rank 0; every other rank records nothing).
+    """The event records of one controller's models: written to ``path`` by EP rank 0, and handed to
+    :attr:`listeners` on every rank. A rank with neither a file to write nor a listener records nothing.
 
-    Use :meth:`attach` (``create_eplb_controller`` does when :func:`events_path` is set).
+    Use :meth:`attach` (``create_eplb_controller`` does when :func:`events_path` is set or the
+    Prometheus metrics are on).
+
+    Args:
+        path: the events file, or None (no file; listeners only).
+        clock: monotonic seconds (tests).
+
+    Attributes:
+        listeners: ``fn(record)`` called with each record (the dict of the module docstring), on the
+            runner thread, on every rank; add them before the model is registered.
     """
 
-    def __init__(self, path: str | os.PathLike[str], clock=time.monotonic) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike[str] | None, clock=time.monotonic) -> None:
+        self.path = None if path is None else Path(path)
         self.clock = clock
         self.steps = 0
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self._writer: EventsWriter | None = None
         self._active = False
         self._cycles: dict[str, dict[str, Any]] = {}
         self._published: dict[tuple[str, int], float] = {}
         self._bytes_seen: dict[str, int] = {}
+        self._skips_seen = 0
+        self._rank: int | None = None
 
-    def attach(self, controller: Any, watchdog: Any | None = None) -> None:
+    def attach(self, controller: Any, watchdog: Any | None = None, verifier: Any | None = None) -> None:
+        """Record ``controller``'s models; ``watchdog`` and ``verifier`` (when given) add their
+        ``worker_failure`` and ``verifier_violation`` records."""
         controller.registration_hooks.append(self._on_registered)
         controller.step_hooks.append(self._on_step)
         if watchdog is not None:
             watchdog.listeners.append(self._on_worker_failure)
+        if verifier is not None:
+            verifier.listeners.append(self._on_violation)
 
     # ------------------------------------------------------------------ hooks
     def _on_registered(self, controller: Any, model: Any, model_config: Any) -> None:
         from vllm.distributed.parallel_state import get_ep_group
 
-        if get_ep_group().rank_in_group != 0:
-            return
-        if self._writer is None:
+        self._rank = get_ep_group().rank_in_group
+        if self._rank == 0 and self.path is not None and self._writer is None:
             self._writer = EventsWriter(self.path)
+        if self._writer is None and not self.listeners:
+            return
         self._active = True
         state = controller.state
         if self._on_rearrangement not in state.rearrangement_listeners:
@@ -122,31 +152,53 @@ class EventsRecorder:
             state.commit_listeners.append(self._on_commit_event)
 
     def _write(self, event: str, **fields: Any) -> None:
-        assert self._writer is not None
-        self._writer.write({"event": event, "time": time.time(), "step": self.steps, **fields})
+        record = {"event": event, "time": time.time(), "step": self.steps, **fields}
+        if self._writer is not None:
+            self._writer.write(record)
+        for listener in self.listeners:
+            listener(record)
 
     def _on_step(self, controller: Any, is_dummy: bool, is_profile: bool) -> None:
         self.steps += 1
         if not self._active:
             return
+        state = controller.state
         now = self.clock()
-        for ms in controller.state.model_states.values():
+        for ms in state.model_states.values():
             pending = ms.pending_result
             if pending is not None:
                 self._published.setdefault((ms.model_name, pending.layer_idx), now)
+        skips = state.num_skipped_rearrangements
+        if skips != self._skips_seen:
+            self._skips_seen = skips
+            for ms in state.model_states.values():
+                self._write("rearrangement_skipped", model=ms.model_name)
 
     def _on_rearrangement(self, state: Any) -> None:
+        from vllm.distributed.eplb.eplb_state import EplbState
         from vllm.distributed.parallel_state import get_ep_group
 
+        from ascend_eplb.integration.metrics import balancedness, rank_loads
+
+        num_ranks = get_ep_group().world_size
         for ms in state.model_states.values():
             load = ms.last_expert_load
             if load is None:
                 continue
+            window = load.detach().cpu().to(torch.float64)
+            old = ms.physical_to_logical_map.detach().cpu().clone()
+            num_logical = int(window.shape[1])
+            num_redundant = int(old.shape[1]) - num_logical
+            # EPLB off: upstream's initial placement (its redundant slots replicate experts 0..R-1).
+            initial = torch.tensor(
+                EplbState.build_initial_global_physical_to_logical_map(num_logical, num_redundant),
+                dtype=torch.int64,
+            ).expand(old.shape[0], -1)
             self._cycles[ms.model_name] = {
                 "index": state.num_rearrangements,
-                "load": load.detach().cpu().to(torch.float64),
-                "old": ms.physical_to_logical_map.detach().cpu().clone(),
-                "num_ranks": get_ep_group().world_size,
+                "load": window,
+                "old": old,
+                "num_ranks": num_ranks,
             }
             self._bytes_seen[ms.model_name] = _bytes_received(ms)
             self._write(
@@ -154,6 +206,8 @@ class EventsRecorder:
                 model=ms.model_name,
                 rearrangement=state.num_rearrangements,
                 load=load.detach().cpu().to(torch.int64).tolist(),
+                balancedness=balancedness(rank_loads(window, old, num_ranks)),
+                balancedness_eplb_off=balancedness(rank_loads(window, initial, num_ranks)),
             )
 
     def _on_commit_event(self, event: Any, model_state: Any) -> None:
@@ -199,6 +253,8 @@ class EventsRecorder:
             layers_changed=changed,
             experts_crossing_ranks=crossing,
         )
+        if self._rank != 0:
+            return
         from vllm.logger import init_logger
 
         init_logger(__name__).info(
@@ -217,6 +273,19 @@ class EventsRecorder:
             model=failure.model,
             layer=failure.layer,
             cause=failure.cause,
+        )
+
+    def _on_violation(self, violation: Any) -> None:
+        if not self._active:
+            return
+        self._write(
+            "verifier_violation",
+            check=violation.check,
+            model=violation.model,
+            layer=violation.layer,
+            rank=violation.rank,
+            slot=violation.slot,
+            message=violation.message(),
         )
 
 

@@ -75,7 +75,8 @@ def create_eplb_controller(vllm_config: Any, device: torch.device) -> Any:
     Raises:
         EplbConfigError: the configuration violates the support matrix (every violated rule listed).
         ValueError: ``ASCEND_EPLB_WORKER_TIMEOUT_S``, ``ASCEND_EPLB_ON_WORKER_FAILURE``,
-            ``ASCEND_EPLB_VERIFY`` or ``ASCEND_EPLB_EVENTS`` is invalid (before anything is patched).
+            ``ASCEND_EPLB_VERIFY``, ``ASCEND_EPLB_EVENTS`` or ``ASCEND_EPLB_METRICS`` (with
+            ``PROMETHEUS_MULTIPROC_DIR``) is invalid (before anything is patched).
         RuntimeError: an upstream callable changed signature (from ``apply_patches``).
     """
     parallel_config = vllm_config.parallel_config

@@ -6,7 +6,8 @@ Building the controller with EPLB on takes two steps with the patches applied be
    ``ASCEND_EPLB_*`` switch, refusing a bad value before anything is patched or built;
 2. :func:`build_serving_controller` builds control's ``AscendEPLBController`` with the configured
    ``load_collection_phase``, attaches the serving guardrails (the worker watchdog always, the runtime
-   verifier and the events file when switched on) and logs the one :func:`active_line`.
+   verifier, the events file and the Prometheus metrics when switched on) and logs the one
+   :func:`active_line`.
 
 Two callers make these calls: :func:`ascend_eplb.integration.runner.create_eplb_controller` (read,
 ``apply_patches()``, build) and the patched ``EPLBController`` of upstream's runner in
@@ -34,6 +35,8 @@ class ServingSetup:
         on_worker_failure: ``ASCEND_EPLB_ON_WORKER_FAILURE``, ``"stop"`` (the default) or ``"raise"``.
         verify: ``ASCEND_EPLB_VERIFY`` asks for the runtime verifier.
         events: ``ASCEND_EPLB_EVENTS``, the events file path (str), or None (off).
+        metrics: ``ASCEND_EPLB_METRICS`` asks for the Prometheus metrics (prometheus_client is imported
+            only then).
     """
 
     settings: Any
@@ -41,6 +44,7 @@ class ServingSetup:
     on_worker_failure: str
     verify: bool
     events: str | None
+    metrics: bool = False
 
 
 def read_serving_setup(vllm_config: Any) -> ServingSetup:
@@ -49,16 +53,17 @@ def read_serving_setup(vllm_config: Any) -> ServingSetup:
     Raises:
         EplbConfigError: the configuration violates the support matrix (every violated rule listed).
         ValueError: ``ASCEND_EPLB_WORKER_TIMEOUT_S``, ``ASCEND_EPLB_ON_WORKER_FAILURE``,
-            ``ASCEND_EPLB_VERIFY`` or ``ASCEND_EPLB_EVENTS`` is invalid.
+            ``ASCEND_EPLB_VERIFY``, ``ASCEND_EPLB_EVENTS`` or ``ASCEND_EPLB_METRICS`` is invalid.
     """
     from ascend_eplb.integration.events import events_path
+    from ascend_eplb.integration.prometheus import metrics_requested
     from ascend_eplb.integration.validation import validate_eplb_config
     from ascend_eplb.integration.verify import verify_requested
     from ascend_eplb.integration.watchdog import watchdog_settings
 
     settings = validate_eplb_config(vllm_config)
     timeout_s, on_failure = watchdog_settings()
-    return ServingSetup(settings, timeout_s, on_failure, verify_requested(), events_path())
+    return ServingSetup(settings, timeout_s, on_failure, verify_requested(), events_path(), metrics_requested())
 
 
 def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSetup) -> Any:
@@ -78,13 +83,21 @@ def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSe
     phase = setup.settings.ascend_eplb_config.get("load_collection_phase", "all")
     controller = AscendEPLBController(parallel_config, device, load_collection_phase=phase)
     # Step hooks run in this order on every rank: the watchdog first (a failure stops EPLB before any
-    # other hook looks at the cycle), then the verifier, then the events file.
+    # other hook looks at the cycle), then the verifier, then the events recorder (the events file and
+    # the metrics are its record's two consumers).
     watchdog = WorkerWatchdog(setup.worker_timeout_s, setup.on_worker_failure)
     watchdog.attach(controller)
+    verifier = None
     if setup.verify:
-        EplbVerifier().attach(controller)
-    if setup.events is not None:
-        EventsRecorder(setup.events).attach(controller, watchdog)
+        verifier = EplbVerifier()
+        verifier.attach(controller)
+    if setup.events is not None or setup.metrics:
+        recorder = EventsRecorder(setup.events)
+        recorder.attach(controller, watchdog, verifier)
+        if setup.metrics:
+            from ascend_eplb.integration.prometheus import PrometheusMetrics
+
+            PrometheusMetrics().attach(controller, recorder)
     # The one line that tells an operator, in the serving log, that Ascend EPLB is active and how.
     init_logger(__name__).info(
         "%s",
@@ -95,6 +108,7 @@ def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSe
             setup.on_worker_failure,
             setup.events,
             setup.settings.num_redundant_experts,
+            metrics=setup.metrics,
         ),
     )
     return controller
@@ -107,11 +121,14 @@ def active_line(
     on_failure: str,
     events: Any,
     num_redundant_experts: Any,
+    *,
+    metrics: bool = False,
 ) -> str:
     """The INFO line :func:`build_serving_controller` logs (also what an operator greps for)."""
     return (
         f"Ascend EPLB active: AscendEPLBController, load_collection_phase={phase}, "
         f"num_redundant_experts={num_redundant_experts}, verifier={'on' if verifying else 'off'} "
         f"(ASCEND_EPLB_VERIFY), watchdog timeout {timeout_s:g} s on_failure={on_failure}, "
-        f"events={events if events is not None else 'off'} (ASCEND_EPLB_EVENTS)"
+        f"events={events if events is not None else 'off'} (ASCEND_EPLB_EVENTS), "
+        f"metrics={'on' if metrics else 'off'} (ASCEND_EPLB_METRICS)"
     )

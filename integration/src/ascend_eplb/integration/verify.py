@@ -1,4 +1,4 @@
-"""Runtime verifier of a serving worker: invariants 3 and 5 checked at every commit and every step.
+"""Runtime verifier of a serving worker: invariants 3 and 5 checked at every commit.
 
 Switched on by ``ASCEND_EPLB_VERIFY=1`` (off by default). Off, nothing is allocated, hooked or
 imported. On, :func:`ascend_eplb.integration.runner.create_eplb_controller` attaches an
@@ -12,30 +12,38 @@ imported. On, :func:`ascend_eplb.integration.runner.create_eplb_controller` atta
   ``fingerprints``: every local slot's fingerprint equals the one of the logical expert the committed
   ``physical_to_logical_map`` assigns to it; ``lookups``: the layer's lookup table equals
   ``build_replica_table`` of the committed upstream maps and keeps its storage (``data_ptr``);
-* every EPLB step, on every rank: ``lookups``: the committed maps' checksums are equal on every rank;
-  and, at a step boundary after layer commits, replica agreement (GLOSSARY.md): a probe batch
-  (:data:`PROBE_ROWS` rows routing every logical expert) mapped through each committed layer's lookup
-  with the rank's row layout of the last forward gives the same physical ids on every rank that routes
-  the same rows (equal ``RowLayout.sharing_group``). One ``all_gather`` of a small int64 tensor on the
-  EP CPU group (plus one ``all_gather_object`` only when some rank found a violation), at the step
-  boundary, in the same order on every rank. (Whether
-  the async worker is alive and progressing is the always-on watchdog's check,
-  :mod:`ascend_eplb.integration.watchdog`, named ``worker``.)
+* at the step boundary after a step in which layers committed, on every rank: ``lookups``: the
+  committed maps' checksums are equal on every rank; and replica agreement (GLOSSARY.md): a probe
+  batch (:data:`PROBE_ROWS` rows routing every logical expert) mapped through each committed layer's
+  lookup with the rank's row layout of the last forward gives the same physical ids on every rank that
+  routes the same rows (equal ``RowLayout.sharing_group``). One ``all_gather`` of a small int64 tensor
+  on the EP CPU group (plus one ``all_gather_object`` only when some rank found a violation), in the
+  same order on every rank. (Whether the async worker is alive and progressing is the always-on
+  watchdog's check, :mod:`ascend_eplb.integration.watchdog`, named ``worker``.)
+
+A step boundary after a step without a commit costs one comparison and no collective: the committed
+maps change only in upstream's commits (which the commit hooks report), and upstream commits a layer
+on every EP rank at the same step (``EplbState.step`` moves a layer only once its
+``_all_ranks_result_ready`` all_reduce says every rank has it; the synchronous commit runs in the
+same step everywhere), so every rank takes the collective at the same boundaries.
 
 A violation found at a commit is raised at the next step boundary, on every rank alike, as
 :class:`EplbVerificationError` naming the check, step, layer, rank and slot: never silently, and
-never on one rank only (the others would wait in the next collective).
+never on one rank only (the others would wait in the next collective). :attr:`EplbVerifier.listeners`
+hear each violation first (the events file and the Prometheus metrics count them).
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
-import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from ascend_eplb.integration.switches import env_flag
 
 __all__ = ["CHECKS", "ENV_VERIFY", "EplbVerificationError", "EplbVerifier", "verify_requested"]
 
@@ -43,30 +51,20 @@ __all__ = ["CHECKS", "ENV_VERIFY", "EplbVerificationError", "EplbVerifier", "ver
 ENV_VERIFY = "ASCEND_EPLB_VERIFY"
 #: What the verifier checks, by name (used in errors and by the simulator's report).
 CHECKS = ("fingerprints", "lookups")
-_TRUE = ("1", "true", "yes", "on")
 #: Rows of the replica-agreement probe batch (each routes every logical expert once).
 PROBE_ROWS = 8
 #: The gathered probe entry of a rank without a fresh probe this step (no layer committed).
 _NO_PROBE = -1
 
 
-_FALSE = ("", "0", "false", "no", "off")
-
-
 def verify_requested(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``ASCEND_EPLB_VERIFY`` asks for the verifier (``1``/``true``/``yes``/``on``; unset or
-    ``0``/``false``/``no``/``off``: no).
+    ``0``/``false``/``no``/``off``: no; :func:`ascend_eplb.integration.switches.env_flag`).
 
     Raises:
         ValueError: any other value (a typo must not silently leave the verifier off).
     """
-    env = os.environ if environ is None else environ
-    value = env.get(ENV_VERIFY, "").strip().lower()
-    if value not in _TRUE + _FALSE:
-        raise ValueError(
-            f"{ENV_VERIFY}={env.get(ENV_VERIFY)!r}: must be one of 1, true, yes, on, 0, false, no, off"
-        )
-    return value in _TRUE
+    return env_flag(ENV_VERIFY, environ)
 
 
 @dataclass(frozen=True)
@@ -79,6 +77,8 @@ class Violation:
     layer: int | None
     slot: int | None
     detail: str
+    model: str | None = None
+    """upstream ``EplbModelState.model_name`` of the model checked (not part of the message)."""
 
     def message(self) -> str:
         where = [f"step {self.step}", f"rank {self.rank}"]
@@ -109,24 +109,28 @@ class EplbVerificationError(RuntimeError):
         self.slot = violation.slot
 
 
-def slot_fingerprint(layer: Any, row: int) -> str:
-    """BLAKE2b-128 digest of local row ``row`` of a MoE layer's expert storage.
+def slot_fingerprints(layer: Any, num_rows: int) -> list[str]:
+    """BLAKE2b-128 hex digest of each local row ``0 .. num_rows - 1`` of a MoE layer's expert storage.
 
     Uses ``layer.expert_storage`` (a quant_views ``ExpertStorage``: every kernel tensor, so a weight
     view list that forgets a tensor is caught) when the layer has one, else every tensor of
-    ``layer.get_expert_weights()`` (what upstream moves).
+    ``layer.get_expert_weights()`` (what upstream moves; read once for all rows).
     """
     storage = getattr(layer, "expert_storage", None)
     if storage is not None:
         from ascend_eplb.quant_views import expert_fingerprint
 
-        return expert_fingerprint(storage, row)
-    digest = hashlib.blake2b(digest_size=16)
-    for view in layer.get_expert_weights():
-        data = view[row].detach().to("cpu").contiguous().view(-1).view(torch.uint8)
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(bytes(data.tolist()))
-    return digest.hexdigest()
+        return [expert_fingerprint(storage, row) for row in range(num_rows)]
+    views = [view.detach() for view in layer.get_expert_weights()]
+    out = []
+    for row in range(num_rows):
+        digest = hashlib.blake2b(digest_size=16)
+        for view in views:
+            data = view[row].to("cpu").contiguous().view(-1).view(torch.uint8)
+            digest.update(len(data).to_bytes(8, "little"))
+            digest.update(ctypes.string_at(data.data_ptr(), data.numel()))  # the row's bytes, one copy
+        out.append(digest.hexdigest())
+    return out
 
 
 class EplbVerifier:
@@ -137,11 +141,16 @@ class EplbVerifier:
     Attributes:
         steps: EPLB steps seen.
         commits_checked: layer commits checked on this rank.
+        boundaries_checked: step boundaries that ran the collective checks (those after a commit).
+        listeners: ``fn(violation)`` called with a :class:`Violation` just before it is raised, on every
+            rank that raises it (the events file and the Prometheus metrics subscribe).
     """
 
     def __init__(self) -> None:
         self.steps = 0
         self.commits_checked = 0
+        self.boundaries_checked = 0
+        self.listeners: list[Callable[[Violation], None]] = []
         self._models: dict[str, dict[str, Any]] = {}
         self._pending: Violation | None = None
         self._committed_layers: dict[str, set[int]] = {}  # per model: layers committed since last step
@@ -166,7 +175,7 @@ class EplbVerifier:
         rank, num_ranks = group.rank_in_group, group.world_size
         p2l = model_state.physical_to_logical_map.cpu()
         p = p2l.shape[1] // num_ranks
-        local = [[slot_fingerprint(layer, row) for row in range(p)] for layer in layers]
+        local = [slot_fingerprints(layer, p) for layer in layers]
         gathered: list[Any] = [None] * num_ranks
         dist.all_gather_object(gathered, local, group=group.cpu_group)
         logical: list[dict[int, str]] = []
@@ -177,7 +186,7 @@ class EplbVerifier:
                     slot = other * p + row
                     expert = int(p2l[layer_idx, slot])
                     if fps.setdefault(expert, fp) != fp:
-                        raise EplbVerificationError(
+                        self._raise(
                             Violation(
                                 "fingerprints",
                                 0,
@@ -186,6 +195,7 @@ class EplbVerifier:
                                 slot,
                                 f"at load, slot {slot} holds logical expert {expert} with weights that "
                                 "differ from another replica of it",
+                                model_state.model_name,
                             )
                         )
             logical.append(fps)
@@ -215,14 +225,15 @@ class EplbVerifier:
         return None
 
     def _on_commit_event(self, event: Any, model_state: Any) -> None:
-        if event.kind != "refresh" or self._pending is not None:
+        if event.kind != "refresh":
             return
         entry = self._model_of(model_state)
         if entry is None:
             return
-        self.commits_checked += 1
         self._committed_layers.setdefault(entry["key"], set()).add(event.layer)
-        self._pending = self._check_layer(entry, event.layer)
+        if self._pending is None:
+            self.commits_checked += 1
+            self._pending = self._check_layer(entry, event.layer)
 
     def _check_layer(self, entry: dict[str, Any], layer_idx: int) -> Violation | None:
         from ascend_eplb.dataplane import build_replica_table
@@ -230,14 +241,13 @@ class EplbVerifier:
         ms, rank, p = entry["model_state"], entry["rank"], entry["p"]
         p2l = ms.physical_to_logical_map[layer_idx].cpu()
         layer = entry["layers"][layer_idx]
-        for row in range(p):
+        local = p2l[rank * p : (rank + 1) * p].tolist()
+        for row, (fingerprint, expert) in enumerate(zip(slot_fingerprints(layer, p), local, strict=True)):
             slot = rank * p + row
-            expert = int(p2l[slot])
-            want = entry["logical"][layer_idx].get(expert)
-            if slot_fingerprint(layer, row) != want:
+            if fingerprint != entry["logical"][layer_idx].get(expert):
                 return Violation(
                     "fingerprints", self.steps, rank, layer_idx, slot,
-                    f"after the commit the slot's weights are not logical expert {expert}'s",
+                    f"after the commit the slot's weights are not logical expert {expert}'s", ms.model_name,
                 )  # fmt: skip
         l2p = ms.logical_to_physical_map[layer_idx].cpu()
         counts = ms.logical_replica_count[layer_idx].cpu()
@@ -245,8 +255,9 @@ class EplbVerifier:
             lookup = ls.replica_lookup
             if lookup.table.data_ptr() != ptr:
                 return Violation(
-                    "lookups", self.steps, rank, layer_idx, None, "the lookup table's storage changed"
-                )
+                    "lookups", self.steps, rank, layer_idx, None, "the lookup table's storage changed",
+                    ms.model_name,
+                )  # fmt: skip
             expected = build_replica_table(
                 l2p, counts, lookup.phase, lookup.rows, num_physical_experts=int(p2l.shape[0])
             ).to(lookup.table.device)
@@ -255,7 +266,7 @@ class EplbVerifier:
                 return Violation(
                     "lookups", self.steps, rank, layer_idx, None,
                     f"lookup row {bad[0]} expert {bad[1]} holds {int(lookup.table[bad[0], bad[1]])}, the "
-                    f"committed maps give {int(expected[bad[0], bad[1]])}",
+                    f"committed maps give {int(expected[bad[0], bad[1]])}", ms.model_name,
                 )  # fmt: skip
         return None
 
@@ -277,25 +288,35 @@ class EplbVerifier:
         return total
 
     # ------------------------------------------------------------------ per step
+    def _raise(self, violation: Violation) -> None:
+        for listener in self.listeners:
+            listener(violation)
+        raise EplbVerificationError(violation)
+
     def on_step(self, controller: Any, is_dummy: bool, is_profile: bool) -> None:
-        """The step-boundary collective: committed maps equal on every rank, pending violations.
+        """The step boundary: after a step in which layers committed, the collective checks and any
+        violation found at those commits; otherwise nothing (no collective, O(1)).
 
         Raises:
             EplbVerificationError: on every rank, when any rank found a violation.
         """
+        self.steps += 1
+        if not self._committed_layers:
+            return
+        committed, self._committed_layers = self._committed_layers, {}
+        self._check_boundary(controller, committed)
+
+    def _check_boundary(self, controller: Any, committed: dict[str, set[int]]) -> None:
         import torch.distributed as dist
 
         from ascend_eplb.dataplane import table_checksum
 
-        self.steps += 1
-        if not self._models:
-            return
+        self.boundaries_checked += 1
         entries = list(self._models.values())
         group = entries[0]["group"]
         rank = entries[0]["rank"]
         sums = [table_checksum(e["model_state"].physical_to_logical_map.cpu()) for e in entries]
         layout = getattr(controller, "last_row_layout", None)
-        committed, self._committed_layers = self._committed_layers, {}
         probes = [
             self._probe_checksum(e, committed[e["key"]])
             if layout is not None and committed.get(e["key"])
@@ -313,13 +334,12 @@ class EplbVerifier:
         if any(int(t[0]) for t in gathered):
             violations: list[Any] = [None] * group.world_size
             dist.all_gather_object(violations, self._pending, group=group.cpu_group)
-            first = next(v for v in violations if v is not None)
-            raise EplbVerificationError(first)
+            self._raise(next(v for v in violations if v is not None))
         n = len(sums)
         for other, theirs in enumerate(gathered):
             if not torch.equal(theirs[: 1 + n], mine[: 1 + n]):
                 model = next(i for i in range(n) if int(theirs[1 + i]) != sums[i])
-                raise EplbVerificationError(
+                self._raise(
                     Violation(
                         "lookups",
                         self.steps,
@@ -328,6 +348,7 @@ class EplbVerifier:
                         None,
                         f"the committed placement of model {model} differs between rank {other} and "
                         f"rank {rank} (checksums {int(theirs[1 + model])} != {sums[model]})",
+                        entries[model]["model_state"].model_name,
                     )
                 )
         if layout is None:
@@ -338,7 +359,7 @@ class EplbVerifier:
             for i, probe in enumerate(probes):
                 same_layers = int(theirs[1 + 2 * n + i]) == masks[i]
                 if probe != _NO_PROBE and same_layers and int(theirs[1 + n + i]) not in (_NO_PROBE, probe):
-                    raise EplbVerificationError(
+                    self._raise(
                         Violation(
                             "lookups",
                             self.steps,
@@ -348,5 +369,6 @@ class EplbVerifier:
                             f"replica agreement: ranks {min(rank, other)} and {max(rank, other)} route the "
                             f"same rows ({layout.rows} row layout) but chose different replicas for the "
                             f"probe batch of model {i}'s layer(s) {sorted(committed[entries[i]['key']])}",
+                            entries[i]["model_state"].model_name,
                         )
                     )

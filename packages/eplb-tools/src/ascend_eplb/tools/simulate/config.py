@@ -208,6 +208,12 @@ class SimulateConfig:
         metavar="PATH",
     )  # fmt: skip
     link_gbps: float = _option(LINK_GBPS_DEFAULT, "--link-gbps", LINK_GBPS_HELP, type=float)
+    metrics: bool = _option(
+        False, "--metrics",
+        "also export the serving Prometheus metrics (ASCEND_EPLB_METRICS=1, multiprocess mode) and write "
+        "their scrape, metrics.prom, beside report.json",
+        action="store_true",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         from ascend_eplb.tools.simulate.models import REPLAY, REPLAY_FORMAT

@@ -99,6 +99,13 @@ def _launch(config: SimulateConfig, routing: Any, deadline: float, phase: list[s
     # run, whatever ends it, with whatever a killed rank left.
     world = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
     bar = None
+    multiproc_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if config.metrics:
+        # prometheus_client picks its multiprocess mode when the fork server imports vLLM: that server
+        # starts with the folder in its environment (and a later one of this process as before).
+        stop_fork_server()
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(world / "prometheus")
+        (world / "prometheus").mkdir()
     try:
         phase[0] = "importing vLLM in the launcher"
         from ascend_eplb.tools.simulate.rank import simulate_rank
@@ -119,7 +126,7 @@ def _launch(config: SimulateConfig, routing: Any, deadline: float, phase: list[s
                 bar.refresh()
 
         phase[0] = "starting the ranks (the fork server imports vLLM)"
-        return run_ranks(
+        results = run_ranks(
             simulate_rank,
             world_size=config.num_ranks,
             tmp_path=world,
@@ -129,6 +136,9 @@ def _launch(config: SimulateConfig, routing: Any, deadline: float, phase: list[s
             preload=[_RANK_MODULE],
             on_message=on_message,
         )
+        if config.metrics:
+            _write_scrape(world / "prometheus", Path(config.out_dir) / "metrics.prom")
+        return results
     except RankFailureError as e:
         lines = ["simulation failed:"]
         for rank in sorted(e.reports):
@@ -153,8 +163,24 @@ def _launch(config: SimulateConfig, routing: Any, deadline: float, phase: list[s
     finally:
         if bar is not None:
             bar.close()
+        if config.metrics:
+            stop_fork_server()
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+            if multiproc_dir is not None:
+                os.environ["PROMETHEUS_MULTIPROC_DIR"] = multiproc_dir
         release_world_resources(world)
         shutil.rmtree(world, ignore_errors=True)
+
+
+def _write_scrape(folder: Path, path: Path) -> None:
+    """What vLLM's API server's ``/metrics`` serves from ``folder`` (prometheus_client's
+    ``MultiProcessCollector``), in the Prometheus text format."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(folder))
+    path.write_bytes(generate_latest(registry))
 
 
 def _run_torchrun(config: SimulateConfig, routing: Any) -> tuple[list[dict], bool]:
@@ -236,9 +262,10 @@ def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: f
         "world_cpu_seconds_per_step_p50": float(
             sum(np.percentile(res["step_cpu_seconds"], 50) for res in results)
         ),
-        # The serving verifier's own time per step (its step-boundary collective and the commit checks
-        # it finds pending), measured inside the same steps: the cost of ASCEND_EPLB_VERIFY=1.
+        # The serving verifier's own time per step (its checks at each commit and its collective at the
+        # step boundary after one), measured inside the same steps: the cost of ASCEND_EPLB_VERIFY=1.
         "verifier_seconds_per_step_p50": float(np.percentile(r0["verifier_seconds"], 50)),
+        "verifier_seconds_per_step_mean": float(np.mean(r0["verifier_seconds"])),
         "step_seconds_p50_without_verifier": float(
             np.percentile(secs - np.array(r0["verifier_seconds"]), 50)
         ),
@@ -515,7 +542,8 @@ def _summary(report: dict) -> str:
         f"without {ms(report['step_seconds_p50_idle'])} ms)",
         f"  CPU per step, all ranks, p50 {ms(report['world_cpu_seconds_per_step_p50'])} ms",
         f"  serving verifier (ASCEND_EPLB_VERIFY=1) per step p50 "
-        f"{ms(report['verifier_seconds_per_step_p50'])} ms (step p50 without it "
+        f"{ms(report['verifier_seconds_per_step_p50'])} ms, mean "
+        f"{ms(report['verifier_seconds_per_step_mean'])} ms (step p50 without it "
         f"{ms(report['step_seconds_p50_without_verifier'])} ms)",
         f"  time per commit step mean {ms(commit_mean)} ms; "
         f"max output error {report['max_output_error']:.3g}",
@@ -534,7 +562,8 @@ def _summary(report: dict) -> str:
     for name, ok in report["checks"].items():
         lines.append(f"  {label[ok]}  {name:<12} {CHECK_DESCRIPTIONS[name]}")
         lines.append(f"        {'':<12} saw: {report['check_evidence'][name]}")
-    lines.append(f"  report.json, balancedness.png, events.jsonl in {report['out_dir']}")
+    scrape = ", metrics.prom" if report["config"].get("metrics") else ""
+    lines.append(f"  report.json, balancedness.png, events.jsonl{scrape} in {report['out_dir']}")
     from ascend_eplb.tools import quiet
 
     if quiet.install():
@@ -587,7 +616,7 @@ def run_simulation(config: SimulateConfig, *, stream=None) -> dict:
 
 
 #: What a run writes into its output folder (and removes, from an earlier run, before it starts).
-_OUTPUTS = ("report.json", "balancedness.png", "events.jsonl")
+_OUTPUTS = ("report.json", "balancedness.png", "events.jsonl", "metrics.prom")
 
 
 def _remove_outputs(out: Path) -> None:
@@ -616,6 +645,11 @@ def _output_folder(config: SimulateConfig) -> Path:
 
 
 def _run_under_torchrun(config: SimulateConfig, t0: float, stream: Any) -> dict:
+    if config.metrics:
+        raise ValueError(
+            "invalid simulate options:\n  - metrics: not under torchrun (set ASCEND_EPLB_METRICS=1 and "
+            "PROMETHEUS_MULTIPROC_DIR in torchrun's environment instead)"
+        )
     config, routing = _prepare(config)
     out = _output_folder(config)
     if int(os.environ.get("RANK", "0")) == 0:

@@ -156,6 +156,8 @@ def simulate_rank(ctx: RankContext, cfg: dict, routing: dict, gather: bool = Fal
     os.environ["ASCEND_EPLB_ON_WORKER_FAILURE"] = cfg["on_worker_failure"]
     if cfg.get("events_file"):
         os.environ["ASCEND_EPLB_EVENTS"] = cfg["events_file"]
+    # PROMETHEUS_MULTIPROC_DIR comes with the fork server's environment (the driver's).
+    os.environ["ASCEND_EPLB_METRICS"] = "1" if cfg.get("metrics") else "0"
     torch.set_num_threads(1)
     _load_plugins()
     if cfg.get("model_folder"):
@@ -210,14 +212,17 @@ def _new_stats() -> dict[str, Any]:
 
 
 def _timed_hooks(controller: Any) -> tuple[WorkerWatchdog, EplbVerifier, list[float]]:
-    """Wrap the controller's step hooks to time them (the verifier's cost per step); returns the
-    watchdog and the verifier among them and the one-element list each step's hook seconds accumulate
-    into."""
+    """Wrap the serving verifier's step hook and commit listener to time them (its cost per step);
+    returns the watchdog and the verifier among the step hooks and the one-element list each step's
+    verifier seconds accumulate into."""
     hooks = list(controller.step_hooks)
     owners = [getattr(h, "__self__", None) for h in hooks]
     (watchdog,) = [o for o in owners if isinstance(o, WorkerWatchdog)]
     (verifier,) = [o for o in owners if isinstance(o, EplbVerifier)]  # ASCEND_EPLB_VERIFY=1 here
     spent = [0.0]
+
+    def ours(hook: Any) -> bool:
+        return isinstance(getattr(hook, "__self__", None), EplbVerifier)
 
     def timed(hook):
         def run(*args):
@@ -229,7 +234,9 @@ def _timed_hooks(controller: Any) -> tuple[WorkerWatchdog, EplbVerifier, list[fl
 
         return run
 
-    controller.step_hooks[:] = [timed(h) for h in hooks]
+    controller.step_hooks[:] = [timed(h) if ours(h) else h for h in hooks]
+    listeners = controller.state.commit_listeners
+    listeners[:] = [timed(h) if ours(h) else h for h in listeners]
     return watchdog, verifier, spent
 
 

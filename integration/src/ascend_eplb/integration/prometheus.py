@@ -1,0 +1,190 @@
+"""Prometheus metrics of a serving worker: the events file's facts as series on vLLM's ``/metrics``.
+
+Switched on by ``ASCEND_EPLB_METRICS=1`` (``1``/``true``/``yes``/``on``, the verifier's parser,
+:func:`ascend_eplb.integration.switches.env_flag`; off by default). Off, :func:`metrics_requested` (the
+standard library only) is all that runs: prometheus_client is not imported here, no recorder or hook is
+attached. On, it needs prometheus_client's multiprocess mode: ``PROMETHEUS_MULTIPROC_DIR`` names a
+writable folder in the environment vLLM starts with (vLLM's API server then serves every process's
+values from that folder on its own ``/metrics``, through ``MultiProcessCollector``; a server started
+with ``--api-server-count`` > 1 sets one itself). Each worker process writes its values to its own files
+there, so the series reach the API server's registry without any code in the API server.
+
+:func:`ascend_eplb.integration.runner.create_eplb_controller` attaches a :class:`PrometheusMetrics` to
+the controller's :class:`~ascend_eplb.integration.events.EventsRecorder` (created for it when no events
+file is configured): every value comes from the same record as the events file's line, so a scrape
+and the file agree. Series (:data:`METRICS`), labelled ``model`` (upstream ``EplbModelState.model_name``)
+and, where the value differs per rank, ``rank`` (the EP rank); ``kind`` and ``check`` take the few values
+of the watchdog and the verifier. Nothing else is a label: the series are bounded by models x EP ranks.
+Values the same on every rank (they come from collectives) are written by EP rank 0 only. Every series
+of a registered model exists from registration on (counters at 0); gauges keep the most recent value
+(``multiprocess_mode="mostrecent"``: no ``pid`` label).
+
+vLLM warns that a ``PROMETHEUS_MULTIPROC_DIR`` it did not create must be emptied between runs; counters
+of an earlier run would otherwise add up.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ascend_eplb.integration.switches import env_flag
+
+__all__ = ["ENV_METRICS", "ENV_MULTIPROC_DIR", "METRICS", "PrometheusMetrics", "metrics_requested"]
+
+#: The environment switch of the metrics.
+ENV_METRICS = "ASCEND_EPLB_METRICS"
+#: prometheus_client's multiprocess folder (read by vLLM's API server).
+ENV_MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
+
+#: Every series: ``(name as scraped, type, labels, what it counts)``.
+METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
+    ("ascend_eplb_window_balancedness", "gauge", ("model",),
+     "Balancedness (mean rank load / max rank load per MoE layer, averaged over layers) of the last closed "
+     "load window under the placement in force when it closed"),
+    ("ascend_eplb_window_balancedness_eplb_off", "gauge", ("model",),
+     "Balancedness of the same window's load under upstream's initial placement (EPLB off)"),
+    ("ascend_eplb_rearrangements_started_total", "counter", ("model",),
+     "Rearrangements started: load windows handed to upstream's policy"),
+    ("ascend_eplb_rearrangements_completed_total", "counter", ("model",),
+     "Rearrangements whose last MoE layer committed"),
+    ("ascend_eplb_rearrangements_skipped_total", "counter", ("model",),
+     "Windows closed without a rearrangement because no EP rank recorded load"),
+    ("ascend_eplb_layers_committed_total", "counter", ("model",), "MoE layer placements committed"),
+    ("ascend_eplb_experts_moved_total", "counter", ("model",),
+     "Expert weights that crossed ranks, over completed rearrangements"),
+    ("ascend_eplb_bytes_received_total", "counter", ("model", "rank"),
+     "Expert weight bytes this EP rank received in rearrangements"),
+    ("ascend_eplb_commit_publish_to_acknowledge_seconds", "gauge", ("model", "rank"),
+     "Last layer commit on this EP rank: seconds from the step boundary that saw the layer published (or "
+     "its move) to the acknowledgement of the staging buffer"),
+    ("ascend_eplb_worker_failures_total", "counter", ("model", "kind"),
+     "Async EPLB worker failures the watchdog decided (kind: died, stalled), each counted for every model "
+     "of the worker: it stops EPLB for all of them"),
+    ("ascend_eplb_verifier_violations_total", "counter", ("model", "check"),
+     "Serving verifier violations (ASCEND_EPLB_VERIFY=1) by check (fingerprints, lookups)"),
+)  # fmt: skip
+_FAILURE_KINDS = ("died", "stalled")
+
+
+def metrics_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``ASCEND_EPLB_METRICS`` asks for the metrics, checked for what they need.
+
+    Raises:
+        ValueError: the switch has another value than the accepted words; or it is on and
+            ``PROMETHEUS_MULTIPROC_DIR`` is unset, not a writable folder, or was not set yet when this
+            process imported prometheus_client (its values would stay in this process, never reaching
+            the API server). Each message names the variable and the rule.
+    """
+    env = os.environ if environ is None else environ
+    if not env_flag(ENV_METRICS, env):
+        return False
+    folder = env.get(ENV_MULTIPROC_DIR, "").strip()
+    if not folder:
+        raise ValueError(
+            f"{ENV_METRICS}={env.get(ENV_METRICS)}: needs {ENV_MULTIPROC_DIR}, the folder where every vLLM "
+            "process writes its metrics and vLLM's API server reads them (set it in the environment vLLM "
+            "starts with)"
+        )
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{ENV_MULTIPROC_DIR}={folder}: not a writable folder ({ENV_METRICS} is on)")
+    from prometheus_client import values
+
+    if values.ValueClass is values.MutexValue:
+        raise ValueError(
+            f"{ENV_MULTIPROC_DIR}={folder}: this process imported prometheus_client before the variable was "
+            f"set, so its metrics would stay in this process ({ENV_METRICS} is on); set it in the "
+            "environment vLLM starts with"
+        )
+    return True
+
+
+_FAMILIES: dict[str, Any] | None = None
+
+
+def _families() -> dict[str, Any]:
+    """The process's metric objects, built once (two objects of one name would overwrite each other's
+    values in this process's multiprocess file). Not registered in prometheus_client's global registry:
+    the API server collects them from the files."""
+    global _FAMILIES
+    if _FAMILIES is None:
+        from prometheus_client import Counter, Gauge
+
+        families = {}
+        for name, kind, labels, doc in METRICS:
+            if kind == "counter":
+                families[name] = Counter(name.removesuffix("_total"), doc, labels, registry=None)
+            else:
+                families[name] = Gauge(name, doc, labels, registry=None, multiprocess_mode="mostrecent")
+        _FAMILIES = families
+    return _FAMILIES
+
+
+class PrometheusMetrics:
+    """The series of :data:`METRICS` for one controller's models, from its events recorder's records.
+
+    Use :meth:`attach` (``create_eplb_controller`` does when :func:`metrics_requested`).
+    """
+
+    def __init__(self) -> None:
+        self._rank: int | None = None
+        self._models: list[str] = []
+        self._series = _families()
+
+    def attach(self, controller: Any, recorder: Any) -> None:
+        """Create each registered model's series (``controller``'s registration) and follow
+        ``recorder``'s records (an :class:`~ascend_eplb.integration.events.EventsRecorder`)."""
+        controller.registration_hooks.append(self._on_registered)
+        recorder.listeners.append(self._on_record)
+
+    def _on_registered(self, controller: Any, model: Any, model_config: Any) -> None:
+        from vllm.distributed.parallel_state import get_ep_group
+
+        self._rank = get_ep_group().rank_in_group
+        name = controller.state.model_states[model_config.compute_hash()].model_name
+        self._models.append(name)
+        s = self._series
+        rank = str(self._rank)
+        s["ascend_eplb_bytes_received_total"].labels(name, rank)
+        s["ascend_eplb_commit_publish_to_acknowledge_seconds"].labels(name, rank)
+        if self._rank != 0:
+            return
+        for metric, _, labels, _ in METRICS:
+            if labels == ("model",):
+                s[metric].labels(name)
+        for kind in _FAILURE_KINDS:
+            s["ascend_eplb_worker_failures_total"].labels(name, kind)
+        from ascend_eplb.integration.verify import CHECKS
+
+        for check in CHECKS:
+            s["ascend_eplb_verifier_violations_total"].labels(name, check)
+
+    def _on_record(self, record: dict[str, Any]) -> None:
+        s, event, model = self._series, record["event"], record.get("model")
+        if event == "commit":
+            rank = str(self._rank)
+            s["ascend_eplb_bytes_received_total"].labels(model, rank).inc(record["bytes_received"])
+            if record["publish_to_acknowledge_s"] is not None:
+                s["ascend_eplb_commit_publish_to_acknowledge_seconds"].labels(model, rank).set(
+                    record["publish_to_acknowledge_s"]
+                )
+        if self._rank != 0:
+            return
+        if event == "window":
+            s["ascend_eplb_rearrangements_started_total"].labels(model).inc()
+            s["ascend_eplb_window_balancedness"].labels(model).set(record["balancedness"])
+            s["ascend_eplb_window_balancedness_eplb_off"].labels(model).set(record["balancedness_eplb_off"])
+        elif event == "rearrangement_skipped":
+            s["ascend_eplb_rearrangements_skipped_total"].labels(model).inc()
+        elif event == "commit":
+            s["ascend_eplb_layers_committed_total"].labels(model).inc()
+        elif event == "rearrangement":
+            s["ascend_eplb_rearrangements_completed_total"].labels(model).inc()
+            s["ascend_eplb_experts_moved_total"].labels(model).inc(record["experts_crossing_ranks"])
+        elif event == "worker_failure":
+            for name in self._models:  # it stops EPLB for every model of the worker
+                s["ascend_eplb_worker_failures_total"].labels(name, record["kind"]).inc()
+        elif event == "verifier_violation":
+            for name in [model] if model is not None else self._models:
+                s["ascend_eplb_verifier_violations_total"].labels(name, record["check"]).inc()

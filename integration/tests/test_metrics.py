@@ -1,0 +1,143 @@
+"""The Prometheus metrics (``ASCEND_EPLB_METRICS=1``): switch rules, and a real scrape of a 2-rank
+serving world in prometheus_client's multiprocess mode whose values equal the events file's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ascend_eplb.integration.metrics import balancedness, rank_loads
+from ascend_eplb.integration.prometheus import METRICS, metrics_requested
+from ascend_eplb.testing import load_module, run_ranks, stop_fork_server
+from ascend_eplb.testing import real_models as rm
+
+ranks = load_module(Path(__file__).with_name("ranks_real_models.py"))
+PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.testing.real_models")
+
+
+def test_the_switch_is_off_unless_asked_and_on_needs_a_multiprocess_folder(tmp_path):
+    assert metrics_requested({}) is False
+    assert metrics_requested({"ASCEND_EPLB_METRICS": "off"}) is False
+    with pytest.raises(ValueError, match=r"ASCEND_EPLB_METRICS='ture': must be one of 1, true, yes, on, 0"):
+        metrics_requested({"ASCEND_EPLB_METRICS": "ture"})
+    with pytest.raises(
+        ValueError, match=r"ASCEND_EPLB_METRICS=1: needs PROMETHEUS_MULTIPROC_DIR, the folder"
+    ):
+        metrics_requested({"ASCEND_EPLB_METRICS": "1"})
+    missing = tmp_path / "missing"
+    with pytest.raises(ValueError, match=rf"PROMETHEUS_MULTIPROC_DIR={missing}: not a writable folder"):
+        metrics_requested({"ASCEND_EPLB_METRICS": "1", "PROMETHEUS_MULTIPROC_DIR": str(missing)})
+    # This test process imported prometheus_client without the folder set: its values would never
+    # leave the process, and that is refused too.
+    with pytest.raises(ValueError, match="imported prometheus_client before the variable was set"):
+        metrics_requested({"ASCEND_EPLB_METRICS": "yes", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)})
+
+
+def _scrape(folder: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``MultiProcessCollector`` over ``folder``, rendered as vLLM's ``/metrics`` renders it and parsed
+    back with prometheus_client's text parser: ``{(sample name, sorted labels): value}`` of ours."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(folder))
+    out = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            if sample.name.startswith("ascend_eplb_"):
+                out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(240)
+def test_a_scrape_of_a_serving_world_equals_its_events_file(tmp_path, monkeypatch):
+    folder = rm.write_checkpoint("qwen3-moe", tmp_path / "qwen3-moe", seed=0)
+    prom = tmp_path / "prometheus"
+    prom.mkdir()
+    events_file = tmp_path / "events.jsonl"
+    # prometheus_client picks its multiprocess mode when imported, in the fork server that preloads
+    # vLLM: that server must start with the folder in its environment, and later worlds without it.
+    stop_fork_server()
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(prom))
+    try:
+        reports = run_ranks(
+            ranks.metrics_world, world_size=2, tmp_path=tmp_path, args=(str(folder), 2, str(events_file), 24),
+            timeout_s=200, preload=PRELOAD,
+        )  # fmt: skip
+    finally:
+        stop_fork_server()
+    scrape = _scrape(prom)
+    events = [json.loads(line) for line in events_file.read_text().splitlines()]
+    model = reports[0]["model"]
+
+    def value(name: str, **labels: str) -> float:
+        return scrape[(name, tuple(sorted({"model": model, **labels}.items())))]
+
+    # Every series of METRICS, no other, exists for this model (ranks 0 and 1 where labelled by rank).
+    want = set()
+    for name, _, labels, _ in METRICS:
+        values = {"model": [model], "rank": ["0", "1"], "kind": ["died", "stalled"],
+                  "check": ["fingerprints", "lookups"]}  # fmt: skip
+        combos = [{}]
+        for label in labels:
+            combos = [c | {label: v} for c in combos for v in values[label]]
+        want |= {(name, tuple(sorted(c.items()))) for c in combos}
+    assert set(scrape) == want
+
+    # The run went through every kind of record (rank 0's recorder wrote the file, the same records).
+    assert reports[0]["records"] == events
+    kinds = [e["event"] for e in events]
+    assert reports[0]["violation"] == reports[1]["violation"] == "lookups"
+    assert reports[0]["step"] == reports[1]["step"]
+    assert kinds.count("rearrangement_skipped") == reports[0]["skipped"] == 1
+    assert kinds.count("rearrangement") >= 2
+    assert kinds.count("worker_failure") == 0
+
+    def count(kind: str) -> int:
+        return sum(e["event"] == kind and e["model"] == model for e in events)
+
+    assert value("ascend_eplb_rearrangements_started_total") == count("window")
+    assert value("ascend_eplb_rearrangements_completed_total") == count("rearrangement")
+    assert value("ascend_eplb_rearrangements_skipped_total") == count("rearrangement_skipped") == 1
+    assert value("ascend_eplb_layers_committed_total") == count("commit")
+    assert value("ascend_eplb_experts_moved_total") == sum(
+        e["experts_crossing_ranks"] for e in events if e["event"] == "rearrangement"
+    )
+    for kind in ("died", "stalled"):
+        assert value("ascend_eplb_worker_failures_total", kind=kind) == 0
+    violations = [e for e in events if e["event"] == "verifier_violation"]
+    assert [(v["check"], v["layer"]) for v in violations] == [("lookups", 0)]
+    assert value("ascend_eplb_verifier_violations_total", check="lookups") == 1
+    assert value("ascend_eplb_verifier_violations_total", check="fingerprints") == 0
+
+    windows = [e for e in events if e["event"] == "window"]
+    assert value("ascend_eplb_window_balancedness") == windows[-1]["balancedness"]
+    assert value("ascend_eplb_window_balancedness_eplb_off") == windows[-1]["balancedness_eplb_off"]
+    # The window's figures, recomputed here: under the placement in force when it closed (the one the
+    # rearrangement record of that window judged too) and under upstream's initial placement.
+    done = {e["rearrangement"]: e for e in events if e["event"] == "rearrangement"}
+    for w in windows:
+        if w["rearrangement"] in done:
+            assert w["balancedness"] == done[w["rearrangement"]]["balancedness_before"]
+    info = rm.checkpoint_info(folder)
+    initial = rm.initial_physical_to_logical(info, 2)
+    load = torch.tensor(windows[-1]["load"], dtype=torch.float64)
+    assert windows[-1]["balancedness_eplb_off"] == balancedness(rank_loads(load, initial, 2))
+    assert 0 < windows[-1]["balancedness_eplb_off"] < 1
+
+    # Per rank: bytes received are the sum of the rank's commit records (rank 0's are the file's), at
+    # most what its communicator received (which also counts the layer in flight when the run ended);
+    # the last commit's publish-to-acknowledge time is its last record's.
+    for rank, r in enumerate(reports):
+        commits = [x for x in r["records"] if x["event"] == "commit"]
+        received = value("ascend_eplb_bytes_received_total", rank=str(rank))
+        assert received == sum(c["bytes_received"] for c in commits)
+        assert 0 < received <= r["bytes_received"]
+        last = commits[-1]["publish_to_acknowledge_s"]
+        assert value("ascend_eplb_commit_publish_to_acknowledge_seconds", rank=str(rank)) == last
+        assert 0 < last < 20
