@@ -9,7 +9,7 @@ from ascend_eplb.testing.api import check_public_names
 API = {
     "ascend_eplb.integration": ["__version__"],
     "ascend_eplb.integration.plugin": ["ENV_SWITCH", "eplb_requested", "register"],
-    "ascend_eplb.integration.switches": ["TRUE_VALUES", "is_true"],
+    "ascend_eplb.integration.switches": ["FALSE_VALUES", "TRUE_VALUES", "env_flag", "is_true"],
     "ascend_eplb.integration.patches": ["PATCHES", "applied_bindings", "apply_patches", "patches_applied",
                                         "remove_patches"],
     "ascend_eplb.integration.runner": ["Mrv2EplbWiring", "batch_has_prefill", "create_eplb_controller"],
@@ -25,7 +25,6 @@ API = {
                                        "read_windows"],
     "ascend_eplb.integration.prometheus": ["ENV_METRICS", "ENV_MULTIPROC_DIR", "METRICS", "PrometheusMetrics",
                                            "metrics_requested"],
-    "ascend_eplb.integration.switches": ["FALSE", "TRUE", "env_flag"],
     "ascend_eplb.integration.metrics": ["balancedness", "experts_crossing_ranks", "experts_received_per_rank",
                                         "hottest_rank_share",
                                         "rank_loads"],

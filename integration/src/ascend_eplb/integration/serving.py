@@ -63,7 +63,9 @@ def read_serving_setup(vllm_config: Any) -> ServingSetup:
 
     settings = validate_eplb_config(vllm_config)
     timeout_s, on_failure = watchdog_settings()
-    return ServingSetup(settings, timeout_s, on_failure, verify_requested(), events_path(), metrics_requested())
+    return ServingSetup(
+        settings, timeout_s, on_failure, verify_requested(), events_path(), metrics_requested()
+    )
 
 
 def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSetup) -> Any:

@@ -121,7 +121,8 @@ def slot_fingerprints(layer: Any, num_rows: int) -> list[str]:
         from ascend_eplb.quant_views import expert_fingerprint
 
         return [expert_fingerprint(storage, row) for row in range(num_rows)]
-    views = [view.detach() for view in layer.get_expert_weights()]
+    # Stacked (p, ...) tensors or per-expert lists (quant_views' ExpertTensorList): ``view[row]`` either way.
+    views = list(layer.get_expert_weights())
     out = []
     for row in range(num_rows):
         digest = hashlib.blake2b(digest_size=16)
