@@ -154,7 +154,9 @@ def test_the_timeout_is_the_deadline_of_the_whole_run_start_up_included(tmp_path
     run = Run(tmp_path, *SMALL, "--steps", "8", "--timeout", "3")
     returncode, _, err = run.finish()
     assert returncode == 1, err
-    (line,) = _own_lines(err)
+    lines = _own_lines(err)
+    assert len(lines) == 1, err  # the one line of the command, whatever else a rank printed
+    (line,) = lines
     assert line.startswith(
         "ascend-eplb simulate: error: simulation failed: the deadline (--timeout 3 s, start-up included) "
         "passed while "
