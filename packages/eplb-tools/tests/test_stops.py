@@ -244,3 +244,30 @@ def test_the_deadline_ends_the_run_even_when_a_library_wraps_the_alarm_in_its_ow
         "simulation failed: the deadline (--timeout 3 s, start-up included) passed while importing; every "
         "process of the run was stopped"
     )
+
+
+class _SlowFinalizer:
+    def __del__(self) -> None:
+        time.sleep(0.8)  # the alarm (0.5 s after the deadline) fires in here, where Python drops errors
+
+
+def test_the_deadline_ends_the_run_even_when_the_alarm_fires_inside_a_finalizer(capsys):
+    """CI caught it: the alarm fired inside regex's ``Group.__del__`` during vLLM's import; Python
+    printed "Exception ignored in ..." with a traceback and dropped the error. The deadline must still
+    end the scope, and nothing but the command's own line may reach stderr."""
+    from ascend_eplb.tools.simulate.lifecycle import DeadlineExceededError, deadline_alarm
+
+    hook = sys.unraisablehook
+    reached = []
+
+    def run() -> None:
+        with deadline_alarm(time.monotonic(), 3.0, ["importing"]):
+            _SlowFinalizer()  # dropped at once: its __del__ runs here
+            reached.append("after the finalizer")
+            time.sleep(5)
+
+    with pytest.raises(DeadlineExceededError):
+        run()
+    assert reached == ["after the finalizer"]  # the dropped alarm came again, after the finalizer
+    assert capsys.readouterr().err == ""
+    assert sys.unraisablehook is hook  # the scope's hook is gone with it

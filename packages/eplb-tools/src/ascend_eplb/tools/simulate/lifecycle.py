@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -46,6 +47,8 @@ SCRATCH_PREFIX = "ascend-eplb-simulate-"
 #: The alarm comes this long after the deadline, so the launcher's own deadline (which names each
 #: rank still running) decides first whenever ranks run.
 _ALARM_AFTER_S = 0.5
+#: A deadline dropped inside a finalizer is raised again this soon after.
+_REARM_S = 0.01
 
 
 class DeadlineExceededError(RuntimeError):
@@ -122,7 +125,9 @@ def deadline_alarm(deadline: float, timeout_s: float, phase: list[str]) -> Itera
     """Raise :class:`DeadlineExceededError` in the main thread just after ``deadline`` (monotonic).
 
     ``phase[0]`` says what the run was doing, for the message. Off the main thread (no signals
-    there) this does nothing: the launcher's own deadline still holds once ranks run.
+    there) this does nothing: the launcher's own deadline still holds once ranks run. An alarm that
+    fires inside a finalizer (where Python drops any error, printing "Exception ignored") is not
+    printed and fires again a moment later, outside it.
     """
     if not _main_thread():
         yield
@@ -137,7 +142,17 @@ def deadline_alarm(deadline: float, timeout_s: float, phase: list[str]) -> Itera
         )
         raise DeadlineExceededError(fired[0])
 
+    def swallowed(unraisable: object) -> None:
+        # The alarm fired inside a finalizer (a ``__del__``, a weakref callback), where Python prints
+        # the error and drops it: no trace of it, and the alarm comes again at once, to be raised where
+        # it can end the run.
+        if isinstance(getattr(unraisable, "exc_value", None), DeadlineExceededError):
+            signal.setitimer(signal.ITIMER_REAL, _REARM_S)
+            return
+        previous_hook(unraisable)
+
     previous = signal.signal(signal.SIGALRM, handler)
+    previous_hook, sys.unraisablehook = sys.unraisablehook, swallowed
     from ascend_eplb.tools.simulate.resources import MAX_TIMEOUT_S
 
     # Capped: a timeout beyond the limit is refused by the options' validation, inside this scope.
@@ -156,6 +171,7 @@ def deadline_alarm(deadline: float, timeout_s: float, phase: list[str]) -> Itera
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        sys.unraisablehook = previous_hook
 
 
 def record_rank_resources(world_dir: str | os.PathLike[str], rank: int) -> None:
