@@ -188,7 +188,9 @@ def main() -> None:
             f"{r['copies'] * 1e3:.1f} | {c['raw'] * 1e3:.0f} / {c['execute'] * 1e3:.0f} / "
             f"{c['staged'] * 1e3:.0f} | {r['pool_bytes'] / (1 << 20):.1f} |"
         )
-    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {len(os.sched_getaffinity(0))} cores"
+    )
     print(
         f"throughput (MiB/s, rank 0): raw {moved_mib / results[0]['raw']:.0f}, "
         f"execute {moved_mib / results[0]['execute']:.0f}, staged {moved_mib / results[0]['staged']:.0f}"

@@ -122,7 +122,7 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
         self._sequence = 0
         self._last = TransferStats()
         self._cumulative = TransferStats()
-        self._transfer: Transfer | None = None  # the latest execute's
+        self._transfer: Transfer | None = None  # the execute running now (see waiting_on)
         self._log_initialized()
 
     # -- upstream contract -------------------------------------------------------------------------
@@ -237,7 +237,10 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
             pool=self._pool,
             stream_of=self._transfer_stream,
         )
-        transfer.run()
+        try:
+            transfer.run()
+        finally:
+            self._transfer = None  # holds the caller's tensors: only while the execute runs
         self._record(transfer.stats(counts))
         if transfer.phase == "done":
             return

@@ -193,8 +193,8 @@ def upstream_policy() -> type:
     package (:data:`_POLICY_FILES_PACKAGE`), without the ``__init__`` of ``vllm`` and of its
     subpackages: importing the module by name imports vLLM's config, distributed and model layers,
     about 6.6 s of the 8.1 s one ``ascend-eplb plan`` call took on a 2-core CPU host (``python -X
-    importtime``). Those two files import only numpy, torch and each other; should a later vLLM's
-    import anything else there, loading them alone fails and the module is imported by name (slower,
+    importtime``). Those two files import only numpy, torch and each other; should a later vLLM's files
+    import anything else, loading them alone fails and the module is imported by name (slower,
     the same code). ``tests/test_plan.py`` checks that a ``plan`` call imports no ``vllm`` module and
     prints what the by-name import gives.
     """
