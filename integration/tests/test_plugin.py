@@ -16,6 +16,7 @@ PLANES = [
     "ascend_eplb.movement",
     "ascend_eplb.quant_views",
     "ascend_eplb.integration.patches",
+    "ascend_eplb.integration.rules",
     "ascend_eplb.integration.validation",
 ]
 

@@ -1,303 +1,114 @@
-"""Start-up validation: one test per rule with its exact message; all violations in one error."""
+"""Start-up validation: the support matrix's rules, one function per rule id run in one order, and a
+``VllmConfig`` read and judged by them, every violation in one error.
+
+Each rule's exact message, through every form ``ascend-eplb check`` reads, is asserted in the tools'
+``tests/test_check_rules.py`` (the same rule functions: :data:`RULES`).
+"""
 
 from __future__ import annotations
 
-import copy
-import json
 import os
+from dataclasses import replace
 
 import pytest
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before anything imports vllm
 
-from ascend_eplb.integration.validation import (
-    LOAD_COLLECTION_PHASES,
-    EplbConfigError,
-    check_config_file,
+from ascend_eplb.integration.rules import EPLB_OFF_RULES, RULES, EplbSettings, Violation, check_settings
+from ascend_eplb.integration.validation import EplbConfigError, validate_eplb_config
+
+#: A supported configuration: EP over TP 2 x DP 2 = 4 ranks, 64 logical + 4 redundant experts, eager.
+GOOD = EplbSettings(
+    enable_eplb=True,
+    enable_expert_parallel=True,
+    tensor_parallel_size=2,
+    data_parallel_size=2,
+    window_size=10,
+    step_interval=30,
+    num_redundant_experts=4,
+    ascend_eplb_config={"load_collection_phase": "decode"},
+    num_logical_experts=64,
+    quantization="w8a8_dynamic",
 )
 
-#: A supported configuration: EP over TP 2 x DP 2 = 4 ranks, 64 logical + 4 redundant experts.
-BASE = {
-    "use_v2_model_runner": True,
-    "parallel_config": {
-        "enable_eplb": True,
-        "enable_expert_parallel": True,
-        "tensor_parallel_size": 2,
-        "data_parallel_size": 2,
-        "eplb_config": {"window_size": 10, "step_interval": 30, "num_redundant_experts": 4},
-    },
-    "additional_config": {"eplb_config": {"load_collection_phase": "decode"}},
-    "model": {"num_logical_experts": 64, "quantization": "w8a8_dynamic"},
-    "compilation_config": {"cudagraph_mode": "NONE"},
+#: Rule id -> the one change of :data:`GOOD` that breaks that rule alone (``phase-without-eplb`` with EPLB
+#: off), in report order.
+BREAKS = {
+    "phase-without-eplb": {"enable_eplb": False},
+    "model-runner-v2": {"use_v2_model_runner": False},
+    "v1-controls": {"legacy_top_level_keys": {"gate_eplb": True}},
+    "v1-env": {"environment": {"DYNAMIC_EPLB": "1"}},
+    "unknown-ascend-key": {"ascend_eplb_config": {"load_scope": "decode"}},
+    "load-collection-phase": {"ascend_eplb_config": {"load_collection_phase": "chunked"}},
+    "async-only": {"use_async": False},
+    "communicator": {"communicator": "nixl"},
+    "policy": {"policy": "stair"},
+    "elastic-ep": {"enable_elastic_ep": True},
+    "expert-parallel": {"enable_expert_parallel": False},
+    "window-size": {"window_size": 0},
+    "step-interval": {"step_interval": True},
+    "redundant-experts": {"num_redundant_experts": -1},
+    "experts-divisible": {"num_redundant_experts": 2},
+    "quantization": {"quantization": "w4a16"},
+    "graph-capture": {"cudagraph_mode": "FULL_DECODE_ONLY"},
+    "speculative-moe-draft": {"speculative_method": "mtp", "speculative_draft_is_moe": True},
+    "micro-batching": {"enable_dbo": True},
+    "row-layout": {"prefill_context_parallel_size": 2, "data_parallel_size": 1},
 }
 
 
-def _check(tmp_path, data, environ=None):
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(data))
-    return check_config_file(path, environ=environ or {})
+def test_the_supported_settings_break_no_rule():
+    judged = check_settings(GOOD)
+    assert (list(judged), judged.unjudged) == ([], [])
 
 
-def _with(**changes):
-    data = copy.deepcopy(BASE)
-    for dotted, value in changes.items():
-        *parents, leaf = dotted.split("__")
-        node = data
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return data
+def test_one_function_per_rule_id_in_report_order():
+    assert list(RULES) == list(BREAKS)
+    assert EPLB_OFF_RULES == ("phase-without-eplb",)
+    assert len({id(fn) for fn in RULES.values()}) == len(RULES)  # one function per id, none shared
 
 
-def test_supported_config_is_ok_with_resolved_settings(tmp_path):
-    result = _check(tmp_path, BASE)
-    assert result.ok
-    assert result.exit_code == 0
-    assert result.violations == ()
-    assert result.resolved["communicator"] == "torch_gloo"
-    assert result.resolved["num_ranks"] == 4
-    assert result.resolved["num_physical_experts"] == 68
-    assert result.resolved["num_local_physical_experts"] == 17
-    assert result.resolved["load_collection_phase"] == "decode"
-    assert result.report.splitlines()[0] == "ok"
-    assert "  communicator: torch_gloo" in result.report.splitlines()
-    ok, report = result
-    assert ok is True
-    assert report == result.report
+@pytest.mark.parametrize("rule", list(BREAKS))
+def test_each_rule_is_judged_by_its_own_function(rule):
+    broken = replace(GOOD, **BREAKS[rule])
+    judged = check_settings(broken)
+    assert [v.rule for v in judged] == [rule]
+    assert judged.unjudged == []
+    # the registry's function for that id gives exactly that message; it holds on the good settings
+    assert RULES[rule](broken) == judged[0].message
+    assert str(judged[0]) == f"[{rule}] {judged[0].message}"
+    assert RULES[rule](GOOD) is None
 
 
-RULES = [
-    (
-        "model-runner-v2",
-        {"use_v2_model_runner": False},
-        "enable_eplb=True with use_v2_model_runner=False: upstream EPLB is supported by Model Runner V2 "
-        "only; fix: set VLLM_USE_V2_MODEL_RUNNER=1 (or use the V1 dynamic_eplb path without --enable-eplb)",
-    ),
-    (
-        "v1-controls",
-        {"additional_config__eplb_config__dynamic_eplb": True, "additional_config__gate_eplb": True},
-        "Model Runner V1 EPLB controls cannot be mixed with V2 EPLB: got "
-        "additional_config.eplb_config.dynamic_eplb, additional_config.gate_eplb; fix: remove them and use "
-        "--eplb-config (window_size, step_interval, num_redundant_experts); the only Ascend V2 key is "
-        "load_collection_phase",
-    ),
-    (
-        "unknown-ascend-key",
-        {"additional_config__eplb_config__load_scope": "decode"},
-        "unknown additional_config.eplb_config key(s) ['load_scope']; fix: the only Ascend Model Runner V2 "
-        "key is 'load_collection_phase'",
-    ),
-    (
-        "load-collection-phase",
-        {"additional_config__eplb_config__load_collection_phase": "chunked"},
-        "eplb_config.load_collection_phase='chunked' is not one of ['all', 'prefill', 'decode']; fix: use "
-        "'all', 'prefill' or 'decode'",
-    ),
-    (
-        "async-only",
-        {"parallel_config__eplb_config__use_async": False},
-        "eplb_config.use_async=False: only asynchronous EPLB is supported (no silent switch); fix: set "
-        "--eplb-config.use_async=true",
-    ),
-    (
-        "communicator",
-        {"parallel_config__eplb_config__communicator": "nixl"},
-        "eplb_config.communicator='nixl' is not supported on Ascend; fix: leave it unset or set 'torch_gloo' "
-        "(AscendGlooEplbCommunicator, CPU staging over Gloo)",
-    ),
-    (
-        "policy",
-        {"parallel_config__eplb_config__policy": "stair"},
-        "eplb_config.policy='stair': only vLLM's 'default' policy is supported; fix: set policy='default'",
-    ),
-    (
-        "elastic-ep",
-        {"parallel_config__enable_elastic_ep": True},
-        "enable_elastic_ep=True is not supported with Ascend EPLB; fix: disable elastic EP",
-    ),
-    (
-        "expert-parallel",
-        {"parallel_config__enable_expert_parallel": False},
-        "enable_expert_parallel=False: EPLB needs expert parallelism; fix: pass --enable-expert-parallel",
-    ),
-    (
-        "experts-divisible",
-        {"parallel_config__eplb_config__num_redundant_experts": 2},
-        "logical experts (64) + num_redundant_experts (2) = 66 physical experts is not divisible by 4 EP "
-        "ranks; fix: choose num_redundant_experts so that 64 + num_redundant_experts is a multiple of 4, "
-        "e.g. 4 (EP size 4 = TP 2 x PCP 1 x DP 2)",
-    ),
-    (
-        "window-size",
-        {"parallel_config__eplb_config__window_size": 0},
-        "eplb_config.window_size=0 must be a positive integer; fix: set --eplb-config.window_size to a "
-        "value > 0",
-    ),
-    (
-        "step-interval",
-        {"parallel_config__eplb_config__step_interval": -3},
-        "eplb_config.step_interval=-3 must be a positive integer; fix: set --eplb-config.step_interval to "
-        "a value > 0",
-    ),
-    (
-        "redundant-experts",
-        {"parallel_config__eplb_config__num_redundant_experts": -1},
-        "eplb_config.num_redundant_experts=-1 must be an integer >= 0; fix: set "
-        "--eplb-config.num_redundant_experts to 0 or more",
-    ),
-    (
-        "graph-capture",
-        {"compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"}},
-        "graph capture (cudagraph_mode=FULL_DECODE_ONLY) is not validated with Ascend EPLB yet (the lookup's "
-        "in-place refresh under graph replay has no test); fix: run eager (--enforce-eager)",
-    ),
-    (
-        "speculative-moe-draft",
-        {"speculative_config": {"method": "mtp", "draft_is_moe": True}},
-        "speculative decoding with an MoE draft (method='mtp') is not validated with Ascend EPLB yet (the "
-        "draft model's layer states have no test); fix: disable speculative decoding or use a dense draft",
-    ),
-    (
-        "micro-batching",
-        {"parallel_config__enable_dbo": True},
-        "enable_dbo=True (dual-batch overlap) is not validated with Ascend EPLB yet (per-micro-batch "
-        "unpadded token counts have no test); fix: disable --enable-dbo",
-    ),
-    (
-        "row-layout",
-        {"parallel_config__prefill_context_parallel_size": 2, "parallel_config__data_parallel_size": 1},
-        "prefill_context_parallel_size=2: the MoE rows gathered over the PCP group are not placed by the "
-        "replica rule (which ranks route the same rows is not modelled); use 1; fix: set "
-        "--prefill-context-parallel-size 1",
-    ),
-]
+def test_all_violated_rules_come_in_the_registry_order():
+    broken = replace(GOOD, **BREAKS["row-layout"], **BREAKS["policy"], **BREAKS["v1-env"])
+    assert [v.rule for v in check_settings(broken)] == ["v1-env", "policy", "row-layout"]
 
 
-@pytest.mark.parametrize(("rule", "changes", "message"), RULES, ids=[r[0] for r in RULES])
-def test_each_rule_reports_its_exact_message(tmp_path, rule, changes, message):
-    data = copy.deepcopy(BASE)
-    for key, value in changes.items():
-        _merge(data, key, value)
-    result = _check(tmp_path, data)
-    assert not result.ok
-    assert result.exit_code == 2
-    assert [(v.rule, v.message) for v in result.violations] == [(rule, message)]
-    assert f"[{rule}] {message}" in result.report
-
-
-def _merge(data, dotted, value):
-    *parents, leaf = dotted.split("__")
-    node = data
-    for p in parents:
-        node = node.setdefault(p, {})
-    node[leaf] = value
-    return data
-
-
-def test_v1_environment_switch_is_rejected(tmp_path):
-    result = _check(tmp_path, BASE, environ={"DYNAMIC_EPLB": "true", "EXPERT_MAP_RECORD": "0"})
-    assert [(v.rule, v.message) for v in result.violations] == [
-        (
-            "v1-env",
-            "Model Runner V1 EPLB environment switches cannot be mixed with V2 EPLB: got "
-            "DYNAMIC_EPLB='true'; fix: unset DYNAMIC_EPLB",
-        )
+def test_a_rule_without_its_fact_is_unjudged_never_passed():
+    unknown = {
+        "num_logical_experts": "the expert count is unknown",
+        "quantization": "the format is unknown",
+        "speculative_draft_is_moe": "the draft is unknown",
+    }
+    s = replace(GOOD, speculative_method="eagle", unknown_facts=unknown)
+    judged = check_settings(s)
+    assert list(judged) == []
+    assert judged.unjudged == [
+        Violation.unjudged("experts-divisible", "the expert count is unknown"),
+        Violation.unjudged("quantization", "the format is unknown"),
+        Violation.unjudged("speculative-moe-draft", "the draft is unknown"),
     ]
-
-
-def test_phase_without_eplb_is_rejected_and_v1_keys_alone_are_not_ours(tmp_path):
-    data = _with(parallel_config__enable_eplb=False)
-    result = _check(tmp_path, data)
-    assert [(v.rule, v.message) for v in result.violations] == [
-        (
-            "phase-without-eplb",
-            "eplb_config.load_collection_phase='decode' needs Model Runner V2 EPLB, but enable_eplb=False; "
-            "fix: pass --enable-eplb or remove load_collection_phase",
-        )
-    ]
-    # EPLB off with V1 dynamic EPLB: the V1 path, untouched by this validation.
-    v1 = _with(parallel_config__enable_eplb=False, additional_config={"eplb_config": {"dynamic_eplb": True}})
-    assert _check(tmp_path, v1, environ={"DYNAMIC_EPLB": "1"}).ok
-
-
-def test_unsupported_quantization_format_is_rejected_with_quant_views_reason(tmp_path):
-    from ascend_eplb.quant_views import UnsupportedFormatError, get_format
-
-    with pytest.raises(UnsupportedFormatError) as info:
-        get_format("w4a16")
-    result = _check(tmp_path, _with(model__quantization="w4a16"))
-    assert [(v.rule, v.message) for v in result.violations] == [
-        ("quantization", f"quantization format 'w4a16': {info.value}; fix: use a supported format")
-    ]
-
-
-def test_three_violations_are_reported_together(tmp_path):
-    data = _with(
-        parallel_config__eplb_config__use_async=False,
-        parallel_config__eplb_config__communicator="torch_nccl",
-    )
-    data["parallel_config"]["enable_elastic_ep"] = True
-    result = _check(tmp_path, data)
-    assert [v.rule for v in result.violations] == ["async-only", "communicator", "elastic-ep"]
-    assert result.report.splitlines()[0] == "3 EPLB configuration rule(s) violated:"
-
-
-def test_schema_errors_name_the_key(tmp_path):
-    result = _check(tmp_path, _with(parallel_config__eplb_config__windw_size=3))
-    assert [v.rule for v in result.violations] == ["schema"]
-    assert "unknown key(s) ['windw_size'] in parallel_config.eplb_config" in result.violations[0].message
-    bad = tmp_path / "bad.json"
-    bad.write_text("{not json")
-    broken = check_config_file(bad, environ={})
-    assert not broken.ok
-    assert broken.violations[0].rule == "schema"
-
-
-def test_phases_match_the_control_plane(tmp_path):
-    """Start-up validation accepts exactly the phases the controller accepts, from control's one list."""
-    from ascend_eplb.control import LOAD_COLLECTION_PHASES as CONTROL_PHASES
-    from ascend_eplb.control.phase import validate_phase
-
-    assert LOAD_COLLECTION_PHASES is CONTROL_PHASES  # control's tuple itself, not a copy
-    assert LOAD_COLLECTION_PHASES == ("all", "prefill", "decode")  # DESIGN.md section 4
-    for value in (*CONTROL_PHASES, "chunked", "ALL", "Decode", " all", "", None, 0):
-        result = _check(tmp_path, _with(additional_config__eplb_config__load_collection_phase=value))
-        refused_at_start_up = [v.rule for v in result.violations if v.rule == "load-collection-phase"] != []
-        try:
-            validate_phase(value)  # what AscendEPLBController.__init__ runs
-            refused_by_control = False
-        except ValueError:
-            refused_by_control = True
-        assert refused_at_start_up == refused_by_control == (value not in CONTROL_PHASES), value
-
-
-def test_a_config_file_without_eplb_settings_gets_upstreams_defaults(tmp_path):
-    """The EPLB defaults are stated once (EplbSettings) and are upstream ``EPLBConfig``'s own."""
-    from dataclasses import fields
-
-    from vllm.config import EPLBConfig
-
-    from ascend_eplb.integration.validation import EplbSettings, settings_from_file_dict
-
-    upstream = EPLBConfig()
-    ours = EplbSettings()
-    eplb_fields = ("window_size", "step_interval", "num_redundant_experts", "use_async", "policy")
-    eplb_fields += ("communicator", "log_balancedness")
-    assert {f: getattr(ours, f) for f in eplb_fields} == {f: getattr(upstream, f) for f in eplb_fields}
-    assert set(eplb_fields) <= {f.name for f in fields(EplbSettings)}
-    data = copy.deepcopy(BASE)
-    del data["parallel_config"]["eplb_config"]
-    settings, violations = settings_from_file_dict(data, environ={})
-    assert violations == []
-    assert {f: getattr(settings, f) for f in eplb_fields} == {f: getattr(upstream, f) for f in eplb_fields}
+    assert str(judged.unjudged[0]) == "cannot judge: experts-divisible: the expert count is unknown"
+    # EPLB off: only phase-without-eplb judges; no unknown fact is reported
+    off = check_settings(replace(s, enable_eplb=False, ascend_eplb_config={}))
+    assert (list(off), off.unjudged) == ([], [])
 
 
 def test_vllm_config_is_resolved_and_every_violation_is_in_one_error(monkeypatch):
     monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     from vllm.config import EPLBConfig, ParallelConfig, VllmConfig
-
-    from ascend_eplb.integration.validation import validate_eplb_config
 
     vc = VllmConfig(parallel_config=ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True))
     vc.parallel_config.enable_eplb = True
@@ -325,324 +136,3 @@ def test_vllm_config_is_resolved_and_every_violation_is_in_one_error(monkeypatch
     assert "additional_config.eplb_config.expert_map_path" in text
     assert "eplb_config.use_async=False" in text
     assert "eplb_config.communicator='torch_nccl'" in text
-
-
-@pytest.mark.parametrize(
-    ("dotted", "label"),
-    [
-        ("parallel_config__enable_eplb", "parallel_config.enable_eplb"),
-        ("parallel_config__enable_expert_parallel", "parallel_config.enable_expert_parallel"),
-        ("parallel_config__enable_dbo", "parallel_config.enable_dbo"),
-        ("parallel_config__eplb_config__log_balancedness", "parallel_config.eplb_config.log_balancedness"),
-        ("speculative_config__draft_is_moe", "speculative_config.draft_is_moe"),
-    ],
-)
-def test_quoted_booleans_are_schema_errors_not_truthy_strings(tmp_path, dotted, label):
-    # bool("false") is True: a quoted "false" must not switch anything on.
-    result = _check(tmp_path, _with(**{dotted: "false"}))
-    assert not result.ok
-    assert str(result.violations[0]) == f"[schema] {label}='false' must be a JSON boolean (true or false)"
-    # The switch keeps its default (EPLB and EP off), never the truthiness of the string.
-    assert [v.rule for v in result.violations[1:]] == {
-        "parallel_config.enable_eplb": ["phase-without-eplb"],
-        "parallel_config.enable_expert_parallel": ["expert-parallel"],
-    }.get(label, [])
-
-
-def test_log_balancedness_interval_must_be_positive(tmp_path):
-    result = _check(tmp_path, _with(parallel_config__eplb_config__log_balancedness_interval=-3))
-    assert [str(v) for v in result.violations] == [
-        "[schema] parallel_config.eplb_config.log_balancedness_interval=-3 must be an integer in "
-        "[1, 2147483647]"
-    ]
-    ok = _check(tmp_path, _with(parallel_config__eplb_config__log_balancedness_interval=5))
-    assert ok.ok, ok.report
-
-
-def test_readme_config_example_passes(tmp_path):
-    import re
-    from pathlib import Path
-
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    example = re.search(r"## Config file schema.*?```json\n(.*?)```", readme, re.S).group(1)
-    path = tmp_path / "readme.json"
-    path.write_text(example)
-    result = check_config_file(path, environ={})
-    assert result.ok, result.report
-    assert result.exit_code == 0
-    assert "communicator: torch_gloo" in result.report
-
-
-# -- the forms operators have: engine arguments, command lines, model folders -------------------------
-
-EAGER_ARGS = [
-    "--enable-eplb", "-tp", "2", "--data-parallel-size", "2", "--enable-expert-parallel",
-    "--eplb-config", '{"num_redundant_experts": 4}', "--enforce-eager",
-]  # fmt: skip
-GRAPH_MESSAGE = (
-    "graph capture (cudagraph_mode=FULL_AND_PIECEWISE) is not validated with Ascend EPLB yet (the lookup's "
-    "in-place refresh under graph replay has no test); fix: run eager (--enforce-eager)"
-)
-EXPERTS_UNJUDGED = (
-    "cannot judge: experts-divisible: the routed-expert count is unknown (model 'deepseek-ai/DeepSeek-V3' "
-    "is not a local folder); pass --num-experts / the model folder"
-)
-QUANT_UNJUDGED = (
-    "cannot judge: quantization: the checkpoint's dtype is unknown (dtype=auto, model "
-    "'deepseek-ai/DeepSeek-V3' is not a local folder); pass --quantization FORMAT / the model folder"
-)
-
-
-def _model_folder(tmp_path, experts=64, quant_type="W8A8_DYNAMIC"):
-    folder = tmp_path / "DeepSeek-tiny"
-    folder.mkdir()
-    (folder / "config.json").write_text(
-        json.dumps({"model_type": "deepseek_v3", "n_routed_experts": experts, "torch_dtype": "bfloat16"})
-    )
-    if quant_type is not None:
-        (folder / "quant_model_description_w8a8_dynamic.json").write_text(
-            json.dumps(
-                {
-                    "model.layers.1.mlp.experts.0.gate_proj.weight": quant_type,
-                    "model.layers.1.mlp.experts.0.down_proj.weight": quant_type,
-                    "model.layers.1.self_attn.q_proj.weight": "W8A8",
-                }
-            )
-        )
-    return folder
-
-
-def _serve(*argv, **kw):
-    from ascend_eplb.integration.validation import check_serve_command
-
-    return check_serve_command(["serve", *argv], environ={}, **kw)
-
-
-def test_command_line_with_a_model_folder_is_ok_with_every_fact(tmp_path):
-    folder = _model_folder(tmp_path)
-    result = _serve(str(folder), *EAGER_ARGS, "--quantization", "ascend")
-    assert (result.ok, result.verdict, result.unjudged) == (True, "OK", ())
-    assert result.resolved["num_logical_experts"] == 64
-    assert result.resolved["quantization"] == "w8a8_dynamic"
-    assert result.resolved["num_local_physical_experts"] == 17
-    assert result.resolved["cudagraph_mode"] == "NONE"
-
-
-def test_command_line_without_facts_reports_what_cannot_be_judged():
-    result = _serve("deepseek-ai/DeepSeek-V3", *EAGER_ARGS)
-    assert (result.ok, result.exit_code) == (True, 0)
-    assert result.verdict == "OK (2 rules could not be judged)"
-    assert [str(u) for u in result.unjudged] == [EXPERTS_UNJUDGED, QUANT_UNJUDGED]
-    assert result.report.splitlines()[-2:] == [EXPERTS_UNJUDGED, QUANT_UNJUDGED]
-    given = _serve("deepseek-ai/DeepSeek-V3", *EAGER_ARGS, num_experts=66, quantization="W8A8_DYNAMIC")
-    assert [(v.rule, v.message) for v in given.violations] == [
-        (
-            "experts-divisible",
-            "logical experts (66) + num_redundant_experts (4) = 70 physical experts is not divisible by 4 EP "
-            "ranks; fix: choose num_redundant_experts so that 66 + num_redundant_experts is a multiple of 4, "
-            "e.g. 6 (EP size 4 = TP 2 x PCP 1 x DP 2)",
-        )
-    ]
-    assert given.unjudged == ()
-
-
-def test_quantization_ascend_without_a_description_cannot_be_judged(tmp_path):
-    folder = _model_folder(tmp_path, quant_type=None)
-    result = _serve(str(folder), *EAGER_ARGS, "--quantization", "ascend")
-    assert result.verdict == "OK (1 rule could not be judged)"
-    assert [str(u) for u in result.unjudged] == [
-        f"cannot judge: quantization: --quantization ascend takes the routed experts' format from "
-        f"msModelSlim's quant_model_description*.json (none in {folder}); pass --quantization FORMAT / the "
-        "model folder"
-    ]
-    w4a16 = tmp_path / "w4a16"
-    w4a16.mkdir()
-    (w4a16 / "config.json").write_text(json.dumps({"num_experts": 64}))
-    (w4a16 / "quant_model_description.json").write_text(json.dumps({"m.experts.0.w1.weight": "W4A16"}))
-    bad = _serve(str(w4a16), *EAGER_ARGS, "--quantization", "ascend")
-    assert [v.rule for v in bad.violations] == ["quantization"]
-    assert bad.violations[0].message.startswith("quantization format 'w4a16': ")
-
-
-def test_omitted_cudagraph_mode_is_vllms_graph_capture_default(tmp_path):
-    folder = _model_folder(tmp_path)
-    args = [a for a in EAGER_ARGS if a != "--enforce-eager"]
-    result = _serve(str(folder), *args)
-    assert [(v.rule, v.message) for v in result.violations] == [("graph-capture", GRAPH_MESSAGE)]
-    data = copy.deepcopy(BASE)
-    del data["compilation_config"]
-    file_result = _check(tmp_path, data)
-    assert [(v.rule, v.message) for v in file_result.violations] == [("graph-capture", GRAPH_MESSAGE)]
-    cc = _serve(str(folder), *args, "-cc", '{"cudagraph_mode": "NONE"}')
-    assert cc.ok, cc.report
-
-
-def test_mtp_speculative_config_fails_check_as_start_up_does(tmp_path, monkeypatch):
-    folder = _model_folder(tmp_path)
-    spec = '{"method": "mtp", "num_speculative_tokens": 1}'
-    result = _serve(str(folder), *EAGER_ARGS, "--speculative-config", spec)
-    startup = RULES[[r[0] for r in RULES].index("speculative-moe-draft")]
-    assert [(v.rule, v.message) for v in result.violations] == [(startup[0], startup[2])]
-    file_result = _check(tmp_path, _with(speculative_config={"method": "mtp"}))
-    assert [(v.rule, v.message) for v in file_result.violations] == [(startup[0], startup[2])]
-    # start-up validation on a VllmConfig whose speculative config is MTP: the same rule and message
-    from types import SimpleNamespace
-
-    from ascend_eplb.integration.validation import check_settings, settings_from_vllm_config
-
-    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
-    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    from vllm.config import EPLBConfig, ParallelConfig, VllmConfig
-
-    vc = VllmConfig(parallel_config=ParallelConfig(tensor_parallel_size=1, enable_expert_parallel=True))
-    vc.parallel_config.enable_eplb = True
-    vc.parallel_config.eplb_config = EPLBConfig()
-    vc.speculative_config = SimpleNamespace(method="mtp", draft_model_config=None)
-    settings = settings_from_vllm_config(vc, environ={})
-    settings.cudagraph_mode = "NONE"
-    assert [(v.rule, v.message) for v in check_settings(settings)] == [(startup[0], startup[2])]
-    assert check_settings(settings).unjudged == []
-
-
-def test_unknown_flag_is_rejected_by_vllms_parser():
-    result = _serve("deepseek-ai/DeepSeek-V3", "--enable-eplb", "--bogus-flag")
-    assert [(v.rule, v.message) for v in result.violations] == [
-        (
-            "engine-args",
-            "the command line: vLLM's parser rejects the engine arguments: vllm: error: unrecognized "
-            "arguments: --bogus-flag",
-        )
-    ]
-    assert result.exit_code == 2
-
-
-YAML = """\
-model: {model}
-enable-eplb: true
-enable_expert_parallel: true
-tensor-parallel-size: 2
-data-parallel-size: 2
-enforce-eager: true
-quantization: ascend
-eplb-config:
-  num_redundant_experts: 4
-  window_size: 100
-additional-config:
-  eplb_config:
-    load_collection_phase: decode
-"""
-
-
-def test_vllm_serve_config_yaml_and_json_are_read_as_vllm_reads_them(tmp_path):
-    folder = _model_folder(tmp_path)
-    path = tmp_path / "serve.yaml"
-    path.write_text(YAML.format(model=folder))
-    result = check_config_file(path, environ={})
-    assert (result.ok, result.unjudged) == (True, ()), result.report
-    assert (result.resolved["window_size"], result.resolved["load_collection_phase"]) == (100, "decode")
-    assert (result.resolved["num_ranks"], result.resolved["quantization"]) == (4, "w8a8_dynamic")
-    as_json = tmp_path / "serve.json"
-    as_json.write_text(
-        json.dumps(
-            {
-                "model": str(folder), "enable-eplb": True, "enable_expert_parallel": True,
-                "tensor_parallel_size": 2, "data-parallel-size": 2, "quantization": "ascend",
-                "eplb-config": '{"num_redundant_experts": 2}',
-            }
-        )
-    )  # fmt: skip
-    json_result = check_config_file(as_json, environ={})
-    assert [v.rule for v in json_result.violations] == ["experts-divisible", "graph-capture"]
-    no_model = tmp_path / "nomodel.yaml"
-    no_model.write_text(YAML.replace("model: {model}\n", ""))
-    unknown = check_config_file(no_model, environ={})
-    assert unknown.verdict == "OK (2 rules could not be judged)"
-    assert [str(u) for u in unknown.unjudged] == [
-        "cannot judge: experts-divisible: the routed-expert count is unknown (no model is given); pass "
-        "--num-experts / the model folder",
-        "cannot judge: quantization: --quantization ascend takes the routed experts' format from "
-        "msModelSlim's quant_model_description*.json (no model is given); pass --quantization FORMAT / the "
-        "model folder",
-    ]
-    typo = tmp_path / "typo.yaml"
-    typo.write_text("enable-eplb: true\nenable-expert-paralel: true\n")
-    rejected = check_config_file(typo, environ={})
-    assert [str(v) for v in rejected.violations] == [
-        f"[engine-args] {typo}: vLLM's parser rejects the engine arguments: vllm: error: unrecognized "
-        "arguments: --enable-expert-paralel"
-    ]
-
-
-def test_file_schema_without_expert_count_cannot_judge_divisibility(tmp_path):
-    data = copy.deepcopy(BASE)
-    del data["model"]["num_logical_experts"]
-    data["model"]["quantization"] = "ascend"
-    result = _check(tmp_path, data)
-    assert result.verdict == "OK (2 rules could not be judged)"
-    assert [u.rule for u in result.unjudged] == ["experts-divisible", "quantization"]
-    path = tmp_path / "config.json"
-    given = check_config_file(path, environ={}, num_experts=64, quantization="w8a8_dynamic")
-    assert (given.verdict, given.resolved["num_physical_experts"]) == ("OK", 68)
-
-
-GARBAGE = [
-    ("missing.json", None),
-    ("folder.json", "dir"),
-    ("empty.json", b""),
-    ("binary.json", b"\xff\xfe\x00garbage"),
-    ("truncated.json", b'{"parallel_config": {'),
-    ("list.json", b"[1, 2]"),
-    ("number.json", b"3"),
-    ("deep.json", b"[" * 100000 + b"]" * 100000),
-    ("bad.yaml", b"a: [1, 2\n"),
-    ("scalar.yaml", b"just text"),
-    ("keys.yaml", b"1: 2\n? [a]\n: b\n"),
-    ("badtype.yaml", b"tensor-parallel-size: many\n"),
-    ("badeplb.yaml", b"enable-eplb: true\neplb-config: {window_size: [1]}\n"),
-    ("nested.json", b'{"parallel_config": [1], "model": "x", "environment": 7}'),
-]
-
-
-@pytest.mark.parametrize(("name", "data"), GARBAGE, ids=[g[0] for g in GARBAGE])
-def test_check_config_file_never_raises_on_garbage(tmp_path, name, data):
-    path = tmp_path / name
-    if data == "dir":
-        path.mkdir()
-    elif data is not None:
-        path.write_bytes(data)
-    result = check_config_file(path, environ={})
-    assert (result.ok, result.exit_code) == (False, 2)
-    assert result.violations[0].rule in ("schema", "engine-args")
-    assert result.report.startswith(f"{len(result.violations)} EPLB configuration rule(s) violated:")
-
-
-def test_model_folder_facts_as_vllm_reads_them(tmp_path):
-    from ascend_eplb.integration.validation import model_folder_facts
-
-    folder = _model_folder(tmp_path)
-    facts = model_folder_facts(folder)
-    assert (facts.num_logical_experts, facts.quantization, facts.dtype) == (64, "w8a8_dynamic", "bf16")
-    (folder / "config.json").write_text(json.dumps({"text_config": {"num_local_experts": 8}}))
-    assert model_folder_facts(folder).num_logical_experts == 8
-    (folder / "config.json").write_text(json.dumps({"n_routed_experts": "many"}))
-    with pytest.raises(ValueError, match=r"config.json: n_routed_experts='many' must be an integer"):
-        model_folder_facts(folder)
-    broken = _serve(str(folder), *EAGER_ARGS)
-    assert [v.rule for v in broken.violations] == ["model-folder"]
-    assert "n_routed_experts='many' must be an integer in [0, 2147483647]" in broken.violations[0].message
-
-
-def test_float32_experts_pass_on_this_cpu_host_and_are_refused_elsewhere(tmp_path, monkeypatch):
-    data = copy.deepcopy(BASE)
-    data["model"]["quantization"] = "float32"
-    assert list(_check(tmp_path, data).violations) == []
-    from vllm.platforms import current_platform
-
-    monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
-    assert [(v.rule, v.message) for v in _check(tmp_path, data).violations] == [
-        (
-            "quantization",
-            "float32 expert weights are accepted on a CPU host only (exact comparisons); fix: serve "
-            "--dtype bfloat16 or float16",
-        )
-    ]

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ascend_eplb.integration.validation import check_config_file
 from ascend_eplb.testing.configs import VALID_EPLB_CONFIG
+from ascend_eplb.tools.check import check_config_file
 from ascend_eplb.tools.cli import main
 
 GOOD_CONFIG = VALID_EPLB_CONFIG

@@ -207,7 +207,7 @@ def _run_check(args: argparse.Namespace) -> int:
             "MODEL ...), " + ("not both" if args.config is not None else "got neither")
         )
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    from ascend_eplb.integration.validation import check_config_file, check_serve_command
+    from ascend_eplb.tools.check import check_config_file, check_serve_command
 
     facts = {"num_experts": args.num_experts, "quantization": args.quantization}
     if serve_argv is not None:

@@ -19,7 +19,7 @@ The experts' format (``--format``): a preset is written in it, once per format (
 exact CPU-host case; ``bf16``/``fp16`` checkpoints; a quantized format's experts in msModelSlim's
 layout with ``quant_model_description.json``, served with ``--quantization ascend``; the MX formats
 with I = 64, a multiple of their block pairs). A folder's format is what start-up reads of it
-(``ascend_eplb.integration.validation.model_folder_facts``: the description's quant type, else the
+(``ascend_eplb.tools.check.model_folder.model_folder_facts``: the description's quant type, else the
 checkpoint's dtype); ``--format`` must match it.
 """
 
@@ -119,7 +119,7 @@ def folder_format(folder: str | os.PathLike[str]) -> str:
     Raises:
         ValueError: ``config.json`` or the description cannot be read (naming the file).
     """
-    from ascend_eplb.integration.validation import model_folder_facts
+    from ascend_eplb.tools.check.model_folder import model_folder_facts
 
     facts = model_folder_facts(folder)
     return facts.quantization or facts.dtype or PRESET_FORMAT

@@ -1,0 +1,459 @@
+"""The support matrix of Model Runner V2 EPLB on Ascend: one small function per rule id.
+
+:data:`RULES` maps each rule id to the function that judges it, in the order the rules are reported;
+:func:`check_settings` runs them on one :class:`EplbSettings`. It is the one rules function: start-up
+validation (:func:`ascend_eplb.integration.validation.validate_eplb_config`, on the settings read from a
+``VllmConfig``) and ``ascend-eplb check`` (the tools' readers of a config file, a ``vllm serve`` command
+line and a model folder) both call it, so a rule is judged the same everywhere and is found by its id.
+
+Standard library only at import (the phases from ``ascend_eplb.control.phase``, the int check from
+``ascend_eplb.control.values``, the truthy parsing of environment switches from
+``ascend_eplb.integration.switches``); the ``quantization`` rule imports ``ascend_eplb.quant_views``
+(pure torch) and the ``row-layout`` rule ``ascend_eplb.control.layout`` only when they run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES as _CONTROL_PHASES
+from ascend_eplb.control.values import is_int
+from ascend_eplb.integration.switches import is_true
+
+__all__ = [
+    "ASCEND_V2_KEYS",
+    "EPLB_OFF_RULES",
+    "INT32_MAX",
+    "LOAD_COLLECTION_PHASES",
+    "RULES",
+    "SUPPORTED_COMMUNICATORS",
+    "V1_EPLB_ENV_SWITCHES",
+    "V1_EPLB_KEYS",
+    "EplbSettings",
+    "Judgement",
+    "Rule",
+    "Violation",
+    "check_settings",
+    "experts_divisibility_error",
+]
+
+#: Model Runner V1 (legacy dynamic/static EPLB) controls of vLLM Ascend's ``eplb_config`` and of the
+#: historical top-level ``additional_config`` (vllm_ascend/ascend_config.py; notes/vllm-ascend-eplb.md 2.2).
+V1_EPLB_KEYS = (
+    "dynamic_eplb",
+    "expert_map_path",
+    "expert_map_record_path",
+    "expert_heat_collection_interval",
+    "algorithm_execution_interval",
+    "eplb_policy_type",
+    "eplb_heat_collection_stage",
+    "num_redundant_experts",
+    "init_redundancy_expert",
+    "num_iterations_eplb_update",
+    "num_wait_worker_iterations",
+    "gate_eplb",
+)
+#: Environment switches of the V1 path (asserted by vLLM Ascend's V1 ``EplbUpdator``).
+V1_EPLB_ENV_SWITCHES = ("DYNAMIC_EPLB", "EXPERT_MAP_RECORD")
+#: The only Ascend-specific key of the Model Runner V2 ``eplb_config``.
+ASCEND_V2_KEYS = ("load_collection_phase",)
+#: Values of ``load_collection_phase``: control's own constant (``ascend_eplb.control.phase``, no vLLM).
+LOAD_COLLECTION_PHASES = _CONTROL_PHASES
+#: Communicators accepted by this integration (``torch_gloo`` -> ``AscendGlooEplbCommunicator``).
+SUPPORTED_COMMUNICATORS = ("torch_gloo",)
+#: Largest integer a setting may hold (``2**31 - 1``): the sizes and counts feed int32 device tables
+#: (the dataplane's replica lookup) and upstream's int32 load counters. The one statement of the
+#: limit, also read by ``ascend-eplb simulate``'s integer rules.
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One rule's finding; ``rule`` is its stable id.
+
+    Judged (the default): the rule is violated and ``message`` names the value and the fix. Unjudged
+    (``judged=False``, :meth:`unjudged`): the rule could not be judged for lack of a fact and ``message``
+    says which fact and how to give it; never a pass (``ascend-eplb check`` without the model folder).
+    """
+
+    rule: str
+    message: str
+    judged: bool = True
+
+    @classmethod
+    def unjudged(cls, rule: str, reason: str) -> Violation:
+        """The finding of ``rule`` not judged for lack of a fact (``reason``: which, and how to give it)."""
+        return cls(rule, reason, judged=False)
+
+    def __str__(self) -> str:
+        if self.judged:
+            return f"[{self.rule}] {self.message}"
+        return f"cannot judge: {self.rule}: {self.message}"
+
+
+class Judgement(list):
+    """What :func:`check_settings` returns: the violations (a ``list[Violation]``) plus ``.unjudged``
+    (unjudged ``Violation`` s), the rules that could not be judged because a fact is unknown
+    (``EplbSettings.unknown_facts``).
+    At start-up every fact is known, so ``.unjudged`` is empty there."""
+
+    def __init__(self, violations=(), unjudged=()):
+        super().__init__(violations)
+        self.unjudged: list[Violation] = list(unjudged)
+
+
+@dataclass
+class EplbSettings:
+    """The settings the rules read, extracted from a ``VllmConfig`` or a config file.
+
+    ``num_ranks`` is the EP size: TP x PCP x DP (the EP group of vLLM's ``ParallelConfig``).
+    ``unknown_facts`` maps a fact's field (``num_logical_experts``, ``quantization``,
+    ``speculative_draft_is_moe``) to why it is unknown and how to give it; the rule that needs it is
+    then reported as unjudged (:meth:`Violation.unjudged`) instead of passing (``ascend-eplb check``
+    without the model folder). Start-up validation knows every fact and leaves it empty.
+
+    The EPLB fields' defaults (``window_size`` to ``communicator``, ``log_balancedness``) are upstream
+    vLLM 0.33.0 ``EPLBConfig``'s (tested equal); a config file that omits one reads them from here.
+    """
+
+    enable_eplb: bool = False
+    use_v2_model_runner: bool = True
+    enable_expert_parallel: bool = False
+    enable_elastic_ep: bool = False
+    enable_dbo: bool = False
+    tensor_parallel_size: int = 1
+    prefill_context_parallel_size: int = 1
+    data_parallel_size: int = 1
+    window_size: Any = 1000
+    step_interval: Any = 3000
+    num_redundant_experts: Any = 0
+    use_async: Any = True
+    policy: Any = "default"
+    communicator: Any = None
+    log_balancedness: bool = False
+    ascend_eplb_config: dict[str, Any] = field(default_factory=dict)
+    legacy_top_level_keys: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, str] = field(default_factory=dict)
+    num_logical_experts: int | None = None
+    quantization: str | None = "bf16"
+    cudagraph_mode: str = "NONE"
+    speculative_method: str | None = None
+    speculative_draft_is_moe: bool = False
+    unknown_facts: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_ranks(self) -> int:
+        return self.tensor_parallel_size * self.prefill_context_parallel_size * self.data_parallel_size
+
+
+def experts_divisibility_error(
+    num_logical_experts: int, num_redundant_experts: int, num_ranks: int
+) -> str | None:
+    """Why ``E + R`` physical experts cannot be spread evenly over ``N`` EP ranks, or None when they can.
+
+    The one statement of upstream's layout rule (``EplbState``: ``P / N`` local physical experts per
+    rank), used by start-up validation, ``ascend-eplb plan`` and ``ascend-eplb simulate``. The message
+    names the values and the nearest fix (the next redundancy level that divides).
+    """
+    p = num_logical_experts + num_redundant_experts
+    if num_ranks < 1 or p % num_ranks == 0:
+        return None
+    fix = num_redundant_experts + (-p) % num_ranks
+    return (
+        f"logical experts ({num_logical_experts}) + num_redundant_experts ({num_redundant_experts}) = {p} "
+        f"physical experts is not divisible by {num_ranks} EP ranks; fix: choose num_redundant_experts so "
+        f"that {num_logical_experts} + num_redundant_experts is a multiple of {num_ranks}, e.g. {fix}"
+    )
+
+
+#: What a rule function returns: None (the rule holds or does not apply), the violated rule's message
+#: (naming the value and the fix), or :meth:`Violation.unjudged` (the rule lacks a fact).
+Rule = Callable[[EplbSettings], "str | Violation | None"]
+
+#: Rule id -> the function that judges it, in report order (:func:`check_settings` runs them in this
+#: order). Filled by :func:`_rule` below, one function per id.
+RULES: dict[str, Rule] = {}
+#: The rules that judge a configuration with EPLB off (the V1 path, if any, is not ours to judge; only a
+#: V2-only key without EPLB is wrong); every other rule of :data:`RULES` judges only with EPLB on.
+EPLB_OFF_RULES = ("phase-without-eplb",)
+
+
+def _rule(rule_id: str) -> Callable[[Rule], Rule]:
+    """Register the decorated function as the judge of ``rule_id`` (at the end of :data:`RULES`)."""
+
+    def register(fn: Rule) -> Rule:
+        if rule_id in RULES:
+            raise ValueError(f"rule id {rule_id!r} is registered twice")
+        RULES[rule_id] = fn
+        return fn
+
+    return register
+
+
+def _phase(s: EplbSettings) -> Any:
+    return s.ascend_eplb_config.get("load_collection_phase", "all")
+
+
+@_rule("phase-without-eplb")
+def _phase_without_eplb(s: EplbSettings) -> str | None:
+    phase = _phase(s)
+    if s.enable_eplb or phase == "all":
+        return None
+    return (
+        f"eplb_config.load_collection_phase={phase!r} needs Model Runner V2 EPLB, but "
+        "enable_eplb=False; fix: pass --enable-eplb or remove load_collection_phase"
+    )
+
+
+@_rule("model-runner-v2")
+def _model_runner_v2(s: EplbSettings) -> str | None:
+    if s.use_v2_model_runner:
+        return None
+    return (
+        "enable_eplb=True with use_v2_model_runner=False: upstream EPLB is supported by Model "
+        "Runner V2 only; fix: set VLLM_USE_V2_MODEL_RUNNER=1 (or use the V1 dynamic_eplb path "
+        "without --enable-eplb)"
+    )
+
+
+@_rule("v1-controls")
+def _v1_controls(s: EplbSettings) -> str | None:
+    where = [f"additional_config.eplb_config.{k}" for k in V1_EPLB_KEYS if k in s.ascend_eplb_config]
+    where += [f"additional_config.{k}" for k in V1_EPLB_KEYS if k in s.legacy_top_level_keys]
+    if not where:
+        return None
+    return (
+        f"Model Runner V1 EPLB controls cannot be mixed with V2 EPLB: got {', '.join(where)}; "
+        "fix: remove them and use --eplb-config (window_size, step_interval, "
+        "num_redundant_experts); the only Ascend V2 key is load_collection_phase"
+    )
+
+
+@_rule("v1-env")
+def _v1_env(s: EplbSettings) -> str | None:
+    env_on = [k for k in V1_EPLB_ENV_SWITCHES if is_true(s.environment.get(k))]
+    if not env_on:
+        return None
+    shown = ", ".join(f"{k}={s.environment[k]!r}" for k in env_on)
+    return (
+        f"Model Runner V1 EPLB environment switches cannot be mixed with V2 EPLB: got {shown}; "
+        f"fix: unset {' and '.join(env_on)}"
+    )
+
+
+@_rule("unknown-ascend-key")
+def _unknown_ascend_key(s: EplbSettings) -> str | None:
+    unknown = sorted(k for k in s.ascend_eplb_config if k not in ASCEND_V2_KEYS and k not in V1_EPLB_KEYS)
+    if not unknown:
+        return None
+    return (
+        f"unknown additional_config.eplb_config key(s) {unknown}; fix: the only Ascend Model "
+        "Runner V2 key is 'load_collection_phase'"
+    )
+
+
+@_rule("load-collection-phase")
+def _load_collection_phase(s: EplbSettings) -> str | None:
+    phase = _phase(s)
+    if phase in LOAD_COLLECTION_PHASES:
+        return None
+    return (
+        f"eplb_config.load_collection_phase={phase!r} is not one of {list(LOAD_COLLECTION_PHASES)}; "
+        "fix: use 'all', 'prefill' or 'decode'"
+    )
+
+
+@_rule("async-only")
+def _async_only(s: EplbSettings) -> str | None:
+    if s.use_async is True:
+        return None
+    return (
+        f"eplb_config.use_async={s.use_async!r}: only asynchronous EPLB is supported (no silent "
+        "switch); fix: set --eplb-config.use_async=true"
+    )
+
+
+@_rule("communicator")
+def _communicator(s: EplbSettings) -> str | None:
+    if s.communicator is None or s.communicator in SUPPORTED_COMMUNICATORS:
+        return None
+    return (
+        f"eplb_config.communicator={s.communicator!r} is not supported on Ascend; fix: leave it "
+        "unset or set 'torch_gloo' (AscendGlooEplbCommunicator, CPU staging over Gloo)"
+    )
+
+
+@_rule("policy")
+def _policy(s: EplbSettings) -> str | None:
+    if s.policy == "default":
+        return None
+    return (
+        f"eplb_config.policy={s.policy!r}: only vLLM's 'default' policy is supported; fix: set "
+        "policy='default'"
+    )
+
+
+@_rule("elastic-ep")
+def _elastic_ep(s: EplbSettings) -> str | None:
+    if not s.enable_elastic_ep:
+        return None
+    return "enable_elastic_ep=True is not supported with Ascend EPLB; fix: disable elastic EP"
+
+
+@_rule("expert-parallel")
+def _expert_parallel(s: EplbSettings) -> str | None:
+    if s.enable_expert_parallel:
+        return None
+    return "enable_expert_parallel=False: EPLB needs expert parallelism; fix: pass --enable-expert-parallel"
+
+
+def _positive(name: str, value: Any) -> str | None:
+    if is_int(value) and value > 0:
+        return None
+    return (
+        f"eplb_config.{name}={value!r} must be a positive integer; fix: set "
+        f"--eplb-config.{name} to a value > 0"
+    )
+
+
+@_rule("window-size")
+def _window_size(s: EplbSettings) -> str | None:
+    return _positive("window_size", s.window_size)
+
+
+@_rule("step-interval")
+def _step_interval(s: EplbSettings) -> str | None:
+    return _positive("step_interval", s.step_interval)
+
+
+def _redundant_ok(s: EplbSettings) -> bool:
+    return is_int(s.num_redundant_experts) and s.num_redundant_experts >= 0
+
+
+@_rule("redundant-experts")
+def _redundant_experts(s: EplbSettings) -> str | None:
+    if _redundant_ok(s):
+        return None
+    return (
+        f"eplb_config.num_redundant_experts={s.num_redundant_experts!r} must be an integer >= 0; fix: set "
+        "--eplb-config.num_redundant_experts to 0 or more"
+    )
+
+
+@_rule("experts-divisible")
+def _experts_divisible(s: EplbSettings) -> str | Violation | None:
+    if not (_redundant_ok(s) and s.enable_expert_parallel):
+        return None
+    if "num_logical_experts" in s.unknown_facts:
+        return Violation.unjudged("experts-divisible", s.unknown_facts["num_logical_experts"])
+    if s.num_logical_experts is None:
+        return None
+    reason = experts_divisibility_error(s.num_logical_experts, s.num_redundant_experts, s.num_ranks)
+    if reason is None:
+        return None
+    return (
+        f"{reason} (EP size {s.num_ranks} = TP {s.tensor_parallel_size} x PCP "
+        f"{s.prefill_context_parallel_size} x DP {s.data_parallel_size})"
+    )
+
+
+@_rule("quantization")
+def _quantization(s: EplbSettings) -> str | Violation | None:
+    if "quantization" in s.unknown_facts:
+        return Violation.unjudged("quantization", s.unknown_facts["quantization"])
+    name = s.quantization
+    if name is None:
+        return None
+    if name == "float32":
+        # Unquantized float32 experts: what exact comparisons on a CPU host need (the test suite, the
+        # simulator on real models); no Ascend kernel serves them.
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            return None
+        return (
+            "float32 expert weights are accepted on a CPU host only (exact comparisons); fix: serve "
+            "--dtype bfloat16 or float16"
+        )
+    from ascend_eplb.quant_views import UnsupportedFormatError, get_format
+
+    try:
+        fmt = get_format(name)
+    except UnsupportedFormatError as exc:
+        return f"quantization format {name!r}: {exc}; fix: use a supported format"
+    if not fmt.supports_eplb:
+        return (
+            f"quantization format {name!r} does not support EPLB (supports_eplb=False); fix: use a "
+            "supported format"
+        )
+    return None
+
+
+@_rule("graph-capture")
+def _graph_capture(s: EplbSettings) -> str | None:
+    if s.cudagraph_mode.upper() == "NONE":
+        return None
+    return (
+        f"graph capture (cudagraph_mode={s.cudagraph_mode}) is not validated with Ascend EPLB "
+        "yet (the lookup's in-place refresh under graph replay has no test); fix: run eager "
+        "(--enforce-eager)"
+    )
+
+
+@_rule("speculative-moe-draft")
+def _speculative_moe_draft(s: EplbSettings) -> str | Violation | None:
+    if s.speculative_method is None:
+        return None
+    if "speculative_draft_is_moe" in s.unknown_facts:
+        return Violation.unjudged("speculative-moe-draft", s.unknown_facts["speculative_draft_is_moe"])
+    if not s.speculative_draft_is_moe:
+        return None
+    return (
+        f"speculative decoding with an MoE draft (method={s.speculative_method!r}) is not "
+        "validated with Ascend EPLB yet (the draft model's layer states have no test); fix: "
+        "disable speculative decoding or use a dense draft"
+    )
+
+
+@_rule("micro-batching")
+def _micro_batching(s: EplbSettings) -> str | None:
+    if not s.enable_dbo:
+        return None
+    return (
+        "enable_dbo=True (dual-batch overlap) is not validated with Ascend EPLB yet (per-micro-"
+        "batch unpadded token counts have no test); fix: disable --enable-dbo"
+    )
+
+
+@_rule("row-layout")
+def _row_layout(s: EplbSettings) -> str | None:
+    from ascend_eplb.control.layout import unplaceable_layout
+
+    layout_reason = unplaceable_layout(s)
+    if layout_reason is None:
+        return None
+    return f"{layout_reason}; fix: set --prefill-context-parallel-size 1"
+
+
+def check_settings(s: EplbSettings) -> Judgement:
+    """Apply the rules of :data:`RULES` to ``s``, in order, and return the violations (empty: the
+    configuration is supported).
+
+    The one rules function of start-up validation and ``ascend-eplb check``. With EPLB off only
+    :data:`EPLB_OFF_RULES` judge. A rule whose fact is in ``s.unknown_facts`` is not judged: it is
+    listed in the result's ``.unjudged``, never passed silently.
+    """
+    out = Judgement()
+    for rule_id, judge in RULES.items():
+        if (rule_id in EPLB_OFF_RULES) == s.enable_eplb:
+            continue
+        finding = judge(s)
+        if finding is None:
+            continue
+        if isinstance(finding, Violation):
+            out.unjudged.append(finding)
+        else:
+            out.append(Violation(rule_id, finding))
+    return out

@@ -1,0 +1,163 @@
+"""``ascend-eplb check``: the forms an operator has, read and judged by start-up validation's rules.
+
+:func:`check_config_file` (this package's JSON schema, or a ``vllm serve --config`` YAML/JSON) and
+:func:`check_serve_command` (a ``vllm serve`` command line) read their input into the rules'
+:class:`~ascend_eplb.integration.rules.EplbSettings` and judge it with the integration's one rules
+function, :func:`ascend_eplb.integration.rules.check_settings`, the one start-up validation runs.
+
+Modules: ``schema`` (this package's config-file schema), ``engine_args`` (vLLM's ``vllm serve`` parser
+and engine arguments), ``model_folder`` (a local model folder's facts), ``report`` (the result and the
+text ``check`` prints). YAML and vLLM's argument parser are imported here, in the tools, never by the
+serving package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ascend_eplb.integration.rules import EplbSettings, Judgement, check_settings
+from ascend_eplb.integration.validation import EplbConfigError
+from ascend_eplb.tools.check.engine_args import parse_serve_command, settings_from_engine_args
+from ascend_eplb.tools.check.model_folder import format_name
+from ascend_eplb.tools.check.report import CheckResult, refused, result
+from ascend_eplb.tools.check.schema import is_engine_args, settings_from_file_dict
+
+__all__ = ["check_config_file", "check_serve_command"]
+
+
+def check_config_file(
+    path: str | os.PathLike[str],
+    environ: Mapping[str, str] | None = None,
+    *,
+    num_experts: int | None = None,
+    quantization: str | None = None,
+) -> CheckResult:
+    """Validate a config file: this package's JSON schema, or a ``vllm serve --config`` YAML/JSON.
+
+    The form is told by content: the schema (README) has a nested ``parallel_config`` (or a ``model``
+    object, or only schema keys); anything else is a flat mapping of vLLM engine arguments (dashes or
+    underscores), read by vLLM's own ``--config`` handling and parser (:func:`parse_serve_command`) and
+    turned into settings by :func:`settings_from_engine_args` (``model:`` a local folder gives the model
+    facts). ``.yaml``/``.yml`` files are read as YAML, anything else as JSON. ``environ`` (default
+    ``os.environ``) supplies the V1 switches and ``VLLM_USE_V2_MODEL_RUNNER``; ``num_experts`` and
+    ``quantization`` (a format name) give model facts the file lacks (they win over the file's).
+
+    Returns:
+        ``CheckResult(ok, report, violations, resolved, unjudged)``, which unpacks as ``ok, report``.
+
+    Never raises: an unreadable, empty, malformed or hostile file, a non-object, an argument vLLM's
+    parser rejects, an unreadable model folder, anything the rules did not foresee, is a violation
+    (``schema``, ``engine-args`` or ``model-folder``) naming the file and the cause. Only an interrupt
+    (``KeyboardInterrupt``) passes through.
+    """
+    name = os.fspath(path)
+    try:
+        raw = Path(path).read_bytes()
+        text = raw.decode("utf-8")
+        is_yaml = str(name).lower().endswith((".yaml", ".yml"))
+        if not raw.strip():
+            data = None
+        elif is_yaml:
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except (Exception, RecursionError, MemoryError) as exc:
+        form = "YAML" if str(name).lower().endswith((".yaml", ".yml")) else "JSON"
+        return refused("schema", f"cannot read {name!r} as {form}: {type(exc).__name__}: {exc}")
+    if data is None:
+        return refused("schema", f"{name!r}: empty file, not a config")
+    try:
+        if is_engine_args(data):
+            return _check_engine_args_file(name, raw, environ, num_experts, quantization)
+        settings, violations = settings_from_file_dict(data, environ)
+        settings = _with_fact_options(settings, num_experts, quantization)
+        judged = check_settings(settings)
+        return result(settings, Judgement(violations + judged, judged.unjudged))
+    except Exception as exc:  # a structure no schema rule foresaw is still a schema violation
+        return refused(
+            "schema", f"{name!r} is not a config of the documented structure ({type(exc).__name__}: {exc})"
+        )
+
+
+def _with_fact_options(s: EplbSettings, num_experts: int | None, quantization: str | None) -> EplbSettings:
+    if num_experts is not None:
+        s.num_logical_experts = num_experts
+        s.unknown_facts.pop("num_logical_experts", None)
+    if quantization is not None and quantization.lower() != "ascend":
+        s.quantization = format_name(quantization)
+        s.unknown_facts.pop("quantization", None)
+    return s
+
+
+def _check_engine_args_file(
+    name: str,
+    raw: bytes,
+    environ: Mapping[str, str] | None,
+    num_experts: int | None,
+    quantization: str | None,
+) -> CheckResult:
+    import tempfile
+
+    import yaml
+
+    data = yaml.safe_load(raw.decode("utf-8"))
+    with tempfile.TemporaryDirectory(prefix="ascend-eplb-check-") as tmp:
+        # vLLM's --config reads YAML files only; JSON is YAML, so a JSON file goes the same way.
+        config = name if name.lower().endswith((".yaml", ".yml")) else os.path.join(tmp, "engine_args.yaml")
+        if config != name:
+            Path(config).write_bytes(raw)
+        # Without model: in the file, the model is unknown (vLLM's --config wants one: an empty one).
+        argv = ["serve", "--config", config] if "model" in data else ["serve", "", "--config", config]
+        return check_serve_command(
+            argv, environ, num_experts=num_experts, quantization=quantization, source=name
+        )
+
+
+def check_serve_command(
+    argv: Sequence[str],
+    environ: Mapping[str, str] | None = None,
+    *,
+    num_experts: int | None = None,
+    quantization: str | None = None,
+    source: str | None = None,
+) -> CheckResult:
+    """Validate a ``vllm serve`` command line (``argv`` after ``vllm``: ``serve MODEL --enable-eplb ...``).
+
+    The arguments go through vLLM's own parser (:func:`parse_serve_command`, ``--config FILE`` included)
+    and :func:`settings_from_engine_args`; ``environ``, ``num_experts`` and ``quantization`` as for
+    :func:`check_config_file`; ``source`` names the input in messages.
+
+    Never raises (an interrupt aside): an argument vLLM's parser rejects is an ``engine-args`` violation
+    quoting vLLM's message (``vllm serve: error: unrecognized arguments: --bogus``); an unreadable model
+    folder a ``model-folder`` violation.
+    """
+    import contextlib
+    import io
+
+    where = source or "the command line"
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            engine_args = parse_serve_command(argv)
+    except SystemExit as exc:
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        said = lines[-1] if lines else f"vLLM's parser exited with status {exc.code}"
+        return refused("engine-args", f"{where}: vLLM's parser rejects the engine arguments: {said}")
+    except Exception as exc:
+        return refused(
+            "engine-args", f"{where}: vLLM's parser rejects the engine arguments: {type(exc).__name__}: {exc}"
+        )
+    try:
+        settings = settings_from_engine_args(
+            engine_args, environ, num_experts=num_experts, quantization=quantization
+        )
+    except EplbConfigError as exc:
+        return CheckResult(False, str(exc), tuple(exc.violations))
+    except Exception as exc:
+        return refused("model-folder", f"{where}: {exc}")
+    return result(settings, check_settings(settings))

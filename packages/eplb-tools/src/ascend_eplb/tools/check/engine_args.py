@@ -1,0 +1,169 @@
+"""Engine arguments (a ``vllm serve`` command line, a ``vllm serve --config`` file): parsed by vLLM's own
+parser and read into the rules' :class:`~ascend_eplb.integration.rules.EplbSettings` as vLLM resolves
+each setting, with no ``VllmConfig`` built."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ascend_eplb.integration.rules import EplbSettings
+from ascend_eplb.integration.validation import DTYPE_FORMATS, as_dict, parallel_and_eplb_fields
+from ascend_eplb.tools.check.model_folder import format_name, model_folder_facts
+
+__all__ = ["default_cudagraph_mode", "parse_serve_command", "settings_from_engine_args"]
+
+
+def parse_serve_command(argv: Sequence[str]) -> Any:
+    """``argv`` (``serve [MODEL] [options]``) parsed by vLLM's own ``vllm serve`` parser -> ``EngineArgs``.
+
+    The parser is built as ``vllm``'s CLI builds it (``FlexibleArgumentParser`` with the ``serve``
+    subcommand's ``ServeSubcommand().subparser_init``: ``make_arg_parser``, ``EngineArgs.add_cli_args``),
+    so ``--config FILE``, ``--x.y`` dotted keys, JSON values and underscores behave as in vLLM; the
+    positional model wins over ``--model``/``model:`` as in ``ServeSubcommand.cmd``.
+
+    Raises:
+        SystemExit: vLLM's parser rejected an argument (status 2, its message on stderr).
+        ValueError: not a ``serve`` command line, or vLLM's parser's own checks (``--config`` not a YAML
+            file, no model with ``--config``), or ``EngineArgs`` rejected a value.
+    """
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    argv = list(argv)
+    if argv[:1] != ["serve"]:
+        raise ValueError(f"a vllm serve command line starts with 'serve' (as after 'vllm'), got {argv[:1]}")
+    parser = FlexibleArgumentParser(prog="vllm")
+    ServeSubcommand().subparser_init(parser.add_subparsers(required=False, dest="subparser"))
+    args = parser.parse_args(argv)
+    if getattr(args, "model_tag", None) is not None:
+        args.model = args.model_tag
+    return EngineArgs.from_cli_args(args)
+
+
+def default_cudagraph_mode(optimization_level: Any = None) -> str:
+    """vLLM's ``cudagraph_mode`` when none is set: its optimization level's default (``O2``: graphs)."""
+    from vllm.config import VllmConfig
+    from vllm.config.vllm import OPTIMIZATION_LEVEL_TO_CONFIG
+
+    level = VllmConfig.optimization_level if optimization_level is None else optimization_level
+    mode = OPTIMIZATION_LEVEL_TO_CONFIG[level]["compilation_config"]["cudagraph_mode"]
+    return mode.name
+
+
+def settings_from_engine_args(
+    engine_args: Any,
+    environ: Mapping[str, str] | None = None,
+    *,
+    num_experts: int | None = None,
+    quantization: str | None = None,
+) -> EplbSettings:
+    """The settings the rules read from vLLM ``EngineArgs`` (parsed, with vLLM's own field defaults).
+
+    No ``VllmConfig`` is built (that needs the model from a hub); each setting is read as vLLM resolves
+    it: the parallel and EPLB fields as given; ``use_v2_model_runner`` from ``VLLM_USE_V2_MODEL_RUNNER``
+    (unset: True, vLLM's default); ``cudagraph_mode`` NONE with ``enforce_eager``, else the compilation
+    config's, else the optimization level's default (graph capture); the draft of an MTP method is MoE,
+    as at start-up. Model facts come from ``num_experts``/``quantization`` (a format name), else from
+    ``model`` when it is a local folder (:func:`model_folder_facts`); a fact neither gives is recorded in
+    ``unknown_facts`` (its rule is then not judged): the expert count; the format of ``quantization
+    ascend`` without an msModelSlim description, or of ``dtype auto`` without the checkpoint's dtype;
+    whether a non-MTP draft has experts when its ``model`` is not a local folder.
+
+    Raises:
+        ValueError: a model folder's ``config.json`` or description cannot be read (naming the file).
+        EplbConfigError: the description's routed experts mix quant types.
+    """
+    from typing import get_args
+
+    from vllm.config.speculative import MTPModelTypes
+    from vllm.envs import maybe_convert_bool
+
+    ea = engine_args
+    env = os.environ if environ is None else environ
+    model = str(ea.model or "")
+    facts = model_folder_facts(model) if model and Path(model).is_dir() else None
+    if not model:
+        missing = "no model is given"
+    elif facts is None:
+        missing = f"model {model!r} is not a local folder"
+    else:
+        missing = f"the model folder {model} does not say"
+    unknown: dict[str, str] = {}
+
+    experts = num_experts if num_experts is not None else (facts.num_logical_experts if facts else None)
+    if experts is None and facts is None:
+        unknown["num_logical_experts"] = (
+            f"the routed-expert count is unknown ({missing}); pass --num-experts / the model folder"
+        )
+
+    fmt: str | None = None
+    method = ea.quantization
+    if quantization is not None and quantization.lower() != "ascend":
+        fmt = format_name(quantization)
+    elif quantization is not None or (method is not None and str(method).lower() == "ascend"):
+        fmt = facts.quantization if facts else None
+        if fmt is None:
+            where = f"none in {model}" if facts else missing
+            unknown["quantization"] = (
+                "--quantization ascend takes the routed experts' format from msModelSlim's "
+                f"quant_model_description*.json ({where}); pass --quantization FORMAT / the model folder"
+            )
+    elif method is None:
+        dtype = str(ea.dtype).removeprefix("torch.")
+        fmt = (facts.dtype if facts else None) if dtype == "auto" else DTYPE_FORMATS.get(dtype, dtype)
+        if fmt is None:
+            unknown["quantization"] = (
+                f"the checkpoint's dtype is unknown (dtype=auto, {missing}); pass --quantization FORMAT / "
+                "the model folder"
+            )
+    else:
+        fmt = str(method).lower()
+
+    if ea.enforce_eager:
+        mode = "NONE"
+    else:
+        configured = getattr(ea.compilation_config, "cudagraph_mode", None)
+        if configured is None:
+            mode = default_cudagraph_mode(ea.optimization_level)
+        else:
+            mode = str(getattr(configured, "name", configured)).upper()
+
+    spec = ea.speculative_config
+    spec_method = None
+    draft_is_moe = False
+    if spec is not None:
+        spec = dict(spec)
+        spec_method = spec.get("method")
+        if spec_method in get_args(MTPModelTypes):
+            spec_method = "mtp"  # vLLM's SpeculativeConfig renames the deprecated MTP methods
+        draft = spec.get("model")
+        if "mtp" in str(spec_method or ""):
+            draft_is_moe = True
+        elif draft and Path(str(draft)).is_dir():
+            draft_is_moe = (model_folder_facts(str(draft)).num_logical_experts or 0) > 0
+        else:
+            unknown["speculative_draft_is_moe"] = (
+                f"whether the draft of speculative method={spec_method!r} has routed experts is unknown "
+                f"(draft model {draft!r} is not a local folder); pass the draft's local folder as "
+                "speculative-config model"
+            )
+        spec_method = spec_method or "unset"
+
+    v2 = maybe_convert_bool(env.get("VLLM_USE_V2_MODEL_RUNNER"))
+    additional = as_dict(ea.additional_config)
+    ec = ea.eplb_config
+    return EplbSettings(
+        enable_eplb=bool(ea.enable_eplb),
+        use_v2_model_runner=True if v2 is None else bool(v2),
+        **parallel_and_eplb_fields(ea, ec, additional, env),
+        num_logical_experts=experts,
+        quantization=fmt,
+        cudagraph_mode=mode,
+        speculative_method=spec_method,
+        speculative_draft_is_moe=draft_is_moe,
+        unknown_facts=unknown,
+    )

@@ -1,0 +1,178 @@
+"""This package's config-file schema (``ascend-eplb check CONFIG.json``; the integration README
+shows it) read into the rules' :class:`~ascend_eplb.integration.rules.EplbSettings`, each key that breaks
+the schema a ``schema`` violation naming it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ascend_eplb.control.values import is_int
+from ascend_eplb.integration.rules import (
+    INT32_MAX,
+    V1_EPLB_ENV_SWITCHES,
+    V1_EPLB_KEYS,
+    EplbSettings,
+    Violation,
+)
+from ascend_eplb.tools.check.engine_args import default_cudagraph_mode
+from ascend_eplb.tools.check.report import short
+
+__all__ = ["FILE_KEYS", "is_engine_args", "settings_from_file_dict"]
+
+#: Every field at its default: what a config file that omits a setting means.
+_DEFAULTS = EplbSettings()
+
+#: The top-level keys of the schema.
+FILE_KEYS = {
+    "use_v2_model_runner",
+    "parallel_config",
+    "additional_config",
+    "model",
+    "compilation_config",
+    "speculative_config",
+    "environment",
+}
+_PARALLEL_KEYS = {
+    "enable_eplb",
+    "enable_expert_parallel",
+    "enable_elastic_ep",
+    "enable_dbo",
+    "tensor_parallel_size",
+    "prefill_context_parallel_size",
+    "data_parallel_size",
+    "eplb_config",
+}
+_EPLB_KEYS = {
+    "window_size",
+    "step_interval",
+    "num_redundant_experts",
+    "use_async",
+    "policy",
+    "communicator",
+    "log_balancedness",
+    "log_balancedness_interval",
+    "enable_migration_batching",
+}
+_MODEL_KEYS = {"num_logical_experts", "quantization"}
+
+
+def _check_keys(section: str, value: Any, allowed: set[str], out: list[Violation]) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        out.append(Violation("schema", f"{section} must be a JSON object, got {type(value).__name__}"))
+        return {}
+    extra = sorted(set(value) - allowed)
+    if extra:
+        out.append(Violation("schema", f"unknown key(s) {extra} in {section}; allowed: {sorted(allowed)}"))
+    return value
+
+
+def settings_from_file_dict(
+    data: Any, environ: Mapping[str, str] | None = None
+) -> tuple[EplbSettings, list[Violation]]:
+    """Settings from a parsed config file (schema in the package README) plus schema violations."""
+    out: list[Violation] = []
+    top = _check_keys("the config file", data, FILE_KEYS, out)
+    pc = _check_keys("parallel_config", top.get("parallel_config"), _PARALLEL_KEYS, out)
+    ec = _check_keys("parallel_config.eplb_config", pc.get("eplb_config"), _EPLB_KEYS, out)
+    additional = _check_keys(
+        "additional_config", top.get("additional_config"), set(V1_EPLB_KEYS) | {"eplb_config"}, out
+    )
+    ascend = additional.get("eplb_config") or {}
+    if not isinstance(ascend, dict):
+        out.append(Violation("schema", "additional_config.eplb_config must be a JSON object"))
+        ascend = {}
+    model = _check_keys("model", top.get("model"), _MODEL_KEYS, out)
+    compilation = _check_keys("compilation_config", top.get("compilation_config"), {"cudagraph_mode"}, out)
+    spec = _check_keys("speculative_config", top.get("speculative_config"), {"method", "draft_is_moe"}, out)
+    env_file = _check_keys("environment", top.get("environment"), set(V1_EPLB_ENV_SWITCHES), out)
+    env = dict(os.environ if environ is None else environ)
+    env.update({k: str(v) for k, v in env_file.items()})
+
+    def integer(section: str, d: dict[str, Any], key: str, default: int) -> int:
+        v = d.get(key, default)
+        if not is_int(v) or not 1 <= v <= INT32_MAX:
+            rule = f"must be an integer in [1, {INT32_MAX}]"
+            out.append(Violation("schema", f"{section}.{key}={short(v)} {rule}"))
+            return default
+        return v
+
+    def boolean(section: str, d: dict[str, Any], key: str, default: bool) -> bool:
+        # JSON true/false only: bool("false") is True, so a quoted value would flip the switch.
+        v = d.get(key, default)
+        if not isinstance(v, bool):
+            out.append(Violation("schema", f"{section}.{key}={v!r} must be a JSON boolean (true or false)"))
+            return default
+        return v
+
+    interval = ec.get("log_balancedness_interval", 1)
+    if not is_int(interval) or not 1 <= interval <= INT32_MAX:
+        out.append(
+            Violation(
+                "schema",
+                f"parallel_config.eplb_config.log_balancedness_interval={short(interval)} must be an "
+                f"integer in [1, {INT32_MAX}]",
+            )
+        )
+    boolean("parallel_config.eplb_config", ec, "enable_migration_batching", False)
+
+    experts = model.get("num_logical_experts")
+    if experts is not None and (not is_int(experts) or not 1 <= experts <= INT32_MAX):
+        rule = f"must be an integer in [1, {INT32_MAX}]"
+        out.append(Violation("schema", f"model.num_logical_experts={short(experts)} {rule}"))
+        experts = None
+    quant = model.get("quantization", "bf16")
+    unknown: dict[str, str] = {}
+    if experts is None:
+        unknown["num_logical_experts"] = (
+            "the routed-expert count is unknown (model.num_logical_experts is not given); pass "
+            "--num-experts / model.num_logical_experts"
+        )
+    if isinstance(quant, str) and quant.lower() == "ascend":
+        unknown["quantization"] = (
+            "quantization 'ascend' takes the routed experts' format from msModelSlim's "
+            "quant_model_description*.json, which a config file does not carry; pass --quantization FORMAT"
+        )
+    settings = EplbSettings(
+        enable_eplb=boolean("parallel_config", pc, "enable_eplb", False),
+        use_v2_model_runner=boolean("the config file", top, "use_v2_model_runner", True),
+        enable_expert_parallel=boolean("parallel_config", pc, "enable_expert_parallel", False),
+        enable_elastic_ep=boolean("parallel_config", pc, "enable_elastic_ep", False),
+        enable_dbo=boolean("parallel_config", pc, "enable_dbo", False),
+        tensor_parallel_size=integer("parallel_config", pc, "tensor_parallel_size", 1),
+        prefill_context_parallel_size=integer("parallel_config", pc, "prefill_context_parallel_size", 1),
+        data_parallel_size=integer("parallel_config", pc, "data_parallel_size", 1),
+        window_size=ec.get("window_size", _DEFAULTS.window_size),
+        step_interval=ec.get("step_interval", _DEFAULTS.step_interval),
+        num_redundant_experts=ec.get("num_redundant_experts", _DEFAULTS.num_redundant_experts),
+        use_async=ec.get("use_async", _DEFAULTS.use_async),
+        policy=ec.get("policy", _DEFAULTS.policy),
+        communicator=ec.get("communicator", _DEFAULTS.communicator),
+        log_balancedness=boolean(
+            "parallel_config.eplb_config", ec, "log_balancedness", _DEFAULTS.log_balancedness
+        ),
+        ascend_eplb_config=dict(ascend),
+        legacy_top_level_keys={k: additional[k] for k in V1_EPLB_KEYS if k in additional},
+        environment={k: env[k] for k in V1_EPLB_ENV_SWITCHES if k in env},
+        num_logical_experts=experts,
+        quantization=str(quant) if quant is not None else None,
+        cudagraph_mode=str(compilation.get("cudagraph_mode") or default_cudagraph_mode()),
+        speculative_method=spec.get("method") if spec else None,
+        speculative_draft_is_moe=boolean("speculative_config", spec, "draft_is_moe", False)
+        or "mtp" in str(spec.get("method") or ""),
+        unknown_facts=unknown,
+    )
+    return settings, out
+
+
+def is_engine_args(data: Any) -> bool:
+    """A flat mapping of engine arguments (``vllm serve --config``), not this package's nested schema."""
+    return (
+        isinstance(data, dict)
+        and "parallel_config" not in data
+        and not isinstance(data.get("model"), dict)
+        and not set(data) <= FILE_KEYS
+    )
