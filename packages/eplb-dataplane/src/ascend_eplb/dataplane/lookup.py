@@ -23,9 +23,10 @@ device scalar of the forward's row layout (:func:`~ascend_eplb.dataplane.map_to_
   it per forward from the parallel layout (``ascend_eplb.control.layout``). vLLM Ascend's rule
   ``(row + ep_rank + e)`` breaks this wherever EP ranks share rows.
 * Even spread: consecutive token rows walk the replicas of ``e`` round-robin, so ``n`` consecutive
-  tokens routed to ``e`` give each of its ``R`` replicas ``floor(n / R)`` or ``ceil(n / R)`` of them
-  (with ``rows`` a multiple of ``R``, exactly; otherwise the wrap at ``rows`` shifts the phase by
-  ``rows % R``, at most one token per ``rows`` tokens).
+  tokens routed to ``e`` give each of its ``count`` replicas (``logical_replica_count[e]``)
+  ``floor(n / count)`` or ``ceil(n / count)`` of them (with ``rows`` a multiple of ``count``, exactly;
+  otherwise the wrap at ``rows`` shifts the phase by ``rows % count``, at most one token per ``rows``
+  tokens).
 * Rank spread where it is safe: where each rank routes rows of its own (all-to-all dispatch), the
   offset is the rank, so small decode batches of different ranks do not all start at replica 0.
 * Expert offset: ``e`` shifts the phase, so the replicas of different experts chosen by one row are

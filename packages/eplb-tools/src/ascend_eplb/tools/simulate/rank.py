@@ -143,7 +143,8 @@ def simulate_rank(ctx: RankContext, cfg: dict, routing: dict, gather: bool = Fal
     Args:
         ctx: the rank's context (rendezvous, rank, world size).
         cfg: ``SimulateConfig.to_json()`` plus ``padded_size`` and ``trace_name``.
-        routing: ``topk_ids (L, T_trace, K)``, ``topk_weights``, ``seq_offsets``, ``num_logical_experts``.
+        routing: ``topk_ids (L, trace_tokens, K)``, ``topk_weights``, ``seq_offsets``,
+            ``num_logical_experts``.
         gather: gather every rank's statistics to each rank at the end (torchrun, where there is no
             launcher to collect them).
 
@@ -336,9 +337,9 @@ class _ReplayWorld:
     batch: int
     padded: int
     num_trace_tokens: int
-    ids_all: torch.Tensor  # int64 [L, T_trace, K] logical
-    w_all: torch.Tensor  # float32 [L, T_trace, K]
-    seq_starts: np.ndarray  # bool [T_trace]: the trace token starts a sequence
+    ids_all: torch.Tensor  # int64 [L, trace_tokens, K] logical
+    w_all: torch.Tensor  # float32 [L, trace_tokens, K]
+    seq_starts: np.ndarray  # bool [trace_tokens]: the token starts a sequence
     generator: torch.Generator  # the hidden-state table, then each step's padding ids
     hidden_table: torch.Tensor  # [_HIDDEN_TABLE_ROWS, H]
     real: torch.Tensor  # bool [N*T]: real (unpadded) rows of the gathered batch
@@ -468,7 +469,7 @@ def _build_replay_world(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConf
         watchdog=watchdog, verifier=verifier, verifier_time=verifier_time, num_moe_layers=num_moe_layers,
         num_logical=num_logical, num_physical=num_physical, p=p, top_k=top_k, hidden=hidden, batch=batch,
         padded=padded, num_trace_tokens=num_trace_tokens,
-        ids_all=torch.from_numpy(ids_all.astype(np.int64)),  # [L, T_trace, K]
+        ids_all=torch.from_numpy(ids_all.astype(np.int64)),  # [L, trace_tokens, K]
         w_all=torch.from_numpy(w_all.astype(np.float32)), seq_starts=seq_starts, generator=g,
         hidden_table=hidden_table,
         real=torch.cat([torch.arange(padded) < batch] * num_ranks),  # [N*T] real (unpadded) rows
@@ -479,8 +480,8 @@ def _build_replay_world(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConf
 
 def _replay_step(w: _ReplayWorld, cursor: int) -> _ReplayForward:
     """One replayed step's forward on this rank, from the trace token ``cursor`` on (the world consumes
-    ``N*B`` tokens per step): runner points ``prepare_inputs`` and ``prepare_forward``, every layer's
-    upstream router, the all-gather dispatch, both worlds' experts, the all-reduce combine."""
+    ``N * batch_size`` tokens per step): runner points ``prepare_inputs`` and ``prepare_forward``, every
+    layer's upstream router, the all-gather dispatch, both worlds' experts, the all-reduce combine."""
     rank, num_ranks = w.ctx.rank, w.ctx.world_size
     batch, padded, hidden, top_k, num_moe_layers = w.batch, w.padded, w.hidden, w.top_k, w.num_moe_layers
     world_rows = num_ranks * padded
@@ -499,7 +500,7 @@ def _replay_step(w: _ReplayWorld, cursor: int) -> _ReplayForward:
     wts = torch.zeros(num_moe_layers, padded, top_k)
     wts[:, :batch] = w.w_all[:, tok]
     # Every layer's upstream router: replayed selection, then the bound dataplane op (mapping and,
-    # when recording, the load of the first B rows).
+    # when recording, the load of the first batch_size rows).
     phys = torch.stack([pid for _, pid in w.model.route(list(ids), list(wts))]).to(torch.int64)
     # Dispatch: all-gather of every layer's logical and physical ids, weights and the hidden states
     # (one collective per dtype for all layers: the layers here are independent, each reads the
@@ -623,7 +624,7 @@ def _run_model(ctx: RankContext, cfg: dict) -> dict:
         placement = model_state.physical_to_logical_map.clone()  # in force for this forward
         seen = worker.forward_step(ids, num_unpadded_tokens=batch, batch_has_prefill=step % 2 == 0)
         assert seen.logits_off is not None
-        phys = torch.stack([x[:batch] for x in seen.physical_ids])  # [L, B, K] physical, real rows
+        phys = torch.stack([x[:batch] for x in seen.physical_ids])  # [L, batch_size, K] physical, real rows
         on, off = seen.logits_on[:batch], seen.logits_off[:batch]
         err = float((on - off).abs().max())
         bound = OUTPUT_ATOL + rtol * float(off.abs().max())
