@@ -1075,7 +1075,6 @@ class RealModelSpec:
     seed: int = 0
     run_eplb_off: bool = True
     worker_deadline_s: float = 20.0
-    eplb_extra: dict[str, Any] = field(default_factory=dict)
     environ: dict[str, str] = field(default_factory=dict)
 
 
