@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ascend_eplb.testing import load_module, run_ranks
+from ascend_eplb.testing.oracles import check_commit_order
 
 ranks = load_module(Path(__file__).with_name("ranks_mrv2.py"))
 
@@ -149,17 +150,12 @@ def _commit_log_is_move_commit_refresh_acknowledge_for_every_layer(reports) -> N
         log = r["commit_log"]
         assert {e[3] for e in log} == {1}
         assert {e[1] for e in log} == {"toy/mrv2-moe"}
-        # Layer by layer: one layer is fully acknowledged before the next one moves.
-        assert [(e[0], e[2]) for e in log] == [
-            (k, layer) for layer in LAYERS for k in ("move", "commit", "refresh", "acknowledge")
-        ]
+        committed = check_commit_order(
+            log,
+            LAYERS,
+            local_slots=r["local_slots"],
+            maps_before=r["initial_map"],
+            table_ptrs=r["table_ptrs"],
+        )
         for layer in LAYERS:
-            ev = {e[0]: e[4] for e in log if e[2] == layer}
-            new_map = ev["commit"]["map"]
-            assert new_map == r["committed_map"][layer]
-            assert ev["move"]["map_before"] == r["initial_map"][layer]
-            # At move time every local slot's tagged weights already hold the committed map's expert.
-            assert ev["move"]["probe"] == [[ranks.tag(layer, new_map[s])] * 2 for s in r["local_slots"]]
-            assert ev["refresh"]["data_ptrs"] == [r["table_ptrs"][layer]]
-            assert ev["acknowledge"]["pending_result_cleared"] is True
-            assert ev["acknowledge"]["checksums"] == ev["refresh"]["checksums"]
+            assert committed[layer] == r["committed_map"][layer]

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ascend_eplb.testing import RankContext
+from ascend_eplb.testing.oracles import tag
 
 NUM_MOE_LAYERS = 2
 NUM_LOGICAL = 64  # DeepSeek-V2-Lite routed experts, as in the trace
@@ -25,11 +26,6 @@ PADDING = 8  # padded rows appended to every batch (never recorded)
 WINDOW = 2
 INTERVAL = 8
 DEADLINE_S = 30.0
-
-
-def tag(layer: int, logical_expert: int) -> float:
-    """The value every weight row of ``layer`` holding ``logical_expert`` carries (exact in bf16)."""
-    return float(64 * layer + logical_expert + 1)
 
 
 def _trace(num_sequences: int) -> list[list[torch.Tensor]]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ascend_eplb.testing import load_module, run_ranks
+from ascend_eplb.testing.oracles import check_commit_order
 
 ranks = load_module(Path(__file__).with_name("ranks.py"))
 
@@ -80,31 +81,14 @@ def _assert_commit_order(reports, use_async):
     for r in reports:
         log = r["commit_log"]
         for rearrangement in (1, 2):
-            events = [e for e in log if e[3] == rearrangement]
-            for layer in LAYERS:
-                kinds = [e[0] for e in events if e[2] == layer]
-                assert kinds == (
-                    ["move", "commit", "refresh", "acknowledge"]
-                    if use_async
-                    else ["move", "commit", "refresh"]
-                )
-                ev = {e[0]: e[4] for e in events if e[2] == layer}
-                new_map = ev["commit"]["map"]
-                # At move time the weights already hold the new placement, the map still the old one.
-                want_tags = [[ranks.tag(layer, new_map[s])] * 2 for s in r["local_slots"]]
-                assert ev["move"]["probe"] == want_tags
-                assert (
-                    ev["move"]["map_before"] == r["cycles"][0 if rearrangement == 1 else 2]["old_map"][layer]
-                )
-                assert ev["refresh"]["data_ptrs"] == [r["table_ptrs"][layer]]
-                if use_async:
-                    assert ev["acknowledge"]["pending_result_cleared"] is True
-                    assert ev["acknowledge"]["checksums"] == ev["refresh"]["checksums"]
-            if use_async:
-                # Layer by layer: one layer is fully acknowledged before the next one moves.
-                assert [(e[0], e[2]) for e in events] == [
-                    (k, layer) for layer in LAYERS for k in ("move", "commit", "refresh", "acknowledge")
-                ]
+            check_commit_order(
+                [e for e in log if e[3] == rearrangement],
+                LAYERS,
+                local_slots=r["local_slots"],
+                maps_before=r["cycles"][0 if rearrangement == 1 else 2]["old_map"],
+                table_ptrs=r["table_ptrs"],
+                acknowledged=use_async,
+            )
     # The refreshed lookups agree across ranks: each rank's checksum equals its rebuild (ranks), and the
     # committed maps they derive from are identical (above).
     for rearrangement in (1, 2):

@@ -189,6 +189,20 @@ def test_record_expert_tokens_rejects_bad_input_before_writing(args, message):
     assert load.tolist() == [0, 0, 0, 0]
 
 
+@pytest.mark.parametrize(
+    ("load", "message"),
+    [
+        (torch.zeros(4), r"expert_load_view must be int32 or int64 \(P,\), got torch.float32 \(4,\)"),
+        (torch.zeros(1, dtype=torch.int32).expand(4), r"must not be a stride-0 \(expanded\) view"),
+    ],
+)
+def test_record_expert_tokens_checks_the_load_view_as_the_lookup_and_the_map_op_do(load, message):
+    # The one load-view rule set (lookup.check_load_view_metadata), here too, before any write.
+    with pytest.raises(ValueError, match=message):
+        record_expert_tokens(torch.tensor([1, 2]), GROUP_LIST_COUNTS, load, 0, 2)
+    assert load.tolist() == [0, 0, 0, 0]
+
+
 @pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("load_dtype", [torch.int32, torch.int64])
 def test_cpu_dispatch_is_the_torch_form_and_equals_loop_reference(ids_dtype, load_dtype):

@@ -376,6 +376,55 @@ def lay_out_experts(
             setattr(layer, name + "_list", t)
         else:
             layer.register_parameter(name, torch.nn.Parameter(t, requires_grad=False))
+    _keep_layer_storage(layer, fmt)
+
+
+#: Attribute of a laid-out layer holding ``(format name, ExpertStorage, what it reads)``.
+_STORAGE_ATTR = "_ascend_eplb_layer_storage"
+
+
+def _keep_layer_storage(layer: torch.nn.Module, fmt: str) -> None:
+    """Validate the layer's kernel tensors once (quant_views ``layer_storage``) and keep the storage,
+    with the attribute objects it reads (and, for per-expert lists, their elements), for
+    :func:`apply_layer`."""
+    from ascend_eplb.quant_views import layer_storage
+
+    storage = layer_storage(layer, fmt)
+    suffix = "_list" if storage.per_expert_lists else ""
+    held = []
+    for name in (*storage.kernel_tensors, *storage.unread_tensors):
+        obj = getattr(layer, name + suffix)
+        held.append((name + suffix, obj, tuple(obj) if storage.per_expert_lists else None))
+    layer.__dict__[_STORAGE_ATTR] = (fmt, storage, tuple(held))
+
+
+def _kept_layer_storage(layer: torch.nn.Module, fmt: str) -> Any:
+    """The storage :func:`_keep_layer_storage` validated, after an identity check (no tensor data
+    read): every attribute it reads still holds the very object (and list elements) it held then.
+
+    Raises:
+        RuntimeError: the layer was not laid out by :func:`lay_out_experts` for ``fmt``, or one of its
+            kernel tensors was replaced since (EPLB moves expert weights in place, never by rebinding).
+    """
+    kept = layer.__dict__.get(_STORAGE_ATTR)
+    if kept is None or kept[0] != fmt:
+        raise RuntimeError(
+            f"{type(layer).__name__} was not laid out for format {fmt!r} by lay_out_experts "
+            f"(process_weights_after_loading); laid out for: {None if kept is None else kept[0]!r}"
+        )
+    _, storage, held = kept
+    for attr, obj, items in held:
+        now = getattr(layer, attr, None)
+        if now is not obj or (
+            items is not None
+            and (len(now) != len(items) or any(a is not b for a, b in zip(now, items, strict=True)))
+        ):
+            raise RuntimeError(
+                f"{type(layer).__name__}.{attr} was replaced after process_weights_after_loading: the kernel "
+                "storage validated then no longer reads the layer's tensors (expert weights must be "
+                "written in place)"
+            )
+    return storage
 
 
 def apply_layer(
@@ -386,8 +435,12 @@ def apply_layer(
     topk_ids: torch.Tensor,
     comm_path: str = "standard",
 ) -> torch.Tensor:
-    """The routed experts' output of this rank from the layer's own kernel tensors (quant_views
-    ``layer_storage``, read at every call), each (token, k) selection computed on its own.
+    """The routed experts' output of this rank from the layer's own kernel tensors, each (token, k)
+    selection computed on its own.
+
+    The quant_views ``layer_storage`` over those tensors is validated once, when :func:`lay_out_experts`
+    lays the layer out (``process_weights_after_loading``); each call only checks that the layer still
+    holds the very tensor objects it validated (identity, no data read).
 
     Args:
         layer: a ``RoutedExperts`` laid out by :func:`lay_out_experts` (its ``expert_map``: int ``(P,)``
@@ -399,11 +452,15 @@ def apply_layer(
     Returns:
         ``(T, H)`` in ``x``'s dtype: per token, the outputs of its local selections added in ``k`` order
         (zero for a token with none).
+
+    Raises:
+        RuntimeError: the layer was not laid out by :func:`lay_out_experts` for ``fmt``, or a kernel
+            tensor of it was replaced (rebound) since.
     """
-    from ascend_eplb.quant_views import get_format, layer_storage
+    from ascend_eplb.quant_views import get_format
 
     fmt_ = get_format(fmt)
-    storage = layer_storage(layer, fmt_)
+    storage = _kept_layer_storage(layer, fmt)
     expert_map = layer.expert_map
     local = (
         topk_ids
@@ -528,6 +585,19 @@ def checkpoint_expert_storage(folder: str | os.PathLike[str], fmt: str) -> list[
     gate_t, up_t, down_t = EXPERT_KEYS[info.arch]
     fmt_ = get_format(fmt)
     options = {"fused_scales": True} if fmt == "w8a8_dynamic" and _switch("fused_scales") else {}
+    # One pass over the keys: module -> [(position, suffix)] of the tensors under it, for the gate and
+    # down modules of every expert (O(keys), not O(E x keys)).
+    wanted = {
+        f"model.layers.{layer}." + t.format(e=e)
+        for layer in info.moe_layer_indices
+        for e in range(info.num_logical_experts)
+        for t in (gate_t, down_t)
+    }
+    under: dict[str, list[tuple[int, str]]] = {}
+    for position, key in enumerate(tensors):
+        for dot in (i for i, c in enumerate(key) if c == "."):
+            if key[:dot] in wanted:
+                under.setdefault(key[:dot], []).append((position, key[dot + 1 :]))
     out = []
     for layer in info.moe_layer_indices:
         prefix = f"model.layers.{layer}."
@@ -536,12 +606,13 @@ def checkpoint_expert_storage(folder: str | os.PathLike[str], fmt: str) -> list[
         per_name: dict[str, list[torch.Tensor]] = {}
         for e in range(info.num_logical_experts):
             gate, up, down = (prefix + t.format(e=e) for t in (gate_t, up_t, down_t))
-            for key, value in tensors.items():
-                for stem, parts in (("w13", (gate, up)), ("w2", (down,))):
-                    if key.startswith(parts[0] + "."):
-                        suffix = key[len(parts[0]) + 1 :]
-                        rows = [value] + [tensors[f"{k}.{suffix}"] for k in parts[1:]]
-                        per_name.setdefault(f"{stem}_{suffix}", []).append(torch.cat(rows))
+            found = sorted(
+                [(pos, "w13", (gate, up), suffix) for pos, suffix in under.get(gate, [])]
+                + [(pos, "w2", (down,), suffix) for pos, suffix in under.get(down, [])]
+            )
+            for _, stem, parts, suffix in found:  # in the checkpoint's key order, as each key is found
+                rows = [tensors[f"{k}.{suffix}"] for k in parts]
+                per_name.setdefault(f"{stem}_{suffix}", []).append(torch.cat(rows))
         stacked = {n: torch.stack(v) for n, v in per_name.items()}
         inter = stacked["w13_weight"].shape[1] // 2
         out.append(fmt_.storage_from_checkpoint(stacked, hidden, inter, **options))

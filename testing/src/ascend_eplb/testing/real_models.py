@@ -491,7 +491,8 @@ def __getattr__(name: str) -> Any:
 
 
 def _sdpa_attention(self: Any, query, key, value, output_shape=None, output_dtype=None):
-    """Prefill-only causal SDPA, one sequence: query ``(T, heads * D)``, key/value ``(T, kv_heads * D)``."""
+    """Prefill-only causal SDPA, one sequence: query ``(T, heads * head_dim)``, key/value
+    ``(T, kv_heads * head_dim)``."""
     t = query.shape[0]
     q = query.reshape(t, self.num_heads, self.head_size).transpose(0, 1)
     k = key.reshape(t, self.num_kv_heads, self.head_size).transpose(0, 1)
@@ -724,7 +725,7 @@ def forward(
         positions: int64 ``(T,)``, ``0..T-1`` (the attention stand-ins are causal from position 0).
 
     Returns:
-        float32 ``(T, V)`` logits, on every rank (gathered over TP).
+        float32 ``(T, vocab_size)`` logits, on every rank (gathered over TP).
     """
     from vllm.config import set_current_vllm_config
     from vllm.distributed import tensor_model_parallel_all_gather
@@ -737,7 +738,7 @@ def forward(
     ):
         hidden = model(input_ids=input_ids, positions=positions)
         head = model.lm_head
-        logits = F.linear(hidden, head.weight)  # (T, V / TP): this rank's vocabulary shard
+        logits = F.linear(hidden, head.weight)  # (T, vocab_size / TP): this rank's vocabulary shard
         logits = tensor_model_parallel_all_gather(logits.contiguous(), dim=-1)
     return logits[:, : model.config.vocab_size].float()
 
@@ -749,7 +750,7 @@ def hf_logits(folder: str | os.PathLike[str], input_ids: torch.Tensor) -> torch.
         input_ids: int64 ``(T,)``, one sequence.
 
     Returns:
-        float32 ``(T, V)``.
+        float32 ``(T, vocab_size)``.
     """
     from transformers import AutoModelForCausalLM
 
@@ -814,7 +815,7 @@ class WorkerStep:
     """What one :meth:`ServingWorker.forward_step` saw.
 
     Attributes:
-        logits_on: float32 ``(T, V)`` of the EPLB-on model (every row, padding included).
+        logits_on: float32 ``(T, vocab_size)`` of the EPLB-on model (every row, padding included).
         logits_off: the EPLB-off model's on the same ids, or None without an EPLB-off model.
         load: int64 ``(L, P)``: upstream's ``expert_load_pass`` after the forward (this rank's record).
         physical_ids: per MoE layer, int64 ``(T, K)``: the ids the expert kernel consumed.
@@ -1074,7 +1075,6 @@ class RealModelSpec:
     seed: int = 0
     run_eplb_off: bool = True
     worker_deadline_s: float = 20.0
-    eplb_extra: dict[str, Any] = field(default_factory=dict)
     environ: dict[str, str] = field(default_factory=dict)
 
 
@@ -1092,7 +1092,7 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
     Returns (every rank), a dict:
         ``rank``; ``info`` (``num_logical_experts``, ``top_k``, ``num_moe_layers``,
         ``num_physical_experts``); ``prompts``: list of int64 ``(T,)`` per step;
-        ``logits_on``: float32 ``(T, V)`` per step (EPLB on); ``logits_off``: same prompts, EPLB off
+        ``logits_on``: float32 ``(T, vocab_size)`` per step (EPLB on); ``logits_off``: same prompts, EPLB off
         (absent when ``run_eplb_off`` is False); ``load``: per step int64 ``(L, P)``, upstream's
         ``expert_load_pass`` after the forward (this rank's recorded load, physical id space);
         ``recorded``: per step, whether the step recorded; ``maps``: per step int64 ``(L, P)`` committed

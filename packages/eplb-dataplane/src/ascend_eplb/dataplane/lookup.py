@@ -23,9 +23,10 @@ device scalar of the forward's row layout (:func:`~ascend_eplb.dataplane.map_to_
   it per forward from the parallel layout (``ascend_eplb.control.layout``). vLLM Ascend's rule
   ``(row + ep_rank + e)`` breaks this wherever EP ranks share rows.
 * Even spread: consecutive token rows walk the replicas of ``e`` round-robin, so ``n`` consecutive
-  tokens routed to ``e`` give each of its ``R`` replicas ``floor(n / R)`` or ``ceil(n / R)`` of them
-  (with ``rows`` a multiple of ``R``, exactly; otherwise the wrap at ``rows`` shifts the phase by
-  ``rows % R``, at most one token per ``rows`` tokens).
+  tokens routed to ``e`` give each of its ``count`` replicas (``logical_replica_count[e]``)
+  ``floor(n / count)`` or ``ceil(n / count)`` of them (with ``rows`` a multiple of ``count``, exactly;
+  otherwise the wrap at ``rows`` shifts the phase by ``rows % count``, at most one token per ``rows``
+  tokens).
 * Rank spread where it is safe: where each rank routes rows of its own (all-to-all dispatch), the
   offset is the rank, so small decode batches of different ranks do not all start at replica 0.
 * Expert offset: ``e`` shifts the phase, so the replicas of different experts chosen by one row are
@@ -60,6 +61,38 @@ def is_int(value: object) -> bool:
     """Whether ``value`` is an ``int`` and not a ``bool`` (``True`` is an ``int`` to Python, never a count,
     rank or row here): the one such check of this package (not a public name of it)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_load_view_metadata(expert_load_view: object) -> torch.Tensor:
+    """The rules every load view obeys wherever one is passed (the lookup and both ops): a 1-D int32
+    or int64 tensor ``(P,)``, not a stride-0 (expanded) view. Metadata only (no device data is read);
+    the number of counters and the device are each caller's own rule. The one such check of this
+    package (not a public name of it).
+
+    Returns:
+        ``expert_load_view``, checked.
+
+    Raises:
+        ValueError: naming the view's dtype and shape (or its type), or its stride.
+    """
+    if (
+        not isinstance(expert_load_view, torch.Tensor)
+        or expert_load_view.dim() != 1
+        or expert_load_view.dtype not in (torch.int32, torch.int64)
+    ):
+        got = (
+            f"{expert_load_view.dtype} {tuple(expert_load_view.shape)}"
+            if isinstance(expert_load_view, torch.Tensor)
+            else type(expert_load_view).__name__
+        )
+        raise ValueError(f"expert_load_view must be int32 or int64 (P,), got {got}")
+    if expert_load_view.shape[0] > 1 and expert_load_view.stride(0) == 0:
+        raise ValueError(
+            f"expert_load_view must not be a stride-0 (expanded) view, got shape "
+            f"{tuple(expert_load_view.shape)} stride {tuple(expert_load_view.stride())}: its P "
+            "counters would share one element"
+        )
+    return expert_load_view
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -328,17 +361,7 @@ class ReplicaLookup:
         self._check_load_view(expert_load_view, self.physical_id_bound)
 
     def _check_load_view(self, expert_load_view: torch.Tensor, num_physical: int) -> None:
-        if (
-            not isinstance(expert_load_view, torch.Tensor)
-            or expert_load_view.dim() != 1
-            or expert_load_view.dtype not in (torch.int32, torch.int64)
-        ):
-            got = (
-                f"{expert_load_view.dtype} {tuple(expert_load_view.shape)}"
-                if isinstance(expert_load_view, torch.Tensor)
-                else type(expert_load_view).__name__
-            )
-            raise ValueError(f"expert_load_view must be int32 or int64 (P,), got {got}")
+        check_load_view_metadata(expert_load_view)
         if expert_load_view.device != self.device:
             raise ValueError(
                 f"expert_load_view is on {expert_load_view.device}, the lookup's table on {self.device}; "
@@ -349,12 +372,6 @@ class ReplicaLookup:
                 f"expert_load_view has {expert_load_view.shape[0]} counters, fewer than the lookup's "
                 f"P = {num_physical} physical experts; the table's ids in "
                 f"[{expert_load_view.shape[0]}, {num_physical}) would never be counted"
-            )
-        if expert_load_view.shape[0] > 1 and expert_load_view.stride(0) == 0:
-            raise ValueError(
-                f"expert_load_view must not be a stride-0 (expanded) view, got shape "
-                f"{tuple(expert_load_view.shape)} stride {tuple(expert_load_view.stride())}: its P "
-                "counters would share one element"
             )
 
     def checksum(self) -> int:

@@ -30,7 +30,7 @@ import importlib.metadata
 import torch
 
 from ascend_eplb.dataplane import _npu, _triton
-from ascend_eplb.dataplane.lookup import is_int
+from ascend_eplb.dataplane.lookup import check_load_view_metadata, is_int
 
 __all__ = [
     "GROUP_LIST_COUNTS",
@@ -89,23 +89,13 @@ def _check_record_args(
     where both are known (``bind_router``, ``refresh_``); inside the op a table entry outside
     ``[0, len(expert_load_view))`` is mapped but never counted, on every path.
     """
-    if expert_load_view.dim() != 1 or expert_load_view.dtype not in _ID_DTYPES:
-        raise ValueError(
-            "expert_load_view must be int32 or int64 (P,), got "
-            f"{expert_load_view.dtype} {tuple(expert_load_view.shape)}"
-        )
+    check_load_view_metadata(expert_load_view)
     num_experts = table.shape[1]
     if expert_load_view.shape[0] < num_experts:
         raise ValueError(
             f"expert_load_view has {expert_load_view.shape[0]} counters, fewer than the table's "
             f"E = {num_experts} logical experts; it must hold one counter per physical expert "
             "(global P >= E), not a rank's local slots"
-        )
-    if expert_load_view.shape[0] > 1 and expert_load_view.stride(0) == 0:
-        raise ValueError(
-            f"expert_load_view must not be a stride-0 (expanded) view, got shape "
-            f"{tuple(expert_load_view.shape)} stride {tuple(expert_load_view.stride())}: its P "
-            "counters would share one element"
         )
     if record_enabled.dim() != 0 or record_enabled.dtype != torch.bool:
         raise ValueError(
@@ -433,8 +423,10 @@ def record_expert_tokens(
         record_enabled: optional 0-d bool device tensor; when false nothing is added (no host read).
 
     Raises:
-        ValueError: unknown ``group_list_type``, ranks out of range, or shapes/dtypes that do not
-            satisfy ``P == p * num_ranks`` (all checked before anything is written).
+        ValueError: unknown ``group_list_type``, ranks out of range, shapes/dtypes that do not
+            satisfy ``P == p * num_ranks``, or a stride-0 ``expert_load_view`` (the load-view rules of
+            :func:`~ascend_eplb.dataplane.lookup.check_load_view_metadata`; all checked before anything
+            is written).
     """
     if group_list_type not in (GROUP_LIST_CUMSUM, GROUP_LIST_COUNTS):
         raise ValueError(
@@ -450,11 +442,7 @@ def record_expert_tokens(
             f"expert_tokens must be int32 or int64 (p,), got {expert_tokens.dtype} "
             f"{tuple(expert_tokens.shape)}"
         )
-    if expert_load_view.dim() != 1 or expert_load_view.dtype not in _ID_DTYPES:
-        raise ValueError(
-            f"expert_load_view must be int32 or int64 (P,), got {expert_load_view.dtype} "
-            f"{tuple(expert_load_view.shape)}"
-        )
+    check_load_view_metadata(expert_load_view)
     num_local = expert_tokens.shape[0]
     if expert_load_view.shape[0] != num_local * num_ranks:
         raise ValueError(

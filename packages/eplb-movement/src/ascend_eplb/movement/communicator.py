@@ -30,7 +30,6 @@ On a host without an accelerator (CPU tensors) every copy is synchronous and no 
 from __future__ import annotations
 
 import logging
-import numbers
 
 import numpy as np
 import torch
@@ -41,6 +40,7 @@ from vllm.distributed.eplb.eplb_communicator import EplbCommunicator
 from ascend_eplb.movement._errors import EplbTransferError, transfer_error
 from ascend_eplb.movement._plan import Queued, TransferPlan
 from ascend_eplb.movement._transfer import Transfer
+from ascend_eplb.movement._values import is_int
 from ascend_eplb.movement.staging import StagingPool
 from ascend_eplb.movement.stats import TransferStats
 
@@ -53,7 +53,7 @@ DEFAULT_TRANSFER_TIMEOUT_S = 300.0
 
 
 def _check_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if not is_int(value):
         raise TypeError(f"{name}={value!r} must be an int, got a {type(value).__name__}")
     return int(value)
 

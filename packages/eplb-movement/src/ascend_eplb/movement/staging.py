@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ascend_eplb.movement._values import is_int
+
 __all__ = ["DEFAULT_STAGING_MAX_BYTES", "StagingKey", "StagingPool", "StagingPoolError"]
 
 #: Default bound of a pool, in bytes (2 GiB). One ``execute`` needs staging for every expert tensor
@@ -73,9 +75,9 @@ class StagingPool:
     """
 
     def __init__(self, max_bytes: int = DEFAULT_STAGING_MAX_BYTES, *, pin_memory: bool | None = None):
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+        if not is_int(max_bytes) or max_bytes <= 0:
             raise ValueError(f"max_bytes={max_bytes!r} must be a positive integer number of bytes")
-        self.max_bytes = max_bytes
+        self.max_bytes = int(max_bytes)
         self.pinned = _default_pin_memory() if pin_memory is None else bool(pin_memory)
         # key -> buffers, least recently used key first.
         self._buffers: OrderedDict[StagingKey, list[torch.Tensor]] = OrderedDict()

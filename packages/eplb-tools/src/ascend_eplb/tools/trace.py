@@ -9,9 +9,11 @@ architecture: 26 MoE layers, 64 routed experts, top-6) over the 40 sequences (8,
 
 Compact file (``numpy.savez_compressed``), lossless with respect to the text files:
 
-- ``topk_ids``: uint8 ``[L, T, K]``, logical expert ids, tokens in processing order;
-- ``topk_weights_e4``: uint16 ``[L, T, K]``, gate weights times 10,000 (the text has 4 decimals);
-- ``seq_offsets``: int64 ``[S + 1]``, token offset of each sequence (``seq_offsets[-1] == T``);
+- ``topk_ids``: uint8 ``[L, trace_tokens, K]``, logical expert ids, tokens in processing order;
+- ``topk_weights_e4``: uint16 ``[L, trace_tokens, K]``, gate weights times 10,000 (the text has 4
+  decimals);
+- ``seq_offsets``: int64 ``[sequences + 1]``, token offset of each sequence (``seq_offsets[-1] ==
+  trace_tokens``);
 - ``layer_ids``: int64 ``[L]``, the model's layer number of each MoE layer (1..26);
 - ``num_logical_experts``: int64 scalar (64).
 """
@@ -55,9 +57,9 @@ _WEIGHT_SCALE = 10_000
 class RoutingTrace:
     """Per-token top-k routing of ``L`` MoE layers, in processing order.
 
-    ``topk_ids``: int64 ``[L, T, K]`` logical ids in ``[0, E)``; ``topk_weights``: float32 ``[L, T, K]``
-    router weights; ``seq_offsets``: int64 ``[S + 1]``; ``num_logical_experts``: ``E``; ``name``: where
-    it came from (for the report).
+    ``topk_ids``: int64 ``[L, trace_tokens, K]`` logical ids in ``[0, E)``; ``topk_weights``: float32
+    ``[L, trace_tokens, K]`` router weights; ``seq_offsets``: int64 ``[sequences + 1]``;
+    ``num_logical_experts``: ``E``; ``name``: where it came from (for the report).
     """
 
     topk_ids: np.ndarray

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -143,7 +143,8 @@ def simulate_rank(ctx: RankContext, cfg: dict, routing: dict, gather: bool = Fal
     Args:
         ctx: the rank's context (rendezvous, rank, world size).
         cfg: ``SimulateConfig.to_json()`` plus ``padded_size`` and ``trace_name``.
-        routing: ``topk_ids (L, T_trace, K)``, ``topk_weights``, ``seq_offsets``, ``num_logical_experts``.
+        routing: ``topk_ids (L, trace_tokens, K)``, ``topk_weights``, ``seq_offsets``,
+            ``num_logical_experts``.
         gather: gather every rank's statistics to each rank at the end (torchrun, where there is no
             launcher to collect them).
 
@@ -306,7 +307,111 @@ def _end_of_step(
     return len(events)
 
 
+@dataclass
+class _ReplayWorld:
+    """One rank of the trace-replay world, as :func:`_build_replay_world` builds it: the toy model over
+    the format's storage, wired the serving way, the EPLB-off reference storage, the trace and the
+    step-invariant tensors the steps and checks share."""
+
+    ctx: RankContext
+    cfg: dict
+    fmt: Any
+    experts: list[QuantExperts]  # per layer, this rank's p slots (EPLB placement)
+    ref_storages: list[Any]  # per layer, the reference's experts [ref_lo, ref_hi) in identity placement
+    ref_lo: int
+    ref_hi: int
+    model: ToyMoEModel
+    model_config: ToyModelConfig
+    wiring: Mrv2EplbWiring
+    state: Any
+    model_state: Any
+    watchdog: WorkerWatchdog
+    verifier: EplbVerifier
+    verifier_time: list[float]
+    num_moe_layers: int
+    num_logical: int
+    num_physical: int
+    p: int
+    top_k: int
+    hidden: int
+    batch: int
+    padded: int
+    num_trace_tokens: int
+    ids_all: torch.Tensor  # int64 [L, trace_tokens, K] logical
+    w_all: torch.Tensor  # float32 [L, trace_tokens, K]
+    seq_starts: np.ndarray  # bool [trace_tokens]: the token starts a sequence
+    generator: torch.Generator  # the hidden-state table, then each step's padding ids
+    hidden_table: torch.Tensor  # [_HIDDEN_TABLE_ROWS, H]
+    real: torch.Tensor  # bool [N*T]: real (unpadded) rows of the gathered batch
+    layer_offsets: torch.Tensor  # [L, 1, 1]
+    initial_p2l: torch.Tensor  # int64 [L, P]: upstream's initial placement (EPLB off)
+    group: Any  # the EP CPU group
+
+
+@dataclass
+class _ReplayForward:
+    """What one replayed step's forward produced (:func:`_replay_step`), for the checks."""
+
+    recording: bool  # the controller's record decision for this forward
+    phys: torch.Tensor  # int64 [L, T, K]: this rank's physical ids, padding included
+    all_logical: torch.Tensor  # [L, N*T, K]: every rank's logical ids (dispatch)
+    all_phys: torch.Tensor  # [L, N*T, K]: every rank's physical ids (dispatch)
+    err: torch.Tensor  # [L]: max |out - ref| over this rank's real rows
+    bound: torch.Tensor  # [L]: the outputs check's bound
+
+
 def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
+    """This rank of the trace-replay world: build it, then per step the forward, the checks and the
+    step's end (:func:`_close_step`), then the end of the run."""
+    world = _build_replay_world(ctx, cfg, routing, vc)
+    stats = _new_stats()
+    violation: _CheckViolationError | None = None
+    cursor = 0
+    log_len = len(world.state.commit_log)
+    for step in range(cfg["steps"]):
+        t0, c0 = time.perf_counter(), time.process_time()
+        world.verifier_time[0] = 0.0
+        fwd = _replay_step(world, cursor)
+        cursor += world.ctx.world_size * world.batch
+        stats["max_output_error"] = max(stats["max_output_error"], float(fwd.err.max()))
+        rank_load = torch.bincount(
+            ((fwd.all_phys[:, world.real] // world.p) + world.layer_offsets * ctx.world_size).reshape(-1),
+            minlength=world.num_moe_layers * ctx.world_size,
+        ).view(world.num_moe_layers, ctx.world_size).float()  # fmt: skip
+        if violation is None:
+            violation = _check_replay_outputs(world, step, fwd)
+        if violation is None:
+            violation = _check_replay_load(world, step, fwd, stats)
+        logical_load = torch.bincount(
+            (fwd.all_logical[:, world.real] + world.layer_offsets * world.num_logical).reshape(-1),
+            minlength=world.num_moe_layers * world.num_logical,
+        ).view(world.num_moe_layers, world.num_logical)  # fmt: skip
+        violation, stop, log_len = _close_step(
+            ctx, stats, step, (t0, c0), violation, world.wiring.after_sampling, world.model_state,
+            world.state, world.watchdog, world.verifier_time, log_len,
+            (rank_load, logical_load, world.initial_p2l),
+        )  # fmt: skip
+        if stop:
+            break
+    _end_of_run(
+        stats,
+        violation,
+        world.wiring,
+        world.state,
+        world.model_state,
+        world.watchdog,
+        world.verifier,
+        world.p,
+    )
+    stats["expert_nbytes"] = world.fmt.expert_nbytes(world.hidden, cfg["intermediate_size"])
+    return stats
+
+
+def _build_replay_world(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> _ReplayWorld:
+    """Build this rank's trace-replay world: the storage of its slots under upstream's initial placement
+    and the EPLB-off reference storage, the toy model, the wiring (runner ``__init__`` and
+    ``load_model``: prepare, register with the routers bound, start the worker), the timed serving
+    hooks, the injected faults, and the trace as tensors."""
     rank, num_ranks = ctx.rank, ctx.world_size
     ids_all, w_all, seq_offsets = routing["topk_ids"], routing["topk_weights"], routing["seq_offsets"]
     num_moe_layers, num_trace_tokens, top_k = ids_all.shape
@@ -352,113 +457,118 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
 
     g = torch.Generator().manual_seed(seed)
     hidden_table = torch.randn(_HIDDEN_TABLE_ROWS, hidden, generator=g)
-    ids_all = torch.from_numpy(ids_all.astype(np.int64))  # [L, T_trace, K]
-    w_all = torch.from_numpy(w_all.astype(np.float32))
-    world_rows = num_ranks * padded
-    real = torch.cat([torch.arange(padded) < batch] * num_ranks)  # [N*T] real (unpadded) rows
-    layer_offsets = torch.arange(num_moe_layers).view(num_moe_layers, 1, 1)
     # EPLB off over the same tokens: upstream's initial placement (EplbState's linear map, redundant
     # slots replicating experts 0..R-1), each expert's load split evenly over its replicas
     # (integration.metrics, the policy's own model).
     initial_p2l = torch.tensor(
         EplbState.build_initial_global_physical_to_logical_map(num_logical, num_redundant), dtype=torch.int64
     ).expand(num_moe_layers, -1)
-    stats = _new_stats()
-    violation: _CheckViolationError | None = None
-    cursor = 0
-    log_len = len(state.commit_log)
-    for step in range(cfg["steps"]):
-        t0, c0 = time.perf_counter(), time.process_time()
-        verifier_time[0] = 0.0
-        # This rank's real tokens, in trace order (the world consumes N*B tokens per step).
-        tok = torch.from_numpy((cursor + rank * batch + np.arange(batch)) % num_trace_tokens)
-        cursor += num_ranks * batch
-        pad_ids = torch.randint(0, num_logical, (padded - batch, top_k), generator=g)
-        wiring.prepare_inputs(bool(seq_starts[tok.numpy()].any()))
-        # Each rank routes rows of its own (vLLM Ascend's MC2 dispatch): the 'split' row layout.
-        wiring.prepare_forward(model_config, batch, moe_rows="split")
-        recording = bool(wiring.controller.last_record_decision)
-        hid = torch.zeros(padded, hidden)
-        hid[:batch] = hidden_table[tok % _HIDDEN_TABLE_ROWS]
-        ids = torch.empty(num_moe_layers, padded, top_k, dtype=torch.int64)  # [L, T, K] logical
-        ids[:, :batch] = ids_all[:, tok]
-        ids[:, batch:] = pad_ids
-        wts = torch.zeros(num_moe_layers, padded, top_k)
-        wts[:, :batch] = w_all[:, tok]
-        # Every layer's upstream router: replayed selection, then the bound dataplane op (mapping and,
-        # when recording, the load of the first B rows).
-        phys = torch.stack([pid for _, pid in model.route(list(ids), list(wts))]).to(torch.int64)
-        # Dispatch: all-gather of every layer's logical and physical ids, weights and the hidden states
-        # (one collective per dtype for all layers: the layers here are independent, each reads the
-        # batch's hidden states).
-        ints = torch.cat([ids, phys], dim=2).transpose(0, 1).contiguous()  # [T, L, 2K]
-        floats = torch.cat([hid, wts.transpose(0, 1).reshape(padded, -1)], dim=1)  # [T, H + L*K]
-        gi = [torch.empty_like(ints) for _ in range(num_ranks)]
-        dist.all_gather(gi, ints, group=group)
-        gf = [torch.empty_like(floats) for _ in range(num_ranks)]
-        dist.all_gather(gf, floats, group=group)
-        all_ints, all_f = torch.cat(gi).transpose(0, 1), torch.cat(gf)  # [L, N*T, 2K], [N*T, H+L*K]
-        all_logical, all_phys = all_ints[..., :top_k], all_ints[..., top_k:]
-        all_hid = all_f[:, :hidden]
-        all_wts = all_f[:, hidden:].reshape(world_rows, num_moe_layers, top_k).transpose(0, 1)
-        # Local experts with the format's reference kernel: [0] EPLB placement (every row, padding
-        # included, as a graph-captured runner computes it), [1] the EPLB-off reference (real rows).
-        local = all_phys - rank * p
-        local = torch.where((local >= 0) & (local < p), local, -1)
-        ref_local = all_logical - ref_lo
-        ref_local = torch.where((ref_local >= 0) & (ref_local < ref_hi - ref_lo) & real.view(1, -1, 1),
-                                ref_local, -1)  # fmt: skip
-        out = torch.empty(2, num_moe_layers, world_rows, hidden)
-        for layer in range(num_moe_layers):
-            out[0, layer] = fmt.apply(experts[layer].storage, all_hid, all_wts[layer], local[layer])
-            out[1, layer] = fmt.apply(ref_storages[layer], all_hid, all_wts[layer], ref_local[layer])
-        dist.all_reduce(out, group=group)  # combine (both worlds, all layers, one collective)
-        rows = slice(rank * padded, rank * padded + batch)  # the rank keeps its own rows
-        err = (out[0, :, rows] - out[1, :, rows]).abs().amax(dim=(1, 2))  # [L]
-        bound = OUTPUT_ATOL + OUTPUT_RTOL * out[1, :, rows].abs().amax(dim=(1, 2))
-        stats["max_output_error"] = max(stats["max_output_error"], float(err.max()))
-        rank_load = torch.bincount(
-            ((all_phys[:, real] // p) + layer_offsets * num_ranks).reshape(-1),
-            minlength=num_moe_layers * num_ranks,
-        ).view(num_moe_layers, num_ranks).float()  # fmt: skip
-        if violation is None and bool((err > bound).any()):
-            layer = int((err > bound).nonzero()[0])
-            violation = _CheckViolationError(
-                "outputs",
-                f"step {step} layer {layer} rank {rank}: "
-                f"max |out - ref| = {float(err[layer]):.3g} > {float(bound[layer]):.3g}",
-            )
-        if violation is None:
-            expected_load = torch.zeros(num_moe_layers, num_physical, dtype=torch.int32)
-            if recording:
-                expected_load = torch.bincount(
-                    (phys[:, :batch] + layer_offsets * num_physical).reshape(-1),
-                    minlength=num_moe_layers * num_physical,
-                ).view(num_moe_layers, num_physical).to(torch.int32)  # fmt: skip
-            recorded = model_state.expert_load_pass.clone()
-            stats["load_steps_recorded"] += int(recording)
-            stats["load_selections"] += int(expected_load.sum())
-            if not torch.equal(recorded, expected_load):
-                bad = int((recorded != expected_load).any(dim=1).nonzero()[0])
-                violation = _CheckViolationError(
-                    "load",
-                    f"step {step} rank {rank} layer {bad}: recorded {recorded[bad].sum().item()} "
-                    f"selections, expected {expected_load[bad].sum().item()} "
-                    f"(recording {'on' if recording else 'off'})",
-                )
-        logical_load = torch.bincount(
-            (all_logical[:, real] + layer_offsets * num_logical).reshape(-1),
-            minlength=num_moe_layers * num_logical,
-        ).view(num_moe_layers, num_logical)  # fmt: skip
-        violation, stop, log_len = _close_step(
-            ctx, stats, step, (t0, c0), violation, wiring.after_sampling, model_state, state, watchdog,
-            verifier_time, log_len, (rank_load, logical_load, initial_p2l),
-        )  # fmt: skip
-        if stop:
-            break
-    _end_of_run(stats, violation, wiring, state, model_state, watchdog, verifier, p)
-    stats["expert_nbytes"] = fmt.expert_nbytes(hidden, inter)
-    return stats
+    return _ReplayWorld(
+        ctx=ctx, cfg=cfg, fmt=fmt, experts=experts, ref_storages=ref_storages, ref_lo=ref_lo, ref_hi=ref_hi,
+        model=model, model_config=model_config, wiring=wiring, state=state, model_state=model_state,
+        watchdog=watchdog, verifier=verifier, verifier_time=verifier_time, num_moe_layers=num_moe_layers,
+        num_logical=num_logical, num_physical=num_physical, p=p, top_k=top_k, hidden=hidden, batch=batch,
+        padded=padded, num_trace_tokens=num_trace_tokens,
+        ids_all=torch.from_numpy(ids_all.astype(np.int64)),  # [L, trace_tokens, K]
+        w_all=torch.from_numpy(w_all.astype(np.float32)), seq_starts=seq_starts, generator=g,
+        hidden_table=hidden_table,
+        real=torch.cat([torch.arange(padded) < batch] * num_ranks),  # [N*T] real (unpadded) rows
+        layer_offsets=torch.arange(num_moe_layers).view(num_moe_layers, 1, 1), initial_p2l=initial_p2l,
+        group=group,
+    )  # fmt: skip
+
+
+def _replay_step(w: _ReplayWorld, cursor: int) -> _ReplayForward:
+    """One replayed step's forward on this rank, from the trace token ``cursor`` on (the world consumes
+    ``N * batch_size`` tokens per step): runner points ``prepare_inputs`` and ``prepare_forward``, every
+    layer's upstream router, the all-gather dispatch, both worlds' experts, the all-reduce combine."""
+    rank, num_ranks = w.ctx.rank, w.ctx.world_size
+    batch, padded, hidden, top_k, num_moe_layers = w.batch, w.padded, w.hidden, w.top_k, w.num_moe_layers
+    world_rows = num_ranks * padded
+    # This rank's real tokens, in trace order.
+    tok = torch.from_numpy((cursor + rank * batch + np.arange(batch)) % w.num_trace_tokens)
+    pad_ids = torch.randint(0, w.num_logical, (padded - batch, top_k), generator=w.generator)
+    w.wiring.prepare_inputs(bool(w.seq_starts[tok.numpy()].any()))
+    # Each rank routes rows of its own (vLLM Ascend's MC2 dispatch): the 'split' row layout.
+    w.wiring.prepare_forward(w.model_config, batch, moe_rows="split")
+    recording = bool(w.wiring.controller.last_record_decision)
+    hid = torch.zeros(padded, hidden)
+    hid[:batch] = w.hidden_table[tok % _HIDDEN_TABLE_ROWS]
+    ids = torch.empty(num_moe_layers, padded, top_k, dtype=torch.int64)  # [L, T, K] logical
+    ids[:, :batch] = w.ids_all[:, tok]
+    ids[:, batch:] = pad_ids
+    wts = torch.zeros(num_moe_layers, padded, top_k)
+    wts[:, :batch] = w.w_all[:, tok]
+    # Every layer's upstream router: replayed selection, then the bound dataplane op (mapping and,
+    # when recording, the load of the first batch_size rows).
+    phys = torch.stack([pid for _, pid in w.model.route(list(ids), list(wts))]).to(torch.int64)
+    # Dispatch: all-gather of every layer's logical and physical ids, weights and the hidden states
+    # (one collective per dtype for all layers: the layers here are independent, each reads the
+    # batch's hidden states).
+    ints = torch.cat([ids, phys], dim=2).transpose(0, 1).contiguous()  # [T, L, 2K]
+    floats = torch.cat([hid, wts.transpose(0, 1).reshape(padded, -1)], dim=1)  # [T, H + L*K]
+    gi = [torch.empty_like(ints) for _ in range(num_ranks)]
+    dist.all_gather(gi, ints, group=w.group)
+    gf = [torch.empty_like(floats) for _ in range(num_ranks)]
+    dist.all_gather(gf, floats, group=w.group)
+    all_ints, all_f = torch.cat(gi).transpose(0, 1), torch.cat(gf)  # [L, N*T, 2K], [N*T, H+L*K]
+    all_logical, all_phys = all_ints[..., :top_k], all_ints[..., top_k:]
+    all_hid = all_f[:, :hidden]
+    all_wts = all_f[:, hidden:].reshape(world_rows, num_moe_layers, top_k).transpose(0, 1)
+    # Local experts with the format's reference kernel: [0] EPLB placement (every row, padding
+    # included, as a graph-captured runner computes it), [1] the EPLB-off reference (real rows).
+    local = all_phys - rank * w.p
+    local = torch.where((local >= 0) & (local < w.p), local, -1)
+    ref_local = all_logical - w.ref_lo
+    ref_local = torch.where((ref_local >= 0) & (ref_local < w.ref_hi - w.ref_lo) & w.real.view(1, -1, 1),
+                            ref_local, -1)  # fmt: skip
+    out = torch.empty(2, num_moe_layers, world_rows, hidden)
+    for layer in range(num_moe_layers):
+        out[0, layer] = w.fmt.apply(w.experts[layer].storage, all_hid, all_wts[layer], local[layer])
+        out[1, layer] = w.fmt.apply(w.ref_storages[layer], all_hid, all_wts[layer], ref_local[layer])
+    dist.all_reduce(out, group=w.group)  # combine (both worlds, all layers, one collective)
+    rows = slice(rank * padded, rank * padded + batch)  # the rank keeps its own rows
+    err = (out[0, :, rows] - out[1, :, rows]).abs().amax(dim=(1, 2))  # [L]
+    bound = OUTPUT_ATOL + OUTPUT_RTOL * out[1, :, rows].abs().amax(dim=(1, 2))
+    return _ReplayForward(recording, phys, all_logical, all_phys, err, bound)
+
+
+def _check_replay_outputs(w: _ReplayWorld, step: int, fwd: _ReplayForward) -> _CheckViolationError | None:
+    """The ``outputs`` check: each layer's output for this rank's real tokens within the bound."""
+    if not bool((fwd.err > fwd.bound).any()):
+        return None
+    layer = int((fwd.err > fwd.bound).nonzero()[0])
+    return _CheckViolationError(
+        "outputs",
+        f"step {step} layer {layer} rank {w.ctx.rank}: "
+        f"max |out - ref| = {float(fwd.err[layer]):.3g} > {float(fwd.bound[layer]):.3g}",
+    )
+
+
+def _check_replay_load(
+    w: _ReplayWorld, step: int, fwd: _ReplayForward, stats: dict
+) -> _CheckViolationError | None:
+    """The ``load`` check: upstream's ``expert_load_pass`` equals the bincount of this rank's real rows'
+    physical ids when the step recorded, zero when it did not; counts what it compared in ``stats``."""
+    num_moe_layers, num_physical = w.num_moe_layers, w.num_physical
+    expected_load = torch.zeros(num_moe_layers, num_physical, dtype=torch.int32)
+    if fwd.recording:
+        expected_load = torch.bincount(
+            (fwd.phys[:, : w.batch] + w.layer_offsets * num_physical).reshape(-1),
+            minlength=num_moe_layers * num_physical,
+        ).view(num_moe_layers, num_physical).to(torch.int32)  # fmt: skip
+    recorded = w.model_state.expert_load_pass.clone()
+    stats["load_steps_recorded"] += int(fwd.recording)
+    stats["load_selections"] += int(expected_load.sum())
+    if torch.equal(recorded, expected_load):
+        return None
+    bad = int((recorded != expected_load).any(dim=1).nonzero()[0])
+    return _CheckViolationError(
+        "load",
+        f"step {step} rank {w.ctx.rank} layer {bad}: recorded {recorded[bad].sum().item()} "
+        f"selections, expected {expected_load[bad].sum().item()} "
+        f"(recording {'on' if fwd.recording else 'off'})",
+    )
 
 
 def _run_model(ctx: RankContext, cfg: dict) -> dict:
@@ -514,7 +624,7 @@ def _run_model(ctx: RankContext, cfg: dict) -> dict:
         placement = model_state.physical_to_logical_map.clone()  # in force for this forward
         seen = worker.forward_step(ids, num_unpadded_tokens=batch, batch_has_prefill=step % 2 == 0)
         assert seen.logits_off is not None
-        phys = torch.stack([x[:batch] for x in seen.physical_ids])  # [L, B, K] physical, real rows
+        phys = torch.stack([x[:batch] for x in seen.physical_ids])  # [L, batch_size, K] physical, real rows
         on, off = seen.logits_on[:batch], seen.logits_off[:batch]
         err = float((on - off).abs().max())
         bound = OUTPUT_ATOL + rtol * float(off.abs().max())
