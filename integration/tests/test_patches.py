@@ -46,6 +46,16 @@ def _process_bindings() -> dict[str, object]:
     return out
 
 
+def _assert_drift(call, name: str, expected: tuple[str, ...], found: tuple[str, ...]) -> None:
+    """``call()`` raises the checker's error naming ``name`` and both parameter lists, exactly."""
+    with pytest.raises(RuntimeError) as info:
+        call()
+    assert str(info.value) == (
+        f"upstream {name} changed signature: expected parameters {expected} (vLLM 0.33.0), found {found}; "
+        "ascend_eplb must be updated for this version"
+    )
+
+
 @pytest.fixture
 def clean():
     patches.remove_patches()
@@ -143,13 +153,12 @@ def test_signature_drift_raises_naming_it_and_changes_nothing(clean, monkeypatch
 
     monkeypatch.setattr(eplb_communicator, "create_eplb_communicator", create_eplb_communicator)
     before = _bindings()
-    with pytest.raises(RuntimeError) as info:
-        patches.apply_patches()
-    assert str(info.value) == (
-        "upstream vllm.distributed.eplb.eplb_communicator.create_eplb_communicator changed signature: "
-        "expected parameters ('group_coordinator', 'backend', 'expert_weights', 'expert_buffer') "
-        "(vLLM 0.33.0), found ('group_coordinator', 'backend', 'expert_weights', 'expert_buffer', 'extra'); "
-        "ascend_eplb must be updated for this version"
+    factory = ("group_coordinator", "backend", "expert_weights", "expert_buffer")
+    _assert_drift(
+        patches.apply_patches,
+        "vllm.distributed.eplb.eplb_communicator.create_eplb_communicator",
+        factory,
+        (*factory, "extra"),
     )
     assert all(before[k] is v for k, v in _bindings().items())
     assert patches.patches_applied() is False
@@ -231,17 +240,10 @@ def test_the_registry_checks_the_whole_table_and_names_a_drifted_instance_bindin
         raise AssertionError("never called")
 
     monkeypatch.setattr(BaseRouter, "_apply_eplb_mapping", _apply_eplb_mapping)
-    drift = (
-        "upstream BaseRouter._apply_eplb_mapping changed signature: expected parameters ('self', 'topk_ids') "
-        "(vLLM 0.33.0), found ('self', 'topk_ids', 'ubatch'); ascend_eplb must be updated for this version"
-    )
-    with pytest.raises(RuntimeError) as info:
-        patches.check_upstream()
-    assert str(info.value) == drift
+    drift = ("BaseRouter._apply_eplb_mapping", ("self", "topk_ids"), ("self", "topk_ids", "ubatch"))
+    _assert_drift(patches.check_upstream, *drift)
     before = _bindings()
-    with pytest.raises(RuntimeError) as info:
-        patches.apply_patches()  # the check runs before the first binding changes
-    assert str(info.value) == drift
+    _assert_drift(patches.apply_patches, *drift)  # the check runs before the first binding changes
     assert all(before[k] is v for k, v in _bindings().items())
     assert patches.patches_applied() is False
 
@@ -253,12 +255,11 @@ def test_the_checker_names_a_drifted_method_that_is_only_relied_on(clean, monkey
         raise AssertionError("never called")
 
     monkeypatch.setattr(EplbState, "rearrange", rearrange)
-    with pytest.raises(RuntimeError) as info:
-        patches.check_upstream()
-    assert str(info.value) == (
-        "upstream EplbState.rearrange changed signature: expected parameters "
-        "('self', 'is_profile', 'rank_mapping', 'use_last_expert_load') (vLLM 0.33.0), found "
-        "('self', 'is_profile', 'rank_mapping'); ascend_eplb must be updated for this version"
+    _assert_drift(
+        patches.check_upstream,
+        "EplbState.rearrange",
+        ("self", "is_profile", "rank_mapping", "use_last_expert_load"),
+        ("self", "is_profile", "rank_mapping"),
     )
     monkeypatch.delattr(EplbState, "rearrange")
     with pytest.raises(
