@@ -49,6 +49,34 @@ def _build_model(ep_rank: int, num_ranks: int):
     return ToyMoEModel(experts, NUM_LOGICAL, NUM_REDUNDANT, num_ranks, TOP_K)
 
 
+def instance_bindings() -> set[str]:
+    """The upstream methods the process has replaced on single instances now, measured: for every live
+    object (classes excluded) whose instance ``__dict__`` holds a callable under the name of a function
+    defined by a torch or vLLM class of its type's MRO, ``module.Class.method`` of that class."""
+    import gc
+    import inspect
+
+    found: set[str] = set()
+    for obj in gc.get_objects():
+        if isinstance(obj, type):
+            continue
+        try:
+            attrs = object.__getattribute__(obj, "__dict__")
+        except AttributeError:
+            continue
+        if not isinstance(attrs, dict) or not attrs:
+            continue
+        for attr, value in list(attrs.items()):
+            if not isinstance(attr, str) or not callable(value):
+                continue
+            for base in type(obj).__mro__:
+                if inspect.isfunction(base.__dict__.get(attr)):
+                    if base.__module__.split(".")[0] in ("torch", "vllm"):
+                        found.add(f"{base.__module__}.{base.__qualname__}.{attr}")
+                    break
+    return found
+
+
 def mrv2_world(ctx: RankContext) -> dict[str, Any]:
     """Init, load, profile run, warm-up, then engine steps until a rearrangement completes and one more
     window passes; every step is checked (weights, lookups, routing) on the spot."""
@@ -115,8 +143,18 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
 
         mc = ToyModelConfig("toy/mrv2-moe")
         upstream_layer_states = [layer.router.eplb_state for layer in model.layers]
+        bound_before = instance_bindings()
         report["registered_model"] = wiring.load_model(model, mc)
+        # The per-instance replacements of upstream methods, measured after the registration and at the
+        # first acknowledgement of an async commit (while the acknowledging record runs).
+        report["instance_bindings_after_registration"] = sorted(instance_bindings() - bound_before)
         state = ctrl.state
+
+        def measure_at_acknowledgement(event, _model_state) -> None:
+            if event.kind == "acknowledge" and "instance_bindings_at_acknowledgement" not in report:
+                report["instance_bindings_at_acknowledgement"] = sorted(instance_bindings() - bound_before)
+
+        state.commit_listeners.append(measure_at_acknowledgement)
         report["state_class"] = type(state).__name__
         report["state_is_ascend"] = isinstance(state, AscendEplbState)
         state.collect_commit_evidence = True

@@ -40,6 +40,7 @@ def test_mrv2_worker_on_two_ranks_rearranges_through_the_patched_upstream_stack(
     _mrv2_call_order_and_unpadded_token_counts(reports)
     _a_rearrangement_completes_on_the_recorded_decode_load(reports)
     _commit_log_is_move_commit_refresh_acknowledge_for_every_layer(reports)
+    _the_per_instance_bindings_are_the_registrys(reports)
 
 
 def _patches_build_the_ascend_stack_and_adapt_every_router(reports) -> None:
@@ -159,3 +160,21 @@ def _commit_log_is_move_commit_refresh_acknowledge_for_every_layer(reports) -> N
         )
         for layer in LAYERS:
             assert committed[layer] == r["committed_map"][layer]
+
+
+def _the_per_instance_bindings_are_the_registrys(reports) -> None:
+    """What the serving process really replaced per instance (measured over every live object) is what
+    the registry declares: the routers' mapping from the registration on, the acknowledging record of a
+    committed async layer at its commit."""
+    from ascend_eplb.integration.patches import INSTANCE_BINDINGS
+
+    declared = {binding.name: binding for binding in INSTANCE_BINDINGS}
+    router = "vllm.model_executor.layers.fused_moe.router.base_router.BaseRouter._apply_eplb_mapping"
+    for r in reports:
+        assert r["instance_bindings_after_registration"] == [router]
+        at_acknowledgement = r["instance_bindings_at_acknowledgement"]
+        assert sorted(set(at_acknowledgement) | set(r["instance_bindings_after_registration"])) == sorted(
+            declared
+        )
+        assert "vllm.distributed.eplb.eplb_utils.CpuGpuEvent.record" in at_acknowledgement
+    assert declared[router].owner == "ascend_eplb.dataplane.router"

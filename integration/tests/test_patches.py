@@ -1,4 +1,6 @@
-"""The one patch registry: idempotent, removable, signature-checked before anything changes."""
+"""The one registry of the upstream surface: idempotent, removable, signature-checked before anything
+changes, and equal to what the process really replaces (module-level here; per instance in the serving
+world of ``test_mrv2_e2e.py``, which measures every live object after a real registration and commit)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before anything imports vl
 import pytest
 import torch
 
+from ascend_eplb.control import upstream
+from ascend_eplb.control.patching import InstanceBinding, Signature
 from ascend_eplb.integration import patches
 
 _MISSING = object()
@@ -40,6 +44,16 @@ def _process_bindings() -> dict[str, object]:
                     for cattr, cvalue in list(vars(value).items()):
                         out[f"{modname}.{attr}.{cattr}"] = cvalue
     return out
+
+
+def _assert_drift(call, name: str, expected: tuple[str, ...], found: tuple[str, ...]) -> None:
+    """``call()`` raises the checker's error naming ``name`` and both parameter lists, exactly."""
+    with pytest.raises(RuntimeError) as info:
+        call()
+    assert str(info.value) == (
+        f"upstream {name} changed signature: expected parameters {expected} (vLLM 0.33.0), found {found}; "
+        "ascend_eplb must be updated for this version"
+    )
 
 
 @pytest.fixture
@@ -139,13 +153,12 @@ def test_signature_drift_raises_naming_it_and_changes_nothing(clean, monkeypatch
 
     monkeypatch.setattr(eplb_communicator, "create_eplb_communicator", create_eplb_communicator)
     before = _bindings()
-    with pytest.raises(RuntimeError) as info:
-        patches.apply_patches()
-    assert str(info.value) == (
-        "upstream vllm.distributed.eplb.eplb_communicator.create_eplb_communicator changed signature: "
-        "expected parameters ('group_coordinator', 'backend', 'expert_weights', 'expert_buffer') "
-        "(vLLM 0.33.0), found ('group_coordinator', 'backend', 'expert_weights', 'expert_buffer', 'extra'); "
-        "ascend_eplb must be updated for this version"
+    factory = ("group_coordinator", "backend", "expert_weights", "expert_buffer")
+    _assert_drift(
+        patches.apply_patches,
+        "vllm.distributed.eplb.eplb_communicator.create_eplb_communicator",
+        factory,
+        (*factory, "extra"),
     )
     assert all(before[k] is v for k, v in _bindings().items())
     assert patches.patches_applied() is False
@@ -189,3 +202,67 @@ def test_upstream_runner_construction_gets_the_ascend_controller_only_with_eplb_
         upstream_runner.EPLBController(SimpleNamespace(enable_eplb=True), torch.device("cpu"))
     patches.remove_patches()
     assert upstream_runner.EPLBController is EPLBController
+
+
+def test_every_upstream_signature_is_listed_once_and_the_replacements_take_theirs_from_the_table():
+    table = upstream.SIGNATURES
+    assert all(name == entry.name for name, entry in table.items())
+    assert list(table).count("vllm.distributed.eplb.eplb_state.EplbState.__init__") == 1
+    entry = table["vllm.distributed.eplb.eplb_state.EplbState.__init__"]
+    with pytest.raises(ValueError, match=r"EplbState.__init__ is listed twice"):
+        upstream._table(entry, Signature(entry.module, entry.qualname, ("self",)))
+    # Each patch of a function and each instance binding uses the table's entry, not a copy of it.
+    for patch in patches.PATCHES:
+        if patch.params is None:
+            assert patch.name in ("vllm.config.parallel.current_platform", "torch.Event")
+        else:
+            assert patch.params == table[patch.name].params, patch.name
+    assert all(
+        isinstance(b, InstanceBinding) and table[b.name] is b.signature for b in patches.INSTANCE_BINDINGS
+    )
+    # No entry is dead: each is replaced, or relied on by a module that checks it when it is built.
+    replaced = {p.name for p in patches.PATCHES} | {b.name for b in patches.INSTANCE_BINDINGS}
+    constructors = {upstream.CONTROLLER, upstream.STATE, upstream.COMMIT_HOOKS}
+    assert [n for n, e in table.items() if n not in replaced and not set(e.users) & constructors] == []
+    assert all(entry.users for entry in table.values())
+    with pytest.raises(
+        KeyError, match=r"vllm\.nowhere\.f is not in ascend_eplb\.control\.upstream\.SIGNATURES"
+    ):
+        upstream.signature("vllm.nowhere.f")
+
+
+def test_the_registry_checks_the_whole_table_and_names_a_drifted_instance_binding(clean, monkeypatch):
+    from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
+
+    patches.check_upstream()  # vLLM 0.33.0 / torch 2.13.0 as installed: nothing drifted
+
+    def _apply_eplb_mapping(self, topk_ids, ubatch):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(BaseRouter, "_apply_eplb_mapping", _apply_eplb_mapping)
+    drift = ("BaseRouter._apply_eplb_mapping", ("self", "topk_ids"), ("self", "topk_ids", "ubatch"))
+    _assert_drift(patches.check_upstream, *drift)
+    before = _bindings()
+    _assert_drift(patches.apply_patches, *drift)  # the check runs before the first binding changes
+    assert all(before[k] is v for k, v in _bindings().items())
+    assert patches.patches_applied() is False
+
+
+def test_the_checker_names_a_drifted_method_that_is_only_relied_on(clean, monkeypatch):
+    from vllm.distributed.eplb.eplb_state import EplbState
+
+    def rearrange(self, is_profile=False, rank_mapping=None):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(EplbState, "rearrange", rearrange)
+    _assert_drift(
+        patches.check_upstream,
+        "EplbState.rearrange",
+        ("self", "is_profile", "rank_mapping", "use_last_expert_load"),
+        ("self", "is_profile", "rank_mapping"),
+    )
+    monkeypatch.delattr(EplbState, "rearrange")
+    with pytest.raises(
+        RuntimeError, match=r"upstream vllm\.distributed\.eplb\.eplb_state\.EplbState\.rearrange is missing"
+    ):
+        patches.check_upstream()

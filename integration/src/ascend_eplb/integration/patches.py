@@ -1,34 +1,56 @@
-"""The one registry of patches of upstream vLLM 0.33.0 and torch (:func:`apply_patches`).
+"""Where upstream is touched: the one registry of every binding of upstream vLLM 0.33.0 and torch the
+process replaces, and the one check of the signatures it relies on (:func:`check_upstream`).
 
-Each patch replaces one binding that vLLM does not expose as an extension point and calls the plane
-that owns the behaviour; nothing here re-implements EPLB state, policy, routing or movement. The
-planes declare their patches as :class:`~ascend_eplb.control.patching.Patch` specs; this module owns the
-single :class:`~ascend_eplb.control.patching.PatchSet` of the process, which checks every signature
-before the first change (``RuntimeError`` naming the drifted binding; nothing half-applied).
+Each replacement rebinds one binding that vLLM does not expose as an extension point and calls the
+plane that owns the behaviour; nothing here re-implements EPLB state, policy, routing or movement. Two
+kinds, both listed here and nowhere else:
 
-========================================================  ==============================================
-binding (vLLM 0.33.0 / torch 2.13.0)                      replacement (owner)
-========================================================  ==============================================
-``vllm.config.parallel.current_platform``                 EPLB-capable view of the platform, where it is
-                                                          not CUDA-alike (control.host_adaptation)
-``torch.Event``, ``torch.accelerator.set_device_index``,  host events, streams and cache release, only
-``current_stream``, ``set_stream``, ``empty_cache``,      without an accelerator
-``EplbState.__init__``                                    (control.host_adaptation)
-``ParallelConfig.__post_init__``                          communicator unset -> ``"torch_gloo"`` before
-                                                          upstream probes NIXL/XCCL (integration)
-``eplb_communicator.create_eplb_communicator``            ``"torch_gloo"`` -> movement's
-``eplb_state.create_eplb_communicator``                   ``AscendGlooEplbCommunicator(cpu_group)``
-                                                          (integration)
-``eplb_state._commit_eplb_maps_for_layer``,               per-layer commit hooks: move, commit, refresh,
-``eplb_state._commit_eplb_maps``                          acknowledge (control.commit_hooks)
-``async_worker.transfer_run_periodically``                records the worker's exception before the
-                                                          thread ends (integration.watchdog)
-``vllm.v1.worker.gpu.model_runner.EPLBController``        EPLB on: ``create_eplb_controller(current
-                                                          vllm config, device)``; off: upstream's class
-``GPUModelRunner.shutdown`` (same module)                 the controller's ``shutdown()`` first, when it
-                                                          has one (the watchdog's end of life), then
-                                                          upstream's (integration)
-========================================================  ==============================================
+* :data:`PATCHES`: module-level bindings (module globals, class attributes, torch functions), as
+  :class:`~ascend_eplb.control.patching.Patch` specs declared by their owners and collected here. This
+  module owns the single :class:`~ascend_eplb.control.patching.PatchSet` of the process
+  (:func:`apply_patches`), which checks every signature before the first change (``RuntimeError``
+  naming the drifted binding; nothing half-applied).
+* :data:`INSTANCE_BINDINGS`: upstream methods replaced on single instances
+  (:class:`~ascend_eplb.control.patching.InstanceBinding`); the class keeps its method. Their owners
+  bind them while serving (at model registration, at each async commit).
+
+Every upstream signature relied on (patched, bound per instance, overridden by control's subclasses, or
+whose call order a hook relies on) is listed once, in the one table
+:data:`ascend_eplb.control.upstream.SIGNATURES` (in control, whose constructors check their entries;
+control cannot import this package). :func:`check_upstream`, run first by :func:`apply_patches`, checks
+the whole table with the one checker, :func:`~ascend_eplb.control.patching.check_signature`.
+
+============================================================  ==========================================
+binding (vLLM 0.33.0 / torch 2.13.0)                          replacement (owner)
+============================================================  ==========================================
+module-level (:data:`PATCHES`)
+``vllm.config.parallel.current_platform``                     EPLB-capable view of the platform, where it
+                                                              is not CUDA-alike (control.host_adaptation)
+``torch.Event``, ``torch.accelerator.set_device_index``,      host events, streams and cache release,
+``current_stream``, ``set_stream``, ``empty_cache``,          only without an accelerator
+``EplbState.__init__``                                        (control.host_adaptation)
+``ParallelConfig.__post_init__``                              communicator unset -> ``"torch_gloo"``
+                                                              before upstream probes NIXL/XCCL
+                                                              (integration)
+``eplb_communicator.create_eplb_communicator``                ``"torch_gloo"`` -> movement's
+``eplb_state.create_eplb_communicator``                       ``AscendGlooEplbCommunicator(cpu_group)``
+                                                              (integration)
+``eplb_state._commit_eplb_maps_for_layer``,                   per-layer commit hooks: move, commit,
+``eplb_state._commit_eplb_maps``                              refresh, acknowledge (control.commit_hooks)
+``async_worker.transfer_run_periodically``                    records the worker's exception before the
+                                                              thread ends (integration.watchdog)
+``vllm.v1.worker.gpu.model_runner.EPLBController``            EPLB on: ``create_eplb_controller(current
+                                                              vllm config, device)``; off: upstream's
+``GPUModelRunner.shutdown`` (same module)                     the controller's ``shutdown()`` first, when
+                                                              it has one (the watchdog's end of life),
+                                                              then upstream's (integration)
+per instance (:data:`INSTANCE_BINDINGS`)
+``BaseRouter._apply_eplb_mapping`` of each MoE layer's        dataplane's map-and-record op through the
+router, bound before its model is registered                  layer's replica lookup (dataplane.router,
+                                                              bound by control.router_adaptation)
+``CpuGpuEvent.record`` of the ``consumed_event`` of each      upstream's record, then the
+async layer result committed                                  ``acknowledge`` event (control.state)
+============================================================  ==========================================
 
 Control's ``AscendEPLBController`` builds the Ascend state and adapts the routers itself (a subclass,
 not a patch); a runner gets it from :func:`ascend_eplb.integration.runner.create_eplb_controller`.
@@ -40,14 +62,23 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from ascend_eplb.control import commit_hooks, host_adaptation
-from ascend_eplb.control.patching import Patch, PatchSet
+from ascend_eplb.control import commit_hooks, host_adaptation, upstream
+from ascend_eplb.control.patching import InstanceBinding, Patch, PatchSet, check_signatures
+from ascend_eplb.control.state import ACKNOWLEDGEMENT_BINDING
+from ascend_eplb.dataplane.router import UPSTREAM_MAPPING_SIGNATURE
 from ascend_eplb.integration import watchdog
 
-__all__ = ["PATCHES", "applied_bindings", "apply_patches", "patches_applied", "remove_patches"]
+__all__ = [
+    "INSTANCE_BINDINGS",
+    "PATCHES",
+    "applied_bindings",
+    "apply_patches",
+    "check_upstream",
+    "patches_applied",
+    "remove_patches",
+]
 
 _OWNER = "ascend_eplb.integration.patches"
-_FACTORY_PARAMS = ("group_coordinator", "backend", "expert_weights", "expert_buffer")
 
 
 def _wrap_post_init(original: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -120,38 +151,62 @@ def _wrap_runner_shutdown(original: Callable[[Any], None]) -> Callable[[Any], No
 #: Every patch of the process, in installation order.
 PATCHES: tuple[Patch, ...] = (
     *host_adaptation.PATCHES,
-    Patch("vllm.config.parallel", "ParallelConfig.__post_init__", ("self",), _wrap_post_init, _OWNER),
-    Patch(
-        "vllm.distributed.eplb.eplb_communicator",
-        "create_eplb_communicator",
-        _FACTORY_PARAMS,
+    Patch.on(
+        upstream.signature("vllm.config.parallel.ParallelConfig.__post_init__"), _wrap_post_init, _OWNER
+    ),
+    Patch.on(
+        upstream.signature("vllm.distributed.eplb.eplb_communicator.create_eplb_communicator"),
         _wrap_factory,
         _OWNER,
     ),
-    Patch(
-        "vllm.distributed.eplb.eplb_state", "create_eplb_communicator", _FACTORY_PARAMS, _wrap_factory, _OWNER
+    Patch.on(
+        upstream.signature("vllm.distributed.eplb.eplb_state.create_eplb_communicator"), _wrap_factory, _OWNER
     ),
     *commit_hooks.PATCHES,
     *watchdog.PATCHES,
     # The controller of upstream's MRv2 runner (imported there by name from eplb_utils): the plugin
     # alone then serves a runner that keeps upstream's construction.
-    Patch(
-        "vllm.v1.worker.gpu.model_runner",
-        "EPLBController",
-        ("self", "parallel_config", "device"),
-        _wrap_runner_controller,
+    Patch.on(
+        upstream.signature("vllm.v1.worker.gpu.model_runner.EPLBController"), _wrap_runner_controller, _OWNER
+    ),
+    Patch.on(
+        upstream.signature("vllm.v1.worker.gpu.model_runner.GPUModelRunner.shutdown"),
+        _wrap_runner_shutdown,
         _OWNER,
     ),
-    Patch(
-        "vllm.v1.worker.gpu.model_runner", "GPUModelRunner.shutdown", ("self",), _wrap_runner_shutdown, _OWNER
+)
+
+#: Every upstream method the process replaces on single instances (the classes keep theirs).
+INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = (
+    InstanceBinding(
+        upstream.signature(".".join(UPSTREAM_MAPPING_SIGNATURE[:2])),
+        "ascend_eplb.dataplane.router",
+        "control.router_adaptation.adapt_layer_routers (dataplane.bind_router), on the router of each MoE "
+        "layer of a model before it is registered",
     ),
+    ACKNOWLEDGEMENT_BINDING,
 )
 
 _REGISTRY = PatchSet(PATCHES)
 
 
+def check_upstream() -> None:
+    """Check every upstream signature the process relies on: each entry of the one table,
+    :data:`ascend_eplb.control.upstream.SIGNATURES` (the targets of :data:`PATCHES` and of
+    :data:`INSTANCE_BINDINGS` included), except a patch target whose patch does not apply in this
+    process (the host adaptation's, where an accelerator is present). Wrappers installed by
+    :func:`apply_patches` are checked as the functions they wrap.
+
+    Raises:
+        RuntimeError: an entry is missing or its parameters differ from vLLM 0.33.0 / torch 2.13.0;
+            the message names it and both parameter lists.
+    """
+    not_applied = {patch.name for patch in PATCHES if not patch.when()}
+    check_signatures(entry for entry in upstream.SIGNATURES.values() if entry.name not in not_applied)
+
+
 def apply_patches() -> bool:
-    """Install every applicable patch of :data:`PATCHES`; idempotent.
+    """Install every applicable patch of :data:`PATCHES`, after :func:`check_upstream`; idempotent.
 
     Returns:
         True if this call installed them, False if they were installed already.
@@ -160,6 +215,7 @@ def apply_patches() -> bool:
         RuntimeError: a binding drifted from vLLM 0.33.0 / torch 2.13.0; the message names it. Every
             check runs before the first change, so nothing is half-applied.
     """
+    check_upstream()
     return _REGISTRY.apply()
 
 

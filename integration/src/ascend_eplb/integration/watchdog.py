@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from ascend_eplb.control import upstream
 from ascend_eplb.control.patching import Patch
 
 __all__ = [
@@ -112,10 +113,8 @@ def _wrap_worker_loop(original: Callable[..., None]) -> Callable[..., None]:
 
 #: Records the async worker's exception on its ``EplbState`` (upstream only logs it).
 PATCHES: tuple[Patch, ...] = (
-    Patch(
-        "vllm.distributed.eplb.async_worker",
-        "transfer_run_periodically",
-        ("state", "stream", "is_profile"),
+    Patch.on(
+        upstream.signature("vllm.distributed.eplb.async_worker.transfer_run_periodically"),
         _wrap_worker_loop,
         _OWNER,
     ),

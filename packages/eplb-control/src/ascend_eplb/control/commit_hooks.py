@@ -26,7 +26,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ascend_eplb.control.patching import Patch, check_signature, patch_owner
+from ascend_eplb.control import upstream
+from ascend_eplb.control.patching import Patch, patch_owner
 
 __all__ = [
     "PATCHES",
@@ -40,14 +41,6 @@ _MODULE = "vllm.distributed.eplb.eplb_state"
 _OWNER = "ascend_eplb.control.commit_hooks"
 #: Attribute of an upstream ``EplbModelState`` holding a weak reference to its observer.
 _OBSERVER_ATTR = "_ascend_eplb_commit_observer"
-
-#: vLLM 0.33.0 parameters of the module functions the hooks wrap or whose order they rely on.
-HOOKED_SIGNATURES: dict[str, tuple[str, ...]] = {
-    "_commit_eplb_maps_for_layer": ("model_state", "new_physical_to_logical_map", "layer"),
-    "_commit_eplb_maps": ("model_state", "new_physical_to_logical_map"),
-    "_move_to_workspace": ("model_state", "ep_rank"),
-}
-_CPU_GPU_EVENT_RECORD = ("self", "stream")
 
 
 class CommitObserver(Protocol):
@@ -73,15 +66,10 @@ def _observer_of(model_state: Any) -> CommitObserver | None:
 
 
 def check_hooked_signatures() -> None:
-    """Raise ``RuntimeError`` naming the first upstream function whose signature drifted from 0.33.0."""
-    from vllm.distributed.eplb import eplb_state
-    from vllm.distributed.eplb.eplb_utils import CpuGpuEvent
-
-    for name, params in HOOKED_SIGNATURES.items():
-        if not hasattr(eplb_state, name):
-            raise RuntimeError(f"upstream {_MODULE}.{name} is missing; expected vLLM 0.33.0")
-        check_signature(getattr(eplb_state, name), f"{_MODULE}.{name}", params)
-    check_signature(CpuGpuEvent.record, "CpuGpuEvent.record", _CPU_GPU_EVENT_RECORD)
+    """Raise ``RuntimeError`` naming the first upstream function the hooks wrap or whose order they rely
+    on (``_move_to_workspace``, ``CpuGpuEvent.record``) that is missing or drifted from vLLM 0.33.0 (the
+    entries of :data:`ascend_eplb.control.upstream.SIGNATURES` used by this module)."""
+    upstream.check_used_by(upstream.COMMIT_HOOKS)
 
 
 def _check_order(_original: Any) -> None:
@@ -119,15 +107,13 @@ def _wrap_commit(original: Callable[..., None]) -> Callable[..., None]:
 
 #: The two commit hooks (installed by integration's ``apply_patches()``).
 PATCHES: tuple[Patch, ...] = (
-    Patch(
-        _MODULE,
-        "_commit_eplb_maps_for_layer",
-        HOOKED_SIGNATURES["_commit_eplb_maps_for_layer"],
+    Patch.on(
+        upstream.signature(f"{_MODULE}._commit_eplb_maps_for_layer"),
         _wrap_commit_for_layer,
         _OWNER,
         check=_check_order,
     ),
-    Patch(_MODULE, "_commit_eplb_maps", HOOKED_SIGNATURES["_commit_eplb_maps"], _wrap_commit, _OWNER),
+    Patch.on(upstream.signature(f"{_MODULE}._commit_eplb_maps"), _wrap_commit, _OWNER),
 )
 
 

@@ -24,6 +24,7 @@ import torch
 from vllm.logger import init_logger
 from vllm.v1.worker.gpu.eplb_utils import EPLBController
 
+from ascend_eplb.control import upstream
 from ascend_eplb.control.layout import (
     MOE_ROWS,
     RankCoordinates,
@@ -32,7 +33,6 @@ from ascend_eplb.control.layout import (
     default_moe_rows,
     row_layout,
 )
-from ascend_eplb.control.patching import check_signature
 from ascend_eplb.control.phase import LoadCollectionPhase, is_phase_matched, validate_phase
 from ascend_eplb.control.router_adaptation import adapt_layer_routers
 from ascend_eplb.control.state import AscendEplbState
@@ -41,22 +41,11 @@ logger = init_logger(__name__)
 
 __all__ = ["AscendEPLBController", "check_upstream_controller_signatures"]
 
-#: vLLM 0.33.0 parameters of the ``EPLBController`` methods overridden or relied on.
-UPSTREAM_CONTROLLER_SIGNATURES: dict[str, tuple[str, ...]] = {
-    "__init__": ("self", "parallel_config", "device"),
-    "prepare_load": ("self",),
-    "maybe_register_model": ("self", "model", "model_config"),
-    "maybe_register_speculator": ("self", "speculator", "speculative_config", "load_dummy_weights"),
-    "prepare_forward": ("self", "model_config", "num_unpadded_tokens", "ubatch_slices"),
-    "step": ("self", "is_dummy", "is_profile"),
-    "suppress": ("self",),
-}
-
 
 def check_upstream_controller_signatures() -> None:
-    """Raise ``RuntimeError`` naming the first ``EPLBController`` method that drifted from vLLM 0.33.0."""
-    for name, params in UPSTREAM_CONTROLLER_SIGNATURES.items():
-        check_signature(getattr(EPLBController, name), f"EPLBController.{name}", params)
+    """Raise ``RuntimeError`` naming the first ``EPLBController`` method that drifted from vLLM 0.33.0
+    (the entries of :data:`ascend_eplb.control.upstream.SIGNATURES` this module overrides or calls)."""
+    upstream.check_used_by(upstream.CONTROLLER)
 
 
 #: ``fn(controller, is_dummy, is_profile)``, run by :meth:`AscendEPLBController.step` after upstream's step.

@@ -44,7 +44,8 @@ from typing import Any
 
 import torch
 
-from ascend_eplb.control.patching import Patch
+from ascend_eplb.control import upstream
+from ascend_eplb.control.patching import Patch, Signature
 
 __all__ = ["PATCHES", "EplbCapablePlatform", "HostEvent", "has_accelerator"]
 
@@ -166,7 +167,12 @@ def _check_platform(platform: Any) -> None:
     _check_parallel_module(platform)
 
 
-#: The adaptation, in installation order (see the module docstring for each point).
+def _accelerator(name: str) -> Signature:
+    return upstream.signature(f"torch.accelerator.{name}")
+
+
+#: The adaptation, in installation order (see the module docstring for each point); the parameters of
+#: each function replaced come from the one table, :data:`ascend_eplb.control.upstream.SIGNATURES`.
 PATCHES: tuple[Patch, ...] = (
     Patch(
         "vllm.config.parallel",
@@ -178,42 +184,14 @@ PATCHES: tuple[Patch, ...] = (
         check=_check_platform,
     ),
     Patch("torch", "Event", None, lambda _original: HostEvent, _OWNER, when=_no_accelerator),
-    Patch(
-        "torch.accelerator",
-        "set_device_index",
-        ("device",),
-        lambda _original: _set_device_index,
-        _OWNER,
-        when=_no_accelerator,
+    Patch.on(
+        _accelerator("set_device_index"), lambda _original: _set_device_index, _OWNER, when=_no_accelerator
     ),
-    Patch(
-        "torch.accelerator",
-        "current_stream",
-        ("device",),
-        lambda _original: _current_stream,
-        _OWNER,
-        when=_no_accelerator,
-    ),
-    Patch(
-        "torch.accelerator",
-        "set_stream",
-        ("stream",),
-        lambda _original: _set_stream,
-        _OWNER,
-        when=_no_accelerator,
-    ),
-    Patch(
-        "torch.accelerator",
-        "empty_cache",
-        (),
-        lambda _original: _empty_cache,
-        _OWNER,
-        when=_no_accelerator,
-    ),
-    Patch(
-        "vllm.distributed.eplb.eplb_state",
-        "EplbState.__init__",
-        ("self", "parallel_config", "device"),
+    Patch.on(_accelerator("current_stream"), lambda _original: _current_stream, _OWNER, when=_no_accelerator),
+    Patch.on(_accelerator("set_stream"), lambda _original: _set_stream, _OWNER, when=_no_accelerator),
+    Patch.on(_accelerator("empty_cache"), lambda _original: _empty_cache, _OWNER, when=_no_accelerator),
+    Patch.on(
+        upstream.signature("vllm.distributed.eplb.eplb_state.EplbState.__init__"),
         _wrap_eplb_state_init,
         _OWNER,
         when=_no_accelerator,

@@ -1,14 +1,20 @@
-"""Patches of upstream vLLM and torch bindings: one spec type, one applier, one signature checker.
+"""The declaration types of the upstream surface, one applier, and the one signature checker.
 
-A :class:`Patch` describes the replacement of one binding that upstream does not expose as an
-extension point (a module global, a class attribute, a torch function), with the parameters the
-original had in vLLM 0.33.0 / torch 2.13.0. The plane that owns the behaviour declares its patches as
-specs (``ascend_eplb.control.host_adaptation.PATCHES``, ``ascend_eplb.control.commit_hooks.PATCHES``);
-nothing in this package installs them. The integration's ``apply_patches()`` owns the single
-:class:`PatchSet` of the process and installs every spec at once.
+* :class:`Signature`: an upstream callable ascend_eplb relies on, with its parameters in vLLM 0.33.0 /
+  torch 2.13.0. Every one is listed once, in :data:`ascend_eplb.control.upstream.SIGNATURES`.
+* :class:`Patch`: the replacement of one module-level binding that upstream does not expose as an
+  extension point (a module global, a class attribute, a torch function). The plane that owns the
+  behaviour declares its patches as specs (``ascend_eplb.control.host_adaptation.PATCHES``,
+  ``ascend_eplb.control.commit_hooks.PATCHES``); nothing in this package installs them. The
+  integration's ``apply_patches()`` owns the single :class:`PatchSet` of the process and installs every
+  spec at once.
+* :class:`InstanceBinding`: the replacement of an upstream method on single instances (the class keeps
+  its method), installed by the code that owns those instances.
 
-:func:`check_signature` is the one checker of upstream signatures: patches and the subclass overrides
-of :mod:`ascend_eplb.control` (checked when their classes are constructed) both use it.
+The registry that lists every :class:`Patch` and :class:`InstanceBinding` of the process, the answer to
+"where is upstream touched?", is ``ascend_eplb.integration.patches``. :func:`check_signature` is the one
+checker of upstream signatures: patches, instance bindings and the subclass overrides of
+:mod:`ascend_eplb.control` (checked when their classes are constructed) all use it.
 """
 
 from __future__ import annotations
@@ -17,11 +23,21 @@ import contextlib
 import importlib
 import inspect
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["PATCH_MARKER", "Patch", "PatchSet", "check_signature", "parameter_names", "patch_owner"]
+__all__ = [
+    "PATCH_MARKER",
+    "InstanceBinding",
+    "Patch",
+    "PatchSet",
+    "Signature",
+    "check_signature",
+    "check_signatures",
+    "parameter_names",
+    "patch_owner",
+]
 
 #: Attribute set on every replacement a :class:`PatchSet` installs (its value: the patch's name).
 PATCH_MARKER = "_ascend_eplb_patch"
@@ -73,6 +89,64 @@ def _always() -> bool:
     return True
 
 
+def _resolve(module: str, qualname: str) -> Any:
+    """The object ``module.qualname`` (attributes read with ``getattr``: inherited ones included).
+
+    Raises:
+        RuntimeError: the module or an attribute of the path is missing (upstream drift).
+    """
+    try:
+        value: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            value = getattr(value, part)
+    except (ImportError, AttributeError) as exc:
+        raise RuntimeError(f"upstream {module}.{qualname} is missing ({exc})") from exc
+    return value
+
+
+@dataclass(frozen=True)
+class Signature:
+    """An upstream callable ascend_eplb relies on, and its parameters in the supported version.
+
+    Attributes:
+        module: import path of the module that defines it (or the class that holds it).
+        qualname: attribute path inside ``module``: ``"_move_to_workspace"``, ``"EplbState.rearrange"``.
+        params: its parameter names in vLLM 0.33.0 / torch 2.13.0 (``self`` included for a method; a
+            class is checked by its ``__init__``).
+        users: the ascend_eplb modules that rely on it (``"control.state"``, ...); each checks the
+            entries it relies on with :func:`check_signatures`.
+    """
+
+    module: str
+    qualname: str
+    params: tuple[str, ...]
+    users: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """``module.qualname``, the key of the table."""
+        return f"{self.module}.{self.qualname}"
+
+    @property
+    def label(self) -> str:
+        """The name errors use: ``Class.method`` for a class attribute, ``module.function`` otherwise."""
+        return self.qualname if "." in self.qualname else self.name
+
+    def resolve(self) -> Any:
+        """The callable bound now; ``RuntimeError`` naming it when it is missing."""
+        return _resolve(self.module, self.qualname)
+
+    def check(self) -> None:
+        """:func:`check_signature` of the callable bound now; ``RuntimeError`` naming it on drift."""
+        check_signature(self.resolve(), self.label, self.params)
+
+
+def check_signatures(signatures: Iterable[Signature]) -> None:
+    """Check each signature in order; the first drifted or missing one raises ``RuntimeError``."""
+    for signature in signatures:
+        signature.check()
+
+
 @dataclass(frozen=True)
 class Patch:
     """The replacement of one binding ``module.qualname``.
@@ -98,6 +172,19 @@ class Patch:
     owner: str
     when: Callable[[], bool] = field(default=_always)
     check: Callable[[Any], None] | None = None
+
+    @classmethod
+    def on(
+        cls,
+        signature: Signature,
+        replace: Callable[[Any], Any],
+        owner: str,
+        *,
+        when: Callable[[], bool] = _always,
+        check: Callable[[Any], None] | None = None,
+    ) -> Patch:
+        """The patch of the function ``signature`` declares (binding and parameters from the table)."""
+        return cls(signature.module, signature.qualname, signature.params, replace, owner, when, check)
 
     @property
     def name(self) -> str:
@@ -140,6 +227,35 @@ class Patch:
             check_signature(original, self.name, self.params)
         if self.check is not None:
             self.check(original)
+
+
+@dataclass(frozen=True)
+class InstanceBinding:
+    """An upstream method replaced on single instances (an instance attribute; the class is untouched).
+
+    Attributes:
+        signature: the upstream method replaced, with its parameters (an entry of the one table).
+        owner: the module whose function is bound in its place.
+        installed_by: the function that binds it, and on which instances (for readers and errors).
+    """
+
+    signature: Signature
+    owner: str
+    installed_by: str
+
+    @property
+    def name(self) -> str:
+        """``module.Class.method`` of the upstream method replaced."""
+        return self.signature.name
+
+    @property
+    def attr(self) -> str:
+        """The instance attribute that holds the replacement."""
+        return self.signature.qualname.rsplit(".", 1)[-1]
+
+    def verify(self) -> None:
+        """Check the upstream method against the supported version; ``RuntimeError`` naming it on drift."""
+        self.signature.check()
 
 
 class PatchSet:

@@ -34,12 +34,14 @@ from vllm.distributed.parallel_state import get_ep_group
 from vllm.logger import init_logger
 from vllm.utils.gpu_sync_debug import gpu_sync_allowed
 
-from ascend_eplb.control.commit_hooks import attach_observer, check_hooked_signatures, commit_hooks_installed
+from ascend_eplb.control import upstream
+from ascend_eplb.control.commit_hooks import attach_observer, commit_hooks_installed
 from ascend_eplb.control.layout import RowLayout
-from ascend_eplb.control.patching import check_signature
+from ascend_eplb.control.patching import InstanceBinding
 from ascend_eplb.dataplane import DEFAULT_ROWS, ReplicaLookup
 
 __all__ = [
+    "ACKNOWLEDGEMENT_BINDING",
     "COMMIT_LOG_MAXLEN",
     "AscendEplbLayerState",
     "AscendEplbState",
@@ -52,42 +54,25 @@ logger = init_logger(__name__)
 #: Events kept in :attr:`AscendEplbState.commit_log` (4 per layer per rearrangement; oldest dropped).
 COMMIT_LOG_MAXLEN = 4096
 
-#: vLLM 0.33.0 parameters of the upstream state methods this module overrides or calls.
-UPSTREAM_STATE_SIGNATURES: dict[str, tuple[Any, tuple[str, ...]]] = {
-    "EplbState.__init__": (EplbState.__init__, ("self", "parallel_config", "device")),
-    "EplbState.add_model": (EplbState.add_model, ("self", "model", "model_config", "model_name")),
-    "EplbState.rearrange": (
-        EplbState.rearrange,
-        ("self", "is_profile", "rank_mapping", "use_last_expert_load"),
-    ),
-    "EplbState.update_mapping": (
-        EplbState.update_mapping,
-        ("self", "model_config", "expanded_physical_to_logical"),
-    ),
-    "EplbState.step": (EplbState.step, ("self", "is_dummy", "is_profile", "log_stats")),
-    "EplbState.prepare_forward": (
-        EplbState.prepare_forward,
-        ("self", "model_config", "num_unpadded_tokens", "ubatch_slices"),
-    ),
-    "EplbState._should_record_current_step": (EplbState._should_record_current_step, ("self", "log_stats")),
-    "EplbLayerState.set_layer_state": (
-        EplbLayerState.set_layer_state,
-        ("self", "moe_layer_idx", "expert_load_view", "logical_to_physical_map", "logical_replica_count"),
-    ),
-}
-
 
 def check_upstream_state_signatures() -> None:
-    """Check every upstream state method and module function this module overrides, hooks or calls.
+    """Check every upstream state method and module function this module overrides, hooks, calls or
+    binds per instance (its entries and the commit hooks' of :data:`ascend_eplb.control.upstream.SIGNATURES`).
 
     Raises:
         RuntimeError: one changed signature since vLLM 0.33.0; the message names it.
     """
-    for name, (_, params) in UPSTREAM_STATE_SIGNATURES.items():
-        owner_name, attr = name.split(".")
-        owner = EplbState if owner_name == "EplbState" else EplbLayerState
-        check_signature(getattr(owner, attr), name, params)
-    check_hooked_signatures()
+    upstream.check_used_by(upstream.STATE, upstream.COMMIT_HOOKS)
+
+
+#: The upstream method this module replaces per instance: the ``record`` of the async layer result's
+#: ``consumed_event`` being acknowledged, wrapped so the acknowledgement is logged when it happens
+#: (:meth:`AscendEplbState.after_commit`). Listed by ``ascend_eplb.integration.patches.INSTANCE_BINDINGS``.
+ACKNOWLEDGEMENT_BINDING = InstanceBinding(
+    upstream.signature("vllm.distributed.eplb.eplb_utils.CpuGpuEvent.record"),
+    "ascend_eplb.control.state",
+    "AscendEplbState.after_commit, on the consumed_event of each async layer result it commits",
+)
 
 
 CommitEventKind = Literal["move", "commit", "refresh", "acknowledge"]
@@ -424,7 +409,7 @@ class AscendEplbState(EplbState):
             else:
                 self._log("acknowledge", model_state, layer)
 
-        event.record = record_and_log
+        event.record = record_and_log  # ACKNOWLEDGEMENT_BINDING
 
     def update_mapping(self, model_config: Any, expanded_physical_to_logical: torch.Tensor) -> None:
         """Upstream ``update_mapping`` (elastic EP), then refresh every layer's lookup of that model."""

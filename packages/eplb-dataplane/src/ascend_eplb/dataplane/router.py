@@ -9,7 +9,10 @@ method on one router instance (``types.MethodType``; the class is never touched)
 :class:`~ascend_eplb.dataplane.lookup.ReplicaLookup`, so the mapping stays the single mapping step.
 
 This module never imports vLLM: the router and the layer state are duck-typed, and the replaced
-method's signature is checked against the one of vLLM 0.33.0.
+method's signature is checked against the one of vLLM 0.33.0, :data:`UPSTREAM_MAPPING_SIGNATURE` (this
+plane's declaration of the binding; the one table of upstream signatures,
+``ascend_eplb.control.upstream.SIGNATURES``, lists it by reference, and the registry of the process,
+``ascend_eplb.integration.patches.INSTANCE_BINDINGS``, lists the binding).
 """
 
 from __future__ import annotations
@@ -23,12 +26,25 @@ import torch
 
 from ascend_eplb.dataplane.ops import map_to_physical_and_record
 
-__all__ = ["LAYER_STATE_FIELDS", "UPSTREAM_MAPPING_METHOD", "bind_router", "is_bound", "unbind_router"]
+__all__ = [
+    "LAYER_STATE_FIELDS",
+    "UPSTREAM_MAPPING_METHOD",
+    "UPSTREAM_MAPPING_SIGNATURE",
+    "bind_router",
+    "is_bound",
+    "unbind_router",
+]
 
-#: The upstream router method this adapter replaces on an instance.
-UPSTREAM_MAPPING_METHOD = "_apply_eplb_mapping"
-#: Its parameters in vLLM 0.33.0.
-_UPSTREAM_PARAMETERS = ("self", "topk_ids")
+#: ``(module, qualname, parameters)`` in vLLM 0.33.0 of the upstream router method this adapter
+#: replaces on an instance (the fields of ``ascend_eplb.control.patching.Signature``).
+UPSTREAM_MAPPING_SIGNATURE: tuple[str, str, tuple[str, ...]] = (
+    "vllm.model_executor.layers.fused_moe.router.base_router",
+    "BaseRouter._apply_eplb_mapping",
+    ("self", "topk_ids"),
+)
+#: The name of that method (the instance attribute :func:`bind_router` sets).
+UPSTREAM_MAPPING_METHOD = UPSTREAM_MAPPING_SIGNATURE[1].rsplit(".", 1)[-1]
+_UPSTREAM_PARAMETERS = UPSTREAM_MAPPING_SIGNATURE[2]
 #: Attributes the layer state must provide (``AscendEplbLayerState`` of the control plane).
 LAYER_STATE_FIELDS = (
     "replica_lookup",
