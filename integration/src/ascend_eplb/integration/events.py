@@ -52,6 +52,7 @@ from ascend_eplb.control.bus import (
     RegistrationEvent,
     StepEvent,
 )
+from ascend_eplb.control.values import is_int
 
 __all__ = ["ENV_EVENTS", "EventsRecord", "EventsRecorder", "EventsWriter", "events_path", "read_windows"]
 
@@ -383,8 +384,6 @@ def _load_of(value: Any, source: Path, number: int) -> torch.Tensor:
     width = len(value[0])
     if any(len(row) != width for row in value):
         raise ValueError(f"{source}:{number}: {rule} (rows of different lengths)")
-    if not all(
-        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62 for row in value for v in row
-    ):
+    if not all(is_int(v) and 0 <= v < 2**62 for row in value for v in row):
         raise ValueError(f"{source}:{number}: {rule}")
     return torch.tensor(value, dtype=torch.int64)
