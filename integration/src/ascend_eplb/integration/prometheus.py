@@ -2,9 +2,9 @@
 
 Switched on by ``ASCEND_EPLB_METRICS=1`` (``1``/``true``/``yes``/``on``, the verifier's parser,
 :func:`ascend_eplb.integration.switches.env_flag`; off by default). Off, :func:`metrics_requested` (the
-standard library only) is all that runs: prometheus_client is not imported here, no recorder or hook is
-attached. On, it needs prometheus_client's multiprocess mode: ``PROMETHEUS_MULTIPROC_DIR`` names a
-writable folder in the environment vLLM starts with (vLLM's API server then serves every process's
+standard library only) is all that runs: prometheus_client is not imported here, no recorder or
+subscriber is attached. On, it needs prometheus_client's multiprocess mode: ``PROMETHEUS_MULTIPROC_DIR``
+names a writable folder in the environment vLLM starts with (vLLM's API server then serves every process's
 values from that folder on its own ``/metrics``, through ``MultiProcessCollector``; a server started
 with ``--api-server-count`` > 1 sets one itself). Each worker process writes its values to its own files
 there, so the series reach the API server's registry without any code in the API server.

@@ -29,9 +29,9 @@ serving goes on, or, with ``ASCEND_EPLB_ON_WORKER_FAILURE=raise``, the step rais
 :class:`EplbWorkerFailureError` on every rank.
 
 At the runner's shutdown (:meth:`WorkerWatchdog.at_shutdown`, subscribed to the controller's
-``ShutdownEvent``) a cycle
-still in flight is logged on its rank with how long, in seconds and steps, it went without progress:
-a cycle that stalled for less than the timeout was never judged, and the log says so.
+``ShutdownEvent``) a cycle still in flight is logged on its rank with how long, in seconds and steps, it
+went without progress: a cycle that stalled for less than the timeout was never judged, and the log
+says so.
 """
 
 from __future__ import annotations
