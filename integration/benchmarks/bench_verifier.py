@@ -57,6 +57,7 @@ def bench_rank(ctx: Any, folder: str, args: dict) -> dict:
     import torch.distributed as dist
     from vllm.distributed.parallel_state import get_ep_group
 
+    from ascend_eplb.integration.serving import guardrails_of
     from ascend_eplb.integration.verify import EplbVerifier
     from ascend_eplb.testing.real_models import ServingWorker
 
@@ -66,9 +67,12 @@ def bench_rank(ctx: Any, folder: str, args: dict) -> dict:
     )  # fmt: skip
     controller, state = worker.wiring.controller, worker.state
     spent = [0.0]
+    on = [True]
 
     def timed(fn: Any) -> Any:
         def run(*a: Any) -> None:
+            if not on[0]:  # switched off: the verifier does not run at all
+                return
             t = time.perf_counter()
             try:
                 fn(*a)
@@ -77,20 +81,14 @@ def bench_rank(ctx: Any, folder: str, args: dict) -> dict:
 
         return run
 
-    def ours(fn: Any) -> bool:
-        return isinstance(getattr(fn, "__self__", None), EplbVerifier)
+    # The verifier's step and commit subscribers, timed and switchable, in their place on the bus.
+    verifier = guardrails_of(controller).verifier
+    assert isinstance(verifier, EplbVerifier)
+    controller.bus.wrap(verifier.on_step, timed)
+    controller.bus.wrap(verifier.on_commit, timed)
 
-    # The hook lists with the verifier (its two callables timed) and without it, in upstream's order.
-    hooks_on = [timed(h) if ours(h) else h for h in controller.step_hooks]
-    listeners_on = [timed(h) if ours(h) else h for h in state.commit_listeners]
-    hooks_off = [h for h in controller.step_hooks if not ours(h)]
-    listeners_off = [h for h in state.commit_listeners if not ours(h)]
-    assert len(hooks_off) == len(hooks_on) - 1
-    assert len(listeners_off) == len(listeners_on) - 1
-
-    def switch(on: bool) -> None:
-        controller.step_hooks[:] = hooks_on if on else hooks_off
-        state.commit_listeners[:] = listeners_on if on else listeners_off
+    def switch(turn_on: bool) -> None:
+        on[0] = turn_on
 
     group = get_ep_group().cpu_group
     g = torch.Generator().manual_seed(args["seed"])

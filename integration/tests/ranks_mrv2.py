@@ -327,13 +327,14 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
         report["num_skipped"] = state.num_skipped_rearrangements
         report["rebalanced"] = ms.rebalanced
         report["worker_alive"] = state.async_worker.is_alive()
-        from ascend_eplb.integration.verify import EplbVerifier
+        from ascend_eplb.control import StepEvent
+        from ascend_eplb.integration.serving import guardrails_of
 
-        (verifier,) = [h.__self__ for h in ctrl.step_hooks if isinstance(h.__self__, EplbVerifier)]
+        verifier = guardrails_of(ctrl).verifier
         report["verifier"] = [
             type(verifier).__name__, verifier.commits_checked, verifier.steps, verifier.boundaries_checked
         ]  # fmt: skip
-        report["step_hooks"] = [type(h.__self__).__name__ for h in ctrl.step_hooks]
+        report["step_hooks"] = [type(h.__self__).__name__ for h in ctrl.bus.subscribers(StepEvent)]
         report["commit_log"] = [
             (e.kind, e.model_name, e.layer, e.rearrangement, dict(e.evidence)) for e in state.commit_log
         ]

@@ -154,7 +154,8 @@ def metrics_world(
     os.environ["ASCEND_EPLB_VERIFY"] = "1"
     os.environ["ASCEND_EPLB_EVENTS"] = events_file
     os.environ["ASCEND_EPLB_METRICS"] = "1"
-    from ascend_eplb.integration.events import EventsRecorder
+    from ascend_eplb.integration.events import EventsRecord, EventsRecorder
+    from ascend_eplb.integration.serving import guardrails_of
     from ascend_eplb.integration.verify import EplbVerificationError
     from ascend_eplb.testing import real_models as rm
 
@@ -163,11 +164,9 @@ def metrics_world(
         phase="decode", eplb_off=False,
     )  # fmt: skip
     controller = worker.wiring.controller
-    (recorder,) = [
-        h.__self__ for h in controller.step_hooks if isinstance(getattr(h, "__self__", None), EventsRecorder)
-    ]
+    assert isinstance(guardrails_of(controller).recorder, EventsRecorder)
     records: list[dict[str, Any]] = []
-    recorder.listeners.append(records.append)
+    controller.bus.subscribe(EventsRecord, lambda published: records.append(published.record))
     layer_state = worker.model.moe_layers[0].eplb_state
     stale = (layer_state.logical_to_physical_map.clone(), layer_state.logical_replica_count.clone())
     info = worker.info

@@ -12,6 +12,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 import pytest
 import torch
 
+from ascend_eplb.control.bus import EventBus, ShutdownEvent, StepEvent
 from ascend_eplb.integration.events import EventsWriter, events_path, read_windows
 from ascend_eplb.integration.watchdog import WorkerWatchdog, watchdog_settings
 
@@ -107,11 +108,13 @@ def test_at_shutdown_logs_a_cycle_in_flight_with_how_long_it_went_without_progre
     dog = WorkerWatchdog(timeout_s=2.0, clock=clock)
     ms = _model_state(False)
     state = SimpleNamespace(model_states={"k": ms}, num_rearrangements=0, commit_log=[])
-    controller = SimpleNamespace(state=state, step_hooks=[], shutdown_hooks=[])
-    dog.attach(controller)
-    assert controller.shutdown_hooks == [dog.at_shutdown]
+    controller = SimpleNamespace(state=state)
+    bus = EventBus()
+    dog.attach(bus)
+    assert bus.subscribers(ShutdownEvent) == (dog.at_shutdown,)
+    assert bus.subscribers(StepEvent) == (dog.on_step,)
     dog._local_status(state)  # step boundary 0: nothing in flight
-    assert dog.at_shutdown(controller) == []
+    assert dog.at_shutdown(ShutdownEvent(controller)) == []
     ms.rebalanced, state.num_rearrangements = True, 1  # the cycle starts at boundary 1
     dog.steps = 1
     dog._local_status(state)
@@ -121,7 +124,7 @@ def test_at_shutdown_logs_a_cycle_in_flight_with_how_long_it_went_without_progre
         dog.steps = step
         dog._local_status(state)
     caplog.set_level(logging.INFO)
-    (cycle,) = dog.at_shutdown(controller)
+    (cycle,) = dog.at_shutdown(ShutdownEvent(controller))
     assert (cycle.model, cycle.rearrangement, cycle.layer, cycle.published) == ("m", 1, 0, False)
     assert cycle.rank == 3
     assert cycle.steps_without_progress == 25
@@ -136,7 +139,7 @@ def test_at_shutdown_logs_a_cycle_in_flight_with_how_long_it_went_without_progre
     # Layer 0 published since the last boundary: that is progress, logged at INFO.
     ms.pending_result = SimpleNamespace(layer_idx=0)
     caplog.clear()
-    (cycle,) = dog.at_shutdown(controller)
+    (cycle,) = dog.at_shutdown(ShutdownEvent(controller))
     assert (cycle.steps_without_progress, cycle.published, cycle.seconds_without_progress) == (0, True, 0.0)
     assert [r.levelname for r in caplog.records] == ["INFO"]
     assert "(layer 0 published, not yet committed), no progress for 0.0 s (0 steps)" in cycle.message()

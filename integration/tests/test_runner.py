@@ -114,10 +114,10 @@ def test_invalid_eplb_config_raises_before_any_patch(monkeypatch):
 
 def test_shutdown_runs_the_watchdogs_end_of_life_once_from_the_wiring_and_from_upstreams_runner(monkeypatch):
     """Point 10: ``Mrv2EplbWiring.shutdown`` and the patched ``GPUModelRunner.shutdown`` both reach the
-    controller's shutdown hooks (the watchdog's :meth:`at_shutdown`), once, before upstream's shutdown."""
+    controller's shutdown event (the watchdog's :meth:`at_shutdown`), once, before upstream's shutdown."""
     from types import SimpleNamespace
 
-    from ascend_eplb.control import AscendEPLBController
+    from ascend_eplb.control import AscendEPLBController, ShutdownEvent
     from ascend_eplb.integration.watchdog import WorkerWatchdog
 
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
@@ -125,11 +125,11 @@ def test_shutdown_runs_the_watchdogs_end_of_life_once_from_the_wiring_and_from_u
         wiring = Mrv2EplbWiring(_config(enable_eplb=True), torch.device("cpu"))
         controller = wiring.controller
         assert type(controller) is AscendEPLBController
-        (hook,) = controller.shutdown_hooks
+        (hook,) = controller.bus.subscribers(ShutdownEvent)
         assert isinstance(hook.__self__, WorkerWatchdog)
         assert hook.__func__ is WorkerWatchdog.at_shutdown
         seen = []
-        controller.shutdown_hooks.append(lambda c: seen.append(("hook", c)))
+        controller.bus.subscribe(ShutdownEvent, lambda e: seen.append(("hook", e.controller)))
         wiring.shutdown()
         wiring.shutdown()
         assert seen == [("hook", controller)]  # once: the second shutdown does nothing
@@ -142,12 +142,12 @@ def test_shutdown_runs_the_watchdogs_end_of_life_once_from_the_wiring_and_from_u
         order = []
         patched = patches._wrap_runner_shutdown(lambda runner: order.append("upstream shutdown"))
 
-        def failing_hook(c):
+        def failing_hook(event):
             order.append("controller shutdown")
             raise RuntimeError("hook failed")
 
         other = AscendEPLBController(_config(enable_eplb=True).parallel_config, torch.device("cpu"))
-        other.shutdown_hooks.append(failing_hook)
+        other.bus.subscribe(ShutdownEvent, failing_hook)
         with pytest.raises(RuntimeError, match="hook failed"):
             patched(SimpleNamespace(eplb=other))
         assert order == ["controller shutdown", "upstream shutdown"]  # upstream's shutdown runs anyway

@@ -4,6 +4,7 @@ hooks, signature drift, layer-state lookups, registration errors."""
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
@@ -18,8 +19,13 @@ from ascend_eplb.control import (
     AscendEPLBController,
     AscendEplbLayerState,
     AscendEplbState,
+    CommitEvent,
+    EventBus,
     Patch,
     PatchSet,
+    RearrangementEvent,
+    ShutdownEvent,
+    StepEvent,
     commit_hooks,
     commit_hooks_installed,
     host_adaptation,
@@ -249,13 +255,62 @@ def test_add_model_refuses_a_layer_without_an_ascend_layer_state(control_patches
     assert model.layers[0].eplb_state.replica_lookup is None
 
 
-def test_step_hooks_run_only_when_upstream_steps():
+def test_step_events_are_published_only_when_upstream_steps():
     calls = []
     ctrl = AscendEPLBController(_parallel_config_without_eplb(), torch.device("cpu"))
-    ctrl.step_hooks.append(lambda c, is_dummy, is_profile: calls.append((is_dummy, is_profile)))
+    ctrl.bus.subscribe(StepEvent, lambda e: calls.append((e.is_dummy, e.is_profile)))
     ctrl.prepare_load()
-    ctrl.step()  # EPLB off: upstream's step returns at once, and so do the hooks
+    ctrl.step()  # EPLB off: upstream's step returns at once, and no step event is published
     assert calls == []
+
+
+def test_the_controller_and_its_state_publish_on_one_bus(control_patches, monkeypatch):
+    ctrl = AscendEPLBController(_eplb_parallel_config(), torch.device("cpu"))
+    ctrl.prepare_load()
+    assert ctrl.state.bus is ctrl.bus
+    heard = []
+    ctrl.bus.subscribe(CommitEvent, heard.append)
+    ctrl.bus.subscribe(RearrangementEvent, heard.append)
+    ctrl.bus.subscribe(ShutdownEvent, heard.append)
+    model_state = SimpleNamespace(model_name="m")
+    ctrl.state._log("move", model_state, 3)
+    (event,) = heard
+    assert (event.kind, event.model_name, event.layer, event.rearrangement) == ("move", "m", 3, 0)
+    assert event.model_state is model_state
+    assert list(ctrl.state.commit_log) == [event]
+
+    # Upstream's rearrange (which needs the EP group) stubbed, with its signature.
+    def rearrange(self, is_profile=False, rank_mapping=None, use_last_expert_load=False):
+        return "rearranged"
+
+    monkeypatch.setattr(EplbState, "rearrange", rearrange)
+    assert ctrl.state.rearrange() == "rearranged"  # no model registered: no skip decision either
+    assert ctrl.state.num_rearrangements == 1
+    assert heard[1] == RearrangementEvent(ctrl.state)
+    ctrl.shutdown()
+    ctrl.shutdown()
+    assert heard[2:] == [ShutdownEvent(ctrl)]  # once
+    alone = AscendEplbState(_parallel_config_without_eplb(), torch.device("cpu"))
+    assert isinstance(alone.bus, EventBus)
+    assert alone.bus is not ctrl.bus
+
+
+def test_stop_eplb_sets_upstreams_fields_once():
+    ctrl = AscendEPLBController(_parallel_config_without_eplb(), torch.device("cpu"))
+    flag = torch.ones((), dtype=torch.bool)
+    ms = SimpleNamespace(rebalanced=True, pending_result=object())
+    ctrl.state = SimpleNamespace(should_record_tensor=flag, model_states={"k": ms})
+    assert (ctrl.suppressed, ctrl.eplb_stopped) == (False, None)
+    assert ctrl.stop_eplb("worker died") is True
+    assert (ctrl.suppressed, ctrl.eplb_stopped, bool(flag)) == (True, "worker died", False)
+    assert (ms.rebalanced, ms.pending_result) == (False, None)
+    ms.rebalanced, pending = True, object()
+    ms.pending_result = pending
+    assert ctrl.stop_eplb("again") is False  # idempotent: nothing changes, the first reason stays
+    assert (ctrl.eplb_stopped, ms.rebalanced, ms.pending_result) == ("worker died", True, pending)
+    bare = AscendEPLBController(_parallel_config_without_eplb(), torch.device("cpu"))
+    assert bare.stop_eplb("before load") is True  # no state yet: upstream's switch only
+    assert bare.suppressed is True
 
 
 def _maps(physical_to_logical: list[list[int]], num_logical: int):

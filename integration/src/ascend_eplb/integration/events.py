@@ -25,10 +25,10 @@ A one-line INFO log per rearrangement (EP rank 0) says the same for people readi
 :func:`read_windows` reads the windows back (``ascend-eplb plan events.jsonl``,
 ``ascend-eplb simulate --trace events.jsonl``).
 
-The same records, computed once, go to :attr:`EventsRecorder.listeners` on every EP rank (each with that
-rank's own ``bytes_received`` and ``publish_to_acknowledge_s``): the Prometheus metrics
-(:mod:`ascend_eplb.integration.prometheus`) are such a listener, so the file and the scrape hold the
-same values.
+The same records, computed once, are published on the controller's event bus as :class:`EventsRecord`
+on every EP rank (each with that rank's own ``bytes_received`` and ``publish_to_acknowledge_s``): the
+Prometheus metrics (:mod:`ascend_eplb.integration.prometheus`) subscribe to them, so the file and the
+scrape hold the same values.
 """
 
 from __future__ import annotations
@@ -37,13 +37,24 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["ENV_EVENTS", "EventsRecorder", "EventsWriter", "events_path", "read_windows"]
+from ascend_eplb.control.bus import (
+    CommitEvent,
+    Event,
+    EventBus,
+    RearrangementEvent,
+    RegistrationEvent,
+    StepEvent,
+)
+from ascend_eplb.control.values import is_int
+
+__all__ = ["ENV_EVENTS", "EventsRecord", "EventsRecorder", "EventsWriter", "events_path", "read_windows"]
 
 ENV_EVENTS = "ASCEND_EPLB_EVENTS"
 
@@ -97,27 +108,36 @@ class EventsWriter:
         self._file.close()
 
 
+@dataclass(frozen=True)
+class EventsRecord(Event):
+    """One record of the events file (the dict of the module docstring), published on the controller's
+    event bus on every rank, on the runner thread, as it is written.
+
+    Attributes:
+        record: ``event``, ``time``, ``step`` and the event's fields.
+    """
+
+    record: dict[str, Any]
+
+
 class EventsRecorder:
-    """The event records of one controller's models: written to ``path`` by EP rank 0, and handed to
-    :attr:`listeners` on every rank. A rank with neither a file to write nor a listener records nothing.
+    """The event records of one controller's models: written to ``path`` by EP rank 0, and published on
+    the controller's event bus as :class:`EventsRecord` on every rank. A rank with neither a file to
+    write nor a subscriber of :class:`EventsRecord` (at model registration) records nothing.
 
     Use :meth:`attach` (``create_eplb_controller`` does when :func:`events_path` is set or the
     Prometheus metrics are on).
 
     Args:
-        path: the events file, or None (no file; listeners only).
+        path: the events file, or None (no file; bus subscribers only).
         clock: monotonic seconds (tests).
-
-    Attributes:
-        listeners: ``fn(record)`` called with each record (the dict of the module docstring), on the
-            runner thread, on every rank; add them before the model is registered.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None, clock=time.monotonic) -> None:
         self.path = None if path is None else Path(path)
         self.clock = clock
         self.steps = 0
-        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._bus: EventBus | None = None
         self._writer: EventsWriter | None = None
         self._active = False
         self._cycles: dict[str, dict[str, Any]] = {}
@@ -126,43 +146,44 @@ class EventsRecorder:
         self._skips_seen = 0
         self._rank: int | None = None
 
-    def attach(self, controller: Any, watchdog: Any | None = None, verifier: Any | None = None) -> None:
-        """Record ``controller``'s models; ``watchdog`` and ``verifier`` (when given) add their
-        ``worker_failure`` and ``verifier_violation`` records."""
-        controller.registration_hooks.append(self._on_registered)
-        controller.step_hooks.append(self._on_step)
-        if watchdog is not None:
-            watchdog.listeners.append(self._on_worker_failure)
-        if verifier is not None:
-            verifier.listeners.append(self._on_violation)
+    def attach(self, bus: EventBus) -> None:
+        """Subscribe to a controller's event bus (control's ``AscendEPLBController.bus``, once, when the
+        controller is built): its models' registration, steps, rearrangements and commits, and the
+        ``worker_failure`` and ``verifier_violation`` events of the watchdog and the verifier."""
+        from ascend_eplb.integration.verify import VerifierViolation
+        from ascend_eplb.integration.watchdog import WorkerFailure
 
-    # ------------------------------------------------------------------ hooks
-    def _on_registered(self, controller: Any, model: Any, model_config: Any) -> None:
+        self._bus = bus
+        bus.subscribe(RegistrationEvent, self._on_registered)
+        bus.subscribe(StepEvent, self._on_step)
+        bus.subscribe(RearrangementEvent, self._on_rearrangement)
+        bus.subscribe(CommitEvent, self._on_commit_event)
+        bus.subscribe(WorkerFailure, self._on_worker_failure)
+        bus.subscribe(VerifierViolation, self._on_violation)
+
+    # ------------------------------------------------------------------ subscribers
+    def _on_registered(self, event: RegistrationEvent) -> None:
         from vllm.distributed.parallel_state import get_ep_group
 
         self._rank = get_ep_group().rank_in_group
         if self._rank == 0 and self.path is not None and self._writer is None:
             self._writer = EventsWriter(self.path)
-        if self._writer is None and not self.listeners:
+        if self._writer is None and not (self._bus is not None and self._bus.subscribers(EventsRecord)):
             return
         self._active = True
-        state = controller.state
-        if self._on_rearrangement not in state.rearrangement_listeners:
-            state.rearrangement_listeners.append(self._on_rearrangement)
-            state.commit_listeners.append(self._on_commit_event)
 
     def _write(self, event: str, **fields: Any) -> None:
         record = {"event": event, "time": time.time(), "step": self.steps, **fields}
         if self._writer is not None:
             self._writer.write(record)
-        for listener in self.listeners:
-            listener(record)
+        if self._bus is not None:
+            self._bus.publish(EventsRecord(record))
 
-    def _on_step(self, controller: Any, is_dummy: bool, is_profile: bool) -> None:
+    def _on_step(self, event: StepEvent) -> None:
         self.steps += 1
         if not self._active:
             return
-        state = controller.state
+        state = event.controller.state
         now = self.clock()
         for ms in state.model_states.values():
             pending = ms.pending_result
@@ -174,12 +195,15 @@ class EventsRecorder:
             for ms in state.model_states.values():
                 self._write("rearrangement_skipped", model=ms.model_name)
 
-    def _on_rearrangement(self, state: Any) -> None:
+    def _on_rearrangement(self, event: RearrangementEvent) -> None:
+        if not self._active:
+            return
         from vllm.distributed.eplb.eplb_state import EplbState
         from vllm.distributed.parallel_state import get_ep_group
 
         from ascend_eplb.integration.metrics import balancedness, rank_loads
 
+        state = event.state
         num_ranks = get_ep_group().world_size
         for ms in state.model_states.values():
             load = ms.last_expert_load
@@ -210,7 +234,10 @@ class EventsRecorder:
                 balancedness_eplb_off=balancedness(rank_loads(window, initial, num_ranks)),
             )
 
-    def _on_commit_event(self, event: Any, model_state: Any) -> None:
+    def _on_commit_event(self, event: CommitEvent) -> None:
+        if not self._active:
+            return
+        model_state = event.model_state
         if event.kind == "move":
             self._published.setdefault((event.model_name, event.layer), self.clock())
             return
@@ -357,8 +384,6 @@ def _load_of(value: Any, source: Path, number: int) -> torch.Tensor:
     width = len(value[0])
     if any(len(row) != width for row in value):
         raise ValueError(f"{source}:{number}: {rule} (rows of different lengths)")
-    if not all(
-        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62 for row in value for v in row
-    ):
+    if not all(is_int(v) and 0 <= v < 2**62 for row in value for v in row):
         raise ValueError(f"{source}:{number}: {rule}")
     return torch.tensor(value, dtype=torch.int64)

@@ -2,17 +2,18 @@
 
 Switched on by ``ASCEND_EPLB_METRICS=1`` (``1``/``true``/``yes``/``on``, the verifier's parser,
 :func:`ascend_eplb.integration.switches.env_flag`; off by default). Off, :func:`metrics_requested` (the
-standard library only) is all that runs: prometheus_client is not imported here, no recorder or hook is
-attached. On, it needs prometheus_client's multiprocess mode: ``PROMETHEUS_MULTIPROC_DIR`` names a
-writable folder in the environment vLLM starts with (vLLM's API server then serves every process's
+standard library only) is all that runs: prometheus_client is not imported here, no recorder or
+subscriber is attached. On, it needs prometheus_client's multiprocess mode: ``PROMETHEUS_MULTIPROC_DIR``
+names a writable folder in the environment vLLM starts with (vLLM's API server then serves every process's
 values from that folder on its own ``/metrics``, through ``MultiProcessCollector``; a server started
 with ``--api-server-count`` > 1 sets one itself). Each worker process writes its values to its own files
 there, so the series reach the API server's registry without any code in the API server.
 
 :func:`ascend_eplb.integration.runner.create_eplb_controller` attaches a :class:`PrometheusMetrics` to
-the controller's :class:`~ascend_eplb.integration.events.EventsRecorder` (created for it when no events
-file is configured): every value comes from the same record as the events file's line, so a scrape
-and the file agree. Series (:data:`METRICS`), labelled ``model`` (upstream ``EplbModelState.model_name``)
+the controller's event bus, where it follows the records of the controller's
+:class:`~ascend_eplb.integration.events.EventsRecorder` (created for it when no events file is
+configured): every value comes from the same record as the events file's line, so a scrape and the
+file agree. Series (:data:`METRICS`), labelled ``model`` (upstream ``EplbModelState.model_name``)
 and, where the value differs per rank, ``rank`` (the EP rank); ``kind`` and ``check`` take the few values
 of the watchdog and the verifier. Nothing else is a label: the series are bounded by models x EP ranks.
 Values the same on every rank (they come from collectives) are written by EP rank 0 only. Every series
@@ -132,17 +133,22 @@ class PrometheusMetrics:
         self._models: list[str] = []
         self._series = _families()
 
-    def attach(self, controller: Any, recorder: Any) -> None:
-        """Create each registered model's series (``controller``'s registration) and follow
-        ``recorder``'s records (an :class:`~ascend_eplb.integration.events.EventsRecorder`)."""
-        controller.registration_hooks.append(self._on_registered)
-        recorder.listeners.append(self._on_record)
+    def attach(self, bus: Any) -> None:
+        """Subscribe to a controller's event bus (control's ``AscendEPLBController.bus``, once, when the
+        controller is built, after its events recorder): create each registered model's series at its
+        registration and follow the recorder's records
+        (:class:`~ascend_eplb.integration.events.EventsRecord`)."""
+        from ascend_eplb.control.bus import RegistrationEvent
+        from ascend_eplb.integration.events import EventsRecord
 
-    def _on_registered(self, controller: Any, model: Any, model_config: Any) -> None:
+        bus.subscribe(RegistrationEvent, self._on_registered)
+        bus.subscribe(EventsRecord, self._on_record)
+
+    def _on_registered(self, event: Any) -> None:
         from vllm.distributed.parallel_state import get_ep_group
 
         self._rank = get_ep_group().rank_in_group
-        name = controller.state.model_states[model_config.compute_hash()].model_name
+        name = event.controller.state.model_states[event.model_config.compute_hash()].model_name
         self._models.append(name)
         s = self._series
         rank = str(self._rank)
@@ -160,7 +166,8 @@ class PrometheusMetrics:
         for check in CHECKS:
             s["ascend_eplb_verifier_violations_total"].labels(name, check)
 
-    def _on_record(self, record: dict[str, Any]) -> None:
+    def _on_record(self, published: Any) -> None:
+        record = published.record
         s, event, model = self._series, record["event"], record.get("model")
         if event == "commit":
             rank = str(self._rank)

@@ -5,9 +5,10 @@ Building the controller with EPLB on takes two steps with the patches applied be
 1. :func:`read_serving_setup` validates the ``VllmConfig`` against the support matrix and reads every
    ``ASCEND_EPLB_*`` switch, refusing a bad value before anything is patched or built;
 2. :func:`build_serving_controller` builds control's ``AscendEPLBController`` with the configured
-   ``load_collection_phase``, attaches the serving guardrails (the worker watchdog always, the runtime
-   verifier, the events file and the Prometheus metrics when switched on) and logs the one
-   :func:`active_line`.
+   ``load_collection_phase``, subscribes the serving guardrails to its event bus (the worker watchdog
+   always, the runtime verifier, the events file and the Prometheus metrics when switched on; each once,
+   here) and logs the one :func:`active_line`. :func:`guardrails_of` hands them out later (the
+   simulator reads the watchdog's and the verifier's findings there).
 
 Two callers make these calls: :func:`ascend_eplb.integration.runner.create_eplb_controller` (read,
 ``apply_patches()``, build) and the patched ``EPLBController`` of upstream's runner in
@@ -19,10 +20,18 @@ controller is built, so EPLB-off serving imports none of them.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ServingSetup", "active_line", "build_serving_controller", "read_serving_setup"]
+__all__ = [
+    "Guardrails",
+    "ServingSetup",
+    "active_line",
+    "build_serving_controller",
+    "guardrails_of",
+    "read_serving_setup",
+]
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,42 @@ class ServingSetup:
     verify: bool
     events: str | None
     metrics: bool = False
+
+
+@dataclass(frozen=True)
+class Guardrails:
+    """The serving guardrails :func:`build_serving_controller` subscribed to one controller's event bus.
+
+    Attributes:
+        watchdog: the ``WorkerWatchdog`` (always).
+        verifier: the ``EplbVerifier`` (``ASCEND_EPLB_VERIFY=1``), or None.
+        recorder: the ``EventsRecorder`` (``ASCEND_EPLB_EVENTS`` or ``ASCEND_EPLB_METRICS``), or None.
+        metrics: the ``PrometheusMetrics`` (``ASCEND_EPLB_METRICS=1``), or None.
+    """
+
+    watchdog: Any
+    verifier: Any | None = None
+    recorder: Any | None = None
+    metrics: Any | None = None
+
+
+_GUARDRAILS: weakref.WeakKeyDictionary[Any, Guardrails] = weakref.WeakKeyDictionary()
+
+
+def guardrails_of(controller: Any) -> Guardrails:
+    """The :class:`Guardrails` :func:`build_serving_controller` attached to ``controller``.
+
+    Raises:
+        LookupError: ``controller`` was not built by :func:`build_serving_controller` (EPLB off: upstream's
+            controller has none).
+    """
+    try:
+        return _GUARDRAILS[controller]
+    except (KeyError, TypeError):
+        raise LookupError(
+            f"{type(controller).__name__} object has no serving guardrails: only a controller built by "
+            "ascend_eplb.integration.serving.build_serving_controller (EPLB on) has them"
+        ) from None
 
 
 def read_serving_setup(vllm_config: Any) -> ServingSetup:
@@ -84,22 +129,26 @@ def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSe
 
     phase = setup.settings.ascend_eplb_config.get("load_collection_phase", "all")
     controller = AscendEPLBController(parallel_config, device, load_collection_phase=phase)
-    # Step hooks run in this order on every rank: the watchdog first (a failure stops EPLB before any
-    # other hook looks at the cycle), then the verifier, then the events recorder (the events file and
-    # the metrics are its record's two consumers).
+    # Each subscribes once, here; the bus delivers in subscription order on every rank: the watchdog
+    # first (a failure stops EPLB before any other subscriber looks at the cycle), then the verifier,
+    # then the events recorder, then the metrics (the events file and the metrics are the recorder's
+    # record's two consumers).
+    bus = controller.bus
     watchdog = WorkerWatchdog(setup.worker_timeout_s, setup.on_worker_failure)
-    watchdog.attach(controller)
-    verifier = None
+    watchdog.attach(bus)
+    verifier = recorder = metrics = None
     if setup.verify:
         verifier = EplbVerifier()
-        verifier.attach(controller)
+        verifier.attach(bus)
     if setup.events is not None or setup.metrics:
         recorder = EventsRecorder(setup.events)
-        recorder.attach(controller, watchdog, verifier)
+        recorder.attach(bus)
         if setup.metrics:
             from ascend_eplb.integration.prometheus import PrometheusMetrics
 
-            PrometheusMetrics().attach(controller, recorder)
+            metrics = PrometheusMetrics()
+            metrics.attach(bus)
+    _GUARDRAILS[controller] = Guardrails(watchdog, verifier, recorder, metrics)
     # The one line that tells an operator, in the serving log, that Ascend EPLB is active and how.
     init_logger(__name__).info(
         "%s",

@@ -29,23 +29,32 @@ same step everywhere), so every rank takes the collective at the same boundaries
 
 A violation found at a commit is raised at the next step boundary, on every rank alike, as
 :class:`EplbVerificationError` naming the check, step, layer, rank and slot: never silently, and
-never on one rank only (the others would wait in the next collective). :attr:`EplbVerifier.listeners`
-hear each violation first (the events file and the Prometheus metrics count them).
+never on one rank only (the others would wait in the next collective). Each violation is published first
+on the controller's event bus as a :class:`VerifierViolation` (the events file and the Prometheus
+metrics count them).
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ascend_eplb.control.bus import CommitEvent, Event, EventBus, RegistrationEvent, StepEvent
 from ascend_eplb.integration.switches import env_flag
 
-__all__ = ["CHECKS", "ENV_VERIFY", "EplbVerificationError", "EplbVerifier", "verify_requested"]
+__all__ = [
+    "CHECKS",
+    "ENV_VERIFY",
+    "EplbVerificationError",
+    "EplbVerifier",
+    "VerifierViolation",
+    "verify_requested",
+]
 
 #: The environment switch of the verifier.
 ENV_VERIFY = "ASCEND_EPLB_VERIFY"
@@ -68,8 +77,10 @@ def verify_requested(environ: Mapping[str, str] | None = None) -> bool:
 
 
 @dataclass(frozen=True)
-class Violation:
-    """One failed check: where, and what was seen."""
+class VerifierViolation(Event):
+    """One failed serving check: where, and what was seen; published on the controller's event bus just
+    before :class:`EplbVerificationError` is raised. (Not start-up validation's ``Violation``, a support
+    matrix rule's finding: this one has a step, a rank, a layer and a slot.)"""
 
     check: str
     step: int
@@ -88,6 +99,11 @@ class Violation:
             where.append(f"slot {self.slot}")
         return f"EPLB verifier: {self.check} check failed at {', '.join(where)}: {self.detail}"
 
+    @classmethod
+    def lookups(cls, step: int, rank: int, layer: int | None, detail: str, model: str) -> VerifierViolation:
+        """A failed ``lookups`` check (no slot: a lookup or the committed maps, not one slot, differ)."""
+        return cls("lookups", step, rank, layer, None, detail, model)
+
 
 class EplbVerificationError(RuntimeError):
     """A verifier check failed (raised on every EP rank at the same step boundary).
@@ -100,7 +116,7 @@ class EplbVerificationError(RuntimeError):
         slot: the physical slot (global id in ``[0, P)``), or None.
     """
 
-    def __init__(self, violation: Violation) -> None:
+    def __init__(self, violation: VerifierViolation) -> None:
         super().__init__(violation.message())
         self.check = violation.check
         self.step = violation.step
@@ -143,35 +159,39 @@ class EplbVerifier:
         steps: EPLB steps seen.
         commits_checked: layer commits checked on this rank.
         boundaries_checked: step boundaries that ran the collective checks (those after a commit).
-        listeners: ``fn(violation)`` called with a :class:`Violation` just before it is raised, on every
-            rank that raises it (the events file and the Prometheus metrics subscribe).
+        bus: the event bus attached to (None before :meth:`attach`); each :class:`VerifierViolation` is
+            published there just before it is raised, on every rank that raises it.
     """
 
     def __init__(self) -> None:
         self.steps = 0
         self.commits_checked = 0
         self.boundaries_checked = 0
-        self.listeners: list[Callable[[Violation], None]] = []
+        self.bus: EventBus | None = None
         self._models: dict[str, dict[str, Any]] = {}
-        self._pending: Violation | None = None
+        self._pending: VerifierViolation | None = None
         self._committed_layers: dict[str, set[int]] = {}  # per model: layers committed since last step
 
-    def attach(self, controller: Any) -> None:
-        """Register on ``controller`` (control's ``AscendEPLBController``): model registration, step."""
-        controller.registration_hooks.append(self.on_model_registered)
-        controller.step_hooks.append(self.on_step)
+    def attach(self, bus: EventBus) -> None:
+        """Subscribe to a controller's event bus (control's ``AscendEPLBController.bus``, once, when the
+        controller is built): model registration, each commit event, step."""
+        self.bus = bus
+        bus.subscribe(RegistrationEvent, self.on_model_registered)
+        bus.subscribe(CommitEvent, self.on_commit)
+        bus.subscribe(StepEvent, self.on_step)
 
     # ------------------------------------------------------------------ registration
-    def on_model_registered(self, controller: Any, model: Any, model_config: Any) -> None:
+    def on_model_registered(self, event: RegistrationEvent) -> None:
         """Fingerprint every logical expert from the ranks' initial slots (one gather, every rank)."""
         import torch.distributed as dist
         from vllm.distributed.parallel_state import get_ep_group
         from vllm.model_executor.models.interfaces import get_mixture_of_experts_model
 
-        state = controller.state
+        model_config = event.model_config
+        state = event.controller.state
         key = model_config.compute_hash()
         model_state = state.model_states[key]
-        layers = list(get_mixture_of_experts_model(model).moe_layers)
+        layers = list(get_mixture_of_experts_model(event.model).moe_layers)
         group = get_ep_group()
         rank, num_ranks = group.rank_in_group, group.world_size
         p2l = model_state.physical_to_logical_map.cpu()
@@ -188,7 +208,7 @@ class EplbVerifier:
                     expert = int(p2l[layer_idx, slot])
                     if fps.setdefault(expert, fp) != fp:
                         self._raise(
-                            Violation(
+                            VerifierViolation(
                                 "fingerprints",
                                 0,
                                 other,
@@ -215,8 +235,6 @@ class EplbVerifier:
             "layer_states": state.layer_states(model_config),
             "group": group,
         }
-        if self._on_commit_event not in state.commit_listeners:
-            state.commit_listeners.append(self._on_commit_event)
 
     # ------------------------------------------------------------------ per commit
     def _model_of(self, model_state: Any) -> dict[str, Any] | None:
@@ -225,10 +243,12 @@ class EplbVerifier:
                 return entry
         return None
 
-    def _on_commit_event(self, event: Any, model_state: Any) -> None:
+    def on_commit(self, event: CommitEvent) -> None:
+        """At a layer's ``refresh`` (its lookups follow the commit): the per-layer checks, once per step
+        boundary until a violation is pending."""
         if event.kind != "refresh":
             return
-        entry = self._model_of(model_state)
+        entry = self._model_of(event.model_state)
         if entry is None:
             return
         self._committed_layers.setdefault(entry["key"], set()).add(event.layer)
@@ -236,7 +256,7 @@ class EplbVerifier:
             self.commits_checked += 1
             self._pending = self._check_layer(entry, event.layer)
 
-    def _check_layer(self, entry: dict[str, Any], layer_idx: int) -> Violation | None:
+    def _check_layer(self, entry: dict[str, Any], layer_idx: int) -> VerifierViolation | None:
         from ascend_eplb.dataplane import build_replica_table
 
         ms, rank, p = entry["model_state"], entry["rank"], entry["p"]
@@ -246,7 +266,7 @@ class EplbVerifier:
         for row, (fingerprint, expert) in enumerate(zip(slot_fingerprints(layer, p), local, strict=True)):
             slot = rank * p + row
             if fingerprint != entry["logical"][layer_idx].get(expert):
-                return Violation(
+                return VerifierViolation(
                     "fingerprints", self.steps, rank, layer_idx, slot,
                     f"after the commit the slot's weights are not logical expert {expert}'s", ms.model_name,
                 )  # fmt: skip
@@ -255,17 +275,16 @@ class EplbVerifier:
         for ls, ptr in zip(entry["layer_states"][layer_idx], entry["table_ptrs"][layer_idx], strict=True):
             lookup = ls.replica_lookup
             if lookup.table.data_ptr() != ptr:
-                return Violation(
-                    "lookups", self.steps, rank, layer_idx, None, "the lookup table's storage changed",
-                    ms.model_name,
-                )  # fmt: skip
+                return VerifierViolation.lookups(
+                    self.steps, rank, layer_idx, "the lookup table's storage changed", ms.model_name
+                )
             expected = build_replica_table(
                 l2p, counts, lookup.phase, lookup.rows, num_physical_experts=int(p2l.shape[0])
             ).to(lookup.table.device)
             if not torch.equal(lookup.table, expected):
                 bad = (lookup.table != expected).nonzero()[0].tolist()
-                return Violation(
-                    "lookups", self.steps, rank, layer_idx, None,
+                return VerifierViolation.lookups(
+                    self.steps, rank, layer_idx,
                     f"lookup row {bad[0]} expert {bad[1]} holds {int(lookup.table[bad[0], bad[1]])}, the "
                     f"committed maps give {int(expected[bad[0], bad[1]])}", ms.model_name,
                 )  # fmt: skip
@@ -289,12 +308,12 @@ class EplbVerifier:
         return total
 
     # ------------------------------------------------------------------ per step
-    def _raise(self, violation: Violation) -> None:
-        for listener in self.listeners:
-            listener(violation)
+    def _raise(self, violation: VerifierViolation) -> None:
+        if self.bus is not None:
+            self.bus.publish(violation)
         raise EplbVerificationError(violation)
 
-    def on_step(self, controller: Any, is_dummy: bool, is_profile: bool) -> None:
+    def on_step(self, event: StepEvent) -> None:
         """The step boundary: after a step in which layers committed, the collective checks and any
         violation found at those commits; otherwise nothing (no collective, O(1)).
 
@@ -305,7 +324,7 @@ class EplbVerifier:
         if not self._committed_layers:
             return
         committed, self._committed_layers = self._committed_layers, {}
-        self._check_boundary(controller, committed)
+        self._check_boundary(event.controller, committed)
 
     def _check_boundary(self, controller: Any, committed: dict[str, set[int]]) -> None:
         import torch.distributed as dist
@@ -341,11 +360,9 @@ class EplbVerifier:
             if not torch.equal(theirs[: 1 + n], mine[: 1 + n]):
                 model = next(i for i in range(n) if int(theirs[1 + i]) != sums[i])
                 self._raise(
-                    Violation(
-                        "lookups",
+                    VerifierViolation.lookups(
                         self.steps,
                         rank,
-                        None,
                         None,
                         f"the committed placement of model {model} differs between rank {other} and "
                         f"rank {rank} (checksums {int(theirs[1 + model])} != {sums[model]})",
@@ -361,11 +378,9 @@ class EplbVerifier:
                 same_layers = int(theirs[1 + 2 * n + i]) == masks[i]
                 if probe != _NO_PROBE and same_layers and int(theirs[1 + n + i]) not in (_NO_PROBE, probe):
                     self._raise(
-                        Violation(
-                            "lookups",
+                        VerifierViolation.lookups(
                             self.steps,
                             rank,
-                            None,
                             None,
                             f"replica agreement: ranks {min(rank, other)} and {max(rank, other)} route the "
                             f"same rows ({layout.rows} row layout) but chose different replicas for the "

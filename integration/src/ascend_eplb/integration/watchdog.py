@@ -22,14 +22,16 @@ the gathered values, so every rank reaches the same verdict at the same step and
 diverge from the others'. On a failure EP rank 0 logs an error naming the model, the layer in flight,
 the rank(s) whose worker failed and the cause (the worker's exception and traceback when it died,
 recorded by the :data:`PATCHES` wrapper of upstream's worker loop); every rank then stops EPLB
-rearrangement (the controller is suppressed and the unfinished cycle dropped: layers committed so far
-keep the new placement, the others the old one, each layer wholly old or wholly new) and serving goes
-on, or, with ``ASCEND_EPLB_ON_WORKER_FAILURE=raise``, the step raises :class:`EplbWorkerFailureError` on every
-rank.
+rearrangement (control's ``AscendEPLBController.stop_eplb``: the controller is suppressed and the
+unfinished cycle dropped: layers committed so far keep the new placement, the others the old one, each
+layer wholly old or wholly new), publishes the :class:`WorkerFailure` on the controller's event bus, and
+serving goes on, or, with ``ASCEND_EPLB_ON_WORKER_FAILURE=raise``, the step raises
+:class:`EplbWorkerFailureError` on every rank.
 
-At the runner's shutdown (:meth:`WorkerWatchdog.at_shutdown`, a shutdown hook of the controller) a cycle
-still in flight is logged on its rank with how long, in seconds and steps, it went without progress:
-a cycle that stalled for less than the timeout was never judged, and the log says so.
+At the runner's shutdown (:meth:`WorkerWatchdog.at_shutdown`, subscribed to the controller's
+``ShutdownEvent``) a cycle still in flight is logged on its rank with how long, in seconds and steps, it
+went without progress: a cycle that stalled for less than the timeout was never judged, and the log
+says so.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from typing import Any
 import torch
 
 from ascend_eplb.control import upstream
+from ascend_eplb.control.bus import Event, EventBus, ShutdownEvent, StepEvent
 from ascend_eplb.control.patching import Patch
 
 __all__ = [
@@ -122,8 +125,9 @@ PATCHES: tuple[Patch, ...] = (
 
 
 @dataclass(frozen=True)
-class WorkerFailure:
-    """What the watchdog decided, identical on every rank.
+class WorkerFailure(Event):
+    """What the watchdog decided, identical on every rank; published on the controller's event bus
+    (every rank, once).
 
     Attributes:
         kind: ``"died"`` or ``"stalled"``.
@@ -209,7 +213,6 @@ class WorkerWatchdog:
     Attributes:
         steps: EPLB steps seen.
         failure: the failure decided, once (None while healthy).
-        listeners: ``fn(failure)`` called on every rank once a failure is decided (the events file).
         in_flight_at_shutdown: what :meth:`at_shutdown` found (empty before it ran).
     """
 
@@ -223,17 +226,17 @@ class WorkerWatchdog:
         self.clock = clock
         self.steps = 0
         self.failure: WorkerFailure | None = None
-        self.listeners: list[Callable[[WorkerFailure], None]] = []
         # Per model index: (progress key, clock at its last change, self.steps at its last change).
         self._progress: dict[int, tuple[tuple[bool, int, bool], float, int]] = {}
         self._rank: int | None = None
         self.in_flight_at_shutdown: list[InFlightAtShutdown] = []
 
-    def attach(self, controller: Any) -> None:
-        """Run at every step boundary of ``controller`` (control's ``AscendEPLBController``) and at its
-        shutdown (:meth:`at_shutdown`)."""
-        controller.step_hooks.append(self.on_step)
-        controller.shutdown_hooks.append(self.at_shutdown)
+    def attach(self, bus: EventBus) -> None:
+        """Subscribe to a controller's event bus (control's ``AscendEPLBController.bus``, once, when the
+        controller is built): :meth:`on_step` at every step boundary, :meth:`at_shutdown` at its
+        shutdown."""
+        bus.subscribe(StepEvent, self.on_step)
+        bus.subscribe(ShutdownEvent, self.at_shutdown)
 
     def _local_status(self, state: Any) -> list[int]:
         """``[alive, steps_until_next_rearrangement, then per model: in_cycle, has_pending,
@@ -256,7 +259,7 @@ class WorkerWatchdog:
             out += [int(ms.rebalanced), int(pending is not None), idle_ms, layer]
         return out
 
-    def at_shutdown(self, controller: Any) -> list[InFlightAtShutdown]:
+    def at_shutdown(self, event: ShutdownEvent) -> list[InFlightAtShutdown]:
         """The runner's end of life on this rank (no collective): each cycle still in flight, logged with
         how long it went without progress (:meth:`InFlightAtShutdown.message`; INFO when it progressed in
         the last step or the one before, WARNING otherwise).
@@ -264,7 +267,7 @@ class WorkerWatchdog:
         Returns:
             the cycles in flight (empty when none was, or after a failure stopped EPLB).
         """
-        state = controller.state
+        state = event.controller.state
         if state is None or self.failure is not None:
             return []
         self._local_status(state)  # a layer published or committed since the last step is progress
@@ -297,8 +300,9 @@ class WorkerWatchdog:
         self.in_flight_at_shutdown = found
         return found
 
-    def on_step(self, controller: Any, is_dummy: bool, is_profile: bool) -> None:
-        """The step-boundary decision (every rank, same order).
+    def on_step(self, event: StepEvent) -> None:
+        """The step-boundary decision (every rank, same order); on a failure, EPLB is stopped
+        (``controller.stop_eplb``) and the :class:`WorkerFailure` published on the controller's bus.
 
         Raises:
             EplbWorkerFailureError: a worker failed and the policy is ``raise``.
@@ -309,6 +313,7 @@ class WorkerWatchdog:
         self.steps += 1
         if self.failure is not None:
             return
+        controller = event.controller
         state = controller.state
         group = get_ep_group()
         self._rank = group.rank_in_group
@@ -330,13 +335,12 @@ class WorkerWatchdog:
         if failure.kind == "stalled":
             failure = self._name_stalled(state, group, failure)
         self.failure = failure
-        self._stop(controller)
+        controller.stop_eplb(failure.message())
         if group.rank_in_group == 0:
             from vllm.logger import init_logger
 
             init_logger(__name__).error("%s; EPLB rearrangement is stopped on every rank", failure.message())
-        for listener in self.listeners:
-            listener(failure)
+        controller.bus.publish(failure)
         if self.on_failure == "raise":
             raise EplbWorkerFailureError(failure)
 
@@ -401,19 +405,6 @@ class WorkerWatchdog:
             f"{ENV_TIMEOUT}): layer {layer} was not published by rank(s) {', '.join(map(str, silent))}"
             f"{waiting}{_overrun(steps_until, in_flight)}",
         )  # fmt: skip
-
-    @staticmethod
-    def _stop(controller: Any) -> None:
-        """Stop EPLB rearrangement on this rank; serving keeps the last committed placement."""
-        controller.suppressed = True
-        state = controller.state
-        if state.should_record_tensor is not None:
-            state.should_record_tensor.fill_(False)
-        for ms in state.model_states.values():
-            # The unfinished cycle is dropped: its staged layer (if any) is never moved into the
-            # weights, so every layer stays wholly committed, old or new.
-            ms.rebalanced = False
-            ms.pending_result = None
 
 
 def _steps_until_next_rearrangement(state: Any) -> int:

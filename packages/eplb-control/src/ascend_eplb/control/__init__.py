@@ -7,6 +7,8 @@ rearrangement transaction). This package adapts its boundaries only:
 * :class:`AscendEplbState` / :class:`AscendEplbLayerState`: a stable device replica lookup per MoE layer,
   refreshed in place when (and only when) the layer's placement commits, before the async worker's
   staging buffer is acknowledged; no rearrangement on an all-zero window;
+* :class:`EventBus` (:mod:`~ascend_eplb.control.bus`): the controller's one typed event bus
+  (registration, step, rearrangement, commit phases, shutdown) the serving guardrails subscribe to;
 * :func:`adapt_layer_routers`: each MoE layer's router gets an :class:`AscendEplbLayerState` and
   dataplane's mapping, before the model is registered;
 * :mod:`~ascend_eplb.control.commit_hooks` and :mod:`~ascend_eplb.control.host_adaptation`: the specs
@@ -26,11 +28,16 @@ from ascend_eplb.control.__about__ import __version__
 #: submodules load on first use, so ``ascend_eplb.control.phase`` and ``ascend_eplb.control.patching``
 #: import without vLLM; a static type checker sees these names through ``__getattr__`` (as ``Any``).
 _EXPORTS = {
+    "CommitEvent": "bus",
+    "ControllerEvent": "bus",
+    "Event": "bus",
+    "EventBus": "bus",
+    "RearrangementEvent": "bus",
+    "RegistrationEvent": "bus",
+    "ShutdownEvent": "bus",
+    "StepEvent": "bus",
     "commit_hooks_installed": "commit_hooks",
     "AscendEPLBController": "controller",
-    "StepHook": "controller",
-    "RegistrationHook": "controller",
-    "ShutdownHook": "controller",
     "Patch": "patching",
     "PatchSet": "patching",
     "check_signature": "patching",
@@ -40,7 +47,6 @@ _EXPORTS = {
     "adapt_layer_routers": "router_adaptation",
     "AscendEplbLayerState": "state",
     "AscendEplbState": "state",
-    "CommitEvent": "state",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -17,7 +17,6 @@ rows choose the same replicas and each real selection is counted once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,6 +24,7 @@ from vllm.logger import init_logger
 from vllm.v1.worker.gpu.eplb_utils import EPLBController
 
 from ascend_eplb.control import upstream
+from ascend_eplb.control.bus import EventBus, RegistrationEvent, ShutdownEvent, StepEvent
 from ascend_eplb.control.layout import (
     MOE_ROWS,
     RankCoordinates,
@@ -48,15 +48,6 @@ def check_upstream_controller_signatures() -> None:
     upstream.check_used_by(upstream.CONTROLLER)
 
 
-#: ``fn(controller, is_dummy, is_profile)``, run by :meth:`AscendEPLBController.step` after upstream's step.
-StepHook = Callable[["AscendEPLBController", bool, bool], None]
-#: ``fn(controller, model, model_config)``, run after a model (or draft) was registered with the state.
-RegistrationHook = Callable[["AscendEPLBController", Any, Any], None]
-#: ``fn(controller)``, run once by :meth:`AscendEPLBController.shutdown` (no collectives: ranks may shut
-#: down at different times).
-ShutdownHook = Callable[["AscendEPLBController"], None]
-
-
 class AscendEPLBController(EPLBController):
     """Upstream ``EPLBController`` that builds :class:`AscendEplbState`, adapts each MoE layer's router
     before its model is registered, and filters load by batch phase.
@@ -68,12 +59,15 @@ class AscendEPLBController(EPLBController):
             :func:`~ascend_eplb.control.phase.is_phase_matched`.
 
     Attributes:
-        step_hooks: :data:`StepHook` s run after every upstream step that ran (same condition as
-            upstream's: EPLB on, not suppressed, a model registered), in order, on every rank alike: a
-            hook may run collectives on the EP CPU group (the integration's watchdog and verifier do).
-        registration_hooks: :data:`RegistrationHook` s run after each successful registration of a
-            model or draft with the state, on every rank (collectives allowed, as above).
-        shutdown_hooks: :data:`ShutdownHook` s run once by :meth:`shutdown`, in order (rank-local).
+        bus: the controller's :class:`~ascend_eplb.control.bus.EventBus`, also its state's. The controller
+            publishes :class:`~ascend_eplb.control.bus.StepEvent` after every upstream step that ran
+            (same condition as upstream's: EPLB on, not suppressed, a model registered) on every rank
+            alike, so a subscriber may run collectives on the EP CPU group (the integration's watchdog
+            and verifier do); :class:`~ascend_eplb.control.bus.RegistrationEvent` after each successful
+            registration of a model or draft with the state, on every rank (collectives allowed, as
+            above); :class:`~ascend_eplb.control.bus.ShutdownEvent` once, from :meth:`shutdown`
+            (rank-local).
+        eplb_stopped: why :meth:`stop_eplb` stopped EPLB rearrangement (None while it runs).
 
     Raises:
         ValueError: ``load_collection_phase`` is not an allowed phase (the message lists them).
@@ -93,10 +87,9 @@ class AscendEPLBController(EPLBController):
         self._batch_has_prefill: bool | None = None
         self.last_record_decision: bool | None = None
         """The flag value the last :meth:`prepare_forward` wrote (None before the first fill)."""
-        self.step_hooks: list[StepHook] = []
+        self.bus = EventBus()
+        self.eplb_stopped: str | None = None
         self._warned_undeclared_phase = False
-        self.registration_hooks: list[RegistrationHook] = []
-        self.shutdown_hooks: list[ShutdownHook] = []
         self._shut_down = False
         self._ranks: RankCoordinates | None = None
         self._row_layouts: dict[str, RowLayout] = {}
@@ -108,7 +101,7 @@ class AscendEPLBController(EPLBController):
         self.state = None
         self._has_registered_models = False
         if self.parallel_config.enable_eplb:
-            self.state = AscendEplbState(self.parallel_config, self.device)
+            self.state = AscendEplbState(self.parallel_config, self.device, bus=self.bus)
 
     def maybe_register_speculator(
         self, speculator: Any | None, speculative_config: Any | None, load_dummy_weights: bool
@@ -123,8 +116,7 @@ class AscendEPLBController(EPLBController):
             adapt_layer_routers(speculator.model)
         added = super().maybe_register_speculator(speculator, speculative_config, load_dummy_weights)
         if added:
-            for hook in self.registration_hooks:
-                hook(self, speculator.model, speculative_config.draft_model_config)
+            self.bus.publish(RegistrationEvent(self, speculator.model, speculative_config.draft_model_config))
         return added
 
     def maybe_register_model(self, model: Any, model_config: Any) -> bool:
@@ -133,12 +125,11 @@ class AscendEPLBController(EPLBController):
             adapt_layer_routers(model)
         added = super().maybe_register_model(model, model_config)
         if added:
-            for hook in self.registration_hooks:
-                hook(self, model, model_config)
+            self.bus.publish(RegistrationEvent(self, model, model_config))
         return added
 
     def step(self, is_dummy: bool = False, is_profile: bool = False) -> None:
-        """Upstream's step, then every :attr:`step_hooks` entry when upstream's step ran."""
+        """Upstream's step, then a :class:`~ascend_eplb.control.bus.StepEvent` when upstream's step ran."""
         ran = (
             self.parallel_config.enable_eplb
             and not self.suppressed
@@ -147,18 +138,55 @@ class AscendEPLBController(EPLBController):
         )
         super().step(is_dummy, is_profile)
         if ran:
-            for hook in self.step_hooks:
-                hook(self, is_dummy, is_profile)
+            self.bus.publish(StepEvent(self, is_dummy, is_profile))
 
     def shutdown(self) -> None:
-        """The runner's end of life: every :attr:`shutdown_hooks` entry, once (later calls do nothing).
+        """The runner's end of life: a :class:`~ascend_eplb.control.bus.ShutdownEvent`, once (later calls
+        do nothing).
         Upstream's ``EPLBController`` has no such point; the integration calls it from the runner's
         ``shutdown``."""
         if self._shut_down:
             return
         self._shut_down = True
-        for hook in self.shutdown_hooks:
-            hook(self)
+        self.bus.publish(ShutdownEvent(self))
+
+    def stop_eplb(self, reason: str) -> bool:
+        """Stop EPLB rearrangement on this rank for good; serving keeps the last committed placement.
+
+        The one place that writes upstream's fields to stop EPLB (the integration's watchdog calls it on
+        every rank after deciding a worker failure):
+
+        * ``EPLBController.suppressed = True``: upstream's own switch (what its ``suppress()`` sets for
+          warm-up), so upstream's ``step`` and the record decision of :meth:`prepare_forward` do nothing
+          from now on (no window closes, no rearrangement starts, no load is recorded);
+        * ``EplbState.should_record_tensor`` filled with False: the device record flag the forwards
+          already prepared read, so no load is recorded before the next fill either;
+        * per model state ``EplbModelState.rebalanced = False`` and ``pending_result = None``: the
+          unfinished cycle is dropped, its staged layer (if any) is never moved into the weights, so
+          every layer stays wholly committed, old or new (upstream's ``step`` would otherwise go on
+          moving published layers).
+
+        Idempotent: a second call changes nothing and keeps the first reason.
+
+        Args:
+            reason: why (kept in :attr:`eplb_stopped`, e.g. the watchdog's failure message).
+
+        Returns:
+            True if this call stopped EPLB, False if it was stopped already.
+        """
+        if self.eplb_stopped is not None:
+            return False
+        self.eplb_stopped = reason
+        self.suppressed = True
+        state = self.state
+        if state is None:
+            return True
+        if state.should_record_tensor is not None:
+            state.should_record_tensor.fill_(False)
+        for model_state in state.model_states.values():
+            model_state.rebalanced = False
+            model_state.pending_result = None
+        return True
 
     def set_batch_phase(self, batch_has_prefill: bool) -> None:
         """Declare the phase of the next batch; called once per batch before :meth:`prepare_forward`.

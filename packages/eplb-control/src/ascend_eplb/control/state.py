@@ -16,16 +16,18 @@ exactly when the layer's placement commits (see :mod:`ascend_eplb.control.commit
 * a skip of a rearrangement whose window holds no load on any rank (upstream would hand an all-zero
   window to the policy), decided with one collective on the EP CPU group;
 * an inspectable :attr:`AscendEplbState.commit_log` of the per-layer order move, commit, refresh,
-  acknowledge, and :attr:`AscendEplbState.commit_listeners` called with each event as it happens;
+  acknowledge, each :class:`~ascend_eplb.control.bus.CommitEvent` also published on the controller's
+  :class:`~ascend_eplb.control.bus.EventBus` as it happens, and a
+  :class:`~ascend_eplb.control.bus.RearrangementEvent` when a rearrangement starts;
 * signature checks of every upstream method it overrides or relies on, at construction.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.distributed import ReduceOp, all_reduce
@@ -35,6 +37,7 @@ from vllm.logger import init_logger
 from vllm.utils.gpu_sync_debug import gpu_sync_allowed
 
 from ascend_eplb.control import upstream
+from ascend_eplb.control.bus import CommitEvent, CommitEventKind, EventBus, RearrangementEvent
 from ascend_eplb.control.commit_hooks import attach_observer, commit_hooks_installed
 from ascend_eplb.control.layout import RowLayout
 from ascend_eplb.control.patching import InstanceBinding
@@ -45,7 +48,6 @@ __all__ = [
     "COMMIT_LOG_MAXLEN",
     "AscendEplbLayerState",
     "AscendEplbState",
-    "CommitEvent",
     "check_upstream_state_signatures",
 ]
 
@@ -73,36 +75,6 @@ ACKNOWLEDGEMENT_BINDING = InstanceBinding(
     "ascend_eplb.control.state",
     "AscendEplbState.after_commit, on the consumed_event of each async layer result it commits",
 )
-
-
-CommitEventKind = Literal["move", "commit", "refresh", "acknowledge"]
-
-
-@dataclass(frozen=True)
-class CommitEvent:
-    """One observed step of a layer's placement change.
-
-    Attributes:
-        kind: ``"move"`` (observed at the start of upstream's commit: the layer's weights already hold
-            the new placement), ``"commit"`` (upstream's commit returned), ``"refresh"`` (the layer's
-            lookups were refreshed in place), ``"acknowledge"`` (the async worker's staging buffer was
-            released: ``consumed_event.record()`` returned).
-        model_name: upstream ``EplbModelState.model_name``.
-        layer: MoE layer index.
-        rearrangement: 1-based index of the rearrangement this commit belongs to (0: ``update_mapping``
-            before any rearrangement).
-        evidence: what was observed (empty unless :attr:`AscendEplbState.collect_commit_evidence`):
-            ``move``: ``map_before`` (the committed row, list of P ints, still the old placement) and
-            ``probe`` (the return of :attr:`AscendEplbState.commit_probe`); ``commit``: ``map`` (the
-            committed row); ``refresh``: ``checksums`` and ``data_ptrs`` of the layer's lookups;
-            ``acknowledge``: ``pending_result_cleared`` and ``checksums`` at that moment.
-    """
-
-    kind: CommitEventKind
-    model_name: str
-    layer: int
-    rearrangement: int
-    evidence: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -238,15 +210,14 @@ class AscendEplbState(EplbState):
             collecting evidence (e.g. to read the layer's weight tags).
         num_rearrangements: rearrangements started (profile rearrangements excluded).
         num_skipped_rearrangements: rearrangements skipped because no rank recorded load.
-        commit_listeners: ``fn(event, model_state)`` called on the runner thread with every
-            :class:`CommitEvent` right after it is logged (the verifier and the events file use it).
-            An exception propagates out of upstream's commit and stops the step.
-        rearrangement_listeners: ``fn(state)`` called on the runner thread right after upstream's
-            ``rearrange`` handed a closed window to the policy (not for profile or skipped ones);
-            each model state's ``last_expert_load`` is that window's global logical load.
+        bus: the :class:`~ascend_eplb.control.bus.EventBus` this state publishes to (the
+            controller's): every :class:`CommitEvent` right after it is logged, on the runner thread (a
+            subscriber's exception propagates out of upstream's commit and stops the step); a
+            :class:`~ascend_eplb.control.bus.RearrangementEvent` right after upstream's ``rearrange``
+            handed a closed window to the policy (not for profile or skipped ones).
     """
 
-    def __init__(self, parallel_config: Any, device: torch.device) -> None:
+    def __init__(self, parallel_config: Any, device: torch.device, *, bus: EventBus | None = None) -> None:
         check_upstream_state_signatures()
         if not commit_hooks_installed():
             raise RuntimeError(
@@ -262,13 +233,12 @@ class AscendEplbState(EplbState):
         self.num_skipped_rearrangements = 0
         self._consecutive_skips = 0
         self._layer_states: dict[str, dict[int, list[AscendEplbLayerState]]] = {}
-        self.commit_listeners: list[Callable[[CommitEvent, EplbModelState], None]] = []
+        self.bus = EventBus() if bus is None else bus
         self.row_layouts: dict[str, torch.Tensor] = {}
         """Per registered model (by config hash): its int64 ``(4,)`` row-layout tensor."""
         self.row_layout_in_force: dict[str, RowLayout] = {}
         """Per registered model: the :class:`~ascend_eplb.control.layout.RowLayout` its tensor holds
         (absent before the first ``set_row_layout``)."""
-        self.rearrangement_listeners: list[Callable[[AscendEplbState], None]] = []
 
     # ----------------------------------------------------------------- registration
     def add_model(self, model: Any, model_config: Any, model_name: str | None = None) -> None:
@@ -332,10 +302,11 @@ class AscendEplbState(EplbState):
 
     # ----------------------------------------------------------------- commit, refresh, acknowledge
     def _log(self, kind: CommitEventKind, model_state: EplbModelState, layer: int, **evidence: Any) -> None:
-        event = CommitEvent(kind, model_state.model_name, layer, self.num_rearrangements, dict(evidence))
+        event = CommitEvent(
+            kind, model_state.model_name, layer, self.num_rearrangements, dict(evidence), model_state
+        )
         self.commit_log.append(event)
-        for listener in self.commit_listeners:
-            listener(event, model_state)
+        self.bus.publish(event)
 
     def _lookup_evidence(self, layer_states: list[AscendEplbLayerState]) -> dict[str, Any]:
         lookups = [ls.replica_lookup for ls in layer_states if ls.replica_lookup is not None]
@@ -466,6 +437,5 @@ class AscendEplbState(EplbState):
             self.num_rearrangements += 1
         result = super().rearrange(is_profile, rank_mapping, use_last_expert_load)
         if not is_profile:
-            for listener in self.rearrangement_listeners:
-                listener(self)
+            self.bus.publish(RearrangementEvent(self))
         return result

@@ -57,6 +57,7 @@ from vllm.distributed.parallel_state import (
 
 from ascend_eplb.integration import metrics
 from ascend_eplb.integration.runner import Mrv2EplbWiring
+from ascend_eplb.integration.serving import guardrails_of
 from ascend_eplb.integration.verify import EplbVerificationError, EplbVerifier
 from ascend_eplb.integration.watchdog import EplbWorkerFailureError, WorkerWatchdog
 from ascend_eplb.quant_views import get_format
@@ -213,17 +214,13 @@ def _new_stats() -> dict[str, Any]:
 
 
 def _timed_hooks(controller: Any) -> tuple[WorkerWatchdog, EplbVerifier, list[float]]:
-    """Wrap the serving verifier's step hook and commit listener to time them (its cost per step);
-    returns the watchdog and the verifier among the step hooks and the one-element list each step's
-    verifier seconds accumulate into."""
-    hooks = list(controller.step_hooks)
-    owners = [getattr(h, "__self__", None) for h in hooks]
-    (watchdog,) = [o for o in owners if isinstance(o, WorkerWatchdog)]
-    (verifier,) = [o for o in owners if isinstance(o, EplbVerifier)]  # ASCEND_EPLB_VERIFY=1 here
+    """Wrap the serving verifier's step and commit subscribers to time them (its cost per step);
+    returns the controller's watchdog and verifier (its serving guardrails) and the one-element list
+    each step's verifier seconds accumulate into."""
+    guardrails = guardrails_of(controller)
+    watchdog, verifier = guardrails.watchdog, guardrails.verifier
+    assert verifier is not None  # ASCEND_EPLB_VERIFY=1 here
     spent = [0.0]
-
-    def ours(hook: Any) -> bool:
-        return isinstance(getattr(hook, "__self__", None), EplbVerifier)
 
     def timed(hook):
         def run(*args):
@@ -235,9 +232,8 @@ def _timed_hooks(controller: Any) -> tuple[WorkerWatchdog, EplbVerifier, list[fl
 
         return run
 
-    controller.step_hooks[:] = [timed(h) if ours(h) else h for h in hooks]
-    listeners = controller.state.commit_listeners
-    listeners[:] = [timed(h) if ours(h) else h for h in listeners]
+    controller.bus.wrap(verifier.on_step, timed)
+    controller.bus.wrap(verifier.on_commit, timed)
     return watchdog, verifier, spent
 
 

@@ -1,0 +1,207 @@
+"""The one event bus of EPLB control: what happened, typed, delivered to whoever subscribed.
+
+Each :class:`~ascend_eplb.control.controller.AscendEPLBController` owns one :class:`EventBus`
+(``controller.bus``); its :class:`~ascend_eplb.control.state.AscendEplbState` publishes to the same bus.
+The serving guardrails of ``ascend_eplb.integration`` (watchdog, verifier, events file, metrics)
+subscribe to it once, when the controller is built, never from inside a subscriber.
+
+Events are frozen dataclasses, subclasses of :class:`Event`:
+
+===========================  ==================================================  ===================
+event                        published                                           by
+===========================  ==================================================  ===================
+:class:`RegistrationEvent`   a model (or draft) was registered with the state    controller
+:class:`StepEvent`           after every upstream step that ran                  controller
+:class:`RearrangementEvent`  upstream's ``rearrange`` handed a closed window to  state
+                             the policy (not for profile or skipped ones)
+:class:`CommitEvent`         each phase of a layer's commit: move, commit,       state
+                             refresh, acknowledge
+:class:`ShutdownEvent`       the runner's end of life, once                      controller
+``WorkerFailure``            the watchdog decided a worker failure               integration
+``VerifierViolation``        a serving verifier check failed                     integration
+``EventsRecord``             one record of the events file                       integration
+===========================  ==================================================  ===================
+
+Delivery (:meth:`EventBus.publish`) is synchronous, on the thread that publishes (the runner thread for
+every event above), to the subscribers of the event's exact type in subscription order. A subscriber's
+exception propagates out of :meth:`~EventBus.publish` at once: the later subscribers of that event do
+not hear it, and the publisher stops where it published (a commit event's exception stops upstream's
+commit and the step; a step event's stops the step on that rank). Step, registration and the
+guardrails' events are published on every EP rank at the same point, so a subscriber may run
+collectives on the EP CPU group; shutdown is rank-local (no collectives).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+__all__ = [
+    "CommitEvent",
+    "CommitEventKind",
+    "ControllerEvent",
+    "Event",
+    "EventBus",
+    "RearrangementEvent",
+    "RegistrationEvent",
+    "ShutdownEvent",
+    "StepEvent",
+]
+
+
+@dataclass(frozen=True)
+class Event:
+    """The base of every event type the bus delivers (subscribe to a subclass, never to this)."""
+
+
+E = TypeVar("E", bound=Event)
+
+
+@dataclass(frozen=True)
+class ControllerEvent(Event):
+    """The base of the events the controller publishes (subscribe to a subclass).
+
+    Attributes:
+        controller: the ``AscendEPLBController`` that published it.
+    """
+
+    controller: Any
+
+
+@dataclass(frozen=True)
+class RegistrationEvent(ControllerEvent):
+    """A model (or draft) was registered with the controller's state (every rank, same order); also
+    ``model`` (the registered model, a draft's ``speculator.model``) and ``model_config`` (its model
+    config: ``compute_hash()`` keys ``state.model_states``)."""
+
+    model: Any
+    model_config: Any
+
+
+@dataclass(frozen=True)
+class StepEvent(ControllerEvent):
+    """Upstream's step ran (EPLB on, not suppressed, a model registered): same condition on every rank;
+    also upstream's ``is_dummy`` and ``is_profile``."""
+
+    is_dummy: bool
+    is_profile: bool
+
+
+@dataclass(frozen=True)
+class ShutdownEvent(ControllerEvent):
+    """The runner's end of life (``AscendEPLBController.shutdown``), once; rank-local."""
+
+
+@dataclass(frozen=True)
+class RearrangementEvent(Event):
+    """A rearrangement started: upstream's ``rearrange`` handed a closed window to the policy (not for
+    profile or skipped ones); each model state's ``last_expert_load`` is that window's global logical load.
+
+    Attributes:
+        state: the ``AscendEplbState`` (its ``num_rearrangements`` is this rearrangement's 1-based index).
+    """
+
+    state: Any
+
+
+CommitEventKind = Literal["move", "commit", "refresh", "acknowledge"]
+
+
+@dataclass(frozen=True)
+class CommitEvent(Event):
+    """One observed step of a layer's placement change (kept in ``AscendEplbState.commit_log`` and
+    published on the bus as it happens).
+
+    Attributes:
+        kind: ``"move"`` (observed at the start of upstream's commit: the layer's weights already hold
+            the new placement), ``"commit"`` (upstream's commit returned), ``"refresh"`` (the layer's
+            lookups were refreshed in place), ``"acknowledge"`` (the async worker's staging buffer was
+            released: ``consumed_event.record()`` returned).
+        model_name: upstream ``EplbModelState.model_name``.
+        layer: MoE layer index.
+        rearrangement: 1-based index of the rearrangement this commit belongs to (0: ``update_mapping``
+            before any rearrangement).
+        evidence: what was observed (empty unless ``AscendEplbState.collect_commit_evidence``):
+            ``move``: ``map_before`` (the committed row, list of P ints, still the old placement) and
+            ``probe`` (the return of ``AscendEplbState.commit_probe``); ``commit``: ``map`` (the
+            committed row); ``refresh``: ``checksums`` and ``data_ptrs`` of the layer's lookups;
+            ``acknowledge``: ``pending_result_cleared`` and ``checksums`` at that moment.
+        model_state: upstream's ``EplbModelState`` the layer belongs to (not compared, not in the repr).
+    """
+
+    kind: CommitEventKind
+    model_name: str
+    layer: int
+    rearrangement: int
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    model_state: Any = field(default=None, compare=False, repr=False)
+
+
+#: Bases no event is published as (a subscription to one would never be called).
+_BASES = (Event, ControllerEvent)
+
+
+def _check_event_type(event_type: Any) -> None:
+    if not (isinstance(event_type, type) and issubclass(event_type, Event)) or event_type in _BASES:
+        raise TypeError(
+            f"{event_type!r} is not an event type: subscribe to a subclass of "
+            "ascend_eplb.control.bus.Event (e.g. StepEvent, CommitEvent)"
+        )
+
+
+class EventBus:
+    """Subscribers per event type, called in subscription order on the publishing thread (module
+    docstring)."""
+
+    def __init__(self) -> None:
+        self._subscribers: dict[type[Event], list[Callable[[Any], None]]] = {}
+
+    def subscribe(self, event_type: type[E], fn: Callable[[E], None]) -> None:
+        """Call ``fn(event)`` for every published event of exactly ``event_type``, after the subscribers
+        already there.
+
+        Raises:
+            TypeError: ``event_type`` is not a subclass of :class:`Event` (or is a base:
+                :class:`Event`, :class:`ControllerEvent`),
+                or ``fn`` is not callable (nothing is subscribed then).
+        """
+        _check_event_type(event_type)
+        if not callable(fn):
+            raise TypeError(f"subscriber {fn!r} of {event_type.__name__} is not callable")
+        self._subscribers.setdefault(event_type, []).append(fn)
+
+    def publish(self, event: Event) -> None:
+        """Deliver ``event`` to the subscribers of its type, in order; a subscriber's exception
+        propagates at once (the later ones are not called). A subscriber added during the delivery hears
+        the next event on.
+
+        Raises:
+            TypeError: ``event`` is not an :class:`Event`.
+        """
+        if not isinstance(event, Event):
+            raise TypeError(f"{event!r} is not an event (an ascend_eplb.control.bus.Event)")
+        for fn in tuple(self._subscribers.get(type(event), ())):
+            fn(event)
+
+    def subscribers(self, event_type: type[Event]) -> tuple[Callable[[Any], None], ...]:
+        """The subscribers of ``event_type``, in delivery order.
+
+        Raises:
+            TypeError: ``event_type`` is not an event type.
+        """
+        _check_event_type(event_type)
+        return tuple(self._subscribers.get(event_type, ()))
+
+    def wrap(self, fn: Callable[[Any], None], wrapper: Callable[[Callable[[Any], None]], Any]) -> None:
+        """Replace each subscription of ``fn`` by ``wrapper(fn)``, in place (same event type, same
+        position): for tools that time or gate a subscriber (the simulator, the verifier benchmark).
+
+        Raises:
+            ValueError: ``fn`` is not subscribed to any event type (nothing changes).
+        """
+        found = [(fns, i) for fns in self._subscribers.values() for i, f in enumerate(fns) if f == fn]
+        if not found:
+            raise ValueError(f"{fn!r} is not subscribed to this bus")
+        for fns, i in found:
+            fns[i] = wrapper(fn)
