@@ -42,7 +42,7 @@ PACKAGES = {
 # Third-party libraries a package may use beside its edges (traces, progress, plots; the serving
 # product's Prometheus metrics, prometheus_client, already a dependency of vLLM).
 TOOL_LIBRARIES = {
-    "packages/eplb-tools": {"numpy", "tqdm", "matplotlib", "psutil", "prometheus-client"},
+    "packages/eplb-tools": {"numpy", "tqdm", "matplotlib", "psutil", "prometheus-client", "pyyaml"},
     "integration": {"prometheus-client"},
 }
 #: Optional extras a package may declare: torch_npu probes, the dataplane's Triton kernel, the toy

@@ -96,7 +96,7 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
     from vllm.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
     from vllm.v1.worker.gpu import eplb_utils
 
-    from ascend_eplb.control import AscendEPLBController, AscendEplbLayerState, AscendEplbState
+    from ascend_eplb.control import AscendEPLBController, AscendEplbLayerState, AscendEplbState, CommitEvent
     from ascend_eplb.dataplane import build_replica_table, is_bound
     from ascend_eplb.integration.runner import Mrv2EplbWiring, batch_has_prefill
     from ascend_eplb.movement import AscendGlooEplbCommunicator
@@ -150,11 +150,11 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
         report["instance_bindings_after_registration"] = sorted(instance_bindings() - bound_before)
         state = ctrl.state
 
-        def measure_at_acknowledgement(event, _model_state) -> None:
+        def measure_at_acknowledgement(event) -> None:
             if event.kind == "acknowledge" and "instance_bindings_at_acknowledgement" not in report:
                 report["instance_bindings_at_acknowledgement"] = sorted(instance_bindings() - bound_before)
 
-        state.commit_listeners.append(measure_at_acknowledgement)
+        ctrl.bus.subscribe(CommitEvent, measure_at_acknowledgement)
         report["state_class"] = type(state).__name__
         report["state_is_ascend"] = isinstance(state, AscendEplbState)
         state.collect_commit_evidence = True
