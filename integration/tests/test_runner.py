@@ -92,7 +92,7 @@ def test_load_with_dummy_weights_registers_nothing_and_bad_token_counts_are_reje
         ("maybe_register_speculator", (None, None, True)),
         ("maybe_start_async_loop", (False, True)),
     ]
-    for bad in (-1, 2.0, "24"):
+    for bad in (-1, 2.0, "24", True):
         with pytest.raises(ValueError, match="must be an int >= 0") as info:
             wiring.prepare_forward(object(), bad)
         assert str(info.value) == f"num_unpadded_tokens={bad!r} must be an int >= 0"

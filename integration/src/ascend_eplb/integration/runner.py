@@ -166,9 +166,15 @@ class Mrv2EplbWiring:
         controller (EPLB off) takes no such argument and is called without it.
 
         Raises:
-            ValueError: ``num_unpadded_tokens`` is negative or not an int; ``moe_rows`` is unknown.
+            ValueError: ``num_unpadded_tokens`` is negative or not an int (a bool is not); ``moe_rows`` is
+                unknown.
         """
-        if not isinstance(num_unpadded_tokens, int) or num_unpadded_tokens < 0:
+        # Not control.values.is_int: with EPLB off this module must not import the control package.
+        if (
+            isinstance(num_unpadded_tokens, bool)
+            or not isinstance(num_unpadded_tokens, int)
+            or num_unpadded_tokens < 0
+        ):
             raise ValueError(f"num_unpadded_tokens={num_unpadded_tokens!r} must be an int >= 0")
         if moe_rows is None:
             self._call("prepare_forward", model_config, num_unpadded_tokens, ubatch_slices)
