@@ -265,12 +265,41 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
                 }
             )
 
+        # Elastic EP's remapping (serving refuses elastic EP; control still keeps the lookups right):
+        # upstream's update_mapping with the committed map rolled by one rank's slots, after which every
+        # layer's lookup, refreshed in place, is the one rebuilt from the new maps.
+        commit_log = list(state.commit_log)
+        tables_before = [ls.replica_lookup.table.clone() for ls in layer_states]
+        remapped = torch.roll(ms.physical_to_logical_map, shifts=p, dims=1)
+        state.update_mapping(mc, remapped)
+        report["update_mapping"] = {
+            "map_is_remapped": torch.equal(ms.physical_to_logical_map, remapped),
+            "lookups_rebuilt": [
+                torch.equal(
+                    ls.replica_lookup.table,
+                    build_replica_table(
+                        ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], 0, 1024
+                    ),
+                )
+                for layer, ls in enumerate(layer_states)
+            ],
+            "lookups_changed": [
+                not torch.equal(ls.replica_lookup.table, tables_before[layer])
+                for layer, ls in enumerate(layer_states)
+            ],
+            "tables_in_place": [
+                ls.replica_lookup.table.data_ptr() == table_ptrs[layer]
+                for layer, ls in enumerate(layer_states)
+            ],
+            "events": [(e.kind, e.layer, e.rearrangement) for e in list(state.commit_log)[len(commit_log) :]],
+        }
+
         report["cycles"] = cycles
         report["steps"] = steps
         report["errors"] = errors
         report["collectives"] = collectives
         report["commit_log"] = [
-            (e.kind, e.model_name, e.layer, e.rearrangement, dict(e.evidence)) for e in state.commit_log
+            (e.kind, e.model_name, e.layer, e.rearrangement, dict(e.evidence)) for e in commit_log
         ]
         report["table_ptrs"] = table_ptrs
         report["local_slots"] = list(range(rank * p, (rank + 1) * p))

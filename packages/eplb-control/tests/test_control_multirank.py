@@ -75,6 +75,15 @@ def _assert_cycles(reports, use_async):
             assert cy["committed_map"] == cy["policy_map"]
             assert cy["committed_map"] != cy["old_map"]
     assert [r["cycles"][2]["num_rearrangements"] for r in reports] == [2] * world_size
+    # Elastic EP's update_mapping (refused by serving, kept by control): every layer's lookup refreshed
+    # in place to the one rebuilt from the remapped placement, one refresh event per layer.
+    for r in reports:
+        um = r["update_mapping"]
+        assert um["map_is_remapped"] is True
+        assert um["lookups_rebuilt"] == [True] * ranks.NUM_MOE_LAYERS
+        assert um["lookups_changed"] == [True] * ranks.NUM_MOE_LAYERS
+        assert um["tables_in_place"] == [True] * ranks.NUM_MOE_LAYERS
+        assert um["events"] == [("refresh", layer, 2) for layer in LAYERS]
 
 
 def _assert_commit_order(reports, use_async):

@@ -90,6 +90,8 @@ def _wrap_commit_for_layer(original: Callable[..., None]) -> Callable[..., None]
     return _commit_eplb_maps_for_layer
 
 
+# Serving refuses synchronous EPLB (start-up rule ``async-only``); this hook stays so that control used
+# alone (upstream's default is ``use_async=False``) never routes on a stale lookup. See the README.
 def _wrap_commit(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def _commit_eplb_maps(model_state: Any, new_physical_to_logical_map: Any) -> None:

@@ -383,7 +383,11 @@ class AscendEplbState(EplbState):
         event.record = record_and_log  # ACKNOWLEDGEMENT_BINDING
 
     def update_mapping(self, model_config: Any, expanded_physical_to_logical: torch.Tensor) -> None:
-        """Upstream ``update_mapping`` (elastic EP), then refresh every layer's lookup of that model."""
+        """Upstream ``update_mapping`` (elastic EP), then refresh every layer's lookup of that model.
+
+        Serving refuses elastic EP (start-up rule ``elastic-ep``); this stays so that control used alone
+        never routes on a stale lookup when vLLM remaps (see the README, "Modes serving refuses").
+        """
         super().update_mapping(model_config, expanded_physical_to_logical)
         key = model_config.compute_hash()
         model_state = self.model_states[key]
