@@ -80,6 +80,11 @@ def test_eplb_off_builds_upstream_controller_and_patches_nothing(monkeypatch):
     assert wiring.calls[5:7] == [("step", (True, True)), ("step", (True, False))]
     assert wiring.calls[7][1][1:] == (24, None)
     assert wiring.calls[8] == ("step", ())
+    # A runner whose dispatch names the batch's MoE rows: upstream's controller is called without them
+    # (a review found it raised TypeError from upstream instead).
+    wiring.prepare_forward(object(), 8, moe_rows="split")
+    assert wiring.calls[9][0] == "prepare_forward"
+    assert wiring.calls[9][1][1:] == (8, None)
     assert patches.patches_applied() is False
 
 

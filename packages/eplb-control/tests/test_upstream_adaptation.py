@@ -311,6 +311,27 @@ def test_stop_eplb_sets_upstreams_fields_once():
     bare = AscendEPLBController(_parallel_config_without_eplb(), torch.device("cpu"))
     assert bare.stop_eplb("before load") is True  # no state yet: upstream's switch only
     assert bare.suppressed is True
+    for bad in (None, "", 123):
+        with pytest.raises(ValueError, match="must be a non-empty str") as info:
+            ctrl.stop_eplb(bad)
+        assert str(info.value) == f"reason={bad!r} must be a non-empty str (why EPLB stopped)"
+    assert ctrl.eplb_stopped == "worker died"
+
+
+def test_a_stop_inside_upstreams_suppress_outlives_it():
+    """A review found upstream's suppress() restored both switches on exit, undoing a stop made inside."""
+    ctrl = AscendEPLBController(_parallel_config_without_eplb(), torch.device("cpu"))
+    flag = torch.ones((), dtype=torch.bool)
+    ctrl.state = SimpleNamespace(should_record_tensor=flag, model_states={})
+    with ctrl.suppress():
+        assert (ctrl.suppressed, bool(flag)) == (True, False)
+    assert (ctrl.suppressed, bool(flag)) == (False, True)  # upstream's restore, when not stopped
+    with ctrl.suppress():
+        assert ctrl.stop_eplb("worker died") is True
+    assert (ctrl.suppressed, bool(flag), ctrl.eplb_stopped) == (True, False, "worker died")
+    with pytest.raises(RuntimeError, match="boom"), ctrl.suppress():
+        raise RuntimeError("boom")
+    assert (ctrl.suppressed, bool(flag)) == (True, False)  # stopped, also when the forward raised
 
 
 def _maps(physical_to_logical: list[list[int]], num_logical: int):

@@ -140,6 +140,25 @@ RULES = [
         "eplb_config.num_redundant_experts=-1 must be an integer >= 0; fix: set "
         "--eplb-config.num_redundant_experts to 0 or more",
     ),
+    # Above the int32 limit (a review found these passed): each named with the limit.
+    (
+        "window-size",
+        {"parallel_config__eplb_config__window_size": 2**31},
+        "eplb_config.window_size=2147483648 exceeds 2147483647 (int32 device tables and load counters); "
+        "fix: set --eplb-config.window_size to at most 2147483647",
+    ),
+    (
+        "step-interval",
+        {"parallel_config__eplb_config__step_interval": 99999999999999999999},
+        "eplb_config.step_interval=99999999999999999999 exceeds 2147483647 (int32 device tables and load "
+        "counters); fix: set --eplb-config.step_interval to at most 2147483647",
+    ),
+    (
+        "redundant-experts",
+        {"parallel_config__eplb_config__num_redundant_experts": 2**32},
+        "eplb_config.num_redundant_experts=4294967296 exceeds 2147483647 (int32 device tables and load "
+        "counters); fix: set --eplb-config.num_redundant_experts to at most 2147483647",
+    ),
     (
         "graph-capture",
         {"compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"}},

@@ -309,9 +309,18 @@ def _expert_parallel(s: EplbSettings) -> str | None:
     return "enable_expert_parallel=False: EPLB needs expert parallelism; fix: pass --enable-expert-parallel"
 
 
+def _too_large(name: str, value: Any) -> str | None:
+    if is_int(value) and value > INT32_MAX:
+        return (
+            f"eplb_config.{name}={value!r} exceeds {INT32_MAX} (int32 device tables and load counters); "
+            f"fix: set --eplb-config.{name} to at most {INT32_MAX}"
+        )
+    return None
+
+
 def _positive(name: str, value: Any) -> str | None:
     if is_int(value) and value > 0:
-        return None
+        return _too_large(name, value)
     return (
         f"eplb_config.{name}={value!r} must be a positive integer; fix: set "
         f"--eplb-config.{name} to a value > 0"
@@ -335,7 +344,7 @@ def _redundant_ok(s: EplbSettings) -> bool:
 @_rule("redundant-experts")
 def _redundant_experts(s: EplbSettings) -> str | None:
     if _redundant_ok(s):
-        return None
+        return _too_large("num_redundant_experts", s.num_redundant_experts)
     return (
         f"eplb_config.num_redundant_experts={s.num_redundant_experts!r} must be an integer >= 0; fix: set "
         "--eplb-config.num_redundant_experts to 0 or more"

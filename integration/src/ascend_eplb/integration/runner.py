@@ -108,6 +108,7 @@ class Mrv2EplbWiring:
     def __init__(self, vllm_config: Any, device: torch.device) -> None:
         self.vllm_config = vllm_config
         self.controller = create_eplb_controller(vllm_config, device)
+        self._eplb_enabled = bool(vllm_config.parallel_config.enable_eplb)  # what create_eplb_controller read
         self.calls: list[tuple[str, tuple[Any, ...]]] = [("create_eplb_controller", ())]
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -176,10 +177,11 @@ class Mrv2EplbWiring:
             or num_unpadded_tokens < 0
         ):
             raise ValueError(f"num_unpadded_tokens={num_unpadded_tokens!r} must be an int >= 0")
-        if moe_rows is None:
-            self._call("prepare_forward", model_config, num_unpadded_tokens, ubatch_slices)
-        else:
+        if moe_rows is not None and self._eplb_enabled:
+            # Validated by AscendEPLBController.prepare_forward; upstream's (EPLB off) has no such argument.
             self._call("prepare_forward", model_config, num_unpadded_tokens, ubatch_slices, moe_rows=moe_rows)
+        else:
+            self._call("prepare_forward", model_config, num_unpadded_tokens, ubatch_slices)
 
     def after_sampling(self) -> None:
         """Point 9: one EPLB step per engine step, after sampling (every rank, every step)."""

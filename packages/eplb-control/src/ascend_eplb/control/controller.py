@@ -17,6 +17,8 @@ rows choose the same replicas and each real selection is counted once.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -166,27 +168,51 @@ class AscendEPLBController(EPLBController):
           every layer stays wholly committed, old or new (upstream's ``step`` would otherwise go on
           moving published layers).
 
-        Idempotent: a second call changes nothing and keeps the first reason.
+        Idempotent: a second call changes nothing and keeps the first reason. A stop inside upstream's
+        ``suppress()`` (which restores both switches when it exits) outlives it: :meth:`suppress` puts
+        them back to stopped. The async worker thread, if it waits for the dropped layer's
+        acknowledgement, keeps waiting (with its staging buffer): upstream's ``drain_async`` would
+        release it but needs every rank in lockstep, which a failure cannot promise.
 
         Args:
-            reason: why (kept in :attr:`eplb_stopped`, e.g. the watchdog's failure message).
+            reason: why, a non-empty ``str`` (kept in :attr:`eplb_stopped`, e.g. the watchdog's failure
+                message).
 
         Returns:
             True if this call stopped EPLB, False if it was stopped already.
+
+        Raises:
+            ValueError: ``reason`` is not a non-empty ``str`` (nothing changed).
         """
+        if not isinstance(reason, str) or not reason:
+            raise ValueError(f"reason={reason!r} must be a non-empty str (why EPLB stopped)")
         if self.eplb_stopped is not None:
             return False
         self.eplb_stopped = reason
-        self.suppressed = True
+        self._hold_stopped()
         state = self.state
         if state is None:
             return True
-        if state.should_record_tensor is not None:
-            state.should_record_tensor.fill_(False)
         for model_state in state.model_states.values():
             model_state.rebalanced = False
             model_state.pending_result = None
         return True
+
+    def _hold_stopped(self) -> None:
+        self.suppressed = True
+        if self.state is not None and self.state.should_record_tensor is not None:
+            self.state.should_record_tensor.fill_(False)
+
+    @contextlib.contextmanager
+    def suppress(self) -> Iterator[None]:
+        """Upstream's ``suppress()`` (warm-up forwards neither step EPLB nor record load); a
+        :meth:`stop_eplb` made inside it stays in force when it exits."""
+        try:
+            with super().suppress():
+                yield
+        finally:
+            if self.eplb_stopped is not None:
+                self._hold_stopped()
 
     def set_batch_phase(self, batch_has_prefill: bool) -> None:
         """Declare the phase of the next batch; called once per batch before :meth:`prepare_forward`.
