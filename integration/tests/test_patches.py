@@ -266,3 +266,55 @@ def test_the_checker_names_a_drifted_method_that_is_only_relied_on(clean, monkey
         RuntimeError, match=r"upstream vllm\.distributed\.eplb\.eplb_state\.EplbState\.rearrange is missing"
     ):
         patches.check_upstream()
+
+
+def test_on_an_accelerator_host_the_state_base_is_still_checked(clean, monkeypatch):
+    """A review found that where the host adaptation does not apply (an accelerator is present),
+    ``check_upstream`` skipped ``EplbState.__init__``, which the state subclass still relies on; a patch
+    target only that patch relies on (``torch.accelerator.is_available``) is still skipped there."""
+    import dataclasses
+
+    from vllm.distributed.eplb.eplb_state import EplbState
+
+    from ascend_eplb.control import upstream
+
+    host = [p for p in patches.PATCHES if p.owner == "ascend_eplb.control.host_adaptation"]
+    assert {p.name for p in host} >= {"vllm.distributed.eplb.eplb_state.EplbState.__init__"}
+    off = {id(p): dataclasses.replace(p, when=lambda: False) for p in host}
+    monkeypatch.setattr(patches, "PATCHES", tuple(off.get(id(p), p) for p in patches.PATCHES))
+
+    def drifted_init(self, parallel_config, device, extra):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(EplbState, "__init__", drifted_init)
+    drift = (
+        "EplbState.__init__",
+        ("self", "parallel_config", "device"),
+        ("self", "parallel_config", "device", "extra"),
+    )
+    _assert_drift(patches.check_upstream, *drift)
+    monkeypatch.undo()
+    table = upstream.SIGNATURES
+    only_host = [
+        p.name for p in host if p.name in table and set(table[p.name].users) == {upstream.HOST_ADAPTATION}
+    ]
+    assert only_host  # there are such targets, and with the patches off they are not checked:
+    monkeypatch.setattr(patches, "PATCHES", tuple(off.get(id(p), p) for p in patches.PATCHES))
+    checked = []
+    monkeypatch.setattr(patches, "check_signatures", lambda entries: checked.extend(e.name for e in entries))
+    patches.check_upstream()
+    assert set(only_host).isdisjoint(checked)
+    assert "vllm.distributed.eplb.eplb_state.EplbState.__init__" in checked
+
+
+def test_a_user_of_the_table_that_does_not_exist_is_refused():
+    from ascend_eplb.control import upstream
+
+    with pytest.raises(ValueError, match="unknown user") as info:
+        upstream.check_used_by("control.contoller")
+    assert str(info.value) == (
+        f"unknown user(s) ['control.contoller'] of the upstream table; the users are {upstream.USERS!r}"
+    )
+    with pytest.raises(ValueError, match="unknown user"):
+        upstream.used_by("state")
+    assert upstream.used_by(upstream.CONTROLLER)  # the controller relies on entries of its own

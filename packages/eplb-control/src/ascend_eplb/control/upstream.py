@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from ascend_eplb.control.patching import Signature, check_signatures
 from ascend_eplb.dataplane.router import UPSTREAM_MAPPING_SIGNATURE
 
-__all__ = ["SIGNATURES", "check_used_by", "signature", "used_by"]
+__all__ = ["SIGNATURES", "USERS", "check_used_by", "signature", "used_by"]
 
 # The users (modules of ascend_eplb that rely on an entry).
 HOST_ADAPTATION = "control.host_adaptation"
@@ -31,6 +31,8 @@ STATE = "control.state"
 ROUTER = "dataplane.router"
 INTEGRATION = "integration.patches"
 WATCHDOG = "integration.watchdog"
+#: Every user id an entry may name (what :func:`used_by` and :func:`check_used_by` accept).
+USERS = (HOST_ADAPTATION, COMMIT_HOOKS, CONTROLLER, STATE, ROUTER, INTEGRATION, WATCHDOG)
 
 _ACCELERATOR = "torch.accelerator"
 _PARALLEL = "vllm.config.parallel"
@@ -143,8 +145,20 @@ def signature(name: str) -> Signature:
         raise KeyError(f"{name} is not in ascend_eplb.control.upstream.SIGNATURES; list it there") from None
 
 
+def _known(users: tuple[object, ...]) -> set[str]:
+    unknown = [u for u in users if u not in USERS]
+    if unknown:
+        raise ValueError(f"unknown user(s) {unknown!r} of the upstream table; the users are {USERS!r}")
+    return set(users)  # type: ignore[arg-type]
+
+
 def used_by(user: str) -> tuple[Signature, ...]:
-    """The entries ``user`` relies on, in table order."""
+    """The entries ``user`` relies on, in table order.
+
+    Raises:
+        ValueError: ``user`` is not one of :data:`USERS` (a typo would otherwise select nothing).
+    """
+    _known((user,))
     return tuple(entry for entry in SIGNATURES.values() if user in entry.users)
 
 
@@ -152,6 +166,8 @@ def check_used_by(*users: str) -> None:
     """Check every entry the ``users`` rely on, in table order.
 
     Raises:
+        ValueError: a user is not one of :data:`USERS` (a typo would otherwise check nothing).
         RuntimeError: one is missing or changed signature since vLLM 0.33.0; the message names it.
     """
-    check_signatures(entry for entry in SIGNATURES.values() if set(entry.users) & set(users))
+    wanted = _known(users)
+    check_signatures(entry for entry in SIGNATURES.values() if set(entry.users) & wanted)
