@@ -5,7 +5,15 @@ from dataclasses import FrozenInstanceError
 
 import pytest
 
-from ascend_eplb.control.bus import CommitEvent, ControllerEvent, Event, EventBus, ShutdownEvent, StepEvent
+from ascend_eplb.control.bus import (
+    CommitEvent,
+    ControllerEvent,
+    Event,
+    EventBus,
+    RegistrationEvent,
+    ShutdownEvent,
+    StepEvent,
+)
 
 
 def test_subscribers_hear_their_event_type_in_subscription_order_on_the_publishing_thread():
@@ -119,3 +127,29 @@ def test_wrap_replaces_a_subscriber_in_its_place():
     with pytest.raises(ValueError, match="is not subscribed to this bus"):
         bus.wrap(owner.on_step, timed)  # already replaced
     assert len(bus.subscribers(StepEvent)) == 3
+
+
+def test_a_wrap_that_cannot_be_applied_everywhere_changes_nothing():
+    """A review found a wrapper returning None accepted (the next publish failed far from the cause),
+    and a wrapper raising on a second subscription left the first one wrapped."""
+    bus = EventBus()
+    fn = lambda e: None  # noqa: E731
+    bus.subscribe(StepEvent, fn)
+    bus.subscribe(RegistrationEvent, fn)
+    with pytest.raises(TypeError) as info:
+        bus.wrap(fn, lambda f: None)
+    assert str(info.value) == f"wrapper({fn!r}) returned None, which is not callable"
+    assert bus.subscribers(StepEvent) == (fn,)
+    assert bus.subscribers(RegistrationEvent) == (fn,)
+    calls = []
+
+    def fails_second(f):
+        calls.append(f)
+        if len(calls) == 2:
+            raise RuntimeError("second")
+        return lambda e: None
+
+    with pytest.raises(RuntimeError, match="second"):
+        bus.wrap(fn, fails_second)
+    assert bus.subscribers(StepEvent) == (fn,)
+    assert bus.subscribers(RegistrationEvent) == (fn,)

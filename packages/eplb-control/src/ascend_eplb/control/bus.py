@@ -197,11 +197,20 @@ class EventBus:
         """Replace each subscription of ``fn`` by ``wrapper(fn)``, in place (same event type, same
         position): for tools that time or gate a subscriber (the simulator, the verifier benchmark).
 
+        ``fn`` is matched by ``==`` (a bound method is a new object at each attribute access, equal to
+        the one subscribed). Every ``wrapper(fn)`` is made before the first subscription changes.
+
         Raises:
             ValueError: ``fn`` is not subscribed to any event type (nothing changes).
+            TypeError: ``wrapper(fn)`` is not callable (nothing changes); an exception ``wrapper``
+                raises propagates, and nothing changes either.
         """
         found = [(fns, i) for fns in self._subscribers.values() for i, f in enumerate(fns) if f == fn]
         if not found:
             raise ValueError(f"{fn!r} is not subscribed to this bus")
-        for fns, i in found:
-            fns[i] = wrapper(fn)
+        wrapped = [wrapper(fn) for _ in found]
+        for w in wrapped:
+            if not callable(w):
+                raise TypeError(f"wrapper({fn!r}) returned {w!r}, which is not callable")
+        for (fns, i), w in zip(found, wrapped, strict=True):
+            fns[i] = w
