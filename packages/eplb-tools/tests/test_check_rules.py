@@ -627,3 +627,40 @@ def test_float32_experts_pass_on_this_cpu_host_and_are_refused_elsewhere(tmp_pat
             "--dtype bfloat16 or float16",
         )
     ]
+
+
+@pytest.mark.parametrize("value", [0, False, "", [1]])
+def test_a_falsy_or_non_string_cudagraph_mode_is_refused_not_read_as_the_default(tmp_path, value):
+    """A review found ``"cudagraph_mode": 0`` reported as the default mode, ``FULL_AND_PIECEWISE``."""
+    data = copy.deepcopy(BASE)
+    data["compilation_config"] = {"cudagraph_mode": value}
+    result = _check(tmp_path, data)
+    assert result.exit_code == 2
+    assert [(v.rule, v.message) for v in result.violations] == [
+        ("schema", f"compilation_config.cudagraph_mode={value!r} must be a mode name (a string)")
+    ]
+    # No mode the file did not state is judged: graph capture is reported as not judged, with why.
+    assert [(v.rule, v.message) for v in result.unjudged] == [
+        ("graph-capture", "compilation_config.cudagraph_mode is not a mode name")
+    ]
+
+
+@pytest.mark.parametrize("value", [False, 0, "", [1]])
+def test_a_non_object_ascend_eplb_config_is_refused_even_when_falsy(tmp_path, value):
+    """A review found ``"eplb_config": false`` passed as an empty object."""
+    data = copy.deepcopy(BASE)
+    data.setdefault("additional_config", {})["eplb_config"] = value
+    result = _check(tmp_path, data)
+    assert result.exit_code == 2
+    assert [(v.rule, v.message) for v in result.violations] == [
+        ("schema", "additional_config.eplb_config must be a JSON object")
+    ]
+
+
+def test_the_graph_capture_rule_names_a_mode_that_is_not_a_string():
+    from ascend_eplb.integration.rules import EplbSettings, check_settings
+
+    judgement = check_settings(EplbSettings(enable_eplb=True, cudagraph_mode=None))
+    assert [(v.rule, v.message) for v in judgement if v.rule == "graph-capture"] == [
+        ("graph-capture", "cudagraph_mode=None must be a mode name (a str, e.g. 'NONE')")
+    ]

@@ -401,7 +401,11 @@ def _quantization(s: EplbSettings) -> str | Violation | None:
 
 
 @_rule("graph-capture")
-def _graph_capture(s: EplbSettings) -> str | None:
+def _graph_capture(s: EplbSettings) -> str | Violation | None:
+    if "cudagraph_mode" in s.unknown_facts:
+        return Violation.unjudged("graph-capture", s.unknown_facts["cudagraph_mode"])
+    if not isinstance(s.cudagraph_mode, str):
+        return f"cudagraph_mode={s.cudagraph_mode!r} must be a mode name (a str, e.g. 'NONE')"
     if s.cudagraph_mode.upper() == "NONE":
         return None
     return (

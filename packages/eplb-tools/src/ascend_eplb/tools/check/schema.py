@@ -81,7 +81,7 @@ def settings_from_file_dict(
     additional = _check_keys(
         "additional_config", top.get("additional_config"), set(V1_EPLB_KEYS) | {"eplb_config"}, out
     )
-    ascend = additional.get("eplb_config") or {}
+    ascend = additional.get("eplb_config", {})  # not `or {}`: false, 0 or "" is refused, not read as {}
     if not isinstance(ascend, dict):
         out.append(Violation("schema", "additional_config.eplb_config must be a JSON object"))
         ascend = {}
@@ -91,6 +91,20 @@ def settings_from_file_dict(
     env_file = _check_keys("environment", top.get("environment"), set(V1_EPLB_ENV_SWITCHES), out)
     env = dict(os.environ if environ is None else environ)
     env.update({k: str(v) for k, v in env_file.items()})
+
+    def cudagraph_mode(v: Any) -> str:
+        if v is None:  # absent or null: vLLM's default for the file's settings
+            return default_cudagraph_mode()
+        if not isinstance(v, str) or not v:
+            out.append(
+                Violation(
+                    "schema", f"compilation_config.cudagraph_mode={short(v)} must be a mode name (a string)"
+                )
+            )
+            # Not the default mode: the file stated one, just not a readable one.
+            unknown["cudagraph_mode"] = "compilation_config.cudagraph_mode is not a mode name"
+            return str(v)
+        return v
 
     def integer(section: str, d: dict[str, Any], key: str, default: int) -> int:
         v = d.get(key, default)
@@ -159,7 +173,7 @@ def settings_from_file_dict(
         environment={k: env[k] for k in V1_EPLB_ENV_SWITCHES if k in env},
         num_logical_experts=experts,
         quantization=str(quant) if quant is not None else None,
-        cudagraph_mode=str(compilation.get("cudagraph_mode") or default_cudagraph_mode()),
+        cudagraph_mode=cudagraph_mode(compilation.get("cudagraph_mode", None)),
         speculative_method=spec.get("method") if spec else None,
         speculative_draft_is_moe=boolean("speculative_config", spec, "draft_is_moe", False)
         or "mtp" in str(spec.get("method") or ""),
