@@ -122,3 +122,27 @@ def test_check_reads_the_format_from_a_real_checkpoints_description_as_start_up_
         "  - [quantization] quantization format 'w4a16': quantization format 'w4a16' does not support EPLB"
         in out
     )
+
+
+def test_a_bad_num_experts_fact_is_refused_before_the_file_is_read(tmp_path, capsys):
+    """A review found ``num_experts=0``, ``-4``, ``64.0`` and ``True`` accepted by the API, and
+    ``--num-experts 99999999999`` caught only by chance."""
+    import pytest
+
+    from ascend_eplb.tools.check import check_config_file, check_serve_command
+
+    missing = tmp_path / "never-read.json"
+    for bad in (0, -4, 64.0, True, 2**31):
+        for call, first in ((check_config_file, missing), (check_serve_command, ["serve", "m"])):
+            with pytest.raises(ValueError, match="must be an integer in") as info:
+                call(first, num_experts=bad)
+            assert str(info.value) == f"num_experts={bad!r} must be an integer in [1, 2147483647] (or None)"
+    with pytest.raises(ValueError, match="must be a format name") as info:
+        check_config_file(missing, quantization=8)
+    assert str(info.value) == "quantization=8 must be a format name (a str, or None)"
+    code = main(["check", "--num-experts", "99999999999", str(missing)])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert err.splitlines() == [
+        "ascend-eplb check: error: num_experts=99999999999 must be an integer in [1, 2147483647] (or None)"
+    ]

@@ -18,7 +18,8 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ascend_eplb.integration.rules import EplbSettings, Judgement, check_settings
+from ascend_eplb.control.values import is_int
+from ascend_eplb.integration.rules import INT32_MAX, EplbSettings, Judgement, check_settings
 from ascend_eplb.integration.validation import EplbConfigError
 from ascend_eplb.tools.check.engine_args import parse_serve_command, settings_from_engine_args
 from ascend_eplb.tools.check.model_folder import format_name
@@ -48,11 +49,16 @@ def check_config_file(
     Returns:
         ``CheckResult(ok, report, violations, resolved, unjudged)``, which unpacks as ``ok, report``.
 
-    Never raises: an unreadable, empty, malformed or hostile file, a non-object, an argument vLLM's
-    parser rejects, an unreadable model folder, anything the rules did not foresee, is a violation
+    Never raises on the file: an unreadable, empty, malformed or hostile file, a non-object, an argument
+    vLLM's parser rejects, an unreadable model folder, anything the rules did not foresee, is a violation
     (``schema``, ``engine-args`` or ``model-folder``) naming the file and the cause. Only an interrupt
     (``KeyboardInterrupt``) passes through.
+
+    Raises:
+        ValueError: the caller's ``num_experts`` is not an int in ``[1, INT32_MAX]`` or ``quantization``
+            is not a str (before the file is read).
     """
+    _check_fact_options(num_experts, quantization)
     name = os.fspath(path)
     try:
         raw = Path(path).read_bytes()
@@ -82,6 +88,13 @@ def check_config_file(
         return refused(
             "schema", f"{name!r} is not a config of the documented structure ({type(exc).__name__}: {exc})"
         )
+
+
+def _check_fact_options(num_experts: object, quantization: object) -> None:
+    if num_experts is not None and not (is_int(num_experts) and 1 <= num_experts <= INT32_MAX):
+        raise ValueError(f"num_experts={num_experts!r} must be an integer in [1, {INT32_MAX}] (or None)")
+    if quantization is not None and not isinstance(quantization, str):
+        raise ValueError(f"quantization={quantization!r} must be a format name (a str, or None)")
 
 
 def _with_fact_options(s: EplbSettings, num_experts: int | None, quantization: str | None) -> EplbSettings:
@@ -132,10 +145,14 @@ def check_serve_command(
     and :func:`settings_from_engine_args`; ``environ``, ``num_experts`` and ``quantization`` as for
     :func:`check_config_file`; ``source`` names the input in messages.
 
-    Never raises (an interrupt aside): an argument vLLM's parser rejects is an ``engine-args`` violation
-    quoting vLLM's message (``vllm serve: error: unrecognized arguments: --bogus``); an unreadable model
-    folder a ``model-folder`` violation.
+    Never raises on the command line (an interrupt aside): an argument vLLM's parser rejects is an
+    ``engine-args`` violation quoting vLLM's message (``vllm serve: error: unrecognized arguments:
+    --bogus``); an unreadable model folder a ``model-folder`` violation.
+
+    Raises:
+        ValueError: ``num_experts`` or ``quantization`` as for :func:`check_config_file`.
     """
+    _check_fact_options(num_experts, quantization)
     import contextlib
     import io
 
