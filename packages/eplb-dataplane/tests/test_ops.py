@@ -179,6 +179,9 @@ def test_record_expert_tokens_both_conventions(group_list_type):
         ((torch.tensor([1, 2]), 1, 0, 0), "num_ranks must be an int >= 1, got 0"),
         ((torch.tensor([1, 2, 3]), 1, 0, 2), r"has P = 4 slots, expected p \* num_ranks = 3 \* 2"),
         ((torch.tensor([1.0, 2.0]), 1, 0, 2), r"expert_tokens must be int32 or int64 \(p,\)"),
+        # A review found these raised AttributeError, or (a bool) were taken as counts.
+        (([1, 2], 1, 0, 2), r"expert_tokens must be int32 or int64 \(p,\), got list"),
+        ((torch.tensor([1, 2]), True, 0, 2), r"group_list_type must be 0 .* got True"),
     ],
 )
 def test_record_expert_tokens_rejects_bad_input_before_writing(args, message):
@@ -201,6 +204,17 @@ def test_record_expert_tokens_checks_the_load_view_as_the_lookup_and_the_map_op_
     with pytest.raises(ValueError, match=message):
         record_expert_tokens(torch.tensor([1, 2]), GROUP_LIST_COUNTS, load, 0, 2)
     assert load.tolist() == [0, 0, 0, 0]
+
+
+def test_record_expert_tokens_names_a_non_tensor_flag_and_a_sparse_view_before_writing():
+    load = torch.zeros(4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="record_enabled must be a 0-d bool tensor, got bool"):
+        record_expert_tokens(torch.tensor([1, 2]), GROUP_LIST_COUNTS, load, 0, 2, record_enabled=True)
+    assert load.tolist() == [0, 0, 0, 0]
+    sparse = torch.zeros(4, dtype=torch.int32).to_sparse()
+    with pytest.raises(ValueError, match="dense tensor") as info:
+        record_expert_tokens(torch.tensor([1, 2]), GROUP_LIST_COUNTS, sparse, 0, 2)
+    assert str(info.value) == "expert_load_view must be a dense tensor, got layout torch.sparse_coo"
 
 
 @pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])

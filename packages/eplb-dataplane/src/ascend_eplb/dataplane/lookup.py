@@ -65,7 +65,7 @@ def is_int(value: object) -> bool:
 
 def check_load_view_metadata(expert_load_view: object) -> torch.Tensor:
     """The rules every load view obeys wherever one is passed (the lookup and both ops): a 1-D int32
-    or int64 tensor ``(P,)``, not a stride-0 (expanded) view. Metadata only (no device data is read);
+    or int64 dense tensor ``(P,)``, not a stride-0 (expanded) view. Metadata only (no device data is read);
     the number of counters and the device are each caller's own rule. The one such check of this
     package (not a public name of it).
 
@@ -86,6 +86,8 @@ def check_load_view_metadata(expert_load_view: object) -> torch.Tensor:
             else type(expert_load_view).__name__
         )
         raise ValueError(f"expert_load_view must be int32 or int64 (P,), got {got}")
+    if expert_load_view.layout != torch.strided:
+        raise ValueError(f"expert_load_view must be a dense tensor, got layout {expert_load_view.layout}")
     if expert_load_view.shape[0] > 1 and expert_load_view.stride(0) == 0:
         raise ValueError(
             f"expert_load_view must not be a stride-0 (expanded) view, got shape "

@@ -428,7 +428,7 @@ def record_expert_tokens(
             :func:`~ascend_eplb.dataplane.lookup.check_load_view_metadata`; all checked before anything
             is written).
     """
-    if group_list_type not in (GROUP_LIST_CUMSUM, GROUP_LIST_COUNTS):
+    if isinstance(group_list_type, bool) or group_list_type not in (GROUP_LIST_CUMSUM, GROUP_LIST_COUNTS):
         raise ValueError(
             f"group_list_type must be {GROUP_LIST_CUMSUM} (cumulative sums) or {GROUP_LIST_COUNTS} "
             f"(counts), got {group_list_type!r}"
@@ -437,6 +437,8 @@ def record_expert_tokens(
         raise ValueError(f"num_ranks must be an int >= 1, got {num_ranks!r}")
     if not is_int(ep_rank) or not 0 <= ep_rank < num_ranks:
         raise ValueError(f"ep_rank must be an int in [0, {num_ranks}), got {ep_rank!r}")
+    if not isinstance(expert_tokens, torch.Tensor):
+        raise ValueError(f"expert_tokens must be int32 or int64 (p,), got {type(expert_tokens).__name__}")
     if expert_tokens.dim() != 1 or expert_tokens.dtype not in _ID_DTYPES:
         raise ValueError(
             f"expert_tokens must be int32 or int64 (p,), got {expert_tokens.dtype} "
@@ -449,6 +451,8 @@ def record_expert_tokens(
             f"expert_load_view has P = {expert_load_view.shape[0]} slots, expected p * num_ranks = "
             f"{num_local} * {num_ranks} = {num_local * num_ranks}"
         )
+    if record_enabled is not None and not isinstance(record_enabled, torch.Tensor):
+        raise ValueError(f"record_enabled must be a 0-d bool tensor, got {type(record_enabled).__name__}")
     if record_enabled is not None and (record_enabled.dim() != 0 or record_enabled.dtype != torch.bool):
         raise ValueError(
             f"record_enabled must be a 0-d bool tensor, got {record_enabled.dtype} "
