@@ -55,7 +55,7 @@ class Event:
     """The base of every event type the bus delivers (subscribe to a subclass, never to this)."""
 
 
-E = TypeVar("E", bound=Event)
+EventT = TypeVar("EventT", bound=Event)
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ class EventBus:
     def __init__(self) -> None:
         self._subscribers: dict[type[Event], list[Callable[[Any], None]]] = {}
 
-    def subscribe(self, event_type: type[E], fn: Callable[[E], None]) -> None:
+    def subscribe(self, event_type: type[EventT], fn: Callable[[EventT], None]) -> None:
         """Call ``fn(event)`` for every published event of exactly ``event_type``, after the subscribers
         already there.
 
