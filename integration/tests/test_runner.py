@@ -117,6 +117,27 @@ def test_invalid_eplb_config_raises_before_any_patch(monkeypatch):
     assert all(before[t.name] is t.current() for t in patches.PATCHES)
 
 
+def test_every_bad_serving_switch_is_named_at_once_before_any_patch(monkeypatch):
+    """Start-up names every bad switch in one error (as it names every violated rule), before patching;
+    ``ascend-eplb check`` reports the same lines (``serving.serving_switch_errors``)."""
+    from ascend_eplb.integration.serving import serving_switch_errors
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    monkeypatch.setenv("ASCEND_EPLB_WORKER_TIMEOUT_S", "-1")
+    monkeypatch.setenv("ASCEND_EPLB_EVENTS", "/")  # a folder, not a file
+    patches.remove_patches()
+    before = {t.name: t.current() for t in patches.PATCHES}
+    with pytest.raises(ValueError, match="ASCEND_EPLB_WORKER_TIMEOUT_S='-1'") as info:
+        create_eplb_controller(_config(enable_eplb=True), torch.device("cpu"))
+    lines = str(info.value).splitlines()
+    assert len(lines) == 2
+    assert lines[0] == "ASCEND_EPLB_WORKER_TIMEOUT_S='-1': must be a finite number of seconds > 0"
+    assert lines[1].startswith("ASCEND_EPLB_EVENTS=")
+    assert serving_switch_errors() == lines
+    assert patches.patches_applied() is False
+    assert all(before[t.name] is t.current() for t in patches.PATCHES)
+
+
 def test_shutdown_runs_the_watchdogs_end_of_life_once_from_the_wiring_and_from_upstreams_runner(monkeypatch):
     """Point 10: ``Mrv2EplbWiring.shutdown`` and the patched ``GPUModelRunner.shutdown`` both reach the
     controller's shutdown event (the watchdog's :meth:`at_shutdown`), once, before upstream's shutdown."""

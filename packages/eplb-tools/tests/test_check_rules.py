@@ -664,3 +664,35 @@ def test_the_graph_capture_rule_names_a_mode_that_is_not_a_string():
     assert [(v.rule, v.message) for v in judgement if v.rule == "graph-capture"] == [
         ("graph-capture", "cudagraph_mode=None must be a mode name (a str, e.g. 'NONE')")
     ]
+
+
+def test_the_serving_switches_start_up_refuses_are_reported_by_check_too(tmp_path):
+    """A new user found ``check`` said OK for switches start-up refuses: it now reads them with
+    start-up's own readers (``serving.serving_switch_errors``), one violation per bad switch."""
+    environ = {
+        "ASCEND_EPLB_METRICS": "1",
+        "ASCEND_EPLB_VERIFY": "maybe",
+        "ASCEND_EPLB_WORKER_TIMEOUT_S": "abc",
+    }
+    result = _check(tmp_path, BASE, environ=environ)
+    assert result.exit_code == 2
+    assert [(v.rule, v.message) for v in result.violations] == [
+        ("serving-switches", "ASCEND_EPLB_WORKER_TIMEOUT_S='abc': must be a finite number of seconds > 0"),
+        (
+            "serving-switches",
+            "ASCEND_EPLB_VERIFY='maybe': must be one of 1, true, yes, on, 0, false, no, off",
+        ),
+        (
+            "serving-switches",
+            "ASCEND_EPLB_METRICS=1: needs PROMETHEUS_MULTIPROC_DIR, the folder where every vLLM process "
+            "writes its metrics and vLLM's API server reads them (set it in the environment vLLM starts "
+            "with)",
+        ),
+    ]
+    folder = tmp_path / "prom"
+    folder.mkdir()
+    ok = _check(tmp_path, BASE, environ={"ASCEND_EPLB_METRICS": "1", "PROMETHEUS_MULTIPROC_DIR": str(folder)})
+    assert (ok.exit_code, ok.violations) == (0, ())
+    off = copy.deepcopy(BASE)
+    off["parallel_config"]["enable_eplb"] = False  # EPLB off: start-up reads no switch, check neither
+    assert [v.rule for v in _check(tmp_path, off, environ=environ).violations] == ["phase-without-eplb"]

@@ -69,8 +69,11 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
 _FAILURE_KINDS = ("died", "stalled")
 
 
-def metrics_requested(environ: Mapping[str, str] | None = None) -> bool:
+def metrics_requested(environ: Mapping[str, str] | None = None, *, serving_process: bool = True) -> bool:
     """Whether ``ASCEND_EPLB_METRICS`` asks for the metrics, checked for what they need.
+
+    ``serving_process=False`` (``ascend-eplb check``, judging another process's environment): the
+    switch and the folder only, not this process's prometheus_client import.
 
     Raises:
         ValueError: the switch has another value than the accepted words; or it is on and
@@ -90,6 +93,8 @@ def metrics_requested(environ: Mapping[str, str] | None = None) -> bool:
         )
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"{ENV_MULTIPROC_DIR}={folder}: not a writable folder ({ENV_METRICS} is on)")
+    if not serving_process:
+        return True
     from prometheus_client import values
 
     if values.ValueClass is values.MutexValue:

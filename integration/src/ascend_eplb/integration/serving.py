@@ -21,6 +21,7 @@ controller is built, so EPLB-off serving imports none of them.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ __all__ = [
     "build_serving_controller",
     "guardrails_of",
     "read_serving_setup",
+    "serving_switch_errors",
 ]
 
 
@@ -98,19 +100,52 @@ def read_serving_setup(vllm_config: Any) -> ServingSetup:
     Raises:
         EplbConfigError: the configuration violates the support matrix (every violated rule listed).
         ValueError: ``ASCEND_EPLB_WORKER_TIMEOUT_S``, ``ASCEND_EPLB_ON_WORKER_FAILURE``,
-            ``ASCEND_EPLB_VERIFY``, ``ASCEND_EPLB_EVENTS`` or ``ASCEND_EPLB_METRICS`` is invalid.
+            ``ASCEND_EPLB_VERIFY``, ``ASCEND_EPLB_EVENTS`` or ``ASCEND_EPLB_METRICS`` is invalid (one line
+            per bad switch, each naming it and the rule).
     """
+    from ascend_eplb.integration.validation import validate_eplb_config
+
+    settings = validate_eplb_config(vllm_config)
+    values, errors = _read_switches(None, serving_process=True)
+    if errors:
+        raise ValueError("\n".join(errors))
+    timeout_s, on_failure = values["watchdog"]
+    return ServingSetup(
+        settings, timeout_s, on_failure, values["verify"], values["events"], values["metrics"]
+    )
+
+
+def serving_switch_errors(environ: Mapping[str, str] | None = None) -> list[str]:
+    """What :func:`read_serving_setup` would refuse in the serving switches of ``environ`` (default
+    ``os.environ``): one message per bad switch, naming it and the rule (``ascend-eplb check`` reports
+    them). The metrics' check that the serving process had ``PROMETHEUS_MULTIPROC_DIR`` before it imported
+    prometheus_client is about that process, so it is not made here."""
+    return _read_switches(environ, serving_process=False)[1]
+
+
+def _read_switches(
+    environ: Mapping[str, str] | None, *, serving_process: bool
+) -> tuple[dict[str, Any], list[str]]:
+    """Every serving switch read by its own reader, in a fixed order; each refusal collected."""
     from ascend_eplb.integration.events import events_path
     from ascend_eplb.integration.prometheus import metrics_requested
-    from ascend_eplb.integration.validation import validate_eplb_config
     from ascend_eplb.integration.verify import verify_requested
     from ascend_eplb.integration.watchdog import watchdog_settings
 
-    settings = validate_eplb_config(vllm_config)
-    timeout_s, on_failure = watchdog_settings()
-    return ServingSetup(
-        settings, timeout_s, on_failure, verify_requested(), events_path(), metrics_requested()
-    )
+    readers = {
+        "watchdog": lambda: watchdog_settings(environ),
+        "verify": lambda: verify_requested(environ),
+        "events": lambda: events_path(environ),
+        "metrics": lambda: metrics_requested(environ, serving_process=serving_process),
+    }
+    values: dict[str, Any] = {}
+    errors: list[str] = []
+    for name, read in readers.items():
+        try:
+            values[name] = read()
+        except ValueError as e:
+            errors.append(str(e))
+    return values, errors
 
 
 def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSetup) -> Any:

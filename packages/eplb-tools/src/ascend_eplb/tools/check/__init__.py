@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ascend_eplb.control.values import is_int
-from ascend_eplb.integration.rules import INT32_MAX, EplbSettings, Judgement, check_settings
+from ascend_eplb.integration.rules import INT32_MAX, EplbSettings, Judgement, Violation, check_settings
+from ascend_eplb.integration.serving import serving_switch_errors
 from ascend_eplb.integration.validation import EplbConfigError
 from ascend_eplb.tools.check.engine_args import parse_serve_command, settings_from_engine_args
 from ascend_eplb.tools.check.model_folder import format_name
@@ -82,12 +83,23 @@ def check_config_file(
             return _check_engine_args_file(name, raw, environ, num_experts, quantization)
         settings, violations = settings_from_file_dict(data, environ)
         settings = _with_fact_options(settings, num_experts, quantization)
-        judged = check_settings(settings)
-        return result(settings, Judgement(violations + judged, judged.unjudged))
+        return result(settings, _judge(settings, environ, violations))
     except Exception as exc:  # a structure no schema rule foresaw is still a schema violation
         return refused(
             "schema", f"{name!r} is not a config of the documented structure ({type(exc).__name__}: {exc})"
         )
+
+
+def _judge(
+    settings: EplbSettings, environ: Mapping[str, str] | None, violations: Sequence[Violation] = ()
+) -> Judgement:
+    """The file's own violations, then the start-up rules, then the serving switches start-up reads
+    (``ASCEND_EPLB_VERIFY``, ``_EVENTS``, ``_METRICS``, ``_WORKER_TIMEOUT_S``, ``_ON_WORKER_FAILURE``)."""
+    judged = check_settings(settings)
+    if not settings.enable_eplb:
+        return Judgement([*violations, *judged], judged.unjudged)
+    switches = [Violation("serving-switches", message) for message in serving_switch_errors(environ)]
+    return Judgement([*violations, *judged, *switches], judged.unjudged)
 
 
 def _check_fact_options(num_experts: object, quantization: object) -> None:
@@ -177,4 +189,4 @@ def check_serve_command(
         return CheckResult(False, str(exc), tuple(exc.violations))
     except Exception as exc:
         return refused("model-folder", f"{where}: {exc}")
-    return result(settings, check_settings(settings))
+    return result(settings, _judge(settings, environ))
