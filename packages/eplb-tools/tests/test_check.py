@@ -53,7 +53,8 @@ def test_command_line_graph_default_and_unjudged_rules(capsys):
     assert out.splitlines()[0].endswith(": OK (1 rule could not be judged)")
     assert out.splitlines()[-1] == (
         "cannot judge: quantization: the checkpoint's dtype is unknown (dtype=auto, model "
-        "'deepseek-ai/DeepSeek-V3' is not a local folder); pass --quantization FORMAT / the model folder"
+        "'deepseek-ai/DeepSeek-V3' is not a local folder); pass --quantization FORMAT (before the --) or a "
+        "local model folder as MODEL"
     )
 
 

@@ -365,11 +365,13 @@ GRAPH_MESSAGE = (
 )
 EXPERTS_UNJUDGED = (
     "cannot judge: experts-divisible: the routed-expert count is unknown (model 'deepseek-ai/DeepSeek-V3' "
-    "is not a local folder); pass --num-experts / the model folder"
+    "is not a local folder); pass --num-experts N (before the --) or a local model folder as "
+    "MODEL"
 )
 QUANT_UNJUDGED = (
     "cannot judge: quantization: the checkpoint's dtype is unknown (dtype=auto, model "
-    "'deepseek-ai/DeepSeek-V3' is not a local folder); pass --quantization FORMAT / the model folder"
+    "'deepseek-ai/DeepSeek-V3' is not a local folder); pass --quantization FORMAT (before the --) or a "
+    "local model folder as MODEL"
 )
 
 
@@ -432,8 +434,8 @@ def test_quantization_ascend_without_a_description_cannot_be_judged(tmp_path):
     assert result.verdict == "OK (1 rule could not be judged)"
     assert [str(u) for u in result.unjudged] == [
         f"cannot judge: quantization: --quantization ascend takes the routed experts' format from "
-        f"msModelSlim's quant_model_description*.json (none in {folder}); pass --quantization FORMAT / the "
-        "model folder"
+        f"msModelSlim's quant_model_description*.json (none in {folder}); pass --quantization FORMAT "
+        "(before the --) or a local model folder as MODEL"
     ]
     w4a16 = tmp_path / "w4a16"
     w4a16.mkdir()
@@ -540,10 +542,10 @@ def test_vllm_serve_config_yaml_and_json_are_read_as_vllm_reads_them(tmp_path):
     assert unknown.verdict == "OK (2 rules could not be judged)"
     assert [str(u) for u in unknown.unjudged] == [
         "cannot judge: experts-divisible: the routed-expert count is unknown (no model is given); pass "
-        "--num-experts / the model folder",
+        "--num-experts N (before the --) or a local model folder as MODEL",
         "cannot judge: quantization: --quantization ascend takes the routed experts' format from "
-        "msModelSlim's quant_model_description*.json (no model is given); pass --quantization FORMAT / the "
-        "model folder",
+        "msModelSlim's quant_model_description*.json (no model is given); pass --quantization FORMAT "
+        "(before the --) or a local model folder as MODEL",
     ]
     typo = tmp_path / "typo.yaml"
     typo.write_text("enable-eplb: true\nenable-expert-paralel: true\n")
@@ -696,3 +698,13 @@ def test_the_serving_switches_start_up_refuses_are_reported_by_check_too(tmp_pat
     off = copy.deepcopy(BASE)
     off["parallel_config"]["enable_eplb"] = False  # EPLB off: start-up reads no switch, check neither
     assert [v.rule for v in _check(tmp_path, off, environ=environ).violations] == ["phase-without-eplb"]
+
+
+def test_a_float32_model_folder_states_its_format_as_start_up_reads_it(tmp_path):
+    """A new user found a float32 folder (the simulate preset's) reported as "does not say" its dtype."""
+    folder = _model_folder(tmp_path, quant_type=None)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": "float32"}))
+    result = _serve(str(folder), *EAGER_ARGS)
+    assert (result.ok, result.verdict, result.unjudged) == (True, "OK", ())  # float32 on a CPU host
+    assert result.resolved["quantization"] == "float32"

@@ -97,7 +97,8 @@ def settings_from_engine_args(
     experts = num_experts if num_experts is not None else (facts.num_logical_experts if facts else None)
     if experts is None and facts is None:
         unknown["num_logical_experts"] = (
-            f"the routed-expert count is unknown ({missing}); pass --num-experts / the model folder"
+            f"the routed-expert count is unknown ({missing}); pass --num-experts N (before the --) or a "
+            "local model folder as MODEL"
         )
 
     fmt: str | None = None
@@ -110,15 +111,16 @@ def settings_from_engine_args(
             where = f"none in {model}" if facts else missing
             unknown["quantization"] = (
                 "--quantization ascend takes the routed experts' format from msModelSlim's "
-                f"quant_model_description*.json ({where}); pass --quantization FORMAT / the model folder"
+                f"quant_model_description*.json ({where}); pass --quantization FORMAT (before the --) or a "
+                "local model folder as MODEL"
             )
     elif method is None:
         dtype = str(ea.dtype).removeprefix("torch.")
         fmt = (facts.dtype if facts else None) if dtype == "auto" else DTYPE_FORMATS.get(dtype, dtype)
         if fmt is None:
             unknown["quantization"] = (
-                f"the checkpoint's dtype is unknown (dtype=auto, {missing}); pass --quantization FORMAT / "
-                "the model folder"
+                f"the checkpoint's dtype is unknown (dtype=auto, {missing}); pass --quantization FORMAT "
+                "(before the --) or a local model folder as MODEL"
             )
     else:
         fmt = str(method).lower()

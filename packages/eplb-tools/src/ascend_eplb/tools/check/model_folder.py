@@ -82,6 +82,7 @@ def model_folder_facts(folder: str | os.PathLike[str]) -> ModelFacts:
         str(root),
         experts or None,
         quant,
-        DTYPE_FORMATS.get(str(dtype)) if dtype else None,
+        # As start-up reads a dtype (validation.quantization_format_name): float32 stays float32.
+        DTYPE_FORMATS.get(str(dtype), str(dtype)) if dtype else None,
         str(descriptions[0]) if descriptions else None,
     )
