@@ -65,3 +65,15 @@ def test_console_script_check_good_and_bad_config(tmp_path):
     assert rejected.returncode == 2, rejected.stdout + rejected.stderr
     assert "[experts-divisible]" in rejected.stdout
     assert "(64) + num_redundant_experts (3) = 67 physical experts is not divisible" in rejected.stdout
+
+
+def test_console_script_plan_warns_in_one_line_of_a_truncated_last_events_line(tmp_path):
+    """A new user found the skipped line printed as a raw Python warning with its source line."""
+    window = json.dumps({"event": "window", "time": 0.0, "step": 1, "model": "m", "load": [[1, 2], [3, 4]]})
+    events = tmp_path / "events.jsonl"
+    events.write_text(window + "\n" + window[:30])
+    run = _run("plan", str(events), "--ranks", "2", timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines() == [
+        f"ascend-eplb plan: warning: {events}:2: truncated last line skipped (Expecting ',' delimiter)"
+    ]

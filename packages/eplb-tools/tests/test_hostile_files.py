@@ -79,7 +79,7 @@ CASES = [
     ("load.json", "truncated", b"[[1, 2], [3,", "not valid JSON ("),
     ("summary.json", "truncated", VALID["summary.json"][:20], "not valid JSON ("),
     ("events.jsonl", "truncated", _window([[1, 2]]).encode()[:30],
-     "the events file holds no 'window' record"),
+     "the events file holds no complete 'window' record (its last line was truncated and skipped"),
     ("config.json", "truncated", VALID["config.json"][:40], "cannot read "),
     ("trace.npz", "garbage", GARBAGE, "not a compact routing trace .npz (no zip archive signature)"),
     ("load.npy", "garbage", GARBAGE, "not an [L, E] load matrix (no .npy signature)"),

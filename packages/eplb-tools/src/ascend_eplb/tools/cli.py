@@ -252,13 +252,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "check":
         args.serve_argv = serve_argv
     quiet.install()
+    import warnings
+
     from ascend_eplb.tools.simulate.lifecycle import command_scope
 
+    def one_line(message, category, filename, lineno, line=None) -> str:
+        return f"ascend-eplb {args.command}: warning: {message}\n"
+
+    # One line per warning of plan and check (a skipped truncated line of an events file), as their errors
+    # are; simulate leaves vLLM's and torch's warnings as they are.
+    formatwarning = warnings.formatwarning
+    if args.command != "simulate":
+        warnings.formatwarning = one_line
     # SIGTERM/SIGHUP stop the command anywhere, as Ctrl-C does; for simulate the scope also stops the
     # fork server and the resource tracker and removes the command's scratch on the way out, after the
     # error below was handled (so what the failed run held is released first).
-    with command_scope(args.command):
-        return _dispatch(args)
+    try:
+        with command_scope(args.command):
+            return _dispatch(args)
+    finally:
+        warnings.formatwarning = formatwarning
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -286,11 +286,23 @@ def load_load_matrix(path: str | Path, *, last: int | None = None) -> np.ndarray
 def _read_load(path: Path, suffix: str, last: int | None) -> np.ndarray:
     source = str(path)
     if suffix == ".jsonl":
+        import warnings
+
         from ascend_eplb.integration.events import read_windows
 
-        windows = read_windows(path)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            windows = read_windows(path)
+        skipped = [str(w.message) for w in caught if "truncated last line skipped" in str(w.message)]
         if not windows:
-            raise ValueError(f"{source}: the events file holds no 'window' record (no load was recorded)")
+            why = (
+                f"its last line was truncated and skipped: {skipped[0]}"
+                if skipped
+                else "no load was recorded"
+            )
+            raise ValueError(f"{source}: the events file holds no complete 'window' record ({why})")
+        for w in caught:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         chosen = windows[-last:] if last is not None else windows
         total = np.zeros(tuple(chosen[0].shape), dtype=np.float64)
         for window in chosen:
