@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ascend_eplb.quant_views import get_format
+from ascend_eplb.tools import host_memory
 from ascend_eplb.tools.cli import main
 from ascend_eplb.tools.simulate import resources
 from ascend_eplb.tools.simulate.config import SimulateConfig
@@ -39,7 +40,7 @@ def test_the_default_run_estimate_counts_the_real_storage_and_fits_this_host():
     assert est.rank_parts["trace"] == 2 * 26 * 8251 * 6 * 12
     assert est.per_rank == sum(est.rank_parts.values())
     assert est.total == 4 * est.per_rank + est.launcher + resources.PROCESS_BASE_BYTES
-    assert est.total < resources.available_bytes()  # the README's main job runs here
+    assert est.total < host_memory.available_bytes()  # the README's main job runs here
     assert resources.memory_rule(
         config,
         num_moe_layers=26,
@@ -48,8 +49,8 @@ def test_the_default_run_estimate_counts_the_real_storage_and_fits_this_host():
         num_trace_tokens=8251,
         available=est.total - 1,
     ) == [
-        f"memory: this run needs about {resources.gib(est.total)} ({est.describe()}), the host has "
-        f"{resources.gib(est.total - 1)} available (MemAvailable); use fewer layers, ranks or redundant "
+        f"memory: this run needs about {host_memory.gib(est.total)} ({est.describe()}), the host has "
+        f"{host_memory.gib(est.total - 1)} available (MemAvailable); use fewer layers, ranks or redundant "
         "experts, or smaller sizes"
     ]
 
@@ -71,7 +72,7 @@ def test_sizes_beyond_the_host_are_refused_with_the_estimate(tmp_path, capsys):
     fmt = get_format("w8a8_dynamic")
     storage = 26 * fmt.storage_nbytes(17, 65536, 65536)
     assert "  - memory: this run needs about " in err
-    assert f"per rank (expert storage {resources.gib(storage)}, " in err
+    assert f"per rank (expert storage {host_memory.gib(storage)}, " in err
     assert " x 4 ranks + launcher " in err
     # What is available moves between the run and this line (other processes): its form, not its value.
     assert re.search(r"the host has \d+\.\d\d GiB available \(MemAvailable\)", err), err
@@ -84,7 +85,7 @@ def test_a_trace_declaring_millions_of_experts_is_refused(tmp_path, capsys):
                         num_logical_experts=np.array(4_000_000))  # fmt: skip
     err = _refused(["--trace", str(path)], tmp_path, capsys)
     lookups = 1 * (1024 * 4_000_000 * 4 + 4_000_000 * 5 * 8 + 4_000_004 * 8 * (3 + 8))
-    assert f"lookups and placement {resources.gib(lookups)}" in err
+    assert f"lookups and placement {host_memory.gib(lookups)}" in err
     assert "  - memory: this run needs about " in err
 
 
@@ -92,8 +93,8 @@ def test_a_wide_load_matrix_is_refused_before_it_is_sampled(tmp_path, capsys):
     path = tmp_path / "wide.npy"
     np.save(path, np.ones((1, 4_000_000)))
     err = _refused(["--trace", str(path)], tmp_path, capsys)
-    sampling = resources.sampling_bytes(1, 8192, 4_000_000)
-    assert f" + sampling the load matrix {resources.gib(sampling)}" in err
+    sampling = host_memory.sampling_bytes(1, 8192, 4_000_000)
+    assert f" + sampling the load matrix {host_memory.gib(sampling)}" in err
     # The sampler refuses as well, for a caller that skips the options.
     expected = r"^memory: sampling 8192 tokens from a \[1, 4000000\] load matrix needs about 732\.42 GiB"
     with pytest.raises(ValueError, match=expected):

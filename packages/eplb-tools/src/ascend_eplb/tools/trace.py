@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ascend_eplb.tools.files import check_load_values, read_input
+from ascend_eplb.tools.host_memory import check_sampling
 
 __all__ = [
     "DEFAULT_SAMPLE_TOP_K",
@@ -368,8 +369,6 @@ def sample_trace_from_load(
     num_moe_layers, num_experts = load.shape
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k={top_k}: must be in [1, E={num_experts}]")
-    from ascend_eplb.tools.simulate.resources import check_sampling
-
     check_sampling(num_moe_layers, num_tokens, num_experts)
     rng = np.random.default_rng(seed)
     totals = load.sum(axis=1, keepdims=True)

@@ -7,8 +7,8 @@ float32 checkpoint weights one layer is built from, the trace arrays, the hidden
 lookups and upstream's placement state, the per-step buffers and statistics, and a process's base
 (torch and vLLM imported); times the ranks, plus the launcher and its fork server, plus, when routing is
 sampled from a load matrix, the sampling's arrays. :func:`memory_rule` compares it with the memory the host
-has available (``psutil``: ``MemAvailable`` on Linux); :func:`integer_rules` refuses integer options
-that would overflow the types they feed. Each returned rule names the values.
+has available (:func:`~ascend_eplb.tools.host_memory.available_bytes`); :func:`integer_rules` refuses
+integer options that would overflow the types they feed. Each returned rule names the values.
 """
 
 from __future__ import annotations
@@ -20,19 +20,16 @@ from typing import Any
 from ascend_eplb.integration.rules import INT32_MAX as _INT32_MAX
 from ascend_eplb.quant_views.reference import LAYER_SEED_STRIDE as _LAYER_STRIDE
 from ascend_eplb.quant_views.reference import SEED_STRIDE as _SEED_STRIDE
+from ascend_eplb.tools.host_memory import available_bytes, gib, sampling_bytes
 
 __all__ = [
     "MAX_TIMEOUT_S",
     "PROCESS_BASE_BYTES",
     "ResourceEstimate",
-    "available_bytes",
-    "check_sampling",
     "estimate",
-    "gib",
     "integer_rules",
     "memory_rule",
     "model_memory_rule",
-    "sampling_bytes",
 ]
 
 #: Resident memory of one process with torch and vLLM imported (measured: 658 MiB, vLLM 0.33.0, torch
@@ -46,10 +43,6 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 _INT64_MAX = 2**63 - 1
 #: Python objects per step in the statistics a rank keeps and pickles (floats in lists, ~40 bytes each).
 _STAT_BYTES = 40
-
-
-def gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
 
 
 @dataclass(frozen=True)
@@ -74,12 +67,6 @@ class ResourceEstimate:
         if self.sampling:
             text += f" + sampling the load matrix {gib(self.sampling)}"
         return text
-
-
-def sampling_bytes(num_moe_layers: int, num_tokens: int, num_experts: int) -> int:
-    """Peak bytes of :func:`ascend_eplb.tools.trace.sample_trace_from_load`: float64 Gumbel noise, the
-    perturbed scores and the int64 argsort, each ``[L, T, E]``."""
-    return 3 * 8 * num_moe_layers * num_tokens * num_experts
 
 
 def estimate(
@@ -120,13 +107,6 @@ def estimate(
     launcher = PROCESS_BASE_BYTES + 2 * trace + n * config.steps * (n + 12) * _STAT_BYTES
     sampling = sampling_bytes(L, num_trace_tokens, E) if sampled else 0
     return ResourceEstimate(parts, sum(parts.values()), launcher, sampling, n)
-
-
-def available_bytes() -> int:
-    """Memory the host can give a new workload now (``psutil.virtual_memory().available``)."""
-    import psutil
-
-    return int(psutil.virtual_memory().available)
 
 
 def integer_rules(config: Any, *, num_moe_layers: int, num_logical_experts: int, top_k: int) -> list[str]:
@@ -180,7 +160,8 @@ def memory_rule(
     available: int | None = None,
 ) -> list[str]:
     """``[the rule]`` when the run of ``config`` (valid otherwise) needs more memory than the host has
-    available (``available`` defaults to :func:`available_bytes`), else ``[]``."""
+    available (``available`` defaults to
+    :func:`~ascend_eplb.tools.host_memory.available_bytes`), else ``[]``."""
     need = estimate(
         config,
         num_moe_layers=num_moe_layers,
@@ -196,20 +177,6 @@ def memory_rule(
         f"memory: this run needs about {gib(need.total)} ({need.describe()}), the host has {gib(have)} "
         "available (MemAvailable); use fewer layers, ranks or redundant experts, or smaller sizes"
     ]
-
-
-def check_sampling(
-    num_moe_layers: int, num_tokens: int, num_experts: int, *, available: int | None = None
-) -> None:
-    """Raise ``ValueError`` if sampling ``num_tokens`` tokens from an ``[L, E]`` load needs more memory
-    than the host has available."""
-    need = sampling_bytes(num_moe_layers, num_tokens, num_experts)
-    have = available_bytes() if available is None else available
-    if need > have:
-        raise ValueError(
-            f"memory: sampling {num_tokens} tokens from a [{num_moe_layers}, {num_experts}] load matrix "
-            f"needs about {gib(need)}, the host has {gib(have)} available (MemAvailable)"
-        )
 
 
 def model_memory_rule(num_ranks: int, folder: Any) -> list[str]:
