@@ -97,7 +97,7 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
     from vllm.v1.worker.gpu import eplb_utils
 
     from ascend_eplb.control import AscendEPLBController, AscendEplbLayerState, AscendEplbState, CommitEvent
-    from ascend_eplb.dataplane import build_replica_table, is_bound
+    from ascend_eplb.dataplane import DEFAULT_ROWS, build_replica_table, is_bound
     from ascend_eplb.integration.runner import Mrv2EplbWiring, batch_has_prefill
     from ascend_eplb.movement import AscendGlooEplbCommunicator
 
@@ -188,7 +188,7 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
         def check(where: str) -> None:
             for layer, ls in enumerate(layer_states):
                 expected = build_replica_table(
-                    ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], 0, 1024
+                    ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], 0, DEFAULT_ROWS
                 )
                 if not torch.equal(ls.replica_lookup.table, expected):
                     errors.append(f"{where}: layer {layer} lookup differs from the committed maps")

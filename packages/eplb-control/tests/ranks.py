@@ -73,7 +73,7 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
 
     from ascend_eplb.control import AscendEPLBController, PatchSet, commit_hooks, host_adaptation
     from ascend_eplb.control import state as control_state
-    from ascend_eplb.dataplane import build_replica_table, table_checksum
+    from ascend_eplb.dataplane import DEFAULT_ROWS, build_replica_table, table_checksum
     from ascend_eplb.testing.moe import TaggedExperts, ToyModelConfig, ToyMoEModel, initial_local_experts
 
     # What the integration's apply_patches() installs of this plane (control does not install them).
@@ -131,7 +131,7 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
             errors = []
             for layer, ls in enumerate(layer_states):
                 expected = build_replica_table(
-                    ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], 0, 1024
+                    ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], 0, DEFAULT_ROWS
                 )
                 if not torch.equal(ls.replica_lookup.table, expected):
                     errors.append(f"{where}: layer {layer} lookup differs from the committed maps")
@@ -140,16 +140,7 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
                 committed = ms.physical_to_logical_map[layer, rank * p : (rank + 1) * p].tolist()
                 want = [[tag(layer, e), tag(layer, e)] for e in committed]
                 # Every rank's lookup checksum is what every other rank derives from its committed maps.
-                expected_sums = [
-                    int(
-                        table_checksum(
-                            build_replica_table(
-                                ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], 0, 1024
-                            )
-                        )
-                    )
-                    for _ in range(n)
-                ]
+                expected_sums = [int(table_checksum(expected))] * n
                 gathered: list[Any] = [None] * n
                 torch.distributed.all_gather_object(
                     gathered, ls.replica_lookup.checksum(), group=get_ep_group().cpu_group
@@ -278,7 +269,7 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
                 torch.equal(
                     ls.replica_lookup.table,
                     build_replica_table(
-                        ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], 0, 1024
+                        ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], 0, DEFAULT_ROWS
                     ),
                 )
                 for layer, ls in enumerate(layer_states)
