@@ -120,12 +120,26 @@ class StagingPool:
             :attr:`pinned`; distinct requests never share storage. Contents are undefined.
 
         Raises:
+            ValueError: a request that is not a ``(torch.dtype, numel)`` pair with ``numel`` an int
+                ``>= 0`` (not a bool); nothing is waited for, allocated or evicted.
             StagingPoolError: the buffers these requests need, plus those of every other key still
                 held, exceed ``max_bytes`` even after evicting all buffers these requests do not use.
                 Nothing is allocated or evicted in that case.
 
         Waits first for the host-to-device copies registered with :meth:`fence`.
         """
+        requests = list(requests)
+        for i, request in enumerate(requests):
+            if not (
+                isinstance(request, (tuple, list))
+                and len(request) == 2
+                and isinstance(request[0], torch.dtype)
+                and is_int(request[1])
+                and request[1] >= 0
+            ):
+                raise ValueError(
+                    f"requests[{i}]={request!r} must be a (torch.dtype, numel) pair with numel an int >= 0"
+                )
         with self._lock:
             self._wait_pending()
             need = Counter(_key(dtype, numel) for dtype, numel in requests)
