@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -261,9 +261,6 @@ class SimulateConfig:
             f"{self.step_interval}) and upstream commits at most one of the {num_moe_layers} MoE layers per "
             f"step, so at least {need} steps"
         )
-
-    def with_layers(self, num_moe_layers: int) -> SimulateConfig:
-        return replace(self, num_moe_layers=num_moe_layers)
 
     def validate(
         self,
