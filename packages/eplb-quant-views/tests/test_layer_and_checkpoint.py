@@ -1,5 +1,6 @@
 """The checkpoint layout, `storage_from_checkpoint` and the layer-level API (`layer_weight_views`)."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -195,6 +196,58 @@ def test_layer_storage_errors_name_the_attribute_and_the_rule():
 
     with pytest.raises(ValueError, match=r"w4a16"):
         layer_storage(FakeLayer(storage), "w4a16")
+
+
+@pytest.mark.parametrize("kept", ["fused_w1_scale", "fused_w2_scale"])
+def test_one_fused_scale_without_the_other_is_refused(kept):
+    fmt, storage = C.build(("w8a8-fused", "w8a8_dynamic", {"fused_scales": True}, False), False)
+    layer = FakeLayer(storage)
+    (dropped,) = {"fused_w1_scale", "fused_w2_scale"} - {kept}
+    delattr(layer, dropped)
+    message = (
+        f"FakeLayer has '{kept}' but neither '{dropped}' nor '{dropped}_list': the fused scales of format "
+        "w8a8_dynamic are both or neither"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        layer_weight_views(layer, fmt)
+
+
+def test_a_tensor_of_the_right_shape_in_another_memory_layout_is_refused_naming_both_strides():
+    fmt, storage = C.build(("w8a8", "w8a8_dynamic", {}, False), False)
+    layer = FakeLayer(storage)
+    w13 = storage.kernel_tensors["w13_weight"]  # (p, H, 2I) = (4, 192, 128) int8, contiguous
+    layer.w13_weight = torch.nn.Parameter(w13.transpose(1, 2).contiguous().transpose(1, 2), False)
+    message = (
+        "FakeLayer.w13_weight must have the strides (24576, 128, 1) of format w8a8_dynamic's kernel layout "
+        "(dimensions of size 1 aside), got (24576, 1, 192)"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        layer_weight_views(layer, fmt)
+
+    mx, mx_storage = C.build(("mxfp8", "mxfp8", {}, False), False)
+    layer = FakeLayer(mx_storage)
+    kernel = mx_storage.kernel_tensors["w13_weight"]  # the kernel's transposed view
+    assert (tuple(kernel.shape), kernel.stride()) == ((4, 192, 128), (24576, 1, 192))
+    layer.w13_weight = torch.nn.Parameter(kernel.contiguous(), False)
+    with pytest.raises(ValueError, match=r"^FakeLayer.w13_weight must have the strides \(24576, 1, 192\) "):
+        layer_weight_views(layer, mx)
+
+    _, lists = C.build(("w8a8", "w8a8_dynamic", {}, False), True)
+    layer = FakeLayer(lists)
+    rows = list(lists.kernel_tensors["w13_weight"])
+    rows[2] = rows[2].t().contiguous().t()
+    layer.w13_weight_list = ExpertTensorList(rows)
+    with pytest.raises(
+        ValueError, match=r"^FakeLayer.w13_weight_list\[2\] must have the strides \(128, 1\) "
+    ):
+        layer_weight_views(layer, fmt)
+    # dimensions of size 1 may have any stride
+    one = FakeLayer(storage, p=1)
+    for name, t in storage.kernel_tensors.items():
+        setattr(
+            one, name, torch.nn.Parameter(t[:1].clone().as_strided(t[:1].shape, (7, *t.stride()[1:])), False)
+        )
+    assert layer_view_names(one, fmt) == fmt.view_names(storage)
 
 
 def test_a_list_view_whose_tensors_share_memory_is_rejected_as_today():

@@ -29,6 +29,8 @@ from ascend_eplb.quant_views.registry import get_format
 __all__ = ["layer_storage", "layer_view_names", "layer_weight_views"]
 
 _SIZE_ATTRS = (("local_num_experts", "p"), ("hidden_size", "H"), ("intermediate_size_per_partition", "I"))
+#: W8A8's optional fused scale pair (vllm-ascend's fused MC2 mode): both or neither.
+_FUSED_SCALES = ("fused_w1_scale", "fused_w2_scale")
 
 
 def _resolve(fmt: ExpertWeightFormat | str) -> ExpertWeightFormat:
@@ -73,9 +75,10 @@ def _read(layer: Any, name: str) -> tuple[Any, bool] | None:
 def layer_storage(layer: Any, fmt: ExpertWeightFormat | str) -> ExpertStorage:
     """The `ExpertStorage` over ``layer``'s own kernel tensors of format ``fmt`` (no copy).
 
-    Options are read from what the layer holds: ``fused_w1_scale``/``fused_w2_scale`` present means
-    ``fused_scales=True`` (``w8a8_dynamic``), ``w13_bias``/``w2_bias`` present means biases
-    (``bf16``/``fp16``). Unread tensors (W8A8 offsets) are included when the layer has them.
+    Options are read from what the layer holds: ``fused_w1_scale`` and ``fused_w2_scale`` present means
+    ``fused_scales=True`` (``w8a8_dynamic``; one without the other is an error), ``w13_bias``/``w2_bias``
+    present means biases (``bf16``/``fp16``). Unread tensors (W8A8 offsets) are included when the layer
+    has them.
 
     Args:
         layer: a FusedMoE layer (vLLM ``RoutedExperts``) after ``process_weights_after_loading``.
@@ -87,16 +90,24 @@ def layer_storage(layer: Any, fmt: ExpertWeightFormat | str) -> ExpertStorage:
 
     Raises:
         UnsupportedFormatError: ``fmt`` is a rejected or unknown format name.
-        ValueError: a size attribute missing or not a positive int; a kernel tensor of the format
-            missing, held both stacked and as a list, in another mode than the others, or of another
-            shape or dtype than the format lays out for p, H, I (naming the attribute and both).
+        ValueError: a size attribute missing or not a positive int; one fused scale without the
+            other; a kernel tensor of the format missing, held both stacked and as a list, in another
+            mode than the others, or of another shape, dtype or memory layout (strides) than the
+            format lays out for p, H, I (naming the attribute and both).
     """
     fmt = _resolve(fmt)
     p, hidden, inter = _sizes(layer)
     fmt.check_sizes(hidden, inter)
     opts: dict[str, Any] = dict(fmt._options)
     if "fused_scales" in opts:
-        opts["fused_scales"] = _read(layer, "fused_w1_scale") is not None
+        present = [n for n in _FUSED_SCALES if _read(layer, n) is not None]
+        if len(present) == 1:
+            (absent,) = set(_FUSED_SCALES) - set(present)
+            raise ValueError(
+                f"{type(layer).__name__} has {present[0]!r} but neither {absent!r} nor {absent + '_list'!r}: "
+                f"the fused scales of format {fmt.name} are both or neither"
+            )
+        opts["fused_scales"] = bool(present)
     meta = torch.device("meta")
     for name, shape in (("w13_bias", (p, 2 * inter)), ("w2_bias", (p, hidden))):
         if name in opts and _read(layer, name) is not None:
@@ -140,6 +151,7 @@ def _check_tensor(
                 f"{where} must be {tuple(meta_t.shape)} {meta_t.dtype} for format {fmt.name}, "
                 f"got {tuple(t.shape)} {t.dtype}"
             )
+        _check_layout(where, fmt, t, meta_t)
         return
     element = fmt._to_list(name, meta_t[:1])[0]
     if len(t) != p:
@@ -154,6 +166,19 @@ def _check_tensor(
                 f"{where}[{row}] must be {tuple(element.shape)} {element.dtype} for format {fmt.name}, "
                 f"got {tuple(getattr(r, 'shape', ()))} {getattr(r, 'dtype', type(r).__name__)}"
             )
+        _check_layout(f"{where}[{row}]", fmt, r, element)
+
+
+def _check_layout(where: str, fmt: ExpertWeightFormat, t: torch.Tensor, meta_t: torch.Tensor) -> None:
+    """Refuse a tensor whose strides differ from the format's layout (``meta_t``, laid out as
+    ``process_weights_after_loading`` does) in a dimension of size > 1: the kernel reads that layout,
+    and the expert-first views are taken over it."""
+    differs = [d for d, size in enumerate(t.shape) if size > 1 and t.stride(d) != meta_t.stride(d)]
+    if differs:
+        raise ValueError(
+            f"{where} must have the strides {tuple(meta_t.stride())} of format {fmt.name}'s kernel layout "
+            f"(dimensions of size 1 aside), got {tuple(t.stride())}"
+        )
 
 
 def layer_weight_views(layer: Any, fmt: ExpertWeightFormat | str) -> list[torch.Tensor | ExpertTensorList]:
@@ -164,8 +189,8 @@ def layer_weight_views(layer: Any, fmt: ExpertWeightFormat | str) -> list[torch.
     `layer_view_names`, validated by `validate_weight_views`.
 
     Raises:
-        as `layer_storage`, and ``ValueError`` from `validate_weight_views` (e.g. a list whose tensors
-        share memory, a stacked tensor whose expert rows are not contiguous).
+        as `layer_storage` (which refuses a tensor in another memory layout than the format's), and
+        ``ValueError`` from `validate_weight_views` (e.g. a list whose tensors share memory).
     """
     fmt = _resolve(fmt)
     return fmt.weight_views(layer_storage(layer, fmt))
