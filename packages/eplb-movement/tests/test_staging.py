@@ -50,6 +50,19 @@ def test_keys_a_take_does_not_use_are_evicted_least_recently_used_first():
     )
 
 
+def test_surplus_buffers_of_a_used_key_are_evicted_when_a_new_key_needs_the_room():
+    pool = StagingPool(max_bytes=100, pin_memory=False)
+    first = pool.take([(I8, 30)] * 3)  # 90 bytes held
+    # 30 + 20 bytes needed: the last int8 x 30 buffer (the surplus one of the highest index) makes room
+    kept, _ = pool.take([(I8, 30), (torch.int16, 10)])
+    assert kept.data_ptr() == first[0].data_ptr()
+    assert _state(pool) == ({StagingKey("int16", 10): 1, StagingKey("int8", 30): 2}, 80, 4)
+    # the i-th request of a key still gets that key's i-th buffer after a trim
+    again = pool.take([(I8, 30), (I8, 30)])
+    assert [b.data_ptr() for b in again] == [first[0].data_ptr(), first[1].data_ptr()]
+    assert _state(pool) == ({StagingKey("int16", 10): 1, StagingKey("int8", 30): 2}, 80, 4)
+
+
 def test_a_take_over_the_bound_raises_before_anything_is_allocated_or_evicted():
     pool = StagingPool(max_bytes=256, pin_memory=False)
     held = pool.take([(F32, 16), (I8, 64)])

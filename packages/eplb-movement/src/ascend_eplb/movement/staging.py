@@ -122,9 +122,10 @@ class StagingPool:
         Raises:
             ValueError: a request that is not a ``(torch.dtype, numel)`` pair with ``numel`` an int
                 ``>= 0`` (not a bool); nothing is waited for, allocated or evicted.
-            StagingPoolError: the buffers these requests need, plus those of every other key still
-                held, exceed ``max_bytes`` even after evicting all buffers these requests do not use.
-                Nothing is allocated or evicted in that case.
+            StagingPoolError: the buffers these requests need exceed ``max_bytes`` (the pool evicts
+                every other buffer before it refuses: keys these requests do not use, least recently
+                used first, then the surplus buffers of the keys they use). Nothing is allocated or
+                evicted in that case.
 
         Waits first for the host-to-device copies registered with :meth:`fence`.
         """
@@ -143,28 +144,30 @@ class StagingPool:
         with self._lock:
             self._wait_pending()
             need = Counter(_key(dtype, numel) for dtype, numel in requests)
-            dtypes = {_key(dtype, numel): dtype for dtype, numel in requests}
-            new_bytes = 0
-            for key, count in need.items():
-                missing = count - len(self._buffers.get(key, ()))
-                if missing > 0:
-                    new_bytes += missing * key.numel * dtypes[key].itemsize
-            needed_total = sum(
-                max(count, len(self._buffers.get(key, ()))) * key.numel * dtypes[key].itemsize
-                for key, count in need.items()
-            )
+            nbytes = {_key(dtype, numel): int(numel) * dtype.itemsize for dtype, numel in requests}
+            needed_total = sum(count * nbytes[key] for key, count in need.items())
             if needed_total > self.max_bytes:
                 raise StagingPoolError(
                     f"one transfer needs {needed_total} bytes of staging ({dict(sorted(need.items()))} "
                     f"buffers by (dtype, numel)), more than the pool's max_bytes={self.max_bytes}; "
                     "raise max_bytes or move fewer experts per layer"
                 )
-            # Evict least recently used keys this transfer does not need until the new buffers fit.
+            new_bytes = sum(
+                max(0, count - len(self._buffers.get(key, ()))) * nbytes[key] for key, count in need.items()
+            )
+            # Until the new buffers fit: evict the keys this transfer does not use, least recently used
+            # first, then the surplus buffers of the keys it uses (highest index first, so the i-th
+            # request of a key still gets that key's i-th buffer).
             for key in list(self._buffers):
                 if self._size_bytes + new_bytes <= self.max_bytes:
                     break
                 if key not in need:
                     self._drop_key(key)
+            for key in list(self._buffers):
+                buffers = self._buffers[key]
+                while self._size_bytes + new_bytes > self.max_bytes and len(buffers) > need[key]:
+                    dropped = buffers.pop()
+                    self._size_bytes -= dropped.numel() * dropped.element_size()
             out: list[torch.Tensor] = []
             used = Counter[StagingKey]()
             for dtype, numel in requests:
