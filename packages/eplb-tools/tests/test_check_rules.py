@@ -556,6 +556,27 @@ def test_vllm_serve_config_yaml_and_json_are_read_as_vllm_reads_them(tmp_path):
     ]
 
 
+def test_a_json_engine_args_file_is_read_as_json_and_vllms_field_errors_are_quoted_whole(tmp_path):
+    # Tab-indented JSON is JSON (YAML 1.1 refuses a tab): vLLM gets the values JSON read.
+    tabs = tmp_path / "tabs.json"
+    tabs.write_text(
+        '{\n\t"enable-eplb": true,\n\t"enable-expert-parallel": true,\n\t"data-parallel-size": 4,\n'
+        '\t"enforce-eager": true\n}\n'
+    )
+    read = check_config_file(tabs, environ={}, num_experts=64, quantization="w8a8_dynamic")
+    assert (read.verdict, read.resolved["num_ranks"]) == ("OK", 4), read.report
+    # A field vLLM's pydantic config refuses: the field, the value and the rule, not the docs link.
+    negative = tmp_path / "negative.json"
+    negative.write_text(
+        json.dumps({"enable-eplb": True, "data-parallel-size": 4, "eplb-config": {"window_size": -5}})
+    )
+    assert [str(v) for v in check_config_file(negative, environ={}).violations] == [
+        f"[engine-args] {negative}: vLLM's parser rejects the engine arguments: vllm serve: error: argument "
+        "--eplb-config: 1 validation error for EPLBConfig; window_size; Input should be greater than 0 "
+        "[type=greater_than, input_value=-5, input_type=int]"
+    ]
+
+
 def test_file_schema_without_expert_count_cannot_judge_divisibility(tmp_path):
     data = copy.deepcopy(BASE)
     del data["model"]["num_logical_experts"]

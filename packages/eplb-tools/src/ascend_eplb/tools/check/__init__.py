@@ -17,6 +17,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from ascend_eplb.control.values import is_int
 from ascend_eplb.integration.rules import INT32_MAX, EplbSettings, Judgement, Violation, check_settings
@@ -80,7 +81,7 @@ def check_config_file(
         return refused("schema", f"{name!r}: empty file, not a config")
     try:
         if is_engine_args(data):
-            return _check_engine_args_file(name, raw, environ, num_experts, quantization)
+            return _check_engine_args_file(name, data, environ, num_experts, quantization)
         settings, violations = settings_from_file_dict(data, environ)
         settings = _with_fact_options(settings, num_experts, quantization)
         return result(settings, _judge(settings, environ, violations))
@@ -121,7 +122,7 @@ def _with_fact_options(s: EplbSettings, num_experts: int | None, quantization: s
 
 def _check_engine_args_file(
     name: str,
-    raw: bytes,
+    data: Mapping[str, Any],
     environ: Mapping[str, str] | None,
     num_experts: int | None,
     quantization: str | None,
@@ -130,17 +131,25 @@ def _check_engine_args_file(
 
     import yaml
 
-    data = yaml.safe_load(raw.decode("utf-8"))
     with tempfile.TemporaryDirectory(prefix="ascend-eplb-check-") as tmp:
-        # vLLM's --config reads YAML files only; JSON is YAML, so a JSON file goes the same way.
+        # vLLM's --config reads YAML files only: a JSON file's values (as JSON read them; its text as
+        # YAML 1.1 would differ, e.g. tabs, 1e3) go as YAML.
         config = name if name.lower().endswith((".yaml", ".yml")) else os.path.join(tmp, "engine_args.yaml")
         if config != name:
-            Path(config).write_bytes(raw)
+            Path(config).write_text(yaml.safe_dump(dict(data)), encoding="utf-8")
         # Without model: in the file, the model is unknown (vLLM's --config wants one: an empty one).
         argv = ["serve", "--config", config] if "model" in data else ["serve", "", "--config", config]
         return check_serve_command(
             argv, environ, num_experts=num_experts, quantization=quantization, source=name
         )
+
+
+def _parser_error(stderr: str) -> str:
+    """argparse's ``PROG: error: MESSAGE`` and the lines after it (a pydantic error names the field and
+    the value there), joined with ``"; "``; pydantic's documentation links left out."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    start = next((i for i, ln in enumerate(lines) if ": error: " in ln), max(len(lines) - 1, 0))
+    return "; ".join(ln for ln in lines[start:] if not ln.startswith("For further information visit "))
 
 
 def check_serve_command(
@@ -174,8 +183,7 @@ def check_serve_command(
         with contextlib.redirect_stderr(err):
             engine_args = parse_serve_command(argv)
     except SystemExit as exc:
-        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
-        said = lines[-1] if lines else f"vLLM's parser exited with status {exc.code}"
+        said = _parser_error(err.getvalue()) or f"vLLM's parser exited with status {exc.code}"
         return refused("engine-args", f"{where}: vLLM's parser rejects the engine arguments: {said}")
     except Exception as exc:
         return refused(
