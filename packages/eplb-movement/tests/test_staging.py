@@ -97,3 +97,21 @@ def test_a_bad_request_is_refused_naming_it_before_anything_changes(request_):
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         pool.take([(F32, 4), request_])
     assert _state(pool) == before
+
+
+@pytest.mark.parametrize("pin_memory", ["no", 1, 0.0])
+def test_pin_memory_is_a_bool_or_none(pin_memory):
+    message = f"pin_memory={pin_memory!r} must be True, False or None (vLLM's PIN_MEMORY)"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        StagingPool(max_bytes=4096, pin_memory=pin_memory)
+
+
+@pytest.mark.parametrize("stream", ["cuda", 0, torch.device("cpu")], ids=["str", "int", "device"])
+def test_fence_takes_a_stream_or_none(stream):
+    pool = StagingPool(max_bytes=4096, pin_memory=False)
+    message = f"stream={stream!r} must be a stream (with device and synchronize()) or None"
+    with pytest.raises(TypeError, match=f"^{re.escape(message)}$"):
+        pool.fence(stream)
+    pool.fence(None)
+    pool.fence(torch.Stream("cpu"))  # a CPU stream: nothing to wait for
+    assert pool.take([(F32, 4)])[0].shape == (4,)

@@ -65,7 +65,7 @@ class StagingPool:
             (``vllm.utils.torch_utils.PIN_MEMORY``: False on CPU-only hosts).
 
     Raises:
-        ValueError: ``max_bytes`` is not a positive integer.
+        ValueError: ``max_bytes`` is not a positive integer, or ``pin_memory`` is not a bool or None.
 
     The pool is used by one thread at a time (the EPLB worker that owns the communicator, or the main
     thread in synchronous mode); a lock guards it against accidental sharing anyway. Buffers handed out
@@ -77,6 +77,8 @@ class StagingPool:
     def __init__(self, max_bytes: int = DEFAULT_STAGING_MAX_BYTES, *, pin_memory: bool | None = None):
         if not is_int(max_bytes) or max_bytes <= 0:
             raise ValueError(f"max_bytes={max_bytes!r} must be a positive integer number of bytes")
+        if pin_memory is not None and not isinstance(pin_memory, bool):
+            raise ValueError(f"pin_memory={pin_memory!r} must be True, False or None (vLLM's PIN_MEMORY)")
         self.max_bytes = int(max_bytes)
         self.pinned = _default_pin_memory() if pin_memory is None else bool(pin_memory)
         # key -> buffers, least recently used key first.
@@ -187,7 +189,17 @@ class StagingPool:
     def fence(self, stream: torch.Stream | None) -> None:
         """Register ``stream`` as holding asynchronous copies out of (or into) buffers handed out by
         the last :meth:`take`; the next :meth:`take` synchronizes it first. ``None`` or a CPU stream
-        is ignored (CPU copies are synchronous)."""
+        is ignored (CPU copies are synchronous).
+
+        Raises:
+            TypeError: ``stream`` is not None and not a stream (an object with ``device`` and
+                ``synchronize()``: ``torch.Stream``, ``torch.cuda.Stream``, ``torch.npu.Stream``, which
+                do not share a base class); nothing is registered.
+        """
+        if stream is not None and not (
+            callable(getattr(stream, "synchronize", None)) and hasattr(stream, "device")
+        ):
+            raise TypeError(f"stream={stream!r} must be a stream (with device and synchronize()) or None")
         if stream is None or stream.device.type == "cpu":
             return
         with self._lock:
