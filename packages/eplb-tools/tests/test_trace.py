@@ -1,6 +1,7 @@
 """The embedded ESFT trace: reproducible conversion, fidelity to ESFT's summary, loaders of load matrices."""
 
 import json
+import re
 from importlib import resources
 
 import numpy as np
@@ -77,12 +78,43 @@ def test_load_matrix_formats_agree(tmp_path):
         ('{"counts": []}', ".json", "'token_scores' \\(ESFT\\) or 'logical_count'"),
         ("1,2\n", ".bin", "unsupported load file type '.bin'"),
         ("1,2\n", ".txt", r"bad.txt:1: expected '<ids>\\t\\t<weights>', found no double tab"),
+        (
+            '[["1", "2"], ["3", "4"]]',
+            ".json",
+            r"numeric \[L, E\] matrix \(values of dtype <U1, not numbers\)$",
+        ),
+        ("[[true, false]]", ".json", r"numeric \[L, E\] matrix \(values of dtype bool, not numbers\)$"),
+        ("[[1, null]]", ".json", r"numeric \[L, E\] matrix \(values of dtype object, not numbers\)$"),
+        ('{"logical_count": [["1"]]}', ".json", r"values of dtype <U1, not numbers"),
+        (
+            '{"token_scores": {"0": {"0": 0.5, "01": 0.25, "2": 0.25}}}',
+            ".json",
+            r"objects \(key '01' is not an integer written as 0, 1, 2, \.\.\.\)$",
+        ),
+        ('{"token_scores": {"0": {"0": "0.5"}}}', ".json", r"objects \(share '0.5' is not a number\)$"),
+        ('{"token_scores": {"0": {"0": true}}}', ".json", r"objects \(share True is not a number\)$"),
     ],
 )
 def test_load_matrix_rejects_bad_input(tmp_path, content, suffix, match):
     path = tmp_path / f"bad{suffix}"
     path.write_text(content)
     with pytest.raises(ValueError, match=match):
+        trace.load_load_matrix(path)
+
+
+@pytest.mark.parametrize(
+    ("array", "dtype"),
+    [
+        (np.array([[True, False]]), "bool"),
+        (np.array([[1 + 2j, 0]]), "complex128"),
+        (np.array([["2026-01-01"]], dtype="datetime64[D]"), "datetime64[D]"),
+    ],
+)
+def test_an_npy_load_of_another_kind_than_numbers_is_refused(tmp_path, array, dtype):
+    path = tmp_path / "load.npy"
+    np.save(path, array)
+    message = f"load must be a numeric [L, E] matrix (values of dtype {dtype}, not numbers)"
+    with pytest.raises(ValueError, match=f"{re.escape(message)}$"):
         trace.load_load_matrix(path)
 
 

@@ -221,8 +221,8 @@ def _read_trace(path: Path) -> RoutingTrace:
     return RoutingTrace(ids, weights, offsets, num_experts, path.name)
 
 
-def _matrix(value: object, source: str) -> np.ndarray:
-    arr = _matrix_values(value, source)
+def _matrix(value: object, source: str, *, text: bool = False) -> np.ndarray:
+    arr = _matrix_values(value, source, text=text)
     if arr.ndim != 2 or arr.shape[0] < 1 or arr.shape[1] < 1:
         raise ValueError(f"{source}: load must be a [L, E] matrix, got shape {arr.shape}")
     return check_load_values(arr, source)
@@ -317,7 +317,7 @@ def _read_load(path: Path, suffix: str, last: int | None) -> np.ndarray:
     if suffix == ".csv":
         text = path.read_bytes().decode("utf-8")
         rows = [row for row in csv.reader(io.StringIO(text, newline="")) if row]
-        return _matrix(rows, source)
+        return _matrix(rows, source, text=True)
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
     except json.JSONDecodeError as e:
@@ -334,23 +334,36 @@ def _read_load(path: Path, suffix: str, last: int | None) -> np.ndarray:
     return _matrix(data, source)
 
 
-def _matrix_values(value: object, source: str) -> np.ndarray:
+def _matrix_values(value: object, source: str, *, text: bool = False) -> np.ndarray:
+    """``value`` as float64. Numbers only (ints, unsigned ints, floats): a bool, complex, date, string or
+    null array is refused, except the number strings of a CSV file (``text``)."""
     try:
+        if not text:
+            numbers = np.asarray(value)
+            if numbers.dtype.kind not in "iuf":
+                raise ValueError(f"values of dtype {numbers.dtype}, not numbers")
         return np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError, OverflowError) as e:
         raise ValueError(f"{source}: load must be a numeric [L, E] matrix ({e})") from None
 
 
 def _esft_scores(scores: object, source: str) -> list[list[float]]:
-    """ESFT ``token_scores``: ``{layer: {expert: share}}``, layer and expert keys integers."""
+    """ESFT ``token_scores``: ``{layer: {expert: share}}``, layer and expert keys integers written as
+    Python writes them (``"1"``, never ``"01"``: two spellings of one expert would lose a share), shares
+    numbers."""
     rule = f"{source}: token_scores must map layer numbers to {{expert number: share}} objects"
     if not isinstance(scores, dict) or not scores or not all(isinstance(v, dict) for v in scores.values()):
         raise ValueError(rule)
-    try:
-        layers = sorted(scores, key=int)
-        experts = sorted({int(e) for layer in layers for e in scores[layer]})
-    except ValueError:
-        raise ValueError(f"{rule} (a key is not an integer)") from None
+    keys = [*scores, *(e for layer in scores.values() for e in layer)]
+    bad = next((k for k in keys if not (k.isdigit() and str(int(k)) == k)), None)
+    if bad is not None:
+        raise ValueError(f"{rule} (key {bad!r} is not an integer written as 0, 1, 2, ...)")
+    for layer in scores.values():
+        for share in layer.values():
+            if isinstance(share, bool) or not isinstance(share, (int, float)):
+                raise ValueError(f"{rule} (share {share!r} is not a number)")
+    layers = sorted(scores, key=int)
+    experts = sorted({int(e) for layer in layers for e in scores[layer]})
     if experts != list(range(len(experts))):
         raise ValueError(f"{source}: token_scores experts must be 0..E-1")
     return [[scores[layer].get(str(e), 0.0) for e in experts] for layer in layers]
