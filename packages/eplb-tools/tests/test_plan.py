@@ -226,7 +226,7 @@ def test_a_simulated_events_file_plans_like_its_load_matrix_and_like_the_online_
     )
 
 
-def test_default_sweep_recommendation_and_an_invalid_level_beside_the_valid_ones(capsys):
+def test_default_sweep_recommendation_and_an_invalid_level_beside_the_valid_ones(tmp_path, capsys):
     path = ESFT / "results/expert_scores/translation/summary.json"
     load = trace.load_load_matrix(path)
     result = plan.plan(load, num_ranks=4)
@@ -251,6 +251,25 @@ def test_default_sweep_recommendation_and_an_invalid_level_beside_the_valid_ones
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["0"], ["8"])]
     assert [r[:3] for r in rows] == [["0", "64", "global"], ["8", "72", "global"]]
     assert "ascend-eplb plan: error: redundant experts=4:" in err
+    # With an export asked for, nothing is written when a requested level is invalid.
+    target = tmp_path / "expert_map.json"
+    args = [
+        "plan",
+        str(path),
+        "--ranks",
+        "8",
+        "--redundant-experts",
+        "0,4,8",
+        "--export-expert-map",
+        str(target),
+    ]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"ascend-eplb plan: {target} not written: 1 of the requested redundancy levels are invalid (below); "
+        "fix or drop them\nascend-eplb plan: error: redundant experts=4:"
+    )
+    assert not target.exists()
 
 
 def test_global_policy_is_shown_beside_the_hierarchical_one_on_several_nodes():

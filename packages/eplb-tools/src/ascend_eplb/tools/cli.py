@@ -181,7 +181,13 @@ def _run_plan(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json()))
     else:
         print(format_plan(result))
-    if args.export_expert_map is not None and result.recommended is not None:
+    if args.export_expert_map is not None and result.invalid_levels:
+        print(
+            f"ascend-eplb plan: {args.export_expert_map} not written: {len(result.invalid_levels)} of the "
+            "requested redundancy levels are invalid (below); fix or drop them",
+            file=sys.stderr,
+        )
+    elif args.export_expert_map is not None and result.recommended is not None:
         data = expert_map_json(result.level(result.recommended), args.ranks)
         try:
             args.export_expert_map.write_text(json.dumps(data, indent=1))
