@@ -577,6 +577,28 @@ def test_a_json_engine_args_file_is_read_as_json_and_vllms_field_errors_are_quot
     ]
 
 
+def test_engine_args_of_only_the_keys_the_schema_shares_are_read_as_engine_args(tmp_path):
+    folder = _model_folder(tmp_path)
+    path = tmp_path / "serve.yaml"
+    path.write_text(f"model: {folder}\ncompilation_config: {{cudagraph_mode: NONE}}\n")
+    result = check_config_file(path, environ={})
+    # vLLM read it (EPLB is off in it), not the schema ("model must be a JSON object, got str")
+    assert (result.verdict, [v.rule for v in result.violations]) == ("OK", []), result.report
+    assert (result.resolved["enable_eplb"], result.resolved["quantization"]) == (False, "bf16")  # its dtype
+
+
+def test_a_description_without_routed_experts_is_named_not_called_missing(tmp_path):
+    folder = _model_folder(tmp_path, quant_type=None)
+    (folder / "quant_model_description.json").write_text(json.dumps({"model.embed_tokens.weight": "FLOAT"}))
+    result = _serve(str(folder), "--enable-eplb", "--enable-expert-parallel", "--quantization", "ascend")
+    assert [str(u) for u in result.unjudged] == [
+        "cannot judge: quantization: --quantization ascend takes the routed experts' format from "
+        f"msModelSlim's quant_model_description*.json ({folder / 'quant_model_description.json'} names no "
+        "routed-expert weight (no '.experts.' key)); pass --quantization FORMAT (before the --) or a local "
+        "model folder as MODEL"
+    ]
+
+
 def test_file_schema_without_expert_count_cannot_judge_divisibility(tmp_path):
     data = copy.deepcopy(BASE)
     del data["model"]["num_logical_experts"]

@@ -108,7 +108,12 @@ def settings_from_engine_args(
     elif quantization is not None or (method is not None and str(method).lower() == "ascend"):
         fmt = facts.quantization if facts else None
         if fmt is None:
-            where = f"none in {model}" if facts else missing
+            if facts is None:
+                where = missing
+            elif facts.description is None:
+                where = f"none in {model}"
+            else:
+                where = f"{facts.description} names no routed-expert weight (no '.experts.' key)"
             unknown["quantization"] = (
                 "--quantization ascend takes the routed experts' format from msModelSlim's "
                 f"quant_model_description*.json ({where}); pass --quantization FORMAT (before the --) or a "

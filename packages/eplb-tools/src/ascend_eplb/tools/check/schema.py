@@ -183,10 +183,14 @@ def settings_from_file_dict(
 
 
 def is_engine_args(data: Any) -> bool:
-    """A flat mapping of engine arguments (``vllm serve --config``), not this package's nested schema."""
+    """A flat mapping of engine arguments (``vllm serve --config``), not this package's nested schema.
+
+    The two share key names (``model``, ``additional_config``, ``compilation_config``,
+    ``speculative_config``): a mapping of only those is engine arguments when its ``model`` is a str
+    (vLLM's model id or folder; the schema's ``model`` is an object)."""
     return (
         isinstance(data, dict)
         and "parallel_config" not in data
         and not isinstance(data.get("model"), dict)
-        and not set(data) <= FILE_KEYS
+        and (not set(data) <= FILE_KEYS or isinstance(data.get("model"), str))
     )
