@@ -25,29 +25,29 @@ def _maps(replicas: list[list[int]], width: int | None = None) -> tuple[torch.Te
 REPLICAS = [[0, 4, 6], [1], [2, 5], [3]]
 
 
-def test_table_follows_the_documented_rule_on_every_rank():
+def test_table_follows_the_documented_rule_at_every_phase():
     l2p, count = _maps(REPLICAS)
-    for ep_rank in range(4):
-        table = build_replica_table(l2p, count, ep_rank, rows=12)
+    for phase in range(4):
+        table = build_replica_table(l2p, count, phase, rows=12)
         assert table.dtype == torch.int32
         assert table.shape == (12, 4)
         expected = [
-            [REPLICAS[e][(row + ep_rank + e) % len(REPLICAS[e])] for e in range(4)] for row in range(12)
+            [REPLICAS[e][(row + phase + e) % len(REPLICAS[e])] for e in range(4)] for row in range(12)
         ]
         assert table.tolist() == expected
 
 
-def test_ranks_start_on_different_replicas():
+def test_the_phase_shifts_the_replica_a_row_starts_on():
     l2p, count = _maps(REPLICAS)
     first = {build_replica_table(l2p, count, r, rows=8)[0, 0].item() for r in range(3)}
     assert first == {0, 4, 6}
 
 
 @pytest.mark.parametrize(("num_replicas", "num_tokens"), [(2, 1000), (3, 1000), (3, 3000), (5, 4096)])
-def test_replicas_share_one_experts_tokens_evenly_on_every_rank(num_replicas, num_tokens):
+def test_replicas_share_one_experts_tokens_evenly_at_every_phase(num_replicas, num_tokens):
     # Logical expert 3 of 8 gets num_replicas replicas; every token selects it (in a rotating top-k
     # column) plus other experts, so T tokens are routed to it.
-    num_experts, top_k, num_ranks = 8, 4, 4
+    num_experts, top_k, num_phases = 8, 4, 4
     hot = 3
     replicas = [[e] for e in range(num_experts)]
     replicas[hot] = [hot, *range(num_experts, num_experts + num_replicas - 1)]
@@ -63,8 +63,8 @@ def test_replicas_share_one_experts_tokens_evenly_on_every_rank(num_replicas, nu
         row = topk[t].tolist()
         row.insert(int(column[t]), hot)
         ids[t] = torch.tensor(row)
-    for ep_rank in range(num_ranks):
-        lookup = ReplicaLookup(num_experts, ep_rank, "cpu")
+    for phase in range(num_phases):
+        lookup = ReplicaLookup(num_experts, phase, "cpu")
         lookup.refresh_(l2p, count)
         physical = map_to_physical(ids, lookup.table)
         chosen = physical[ids == hot]

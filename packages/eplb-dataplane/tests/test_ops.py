@@ -49,7 +49,7 @@ def test_padding_example(dtype):
     assert out.tolist() == ids.tolist()
 
 
-def _replicated_table(ep_rank: int, rows: int = 1024) -> tuple[torch.Tensor, int]:
+def _replicated_table(phase: int, rows: int = 1024) -> tuple[torch.Tensor, int]:
     # 16 logical experts over 24 physical slots: experts 0..7 have 2 replicas, 0 and 1 have 3... as
     # a permutation of the slots.
     num_experts, num_physical = 16, 24
@@ -66,12 +66,12 @@ def _replicated_table(ep_rank: int, rows: int = 1024) -> tuple[torch.Tensor, int
         l2p[e, :c] = slots[start : start + c]
         start += c
     assert start == num_physical
-    return build_replica_table(l2p, torch.tensor(counts), ep_rank, rows=rows), num_physical
+    return build_replica_table(l2p, torch.tensor(counts), phase, rows=rows), num_physical
 
 
 @pytest.mark.parametrize("num_tokens", [1, 37, 1024, 2500])
 def test_matches_loop_reference_and_records_unpadded_tokens_times_k(num_tokens):
-    table, num_physical = _replicated_table(ep_rank=1)
+    table, num_physical = _replicated_table(phase=1)
     gen = torch.Generator().manual_seed(num_tokens)
     top_k = 6
     ids = torch.stack([torch.randperm(16, generator=gen)[:top_k] for _ in range(num_tokens)])
@@ -86,7 +86,7 @@ def test_matches_loop_reference_and_records_unpadded_tokens_times_k(num_tokens):
 
 
 def test_invalid_ids_map_to_minus_one_and_are_not_counted():
-    table, num_physical = _replicated_table(ep_rank=0, rows=8)
+    table, num_physical = _replicated_table(phase=0, rows=8)
     ids = torch.tensor([[0, -1, 5], [16, 3, 100], [-7, 15, 2]], dtype=torch.int32)
     load = torch.zeros(num_physical, dtype=torch.int64)
     out = map_to_physical_and_record(ids, table, load, ON, torch.tensor(3))
@@ -98,7 +98,7 @@ def test_invalid_ids_map_to_minus_one_and_are_not_counted():
 
 
 def test_load_accumulates_and_non_recording_call_leaves_it():
-    table, num_physical = _replicated_table(ep_rank=0)
+    table, num_physical = _replicated_table(phase=0)
     ids = torch.randint(0, 16, (300, 4), generator=torch.Generator().manual_seed(3))
     load = torch.zeros(num_physical, dtype=torch.int32)
     map_to_physical_and_record(ids, table, load, ON, torch.tensor(300))
@@ -110,7 +110,7 @@ def test_load_accumulates_and_non_recording_call_leaves_it():
 
 
 def test_empty_batch():
-    table, num_physical = _replicated_table(ep_rank=0)
+    table, num_physical = _replicated_table(phase=0)
     load = torch.zeros(num_physical, dtype=torch.int32)
     ids = torch.empty((0, 8), dtype=torch.int64)
     out = map_to_physical_and_record(ids, table, load, ON, torch.tensor(0))
@@ -133,7 +133,7 @@ def test_empty_batch():
     ],
 )
 def test_bad_arguments_raise_before_recording(change, message):
-    table, num_physical = _replicated_table(ep_rank=0, rows=8)
+    table, num_physical = _replicated_table(phase=0, rows=8)
     args = {
         "ids": torch.zeros((4, 2), dtype=torch.int64),
         "table": table,
@@ -150,7 +150,7 @@ def test_bad_arguments_raise_before_recording(change, message):
 
 
 def test_ops_pass_torch_library_opcheck():
-    table, num_physical = _replicated_table(ep_rank=2, rows=16)
+    table, num_physical = _replicated_table(phase=2, rows=16)
     ids = torch.randint(-1, 17, (40, 4), generator=torch.Generator().manual_seed(0))
     torch.library.opcheck(torch.ops.ascend_eplb.map_to_physical.default, (ids, table))
     torch.library.opcheck(
@@ -226,7 +226,7 @@ def test_cpu_dispatch_is_the_torch_form_and_equals_loop_reference(ids_dtype, loa
 
     for name in ("map_to_physical", "map_to_physical_and_record"):
         assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"ascend_eplb::{name}", "CPU")
-    base, num_physical = _replicated_table(ep_rank=3, rows=40)
+    base, num_physical = _replicated_table(phase=3, rows=40)
     strided_table = torch.zeros((40, 32), dtype=torch.int32)[:, ::2]
     strided_table.copy_(base)
     gen = torch.Generator().manual_seed(11)

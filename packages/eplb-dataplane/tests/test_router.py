@@ -59,8 +59,8 @@ L2P = torch.tensor([[0, -1], [1, -1], [2, 8], [3, -1], [4, -1], [5, 9], [6, -1],
 COUNT = torch.tensor([1, 1, 2, 1, 1, 2, 1, 1])
 
 
-def _state(ep_rank: int = 0, unpadded=(5,)) -> LayerState:
-    lookup = ReplicaLookup(8, ep_rank, "cpu", rows=16, num_physical_experts=10)
+def _state(phase: int = 0, unpadded=(5,)) -> LayerState:
+    lookup = ReplicaLookup(8, phase, "cpu", rows=16, num_physical_experts=10)
     lookup.refresh_(L2P, COUNT)
     return LayerState(
         replica_lookup=lookup,
@@ -75,7 +75,7 @@ LOGITS = torch.randn(7, 8, generator=torch.Generator().manual_seed(1))
 
 def test_bound_router_maps_through_the_lookup_and_records_once():
     router, other = Router(3), Router(3)
-    state = _state(ep_rank=1)
+    state = _state(phase=1)
     bind_router(router, state)
     assert router.eplb_state is state
     assert is_bound(router)
