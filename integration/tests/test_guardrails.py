@@ -48,20 +48,20 @@ def _state(*names, steps_until=4):
 def test_watchdog_decides_from_the_gathered_rows_alone():
     dog = WorkerWatchdog(timeout_s=5.0)
     state = _state("m")
-    # Rows: [alive, steps_until_next_rearrangement, in_cycle, has_pending, ms_without_progress,
-    # layer_in_flight] per rank.
-    assert dog._decide(state, [[1, 4, 0, 0, 0, 0], [1, 4, 0, 0, 0, 0]]) is None  # idle
-    assert dog._decide(state, [[1, 4, 1, 1, 4000, 3], [1, 4, 1, 0, 4000, 3]]) is None  # within the timeout
-    died = dog._decide(state, [[1, 4, 1, 1, 100, 3], [0, 4, 1, 0, 100, 3]])
+    # Rows: [alive, in_cycle, has_pending, ms_without_progress, layer_in_flight] per rank (upstream's
+    # step counter is read from the state: the same on every rank).
+    assert dog._decide(state, [[1, 0, 0, 0, 0], [1, 0, 0, 0, 0]]) is None  # idle
+    assert dog._decide(state, [[1, 1, 1, 4000, 3], [1, 1, 0, 4000, 3]]) is None  # within the timeout
+    died = dog._decide(state, [[1, 1, 1, 100, 3], [0, 1, 0, 100, 3]])
     assert (died.kind, died.ranks, died.model, died.layer, died.cause) == ("died", (1,), "m", 3, "")
-    stalled = dog._decide(state, [[1, 4, 1, 0, 5001, 3], [1, 4, 1, 0, 5001, 3]])
+    stalled = dog._decide(state, [[1, 1, 0, 5001, 3], [1, 1, 0, 5001, 3]])
     assert (stalled.kind, stalled.ranks, stalled.model, stalled.layer) == ("stalled", (0, 1), "m", 3)
     assert stalled.cause == (
         "the rearrangement cycle made no progress for 5.0 s (> 5 s, ASCEND_EPLB_WORKER_TIMEOUT_S): "
         "layer 3 was not published by rank(s) 0, 1"
     )
     # A worker dead between cycles is named too, with no cycle in flight.
-    idle_dead = dog._decide(state, [[0, 4, 0, 0, 0, 0], [1, 4, 0, 0, 0, 0]])
+    idle_dead = dog._decide(state, [[0, 0, 0, 0, 0], [1, 0, 0, 0, 0]])
     assert (idle_dead.ranks, idle_dead.model, idle_dead.layer) == ((0,), None, None)
     assert "no cycle in flight" in idle_dead.message()
     with pytest.raises(ValueError, match="on_failure='ignore'"):
@@ -74,7 +74,7 @@ def test_a_stall_past_the_interval_is_named_as_upstreams_silent_stop():
     next rearrangement: -37")."""
     dog = WorkerWatchdog(timeout_s=5.0)
     state = _state("m", steps_until=-37)
-    stalled = dog._decide(state, [[1, -37, 1, 1, 5001, 3], [1, -37, 1, 0, 5001, 3]])
+    stalled = dog._decide(state, [[1, 1, 1, 5001, 3], [1, 1, 0, 5001, 3]])
     assert (stalled.kind, stalled.ranks, stalled.layer) == ("stalled", (1,), 3)
     assert stalled.cause == (
         "the rearrangement cycle made no progress for 5.0 s (> 5 s, ASCEND_EPLB_WORKER_TIMEOUT_S): "
@@ -85,7 +85,7 @@ def test_a_stall_past_the_interval_is_named_as_upstreams_silent_stop():
         "would never rearrange again"
     )
     # Within the timeout nothing is decided, whatever the counter says (a slow transfer is not a stall).
-    assert dog._decide(state, [[1, -37, 1, 1, 4000, 3], [1, -37, 1, 0, 4000, 3]]) is None
+    assert dog._decide(state, [[1, 1, 1, 4000, 3], [1, 1, 0, 4000, 3]]) is None
 
 
 class _Clock:

@@ -239,13 +239,11 @@ class WorkerWatchdog:
         bus.subscribe(ShutdownEvent, self.at_shutdown)
 
     def _local_status(self, state: Any) -> list[int]:
-        """``[alive, steps_until_next_rearrangement, then per model: in_cycle, has_pending,
-        ms_without_progress, layer_in_flight]``; the second is upstream's own figure,
-        ``expert_rearrangement_step_interval - expert_rearrangement_step`` (equal on every rank)."""
+        """``[alive, then per model: in_cycle, has_pending, ms_without_progress, layer_in_flight]``."""
         worker = getattr(state, "async_worker", None)
         alive = worker is None or worker.is_alive()
         now = self.clock()
-        out = [int(alive), _steps_until_next_rearrangement(state)]
+        out = [int(alive)]
         for index, ms in enumerate(state.model_states.values()):
             pending = ms.pending_result
             layer = pending.layer_idx if pending is not None else _next_layer(state, ms)
@@ -373,10 +371,9 @@ class WorkerWatchdog:
     def _decide(self, state: Any, gathered: list[list[int]]) -> WorkerFailure | None:
         names = [ms.model_name for ms in state.model_states.values()]
         dead = tuple(r for r, row in enumerate(gathered) if not row[0])
-        steps_until = min(row[1] for row in gathered)
         in_flight = None
         for index, name in enumerate(names):
-            rows = [row[2 + 4 * index : 6 + 4 * index] for row in gathered]
+            rows = [row[1 + 4 * index : 5 + 4 * index] for row in gathered]
             if any(r[0] for r in rows):
                 in_flight = (index, name, max(r[3] for r in rows), rows)
                 break
@@ -403,21 +400,22 @@ class WorkerWatchdog:
             "stalled", silent, model, layer, self.steps,
             f"the rearrangement cycle made no progress for {idle_s:.1f} s (> {self.timeout_s:g} s, "
             f"{ENV_TIMEOUT}): layer {layer} was not published by rank(s) {', '.join(map(str, silent))}"
-            f"{waiting}{_overrun(steps_until, in_flight)}",
+            f"{waiting}{_overrun(_steps_until_next_rearrangement(state))}",
         )  # fmt: skip
 
 
 def _steps_until_next_rearrangement(state: Any) -> int:
     """Upstream's "steps until the next rearrangement" (``EplbState.step``'s log line):
-    ``expert_rearrangement_step_interval - expert_rearrangement_step``; negative once a cycle in flight
-    kept ``step`` from resetting the counter (vllm-project/vllm#57883)."""
+    ``expert_rearrangement_step_interval - expert_rearrangement_step``, the same on every rank (each
+    steps upstream's counter alike); negative once a cycle in flight kept ``step`` from resetting the
+    counter (vllm-project/vllm#57883)."""
     interval = int(getattr(state, "expert_rearrangement_step_interval", 0))
     return interval - int(getattr(state, "expert_rearrangement_step", 0))
 
 
-def _overrun(steps_until: int, in_flight: Any) -> str:
-    """The cause's words for upstream's step counter past its interval with a cycle in flight."""
-    if in_flight is None or steps_until >= 0:
+def _overrun(steps_until: int) -> str:
+    """The cause's words for upstream's step counter past its interval (a cycle is in flight)."""
+    if steps_until >= 0:
         return ""
     return (
         f"; upstream's silent stop (vllm-project/vllm#57883): EplbState.expert_rearrangement_step ran "
