@@ -147,6 +147,12 @@ class EplbSettings:
     def num_ranks(self) -> int:
         return self.tensor_parallel_size * self.prefill_context_parallel_size * self.data_parallel_size
 
+    @property
+    def load_collection_phase(self) -> Any:
+        """``additional_config.eplb_config.load_collection_phase`` as given (not validated), ``"all"``
+        when absent (every batch records load)."""
+        return self.ascend_eplb_config.get("load_collection_phase", "all")
+
 
 def experts_divisibility_error(
     num_logical_experts: int, num_redundant_experts: int, num_ranks: int
@@ -192,13 +198,9 @@ def _rule(rule_id: str) -> Callable[[Rule], Rule]:
     return register
 
 
-def _phase(s: EplbSettings) -> Any:
-    return s.ascend_eplb_config.get("load_collection_phase", "all")
-
-
 @_rule("phase-without-eplb")
 def _phase_without_eplb(s: EplbSettings) -> str | None:
-    phase = _phase(s)
+    phase = s.load_collection_phase
     if s.enable_eplb or phase == "all":
         return None
     return (
@@ -256,7 +258,7 @@ def _unknown_ascend_key(s: EplbSettings) -> str | None:
 
 @_rule("load-collection-phase")
 def _load_collection_phase(s: EplbSettings) -> str | None:
-    phase = _phase(s)
+    phase = s.load_collection_phase
     if phase in LOAD_COLLECTION_PHASES:
         return None
     return (

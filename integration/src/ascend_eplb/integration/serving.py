@@ -162,7 +162,7 @@ def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSe
     from ascend_eplb.integration.verify import EplbVerifier
     from ascend_eplb.integration.watchdog import WorkerWatchdog
 
-    phase = setup.settings.ascend_eplb_config.get("load_collection_phase", "all")
+    phase = setup.settings.load_collection_phase
     controller = AscendEPLBController(parallel_config, device, load_collection_phase=phase)
     # Each subscribes once, here; the bus delivers in subscription order on every rank: the watchdog
     # first (a failure stops EPLB before any other subscriber looks at the cycle), then the verifier,

@@ -46,7 +46,7 @@ class CheckResult:
 def _resolved(s: EplbSettings) -> dict[str, Any]:
     d = asdict(s)
     d["communicator"] = s.communicator or "torch_gloo"
-    d["load_collection_phase"] = s.ascend_eplb_config.get("load_collection_phase", "all")
+    d["load_collection_phase"] = s.load_collection_phase
     d["num_ranks"] = s.num_ranks
     if s.num_logical_experts is not None:
         d["num_physical_experts"] = s.num_logical_experts + s.num_redundant_experts
