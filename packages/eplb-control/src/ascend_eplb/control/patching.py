@@ -253,10 +253,6 @@ class InstanceBinding:
         """The instance attribute that holds the replacement."""
         return self.signature.qualname.rsplit(".", 1)[-1]
 
-    def verify(self) -> None:
-        """Check the upstream method against the supported version; ``RuntimeError`` naming it on drift."""
-        self.signature.check()
-
 
 class PatchSet:
     """Installs a list of :class:`Patch` es atomically, idempotently, and removes them again.
