@@ -122,15 +122,7 @@ def settings_from_file_dict(
             return default
         return v
 
-    interval = ec.get("log_balancedness_interval", 1)
-    if not is_int(interval) or not 1 <= interval <= INT32_MAX:
-        out.append(
-            Violation(
-                "schema",
-                f"parallel_config.eplb_config.log_balancedness_interval={short(interval)} must be an "
-                f"integer in [1, {INT32_MAX}]",
-            )
-        )
+    integer("parallel_config.eplb_config", ec, "log_balancedness_interval", 1)
     boolean("parallel_config.eplb_config", ec, "enable_migration_batching", False)
 
     experts = model.get("num_logical_experts")
