@@ -22,7 +22,7 @@ import torch
 
 from ascend_eplb.quant_views._storage import ExpertStorage
 from ascend_eplb.quant_views._tensor_list import ExpertTensorList
-from ascend_eplb.quant_views._validate import is_int
+from ascend_eplb.quant_views._validate import BOTH_OR_NEITHER, is_int
 from ascend_eplb.quant_views.formats.base import ExpertWeightFormat
 from ascend_eplb.quant_views.registry import get_format
 
@@ -30,7 +30,7 @@ __all__ = ["layer_storage", "layer_view_names", "layer_weight_views"]
 
 _SIZE_ATTRS = (("local_num_experts", "p"), ("hidden_size", "H"), ("intermediate_size_per_partition", "I"))
 #: W8A8's optional fused scale pair (vllm-ascend's fused MC2 mode): both or neither.
-_FUSED_SCALES = ("fused_w1_scale", "fused_w2_scale")
+_FUSED_SCALES = BOTH_OR_NEITHER[0]
 
 
 def _resolve(fmt: ExpertWeightFormat | str) -> ExpertWeightFormat:

@@ -220,9 +220,6 @@ class ExpertWeightFormat(abc.ABC):
             raise TypeError(f"{self.name}.storage_from_checkpoint takes biases as tensors, not options")
         opts = self._resolved_options(options)
         kernel, unread = self._after_loading({n: t.clone() for n, t in tensors.items()}, p, opts)
-        for name in ("w13_bias", "w2_bias"):
-            if name in opts and name in tensors:
-                opts[name] = tensors[name]
         kernel, unread = self._laid_out(kernel, unread, per_expert_lists)
         return self._storage_record(kernel, unread, p, hidden_size, intermediate_size, per_expert_lists, opts)
 
