@@ -7,7 +7,7 @@ import pytest
 
 from ascend_eplb.testing import real_models as rm
 from ascend_eplb.tools.cli import main
-from ascend_eplb.tools.simulate.config import CHECK_DESCRIPTIONS, SimulateConfig
+from ascend_eplb.tools.simulate.config import CHECK_DESCRIPTIONS, OUTPUT_RTOL, SimulateConfig
 from ascend_eplb.tools.simulate.driver import run_simulation
 
 # The trace-replay world (--model replay): the embedded ESFT trace on synthetic w8a8_dynamic experts.
@@ -564,6 +564,15 @@ def test_simulate_serves_quantized_experts_of_a_folder_or_a_preset(model, fmt, l
     assert (report["model"], report["format"]) == ("Qwen3MoeForCausalLM", fmt or "w4a8_dynamic")
     assert report["rearrangements_completed"] >= 2
     assert report["max_output_error"] == 0.0  # top-2 on 2 ranks: bit for bit (ascend_quant's docstring)
+
+
+def test_the_reported_outputs_tolerance_is_the_one_the_world_checks():
+    # The replay world compares one quant_views kernel with itself in float32 (rank.py: OUTPUT_RTOL,
+    # whatever the format); a real model's 16-bit experts get 16 units of their roundoff.
+    assert SimulateConfig(model="replay", quant_format="bf16").outputs_rtol == OUTPUT_RTOL == 1e-5
+    assert SimulateConfig(quant_format="bf16").outputs_rtol == 16 * 2.0**-8
+    assert SimulateConfig(quant_format="fp16").outputs_rtol == 16 * 2.0**-11
+    assert SimulateConfig().outputs_rtol == OUTPUT_RTOL
 
 
 # The run of issue 23: a stall of 2 s cannot be judged in a run of well under 2 s of steps.

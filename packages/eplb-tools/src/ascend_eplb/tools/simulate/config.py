@@ -230,6 +230,13 @@ class SimulateConfig:
         return self.model == REPLAY
 
     @property
+    def outputs_rtol(self) -> float:
+        """The outputs check's relative tolerance in this run: :data:`OUTPUT_RTOL` in the replay world
+        (both worlds run the same quant_views kernel in float32), else :func:`output_rtol` of the real
+        model's experts' format."""
+        return OUTPUT_RTOL if self.replays else output_rtol(self.quant_format)
+
+    @property
     def effective_padded_size(self) -> int:
         if self.padded_size is not None:
             return self.padded_size

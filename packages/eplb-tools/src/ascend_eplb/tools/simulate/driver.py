@@ -199,7 +199,7 @@ def _run_torchrun(config: SimulateConfig, routing: Any) -> tuple[list[dict], boo
 
 
 def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: float) -> dict:
-    from ascend_eplb.tools.simulate.config import CHECKS, OUTPUT_ATOL, output_rtol
+    from ascend_eplb.tools.simulate.config import CHECKS, OUTPUT_ATOL
 
     r0 = results[0]
     bal = r0["balancedness_per_step"]
@@ -270,7 +270,7 @@ def _report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: f
             np.percentile(secs - np.array(r0["verifier_seconds"]), 50)
         ),
         "max_output_error": max(res["max_output_error"] for res in results),
-        "output_tolerance": {"rtol": output_rtol(config.quant_format), "atol": OUTPUT_ATOL},
+        "output_tolerance": {"rtol": config.outputs_rtol, "atol": OUTPUT_ATOL},
         # True passed, False failed, None not judged; ``check_evidence``: what each check saw, or why not.
         "checks": {name: _JUDGED[verdicts[name][0]] for name in CHECKS},
         "check_evidence": {name: verdicts[name][1] for name in CHECKS},
@@ -319,7 +319,7 @@ def _verdicts(
 ) -> dict[str, tuple[str, str]]:
     """``check -> (outcome, what it saw)``, outcome ``pass``, ``fail`` or ``not judged``: a check passes
     only on what it compared, and says what that was."""
-    from ascend_eplb.tools.simulate.config import CHECKS, OUTPUT_ATOL, output_rtol
+    from ascend_eplb.tools.simulate.config import CHECKS, OUTPUT_ATOL
 
     r0, n = results[0], len(results)
     steps = r0["steps_run"]
@@ -328,7 +328,7 @@ def _verdicts(
         failed.setdefault(check, message.split(": ", 1)[-1].splitlines()[0])
     out: dict[str, tuple[str, str]] = {}
     what = "the real rows' logits" if not config.replays else "every layer's outputs for the real tokens"
-    worst, rtol = max(res["max_output_error"] for res in results), output_rtol(config.quant_format)
+    worst, rtol = max(res["max_output_error"] for res in results), config.outputs_rtol
     out["outputs"] = (
         "pass",
         f"{steps} steps on {n} ranks: {what} equal the EPLB-off model's (max error {worst:.3g}, "
