@@ -587,6 +587,23 @@ def test_engine_args_of_only_the_keys_the_schema_shares_are_read_as_engine_args(
     assert (result.resolved["enable_eplb"], result.resolved["quantization"]) == (False, "bf16")  # its dtype
 
 
+def test_simulate_reads_a_folders_format_as_check_does_without_importing_vllm(tmp_path):
+    import subprocess
+    import sys
+
+    from ascend_eplb.tools.check.model_folder import folder_formats, model_folder_facts
+
+    folder = _model_folder(tmp_path)
+    facts = model_folder_facts(folder)
+    assert folder_formats(folder) == (facts.quantization, facts.dtype) == ("w8a8_dynamic", "bf16")
+    probe = (
+        "import sys; from ascend_eplb.tools.simulate.models import folder_format; "
+        f"print(folder_format({str(folder)!r}), 'vllm' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["w8a8_dynamic", "False"]
+
+
 def test_a_description_without_routed_experts_is_named_not_called_missing(tmp_path):
     folder = _model_folder(tmp_path, quant_type=None)
     (folder / "quant_model_description.json").write_text(json.dumps({"model.embed_tokens.weight": "FLOAT"}))

@@ -14,7 +14,7 @@ from ascend_eplb.integration.rules import INT32_MAX
 from ascend_eplb.integration.validation import ASCEND_QUANT_TYPES, DTYPE_FORMATS, experts_format
 from ascend_eplb.tools.check.report import short
 
-__all__ = ["ModelFacts", "format_name", "model_folder_facts"]
+__all__ = ["ModelFacts", "folder_formats", "format_name", "model_folder_facts"]
 
 
 def format_name(name: str) -> str:
@@ -62,9 +62,7 @@ def model_folder_facts(folder: str | os.PathLike[str]) -> ModelFacts:
 
     root = Path(folder)
     config_file = root / "config.json"
-    cfg = _json_object(config_file)
-    if isinstance(cfg.get("text_config"), dict):
-        cfg = {**cfg, **cfg["text_config"]}
+    cfg = _text_config(config_file)
     key = next((k for k in CONFIG_FIELD_ALIASES["num_experts"] if k in cfg), None)
     experts = cfg.get(key, 0) if key else 0
     if isinstance(experts, list):
@@ -73,14 +71,35 @@ def model_folder_facts(folder: str | os.PathLike[str]) -> ModelFacts:
         experts = 0
     if not is_int(experts) or not 0 <= experts <= INT32_MAX:
         raise ValueError(f"{config_file}: {key}={short(experts)} must be an integer in [0, {INT32_MAX}]")
+    return ModelFacts(str(root), experts or None, *_formats(root, cfg))
+
+
+def folder_formats(folder: str | os.PathLike[str]) -> tuple[str | None, str | None]:
+    """``(quantization, dtype)`` of :func:`model_folder_facts`, without importing vLLM (the expert
+    count's aliases are vLLM's): for callers that validate options before any heavy import.
+
+    Raises:
+        ValueError, EplbConfigError: as :func:`model_folder_facts` for ``config.json`` and the
+            description.
+    """
+    root = Path(folder)
+    quant, dtype, _ = _formats(root, _text_config(root / "config.json"))
+    return quant, dtype
+
+
+def _text_config(config_file: Path) -> dict[str, Any]:
+    cfg = _json_object(config_file)
+    if isinstance(cfg.get("text_config"), dict):
+        cfg = {**cfg, **cfg["text_config"]}
+    return cfg
+
+
+def _formats(root: Path, cfg: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
+    """The description's routed-expert format, the checkpoint's dtype as a format, the description."""
     dtype = cfg.get("torch_dtype") or cfg.get("dtype")
     descriptions = sorted(root.glob("quant_model_description*.json"))
-    quant = None
-    if descriptions:
-        quant = experts_format(_json_object(descriptions[0]))
-    return ModelFacts(
-        str(root),
-        experts or None,
+    quant = experts_format(_json_object(descriptions[0])) if descriptions else None
+    return (
         quant,
         # As start-up reads a dtype (validation.quantization_format_name): float32 stays float32.
         DTYPE_FORMATS.get(str(dtype), str(dtype)) if dtype else None,

@@ -113,16 +113,16 @@ def _write_preset(name: str, folder: Path, fmt: str) -> None:
 
 def folder_format(folder: str | os.PathLike[str]) -> str:
     """The routed experts' format of a model folder, read as start-up validation reads it
-    (``model_folder_facts``: the msModelSlim description's quant type, else the checkpoint's dtype,
-    else ``float32``).
+    (``folder_formats``, which imports no vLLM: the msModelSlim description's quant type, else the
+    checkpoint's dtype, else ``float32``).
 
     Raises:
         ValueError: ``config.json`` or the description cannot be read (naming the file).
     """
-    from ascend_eplb.tools.check.model_folder import model_folder_facts
+    from ascend_eplb.tools.check.model_folder import folder_formats
 
-    facts = model_folder_facts(folder)
-    return facts.quantization or facts.dtype or PRESET_FORMAT
+    quantization, dtype = folder_formats(folder)
+    return quantization or dtype or PRESET_FORMAT
 
 
 def _check_format(fmt: str) -> None:
