@@ -49,7 +49,12 @@ from typing import Any
 
 import torch
 
-from ascend_eplb.testing.checkpoints import EXPERT_KEYS, checkpoint_experts, checkpoint_info
+from ascend_eplb.testing.checkpoints import (
+    EXPERT_KEYS,
+    checkpoint_experts,
+    checkpoint_info,
+    checkpoint_tensors,
+)
 
 __all__ = [
     "FORMAT_SWITCHES",
@@ -123,7 +128,7 @@ def write_quantized_experts(folder: str | os.PathLike[str], fmt: str) -> Path:
     Raises:
         ValueError: ``fmt`` has no msModelSlim type, or the checkpoint is not one of ``real_models``.
     """
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     from ascend_eplb.quant_views import FORMAT_SUPPORT, get_format
 
@@ -131,9 +136,7 @@ def write_quantized_experts(folder: str | os.PathLike[str], fmt: str) -> Path:
     folder = Path(folder)
     info = checkpoint_info(folder)
     files = sorted(folder.glob("*.safetensors"))
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        tensors.update(load_file(str(file)))
+    tensors = checkpoint_tensors(folder)
     gate_t, up_t, down_t = EXPERT_KEYS[info.arch]
     expert_keys: set[str] = set()
     quantize = FORMAT_SUPPORT[fmt].supports_eplb
@@ -574,14 +577,10 @@ def checkpoint_expert_storage(folder: str | os.PathLike[str], fmt: str) -> list[
     slot is a movement error, never a requantization), with the runtime options the method uses
     (W8A8 fused scales when ``VLLM_ASCEND_ENABLE_FUSED_MC2`` is on); stacked.
     """
-    from safetensors.torch import load_file
-
     from ascend_eplb.quant_views import get_format
 
     info = checkpoint_info(folder)
-    tensors: dict[str, torch.Tensor] = {}
-    for file in sorted(Path(folder).glob("*.safetensors")):
-        tensors.update(load_file(str(file)))
+    tensors = checkpoint_tensors(folder)
     gate_t, up_t, down_t = EXPERT_KEYS[info.arch]
     fmt_ = get_format(fmt)
     options = {"fused_scales": True} if fmt == "w8a8_dynamic" and _switch("fused_scales") else {}

@@ -16,7 +16,14 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["ARCHITECTURES", "EXPERT_KEYS", "CheckpointInfo", "checkpoint_experts", "checkpoint_info"]
+__all__ = [
+    "ARCHITECTURES",
+    "EXPERT_KEYS",
+    "CheckpointInfo",
+    "checkpoint_experts",
+    "checkpoint_info",
+    "checkpoint_tensors",
+]
 
 #: The architectures :func:`~ascend_eplb.testing.real_models.write_checkpoint` writes, with their HF
 #: ``architectures`` entry.
@@ -109,6 +116,16 @@ def checkpoint_info(folder: str | os.PathLike[str]) -> CheckpointInfo:
     )
 
 
+def checkpoint_tensors(folder: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's ``*.safetensors`` files (in file-name order), by checkpoint key."""
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    return tensors
+
+
 def checkpoint_experts(folder: str | os.PathLike[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Every MoE layer's routed experts as the checkpoint holds them, in vLLM's layout.
 
@@ -120,12 +137,8 @@ def checkpoint_experts(folder: str | os.PathLike[str]) -> list[tuple[torch.Tenso
         KeyError: the experts are quantized (their float weights are not in the checkpoint; see
             ``ascend_quant.checkpoint_expert_storage``).
     """
-    from safetensors.torch import load_file
-
     info = checkpoint_info(folder)
-    tensors: dict[str, torch.Tensor] = {}
-    for file in sorted(Path(folder).glob("*.safetensors")):
-        tensors.update(load_file(str(file)))
+    tensors = checkpoint_tensors(folder)
     gate_t, up_t, down_t = EXPERT_KEYS[info.arch]
     out = []
     for layer in info.moe_layer_indices:
