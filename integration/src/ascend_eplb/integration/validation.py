@@ -47,6 +47,7 @@ __all__ = [
     "DTYPE_FORMATS",
     "EplbConfigError",
     "as_dict",
+    "ascend_format_name",
     "experts_format",
     "parallel_and_eplb_fields",
     "quantization_format_name",
@@ -116,6 +117,12 @@ def quantization_format_name(vllm_config: Any) -> str | None:
     return str(method).lower()
 
 
+def ascend_format_name(name: str) -> str:
+    """A quant_views format name, or an msModelSlim quant type (``W8A8_DYNAMIC``) mapped to one by
+    :data:`ASCEND_QUANT_TYPES`; any other name lower-cased."""
+    return ASCEND_QUANT_TYPES.get(name.upper(), name.lower())
+
+
 def experts_format(description: Mapping[Any, Any]) -> str | None:
     """The format of an msModelSlim description's routed-expert weights (None: it has none).
 
@@ -133,7 +140,7 @@ def experts_format(description: Mapping[Any, Any]) -> str | None:
         raise EplbConfigError(
             [Violation("quantization", f"routed experts mix quant types {types}; fix: quantize uniformly")]
         )
-    return ASCEND_QUANT_TYPES.get(types[0], types[0].lower()) if types else None
+    return ascend_format_name(types[0]) if types else None
 
 
 def parallel_and_eplb_fields(

@@ -22,9 +22,8 @@ from typing import Any
 from ascend_eplb.control.values import is_int
 from ascend_eplb.integration.rules import INT32_MAX, EplbSettings, Judgement, Violation, check_settings
 from ascend_eplb.integration.serving import serving_switch_errors
-from ascend_eplb.integration.validation import EplbConfigError
+from ascend_eplb.integration.validation import EplbConfigError, ascend_format_name
 from ascend_eplb.tools.check.engine_args import parse_serve_command, settings_from_engine_args
-from ascend_eplb.tools.check.model_folder import format_name
 from ascend_eplb.tools.check.report import CheckResult, refused, result
 from ascend_eplb.tools.check.schema import is_engine_args, settings_from_file_dict
 
@@ -115,7 +114,7 @@ def _with_fact_options(s: EplbSettings, num_experts: int | None, quantization: s
         s.num_logical_experts = num_experts
         s.unknown_facts.pop("num_logical_experts", None)
     if quantization is not None and quantization.lower() != "ascend":
-        s.quantization = format_name(quantization)
+        s.quantization = ascend_format_name(quantization)
         s.unknown_facts.pop("quantization", None)
     return s
 

@@ -10,8 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from ascend_eplb.integration.rules import EplbSettings
-from ascend_eplb.integration.validation import DTYPE_FORMATS, as_dict, parallel_and_eplb_fields
-from ascend_eplb.tools.check.model_folder import format_name, model_folder_facts
+from ascend_eplb.integration.validation import (
+    DTYPE_FORMATS,
+    as_dict,
+    ascend_format_name,
+    parallel_and_eplb_fields,
+)
+from ascend_eplb.tools.check.model_folder import model_folder_facts
 
 __all__ = ["default_cudagraph_mode", "parse_serve_command", "settings_from_engine_args"]
 
@@ -104,7 +109,7 @@ def settings_from_engine_args(
     fmt: str | None = None
     method = ea.quantization
     if quantization is not None and quantization.lower() != "ascend":
-        fmt = format_name(quantization)
+        fmt = ascend_format_name(quantization)
     elif quantization is not None or (method is not None and str(method).lower() == "ascend"):
         fmt = facts.quantization if facts else None
         if fmt is None:

@@ -11,15 +11,10 @@ from typing import Any
 
 from ascend_eplb.control.values import is_int
 from ascend_eplb.integration.rules import INT32_MAX
-from ascend_eplb.integration.validation import ASCEND_QUANT_TYPES, DTYPE_FORMATS, experts_format
+from ascend_eplb.integration.validation import DTYPE_FORMATS, experts_format
 from ascend_eplb.tools.check.report import short
 
-__all__ = ["ModelFacts", "folder_formats", "format_name", "model_folder_facts"]
-
-
-def format_name(name: str) -> str:
-    """A quant_views format name, or an msModelSlim quant type (``W8A8_DYNAMIC``) mapped to one."""
-    return ASCEND_QUANT_TYPES.get(name.upper(), name.lower())
+__all__ = ["ModelFacts", "folder_formats", "model_folder_facts"]
 
 
 @dataclass(frozen=True)
