@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from ascend_eplb.testing.checkpoints import (
+from ascend_eplb.tools.world.checkpoints import (
     EXPERT_KEYS,
     checkpoint_experts,
     checkpoint_info,

@@ -71,7 +71,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ascend_eplb.testing.checkpoints import (
+from ascend_eplb.tools.world.checkpoints import (
     ARCHITECTURES,
     CheckpointInfo,
     checkpoint_experts,
