@@ -2,7 +2,7 @@
 
 Each world (TP=2 x EP=2 over Gloo, ``real_models.real_model_world``, verifier on) serves a checkpoint
 whose routed experts are in the format: msModelSlim tensors and ``quant_model_description.json`` with
-``--quantization ascend`` (``ascend_eplb.testing.ascend_quant``), or a bf16/fp16 checkpoint. vLLM's
+``--quantization ascend`` (``ascend_eplb.tools.world.quant_method``), or a bf16/fp16 checkpoint. vLLM's
 loader fills the format's parameters, the method lays them out as vllm-ascend does, EPLB moves the
 views ``get_eplb_weight_views`` returns, and the quant_views reference kernel computes from the layer's
 own tensors. Per-expert lists are vllm-ascend's NZ mode (``VLLM_ASCEND_ENABLE_NZ=1``), W8A8's fused
@@ -10,7 +10,7 @@ scales its fused-MC2 mode (``VLLM_ASCEND_ENABLE_FUSED_MC2=1``).
 
 The bound is 0: EPLB-on logits equal EPLB-off's bit for bit (the method computes each selection on
 its own and top-2 on 2 EP ranks sums at most two nonzero partials, commutatively; see the module
-docstring of ``ascend_quant``).
+docstring of ``quant_method``).
 """
 
 from __future__ import annotations

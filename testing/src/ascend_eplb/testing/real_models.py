@@ -246,7 +246,7 @@ def write_checkpoint(
         model.save_pretrained(folder)
     finally:
         torch.random.set_rng_state(generator_state)
-    from ascend_eplb.testing.ascend_quant import to_format
+    from ascend_eplb.tools.world.quant_method import to_format
 
     return to_format(folder, fmt)
 
@@ -359,7 +359,7 @@ def _torch_moe_method_class() -> type:
             # bf16/fp16: vllm-ascend's AscendUnquantizedFusedMoEMethod layout through quant_views.
             fmt = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(layer.w13_weight.dtype)
             if fmt is not None:
-                from ascend_eplb.testing.ascend_quant import lay_out_experts
+                from ascend_eplb.tools.world.quant_method import lay_out_experts
 
                 self.format_name = fmt
                 lay_out_experts(layer, fmt, ("w13_weight", "w2_weight", "w13_bias", "w2_bias"))
@@ -380,7 +380,7 @@ def _torch_moe_method_class() -> type:
             if type(self).recorded_ids is not None:
                 type(self).recorded_ids.append(ids.clone())
             if self.format_name is not None:
-                from ascend_eplb.testing.ascend_quant import apply_layer
+                from ascend_eplb.tools.world.quant_method import apply_layer
 
                 return apply_layer(layer, self.format_name, x, topk_weights, ids)
             w13, w2 = layer.w13_weight, layer.w2_weight
@@ -653,7 +653,7 @@ def prepare_world(
     register_torch_moe_method()
     folder = Path(folder)
     if (folder / "quant_model_description.json").is_file():
-        from ascend_eplb.testing.ascend_quant import register_ascend_quantization
+        from ascend_eplb.tools.world.quant_method import register_ascend_quantization
 
         register_ascend_quantization()
     _thread_lock_for_tqdm()
@@ -669,7 +669,7 @@ def load_model(vllm_config: Any) -> torch.nn.Module:
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader import get_model
 
-    from ascend_eplb.testing.ascend_quant import install_ascend_routed_experts
+    from ascend_eplb.tools.world.quant_method import install_ascend_routed_experts
 
     with set_current_vllm_config(vllm_config):
         model = get_model(vllm_config=vllm_config)
@@ -884,7 +884,7 @@ class ServingWorker:
         from vllm.distributed.parallel_state import get_ep_group
 
         from ascend_eplb.integration.runner import Mrv2EplbWiring
-        from ascend_eplb.testing.ascend_quant import checkpoint_expert_storage, checkpoint_format
+        from ascend_eplb.tools.world.quant_method import checkpoint_expert_storage, checkpoint_format
 
         self.folder = Path(folder)
         self.info = checkpoint_info(self.folder)
@@ -1034,7 +1034,7 @@ class ServingWorker:
     def _mismatches(self, physical_to_logical: torch.Tensor) -> list[str]:
         if self.format is None:
             return local_slot_mismatches(self.model, self.experts, physical_to_logical, self.ep_rank)
-        from ascend_eplb.testing.ascend_quant import slot_fingerprint_mismatches
+        from ascend_eplb.tools.world.quant_method import slot_fingerprint_mismatches
 
         return slot_fingerprint_mismatches(
             self.model, self.expert_storage, physical_to_logical, self.ep_rank, self.format

@@ -1,7 +1,7 @@
 """Reading the tiny checkpoints of :mod:`ascend_eplb.testing.real_models`: their sizes and routed experts.
 
 What both :mod:`~ascend_eplb.testing.real_models` (which writes and runs the checkpoints) and
-:mod:`~ascend_eplb.testing.ascend_quant` (which quantizes their experts) read, so neither imports the
+:mod:`~ascend_eplb.tools.world.quant_method` (which quantizes their experts) read, so neither imports the
 other for it. Imports torch and the standard library (safetensors when experts are read); no vLLM.
 Shape letters (DESIGN.md section 2): E logical experts, H hidden size, I MoE intermediate size, L MoE
 layers, K top-k; V is the vocabulary size.
