@@ -1,7 +1,7 @@
 """Rank functions of the real-model tests (loaded by path in each rank process).
 
 ``real_model_checks`` builds vLLM 0.33.0's real model class of a tiny checkpoint twice on one world
-(TP = EP = world size over Gloo, ``ascend_eplb.testing.real_models``): with EPLB off it runs one
+(TP = EP = world size over Gloo, ``ascend_eplb.tools.world.serving``): with EPLB off it runs one
 prefill forward per prompt and returns the logits (the test compares them with HF transformers); with
 EPLB on (redundant experts, vLLM's loader) it returns which local slots differ from the checkpoint's
 expert under upstream's initial placement, and the EPLB state's initial map.
@@ -22,7 +22,7 @@ def real_model_checks(
     ctx: RankContext, folder: str, prompts: list[torch.Tensor], num_redundant_experts: int
 ) -> dict[str, Any]:
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
-    from ascend_eplb.testing import real_models as rm
+    from ascend_eplb.tools import world as rm
 
     report: dict[str, Any] = {"rank": ctx.rank}
     info = rm.checkpoint_info(folder)
@@ -83,7 +83,7 @@ def rank_dependent_replicas_world(
     """
     os.environ["ASCEND_EPLB_VERIFY"] = "1"
     from ascend_eplb.integration.verify import EplbVerificationError
-    from ascend_eplb.testing import real_models as rm
+    from ascend_eplb.tools import world as rm
 
     worker = rm.ServingWorker(
         ctx, folder, num_redundant_experts=num_redundant_experts, window_size=1, step_interval=2
@@ -108,14 +108,14 @@ def rank_dependent_replicas_world(
 
 def quantized_world(ctx: RankContext, spec: Any) -> dict[str, Any]:
     """``real_model_world`` of a format's checkpoint (the environment of ``spec`` chooses the layout)."""
-    from ascend_eplb.testing import real_models as rm
+    from ascend_eplb.tools import world as rm
 
     return rm.real_model_world(ctx, spec)
 
 
 def start_up_errors(ctx: RankContext, folders: dict[str, str]) -> dict[str, Any]:
     """Start a ``ServingWorker`` on each folder; per format: ``(error class, message, model loaded)``."""
-    from ascend_eplb.testing import real_models as rm
+    from ascend_eplb.tools import world as rm
 
     loads: list[str] = []
     original = rm.load_model
@@ -157,7 +157,7 @@ def metrics_world(
     from ascend_eplb.integration.events import EventsRecord, EventsRecorder
     from ascend_eplb.integration.serving import guardrails_of
     from ascend_eplb.integration.verify import EplbVerificationError
-    from ascend_eplb.testing import real_models as rm
+    from ascend_eplb.tools import world as rm
 
     worker = rm.ServingWorker(
         ctx, folder, num_redundant_experts=num_redundant_experts, window_size=2, step_interval=4,

@@ -22,11 +22,11 @@ import torch
 
 from ascend_eplb.quant_views import FORMAT_SUPPORT
 from ascend_eplb.testing import load_module, run_ranks
-from ascend_eplb.testing import real_models as rm
+from ascend_eplb.tools import world as rm
 
 ranks = load_module(Path(__file__).with_name("ranks_real_models.py"))
 
-PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.testing.real_models")
+PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.tools.world.serving")
 # (id, format, environment)
 VARIANTS = [
     ("bf16", "bf16", {}),

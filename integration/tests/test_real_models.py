@@ -1,7 +1,7 @@
 """vLLM 0.33.0's real MoE model classes on 2 ranks (TP=2 x EP=2 over Gloo), checked against HF transformers.
 
 One world per architecture (``ranks_real_models.real_model_checks``): with EPLB off the rank's logits
-equal HF transformers' on the same tiny checkpoint (the stand-ins of ``ascend_eplb.testing.real_models``
+equal HF transformers' on the same tiny checkpoint (the stand-ins of ``ascend_eplb.tools.world.serving``
 for expert compute and attention are what run); with EPLB on, vLLM's own loader fills every local slot,
 redundant slots included, with the checkpoint's expert under upstream's initial placement.
 """
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from ascend_eplb.testing import load_module, run_ranks
-from ascend_eplb.testing import real_models as rm
+from ascend_eplb.tools import world as rm
 
 ranks = load_module(Path(__file__).with_name("ranks_real_models.py"))
 
-PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.testing.real_models")
+PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.tools.world.serving")
 NUM_TOKENS = 12
 #: max |vLLM - HF| / max |HF| allowed per logit tensor (float32).
 TOLERANCE = 1e-5

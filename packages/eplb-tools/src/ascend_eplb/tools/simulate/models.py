@@ -2,14 +2,14 @@
 
 A folder holds ``config.json`` and safetensors of a supported architecture (vLLM 0.33.0's
 ``Qwen3MoeForCausalLM``, ``DeepseekV3ForCausalLM`` or ``MixtralForCausalLM``; what
-``ascend_eplb.testing.real_models`` can run on a CPU host). A preset is a tiny random checkpoint of that
-architecture, written by ``real_models.write_checkpoint`` into the cache (``$ASCEND_EPLB_CACHE``, default
+``ascend_eplb.tools.world`` can run on a CPU host). A preset is a tiny random checkpoint of that
+architecture, written by ``world.write_checkpoint`` into the cache (``$ASCEND_EPLB_CACHE``, default
 ``~/.cache/ascend-eplb``, under ``models/``) the first time it is asked for:
 
 * ``deepseek-v3`` (the main job's default): DeepSeek-V3's architecture (grouped top-k over 4 groups,
   sigmoid scores with a correction bias, a shared expert, a dense first layer, MLA) at E = 64 routed
   experts, top-6 and 4 MoE layers, the embedded ESFT DeepSeek-V2-Lite trace's shape. Its routing bias
-  is fitted (``real_models.fit_routing_bias``) to the trace's per-layer expert popularity of its first
+  is fitted (``world.fit_routing_bias``) to the trace's per-layer expert popularity of its first
   4 MoE layers, so that the load is skewed like that real serving load: without EPLB, balancedness of
   its steps is within 0.05 of the trace's own (``packages/eplb-tools/tests/test_simulate.py``).
 * ``qwen3-moe``, ``mixtral``: the architectures' defaults of ``write_checkpoint`` (E = 8, top-2,
@@ -86,7 +86,7 @@ def cache_folder() -> Path:
 def _write_preset(name: str, folder: Path, fmt: str) -> None:
     """Write preset ``name`` in format ``fmt`` into ``folder`` atomically (a scratch folder renamed into
     place): the float32 checkpoint (routing fitted first), then converted (``world.quant_method.to_format``)."""
-    from ascend_eplb.testing import real_models
+    from ascend_eplb.tools import world
     from ascend_eplb.tools.world.quant_method import to_format
 
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -96,11 +96,11 @@ def _write_preset(name: str, folder: Path, fmt: str) -> None:
         if name == "deepseek-v3":
             from ascend_eplb.tools.trace import load_trace
 
-            real_models.write_checkpoint(name, scratch, seed=0, **_DEEPSEEK_PRESET, **sizes)
+            world.write_checkpoint(name, scratch, seed=0, **_DEEPSEEK_PRESET, **sizes)
             popularity = load_trace().load()[: _DEEPSEEK_PRESET["num_moe_layers"]]
-            real_models.fit_routing_bias(scratch, popularity)
+            world.fit_routing_bias(scratch, popularity)
         else:
-            real_models.write_checkpoint(name, scratch, seed=0, **sizes)
+            world.write_checkpoint(name, scratch, seed=0, **sizes)
         to_format(scratch, fmt)
         try:
             scratch.rename(folder)
@@ -145,7 +145,7 @@ def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
             architecture; ``fmt`` is not a format EPLB supports (or ``float32``); a folder's format is
             not ``fmt`` (each message names the value and what is accepted).
     """
-    from ascend_eplb.testing import real_models
+    from ascend_eplb.tools import world
 
     if model in PRESETS:
         fmt = fmt or PRESET_FORMAT
@@ -172,14 +172,14 @@ def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
         fmt = own
         _check_format(fmt)
     try:
-        info = real_models.checkpoint_info(folder)
+        info = world.checkpoint_info(folder)
         max_positions = int(json.loads((folder / "config.json").read_text())["max_position_embeddings"])
     except (ValueError, KeyError, TypeError, OSError) as e:
         raise ValueError(f"model={model}: {type(e).__name__}: {e}") from None
     return ModelSource(
         name=model,
         folder=folder.resolve(),
-        architecture=real_models.ARCHITECTURES[info.arch],
+        architecture=world.ARCHITECTURES[info.arch],
         num_logical_experts=info.num_logical_experts,
         top_k=info.top_k,
         num_moe_layers=info.num_moe_layers,

@@ -1,7 +1,7 @@
 """One EP rank of ``ascend-eplb simulate``: a Model Runner V2 worker built the way a serving worker is.
 
 A run on a real model (``--model`` a preset or a folder, :func:`_run_model`) is one
-:class:`~ascend_eplb.testing.real_models.ServingWorker`: vLLM's plugin loader runs the integration's
+:class:`~ascend_eplb.tools.world.serving.ServingWorker`: vLLM's plugin loader runs the integration's
 entry point (the patches), vLLM's loader builds vLLM's own model class with its real routers (TP = EP =
 the ranks), the controller comes from :class:`~ascend_eplb.integration.runner.Mrv2EplbWiring` (so from
 ``create_eplb_controller``: start-up validation, Ascend controller, the watchdog, the runtime verifier
@@ -568,7 +568,7 @@ def _check_replay_load(
 
 
 def _run_model(ctx: RankContext, cfg: dict) -> dict:
-    """This rank of a run on a real vLLM model: a :class:`~ascend_eplb.testing.real_models.ServingWorker`
+    """This rank of a run on a real vLLM model: a :class:`~ascend_eplb.tools.world.serving.ServingWorker`
     (the plugin, vLLM's loader and real model class, ``Mrv2EplbWiring`` with the verifier, watchdog and
     events file) beside its EPLB-off twin, at TP = EP = the ranks (vLLM's TP+EP layout: every rank routes
     the same, TP-replicated, rows).
@@ -581,7 +581,7 @@ def _run_model(ctx: RankContext, cfg: dict) -> dict:
     the bincount of the physical ids the expert kernel consumed for the real rows, each selection once,
     when the step records; nothing when it does not).
     """
-    from ascend_eplb.testing.real_models import ServingWorker, initial_physical_to_logical
+    from ascend_eplb.tools.world.serving import ServingWorker, initial_physical_to_logical
 
     rank, num_ranks = ctx.rank, ctx.world_size
     num_redundant = cfg["num_redundant_experts"]

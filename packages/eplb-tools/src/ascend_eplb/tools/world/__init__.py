@@ -4,7 +4,15 @@
   (written with transformers, read back: sizes, tensors, routed experts).
 * :mod:`~ascend_eplb.tools.world.quant_method`: vLLM Ascend's quantized experts on this host
   (msModelSlim checkpoints, the ``"ascend"`` quantization config and a FusedMoE method per format).
+* :mod:`~ascend_eplb.tools.world.serving`: one rank's vLLM model and the serving worker
+  (:class:`~ascend_eplb.tools.world.serving.ServingWorker`) ``simulate`` and the real-model tests drive.
 
-Nothing of the serving path imports this package; the tests of the packages under it use it as the
-simulator does (one world, one path).
+This package's names are those of its modules, re-exported; importing it imports no vLLM (each function
+imports what it needs). Nothing of the serving path imports it; the tests of the packages under it use
+it as the simulator does (one world, one path).
 """
+
+from ascend_eplb.tools.world.serving import *  # noqa: F403
+from ascend_eplb.tools.world.serving import __all__ as _serving
+
+__all__ = [*_serving]

@@ -1,6 +1,6 @@
-"""Reading the tiny checkpoints of :mod:`ascend_eplb.testing.real_models`: their sizes and routed experts.
+"""Reading the tiny checkpoints of :mod:`ascend_eplb.tools.world.serving`: their sizes and routed experts.
 
-What both :mod:`~ascend_eplb.testing.real_models` (which writes and runs the checkpoints) and
+What both :mod:`~ascend_eplb.tools.world.serving` (which writes and runs the checkpoints) and
 :mod:`~ascend_eplb.tools.world.quant_method` (which quantizes their experts) read, so neither imports the
 other for it. Imports torch and the standard library (safetensors when experts are read); no vLLM.
 Shape letters (DESIGN.md section 2): E logical experts, H hidden size, I MoE intermediate size, L MoE
@@ -25,7 +25,7 @@ __all__ = [
     "checkpoint_tensors",
 ]
 
-#: The architectures :func:`~ascend_eplb.testing.real_models.write_checkpoint` writes, with their HF
+#: The architectures :func:`~ascend_eplb.tools.world.serving.write_checkpoint` writes, with their HF
 #: ``architectures`` entry.
 ARCHITECTURES = {
     "qwen3-moe": "Qwen3MoeForCausalLM",
@@ -47,7 +47,7 @@ EXPERT_KEYS = {
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """The sizes of a checkpoint :func:`~ascend_eplb.testing.real_models.write_checkpoint` wrote (read
+    """The sizes of a checkpoint :func:`~ascend_eplb.tools.world.serving.write_checkpoint` wrote (read
     back from its ``config.json``).
 
     Attributes:
