@@ -291,8 +291,8 @@ CYCLES = [
     ),
     (
         "testing",
-        "checkpoints.py",
-        "from ascend_eplb.testing.real_models import build_model",
+        "oracles.py",
+        "from ascend_eplb.testing.tagged import TaggedExperts",
         "the test support's modules depend one way (no import cycle inside the package)",
     ),
     (

@@ -31,7 +31,8 @@ from ascend_eplb.control import (
     host_adaptation,
 )
 from ascend_eplb.dataplane import build_replica_table
-from ascend_eplb.testing.moe import TaggedExperts, ToyModelConfig, ToyMoEModel
+from ascend_eplb.testing.tagged import TaggedExperts
+from ascend_eplb.tools.world.toy_moe import ToyModelConfig, ToyMoEModel
 
 EPLB_REFUSED = "Expert parallelism load balancing is only supported on"
 

@@ -1,7 +1,7 @@
-"""The multi-rank launcher (:func:`run_ranks`) and, in :mod:`ascend_eplb.testing.moe`, the toy MoE model.
+"""Test support: the multi-rank launcher (:func:`run_ranks`), the oracles and tagged expert weights.
 
 Used by every package's tests and by ``ascend-eplb simulate``; never by the serving planes. This module
-imports only the standard library and torch; :mod:`ascend_eplb.testing.moe` imports vLLM.
+imports only the standard library and torch.
 """
 
 from ascend_eplb.testing.multirank import (

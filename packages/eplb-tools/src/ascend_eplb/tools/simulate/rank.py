@@ -11,7 +11,7 @@ beside the EPLB-off model of the same checkpoint. Its own checks, every step, on
 all ranks equals the real rows' selections of the physical ids the expert kernel consumed, once).
 
 The trace-replay world (``--model replay``, :func:`_run`) keeps the repository's toy MoE model
-(:mod:`ascend_eplb.testing.moe`) for the quantized formats: each MoE layer routes the replayed trace
+(:mod:`ascend_eplb.tools.world.toy_moe`) for the quantized formats: each MoE layer routes the replayed trace
 through upstream's real router, on which the integration bound dataplane's map-and-record op, and holds
 its local experts in the format's exact kernel storage (quant_views); each rank routes rows of its own
 (the ``split`` row layout). The simulator adds what a real runner gets from vLLM: padding rows, the
@@ -63,7 +63,7 @@ from ascend_eplb.integration.watchdog import EplbWorkerFailureError, WorkerWatch
 from ascend_eplb.quant_views import get_format
 from ascend_eplb.quant_views.reference import expert_seed
 from ascend_eplb.testing import RankContext
-from ascend_eplb.testing.moe import ToyModelConfig, ToyMoEModel, initial_local_experts
+from ascend_eplb.tools.world.toy_moe import ToyModelConfig, ToyMoEModel, initial_local_experts
 from ascend_eplb.tools.simulate.config import OUTPUT_ATOL, OUTPUT_RTOL, output_rtol
 
 __all__ = ["QuantExperts", "simulate_rank"]

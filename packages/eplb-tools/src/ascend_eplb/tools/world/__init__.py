@@ -6,6 +6,8 @@
   (msModelSlim checkpoints, the ``"ascend"`` quantization config and a FusedMoE method per format).
 * :mod:`~ascend_eplb.tools.world.serving`: one rank's vLLM model and the serving worker
   (:class:`~ascend_eplb.tools.world.serving.ServingWorker`) ``simulate`` and the real-model tests drive.
+* :mod:`~ascend_eplb.tools.world.toy_moe`: the toy MoE model of ``simulate --model replay`` (upstream's
+  real routers, pluggable expert storage), which multi-rank tests with tagged weights run too.
 
 This package's names are those of its modules, re-exported; importing it imports no vLLM (each function
 imports what it needs). Nothing of the serving path imports it; the tests of the packages under it use

@@ -1,4 +1,4 @@
-"""The one toy MoE model of the repository: multi-rank tests and ``ascend-eplb simulate`` both run it.
+"""The one toy MoE model of the repository: ``ascend-eplb simulate --model replay`` and multi-rank tests run it.
 
 It has exactly what upstream vLLM 0.33.0's EPLB reads from a model and nothing of a real model's
 compute: a ``MixtureOfExperts`` model whose MoE layers are shaped like upstream's ``MoERunner``
@@ -8,9 +8,9 @@ router is upstream's real ``CustomRoutingRouter`` built with a plain upstream ``
 recorded trace's selections), so expert selection runs once per layer per forward through upstream's
 ``select_experts`` and whatever the integration bound on the router instance maps the ids.
 
-Expert weights are pluggable: :class:`TaggedExperts` (plain torch, each row filled with a tag of its
-logical expert, for exact movement checks) or any object with ``weight_views()`` (the simulator's
-quantized storage). This module imports vLLM; the rest of ``ascend_eplb.testing`` does not.
+Expert weights are pluggable: any object with ``weight_views()`` (:class:`ExpertWeights`): the
+simulator's quantized storage, or the test support's ``ascend_eplb.testing.tagged.TaggedExperts`` (each
+row filled with a tag of its logical expert, for exact movement checks). This module imports vLLM.
 
 Shape letters (GLOSSARY.md): E logical experts, P physical experts, p local physical experts,
 N ranks, T tokens, K top-k.
@@ -18,7 +18,7 @@ N ranks, T tokens, K top-k.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
@@ -28,7 +28,6 @@ from vllm.model_executor.models.interfaces import MixtureOfExperts
 
 __all__ = [
     "ExpertWeights",
-    "TaggedExperts",
     "ToyMoELayer",
     "ToyMoEModel",
     "ToyModelConfig",
@@ -76,37 +75,6 @@ class ExpertWeights(Protocol):
 
     def weight_views(self) -> list[Any]:
         """Every per-expert tensor the kernel reads, each ``(p, -1)`` over the very storage."""
-
-
-class TaggedExperts:
-    """``p`` local experts whose every weight element is the tag of the logical expert they hold.
-
-    Two tensors of different dtypes (float32 ``(p, 2, 4)`` and bfloat16 ``(p, 4, 2)``), as upstream's
-    movement moves a list of per-expert tensors; tags must be exact in bfloat16.
-
-    Args:
-        layer: the MoE layer index (passed to ``tag``).
-        local_logical: the logical expert of each local slot.
-        tag: ``tag(layer, logical_expert) -> float``.
-    """
-
-    def __init__(self, layer: int, local_logical: Sequence[int], tag: Callable[[int, int], float]) -> None:
-        p = len(local_logical)
-        tags = torch.tensor([tag(layer, e) for e in local_logical], dtype=torch.float32)
-        self.w13 = tags.view(p, 1, 1).expand(p, 2, 4).contiguous()
-        self.w2 = tags.to(torch.bfloat16).view(p, 1, 1).expand(p, 4, 2).contiguous()
-
-    def weight_views(self) -> list[torch.Tensor]:
-        p = self.w13.shape[0]
-        return [self.w13.view(p, -1), self.w2.view(p, -1)]
-
-    def local_tags(self) -> list[list[float]]:
-        """Per local slot: the distinct values of each tensor's row (one each when the row is intact)."""
-        return [
-            sorted({float(v) for v in self.w13[i].flatten().tolist()})
-            + sorted({float(v) for v in self.w2[i].float().flatten().tolist()})
-            for i in range(self.w13.shape[0])
-        ]
 
 
 class ToyMoELayer(torch.nn.Module):
