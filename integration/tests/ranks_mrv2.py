@@ -4,8 +4,8 @@
 discovers the integration's entry point, which applies the patches (``ASCEND_EPLB=1``), the runner builds
 its controller through :class:`~ascend_eplb.integration.runner.Mrv2EplbWiring`, and vLLM 0.33.0's own
 ``EPLBController`` / ``EplbState`` / async worker / default policy run the rearrangements. The model is
-the repository's toy MoE model (``ascend_eplb.tools.world.toy_moe``): each layer routes through upstream's real
-``CustomRoutingRouter`` (a ``BaseRouter``), fed with the real ESFT DeepSeek-V2-Lite routing trace, and
+the repository's toy MoE model (``ascend_eplb.tools.world.toy_moe``): each layer routes through upstream's
+real ``CustomRoutingRouter`` (a ``BaseRouter``), fed with the real ESFT DeepSeek-V2-Lite routing trace, and
 holds tagged expert weights. The rank returns what it observed.
 """
 

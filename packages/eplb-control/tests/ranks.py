@@ -2,9 +2,9 @@
 
 One world drives the real upstream stack: ``AscendEPLBController`` over vLLM 0.33.0's
 ``EPLBController`` / ``EplbState`` / async worker / ``DefaultEplbPolicy`` / Gloo communicator, and the
-toy MoE model (``ascend_eplb.tools.world.toy_moe``) with tagged weights, whose upstream routers run dataplane's
-op on the real ESFT DeepSeek-V2-Lite routing trace. It returns what it observed; the tests compare the
-ranks' reports.
+toy MoE model (``ascend_eplb.tools.world.toy_moe``) with tagged weights, whose upstream routers
+run dataplane's op on the real ESFT DeepSeek-V2-Lite routing trace. It returns what it observed; the
+tests compare the ranks' reports.
 """
 
 from __future__ import annotations

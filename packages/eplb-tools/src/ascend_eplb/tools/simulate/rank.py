@@ -63,8 +63,8 @@ from ascend_eplb.integration.watchdog import EplbWorkerFailureError, WorkerWatch
 from ascend_eplb.quant_views import get_format
 from ascend_eplb.quant_views.reference import expert_seed
 from ascend_eplb.testing import RankContext
-from ascend_eplb.tools.world.toy_moe import ToyModelConfig, ToyMoEModel, initial_local_experts
 from ascend_eplb.tools.simulate.config import OUTPUT_ATOL, OUTPUT_RTOL, output_rtol
+from ascend_eplb.tools.world.toy_moe import ToyModelConfig, ToyMoEModel, initial_local_experts
 
 __all__ = ["QuantExperts", "simulate_rank"]
 

@@ -1,4 +1,4 @@
-"""The one toy MoE model of the repository: ``ascend-eplb simulate --model replay`` and multi-rank tests run it.
+"""The one toy MoE model of the repository: ``simulate --model replay`` and multi-rank tests run it.
 
 It has exactly what upstream vLLM 0.33.0's EPLB reads from a model and nothing of a real model's
 compute: a ``MixtureOfExperts`` model whose MoE layers are shaped like upstream's ``MoERunner``
