@@ -4,6 +4,8 @@
   (written with transformers, read back: sizes, tensors, routed experts).
 * :mod:`~ascend_eplb.tools.world.quant_method`: vLLM Ascend's quantized experts on this host
   (msModelSlim checkpoints, the ``"ascend"`` quantization config and a FusedMoE method per format).
+* :mod:`~ascend_eplb.tools.world.stand_ins`: the CPU stand-ins for the device features vLLM lacks on
+  this host (expert compute, attention, 16-bit linear layers) and their installation.
 * :mod:`~ascend_eplb.tools.world.serving`: one rank's vLLM model and the serving worker
   (:class:`~ascend_eplb.tools.world.serving.ServingWorker`) ``simulate`` and the real-model tests drive.
 * :mod:`~ascend_eplb.tools.world.toy_moe`: the toy MoE model of ``simulate --model replay`` (upstream's
@@ -14,7 +16,8 @@ imports what it needs). Nothing of the serving path imports it; the tests of the
 it as the simulator does (one world, one path).
 """
 
+from ascend_eplb.tools.world import serving, stand_ins
 from ascend_eplb.tools.world.serving import *  # noqa: F403
-from ascend_eplb.tools.world.serving import __all__ as _serving
+from ascend_eplb.tools.world.stand_ins import *  # noqa: F403
 
-__all__ = [*_serving]
+__all__ = [*serving.__all__, *stand_ins.__all__]

@@ -14,44 +14,14 @@ what lets a rank build and run them (facts measured in ``notes/real-models-on-cp
 * :func:`real_model_world` is a rank function that drives the serving path with EPLB on
   (``Mrv2EplbWiring``) for N steps, and the EPLB-off run of the same checkpoint and prompts.
 
-Stand-ins, each the narrowest for what this CPU build lacks (``VLLM_TARGET_DEVICE=empty`` has no
-``vllm._C``), each checked against HF transformers by ``integration/tests/test_real_models.py``:
-
-1. **Expert compute** (:class:`TorchFusedMoEMethod`): vLLM's CPU backend prepacks expert weights with
-   ``torch.ops._C.prepack_moe_weight`` and runs ``torch.ops._C.cpu_fused_moe``, both absent. The
-   stand-in subclasses ``UnquantizedFusedMoEMethod`` and is registered through vLLM's out-of-tree
-   CustomOp registry (``UnquantizedFusedMoEMethod.register_oot``, :func:`register_torch_moe_method`),
-   so every ``FusedMoE`` built afterwards gets it. It keeps the layer's ``w13_weight`` ``(p, 2I, H)``
-   and ``w2_weight`` ``(p, H, I)`` as loaded (no kernel layout, so EPLB's weight views are the very
-   tensors it reads) and consumes the ids the router returned (physical ids, the router is called once,
-   experts are never re-selected): ``layer.expert_map`` (global physical id -> local slot, -1 elsewhere)
-   gives each selection's local slot, and only selections of local slots contribute on this rank.
-   vLLM's runner then all-reduces over TP, summing the ranks; shared experts run in the runner (no
-   modular kernel).
-2. **Attention** (:func:`install_attention_stand_ins`): the CPU platform picks ``CPU_ATTN`` /
-   ``CPU_MLA``, which need ``_C`` and KV-cache metadata; without metadata MLA returns zeros and raises
-   nothing. After the model is built, each ``Attention`` and ``MLAAttention`` instance of *this model*
-   gets a prefill-only causal SDPA ``forward`` (no KV cache, one sequence per forward, positions
-   ``0..T-1``): ``Attention`` with GQA, MLA by expanding ``kv_c`` through the layer's ``kv_b_proj``
-   weight into per-head ``k_nope`` and ``v`` and appending the shared rotary key. Nothing global changes.
-   MLA models are configured with the reference ``CPU_MLA`` backend: on a CPU with AMX tiles vLLM would
-   pick ``AMX_MLA``, whose weight processing after loading needs ``_C`` (``convert_weight_packed``).
-3. **16-bit linear layers** (:func:`stand_in_patches`): on a CPU with AMX tiles vLLM packs bf16/fp16
-   linear and embedding weights for the sgl kernel (``check_cpu_sgl_kernel`` ->
-   ``torch.ops._C.convert_weight_packed``), absent here. The one patched binding,
-   ``vllm.model_executor.layers.utils.check_cpu_sgl_kernel`` (signature-checked), answers False while
-   ``torch.ops._C`` lacks that op, so the layers take vLLM's own ``F.linear`` fallback; float32 and
-   hosts with ``_C`` are unaffected.
-4. **Cache release**: vLLM's loader calls ``torch.accelerator.empty_cache()``, which raises without an
-   accelerator: adapted by the project's host adaptation (``ascend_eplb.control.host_adaptation``, in
-   the integration's one patch registry), which :func:`build_model` installs with ``apply_patches()``
-   as the plugin does; nothing here patches it.
+The CPU stand-ins for what this host lacks are :mod:`ascend_eplb.tools.world.stand_ins`'s;
+:func:`prepare_world` and :func:`load_model` install them, and the project's patches with
+``apply_patches()`` as the plugin does.
 
 With ``CompilationConfig(custom_ops=["none"])`` RMSNorm, rotary, SiluAndMul, embeddings and the logits
 run their native torch forms; linear layers fall back to ``F.linear``.
 
-This module imports vLLM and transformers; :func:`build_model` and :func:`real_model_world` also import
-``ascend_eplb.integration`` (a test dependency of the callers, not of this distribution). Shape
+This module imports vLLM, transformers and ``ascend_eplb.integration`` inside its functions only. Shape
 letters (DESIGN.md section 2): E logical experts, P physical experts, p local physical experts, N EP
 ranks, T tokens, K top-k, H hidden size, I MoE intermediate size, L MoE layers; V here is the
 vocabulary size.
@@ -62,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +46,7 @@ from ascend_eplb.tools.world.checkpoints import (
     checkpoint_experts,
     checkpoint_info,
 )
+from ascend_eplb.tools.world.stand_ins import install_model_stand_ins, install_stand_ins
 
 __all__ = [
     "ARCHITECTURES",
@@ -92,16 +62,13 @@ __all__ = [
     "hf_logits",
     "init_world",
     "initial_physical_to_logical",
-    "install_attention_stand_ins",
     "load_model",
     "local_slot_mismatches",
     "moe_layers",
     "prepare_world",
     "prompt",
     "real_model_world",
-    "register_torch_moe_method",
     "routed_experts",
-    "stand_in_patches",
     "write_checkpoint",
 ]
 
@@ -211,7 +178,7 @@ def write_checkpoint(
         num_experts: E instead of the default (DeepSeek: a multiple of its 4 groups).
         top_k: K instead of the default.
         num_moe_layers: L instead of the default 2 (DeepSeek-V3 keeps its dense first layer).
-        fmt: the experts' quant_views format (``ascend_quant.to_format``): None or ``"float32"``
+        fmt: the experts' quant_views format (``quant_method.to_format``): None or ``"float32"``
             (float32 everywhere, a CPU-host-only dtype), ``"bf16"``/``"fp16"`` (the whole checkpoint in
             that dtype), or a quantized format: float32 non-expert weights and the routed experts in
             msModelSlim's layout with its ``quant_model_description.json`` (served with
@@ -328,226 +295,6 @@ def fit_routing_bias(
     return shares
 
 
-# --- stand-in 1: expert compute -------------------------------------------------------------------
-
-
-def _torch_moe_method_class() -> type:
-    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
-    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
-
-    class TorchFusedMoEMethod(UnquantizedFusedMoEMethod):
-        """Plain-torch routed-expert compute from the layer's own ``w13_weight`` / ``w2_weight``.
-
-        ``apply`` takes the router's ``topk_ids`` ``(T, K)`` (physical ids, global P space) and
-        ``topk_weights`` ``(T, K)`` float32 and returns ``(T, H)`` in ``x``'s dtype: the weighted sum of
-        SiLU-gated expert outputs of the selections whose slot is local (``layer.expert_map``), zero for
-        the others. Weights stay as loaded (no kernel layout, no prepacking).
-        """
-
-        calls = 0  # apply() calls in this process (all layers), for tests
-        #: when a list: every apply() appends the router's ids, int64 (T, K) (for tests)
-        recorded_ids: list[torch.Tensor] | None = None
-        #: the quant_views format of a bf16/fp16 layer (set after loading); None for float32
-        format_name: str | None = None
-
-        @property
-        def is_monolithic(self) -> bool:
-            return False
-
-        def process_weights_after_loading(self, layer: Any) -> None:
-            # float32 (CPU host only): keep the loaded (p, 2I, H) / (p, H, I) parameters, no kernel.
-            # bf16/fp16: vllm-ascend's AscendUnquantizedFusedMoEMethod layout through quant_views.
-            fmt = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(layer.w13_weight.dtype)
-            if fmt is not None:
-                from ascend_eplb.tools.world.quant_method import lay_out_experts
-
-                self.format_name = fmt
-                lay_out_experts(layer, fmt, ("w13_weight", "w2_weight", "w13_bias", "w2_bias"))
-
-        def get_eplb_weight_views(self, layer: Any) -> list[Any]:
-            """vllm-ascend's contract (bf16/fp16 layers): quant_views ``layer_weight_views``."""
-            from ascend_eplb.quant_views import layer_weight_views
-
-            return layer_weight_views(layer, self.format_name)
-
-        def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
-            if layer.activation != MoEActivation.SILU:
-                raise NotImplementedError(f"TorchFusedMoEMethod: activation {layer.activation} (only silu)")
-            if layer.apply_router_weight_on_input:
-                raise NotImplementedError("TorchFusedMoEMethod: apply_router_weight_on_input")
-            type(self).calls += 1
-            ids = topk_ids.long()
-            if type(self).recorded_ids is not None:
-                type(self).recorded_ids.append(ids.clone())
-            if self.format_name is not None:
-                from ascend_eplb.tools.world.quant_method import apply_layer
-
-                return apply_layer(layer, self.format_name, x, topk_weights, ids)
-            w13, w2 = layer.w13_weight, layer.w2_weight
-            expert_map = layer.expert_map
-            local = (
-                ids if expert_map is None else torch.where(ids >= 0, expert_map.long()[ids.clamp(min=0)], -1)
-            )
-            out = torch.zeros_like(x)
-            for slot in torch.unique(local[local >= 0]).tolist():
-                tokens, k = (local == slot).nonzero(as_tuple=True)
-                h = x[tokens]
-                gate_up = F.linear(h, w13[slot])
-                gate, up = gate_up.chunk(2, dim=-1)
-                y = F.linear(F.silu(gate) * up, w2[slot])
-                out.index_add_(0, tokens, y * topk_weights[tokens, k].to(y.dtype).unsqueeze(-1))
-            return out
-
-    return TorchFusedMoEMethod
-
-
-_METHOD: type | None = None
-
-
-def _method_class() -> type:
-    global _METHOD
-    if _METHOD is None:
-        _METHOD = _torch_moe_method_class()
-    return _METHOD
-
-
-def register_torch_moe_method() -> type:
-    """Register :class:`TorchFusedMoEMethod` as vLLM's ``UnquantizedFusedMoEMethod`` (idempotent).
-
-    Must run before the model is built: vLLM's CustomOp registry then instantiates it wherever a
-    ``FusedMoE`` asks for the unquantized method. Returns the class.
-
-    Raises:
-        RuntimeError: another out-of-tree ``UnquantizedFusedMoEMethod`` is registered already.
-    """
-    from vllm.model_executor.custom_op import op_registry_oot
-    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
-
-    method = _method_class()
-    current = op_registry_oot.get("UnquantizedFusedMoEMethod")
-    if current is method:
-        return method
-    if current is not None:
-        raise RuntimeError(f"UnquantizedFusedMoEMethod already has an out-of-tree replacement: {current!r}")
-    UnquantizedFusedMoEMethod.register_oot(method)
-    return method
-
-
-# --- stand-in 3: 16-bit linear layers ------------------------------------------------------------
-
-
-def _has_packed_linear() -> bool:
-    try:
-        return hasattr(torch.ops._C, "convert_weight_packed")
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def _without_absent_sgl_kernel(original: Any) -> Any:
-    import functools
-
-    @functools.wraps(original)
-    def check_cpu_sgl_kernel(n: int, k: int, dtype: torch.dtype) -> bool:
-        return _has_packed_linear() and original(n, k, dtype)
-
-    return check_cpu_sgl_kernel
-
-
-def _stand_in_patches() -> Any:
-    from ascend_eplb.control.patching import Patch, PatchSet
-
-    return PatchSet(
-        [
-            Patch(
-                "vllm.model_executor.layers.utils",
-                "check_cpu_sgl_kernel",
-                ("n", "k", "dtype"),
-                _without_absent_sgl_kernel,
-                __name__,
-            )
-        ]
-    )
-
-
-_STAND_IN_PATCHES: Any = None
-
-
-def stand_in_patches() -> Any:
-    """The ``PatchSet`` of this harness's upstream replacements (stand-in 3), built once."""
-    global _STAND_IN_PATCHES
-    if _STAND_IN_PATCHES is None:
-        _STAND_IN_PATCHES = _stand_in_patches()
-    return _STAND_IN_PATCHES
-
-
-def __getattr__(name: str) -> Any:
-    # TorchFusedMoEMethod is built on first access (it subclasses a vLLM class); not registered by this.
-    if name == "TorchFusedMoEMethod":
-        return _method_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# --- stand-in 2: attention ------------------------------------------------------------------------
-
-
-def _sdpa_attention(self: Any, query, key, value, output_shape=None, output_dtype=None):
-    """Prefill-only causal SDPA, one sequence: query ``(T, heads * head_dim)``, key/value
-    ``(T, kv_heads * head_dim)``."""
-    t = query.shape[0]
-    q = query.reshape(t, self.num_heads, self.head_size).transpose(0, 1)
-    k = key.reshape(t, self.num_kv_heads, self.head_size).transpose(0, 1)
-    v = value.reshape(t, self.num_kv_heads, self.head_size_v).transpose(0, 1)
-    if self.num_kv_heads != self.num_heads:
-        k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=0)
-        v = v.repeat_interleave(self.num_heads // self.num_kv_heads, dim=0)
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.impl.scale)
-    o = o.transpose(0, 1).reshape(t, self.num_heads * self.head_size_v)
-    return o.to(output_dtype or query.dtype)
-
-
-def _sdpa_mla(self: Any, q, kv_c_normed, k_pe, output_shape=None, q_dcp_replicated=None):
-    """Prefill-only causal MLA for one sequence: q ``(T, heads, nope + rope)`` (rotary applied),
-    kv_c ``(T, kv_lora)``, k_pe ``(T, 1, rope)``; ``kv_b_proj`` expands kv_c to ``k_nope`` and ``v``."""
-    t, heads = q.shape[0], self.num_heads
-    kv = F.linear(kv_c_normed, self.kv_b_proj.weight).view(t, heads, self.qk_nope_head_dim + self.v_head_dim)
-    k_nope, v = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
-    k = torch.cat([k_nope, k_pe.expand(t, heads, k_pe.shape[-1])], dim=-1)
-    o = F.scaled_dot_product_attention(
-        q.view(t, heads, -1).transpose(0, 1),
-        k.transpose(0, 1),
-        v.transpose(0, 1),
-        is_causal=True,
-        scale=self.scale,
-    )
-    return o.transpose(0, 1).reshape(t, heads * self.v_head_dim)
-
-
-def install_attention_stand_ins(model: torch.nn.Module) -> dict[str, int]:
-    """Give each ``Attention`` / ``MLAAttention`` instance of ``model`` the prefill SDPA ``forward``.
-
-    Returns:
-        how many instances of each class got it, e.g. ``{"Attention": 2, "MLAAttention": 0}``.
-
-    Raises:
-        RuntimeError: the model has an attention layer of another class (it would run unadapted).
-    """
-    from vllm.model_executor.layers.attention import Attention
-    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
-    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
-
-    counts = {"Attention": 0, "MLAAttention": 0}
-    for name, module in model.named_modules():
-        if type(module) is Attention:
-            module.forward = types.MethodType(_sdpa_attention, module)
-            counts["Attention"] += 1
-        elif type(module) is MLAAttention:
-            module.forward = types.MethodType(_sdpa_mla, module)
-            counts["MLAAttention"] += 1
-        elif isinstance(module, AttentionLayerBase):
-            raise RuntimeError(f"{name}: attention class {type(module).__name__} has no stand-in")
-    return counts
-
-
 # --- a rank's model --------------------------------------------------------------------------------
 
 
@@ -639,9 +386,9 @@ def prepare_world(
     """What a worker has before it loads the model of ``folder``: its ``VllmConfig`` and vLLM's world.
 
     Installs the project's patches (``ascend_eplb.integration.patches.apply_patches``: the host
-    adaptation, as the plugin does), registers :class:`TorchFusedMoEMethod` and, for a checkpoint
-    with an msModelSlim description, the ``"ascend"`` quantization stand-in
-    (``ascend_quant.register_ascend_quantization``), builds the ``VllmConfig`` (the checkpoint's dtype,
+    adaptation, as the plugin does), the process-wide CPU stand-ins (``stand_ins.install_stand_ins``:
+    the torch expert method and, for a checkpoint with an msModelSlim description, the ``"ascend"``
+    quantization stand-in), builds the ``VllmConfig`` (the checkpoint's dtype,
     ``quantization="ascend"`` with a description, eager, ``custom_ops=["none"]``,
     ``enable_expert_parallel``, ``enable_eplb``) and initialises vLLM's distributed environment once
     per process (TP = EP = ``ctx.world_size`` over Gloo). Arguments as :func:`build_model`.
@@ -649,13 +396,8 @@ def prepare_world(
     from ascend_eplb.integration.patches import apply_patches
 
     apply_patches()
-    stand_in_patches().apply()
-    register_torch_moe_method()
     folder = Path(folder)
-    if (folder / "quant_model_description.json").is_file():
-        from ascend_eplb.tools.world.quant_method import register_ascend_quantization
-
-        register_ascend_quantization()
+    install_stand_ins(quantized=(folder / "quant_model_description.json").is_file())
     _thread_lock_for_tqdm()
     vllm_config = _vllm_config(folder, ctx.world_size, enable_eplb, eplb)
     init_world(ctx, vllm_config)
@@ -664,17 +406,14 @@ def prepare_world(
 
 def load_model(vllm_config: Any) -> torch.nn.Module:
     """vLLM's ``get_model`` (safetensors loader) under ``vllm_config`` (:func:`prepare_world`), then the
-    attention stand-ins and, for quantized experts, vllm-ascend's ``get_expert_weights``
-    (``ascend_quant.install_ascend_routed_experts``)."""
+    stand-ins of the built model (``stand_ins.install_model_stand_ins``: attention and, for quantized
+    experts, vllm-ascend's ``get_expert_weights``)."""
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader import get_model
 
-    from ascend_eplb.tools.world.quant_method import install_ascend_routed_experts
-
     with set_current_vllm_config(vllm_config):
         model = get_model(vllm_config=vllm_config)
-    install_attention_stand_ins(model)
-    install_ascend_routed_experts(model)
+    install_model_stand_ins(model)
     return model
 
 
@@ -852,12 +591,12 @@ class ServingWorker:
 
     Attributes:
         info: :func:`checkpoint_info`; ``format``: the experts' quant_views format
-        (``ascend_quant.checkpoint_format``, None for float32); ``experts``: :func:`checkpoint_experts`
-        (float32) or ``expert_storage``: ``ascend_quant.checkpoint_expert_storage`` (a format), the truth
+        (``quant_method.checkpoint_format``, None for float32); ``experts``: :func:`checkpoint_experts`
+        (float32) or ``expert_storage``: ``quant_method.checkpoint_expert_storage`` (a format), the truth
         slots are checked against; ``model``, ``vllm_config``, ``wiring``, ``state`` (the
         ``AscendEplbState``), ``model_state`` (upstream's), ``ep_rank``, ``seconds`` (``build_on``,
-        ``build_off``), ``method`` (the expert method's class: :class:`TorchFusedMoEMethod`, or
-        ``ascend_quant``'s ``QuantViewsFusedMoEMethod`` for a quantized checkpoint).
+        ``build_off``), ``method`` (the expert method's class: ``stand_ins.TorchFusedMoEMethod``, or
+        ``quant_method``'s ``QuantViewsFusedMoEMethod`` for a quantized checkpoint).
 
     Order as a serving worker: :func:`prepare_world`, the runner's controller (start-up validation, which
     refuses a rejected format before anything loads), :func:`load_model`, ``load_model`` registration.
@@ -1028,7 +767,7 @@ class ServingWorker:
     def slot_mismatches(self) -> list[str]:
         """Local slots not holding their logical expert under the committed placement: the float weights
         (:func:`local_slot_mismatches`), or for a quant_views format the fingerprint over every kernel
-        tensor (``ascend_quant.slot_fingerprint_mismatches``)."""
+        tensor (``quant_method.slot_fingerprint_mismatches``)."""
         return self._mismatches(self.model_state.physical_to_logical_map)
 
     def _mismatches(self, physical_to_logical: torch.Tensor) -> list[str]:
@@ -1061,7 +800,7 @@ class RealModelSpec:
         run_eplb_off: also build the EPLB-off model and run the same prompts (the comparison run).
         worker_deadline_s: how long a step waits for the async worker to hand over a layer.
         environ: environment set in each rank before anything is built (e.g. vllm-ascend's
-            ``VLLM_ASCEND_ENABLE_NZ``, see ``ascend_quant.FORMAT_SWITCHES``).
+            ``VLLM_ASCEND_ENABLE_NZ``, see ``quant_method.FORMAT_SWITCHES``).
     """
 
     arch: str

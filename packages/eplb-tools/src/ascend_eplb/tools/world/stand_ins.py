@@ -1,0 +1,317 @@
+"""CPU stand-ins for the device features vLLM 0.33.0 lacks on this host, and their installation.
+
+Each the narrowest for what this CPU build lacks (``VLLM_TARGET_DEVICE=empty`` has no ``vllm._C``;
+facts measured in ``notes/real-models-on-cpu.md``), each checked against HF transformers by
+``integration/tests/test_real_models.py``:
+
+1. **Expert compute** (:class:`TorchFusedMoEMethod`): vLLM's CPU backend prepacks expert weights with
+   ``torch.ops._C.prepack_moe_weight`` and runs ``torch.ops._C.cpu_fused_moe``, both absent. The
+   stand-in subclasses ``UnquantizedFusedMoEMethod`` and is registered through vLLM's out-of-tree
+   CustomOp registry (``UnquantizedFusedMoEMethod.register_oot``, :func:`register_torch_moe_method`),
+   so every ``FusedMoE`` built afterwards gets it. It keeps the layer's ``w13_weight`` ``(p, 2I, H)``
+   and ``w2_weight`` ``(p, H, I)`` as loaded (no kernel layout, so EPLB's weight views are the very
+   tensors it reads) and consumes the ids the router returned (physical ids, the router is called once,
+   experts are never re-selected): ``layer.expert_map`` (global physical id -> local slot, -1 elsewhere)
+   gives each selection's local slot, and only selections of local slots contribute on this rank.
+   vLLM's runner then all-reduces over TP, summing the ranks; shared experts run in the runner (no
+   modular kernel). Quantized experts have their own method (:mod:`ascend_eplb.tools.world.quant_method`).
+2. **Attention** (:func:`install_attention_stand_ins`): the CPU platform picks ``CPU_ATTN`` /
+   ``CPU_MLA``, which need ``_C`` and KV-cache metadata; without metadata MLA returns zeros and raises
+   nothing. After the model is built, each ``Attention`` and ``MLAAttention`` instance of *this model*
+   gets a prefill-only causal SDPA ``forward`` (no KV cache, one sequence per forward, positions
+   ``0..T-1``): ``Attention`` with GQA, MLA by expanding ``kv_c`` through the layer's ``kv_b_proj``
+   weight into per-head ``k_nope`` and ``v`` and appending the shared rotary key. Nothing global changes.
+   MLA models are configured with the reference ``CPU_MLA`` backend (``serving``): on a CPU with AMX
+   tiles vLLM would pick ``AMX_MLA``, whose weight processing after loading needs ``_C``
+   (``convert_weight_packed``).
+3. **16-bit linear layers** (:func:`stand_in_patches`): on a CPU with AMX tiles vLLM packs bf16/fp16
+   linear and embedding weights for the sgl kernel (``check_cpu_sgl_kernel`` ->
+   ``torch.ops._C.convert_weight_packed``), absent here. The one patched binding,
+   ``vllm.model_executor.layers.utils.check_cpu_sgl_kernel`` (signature-checked), answers False while
+   ``torch.ops._C`` lacks that op, so the layers take vLLM's own ``F.linear`` fallback; float32 and
+   hosts with ``_C`` are unaffected.
+4. **Cache release**: vLLM's loader calls ``torch.accelerator.empty_cache()``, which raises without an
+   accelerator: adapted by the project's host adaptation (``ascend_eplb.control.host_adaptation``, in
+   the integration's one patch registry, installed with ``apply_patches()`` as the plugin does);
+   nothing here patches it.
+
+:func:`install_stand_ins` installs every process-wide stand-in (before a model is built);
+:func:`install_model_stand_ins` those of one built model. This module imports vLLM inside its
+functions only. Shape letters (DESIGN.md section 2): p local physical experts, T tokens, K top-k, H
+hidden size, I MoE intermediate size.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "install_attention_stand_ins",
+    "install_model_stand_ins",
+    "install_stand_ins",
+    "register_torch_moe_method",
+    "stand_in_patches",
+]
+
+
+# --- stand-in 1: expert compute -------------------------------------------------------------------
+
+
+def _torch_moe_method_class() -> type:
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
+    class TorchFusedMoEMethod(UnquantizedFusedMoEMethod):
+        """Plain-torch routed-expert compute from the layer's own ``w13_weight`` / ``w2_weight``.
+
+        ``apply`` takes the router's ``topk_ids`` ``(T, K)`` (physical ids, global P space) and
+        ``topk_weights`` ``(T, K)`` float32 and returns ``(T, H)`` in ``x``'s dtype: the weighted sum of
+        SiLU-gated expert outputs of the selections whose slot is local (``layer.expert_map``), zero for
+        the others. Weights stay as loaded (no kernel layout, no prepacking).
+        """
+
+        calls = 0  # apply() calls in this process (all layers), for tests
+        #: when a list: every apply() appends the router's ids, int64 (T, K) (for tests)
+        recorded_ids: list[torch.Tensor] | None = None
+        #: the quant_views format of a bf16/fp16 layer (set after loading); None for float32
+        format_name: str | None = None
+
+        @property
+        def is_monolithic(self) -> bool:
+            return False
+
+        def process_weights_after_loading(self, layer: Any) -> None:
+            # float32 (CPU host only): keep the loaded (p, 2I, H) / (p, H, I) parameters, no kernel.
+            # bf16/fp16: vllm-ascend's AscendUnquantizedFusedMoEMethod layout through quant_views.
+            fmt = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(layer.w13_weight.dtype)
+            if fmt is not None:
+                from ascend_eplb.tools.world.quant_method import lay_out_experts
+
+                self.format_name = fmt
+                lay_out_experts(layer, fmt, ("w13_weight", "w2_weight", "w13_bias", "w2_bias"))
+
+        def get_eplb_weight_views(self, layer: Any) -> list[Any]:
+            """vllm-ascend's contract (bf16/fp16 layers): quant_views ``layer_weight_views``."""
+            from ascend_eplb.quant_views import layer_weight_views
+
+            return layer_weight_views(layer, self.format_name)
+
+        def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
+            if layer.activation != MoEActivation.SILU:
+                raise NotImplementedError(f"TorchFusedMoEMethod: activation {layer.activation} (only silu)")
+            if layer.apply_router_weight_on_input:
+                raise NotImplementedError("TorchFusedMoEMethod: apply_router_weight_on_input")
+            type(self).calls += 1
+            ids = topk_ids.long()
+            if type(self).recorded_ids is not None:
+                type(self).recorded_ids.append(ids.clone())
+            if self.format_name is not None:
+                from ascend_eplb.tools.world.quant_method import apply_layer
+
+                return apply_layer(layer, self.format_name, x, topk_weights, ids)
+            w13, w2 = layer.w13_weight, layer.w2_weight
+            expert_map = layer.expert_map
+            local = (
+                ids if expert_map is None else torch.where(ids >= 0, expert_map.long()[ids.clamp(min=0)], -1)
+            )
+            out = torch.zeros_like(x)
+            for slot in torch.unique(local[local >= 0]).tolist():
+                tokens, k = (local == slot).nonzero(as_tuple=True)
+                h = x[tokens]
+                gate_up = F.linear(h, w13[slot])
+                gate, up = gate_up.chunk(2, dim=-1)
+                y = F.linear(F.silu(gate) * up, w2[slot])
+                out.index_add_(0, tokens, y * topk_weights[tokens, k].to(y.dtype).unsqueeze(-1))
+            return out
+
+    return TorchFusedMoEMethod
+
+
+_METHOD: type | None = None
+
+
+def _method_class() -> type:
+    global _METHOD
+    if _METHOD is None:
+        _METHOD = _torch_moe_method_class()
+    return _METHOD
+
+
+def register_torch_moe_method() -> type:
+    """Register :class:`TorchFusedMoEMethod` as vLLM's ``UnquantizedFusedMoEMethod`` (idempotent).
+
+    Must run before the model is built: vLLM's CustomOp registry then instantiates it wherever a
+    ``FusedMoE`` asks for the unquantized method. Returns the class.
+
+    Raises:
+        RuntimeError: another out-of-tree ``UnquantizedFusedMoEMethod`` is registered already.
+    """
+    from vllm.model_executor.custom_op import op_registry_oot
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+
+    method = _method_class()
+    current = op_registry_oot.get("UnquantizedFusedMoEMethod")
+    if current is method:
+        return method
+    if current is not None:
+        raise RuntimeError(f"UnquantizedFusedMoEMethod already has an out-of-tree replacement: {current!r}")
+    UnquantizedFusedMoEMethod.register_oot(method)
+    return method
+
+
+# --- stand-in 3: 16-bit linear layers ------------------------------------------------------------
+
+
+def _has_packed_linear() -> bool:
+    try:
+        return hasattr(torch.ops._C, "convert_weight_packed")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _without_absent_sgl_kernel(original: Any) -> Any:
+    import functools
+
+    @functools.wraps(original)
+    def check_cpu_sgl_kernel(n: int, k: int, dtype: torch.dtype) -> bool:
+        return _has_packed_linear() and original(n, k, dtype)
+
+    return check_cpu_sgl_kernel
+
+
+def _stand_in_patches() -> Any:
+    from ascend_eplb.control.patching import Patch, PatchSet
+
+    return PatchSet(
+        [
+            Patch(
+                "vllm.model_executor.layers.utils",
+                "check_cpu_sgl_kernel",
+                ("n", "k", "dtype"),
+                _without_absent_sgl_kernel,
+                __name__,
+            )
+        ]
+    )
+
+
+_STAND_IN_PATCHES: Any = None
+
+
+def stand_in_patches() -> Any:
+    """The ``PatchSet`` of this harness's upstream replacements (stand-in 3), built once."""
+    global _STAND_IN_PATCHES
+    if _STAND_IN_PATCHES is None:
+        _STAND_IN_PATCHES = _stand_in_patches()
+    return _STAND_IN_PATCHES
+
+
+def __getattr__(name: str) -> Any:
+    # TorchFusedMoEMethod is built on first access (it subclasses a vLLM class); not registered by this.
+    if name == "TorchFusedMoEMethod":
+        return _method_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --- stand-in 2: attention ------------------------------------------------------------------------
+
+
+def _sdpa_attention(self: Any, query, key, value, output_shape=None, output_dtype=None):
+    """Prefill-only causal SDPA, one sequence: query ``(T, heads * head_dim)``, key/value
+    ``(T, kv_heads * head_dim)``."""
+    t = query.shape[0]
+    q = query.reshape(t, self.num_heads, self.head_size).transpose(0, 1)
+    k = key.reshape(t, self.num_kv_heads, self.head_size).transpose(0, 1)
+    v = value.reshape(t, self.num_kv_heads, self.head_size_v).transpose(0, 1)
+    if self.num_kv_heads != self.num_heads:
+        k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=0)
+        v = v.repeat_interleave(self.num_heads // self.num_kv_heads, dim=0)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.impl.scale)
+    o = o.transpose(0, 1).reshape(t, self.num_heads * self.head_size_v)
+    return o.to(output_dtype or query.dtype)
+
+
+def _sdpa_mla(self: Any, q, kv_c_normed, k_pe, output_shape=None, q_dcp_replicated=None):
+    """Prefill-only causal MLA for one sequence: q ``(T, heads, nope + rope)`` (rotary applied),
+    kv_c ``(T, kv_lora)``, k_pe ``(T, 1, rope)``; ``kv_b_proj`` expands kv_c to ``k_nope`` and ``v``."""
+    t, heads = q.shape[0], self.num_heads
+    kv = F.linear(kv_c_normed, self.kv_b_proj.weight).view(t, heads, self.qk_nope_head_dim + self.v_head_dim)
+    k_nope, v = kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+    k = torch.cat([k_nope, k_pe.expand(t, heads, k_pe.shape[-1])], dim=-1)
+    o = F.scaled_dot_product_attention(
+        q.view(t, heads, -1).transpose(0, 1),
+        k.transpose(0, 1),
+        v.transpose(0, 1),
+        is_causal=True,
+        scale=self.scale,
+    )
+    return o.transpose(0, 1).reshape(t, heads * self.v_head_dim)
+
+
+def install_attention_stand_ins(model: torch.nn.Module) -> dict[str, int]:
+    """Give each ``Attention`` / ``MLAAttention`` instance of ``model`` the prefill SDPA ``forward``.
+
+    Returns:
+        how many instances of each class got it, e.g. ``{"Attention": 2, "MLAAttention": 0}``.
+
+    Raises:
+        RuntimeError: the model has an attention layer of another class (it would run unadapted).
+    """
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    counts = {"Attention": 0, "MLAAttention": 0}
+    for name, module in model.named_modules():
+        if type(module) is Attention:
+            module.forward = types.MethodType(_sdpa_attention, module)
+            counts["Attention"] += 1
+        elif type(module) is MLAAttention:
+            module.forward = types.MethodType(_sdpa_mla, module)
+            counts["MLAAttention"] += 1
+        elif isinstance(module, AttentionLayerBase):
+            raise RuntimeError(f"{name}: attention class {type(module).__name__} has no stand-in")
+    return counts
+
+
+# --- the installers ---------------------------------------------------------------------------------
+
+
+def install_stand_ins(*, quantized: bool = False) -> None:
+    """Install every process-wide stand-in, before a model is built (idempotent).
+
+    The 16-bit linear patch (:func:`stand_in_patches`), the torch expert method
+    (:func:`register_torch_moe_method`) and, for a checkpoint with an msModelSlim description
+    (``quantized``), the ``"ascend"`` quantization stand-in
+    (``quant_method.register_ascend_quantization``).
+
+    Raises:
+        RuntimeError: an upstream binding a stand-in replaces drifted, or another out-of-tree method or
+            ``"ascend"`` quantization is registered already.
+    """
+    stand_in_patches().apply()
+    register_torch_moe_method()
+    if quantized:
+        from ascend_eplb.tools.world.quant_method import register_ascend_quantization
+
+        register_ascend_quantization()
+    # Stand-ins of further device features go here, one line each (e.g. the variable-size collectives
+    # all_gatherv / reduce_scatterv that CpuCommunicator lacks, for DP > 1 worlds).
+
+
+def install_model_stand_ins(model: torch.nn.Module) -> None:
+    """The stand-ins of one built model: the attention ``forward`` s (:func:`install_attention_stand_ins`)
+    and, for quantized experts, vllm-ascend's ``get_expert_weights``
+    (``quant_method.install_ascend_routed_experts``).
+
+    Raises:
+        RuntimeError: the model has an attention layer of a class without a stand-in.
+    """
+    from ascend_eplb.tools.world.quant_method import install_ascend_routed_experts
+
+    install_attention_stand_ins(model)
+    install_ascend_routed_experts(model)
