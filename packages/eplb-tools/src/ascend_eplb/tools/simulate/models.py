@@ -85,9 +85,9 @@ def cache_folder() -> Path:
 
 def _write_preset(name: str, folder: Path, fmt: str) -> None:
     """Write preset ``name`` in format ``fmt`` into ``folder`` atomically (a scratch folder renamed into
-    place): the float32 checkpoint (routing fitted first), then converted (``quant_method.to_format``)."""
+    place): the float32 checkpoint (routing fitted first), then converted (``checkpoints.to_format``)."""
     from ascend_eplb.tools import world
-    from ascend_eplb.tools.world.quant_method import to_format
+    from ascend_eplb.tools.world.checkpoints import to_format
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))

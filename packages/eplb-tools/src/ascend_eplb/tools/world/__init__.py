@@ -1,9 +1,10 @@
 """The serving world ``ascend-eplb simulate`` runs on a CPU host, split by job.
 
 * :mod:`~ascend_eplb.tools.world.checkpoints`: tiny checkpoints of vLLM's real MoE architectures
-  (written with transformers, read back: sizes, tensors, routed experts).
+  (written with transformers, in float, 16-bit or msModelSlim's quantized layout; routing bias fitted
+  to a recorded popularity; read back: sizes, tensors, routed experts, format).
 * :mod:`~ascend_eplb.tools.world.quant_method`: vLLM Ascend's quantized experts on this host
-  (msModelSlim checkpoints, the ``"ascend"`` quantization config and a FusedMoE method per format).
+  (the ``"ascend"`` quantization config and a FusedMoE method per format).
 * :mod:`~ascend_eplb.tools.world.stand_ins`: the CPU stand-ins for the device features vLLM lacks on
   this host (expert compute, attention, 16-bit linear layers) and their installation.
 * :mod:`~ascend_eplb.tools.world.serving`: one rank's vLLM model and the serving worker
@@ -16,8 +17,9 @@ imports what it needs). Nothing of the serving path imports it; the tests of the
 it as the simulator does (one world, one path).
 """
 
-from ascend_eplb.tools.world import serving, stand_ins
+from ascend_eplb.tools.world import checkpoints, serving, stand_ins
+from ascend_eplb.tools.world.checkpoints import *  # noqa: F403
 from ascend_eplb.tools.world.serving import *  # noqa: F403
 from ascend_eplb.tools.world.stand_ins import *  # noqa: F403
 
-__all__ = [*serving.__all__, *stand_ins.__all__]
+__all__ = [*checkpoints.__all__, *serving.__all__, *stand_ins.__all__]

@@ -7,10 +7,8 @@ fills them, ``process_weights_after_loading`` lays them out for the Ascend kerne
 ``get_eplb_weight_views(layer)`` answers ``AscendRoutedExperts.get_expert_weights()``. Without Ascend
 kernels this module stands in for exactly those pieces, each the narrowest for what this host lacks:
 
-* :func:`write_quantized_experts` rewrites a checkpoint of ``real_models.write_checkpoint`` in
-  msModelSlim's layout: each routed expert's ``gate_proj``/``up_proj``/``down_proj`` replaced by the
-  format's tensors (``weight``, ``weight_scale``, ``weight_offset``, ... as quant_views'
-  ``quantize_checkpoint`` makes them) and the description, every other weight ``FLOAT``.
+* The checkpoint: :func:`ascend_eplb.tools.world.checkpoints.write_quantized_experts` writes the
+  routed experts in msModelSlim's layout with its description (quant_views' ``quantize_checkpoint``).
 * :class:`AscendQuantConfig` (registered as vLLM quantization ``"ascend"`` by
   :func:`register_ascend_quantization`, only where vLLM Ascend has not registered it) reads the
   description with vLLM's own
@@ -35,39 +33,34 @@ EP ranks and top-2 routing a token's output is then the sum of at most two nonze
 vLLM's TP all-reduce adds commutatively, so EPLB-on logits equal EPLB-off's bit for bit whatever the
 placement.
 
-This module imports vLLM (and ``ascend_eplb.integration`` for the msModelSlim quant-type names).
+This module imports vLLM inside its functions only.
 Shape letters (DESIGN.md section 2): E logical experts, p local physical experts, T tokens, K top-k,
 H hidden size, I MoE intermediate size.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from ascend_eplb.tools.world.checkpoints import (
+    DESCRIPTION_FILE,
     EXPERT_KEYS,
-    checkpoint_experts,
     checkpoint_info,
     checkpoint_tensors,
+    format_of_quant_type,
 )
 
 __all__ = [
     "FORMAT_SWITCHES",
     "apply_layer",
     "checkpoint_expert_storage",
-    "checkpoint_format",
     "install_ascend_routed_experts",
     "lay_out_experts",
-    "msmodelslim_quant_type",
     "register_ascend_quantization",
     "slot_fingerprint_mismatches",
-    "to_format",
-    "write_quantized_experts",
 ]
 
 #: The vllm-ascend environment switches this stand-in follows, as vllm-ascend reads them ("0" off).
@@ -76,129 +69,9 @@ FORMAT_SWITCHES = {
     "fused_scales": "VLLM_ASCEND_ENABLE_FUSED_MC2",
 }
 
-DESCRIPTION_FILE = "quant_model_description.json"
-
 
 def _switch(name: str) -> bool:
     return os.environ.get(FORMAT_SWITCHES[name], "0").strip() not in ("", "0")
-
-
-def msmodelslim_quant_type(fmt: str) -> str:
-    """The msModelSlim quant type of a quant_views format name (``w8a8_dynamic`` -> ``W8A8_DYNAMIC``).
-
-    Raises:
-        ValueError: no msModelSlim type maps to ``fmt``.
-    """
-    from ascend_eplb.integration.validation import ASCEND_QUANT_TYPES
-
-    for quant_type, name in ASCEND_QUANT_TYPES.items():
-        if name == fmt:
-            return quant_type
-    raise ValueError(
-        f"no msModelSlim quant type for format {fmt!r}; known: {sorted(set(ASCEND_QUANT_TYPES.values()))}"
-    )
-
-
-def _format_of(quant_type: str) -> str:
-    from ascend_eplb.integration.validation import ASCEND_QUANT_TYPES
-
-    name = ASCEND_QUANT_TYPES.get(str(quant_type).upper())
-    if name is None:
-        raise ValueError(f"msModelSlim quant type {quant_type!r} is none of {sorted(ASCEND_QUANT_TYPES)}")
-    return name
-
-
-# --- the checkpoint ------------------------------------------------------------------------------
-
-
-def write_quantized_experts(folder: str | os.PathLike[str], fmt: str) -> Path:
-    """Rewrite the routed experts of a float checkpoint in ``folder`` in msModelSlim's layout of ``fmt``.
-
-    Per MoE layer, the E experts' float weights are quantized together by quant_views'
-    ``quantize_checkpoint`` (per expert, so an expert's tensors do not depend on the others) and
-    written per expert under the checkpoint's own keys: ``w13_<suffix>`` rows ``[:I]`` as
-    ``experts.<e>.gate_proj.<suffix>``, rows ``[I:]`` as ``up_proj``, ``w2_<suffix>`` as ``down_proj``
-    (Mixtral: ``w1``/``w3``/``w2``). The description maps every tensor name to its quant type
-    (``FLOAT`` for non-expert weights) plus ``model_quant_type``. A rejected format (``w4a16`` ...)
-    writes only the description, over the float experts: start-up must refuse it before loading.
-
-    Returns:
-        the description file's path.
-
-    Raises:
-        ValueError: ``fmt`` has no msModelSlim type, or the checkpoint is not one of ``real_models``.
-    """
-    from safetensors.torch import save_file
-
-    from ascend_eplb.quant_views import FORMAT_SUPPORT, get_format
-
-    quant_type = msmodelslim_quant_type(fmt)
-    folder = Path(folder)
-    info = checkpoint_info(folder)
-    files = sorted(folder.glob("*.safetensors"))
-    tensors = checkpoint_tensors(folder)
-    gate_t, up_t, down_t = EXPERT_KEYS[info.arch]
-    expert_keys: set[str] = set()
-    quantize = FORMAT_SUPPORT[fmt].supports_eplb
-    for layer, (w13, w2) in zip(info.moe_layer_indices, checkpoint_experts(folder), strict=True):
-        prefix = f"model.layers.{layer}."
-        inter = w2.shape[2]
-        ckpt = get_format(fmt).quantize_checkpoint(w13, w2) if quantize else None
-        for e in range(info.num_logical_experts):
-            gate, up, down = (prefix + t.format(e=e) for t in (gate_t, up_t, down_t))
-            if ckpt is None:
-                expert_keys.update(f"{k}.weight" for k in (gate, up, down))
-                continue
-            for k in (gate, up, down):
-                del tensors[f"{k}.weight"]
-            for name, t in ckpt.items():
-                stem, suffix = name.split("_", 1)
-                parts = {gate: t[e, :inter], up: t[e, inter:]} if stem == "w13" else {down: t[e]}
-                for key, part in parts.items():
-                    tensors[f"{key}.{suffix}"] = part.contiguous().clone()
-                    expert_keys.add(f"{key}.{suffix}")
-    if quantize:
-        for file in files:
-            file.unlink()
-        (folder / "model.safetensors.index.json").unlink(missing_ok=True)
-        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    description: dict[str, str] = {"model_quant_type": quant_type}
-    description.update({k: (quant_type if k in expert_keys else "FLOAT") for k in sorted(tensors)})
-    path = folder / DESCRIPTION_FILE
-    path.write_text(json.dumps(description, indent=1) + "\n")
-    return path
-
-
-def to_format(folder: str | os.PathLike[str], fmt: str | None) -> Path:
-    """Convert a float32 ``real_models`` checkpoint in ``folder`` to the experts' format ``fmt``, in place.
-
-    ``None``/``"float32"``: nothing; ``"bf16"``/``"fp16"``: every floating tensor cast and ``config.json``'s
-    dtype set (vLLM then serves it in that dtype); a quantized format: :func:`write_quantized_experts`.
-
-    Returns:
-        ``folder``.
-
-    Raises:
-        ValueError: ``fmt`` is none of these (as :func:`msmodelslim_quant_type`).
-    """
-    from safetensors.torch import load_file, save_file
-
-    folder = Path(folder)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(fmt or "")
-    if fmt in (None, "float32"):
-        return folder
-    if dtype is None:
-        write_quantized_experts(folder, fmt)
-        return folder
-    for file in sorted(folder.glob("*.safetensors")):
-        tensors = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in load_file(str(file)).items()}
-        save_file(tensors, str(file), metadata={"format": "pt"})
-    config_file = folder / "config.json"
-    config = json.loads(config_file.read_text())
-    config["dtype"] = {"bf16": "bfloat16", "fp16": "float16"}[fmt]
-    config.pop("torch_dtype", None)
-    config_file.write_text(json.dumps(config, indent=2) + "\n")
-    return folder
 
 
 # --- the quantization config and the FusedMoE method ---------------------------------------------
@@ -252,7 +125,7 @@ def _config_class() -> type:
             types.discard("FLOAT")
             if len(types) > 1:
                 raise ValueError(f"{prefix}: routed experts mix quant types {sorted(types)}")
-            return _format_of(types.pop()) if types else None
+            return format_of_quant_type(types.pop()) if types else None
 
         def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Any:
             if isinstance(layer, RoutedExperts):
@@ -545,27 +418,6 @@ def install_ascend_routed_experts(model: torch.nn.Module) -> int:
 
 
 # --- what the checkpoint says, for the checks ---------------------------------------------------
-
-
-def checkpoint_format(folder: str | os.PathLike[str]) -> str | None:
-    """The routed experts' quant_views format of a ``real_models`` checkpoint: the description's
-    (quantized), ``"bf16"``/``"fp16"`` by the checkpoint's dtype, or None (float32, CPU host only).
-
-    Raises:
-        ValueError: the description's experts mix quant types or name an unknown one.
-    """
-    folder = Path(folder)
-    description = folder / DESCRIPTION_FILE
-    if description.is_file():
-        types = {
-            str(v).upper() for k, v in json.loads(description.read_text()).items() if ".experts." in k
-        } - {"FLOAT"}
-        if len(types) != 1:
-            raise ValueError(f"{description}: routed experts must have one quant type, got {sorted(types)}")
-        return _format_of(types.pop())
-    config = json.loads((folder / "config.json").read_text())
-    dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
-    return {"bfloat16": "bf16", "float16": "fp16"}.get(dtype)
 
 
 def checkpoint_expert_storage(folder: str | os.PathLike[str], fmt: str) -> list[Any]:

@@ -41,23 +41,19 @@ import torch
 import torch.nn.functional as F
 
 from ascend_eplb.tools.world.checkpoints import (
-    ARCHITECTURES,
+    VOCAB_SIZE,
     CheckpointInfo,
     checkpoint_experts,
+    checkpoint_format,
     checkpoint_info,
 )
 from ascend_eplb.tools.world.stand_ins import install_model_stand_ins, install_stand_ins
 
 __all__ = [
-    "ARCHITECTURES",
-    "CheckpointInfo",
     "RealModelSpec",
     "ServingWorker",
     "WorkerStep",
     "build_model",
-    "checkpoint_experts",
-    "checkpoint_info",
-    "fit_routing_bias",
     "forward",
     "hf_logits",
     "init_world",
@@ -69,231 +65,7 @@ __all__ = [
     "prompt",
     "real_model_world",
     "routed_experts",
-    "write_checkpoint",
 ]
-
-_VOCAB = 128
-_HIDDEN = 64
-# Measured: with every weight of std 0.1 the second MoE layer routes nearly every token to the same
-# experts (the first layer's output dominates the residual stream). HF's 0.02, token embeddings of std 1
-# (they dominate the residual) and router gates of std 0.5 give diverse routing in every layer, and an
-# LM head of std 0.3 gives logits of scale ~5.
-_INIT_STD = 0.02
-_EMBED_STD = 1.0
-_ROUTER_STD = 0.5
-_HEAD_STD = 0.3
-
-
-def _hf_config(
-    arch: str,
-    num_experts: int | None,
-    top_k: int | None,
-    num_moe_layers: int | None,
-    moe_intermediate_size: int | None = None,
-) -> Any:
-    from transformers import DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
-
-    common = {
-        "vocab_size": _VOCAB,
-        "hidden_size": _HIDDEN,
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": False,
-        "initializer_range": _INIT_STD,
-        "num_attention_heads": 4,
-    }
-    if arch == "qwen3-moe":
-        return Qwen3MoeConfig(
-            **common,
-            intermediate_size=128,
-            moe_intermediate_size=moe_intermediate_size or 32,
-            num_hidden_layers=num_moe_layers or 2,
-            num_key_value_heads=2,
-            head_dim=16,
-            num_experts=num_experts or 8,
-            num_experts_per_tok=top_k or 2,
-            norm_topk_prob=True,
-            decoder_sparse_step=1,
-        )
-    if arch == "mixtral":
-        return MixtralConfig(
-            **common,
-            intermediate_size=moe_intermediate_size or 32,
-            num_hidden_layers=num_moe_layers or 2,
-            num_key_value_heads=2,
-            head_dim=16,
-            num_local_experts=num_experts or 8,
-            num_experts_per_tok=top_k or 2,
-        )
-    if arch == "deepseek-v3":
-        return DeepseekV3Config(
-            **common,
-            intermediate_size=128,
-            moe_intermediate_size=moe_intermediate_size or 32,
-            num_hidden_layers=1 + (num_moe_layers or 2),
-            num_key_value_heads=4,
-            n_shared_experts=1,
-            n_routed_experts=num_experts or 16,
-            num_experts_per_tok=top_k or 4,
-            n_group=4,
-            topk_group=2,
-            routed_scaling_factor=2.5,
-            first_k_dense_replace=1,
-            kv_lora_rank=32,
-            q_lora_rank=48,
-            qk_rope_head_dim=8,
-            qk_nope_head_dim=16,
-            v_head_dim=16,
-            topk_method="noaux_tc",  # else vLLM creates no e_score_correction_bias
-            scoring_func="sigmoid",
-            norm_topk_prob=True,
-        )
-    raise ValueError(f"unknown architecture {arch!r}; known: {sorted(ARCHITECTURES)}")
-
-
-def write_checkpoint(
-    arch: str,
-    folder: str | os.PathLike[str],
-    *,
-    seed: int = 0,
-    num_experts: int | None = None,
-    top_k: int | None = None,
-    num_moe_layers: int | None = None,
-    fmt: str | None = None,
-    moe_intermediate_size: int | None = None,
-) -> Path:
-    """Write a tiny random checkpoint of ``arch`` into ``folder`` and return the folder.
-
-    Hidden size 64, vocabulary 128, 4 attention heads; ``qwen3-moe`` and ``mixtral``: 2 layers, both
-    MoE, E=8, K=2; ``deepseek-v3``: 3 layers (the first dense), E=16 in 4 groups (2 chosen), K=4, one
-    shared expert, MLA (q LoRA 48, kv LoRA 32). Weights are drawn from ``seed`` with std 0.02, token
-    embeddings std 1, router gates std 0.5, LM head std 0.3 (routing is not degenerate in any layer);
-    DeepSeek's ``e_score_correction_bias`` is nonzero (std 0.05). Written with
-    transformers' config class, ``AutoModelForCausalLM.from_config`` and ``save_pretrained`` (per-expert
-    keys); about 0.1 s. Sizes: :func:`checkpoint_info`.
-
-    Args:
-        arch: ``"qwen3-moe"``, ``"deepseek-v3"`` or ``"mixtral"``.
-        folder: created if missing; its files are overwritten.
-        seed: torch seed of the weights.
-        num_experts: E instead of the default (DeepSeek: a multiple of its 4 groups).
-        top_k: K instead of the default.
-        num_moe_layers: L instead of the default 2 (DeepSeek-V3 keeps its dense first layer).
-        fmt: the experts' quant_views format (``quant_method.to_format``): None or ``"float32"``
-            (float32 everywhere, a CPU-host-only dtype), ``"bf16"``/``"fp16"`` (the whole checkpoint in
-            that dtype), or a quantized format: float32 non-expert weights and the routed experts in
-            msModelSlim's layout with its ``quant_model_description.json`` (served with
-            ``--quantization ascend``).
-        moe_intermediate_size: I instead of the default 32 (the MX formats need a multiple of 64).
-
-    Raises:
-        ValueError: unknown ``arch`` or ``fmt``.
-    """
-    from transformers import AutoModelForCausalLM
-
-    config = _hf_config(arch, num_experts, top_k, num_moe_layers, moe_intermediate_size)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    generator_state = torch.random.get_rng_state()
-    try:
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name.endswith("e_score_correction_bias"):
-                    param.normal_(0.0, 0.05)
-                elif name.endswith((".mlp.gate.weight", ".block_sparse_moe.gate.weight")):
-                    param.normal_(0.0, _ROUTER_STD)
-                elif name == "model.embed_tokens.weight":
-                    param.normal_(0.0, _EMBED_STD)
-                elif name == "lm_head.weight":
-                    param.normal_(0.0, _HEAD_STD)
-            for name, buffer in model.named_buffers():
-                if name.endswith("e_score_correction_bias"):
-                    buffer.normal_(0.0, 0.05)
-        model.save_pretrained(folder)
-    finally:
-        torch.random.set_rng_state(generator_state)
-    from ascend_eplb.tools.world.quant_method import to_format
-
-    return to_format(folder, fmt)
-
-
-def fit_routing_bias(
-    folder: str | os.PathLike[str],
-    popularity: Any,
-    *,
-    iterations: int = 60,
-    step: float = 0.02,
-    seed: int = 0,
-) -> torch.Tensor:
-    """Fit a DeepSeek-V3 checkpoint's ``e_score_correction_bias`` so its routing follows ``popularity``.
-
-    The bias shifts expert selection only (upstream ``noaux_tc``: it is added to the scores for the
-    top-k choice, not to the routing weights), so this skews which experts tokens pick without changing
-    what an expert computes. Each iteration runs HF transformers on 16 random sequences of 64 tokens,
-    counts each MoE layer's selections and moves the layer's bias by
-    ``step * log(target share / observed share)``; the fitted bias is written back into the checkpoint.
-
-    Args:
-        folder: a ``"deepseek-v3"`` checkpoint of :func:`write_checkpoint`.
-        popularity: ``(L, E)`` non-negative load per logical expert (e.g. a recorded trace's per-layer
-            selections); each layer is normalised to shares.
-        iterations: fitting iterations (60 fit the embedded ESFT trace's first 4 MoE layers to an L1
-            distance of 0.14-0.17 between target and observed shares, measured on the 64-expert
-            preset; balancedness without EPLB then within 0.01 of the trace's).
-        step: the bias step per unit of log-share error.
-        seed: seed of the fitting tokens.
-
-    Returns:
-        float64 ``(L, E)``: the selection shares the fitted checkpoint gave in the last iteration.
-
-    Raises:
-        ValueError: not a DeepSeek-V3 checkpoint, or ``popularity`` not ``(L, E)`` with positive rows.
-    """
-    from transformers import AutoModelForCausalLM
-
-    info = checkpoint_info(folder)
-    if info.arch != "deepseek-v3":
-        raise ValueError(f"{folder}: only a deepseek-v3 checkpoint has a routing bias, got {info.arch}")
-    target = torch.as_tensor(popularity, dtype=torch.float64)
-    if target.shape != (info.num_moe_layers, info.num_logical_experts) or bool((target.sum(1) <= 0).any()):
-        raise ValueError(
-            f"popularity must be (L, E) = ({info.num_moe_layers}, {info.num_logical_experts}) with a "
-            f"positive total per layer, got {tuple(target.shape)}"
-        )
-    target = target / target.sum(1, keepdim=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(folder), dtype=torch.float32, attn_implementation="eager"
-    )
-    model.eval()
-    gates = [model.model.layers[i].mlp.gate for i in info.moe_layer_indices]
-    counts: list[torch.Tensor | None] = [None] * len(gates)
-
-    def counter(layer: int) -> Any:
-        def hook(module: Any, inputs: Any, output: Any) -> None:
-            counts[layer] = torch.bincount(output[2].reshape(-1), minlength=info.num_logical_experts)
-
-        return hook
-
-    handles = [gate.register_forward_hook(counter(i)) for i, gate in enumerate(gates)]
-    ids = torch.randint(0, info.vocab_size, (16, 64), generator=torch.Generator().manual_seed(seed))
-    shares = target
-    try:
-        for _ in range(iterations):
-            with torch.inference_mode():
-                model(ids)
-            observed = torch.stack([c.double() for c in counts])
-            shares = observed / observed.sum(1, keepdim=True)
-            with torch.no_grad():
-                for layer, gate in enumerate(gates):
-                    error = torch.log((target[layer] + 1e-4) / (shares[layer] + 1e-4))
-                    gate.e_score_correction_bias += (step * error).float()
-    finally:
-        for handle in handles:
-            handle.remove()
-    model.save_pretrained(folder)
-    return shares
-
 
 # --- a rank's model --------------------------------------------------------------------------------
 
@@ -501,7 +273,7 @@ def hf_logits(folder: str | os.PathLike[str], input_ids: torch.Tensor) -> torch.
         return model(input_ids.view(1, -1)).logits[0].float()
 
 
-def prompt(seed: int, num_tokens: int = 12, vocab_size: int = _VOCAB) -> torch.Tensor:
+def prompt(seed: int, num_tokens: int = 12, vocab_size: int = VOCAB_SIZE) -> torch.Tensor:
     """A deterministic prompt: int64 ``(num_tokens,)`` ids in ``[0, vocab_size)`` from ``seed``."""
     g = torch.Generator().manual_seed(1000 + seed)
     return torch.randint(0, vocab_size, (num_tokens,), generator=g)
@@ -591,7 +363,7 @@ class ServingWorker:
 
     Attributes:
         info: :func:`checkpoint_info`; ``format``: the experts' quant_views format
-        (``quant_method.checkpoint_format``, None for float32); ``experts``: :func:`checkpoint_experts`
+        (``checkpoints.checkpoint_format``, None for float32); ``experts``: :func:`checkpoint_experts`
         (float32) or ``expert_storage``: ``quant_method.checkpoint_expert_storage`` (a format), the truth
         slots are checked against; ``model``, ``vllm_config``, ``wiring``, ``state`` (the
         ``AscendEplbState``), ``model_state`` (upstream's), ``ep_rank``, ``seconds`` (``build_on``,
@@ -623,7 +395,7 @@ class ServingWorker:
         from vllm.distributed.parallel_state import get_ep_group
 
         from ascend_eplb.integration.runner import Mrv2EplbWiring
-        from ascend_eplb.tools.world.quant_method import checkpoint_expert_storage, checkpoint_format
+        from ascend_eplb.tools.world.quant_method import checkpoint_expert_storage
 
         self.folder = Path(folder)
         self.info = checkpoint_info(self.folder)
