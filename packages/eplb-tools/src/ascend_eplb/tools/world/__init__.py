@@ -7,6 +7,8 @@
   (the ``"ascend"`` quantization config and a FusedMoE method per format).
 * :mod:`~ascend_eplb.tools.world.stand_ins`: the CPU stand-ins for the device features vLLM lacks on
   this host (expert compute, attention, 16-bit linear layers) and their installation.
+* :mod:`~ascend_eplb.tools.world.slots`: what each physical slot must hold (upstream's initial placement,
+  the checkpoint's experts or their kernel storage) and the slots that do not.
 * :mod:`~ascend_eplb.tools.world.serving`: one rank's vLLM model and the serving worker
   (:class:`~ascend_eplb.tools.world.serving.ServingWorker`) ``simulate`` and the real-model tests drive.
 * :mod:`~ascend_eplb.tools.world.toy_moe`: the toy MoE model of ``simulate --model replay`` (upstream's
@@ -17,9 +19,10 @@ imports what it needs). Nothing of the serving path imports it; the tests of the
 it as the simulator does (one world, one path).
 """
 
-from ascend_eplb.tools.world import checkpoints, serving, stand_ins
+from ascend_eplb.tools.world import checkpoints, serving, slots, stand_ins
 from ascend_eplb.tools.world.checkpoints import *  # noqa: F403
 from ascend_eplb.tools.world.serving import *  # noqa: F403
+from ascend_eplb.tools.world.slots import *  # noqa: F403
 from ascend_eplb.tools.world.stand_ins import *  # noqa: F403
 
-__all__ = [*checkpoints.__all__, *serving.__all__, *stand_ins.__all__]
+__all__ = [*checkpoints.__all__, *serving.__all__, *slots.__all__, *stand_ins.__all__]

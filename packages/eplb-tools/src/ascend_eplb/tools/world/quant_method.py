@@ -47,20 +47,16 @@ import torch
 
 from ascend_eplb.tools.world.checkpoints import (
     DESCRIPTION_FILE,
-    EXPERT_KEYS,
-    checkpoint_info,
-    checkpoint_tensors,
     format_of_quant_type,
 )
 
 __all__ = [
     "FORMAT_SWITCHES",
     "apply_layer",
-    "checkpoint_expert_storage",
+    "format_switch",
     "install_ascend_routed_experts",
     "lay_out_experts",
     "register_ascend_quantization",
-    "slot_fingerprint_mismatches",
 ]
 
 #: The vllm-ascend environment switches this stand-in follows, as vllm-ascend reads them ("0" off).
@@ -70,7 +66,8 @@ FORMAT_SWITCHES = {
 }
 
 
-def _switch(name: str) -> bool:
+def format_switch(name: str) -> bool:
+    """Whether vllm-ascend's switch of ``name`` (a :data:`FORMAT_SWITCHES` key) is on in this process."""
     return os.environ.get(FORMAT_SWITCHES[name], "0").strip() not in ("", "0")
 
 
@@ -166,8 +163,8 @@ def _method_class() -> type:
             if fmt not in FORMAT_SUPPORT:
                 raise ValueError(f"format {fmt!r} is none of {sorted(FORMAT_SUPPORT)}")
             self.format_name = fmt
-            self.per_expert_lists = _switch("per_expert_lists")
-            self.fused_scales = fmt == "w8a8_dynamic" and _switch("fused_scales")
+            self.per_expert_lists = format_switch("per_expert_lists")
+            self.fused_scales = fmt == "w8a8_dynamic" and format_switch("fused_scales")
             self._layout: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
 
         @property
@@ -242,7 +239,7 @@ def lay_out_experts(
         loaded,
         layer.hidden_size,
         layer.intermediate_size_per_partition,
-        per_expert_lists=_switch("per_expert_lists"),
+        per_expert_lists=format_switch("per_expert_lists"),
         **({"fused_scales": True} if fused_scales else {}),
     )
     for name in loaded:
@@ -415,86 +412,3 @@ def install_ascend_routed_experts(model: torch.nn.Module) -> int:
             module.get_expert_weights = lambda m=module, q=method: q.get_eplb_weight_views(m)
             count += 1
     return count
-
-
-# --- what the checkpoint says, for the checks ---------------------------------------------------
-
-
-def checkpoint_expert_storage(folder: str | os.PathLike[str], fmt: str) -> list[Any]:
-    """Every logical expert of each MoE layer laid out as the kernel reads it: the truth a slot's
-    fingerprint is compared with.
-
-    Per MoE layer (L entries) a quant_views ``ExpertStorage`` with E rows (row e: logical expert e),
-    made by ``storage_from_checkpoint`` from the checkpoint's own tensors (so any difference from a
-    slot is a movement error, never a requantization), with the runtime options the method uses
-    (W8A8 fused scales when ``VLLM_ASCEND_ENABLE_FUSED_MC2`` is on); stacked.
-    """
-    from ascend_eplb.quant_views import get_format
-
-    info = checkpoint_info(folder)
-    tensors = checkpoint_tensors(folder)
-    gate_t, up_t, down_t = EXPERT_KEYS[info.arch]
-    fmt_ = get_format(fmt)
-    options = {"fused_scales": True} if fmt == "w8a8_dynamic" and _switch("fused_scales") else {}
-    # One pass over the keys: module -> [(position, suffix)] of the tensors under it, for the gate and
-    # down modules of every expert (O(keys), not O(E x keys)).
-    wanted = {
-        f"model.layers.{layer}." + t.format(e=e)
-        for layer in info.moe_layer_indices
-        for e in range(info.num_logical_experts)
-        for t in (gate_t, down_t)
-    }
-    under: dict[str, list[tuple[int, str]]] = {}
-    for position, key in enumerate(tensors):
-        for dot in (i for i, c in enumerate(key) if c == "."):
-            if key[:dot] in wanted:
-                under.setdefault(key[:dot], []).append((position, key[dot + 1 :]))
-    out = []
-    for layer in info.moe_layer_indices:
-        prefix = f"model.layers.{layer}."
-        down = tensors[prefix + down_t.format(e=0) + ".weight"]
-        hidden = down.shape[0]
-        per_name: dict[str, list[torch.Tensor]] = {}
-        for e in range(info.num_logical_experts):
-            gate, up, down = (prefix + t.format(e=e) for t in (gate_t, up_t, down_t))
-            found = sorted(
-                [(pos, "w13", (gate, up), suffix) for pos, suffix in under.get(gate, [])]
-                + [(pos, "w2", (down,), suffix) for pos, suffix in under.get(down, [])]
-            )
-            for _, stem, parts, suffix in found:  # in the checkpoint's key order, as each key is found
-                rows = [tensors[f"{k}.{suffix}"] for k in parts]
-                per_name.setdefault(f"{stem}_{suffix}", []).append(torch.cat(rows))
-        stacked = {n: torch.stack(v) for n, v in per_name.items()}
-        inter = stacked["w13_weight"].shape[1] // 2
-        out.append(fmt_.storage_from_checkpoint(stacked, hidden, inter, **options))
-    return out
-
-
-def slot_fingerprint_mismatches(
-    model: torch.nn.Module, truth: list[Any], physical_to_logical: torch.Tensor, ep_rank: int, fmt: str
-) -> list[str]:
-    """Local slots whose kernel storage differs from their logical expert's under a placement.
-
-    Args:
-        model: a rank's model with quant_views-laid-out experts.
-        truth: :func:`checkpoint_expert_storage` of its checkpoint.
-        physical_to_logical: int ``(L, P)``.
-        ep_rank: this rank's EP rank (its slots are ``[ep_rank * p, (ep_rank + 1) * p)``).
-        fmt: the format name.
-
-    Returns:
-        one line per mismatching ``(layer, slot)``: quant_views ``expert_fingerprint`` over every kernel
-        tensor of the layer (read from the layer's own parameters) against the truth's.
-    """
-    from ascend_eplb.quant_views import expert_fingerprint, layer_storage
-
-    out = []
-    layers = [layer.routed_experts for layer in model.moe_layers]
-    for index, (experts, reference) in enumerate(zip(layers, truth, strict=True)):
-        storage = layer_storage(experts, fmt)
-        for row in range(storage.num_local_experts):
-            slot = ep_rank * storage.num_local_experts + row
-            logical = int(physical_to_logical[index, slot])
-            if expert_fingerprint(storage, row) != expert_fingerprint(reference, logical):
-                out.append(f"layer {index} slot {slot} (row {row}) != logical expert {logical} (fingerprint)")
-    return out

@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,10 +41,15 @@ import torch.nn.functional as F
 
 from ascend_eplb.tools.world.checkpoints import (
     VOCAB_SIZE,
-    CheckpointInfo,
     checkpoint_experts,
     checkpoint_format,
     checkpoint_info,
+)
+from ascend_eplb.tools.world.slots import (
+    checkpoint_expert_storage,
+    initial_physical_to_logical,
+    local_slot_mismatches,
+    slot_fingerprint_mismatches,
 )
 from ascend_eplb.tools.world.stand_ins import install_model_stand_ins, install_stand_ins
 
@@ -57,9 +61,7 @@ __all__ = [
     "forward",
     "hf_logits",
     "init_world",
-    "initial_physical_to_logical",
     "load_model",
-    "local_slot_mismatches",
     "moe_layers",
     "prepare_world",
     "prompt",
@@ -279,45 +281,6 @@ def prompt(seed: int, num_tokens: int = 12, vocab_size: int = VOCAB_SIZE) -> tor
     return torch.randint(0, vocab_size, (num_tokens,), generator=g)
 
 
-def local_slot_mismatches(
-    model: torch.nn.Module,
-    experts: Sequence[tuple[torch.Tensor, torch.Tensor]],
-    physical_to_logical: torch.Tensor,
-    ep_rank: int,
-) -> list[str]:
-    """Local slots whose weights differ from the checkpoint's expert under a placement.
-
-    Args:
-        model: a rank's model.
-        experts: :func:`checkpoint_experts` of its checkpoint.
-        physical_to_logical: int ``(L, P)``: the logical expert of each physical slot.
-        ep_rank: this rank's EP rank (its slots are ``[ep_rank * p, (ep_rank + 1) * p)``).
-
-    Returns:
-        one line per mismatching ``(layer, slot)`` (empty when every local slot holds its expert
-        exactly).
-    """
-    out = []
-    for layer, (moe, (w13, w2)) in enumerate(zip(routed_experts(model), experts, strict=True)):
-        p = moe.w13_weight.shape[0]
-        for row in range(p):
-            slot = ep_rank * p + row
-            logical = int(physical_to_logical[layer, slot])
-            if not (
-                torch.equal(moe.w13_weight[row], w13[logical])
-                and torch.equal(moe.w2_weight[row], w2[logical])
-            ):
-                out.append(f"layer {layer} slot {slot} (row {row}) != logical expert {logical}")
-    return out
-
-
-def initial_physical_to_logical(info: CheckpointInfo, num_redundant_experts: int) -> torch.Tensor:
-    """Upstream's initial placement, int64 ``(L, P)``: slot ``i < E`` holds ``i``, ``E + j``: ``j % E``."""
-    e = info.num_logical_experts
-    row = list(range(e)) + [j % e for j in range(num_redundant_experts)]
-    return torch.tensor([row] * info.num_moe_layers)
-
-
 # --- the serving worker ---------------------------------------------------------------------------
 
 
@@ -395,7 +358,6 @@ class ServingWorker:
         from vllm.distributed.parallel_state import get_ep_group
 
         from ascend_eplb.integration.runner import Mrv2EplbWiring
-        from ascend_eplb.tools.world.quant_method import checkpoint_expert_storage
 
         self.folder = Path(folder)
         self.info = checkpoint_info(self.folder)
@@ -545,8 +507,6 @@ class ServingWorker:
     def _mismatches(self, physical_to_logical: torch.Tensor) -> list[str]:
         if self.format is None:
             return local_slot_mismatches(self.model, self.experts, physical_to_logical, self.ep_rank)
-        from ascend_eplb.tools.world.quant_method import slot_fingerprint_mismatches
-
         return slot_fingerprint_mismatches(
             self.model, self.expert_storage, physical_to_logical, self.ep_rank, self.format
         )
