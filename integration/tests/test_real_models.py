@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from ascend_eplb.testing import load_module, run_ranks
+from ascend_eplb.testing.hf import hf_logits
 from ascend_eplb.tools import world as rm
 
 ranks = load_module(Path(__file__).with_name("ranks_real_models.py"))
@@ -85,7 +86,7 @@ def test_real_model_on_two_ranks_matches_hf_and_loads_every_slot(arch, tmp_path)
         assert r["distinct_local_rows"] == [p_on] * info.num_moe_layers
     errors = []
     for i, tokens in enumerate(prompts):
-        reference = rm.hf_logits(folder, tokens)
+        reference = hf_logits(folder, tokens)
         assert reference.shape == (NUM_TOKENS, info.vocab_size)
         scale = float(reference.abs().max())
         assert scale > 0.5  # real logits, not zeros
@@ -166,7 +167,7 @@ def test_serving_world_on_a_real_model_gives_eplb_off_and_hf_logits_through_rear
     for step in range(spec.steps):
         prompt = tuple(reports[0]["prompts"][step].tolist())
         if prompt not in hf:
-            hf[prompt] = rm.hf_logits(folder, reports[0]["prompts"][step])
+            hf[prompt] = hf_logits(folder, reports[0]["prompts"][step])
         reference = hf[prompt]
         scale = float(reference.abs().max())
         for r in reports:

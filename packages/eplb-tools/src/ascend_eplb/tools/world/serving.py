@@ -1,16 +1,14 @@
-"""vLLM 0.33.0's real MoE model classes on a CPU host: tiny checkpoints, a rank's model, the HF oracle.
+"""vLLM 0.33.0's real MoE model classes on a CPU host: a rank's model and the serving worker.
 
 DESIGN.md section 5 asks for the invariants to be proven on vLLM's real model classes; this module is
-what lets a rank build and run them (facts measured in ``notes/real-models-on-cpu.md``):
+what lets a rank build and run them (facts measured in ``notes/real-models-on-cpu.md``) on the tiny
+checkpoints of :mod:`ascend_eplb.tools.world.checkpoints`:
 
-* :func:`write_checkpoint` writes a tiny random checkpoint (``config.json`` + safetensors, float32) of
-  ``"qwen3-moe"`` (``Qwen3MoeForCausalLM``), ``"deepseek-v3"`` (``DeepseekV3ForCausalLM``: grouped
-  top-k, sigmoid scoring with a nonzero ``e_score_correction_bias``, a shared expert, a dense first
-  layer, MLA) or ``"mixtral"`` (``MixtralForCausalLM``) with transformers' own config and model classes;
-  never a hub.
 * :func:`build_model` builds one rank's model with vLLM's own ``get_model`` (safetensors loader) under
-  TP x EP over Gloo; :func:`forward` runs one prefill forward; :func:`hf_logits` is the HF transformers
-  oracle on the same checkpoint.
+  TP x EP over Gloo; :func:`forward` runs one prefill forward (the HF transformers oracle on the same
+  checkpoint is the test support's, ``ascend_eplb.testing.hf``).
+* :class:`ServingWorker` is one Model Runner V2 worker with EPLB on, built and driven as serving does,
+  beside the EPLB-off model of the same checkpoint (``simulate`` runs it).
 * :func:`real_model_world` is a rank function that drives the serving path with EPLB on
   (``Mrv2EplbWiring``) for N steps, and the EPLB-off run of the same checkpoint and prompts.
 
@@ -59,7 +57,6 @@ __all__ = [
     "WorkerStep",
     "build_model",
     "forward",
-    "hf_logits",
     "init_world",
     "load_model",
     "moe_layers",
@@ -254,25 +251,6 @@ def forward(
         logits = F.linear(hidden, head.weight)  # (T, vocab_size / TP): this rank's vocabulary shard
         logits = tensor_model_parallel_all_gather(logits.contiguous(), dim=-1)
     return logits[:, : model.config.vocab_size].float()
-
-
-def hf_logits(folder: str | os.PathLike[str], input_ids: torch.Tensor) -> torch.Tensor:
-    """HF transformers' logits on the checkpoint in ``folder`` (eager attention, float32).
-
-    Args:
-        input_ids: int64 ``(T,)``, one sequence.
-
-    Returns:
-        float32 ``(T, vocab_size)``.
-    """
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        str(folder), dtype=torch.float32, attn_implementation="eager"
-    )
-    model.eval()
-    with torch.inference_mode():
-        return model(input_ids.view(1, -1)).logits[0].float()
 
 
 def prompt(seed: int, num_tokens: int = 12, vocab_size: int = VOCAB_SIZE) -> torch.Tensor:
