@@ -15,20 +15,26 @@ def test_all_is_the_documented_api():
         "AscendEplbState",
         "CommitEvent",
         "ControllerEvent",
+        "DecisionEvent",
         "Event",
         "EventBus",
         "LoadCollectionPhase",
+        "MigrationAwarePolicy",
         "Patch",
         "PatchSet",
+        "PlacementDecision",
+        "PolicySettings",
         "RearrangementEvent",
         "RegistrationEvent",
         "ShutdownEvent",
         "StepEvent",
         "__version__",
         "adapt_layer_routers",
+        "balancedness",
         "check_signature",
         "commit_hooks_installed",
         "is_phase_matched",
+        "moved_experts",
     ])  # fmt: skip
     # Each name is the object a control module defines or binds; __version__ is the installed one.
     check_public_names("ascend_eplb.control", "ascend-eplb-control")
@@ -36,8 +42,9 @@ def test_all_is_the_documented_api():
 
 def test_phase_and_patching_import_without_vllm():
     code = (
-        "import sys; import ascend_eplb.control as c; from ascend_eplb.control import phase, patching; "
-        "assert c.is_phase_matched('decode', False); "
+        "import sys; import ascend_eplb.control as c; "
+        "from ascend_eplb.control import phase, patching, policy_config; "
+        "assert c.is_phase_matched('decode', False); assert c.PolicySettings().is_upstream_default; "
         "print(sorted(m for m in sys.modules if m.startswith('vllm')))"
     )
     out = subprocess.run(

@@ -7,6 +7,9 @@ rearrangement transaction). This package adapts its boundaries only:
 * :class:`AscendEplbState` / :class:`AscendEplbLayerState`: a stable device replica lookup per MoE layer,
   refreshed in place when (and only when) the layer's placement commits, before the async worker's
   staging buffer is acknowledged; no rearrangement on an all-zero window;
+* :class:`PolicySettings` (:mod:`~ascend_eplb.control.policy_config`, standard library only) and
+  :mod:`~ascend_eplb.control.gate`: the placement policy the state selects and the gain gate around it
+  (skipped rearrangements move nothing; each decision a :class:`DecisionEvent` on the bus);
 * :class:`EventBus` (:mod:`~ascend_eplb.control.bus`): the controller's one typed event bus
   (registration, step, rearrangement, commit phases, shutdown) the serving guardrails subscribe to;
 * :func:`adapt_layer_routers`: each MoE layer's router gets an :class:`AscendEplbLayerState` and
@@ -25,11 +28,13 @@ from typing import Any
 from ascend_eplb.control.__about__ import __version__
 
 #: Public name -> submodule: the one list of this package's names (``__all__`` is made of it). The
-#: submodules load on first use, so ``ascend_eplb.control.phase`` and ``ascend_eplb.control.patching``
-#: import without vLLM; a static type checker sees these names through ``__getattr__`` (as ``Any``).
+#: submodules load on first use, so ``ascend_eplb.control.phase``, ``ascend_eplb.control.policy_config``
+#: and ``ascend_eplb.control.patching`` import without vLLM; a static type checker sees these names
+#: through ``__getattr__`` (as ``Any``).
 _EXPORTS = {
     "CommitEvent": "bus",
     "ControllerEvent": "bus",
+    "DecisionEvent": "bus",
     "Event": "bus",
     "EventBus": "bus",
     "RearrangementEvent": "bus",
@@ -44,6 +49,11 @@ _EXPORTS = {
     "LOAD_COLLECTION_PHASES": "phase",
     "LoadCollectionPhase": "phase",
     "is_phase_matched": "phase",
+    "PlacementDecision": "policy_config",
+    "PolicySettings": "policy_config",
+    "MigrationAwarePolicy": "policy",
+    "balancedness": "policy",
+    "moved_experts": "policy",
     "adapt_layer_routers": "router_adaptation",
     "AscendEplbLayerState": "state",
     "AscendEplbState": "state",
