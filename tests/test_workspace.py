@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # DESIGN.md section 3: folder -> (distribution, import package, dependency edges).
 PACKAGES = {
+    "packages/eplb-launch": ("ascend-eplb-launch", "launch", {"torch"}),
     "packages/eplb-quant-views": ("ascend-eplb-quant-views", "quant_views", {"torch"}),
     "packages/eplb-dataplane": ("ascend-eplb-dataplane", "dataplane", {"torch"}),
     "packages/eplb-movement": ("ascend-eplb-movement", "movement", {"torch", "vllm"}),
@@ -35,14 +36,23 @@ PACKAGES = {
     "packages/eplb-tools": (
         "ascend-eplb-tools",
         "tools",
-        {"torch", "vllm", "ascend-eplb-integration", "ascend-eplb-testing"},
+        {"torch", "vllm", "ascend-eplb-integration", "ascend-eplb-launch"},
     ),
-    "testing": ("ascend-eplb-testing", "testing", {"torch"}),
+    "testing": ("ascend-eplb-testing", "testing", {"torch", "ascend-eplb-launch"}),
 }
 # Third-party libraries a package may use beside its edges (traces, progress, plots; the serving
 # product's Prometheus metrics, prometheus_client, already a dependency of vLLM).
 TOOL_LIBRARIES = {
-    "packages/eplb-tools": {"numpy", "tqdm", "matplotlib", "psutil", "prometheus-client", "pyyaml"},
+    "packages/eplb-tools": {
+        "numpy",
+        "tqdm",
+        "matplotlib",
+        "psutil",
+        "prometheus-client",
+        "pyyaml",
+        "transformers",  # the serving world's tiny checkpoints (tools.world.checkpoints)
+        "safetensors",
+    },
     "integration": {"prometheus-client"},
 }
 #: Optional extras a package may declare: torch_npu probes, the dataplane's Triton kernel, the toy
@@ -59,6 +69,7 @@ SERVING = [
 PINS = {"torch": "==2.13.0", "vllm": "==0.33.0"}
 #: The torch-only planes declare the range they are tested on (floor: the root's `floor` environment).
 TORCH_RANGE = {
+    "packages/eplb-launch": ">=2.9.1,<2.14",
     "packages/eplb-quant-views": ">=2.9.1,<2.14",
     "packages/eplb-dataplane": ">=2.9.1,<2.14",
     "testing": ">=2.9.1,<2.14",
@@ -118,6 +129,7 @@ def test_the_serving_product_pulls_no_tool_library_or_trace(folder):
         "matplotlib",
         "psutil",
         "ascend-eplb-tools",
+        "ascend-eplb-launch",
         "ascend-eplb-testing",
     }
     assert not list((ROOT / folder / "src").rglob("*.npz")), f"{folder} ships trace data"
@@ -167,7 +179,7 @@ def _copy_sources(tmp_path: Path) -> list[Path]:
 def test_import_contracts_hold_on_the_tree():
     result = _lint_imports([ROOT / folder / "src" for folder in PACKAGES])
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 13 kept, 0 broken." in result.stdout
+    assert "Contracts: 14 kept, 0 broken." in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -198,7 +210,15 @@ def test_import_contracts_hold_on_the_tree():
         (
             "integration",
             "import ascend_eplb.testing",
-            "the serving product never imports the tools or the test support",
+            "the serving product never imports the tools, the launcher or the test support",
+        ),
+        ("tools", "import ascend_eplb.testing", "product code never imports the test support"),
+        ("launch", "import ascend_eplb.testing", "product code never imports the test support"),
+        ("launch", "import vllm", "the launcher imports no vllm and no other ascend_eplb package"),
+        (
+            "integration",
+            "import ascend_eplb.launch",
+            "the serving product never imports the tools, the launcher or the test support",
         ),
         ("integration", "import yaml", "the serving package imports no YAML or argument parser"),
         ("integration", "import argparse", "the serving package imports no YAML or argument parser"),
@@ -315,6 +335,6 @@ def test_an_import_cycle_in_any_package_breaks_its_contract(tmp_path):
         path.write_text(path.read_text() + f"\n\ndef _cycle():\n    {line}  # injected by the test\n")
     result = _lint_imports(roots)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert f"Contracts: 6 kept, {len(CYCLES)} broken." in result.stdout
+    assert f"Contracts: 7 kept, {len(CYCLES)} broken." in result.stdout
     for _, _, _, contract in CYCLES:
         assert f"{contract} BROKEN" in result.stdout

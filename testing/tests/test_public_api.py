@@ -6,21 +6,29 @@ import ascend_eplb.testing as testing
 from ascend_eplb.testing.api import check_public_names
 
 
+LAUNCHER = [
+    "RANK_ENV",
+    "LauncherInterruptedError",
+    "RankContext",
+    "RankFailureError",
+    "load_module",
+    "reap_child",
+    "run_ranks",
+    "signals_raise",
+    "stop_fork_server",
+]
+
+
 def test_all_is_the_documented_api():
-    assert sorted(testing.__all__) == sorted(
-        [
-            "RANK_ENV",
-            "LauncherInterruptedError",
-            "RankContext",
-            "RankFailureError",
-            "load_module",
-            "reap_child",
-            "run_ranks",
-            "signals_raise",
-            "stop_fork_server",
-        ]
-    )
-    check_public_names("ascend_eplb.testing", "ascend-eplb-testing")
+    """The test support re-exports the launcher's names (the very objects of ascend_eplb.launch, where
+    ``simulate`` takes them from too) and defines none of its own at the top."""
+    import ascend_eplb.launch as launch
+
+    assert sorted(testing.__all__) == sorted(LAUNCHER)
+    assert sorted(launch.__all__) == sorted(LAUNCHER)
+    for name in LAUNCHER:
+        assert getattr(testing, name) is getattr(launch, name), name
+    check_public_names("ascend_eplb.launch", "ascend-eplb-launch")
 
 
 def test_the_public_names_oracle_fails_on_what_hasattr_lets_through(monkeypatch):
@@ -32,7 +40,7 @@ def test_the_public_names_oracle_fails_on_what_hasattr_lets_through(monkeypatch)
 
     import pytest
 
-    from ascend_eplb.testing import multirank
+    from ascend_eplb.launch import multirank
 
     pkg = types.ModuleType("ascend_eplb.fakepkg")
     pkg.__path__ = []
@@ -61,7 +69,7 @@ def test_the_public_names_oracle_fails_on_what_hasattr_lets_through(monkeypatch)
     sub.helper = helper
     refused(["helper"], r"fakepkg\.helper is not the object ascend_eplb\.fakepkg\.sub\.helper", helper=stale)
     refused(
-        ["run_ranks"], r"defined in ascend_eplb\.testing\.multirank, outside", run_ranks=multirank.run_ranks
+        ["run_ranks"], r"defined in ascend_eplb\.launch\.multirank, outside", run_ranks=multirank.run_ranks
     )
     refused(["LIMIT"], r"fakepkg\.LIMIT is bound by no module", LIMIT=[1, 2])  # equal, but a copy
     refused(["LIMIT", "LIMIT"], "lists a name twice", LIMIT=sub.LIMIT)

@@ -7,7 +7,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ascend_eplb.testing import RankContext
+from ascend_eplb.launch import RankContext
 
 
 def allreduce_rank(ctx: RankContext, value: int) -> int:

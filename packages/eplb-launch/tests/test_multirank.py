@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ascend_eplb.testing import RankFailureError, load_module, run_ranks
+from ascend_eplb.launch import RankFailureError, load_module, run_ranks
 
 rank_fns = load_module(Path(__file__).with_name("rank_fns.py"))
 

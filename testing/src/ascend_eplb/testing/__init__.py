@@ -1,10 +1,12 @@
-"""Test support: the multi-rank launcher (:func:`run_ranks`), the oracles and tagged expert weights.
+"""Test support of the ascend-eplb packages: the oracles, tagged expert weights, the launcher's names.
 
-Used by every package's tests and by ``ascend-eplb simulate``; never by the serving planes. This module
+Used by every package's tests; never by product code (the serving planes and the tools). The multi-rank
+launcher is ``ascend_eplb.launch``'s (``ascend-eplb simulate`` runs it too); it is re-exported here, where
+every package's tests import it from (``from ascend_eplb.testing import run_ranks``). This module
 imports only the standard library and torch.
 """
 
-from ascend_eplb.testing.multirank import (
+from ascend_eplb.launch import (
     RANK_ENV,
     LauncherInterruptedError,
     RankContext,

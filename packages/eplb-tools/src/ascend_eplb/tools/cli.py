@@ -281,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from ascend_eplb.testing import LauncherInterruptedError
+    from ascend_eplb.launch import LauncherInterruptedError
     from ascend_eplb.tools.simulate.lifecycle import exit_code_of
 
     try:

@@ -1,6 +1,6 @@
 """Run the simulator's ranks, show progress, and write ``report.json`` and ``balancedness.png``.
 
-On one host the ranks are started by the repository's one launcher, :func:`ascend_eplb.testing.run_ranks`
+On one host the ranks are started by the repository's one launcher, :func:`ascend_eplb.launch.run_ranks`
 (forkserver: the fork server imports the rank module, and with it vLLM, once; rendezvous a ``file://``
 URL in a scratch folder; a deadline over the whole run; a rank that fails is reported with its
 traceback and the others get a grace period). Under ``torchrun`` (one process per rank, one or more
@@ -88,7 +88,7 @@ def _rank_args(config: SimulateConfig, routing: Any) -> tuple[dict, dict]:
 
 
 def _launch(config: SimulateConfig, routing: Any, deadline: float, phase: list[str]) -> list[dict]:
-    from ascend_eplb.testing import LauncherInterruptedError, RankFailureError, run_ranks, stop_fork_server
+    from ascend_eplb.launch import LauncherInterruptedError, RankFailureError, run_ranks, stop_fork_server
     from ascend_eplb.tools.simulate.lifecycle import (
         SCRATCH_PREFIX,
         DeadlineExceededError,
@@ -185,7 +185,7 @@ def _write_scrape(folder: Path, path: Path) -> None:
 
 def _run_torchrun(config: SimulateConfig, routing: Any) -> tuple[list[dict], bool]:
     """This process's rank under torchrun: every rank's statistics, and whether this is rank 0."""
-    from ascend_eplb.testing import RankContext
+    from ascend_eplb.launch import RankContext
     from ascend_eplb.tools.simulate.rank import simulate_rank
 
     ctx = RankContext.from_torchrun(Path(config.out_dir), config.timeout_s)

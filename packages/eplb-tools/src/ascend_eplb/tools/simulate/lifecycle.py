@@ -1,7 +1,7 @@
 """How an ``ascend-eplb`` command ends: signals, the whole-run deadline, and nothing left behind.
 
 - :func:`command_scope` wraps a whole command. SIGTERM and SIGHUP raise
-  :class:`~ascend_eplb.testing.LauncherInterruptedError` wherever the command is (reading the trace,
+  :class:`~ascend_eplb.launch.LauncherInterruptedError` wherever the command is (reading the trace,
   importing vLLM, starting or running ranks), as Ctrl-C raises ``KeyboardInterrupt``; the command prints
   one line and exits ``128 + signal``. For ``simulate`` it also gives torch's compile cache (which
   importing vLLM creates in ``$TMPDIR``) a scratch folder of the command, and on the way out stops the
@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ascend_eplb.testing import LauncherInterruptedError, reap_child, signals_raise, stop_fork_server
+from ascend_eplb.launch import LauncherInterruptedError, reap_child, signals_raise, stop_fork_server
 
 __all__ = [
     "SCRATCH_PREFIX",

@@ -60,9 +60,9 @@ from ascend_eplb.integration.runner import Mrv2EplbWiring
 from ascend_eplb.integration.serving import guardrails_of
 from ascend_eplb.integration.verify import EplbVerificationError, EplbVerifier
 from ascend_eplb.integration.watchdog import EplbWorkerFailureError, WorkerWatchdog
+from ascend_eplb.launch import RankContext
 from ascend_eplb.quant_views import get_format
 from ascend_eplb.quant_views.reference import expert_seed
-from ascend_eplb.testing import RankContext
 from ascend_eplb.tools.simulate.config import OUTPUT_ATOL, OUTPUT_RTOL, output_rtol
 from ascend_eplb.tools.world.toy_moe import ToyModelConfig, ToyMoEModel, initial_local_experts
 
