@@ -413,3 +413,122 @@ def test_remove_refuses_to_drop_a_later_replacement_of_its_binding():
         assert module.f(1, 2) == "original"
     finally:
         del sys.modules["ascend_eplb_test_target"]
+
+
+def test_a_changed_default_or_kind_of_an_upstream_parameter_is_named(control_patches, monkeypatch):
+    """Issue 30: the check compared parameter names only; a default or a kind that changes is drift too."""
+
+    def step(self, is_dummy=True, is_profile=False, log_stats=False):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(EplbState, "step", step)
+    with pytest.raises(RuntimeError) as info:
+        AscendEplbState(_parallel_config_without_eplb(), torch.device("cpu"))
+    assert str(info.value) == (
+        "upstream EplbState.step changed signature: expected (self, is_dummy=False, is_profile=False, "
+        "log_stats=False) (vLLM 0.33.0), found (self, is_dummy=True, is_profile=False, log_stats=False) "
+        "(a parameter's kind or default changed); ascend_eplb must be updated for this version"
+    )
+
+    def keyword_only_step(self, *, is_dummy=False, is_profile=False, log_stats=False):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(EplbState, "step", keyword_only_step)
+    with pytest.raises(RuntimeError, match=r"found \(self, \*, is_dummy=False, is_profile=False, log_stats"):
+        AscendEplbState(_parallel_config_without_eplb(), torch.device("cpu"))
+
+
+def test_the_controller_refuses_a_changed_body_it_copies_and_ignores_formatting(monkeypatch):
+    from ascend_eplb.control import upstream
+    from ascend_eplb.control.patching import source_digest
+
+    (row,) = [b for b in upstream.BODIES if b.signature.qualname == "EPLBController.prepare_load"]
+
+    # Upstream's body, with a docstring, a comment and other spacing: the same digest.
+    def prepare_load(self) -> None:
+        """A docstring upstream's does not have."""
+        self.state = None  # a comment
+        self._has_registered_models = False
+
+        if self.parallel_config.enable_eplb:
+            self.state = EplbState(self.parallel_config,   self.device)  # fmt: skip
+
+    assert source_digest(prepare_load) == source_digest(EPLBController.prepare_load) == row.digest
+
+    def prepare_load_that_changed(self) -> None:
+        self.state = None
+        self._has_registered_models = False
+        self.loaded = True
+        if self.parallel_config.enable_eplb:
+            self.state = EplbState(self.parallel_config, self.device)
+
+    prepare_load_that_changed.__name__ = "prepare_load"
+    monkeypatch.setattr(EPLBController, "prepare_load", prepare_load_that_changed)
+    with pytest.raises(RuntimeError) as info:
+        AscendEPLBController(_parallel_config_without_eplb(), torch.device("cpu"))
+    found = source_digest(prepare_load_that_changed)
+    assert found != row.digest
+    assert str(info.value) == (
+        f"upstream EPLBController.prepare_load changed its body: source digest {found}, vLLM 0.33.0's is "
+        f"{row.digest}; AscendEPLBController.prepare_load copies it, building an AscendEplbState: review it "
+        "against the new body, then update the digest in ascend_eplb.control.upstream.BODIES"
+    )
+
+
+def test_an_attribute_we_add_that_upstream_now_declares_is_refused(control_patches, monkeypatch):
+    from vllm.distributed.eplb.eplb_state import EplbModelState
+
+    from ascend_eplb.control import upstream
+
+    monkeypatch.setattr(EplbModelState, upstream.COMMIT_OBSERVER_ATTR, None, raising=False)
+    with pytest.raises(RuntimeError) as info:
+        AscendEplbState(_parallel_config_without_eplb(), torch.device("cpu"))
+    assert str(info.value) == (
+        "upstream EplbModelState now declares '_ascend_eplb_commit_observer', the attribute "
+        "control.commit_hooks sets on its instances; ascend_eplb must be updated for this version"
+    )
+
+
+def test_an_override_must_extend_upstreams_parameters(monkeypatch):
+    import sys
+    import types
+
+    from ascend_eplb.control.patching import Override, Signature, extends
+
+    assert extends(("self", "a", "b=1", "*", "c=None"), ("self", "a", "b=1"))
+    assert extends(("self", "a", "*args", "**kwargs"), ("self", "a"))
+    assert not extends(("self", "a", "c"), ("self", "a"))  # an added parameter without a default
+    assert not extends(("self", "a", "*", "c"), ("self", "a"))  # keyword-only, still required
+    assert not extends(("self", "b"), ("self", "a"))
+    assert not extends(("self", "a=2"), ("self", "a=1"))
+
+    class Base:
+        def run(self, a, b=1):
+            raise AssertionError("never called")
+
+    class Ours(Base):
+        def run(self, a, b=1, extra=None):
+            raise AssertionError("never called")
+
+    class Narrower(Base):
+        def run(self, a):
+            raise AssertionError("never called")
+
+    class Inherits(Base):
+        pass
+
+    module = types.ModuleType("ascend_eplb_test_overrides")
+    module.Base, module.Ours, module.Narrower, module.Inherits = Base, Ours, Narrower, Inherits
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    entry = Signature(module.__name__, "Base.run", ("self", "a", "b=1"))
+    Override(f"{module.__name__}.Ours", entry, ("tests",), "").check()
+    with pytest.raises(RuntimeError) as info:
+        Override(f"{module.__name__}.Narrower", entry, ("tests",), "").check()
+    assert str(info.value) == (
+        "ascend_eplb_test_overrides.Narrower.run(self, a) does not extend upstream Base.run(self, a, b=1): "
+        "upstream's parameters must come first, unchanged, and any added one needs a default"
+    )
+    with pytest.raises(
+        RuntimeError, match=r"Inherits\.run is declared as an override of upstream but is not"
+    ):
+        Override(f"{module.__name__}.Inherits", entry, ("tests",), "").check()

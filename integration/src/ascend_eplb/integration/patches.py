@@ -1,59 +1,28 @@
-"""Where upstream is touched: the one registry of every binding of upstream vLLM 0.33.0 and torch the
-process replaces, and the one check of the signatures it relies on (:func:`check_upstream`).
+"""Where upstream is touched: the registry of the process, which installs every module-level replacement
+of upstream vLLM 0.33.0 and torch and checks every upstream row the process relies on
+(:func:`check_upstream`).
 
-Each replacement rebinds one binding that vLLM does not expose as an extension point and calls the
-plane that owns the behaviour; nothing here re-implements EPLB state, policy, routing or movement. Two
-kinds, both listed here and nowhere else:
+The rows themselves are declared once, in the one upstream surface, :mod:`ascend_eplb.control.upstream`
+(in control, whose constructors check their rows; control cannot import this package); its tables are
+``packages/eplb-control/UPSTREAM.md``, generated from the rows. This module collects:
 
-* :data:`PATCHES`: module-level bindings (module globals, class attributes, torch functions), as
-  :class:`~ascend_eplb.control.patching.Patch` specs declared by their owners and collected here. This
-  module owns the single :class:`~ascend_eplb.control.patching.PatchSet` of the process
-  (:func:`apply_patches`), which checks every signature before the first change (``RuntimeError``
-  naming the drifted binding; nothing half-applied).
-* :data:`INSTANCE_BINDINGS`: upstream methods replaced on single instances
+* :data:`PATCHES`: every module-level replacement (module globals, class attributes, torch functions),
+  as the :class:`~ascend_eplb.control.patching.Patch` es their owners built from their rows
+  (``host_adaptation``, ``commit_hooks``, ``watchdog`` and this module), in the surface's order; a row
+  no owner implements fails at import. This module owns the single
+  :class:`~ascend_eplb.control.patching.PatchSet` of the process (:func:`apply_patches`), which checks
+  every signature before the first change (``RuntimeError`` naming the drifted binding; nothing
+  half-applied).
+* :data:`INSTANCE_BINDINGS`: the surface's upstream methods replaced on single instances
   (:class:`~ascend_eplb.control.patching.InstanceBinding`); the class keeps its method. Their owners
   bind them while serving (at model registration, at each async commit).
 
-Every upstream signature relied on (patched, bound per instance, overridden by control's subclasses, or
-whose call order a hook relies on) is listed once, in the one table
-:data:`ascend_eplb.control.upstream.SIGNATURES` (in control, whose constructors check their entries;
-control cannot import this package). :func:`check_upstream`, run first by :func:`apply_patches`, checks
-the whole table with the one checker, :func:`~ascend_eplb.control.patching.check_signature`.
-
-============================================================  ==========================================
-binding (vLLM 0.33.0 / torch 2.13.0)                          replacement (owner)
-============================================================  ==========================================
-module-level (:data:`PATCHES`)
-``vllm.config.parallel.current_platform``                     EPLB-capable view of the platform, where it
-                                                              is not CUDA-alike (control.host_adaptation)
-``torch.Event``, ``torch.accelerator.set_device_index``,      host events, streams and cache release,
-``current_stream``, ``set_stream``, ``empty_cache``,          only without an accelerator
-``EplbState.__init__``                                        (control.host_adaptation)
-``ParallelConfig.__post_init__``                              communicator unset -> ``"torch_gloo"``
-                                                              before upstream probes NIXL/XCCL
-                                                              (integration)
-``eplb_communicator.create_eplb_communicator``                ``"torch_gloo"`` -> movement's
-``eplb_state.create_eplb_communicator``                       ``AscendGlooEplbCommunicator(cpu_group)``
-                                                              (integration)
-``eplb_state._commit_eplb_maps_for_layer``,                   per-layer commit hooks: move, commit,
-``eplb_state._commit_eplb_maps``                              refresh, acknowledge (control.commit_hooks)
-``async_worker.transfer_run_periodically``                    records the worker's exception before the
-                                                              thread ends (integration.watchdog)
-``vllm.v1.worker.gpu.model_runner.EPLBController``            EPLB on: ``create_eplb_controller(current
-                                                              vllm config, device)``; off: upstream's
-``GPUModelRunner.shutdown`` (same module)                     the controller's ``shutdown()`` first, when
-                                                              it has one (the watchdog's end of life),
-                                                              then upstream's (integration)
-per instance (:data:`INSTANCE_BINDINGS`)
-``BaseRouter._apply_eplb_mapping`` of each MoE layer's        dataplane's map-and-record op through the
-router, bound before its model is registered                  layer's replica lookup (dataplane.router,
-                                                              bound by control.router_adaptation)
-``CpuGpuEvent.record`` of the ``consumed_event`` of each      upstream's record, then the
-async layer result committed                                  ``acknowledge`` event (control.state)
-============================================================  ==========================================
-
-Control's ``AscendEPLBController`` builds the Ascend state and adapts the routers itself (a subclass,
-not a patch); a runner gets it from :func:`ascend_eplb.integration.runner.create_eplb_controller`.
+Each replacement rebinds one binding that vLLM does not expose as an extension point and calls the
+plane that owns the behaviour; nothing here re-implements EPLB state, policy, routing or movement.
+:func:`check_upstream`, run first by :func:`apply_patches`, checks every signature (names, kinds,
+defaults), pinned body, attribute and override of the surface. Control's ``AscendEPLBController``
+builds the Ascend state and adapts the routers itself (a subclass, not a patch); a runner gets it from
+:func:`ascend_eplb.integration.runner.create_eplb_controller`.
 """
 
 from __future__ import annotations
@@ -64,8 +33,6 @@ from typing import Any
 
 from ascend_eplb.control import commit_hooks, host_adaptation, upstream
 from ascend_eplb.control.patching import InstanceBinding, Patch, PatchSet, check_signatures
-from ascend_eplb.control.state import ACKNOWLEDGEMENT_BINDING
-from ascend_eplb.dataplane.router import UPSTREAM_MAPPING_SIGNATURE
 from ascend_eplb.integration import watchdog
 
 __all__ = [
@@ -77,8 +44,6 @@ __all__ = [
     "patches_applied",
     "remove_patches",
 ]
-
-_OWNER = "ascend_eplb.integration.patches"
 
 
 def _wrap_post_init(original: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -148,59 +113,50 @@ def _wrap_runner_shutdown(original: Callable[[Any], None]) -> Callable[[Any], No
     return shutdown
 
 
-#: Every patch of the process, in installation order.
-PATCHES: tuple[Patch, ...] = (
-    *host_adaptation.PATCHES,
-    Patch.on(
-        upstream.signature("vllm.config.parallel.ParallelConfig.__post_init__"), _wrap_post_init, _OWNER
-    ),
-    Patch.on(
-        upstream.signature("vllm.distributed.eplb.eplb_communicator.create_eplb_communicator"),
-        _wrap_factory,
-        _OWNER,
-    ),
-    Patch.on(
-        upstream.signature("vllm.distributed.eplb.eplb_state.create_eplb_communicator"), _wrap_factory, _OWNER
-    ),
-    *commit_hooks.PATCHES,
-    *watchdog.PATCHES,
-    # The controller of upstream's MRv2 runner (imported there by name from eplb_utils): the plugin
-    # alone then serves a runner that keeps upstream's construction.
-    Patch.on(
-        upstream.signature("vllm.v1.worker.gpu.model_runner.EPLBController"), _wrap_runner_controller, _OWNER
-    ),
-    Patch.on(
-        upstream.signature("vllm.v1.worker.gpu.model_runner.GPUModelRunner.shutdown"),
-        _wrap_runner_shutdown,
-        _OWNER,
-    ),
+def _in_surface_order(*owned: tuple[Patch, ...]) -> tuple[Patch, ...]:
+    """The owners' patches in the order of :data:`ascend_eplb.control.upstream.PATCHES`.
+
+    Raises:
+        RuntimeError: a row of the surface has no patch among ``owned``, or a patch has no row.
+    """
+    by_name = {patch.name: patch for group in owned for patch in group}
+    rows = [entry.name for entry in upstream.PATCHES]
+    missing = [name for name in rows if name not in by_name]
+    extra = sorted(set(by_name) - set(rows))
+    if missing or extra:
+        raise RuntimeError(
+            f"the registry's patches and the rows of ascend_eplb.control.upstream.PATCHES differ: rows "
+            f"without a patch {missing}, patches without a row {extra}"
+        )
+    return tuple(by_name[name] for name in rows)
+
+
+#: Every patch of the process, in installation order (the surface's).
+PATCHES: tuple[Patch, ...] = _in_surface_order(
+    host_adaptation.PATCHES,
+    upstream.patches_of(upstream.INTEGRATION, globals()),
+    commit_hooks.PATCHES,
+    watchdog.PATCHES,
 )
 
 #: Every upstream method the process replaces on single instances (the classes keep theirs).
-INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = (
-    InstanceBinding(
-        upstream.signature(".".join(UPSTREAM_MAPPING_SIGNATURE[:2])),
-        "ascend_eplb.dataplane.router",
-        "control.router_adaptation.adapt_layer_routers (dataplane.bind_router), on the router of each MoE "
-        "layer of a model before it is registered",
-    ),
-    ACKNOWLEDGEMENT_BINDING,
-)
+INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = upstream.INSTANCE_BINDINGS
 
 _REGISTRY = PatchSet(PATCHES)
 
 
 def check_upstream() -> None:
-    """Check every upstream signature the process relies on: each entry of the one table,
-    :data:`ascend_eplb.control.upstream.SIGNATURES` (the targets of :data:`PATCHES` and of
-    :data:`INSTANCE_BINDINGS` included), except a patch target whose patch does not apply in this
-    process (the host adaptation's, where an accelerator is present) and that nothing else relies on
-    (``EplbState.__init__`` is still checked there: the state subclasses it). Wrappers installed by
-    :func:`apply_patches` are checked as the functions they wrap.
+    """Check every upstream row the process relies on: each signature of the one table,
+    :data:`ascend_eplb.control.upstream.SIGNATURES` (names, kinds and defaults; the targets of
+    :data:`PATCHES` and of :data:`INSTANCE_BINDINGS` included), except a patch target whose patch does
+    not apply in this process (the host adaptation's, where an accelerator is present) and that nothing
+    else relies on (``EplbState.__init__`` is still checked there: the state subclasses it); then every
+    pinned body, attribute and override (:func:`ascend_eplb.control.upstream.check_rows`). Wrappers
+    installed by :func:`apply_patches` are checked as the functions they wrap.
 
     Raises:
-        RuntimeError: an entry is missing or its parameters differ from vLLM 0.33.0 / torch 2.13.0;
-            the message names it and both parameter lists.
+        RuntimeError: a row is missing or drifted from vLLM 0.33.0 / torch 2.13.0; the message names it
+            (for a signature, both parameter lists).
     """
     # Whose reliance a patch that does not apply here takes away: its owner's (as a user id of the table).
     not_applied = {
@@ -211,18 +167,22 @@ def check_upstream() -> None:
         for entry in upstream.SIGNATURES.values()
         if entry.name not in not_applied or not set(entry.users) <= {not_applied[entry.name]}
     )
+    upstream.check_rows()
 
 
 def apply_patches() -> bool:
-    """Install every applicable patch of :data:`PATCHES`, after :func:`check_upstream`; idempotent.
+    """Install every applicable patch of :data:`PATCHES`, after :func:`check_upstream`; idempotent (a
+    repeat call returns at once, checking nothing again).
 
     Returns:
         True if this call installed them, False if they were installed already.
 
     Raises:
-        RuntimeError: a binding drifted from vLLM 0.33.0 / torch 2.13.0; the message names it. Every
-            check runs before the first change, so nothing is half-applied.
+        RuntimeError: a row drifted from vLLM 0.33.0 / torch 2.13.0; the message names it. Every check
+            runs before the first change, so nothing is half-applied.
     """
+    if _REGISTRY.installed:
+        return False
     check_upstream()
     return _REGISTRY.apply()
 

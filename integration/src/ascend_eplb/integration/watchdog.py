@@ -71,9 +71,9 @@ ENV_ON_FAILURE = "ASCEND_EPLB_ON_WORKER_FAILURE"
 #: Seconds a started cycle may go without progress before its worker is declared stalled.
 DEFAULT_WORKER_TIMEOUT_S = 600.0
 ON_FAILURE_POLICIES = ("stop", "raise")
-#: Attribute of upstream's ``EplbState`` holding the worker's exception and traceback, once it died.
-_ERROR_ATTR = "_ascend_eplb_worker_error"
-_OWNER = "ascend_eplb.integration.watchdog"
+#: Attribute of upstream's ``EplbState`` holding the worker's exception and traceback, once it died (a
+#: row of the upstream surface's ``ATTRIBUTES``).
+_ERROR_ATTR = upstream.WORKER_ERROR_ATTR
 
 
 def watchdog_settings(environ: Mapping[str, str] | None = None) -> tuple[float, str]:
@@ -114,14 +114,9 @@ def _wrap_worker_loop(original: Callable[..., None]) -> Callable[..., None]:
     return transfer_run_periodically
 
 
-#: Records the async worker's exception on its ``EplbState`` (upstream only logs it).
-PATCHES: tuple[Patch, ...] = (
-    Patch.on(
-        upstream.signature("vllm.distributed.eplb.async_worker.transfer_run_periodically"),
-        _wrap_worker_loop,
-        _OWNER,
-    ),
-)
+#: Records the async worker's exception on its ``EplbState`` (upstream only logs it): this module's row of
+#: the one upstream surface, :data:`ascend_eplb.control.upstream.PATCHES`.
+PATCHES: tuple[Patch, ...] = upstream.patches_of(upstream.WATCHDOG, globals())
 
 
 @dataclass(frozen=True)

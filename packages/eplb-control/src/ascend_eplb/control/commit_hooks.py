@@ -11,12 +11,13 @@ Upstream vLLM 0.33.0 commits a new placement in two module functions of
   called by ``EplbState.rearrange`` after ``rearrange_expert_weights_inplace``.
 
 Both are looked up as module globals at call time, so replacing the module attributes is the smallest
-point that sees every commit. :data:`PATCHES` declares the two replacements (integration's
-``apply_patches()`` installs them). The wrappers run upstream's commit unchanged and tell the
-:class:`CommitObserver` attached to that model state (by :func:`attach_observer`; the
-:class:`~ascend_eplb.control.state.AscendEplbState` that owns it) before and after, so per layer: move,
-commit, refresh, acknowledge. A model state without an observer (a plain upstream ``EplbState``'s)
-passes through untouched. This module imports nothing of the state module: the dependency is one-way.
+point that sees every commit. The one upstream surface (:mod:`ascend_eplb.control.upstream`) declares
+the two replacements, :data:`PATCHES` holds them (integration's ``apply_patches()`` installs them).
+The wrappers run upstream's commit unchanged and tell the :class:`CommitObserver` attached to that
+model state (by :func:`attach_observer`; the :class:`~ascend_eplb.control.state.AscendEplbState` that
+owns it) before and after, so per layer: move, commit, refresh, acknowledge. A model state without an
+observer (a plain upstream ``EplbState``'s) passes through untouched. This module imports nothing of
+the state module: the dependency is one-way.
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ __all__ = [
     "commit_hooks_installed",
 ]
 
-_MODULE = "vllm.distributed.eplb.eplb_state"
 _OWNER = "ascend_eplb.control.commit_hooks"
-#: Attribute of an upstream ``EplbModelState`` holding a weak reference to its observer.
-_OBSERVER_ATTR = "_ascend_eplb_commit_observer"
+#: Attribute of an upstream ``EplbModelState`` holding a weak reference to its observer (a row of the
+#: upstream surface's ``ATTRIBUTES``).
+_OBSERVER_ATTR = upstream.COMMIT_OBSERVER_ATTR
 
 
 class CommitObserver(Protocol):
@@ -67,8 +68,9 @@ def _observer_of(model_state: Any) -> CommitObserver | None:
 
 def check_hooked_signatures() -> None:
     """Raise ``RuntimeError`` naming the first upstream function the hooks wrap or whose order they rely
-    on (``_move_to_workspace``, ``CpuGpuEvent.record``) that is missing or drifted from vLLM 0.33.0 (the
-    entries of :data:`ascend_eplb.control.upstream.SIGNATURES` used by this module)."""
+    on (``_move_to_workspace``, its body pinned; ``CpuGpuEvent.record``) that is missing or drifted from
+    vLLM 0.33.0, or the observer attribute upstream now declares (this module's rows of
+    :mod:`ascend_eplb.control.upstream`)."""
     upstream.check_used_by(upstream.COMMIT_HOOKS)
 
 
@@ -107,16 +109,9 @@ def _wrap_commit(original: Callable[..., None]) -> Callable[..., None]:
     return _commit_eplb_maps
 
 
-#: The two commit hooks (installed by integration's ``apply_patches()``).
-PATCHES: tuple[Patch, ...] = (
-    Patch.on(
-        upstream.signature(f"{_MODULE}._commit_eplb_maps_for_layer"),
-        _wrap_commit_for_layer,
-        _OWNER,
-        check=_check_order,
-    ),
-    Patch.on(upstream.signature(f"{_MODULE}._commit_eplb_maps"), _wrap_commit, _OWNER),
-)
+#: The two commit hooks (installed by integration's ``apply_patches()``): this module's rows of the one
+#: upstream surface, :data:`ascend_eplb.control.upstream.PATCHES`, with the functions they name.
+PATCHES: tuple[Patch, ...] = upstream.patches_of(upstream.COMMIT_HOOKS, globals())
 
 
 def commit_hooks_installed() -> bool:
@@ -125,5 +120,5 @@ def commit_hooks_installed() -> bool:
 
     return all(
         patch_owner(getattr(eplb_state, name, None)) == _OWNER
-        for name in ("_commit_eplb_maps_for_layer", "_commit_eplb_maps")
+        for name in (patch.qualname for patch in PATCHES)
     )

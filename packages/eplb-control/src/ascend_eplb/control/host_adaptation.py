@@ -3,8 +3,10 @@
 vLLM 0.33.0's ``EplbState``, its asynchronous worker and ``EPLBController`` run unmodified on a CPU
 host, except at exactly four points (measured: ``notes/upstream-on-cpu.md``; DESIGN.md section 6);
 vLLM's model loader needs a fifth (``notes/real-models-on-cpu.md``).
-This module declares the adaptation of each as a :class:`~ascend_eplb.control.patching.Patch` in
-:data:`PATCHES`; it installs nothing itself (integration's ``apply_patches()`` does):
+This module implements the adaptation of each; its rows in the one upstream surface
+(:data:`ascend_eplb.control.upstream.PATCHES`) declare them, and :data:`PATCHES` holds them as
+:class:`~ascend_eplb.control.patching.Patch` es. It installs nothing itself (integration's
+``apply_patches()`` does):
 
 1. **platform check**: ``ParallelConfig._validate_parallel_config`` refuses ``enable_eplb`` unless
    ``current_platform.is_cuda_alike()`` or ``is_xpu()``; that refuses the Ascend platform as well as
@@ -45,12 +47,11 @@ from typing import Any
 import torch
 
 from ascend_eplb.control import upstream
-from ascend_eplb.control.patching import Patch, Signature
+from ascend_eplb.control.patching import Patch
 
 __all__ = ["PATCHES", "EplbCapablePlatform", "HostEvent", "has_accelerator"]
 
 _TorchEvent = torch.Event
-_OWNER = "ascend_eplb.control.host_adaptation"
 
 #: vLLM 0.33.0 text of the single ``is_cuda_alike()`` use in ``vllm.config.parallel`` (the EPLB check).
 _EPLB_PLATFORM_CHECK = "if not current_platform.is_cuda_alike() and not current_platform.is_xpu():"
@@ -167,33 +168,26 @@ def _check_platform(platform: Any) -> None:
     _check_parallel_module(platform)
 
 
-def _accelerator(name: str) -> Signature:
-    return upstream.signature(f"torch.accelerator.{name}")
+def _as_host_event(_original: Any) -> type[HostEvent]:
+    return HostEvent
 
 
-#: The adaptation, in installation order (see the module docstring for each point); the parameters of
-#: each function replaced come from the one table, :data:`ascend_eplb.control.upstream.SIGNATURES`.
-PATCHES: tuple[Patch, ...] = (
-    Patch(
-        "vllm.config.parallel",
-        "current_platform",
-        None,
-        EplbCapablePlatform,
-        _OWNER,
-        when=_platform_not_cuda_alike,
-        check=_check_platform,
-    ),
-    Patch("torch", "Event", None, lambda _original: HostEvent, _OWNER, when=_no_accelerator),
-    Patch.on(
-        _accelerator("set_device_index"), lambda _original: _set_device_index, _OWNER, when=_no_accelerator
-    ),
-    Patch.on(_accelerator("current_stream"), lambda _original: _current_stream, _OWNER, when=_no_accelerator),
-    Patch.on(_accelerator("set_stream"), lambda _original: _set_stream, _OWNER, when=_no_accelerator),
-    Patch.on(_accelerator("empty_cache"), lambda _original: _empty_cache, _OWNER, when=_no_accelerator),
-    Patch.on(
-        upstream.signature("vllm.distributed.eplb.eplb_state.EplbState.__init__"),
-        _wrap_eplb_state_init,
-        _OWNER,
-        when=_no_accelerator,
-    ),
-)
+def _as_set_device_index(_original: Any) -> Any:
+    return _set_device_index
+
+
+def _as_current_stream(_original: Any) -> Any:
+    return _current_stream
+
+
+def _as_set_stream(_original: Any) -> Any:
+    return _set_stream
+
+
+def _as_empty_cache(_original: Any) -> Any:
+    return _empty_cache
+
+
+#: The adaptation, in installation order (see the module docstring for each point): this module's rows
+#: of the one upstream surface, :data:`ascend_eplb.control.upstream.PATCHES`, with the functions they name.
+PATCHES: tuple[Patch, ...] = upstream.patches_of(upstream.HOST_ADAPTATION, globals())

@@ -1,46 +1,108 @@
-"""The declaration types of the upstream surface, one applier, and the one signature checker.
+"""The declaration types of the upstream surface, one applier, and the one checker of each kind.
 
-* :class:`Signature`: an upstream callable ascend_eplb relies on, with its parameters in vLLM 0.33.0 /
-  torch 2.13.0. Every one is listed once, in :data:`ascend_eplb.control.upstream.SIGNATURES`.
-* :class:`Patch`: the replacement of one module-level binding that upstream does not expose as an
-  extension point (a module global, a class attribute, a torch function). The plane that owns the
-  behaviour declares its patches as specs (``ascend_eplb.control.host_adaptation.PATCHES``,
-  ``ascend_eplb.control.commit_hooks.PATCHES``); nothing in this package installs them. The
-  integration's ``apply_patches()`` owns the single :class:`PatchSet` of the process and installs every
-  spec at once.
+The rows themselves (every point where ascend_eplb meets upstream vLLM 0.33.0 and torch 2.13.0) are
+declared once, in :mod:`ascend_eplb.control.upstream`; this module holds what a row is and how it is
+checked:
+
+* :class:`Signature`: an upstream callable ascend_eplb relies on, with its parameters (names, kinds and
+  defaults) in vLLM 0.33.0 / torch 2.13.0, checked by :func:`check_signature`, the one checker of
+  upstream signatures (patches, instance bindings and the subclass overrides all use it).
+* :class:`PatchEntry`: the replacement of one module-level binding that upstream does not expose as an
+  extension point (a module global, a class attribute, a torch function); its replacement factory is
+  named in the owner module, which turns its entries into :class:`Patch` es
+  (:meth:`PatchEntry.patch`). Nothing in this package installs them: the integration's
+  ``apply_patches()`` owns the single :class:`PatchSet` of the process and installs every one at once.
 * :class:`InstanceBinding`: the replacement of an upstream method on single instances (the class keeps
   its method), installed by the code that owns those instances.
-
-The registry that lists every :class:`Patch` and :class:`InstanceBinding` of the process, the answer to
-"where is upstream touched?", is ``ascend_eplb.integration.patches``. :func:`check_signature` is the one
-checker of upstream signatures: patches, instance bindings and the subclass overrides of
-:mod:`ascend_eplb.control` (checked when their classes are constructed) all use it.
+* :class:`Override`: a method of an upstream class that a subclass of ascend_eplb overrides; it must
+  stay call-compatible with upstream's (:func:`extends`).
+* :class:`Attribute`: an attribute of an upstream object that ascend_eplb writes or reads (it must exist
+  upstream), or adds (it must not).
+* :class:`Body`: an upstream function whose body ascend_eplb copies or restates, pinned by
+  :func:`source_digest`.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import hashlib
 import importlib
 import inspect
+import textwrap
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "PATCH_MARKER",
+    "Attribute",
+    "Body",
     "InstanceBinding",
+    "Override",
     "Patch",
+    "PatchEntry",
     "PatchSet",
     "Signature",
     "check_signature",
     "check_signatures",
+    "declares_attribute",
+    "extends",
     "parameter_names",
+    "parameter_spec",
     "patch_owner",
+    "source_digest",
 ]
 
 #: Attribute set on every replacement a :class:`PatchSet` installs (its value: the patch's name).
 PATCH_MARKER = "_ascend_eplb_patch"
+
+_SUPPORTED = "vLLM 0.33.0"
+_MARKERS = ("/", "*")
+
+
+def _target(fn: Any) -> Any:
+    """What a check reads: ``fn`` unwrapped through ``__wrapped__`` (an installed wrapper of ours is
+    checked as the function it wraps), a property's getter, a class's ``__init__``."""
+    target = inspect.unwrap(fn)
+    if isinstance(target, property):
+        target = target.fget
+    if isinstance(target, type):
+        target = target.__init__
+    return target
+
+
+def parameter_spec(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """The parameters of ``fn`` as written in Python, annotations left out: one string per parameter
+    (``"name"``, ``"name=<repr of the default>"``, ``"*args"``, ``"**kwargs"``), with ``"/"`` after the
+    positional-only ones and ``"*"`` before the keyword-only ones (when there is no ``*args``).
+
+    ``EplbState.step`` reads ``("self", "is_dummy=False", "is_profile=False", "log_stats=False")``;
+    ``torch.accelerator.current_stream`` reads ``("device=None", "/")``. ``self`` is included for a
+    function taken from a class.
+    """
+    params = list(inspect.signature(fn).parameters.values())
+    out: list[str] = []
+    star = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+    for index, p in enumerate(params):
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and not star:
+            out.append("*")
+            star = True
+        text = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}.get(p.kind, "")
+        text += p.name
+        if p.default is not inspect.Parameter.empty:
+            text += f"={p.default!r}"
+        out.append(text)
+        if p.kind is inspect.Parameter.POSITIONAL_ONLY and (
+            index + 1 == len(params) or params[index + 1].kind is not inspect.Parameter.POSITIONAL_ONLY
+        ):
+            out.append("/")
+    return tuple(out)
+
+
+def _names(spec: Sequence[str]) -> tuple[str, ...]:
+    return tuple(p.lstrip("*").split("=", 1)[0] for p in spec if p not in _MARKERS)
 
 
 def parameter_names(fn: Callable[..., Any]) -> tuple[str, ...]:
@@ -49,31 +111,75 @@ def parameter_names(fn: Callable[..., Any]) -> tuple[str, ...]:
 
 
 def check_signature(fn: Callable[..., Any], name: str, expected: Sequence[str]) -> None:
-    """Raise unless ``fn``'s parameters are exactly ``expected``, in order.
+    """Raise unless ``fn``'s parameters are exactly ``expected``: names, kinds and defaults, in order.
 
     Args:
         fn: the upstream callable as it is bound now (unwrapped through ``__wrapped__`` first, so an
             installed wrapper of ours is checked against the function it wraps). A class is checked by
-            its ``__init__``.
+            its ``__init__``, a property by its getter.
         name: the qualified name used in the error, e.g. ``"EplbState.rearrange"``.
-        expected: the parameter names it had in vLLM 0.33.0.
+        expected: its parameters in vLLM 0.33.0, as :func:`parameter_spec` writes them (a plain name
+            for a parameter without a default: a tuple of names is the spec of such a function).
 
     Raises:
-        RuntimeError: the parameters differ or the signature cannot be read; the message names the
-            callable and both parameter lists.
+        RuntimeError: the parameters differ or the signature cannot be read. When the names differ the
+            message names the callable and both name lists; when only a kind or a default differs, both
+            full specs.
     """
-    target = inspect.unwrap(fn)
-    if isinstance(target, type):
-        target = target.__init__
     try:
-        actual = parameter_names(target)
+        actual = parameter_spec(_target(fn))
     except (TypeError, ValueError) as exc:
         raise RuntimeError(f"cannot read the signature of upstream {name}: {exc}") from exc
-    if actual != tuple(expected):
+    expected = tuple(expected)
+    if _names(actual) != _names(expected):
         raise RuntimeError(
-            f"upstream {name} changed signature: expected parameters {tuple(expected)} (vLLM 0.33.0), "
-            f"found {actual}; ascend_eplb must be updated for this version"
+            f"upstream {name} changed signature: expected parameters {_names(expected)} ({_SUPPORTED}), "
+            f"found {_names(actual)}; ascend_eplb must be updated for this version"
         )
+    if actual != expected:
+        raise RuntimeError(
+            f"upstream {name} changed signature: expected ({', '.join(expected)}) ({_SUPPORTED}), found "
+            f"({', '.join(actual)}) (a parameter's kind or default changed); ascend_eplb must be updated "
+            "for this version"
+        )
+
+
+def extends(ours: Sequence[str], upstream: Sequence[str]) -> bool:
+    """Whether a subclass method with parameters ``ours`` can be called wherever upstream's method with
+    ``upstream`` is (both as :func:`parameter_spec` writes them): upstream's parameters come first,
+    unchanged (names, kinds, defaults), and every parameter added after them has a default or is
+    keyword-only with a default."""
+    ours, upstream = tuple(ours), tuple(upstream)
+    if ours[: len(upstream)] != upstream:
+        return False
+    return all(p in _MARKERS or "=" in p or p.startswith("*") for p in ours[len(upstream) :])
+
+
+def source_digest(fn: Callable[..., Any]) -> str:
+    """The first 16 hex digits of the SHA-256 of ``fn``'s source, normalised: parsed and written back
+    by :func:`ast.unparse` (formatting and comments do not count), its docstring left out, decorators
+    kept. ``fn`` is unwrapped as by :func:`check_signature`.
+
+    Raises:
+        RuntimeError: the source cannot be read or parsed.
+    """
+    target = _target(fn)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(target)))
+    except (OSError, TypeError, SyntaxError) as exc:
+        raise RuntimeError(
+            f"cannot read the source of {getattr(target, '__qualname__', target)!r}: {exc}"
+        ) from exc
+    node = tree.body[0]
+    body = getattr(node, "body", None)
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
+        node.body = body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.unparse(node).encode()).hexdigest()[:16]
 
 
 def patch_owner(value: Any) -> str | None:
@@ -104,6 +210,19 @@ def _resolve(module: str, qualname: str) -> Any:
     return value
 
 
+def _split(dotted: str) -> tuple[str, str]:
+    """``"pkg.mod.Class"`` -> ``("pkg.mod", "Class")``: the longest importable module prefix."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = ".".join(parts[:cut])
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            continue
+        return module, ".".join(parts[cut:])
+    raise RuntimeError(f"{dotted} is missing (no module of that path imports)")
+
+
 @dataclass(frozen=True)
 class Signature:
     """An upstream callable ascend_eplb relies on, and its parameters in the supported version.
@@ -111,8 +230,9 @@ class Signature:
     Attributes:
         module: import path of the module that defines it (or the class that holds it).
         qualname: attribute path inside ``module``: ``"_move_to_workspace"``, ``"EplbState.rearrange"``.
-        params: its parameter names in vLLM 0.33.0 / torch 2.13.0 (``self`` included for a method; a
-            class is checked by its ``__init__``).
+        params: its parameters in vLLM 0.33.0 / torch 2.13.0 as :func:`parameter_spec` writes them
+            (``self`` included for a method; a class is checked by its ``__init__``, a property by its
+            getter).
         users: the ascend_eplb modules that rely on it (``"control.state"``, ...); each checks the
             entries it relies on with :func:`check_signatures`.
     """
@@ -132,6 +252,11 @@ class Signature:
         """The name errors use: ``Class.method`` for a class attribute, ``module.function`` otherwise."""
         return self.qualname if "." in self.qualname else self.name
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The parameter names alone."""
+        return _names(self.params)
+
     def resolve(self) -> Any:
         """The callable bound now; ``RuntimeError`` naming it when it is missing."""
         return _resolve(self.module, self.qualname)
@@ -148,13 +273,165 @@ def check_signatures(signatures: Iterable[Signature]) -> None:
 
 
 @dataclass(frozen=True)
+class Body:
+    """An upstream function whose body ascend_eplb copies or restates, pinned by its source digest.
+
+    Attributes:
+        signature: the function (its entry of the signature table).
+        digest: :func:`source_digest` of it in vLLM 0.33.0.
+        users: the ascend_eplb modules whose code depends on that body.
+        reason: what depends on it (for the table and the error).
+    """
+
+    signature: Signature
+    digest: str
+    users: tuple[str, ...]
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return self.signature.name
+
+    def check(self) -> None:
+        """Raise ``RuntimeError`` naming the function, both digests and what depends on the body when
+        upstream's body changed (or its source cannot be read)."""
+        found = source_digest(self.signature.resolve())
+        if found != self.digest:
+            raise RuntimeError(
+                f"upstream {self.signature.label} changed its body: source digest {found}, {_SUPPORTED}'s "
+                f"is {self.digest}; {self.reason}: review it against the new body, then update the digest "
+                "in ascend_eplb.control.upstream.BODIES"
+            )
+
+
+def declares_attribute(cls: type, attr: str) -> bool:
+    """Whether instances of ``cls`` have ``attr`` by ``cls``'s own code: a class attribute, a dataclass
+    field, or an assignment ``self.<attr> = ...`` in an ``__init__`` of its MRO (read from the source),
+    ``object`` excluded."""
+    for klass in cls.__mro__[:-1]:
+        if attr in vars(klass) or attr in getattr(klass, "__dataclass_fields__", {}):
+            return True
+        init = vars(klass).get("__init__")
+        if init is None:
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(init))))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        for node in ast.walk(tree):
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign | ast.AugAssign)
+                else []
+            )
+            for target in targets:
+                if (
+                    isinstance(target, ast.Attribute)
+                    and target.attr == attr
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == "self"
+                ):
+                    return True
+    return False
+
+
+AttributeAccess = Literal["writes", "reads", "adds"]
+
+
+@dataclass(frozen=True)
+class Attribute:
+    """An attribute of instances of an upstream class that ascend_eplb writes, reads or adds.
+
+    Attributes:
+        module: import path of the module defining the upstream class.
+        cls: the class's qualified name in ``module``.
+        attr: the attribute.
+        access: ``"writes"``/``"reads"`` (upstream declares it: :func:`declares_attribute`) or
+            ``"adds"`` (ascend_eplb sets an attribute of its own on upstream's instances: upstream
+            must not declare it).
+        users: the ascend_eplb modules that access it.
+        how: what they do with it (for the table).
+    """
+
+    module: str
+    cls: str
+    attr: str
+    access: AttributeAccess
+    users: tuple[str, ...]
+    how: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}.{self.cls}.{self.attr}"
+
+    def check(self) -> None:
+        """Raise ``RuntimeError`` naming the attribute when upstream's class lost one we read or write,
+        or now declares one we add (or the class is missing)."""
+        klass = _resolve(self.module, self.cls)
+        declared = declares_attribute(klass, self.attr)
+        if self.access == "adds" and declared:
+            raise RuntimeError(
+                f"upstream {self.cls} now declares {self.attr!r}, the attribute "
+                f"{', '.join(self.users)} sets on its instances; ascend_eplb must be updated for this version"
+            )
+        if self.access != "adds" and not declared:
+            raise RuntimeError(
+                f"upstream {self.cls}.{self.attr} is missing ({', '.join(self.users)} {self.access} it); "
+                "ascend_eplb must be updated for this version"
+            )
+
+
+@dataclass(frozen=True)
+class Override:
+    """A method of an upstream class that a class of ascend_eplb overrides.
+
+    Attributes:
+        subclass: ``module.Class`` of ours (resolved when checked: this module imports nothing).
+        signature: the upstream method overridden (its entry of the signature table).
+        users: the ascend_eplb module that defines the override.
+        how: what the override does beside upstream's (for the table).
+    """
+
+    subclass: str
+    signature: Signature
+    users: tuple[str, ...]
+    how: str
+
+    @property
+    def method(self) -> str:
+        return self.signature.qualname.rsplit(".", 1)[-1]
+
+    @property
+    def name(self) -> str:
+        return f"{self.subclass}.{self.method}"
+
+    def check(self) -> None:
+        """Raise ``RuntimeError`` when our class does not define the method itself, or its parameters do
+        not extend upstream's (:func:`extends`); upstream's own signature is the table entry's check."""
+        module, qualname = _split(self.subclass)
+        ours = vars(_resolve(module, qualname)).get(self.method)
+        if ours is None:
+            raise RuntimeError(f"{self.name} is declared as an override of upstream but is not defined there")
+        spec = parameter_spec(_target(ours))
+        if not extends(spec, self.signature.params):
+            raise RuntimeError(
+                f"{self.name}({', '.join(spec)}) does not extend upstream {self.signature.label}"
+                f"({', '.join(self.signature.params)}): upstream's parameters must come first, unchanged, "
+                "and any added one needs a default"
+            )
+
+
+@dataclass(frozen=True)
 class Patch:
     """The replacement of one binding ``module.qualname``.
 
     Attributes:
         module: import path of the module holding the binding (or the class that holds it).
         qualname: attribute path inside ``module``: ``"current_platform"``, ``"EplbState.__init__"``.
-        params: the original's parameter names in the version this project supports, checked with
+        params: the original's parameters in the version this project supports (as
+            :func:`parameter_spec` writes them), checked with
             :func:`check_signature` before anything is changed; None for a binding that is not a
             function (then ``check`` must validate it).
         replace: ``original -> replacement``; called once at installation.
@@ -227,6 +504,70 @@ class Patch:
             check_signature(original, self.name, self.params)
         if self.check is not None:
             self.check(original)
+
+
+@dataclass(frozen=True)
+class PatchEntry:
+    """The declaration of one module-level replacement: what is replaced, by whom, how (for the table),
+    and the names, in the owner module, of the functions that do it.
+
+    Attributes:
+        module: import path of the module holding the binding (or the class that holds it).
+        qualname: attribute path inside ``module``.
+        signature: the function replaced (its entry of the signature table); None for a binding that
+            is not a function (a module global, a class), which ``check`` must validate.
+        owner: the user id of the owner module (``"control.host_adaptation"``).
+        replace: name, in the owner module, of ``original -> replacement``.
+        does: what the replacement does (for the table).
+        when: name, in the owner module, of ``() -> bool``: whether the patch applies in this process;
+            None: always.
+        applies: ``when`` in words (for the table).
+        check: name, in the owner module, of an extra drift check ``original -> None`` raising
+            ``RuntimeError``; None: none.
+    """
+
+    module: str
+    qualname: str
+    signature: Signature | None
+    owner: str
+    replace: str
+    does: str
+    when: str | None = None
+    applies: str = "always"
+    check: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}.{self.qualname}"
+
+    def patch(self, namespace: Mapping[str, Any]) -> Patch:
+        """The :class:`Patch` of this entry, its functions taken from ``namespace`` (the owner module's
+        ``globals()``).
+
+        Raises:
+            KeyError: a named function is not in ``namespace`` (the message names the entry).
+        """
+
+        def named(attr: str | None) -> Any:
+            if attr is None:
+                return None
+            try:
+                return namespace[attr]
+            except KeyError:
+                raise KeyError(
+                    f"{self.name}: ascend_eplb.{self.owner} defines no {attr!r}, which the upstream table "
+                    "names for this patch"
+                ) from None
+
+        return Patch(
+            self.module,
+            self.qualname,
+            self.signature.params if self.signature is not None else None,
+            named(self.replace),
+            f"ascend_eplb.{self.owner}",
+            when=named(self.when) or _always,
+            check=named(self.check),
+        )
 
 
 @dataclass(frozen=True)

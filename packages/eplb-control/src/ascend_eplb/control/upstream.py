@@ -1,46 +1,108 @@
-"""The one table of upstream signatures ascend_eplb relies on (vLLM 0.33.0, torch 2.13.0).
+"""The upstream surface: every point where ascend_eplb meets vLLM 0.33.0 and torch 2.13.0, declared once.
 
-Every upstream callable that a patch replaces, that an instance binding replaces, that a subclass of
-this package overrides or calls, or whose call order a hook relies on, is listed here once, with its
-parameters in the supported version and the modules that rely on it (``users``). Each user checks its
-entries with :func:`check_used_by` (the controller and the state when they are constructed, the commit
-hooks before they are installed); the patch specs take their parameters from here
-(:meth:`~ascend_eplb.control.patching.Patch.on`). Dataplane's router adapter cannot import this package,
-so the signature of the method it binds is its own export (``UPSTREAM_MAPPING_SIGNATURE``), listed here
-by reference.
+Six kinds of row (the types are :mod:`ascend_eplb.control.patching`'s), each listed here and nowhere
+else:
 
-What replaces each binding is listed by the registry of the process, ``ascend_eplb.integration.patches``
-(``PATCHES``: module-level; ``INSTANCE_BINDINGS``: per instance); its ``check_upstream()`` checks this
-whole table. Nothing here imports vLLM: an entry is resolved when it is checked.
+* :data:`SIGNATURES`: every upstream callable relied on (patched, bound per instance, overridden,
+  called, or whose body is pinned), with its parameters: names, kinds and defaults.
+* :data:`PATCHES`: every module-level binding the process replaces. Each row names, in its owner
+  module, the replacement factory (and the applicability predicate and extra check); the owner turns
+  its rows into :class:`~ascend_eplb.control.patching.Patch` es with :func:`patches_of`, and
+  integration's ``apply_patches()`` installs them all, in this order, in the one ``PatchSet``.
+* :data:`INSTANCE_BINDINGS`: the upstream methods replaced on single instances (the class keeps its
+  method).
+* :data:`OVERRIDES`: the upstream methods our subclasses override; each stays call-compatible.
+* :data:`ATTRIBUTES`: the attributes of upstream objects we write or read (upstream must still declare
+  them), and the ones we add (upstream must not).
+* :data:`BODIES`: the upstream functions whose body our code copies or restates, pinned by a source
+  digest.
+
+:func:`render` writes the human-readable tables from these rows (``UPSTREAM.md`` of this package is
+that text; a test keeps them equal: ``python -m ascend_eplb.control.upstream`` prints it). Each user
+checks its rows with :func:`check_used_by` (the controller and the state when they are constructed,
+the commit hooks before they are installed); integration's ``check_upstream()`` checks every row
+(:func:`check_rows`) before the first patch. Dataplane's router adapter cannot import this package, so
+the signature of the method it binds is its own export (``UPSTREAM_MAPPING_SIGNATURE``), listed here by
+reference. Nothing here imports vLLM or another ascend_eplb package: a row is resolved when it is
+checked.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from ascend_eplb.control.patching import Signature, check_signatures
+from ascend_eplb.control.patching import (
+    Attribute,
+    Body,
+    InstanceBinding,
+    Override,
+    Patch,
+    PatchEntry,
+    Signature,
+    check_signatures,
+)
 from ascend_eplb.dataplane.router import UPSTREAM_MAPPING_SIGNATURE
 
-__all__ = ["SIGNATURES", "USERS", "check_used_by", "signature", "used_by"]
+__all__ = [
+    "ATTRIBUTES",
+    "BODIES",
+    "COMMIT_OBSERVER_ATTR",
+    "INSTANCE_BINDINGS",
+    "OVERRIDES",
+    "PATCHES",
+    "SIGNATURES",
+    "USERS",
+    "WORKER_ERROR_ATTR",
+    "check_rows",
+    "check_used_by",
+    "instance_binding",
+    "patches_of",
+    "render",
+    "signature",
+    "used_by",
+]
 
-# The users (modules of ascend_eplb that rely on an entry).
+# The users (modules of ascend_eplb that rely on a row).
 HOST_ADAPTATION = "control.host_adaptation"
 COMMIT_HOOKS = "control.commit_hooks"
 CONTROLLER = "control.controller"
 STATE = "control.state"
+ROUTER_ADAPTATION = "control.router_adaptation"
 ROUTER = "dataplane.router"
+MOVEMENT = "movement.communicator"
 INTEGRATION = "integration.patches"
 WATCHDOG = "integration.watchdog"
-#: Every user id an entry may name (what :func:`used_by` and :func:`check_used_by` accept).
-USERS = (HOST_ADAPTATION, COMMIT_HOOKS, CONTROLLER, STATE, ROUTER, INTEGRATION, WATCHDOG)
+#: Every user id a row may name (what :func:`used_by` and :func:`check_used_by` accept).
+USERS = (
+    HOST_ADAPTATION,
+    COMMIT_HOOKS,
+    CONTROLLER,
+    STATE,
+    ROUTER_ADAPTATION,
+    ROUTER,
+    MOVEMENT,
+    INTEGRATION,
+    WATCHDOG,
+)
+
+#: The attribute :mod:`~ascend_eplb.control.commit_hooks` sets on an upstream ``EplbModelState``: a weak
+#: reference to its commit observer.
+COMMIT_OBSERVER_ATTR = "_ascend_eplb_commit_observer"
+#: The attribute the watchdog's wrapper of upstream's worker loop sets on an upstream ``EplbState``: the
+#: dead worker's exception and traceback.
+WORKER_ERROR_ATTR = "_ascend_eplb_worker_error"
 
 _ACCELERATOR = "torch.accelerator"
 _PARALLEL = "vllm.config.parallel"
 _STATE = "vllm.distributed.eplb.eplb_state"
 _UTILS = "vllm.distributed.eplb.eplb_utils"
 _WORKER = "vllm.distributed.eplb.async_worker"
+_COMMUNICATOR = "vllm.distributed.eplb.eplb_communicator"
+_EXECUTE = "vllm.distributed.eplb.rebalance_execute"
 _CONTROLLER = "vllm.v1.worker.gpu.eplb_utils"
 _RUNNER = "vllm.v1.worker.gpu.model_runner"
+_ROUTER = "vllm.model_executor.layers.fused_moe.router.base_router"
 _FACTORY = ("group_coordinator", "backend", "expert_weights", "expert_buffer")
 
 
@@ -56,36 +118,36 @@ def _table(*entries: Signature) -> Mapping[str, Signature]:
 #: Every upstream signature relied on, by ``module.qualname``.
 SIGNATURES: Mapping[str, Signature] = _table(
     # torch: the host adaptation's stream and cache functions (replaced without an accelerator).
-    Signature(_ACCELERATOR, "set_device_index", ("device",), (HOST_ADAPTATION,)),
-    Signature(_ACCELERATOR, "current_stream", ("device",), (HOST_ADAPTATION,)),
+    Signature(_ACCELERATOR, "set_device_index", ("device", "/"), (HOST_ADAPTATION,)),
+    Signature(_ACCELERATOR, "current_stream", ("device=None", "/"), (HOST_ADAPTATION,)),
     Signature(_ACCELERATOR, "set_stream", ("stream",), (HOST_ADAPTATION,)),
     Signature(_ACCELERATOR, "empty_cache", (), (HOST_ADAPTATION,)),
     # vLLM's parallel config and communicator factory (replaced by the integration).
     Signature(_PARALLEL, "ParallelConfig.__post_init__", ("self",), (INTEGRATION,)),
-    Signature(
-        "vllm.distributed.eplb.eplb_communicator", "create_eplb_communicator", _FACTORY, (INTEGRATION,)
-    ),
+    Signature(_COMMUNICATOR, "create_eplb_communicator", _FACTORY, (INTEGRATION,)),
     Signature(_STATE, "create_eplb_communicator", _FACTORY, (INTEGRATION,)),
     # Upstream's EPLB state: wrapped (__init__, by the host adaptation), overridden or called (state).
     Signature(_STATE, "EplbState.__init__", ("self", "parallel_config", "device"), (HOST_ADAPTATION, STATE)),
-    Signature(_STATE, "EplbState.add_model", ("self", "model", "model_config", "model_name"), (STATE,)),
+    Signature(_STATE, "EplbState.add_model", ("self", "model", "model_config", "model_name=None"), (STATE,)),
     Signature(
         _STATE,
         "EplbState.rearrange",
-        ("self", "is_profile", "rank_mapping", "use_last_expert_load"),
+        ("self", "is_profile=False", "rank_mapping=None", "use_last_expert_load=False"),
         (STATE,),
     ),
     Signature(
         _STATE, "EplbState.update_mapping", ("self", "model_config", "expanded_physical_to_logical"), (STATE,)
     ),
-    Signature(_STATE, "EplbState.step", ("self", "is_dummy", "is_profile", "log_stats"), (STATE,)),
+    Signature(
+        _STATE, "EplbState.step", ("self", "is_dummy=False", "is_profile=False", "log_stats=False"), (STATE,)
+    ),
     Signature(
         _STATE,
         "EplbState.prepare_forward",
-        ("self", "model_config", "num_unpadded_tokens", "ubatch_slices"),
+        ("self", "model_config", "num_unpadded_tokens", "ubatch_slices=None"),
         (STATE,),
     ),
-    Signature(_STATE, "EplbState._should_record_current_step", ("self", "log_stats"), (STATE,)),
+    Signature(_STATE, "EplbState._should_record_current_step", ("self", "log_stats=False"), (STATE,)),
     Signature(
         _STATE,
         "EplbLayerState.set_layer_state",
@@ -102,9 +164,9 @@ SIGNATURES: Mapping[str, Signature] = _table(
     ),
     Signature(_STATE, "_commit_eplb_maps", ("model_state", "new_physical_to_logical_map"), (COMMIT_HOOKS,)),
     Signature(_STATE, "_move_to_workspace", ("model_state", "ep_rank"), (COMMIT_HOOKS,)),
-    Signature(_UTILS, "CpuGpuEvent.record", ("self", "stream"), (COMMIT_HOOKS, STATE)),
+    Signature(_UTILS, "CpuGpuEvent.record", ("self", "stream=None"), (COMMIT_HOOKS, STATE)),
     # The async worker's loop (wrapped by the watchdog).
-    Signature(_WORKER, "transfer_run_periodically", ("state", "stream", "is_profile"), (WATCHDOG,)),
+    Signature(_WORKER, "transfer_run_periodically", ("state", "stream", "is_profile=False"), (WATCHDOG,)),
     # Upstream's MRv2 controller: overridden or called by AscendEPLBController.
     Signature(_CONTROLLER, "EPLBController.__init__", ("self", "parallel_config", "device"), (CONTROLLER,)),
     Signature(_CONTROLLER, "EPLBController.prepare_load", ("self",), (CONTROLLER,)),
@@ -120,16 +182,35 @@ SIGNATURES: Mapping[str, Signature] = _table(
     Signature(
         _CONTROLLER,
         "EPLBController.prepare_forward",
-        ("self", "model_config", "num_unpadded_tokens", "ubatch_slices"),
+        ("self", "model_config", "num_unpadded_tokens", "ubatch_slices=None"),
         (CONTROLLER,),
     ),
-    Signature(_CONTROLLER, "EPLBController.step", ("self", "is_dummy", "is_profile"), (CONTROLLER,)),
+    Signature(
+        _CONTROLLER, "EPLBController.step", ("self", "is_dummy=False", "is_profile=False"), (CONTROLLER,)
+    ),
     Signature(_CONTROLLER, "EPLBController.suppress", ("self",), (CONTROLLER,)),
     # The MRv2 runner's controller construction and shutdown (replaced by the integration).
     Signature(_RUNNER, "EPLBController", ("self", "parallel_config", "device"), (INTEGRATION,)),
     Signature(_RUNNER, "GPUModelRunner.shutdown", ("self",), (INTEGRATION,)),
     # The router's EPLB mapping (bound per router instance by dataplane's adapter; its own declaration).
     Signature(*UPSTREAM_MAPPING_SIGNATURE, users=(ROUTER,)),
+    # Upstream's communicator contract: overridden (and one helper called) by movement's communicator.
+    Signature(
+        _COMMUNICATOR, "EplbCommunicator.add_send", ("self", "tensors", "dst_rank", "expert_id"), (MOVEMENT,)
+    ),
+    Signature(
+        _COMMUNICATOR, "EplbCommunicator.add_recv", ("self", "tensors", "src_rank", "expert_id"), (MOVEMENT,)
+    ),
+    Signature(_COMMUNICATOR, "EplbCommunicator.execute", ("self",), (MOVEMENT,)),
+    Signature(_COMMUNICATOR, "EplbCommunicator.set_stream", ("self", "stream"), (MOVEMENT,)),
+    Signature(
+        _COMMUNICATOR,
+        "EplbCommunicator.set_transfer_context",
+        ("self", "old_indices", "layer_idx"),
+        (MOVEMENT,),
+    ),
+    Signature(_COMMUNICATOR, "EplbCommunicator.needs_profile_buffer_reservation", ("self",), (MOVEMENT,)),
+    Signature(_COMMUNICATOR, "EplbCommunicator._log_initialized", ("self",), (MOVEMENT,)),
 )
 
 
@@ -145,6 +226,446 @@ def signature(name: str) -> Signature:
         raise KeyError(f"{name} is not in ascend_eplb.control.upstream.SIGNATURES; list it there") from None
 
 
+_NO_ACCELERATOR = "no accelerator (`torch.accelerator.is_available()` is False)"
+
+
+def _host(name: str, replace: str, does: str) -> PatchEntry:
+    return PatchEntry(
+        _ACCELERATOR,
+        name,
+        signature(f"{_ACCELERATOR}.{name}"),
+        HOST_ADAPTATION,
+        replace,
+        does,
+        when="_no_accelerator",
+        applies=_NO_ACCELERATOR,
+    )
+
+
+def _function(name: str, owner: str, replace: str, does: str, **options: Any) -> PatchEntry:
+    entry = signature(name)
+    return PatchEntry(entry.module, entry.qualname, entry, owner, replace, does, **options)
+
+
+#: Every module-level replacement of the process, in installation order.
+PATCHES: tuple[PatchEntry, ...] = (
+    PatchEntry(
+        _PARALLEL,
+        "current_platform",
+        None,
+        HOST_ADAPTATION,
+        "EplbCapablePlatform",
+        "`EplbCapablePlatform`: `is_cuda_alike()` is True, everything else the real platform's (the "
+        "module must consult it exactly once, in the EPLB check)",
+        when="_platform_not_cuda_alike",
+        applies="the platform is not CUDA-alike",
+        check="_check_platform",
+    ),
+    PatchEntry(
+        "torch",
+        "Event",
+        None,
+        HOST_ADAPTATION,
+        "_as_host_event",
+        "`HostEvent`: a `torch.Event` that records a host timestamp",
+        when="_no_accelerator",
+        applies=_NO_ACCELERATOR,
+    ),
+    _host("set_device_index", "_as_set_device_index", "a no-op"),
+    _host("current_stream", "_as_current_stream", "the CPU stream"),
+    _host("set_stream", "_as_set_stream", "a no-op"),
+    _host("empty_cache", "_as_empty_cache", "a no-op (vLLM's model loader calls it)"),
+    _function(
+        f"{_STATE}.EplbState.__init__",
+        HOST_ADAPTATION,
+        "_wrap_eplb_state_init",
+        "upstream's, then `device_index = 0` on a CPU device (the async worker asserts it)",
+        when="_no_accelerator",
+        applies=_NO_ACCELERATOR,
+    ),
+    _function(
+        f"{_PARALLEL}.ParallelConfig.__post_init__",
+        INTEGRATION,
+        "_wrap_post_init",
+        'communicator unset -> `"torch_gloo"` before upstream probes NIXL/XCCL, then upstream\'s',
+    ),
+    _function(
+        f"{_COMMUNICATOR}.create_eplb_communicator",
+        INTEGRATION,
+        "_wrap_factory",
+        "`\"torch_gloo\"` -> movement's `AscendGlooEplbCommunicator(cpu_group)`; other backends upstream's",
+    ),
+    _function(
+        f"{_STATE}.create_eplb_communicator",
+        INTEGRATION,
+        "_wrap_factory",
+        "the same (imported there by name)",
+    ),
+    _function(
+        f"{_STATE}._commit_eplb_maps_for_layer",
+        COMMIT_HOOKS,
+        "_wrap_commit_for_layer",
+        "the per-layer commit hook: the observer's move, upstream's commit, the observer's refresh "
+        "(before `_move_to_workspace` acknowledges)",
+        check="_check_order",
+    ),
+    _function(
+        f"{_STATE}._commit_eplb_maps",
+        COMMIT_HOOKS,
+        "_wrap_commit",
+        "the synchronous whole-model commit hook (move, commit, refresh of every layer)",
+    ),
+    _function(
+        f"{_WORKER}.transfer_run_periodically",
+        WATCHDOG,
+        "_wrap_worker_loop",
+        f"upstream's loop; its exception and traceback recorded on the state (`{WORKER_ERROR_ATTR}`) "
+        "before the thread ends",
+    ),
+    _function(
+        f"{_RUNNER}.EPLBController",
+        INTEGRATION,
+        "_wrap_runner_controller",
+        "EPLB on: `create_eplb_controller`'s controller for the current vLLM config; off: upstream's class",
+    ),
+    _function(
+        f"{_RUNNER}.GPUModelRunner.shutdown",
+        INTEGRATION,
+        "_wrap_runner_shutdown",
+        "the controller's `shutdown()` first, when it has one (the watchdog's end of life), then upstream's",
+    ),
+)
+
+#: Every upstream method the process replaces on single instances (the classes keep theirs).
+INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = (
+    InstanceBinding(
+        signature(".".join(UPSTREAM_MAPPING_SIGNATURE[:2])),
+        "ascend_eplb.dataplane.router",
+        "control.router_adaptation.adapt_layer_routers (dataplane.bind_router), on the router of each MoE "
+        "layer of a model before it is registered",
+    ),
+    InstanceBinding(
+        signature(f"{_UTILS}.CpuGpuEvent.record"),
+        "ascend_eplb.control.state",
+        "AscendEplbState.after_commit, on the consumed_event of each async layer result it commits",
+    ),
+)
+
+
+def instance_binding(name: str) -> InstanceBinding:
+    """The row of :data:`INSTANCE_BINDINGS` replacing the upstream method ``module.qualname``.
+
+    Raises:
+        KeyError: no row replaces it.
+    """
+    for binding in INSTANCE_BINDINGS:
+        if binding.name == name:
+            return binding
+    raise KeyError(f"{name} is not in ascend_eplb.control.upstream.INSTANCE_BINDINGS; list it there")
+
+
+_ASCEND_CONTROLLER = "ascend_eplb.control.controller.AscendEPLBController"
+_ASCEND_STATE = "ascend_eplb.control.state.AscendEplbState"
+_ASCEND_LAYER_STATE = "ascend_eplb.control.state.AscendEplbLayerState"
+_GLOO = "ascend_eplb.movement.communicator.AscendGlooEplbCommunicator"
+
+
+def _override(subclass: str, name: str, users: str, how: str) -> Override:
+    return Override(subclass, signature(name), (users,), how)
+
+
+#: Every upstream method a subclass of ours overrides (each extends upstream's parameters).
+OVERRIDES: tuple[Override, ...] = (
+    _override(
+        _ASCEND_CONTROLLER,
+        f"{_CONTROLLER}.EPLBController.__init__",
+        CONTROLLER,
+        "upstream's, after the load-collection phase and this table's checks; then the bus",
+    ),
+    _override(
+        _ASCEND_CONTROLLER,
+        f"{_CONTROLLER}.EPLBController.prepare_load",
+        CONTROLLER,
+        "upstream's body (pinned below) building an `AscendEplbState` on the controller's bus",
+    ),
+    _override(
+        _ASCEND_CONTROLLER,
+        f"{_CONTROLLER}.EPLBController.maybe_register_speculator",
+        CONTROLLER,
+        "adapts the draft's routers, then upstream's, then a `RegistrationEvent`",
+    ),
+    _override(
+        _ASCEND_CONTROLLER,
+        f"{_CONTROLLER}.EPLBController.maybe_register_model",
+        CONTROLLER,
+        "adapts the routers, then upstream's, then a `RegistrationEvent`",
+    ),
+    _override(
+        _ASCEND_CONTROLLER,
+        f"{_CONTROLLER}.EPLBController.step",
+        CONTROLLER,
+        "upstream's, then a `StepEvent` when upstream's ran (its run condition restated: pinned below)",
+    ),
+    _override(
+        _ASCEND_CONTROLLER,
+        f"{_CONTROLLER}.EPLBController.suppress",
+        CONTROLLER,
+        "upstream's; a `stop_eplb` made inside it outlives it",
+    ),
+    _override(
+        _ASCEND_CONTROLLER,
+        f"{_CONTROLLER}.EPLBController.prepare_forward",
+        CONTROLLER,
+        "upstream's, then the row layout and one fill of the record flag (keyword `moe_rows` added)",
+    ),
+    _override(
+        _ASCEND_STATE,
+        f"{_STATE}.EplbState.__init__",
+        STATE,
+        "this table's checks and the commit hooks' presence, then upstream's (keyword `bus` added)",
+    ),
+    _override(
+        _ASCEND_STATE,
+        f"{_STATE}.EplbState.add_model",
+        STATE,
+        "refuses a layer without an `AscendEplbLayerState`, then upstream's, then the commit observer",
+    ),
+    _override(
+        _ASCEND_STATE,
+        f"{_STATE}.EplbState.update_mapping",
+        STATE,
+        "upstream's, then every layer's lookup refreshed",
+    ),
+    _override(
+        _ASCEND_STATE,
+        f"{_STATE}.EplbState.rearrange",
+        STATE,
+        "skips a window without load on any rank, else upstream's, then a `RearrangementEvent`",
+    ),
+    _override(
+        _ASCEND_LAYER_STATE,
+        f"{_STATE}.EplbLayerState.set_layer_state",
+        STATE,
+        "builds (first call) or refreshes the replica lookup, validated before anything changes, then "
+        "upstream's",
+    ),
+    _override(
+        _GLOO,
+        f"{_COMMUNICATOR}.EplbCommunicator.needs_profile_buffer_reservation",
+        MOVEMENT,
+        "False: Gloo needs no device buffers from the profile run",
+    ),
+    _override(
+        _GLOO,
+        f"{_COMMUNICATOR}.EplbCommunicator.set_stream",
+        MOVEMENT,
+        "the stream the staging copies run on",
+    ),
+    _override(
+        _GLOO,
+        f"{_COMMUNICATOR}.EplbCommunicator.set_transfer_context",
+        MOVEMENT,
+        "remembers the layer (statistics, errors)",
+    ),
+    _override(
+        _GLOO,
+        f"{_COMMUNICATOR}.EplbCommunicator.add_send",
+        MOVEMENT,
+        "queues one expert's rows for a peer (group rank, validated)",
+    ),
+    _override(
+        _GLOO,
+        f"{_COMMUNICATOR}.EplbCommunicator.add_recv",
+        MOVEMENT,
+        "queues one expert's rows from a peer (group rank, validated)",
+    ),
+    _override(
+        _GLOO,
+        f"{_COMMUNICATOR}.EplbCommunicator.execute",
+        MOVEMENT,
+        "the staged, handshaken Gloo transfer of the queue; a failure clears it and names peers and experts",
+    ),
+)
+
+_MODEL_STATE = "EplbModelState"
+_LAYER_RESULT = "AsyncEplbLayerResult"
+
+#: Every attribute of an upstream object we write, read (the watchdog's reads included) or add.
+ATTRIBUTES: tuple[Attribute, ...] = (
+    Attribute(
+        _ROUTER,
+        "BaseRouter",
+        "eplb_state",
+        "writes",
+        (ROUTER_ADAPTATION, ROUTER),
+        "each MoE layer's router gets an `AscendEplbLayerState` over upstream's tensors, before its model "
+        "is registered",
+    ),
+    Attribute(_STATE, "EplbState", "device_index", "writes", (HOST_ADAPTATION,), "0 on a CPU device"),
+    Attribute(
+        _PARALLEL,
+        "EPLBConfig",
+        "communicator",
+        "writes",
+        (INTEGRATION,),
+        '`"torch_gloo"` when unset and EPLB is on (`ParallelConfig.__post_init__`)',
+    ),
+    Attribute(
+        _CONTROLLER,
+        "EPLBController",
+        "state",
+        "writes",
+        (CONTROLLER,),
+        "`prepare_load`: None, then an `AscendEplbState` when EPLB is on",
+    ),
+    Attribute(
+        _CONTROLLER,
+        "EPLBController",
+        "_has_registered_models",
+        "writes",
+        (CONTROLLER,),
+        "`prepare_load`: False",
+    ),
+    Attribute(
+        _CONTROLLER,
+        "EPLBController",
+        "suppressed",
+        "writes",
+        (CONTROLLER,),
+        "`stop_eplb`: True for good (upstream's own switch; `suppress` keeps it after a stop)",
+    ),
+    Attribute(
+        _STATE,
+        "EplbState",
+        "should_record_tensor",
+        "writes",
+        (CONTROLLER,),
+        "filled in place: once per forward by `prepare_forward`, False by `stop_eplb`",
+    ),
+    Attribute(
+        _STATE,
+        _MODEL_STATE,
+        "rebalanced",
+        "writes",
+        (CONTROLLER,),
+        "`stop_eplb`: False (the unfinished cycle dropped)",
+    ),
+    Attribute(
+        _STATE,
+        _MODEL_STATE,
+        "pending_result",
+        "writes",
+        (CONTROLLER,),
+        "`stop_eplb`: None (a staged layer is never moved in)",
+    ),
+    Attribute(
+        _STATE,
+        _MODEL_STATE,
+        COMMIT_OBSERVER_ATTR,
+        "adds",
+        (COMMIT_HOOKS,),
+        "a weak reference to the model state's commit observer (`attach_observer`)",
+    ),
+    Attribute(
+        _STATE,
+        "EplbState",
+        WORKER_ERROR_ATTR,
+        "adds",
+        (WATCHDOG,),
+        "the dead async worker's exception and traceback",
+    ),
+    Attribute(
+        _EXECUTE,
+        _LAYER_RESULT,
+        "consumed_event",
+        "reads",
+        (STATE,),
+        "the acknowledgement of the committed layer (its `record` bound per instance)",
+    ),
+    Attribute(_STATE, "EplbState", "async_worker", "reads", (WATCHDOG,), "`is_alive()` every step"),
+    Attribute(_STATE, "EplbState", "model_states", "reads", (WATCHDOG,), "each model's cycle"),
+    Attribute(
+        _STATE,
+        "EplbState",
+        "expert_rearrangement_step",
+        "reads",
+        (WATCHDOG,),
+        "steps until the next rearrangement, named in a stall (vllm-project/vllm#57883)",
+    ),
+    Attribute(
+        _STATE,
+        "EplbState",
+        "expert_rearrangement_step_interval",
+        "reads",
+        (WATCHDOG,),
+        "the same",
+    ),
+    Attribute(_STATE, _MODEL_STATE, "model_name", "reads", (WATCHDOG,), "names the model in a failure"),
+    Attribute(_STATE, _MODEL_STATE, "rebalanced", "reads", (WATCHDOG,), "whether a cycle is in flight"),
+    Attribute(
+        _STATE,
+        _MODEL_STATE,
+        "pending_result",
+        "reads",
+        (WATCHDOG,),
+        "whether this rank's worker published the layer in flight",
+    ),
+    Attribute(_EXECUTE, _LAYER_RESULT, "layer_idx", "reads", (WATCHDOG,), "the layer published"),
+    Attribute(
+        _STATE,
+        _MODEL_STATE,
+        "communicator",
+        "reads",
+        (WATCHDOG,),
+        "movement's `waiting_on`: the peer a stalled transfer waits on",
+    ),
+)
+
+#: Every upstream function whose body our code depends on, pinned by
+#: :func:`~ascend_eplb.control.patching.source_digest`.
+BODIES: tuple[Body, ...] = (
+    Body(
+        signature(f"{_CONTROLLER}.EPLBController.prepare_load"),
+        "fb6cd33474d1d15f",
+        (CONTROLLER,),
+        "AscendEPLBController.prepare_load copies it, building an AscendEplbState",
+    ),
+    Body(
+        signature(f"{_CONTROLLER}.EPLBController.step"),
+        "37b8a37ca00d9a08",
+        (CONTROLLER,),
+        "AscendEPLBController.step restates its run condition (a StepEvent exactly when it ran)",
+    ),
+    Body(
+        signature(f"{_CONTROLLER}.EPLBController.suppress"),
+        "6227688ee34a8821",
+        (CONTROLLER,),
+        "AscendEPLBController.suppress and stop_eplb rely on it saving and restoring suppressed and "
+        "should_record_tensor",
+    ),
+    Body(
+        signature(f"{_STATE}._move_to_workspace"),
+        "303b2c6ca50e734e",
+        (COMMIT_HOOKS,),
+        "the per-layer order move, commit, refresh, acknowledge (invariant 6): the commit hook runs "
+        "inside it after move_from_buffer, before pending_result is cleared and consumed_event.record() "
+        "releases the staging buffer",
+    ),
+)
+
+
+def patches_of(owner: str, namespace: Mapping[str, Any]) -> tuple[Patch, ...]:
+    """The :class:`~ascend_eplb.control.patching.Patch` es of ``owner``'s rows of :data:`PATCHES`, in
+    order, their functions taken from ``namespace`` (the owner module's ``globals()``).
+
+    Raises:
+        ValueError: ``owner`` is not one of :data:`USERS`.
+        KeyError: a function a row names is not in ``namespace``.
+    """
+    _known((owner,))
+    return tuple(entry.patch(namespace) for entry in PATCHES if entry.owner == owner)
+
+
 def _known(users: tuple[object, ...]) -> set[str]:
     unknown = [u for u in users if u not in USERS]
     if unknown:
@@ -153,7 +674,7 @@ def _known(users: tuple[object, ...]) -> set[str]:
 
 
 def used_by(user: str) -> tuple[Signature, ...]:
-    """The entries ``user`` relies on, in table order.
+    """The signature entries ``user`` relies on, in table order.
 
     Raises:
         ValueError: ``user`` is not one of :data:`USERS` (a typo would otherwise select nothing).
@@ -163,11 +684,99 @@ def used_by(user: str) -> tuple[Signature, ...]:
 
 
 def check_used_by(*users: str) -> None:
-    """Check every entry the ``users`` rely on, in table order.
+    """Check every row the ``users`` rely on: signatures (in table order), then the bodies, attributes
+    and overrides of theirs.
 
     Raises:
         ValueError: a user is not one of :data:`USERS` (a typo would otherwise check nothing).
-        RuntimeError: one is missing or changed signature since vLLM 0.33.0; the message names it.
+        RuntimeError: one is missing, changed signature or body, lost an attribute we use or declares
+            one we add, since vLLM 0.33.0; the message names it.
     """
     wanted = _known(users)
     check_signatures(entry for entry in SIGNATURES.values() if set(entry.users) & wanted)
+    check_rows(wanted)
+
+
+def check_rows(users: Iterable[str] | None = None) -> None:
+    """Check the :data:`BODIES`, :data:`ATTRIBUTES` and :data:`OVERRIDES` of ``users`` (None: all), in
+    that order; the signatures are :func:`check_used_by`'s (and integration's ``check_upstream``'s).
+
+    Raises:
+        RuntimeError: the first row that drifted, named.
+    """
+    wanted = set(USERS) if users is None else _known(tuple(users))
+    for row in (*BODIES, *ATTRIBUTES, *OVERRIDES):
+        if set(row.users) & wanted:
+            row.check()
+
+
+def _code(text: str) -> str:
+    return f"`{text}`"
+
+
+def _table_text(header: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return lines
+
+
+def render() -> str:
+    """The tables of every row, as Markdown (what ``UPSTREAM.md`` of this package holds)."""
+    lines = [
+        "# The upstream surface",
+        "",
+        "Every point where ascend_eplb meets upstream vLLM 0.33.0 and torch 2.13.0. Generated from the rows "
+        "of `ascend_eplb.control.upstream` (`python -m ascend_eplb.control.upstream > "
+        "packages/eplb-control/UPSTREAM.md`); a test keeps this file equal to them. Integration's "
+        "`check_upstream()` checks every row before the first patch (`RuntimeError` naming the one that "
+        "drifted); the controller and the state check theirs when they are constructed.",
+        "",
+        "## Module-level replacements (`PATCHES`, in installation order)",
+        "",
+    ]
+    lines += _table_text(
+        ("binding", "replacement", "owner", "applies"),
+        ((_code(p.name), p.does, _code(p.owner), p.applies) for p in PATCHES),
+    )
+    lines += ["", "## Methods replaced on single instances (`INSTANCE_BINDINGS`)", ""]
+    lines += _table_text(
+        ("method", "owner", "bound by, on"),
+        (
+            (_code(b.name), _code(b.owner.removeprefix("ascend_eplb.")), b.installed_by)
+            for b in INSTANCE_BINDINGS
+        ),
+    )
+    lines += ["", "## Methods our subclasses override (`OVERRIDES`)", ""]
+    lines += _table_text(
+        ("upstream method", "overridden by", "what it adds"),
+        ((_code(o.signature.label), _code(o.name.removeprefix("ascend_eplb.")), o.how) for o in OVERRIDES),
+    )
+    lines += ["", "## Attributes of upstream objects (`ATTRIBUTES`)", ""]
+    lines += _table_text(
+        ("attribute", "access", "by", "what"),
+        (
+            (_code(f"{a.cls}.{a.attr}"), a.access, ", ".join(_code(u) for u in a.users), a.how)
+            for a in ATTRIBUTES
+        ),
+    )
+    lines += ["", "## Upstream bodies our code depends on (`BODIES`, source digests)", ""]
+    lines += _table_text(
+        ("function", "digest", "by", "why"),
+        (
+            (_code(b.signature.label), _code(b.digest), ", ".join(_code(u) for u in b.users), b.reason)
+            for b in BODIES
+        ),
+    )
+    lines += ["", "## Signatures relied on (`SIGNATURES`: names, kinds, defaults)", ""]
+    lines += _table_text(
+        ("callable", "parameters", "relied on by"),
+        (
+            (_code(e.name), _code(f"({', '.join(e.params)})"), ", ".join(_code(u) for u in e.users))
+            for e in SIGNATURES.values()
+        ),
+    )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")
