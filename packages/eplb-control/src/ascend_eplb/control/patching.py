@@ -64,7 +64,10 @@ _MARKERS = ("/", "*")
 
 def _target(fn: Any) -> Any:
     """What a check reads: ``fn`` unwrapped through ``__wrapped__`` (an installed wrapper of ours is
-    checked as the function it wraps), a property's getter, a class's ``__init__``."""
+    checked as the function it wraps), a property's getter, a class's ``__init__``, a classmethod as
+    bound (without ``cls``: as upstream's is read from its class)."""
+    if isinstance(fn, classmethod | staticmethod):
+        fn = fn.__get__(None, object)
     target = inspect.unwrap(fn)
     if isinstance(target, property):
         target = target.fget

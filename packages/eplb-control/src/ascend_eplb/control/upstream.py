@@ -69,6 +69,7 @@ COMMIT_HOOKS = "control.commit_hooks"
 CONTROLLER = "control.controller"
 STATE = "control.state"
 ROUTER_ADAPTATION = "control.router_adaptation"
+POLICY = "control.policy"
 ROUTER = "dataplane.router"
 MOVEMENT = "movement.communicator"
 INTEGRATION = "integration.patches"
@@ -80,6 +81,7 @@ USERS = (
     CONTROLLER,
     STATE,
     ROUTER_ADAPTATION,
+    POLICY,
     ROUTER,
     MOVEMENT,
     INTEGRATION,
@@ -103,6 +105,7 @@ _EXECUTE = "vllm.distributed.eplb.rebalance_execute"
 _CONTROLLER = "vllm.v1.worker.gpu.eplb_utils"
 _RUNNER = "vllm.v1.worker.gpu.model_runner"
 _ROUTER = "vllm.model_executor.layers.fused_moe.router.base_router"
+_POLICY = "vllm.distributed.eplb.policy.abstract"
 _FACTORY = ("group_coordinator", "backend", "expert_weights", "expert_buffer")
 
 
@@ -211,6 +214,13 @@ SIGNATURES: Mapping[str, Signature] = _table(
     ),
     Signature(_COMMUNICATOR, "EplbCommunicator.needs_profile_buffer_reservation", ("self",), (MOVEMENT,)),
     Signature(_COMMUNICATOR, "EplbCommunicator._log_initialized", ("self",), (MOVEMENT,)),
+    # Upstream's policy interface (a classmethod, read bound): overridden by the opt-in policy.
+    Signature(
+        _POLICY,
+        "AbstractEplbPolicy.rebalance_experts",
+        ("weight", "num_replicas", "num_groups", "num_nodes", "num_ranks", "old_global_expert_indices=None"),
+        (POLICY,),
+    ),
 )
 
 
@@ -368,6 +378,7 @@ _ASCEND_CONTROLLER = "ascend_eplb.control.controller.AscendEPLBController"
 _ASCEND_STATE = "ascend_eplb.control.state.AscendEplbState"
 _ASCEND_LAYER_STATE = "ascend_eplb.control.state.AscendEplbLayerState"
 _GLOO = "ascend_eplb.movement.communicator.AscendGlooEplbCommunicator"
+_MIGRATION_AWARE = "ascend_eplb.control.policy.MigrationAwarePolicy"
 
 
 def _override(subclass: str, name: str, users: str, how: str) -> Override:
@@ -484,6 +495,13 @@ OVERRIDES: tuple[Override, ...] = (
         f"{_COMMUNICATOR}.EplbCommunicator.execute",
         MOVEMENT,
         "the staged, handshaken Gloo transfer of the queue; a failure clears it and names peers and experts",
+    ),
+    _override(
+        _MIGRATION_AWARE,
+        f"{_POLICY}.AbstractEplbPolicy.rebalance_experts",
+        POLICY,
+        "starts from the placement in force and moves the fewest experts for upstream's balancedness "
+        "(`notes/placement-cost.md`)",
     ),
 )
 
