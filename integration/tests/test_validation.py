@@ -14,7 +14,14 @@ import pytest
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before anything imports vllm
 
-from ascend_eplb.integration.rules import EPLB_OFF_RULES, RULES, EplbSettings, Violation, check_settings
+from ascend_eplb.integration.rules import (
+    EPLB_OFF_RULES,
+    RULES,
+    EplbSettings,
+    MoeFacts,
+    Violation,
+    check_settings,
+)
 from ascend_eplb.integration.validation import EplbConfigError, validate_eplb_config
 
 #: A supported configuration: EP over TP 2 x DP 2 = 4 ranks, 64 logical + 4 redundant experts, eager.
@@ -48,6 +55,13 @@ BREAKS = {
     "window-size": {"window_size": 0},
     "step-interval": {"step_interval": True},
     "redundant-experts": {"num_redundant_experts": -1},
+    "routed-experts": {
+        "moe_facts": MoeFacts("config.json", {"num_local_experts": "64", "num_experts_per_tok": 6})
+    },
+    "top-k": {"moe_facts": MoeFacts("config.json", {"num_local_experts": 64, "num_experts_per_tok": 65})},
+    "expert-groups": {
+        "moe_facts": MoeFacts("config.json", {"n_routed_experts": 64, "num_experts_per_tok": 6, "n_group": 3})
+    },
     "experts-divisible": {"num_redundant_experts": 2},
     "quantization": {"quantization": "w4a16"},
     "graph-capture": {"cudagraph_mode": "FULL_DECODE_ONLY"},
@@ -136,3 +150,39 @@ def test_vllm_config_is_resolved_and_every_violation_is_in_one_error(monkeypatch
     assert "additional_config.eplb_config.expert_map_path" in text
     assert "eplb_config.use_async=False" in text
     assert "eplb_config.communicator='torch_nccl'" in text
+
+
+def test_start_up_judges_the_models_moe_facts_read_from_its_hf_config_by_checks_reader(tmp_path, monkeypatch):
+    """Issue 31: a routed-expert count transformers lets through as a string crashed in the model after
+    the ranks started; start-up reads vLLM's ``hf_text_config`` with the reader ``ascend-eplb check`` and
+    ``simulate`` read ``config.json`` with, and refuses every bad fact at once."""
+    import json
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    from vllm.config import EPLBConfig, ModelConfig, ParallelConfig, VllmConfig
+
+    config = {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_local_experts": "8",
+        "num_experts_per_tok": 0, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "max_position_embeddings": 256,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = ModelConfig(
+        model=str(tmp_path), skip_tokenizer_init=True, dtype="float32", enforce_eager=True, max_model_len=256
+    )
+    assert model.hf_text_config.num_experts == "8"  # transformers' attribute_map: num_local_experts
+    vc = VllmConfig(
+        model_config=model,
+        parallel_config=ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True),
+    )
+    vc.parallel_config.enable_eplb = True
+    vc.parallel_config.eplb_config = EPLBConfig(window_size=2, step_interval=4, use_async=True)
+    with pytest.raises(EplbConfigError) as info:
+        validate_eplb_config(vc)
+    source = f"the config of model {tmp_path}"
+    assert [str(v) for v in info.value.violations] == [
+        f"[routed-experts] {source}: num_experts='8' must be an integer in [1, 2147483647] (the routed "
+        "experts of each MoE layer; EPLB balances them); fix: state one routed-expert count, an integer >= 1",
+        f"[top-k] {source}: num_experts_per_tok=0 must be an integer in [1, E] (the routed experts each "
+        "token selects); fix: correct num_experts_per_tok",
+    ]

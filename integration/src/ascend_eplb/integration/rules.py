@@ -25,18 +25,24 @@ from ascend_eplb.integration.switches import is_true
 __all__ = [
     "ASCEND_V2_KEYS",
     "EPLB_OFF_RULES",
+    "EXPERT_COUNT_KEYS",
+    "GROUP_KEYS",
     "INT32_MAX",
     "LOAD_COLLECTION_PHASES",
     "RULES",
     "SUPPORTED_COMMUNICATORS",
+    "TOP_K_KEYS",
     "V1_EPLB_ENV_SWITCHES",
     "V1_EPLB_KEYS",
     "EplbSettings",
     "Judgement",
+    "MoeFacts",
     "Rule",
     "Violation",
     "check_settings",
     "experts_divisibility_error",
+    "read_moe_facts",
+    "shown",
 ]
 
 #: Model Runner V1 (legacy dynamic/static EPLB) controls of vLLM Ascend's ``eplb_config`` and of the
@@ -109,10 +115,14 @@ class EplbSettings:
     """The settings the rules read, extracted from a ``VllmConfig`` or a config file.
 
     ``num_ranks`` is the EP size: TP x PCP x DP (the EP group of vLLM's ``ParallelConfig``).
-    ``unknown_facts`` maps a fact's field (``num_logical_experts``, ``quantization``,
+    ``unknown_facts`` maps a fact's field (``num_logical_experts``, ``top_k``, ``quantization``,
     ``speculative_draft_is_moe``) to why it is unknown and how to give it; the rule that needs it is
     then reported as unjudged (:meth:`Violation.unjudged`) instead of passing (``ascend-eplb check``
     without the model folder). Start-up validation knows every fact and leaves it empty.
+    ``moe_facts``: the model config's routed-expert facts as written (:func:`read_moe_facts`), judged by
+    the ``routed-experts``, ``top-k`` and ``expert-groups`` rules; None where no model config is read (a
+    config file of this package's schema, a ``VllmConfig`` without a model), and then those rules pass.
+    ``num_logical_experts`` is E once it meets them (None otherwise).
 
     The EPLB fields' defaults (``window_size`` to ``communicator``, ``log_balancedness``) are upstream
     vLLM 0.33.0 ``EPLBConfig``'s (tested equal); a config file that omits one reads them from here.
@@ -142,6 +152,7 @@ class EplbSettings:
     speculative_method: str | None = None
     speculative_draft_is_moe: bool = False
     unknown_facts: dict[str, str] = field(default_factory=dict)
+    moe_facts: MoeFacts | None = None
 
     @property
     def num_ranks(self) -> int:
@@ -152,6 +163,235 @@ class EplbSettings:
         """``additional_config.eplb_config.load_collection_phase`` as given (not validated), ``"all"``
         when absent (every batch records load)."""
         return self.ascend_eplb_config.get("load_collection_phase", "all")
+
+
+#: vLLM 0.33.0's names of a model config's routed-expert count, in the order its ``get_num_experts``
+#: reads them (``CONFIG_FIELD_ALIASES["num_experts"]``, vllm/transformers_utils/config.py; tested equal).
+EXPERT_COUNT_KEYS = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
+#: vLLM 0.33.0's names of the experts each token selects (``CONFIG_FIELD_ALIASES["num_experts_per_token"]``,
+#: read by ``get_num_experts_per_token``; tested equal).
+TOP_K_KEYS = (
+    "num_experts_per_tok",
+    "num_experts_per_token",
+    "top_k_experts",
+    "moe_topk",
+    "moe_top_k",
+    "top_k",
+)
+#: DeepSeek's grouped top-k (vLLM's ``DeepseekV2MoE``: ``num_expert_group=config.n_group``,
+#: ``topk_group=config.topk_group``): the routed experts split into ``n_group`` equal groups, tokens pick
+#: ``topk_group`` groups, then their top-k inside those.
+GROUP_KEYS = ("n_group", "topk_group")
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for a message, shortened when very long (a 400-digit integer)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are one value (``True == 1`` and ``"8" != 8`` kept apart by their types)."""
+    return type(a) is type(b) and a == b
+
+
+def _count_error(key: str, value: Any, rule: str) -> str | None:
+    if is_int(value) and 1 <= value <= INT32_MAX:
+        return None
+    return f"{key}={shown(value)} must be an integer in [1, {INT32_MAX}] ({rule})"
+
+
+@dataclass(frozen=True)
+class MoeFacts:
+    """What a model config states about its routed experts, as vLLM reads it, and the rules it must meet.
+
+    The one reading of these facts (:func:`read_moe_facts`): of a model folder's ``config.json`` by
+    ``ascend-eplb check`` and ``ascend-eplb simulate`` before anything starts, of vLLM's
+    ``model_config.hf_text_config`` by start-up validation. The rules ``routed-experts``, ``top-k`` and
+    ``expert-groups`` judge them (:meth:`experts_error`, :meth:`top_k_error`, :meth:`groups_error`), so
+    a bad value is refused with the field, the value and the rule before a rank starts, never met as a
+    ``TypeError`` or an out-of-range index inside the model.
+
+    Attributes:
+        source: what was read (``/path/config.json``, ``the hf_config of MODEL``), for messages.
+        stated: every field of :data:`EXPERT_COUNT_KEYS`, :data:`TOP_K_KEYS` and :data:`GROUP_KEYS` the
+            config has, by name, with its value as written (any type); ``block_configs_experts``: the
+            largest ``n_routed_experts`` of its MoE ``block_configs`` (vLLM's fallback for heterogeneous
+            models; None without any). ``complete``: every field vLLM reads is readable (an
+            ``hf_config``: a field the file omits has its config class's default); False for a
+            ``config.json`` mapping, where an omitted field takes a default this reading does not know,
+            so the rule that needs it is not judged (:meth:`unstated`).
+    """
+
+    source: str
+    stated: dict[str, Any]
+    block_configs_experts: Any = None
+    complete: bool = True
+
+    @property
+    def experts_key(self) -> str | None:
+        """The field vLLM reads E from (the first of :data:`EXPERT_COUNT_KEYS` stated), or None."""
+        return next((k for k in EXPERT_COUNT_KEYS if k in self.stated), None)
+
+    @property
+    def experts(self) -> Any:
+        """E as vLLM's ``get_num_experts`` reads it (a list's first entry; 0 when absent; the MoE blocks'
+        count when falsy and they state one), as written: not yet judged."""
+        value = self.stated.get(self.experts_key) if self.experts_key else 0
+        if isinstance(value, list):
+            value = value[0] if value else 0
+        if not value and self.block_configs_experts:
+            value = self.block_configs_experts
+        return value
+
+    @property
+    def num_logical_experts(self) -> int | None:
+        """E when it meets the ``routed-experts`` rule, else None."""
+        e = self.experts
+        return e if is_int(e) and 1 <= e <= INT32_MAX and self.experts_error() is None else None
+
+    @property
+    def top_k_key(self) -> str | None:
+        """The field vLLM reads K from (the first of :data:`TOP_K_KEYS` stated), or None."""
+        return next((k for k in TOP_K_KEYS if k in self.stated), None)
+
+    @property
+    def top_k(self) -> Any:
+        """K as vLLM's ``get_num_experts_per_token`` reads it (a list's largest entry; 0 when absent), as
+        written: not yet judged."""
+        value = self.stated.get(self.top_k_key) if self.top_k_key else 0
+        if isinstance(value, list):
+            value = max(value, default=0) if all(is_int(v) for v in value) else value
+        return value
+
+    def experts_error(self) -> str | None:
+        """Rule ``routed-experts``: E is an integer in ``[1, INT32_MAX]`` (EPLB balances the routed experts
+        of a MoE model) and every other name of it the config states says the same."""
+        rule = "the routed experts of each MoE layer; EPLB balances them"
+        if "experts" in self.unstated():
+            return None
+        if self.experts_key is None and not self.block_configs_experts:
+            return (
+                f"{self.source} states no routed-expert count (none of {', '.join(EXPERT_COUNT_KEYS)}, the "
+                "names vLLM reads): EPLB balances the routed experts of a MoE model; fix: serve a MoE model "
+                "or leave EPLB off"
+            )
+        problems = []
+        key = self.experts_key or "block_configs n_routed_experts"
+        reason = _count_error(key, self.experts, rule)
+        if reason is not None:
+            problems.append(reason)
+        for other in EXPERT_COUNT_KEYS:
+            value = self.stated.get(other)
+            # An alias of the same field (transformers' attribute_map) holds the very value: said once.
+            if other == self.experts_key or value is None or _same(value, self.stated[self.experts_key]):
+                continue
+            if (reason := _count_error(other, value, rule)) is not None:
+                problems.append(reason)
+            elif is_int(self.experts) and value != self.experts:
+                problems.append(
+                    f"{other}={value} disagrees with {self.experts_key}={self.experts} (vLLM's EPLB reads "
+                    f"{self.experts_key}, a model class may read {other})"
+                )
+        if not problems:
+            return None
+        return f"{self.source}: {'; '.join(problems)}; fix: state one routed-expert count, an integer >= 1"
+
+    def top_k_error(self) -> str | None:
+        """Rule ``top-k``: K is an integer in ``[1, E]`` (each token selects K distinct routed experts)."""
+        e, k = self.num_logical_experts, self.top_k
+        if "top_k" in self.unstated() or (is_int(k) and k >= 1 and (e is None or k <= e)):
+            return None
+        key = self.top_k_key or TOP_K_KEYS[0]
+        said = f"{key}={shown(k)}" if self.top_k_key else f"{key} (not stated)"
+        bound, of = (f"[1, {e}]", f", of E={e}") if e is not None else ("[1, E]", "")
+        return (
+            f"{self.source}: {said} must be an integer in {bound} (the routed experts each token "
+            f"selects{of}); fix: correct {key}"
+        )
+
+    def groups_error(self) -> str | None:
+        """Rule ``expert-groups`` (configs stating ``n_group``/``topk_group``, DeepSeek's grouped top-k):
+        ``n_group`` an integer >= 1 dividing E, ``topk_group`` an integer in ``[1, n_group]``, and K at
+        most the ``topk_group x E / n_group`` experts the chosen groups hold."""
+        groups, chosen = self.stated.get("n_group"), self.stated.get("topk_group")
+        if groups is None and chosen is None:
+            return None
+        e, k = self.num_logical_experts, self.top_k
+        problems = []
+        groups_ok = is_int(groups) and groups >= 1 and (e is None or e % groups == 0)
+        if groups is not None and not groups_ok:
+            of = f"the {e} routed experts" if e is not None else "the routed experts"
+            problems.append(
+                f"n_group={shown(groups)} must be an integer >= 1 that divides {of} (grouped top-k splits "
+                "them into n_group equal groups)"
+            )
+        if chosen is not None and not (
+            is_int(chosen) and chosen >= 1 and (not groups_ok or chosen <= groups)
+        ):
+            bound = f"n_group={groups}" if groups_ok else "n_group"
+            problems.append(f"topk_group={shown(chosen)} must be an integer in [1, {bound}]")
+        if not problems and groups_ok and e is not None and is_int(chosen) and is_int(k):
+            most = chosen * (e // groups)
+            if k > most:
+                problems.append(
+                    f"{self.top_k_key}={k} exceeds the {most} experts grouped top-k can select "
+                    f"(topk_group={chosen} of n_group={groups} groups of {e // groups})"
+                )
+        if not problems:
+            return None
+        return f"{self.source}: {'; '.join(problems)}; fix: correct the config"
+
+    def unstated(self) -> list[str]:
+        """``"experts"`` and ``"top_k"`` when a config.json mapping (``complete=False``) states neither
+        of their names: vLLM then reads the config class's default, unknown here."""
+        if self.complete:
+            return []
+        out = []
+        if self.experts_key is None and not self.block_configs_experts:
+            out.append("experts")
+        if self.top_k_key is None:
+            out.append("top_k")
+        return out
+
+    def errors(self) -> list[str]:
+        """Every violated rule's message (``routed-experts``, ``top-k``, ``expert-groups``), in order."""
+        found = (self.experts_error(), self.top_k_error(), self.groups_error())
+        return [m for m in found if m is not None]
+
+
+def read_moe_facts(config: Any, source: str) -> MoeFacts:
+    """The :class:`MoeFacts` of a model config, read as vLLM reads them.
+
+    Args:
+        config: a ``config.json`` as a mapping (a ``text_config`` already merged in), or vLLM's
+            ``model_config.hf_text_config`` (a transformers ``PretrainedConfig``): a field is stated when
+            the mapping has the key, or the object the attribute (vLLM's ``getattr_iter``).
+        source: what ``config`` is, for messages.
+
+    Returns:
+        the facts, not judged: :meth:`MoeFacts.errors` says what breaks the rules and
+        :meth:`MoeFacts.unstated` what a mapping leaves to its config class. Never raises on the values.
+    """
+    from collections.abc import Mapping
+
+    def get(obj: Any, key: str) -> tuple[bool, Any]:
+        if isinstance(obj, Mapping):
+            return key in obj, obj.get(key)
+        return hasattr(obj, key), getattr(obj, key, None)
+
+    stated = {}
+    for key in (*EXPERT_COUNT_KEYS, *TOP_K_KEYS, *GROUP_KEYS):
+        present, value = get(config, key)
+        if present:
+            stated[key] = value
+    block_experts = None
+    _, blocks = get(config, "block_configs")
+    if isinstance(blocks, list | tuple):
+        counts = [get(b, "n_routed_experts")[1] for b in blocks if get(b, "block_type")[1] == "moe"]
+        counts = [c for c in counts if is_int(c)]
+        block_experts = max(counts) if counts else None
+    return MoeFacts(source, stated, block_experts, complete=not isinstance(config, Mapping))
 
 
 def experts_divisibility_error(
@@ -351,6 +591,23 @@ def _redundant_experts(s: EplbSettings) -> str | None:
         f"eplb_config.num_redundant_experts={s.num_redundant_experts!r} must be an integer >= 0; fix: set "
         "--eplb-config.num_redundant_experts to 0 or more"
     )
+
+
+@_rule("routed-experts")
+def _routed_experts(s: EplbSettings) -> str | None:
+    return s.moe_facts.experts_error() if s.moe_facts is not None else None
+
+
+@_rule("top-k")
+def _top_k(s: EplbSettings) -> str | Violation | None:
+    if "top_k" in s.unknown_facts:
+        return Violation.unjudged("top-k", s.unknown_facts["top_k"])
+    return s.moe_facts.top_k_error() if s.moe_facts is not None else None
+
+
+@_rule("expert-groups")
+def _expert_groups(s: EplbSettings) -> str | None:
+    return s.moe_facts.groups_error() if s.moe_facts is not None else None
 
 
 @_rule("experts-divisible")

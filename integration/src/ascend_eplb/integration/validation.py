@@ -19,7 +19,10 @@ Where each setting is read from (``validate_eplb_config``):
   ``__dict__``), the way vLLM Ascend's ``AscendConfig`` reads it; the historical V1 keys are also looked for
   at the top level of ``additional_config``. The V1 environment switches ``DYNAMIC_EPLB`` and
   ``EXPERT_MAP_RECORD`` are read from ``os.environ``.
-* Logical experts: ``vllm_config.model_config.get_num_experts()`` (skipped when there is no model config).
+* The routed experts (E, top-k, DeepSeek's expert groups): ``model_config.hf_text_config`` read by
+  :func:`~ascend_eplb.integration.rules.read_moe_facts` as vLLM's ``get_num_experts`` reads it, the
+  function ``ascend-eplb check`` and ``simulate`` read a model folder's ``config.json`` with (skipped when
+  there is no model config).
 * Quantization format (a name of the quant_views support table, see :func:`quantization_format_name`):
   ``model_config.quantization`` is None -> the model dtype (``bf16``/``fp16``); an Ascend msModelSlim
   config (``vllm_config.quant_config.quant_description``) -> the quant type of its routed-expert weights
@@ -40,6 +43,7 @@ from ascend_eplb.integration.rules import (
     EplbSettings,
     Violation,
     check_settings,
+    read_moe_facts,
 )
 
 __all__ = [
@@ -187,18 +191,19 @@ def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | Non
     mode = getattr(getattr(compilation, "cudagraph_mode", None), "name", "NONE")
     if model_config is not None and getattr(model_config, "enforce_eager", False):
         mode = "NONE"
-    num_experts = None
+    facts = None
     if model_config is not None:
-        num_experts = int(model_config.get_num_experts() or 0) or None
+        facts = read_moe_facts(model_config.hf_text_config, f"the config of model {model_config.model}")
     return EplbSettings(
         enable_eplb=bool(pc.enable_eplb),
         use_v2_model_runner=bool(vllm_config.use_v2_model_runner),
         **parallel_and_eplb_fields(pc, ec, additional, env),
-        num_logical_experts=num_experts,
+        num_logical_experts=facts.num_logical_experts if facts is not None else None,
         quantization=quantization_format_name(vllm_config) if pc.enable_eplb else None,
         cudagraph_mode=mode,
         speculative_method=getattr(spec, "method", None) if spec is not None else None,
         speculative_draft_is_moe=draft_experts > 0 or "mtp" in str(getattr(spec, "method", "") or ""),
+        moe_facts=facts,
     )
 
 
