@@ -42,6 +42,7 @@ GOOD = EplbSettings(
 #: off), in report order.
 BREAKS = {
     "phase-without-eplb": {"enable_eplb": False},
+    "placement-without-eplb": {"enable_eplb": False, "ascend_eplb_config": {"initial_placement": "p.json"}},
     "model-runner-v2": {"use_v2_model_runner": False},
     "v1-controls": {"legacy_top_level_keys": {"gate_eplb": True}},
     "v1-env": {"environment": {"DYNAMIC_EPLB": "1"}},
@@ -63,6 +64,7 @@ BREAKS = {
         "moe_facts": MoeFacts("config.json", {"n_routed_experts": 64, "num_experts_per_tok": 6, "n_group": 3})
     },
     "experts-divisible": {"num_redundant_experts": 2},
+    "initial-placement": {"ascend_eplb_config": {"initial_placement": "no-such-placement.json"}},
     "quantization": {"quantization": "w4a16"},
     "graph-capture": {"cudagraph_mode": "FULL_DECODE_ONLY"},
     "speculative-moe-draft": {"speculative_method": "mtp", "speculative_draft_is_moe": True},
@@ -78,7 +80,7 @@ def test_the_supported_settings_break_no_rule():
 
 def test_one_function_per_rule_id_in_report_order():
     assert list(RULES) == list(BREAKS)
-    assert EPLB_OFF_RULES == ("phase-without-eplb",)
+    assert EPLB_OFF_RULES == ("phase-without-eplb", "placement-without-eplb")
     assert len({id(fn) for fn in RULES.values()}) == len(RULES)  # one function per id, none shared
 
 

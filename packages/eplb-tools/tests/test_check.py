@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ascend_eplb.tools.cli import main
 
 ARGS = [
@@ -15,7 +17,8 @@ ARGS = [
 def _model(tmp_path, experts=64):
     folder = tmp_path / "model"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"n_routed_experts": experts, "torch_dtype": "bfloat16"}))
+    config = {"n_routed_experts": experts, "num_experts_per_tok": 6, "torch_dtype": "bfloat16"}
+    (folder / "config.json").write_text(json.dumps(config))
     (folder / "quant_model_description.json").write_text(
         json.dumps({"model.layers.3.mlp.experts.7.up_proj.weight": "W8A8_DYNAMIC"})
     )
@@ -147,3 +150,108 @@ def test_a_bad_num_experts_fact_is_refused_before_the_file_is_read(tmp_path, cap
     assert err.splitlines() == [
         "ascend-eplb check: error: num_experts=99999999999 must be an integer in [1, 2147483647] (or None)"
     ]
+
+
+EXPERTS_RULE = "(the routed experts of each MoE layer; EPLB balances them)"
+#: A model folder's config.json (each a MoE fact the issue's operator met crashing after the ranks
+#: started, or its neighbour) -> the one violation `check` reports, exactly.
+BAD_FACTS = [
+    ({"num_local_experts": "8", "num_experts_per_tok": 2},
+     f"[routed-experts] {{c}}: num_local_experts='8' must be an integer in [1, 2147483647] {EXPERTS_RULE}; "
+     "fix: state one routed-expert count, an integer >= 1"),
+    ({"num_local_experts": True, "num_experts_per_tok": 2},
+     f"[routed-experts] {{c}}: num_local_experts=True must be an integer in [1, 2147483647] {EXPERTS_RULE}; "
+     "fix: state one routed-expert count, an integer >= 1"),
+    ({"num_experts": -8, "num_experts_per_tok": 2},
+     f"[routed-experts] {{c}}: num_experts=-8 must be an integer in [1, 2147483647] {EXPERTS_RULE}; fix: "
+     "state one routed-expert count, an integer >= 1"),
+    ({"n_routed_experts": 0, "num_experts_per_tok": 2},
+     f"[routed-experts] {{c}}: n_routed_experts=0 must be an integer in [1, 2147483647] {EXPERTS_RULE}; fix: "
+     "state one routed-expert count, an integer >= 1"),
+    ({"num_local_experts": 8, "num_experts": 16, "num_experts_per_tok": 2},
+     "[routed-experts] {c}: num_local_experts=8 disagrees with num_experts=16 (vLLM's EPLB reads "
+     "num_experts, a model class may read num_local_experts); fix: state one routed-expert count, an "
+     "integer >= 1"),
+    ({"num_local_experts": 8, "num_experts_per_tok": 9},
+     "[top-k] {c}: num_experts_per_tok=9 must be an integer in [1, 8] (the routed experts each token "
+     "selects, of E=8); fix: correct num_experts_per_tok"),
+    ({"num_local_experts": 8, "num_experts_per_tok": 0},
+     "[top-k] {c}: num_experts_per_tok=0 must be an integer in [1, 8] (the routed experts each token "
+     "selects, of E=8); fix: correct num_experts_per_tok"),
+    ({"n_routed_experts": 64, "num_experts_per_tok": 8, "n_group": 5, "topk_group": 2},
+     "[expert-groups] {c}: n_group=5 must be an integer >= 1 that divides the 64 routed experts (grouped "
+     "top-k splits them into n_group equal groups); fix: correct the config"),
+    ({"n_routed_experts": 64, "num_experts_per_tok": 8, "n_group": 8, "topk_group": 9},
+     "[expert-groups] {c}: topk_group=9 must be an integer in [1, n_group=8]; fix: correct the config"),
+    ({"n_routed_experts": 64, "num_experts_per_tok": 20, "n_group": 8, "topk_group": 2},
+     "[expert-groups] {c}: num_experts_per_tok=20 exceeds the 16 experts grouped top-k can select "
+     "(topk_group=2 of n_group=8 groups of 8); fix: correct the config"),
+]  # fmt: skip
+
+
+def _folder(tmp_path, config):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
+    return folder
+
+
+@pytest.mark.parametrize(("config", "line"), BAD_FACTS, ids=[str(c) for c, _ in BAD_FACTS])
+def test_a_bad_moe_fact_of_a_model_folder_is_refused_naming_field_value_and_rule(
+    tmp_path, capsys, config, line
+):
+    """Issue 31: these folders passed `check` (0 experts) or crashed inside the model after the ranks
+    started (a TypeError, pydantic tracebacks, `selected index k out of range`)."""
+    folder = _folder(tmp_path, config)
+    assert main(["check", "--", "serve", str(folder), *ARGS, "--enforce-eager"]) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith(": INVALID")
+    assert out[1:] == [
+        "1 EPLB configuration rule(s) violated:",
+        f"  - {line.format(c=folder / 'config.json')}",
+    ]
+
+
+def test_every_bad_moe_fact_is_refused_together_in_every_form_check_reads(tmp_path, capsys):
+    folder = _folder(tmp_path, {"num_local_experts": "8", "num_experts_per_tok": 0, "n_group": 0})
+    config = folder / "config.json"
+    expected = [
+        "3 EPLB configuration rule(s) violated:",
+        f"  - [routed-experts] {config}: num_local_experts='8' must be an integer in [1, 2147483647] "
+        f"{EXPERTS_RULE}; fix: state one routed-expert count, an integer >= 1",
+        f"  - [top-k] {config}: num_experts_per_tok=0 must be an integer in [1, E] (the routed experts each "
+        "token selects); fix: correct num_experts_per_tok",
+        f"  - [expert-groups] {config}: n_group=0 must be an integer >= 1 that divides the routed experts "
+        "(grouped top-k splits them into n_group equal groups); fix: correct the config",
+    ]
+    assert main(["check", "--", "serve", str(folder), *ARGS, "--enforce-eager"]) == 2
+    assert capsys.readouterr().out.splitlines()[1:] == expected
+    # the vllm serve --config YAML naming the folder: the same reading, the same three
+    yaml = tmp_path / "serve.yaml"
+    yaml.write_text(
+        f"model: {folder}\nenable-eplb: true\nenable-expert-parallel: true\ntensor-parallel-size: 4\n"
+        "enforce-eager: true\n"
+    )
+    assert main(["check", str(yaml)]) == 2
+    assert capsys.readouterr().out.splitlines()[1:] == expected
+
+
+def test_a_folder_that_omits_a_moe_fact_leaves_its_rule_unjudged_and_an_option_count_wins(tmp_path, capsys):
+    """transformers gives an omitted field its config class's default, which `check` cannot know."""
+    folder = _folder(tmp_path, {"num_local_experts": "8"})
+    assert main(["check", "--num-experts", "8", "--", "serve", str(folder), *ARGS, "--enforce-eager"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith(": OK (1 rule could not be judged)")
+    assert "  num_logical_experts: 8" in out
+    assert out[-1] == (
+        f"cannot judge: top-k: the experts per token are unknown ({folder / 'config.json'} states none of "
+        "num_experts_per_tok, num_experts_per_token, top_k_experts, moe_topk, moe_top_k, top_k, so vLLM "
+        "reads its config class's default); state num_experts_per_tok in config.json"
+    )
+    (folder / "config.json").write_text(json.dumps({"num_experts_per_tok": 2, "torch_dtype": "bfloat16"}))
+    assert main(["check", "--", "serve", str(folder), *ARGS, "--enforce-eager"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"cannot judge: experts-divisible: the routed-expert count is unknown ({folder / 'config.json'} "
+        "states none of num_experts, moe_num_experts, n_routed_experts, num_local_experts, so vLLM reads "
+        "its config class's default); pass --num-experts N (before the --) or state it in config.json"
+    )

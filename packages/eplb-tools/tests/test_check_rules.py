@@ -379,7 +379,14 @@ def _model_folder(tmp_path, experts=64, quant_type="W8A8_DYNAMIC"):
     folder = tmp_path / "DeepSeek-tiny"
     folder.mkdir()
     (folder / "config.json").write_text(
-        json.dumps({"model_type": "deepseek_v3", "n_routed_experts": experts, "torch_dtype": "bfloat16"})
+        json.dumps(
+            {
+                "model_type": "deepseek_v3",
+                "n_routed_experts": experts,
+                "num_experts_per_tok": 6,
+                "torch_dtype": "bfloat16",
+            }
+        )
     )
     if quant_type is not None:
         (folder / "quant_model_description_w8a8_dynamic.json").write_text(
@@ -660,19 +667,37 @@ def test_check_config_file_never_raises_on_garbage(tmp_path, name, data):
 
 
 def test_model_folder_facts_as_vllm_reads_them(tmp_path):
+    from vllm.transformers_utils.config import CONFIG_FIELD_ALIASES
+
+    from ascend_eplb.integration.rules import EXPERT_COUNT_KEYS, TOP_K_KEYS
     from ascend_eplb.tools.check.model_folder import model_folder_facts
 
+    # The names and their order are vLLM's own (get_num_experts, get_num_experts_per_token).
+    assert CONFIG_FIELD_ALIASES["num_experts"] == EXPERT_COUNT_KEYS
+    assert CONFIG_FIELD_ALIASES["num_experts_per_token"] == TOP_K_KEYS
     folder = _model_folder(tmp_path)
     facts = model_folder_facts(folder)
     assert (facts.num_logical_experts, facts.quantization, facts.dtype) == (64, "w8a8_dynamic", "bf16")
-    (folder / "config.json").write_text(json.dumps({"text_config": {"num_local_experts": 8}}))
-    assert model_folder_facts(folder).num_logical_experts == 8
-    (folder / "config.json").write_text(json.dumps({"n_routed_experts": "many"}))
-    with pytest.raises(ValueError, match=r"config.json: n_routed_experts='many' must be an integer"):
-        model_folder_facts(folder)
+    assert (facts.moe.experts_key, facts.moe.top_k_key, facts.moe.top_k) == (
+        "n_routed_experts",
+        "num_experts_per_tok",
+        6,
+    )
+    (folder / "config.json").write_text(
+        json.dumps({"text_config": {"num_local_experts": 8, "num_experts_per_tok": [2, 1]}})
+    )
+    facts = model_folder_facts(folder)
+    assert (facts.num_logical_experts, facts.moe.top_k, facts.moe.errors()) == (8, 2, [])
+    (folder / "config.json").write_text(json.dumps({"n_routed_experts": "many", "num_experts_per_tok": 2}))
+    facts = model_folder_facts(folder)  # read, not raised: the rules judge it
+    assert facts.num_logical_experts is None
     broken = _serve(str(folder), *EAGER_ARGS)
-    assert [v.rule for v in broken.violations] == ["model-folder"]
-    assert "n_routed_experts='many' must be an integer in [0, 2147483647]" in broken.violations[0].message
+    assert [v.rule for v in broken.violations] == ["routed-experts"]
+    assert broken.violations[0].message == (
+        f"{folder / 'config.json'}: n_routed_experts='many' must be an integer in [1, 2147483647] (the "
+        "routed experts of each MoE layer; EPLB balances them); fix: state one routed-expert count, an "
+        "integer >= 1"
+    )
 
 
 def test_float32_experts_pass_on_this_cpu_host_and_are_refused_elsewhere(tmp_path, monkeypatch):

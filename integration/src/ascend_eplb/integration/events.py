@@ -4,11 +4,17 @@
 written and flushed at once (a crash loses at most the line being written). Every object has ``event``,
 ``time`` (Unix seconds) and ``step`` (EPLB steps since the model was registered):
 
+- ``initial_placement``: the placement serving started on was installed from a file
+  (``additional_config.eplb_config.initial_placement``, :mod:`ascend_eplb.integration.placement_file`):
+  ``model``, ``source`` (the file), ``num_logical_experts``, ``num_ranks``, ``placement`` (``[L][P]``, the
+  committed ``physical_to_logical_map``), ``layers_changed`` and ``experts_crossing_ranks`` (from
+  upstream's initial placement), ``bytes_received`` (by EP rank 0);
 - ``window``: a load window closed and upstream's policy receives it: ``model``, ``rearrangement``
   (1-based index), ``load`` (``[L][E]`` integers: the window's global load per MoE layer in logical
   expert space, exactly upstream's ``last_expert_load``), ``balancedness`` (of that load under the
   placement in force when the window closed) and ``balancedness_eplb_off`` (under upstream's initial
-  placement, what EPLB off would have served; both :mod:`ascend_eplb.integration.metrics`);
+  placement, what EPLB off would have served; both :mod:`ascend_eplb.integration.metrics`),
+  ``num_ranks`` and ``num_physical_experts`` (the configuration served: N, P);
 - ``rearrangement_skipped``: a window closed in which no EP rank recorded load (``model``; upstream's
   policy is not run, ``AscendEplbState.rearrange``);
 - ``rearrangement``: every layer of a rearrangement committed: ``model``, ``rearrangement``,
@@ -16,14 +22,16 @@ written and flushed at once (a crash loses at most the line being written). Ever
   placement, :mod:`ascend_eplb.integration.metrics`), ``layers_changed``, ``experts_crossing_ranks``;
 - ``commit``: one layer committed: ``model``, ``rearrangement``, ``layer``, ``publish_to_acknowledge_s``
   (from the step boundary at which the runner thread first saw the layer published, or its move, to the
-  acknowledgement of the staging buffer), ``bytes_received`` (by EP rank 0 for this layer);
+  acknowledgement of the staging buffer), ``bytes_received`` (by EP rank 0 for this layer),
+  ``placement`` (``[P]``: the layer's committed ``physical_to_logical_map`` row);
 - ``worker_failure``: the watchdog's decision (``kind``, ``ranks``, ``model``, ``layer``, ``cause``);
 - ``verifier_violation``: a serving verifier check failed (``check``, ``model``, ``layer``, ``rank``
   that found it, ``slot``, ``message``), written just before the verifier raises.
 
 A one-line INFO log per rearrangement (EP rank 0) says the same for people reading logs.
 :func:`read_windows` reads the windows back (``ascend-eplb plan events.jsonl``,
-``ascend-eplb simulate --trace events.jsonl``).
+``ascend-eplb simulate --trace events.jsonl``); :func:`read_records` every record (the placement file
+reader takes the last committed placement from the ``initial_placement`` and ``commit`` records).
 
 The same records, computed once, are published on the controller's event bus as :class:`EventsRecord`
 on every EP rank (each with that rank's own ``bytes_received`` and ``publish_to_acknowledge_s``): the
@@ -54,7 +62,15 @@ from ascend_eplb.control.bus import (
 )
 from ascend_eplb.control.values import is_int
 
-__all__ = ["ENV_EVENTS", "EventsRecord", "EventsRecorder", "EventsWriter", "events_path", "read_windows"]
+__all__ = [
+    "ENV_EVENTS",
+    "EventsRecord",
+    "EventsRecorder",
+    "EventsWriter",
+    "events_path",
+    "read_records",
+    "read_windows",
+]
 
 ENV_EVENTS = "ASCEND_EPLB_EVENTS"
 
@@ -150,6 +166,7 @@ class EventsRecorder:
         """Subscribe to a controller's event bus (control's ``AscendEPLBController.bus``, once, when the
         controller is built): its models' registration, steps, rearrangements and commits, and the
         ``worker_failure`` and ``verifier_violation`` events of the watchdog and the verifier."""
+        from ascend_eplb.control.initial_placement import InitialPlacementEvent
         from ascend_eplb.integration.verify import VerifierViolation
         from ascend_eplb.integration.watchdog import WorkerFailure
 
@@ -158,6 +175,7 @@ class EventsRecorder:
         bus.subscribe(StepEvent, self._on_step)
         bus.subscribe(RearrangementEvent, self._on_rearrangement)
         bus.subscribe(CommitEvent, self._on_commit_event)
+        bus.subscribe(InitialPlacementEvent, self._on_initial_placement)
         bus.subscribe(WorkerFailure, self._on_worker_failure)
         bus.subscribe(VerifierViolation, self._on_violation)
 
@@ -232,6 +250,8 @@ class EventsRecorder:
                 load=load.detach().cpu().to(torch.int64).tolist(),
                 balancedness=balancedness(rank_loads(window, old, num_ranks)),
                 balancedness_eplb_off=balancedness(rank_loads(window, initial, num_ranks)),
+                num_ranks=num_ranks,
+                num_physical_experts=int(old.shape[1]),
             )
 
     def _on_commit_event(self, event: CommitEvent) -> None:
@@ -255,6 +275,7 @@ class EventsRecorder:
             layer=event.layer,
             publish_to_acknowledge_s=None if published is None else self.clock() - published,
             bytes_received=delta,
+            placement=model_state.physical_to_logical_map[event.layer].detach().cpu().tolist(),
         )
         if event.layer == model_state.physical_to_logical_map.shape[0] - 1:
             self._finish_cycle(model_state)
@@ -289,6 +310,33 @@ class EventsRecorder:
             "changed, %d experts crossed ranks",
             cycle["index"], model_state.model_name, before, after, changed, crossing,
         )  # fmt: skip
+
+    def _on_initial_placement(self, event: Any) -> None:
+        """The start-up install's record (its commit is synchronous: no acknowledge, no ``commit``
+        record; the layers' ``move`` marks are dropped so that the first rearrangement's commits time
+        from their own publication)."""
+        model_state = event.model_state
+        name = event.model_name
+        for layer in range(int(model_state.physical_to_logical_map.shape[0])):
+            self._published.pop((name, layer), None)
+        if not self._active:
+            return
+        from ascend_eplb.integration.metrics import experts_crossing_ranks
+
+        new = model_state.physical_to_logical_map.detach().cpu()
+        received = _bytes_received(model_state)
+        self._bytes_seen[name] = received
+        self._write(
+            "initial_placement",
+            model=name,
+            source=event.source,
+            num_logical_experts=int(model_state.logical_to_physical_map.shape[1]),
+            num_ranks=event.num_ranks,
+            placement=new.tolist(),
+            layers_changed=int((event.previous != new).any(dim=1).sum()),
+            experts_crossing_ranks=experts_crossing_ranks(event.previous, new, event.num_ranks),
+            bytes_received=received,
+        )
 
     def _on_worker_failure(self, failure: Any) -> None:
         if not self._active:
@@ -335,31 +383,9 @@ def read_windows(path: str | os.PathLike[str], *, model: str | None = None) -> l
             (a crash while writing) is skipped with a ``UserWarning``.
     """
     source = Path(path)
-    try:
-        raw = source.read_bytes()
-    except OSError as e:
-        raise ValueError(f"{source}: cannot read the events file ({e.strerror or e})") from e
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{source}: not UTF-8 text (byte {e.start}); not an events file") from e
-    lines = text.split("\n")
-    complete_end = text.endswith("\n")
     windows: list[torch.Tensor] = []
     shape: tuple[int, int] | None = None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        last = number == len(lines) and not complete_end
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            if last:
-                warnings.warn(f"{source}:{number}: truncated last line skipped ({e.msg})", stacklevel=2)
-                continue
-            raise ValueError(f"{source}:{number}: not a JSON object ({e.msg})") from e
-        if not isinstance(record, dict) or not isinstance(record.get("event"), str):
-            raise ValueError(f"{source}:{number}: not an events record (an object with an 'event' name)")
+    for number, record in read_records(source, stacklevel=3):
         if record["event"] != "window":
             continue
         name = record.get("model")
@@ -375,6 +401,45 @@ def read_windows(path: str | os.PathLike[str], *, model: str | None = None) -> l
         shape = tuple(load.shape)
         windows.append(load)
     return windows
+
+
+def read_records(path: str | os.PathLike[str], *, stacklevel: int = 2) -> list[tuple[int, dict[str, Any]]]:
+    """Every record of an events file, oldest first, as ``(line number, record)``.
+
+    Raises:
+        ValueError: the file is missing or unreadable, not UTF-8, or a line other than a truncated last
+            one is not a JSON object with an ``event`` name (the message names the file and the line). A
+            truncated last line (a crash while writing) is skipped with a ``UserWarning``.
+    """
+    source = Path(path)
+    try:
+        raw = source.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{source}: cannot read the events file ({e.strerror or e})") from e
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{source}: not UTF-8 text (byte {e.start}); not an events file") from e
+    lines = text.split("\n")
+    complete_end = text.endswith("\n")
+    records: list[tuple[int, dict[str, Any]]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        last = number == len(lines) and not complete_end
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            if last:
+                warnings.warn(
+                    f"{source}:{number}: truncated last line skipped ({e.msg})", stacklevel=stacklevel
+                )
+                continue
+            raise ValueError(f"{source}:{number}: not a JSON object ({e.msg})") from e
+        if not isinstance(record, dict) or not isinstance(record.get("event"), str):
+            raise ValueError(f"{source}:{number}: not an events record (an object with an 'event' name)")
+        records.append((number, record))
+    return records
 
 
 def _load_of(value: Any, source: Path, number: int) -> torch.Tensor:

@@ -63,8 +63,9 @@ V1_EPLB_KEYS = (
 )
 #: Environment switches of the V1 path (asserted by vLLM Ascend's V1 ``EplbUpdator``).
 V1_EPLB_ENV_SWITCHES = ("DYNAMIC_EPLB", "EXPERT_MAP_RECORD")
-#: The only Ascend-specific key of the Model Runner V2 ``eplb_config``.
-ASCEND_V2_KEYS = ("load_collection_phase",)
+#: The Ascend-specific keys of the Model Runner V2 ``eplb_config``: ``load_collection_phase``, and
+#: ``initial_placement`` (a placement file to start serving on, ``ascend_eplb.integration.placement_file``).
+ASCEND_V2_KEYS = ("load_collection_phase", "initial_placement")
 #: Values of ``load_collection_phase``: control's own constant (``ascend_eplb.control.phase``, no vLLM).
 LOAD_COLLECTION_PHASES = _CONTROL_PHASES
 #: Communicators accepted by this integration (``torch_gloo`` -> ``AscendGlooEplbCommunicator``).
@@ -126,6 +127,10 @@ class EplbSettings:
 
     The EPLB fields' defaults (``window_size`` to ``communicator``, ``log_balancedness``) are upstream
     vLLM 0.33.0 ``EPLBConfig``'s (tested equal); a config file that omits one reads them from here.
+
+    ``num_moe_layers``: L, when known before the model is built (a model folder's ``config.json`` read by
+    ``ascend-eplb check``); None at start-up, where the ``initial-placement`` rule compares the layers
+    when the model registers (``placement_file.attach_startup_install``).
     """
 
     enable_eplb: bool = False
@@ -147,6 +152,7 @@ class EplbSettings:
     legacy_top_level_keys: dict[str, Any] = field(default_factory=dict)
     environment: dict[str, str] = field(default_factory=dict)
     num_logical_experts: int | None = None
+    num_moe_layers: int | None = None
     quantization: str | None = "bf16"
     cudagraph_mode: str = "NONE"
     speculative_method: str | None = None
@@ -163,6 +169,12 @@ class EplbSettings:
         """``additional_config.eplb_config.load_collection_phase`` as given (not validated), ``"all"``
         when absent (every batch records load)."""
         return self.ascend_eplb_config.get("load_collection_phase", "all")
+
+    @property
+    def initial_placement(self) -> Any:
+        """``additional_config.eplb_config.initial_placement`` as given (not validated), None when absent
+        (serving starts on upstream's initial placement)."""
+        return self.ascend_eplb_config.get("initial_placement")
 
 
 #: vLLM 0.33.0's names of a model config's routed-expert count, in the order its ``get_num_experts``
@@ -423,7 +435,7 @@ Rule = Callable[[EplbSettings], "str | Violation | None"]
 RULES: dict[str, Rule] = {}
 #: The rules that judge a configuration with EPLB off (the V1 path, if any, is not ours to judge; only a
 #: V2-only key without EPLB is wrong); every other rule of :data:`RULES` judges only with EPLB on.
-EPLB_OFF_RULES = ("phase-without-eplb",)
+EPLB_OFF_RULES = ("phase-without-eplb", "placement-without-eplb")
 
 
 def _rule(rule_id: str) -> Callable[[Rule], Rule]:
@@ -449,6 +461,17 @@ def _phase_without_eplb(s: EplbSettings) -> str | None:
     )
 
 
+@_rule("placement-without-eplb")
+def _placement_without_eplb(s: EplbSettings) -> str | None:
+    if s.enable_eplb or s.initial_placement is None:
+        return None
+    return (
+        f"eplb_config.initial_placement={s.initial_placement!r} needs Model Runner V2 EPLB, but "
+        "enable_eplb=False; fix: pass --enable-eplb or remove initial_placement (vLLM Ascend's static "
+        "placement without EPLB reads expert_map_path, a part of the same file)"
+    )
+
+
 @_rule("model-runner-v2")
 def _model_runner_v2(s: EplbSettings) -> str | None:
     if s.use_v2_model_runner:
@@ -466,10 +489,16 @@ def _v1_controls(s: EplbSettings) -> str | None:
     where += [f"additional_config.{k}" for k in V1_EPLB_KEYS if k in s.legacy_top_level_keys]
     if not where:
         return None
+    static = (
+        "; a static placement (expert_map_path) is eplb_config.initial_placement under V2, a file of "
+        "ascend-eplb plan --export-expert-map"
+        if "expert_map_path" in s.ascend_eplb_config or "expert_map_path" in s.legacy_top_level_keys
+        else ""
+    )
     return (
         f"Model Runner V1 EPLB controls cannot be mixed with V2 EPLB: got {', '.join(where)}; "
         "fix: remove them and use --eplb-config (window_size, step_interval, "
-        "num_redundant_experts); the only Ascend V2 key is load_collection_phase"
+        f"num_redundant_experts); the Ascend V2 keys are {', '.join(ASCEND_V2_KEYS)}{static}"
     )
 
 
@@ -491,8 +520,8 @@ def _unknown_ascend_key(s: EplbSettings) -> str | None:
     if not unknown:
         return None
     return (
-        f"unknown additional_config.eplb_config key(s) {unknown}; fix: the only Ascend Model "
-        "Runner V2 key is 'load_collection_phase'"
+        f"unknown additional_config.eplb_config key(s) {unknown}; fix: the Ascend Model Runner V2 keys are "
+        f"{list(ASCEND_V2_KEYS)}"
     )
 
 
@@ -625,6 +654,45 @@ def _experts_divisible(s: EplbSettings) -> str | Violation | None:
         f"{reason} (EP size {s.num_ranks} = TP {s.tensor_parallel_size} x PCP "
         f"{s.prefill_context_parallel_size} x DP {s.data_parallel_size})"
     )
+
+
+@_rule("initial-placement")
+def _initial_placement(s: EplbSettings) -> str | Violation | None:
+    """The placement file (``placement_file.read_placement``): readable, valid, and made for this model's
+    logical experts, physical slots (E + ``num_redundant_experts``), EP size and, when known, MoE layers;
+    every problem in one message. Start-up does not know L before the model is built: the layers are
+    compared when it registers (``placement_file.attach_startup_install``, same rule id)."""
+    path = s.initial_placement
+    if path is None:
+        return None
+    key = "eplb_config.initial_placement"
+    if not isinstance(path, str) or not path.strip():
+        return (
+            f"{key}={path!r} must be a path (a non-empty string) to a placement file or an events file; "
+            "fix: name the file ascend-eplb plan --export-expert-map wrote, or remove initial_placement"
+        )
+    from ascend_eplb.integration.placement_file import PlacementFileError, describe_mismatch, read_placement
+
+    try:
+        placement = read_placement(path)
+    except PlacementFileError as e:
+        return (
+            f"{key}={path}: {'; '.join(e.problems)}; fix: name a placement file of ascend-eplb plan "
+            "--export-expert-map (or an events file with a committed placement)"
+        )
+    known = s.num_logical_experts is not None and _redundant_ok(s)
+    differ = placement.mismatches(
+        num_moe_layers=s.num_moe_layers,
+        num_logical_experts=s.num_logical_experts if known else None,
+        num_physical_experts=s.num_logical_experts + s.num_redundant_experts if known else None,
+        num_ranks=s.num_ranks,
+    )
+    if differ:
+        return describe_mismatch(placement, differ)
+    for fact in ("num_logical_experts", "num_moe_layers"):
+        if fact in s.unknown_facts:
+            return Violation.unjudged("initial-placement", s.unknown_facts[fact])
+    return None
 
 
 @_rule("quantization")

@@ -48,6 +48,8 @@ class ServingSetup:
         events: ``ASCEND_EPLB_EVENTS``, the events file path (str), or None (off).
         metrics: ``ASCEND_EPLB_METRICS`` asks for the Prometheus metrics (prometheus_client is imported
             only then).
+        initial_placement: the placement of ``eplb_config.initial_placement`` (a
+            ``placement_file.Placement``, already judged by the ``initial-placement`` rule), or None.
     """
 
     settings: Any
@@ -56,6 +58,7 @@ class ServingSetup:
     verify: bool
     events: str | None
     metrics: bool = False
+    initial_placement: Any = None
 
 
 @dataclass(frozen=True)
@@ -110,8 +113,13 @@ def read_serving_setup(vllm_config: Any) -> ServingSetup:
     if errors:
         raise ValueError("\n".join(errors))
     timeout_s, on_failure = values["watchdog"]
+    placement = None
+    if settings.initial_placement is not None:
+        from ascend_eplb.integration.placement_file import read_placement
+
+        placement = read_placement(settings.initial_placement)
     return ServingSetup(
-        settings, timeout_s, on_failure, values["verify"], values["events"], values["metrics"]
+        settings, timeout_s, on_failure, values["verify"], values["events"], values["metrics"], placement
     )
 
 
@@ -183,6 +191,11 @@ def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSe
 
             metrics = PrometheusMetrics()
             metrics.attach(bus)
+    if setup.initial_placement is not None:
+        # After the guardrails: the verifier fingerprints the loaded slots first and checks the install.
+        from ascend_eplb.integration.placement_file import attach_startup_install
+
+        attach_startup_install(bus, setup.initial_placement)
     _GUARDRAILS[controller] = Guardrails(watchdog, verifier, recorder, metrics)
     # The one line that tells an operator, in the serving log, that Ascend EPLB is active and how.
     init_logger(__name__).info(

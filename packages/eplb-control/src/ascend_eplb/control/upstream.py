@@ -74,6 +74,7 @@ ROUTER = "dataplane.router"
 MOVEMENT = "movement.communicator"
 INTEGRATION = "integration.patches"
 WATCHDOG = "integration.watchdog"
+INITIAL_PLACEMENT = "control.initial_placement"
 #: Every user id a row may name (what :func:`used_by` and :func:`check_used_by` accept).
 USERS = (
     HOST_ADAPTATION,
@@ -86,6 +87,7 @@ USERS = (
     MOVEMENT,
     INTEGRATION,
     WATCHDOG,
+    INITIAL_PLACEMENT,
 )
 
 #: The attribute :mod:`~ascend_eplb.control.commit_hooks` sets on an upstream ``EplbModelState``: a weak
@@ -165,7 +167,28 @@ SIGNATURES: Mapping[str, Signature] = _table(
         ("model_state", "new_physical_to_logical_map", "layer"),
         (COMMIT_HOOKS,),
     ),
-    Signature(_STATE, "_commit_eplb_maps", ("model_state", "new_physical_to_logical_map"), (COMMIT_HOOKS,)),
+    Signature(
+        _STATE,
+        "_commit_eplb_maps",
+        ("model_state", "new_physical_to_logical_map"),
+        (COMMIT_HOOKS, INITIAL_PLACEMENT),
+    ),
+    # The start-up rearrangement onto an initial placement (called by control.initial_placement).
+    Signature(
+        "vllm.distributed.eplb.rebalance_execute",
+        "rearrange_expert_weights_inplace",
+        (
+            "old_global_expert_indices",
+            "new_global_expert_indices",
+            "expert_weights",
+            "expert_buffer",
+            "ep_group",
+            "communicator",
+            "is_profile=False",
+            "rank_mapping=None",
+        ),
+        (INITIAL_PLACEMENT,),
+    ),
     Signature(_STATE, "_move_to_workspace", ("model_state", "ep_rank"), (COMMIT_HOOKS,)),
     Signature(_UTILS, "CpuGpuEvent.record", ("self", "stream=None"), (COMMIT_HOOKS, STATE)),
     # The async worker's loop (wrapped by the watchdog).
@@ -637,6 +660,23 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         (WATCHDOG,),
         "movement's `waiting_on`: the peer a stalled transfer waits on",
     ),
+    # What the start-up install hands upstream's transaction and commit (control.initial_placement).
+    *(
+        Attribute(_STATE, _MODEL_STATE, attr, "reads", (INITIAL_PLACEMENT,), why)
+        for attr, why in (
+            ("physical_to_logical_map", "the placement replaced (the transaction's old indices), its shape"),
+            ("logical_to_physical_map", "E, its second dimension"),
+            ("model", "`expert_weights`: the registered weight views the transaction moves"),
+            ("expert_buffer", "upstream's one-layer transfer buffer"),
+            ("communicator", "the model's communicator (the Ascend Gloo-staged one)"),
+            ("rebalanced", "no install while a cycle is in flight"),
+            ("model_name", "names the model in the install's event"),
+        )
+    ),
+    Attribute(
+        _STATE, "EplbState", "async_worker", "reads", (INITIAL_PLACEMENT,), "no install once it started"
+    ),
+    Attribute(_STATE, "EplbState", "model_states", "reads", (INITIAL_PLACEMENT,), "the registered model's"),
 )
 
 #: Every upstream function whose body our code depends on, pinned by

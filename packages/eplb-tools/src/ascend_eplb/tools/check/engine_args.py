@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ascend_eplb.integration.rules import EplbSettings
+from ascend_eplb.integration.rules import EXPERT_COUNT_KEYS, TOP_K_KEYS, EplbSettings
 from ascend_eplb.integration.validation import (
     DTYPE_FORMATS,
     as_dict,
@@ -73,8 +74,11 @@ def settings_from_engine_args(
     (unset: True, vLLM's default); ``cudagraph_mode`` NONE with ``enforce_eager``, else the compilation
     config's, else the optimization level's default (graph capture); the draft of an MTP method is MoE,
     as at start-up. Model facts come from ``num_experts``/``quantization`` (a format name), else from
-    ``model`` when it is a local folder (:func:`model_folder_facts`); a fact neither gives is recorded in
-    ``unknown_facts`` (its rule is then not judged): the expert count; the format of ``quantization
+    ``model`` when it is a local folder (:func:`model_folder_facts`: its routed-expert facts, judged by
+    the rules ``routed-experts``, ``top-k`` and ``expert-groups`` as start-up judges the model's
+    ``hf_config``); a fact neither gives is recorded in ``unknown_facts`` (its rule is then not judged):
+    the expert count (also a folder's ``config.json`` that states none), its top-k (a folder that states
+    none); the format of ``quantization
     ascend`` without an msModelSlim description, or of ``dtype auto`` without the checkpoint's dtype;
     whether a non-MTP draft has experts when its ``model`` is not a local folder.
 
@@ -99,11 +103,28 @@ def settings_from_engine_args(
         missing = f"the model folder {model} does not say"
     unknown: dict[str, str] = {}
 
-    experts = num_experts if num_experts is not None else (facts.num_logical_experts if facts else None)
+    moe = facts.moe if facts is not None else None
+    if moe is not None and num_experts is not None:
+        # The caller's count wins over the folder's, and is judged in its place.
+        stated = {k: v for k, v in moe.stated.items() if k not in EXPERT_COUNT_KEYS}
+        moe = replace(moe, stated={"num_experts": num_experts, **stated}, block_configs_experts=None)
+    experts = num_experts if num_experts is not None else (moe.num_logical_experts if moe else None)
     if experts is None and facts is None:
         unknown["num_logical_experts"] = (
             f"the routed-expert count is unknown ({missing}); pass --num-experts N (before the --) or a "
             "local model folder as MODEL"
+        )
+    unstated = moe.unstated() if moe is not None else []
+    if "experts" in unstated:
+        unknown["num_logical_experts"] = (
+            f"the routed-expert count is unknown ({moe.source} states none of "
+            f"{', '.join(EXPERT_COUNT_KEYS)}, so vLLM reads its config class's default); pass --num-experts "
+            "N (before the --) or state it in config.json"
+        )
+    if "top_k" in unstated:
+        unknown["top_k"] = (
+            f"the experts per token are unknown ({moe.source} states none of {', '.join(TOP_K_KEYS)}, so "
+            "vLLM reads its config class's default); state num_experts_per_tok in config.json"
         )
 
     fmt: str | None = None
@@ -178,4 +199,5 @@ def settings_from_engine_args(
         speculative_method=spec_method,
         speculative_draft_is_moe=draft_is_moe,
         unknown_facts=unknown,
+        moe_facts=moe,
     )

@@ -1,5 +1,6 @@
 """What a local model folder says (``config.json`` and msModelSlim's description): the routed experts
-and their format, read as vLLM and start-up validation read them."""
+and their format, read as vLLM and start-up validation read them. Imports no vLLM, so ``simulate`` reads
+a folder before the heavy import."""
 
 from __future__ import annotations
 
@@ -9,25 +10,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ascend_eplb.control.values import is_int
-from ascend_eplb.integration.rules import INT32_MAX
+from ascend_eplb.integration.rules import MoeFacts, read_moe_facts
 from ascend_eplb.integration.validation import DTYPE_FORMATS, experts_format
-from ascend_eplb.tools.check.report import short
 
 __all__ = ["ModelFacts", "folder_formats", "model_folder_facts"]
 
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What a local model folder says: routed experts (None: none stated), the routed experts' format
-    from an msModelSlim ``quant_model_description*.json`` (None: no description), the checkpoint's dtype
-    as a format (None: not stated), and the description file read."""
+    """What a local model folder says.
+
+    Attributes:
+        folder: the folder as given.
+        moe: its ``config.json``'s routed-expert facts, as written (E, top-k, expert groups), read by
+            start-up validation's own reader (:func:`ascend_eplb.integration.rules.read_moe_facts`) and
+            judged by its rules ``routed-experts``, ``top-k``, ``expert-groups``.
+        quantization: the routed experts' format from an msModelSlim ``quant_model_description*.json``
+            (None: no description).
+        dtype: the checkpoint's dtype as a format (None: not stated).
+        description: the description file read (None: none).
+    """
 
     folder: str
-    num_logical_experts: int | None
+    moe: MoeFacts
     quantization: str | None
     dtype: str | None
     description: str | None
+
+    @property
+    def num_logical_experts(self) -> int | None:
+        """E when ``config.json`` states a valid one (the ``routed-experts`` rule holds), else None."""
+        return self.moe.num_logical_experts
 
 
 def _json_object(file: Path) -> dict[str, Any]:
@@ -41,45 +54,32 @@ def _json_object(file: Path) -> dict[str, Any]:
 
 
 def model_folder_facts(folder: str | os.PathLike[str]) -> ModelFacts:
-    """Read a local model folder's ``config.json`` and msModelSlim description.
+    """Read a local model folder's ``config.json`` and msModelSlim description (no vLLM imported).
 
-    Routed experts: the first of vLLM's ``CONFIG_FIELD_ALIASES["num_experts"]`` (``num_experts``,
-    ``moe_num_experts``, ``n_routed_experts``, ``num_local_experts``) in the text config, as vLLM's
-    ``get_num_experts`` reads them (0 or absent: None). Format: the quant type of the description's
+    Routed experts: :func:`~ascend_eplb.integration.rules.read_moe_facts` of the text config (a
+    ``text_config`` merged over the top level), the names and order of vLLM's ``CONFIG_FIELD_ALIASES``;
+    a bad value is not raised here but judged by the rules. Format: the quant type of the description's
     ``.experts.`` weights mapped by :data:`ASCEND_QUANT_TYPES`.
 
     Raises:
-        ValueError: ``config.json`` or the description is missing, not JSON or not an object, or the
-            expert count is not an integer >= 0 (naming the file and the key).
+        ValueError: ``config.json`` or the description is missing, not JSON or not an object (naming the
+            file).
         EplbConfigError: the description's routed experts mix quant types.
     """
-    from vllm.transformers_utils.config import CONFIG_FIELD_ALIASES
-
     root = Path(folder)
     config_file = root / "config.json"
     cfg = _text_config(config_file)
-    key = next((k for k in CONFIG_FIELD_ALIASES["num_experts"] if k in cfg), None)
-    experts = cfg.get(key, 0) if key else 0
-    if isinstance(experts, list):
-        experts = experts[0] if experts else 0
-    if experts is None:
-        experts = 0
-    if not is_int(experts) or not 0 <= experts <= INT32_MAX:
-        raise ValueError(f"{config_file}: {key}={short(experts)} must be an integer in [0, {INT32_MAX}]")
-    return ModelFacts(str(root), experts or None, *_formats(root, cfg))
+    return ModelFacts(str(root), read_moe_facts(cfg, str(config_file)), *_formats(root, cfg))
 
 
 def folder_formats(folder: str | os.PathLike[str]) -> tuple[str | None, str | None]:
-    """``(quantization, dtype)`` of :func:`model_folder_facts`, without importing vLLM (the expert
-    count's aliases are vLLM's): for callers that validate options before any heavy import.
+    """``(quantization, dtype)`` of :func:`model_folder_facts`.
 
     Raises:
-        ValueError, EplbConfigError: as :func:`model_folder_facts` for ``config.json`` and the
-            description.
+        ValueError, EplbConfigError: as :func:`model_folder_facts`.
     """
-    root = Path(folder)
-    quant, dtype, _ = _formats(root, _text_config(root / "config.json"))
-    return quant, dtype
+    facts = model_folder_facts(folder)
+    return facts.quantization, facts.dtype
 
 
 def _text_config(config_file: Path) -> dict[str, Any]:

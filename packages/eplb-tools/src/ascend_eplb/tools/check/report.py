@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ascend_eplb.integration.rules import EplbSettings, Violation
+from ascend_eplb.integration.rules import EplbSettings, Violation, shown
 from ascend_eplb.integration.validation import EplbConfigError
 
 __all__ = ["CheckResult", "refused", "result", "short"]
@@ -51,7 +51,7 @@ def _resolved(s: EplbSettings) -> dict[str, Any]:
     if s.num_logical_experts is not None:
         d["num_physical_experts"] = s.num_logical_experts + s.num_redundant_experts
         d["num_local_physical_experts"] = d["num_physical_experts"] // s.num_ranks
-    for k in ("ascend_eplb_config", "legacy_top_level_keys", "environment", "unknown_facts"):
+    for k in ("ascend_eplb_config", "legacy_top_level_keys", "environment", "unknown_facts", "moe_facts"):
         d.pop(k)
     return d
 
@@ -75,7 +75,5 @@ def refused(rule: str, message: str) -> CheckResult:
     return CheckResult(False, str(EplbConfigError([v])), (v,))
 
 
-def short(value: Any) -> str:
-    """``repr(value)``, shortened for the message when it is very long (a 400-digit integer)."""
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+#: ``repr(value)``, shortened for the message when it is very long (a 400-digit integer): the rules' own.
+short = shown

@@ -1,0 +1,620 @@
+"""The placement file: the placement a server starts from, read, validated and written in one format.
+
+A placement is upstream's ``physical_to_logical_map``, int ``(L, P)``: for each MoE layer, the logical
+expert each physical slot holds; slot ``s`` lives on EP rank ``s // p``, row ``s % p`` (``p = P / N``
+local physical experts per rank; DESIGN.md's letters). ``additional_config.eplb_config.initial_placement:
+PATH`` names one; serving then starts on it (:func:`attach_startup_install`).
+
+Format ``ascend-eplb-placement``, version 1 (what ``ascend-eplb plan --export-expert-map`` writes)::
+
+    {
+      "format": "ascend-eplb-placement", "version": 1,
+      "num_moe_layers": L, "num_logical_experts": E, "num_physical_experts": P, "num_ranks": N,
+      "source": {...},
+      "moe_layer_count": L,
+      "layer_list": [{"layer_id": l, "device_count": N,
+                      "device_list": [{"device_id": r, "device_expert": [p logical ids, slot order]}]}]
+    }
+
+* the four model facts are what the file was made for; start-up refuses a file whose facts differ from
+  the model's and the parallel configuration's (the MoE layers of the model, its routed experts, E + its
+  ``num_redundant_experts``, the EP size);
+* ``source`` is optional, free-form provenance (the command and input that made it); readers ignore it;
+* ``moe_layer_count`` and ``layer_list`` are vLLM Ascend's ``expert_map_path`` JSON as its reader
+  reads it (``vllm_ascend/eplb/core/eplb_utils.py`` ``expert_file_to_tensor``: ``moe_layer_count``,
+  ``layer_list[l]["device_list"][r]["device_expert"]``, nothing else; notes/vllm-ascend-eplb.md 2.2):
+  the format is a superset of that JSON, so one file serves vLLM Ascend's static placement (Model
+  Runner V1) and Model Runner V2 EPLB. ``layer_id`` counts MoE layers (dense layers have no entry);
+  slot ``r * p + j`` of layer ``l`` holds ``layer_list[l]["device_list"][r]["device_expert"][j]``.
+
+A plain ``expert_map_path`` JSON (no ``format``) is refused: it does not say how many logical experts it
+was made for, so a dropped expert could not be told from a smaller model.
+
+A serving events file (``ASCEND_EPLB_EVENTS``, :mod:`ascend_eplb.integration.events`) is read as its
+last committed placement: the ``initial_placement`` record of the run (when it started from a file), then
+each ``commit`` record's ``placement`` (the layer's committed row) in file order; its ``window`` records
+give E, L, P and N. Every layer must have a committed row (a run whose first rearrangement never completed
+has none to give).
+
+Every refusal is a :class:`PlacementFileError` (a ``ValueError``) naming the file and listing every
+problem found, each with its field, the file's value and the rule (or the model's value); nothing is
+returned half-read. Standard library only at import (start-up's rules read files through it before
+anything is built); :func:`attach_startup_install` imports torch and control when it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ascend_eplb.control.values import is_int
+
+__all__ = [
+    "CONFIG_KEY",
+    "FACTS",
+    "FORMAT",
+    "VERSION",
+    "Placement",
+    "PlacementFileError",
+    "attach_startup_install",
+    "describe_mismatch",
+    "dumps",
+    "placement_from_map",
+    "read_placement",
+    "write_placement",
+]
+
+#: The ``additional_config.eplb_config`` key naming a placement file.
+CONFIG_KEY = "initial_placement"
+#: The ``format`` value of a placement file.
+FORMAT = "ascend-eplb-placement"
+#: The version this module reads and writes.
+VERSION = 1
+#: The model facts a placement file states, in the order problems are reported.
+FACTS = ("num_moe_layers", "num_logical_experts", "num_physical_experts", "num_ranks")
+#: Problems of one kind listed in a message before the rest are counted ("and 12 more").
+_LISTED = 5
+
+
+class PlacementFileError(ValueError):
+    """A placement file (or events file) that cannot be served from.
+
+    Attributes:
+        path: the file.
+        problems: every problem found, each naming its field, the file's value and the rule.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], problems: Sequence[str]) -> None:
+        self.path = str(path)
+        self.problems = list(problems)
+        if len(self.problems) == 1:
+            super().__init__(f"{self.path}: {self.problems[0]}")
+        else:
+            lines = [f"{self.path}: {len(self.problems)} problems:"] + [f"  - {p}" for p in self.problems]
+            super().__init__("\n".join(lines))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A validated placement and the model facts it was made for.
+
+    Attributes:
+        physical_to_logical_map: ``(L, P)`` logical expert id of each physical slot, per MoE layer;
+            every id in ``[0, E)``, every logical expert in every layer at least once.
+        num_logical_experts: E.
+        num_ranks: N (P divisible by N).
+        source: where it was read from (a path; for an events file, which commit it ends with).
+    """
+
+    physical_to_logical_map: tuple[tuple[int, ...], ...]
+    num_logical_experts: int
+    num_ranks: int
+    source: str = ""
+
+    @property
+    def num_moe_layers(self) -> int:
+        """L."""
+        return len(self.physical_to_logical_map)
+
+    @property
+    def num_physical_experts(self) -> int:
+        """P."""
+        return len(self.physical_to_logical_map[0])
+
+    @property
+    def num_redundant_experts(self) -> int:
+        """P - E."""
+        return self.num_physical_experts - self.num_logical_experts
+
+    @property
+    def num_local_physical_experts(self) -> int:
+        """p = P / N."""
+        return self.num_physical_experts // self.num_ranks
+
+    def facts(self) -> dict[str, int]:
+        """The four model facts, by :data:`FACTS` name."""
+        return {name: getattr(self, name) for name in FACTS}
+
+    def mismatches(
+        self,
+        *,
+        num_moe_layers: int | None = None,
+        num_logical_experts: int | None = None,
+        num_physical_experts: int | None = None,
+        num_ranks: int | None = None,
+    ) -> list[str]:
+        """Where this placement's facts differ from a model's (a fact given as None is not compared).
+
+        Returns:
+            one line per differing fact: ``"<fact>: the file's <value>, the model's <value>"`` (physical
+            experts also say both redundant counts); empty when every given fact agrees.
+        """
+        theirs = {
+            "num_moe_layers": num_moe_layers,
+            "num_logical_experts": num_logical_experts,
+            "num_physical_experts": num_physical_experts,
+            "num_ranks": num_ranks,
+        }
+        out = []
+        for name in FACTS:
+            want, have = theirs[name], getattr(self, name)
+            if want is None or want == have:
+                continue
+            if name == "num_physical_experts":
+                e_model = num_logical_experts if num_logical_experts is not None else self.num_logical_experts
+                out.append(
+                    f"num_physical_experts: the file's {have} (num_redundant_experts "
+                    f"{self.num_redundant_experts}), the model's {want} (num_redundant_experts "
+                    f"{want - e_model})"
+                )
+            else:
+                out.append(f"{name}: the file's {have}, the model's {want}")
+        return out
+
+    def to_json(self, provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The version-1 document of this placement (the module docstring); ``provenance`` becomes
+        ``source`` (omitted when None)."""
+        p = self.num_local_physical_experts
+        doc: dict[str, Any] = {"format": FORMAT, "version": VERSION, **self.facts()}
+        if provenance is not None:
+            doc["source"] = dict(provenance)
+        doc["moe_layer_count"] = self.num_moe_layers
+        doc["layer_list"] = [
+            {
+                "layer_id": layer,
+                "device_count": self.num_ranks,
+                "device_list": [
+                    {"device_id": r, "device_expert": list(row[r * p : (r + 1) * p])}
+                    for r in range(self.num_ranks)
+                ],
+            }
+            for layer, row in enumerate(self.physical_to_logical_map)
+        ]
+        return doc
+
+
+# ---------------------------------------------------------------------------------------------------- checks
+
+
+def _listed(kind: str, found: list[str]) -> list[str]:
+    """``found`` (problems of one kind) with at most :data:`_LISTED` named, the rest counted."""
+    if len(found) <= _LISTED:
+        return found
+    return [*found[:_LISTED], f"and {len(found) - _LISTED} more {kind}"]
+
+
+def _fact_problems(facts: Mapping[str, Any]) -> list[str]:
+    """Problems of the four facts themselves (integers >= 1, P divisible by N, P >= E)."""
+    out = [
+        f"{name}={facts[name]!r}: must be an integer >= 1"
+        for name in FACTS
+        if not (is_int(facts[name]) and facts[name] >= 1)
+    ]
+    if out:
+        return out
+    e, p, n = facts["num_logical_experts"], facts["num_physical_experts"], facts["num_ranks"]
+    if p < e:
+        out.append(
+            f"num_physical_experts={p}: must be at least num_logical_experts={e} (every logical expert "
+            "needs a slot)"
+        )
+    if p % n:
+        out.append(f"num_physical_experts={p}: must be divisible by num_ranks={n} (P / N slots per rank)")
+    return out
+
+
+def _map_problems(rows: Sequence[Any], facts: Mapping[str, int], where: Any) -> list[str]:
+    """Problems of an ``(L, P)`` map against its facts: its shape, each id (an integer in ``[0, E)``),
+    each layer holding every logical expert. ``where(layer, slot)`` names an entry in the messages."""
+    e, p_total, layers = facts["num_logical_experts"], facts["num_physical_experts"], facts["num_moe_layers"]
+    if len(rows) != layers:
+        return [f"{len(rows)} layers of placement: must be num_moe_layers={layers}"]
+    shape, ids, missing = [], [], []
+    for layer, row in enumerate(rows):
+        if len(row) != p_total:
+            shape.append(f"layer {layer}: {len(row)} slots, must be num_physical_experts={p_total}")
+            continue
+        seen: set[int] = set()
+        for slot, value in enumerate(row):
+            if is_int(value) and 0 <= value < e:
+                seen.add(value)
+            else:
+                ids.append(
+                    f"{where(layer, slot)}={value!r}: a logical expert id must be an integer in [0, {e}) "
+                    f"(num_logical_experts={e})"
+                )
+        absent = sorted(set(range(e)) - seen)
+        if absent:
+            shown = absent if len(absent) <= 8 else [*absent[:8], "..."]
+            missing.append(
+                f"layer {layer}: logical expert(s) {shown} hold no slot ({len(absent)} of {e}); every "
+                "logical expert needs at least one"
+            )
+    return (
+        _listed("slot-count problems", shape)
+        + _listed("ids out of range", ids)
+        + _listed("layers missing experts", missing)
+    )
+
+
+def placement_from_map(
+    physical_to_logical_map: Sequence[Sequence[int]],
+    *,
+    num_logical_experts: int,
+    num_ranks: int,
+    source: str = "",
+) -> Placement:
+    """A :class:`Placement` of an ``(L, P)`` map (lists, tuples or anything with ``tolist()``).
+
+    Raises:
+        PlacementFileError: every problem of the map (shape, ids, dropped experts) and the facts, under
+            ``source``.
+    """
+    rows = (
+        physical_to_logical_map.tolist()
+        if hasattr(physical_to_logical_map, "tolist")
+        else physical_to_logical_map
+    )
+    rows = [list(r.tolist() if hasattr(r, "tolist") else r) for r in rows]
+    facts = {
+        "num_moe_layers": len(rows),
+        "num_logical_experts": num_logical_experts,
+        "num_physical_experts": len(rows[0]) if rows else 0,
+        "num_ranks": num_ranks,
+    }
+    problems = _fact_problems(facts) or _map_problems(
+        rows, facts, lambda layer, slot: f"layer {layer} slot {slot}"
+    )
+    if problems:
+        raise PlacementFileError(source or "placement", problems)
+    return Placement(tuple(tuple(int(v) for v in r) for r in rows), num_logical_experts, num_ranks, source)
+
+
+# ---------------------------------------------------------------------------------------------------- reading
+
+
+def read_placement(path: str | os.PathLike[str]) -> Placement:
+    """The placement of a placement file (version 1) or of a serving events file (its last committed
+    placement); which one is told by content (an events file's first line is an object with ``event``).
+
+    Raises:
+        PlacementFileError: the file is missing, unreadable, empty, not UTF-8, not JSON (truncated), of
+            another format or version, or its facts, ``layer_list`` or ids break a rule (every problem
+            listed; an events file: no committed placement for some layers, or no recorded
+            configuration).
+    """
+    source = Path(path)
+    try:
+        raw = source.read_bytes()
+    except OSError as e:
+        raise PlacementFileError(source, [f"cannot read the placement file ({e.strerror or e})"]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PlacementFileError(source, [f"not UTF-8 text (byte {e.start}); not a placement file"]) from None
+    if not text.strip():
+        raise PlacementFileError(source, ["empty file, not a placement file"])
+    if _is_events_file(text):
+        return _from_events(source)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        ending = " (the file ends early: truncated?)" if e.pos >= len(text.rstrip()) else ""
+        raise PlacementFileError(
+            source, [f"not JSON: {e.msg} at line {e.lineno} column {e.colno}{ending}"]
+        ) from None
+    except RecursionError:
+        raise PlacementFileError(source, ["not a placement file (JSON nested too deeply)"]) from None
+    return _from_document(data, source)
+
+
+def _is_events_file(text: str) -> bool:
+    first = text.lstrip().split("\n", 1)[0]
+    try:
+        record = json.loads(first)
+    except (json.JSONDecodeError, RecursionError):
+        return False
+    return isinstance(record, dict) and isinstance(record.get("event"), str)
+
+
+def _from_document(data: Any, source: Path) -> Placement:
+    if not isinstance(data, dict):
+        raise PlacementFileError(source, [f"a placement file is a JSON object, got {type(data).__name__}"])
+    if "format" not in data:
+        why = (
+            "a vLLM Ascend expert_map_path JSON without the model facts (format, version, num_moe_layers, "
+            "num_logical_experts, num_physical_experts, num_ranks); write it with ascend-eplb plan "
+            "--export-expert-map"
+            if "layer_list" in data
+            else f"no 'format' key: not a placement file (format {FORMAT!r})"
+        )
+        raise PlacementFileError(source, [why])
+    if data["format"] != FORMAT:
+        raise PlacementFileError(source, [f"format={data['format']!r}: must be {FORMAT!r}"])
+    if not is_int(data.get("version")) or data["version"] != VERSION:
+        raise PlacementFileError(
+            source, [f"version={data.get('version')!r}: this ascend-eplb reads version {VERSION}"]
+        )
+    facts = {name: data.get(name) for name in FACTS}
+    problems = _fact_problems(facts)
+    if problems:
+        raise PlacementFileError(source, problems)
+    rows, problems = _layer_list_rows(data, facts)
+    if not problems:
+        problems = _map_problems(rows, facts, lambda layer, slot: _entry(layer, slot, facts))
+    if problems:
+        raise PlacementFileError(source, problems)
+    return Placement(
+        tuple(tuple(r) for r in rows), facts["num_logical_experts"], facts["num_ranks"], str(source)
+    )
+
+
+def _entry(layer: int, slot: int, facts: Mapping[str, int]) -> str:
+    p = facts["num_physical_experts"] // facts["num_ranks"]
+    return f"layer_list[{layer}].device_list[{slot // p}].device_expert[{slot % p}]"
+
+
+def _layer_list_rows(data: Mapping[str, Any], facts: Mapping[str, int]) -> tuple[list[list[Any]], list[str]]:
+    """The ``(L, P)`` rows of ``layer_list`` (devices concatenated in order), or the structure's problems."""
+    layers, n = facts["num_moe_layers"], facts["num_ranks"]
+    p = facts["num_physical_experts"] // n
+    out: list[str] = []
+    if data.get("moe_layer_count") != layers:
+        out.append(f"moe_layer_count={data.get('moe_layer_count')!r}: must equal num_moe_layers={layers}")
+    layer_list = data.get("layer_list")
+    if not isinstance(layer_list, list):
+        return [], [*out, f"layer_list={_short(layer_list)}: must be a list of {layers} layers"]
+    if len(layer_list) != layers:
+        out.append(f"layer_list has {len(layer_list)} layers: must be num_moe_layers={layers}")
+    rows: list[list[Any]] = []
+    for li, layer in enumerate(layer_list):
+        at = f"layer_list[{li}]"
+        if not isinstance(layer, dict):
+            out.append(f"{at}: must be an object with layer_id, device_count and device_list")
+            continue
+        if layer.get("layer_id") != li:
+            out.append(f"{at}.layer_id={layer.get('layer_id')!r}: must be {li} (layers in order)")
+        if layer.get("device_count") != n:
+            out.append(f"{at}.device_count={layer.get('device_count')!r}: must equal num_ranks={n}")
+        devices = layer.get("device_list")
+        if not isinstance(devices, list) or len(devices) != n:
+            count = len(devices) if isinstance(devices, list) else _short(devices)
+            out.append(f"{at}.device_list: {count} devices, must be a list of num_ranks={n}")
+            continue
+        row: list[Any] = []
+        for ri, device in enumerate(devices):
+            dat = f"{at}.device_list[{ri}]"
+            if not isinstance(device, dict) or not isinstance(device.get("device_expert"), list):
+                out.append(f"{dat}: must be an object with device_id and a device_expert list")
+                continue
+            if device.get("device_id") != ri:
+                out.append(f"{dat}.device_id={device.get('device_id')!r}: must be {ri} (devices in order)")
+            experts = device["device_expert"]
+            if len(experts) != p:
+                out.append(
+                    f"{dat}.device_expert has {len(experts)} slots: must be num_physical_experts / num_ranks "
+                    f"= {p}"
+                )
+            row.extend(experts)
+        rows.append(row)
+    return rows, _listed("layer_list problems", out)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _from_events(source: Path) -> Placement:
+    """The last committed placement of a serving events file (the module docstring)."""
+    from ascend_eplb.integration.events import read_records
+
+    try:
+        records = read_records(source)
+    except ValueError as e:
+        raise PlacementFileError(source, [str(e).removeprefix(f"{source}:").strip()]) from None
+    model: str | None = None
+    facts: dict[str, Any] = dict.fromkeys(FACTS)
+    rows: dict[int, list[Any]] = {}
+    last = "no commit"
+    unplaced_commits = 0
+    for number, record in records:
+        kind = record["event"]
+        if kind not in ("window", "commit", "initial_placement"):
+            continue
+        name = record.get("model")
+        if model is None:
+            model = name
+        if name != model:
+            continue
+        if kind == "window":
+            load = record.get("load")
+            if isinstance(load, list) and load and isinstance(load[0], list):
+                facts.update(num_moe_layers=len(load), num_logical_experts=len(load[0]))
+            facts.update(
+                num_ranks=record.get("num_ranks", facts["num_ranks"]),
+                num_physical_experts=record.get("num_physical_experts", facts["num_physical_experts"]),
+            )
+        elif kind == "initial_placement":
+            placement = record.get("placement")
+            if not isinstance(placement, list) or not placement:
+                raise PlacementFileError(
+                    source, [f"line {number}: an initial_placement record without a placement"]
+                )
+            rows = {layer: row for layer, row in enumerate(placement)}
+            facts.update(
+                num_moe_layers=len(placement),
+                num_logical_experts=record.get("num_logical_experts"),
+                num_ranks=record.get("num_ranks"),
+                num_physical_experts=len(placement[0]) if isinstance(placement[0], list) else None,
+            )
+            last = f"the start-up placement of line {number}"
+        else:
+            placement, layer = record.get("placement"), record.get("layer")
+            if not isinstance(placement, list) or not is_int(layer):
+                unplaced_commits += 1
+                continue
+            rows[layer] = placement
+            last = f"rearrangement {record.get('rearrangement')} layer {layer}, line {number}"
+    if model is None:
+        raise PlacementFileError(
+            source, ["the events file records no placement (no window, commit or initial_placement record)"]
+        )
+    missing = [name for name in FACTS if facts[name] is None]
+    if missing:
+        raise PlacementFileError(
+            source,
+            [
+                f"the events file does not record {', '.join(missing)} (its window records carry no "
+                "num_ranks and num_physical_experts: recorded by an earlier ascend-eplb-integration)"
+            ],
+        )
+    problems = _fact_problems(facts)
+    if problems:
+        raise PlacementFileError(source, problems)
+    absent = [layer for layer in range(facts["num_moe_layers"]) if layer not in rows]
+    if absent:
+        why = (
+            f"{unplaced_commits} commit record(s) carry no placement (recorded by an earlier "
+            "ascend-eplb-integration)"
+            if unplaced_commits
+            else "no rearrangement completed while it was recorded, and the run did not start from a "
+            "placement file"
+        )
+        shown = absent if len(absent) <= 8 else [*absent[:8], "..."]
+        raise PlacementFileError(
+            source,
+            [
+                f"MoE layer(s) {shown} of {facts['num_moe_layers']} have no committed placement in the "
+                f"file ({why})"
+            ],
+        )
+    ordered = [rows[layer] for layer in range(facts["num_moe_layers"])]
+    extra = sorted(layer for layer in rows if not 0 <= layer < facts["num_moe_layers"])
+    problems = (
+        [f"commit record of layer {extra[0]}: outside the {facts['num_moe_layers']} MoE layers"]
+        if extra
+        else []
+    )
+    problems += _map_problems(ordered, facts, lambda layer, slot: f"layer {layer} slot {slot}")
+    if problems:
+        raise PlacementFileError(source, problems)
+    return Placement(
+        tuple(tuple(r) for r in ordered),
+        facts["num_logical_experts"],
+        facts["num_ranks"],
+        f"{source} (the last committed placement of model {model}: {last})",
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- writing
+
+
+def dumps(placement: Placement, provenance: Mapping[str, Any] | None = None) -> str:
+    """The version-1 text of ``placement``: indented, each ``device_expert`` list on one line."""
+    text = json.dumps(placement.to_json(provenance), indent=1)
+    return re.sub(r"\[\s+([-0-9,\s]+?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text) + "\n"
+
+
+def write_placement(
+    path: str | os.PathLike[str], placement: Placement, provenance: Mapping[str, Any] | None = None
+) -> None:
+    """Write ``placement`` as a version-1 placement file (:func:`dumps`) at ``path``.
+
+    Raises:
+        ValueError: the file cannot be written (naming it and why).
+    """
+    try:
+        Path(path).write_text(dumps(placement, provenance), encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"{path}: cannot write the placement file ({e.strerror or e})") from None
+
+
+# ---------------------------------------------------------------------------------------------------- serving
+
+
+def attach_startup_install(bus: Any, placement: Placement) -> None:
+    """Install ``placement`` when the served model registers: subscribe to ``bus`` (a controller's
+    :class:`~ascend_eplb.control.bus.EventBus`; subscribe it after the guardrails, so that the verifier
+    has fingerprinted the loaded slots and checks the install's commit, and the events recorder writes
+    its ``initial_placement`` record).
+
+    At the first :class:`~ascend_eplb.control.bus.RegistrationEvent` (every rank, same order; the served
+    model, MoE drafts being refused at start-up: rule ``speculative-moe-draft``), before anything moves:
+    the facts of upstream's state (L and P of ``physical_to_logical_map``, E, the EP size) are compared with
+    the placement's; then :func:`ascend_eplb.control.initial_placement.install_initial_placement` moves the
+    weights and commits the maps through upstream's transaction.
+
+    Raises (from the registration, on every rank alike):
+        EplbConfigError: the placement was made for another model or layout (every differing fact with
+            the file's value and the model's); rule ``initial-placement``.
+    """
+    from ascend_eplb.control.bus import RegistrationEvent
+
+    installed: list[bool] = []
+
+    def on_registered(event: RegistrationEvent) -> None:
+        if installed:
+            return
+        from vllm.distributed.parallel_state import get_ep_group
+
+        from ascend_eplb.control.initial_placement import install_initial_placement
+        from ascend_eplb.integration.rules import Violation
+        from ascend_eplb.integration.validation import EplbConfigError
+
+        state = event.controller.state
+        model_state = state.model_states[event.model_config.compute_hash()]
+        num_layers, num_physical = (int(d) for d in model_state.physical_to_logical_map.shape)
+        differ = placement.mismatches(
+            num_moe_layers=num_layers,
+            num_logical_experts=int(model_state.logical_to_physical_map.shape[1]),
+            num_physical_experts=num_physical,
+            num_ranks=get_ep_group().world_size,
+        )
+        if differ:
+            raise EplbConfigError([Violation("initial-placement", describe_mismatch(placement, differ))])
+        install_initial_placement(
+            state, event.model_config, placement.physical_to_logical_map, source=placement.source
+        )
+        installed.append(True)
+
+    bus.subscribe(RegistrationEvent, on_registered)
+
+
+def describe_mismatch(placement: Placement, differ: Sequence[str]) -> str:
+    """The ``initial-placement`` rule's message for a placement whose facts differ from the model's."""
+    made = (
+        f"{placement.num_moe_layers} MoE layers x {placement.num_logical_experts} logical experts, "
+        f"{placement.num_physical_experts} slots on {placement.num_ranks} EP ranks"
+    )
+    return (
+        f"eplb_config.{CONFIG_KEY}={placement.source}: made for {made}, not this model and layout: "
+        + "; ".join(differ)
+        + "; fix: export a placement for this model and layout (ascend-eplb plan --export-expert-map) or "
+        f"remove {CONFIG_KEY}"
+    )

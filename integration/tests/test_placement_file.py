@@ -1,0 +1,322 @@
+"""The placement file: one versioned format, read back exactly, and every refusal with its field and
+values, through start-up validation's rule ``initial-placement`` (the one ``ascend-eplb check`` runs).
+
+The serving side (a world that starts on a file and serves from it) is
+``test_initial_placement_world.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+from ascend_eplb.integration import placement_file as pf
+from ascend_eplb.integration.events import EventsWriter
+from ascend_eplb.integration.rules import ASCEND_V2_KEYS, EplbSettings, Violation, check_settings
+
+#: 2 MoE layers, 4 logical experts, 6 slots on 2 ranks (3 per rank).
+ROWS = [[3, 1, 0, 2, 3, 3], [0, 1, 2, 3, 1, 0]]
+#: Settings whose model and layout the placement above was made for.
+GOOD = EplbSettings(
+    enable_eplb=True,
+    enable_expert_parallel=True,
+    tensor_parallel_size=2,
+    window_size=10,
+    step_interval=30,
+    num_redundant_experts=2,
+    num_logical_experts=4,
+    quantization="bf16",
+    num_moe_layers=2,
+)
+
+
+def _file(tmp_path: Path, doc: dict | None = None, name: str = "placement.json") -> Path:
+    path = tmp_path / name
+    if doc is None:
+        pf.write_placement(path, pf.placement_from_map(ROWS, num_logical_experts=4, num_ranks=2))
+    else:
+        path.write_text(json.dumps(doc))
+    return path
+
+
+def _doc(tmp_path: Path) -> dict:
+    return json.loads(_file(tmp_path).read_text())
+
+
+def _judge(path: Path, **changes) -> list[Violation]:
+    settings = replace(GOOD, ascend_eplb_config={"initial_placement": str(path)}, **changes)
+    return list(check_settings(settings))
+
+
+def test_a_written_file_reads_back_as_its_placement_and_as_vllm_ascends_expert_map(tmp_path):
+    path = tmp_path / "placement.json"
+    placement = pf.placement_from_map(ROWS, num_logical_experts=4, num_ranks=2, source="plan")
+    pf.write_placement(path, placement, {"tool": "test"})
+    read = pf.read_placement(path)
+    assert read.physical_to_logical_map == ((3, 1, 0, 2, 3, 3), (0, 1, 2, 3, 1, 0))
+    assert read.facts() == {
+        "num_moe_layers": 2,
+        "num_logical_experts": 4,
+        "num_physical_experts": 6,
+        "num_ranks": 2,
+    }
+    assert (read.num_redundant_experts, read.num_local_physical_experts, read.source) == (2, 3, str(path))
+    doc = json.loads(path.read_text())
+    assert (doc["format"], doc["version"], doc["source"]) == ("ascend-eplb-placement", 1, {"tool": "test"})
+    # vLLM Ascend's reader (eplb_utils.expert_file_to_tensor): moe_layer_count, then per layer the devices'
+    # device_expert lists, in order; nothing else.
+    assert doc["moe_layer_count"] == 2
+    for layer, row in enumerate(ROWS):
+        devices = doc["layer_list"][layer]["device_list"]
+        assert doc["layer_list"][layer]["device_count"] == 2
+        assert [d["device_expert"] for d in devices] == [row[:3], row[3:]]
+    # each device_expert list on one line
+    assert '"device_expert": [3, 1, 0]' in path.read_text()
+    assert _judge(path) == []
+
+
+def test_a_file_for_another_model_or_layout_names_each_fact_with_both_values(tmp_path):
+    path = _file(tmp_path)
+    start = (
+        f"eplb_config.initial_placement={path}: made for 2 MoE layers x 4 logical experts, 6 slots on 2 EP "
+        "ranks"
+    )
+    cases = {
+        "layers": ({"num_moe_layers": 3}, ["num_moe_layers: the file's 2, the model's 3"]),
+        "experts": (
+            {"num_logical_experts": 8, "num_redundant_experts": 4},
+            [
+                "num_logical_experts: the file's 4, the model's 8",
+                "num_physical_experts: the file's 6 (num_redundant_experts 2), the model's 12 "
+                "(num_redundant_experts 4)",
+            ],
+        ),
+        "ranks": ({"tensor_parallel_size": 3}, ["num_ranks: the file's 2, the model's 3"]),
+        "redundant": (
+            {"num_redundant_experts": 4},
+            [
+                "num_physical_experts: the file's 6 (num_redundant_experts 2), the model's 8 "
+                "(num_redundant_experts 4)"
+            ],
+        ),
+    }
+    for name, (changes, differ) in cases.items():
+        violations = _judge(path, **changes)
+        assert [v.rule for v in violations] == ["initial-placement"], name
+        assert violations[0].message == (
+            f"{start}, not this model and layout: {'; '.join(differ)}; fix: export a placement for this "
+            "model and layout (ascend-eplb plan --export-expert-map) or remove initial_placement"
+        ), name
+    # Every differing fact at once.
+    both = _judge(path, num_moe_layers=3, tensor_parallel_size=3)
+    assert (
+        "num_moe_layers: the file's 2, the model's 3; num_ranks: the file's 2, the model's 3"
+        in both[0].message
+    )
+
+
+def _refusal(path: Path) -> str:
+    violations = _judge(path)
+    assert [v.rule for v in violations] == ["initial-placement"]
+    message = violations[0].message
+    prefix = f"eplb_config.initial_placement={path}: "
+    suffix = (
+        "; fix: name a placement file of ascend-eplb plan --export-expert-map (or an events file with a "
+        "committed placement)"
+    )
+    assert message.startswith(prefix), message
+    assert message.endswith(suffix), message
+    return message[len(prefix) : -len(suffix)]
+
+
+def test_a_dropped_expert_an_id_out_of_range_and_a_broken_layer_list_are_each_named(tmp_path):
+    doc = _doc(tmp_path)
+    doc["layer_list"][0]["device_list"][1]["device_expert"] = [3, 3, 3]  # layer 0 drops logical expert 2
+    doc["layer_list"][1]["device_list"][1]["device_expert"][1] = 4  # E = 4: ids are in [0, 4)
+    assert _refusal(_file(tmp_path, doc)) == (
+        "layer_list[1].device_list[1].device_expert[1]=4: a logical expert id must be an integer in [0, 4) "
+        "(num_logical_experts=4); layer 0: logical expert(s) [2] hold no slot (1 of 4); every logical expert "
+        "needs at least one"
+    )
+    doc = _doc(tmp_path)
+    doc["layer_list"][1]["device_list"][1]["device_expert"][0] = -1
+    doc["layer_list"][1]["device_list"][1]["device_expert"][1] = True
+    assert _refusal(_file(tmp_path, doc)).startswith(
+        "layer_list[1].device_list[1].device_expert[0]=-1: a logical expert id must be an integer in [0, 4) "
+        "(num_logical_experts=4); layer_list[1].device_list[1].device_expert[1]=True: a logical expert id"
+    )
+    doc = _doc(tmp_path)
+    doc["layer_list"][0]["device_count"] = 4
+    doc["layer_list"][1]["device_list"][0]["device_expert"] = [0, 1]
+    doc["moe_layer_count"] = 3
+    assert _refusal(_file(tmp_path, doc)) == (
+        "moe_layer_count=3: must equal num_moe_layers=2; layer_list[0].device_count=4: must equal "
+        "num_ranks=2; layer_list[1].device_list[0].device_expert has 2 slots: must be num_physical_experts / "
+        "num_ranks = 3"
+    )
+    doc = _doc(tmp_path)
+    doc.update(num_physical_experts=7, num_ranks=0)
+    assert _refusal(_file(tmp_path, doc)) == "num_ranks=0: must be an integer >= 1"
+    doc.update(num_ranks=2)
+    assert _refusal(_file(tmp_path, doc)) == (
+        "num_physical_experts=7: must be divisible by num_ranks=2 (P / N slots per rank)"
+    )
+
+
+def test_truncated_non_json_and_other_files_are_refused_naming_the_file(tmp_path):
+    good = _file(tmp_path).read_text()
+    truncated = tmp_path / "truncated.json"
+    truncated.write_text(good[: len(good) // 2])
+    assert _refusal(truncated).startswith("not JSON: ")
+    assert _refusal(truncated).endswith("(the file ends early: truncated?)")
+    text = tmp_path / "notes.txt"
+    text.write_text("layer 0: 3 1 0\n")
+    assert _refusal(text) == "not JSON: Expecting value at line 1 column 1"
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(b"\xff\xfe\x00")
+    assert _refusal(binary) == "not UTF-8 text (byte 0); not a placement file"
+    empty = tmp_path / "empty.json"
+    empty.write_text("  \n")
+    assert _refusal(empty) == "empty file, not a placement file"
+    assert _refusal(tmp_path / "absent.json") == "cannot read the placement file (No such file or directory)"
+    doc = _doc(tmp_path)
+    plain = {k: doc[k] for k in ("moe_layer_count", "layer_list")}  # vLLM Ascend's expert_map_path alone
+    assert _refusal(_file(tmp_path, plain)) == (
+        "a vLLM Ascend expert_map_path JSON without the model facts (format, version, num_moe_layers, "
+        "num_logical_experts, num_physical_experts, num_ranks); write it with ascend-eplb plan "
+        "--export-expert-map"
+    )
+    assert _refusal(_file(tmp_path, {**doc, "version": 2})) == "version=2: this ascend-eplb reads version 1"
+    assert _refusal(_file(tmp_path, {**doc, "format": "sglang"})) == (
+        "format='sglang': must be 'ascend-eplb-placement'"
+    )
+    assert _refusal(_file(tmp_path, [1, 2])) == "a placement file is a JSON object, got list"
+    # Not a path at all.
+    bad = list(check_settings(replace(GOOD, ascend_eplb_config={"initial_placement": 3})))
+    assert bad == [
+        Violation(
+            "initial-placement",
+            "eplb_config.initial_placement=3 must be a path (a non-empty string) to a placement file or an "
+            "events file; fix: name the file ascend-eplb plan --export-expert-map wrote, or remove "
+            "initial_placement",
+        )
+    ]
+
+
+def _events(tmp_path: Path, records: list[dict], name: str = "events.jsonl") -> Path:
+    path = tmp_path / name
+    writer = EventsWriter(path)
+    for record in records:
+        writer.write({"time": 0.0, "step": 0, **record})
+    writer.close()
+    return path
+
+
+WINDOW = {"event": "window", "model": "m", "rearrangement": 1, "load": [[5, 1, 1, 1], [1, 1, 1, 5]],
+          "num_ranks": 2, "num_physical_experts": 6}  # fmt: skip
+
+
+def test_an_events_file_gives_its_last_committed_placement(tmp_path):
+    first = [[0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 0, 1]]
+    records = [
+        {"event": "initial_placement", "model": "m", "source": "p.json", "num_logical_experts": 4,
+         "num_ranks": 2, "placement": first},
+        WINDOW,
+        {"event": "commit", "model": "m", "rearrangement": 1, "layer": 0, "placement": ROWS[0]},
+        {"event": "commit", "model": "m", "rearrangement": 1, "layer": 1, "placement": [3, 2, 1, 0, 3, 0]},
+        {**WINDOW, "rearrangement": 2},
+        {"event": "commit", "model": "m", "rearrangement": 2, "layer": 1, "placement": ROWS[1]},
+        {"event": "worker_failure", "kind": "died", "ranks": [1], "model": "m", "layer": 0, "cause": "x"},
+        {"event": "commit", "model": "other", "rearrangement": 1, "layer": 1, "placement": [9]},
+    ]  # fmt: skip
+    path = _events(tmp_path, records)
+    placement = pf.read_placement(path)
+    # Layer 0 from rearrangement 1, layer 1 from rearrangement 2 (its last commit; the worker then died).
+    assert placement.physical_to_logical_map == tuple(tuple(r) for r in ROWS)
+    assert (placement.num_logical_experts, placement.num_ranks) == (4, 2)
+    assert (
+        placement.source
+        == f"{path} (the last committed placement of model m: rearrangement 2 layer 1, line 6)"
+    )
+    assert _judge(path) == []
+    # Without the start-up record, layers never committed have no placement to give.
+    partial = _events(tmp_path, [WINDOW, records[2]], "partial.jsonl")
+    assert _refusal(partial) == (
+        "MoE layer(s) [1] of 2 have no committed placement in the file (no rearrangement completed while it "
+        "was recorded, and the run did not start from a placement file)"
+    )
+    old = _events(
+        tmp_path,
+        [{k: v for k, v in WINDOW.items() if k not in ("num_ranks", "num_physical_experts")}],
+        "old.jsonl",
+    )
+    assert _refusal(old) == (
+        "the events file does not record num_physical_experts, num_ranks (its window records carry no "
+        "num_ranks and num_physical_experts: recorded by an earlier ascend-eplb-integration)"
+    )
+    unplaced = _events(tmp_path, [WINDOW, {"event": "commit", "model": "m", "layer": 0}], "unplaced.jsonl")
+    assert _refusal(unplaced).startswith(
+        "MoE layer(s) [0, 1] of 2 have no committed placement in the file (1 commit record(s) carry no "
+        "placement (recorded by an earlier ascend-eplb-integration))"
+    )
+    dropped = _events(
+        tmp_path,
+        [WINDOW, {**records[2], "placement": [0, 0, 0, 1, 1, 1]}, {**records[3], "placement": ROWS[1]}],
+        "dropped.jsonl",
+    )
+    assert _refusal(dropped) == (
+        "layer 0: logical expert(s) [2, 3] hold no slot (2 of 4); every logical expert needs at least one"
+    )
+
+
+def test_a_placement_is_refused_without_eplb_and_its_key_is_an_ascend_v2_key(tmp_path):
+    path = _file(tmp_path)
+    off = list(
+        check_settings(replace(GOOD, enable_eplb=False, ascend_eplb_config={"initial_placement": "p"}))
+    )
+    assert off == [
+        Violation(
+            "placement-without-eplb",
+            "eplb_config.initial_placement='p' needs Model Runner V2 EPLB, but enable_eplb=False; fix: pass "
+            "--enable-eplb or remove initial_placement (vLLM Ascend's static placement without EPLB reads "
+            "expert_map_path, a part of the same file)",
+        )
+    ]
+    judged = check_settings(
+        replace(GOOD, ascend_eplb_config={"initial_placement": str(path), "expert_map_path": "m"})
+    )
+    assert [v.rule for v in judged] == ["v1-controls"]
+    assert judged[0].message.endswith(
+        f"the Ascend V2 keys are {', '.join(ASCEND_V2_KEYS)}; a static placement (expert_map_path) is "
+        "eplb_config.initial_placement under V2, a file of ascend-eplb plan --export-expert-map"
+    )
+    assert "initial_placement" in ASCEND_V2_KEYS
+    # The layers are not known before the model is built: not compared, and not a reason to refuse.
+    assert (
+        list(
+            check_settings(
+                replace(GOOD, num_moe_layers=None, ascend_eplb_config={"initial_placement": str(path)})
+            )
+        )
+        == []
+    )
+    unknown = check_settings(
+        replace(GOOD, num_logical_experts=None, unknown_facts={"num_logical_experts": "E is unknown"},
+                ascend_eplb_config={"initial_placement": str(path)})
+    )  # fmt: skip
+    assert Violation.unjudged("initial-placement", "E is unknown") in unknown.unjudged
+
+
+def test_placement_from_map_refuses_what_it_cannot_serve(tmp_path):
+    with pytest.raises(pf.PlacementFileError) as info:
+        pf.placement_from_map([[0, 1, 2, 2], [0, 1, 2]], num_logical_experts=4, num_ranks=2, source="plan")
+    assert str(info.value) == (
+        "plan: 2 problems:\n"
+        "  - layer 1: 3 slots, must be num_physical_experts=4\n"
+        "  - layer 0: logical expert(s) [3] hold no slot (1 of 4); every logical expert needs at least one"
+    )
