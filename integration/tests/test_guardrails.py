@@ -235,3 +235,46 @@ def test_a_bad_verify_or_events_switch_is_refused_not_ignored(tmp_path):
     assert events_path({"ASCEND_EPLB_EVENTS": str(tmp_path / "new" / "e.jsonl")}) == str(
         tmp_path / "new" / "e.jsonl"
     )
+
+
+def test_the_watchdog_hears_commits_on_the_bus_past_the_commit_logs_length():
+    """Issue 30: the watchdog found the layer in flight by reading ``AscendEplbState.commit_log``, a deque
+    of ``COMMIT_LOG_MAXLEN`` events. Model ``m``'s last acknowledgement (layer 2) is followed by more
+    commit events of a draft than the deque holds: the log has lost it, the bus has not."""
+    from vllm.config import ParallelConfig
+
+    from ascend_eplb.control.bus import CommitEvent
+    from ascend_eplb.control.state import COMMIT_LOG_MAXLEN, AscendEplbState
+    from ascend_eplb.integration import patches
+
+    installed = patches.apply_patches()
+    try:
+        bus = EventBus()
+        state = AscendEplbState(ParallelConfig(), torch.device("cpu"), bus=bus)
+        dog = WorkerWatchdog(timeout_s=5.0)
+        dog.attach(bus)
+        main = _model_state(True)
+        draft = SimpleNamespace(model_name="draft", rebalanced=True, pending_result=None)
+        state.model_states["k"] = main
+        state.num_rearrangements = 1
+        for layer in range(3):
+            for kind in ("move", "commit", "refresh", "acknowledge"):
+                state._log(kind, main, layer)
+        draft_events = COMMIT_LOG_MAXLEN + 8
+        for index in range(draft_events):
+            state._log(("move", "commit", "refresh", "acknowledge")[index % 4], draft, index // 4)
+        assert len(state.commit_log) == COMMIT_LOG_MAXLEN
+        assert [e for e in state.commit_log if e.model_name == "m"] == []  # the log forgot m's commits
+        # [alive, in_cycle, has_pending, ms_without_progress, layer_in_flight]: layer 3 is next.
+        assert dog._local_status(state) == [1, 1, 0, 0, 3]
+        (cycle,) = dog.at_shutdown(ShutdownEvent(SimpleNamespace(state=state)))
+        assert (cycle.model, cycle.rearrangement, cycle.layer, cycle.published) == ("m", 1, 3, False)
+        # A new rearrangement starts from layer 0 until its first acknowledgement.
+        state.num_rearrangements = 2
+        assert dog._local_status(state)[-1] == 0
+        state._log("acknowledge", main, 0)
+        assert dog._local_status(state)[-1] == 1
+        assert len(bus.subscribers(CommitEvent)) == 1  # the watchdog's, and the state keeps no reader
+    finally:
+        if installed:
+            patches.remove_patches()

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from ascend_eplb.control import upstream
-from ascend_eplb.control.bus import Event, EventBus, ShutdownEvent, StepEvent
+from ascend_eplb.control.bus import CommitEvent, Event, EventBus, ShutdownEvent, StepEvent
 from ascend_eplb.control.patching import Patch
 
 __all__ = [
@@ -225,13 +225,31 @@ class WorkerWatchdog:
         self._progress: dict[int, tuple[tuple[bool, int, bool], float, int]] = {}
         self._rank: int | None = None
         self.in_flight_at_shutdown: list[InFlightAtShutdown] = []
+        # Per model name: (rearrangement, layer) of its latest acknowledged layer commit.
+        self._acknowledged: dict[str, tuple[int, int]] = {}
 
     def attach(self, bus: EventBus) -> None:
         """Subscribe to a controller's event bus (control's ``AscendEPLBController.bus``, once, when the
-        controller is built): :meth:`on_step` at every step boundary, :meth:`at_shutdown` at its
-        shutdown."""
+        controller is built): :meth:`on_commit` at every commit event, :meth:`on_step` at every step
+        boundary, :meth:`at_shutdown` at its shutdown."""
+        bus.subscribe(CommitEvent, self.on_commit)
         bus.subscribe(StepEvent, self.on_step)
         bus.subscribe(ShutdownEvent, self.at_shutdown)
+
+    def on_commit(self, event: CommitEvent) -> None:
+        """Keep each model's latest acknowledged layer (the bus is the only source of commit facts)."""
+        if event.kind == "acknowledge":
+            self._acknowledged[event.model_name] = (event.rearrangement, event.layer)
+
+    def _next_layer(self, state: Any, model_state: Any) -> int:
+        """The MoE layer the cycle in flight commits next: one past this model's latest acknowledged layer
+        of the current rearrangement (layers commit in order), 0 when none yet or no cycle is in flight."""
+        if not model_state.rebalanced:
+            return 0
+        seen = self._acknowledged.get(model_state.model_name)
+        if seen is None or seen[0] != getattr(state, "num_rearrangements", 0):
+            return 0
+        return seen[1] + 1
 
     def _local_status(self, state: Any) -> list[int]:
         """``[alive, then per model: in_cycle, has_pending, ms_without_progress, layer_in_flight]``."""
@@ -241,7 +259,7 @@ class WorkerWatchdog:
         out = [int(alive)]
         for index, ms in enumerate(state.model_states.values()):
             pending = ms.pending_result
-            layer = pending.layer_idx if pending is not None else _next_layer(state, ms)
+            layer = pending.layer_idx if pending is not None else self._next_layer(state, ms)
             key = (bool(ms.rebalanced), layer, pending is not None)
             seen = self._progress.get(index)
             if seen is None or seen[0] != key:
@@ -418,19 +436,3 @@ def _overrun(steps_until: int) -> str:
         f"rearrangement: {steps_until}'), because EplbState.step returns before resetting it while a cycle "
         "is in flight, so upstream alone would never rearrange again"
     )
-
-
-def _next_layer(state: Any, model_state: Any) -> int:
-    """The MoE layer the cycle in flight commits next (from control's commit log), 0 when none yet."""
-    log = getattr(state, "commit_log", None)
-    if not model_state.rebalanced or not log:
-        return 0
-    current = getattr(state, "num_rearrangements", 0)
-    # Newest first: layers commit in order, so this model's latest acknowledgement of the cycle in flight
-    # is its highest; an event of an earlier cycle ends the search (a step reads a few events, not the log).
-    for event in reversed(log):
-        if event.rearrangement != current:
-            break
-        if event.kind == "acknowledge" and event.model_name == model_state.model_name:
-            return event.layer + 1
-    return 0
