@@ -55,6 +55,7 @@ from vllm.distributed.parallel_state import (
     initialize_model_parallel,
 )
 
+from ascend_eplb.control.bus import CommitEvent
 from ascend_eplb.integration import metrics
 from ascend_eplb.integration.runner import Mrv2EplbWiring
 from ascend_eplb.integration.serving import guardrails_of
@@ -237,11 +238,31 @@ def _timed_hooks(controller: Any) -> tuple[WorkerWatchdog, EplbVerifier, list[fl
     return watchdog, verifier, spent
 
 
+class _CommitWatch:
+    """The MoE layers whose placement committed, heard on the controller's bus: each ``"commit"``
+    :class:`~ascend_eplb.control.bus.CommitEvent` (upstream's commit of one layer returned), kept until
+    the step's end drains them. Every commit is heard, however many the run has (the state's
+    log of recent commit events keeps only the last ``COMMIT_LOG_MAXLEN``)."""
+
+    def __init__(self, bus: Any) -> None:
+        self._layers: set[int] = set()
+        bus.subscribe(CommitEvent, self._on_commit)
+
+    def _on_commit(self, event: CommitEvent) -> None:
+        if event.kind == "commit":
+            self._layers.add(event.layer)
+
+    def drain(self) -> list[int]:
+        """The layers committed since the last drain, ascending (each once)."""
+        layers, self._layers = sorted(self._layers), set()
+        return layers
+
+
 def _close_step(
     ctx: RankContext, stats: dict, step: int, started: tuple[float, float], violation: Any,
     after_sampling: Any, model_state: Any, state: Any, watchdog: WorkerWatchdog, hook_seconds: list[float],
-    log_len: int, loads: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-) -> tuple[Any, bool, int]:  # fmt: skip
+    commits: _CommitWatch, loads: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> tuple[Any, bool]:  # fmt: skip
     """The end of one step, the same in both worlds: runner point 9 (``after_sampling``: upstream's step,
     then the watchdog and the verifier, which may raise the same error on every rank), the step's
     timings, a worker failure the watchdog decided, the commits, balancedness and rank shares
@@ -249,8 +270,7 @@ def _close_step(
     message, and whether every rank stops now (one flag all-reduced over the EP group).
 
     Returns:
-        ``(violation, stop, log_len)``: the first violation so far, whether the ranks leave the loop,
-        and the commit log's length after this step.
+        ``(violation, stop)``: the first violation so far, and whether the ranks leave the loop.
     """
     in_flight = bool(model_state.rebalanced)
     verified = None
@@ -268,27 +288,25 @@ def _close_step(
         # EPLB stopped on every rank at this step; serving (and every other check) goes on.
         stats["worker_failure"] = (watchdog.failure.message(), step)
         violation = violation or _CheckViolationError("worker", watchdog.failure.message())
-    log_len = _end_of_step(stats, state, log_len, *loads, ctx.world_size)
+    _end_of_step(stats, state, commits.drain(), *loads, ctx.world_size)
     ctx.send(("step", step, state.num_rearrangements, stats["balancedness_per_step"][-1]))
     if verified is not None:
         # Raised on every rank at this same step boundary: all ranks stop here together.
-        return violation or verified, True, log_len
+        return violation or verified, True
     stop = violation is not None and violation.check != "worker"
     flag = torch.tensor([int(stop)], dtype=torch.int32)
     dist.all_reduce(flag, group=get_ep_group().cpu_group)
-    return violation, int(flag) > 0, log_len
+    return violation, int(flag) > 0
 
 
 def _end_of_step(
-    stats: dict, state: Any, log_len: int, rank_load: torch.Tensor, logical_load: torch.Tensor,
+    stats: dict, state: Any, committed_layers: list[int], rank_load: torch.Tensor, logical_load: torch.Tensor,
     initial_p2l: torch.Tensor, num_ranks: int,
-) -> int:  # fmt: skip
-    """Record the step's commits (the commit log's events from ``log_len`` on), rearrangements,
-    balancedness with EPLB (``rank_load`` ``(L, N)``) and without (``logical_load`` ``(L, E)`` on
-    upstream's initial placement ``initial_p2l``) and rank shares; returns the new log length."""
-    events = list(state.commit_log)
-    new_events = events[log_len:] if len(events) >= log_len else []
-    stats["commits_per_step"].append(sorted({ev.layer for ev in new_events if ev.kind == "commit"}))
+) -> None:  # fmt: skip
+    """Record the step's commits (``committed_layers``, from the bus), rearrangements, balancedness with
+    EPLB (``rank_load`` ``(L, N)``) and without (``logical_load`` ``(L, E)`` on upstream's initial
+    placement ``initial_p2l``) and rank shares."""
+    stats["commits_per_step"].append(list(committed_layers))
     stats["rearrangements_per_step"].append(state.num_rearrangements)
     loads = rank_load.numpy()
     bal = float(np.mean(loads.mean(axis=1) / np.maximum(loads.max(axis=1), 1)))
@@ -300,7 +318,6 @@ def _end_of_step(
     stats["balancedness_off_per_step"].append(
         metrics.balancedness(metrics.rank_loads(logical_load, initial_p2l, num_ranks))
     )
-    return len(events)
 
 
 @dataclass
@@ -363,7 +380,7 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
     stats = _new_stats()
     violation: _CheckViolationError | None = None
     cursor = 0
-    log_len = len(world.state.commit_log)
+    commits = _CommitWatch(world.wiring.controller.bus)
     for step in range(cfg["steps"]):
         t0, c0 = time.perf_counter(), time.process_time()
         world.verifier_time[0] = 0.0
@@ -382,9 +399,9 @@ def _run(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
             (fwd.all_logical[:, world.real] + world.layer_offsets * world.num_logical).reshape(-1),
             minlength=world.num_moe_layers * world.num_logical,
         ).view(world.num_moe_layers, world.num_logical)  # fmt: skip
-        violation, stop, log_len = _close_step(
+        violation, stop = _close_step(
             ctx, stats, step, (t0, c0), violation, world.wiring.after_sampling, world.model_state,
-            world.state, world.watchdog, world.verifier_time, log_len,
+            world.state, world.watchdog, world.verifier_time, commits,
             (rank_load, logical_load, world.initial_p2l),
         )  # fmt: skip
         if stop:
@@ -612,7 +629,7 @@ def _run_model(ctx: RankContext, cfg: dict) -> dict:
     layer_offsets = torch.arange(num_moe_layers).view(num_moe_layers, 1, 1)
     stats = _new_stats()
     violation: _CheckViolationError | None = None
-    log_len = len(state.commit_log)
+    commits = _CommitWatch(worker.wiring.controller.bus)
     for step in range(cfg["steps"]):
         t0, c0 = time.perf_counter(), time.process_time()
         hook_seconds[0] = 0.0
@@ -654,9 +671,9 @@ def _run_model(ctx: RankContext, cfg: dict) -> dict:
             (logical + layer_offsets.view(-1, 1) * num_logical).reshape(-1),
             minlength=num_moe_layers * num_logical,
         ).view(num_moe_layers, num_logical)  # fmt: skip
-        violation, stop, log_len = _close_step(
+        violation, stop = _close_step(
             ctx, stats, step, (t0, c0), violation, worker.end_step, model_state, state, watchdog,
-            hook_seconds, log_len, (rank_load, logical_load, initial_p2l),
+            hook_seconds, commits, (rank_load, logical_load, initial_p2l),
         )  # fmt: skip
         if stop:
             break

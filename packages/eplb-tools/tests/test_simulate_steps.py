@@ -1,0 +1,36 @@
+"""The simulator's per-step accounting, in the test process (no ranks)."""
+
+from collections import deque
+from types import SimpleNamespace
+
+import torch
+
+from ascend_eplb.control.bus import EventBus
+from ascend_eplb.control.state import COMMIT_LOG_MAXLEN, AscendEplbState
+from ascend_eplb.tools.simulate import rank
+
+
+def test_every_layer_commit_is_counted_past_the_commit_logs_length():
+    """The bug (issue 30): a step's commits were read by slicing ``AscendEplbState.commit_log`` at its
+    previous length; once the deque was full (``COMMIT_LOG_MAXLEN`` events, 4 per layer commit) its
+    length stopped growing and no later commit was seen. The commits now come from the bus: here the
+    state's own ``_log`` (which appends to the deque and publishes on the bus, as every commit does)
+    runs for twice the deque's length, one layer commit per step, and every step reports its layer."""
+    num_layers, num_ranks = 4, 2
+    state = SimpleNamespace(commit_log=deque(maxlen=COMMIT_LOG_MAXLEN), bus=EventBus(), num_rearrangements=0)
+    model_state = SimpleNamespace(model_name="m")
+    watch = rank._CommitWatch(state.bus)
+    stats = rank._new_stats()
+    rank_load = torch.tensor([[3.0, 1.0]] * num_layers)  # (L, N)
+    logical_load = torch.tensor([[1, 1, 1, 1]] * num_layers)  # (L, E)
+    initial = torch.tensor([[0, 1, 2, 3]] * num_layers)  # (L, P)
+    steps = 2 * COMMIT_LOG_MAXLEN // 4
+    for step in range(steps):
+        state.num_rearrangements = step // num_layers + 1
+        for kind in ("move", "commit", "refresh", "acknowledge"):
+            AscendEplbState._log(state, kind, model_state, step % num_layers)
+        rank._end_of_step(stats, state, watch.drain(), rank_load, logical_load, initial, num_ranks)
+    assert len(state.commit_log) == COMMIT_LOG_MAXLEN  # full since step COMMIT_LOG_MAXLEN // 4
+    assert stats["commits_per_step"] == [[step % num_layers] for step in range(steps)]
+    assert stats["rearrangements_per_step"][-1] == steps // num_layers
+    assert watch.drain() == []  # drained at every step's end
