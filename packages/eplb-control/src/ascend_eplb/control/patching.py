@@ -308,11 +308,11 @@ class Body:
 
 
 def declares_attribute(cls: type, attr: str) -> bool:
-    """Whether instances of ``cls`` have ``attr`` by ``cls``'s own code: a class attribute, a dataclass
-    field, or an assignment ``self.<attr> = ...`` in an ``__init__`` of its MRO (read from the source),
-    ``object`` excluded."""
+    """Whether instances of ``cls`` have ``attr`` by ``cls``'s own code: a class attribute, a class
+    annotation, a dataclass field, or an assignment ``self.<attr> = ...`` in an ``__init__`` of its MRO
+    (read from the source), ``object`` excluded."""
     for klass in cls.__mro__[:-1]:
-        if attr in vars(klass) or attr in getattr(klass, "__dataclass_fields__", {}):
+        if attr in vars(klass) or attr in vars(klass).get("__annotations__", {}):
             return True
         init = vars(klass).get("__init__")
         if init is None:
