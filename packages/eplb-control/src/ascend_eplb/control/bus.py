@@ -14,6 +14,9 @@ event                        published                                          
 :class:`StepEvent`           after every upstream step that ran                  controller
 :class:`RearrangementEvent`  upstream's ``rearrange`` handed a closed window to  state
                              the policy (not for profile or skipped ones)
+:class:`DecisionEvent`       what the policy and the gain gate decided for one    state
+                             model's window (at its first commit; at once for a
+                             window without load)
 :class:`CommitEvent`         each phase of a layer's commit: move, commit,       state
                              refresh, acknowledge
 :class:`ShutdownEvent`       the runner's end of life, once                      controller
@@ -41,6 +44,7 @@ __all__ = [
     "CommitEvent",
     "CommitEventKind",
     "ControllerEvent",
+    "DecisionEvent",
     "Event",
     "EventBus",
     "RearrangementEvent",
@@ -103,6 +107,35 @@ class RearrangementEvent(Event):
     """
 
     state: Any
+
+
+@dataclass(frozen=True)
+class DecisionEvent(Event):
+    """What the placement policy and the gain gate decided for one model's closed window
+    (``ascend_eplb.control.gate``), on the runner thread, on every EP rank alike.
+
+    Published by the state when the policy is wrapped (a policy other than upstream's default, or the
+    gate on) just before the first commit event of that model's rearrangement (the decision was made
+    by the thread that runs the policy; the state takes it from its ``DecisionChannel`` there); and, for
+    every registered model, at once for a window in which no EP rank recorded load (reason
+    ``"no_load"``, whatever the settings: upstream's ``rearrange`` is not called then). A skipped
+    decision is still followed by upstream's per-layer commits of the unchanged placement (nothing
+    moves).
+
+    Attributes:
+        state: the ``AscendEplbState``.
+        model_name: upstream ``EplbModelState.model_name``.
+        rearrangement: 1-based index of the rearrangement (``state.num_rearrangements``), None for
+            ``"no_load"`` (no rearrangement started).
+        decision: the ``ascend_eplb.control.policy_config.PlacementDecision``.
+        model_state: upstream's ``EplbModelState`` (not compared, not in the repr).
+    """
+
+    state: Any = field(compare=False, repr=False)
+    model_name: str
+    rearrangement: int | None
+    decision: Any
+    model_state: Any = field(default=None, compare=False, repr=False)
 
 
 CommitEventKind = Literal["move", "commit", "refresh", "acknowledge"]

@@ -36,6 +36,7 @@ from ascend_eplb.control.layout import (
     row_layout,
 )
 from ascend_eplb.control.phase import LoadCollectionPhase, is_phase_matched, validate_phase
+from ascend_eplb.control.policy_config import PolicySettings
 from ascend_eplb.control.router_adaptation import adapt_layer_routers
 from ascend_eplb.control.state import AscendEplbState
 
@@ -59,6 +60,9 @@ class AscendEPLBController(EPLBController):
         device: the device of the EPLB state and lookups.
         load_collection_phase: ``"all"`` (default), ``"prefill"`` or ``"decode"``; see
             :func:`~ascend_eplb.control.phase.is_phase_matched`.
+        policy_settings: the placement policy and the gain gate its state selects
+            (:class:`~ascend_eplb.control.policy_config.PolicySettings`); None: upstream's default
+            policy, gate off.
 
     Attributes:
         bus: the controller's :class:`~ascend_eplb.control.bus.EventBus`, also its state's. The controller
@@ -73,6 +77,7 @@ class AscendEPLBController(EPLBController):
 
     Raises:
         ValueError: ``load_collection_phase`` is not an allowed phase (the message lists them).
+        TypeError: ``policy_settings`` is not a ``PolicySettings`` or None.
         RuntimeError: an upstream method this class overrides or relies on changed signature since
             vLLM 0.33.0 (the message names it).
     """
@@ -80,9 +85,21 @@ class AscendEPLBController(EPLBController):
     state: AscendEplbState | None
 
     def __init__(
-        self, parallel_config: Any, device: torch.device, load_collection_phase: LoadCollectionPhase = "all"
+        self,
+        parallel_config: Any,
+        device: torch.device,
+        load_collection_phase: LoadCollectionPhase = "all",
+        *,
+        policy_settings: PolicySettings | None = None,
     ) -> None:
         phase = validate_phase(load_collection_phase)
+        if policy_settings is not None and not isinstance(policy_settings, PolicySettings):
+            raise TypeError(
+                f"policy_settings={policy_settings!r} must be an ascend_eplb.control.policy_config."
+                "PolicySettings or None"
+            )
+        self.policy_settings = PolicySettings() if policy_settings is None else policy_settings
+        """The placement policy and gain gate of the state :meth:`prepare_load` builds."""
         check_upstream_controller_signatures()
         super().__init__(parallel_config, device)
         self.load_collection_phase: LoadCollectionPhase = phase
@@ -103,7 +120,9 @@ class AscendEPLBController(EPLBController):
         self.state = None
         self._has_registered_models = False
         if self.parallel_config.enable_eplb:
-            self.state = AscendEplbState(self.parallel_config, self.device, bus=self.bus)
+            self.state = AscendEplbState(
+                self.parallel_config, self.device, bus=self.bus, policy_settings=self.policy_settings
+            )
 
     def maybe_register_speculator(
         self, speculator: Any | None, speculative_config: Any | None, load_dummy_weights: bool

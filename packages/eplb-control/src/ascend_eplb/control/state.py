@@ -14,7 +14,12 @@ exactly when the layer's placement commits (see :mod:`ascend_eplb.control.commit
   commit) or all layers (synchronous commit, ``update_mapping``), before the async worker's staging
   buffer is acknowledged;
 * a skip of a rearrangement whose window holds no load on any rank (upstream would hand an all-zero
-  window to the policy), decided with one collective on the EP CPU group;
+  window to the policy), decided with one collective on the EP CPU group (gate reason ``"no_load"``);
+* the selection of the placement policy and the gain gate (:class:`~ascend_eplb.control.policy_config.
+  PolicySettings`): unless they are upstream's default policy with the gate off, ``EplbState.policy``
+  becomes the :func:`~ascend_eplb.control.gate.gated_policy` class of this state (set after each
+  upstream ``add_model``, which sets upstream's), run by upstream where it runs the policy; its
+  decisions are published on the bus at the first commit of each model's rearrangement;
 * an inspectable :attr:`AscendEplbState.commit_log` of the per-layer order move, commit, refresh,
   acknowledge, each :class:`~ascend_eplb.control.bus.CommitEvent` also published on the controller's
   :class:`~ascend_eplb.control.bus.EventBus` as it happens, and a
@@ -37,10 +42,12 @@ from vllm.logger import init_logger
 from vllm.utils.gpu_sync_debug import gpu_sync_allowed
 
 from ascend_eplb.control import upstream
-from ascend_eplb.control.bus import CommitEvent, CommitEventKind, EventBus, RearrangementEvent
+from ascend_eplb.control.bus import CommitEvent, CommitEventKind, DecisionEvent, EventBus, RearrangementEvent
 from ascend_eplb.control.commit_hooks import attach_observer, commit_hooks_installed
+from ascend_eplb.control.gate import DecisionChannel, gated_policy
 from ascend_eplb.control.layout import RowLayout
 from ascend_eplb.control.patching import InstanceBinding
+from ascend_eplb.control.policy_config import PlacementDecision, PolicySettings
 from ascend_eplb.dataplane import DEFAULT_ROWS, ReplicaLookup
 
 __all__ = [
@@ -138,7 +145,6 @@ class AscendEplbLayerState(EplbLayerState):
     ) -> ReplicaLookup:
         lookup = ReplicaLookup(
             int(logical_to_physical_map.shape[0]),
-            0,
             logical_to_physical_map.device,
             rows=self.lookup_rows,
             num_physical_experts=num_physical_experts,
@@ -208,16 +214,42 @@ class AscendEplbState(EplbState):
             debugging, off by default).
         commit_probe: optional ``fn(model_state, layer) -> Any`` called at each ``move`` event while
             collecting evidence (e.g. to read the layer's weight tags).
-        num_rearrangements: rearrangements started (profile rearrangements excluded).
-        num_skipped_rearrangements: rearrangements skipped because no rank recorded load.
+        num_rearrangements: rearrangements started (profile rearrangements excluded): windows upstream's
+            ``rearrange`` handed to the policy, the ones the gain gate skipped included.
+        num_skipped_rearrangements: windows skipped because no rank recorded load (never handed to
+            upstream's ``rearrange``; not in ``num_rearrangements``).
+        skipped_rearrangements: ``collections.Counter`` of skipped windows by reason
+            (``"balanced"``, ``"min_gain"``, ``"no_load"``), counted when the decision is published.
+        policy_settings: the :class:`~ascend_eplb.control.policy_config.PolicySettings` in force.
         bus: the :class:`~ascend_eplb.control.bus.EventBus` this state publishes to (the
             controller's): every :class:`CommitEvent` right after it is logged, on the runner thread (a
             subscriber's exception propagates out of upstream's commit and stops the step); a
             :class:`~ascend_eplb.control.bus.RearrangementEvent` right after upstream's ``rearrange``
-            handed a closed window to the policy (not for profile or skipped ones).
+            handed a closed window to the policy (not for profile or skipped ones); a
+            :class:`~ascend_eplb.control.bus.DecisionEvent` per model and window decided (module
+            docstring).
+
+    Args:
+        parallel_config, device: upstream's.
+        bus: the event bus (None: a bus of its own).
+        policy_settings: the placement policy and the gain gate (None: upstream's default policy, gate
+            off).
     """
 
-    def __init__(self, parallel_config: Any, device: torch.device, *, bus: EventBus | None = None) -> None:
+    def __init__(
+        self,
+        parallel_config: Any,
+        device: torch.device,
+        *,
+        bus: EventBus | None = None,
+        policy_settings: PolicySettings | None = None,
+    ) -> None:
+        settings = PolicySettings() if policy_settings is None else policy_settings
+        if not isinstance(settings, PolicySettings):
+            raise TypeError(
+                f"policy_settings={policy_settings!r} must be an ascend_eplb.control.policy_config."
+                "PolicySettings or None"
+            )
         check_upstream_state_signatures()
         if not commit_hooks_installed():
             raise RuntimeError(
@@ -231,7 +263,13 @@ class AscendEplbState(EplbState):
         self.commit_probe: Callable[[EplbModelState, int], Any] | None = None
         self.num_rearrangements = 0
         self.num_skipped_rearrangements = 0
+        self.skipped_rearrangements: collections.Counter[str] = collections.Counter()
         self._consecutive_skips = 0
+        self.policy_settings = settings
+        self._decisions = DecisionChannel()
+        self._gated_policy = None if settings.is_upstream_default else gated_policy(settings, self._decisions)
+        # Model keys whose decision of the rearrangement in flight is still to be published.
+        self._awaiting_decision: set[str] = set()
         self._layer_states: dict[str, dict[int, list[AscendEplbLayerState]]] = {}
         self.bus = EventBus() if bus is None else bus
         self.row_layouts: dict[str, torch.Tensor] = {}
@@ -257,6 +295,10 @@ class AscendEplbState(EplbState):
                     "MoE layer (AscendEplbLayerState.from_upstream converts an upstream one)"
                 )
         super().add_model(model, model_config, model_name)
+        if self._gated_policy is not None:
+            # Upstream's add_model has just set self.policy = EPLB_POLICIES[eplb_config.policy] (its
+            # option stays "default"): select ours in its place, for every model of this state.
+            self.policy = self._gated_policy
         by_layer: dict[int, list[AscendEplbLayerState]] = collections.defaultdict(list)
         for layer in model.moe_layers:
             layer_state = layer.eplb_state
@@ -318,7 +360,14 @@ class AscendEplbState(EplbState):
     def before_commit(
         self, model_state: EplbModelState, layers: tuple[int, ...], new_physical_to_logical_map: torch.Tensor
     ) -> None:
-        """:class:`~ascend_eplb.control.commit_hooks.CommitObserver`: ``layers``' weights already moved."""
+        """:class:`~ascend_eplb.control.commit_hooks.CommitObserver`: ``layers``' weights already moved.
+
+        At the first commit of a model's gated rearrangement, its decision is published first.
+        """
+        key = self._key_of(model_state)
+        if key in self._awaiting_decision:
+            self._awaiting_decision.discard(key)
+            self._publish_decision(model_state, self.num_rearrangements, self._take_decision(model_state))
         for layer in layers:
             if self.collect_commit_evidence:
                 with gpu_sync_allowed():
@@ -395,6 +444,24 @@ class AscendEplbState(EplbState):
             self._refresh_layer(model_state, key, layer)
 
     # ----------------------------------------------------------------- rearrangement gate
+    def _take_decision(self, model_state: EplbModelState) -> PlacementDecision:
+        decision = self._decisions.take()
+        if decision is None:
+            # The policy's thread decides before it publishes a layer, and the policy is called once
+            # per model and rearrangement: a missing decision means upstream's call order changed.
+            raise RuntimeError(
+                f"EPLB rearrangement {self.num_rearrangements} of {model_state.model_name}: its first layer "
+                "commits, but the gated policy made no decision for it (upstream's policy call changed?)"
+            )
+        return decision
+
+    def _publish_decision(
+        self, model_state: EplbModelState, rearrangement: int | None, decision: PlacementDecision
+    ) -> None:
+        if decision.skipped is not None:
+            self.skipped_rearrangements[decision.skipped] += 1
+        self.bus.publish(DecisionEvent(self, model_state.model_name, rearrangement, decision, model_state))
+
     def any_rank_recorded_load(self) -> bool:
         """Whether any EP rank's load window holds a non-zero count (valid physical slots only).
 
@@ -423,9 +490,13 @@ class AscendEplbState(EplbState):
 
         The skip applies to regular rearrangements only (not profile, elastic-EP ``rank_mapping`` or
         ``use_last_expert_load`` ones). It is decided by :meth:`any_rank_recorded_load` on every rank
-        alike, so all ranks skip together; EP rank 0 logs the first skip of each idle stretch.
+        alike, so all ranks skip together; a :class:`~ascend_eplb.control.bus.DecisionEvent` with reason
+        ``"no_load"`` is published per model; EP rank 0 logs the first skip of each idle stretch.
+        Only regular rearrangements are gated (the gated policy's channel is told before upstream's
+        call); the others run the selected policy alone.
         """
-        if not is_profile and rank_mapping is None and not use_last_expert_load and self.model_states:
+        regular = not is_profile and rank_mapping is None and not use_last_expert_load
+        if regular and self.model_states:
             if not self.any_rank_recorded_load():
                 self.num_skipped_rearrangements += 1
                 self._consecutive_skips += 1
@@ -435,10 +506,19 @@ class AscendEplbState(EplbState):
                         "rearrangement until load is recorded again",
                         self.expert_load_window_size,
                     )
+                for model_state in self.model_states.values():
+                    decision = PlacementDecision(self.policy_settings.policy, "no_load", None, None, 0)
+                    self._publish_decision(model_state, None, decision)
                 return None
             self._consecutive_skips = 0
         if not is_profile:
             self.num_rearrangements += 1
+        if self._gated_policy is not None:
+            # No policy call is in flight: upstream starts a rearrangement only when the last one's
+            # every layer committed.
+            self._decisions.clear()
+            self._decisions.gating = regular
+            self._awaiting_decision = set(self.model_states) if regular else set()
         result = super().rearrange(is_profile, rank_mapping, use_last_expert_load)
         if not is_profile:
             self.bus.publish(RearrangementEvent(self))

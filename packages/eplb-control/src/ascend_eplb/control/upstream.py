@@ -70,6 +70,7 @@ CONTROLLER = "control.controller"
 STATE = "control.state"
 ROUTER_ADAPTATION = "control.router_adaptation"
 POLICY = "control.policy"
+GATE = "control.gate"
 ROUTER = "dataplane.router"
 MOVEMENT = "movement.communicator"
 INTEGRATION = "integration.patches"
@@ -83,6 +84,7 @@ USERS = (
     STATE,
     ROUTER_ADAPTATION,
     POLICY,
+    GATE,
     ROUTER,
     MOVEMENT,
     INTEGRATION,
@@ -242,7 +244,7 @@ SIGNATURES: Mapping[str, Signature] = _table(
         _POLICY,
         "AbstractEplbPolicy.rebalance_experts",
         ("weight", "num_replicas", "num_groups", "num_nodes", "num_ranks", "old_global_expert_indices=None"),
-        (POLICY,),
+        (POLICY, GATE),
     ),
 )
 
@@ -402,6 +404,7 @@ _ASCEND_STATE = "ascend_eplb.control.state.AscendEplbState"
 _ASCEND_LAYER_STATE = "ascend_eplb.control.state.AscendEplbLayerState"
 _GLOO = "ascend_eplb.movement.communicator.AscendGlooEplbCommunicator"
 _MIGRATION_AWARE = "ascend_eplb.control.policy.MigrationAwarePolicy"
+_GATED = "ascend_eplb.control.gate.GatedPolicy"
 
 
 def _override(subclass: str, name: str, users: str, how: str) -> Override:
@@ -525,6 +528,13 @@ OVERRIDES: tuple[Override, ...] = (
         POLICY,
         "starts from the placement in force and moves the fewest experts for upstream's balancedness "
         "(`notes/placement-cost.md`)",
+    ),
+    _override(
+        _GATED,
+        f"{_POLICY}.AbstractEplbPolicy.rebalance_experts",
+        GATE,
+        "the gain gate around the selected policy: the committed placement unchanged when the window is "
+        "balanced enough or the policy's placement gains too little",
     ),
 )
 
@@ -677,6 +687,15 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         _STATE, "EplbState", "async_worker", "reads", (INITIAL_PLACEMENT,), "no install once it started"
     ),
     Attribute(_STATE, "EplbState", "model_states", "reads", (INITIAL_PLACEMENT,), "the registered model's"),
+    Attribute(
+        _STATE,
+        "EplbState",
+        "policy",
+        "writes",
+        (STATE,),
+        "after each `add_model` (which sets upstream's): the state's gated policy class, unless the "
+        "settings are upstream's default policy with the gate off",
+    ),
 )
 
 #: Every upstream function whose body our code depends on, pinned by

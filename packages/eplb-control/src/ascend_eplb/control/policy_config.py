@@ -1,0 +1,171 @@
+"""Which placement policy upstream's EPLB runs, and when the gain gate skips a rearrangement.
+
+Standard library only, so start-up validation and ``ascend-eplb check`` judge these settings without
+importing torch or vLLM; :mod:`ascend_eplb.control.gate` runs them.
+
+Three Ascend keys of ``additional_config.eplb_config`` (validated by integration's rules, one rule id
+each) make one :class:`PolicySettings`:
+
+* ``policy``: ``"default"`` (upstream vLLM's ``DefaultEplbPolicy``, the default) or
+  ``"migration_aware"`` (:class:`ascend_eplb.control.policy.MigrationAwarePolicy`, which starts from the
+  placement in force and moves the fewest experts). Upstream's own ``eplb_config.policy`` stays
+  ``"default"`` (its asynchronous mode requires it); the Ascend state selects the policy.
+* ``min_balancedness_gain``: a float in ``[0, 1)``, default ``0.0`` (off). A rearrangement whose planned
+  placement improves the balancedness of its window by less than this is skipped (reason
+  ``"min_gain"``).
+* ``target_balancedness``: a float in ``(0, 1]`` or None, default None (off). A rearrangement whose
+  window is already at least this balanced under the committed placement is skipped before the policy
+  runs (reason ``"balanced"``); ``1.0`` skips only a perfectly balanced window.
+
+Balancedness (``notes/placement-cost.md``; :func:`ascend_eplb.control.policy.balancedness`): per MoE
+layer, mean rank load / max rank load, each logical expert's load split evenly over its replicas; a
+layer without load counts 1.0; averaged over the layers. It lies in ``(0, 1]``, so a gain lies in
+``(-1, 1)``: a ``min_balancedness_gain`` of 1 or more would skip every rearrangement and is refused.
+
+The third skip reason, ``"no_load"``, needs no setting: a window in which no EP rank recorded load is
+never handed to the policy (``AscendEplbState.rearrange``).
+
+With ``policy="default"`` and both gate keys off (:attr:`PolicySettings.is_upstream_default`), nothing
+of this runs: upstream's ``EplbState.policy`` stays upstream's ``DefaultEplbPolicy`` itself.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from ascend_eplb.control.values import is_int
+
+__all__ = [
+    "POLICY_NAMES",
+    "SKIP_REASONS",
+    "PlacementDecision",
+    "PolicyName",
+    "PolicySettings",
+    "SkipReason",
+    "min_balancedness_gain_error",
+    "policy_error",
+    "target_balancedness_error",
+]
+
+PolicyName = Literal["default", "migration_aware"]
+"""The placement policies the Ascend state can select."""
+POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
+"""``("default", "migration_aware")``; ``ascend_eplb.control.gate.POLICIES`` maps each to its class
+(checked equal at import)."""
+
+SkipReason = Literal["balanced", "min_gain", "no_load"]
+"""Why a closed window did not change the placement: already balanced enough (``target_balancedness``),
+the planned placement gains too little (``min_balancedness_gain``), or no EP rank recorded load."""
+SKIP_REASONS: tuple[str, ...] = get_args(SkipReason)
+"""``("balanced", "min_gain", "no_load")``."""
+
+
+def _number(value: object) -> bool:
+    return is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+def policy_error(value: object) -> str | None:
+    """Why ``value`` is not a ``policy`` key value (None: it is one of :data:`POLICY_NAMES`)."""
+    if isinstance(value, str) and value in POLICY_NAMES:
+        return None
+    return f"additional_config.eplb_config.policy={value!r} is not one of {list(POLICY_NAMES)}"
+
+
+def min_balancedness_gain_error(value: object) -> str | None:
+    """Why ``value`` is not a ``min_balancedness_gain`` (None: a finite number in ``[0, 1)``)."""
+    if _number(value) and 0 <= value < 1:  # type: ignore[operator]
+        return None
+    return (
+        f"additional_config.eplb_config.min_balancedness_gain={value!r} must be a number in [0, 1) "
+        "(a gain of balancedness, which lies in (0, 1]; 0 turns the check off)"
+    )
+
+
+def target_balancedness_error(value: object) -> str | None:
+    """Why ``value`` is not a ``target_balancedness`` (None: None, or a finite number in ``(0, 1]``)."""
+    if value is None or (_number(value) and 0 < value <= 1):  # type: ignore[operator]
+        return None
+    return (
+        f"additional_config.eplb_config.target_balancedness={value!r} must be a number in (0, 1] "
+        "(a balancedness; leave it unset to turn the check off)"
+    )
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """The placement policy and the gain gate of one :class:`~ascend_eplb.control.state.AscendEplbState`.
+
+    Attributes:
+        policy: a name of :data:`POLICY_NAMES`.
+        min_balancedness_gain: skip when the planned gain is below this; 0.0 is off.
+        target_balancedness: skip when the committed placement is at least this balanced; None is off.
+
+    Raises:
+        ValueError: every invalid field at once, each message naming the value and the rule (nothing is
+            built).
+    """
+
+    policy: str = "default"
+    min_balancedness_gain: float = 0.0
+    target_balancedness: float | None = None
+
+    def __post_init__(self) -> None:
+        errors = [
+            e
+            for e in (
+                policy_error(self.policy),
+                min_balancedness_gain_error(self.min_balancedness_gain),
+                target_balancedness_error(self.target_balancedness),
+            )
+            if e is not None
+        ]
+        if errors:
+            raise ValueError("; ".join(errors))
+
+    @property
+    def gate_on(self) -> bool:
+        """Whether either gate check is on."""
+        return self.min_balancedness_gain > 0 or self.target_balancedness is not None
+
+    @property
+    def is_upstream_default(self) -> bool:
+        """``policy="default"`` with the gate off: upstream's policy object runs, nothing is wrapped."""
+        return self.policy == "default" and not self.gate_on
+
+    def describe(self) -> str:
+        """``policy=NAME, gate off`` or ``policy=NAME, gate min_balancedness_gain=X target_balancedness=Y``
+        (the serving log's wording)."""
+        if not self.gate_on:
+            return f"policy={self.policy}, gate off"
+        target = "off" if self.target_balancedness is None else f"{self.target_balancedness:g}"
+        return (
+            f"policy={self.policy}, gate min_balancedness_gain={self.min_balancedness_gain:g} "
+            f"target_balancedness={target}"
+        )
+
+
+@dataclass(frozen=True)
+class PlacementDecision:
+    """What the policy (and the gate around it) decided for one model's closed window.
+
+    All figures are over the window's global logical load ``(L, E)``, the one upstream hands to the
+    policy (all-reduced, equal on every EP rank), so every rank decides alike.
+
+    Attributes:
+        policy: the policy name (:data:`POLICY_NAMES`).
+        skipped: None (the placement the policy planned is returned and moved), or a reason of
+            :data:`SKIP_REASONS` (the committed placement is returned unchanged: no expert moves).
+        balancedness_before: of the window under the committed placement (None for ``"no_load"``).
+        balancedness_planned: of the window under the policy's placement (None when the policy did not
+            run: ``"balanced"``, ``"no_load"``).
+        experts_moved: experts the returned placement moves (``moved_experts`` summed over layers; 0
+            when skipped; None when no placement was in force to move from).
+    """
+
+    policy: str
+    skipped: str | None
+    balancedness_before: float | None
+    balancedness_planned: float | None
+    experts_moved: int | None
