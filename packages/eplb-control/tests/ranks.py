@@ -55,12 +55,37 @@ def _config(world_size: int, use_async: bool):
     return VllmConfig(parallel_config=parallel_config)
 
 
-def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, Any]:
-    """Three rearrangement windows: skewed real load, an all-zero window, skewed real load again.
+def _split_ids(rank: int, num_ranks: int, num_tokens: int) -> torch.Tensor:
+    """int64 ``(num_tokens, TOP_K)``: rank ``r`` selects only the ``r``-th block of ``E / N`` logical
+    experts, cycling through it (token ``t``, choice ``j``: ``(TOP_K t + j) mod (E / N)`` of the block).
+
+    Each rank's local load sits on its own block; over the ranks (N = 2, 24 tokens) the blocks' first
+    halves get 5 selections per expert and step, their second halves 4: under upstream's initial
+    placement (E = 64, 4 redundant) both ranks carry 144, balancedness 1.0."""
+    block = NUM_LOGICAL // num_ranks
+    picks = torch.arange(num_tokens * TOP_K, dtype=torch.int64).view(num_tokens, TOP_K)
+    return picks % block + rank * block
+
+
+WINDOWS = ("skewed", "zero", "skewed")
+
+
+def control_world(
+    ctx: RankContext,
+    use_async: bool,
+    phase: str,
+    windows: tuple[str, ...] = WINDOWS,
+    policy: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Rearrangement windows, by default three: skewed real load, an all-zero window, skewed real load
+    again.
 
     Phases: under ``decode``/``prefill`` the ranks get different phases in the same step (rank ``r``
     has prefill at step ``s`` iff ``r + s`` is even); in the zero window every rank gets the filtered
-    phase (under ``all``: batches of padding only).
+    phase (under ``all``: batches of padding only). A ``split`` window routes :func:`_split_ids`
+    (every rank's local load differs, the global load is even); a ``hot`` window routes rank 0's block
+    on every rank (the load sits on the experts of rank 0). ``policy``: the fields of control's
+    ``PolicySettings`` the controller gets (None: upstream's default policy, gate off).
     """
     from vllm.config import set_current_vllm_config
     from vllm.distributed.eplb import eplb_state as upstream_state
@@ -71,8 +96,16 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
         initialize_model_parallel,
     )
 
-    from ascend_eplb.control import AscendEPLBController, PatchSet, commit_hooks, host_adaptation
+    from ascend_eplb.control import (
+        AscendEPLBController,
+        DecisionEvent,
+        PatchSet,
+        PolicySettings,
+        commit_hooks,
+        host_adaptation,
+    )
     from ascend_eplb.control import state as control_state
+    from ascend_eplb.control.gate import POLICIES
     from ascend_eplb.dataplane import DEFAULT_ROWS, build_replica_table, table_checksum
     from ascend_eplb.testing.tagged import TaggedExperts
     from ascend_eplb.tools.world.toy_moe import ToyModelConfig, ToyMoEModel, initial_local_experts
@@ -108,9 +141,20 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
         experts = [TaggedExperts(layer, local, tag) for layer in range(NUM_MOE_LAYERS)]
         model = ToyMoEModel(experts, NUM_LOGICAL, NUM_REDUNDANT, n, TOP_K)
         mc = ToyModelConfig("fake/tiny-moe")
-        ctrl = AscendEPLBController(vc.parallel_config, torch.device("cpu"), load_collection_phase=phase)
+        settings = PolicySettings(**policy) if policy is not None else None
+        ctrl = AscendEPLBController(
+            vc.parallel_config, torch.device("cpu"), load_collection_phase=phase, policy_settings=settings
+        )
         ctrl.prepare_load()
         state = ctrl.state
+        decisions: list[tuple[Any, ...]] = []
+        ctrl.bus.subscribe(
+            DecisionEvent,
+            lambda e: decisions.append(
+                (e.model_name, e.rearrangement, e.decision.policy, e.decision.skipped,
+                 e.decision.balancedness_before, e.decision.balancedness_planned, e.decision.experts_moved)
+            ),
+        )  # fmt: skip
         state.collect_commit_evidence = True
         state.commit_probe = lambda ms, layer: model.layers[layer].experts.local_tags()
         # The controller converts each router's upstream layer state and binds dataplane's op first.
@@ -124,6 +168,25 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
         ]
         ctrl.maybe_start_async_loop(True)
         ms = state.model_states[mc.compute_hash()]
+        report["policy"] = {
+            "is_upstream_default": state.policy is DefaultEplbPolicy,
+            "name": state.policy.__name__,
+            "settings": repr(getattr(state.policy, "settings", None)),
+        }
+        # Every expert transfer upstream's transaction posts, counted per cycle.
+        transfers = {"send": 0, "recv": 0}
+
+        def counting(kind):
+            original = getattr(ms.communicator, f"add_{kind}")
+
+            def add(*args, **kwargs):
+                transfers[kind] += 1
+                return original(*args, **kwargs)
+
+            setattr(ms.communicator, f"add_{kind}", add)
+
+        counting("send")
+        counting("recv")
         p = model.num_local_physical_experts
         layer_states = [model.layers[layer].eplb_state for layer in range(NUM_MOE_LAYERS)]
         table_ptrs = [ls.replica_lookup.table.data_ptr() for ls in layer_states]
@@ -174,7 +237,7 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
         report["rearrangements_after_profile"] = state.num_rearrangements
         errors += check_lookups_and_weights("after profile and warm-up")
 
-        def run_step(step: int, has_prefill: bool, num_tokens: int) -> None:
+        def run_step(step: int, has_prefill: bool, num_tokens: int, mode: str = "skewed") -> None:
             if state.is_async and ms.rebalanced:
                 deadline = time.monotonic() + DEADLINE_S
                 while ms.pending_result is None:
@@ -190,6 +253,8 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
             mismatched = 0
             for layer in range(NUM_MOE_LAYERS):
                 real = trace[layer][seq][:TOKENS][:num_tokens]
+                if mode in ("split", "hot"):
+                    real = _split_ids(rank if mode == "split" else 0, n, num_tokens)
                 ids = torch.cat([real, trace[layer][(seq + 1) % 40][:PADDING]])
                 _, phys = model.layers[layer].route(ids)  # upstream's router, dataplane's bound op
                 # Routing only ever uses the committed placement: every physical id holds the expert.
@@ -212,17 +277,17 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
             )
             errors.extend(check_lookups_and_weights(f"step {step}"))
 
-        def run_until_rearranged(first_step: int, zero_window: bool) -> int:
+        def run_until_rearranged(first_step: int, mode: str) -> int:
             """Step until the window closes, then (async) until every layer committed."""
             step = first_step
             started = state.num_rearrangements + state.num_skipped_rearrangements
             while state.num_rearrangements + state.num_skipped_rearrangements == started:
                 assert step - first_step <= INTERVAL, "the window never closed"
-                if zero_window:
+                if mode == "zero":
                     has_prefill = phase == "decode"  # the filtered phase for every rank
                     run_step(step, has_prefill, 0 if phase == "all" else TOKENS)
                 else:
-                    run_step(step, (rank + step) % 2 == 0, TOKENS)
+                    run_step(step, (rank + step) % 2 == 0, TOKENS, mode)
                 step += 1
             while ms.rebalanced:
                 assert step - first_step <= INTERVAL + NUM_MOE_LAYERS + 1, "the cycle never finished"
@@ -232,19 +297,24 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
 
         cycles = []
         step = 0
-        for zero_window in (False, True, False):
+        for mode in windows:
             expected_local.zero_()
+            transfers.update(send=0, recv=0)
+            decided = len(decisions)
             old_map = ms.physical_to_logical_map.clone()
-            step = run_until_rearranged(step, zero_window)
+            step = run_until_rearranged(step, mode)
             expected_global = expected_local.to(torch.int32)
             torch.distributed.all_reduce(expected_global, group=get_ep_group().cpu_group)
-            policy_map = DefaultEplbPolicy.rebalance_experts(
+            # The selected policy alone, on the window's global load, from the placement in force.
+            policy_map = POLICIES[state.policy_settings.policy].rebalance_experts(
                 expected_global, model.num_physical_experts, 1, 1, n, old_map
             )
             local_window_sum = ms.expert_load_window.sum(dim=0)  # (L, P)
             cycles.append(
                 {
-                    "zero_window": zero_window,
+                    "zero_window": mode == "zero",
+                    "mode": mode,
+                    "expected_local": expected_local.tolist(),
                     "expected_global": expected_global.tolist(),
                     "last_expert_load": ms.last_expert_load.tolist(),
                     "old_map": old_map.tolist(),
@@ -253,6 +323,9 @@ def control_world(ctx: RankContext, use_async: bool, phase: str) -> dict[str, An
                     "local_window_total": int(local_window_sum.sum()),
                     "num_rearrangements": state.num_rearrangements,
                     "num_skipped": state.num_skipped_rearrangements,
+                    "skipped_by_reason": dict(state.skipped_rearrangements),
+                    "decisions": decisions[decided:],
+                    "transfers": dict(transfers),
                     "end_step": step,
                 }
             )

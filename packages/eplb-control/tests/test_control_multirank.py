@@ -2,7 +2,8 @@
 
 Each world runs three rearrangement windows (skewed real routing load, an all-zero window, skewed load
 again) through ``AscendEPLBController`` and vLLM 0.33.0's ``EplbState``, async worker, default policy
-and Gloo communicator; ``ranks.control_world`` reports what it observed on each rank.
+and Gloo communicator; ``ranks.control_world`` reports what it observed on each rank. One world runs
+the migration-aware policy behind the gain gate instead.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
+from ascend_eplb.control import PolicySettings
+from ascend_eplb.control.policy import balancedness, moved_experts
 from ascend_eplb.testing import load_module, run_ranks
 from ascend_eplb.testing.oracles import check_commit_order
 
@@ -25,12 +29,12 @@ PRELOAD = (
 LAYERS = range(ranks.NUM_MOE_LAYERS)
 
 
-def _run(tmp_path, world_size, use_async, phase):
+def _run(tmp_path, world_size, use_async, phase, windows=ranks.WINDOWS, policy=None):
     return run_ranks(
         ranks.control_world,
         world_size=world_size,
         tmp_path=tmp_path,
-        args=(use_async, phase),
+        args=(use_async, phase, windows, policy),
         timeout_s=240,  # from the call: the fork server's vLLM import included
         preload=PRELOAD,
     )
@@ -55,6 +59,8 @@ def _assert_cycles(reports, use_async):
         if use_async:
             assert r["worker_alive"] is True
         assert r["routers_adapted"] == [True] * ranks.NUM_MOE_LAYERS
+        # Default settings: upstream's policy object itself runs, nothing wrapped.
+        assert r["policy"] == {"is_upstream_default": True, "name": "DefaultEplbPolicy", "settings": "None"}
 
     for c in range(3):
         cycles = [r["cycles"][c] for r in reports]
@@ -67,6 +73,12 @@ def _assert_cycles(reports, use_async):
             assert sum(cy2["local_window_total"] for cy2 in cycles) == 0
             assert all(cy2["num_skipped"] == 1 and cy2["num_rearrangements"] == 1 for cy2 in cycles)
             assert cy["committed_map"] == cy["old_map"]
+            # The gate's reason no_load, published on every rank (the only decision with the gate off).
+            assert all(
+                cy2["decisions"] == [("fake/tiny-moe", None, "default", "no_load", None, None, 0)]
+                and cy2["skipped_by_reason"] == {"no_load": 1}
+                for cy2 in cycles
+            )
         else:
             assert sum(map(sum, cy["expected_global"])) > 0
             # Upstream's window equals exactly what the unfiltered ranks recorded (filtered ones add 0),
@@ -74,6 +86,7 @@ def _assert_cycles(reports, use_async):
             # and the committed placement is upstream's default policy on that load.
             assert cy["committed_map"] == cy["policy_map"]
             assert cy["committed_map"] != cy["old_map"]
+            assert all(cy2["decisions"] == [] for cy2 in cycles)
     assert [r["cycles"][2]["num_rearrangements"] for r in reports] == [2] * world_size
     # Elastic EP's update_mapping (refused by serving, kept by control): every layer's lookup refreshed
     # in place to the one rebuilt from the remapped placement, one refresh event per layer.
@@ -150,3 +163,70 @@ def test_sync_commit_refreshes_every_layer_on_four_ranks(tmp_path):
     for r in reports:
         # Under "all" every batch of a recording step records, whatever its phase.
         assert {s["has_prefill"] for s in r["steps"] if s["recorded"]} == {True, False}
+
+
+GATE = {"policy": "migration_aware", "min_balancedness_gain": 0.01, "target_balancedness": 0.99}
+
+
+@pytest.mark.multirank
+def test_the_gate_skips_alike_on_ranks_whose_local_loads_differ_then_migration_aware_rearranges(tmp_path):
+    reports = _run(tmp_path, 2, True, "all", ("split", "hot"), GATE)
+    settings = PolicySettings(**GATE)
+    for r in reports:
+        assert r["errors"] == [], r["errors"]
+        assert r["policy"] == {
+            "is_upstream_default": False,
+            "name": "GatedMigrationAwarePolicy",
+            "settings": repr(settings),
+        }
+        assert all(s["routing_mismatches"] == 0 for s in r["steps"])
+        assert r["worker_alive"] is True
+    split = [r["cycles"][0] for r in reports]
+    # Each rank recorded load on its own block of experts only: the local windows differ entirely ...
+    block = ranks.NUM_LOGICAL // 2
+    for rank, cy in enumerate(split):
+        for row in cy["expected_local"]:
+            assert sum(row[(1 - rank) * block : (2 - rank) * block]) == 0
+            assert sum(row[rank * block : (rank + 1) * block]) == 2 * ranks.TOKENS * ranks.TOP_K
+    # ... and the global window, the one upstream hands to the policy, is even under the placement in
+    # force: 5 selections per step on the first half of each block, 4 on the second, two steps.
+    even = [10 if e % block < block // 2 else 8 for e in range(ranks.NUM_LOGICAL)]
+    for cy in split:
+        assert cy["last_expert_load"] == cy["expected_global"] == [even] * ranks.NUM_MOE_LAYERS
+        # Skipped alike on every rank: same reason and figures, placement unchanged, nothing sent.
+        assert cy["decisions"] == [("fake/tiny-moe", 1, "migration_aware", "balanced", 1.0, None, 0)]
+        assert cy["skipped_by_reason"] == {"balanced": 1}
+        assert (cy["num_rearrangements"], cy["num_skipped"]) == (1, 0)
+        assert cy["committed_map"] == cy["old_map"]
+        assert cy["transfers"] == {"send": 0, "recv": 0}
+    # The skipped rearrangement still ran upstream's per-layer commit, move to acknowledge (unchanged maps).
+    for r in reports:
+        committed = check_commit_order(
+            [e for e in r["commit_log"] if e[3] == 1],
+            LAYERS,
+            local_slots=r["local_slots"],
+            maps_before=r["cycles"][0]["old_map"],
+            table_ptrs=r["table_ptrs"],
+        )
+        assert [committed[layer] for layer in LAYERS] == r["cycles"][0]["old_map"]
+
+    # A window whose load sits on rank 0's experts passes the gate: every rank commits the
+    # migration-aware placement.
+    skewed = [r["cycles"][1] for r in reports]
+    cy = skewed[0]
+    assert all(c["committed_map"] == cy["committed_map"] == c["policy_map"] for c in skewed)
+    assert cy["committed_map"] != cy["old_map"]
+    load = torch.tensor(cy["expected_global"])
+    old, new = torch.tensor(cy["old_map"]), torch.tensor(cy["committed_map"])
+    before = float(balancedness(load, old, 2).mean())
+    planned = float(balancedness(load, new, 2).mean())
+    moved = moved_experts(old, new, 2)
+    assert before < GATE["target_balancedness"]
+    assert planned - before >= GATE["min_balancedness_gain"]
+    assert all(
+        c["decisions"] == [("fake/tiny-moe", 2, "migration_aware", None, before, planned, int(moved.sum()))]
+        for c in skewed
+    )
+    # Upstream's transaction received exactly the experts the placement moved, one per (layer, rank).
+    assert sum(c["transfers"]["recv"] for c in skewed) == int(moved.sum()) > 0
+    assert all(c["skipped_by_reason"] == {"balanced": 1} and c["num_rearrangements"] == 2 for c in skewed)
