@@ -161,20 +161,44 @@ def test_node_grouping_is_kept_in_a_two_node_hierarchical_case():
     assert balancedness(torch.tensor(load), up, 4).tolist() == [3.25 / 5]
 
 
-def test_an_old_placement_that_breaks_node_grouping_gets_upstreams_layer_aligned_to_it():
+def test_an_old_placement_that_breaks_node_grouping_is_regrouped_onto_upstreams_node_packing():
     # Upstream's initial placement (experts in order, then redundant slots) puts group 1's experts 4 and
-    # 5 on node 0: the layer takes upstream's placement, nodes, ranks and slots aligned to the old one.
+    # 5 on node 0. Upstream packs group 0 on node 0 and group 1 on node 1; the slots of node 0 keep
+    # experts 0-3, node 1's keep 6 and 7 and take 4 and 5, and the search fills the emptied slots.
     old = [[0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3]]
     load = torch.tensor([[1, 1, 1, 1, 6, 1, 1, 1]])
     new, up = _policies(load.tolist(), old, 12, 2, 2, 4)
+    assert new.tolist() == [[0, 1, 2, 3, 0, 1, 6, 7, 4, 5, 4, 4]]
     assert _node_of_each_group(new, 4, 2) == [[{0}, {1}]]
-    assert torch.equal(balancedness(load, new, 4), balancedness(load, up, 4))
-    assert sorted(new[0].view(4, 3).sort(dim=1).values.tolist()) == sorted(
-        up[0].view(4, 3).sort(dim=1).values.tolist()
-    )
-    assert new.tolist() == [[0, 1, 2, 3, 0, 1, 6, 4, 4, 4, 5, 7]]
-    assert moved_experts(_t(old), new, 4).tolist() == [6]
+    assert balancedness(load, new, 4).tolist() == balancedness(load, up, 4).tolist() == [0.65]
+    assert moved_experts(_t(old), new, 4).tolist() == [5]
     assert moved_experts(_t(old), up, 4).tolist() == [8]
+
+
+def test_groups_whose_nodes_cannot_carry_the_balance_take_upstreams_node_packing():
+    # Groups 0 and 1 (experts 0-3, load 20) share node 0, groups 2 and 3 (load 4) node 1: no placement
+    # inside those nodes passes 0.6. Upstream packs groups 0 + 2 and 1 + 3 (1.0); node 0 keeps group
+    # 0, takes group 2, and the emptied slots are filled by the search: 4 moves where upstream makes 8.
+    old = [[0, 1, 2, 3, 0, 1, 4, 5, 6, 7, 4, 5]]
+    load = torch.tensor([[5, 5, 5, 5, 1, 1, 1, 1]])
+    new, up = _policies(load.tolist(), old, 12, 4, 2, 4)
+    assert new.tolist() == [[0, 1, 4, 5, 0, 1, 3, 3, 6, 2, 7, 2]]
+    assert _node_of_each_group(new, 2, 2) == [[{0}, {1}, {0}, {1}]]
+    assert balancedness(load, _t(old), 4).tolist() == [0.6]
+    assert balancedness(load, new, 4).tolist() == balancedness(load, up, 4).tolist() == [1.0]
+    assert moved_experts(_t(old), new, 4).tolist() == [4]
+    assert moved_experts(_t(old), up, 4).tolist() == [8]
+
+
+def test_empty_slots_of_elastic_padding_are_filled():
+    # Each rank has an empty slot (-1); expert 0 (load 6) takes both: rank 0's as a local copy, rank 1's
+    # as the one transfer (upstream moves 3 experts for the same 1.0).
+    old = [[0, 1, -1, 2, 3, -1]]
+    new, up = _policies([[6, 2, 2, 2]], old, 6, 1, 1, 2)
+    assert new.tolist() == [[0, 1, 0, 2, 3, 0]]
+    assert moved_experts(_t(old), new, 2).tolist() == [1]
+    assert moved_experts(_t(old), up, 2).tolist() == [3]
+    assert balancedness(torch.tensor([[6, 2, 2, 2]]), new, 2).tolist() == [1.0]
 
 
 def test_the_same_input_gives_the_same_output_and_every_expert_stays_placed():

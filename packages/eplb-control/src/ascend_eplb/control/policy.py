@@ -153,14 +153,17 @@ def balancedness(
     return torch.from_numpy(_balancedness(_rank_loads(load, placement, counts, num_ranks)))
 
 
-def _holdings(placement: np.ndarray, num_ranks: int, num_logical_experts: int) -> np.ndarray:
-    """int32 ``(L, N, E)``: how many slots of each rank hold each logical expert."""
+def _holdings(
+    placement: np.ndarray, num_ranks: int, num_logical_experts: int, *, with_empty: bool = False
+) -> np.ndarray:
+    """int32 ``(L, N, E)``: how many slots of each rank hold each logical expert (``with_empty``:
+    ``(L, N, 1 + E)``, column 0 counting the empty slots)."""
     num_layers, num_physical = placement.shape
     held = np.zeros((num_layers, num_ranks, num_logical_experts + 1), dtype=np.int32)
     rows = np.broadcast_to(np.arange(num_layers)[:, None], placement.shape)
     ranks = np.broadcast_to(np.arange(num_physical) // (num_physical // num_ranks), placement.shape)
     np.add.at(held, (rows, ranks, placement + 1), 1)
-    return held[:, :, 1:]
+    return held if with_empty else held[:, :, 1:]
 
 
 def moved_experts(
@@ -207,28 +210,35 @@ class MigrationAwarePolicy(AbstractEplbPolicy):
     1. Upstream's ``DefaultEplbPolicy.rebalance_experts`` on the same input gives, per layer, the
        balancedness to reach (``b_up``). Without an old placement its result is returned as it is.
     2. A local search from the old placement, all layers in lockstep (one change per layer and
-       iteration, numpy over whole tensors, no loop over slots): the donor is the heaviest rank ``h``;
-       the candidates are (a) re-point one slot whose expert keeps another replica to ``h``'s hottest
-       expert per replica (every rank holding it gets lighter; at most 1 move) and (b) swap a slot of
-       ``h`` with a slot of another rank (at most 2 moves). The objective is the excess over the target
-       peak ``T = mean rank load / (b_up - balancedness_tolerance)``, summed over ranks; the change with
-       the largest excess reduction per move is applied (a local copy or a change that undoes an earlier
-       move counts as half a move). A layer stops when its peak is at most ``T`` or no change reduces
-       the excess; every applied change reduces it, so the search ends (and is capped at ``4 P``
-       iterations).
+       iteration; numpy over whole tensors, no loop over slots or layers). The donor is the heaviest
+       rank ``h``; the candidates are (a) re-point a slot whose expert keeps another replica (or an empty
+       slot) to one of ``h``'s experts: every rank holding it gets lighter, at most 1 move; and (b) swap
+       a slot of ``h`` with a slot of another rank, at most 2 moves. The objective is the excess over the
+       target peak ``T = mean rank load / (b_up - balancedness_tolerance)``, summed over ranks; the change
+       with the largest excess reduction per move is applied (moves counted exactly as
+       :func:`moved_experts` does; a local copy or a change undoing an earlier move counts as half a
+       move). A layer stops when its peak is at most ``T`` or no change reduces the excess; every applied
+       change reduces it, so the search ends (capped at ``5 P`` iterations). Empty slots left then take
+       their node's expert with the largest load per replica (upstream's ``replicate_experts`` rule), on
+       the lightest rank first, and the search resumes.
     3. A layer left more than ``fallback_margin`` below ``b_up`` takes upstream's layer, its nodes,
        ranks and slots aligned to the old placement (greedy overlap) to keep what it can.
 
     Hierarchical placement (``num_groups % num_nodes == 0`` and ``num_nodes > 1``): upstream packs expert
     groups (``E / num_groups`` consecutive experts) onto nodes and keeps every replica of an expert on
-    its group's node. A layer whose old placement does so changes only slots within the donor's node,
-    for experts of that node's groups (the group-to-node assignment is kept); a layer whose old
-    placement does not (upstream's initial placement with appended redundant slots), or one with empty
-    (-1) slots (elastic scale-up), takes upstream's layer, aligned.
+    its group's node; so does this policy. The search changes only slots of the donor's node, for
+    experts of that node's groups (a node whose groups carry more than ``T`` per rank aims at its own
+    mean). A layer whose old placement breaks the grouping (upstream's initial placement, experts in
+    order then the redundant slots appended), or whose groups' nodes cannot carry ``b_up -
+    balancedness_tolerance``, starts from upstream's group-to-node packing, its nodes renamed to keep
+    the most of the old placement: slots whose expert's group stays on their node keep it, the
+    experts a node lacks fill its other slots, the rest are emptied for the search.
 
-    Deterministic (ties go to the lowest index; float64 host arithmetic in a fixed order: every rank's
-    worker gets the same answer), valid (every logical expert placed in every layer, int64 CPU
-    ``(L, P)``), about 0.3 s at DeepSeek-V3 size on one thread (``benchmarks/bench_policy.py``).
+    ``-1`` slots of the old placement (elastic scale-up) are empty slots to fill. Deterministic (ties go
+    to the lowest index; float64 host arithmetic in a fixed order, so every rank's worker gets the same
+    answer), valid (every logical expert placed in every layer, no empty slot, int64 CPU ``(L, P)``);
+    0.1-0.3 s at DeepSeek-V3 size on one thread (figures: the control README, from
+    ``benchmarks/bench_policy.py``).
     """
 
     #: The search stops a layer at ``b_up - balancedness_tolerance`` (per layer; the layers' mean ends
@@ -332,13 +342,94 @@ def _check_policy_inputs(
 def _follows_node_grouping(
     placement: np.ndarray, num_groups: int, num_nodes: int, num_logical: int
 ) -> np.ndarray:
-    """bool ``(L,)``: every slot of each expert group lies on one node (and no slot is empty)."""
+    """bool ``(L,)``: the filled slots of each expert group lie on one node."""
     num_layers, num_physical = placement.shape
-    groups = np.maximum(placement, 0) // (num_logical // num_groups)
+    filled = placement >= 0
+    groups = np.where(filled, placement, 0) // (num_logical // num_groups)
     nodes = np.broadcast_to(np.arange(num_physical) // (num_physical // num_nodes), placement.shape)
+    rows = np.broadcast_to(np.arange(num_layers)[:, None], placement.shape)
     present = np.zeros((num_layers, num_groups, num_nodes), dtype=bool)
-    present[np.arange(num_layers)[:, None], groups, nodes] = True
-    return (present.sum(axis=2) == 1).all(axis=1) & (placement >= 0).all(axis=1)
+    present[rows[filled], groups[filled], nodes[filled]] = True
+    return (present.sum(axis=2) <= 1).all(axis=1)
+
+
+def _group_nodes(placement: np.ndarray, num_groups: int, num_nodes: int, num_logical: int) -> np.ndarray:
+    """int64 ``(L, G)``: the node of each expert group's first filled slot (its node where the layer
+    follows the node grouping)."""
+    num_layers, num_physical = placement.shape
+    filled = placement >= 0
+    groups = np.where(filled, placement, 0) // (num_logical // num_groups)
+    nodes = np.broadcast_to(np.arange(num_physical) // (num_physical // num_nodes), placement.shape)
+    rows = np.broadcast_to(np.arange(num_layers)[:, None], placement.shape)
+    present = np.zeros((num_layers, num_groups, num_nodes), dtype=bool)
+    present[rows[filled], groups[filled], nodes[filled]] = True
+    return present.argmax(axis=2)
+
+
+def _node_balancedness(load: np.ndarray, group_node: np.ndarray, num_nodes: int) -> np.ndarray:
+    """float64 ``(L,)``: mean node load / max node load when expert groups sit on ``group_node``
+    ``(L, G)``: the most any placement of those groups reaches."""
+    group_load = load.reshape(load.shape[0], group_node.shape[1], -1).sum(axis=2)
+    node_load = np.zeros((load.shape[0], num_nodes))
+    np.add.at(
+        node_load,
+        (np.broadcast_to(np.arange(load.shape[0])[:, None], group_node.shape), group_node),
+        group_load,
+    )
+    return _balancedness(node_load)
+
+
+def _aligned_group_nodes(
+    upstream: np.ndarray, old: np.ndarray, num_groups: int, num_nodes: int, num_logical: int
+) -> np.ndarray:
+    """Upstream's (balanced) group-to-node packing ``(L, G)``, its nodes renamed (greedy overlap) so that
+    the most of ``old``'s experts are already on their group's node."""
+    num_layers = old.shape[0]
+    up_node = _group_nodes(upstream, num_groups, num_nodes, num_logical)
+    present = _holdings(old, num_nodes, num_logical) > 0  # (L, nodes, E)
+    on_old_node = present.reshape(num_layers, num_nodes, num_groups, -1).sum(axis=3)  # (L, nodes, G)
+    onehot = up_node[:, :, None] == np.arange(num_nodes)  # (L, G, nodes)
+    overlap = np.matmul(onehot.transpose(0, 2, 1).astype(np.float64), on_old_node.transpose(0, 2, 1))
+    rename = _greedy_match(overlap)  # upstream node -> old node
+    return np.take_along_axis(rename, up_node, axis=1)
+
+
+def _regroup(old: np.ndarray, group_node: np.ndarray, num_logical: int, num_nodes: int) -> np.ndarray:
+    """A start close to ``old`` ``(L, P)`` with each expert group's slots on its node of ``group_node``.
+
+    A slot keeps its expert where the expert's group is on the slot's node and is emptied (-1)
+    otherwise; each expert its node lacks fills an empty slot of the node, in slot order (a node short
+    of empty slots first empties duplicate slots, the last ones first). The search fills the remaining
+    empty slots.
+    """
+    num_layers, num_physical = old.shape
+    group_size = num_logical // group_node.shape[1]
+    slots_per_node = num_physical // num_nodes
+    rows = np.arange(num_layers)
+    slot_node = np.arange(num_physical) // slots_per_node
+    start = np.where(
+        (old >= 0) & (group_node[rows[:, None], np.maximum(old, 0) // group_size] == slot_node), old, -1
+    )
+    expert_node = group_node[:, np.arange(num_logical) // group_size]  # (L, E)
+    by_node = start.reshape(num_layers, num_nodes, slots_per_node)
+    held = _holdings(start, num_nodes, num_logical) > 0
+    missing = ~held[rows[:, None], expert_node, np.arange(num_logical)]  # (L, E)
+    onehot = missing[:, None, :] & (expert_node[:, None, :] == np.arange(num_nodes)[None, :, None])
+    short = onehot.sum(axis=2) - (by_node < 0).sum(axis=2)  # (L, nodes)
+    if (short > 0).any():
+        same = by_node[..., :, None] == by_node[..., None, :]
+        duplicate = (by_node >= 0) & np.tril(same, k=-1).any(axis=3)
+        last_first = np.cumsum(duplicate[..., ::-1], axis=2)[..., ::-1]
+        by_node[duplicate & (last_first <= short[..., None])] = -1
+    empty = by_node < 0
+    slot_of_rank = np.zeros_like(by_node)
+    layer_i, node_i, slot_i = np.nonzero(empty)
+    slot_of_rank[layer_i, node_i, (np.cumsum(empty, axis=2) - 1)[layer_i, node_i, slot_i]] = slot_i
+    miss_rank = np.cumsum(onehot, axis=2) - 1  # (L, nodes, E): each missing expert's rank on its node
+    layer_i, expert_i = np.nonzero(missing)
+    node_i = expert_node[layer_i, expert_i]
+    by_node[layer_i, node_i, slot_of_rank[layer_i, node_i, miss_rank[layer_i, node_i, expert_i]]] = expert_i
+    return by_node.reshape(num_layers, num_physical)
 
 
 def _migrate(
@@ -354,60 +445,79 @@ def _migrate(
 ) -> np.ndarray:
     num_logical = load.shape[1]
     target = _balancedness(_rank_loads(load, upstream, _replica_counts(upstream, num_logical), num_ranks))
-    searchable = (old >= 0).all(axis=1)
+    start = old
     if num_nodes > 1:
-        searchable &= _follows_node_grouping(old, num_groups, num_nodes, num_logical)
-    new = old.copy()
-    layers = np.nonzero(searchable)[0]
-    if layers.size:
-        new[layers] = _local_search(
-            load[layers], old[layers], target[layers] - tolerance, num_ranks, num_nodes
-        )
+        # A layer regroups onto upstream's node packing (nodes renamed to keep the most) when its old
+        # placement breaks the node grouping, or its groups' nodes cannot carry the target balance.
+        grouped = _follows_node_grouping(old, num_groups, num_nodes, num_logical)
+        old_nodes = _group_nodes(old, num_groups, num_nodes, num_logical)
+        regroup = ~grouped | (_node_balancedness(load, old_nodes, num_nodes) < target - tolerance)
+        if regroup.any():
+            start = old.copy()
+            nodes = _aligned_group_nodes(upstream[regroup], old[regroup], num_groups, num_nodes, num_logical)
+            start[regroup] = _regroup(old[regroup], nodes, num_logical, num_nodes)
+    new = _local_search(load, start, old, target - tolerance, num_ranks, num_nodes)
     reached = _balancedness(_rank_loads(load, new, _replica_counts(new, num_logical), num_ranks))
-    fallback = np.nonzero(~searchable | (reached < target - fallback_margin))[0]
+    fallback = np.nonzero(reached < target - fallback_margin)[0]
     if fallback.size:
         new[fallback] = _align_to_old(upstream[fallback], old[fallback], num_ranks, num_nodes, num_logical)
     return new
 
 
+def _with_empty(values: np.ndarray, fill: float) -> np.ndarray:
+    """``(n, E)`` -> ``(n, 1 + E)``: column 0 stands for an empty slot (expert id -1, index 0)."""
+    return np.concatenate([np.full((values.shape[0], 1), fill, dtype=values.dtype), values], axis=1)
+
+
 def _local_search(
-    load: np.ndarray, old: np.ndarray, target: np.ndarray, num_ranks: int, num_nodes: int
+    load: np.ndarray,
+    start: np.ndarray,
+    old: np.ndarray,
+    target: np.ndarray,
+    num_ranks: int,
+    num_nodes: int,
 ) -> np.ndarray:
-    """The search of :class:`MigrationAwarePolicy` step 2 on layers without empty slots: ``(L, P)``."""
+    """The search of :class:`MigrationAwarePolicy` step 2 from ``start`` (moves counted from ``old``).
+
+    Expert ids are shifted by one inside (index 0: an empty slot, no load, never moved by a swap).
+    """
     num_physical = old.shape[1]
     num_logical = load.shape[1]
     slots_per_rank = num_physical // num_ranks
     ranks_per_node = num_ranks // num_nodes
     slots_per_node = num_physical // num_nodes
-    placement = old.copy()
-    counts = _replica_counts(old, num_logical)
-    held = _holdings(old, num_ranks, num_logical)
-    held_before = held > 0
-    # The peak rank load each layer must reach: mean / target balancedness; a layer without load is done.
-    peak_target = load.sum(axis=1) / num_ranks / np.maximum(target, 1e-12)
+    placement = start + 1
+    counts = _replica_counts(start, num_logical)
+    held = _holdings(start, num_ranks, num_logical, with_empty=True)  # (L, N, 1 + E)
+    held_before = _holdings(old, num_ranks, num_logical, with_empty=True) > 0
+    held_before[:, :, 0] = True  # an empty slot costs nothing to leave
+    # The peak rank load each layer must reach, per node: mean / target balancedness, or the node's own
+    # mean rank load where its groups carry more (moves stay in the node); a layer without load is done.
+    node_mean = _rank_loads(load, start, counts, num_nodes) / ranks_per_node  # (L, nodes)
+    mean = load.sum(axis=1, keepdims=True) / num_ranks
+    node_cap = np.maximum(mean / np.maximum(target, 1e-12)[:, None], node_mean)
     active = load.sum(axis=1) > 0
     slot_rank = np.arange(slots_per_node) // slots_per_rank  # rank of a node-local slot, within the node
-    own = slot_rank[None, :] == np.arange(ranks_per_node)[:, None]  # (ranks_per_node, slots_per_node)
-    h_slot = np.arange(slots_per_rank)
-    for _ in range(4 * num_physical):
+    own = slot_rank[None, :] == np.arange(ranks_per_node)[:, None]  # (R, S)
+    donor_slot = np.arange(slots_per_rank)
+    for _ in range(5 * num_physical):
         layer = np.nonzero(active)[0]
         if not layer.size:
             break
-        w = load[layer]
-        cnt = counts[layer]
-        per_replica = w / cnt
-        loads = (
-            np.take_along_axis(per_replica, placement[layer], axis=1)
-            .reshape(layer.size, num_ranks, -1)
-            .sum(2)
-        )
+        w = _with_empty(load[layer], 0.0)
+        cnt = _with_empty(counts[layer], 2)  # an empty slot: w / (2 - 1) - w / 2 = 0 when it is taken
+        per_replica = w / np.maximum(cnt, 1)
+        loads = np.take_along_axis(per_replica, placement[layer], axis=1)
+        loads = loads.reshape(layer.size, num_ranks, slots_per_rank).sum(axis=2)
         heaviest = loads.argmax(axis=1)
         peak = loads[np.arange(layer.size), heaviest]
-        cap = peak_target[layer]
+        cap = node_cap[layer, heaviest // ranks_per_node]
         go = peak > cap * (1 + 1e-12)
-        active[layer[~go]] = False
+        has_empty = (placement[layer] == 0).any(axis=1)
+        active[layer[~go & ~has_empty]] = False
+        _fill_one(load, placement, counts, held, layer[~go & has_empty], num_ranks, num_nodes)
         if not go.any():
-            break
+            continue
         layer, w, cnt, per_replica, loads = layer[go], w[go], cnt[go], per_replica[go], loads[go]
         heaviest, peak, cap = heaviest[go], peak[go], cap[go]
         n = layer.size
@@ -419,43 +529,48 @@ def _local_search(
         donor = heaviest - node * ranks_per_node
         node_loads = np.take_along_axis(loads, node_ranks, axis=1)  # (n, R)
         experts = np.take_along_axis(placement[layer], node_slots, axis=1)  # (n, S)
-        node_held = held[layer[:, None], node_ranks]  # (n, R, E)
+        node_held = held[layer[:, None], node_ranks]  # (n, R, 1 + E)
         node_before = held_before[layer[:, None], node_ranks]
         excess = np.maximum(node_loads - cap[:, None], 0.0)
-        excess_sum = excess.sum(axis=1)
-        donor_slots = donor[:, None] * slots_per_rank + h_slot  # (n, p), node-local
+        donor_slots = donor[:, None] * slots_per_rank + donor_slot  # (n, p), node-local
         donor_experts = np.take_along_axis(experts, donor_slots, axis=1)
         donor_per_replica = np.take_along_axis(per_replica, donor_experts, axis=1)
-        hot = donor_experts[row, donor_per_replica.argmax(axis=1)]  # (n,)
+        y_held = node_held[row[:, None], slot_rank[None, :], experts]  # (n, S)
+        y_leaves = ~node_before[row[:, None], slot_rank[None, :], experts] & (y_held == 1)
 
-        # (a) re-point slot s (expert y, keeps another replica) to the donor's hottest expert x.
-        cnt_y = np.take_along_axis(cnt, experts, axis=1)
-        w_y = np.take_along_axis(w, experts, axis=1)
-        repointable = (cnt_y >= 2) & (experts != hot[:, None])
+        # (a) re-point slot s (expert y: empty, or keeping another replica) to donor expert x: (n, X, S).
+        x = donor_experts  # (n, X = p)
+        cnt_y = np.take_along_axis(cnt, experts, axis=1)[:, None, :]
+        w_y = np.take_along_axis(w, experts, axis=1)[:, None, :]
+        repointable = ((cnt_y >= 2) | (experts == 0)[:, None, :]) & (experts[:, None, :] != x[:, :, None])
+        repointable &= (x > 0)[:, :, None]
         cnt_y = np.where(repointable, cnt_y, 2)
-        cnt_x, w_x = cnt[row, hot], w[row, hot]
-        d_x = w_x / (cnt_x + 1) - w_x / cnt_x
-        d_y = w_y / (cnt_y - 1) - w_y / cnt_y
-        held_x = node_held[row, :, hot]  # (n, R)
+        cnt_x = np.take_along_axis(cnt, x, axis=1)[:, :, None]
+        w_x = np.take_along_axis(w, x, axis=1)[:, :, None]
+        d_x = w_x / (cnt_x + 1) - w_x / cnt_x  # (n, X, 1): each replica of x gets lighter
+        d_y = w_y / (cnt_y - 1) - w_y / cnt_y  # (n, X, S): each other replica of y gets heavier
+        held_x = np.take_along_axis(
+            node_held, np.broadcast_to(x[:, None, :], (n, ranks_per_node, x.shape[1])), 2
+        )
         held_y = np.take_along_axis(
             node_held, np.broadcast_to(experts[:, None, :], (n, ranks_per_node, slots_per_node)), axis=2
-        )
-        own_delta = (w_x / (cnt_x + 1))[:, None] - w_y / (cnt_y - 1)  # the slot's own rank: x in, y out
+        )  # (n, R, S)
+        own_delta = w_x / (cnt_x + 1) - w_y / (cnt_y - 1)  # (n, X, S): the slot's own rank, x in, y out
         after = (
-            node_loads[:, :, None]
-            + held_x[:, :, None] * d_x[:, None, None]
-            + held_y * d_y[:, None, :]
-            + own[None] * own_delta[:, None, :]
+            node_loads[:, None, :, None]
+            + held_x.transpose(0, 2, 1)[:, :, :, None] * d_x[:, :, :, None]
+            + held_y[:, None, :, :] * d_y[:, :, None, :]
+            + own[None, None] * own_delta[:, :, None, :]
+        )  # (n, X, R, S)
+        gain_a = excess.sum(axis=1)[:, None, None] - np.maximum(after - cap[:, None, None, None], 0.0).sum(
+            axis=2
         )
-        gain_a = excess_sum[:, None] - np.maximum(after - cap[:, None, None], 0.0).sum(axis=1)
-        x_there = node_held[row[:, None], slot_rank[None, :], hot[:, None]] > 0
-        x_before = node_before[row[:, None], slot_rank[None, :], hot[:, None]]
-        y_held = node_held[row[:, None], slot_rank[None, :], experts]
-        y_before = node_before[row[:, None], slot_rank[None, :], experts]
-        cost_a = (~(x_there | x_before)).astype(np.int64) - ((~y_before) & (y_held == 1))
+        x_there = node_held[row[:, None, None], slot_rank[None, None, :], x[:, :, None]] > 0
+        x_there |= node_before[row[:, None, None], slot_rank[None, None, :], x[:, :, None]]
+        cost_a = (~x_there).astype(np.int64) - y_leaves[:, None, :]
         gain_a = np.where(repointable, gain_a, -np.inf)
 
-        # (b) swap donor slot i (expert a) with slot j (expert b) of another rank of the node.
+        # (b) swap donor slot i (expert a) with slot j (expert b) of another rank of the node: (n, p, S).
         moved = donor_per_replica[:, :, None] - np.take_along_axis(per_replica, experts, axis=1)[:, None, :]
         other = node_loads[:, slot_rank]  # (n, S): the load of slot j's rank
         gain_b = (
@@ -467,53 +582,42 @@ def _local_search(
         swappable = (slot_rank[None, None, :] != donor[:, None, None]) & (
             donor_experts[:, :, None] != experts[:, None, :]
         )
+        swappable &= (donor_experts > 0)[:, :, None] & (experts > 0)[:, None, :]
         gain_b = np.where(swappable, gain_b, -np.inf)
-        b_to_donor = node_held[row[:, None], donor[:, None], experts] > 0
-        b_to_donor |= node_before[row[:, None], donor[:, None], experts]
-        a_leaves_donor = (~node_before[row[:, None], donor[:, None], donor_experts]) & (
+        b_there = node_held[row[:, None], donor[:, None], experts] > 0
+        b_there |= node_before[row[:, None], donor[:, None], experts]
+        a_leaves = ~node_before[row[:, None], donor[:, None], donor_experts] & (
             node_held[row[:, None], donor[:, None], donor_experts] == 1
         )
-        a_to_other = node_held[row[:, None, None], slot_rank[None, None, :], donor_experts[:, :, None]] > 0
-        a_to_other |= node_before[row[:, None, None], slot_rank[None, None, :], donor_experts[:, :, None]]
-        cost_b = (
-            (~b_to_donor).astype(np.int64)[:, None, :]
-            - a_leaves_donor[:, :, None]
-            + (~a_to_other)
-            - ((~y_before) & (y_held == 1))[:, None, :]
-        )
+        a_there = node_held[row[:, None, None], slot_rank[None, None, :], donor_experts[:, :, None]] > 0
+        a_there |= node_before[row[:, None, None], slot_rank[None, None, :], donor_experts[:, :, None]]
+        cost_b = (~b_there)[:, None, :] * 1 - a_leaves[:, :, None] + ~a_there - y_leaves[:, None, :]
 
-        # The largest excess reduction per move (a free or undoing change: ``_FREE_CHANGE_COST``).
-        floor = 1e-9 * cap[:, None]
-        score = np.concatenate(
-            [
-                np.where(gain_a > floor, gain_a / np.maximum(cost_a, _FREE_CHANGE_COST), -np.inf),
-                np.where(
-                    gain_b.reshape(n, -1) > floor,
-                    gain_b.reshape(n, -1) / np.maximum(cost_b.reshape(n, -1), _FREE_CHANGE_COST),
-                    -np.inf,
-                ),
-            ],
-            axis=1,
-        )
+        # The largest excess reduction per move (a free or undoing change: _FREE_CHANGE_COST moves).
+        gain = np.concatenate([gain_a.reshape(n, -1), gain_b.reshape(n, -1)], axis=1)
+        cost = np.concatenate([cost_a.reshape(n, -1), cost_b.reshape(n, -1)], axis=1)
+        score = np.where(gain > 1e-9 * cap[:, None], gain / np.maximum(cost, _FREE_CHANGE_COST), -np.inf)
         best = score.argmax(axis=1)
         stuck = ~np.isfinite(score[row, best])
-        active[layer[stuck]] = False
+        has_empty = (placement[layer] == 0).any(axis=1)
+        active[layer[stuck & ~has_empty]] = False
+        _fill_one(load, placement, counts, held, layer[stuck & has_empty], num_ranks, num_nodes)
         base = node * slots_per_node
-        # Apply (a): slot s gets x.
-        pick = ~stuck & (best < slots_per_node)
-        if pick.any():
-            lay, s = layer[pick], best[pick]
-            x, y = hot[pick], experts[pick, s]
-            rank = node_ranks[pick, slot_rank[s]]
-            placement[lay, base[pick] + s] = x
-            np.add.at(counts, (lay, x), 1)
-            np.add.at(counts, (lay, y), -1)
-            held[lay, rank, x] += 1
-            held[lay, rank, y] -= 1
-        # Apply (b): donor slot i and slot j exchange their experts.
-        pick = ~stuck & (best >= slots_per_node)
-        if pick.any():
-            i, j = np.divmod(best[pick] - slots_per_node, slots_per_node)
+        num_a = x.shape[1] * slots_per_node
+        pick = ~stuck & (best < num_a)
+        if pick.any():  # (a): slot s gets x
+            k, slot = np.divmod(best[pick], slots_per_node)
+            lay, add, drop = layer[pick], x[pick, k], experts[pick, slot]
+            rank = node_ranks[pick, slot_rank[slot]]
+            placement[lay, base[pick] + slot] = add
+            counts[lay, add - 1] += 1
+            filled = drop > 0
+            counts[lay[filled], drop[filled] - 1] -= 1
+            held[lay, rank, add] += 1
+            held[lay, rank, drop] -= 1
+        pick = ~stuck & (best >= num_a)
+        if pick.any():  # (b): donor slot i and slot j exchange their experts
+            i, j = np.divmod(best[pick] - num_a, slots_per_node)
             lay = layer[pick]
             a, b = donor_experts[pick, i], experts[pick, j]
             rank_h, rank_r = heaviest[pick], node_ranks[pick, slot_rank[j]]
@@ -523,7 +627,42 @@ def _local_search(
             held[lay, rank_h, b] += 1
             held[lay, rank_r, b] -= 1
             held[lay, rank_r, a] += 1
-    return placement
+    while (left := np.nonzero((placement == 0).any(axis=1))[0]).size:  # only if the iterations ran out
+        _fill_one(load, placement, counts, held, left, num_ranks, num_nodes)
+    return placement - 1
+
+
+def _fill_one(
+    load: np.ndarray,
+    placement: np.ndarray,
+    counts: np.ndarray,
+    held: np.ndarray,
+    layer: np.ndarray,
+    num_ranks: int,
+    num_nodes: int,
+) -> None:
+    """In each of ``layer``, the empty slot of the lightest rank (first slot on a tie) takes the expert
+    of its node with the largest load per replica (upstream's ``replicate_experts`` rule, within the
+    node; lowest id on a tie). Updates the search's state (ids shifted by one, 0 = empty) in place."""
+    if not layer.size:
+        return
+    num_physical = placement.shape[1]
+    slots_per_rank = num_physical // num_ranks
+    slots_per_node = num_physical // num_nodes
+    shifted = placement[layer]
+    w, cnt = load[layer], counts[layer]
+    per_replica = _with_empty(w / np.maximum(cnt, 1), 0.0)
+    loads = np.take_along_axis(per_replica, shifted, axis=1).reshape(layer.size, num_ranks, -1).sum(axis=2)
+    slot_load = np.where(shifted == 0, np.repeat(loads, slots_per_rank, axis=1), np.inf)
+    slot = slot_load.argmin(axis=1)
+    node_slots = (slot // slots_per_node)[:, None] * slots_per_node + np.arange(slots_per_node)
+    on_node = _replica_counts(np.take_along_axis(shifted, node_slots, axis=1) - 1, load.shape[1]) > 0
+    expert = np.where(on_node, w / np.maximum(cnt, 1), -np.inf).argmax(axis=1)
+    rank = slot // slots_per_rank
+    placement[layer, slot] = expert + 1
+    counts[layer, expert] += 1
+    held[layer, rank, expert + 1] += 1
+    held[layer, rank, 0] -= 1
 
 
 def _greedy_match(overlap: np.ndarray) -> np.ndarray:
