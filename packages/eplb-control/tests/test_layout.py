@@ -21,7 +21,7 @@ from ascend_eplb.control.layout import (
     row_layout,
     unplaceable_layout,
 )
-from ascend_eplb.dataplane import ReplicaLookup, map_to_physical_and_record
+from ascend_eplb.dataplane import ReplicaLookup, build_replica_table, map_to_physical_and_record
 
 E, P, K, PADDED = 6, 12, 2, 8
 # Every logical expert has two replicas: slots e and e + 6 (on different ranks for any N in 2, 4).
@@ -92,7 +92,7 @@ def test_ranks_routing_the_same_row_agree_and_every_real_selection_is_counted_on
         ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(PADDED)])
         tokens = torch.tensor([d * 100 + i if i < real[d] else -1 for i in range(PADDED)])
         batches.append((ids, tokens, real[d]))
-    lookup = ReplicaLookup(E, 0, "cpu", rows=16, num_physical_experts=P)
+    lookup = ReplicaLookup(E, "cpu", rows=16, num_physical_experts=P)
     lookup.refresh_(L2P, COUNT)
     choice: dict[tuple[int, int], int] = {}  # (token, k) -> physical id chosen by the first router
     total = torch.zeros(P, dtype=torch.int64)
@@ -123,14 +123,13 @@ def test_a_rank_dependent_replica_rule_breaks_agreement_on_tp_replicated_rows():
     ids = torch.tensor([[0, 1], [2, 3], [4, 5]])
     choices = []
     for ep_rank in range(2):
-        lookup = ReplicaLookup(E, ep_rank, "cpu", rows=16, num_physical_experts=P)
-        lookup.refresh_(L2P, COUNT)
+        table = build_replica_table(L2P, COUNT, ep_rank, rows=16, num_physical_experts=P)
         choices.append(map_to_physical_and_record(
-            ids, lookup.table, torch.zeros(P, dtype=torch.int64), torch.tensor(False), torch.tensor(0)
+            ids, table, torch.zeros(P, dtype=torch.int64), torch.tensor(False), torch.tensor(0)
         ))  # fmt: skip
     assert not torch.equal(choices[0], choices[1])
     # The same rows with the replicated layout on both ranks: one choice.
-    lookup = ReplicaLookup(E, 0, "cpu", rows=16, num_physical_experts=P)
+    lookup = ReplicaLookup(E, "cpu", rows=16, num_physical_experts=P)
     lookup.refresh_(L2P, COUNT)
     agreed = [
         map_to_physical_and_record(

@@ -42,7 +42,7 @@ def _lookup(device: str) -> ReplicaLookup:
     l2p[:, 0] = torch.randperm(NUM_LOGICAL, generator=gen)
     l2p[hot, 1] = torch.arange(NUM_LOGICAL, NUM_PHYSICAL)
     count = 1 + (l2p[:, 1] >= 0).to(torch.int64)
-    lookup = ReplicaLookup(NUM_LOGICAL, 3, device, num_physical_experts=NUM_PHYSICAL)
+    lookup = ReplicaLookup(NUM_LOGICAL, device, num_physical_experts=NUM_PHYSICAL)
     lookup.refresh_(l2p, count)
     return lookup
 

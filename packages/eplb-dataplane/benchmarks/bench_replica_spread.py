@@ -20,22 +20,21 @@ from __future__ import annotations
 
 import torch
 
-from ascend_eplb.dataplane import ReplicaLookup, map_to_physical_and_record
+from ascend_eplb.dataplane import build_replica_table, map_to_physical_and_record
 
 E = 8
 HOT = 3
 
 
-def _lookup(replicas: int, phase: int) -> ReplicaLookup:
+def _table(replicas: int, phase: int) -> torch.Tensor:
     # Logical expert e in slot e; the hot expert's extra replicas in slots E .. E + R - 2.
     l2p = torch.full((E, replicas), -1, dtype=torch.int64)
     l2p[:, 0] = torch.arange(E)
     l2p[HOT, 1:] = torch.arange(E, E + replicas - 1)
     count = torch.ones(E, dtype=torch.int64)
     count[HOT] = replicas
-    lookup = ReplicaLookup(E, phase, "cpu", rows=1024, num_physical_experts=E + replicas - 1)
-    lookup.refresh_(l2p, count)
-    return lookup
+    # phase 0 is the serving table (ReplicaLookup's); vLLM Ascend's old rule puts the EP rank there.
+    return build_replica_table(l2p, count, phase, rows=1024, num_physical_experts=E + replicas - 1)
 
 
 def _layout(rows: str, dp: int, tp: int, d: int, t: int) -> list[int]:
@@ -53,7 +52,7 @@ def spread(rows: str, dp: int, tp: int, replicas: int, b: int, *, old: bool) -> 
     for d in range(dp):
         for t in range(tp):
             ep = d * tp + t
-            lookup = _lookup(replicas, ep if old else 0)
+            table = _table(replicas, ep if old else 0)
             if rows == "replicated":
                 tokens = [(d, i) for i in range(b)]
             elif rows == "split":  # each rank routes its own b tokens (TP ranks hold distinct rows)
@@ -64,7 +63,7 @@ def spread(rows: str, dp: int, tp: int, replicas: int, b: int, *, old: bool) -> 
             layout = None if old else torch.tensor(_layout(rows, dp, tp, d, t))
             load = torch.zeros(E + replicas - 1, dtype=torch.int64)
             physical = map_to_physical_and_record(
-                ids, lookup.table, load, torch.tensor(False), torch.tensor(0), layout
+                ids, table, load, torch.tensor(False), torch.tensor(0), layout
             )
             for token, p in zip(tokens, physical[:, 0].tolist(), strict=True):
                 chosen.setdefault(token, set()).add(p)

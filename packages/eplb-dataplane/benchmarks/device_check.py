@@ -69,7 +69,7 @@ class Report:
 def _lookup(torch, device: str, seed: int):
     from ascend_eplb.dataplane import ReplicaLookup
 
-    lookup = ReplicaLookup(NUM_LOGICAL, 3, device, num_physical_experts=NUM_PHYSICAL)
+    lookup = ReplicaLookup(NUM_LOGICAL, device, num_physical_experts=NUM_PHYSICAL)
     lookup.refresh_(*_placement(torch, seed))
     return lookup
 

@@ -62,17 +62,17 @@ def table(strided: bool = False) -> torch.Tensor:
     return wide
 
 
-def big_lookup(phase: int = 3):
+def big_lookup(seed: int = 3):
     """A :class:`ReplicaLookup` of :data:`DEFAULT_LOOKUP` sizes: 32 hot experts with a second replica."""
     from ascend_eplb.dataplane import ReplicaLookup
 
     rows, num_logical, num_physical, _ = DEFAULT_LOOKUP
-    gen = torch.Generator().manual_seed(phase)
+    gen = torch.Generator().manual_seed(seed)
     hot = torch.randperm(num_logical, generator=gen)[: num_physical - num_logical]
     l2p = torch.full((num_logical, 2), -1, dtype=torch.int64)
     l2p[:, 0] = torch.randperm(num_logical, generator=gen)
     l2p[hot, 1] = torch.arange(num_logical, num_physical)
-    lookup = ReplicaLookup(num_logical, phase, "cpu", rows=rows, num_physical_experts=num_physical)
+    lookup = ReplicaLookup(num_logical, "cpu", rows=rows, num_physical_experts=num_physical)
     lookup.refresh_(l2p, 1 + (l2p[:, 1] >= 0).to(torch.int64))
     return lookup
 

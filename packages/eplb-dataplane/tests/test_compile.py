@@ -28,7 +28,7 @@ def _lookup() -> ReplicaLookup:
     l2p[:, 0] = torch.arange(16)
     l2p[:4, 1] = torch.arange(16, 20)
     count = torch.tensor([2] * 4 + [1] * 12)
-    lookup = ReplicaLookup(16, 1, "cpu", rows=64, num_physical_experts=20)
+    lookup = ReplicaLookup(16, "cpu", rows=64, num_physical_experts=20)
     lookup.refresh_(l2p, count)
     return lookup
 

@@ -64,9 +64,7 @@ def test_replicas_share_one_experts_tokens_evenly_at_every_phase(num_replicas, n
         row.insert(int(column[t]), hot)
         ids[t] = torch.tensor(row)
     for phase in range(num_phases):
-        lookup = ReplicaLookup(num_experts, phase, "cpu")
-        lookup.refresh_(l2p, count)
-        physical = map_to_physical(ids, lookup.table)
+        physical = map_to_physical(ids, build_replica_table(l2p, count, phase))
         chosen = physical[ids == hot]
         assert chosen.numel() == num_tokens
         assert set(chosen.tolist()) == set(replicas[hot])
@@ -78,7 +76,7 @@ def test_replicas_share_one_experts_tokens_evenly_at_every_phase(num_replicas, n
 
 
 def test_table_storage_is_stable_across_refreshes_of_any_shape():
-    lookup = ReplicaLookup(4, 1, "cpu", rows=16, num_physical_experts=7)
+    lookup = ReplicaLookup(4, "cpu", rows=16, num_physical_experts=7)
     table = lookup.table
     ptr = table.data_ptr()
     assert table.tolist() == [[0, 1, 2, 3]] * 16  # identity until the first refresh
@@ -92,7 +90,7 @@ def test_table_storage_is_stable_across_refreshes_of_any_shape():
         lookup.refresh_(l2p, count)
         assert lookup.table is table
         assert lookup.table.data_ptr() == ptr
-        expected = build_replica_table(l2p, count, 1, rows=16, num_physical_experts=7)
+        expected = build_replica_table(l2p, count, 0, rows=16, num_physical_experts=7)
         assert torch.equal(lookup.table, expected)
         assert lookup.checksum() == table_checksum(expected)
     assert lookup.table[:, 0].tolist() == [6] * 16
@@ -164,7 +162,7 @@ BAD_PLACEMENTS = [
 
 @pytest.mark.parametrize(("maps", "kwargs", "message"), BAD_PLACEMENTS)
 def test_rejected_refresh_leaves_the_table_untouched(maps, kwargs, message):
-    lookup = ReplicaLookup(4, 0, "cpu", rows=8, **kwargs)
+    lookup = ReplicaLookup(4, "cpu", rows=8, **kwargs)
     good = _maps(REPLICAS)
     lookup.refresh_(*good)
     before = lookup.table.clone()
@@ -182,11 +180,10 @@ def test_float_maps_are_a_type_error():
 @pytest.mark.parametrize(
     ("args", "kwargs", "error", "message"),
     [
-        ((0, 0, "cpu"), {}, ValueError, "num_logical_experts must be >= 1, got 0"),
-        ((4, -1, "cpu"), {}, ValueError, "phase must be >= 0, got -1"),
-        ((4, 0, "cpu", 0), {}, ValueError, "rows must be >= 1, got 0"),
-        ((4, 0, "cpu"), {"num_physical_experts": 3}, ValueError, "num_physical_experts must be >= 4, got 3"),
-        ((4.0, 0, "cpu"), {}, TypeError, "num_logical_experts must be an int"),
+        ((0, "cpu"), {}, ValueError, "num_logical_experts must be >= 1, got 0"),
+        ((4, "cpu", 0), {}, ValueError, "rows must be >= 1, got 0"),
+        ((4, "cpu"), {"num_physical_experts": 3}, ValueError, "num_physical_experts must be >= 4, got 3"),
+        ((4.0, "cpu"), {}, TypeError, "num_logical_experts must be an int"),
     ],
 )
 def test_constructor_rejects_bad_arguments(args, kwargs, error, message):
@@ -204,7 +201,7 @@ def test_validate_placement_returns_host_int64_copies_and_inferred_size():
 
 
 def test_physical_id_bound_follows_the_placement_and_bounds_the_load_view():
-    lookup = ReplicaLookup(4, 0, "cpu", rows=8)
+    lookup = ReplicaLookup(4, "cpu", rows=8)
     assert lookup.physical_id_bound == 4  # identity table: ids < E
     lookup.check_load_view(torch.zeros(4, dtype=torch.int32))
     l2p, count = _maps(REPLICAS)  # P = 7 inferred
@@ -213,7 +210,7 @@ def test_physical_id_bound_follows_the_placement_and_bounds_the_load_view():
     assert int(lookup.table.max()) == 6
     lookup.check_load_view(torch.zeros(7, dtype=torch.int64))
     lookup.check_load_view(torch.zeros(9, dtype=torch.int32))  # elastic-EP capacity above P: fine
-    fixed = ReplicaLookup(4, 0, "cpu", rows=8, num_physical_experts=9)
+    fixed = ReplicaLookup(4, "cpu", rows=8, num_physical_experts=9)
     assert fixed.physical_id_bound == 9
 
 
@@ -236,12 +233,12 @@ def test_physical_id_bound_follows_the_placement_and_bounds_the_load_view():
 )
 def test_check_load_view_and_refresh_reject_a_view_that_cannot_count_the_table(view, message):
     l2p, count = _maps(REPLICAS)
-    lookup = ReplicaLookup(4, 1, "cpu", rows=8)
+    lookup = ReplicaLookup(4, "cpu", rows=8)
     lookup.refresh_(l2p, count)
     with pytest.raises(ValueError, match=message):
         lookup.check_load_view(view)
     # refresh_ checks the view against the new placement's P before touching the table.
-    lookup = ReplicaLookup(4, 1, "cpu", rows=8)
+    lookup = ReplicaLookup(4, "cpu", rows=8)
     before = lookup.table.clone()
     with pytest.raises(ValueError, match=message):
         lookup.refresh_(l2p, count, expert_load_view=view)

@@ -36,7 +36,7 @@ def _reference(ids: torch.Tensor, table: torch.Tensor, num_physical: int, num_un
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_padding_example(dtype):
     ids = torch.tensor([[0, 1], [2, 3], [0, 2], [1, 3], [0, 0], [0, 0]], dtype=dtype)
-    lookup = ReplicaLookup(4, 0, "cpu")
+    lookup = ReplicaLookup(4, "cpu")
     lookup.refresh_(torch.arange(4).unsqueeze(1), torch.ones(4, dtype=torch.int64))
     load = torch.zeros(4, dtype=torch.int32)
     out = map_to_physical_and_record(ids, lookup.table, load, ON, torch.tensor(4))
@@ -50,8 +50,8 @@ def test_padding_example(dtype):
 
 
 def _replicated_table(phase: int, rows: int = 1024) -> tuple[torch.Tensor, int]:
-    # 16 logical experts over 24 physical slots: experts 0..7 have 2 replicas, 0 and 1 have 3... as
-    # a permutation of the slots.
+    # 16 logical experts over 24 physical slots: experts 0 and 1 have 3 replicas, 2..5 have 2, the others
+    # 1, as a permutation of the slots.
     num_experts, num_physical = 16, 24
     gen = torch.Generator().manual_seed(7)
     slots = torch.randperm(num_physical, generator=gen)

@@ -59,8 +59,8 @@ L2P = torch.tensor([[0, -1], [1, -1], [2, 8], [3, -1], [4, -1], [5, 9], [6, -1],
 COUNT = torch.tensor([1, 1, 2, 1, 1, 2, 1, 1])
 
 
-def _state(phase: int = 0, unpadded=(5,)) -> LayerState:
-    lookup = ReplicaLookup(8, phase, "cpu", rows=16, num_physical_experts=10)
+def _state(unpadded=(5,)) -> LayerState:
+    lookup = ReplicaLookup(8, "cpu", rows=16, num_physical_experts=10)
     lookup.refresh_(L2P, COUNT)
     return LayerState(
         replica_lookup=lookup,
@@ -75,7 +75,7 @@ LOGITS = torch.randn(7, 8, generator=torch.Generator().manual_seed(1))
 
 def test_bound_router_maps_through_the_lookup_and_records_once():
     router, other = Router(3), Router(3)
-    state = _state(phase=1)
+    state = _state()
     bind_router(router, state)
     assert router.eplb_state is state
     assert is_bound(router)
@@ -83,7 +83,7 @@ def test_bound_router_maps_through_the_lookup_and_records_once():
     assert Router.__dict__["_apply_eplb_mapping"] is ORIGINAL  # class untouched
     logical = torch.topk(LOGITS, 3, dim=-1).indices
     physical = router.select_experts(LOGITS)
-    expected = map_to_physical(logical, build_replica_table(L2P, COUNT, 1, rows=16))
+    expected = map_to_physical(logical, build_replica_table(L2P, COUNT, 0, rows=16))
     assert torch.equal(physical, expected)
     assert not torch.equal(physical, logical)  # replicas 8/9 were chosen for some rows
     assert int(state.expert_load_view.sum()) == 5 * 3  # 5 unpadded rows, K = 3

@@ -279,7 +279,7 @@ class EplbVerifier:
                     self.steps, rank, layer_idx, "the lookup table's storage changed", ms.model_name
                 )
             expected = build_replica_table(
-                l2p, counts, lookup.phase, lookup.rows, num_physical_experts=int(p2l.shape[0])
+                l2p, counts, rows=lookup.rows, num_physical_experts=int(p2l.shape[0])
             ).to(lookup.table.device)
             if not torch.equal(lookup.table, expected):
                 bad = (lookup.table != expected).nonzero()[0].tolist()

@@ -18,9 +18,10 @@ device scalar of the forward's row layout (:func:`~ascend_eplb.dataplane.map_to_
   physical replica for it. In vLLM's TP+EP layout, and in every dispatch that gathers tokens before
   routing, several ranks route the same rows and each computes only the replicas it holds; a choice
   that differs between them computes a token's expert twice or not at all. The choice is therefore a
-  pure function of (token row, placement, offset), the table is the same on every rank (``phase`` 0 in
-  serving), and the offset is equal on every rank that routes the same rows: the control plane chooses
-  it per forward from the parallel layout (``ascend_eplb.control.layout``). vLLM Ascend's rule
+  pure function of (token row, placement, offset), the table is the same on every rank (a
+  :class:`ReplicaLookup` always builds it with ``phase`` 0), and the offset is equal on every rank that
+  routes the same rows: the control plane chooses it per forward from the parallel layout
+  (``ascend_eplb.control.layout``). vLLM Ascend's rule
   ``(row + ep_rank + e)`` breaks this wherever EP ranks share rows.
 * Even spread: consecutive token rows walk the replicas of ``e`` round-robin, so ``n`` consecutive
   tokens routed to ``e`` give each of its ``count`` replicas (``logical_replica_count[e]``)
@@ -231,8 +232,10 @@ def build_replica_table(
     Args:
         logical_to_physical_map: integer ``(E, M)``, -1 padded (see :func:`validate_placement`).
         logical_replica_count: integer ``(E,)``.
-        phase: a constant replica shift, ``>= 0`` (0 in serving: the table is the same on every rank;
-            the per-forward offset comes from the row layout).
+        phase: a constant replica shift, ``>= 0``. A :class:`ReplicaLookup`'s table is this with
+            ``phase`` 0 (the same on every rank; the per-forward offset is the row layout's); another
+            phase gives the table of a shifted rule (vLLM Ascend's puts the EP rank there), for
+            comparisons.
         rows: table rows (token rows before the rule repeats), ``>= 1``.
         num_physical_experts: ``P`` for the id range check; ``None`` infers ``sum(count)``.
 
@@ -270,10 +273,12 @@ def table_checksum(table: torch.Tensor) -> int:
 class ReplicaLookup:
     """One MoE layer's device replica table, fixed in shape and storage, refreshed in place.
 
+    The table of a placement is :func:`build_replica_table` of it (``phase`` 0): the same on every rank.
+    The replica a token starts on is shifted per forward by the row layout's ``replica_offset``, never by
+    the table (module docstring).
+
     Args:
         num_logical_experts: ``E``, ``>= 1``.
-        phase: a constant replica shift of the table, ``>= 0`` (module docstring). Serving uses 0 on
-            every rank, so the table of a placement is the same on every rank.
         device: the routing device (``npu``, ``cuda`` or ``cpu``).
         rows: table rows, ``>= 1`` (default :data:`DEFAULT_ROWS` = 1024, as vLLM Ascend).
         num_physical_experts: ``P``, keyword-only. When given, every refresh checks replica ids
@@ -295,14 +300,12 @@ class ReplicaLookup:
     def __init__(
         self,
         num_logical_experts: int,
-        phase: int,
         device: torch.device | str,
         rows: int = DEFAULT_ROWS,
         *,
         num_physical_experts: int | None = None,
     ) -> None:
         self.num_logical_experts = _check_int("num_logical_experts", num_logical_experts, 1)
-        self.phase = _check_int("phase", phase, 0)
         self.rows = _check_int("rows", rows, 1)
         if num_physical_experts is not None:
             _check_int("num_physical_experts", num_physical_experts, num_logical_experts)
@@ -343,7 +346,7 @@ class ReplicaLookup:
         )
         if expert_load_view is not None:
             self._check_load_view(expert_load_view, num_physical)
-        self.table.copy_(_replica_table(l2p, count, self.phase, self.rows))
+        self.table.copy_(_replica_table(l2p, count, 0, self.rows))
         self.physical_id_bound = num_physical
 
     def check_load_view(self, expert_load_view: torch.Tensor) -> None:
@@ -382,6 +385,6 @@ class ReplicaLookup:
 
     def __repr__(self) -> str:
         return (
-            f"ReplicaLookup(num_logical_experts={self.num_logical_experts}, phase={self.phase}, "
-            f"device={self.device}, rows={self.rows}, num_physical_experts={self.num_physical_experts})"
+            f"ReplicaLookup(num_logical_experts={self.num_logical_experts}, device={self.device}, "
+            f"rows={self.rows}, num_physical_experts={self.num_physical_experts})"
         )
