@@ -7,7 +7,7 @@ import torch
 
 from ascend_eplb.control.bus import EventBus
 from ascend_eplb.control.state import COMMIT_LOG_MAXLEN, AscendEplbState
-from ascend_eplb.tools.simulate import rank
+from ascend_eplb.tools.simulate import steps
 
 
 def test_every_layer_commit_is_counted_past_the_commit_logs_length():
@@ -19,18 +19,18 @@ def test_every_layer_commit_is_counted_past_the_commit_logs_length():
     num_layers, num_ranks = 4, 2
     state = SimpleNamespace(commit_log=deque(maxlen=COMMIT_LOG_MAXLEN), bus=EventBus(), num_rearrangements=0)
     model_state = SimpleNamespace(model_name="m")
-    watch = rank._CommitWatch(state.bus)
-    stats = rank._new_stats()
+    watch = steps.CommitWatch(state.bus)
+    stats = steps.new_stats()
     rank_load = torch.tensor([[3.0, 1.0]] * num_layers)  # (L, N)
     logical_load = torch.tensor([[1, 1, 1, 1]] * num_layers)  # (L, E)
     initial = torch.tensor([[0, 1, 2, 3]] * num_layers)  # (L, P)
-    steps = 2 * COMMIT_LOG_MAXLEN // 4
-    for step in range(steps):
+    num_steps = 2 * COMMIT_LOG_MAXLEN // 4
+    for step in range(num_steps):
         state.num_rearrangements = step // num_layers + 1
         for kind in ("move", "commit", "refresh", "acknowledge"):
             AscendEplbState._log(state, kind, model_state, step % num_layers)
-        rank._end_of_step(stats, state, watch.drain(), rank_load, logical_load, initial, num_ranks)
+        steps.end_of_step(stats, state, watch.drain(), rank_load, logical_load, initial, num_ranks)
     assert len(state.commit_log) == COMMIT_LOG_MAXLEN  # full since step COMMIT_LOG_MAXLEN // 4
-    assert stats["commits_per_step"] == [[step % num_layers] for step in range(steps)]
-    assert stats["rearrangements_per_step"][-1] == steps // num_layers
+    assert stats["commits_per_step"] == [[step % num_layers] for step in range(num_steps)]
+    assert stats["rearrangements_per_step"][-1] == num_steps // num_layers
     assert watch.drain() == []  # drained at every step's end

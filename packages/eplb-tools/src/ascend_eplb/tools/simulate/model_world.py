@@ -1,0 +1,139 @@
+"""The real-model world of ``simulate`` (``--model`` a preset or a folder): one serving worker per rank.
+
+A :class:`~ascend_eplb.tools.world.serving.ServingWorker`: vLLM's plugin loader runs the integration's
+entry point (the patches), vLLM's loader builds vLLM's own model class with its real routers (TP = EP =
+the ranks), the controller comes from :class:`~ascend_eplb.integration.runner.Mrv2EplbWiring` (so from
+``create_eplb_controller``: start-up validation, Ascend controller, the watchdog, the runtime verifier
+with ``ASCEND_EPLB_VERIFY=1``) and every runner point is driven through that wiring in MRv2 order,
+beside the EPLB-off model of the same checkpoint. Its own checks, every step, on every rank:
+``outputs`` (logits of the real rows equal the EPLB-off model's) and ``load`` (the load recorded over
+all ranks equals the real rows' selections of the physical ids the expert kernel consumed, once).
+Shape letters (DESIGN.md section 2): L MoE layers, E logical experts, P physical experts, N EP ranks,
+K top-k.
+"""
+
+from __future__ import annotations
+
+from ascend_eplb.tools.simulate import cpu_platform as _cpu_platform  # noqa: F401  (before vLLM)
+
+# isort: split
+
+import time
+
+import torch
+import torch.distributed as dist
+from vllm.distributed.parallel_state import get_ep_group
+
+from ascend_eplb.launch import RankContext
+from ascend_eplb.tools.simulate.config import OUTPUT_ATOL, output_rtol
+from ascend_eplb.tools.simulate.faults import WORKER_FAULTS, inject_stale_lookup, inject_worker_fault
+from ascend_eplb.tools.simulate.steps import (
+    CheckViolationError,
+    CommitWatch,
+    close_step,
+    end_of_run,
+    new_stats,
+    record_resources,
+    timed_hooks,
+)
+
+__all__ = ["run_model"]
+
+
+def run_model(ctx: RankContext, cfg: dict) -> dict:
+    """This rank of a run on a real vLLM model: a :class:`~ascend_eplb.tools.world.serving.ServingWorker`
+    (the plugin, vLLM's loader and real model class, ``Mrv2EplbWiring`` with the verifier, watchdog and
+    events file) beside its EPLB-off twin, at TP = EP = the ranks (vLLM's TP+EP layout: every rank routes
+    the same, TP-replicated, rows).
+
+    Each step is one sequence of ``padded_size`` token ids (the same on every rank, from ``seed``), its
+    first ``batch_size`` rows real; even steps are declared prefill batches, odd steps decode batches.
+    Checks, every step: ``outputs`` (the real rows' logits equal the EPLB-off model's within
+    ``OUTPUT_ATOL + output_rtol(format) * max|reference|``: 1e-5 for float32 activations, 16 units of
+    roundoff for bf16/fp16) and ``load`` (the load recorded over all ranks equals
+    the bincount of the physical ids the expert kernel consumed for the real rows, each selection once,
+    when the step records; nothing when it does not).
+    """
+    from ascend_eplb.tools.world.serving import ServingWorker, initial_physical_to_logical
+
+    rank, num_ranks = ctx.rank, ctx.world_size
+    num_redundant = cfg["num_redundant_experts"]
+    worker = ServingWorker(
+        ctx,
+        cfg["model_folder"],
+        num_redundant_experts=num_redundant,
+        window_size=cfg["window_size"],
+        step_interval=cfg["step_interval"],
+        phase=cfg["load_collection_phase"],
+    )
+    record_resources(ctx, cfg)
+    info, state, model_state = worker.info, worker.state, worker.model_state
+    num_moe_layers, num_logical = info.num_moe_layers, info.num_logical_experts
+    num_physical = worker.num_physical_experts
+    p = num_physical // num_ranks
+    group = get_ep_group().cpu_group
+    watchdog, verifier, hook_seconds = timed_hooks(worker.wiring.controller)
+    if cfg["fault"] in WORKER_FAULTS and rank == num_ranks - 1:
+        inject_worker_fault(model_state.communicator, cfg["fault"], rank)
+    if cfg["fault"] == "wrong-lookup-refresh":
+        inject_stale_lookup(worker.model.moe_layers[0].eplb_state)
+    batch, padded = cfg["batch_size"], cfg["padded_size"]
+    g = torch.Generator().manual_seed(cfg["seed"])
+    worker.profile_run(torch.randint(0, info.vocab_size, (padded,), generator=g))
+    initial_p2l = initial_physical_to_logical(info, num_redundant)
+    rtol = output_rtol(cfg["quant_format"])  # the real model's experts' format (16-bit: its roundoff)
+    layer_offsets = torch.arange(num_moe_layers).view(num_moe_layers, 1, 1)
+    stats = new_stats()
+    violation: CheckViolationError | None = None
+    commits = CommitWatch(worker.wiring.controller.bus)
+    for step in range(cfg["steps"]):
+        t0, c0 = time.perf_counter(), time.process_time()
+        hook_seconds[0] = 0.0
+        ids = torch.randint(0, info.vocab_size, (padded,), generator=g)
+        placement = model_state.physical_to_logical_map.clone()  # in force for this forward
+        seen = worker.forward_step(ids, num_unpadded_tokens=batch, batch_has_prefill=step % 2 == 0)
+        assert seen.logits_off is not None
+        phys = torch.stack([x[:batch] for x in seen.physical_ids])  # [L, batch_size, K] physical, real rows
+        on, off = seen.logits_on[:batch], seen.logits_off[:batch]
+        err = float((on - off).abs().max())
+        bound = OUTPUT_ATOL + rtol * float(off.abs().max())
+        stats["max_output_error"] = max(stats["max_output_error"], err)
+        if violation is None and err > bound:
+            violation = CheckViolationError(
+                "outputs",
+                f"step {step} rank {rank}: max |logits - EPLB-off logits| = {err:.3g} > {bound:.3g}",
+            )
+        recorded = seen.load.clone()
+        dist.all_reduce(recorded, group=group)  # each real selection must be counted once over the ranks
+        expected = torch.zeros(num_moe_layers, num_physical, dtype=torch.int64)
+        if seen.recorded:
+            expected = torch.bincount(
+                (phys + layer_offsets * num_physical).reshape(-1), minlength=num_moe_layers * num_physical
+            ).view(num_moe_layers, num_physical)  # fmt: skip
+        stats["load_steps_recorded"] += int(seen.recorded)
+        stats["load_selections"] += int(expected.sum())  # the world's (the recorded load is all-reduced)
+        if violation is None and not torch.equal(recorded, expected):
+            bad = int((recorded != expected).any(dim=1).nonzero()[0])
+            violation = CheckViolationError(
+                "load",
+                f"step {step} layer {bad}: the ranks recorded {int(recorded[bad].sum())} selections, the "
+                f"real rows made {int(expected[bad].sum())} (recording {'on' if seen.recorded else 'off'})",
+            )
+        rank_load = torch.bincount(
+            ((phys // p) + layer_offsets * num_ranks).reshape(-1), minlength=num_moe_layers * num_ranks
+        ).view(num_moe_layers, num_ranks).float()  # fmt: skip
+        logical = placement.gather(1, phys.reshape(num_moe_layers, -1))
+        logical_load = torch.bincount(
+            (logical + layer_offsets.view(-1, 1) * num_logical).reshape(-1),
+            minlength=num_moe_layers * num_logical,
+        ).view(num_moe_layers, num_logical)  # fmt: skip
+        violation, stop = close_step(
+            ctx, stats, step, (t0, c0), violation, worker.end_step, model_state, state, watchdog,
+            hook_seconds, commits, (rank_load, logical_load, initial_p2l),
+        )  # fmt: skip
+        if stop:
+            break
+    end_of_run(stats, violation, worker.wiring, state, model_state, watchdog, verifier, p)
+    experts = worker.model.moe_layers[0].routed_experts
+    stats["expert_nbytes"] = experts.w13_weight[0].nbytes + experts.w2_weight[0].nbytes
+    return stats

@@ -1,0 +1,206 @@
+"""What both worlds of a simulator rank do at each step's end and at the run's end, and record.
+
+:func:`new_stats` is a rank's statistics (the report's schema); :func:`timed_hooks` times the serving
+verifier's subscribers; :class:`CommitWatch` hears every layer commit on the controller's bus;
+:func:`close_step` is the end of one step the same in both worlds (runner point 9, the watchdog and the
+verifier, the commits, balancedness and rank shares, the progress message, whether every rank stops);
+:func:`end_of_run` the runner's shutdown point and what this rank's checks saw. Shape letters (DESIGN.md
+section 2): L MoE layers, E logical experts, P physical experts, N EP ranks.
+"""
+
+from __future__ import annotations
+
+from ascend_eplb.tools.simulate import cpu_platform as _cpu_platform  # noqa: F401  (before vLLM)
+
+# isort: split
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from vllm.distributed.parallel_state import get_ep_group
+
+from ascend_eplb.control.bus import CommitEvent
+from ascend_eplb.integration import metrics
+from ascend_eplb.integration.runner import Mrv2EplbWiring
+from ascend_eplb.integration.serving import guardrails_of
+from ascend_eplb.integration.verify import EplbVerificationError, EplbVerifier
+from ascend_eplb.integration.watchdog import EplbWorkerFailureError, WorkerWatchdog
+from ascend_eplb.launch import RankContext
+
+__all__ = [
+    "CheckViolationError",
+    "CommitWatch",
+    "close_step",
+    "end_of_run",
+    "end_of_step",
+    "new_stats",
+    "record_resources",
+    "timed_hooks",
+]
+
+
+class CheckViolationError(Exception):
+    def __init__(self, check: str, message: str) -> None:
+        super().__init__(f"{check}: {message}")
+        self.check = check
+
+
+def record_resources(ctx: RankContext, cfg: dict) -> None:
+    if cfg.get("record_resources"):
+        from ascend_eplb.tools.simulate.lifecycle import record_rank_resources
+
+        record_rank_resources(ctx.tmp_dir, ctx.rank)  # the launcher removes what a killed rank left
+
+
+def new_stats() -> dict[str, Any]:
+    """A rank's statistics, per step (the report's schema, both worlds)."""
+    return {
+        "balancedness_per_step": [],
+        "balancedness_off_per_step": [],
+        "rank_load_share_per_step": [],
+        "step_seconds": [],
+        "step_cpu_seconds": [],
+        "verifier_seconds": [],
+        "step_in_flight": [],
+        "commits_per_step": [],
+        "rearrangements_per_step": [],
+        "max_output_error": 0.0,
+        "worker_failure": None,
+        # What the load check compared: steps that recorded, and the real selections they held.
+        "load_steps_recorded": 0,
+        "load_selections": 0,
+    }
+
+
+def timed_hooks(controller: Any) -> tuple[WorkerWatchdog, EplbVerifier, list[float]]:
+    """Wrap the serving verifier's step and commit subscribers to time them (its cost per step);
+    returns the controller's watchdog and verifier (its serving guardrails) and the one-element list
+    each step's verifier seconds accumulate into."""
+    guardrails = guardrails_of(controller)
+    watchdog, verifier = guardrails.watchdog, guardrails.verifier
+    assert verifier is not None  # ASCEND_EPLB_VERIFY=1 here
+    spent = [0.0]
+
+    def timed(hook):
+        def run(*args):
+            t = time.perf_counter()
+            try:
+                hook(*args)
+            finally:
+                spent[0] += time.perf_counter() - t
+
+        return run
+
+    controller.bus.wrap(verifier.on_step, timed)
+    controller.bus.wrap(verifier.on_commit, timed)
+    return watchdog, verifier, spent
+
+
+class CommitWatch:
+    """The MoE layers whose placement committed, heard on the controller's bus: each ``"commit"``
+    :class:`~ascend_eplb.control.bus.CommitEvent` (upstream's commit of one layer returned), kept until
+    the step's end drains them. Every commit is heard, however many the run has (the state's
+    log of recent commit events keeps only the last ``COMMIT_LOG_MAXLEN``)."""
+
+    def __init__(self, bus: Any) -> None:
+        self._layers: set[int] = set()
+        bus.subscribe(CommitEvent, self._on_commit)
+
+    def _on_commit(self, event: CommitEvent) -> None:
+        if event.kind == "commit":
+            self._layers.add(event.layer)
+
+    def drain(self) -> list[int]:
+        """The layers committed since the last drain, ascending (each once)."""
+        layers, self._layers = sorted(self._layers), set()
+        return layers
+
+
+def close_step(
+    ctx: RankContext, stats: dict, step: int, started: tuple[float, float], violation: Any,
+    after_sampling: Any, model_state: Any, state: Any, watchdog: WorkerWatchdog, hook_seconds: list[float],
+    commits: CommitWatch, loads: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> tuple[Any, bool]:  # fmt: skip
+    """The end of one step, the same in both worlds: runner point 9 (``after_sampling``: upstream's step,
+    then the watchdog and the verifier, which may raise the same error on every rank), the step's
+    timings, a worker failure the watchdog decided, the commits, balancedness and rank shares
+    (:func:`end_of_step` with ``loads`` = ``(rank_load, logical_load, initial_p2l)``), the progress
+    message, and whether every rank stops now (one flag all-reduced over the EP group).
+
+    Returns:
+        ``(violation, stop)``: the first violation so far, and whether the ranks leave the loop.
+    """
+    in_flight = bool(model_state.rebalanced)
+    verified = None
+    try:
+        after_sampling()
+    except EplbVerificationError as e:
+        verified = CheckViolationError(e.check, str(e))
+    except EplbWorkerFailureError as e:  # ASCEND_EPLB_ON_WORKER_FAILURE=raise, on every rank
+        verified = CheckViolationError("worker", str(e))
+    stats["step_seconds"].append(time.perf_counter() - started[0])
+    stats["step_cpu_seconds"].append(time.process_time() - started[1])  # this process, all its threads
+    stats["verifier_seconds"].append(hook_seconds[0])
+    stats["step_in_flight"].append(in_flight)
+    if watchdog.failure is not None and stats["worker_failure"] is None:
+        # EPLB stopped on every rank at this step; serving (and every other check) goes on.
+        stats["worker_failure"] = (watchdog.failure.message(), step)
+        violation = violation or CheckViolationError("worker", watchdog.failure.message())
+    end_of_step(stats, state, commits.drain(), *loads, ctx.world_size)
+    ctx.send(("step", step, state.num_rearrangements, stats["balancedness_per_step"][-1]))
+    if verified is not None:
+        # Raised on every rank at this same step boundary: all ranks stop here together.
+        return violation or verified, True
+    stop = violation is not None and violation.check != "worker"
+    flag = torch.tensor([int(stop)], dtype=torch.int32)
+    dist.all_reduce(flag, group=get_ep_group().cpu_group)
+    return violation, int(flag) > 0
+
+
+def end_of_step(
+    stats: dict, state: Any, committed_layers: list[int], rank_load: torch.Tensor, logical_load: torch.Tensor,
+    initial_p2l: torch.Tensor, num_ranks: int,
+) -> None:  # fmt: skip
+    """Record the step's commits (``committed_layers``, from the bus), rearrangements, balancedness with
+    EPLB (``rank_load`` ``(L, N)``) and without (``logical_load`` ``(L, E)`` on upstream's initial
+    placement ``initial_p2l``) and rank shares."""
+    stats["commits_per_step"].append(list(committed_layers))
+    stats["rearrangements_per_step"].append(state.num_rearrangements)
+    loads = rank_load.numpy()
+    bal = float(np.mean(loads.mean(axis=1) / np.maximum(loads.max(axis=1), 1)))
+    stats["balancedness_per_step"].append(bal)
+    # Per-rank share of each layer's selections, averaged over layers (1/N everywhere = balanced).
+    stats["rank_load_share_per_step"].append(
+        (loads / np.maximum(loads.sum(axis=1, keepdims=True), 1)).mean(axis=0).tolist()
+    )
+    stats["balancedness_off_per_step"].append(
+        metrics.balancedness(metrics.rank_loads(logical_load, initial_p2l, num_ranks))
+    )
+
+
+def end_of_run(
+    stats: dict, violation: Any, wiring: Mrv2EplbWiring, state: Any, model_state: Any,
+    watchdog: WorkerWatchdog, verifier: EplbVerifier, slots_per_rank: int,
+) -> None:  # fmt: skip
+    """The end of a run, the same in both worlds: the runner's shutdown point (the watchdog logs a cycle
+    in flight, :meth:`WorkerWatchdog.at_shutdown`), then what this rank's checks saw."""
+    wiring.shutdown()
+    stats["violation"] = None if violation is None else (violation.check, str(violation))
+    stats["steps_run"] = len(stats["step_seconds"])
+    stats["num_rearrangements"] = state.num_rearrangements
+    stats["num_skipped_rearrangements"] = state.num_skipped_rearrangements  # all-zero windows
+    stats["bytes_moved"] = _bytes_received(model_state)
+    stats["verifier_commits_checked"] = verifier.commits_checked
+    stats["verifier_steps"] = verifier.steps
+    stats["slots_per_rank"] = slots_per_rank
+    stats["in_flight_at_end"] = [asdict(cycle) for cycle in watchdog.in_flight_at_shutdown]
+
+
+def _bytes_received(model_state: Any) -> int:
+    """Bytes this rank received over all rearrangements (movement's transfer statistics)."""
+    stats = model_state.communicator.cumulative_stats
+    return int(stats.bytes_received)
