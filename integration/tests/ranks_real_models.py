@@ -189,3 +189,111 @@ def metrics_world(
         skipped=worker.state.num_skipped_rearrangements,
     )
     return report
+
+
+def _serve_steps(worker: Any, steps: int, num_tokens: int, seed: int) -> dict[str, Any]:
+    """Profile run, then ``steps`` prefill steps of the seeded prompts (each awaiting a layer in flight);
+    per step: the committed map after it, the worst logits error against EPLB-off (None without it), and
+    the slot check after a commit."""
+    from ascend_eplb.tools import world as rm
+
+    vocab = worker.info.vocab_size
+    prompts = [rm.prompt(seed * 1000 + s, num_tokens, vocab) for s in range(steps)]
+    worker.profile_run(prompts[0])
+    maps, errors, slot_checks, unequal = [], [], [], []
+    for step, ids in enumerate(prompts):
+        worker.wait_for_transfer(20.0)
+        seen = worker.forward_step(ids, num_unpadded_tokens=num_tokens, batch_has_prefill=True)
+        if seen.logits_off is not None:
+            errors.append(float((seen.logits_on - seen.logits_off).abs().max() / seen.logits_off.abs().max()))
+            if not torch.equal(seen.logits_on, seen.logits_off):
+                unequal.append(step)
+        if worker.end_step():
+            slot_checks.append((step, worker.slot_mismatches()))
+        maps.append(worker.model_state.physical_to_logical_map.clone().long())
+    return {
+        "maps": maps,
+        "max_rel_err": errors,
+        "unequal_steps": unequal,
+        "slot_checks": slot_checks,
+        "num_rearrangements": worker.state.num_rearrangements,
+    }
+
+
+def _started(worker: Any) -> dict[str, Any]:
+    """What a worker holds right after start-up (before its profile run): the committed map, the slot
+    check under it, the lookups against the committed maps and what the verifier checked."""
+    from ascend_eplb.dataplane import build_replica_table
+    from ascend_eplb.integration.serving import guardrails_of
+
+    ms = worker.model_state
+    lookups_equal = []
+    for layer, states in worker.state.layer_states(worker.model_config).items():
+        for ls in states:
+            expected = build_replica_table(
+                ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], 0, ls.replica_lookup.rows,
+                num_physical_experts=int(ms.physical_to_logical_map.shape[1]),
+            )  # fmt: skip
+            lookups_equal.append(torch.equal(ls.replica_lookup.table, expected))
+    verifier = guardrails_of(worker.wiring.controller).verifier
+    return {
+        "map": ms.physical_to_logical_map.clone().long(),
+        "slot_mismatches": worker.initial_slot_mismatches,
+        "lookups_equal": lookups_equal,
+        "verifier_commits_checked": verifier.commits_checked,
+        "commit_log": [(e.kind, e.layer, e.rearrangement) for e in worker.state.commit_log],
+        "bytes_received": int(ms.communicator.cumulative_stats.bytes_received),
+    }
+
+
+def serve_from_placement_worlds(
+    ctx: RankContext,
+    folder: str,
+    placement: str,
+    events: str,
+    wrong_layers: str,
+    quantized_folder: str,
+    quantized_events: str,
+    steps: int,
+) -> dict[str, Any]:
+    """Three serving workers, one after the other on the same ranks, verifier and events file on:
+
+    * ``served``: ``folder`` started on the placement file ``placement`` (rearranging: window 2,
+      interval 4, as the recording run), events to ``events``;
+    * ``refused``: ``folder`` started on ``wrong_layers`` (a placement for other MoE layers): the error
+      the registration raises (start-up validation cannot know the layers before the model is built);
+    * ``static``: ``quantized_folder`` (the same shape, experts in W8A8) started on ``events``, the first
+      world's events file (its last committed placement), with ``step_interval`` beyond the run; events
+      to ``quantized_events``.
+    """
+    os.environ["ASCEND_EPLB_VERIFY"] = "1"
+    from ascend_eplb.integration.validation import EplbConfigError
+    from ascend_eplb.tools import world as rm
+
+    report: dict[str, Any] = {"rank": ctx.rank}
+    os.environ["ASCEND_EPLB_EVENTS"] = events
+    worker = rm.ServingWorker(
+        ctx, folder, num_redundant_experts=2, window_size=2, step_interval=4, initial_placement=placement
+    )
+    report["served"] = {**_started(worker), **_serve_steps(worker, steps, 12, seed=0)}
+    # Every rank's records of the first world are written before any rank reads its events file.
+    torch.distributed.barrier(group=torch.distributed.group.WORLD)
+
+    os.environ.pop("ASCEND_EPLB_EVENTS")
+    try:
+        rm.ServingWorker(
+            ctx, folder, num_redundant_experts=2, window_size=2, step_interval=4, eplb_off=False,
+            initial_placement=wrong_layers,
+        )  # fmt: skip
+    except EplbConfigError as e:
+        report["refused"] = (type(e).__name__, str(e))
+    else:
+        report["refused"] = (None, "started")
+
+    os.environ["ASCEND_EPLB_EVENTS"] = quantized_events
+    static = rm.ServingWorker(
+        ctx, quantized_folder, num_redundant_experts=2, window_size=2, step_interval=1000,
+        initial_placement=events,
+    )  # fmt: skip
+    report["static"] = {**_started(static), **_serve_steps(static, 4, 12, seed=1)}
+    return report

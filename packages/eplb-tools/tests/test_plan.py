@@ -313,6 +313,83 @@ def test_export_expert_map_reads_back_as_the_recommended_placement(tmp_path, cap
         row = [e for d in layer["device_list"] for e in d["device_expert"]]
         assert row == expected[layer["layer_id"]].tolist()
         assert all(len(d["device_expert"]) == 17 for d in layer["device_list"])
+    # The same file is a placement file (the superset: the model facts it was made for, and provenance).
+    from ascend_eplb.integration.placement_file import read_placement
+
+    placement = read_placement(out)
+    assert placement.facts() == {
+        "num_moe_layers": 26, "num_logical_experts": 64, "num_physical_experts": 68, "num_ranks": 4,
+    }  # fmt: skip
+    assert np.array_equal(np.array(placement.physical_to_logical_map), expected)
+    assert (data["format"], data["version"]) == ("ascend-eplb-placement", 1)
+    assert data["source"]["load"] == str(path)
+    assert data["source"]["num_redundant_experts"] == 4
+
+
+def _events_file(path, loads, *, num_ranks, num_physical_experts):
+    from ascend_eplb.integration.events import EventsWriter
+
+    writer = EventsWriter(path)
+    for i, load in enumerate(loads, start=1):
+        writer.write({
+            "event": "window", "time": 0.0, "step": 4 * i, "model": "m", "rearrangement": i, "load": load,
+            "balancedness": 0.5, "balancedness_eplb_off": 0.5, "num_ranks": num_ranks,
+            "num_physical_experts": num_physical_experts,
+        })  # fmt: skip
+    writer.close()
+    return path
+
+
+def test_export_from_an_events_file_is_for_its_recorded_configuration(tmp_path, capsys):
+    """Issue 28: plan EVENTS --ranks N --export-expert-map F needs no more options: the redundant count is
+    the recorded server's (not the sweep's recommendation), every MoE layer of the load is in the file
+    (one without load keeps upstream's initial placement), and the file is one that server accepts."""
+    from ascend_eplb.integration.placement_file import read_placement
+    from ascend_eplb.integration.rules import EplbSettings, check_settings
+
+    load = trace.load_load_matrix(ESFT / "results/expert_scores/law/summary.json")[:3] * 1000
+    load[1] = 0  # a layer without load
+    loads = [np.round(load).astype(int).tolist()]
+    events = _events_file(tmp_path / "events.jsonl", loads, num_ranks=4, num_physical_experts=64 + 12)
+    out = tmp_path / "placement.json"
+    assert cli.main(["plan", str(events), "--ranks", "4", "--export-expert-map", str(out)]) == 0
+    printed = capsys.readouterr().out
+    recommended = next(line for line in printed.splitlines() if line.startswith("recommended:"))
+    assert "num_redundant_experts=12 " not in recommended  # the sweep recommends another level ...
+    result = plan.plan(np.array(loads[0], dtype=np.float64), num_ranks=4, redundancy=[0, 4, 8, 12, 16])
+    level = result.level(12)
+    assert (
+        f"wrote {out}: num_redundant_experts=12 (the recorded configuration, global policy), 3 MoE layers "
+        f"x 4 devices; balancedness on its load {level.balancedness_after:.4f} (upstream's initial "
+        f"placement: {level.balancedness_before:.4f}); layers [1] had no load and keep upstream's initial "
+        "placement"
+    ) in printed  # ... the export is the recorded one's
+    placement = read_placement(out)
+    rows = np.array(placement.physical_to_logical_map)
+    assert rows.shape == (3, 76)
+    assert np.array_equal(rows[[0, 2]], np.array(level.physical_to_logical_map))
+    assert rows[1].tolist() == plan.linear_placement(64, 12, 1)[0].tolist()
+    settings = EplbSettings(
+        enable_eplb=True, enable_expert_parallel=True, tensor_parallel_size=4, num_redundant_experts=12,
+        num_logical_experts=64, num_moe_layers=3, ascend_eplb_config={"initial_placement": str(out)},
+    )  # fmt: skip
+    assert list(check_settings(settings)) == []
+    # --ranks other than the recorded layout's: exported for the ranks asked, with a warning.
+    with pytest.warns(UserWarning, match="records 4 EP ranks") as caught:
+        assert cli.main(["plan", str(events), "--ranks", "2", "--export-expert-map", str(out)]) == 0
+    assert [str(w.message) for w in caught] == [
+        f"{events} records 4 EP ranks; the placement is exported for --ranks 2 (a server of the recorded "
+        "layout refuses it)"
+    ]
+    assert read_placement(out).facts()["num_ranks"] == 2
+    # An events file that does not record its configuration (an earlier integration): the recommendation.
+    old = tmp_path / "old.jsonl"
+    old.write_text(
+        "\n".join(json.dumps({k: v for k, v in json.loads(line).items() if not k.startswith("num_")})
+                  for line in events.read_text().splitlines()) + "\n"
+    )  # fmt: skip
+    assert cli.main(["plan", str(old), "--ranks", "4", "--export-expert-map", str(out)]) == 0
+    assert f"num_redundant_experts={result.recommended} (global policy)" in capsys.readouterr().out
 
 
 def test_costs_at_the_model_size(tmp_path, capsys):

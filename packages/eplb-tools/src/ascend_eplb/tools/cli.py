@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ascend_eplb.tools.options import int_list, positive_float, positive_int
 
@@ -86,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="FILE",
-        help="write the recommended level's placement as vLLM Ascend's expert_map_path JSON",
+        help="write a placement file (additional_config.eplb_config.initial_placement; also vLLM Ascend's "
+        "expert_map_path JSON): from an events file that records its configuration, its "
+        "num_redundant_experts; otherwise the recommended level (or the one --redundant-experts level)",
     )
     pl.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -127,10 +130,27 @@ def _check_writable_file(what: str, path: Path) -> None:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
-    from ascend_eplb.tools.plan import DEFAULT_MARGIN, format_plan, validate_plan_args
+    from ascend_eplb.tools.plan import DEFAULT_MARGIN, format_plan, recorded_configuration, validate_plan_args
     from ascend_eplb.tools.trace import load_load_matrix
 
     load = load_load_matrix(args.load, last=args.last)
+    # The level an export writes: the events file's recorded configuration, unless levels are given.
+    recorded = recorded_configuration(args.load) if args.export_expert_map is not None else None
+    export_level = None
+    if recorded is not None and args.redundant_experts is None:
+        export_level = recorded[0] - load.shape[1]
+        if recorded[1] != args.ranks:
+            import warnings
+
+            warnings.warn(
+                f"{args.load} records {recorded[1]} EP ranks; the placement is exported for --ranks "
+                f"{args.ranks} (a server of the recorded layout refuses it)",
+                stacklevel=1,
+            )
+        from ascend_eplb.tools.plan import sweep_levels
+
+        levels = sweep_levels(load.shape[1], args.ranks)
+        args.redundant_experts = sorted({*levels, export_level})
     validate_plan_args(load.shape, args.ranks, args.nodes, args.expert_groups, args.redundant_experts)
     margin = DEFAULT_MARGIN if args.margin is None else args.margin
     if not 0 <= margin < 1:
@@ -150,7 +170,7 @@ def _run_plan(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ascend_eplb.tools.plan import expert_map_json, plan
+    from ascend_eplb.tools.plan import plan
 
     # The plan's tensors are a few KiB: one thread. With torch's pool on a loaded 2-core host, the
     # metrics' small reductions took 1.5 s of the ESFT summary task's sweep, against 0.22 s.
@@ -188,21 +208,49 @@ def _run_plan(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     elif args.export_expert_map is not None and result.recommended is not None:
-        data = expert_map_json(result.level(result.recommended), args.ranks)
-        try:
-            args.export_expert_map.write_text(json.dumps(data, indent=1))
-        except OSError as e:
-            raise ValueError(f"export expert map={args.export_expert_map}: cannot write it ({e})") from e
-        print(
-            f"wrote {args.export_expert_map}: num_redundant_experts={result.recommended} "
-            f"({result.policy} policy), {data['moe_layer_count']} MoE layers x {args.ranks} devices",
-            file=sys.stderr if args.json else sys.stdout,
-        )
+        chosen = result.recommended if export_level is None else export_level
+        _export(args, result, chosen, recorded=export_level is not None)
     if result.invalid_levels:
         for d in result.invalid_levels:
             print(f"ascend-eplb plan: error: {d['error']}", file=sys.stderr)
         return 2
     return 0
+
+
+def _export(args: argparse.Namespace, result: Any, level_r: int, *, recorded: bool) -> None:
+    """Write the placement of level ``level_r`` (the configured policy's; ``recorded``: the events file's
+    configuration) to ``--export-expert-map``."""
+    from ascend_eplb.integration.placement_file import write_placement
+    from ascend_eplb.tools.plan import export_placement
+
+    level = result.level(level_r)
+    placement = export_placement(result, level, source=str(args.export_expert_map))
+    provenance = {
+        "tool": "ascend-eplb plan",
+        "load": str(args.load),
+        "windows": "all" if args.last is None else f"last {args.last}",
+        "policy": result.policy,
+        "num_redundant_experts": level_r,
+        "balancedness_before": level.balancedness_before,
+        "balancedness_after": level.balancedness_after,
+    }
+    try:
+        write_placement(args.export_expert_map, placement, provenance)
+    except ValueError as e:
+        raise ValueError(f"export expert map={args.export_expert_map}: cannot write it ({e})") from e
+    why = "the recorded configuration, " if recorded else ""
+    kept = (
+        f"; layers {result.layers_excluded} had no load and keep upstream's initial placement"
+        if result.layers_excluded
+        else ""
+    )
+    print(
+        f"wrote {args.export_expert_map}: num_redundant_experts={level_r} ({why}{result.policy} policy), "
+        f"{placement.num_moe_layers} MoE layers x {args.ranks} devices; balancedness on its load "
+        f"{level.balancedness_after:.4f} (upstream's initial placement: {level.balancedness_before:.4f})"
+        f"{kept}",
+        file=sys.stderr if args.json else sys.stdout,
+    )
 
 
 def _run_check(args: argparse.Namespace) -> int:

@@ -13,6 +13,14 @@ Metrics (float64, the unit of the input load): rank load, balancedness, hottest 
 experts moved (crossing ranks; per rank: experts received) as :mod:`ascend_eplb.integration.metrics`
 defines them, the one definition the serving events file uses too.
 
+Export (:func:`export_placement`): one level's placement as a placement file
+(:mod:`ascend_eplb.integration.placement_file`, version 1: vLLM Ascend's ``expert_map_path`` JSON plus
+the model facts), every MoE layer of the load included (a layer without load keeps upstream's initial
+placement), for ``additional_config.eplb_config.initial_placement``. On a serving events file that
+records its configuration (:func:`recorded_configuration`), the level exported without
+``--redundant-experts`` is the recorded ``num_redundant_experts``: the file fits the server that
+recorded it.
+
 Levels: by default a sweep (:func:`sweep_levels`): every ``R`` in ``[0, E]`` with ``(E + R)`` divisible by
 the ranks, i.e. 0 and the multiples of ``N`` when ``N`` divides ``E``. Policies: the one upstream runs for
 the given nodes and expert groups (hierarchical when the groups divide over the nodes, otherwise global)
@@ -30,6 +38,8 @@ import sys
 import types
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,13 +48,14 @@ __all__ = [
     "DEFAULT_MARGIN",
     "PlanLevel",
     "PlanResult",
-    "expert_map_json",
+    "export_placement",
     "format_plan",
     "level_error",
     "linear_placement",
     "plan",
     "rank_loads",
     "recommend",
+    "recorded_configuration",
     "sweep_levels",
     "upstream_policy",
     "validate_plan_args",
@@ -313,27 +324,49 @@ def plan(
     )  # fmt: skip
 
 
-def expert_map_json(level: PlanLevel, num_ranks: int) -> dict:
-    """vLLM Ascend's ``expert_map_path`` JSON of one level's placement (notes/vllm-ascend-eplb.md 2.2):
-    ``{"moe_layer_count": L, "layer_list": [{"layer_id": l, "device_count": N, "device_list":
-    [{"device_id": r, "device_expert": [logical ids of rank r's slots, in slot order]}]}]}``; ``layer_id``
-    counts the loaded (MoE) layers from 0."""
-    p2l = np.asarray(level.physical_to_logical_map, dtype=np.int64)
-    per_rank = p2l.shape[1] // num_ranks
-    return {
-        "moe_layer_count": int(p2l.shape[0]),
-        "layer_list": [
-            {
-                "layer_id": layer,
-                "device_count": num_ranks,
-                "device_list": [
-                    {"device_id": r, "device_expert": row[r * per_rank : (r + 1) * per_rank].tolist()}
-                    for r in range(num_ranks)
-                ],
-            }
-            for layer, row in enumerate(p2l)
-        ],
-    }
+def export_placement(result: PlanResult, level: PlanLevel, *, source: str = "") -> Any:
+    """One level's placement for every MoE layer of the load, as a
+    :class:`~ascend_eplb.integration.placement_file.Placement` (``write_placement`` writes it).
+
+    ``layer_id`` counts the MoE layers of the load (dense layers have none); a layer without load (in
+    ``result.layers_excluded``) keeps upstream's initial placement (:func:`linear_placement`), the
+    others hold the level's policy placement.
+
+    Raises:
+        PlacementFileError: the placement breaks a rule of the format (not for a policy's result).
+    """
+    from ascend_eplb.integration.placement_file import placement_from_map
+
+    e, r = result.num_logical_experts, level.num_redundant_experts
+    rows = linear_placement(e, r, result.num_moe_layers).tolist()
+    loaded = [i for i in range(result.num_moe_layers) if i not in set(result.layers_excluded)]
+    for layer, row in zip(loaded, level.physical_to_logical_map, strict=True):
+        rows[layer] = list(row)
+    return placement_from_map(rows, num_logical_experts=e, num_ranks=result.num_ranks, source=source)
+
+
+def recorded_configuration(path: str | Path) -> tuple[int, int] | None:
+    """``(num_physical_experts, num_ranks)`` a serving events file records (its last ``window`` record
+    of its first model stating both), or None: not an events file (``.jsonl``), or one recorded before
+    the configuration was (an earlier ascend-eplb-integration).
+
+    Raises:
+        ValueError: the events file cannot be read (naming the file and the line).
+    """
+    if Path(path).suffix.lower() != ".jsonl":
+        return None
+    from ascend_eplb.control.values import is_int
+    from ascend_eplb.integration.events import read_records
+
+    found, model = None, None
+    for _, record in read_records(path, stacklevel=3):
+        if record["event"] != "window":
+            continue
+        model = record.get("model") if model is None else model
+        p, n = record.get("num_physical_experts"), record.get("num_ranks")
+        if record.get("model") == model and is_int(p) and is_int(n):
+            found = (p, n)
+    return found
 
 
 def format_plan(result: PlanResult) -> str:

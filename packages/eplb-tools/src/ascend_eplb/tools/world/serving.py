@@ -301,6 +301,8 @@ class ServingWorker:
         window_size, step_interval: upstream ``EPLBConfig`` fields (``use_async`` is on).
         phase: ``load_collection_phase``.
         eplb_off: also build the EPLB-off model.
+        initial_placement: ``eplb_config.initial_placement`` (a placement file or an events file to start
+            serving on), or None (upstream's initial placement).
 
     Attributes:
         info: :func:`checkpoint_info`; ``format``: the experts' quant_views format
@@ -325,6 +327,7 @@ class ServingWorker:
         step_interval: int,
         phase: str = "all",
         eplb_off: bool = True,
+        initial_placement: str | None = None,
     ) -> None:
         os.environ["ASCEND_EPLB"] = "1"
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
@@ -350,9 +353,12 @@ class ServingWorker:
         t0 = time.monotonic()
         # As a serving worker: the runner (its controller: start-up validation) before the model loads.
         self.vllm_config = prepare_world(ctx, self.folder, enable_eplb=True, eplb=eplb)
+        ascend = {"load_collection_phase": phase}
+        if initial_placement is not None:
+            ascend["initial_placement"] = initial_placement
         self.vllm_config.additional_config = {
             **(self.vllm_config.additional_config or {}),
-            "eplb_config": {"load_collection_phase": phase},
+            "eplb_config": ascend,
         }
         self.ep_rank = get_ep_group().rank_in_group
         self.model_config = self.vllm_config.model_config
@@ -370,8 +376,12 @@ class ServingWorker:
         self.state = self.wiring.controller.state
         self.model_state = self.state.model_states[self.model_config.compute_hash()]
         self.seconds["build_on"] = time.monotonic() - t0
+        # Under upstream's initial placement (what vLLM's loader filled), or under the placement the
+        # start-up installed from initial_placement (the committed map).
         self.initial_slot_mismatches = self._mismatches(
             initial_physical_to_logical(self.info, num_redundant_experts)
+            if initial_placement is None
+            else self.model_state.physical_to_logical_map
         )
         self.model_off = self.vllm_config_off = None
         if eplb_off:
