@@ -228,14 +228,21 @@ def test_every_upstream_signature_is_listed_once_and_the_replacements_take_their
         isinstance(b, InstanceBinding) and table[b.name] is b.signature for b in patches.INSTANCE_BINDINGS
     )
     # No entry is dead: each is replaced, overridden, pinned, or relied on by a module that checks it when
-    # it is built (movement, which cannot import control, relies on the integration's check_upstream).
+    # it is built or used (movement, which cannot import control, relies on the integration's
+    # check_upstream).
     replaced = (
         {p.name for p in patches.PATCHES}
         | {b.name for b in patches.INSTANCE_BINDINGS}
         | {o.signature.name for o in upstream.OVERRIDES}
         | {b.name for b in upstream.BODIES}
     )
-    constructors = {upstream.CONTROLLER, upstream.STATE, upstream.COMMIT_HOOKS, upstream.MOVEMENT}
+    constructors = {
+        upstream.CONTROLLER,
+        upstream.STATE,
+        upstream.COMMIT_HOOKS,
+        upstream.INITIAL_PLACEMENT,
+        upstream.MOVEMENT,
+    }
     assert [n for n, e in table.items() if n not in replaced and not set(e.users) & constructors] == []
     assert all(entry.users for entry in table.values())
     with pytest.raises(
