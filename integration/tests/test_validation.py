@@ -43,11 +43,15 @@ GOOD = EplbSettings(
 BREAKS = {
     "phase-without-eplb": {"enable_eplb": False},
     "placement-without-eplb": {"enable_eplb": False, "ascend_eplb_config": {"initial_placement": "p.json"}},
+    "policy-without-eplb": {"enable_eplb": False, "ascend_eplb_config": {"policy": "migration_aware"}},
     "model-runner-v2": {"use_v2_model_runner": False},
     "v1-controls": {"legacy_top_level_keys": {"gate_eplb": True}},
     "v1-env": {"environment": {"DYNAMIC_EPLB": "1"}},
     "unknown-ascend-key": {"ascend_eplb_config": {"load_scope": "decode"}},
     "load-collection-phase": {"ascend_eplb_config": {"load_collection_phase": "chunked"}},
+    "placement-policy": {"ascend_eplb_config": {"policy": "greedy"}},
+    "min-balancedness-gain": {"ascend_eplb_config": {"min_balancedness_gain": -0.5}},
+    "target-balancedness": {"ascend_eplb_config": {"target_balancedness": 1.5}},
     "async-only": {"use_async": False},
     "communicator": {"communicator": "nixl"},
     "policy": {"policy": "stair"},
@@ -80,7 +84,7 @@ def test_the_supported_settings_break_no_rule():
 
 def test_one_function_per_rule_id_in_report_order():
     assert list(RULES) == list(BREAKS)
-    assert EPLB_OFF_RULES == ("phase-without-eplb", "placement-without-eplb")
+    assert EPLB_OFF_RULES == ("phase-without-eplb", "placement-without-eplb", "policy-without-eplb")
     assert len({id(fn) for fn in RULES.values()}) == len(RULES)  # one function per id, none shared
 
 
@@ -94,6 +98,55 @@ def test_each_rule_is_judged_by_its_own_function(rule):
     assert RULES[rule](broken) == judged[0].message
     assert str(judged[0]) == f"[{rule}] {judged[0].message}"
     assert RULES[rule](GOOD) is None
+
+
+def test_the_policy_and_gate_keys_are_judged_each_naming_value_and_rule_all_at_once():
+    keys = {"policy": "stair", "min_balancedness_gain": 1, "target_balancedness": "0.9"}
+    judged = check_settings(replace(GOOD, ascend_eplb_config=keys))
+    assert [(v.rule, v.message) for v in judged] == [
+        (
+            "placement-policy",
+            "additional_config.eplb_config.policy='stair' is not one of ['default', 'migration_aware']; "
+            "fix: use 'default' (upstream's DefaultEplbPolicy) or 'migration_aware' (the fewest expert "
+            "moves from the placement in force)",
+        ),
+        (
+            "min-balancedness-gain",
+            "additional_config.eplb_config.min_balancedness_gain=1 must be a number in [0, 1) (a gain of "
+            "balancedness, which lies in (0, 1]; 0 turns the check off); fix: set a small gain such as "
+            "0.01, or 0",
+        ),
+        (
+            "target-balancedness",
+            "additional_config.eplb_config.target_balancedness='0.9' must be a number in (0, 1] (a "
+            "balancedness; leave it unset to turn the check off); fix: set a target such as 0.95, or "
+            "remove target_balancedness",
+        ),
+    ]
+    good = replace(GOOD, ascend_eplb_config={"policy": "migration_aware", "min_balancedness_gain": 0.02,
+                                             "target_balancedness": 1})  # fmt: skip
+    assert list(check_settings(good)) == []
+    assert good.policy_settings().describe() == (
+        "policy=migration_aware, gate min_balancedness_gain=0.02 target_balancedness=1"
+    )
+    # Absent keys: upstream's default policy, gate off; upstream's own eplb_config.policy is another key.
+    assert GOOD.policy_settings().is_upstream_default
+    assert (GOOD.placement_policy, GOOD.min_balancedness_gain, GOOD.target_balancedness) == (
+        "default",
+        0.0,
+        None,
+    )
+    # EPLB off: a key at its default value is harmless, another value is refused naming each key given.
+    off = replace(
+        GOOD, enable_eplb=False, ascend_eplb_config={"policy": "default", "min_balancedness_gain": 0}
+    )
+    assert list(check_settings(off)) == []
+    off = replace(off, ascend_eplb_config={"policy": "migration_aware", "target_balancedness": 0.9})
+    assert [str(v) for v in check_settings(off)] == [
+        "[policy-without-eplb] eplb_config.policy='migration_aware', eplb_config.target_balancedness=0.9: "
+        "the placement policy and the gain gate need Model Runner V2 EPLB, but enable_eplb=False; fix: pass "
+        "--enable-eplb or remove policy, target_balancedness"
+    ]
 
 
 def test_all_violated_rules_come_in_the_registry_order():
@@ -188,3 +241,29 @@ def test_start_up_judges_the_models_moe_facts_read_from_its_hf_config_by_checks_
         f"[top-k] {source}: num_experts_per_tok=0 must be an integer in [1, E] (the routed experts each "
         "token selects); fix: correct num_experts_per_tok",
     ]
+
+
+def test_start_up_names_every_bad_serving_switch_at_once(monkeypatch):
+    """Issue 31: ``ASCEND_EPLB_WORKER_TIMEOUT_S=-5`` with ``ASCEND_EPLB_ON_WORKER_FAILURE=explode`` named
+    only the timeout; start-up reads each switch alone, with the readers ``ascend-eplb check`` reports."""
+    from vllm.config import EPLBConfig, ParallelConfig, VllmConfig
+
+    from ascend_eplb.integration.serving import read_serving_setup, serving_switch_errors
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    vc = VllmConfig(parallel_config=ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True))
+    vc.parallel_config.enable_eplb = True
+    vc.parallel_config.eplb_config = EPLBConfig(window_size=2, step_interval=4, use_async=True)
+    monkeypatch.setenv("ASCEND_EPLB_WORKER_TIMEOUT_S", "-5")
+    monkeypatch.setenv("ASCEND_EPLB_ON_WORKER_FAILURE", "explode")
+    expected = [
+        "ASCEND_EPLB_WORKER_TIMEOUT_S='-5': must be a finite number of seconds > 0",
+        "ASCEND_EPLB_ON_WORKER_FAILURE='explode': must be one of stop, raise",
+    ]
+    with pytest.raises(ValueError, match="ASCEND_EPLB_WORKER_TIMEOUT_S") as info:
+        read_serving_setup(vc)
+    assert str(info.value).splitlines() == expected == serving_switch_errors()
+    monkeypatch.setenv("ASCEND_EPLB_ON_WORKER_FAILURE", "raise")
+    monkeypatch.setenv("ASCEND_EPLB_WORKER_TIMEOUT_S", "30")
+    setup = read_serving_setup(vc)
+    assert (setup.worker_timeout_s, setup.on_worker_failure) == (30.0, "raise")

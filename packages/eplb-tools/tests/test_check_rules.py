@@ -61,6 +61,20 @@ def test_supported_config_is_ok_with_resolved_settings(tmp_path):
     assert report == result.report
 
 
+def test_the_policy_and_gate_keys_are_resolved_by_name(tmp_path):
+    defaults = _check(tmp_path, BASE).resolved
+    assert (defaults["placement_policy"], defaults["min_balancedness_gain"]) == ("default", 0.0)
+    assert defaults["target_balancedness"] is None
+    assert defaults["policy"] == "default"  # upstream's eplb_config.policy, which stays default
+    keys = {"policy": "migration_aware", "min_balancedness_gain": 0.02, "target_balancedness": 0.95}
+    result = _check(tmp_path, _with(**{f"additional_config__eplb_config__{k}": v for k, v in keys.items()}))
+    assert result.ok
+    lines = result.report.splitlines()
+    assert "  placement_policy: migration_aware" in lines
+    assert "  min_balancedness_gain: 0.02" in lines
+    assert "  target_balancedness: 0.95" in lines
+
+
 RULES = [
     (
         "model-runner-v2",
@@ -73,20 +87,42 @@ RULES = [
         {"additional_config__eplb_config__dynamic_eplb": True, "additional_config__gate_eplb": True},
         "Model Runner V1 EPLB controls cannot be mixed with V2 EPLB: got "
         "additional_config.eplb_config.dynamic_eplb, additional_config.gate_eplb; fix: remove them and use "
-        "--eplb-config (window_size, step_interval, num_redundant_experts); the only Ascend V2 key is "
-        "load_collection_phase",
+        "--eplb-config (window_size, step_interval, num_redundant_experts); the Ascend V2 keys are "
+        "load_collection_phase, initial_placement, policy, min_balancedness_gain, target_balancedness",
     ),
     (
         "unknown-ascend-key",
         {"additional_config__eplb_config__load_scope": "decode"},
-        "unknown additional_config.eplb_config key(s) ['load_scope']; fix: the only Ascend Model Runner V2 "
-        "key is 'load_collection_phase'",
+        "unknown additional_config.eplb_config key(s) ['load_scope']; fix: the Ascend Model Runner V2 keys "
+        "are ['load_collection_phase', 'initial_placement', 'policy', 'min_balancedness_gain', "
+        "'target_balancedness']",
     ),
     (
         "load-collection-phase",
         {"additional_config__eplb_config__load_collection_phase": "chunked"},
         "eplb_config.load_collection_phase='chunked' is not one of ['all', 'prefill', 'decode']; fix: use "
         "'all', 'prefill' or 'decode'",
+    ),
+    (
+        "placement-policy",
+        {"additional_config__eplb_config__policy": "greedy"},
+        "additional_config.eplb_config.policy='greedy' is not one of ['default', 'migration_aware']; fix: "
+        "use 'default' (upstream's DefaultEplbPolicy) or 'migration_aware' (the fewest expert moves from "
+        "the placement in force)",
+    ),
+    (
+        "min-balancedness-gain",
+        {"additional_config__eplb_config__min_balancedness_gain": -0.1},
+        "additional_config.eplb_config.min_balancedness_gain=-0.1 must be a number in [0, 1) (a gain of "
+        "balancedness, which lies in (0, 1]; 0 turns the check off); fix: set a small gain such as 0.01, "
+        "or 0",
+    ),
+    (
+        "target-balancedness",
+        {"additional_config__eplb_config__target_balancedness": 0},
+        "additional_config.eplb_config.target_balancedness=0 must be a number in (0, 1] (a balancedness; "
+        "leave it unset to turn the check off); fix: set a target such as 0.95, or remove "
+        "target_balancedness",
     ),
     (
         "async-only",

@@ -6,7 +6,8 @@ validation (:func:`ascend_eplb.integration.validation.validate_eplb_config`, on 
 ``VllmConfig``) and ``ascend-eplb check`` (the tools' readers of a config file, a ``vllm serve`` command
 line and a model folder) both call it, so a rule is judged the same everywhere and is found by its id.
 
-Standard library only at import (the phases from ``ascend_eplb.control.phase``, the int check from
+Standard library only at import (the phases from ``ascend_eplb.control.phase``, the placement policy's
+and gain gate's settings from ``ascend_eplb.control.policy_config``, the int check from
 ``ascend_eplb.control.values``, the truthy parsing of environment switches from
 ``ascend_eplb.integration.switches``); the ``quantization`` rule imports ``ascend_eplb.quant_views``
 (pure torch) and the ``row-layout`` rule ``ascend_eplb.control.layout`` only when they run.
@@ -19,6 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES as _CONTROL_PHASES
+from ascend_eplb.control.policy_config import (
+    PolicySettings,
+    min_balancedness_gain_error,
+    policy_error,
+    target_balancedness_error,
+)
 from ascend_eplb.control.values import is_int
 from ascend_eplb.integration.switches import is_true
 
@@ -29,6 +36,7 @@ __all__ = [
     "GROUP_KEYS",
     "INT32_MAX",
     "LOAD_COLLECTION_PHASES",
+    "POLICY_KEYS",
     "RULES",
     "SUPPORTED_COMMUNICATORS",
     "TOP_K_KEYS",
@@ -63,9 +71,11 @@ V1_EPLB_KEYS = (
 )
 #: Environment switches of the V1 path (asserted by vLLM Ascend's V1 ``EplbUpdator``).
 V1_EPLB_ENV_SWITCHES = ("DYNAMIC_EPLB", "EXPERT_MAP_RECORD")
+#: The Ascend keys of the placement policy and the gain gate (``ascend_eplb.control.policy_config``).
+POLICY_KEYS = ("policy", "min_balancedness_gain", "target_balancedness")
 #: The Ascend-specific keys of the Model Runner V2 ``eplb_config``: ``load_collection_phase``, and
 #: ``initial_placement`` (a placement file to start serving on, ``ascend_eplb.integration.placement_file``).
-ASCEND_V2_KEYS = ("load_collection_phase", "initial_placement")
+ASCEND_V2_KEYS = ("load_collection_phase", "initial_placement", *POLICY_KEYS)
 #: Values of ``load_collection_phase``: control's own constant (``ascend_eplb.control.phase``, no vLLM).
 LOAD_COLLECTION_PHASES = _CONTROL_PHASES
 #: Communicators accepted by this integration (``torch_gloo`` -> ``AscendGlooEplbCommunicator``).
@@ -169,6 +179,32 @@ class EplbSettings:
         """``additional_config.eplb_config.load_collection_phase`` as given (not validated), ``"all"``
         when absent (every batch records load)."""
         return self.ascend_eplb_config.get("load_collection_phase", "all")
+
+    @property
+    def placement_policy(self) -> Any:
+        """``additional_config.eplb_config.policy`` as given (not validated), ``"default"`` when absent
+        (upstream's ``DefaultEplbPolicy``). Not upstream's ``eplb_config.policy`` (:attr:`policy`), which
+        stays ``"default"``."""
+        return self.ascend_eplb_config.get("policy", "default")
+
+    @property
+    def min_balancedness_gain(self) -> Any:
+        """``additional_config.eplb_config.min_balancedness_gain`` as given, ``0.0`` (off) when absent."""
+        return self.ascend_eplb_config.get("min_balancedness_gain", 0.0)
+
+    @property
+    def target_balancedness(self) -> Any:
+        """``additional_config.eplb_config.target_balancedness`` as given, None (off) when absent."""
+        return self.ascend_eplb_config.get("target_balancedness")
+
+    def policy_settings(self) -> PolicySettings:
+        """Control's :class:`~ascend_eplb.control.policy_config.PolicySettings` of the three keys.
+
+        Raises:
+            ValueError: a key breaks its rule (``placement-policy``, ``min-balancedness-gain``,
+                ``target-balancedness``; start-up validation has refused that before).
+        """
+        return PolicySettings(self.placement_policy, self.min_balancedness_gain, self.target_balancedness)
 
     @property
     def initial_placement(self) -> Any:
@@ -435,7 +471,7 @@ Rule = Callable[[EplbSettings], "str | Violation | None"]
 RULES: dict[str, Rule] = {}
 #: The rules that judge a configuration with EPLB off (the V1 path, if any, is not ours to judge; only a
 #: V2-only key without EPLB is wrong); every other rule of :data:`RULES` judges only with EPLB on.
-EPLB_OFF_RULES = ("phase-without-eplb", "placement-without-eplb")
+EPLB_OFF_RULES = ("phase-without-eplb", "placement-without-eplb", "policy-without-eplb")
 
 
 def _rule(rule_id: str) -> Callable[[Rule], Rule]:
@@ -469,6 +505,21 @@ def _placement_without_eplb(s: EplbSettings) -> str | None:
         f"eplb_config.initial_placement={s.initial_placement!r} needs Model Runner V2 EPLB, but "
         "enable_eplb=False; fix: pass --enable-eplb or remove initial_placement (vLLM Ascend's static "
         "placement without EPLB reads expert_map_path, a part of the same file)"
+    )
+
+
+@_rule("policy-without-eplb")
+def _policy_without_eplb(s: EplbSettings) -> str | None:
+    defaults = PolicySettings()
+    given = [
+        k for k in POLICY_KEYS if s.ascend_eplb_config.get(k, getattr(defaults, k)) != getattr(defaults, k)
+    ]
+    if s.enable_eplb or not given:
+        return None
+    shown_keys = ", ".join(f"eplb_config.{k}={s.ascend_eplb_config[k]!r}" for k in given)
+    return (
+        f"{shown_keys}: the placement policy and the gain gate need Model Runner V2 EPLB, but "
+        f"enable_eplb=False; fix: pass --enable-eplb or remove {', '.join(given)}"
     )
 
 
@@ -534,6 +585,33 @@ def _load_collection_phase(s: EplbSettings) -> str | None:
         f"eplb_config.load_collection_phase={phase!r} is not one of {list(LOAD_COLLECTION_PHASES)}; "
         "fix: use 'all', 'prefill' or 'decode'"
     )
+
+
+@_rule("placement-policy")
+def _placement_policy(s: EplbSettings) -> str | None:
+    reason = policy_error(s.placement_policy)
+    if reason is None:
+        return None
+    return (
+        f"{reason}; fix: use 'default' (upstream's DefaultEplbPolicy) or 'migration_aware' (the fewest "
+        "expert moves from the placement in force)"
+    )
+
+
+@_rule("min-balancedness-gain")
+def _min_balancedness_gain(s: EplbSettings) -> str | None:
+    reason = min_balancedness_gain_error(s.min_balancedness_gain)
+    if reason is None:
+        return None
+    return f"{reason}; fix: set a small gain such as 0.01, or 0"
+
+
+@_rule("target-balancedness")
+def _target_balancedness(s: EplbSettings) -> str | None:
+    reason = target_balancedness_error(s.target_balancedness)
+    if reason is None:
+        return None
+    return f"{reason}; fix: set a target such as 0.95, or remove target_balancedness"
 
 
 @_rule("async-only")

@@ -5,10 +5,11 @@ Building the controller with EPLB on takes two steps with the patches applied be
 1. :func:`read_serving_setup` validates the ``VllmConfig`` against the support matrix and reads every
    ``ASCEND_EPLB_*`` switch, refusing a bad value before anything is patched or built;
 2. :func:`build_serving_controller` builds control's ``AscendEPLBController`` with the configured
-   ``load_collection_phase``, subscribes the serving guardrails to its event bus (the worker watchdog
-   always, the runtime verifier, the events file and the Prometheus metrics when switched on; each once,
-   here) and logs the one :func:`active_line`. :func:`guardrails_of` hands them out later (the
-   simulator reads the watchdog's and the verifier's findings there).
+   ``load_collection_phase``, placement policy and gain gate, subscribes the serving guardrails to its
+   event bus (the worker watchdog always, the runtime verifier, the events file and the Prometheus
+   metrics when switched on; each once, here) and logs the one :func:`active_line`.
+   :func:`guardrails_of` hands them out later (the simulator reads the watchdog's and the verifier's
+   findings there).
 
 Two callers make these calls: :func:`ascend_eplb.integration.runner.create_eplb_controller` (read,
 ``apply_patches()``, build) and the patched ``EPLBController`` of upstream's runner in
@@ -171,7 +172,10 @@ def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSe
     from ascend_eplb.integration.watchdog import WorkerWatchdog
 
     phase = setup.settings.load_collection_phase
-    controller = AscendEPLBController(parallel_config, device, load_collection_phase=phase)
+    policy_settings = setup.settings.policy_settings()
+    controller = AscendEPLBController(
+        parallel_config, device, load_collection_phase=phase, policy_settings=policy_settings
+    )
     # Each subscribes once, here; the bus delivers in subscription order on every rank: the watchdog
     # first (a failure stops EPLB before any other subscriber looks at the cycle), then the verifier,
     # then the events recorder, then the metrics (the events file and the metrics are the recorder's
@@ -208,6 +212,7 @@ def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSe
             setup.events,
             setup.settings.num_redundant_experts,
             metrics=setup.metrics,
+            policy=policy_settings.describe(),
         ),
     )
     return controller
@@ -222,11 +227,14 @@ def active_line(
     num_redundant_experts: Any,
     *,
     metrics: bool = False,
+    policy: str = "policy=default, gate off",
 ) -> str:
-    """The INFO line :func:`build_serving_controller` logs (also what an operator greps for)."""
+    """The INFO line :func:`build_serving_controller` logs (also what an operator greps for); ``policy``
+    is control's ``PolicySettings.describe()``."""
     return (
         f"Ascend EPLB active: AscendEPLBController, load_collection_phase={phase}, "
-        f"num_redundant_experts={num_redundant_experts}, verifier={'on' if verifying else 'off'} "
+        f"num_redundant_experts={num_redundant_experts}, {policy}, "
+        f"verifier={'on' if verifying else 'off'} "
         f"(ASCEND_EPLB_VERIFY), watchdog timeout {timeout_s:g} s on_failure={on_failure}, "
         f"events={events if events is not None else 'off'} (ASCEND_EPLB_EVENTS), "
         f"metrics={'on' if metrics else 'off'} (ASCEND_EPLB_METRICS)"

@@ -47,6 +47,10 @@ def _resolved(s: EplbSettings) -> dict[str, Any]:
     d = asdict(s)
     d["communicator"] = s.communicator or "torch_gloo"
     d["load_collection_phase"] = s.load_collection_phase
+    # The Ascend keys of the placement policy and the gain gate (upstream's own `policy` is beside them).
+    d["placement_policy"] = s.placement_policy
+    d["min_balancedness_gain"] = s.min_balancedness_gain
+    d["target_balancedness"] = s.target_balancedness
     d["num_ranks"] = s.num_ranks
     if s.num_logical_experts is not None:
         d["num_physical_experts"] = s.num_logical_experts + s.num_redundant_experts
