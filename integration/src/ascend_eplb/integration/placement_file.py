@@ -324,7 +324,9 @@ def read_placement(path: str | os.PathLike[str]) -> Placement:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        ending = " (the file ends early: truncated?)" if e.pos >= len(text.rstrip()) else ""
+        # The decoder stopped at the end of the text, or in a string that runs to it: the file ends early.
+        truncated = e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated string")
+        ending = " (the file ends early: truncated?)" if truncated else ""
         raise PlacementFileError(
             source, [f"not JSON: {e.msg} at line {e.lineno} column {e.colno}{ending}"]
         ) from None

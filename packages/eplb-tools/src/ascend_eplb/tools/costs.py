@@ -18,7 +18,14 @@ from typing import Any
 
 from ascend_eplb.control.values import is_int
 
-__all__ = ["CostEstimate", "ModelSize", "estimate_costs", "format_bytes", "read_model_size"]
+__all__ = [
+    "CostEstimate",
+    "ModelSize",
+    "estimate_costs",
+    "format_bytes",
+    "moe_layer_count",
+    "read_model_size",
+]
 
 #: config.json keys of the routed-expert count, in vLLM 0.33.0's ``CONFIG_FIELD_ALIASES["num_experts"]``
 #: spirit: DeepSeek (``n_routed_experts``), Qwen-MoE/OLMoE (``num_experts``), Mixtral (``num_local_experts``).
@@ -70,14 +77,27 @@ def read_model_size(path: str | Path) -> ModelSize:
     inter = _first(cfg, _INTERMEDIATE_KEYS, source, "MoE intermediate size")
     experts = _first(cfg, _EXPERT_KEYS, source, "routed experts count (a dense model has none)")
     layers = _first(cfg, ("num_hidden_layers",), source, "num_hidden_layers")
-    dense_first = cfg.get("first_k_dense_replace", 0) or 0
-    mlp_only = set(cfg.get("mlp_only_layers") or [])
-    step = cfg.get("decoder_sparse_step", 1) or 1
-    moe_layers = [i for i in range(layers) if i >= dense_first and i not in mlp_only and (i + 1) % step == 0]
+    moe_layers = moe_layer_count(cfg)
     if not moe_layers:
         raise ValueError(f"{source}: no MoE layer among num_hidden_layers={layers}")
     top_k = next((cfg[k] for k in _TOP_K_KEYS if isinstance(cfg.get(k), int)), None)
-    return ModelSize(source, hidden, inter, experts, len(moe_layers), top_k)
+    return ModelSize(source, hidden, inter, experts, moe_layers, top_k)
+
+
+def moe_layer_count(cfg: dict[str, Any]) -> int | None:
+    """L, the decoder layers with routed experts of a ``config.json`` (a ``text_config`` merged in):
+    ``num_hidden_layers`` minus DeepSeek's ``first_k_dense_replace`` dense layers, minus Qwen-MoE's
+    ``mlp_only_layers``, every ``decoder_sparse_step``-th layer otherwise; None when ``num_hidden_layers``
+    is not an integer >= 1 or the others are malformed."""
+    layers, dense_first = cfg.get("num_hidden_layers"), cfg.get("first_k_dense_replace", 0) or 0
+    mlp_only, step = cfg.get("mlp_only_layers") or [], cfg.get("decoder_sparse_step", 1) or 1
+    if not (is_int(layers) and layers >= 1 and is_int(dense_first) and is_int(step) and step >= 1):
+        return None
+    if not isinstance(mlp_only, list):
+        return None
+    return len(
+        [i for i in range(layers) if i >= dense_first and i not in set(mlp_only) and (i + 1) % step == 0]
+    )
 
 
 @dataclass(frozen=True)

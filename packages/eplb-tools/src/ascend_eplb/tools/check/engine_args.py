@@ -186,6 +186,13 @@ def settings_from_engine_args(
             )
         spec_method = spec_method or "unset"
 
+    layers = facts.num_moe_layers if facts is not None else None
+    if layers is None:
+        unknown["num_moe_layers"] = (
+            f"the MoE layer count is unknown ({missing}: config.json's num_hidden_layers); pass a local "
+            "model folder as MODEL"
+        )
+
     v2 = maybe_convert_bool(env.get("VLLM_USE_V2_MODEL_RUNNER"))
     additional = as_dict(ea.additional_config)
     ec = ea.eplb_config
@@ -194,6 +201,7 @@ def settings_from_engine_args(
         use_v2_model_runner=True if v2 is None else bool(v2),
         **parallel_and_eplb_fields(ea, ec, additional, env),
         num_logical_experts=experts,
+        num_moe_layers=layers,
         quantization=fmt,
         cudagraph_mode=mode,
         speculative_method=spec_method,

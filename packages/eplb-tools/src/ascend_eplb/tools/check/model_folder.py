@@ -29,6 +29,8 @@ class ModelFacts:
             (None: no description).
         dtype: the checkpoint's dtype as a format (None: not stated).
         description: the description file read (None: none).
+        num_moe_layers: L from ``config.json`` (``ascend_eplb.tools.costs.moe_layer_count``; None when it
+            does not say), what an ``initial_placement`` file must have been made for.
     """
 
     folder: str
@@ -36,6 +38,7 @@ class ModelFacts:
     quantization: str | None
     dtype: str | None
     description: str | None
+    num_moe_layers: int | None = None
 
     @property
     def num_logical_experts(self) -> int | None:
@@ -69,7 +72,14 @@ def model_folder_facts(folder: str | os.PathLike[str]) -> ModelFacts:
     root = Path(folder)
     config_file = root / "config.json"
     cfg = _text_config(config_file)
-    return ModelFacts(str(root), read_moe_facts(cfg, str(config_file)), *_formats(root, cfg))
+    from ascend_eplb.tools.costs import moe_layer_count
+
+    return ModelFacts(
+        str(root),
+        read_moe_facts(cfg, str(config_file)),
+        *_formats(root, cfg),
+        num_moe_layers=moe_layer_count(cfg),
+    )
 
 
 def folder_formats(folder: str | os.PathLike[str]) -> tuple[str | None, str | None]:

@@ -55,7 +55,7 @@ _EPLB_KEYS = {
     "log_balancedness_interval",
     "enable_migration_batching",
 }
-_MODEL_KEYS = {"num_logical_experts", "quantization"}
+_MODEL_KEYS = {"num_logical_experts", "num_moe_layers", "quantization"}
 
 
 def _check_keys(section: str, value: Any, allowed: set[str], out: list[Violation]) -> dict[str, Any]:
@@ -130,8 +130,17 @@ def settings_from_file_dict(
         rule = f"must be an integer in [1, {INT32_MAX}]"
         out.append(Violation("schema", f"model.num_logical_experts={short(experts)} {rule}"))
         experts = None
+    layers = model.get("num_moe_layers")
+    if layers is not None and (not is_int(layers) or not 1 <= layers <= INT32_MAX):
+        rule = f"must be an integer in [1, {INT32_MAX}]"
+        out.append(Violation("schema", f"model.num_moe_layers={short(layers)} {rule}"))
+        layers = None
     quant = model.get("quantization", "bf16")
     unknown: dict[str, str] = {}
+    if layers is None:
+        unknown["num_moe_layers"] = (
+            "the MoE layer count is unknown (model.num_moe_layers is not given); give model.num_moe_layers"
+        )
     if experts is None:
         unknown["num_logical_experts"] = (
             "the routed-expert count is unknown (model.num_logical_experts is not given); pass "
@@ -164,6 +173,7 @@ def settings_from_file_dict(
         legacy_top_level_keys={k: additional[k] for k in V1_EPLB_KEYS if k in additional},
         environment={k: env[k] for k in V1_EPLB_ENV_SWITCHES if k in env},
         num_logical_experts=experts,
+        num_moe_layers=layers,
         quantization=str(quant) if quant is not None else None,
         cudagraph_mode=cudagraph_mode(compilation.get("cudagraph_mode", None)),
         speculative_method=spec.get("method") if spec else None,
