@@ -6,10 +6,19 @@ without importing torch or vLLM.
 
 from __future__ import annotations
 
+import numbers
+
 __all__ = ["is_int"]
 
 
 def is_int(value: object) -> bool:
-    """Whether ``value`` is an ``int`` and not a ``bool``: a count, size, rank or id (``True`` is an
-    ``int`` to Python, never a count here)."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    """Whether ``value`` is an integer and not a ``bool``: a count, size, rank or id. Any
+    ``numbers.Integral`` counts (numpy integers included); ``True`` is an ``int`` to Python, never a
+    count here.
+
+    The same check is written once in each of quant_views, dataplane, movement and control: no package
+    all four may import exists (quant_views and dataplane import torch only, and neither the other:
+    DESIGN.md section 3), so each keeps its copy and ``tests/test_one_home.py`` checks that the four
+    agree on every kind of value.
+    """
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

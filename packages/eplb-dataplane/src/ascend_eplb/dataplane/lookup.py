@@ -42,6 +42,8 @@ long-lived router holding it, stays valid across placements of any shape ``M``.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 __all__ = [
@@ -59,9 +61,16 @@ _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
 def is_int(value: object) -> bool:
-    """Whether ``value`` is an ``int`` and not a ``bool`` (``True`` is an ``int`` to Python, never a count,
-    rank or row here): the one such check of this package (not a public name of it)."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    """Whether ``value`` is an integer and not a ``bool``: any ``numbers.Integral`` (numpy integers
+    included); ``True`` is an ``int`` to Python, never a count, rank or row here. The one such check of
+    this package (not a public name of it).
+
+    The same check is written once in each of quant_views, dataplane, movement and control: no package
+    all four may import exists (quant_views and dataplane import torch only, and neither the other:
+    DESIGN.md section 3), so each keeps its copy and ``tests/test_one_home.py`` checks that the four
+    agree on every kind of value.
+    """
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_load_view_metadata(expert_load_view: object) -> torch.Tensor:

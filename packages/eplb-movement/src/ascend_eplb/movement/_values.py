@@ -1,7 +1,9 @@
 """Value checks of the movement plane; standard library only.
 
-The one "an int but not a bool" check of this package (movement imports neither control nor the other
-planes, so it keeps its own, as each plane does); not a public name of it.
+The one "an integer but not a bool" check of this package; not a public name of it. The same check is
+written once in each of quant_views, dataplane, movement and control: no package all four may import
+exists (quant_views and dataplane import torch only, and neither the other: DESIGN.md section 3), so
+each keeps its copy and ``tests/test_one_home.py`` checks that the four agree on every kind of value.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
@@ -19,9 +20,16 @@ BOTH_OR_NEITHER: tuple[tuple[str, str], ...] = (
 
 
 def is_int(value: object) -> bool:
-    """Whether ``value`` is an ``int`` and not a ``bool`` (``True`` is an ``int`` to Python, never a count
-    or a row here): the one such check of this package."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    """Whether ``value`` is an integer and not a ``bool``: any ``numbers.Integral`` (numpy integers
+    included); ``True`` is an ``int`` to Python, never a count or a row here. The one such check of this
+    package.
+
+    The same check is written once in each of quant_views, dataplane, movement and control: no package
+    all four may import exists (quant_views and dataplane import torch only, and neither the other:
+    DESIGN.md section 3), so each keeps its copy and ``tests/test_one_home.py`` checks that the four
+    agree on every kind of value.
+    """
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _base(name: str) -> str:
