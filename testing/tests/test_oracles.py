@@ -75,25 +75,42 @@ def _map_before_is_the_new_one(log):
 
 
 @pytest.mark.parametrize(
-    "break_it",
+    ("break_it", "rule"),
     [
-        _swap_refresh_and_commit,
-        _stale_probe,
-        _table_moved,
-        _pending_result_kept,
-        _acknowledged_checksum_differs,
-        _next_layer_moves_before_acknowledgement,
-        _map_before_is_the_new_one,
+        (
+            _swap_refresh_and_commit,
+            "layer 0: commit order ['move', 'refresh', 'commit', 'acknowledge'], expected "
+            "['move', 'commit', 'refresh', 'acknowledge']",
+        ),
+        (_stale_probe, "layer 0: at move time the weights do not hold the new placement"),
+        (_table_moved, "layer 0: the refresh moved the lookup table's storage"),
+        (_pending_result_kept, "layer 0: acknowledged before upstream cleared its pending result"),
+        (
+            _acknowledged_checksum_differs,
+            "layer 0: the lookup checksums at acknowledgement differ from the refresh's",
+        ),
+        (
+            _next_layer_moves_before_acknowledgement,
+            "a layer moved before the previous layer was acknowledged",
+        ),
+        (_map_before_is_the_new_one, "layer 0: at move time the map is not the old placement"),
     ],
 )
-def test_each_broken_rule_fails(break_it):
+def test_each_broken_rule_fails_naming_it(break_it, rule):
+    """Issue 30: a bare ``pytest.raises(AssertionError)`` passed whichever rule fired; each break must
+    fail on its own rule."""
     log = copy.deepcopy(_log())
     log = [list(e) for e in log]
     break_it(log)
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError) as info:
         _check(log)
+    assert str(info.value) == rule
 
 
 def test_an_acknowledgement_missing_from_an_async_commit_fails():
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError) as info:
         _check(_log(acknowledged=False))
+    assert str(info.value) == (
+        "layer 0: commit order ['move', 'commit', 'refresh'], expected "
+        "['move', 'commit', 'refresh', 'acknowledge']"
+    )

@@ -62,18 +62,30 @@ def check_commit_order(
     committed: dict[int, list[int]] = {}
     for layer in layers:
         kinds = [e[0] for e in events if e[2] == layer]
-        assert kinds == order, (layer, kinds)
+        assert kinds == order, f"layer {layer}: commit order {kinds}, expected {order}"
         ev = {e[0]: e[4] for e in events if e[2] == layer}
         new_map = ev["commit"]["map"]
         # At move time the weights already hold the new placement, the map still the old one.
-        assert ev["move"]["probe"] == [[tag_of(layer, new_map[s])] * 2 for s in local_slots], layer
-        assert ev["move"]["map_before"] == maps_before[layer], layer
-        assert ev["refresh"]["data_ptrs"] == [table_ptrs[layer]], layer
+        assert ev["move"]["probe"] == [[tag_of(layer, new_map[s])] * 2 for s in local_slots], (
+            f"layer {layer}: at move time the weights do not hold the new placement"
+        )
+        assert ev["move"]["map_before"] == maps_before[layer], (
+            f"layer {layer}: at move time the map is not the old placement"
+        )
+        assert ev["refresh"]["data_ptrs"] == [table_ptrs[layer]], (
+            f"layer {layer}: the refresh moved the lookup table's storage"
+        )
         if acknowledged:
-            assert ev["acknowledge"]["pending_result_cleared"] is True, layer
-            assert ev["acknowledge"]["checksums"] == ev["refresh"]["checksums"], layer
+            assert ev["acknowledge"]["pending_result_cleared"] is True, (
+                f"layer {layer}: acknowledged before upstream cleared its pending result"
+            )
+            assert ev["acknowledge"]["checksums"] == ev["refresh"]["checksums"], (
+                f"layer {layer}: the lookup checksums at acknowledgement differ from the refresh's"
+            )
         committed[layer] = new_map
     if acknowledged:
         # Layer by layer: one layer is fully acknowledged before the next one moves.
-        assert [(e[0], e[2]) for e in events] == [(k, layer) for layer in layers for k in COMMIT_ORDER]
+        assert [(e[0], e[2]) for e in events] == [(k, layer) for layer in layers for k in COMMIT_ORDER], (
+            "a layer moved before the previous layer was acknowledged"
+        )
     return committed
