@@ -39,6 +39,7 @@ __all__ = [
     "ModelSource",
     "cache_folder",
     "folder_format",
+    "moe_problems",
     "resolve_model",
 ]
 
@@ -125,6 +126,28 @@ def folder_format(folder: str | os.PathLike[str]) -> str:
     return quantization or dtype or PRESET_FORMAT
 
 
+def moe_problems(folder: str | os.PathLike[str]) -> list[str]:
+    """What breaks the rules in a model folder's MoE facts (``config.json``: routed experts, top-k,
+    expert groups), read and judged as start-up judges them
+    (:func:`ascend_eplb.integration.rules.read_moe_facts`; no vLLM imported), plus a fact the file does
+    not state: the world reads ``config.json`` as written.
+
+    Raises:
+        ValueError: ``config.json`` cannot be read (naming the file).
+    """
+    from ascend_eplb.integration.rules import EXPERT_COUNT_KEYS, TOP_K_KEYS
+    from ascend_eplb.tools.check.model_folder import model_folder_facts
+
+    moe = model_folder_facts(folder).moe
+    names = {"experts": ("routed-expert count", EXPERT_COUNT_KEYS), "top_k": ("top-k", TOP_K_KEYS)}
+    unstated = [
+        f"{moe.source} states no {what} (none of {', '.join(keys)}); state it"
+        for fact, (what, keys) in names.items()
+        if fact in moe.unstated()
+    ]
+    return [*moe.errors(), *unstated]
+
+
 def _check_format(fmt: str) -> None:
     from ascend_eplb.quant_views import FORMAT_SUPPORT
 
@@ -142,7 +165,8 @@ def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
 
     Raises:
         ValueError: ``model`` is neither a preset nor a folder with a ``config.json`` of a supported
-            architecture; ``fmt`` is not a format EPLB supports (or ``float32``); a folder's format is
+            architecture; the folder's MoE facts break start-up's rules (:func:`moe_problems`, every one
+            listed); ``fmt`` is not a format EPLB supports (or ``float32``); a folder's format is
             not ``fmt`` (each message names the value and what is accepted).
     """
     from ascend_eplb.tools import world
@@ -155,6 +179,8 @@ def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
         if not (folder / "config.json").is_file():
             _write_preset(model, folder, fmt)
     else:
+        if not model.strip():  # Path("") is the current folder
+            raise ValueError(f"model={model!r}: an empty path; name a folder, a preset or {REPLAY}")
         folder = Path(model)
         if not (folder / "config.json").is_file():
             raise ValueError(
@@ -163,12 +189,16 @@ def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
             )
         if not any(folder.glob("*.safetensors")):
             raise ValueError(f"model={model}: the folder has no *.safetensors weights")
+        # Its MoE facts as start-up reads them, every bad one at once, before a rank starts.
+        problems = moe_problems(folder)  # each names the folder's config.json
         own = folder_format(folder)
         if fmt is not None and fmt != own:
-            raise ValueError(
+            problems.append(
                 f"format={fmt}: the folder's experts are {own} (its quant_model_description.json or dtype, "
                 f"as start-up reads it); leave --format out or pass {own}"
             )
+        if problems:
+            raise ValueError("\n  - ".join(problems))
         fmt = own
         _check_format(fmt)
     try:
