@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from ascend_eplb.tools.cli import main
+
 SCRIPT = Path(sys.executable).with_name("ascend-eplb")
 #: vLLM 0.33.0's import-time notices on a host without an accelerator (SIMULATE.md), from the launcher
 #: and the fork server; everything else on stderr is the command's own.
@@ -275,3 +277,52 @@ def test_the_deadline_ends_the_run_even_when_the_alarm_fires_inside_a_finalizer(
     assert reached == ["after the finalizer"]  # the dropped alarm came again, after the finalizer
     assert capsys.readouterr().err == ""
     assert sys.unraisablehook is hook  # the scope's hook is gone with it
+
+
+#: Exit status of a command stopped by each signal (128 + signal number).
+STOPPED = {"SIGTERM": 143, "SIGHUP": 129, "SIGINT": 130}
+
+
+def _stop_here(monkeypatch: pytest.MonkeyPatch, target: object, name: str, sig: str) -> None:
+    """``target.name`` becomes a call during which ``sig`` arrives (a CI timeout, a cancelled job,
+    Ctrl-C), deep inside the command: where readers turn any ``Exception`` into a refusal."""
+
+    def stopped(*_args: object, **_kwargs: object) -> None:
+        os.kill(os.getpid(), getattr(signal, sig))
+        time.sleep(10)  # the handler raises here
+        raise AssertionError(f"{sig} did not stop the command")
+
+    monkeypatch.setattr(target, name, stopped)
+
+
+@pytest.mark.parametrize("sig", STOPPED)
+@pytest.mark.parametrize("command", ["plan", "check a file", "check -- serve", "simulate"])
+def test_a_signal_during_any_subcommand_stops_it_with_its_one_line(
+    tmp_path, capsys, monkeypatch, command, sig
+):
+    """Issue 31: SIGTERM during ``check`` printed INVALID (exit 2) with a violation about stopped ranks
+    that do not exist (the reader took the stop for a bad file); every command stops as ``simulate``."""
+    import ascend_eplb.tools.check as check
+    import ascend_eplb.tools.trace as trace
+    from ascend_eplb.tools.simulate.config import SimulateConfig
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"parallel_config": {"enable_eplb": False}}))
+    load = tmp_path / "load.json"
+    load.write_text("[[1, 2], [3, 4]]")
+    argv, (target, name) = {
+        "plan": (["plan", str(load), "--ranks", "2"], (trace, "_read_load")),
+        "check a file": (["check", str(config)], (check, "settings_from_file_dict")),
+        "check -- serve": (["check", "--", "serve", "m", "--enable-eplb"], (check, "parse_serve_command")),
+        "simulate": (
+            ["simulate", "--model", "replay", "--out", str(tmp_path / "o")],
+            (SimulateConfig, "validate"),
+        ),
+    }[command]
+    _stop_here(monkeypatch, target, name, sig)
+    code = main(argv)
+    out, err = capsys.readouterr()
+    word = argv[0]
+    tail = "; every rank was stopped, nothing left behind" if word == "simulate" else ""
+    assert (code, out, err) == (STOPPED[sig], "", f"ascend-eplb {word}: stopped by {sig}{tail}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "load.json"]  # nothing written

@@ -330,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     from ascend_eplb.launch import LauncherInterruptedError
-    from ascend_eplb.tools.simulate.lifecycle import exit_code_of
+    from ascend_eplb.tools.simulate.lifecycle import exit_code_of, signal_name_of
 
     try:
         if args.command == "plan":
@@ -341,10 +341,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"ascend-eplb {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except (LauncherInterruptedError, KeyboardInterrupt) as e:
-        name = e.signal_name if isinstance(e, LauncherInterruptedError) else "SIGINT"
+    except (LauncherInterruptedError, KeyboardInterrupt) as e:  # KeyboardInterrupt: StoppedBySignal too
         print(
-            f"ascend-eplb {args.command}: stopped by {name}"
+            f"ascend-eplb {args.command}: stopped by {signal_name_of(e)}"
             + ("; every rank was stopped, nothing left behind" if args.command == "simulate" else ""),
             file=sys.stderr,
         )

@@ -1,11 +1,15 @@
 """How an ``ascend-eplb`` command ends: signals, the whole-run deadline, and nothing left behind.
 
-- :func:`command_scope` wraps a whole command. SIGTERM and SIGHUP raise
-  :class:`~ascend_eplb.launch.LauncherInterruptedError` wherever the command is (reading the trace,
-  importing vLLM, starting or running ranks), as Ctrl-C raises ``KeyboardInterrupt``; the command prints
-  one line and exits ``128 + signal``. For ``simulate`` it also gives torch's compile cache (which
-  importing vLLM creates in ``$TMPDIR``) a scratch folder of the command, and on the way out stops the
-  fork server (so its ranks) and the resource tracker and removes that folder.
+- :func:`command_scope` wraps a whole command. SIGTERM and SIGHUP raise :class:`StoppedBySignal`
+  wherever the command is (reading a file, importing vLLM, vLLM's parser, starting ranks; while ranks
+  run, the launcher's :class:`~ascend_eplb.launch.LauncherInterruptedError` after it stopped them), as
+  Ctrl-C raises ``KeyboardInterrupt``; the command prints one line and exits ``128 + signal``.
+  :class:`StoppedBySignal` is a ``KeyboardInterrupt``, so no ``except Exception`` on the way (a file
+  reader's, ``check``'s, which turns any error of a file into a violation) takes a stop for bad input:
+  ``check`` stopped by SIGTERM printed ``INVALID`` with a violation about stopped ranks. For
+  ``simulate`` it also gives torch's compile cache (which importing vLLM creates in ``$TMPDIR``) a
+  scratch folder of the command, and on the way out stops the fork server (so its ranks) and the
+  resource tracker and removes that folder.
 - :func:`deadline_alarm`: ``--timeout`` is the deadline of the whole run; a SIGALRM just after it ends
   whatever is still starting (vLLM's import in the launcher, the fork server's preload, a stalled rank
   start), which the launcher's own deadline (counted while ranks run) cannot interrupt.
@@ -31,16 +35,18 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ascend_eplb.launch import LauncherInterruptedError, reap_child, signals_raise, stop_fork_server
+from ascend_eplb.launch import reap_child, stop_fork_server
 
 __all__ = [
     "SCRATCH_PREFIX",
     "DeadlineExceededError",
+    "StoppedBySignal",
     "command_scope",
     "deadline_alarm",
     "exit_code_of",
     "record_rank_resources",
     "release_world_resources",
+    "signal_name_of",
 ]
 
 SCRATCH_PREFIX = "ascend-eplb-simulate-"
@@ -55,11 +61,45 @@ class DeadlineExceededError(RuntimeError):
     """The run's deadline passed before its ranks finished starting."""
 
 
+class StoppedBySignal(KeyboardInterrupt):
+    """SIGTERM or SIGHUP stopped the command (outside the launcher's run of the ranks).
+
+    Attributes:
+        signal_name: ``"SIGTERM"`` or ``"SIGHUP"``.
+    """
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(f"stopped by {signal_name}")
+        self.signal_name = signal_name
+
+
+def signal_name_of(error: BaseException) -> str:
+    """The signal that stopped the command: ``error.signal_name`` (:class:`StoppedBySignal`, the
+    launcher's ``LauncherInterruptedError``), else ``"SIGINT"`` (Ctrl-C's ``KeyboardInterrupt``)."""
+    return getattr(error, "signal_name", None) or "SIGINT"
+
+
 def exit_code_of(error: BaseException) -> int:
     """``128 + signal number`` of a stop by signal (SIGINT for ``KeyboardInterrupt``)."""
-    if isinstance(error, LauncherInterruptedError):
-        return 128 + int(signal.Signals[error.signal_name])
-    return 128 + int(signal.SIGINT)
+    return 128 + int(signal.Signals[signal_name_of(error)])
+
+
+@contextlib.contextmanager
+def _signals_stop() -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP raise :class:`StoppedBySignal` in the main thread."""
+    if not _main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: object) -> None:
+        raise StoppedBySignal(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _main_thread() -> bool:
@@ -100,7 +140,7 @@ def _stop_resource_tracker(wait_s: float = 5.0) -> None:
 def command_scope(command: str) -> Iterator[None]:
     """The whole of one ``ascend-eplb`` command (see the module docstring)."""
     if command != "simulate":
-        with signals_raise():
+        with _signals_stop():
             yield
         return
     scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
@@ -108,7 +148,7 @@ def command_scope(command: str) -> Iterator[None]:
     if own_cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / "torchinductor")
     try:
-        with signals_raise():
+        with _signals_stop():
             yield
     finally:
         with _signals_ignored():
