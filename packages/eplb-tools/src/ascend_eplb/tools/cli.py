@@ -18,22 +18,40 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ascend_eplb.tools.options import int_list, positive_float, positive_int
+from ascend_eplb.tools.options import int_list, path, positive_float, positive_int
 
-__all__ = ["build_parser", "main"]
+__all__ = ["Parser", "build_parser", "main"]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose error is its one line and a pointer to ``--help`` (exit status 2), not
+    the usage block of every option before it (20 lines for ``simulate``). Subcommands' parsers are of
+    this class too (``add_subparsers`` makes them of the parent's); :func:`build_parser`'s
+    ``subcommands`` maps each subcommand to its parser."""
+
+    subcommands: dict[str, argparse.ArgumentParser]
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n{self.prog} --help lists the options\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from ascend_eplb.tools.simulate.config import add_simulate_arguments
 
-    parser = argparse.ArgumentParser(prog="ascend-eplb", description="Ascend EPLB for vLLM Model Runner V2.")
+    parser = Parser(prog="ascend-eplb", description="Ascend EPLB for vLLM Model Runner V2.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sim = sub.add_parser(
         "simulate",
-        help="replay real routing across EP ranks over Gloo on CPU, checking every invariant",
-        description="Replay real MoE routing across EP rank processes (Gloo, CPU) through the Ascend EPLB "
-        "planes and upstream vLLM's async EPLB, checking every invariant at every step.",
+        help="the main job: vLLM's DeepSeek-V3 model class on EP ranks with async EPLB, every invariant "
+        "checked every step (CPU, Gloo)",
+        description="The main job: serve vLLM's real DeepseekV3ForCausalLM (a tiny checkpoint whose "
+        "routing is skewed like the embedded ESFT trace; --model takes another preset or a model folder) "
+        "on EP rank processes over Gloo on CPU, each a Model Runner V2 worker wired as a serving worker, "
+        "with upstream vLLM's async EPLB through the Ascend integration, and check every invariant at "
+        "every step (the outputs against the EPLB-off model, the recorded load, the serving verifier and "
+        "watchdog). --model replay replays routing traces on the quantized formats' kernel storage "
+        "instead; the options marked '--model replay only' apply to that world alone.",
     )
     add_simulate_arguments(sim)
 
@@ -42,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="offline what-if of upstream's default EPLB policy on recorded load")
     pl.add_argument(
         "load",
-        type=Path,
+        type=path,
         help="[L, E] load: a serving events file (.jsonl, ASCEND_EPLB_EVENTS), a .json/.npy/.csv matrix, "
         "an ESFT summary.json, ESFT expert_weights_*.txt (a folder of them or one file) or an SGLang "
         "{'logical_count': ...}",
@@ -71,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pl.add_argument(
         "--model-config",
-        type=Path,
+        type=path,
         default=None,
         help="the model's config.json (or its folder): report memory and rearrangement costs at its size",
     )
@@ -84,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--link-gbps", type=positive_float, default=LINK_GBPS_DEFAULT, help=LINK_GBPS_HELP)
     pl.add_argument(
         "--export-expert-map",
-        type=Path,
+        type=path,
         default=None,
         metavar="FILE",
         help="write a placement file (additional_config.eplb_config.initial_placement; also vLLM Ascend's "
@@ -104,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         "count and the msModelSlim format; a rule that lacks its fact is reported as 'cannot judge'.",
     )
     ck.add_argument(
-        "config", type=Path, nargs="?", help="config file (see the integration README); or -- serve ..."
+        "config", type=path, nargs="?", help="config file (see the integration README); or -- serve ..."
     )
     ck.add_argument(
         "--num-experts", type=positive_int, default=None, help="routed (logical) experts of the model"
@@ -115,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FORMAT",
         help="routed experts' format (quant_views name, e.g. w8a8_dynamic, or an msModelSlim quant type)",
     )
+    parser.subcommands = {"simulate": sim, "plan": pl, "check": ck}
     return parser
 
 
@@ -302,7 +321,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # `ascend-eplb check -- serve MODEL ...`: what follows -- is vLLM's, for vLLM's own parser.
         cut = argv.index("--")
         argv, serve_argv = argv[:cut], argv[cut + 1 :]
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the subcommand's parser, as its other errors are
+        parser.subcommands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "check":
         args.serve_argv = serve_argv
     quiet.install()

@@ -5,8 +5,9 @@ and the rule (argparse turns it into exit status 2)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-__all__ = ["int_list", "non_negative_int", "positive_float", "positive_int"]
+__all__ = ["int_list", "non_negative_int", "path", "path_text", "positive_float", "positive_int"]
 
 
 def _int_at_least(minimum: int, value: str) -> int:
@@ -52,3 +53,16 @@ def int_list(value: str) -> list[int]:
     if not out:
         raise argparse.ArgumentTypeError(f"{value!r}: must list at least one integer")
     return out
+
+
+def path_text(value: str) -> str:
+    """A file or folder path as given (a str), refused when empty or blank: ``Path("")`` is the current
+    folder, so ``--out=`` wrote into (and cleared the outputs of) wherever the command ran."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError(f"{value!r}: an empty path; name the file or folder")
+    return value
+
+
+def path(value: str) -> Path:
+    """:func:`path_text` as a ``Path``."""
+    return Path(path_text(value))

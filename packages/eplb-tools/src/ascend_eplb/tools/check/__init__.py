@@ -61,6 +61,8 @@ def check_config_file(
     """
     _check_fact_options(num_experts, quantization)
     name = os.fspath(path)
+    if Path(path).is_dir():
+        return refused("schema", f"{name!r} is a folder, not a config file (JSON or YAML)")
     try:
         raw = Path(path).read_bytes()
         text = raw.decode("utf-8")

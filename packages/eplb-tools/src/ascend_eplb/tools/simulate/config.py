@@ -12,7 +12,7 @@ from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES as PHASES
 from ascend_eplb.integration.rules import experts_divisibility_error
 from ascend_eplb.integration.verify import CHECKS as VERIFIER_CHECKS
 from ascend_eplb.integration.watchdog import CHECK as WATCHDOG_CHECK
-from ascend_eplb.tools.options import non_negative_int, positive_int
+from ascend_eplb.tools.options import non_negative_int, path_text, positive_int
 
 __all__ = [
     "CHECKS",
@@ -122,6 +122,7 @@ class SimulateConfig:
         "world (synthetic experts in --format's kernel storage, routing from --trace); default "
         "%(default)s",
         metavar="DIR|PRESET|replay",
+        type=path_text,
     )  # fmt: skip
     num_ranks: int = _option(4, "--ranks", "EP ranks (processes), default %(default)s", type=positive_int)
     num_redundant_experts: int = _option(
@@ -161,6 +162,7 @@ class SimulateConfig:
         "[L, E] load matrix (.json/.npy/.csv), ESFT expert_weights_*.txt (a folder or one file); "
         "default the embedded ESFT trace",
         metavar="PATH",
+        type=path_text,
     )  # fmt: skip
     sample_top_k: int | None = _option(
         None, "--top-k",
@@ -178,7 +180,9 @@ class SimulateConfig:
         32, "--intermediate-size", "I of the simulated experts, default %(default)s", type=positive_int
     )
     seed: int = _option(0, "--seed", "default %(default)s", type=int)
-    out_dir: str = _option("eplb-simulate", "--out", "output folder, default %(default)s", metavar="DIR")
+    out_dir: str = _option(
+        "eplb-simulate", "--out", "output folder, default %(default)s", metavar="DIR", type=path_text
+    )
     timeout_s: float = _option(
         300.0, "--timeout", "deadline of the whole run in seconds, default %(default)s", type=float
     )
@@ -206,6 +210,7 @@ class SimulateConfig:
         "a model's config.json (hidden_size, moe_intermediate_size, routed experts, MoE layers): "
         "report expert bytes, redundancy memory and rearrangement traffic at that size in --format",
         metavar="PATH",
+        type=path_text,
     )  # fmt: skip
     link_gbps: float = _option(LINK_GBPS_DEFAULT, "--link-gbps", LINK_GBPS_HELP, type=float)
     metrics: bool = _option(
@@ -306,7 +311,7 @@ class SimulateConfig:
                 f"layers={self.num_moe_layers}: must be in [1, {num_trace_moe_layers}] "
                 "(the trace's MoE layers)"
             )
-        if self.trace is not None and not Path(self.trace).is_file():
+        if self.trace is not None and str(self.trace).strip() and not Path(self.trace).is_file():
             errors.append(f"trace={self.trace}: no such file")
         if self.hidden_size < 1 or self.intermediate_size < 1:
             errors.append(
@@ -319,8 +324,6 @@ class SimulateConfig:
                 f"top-k={self.sample_top_k}: the routing trace routes top-{top_k}; --top-k is for "
                 "sampling a load matrix"
             )
-        if not (0 < self.link_gbps < float("inf")):
-            errors.append(f"link gbps={self.link_gbps}: must be a finite number > 0")
         if self.model_config is not None:
             from ascend_eplb.tools.costs import read_model_size
 
@@ -368,13 +371,25 @@ class SimulateConfig:
             )
         if self.load_collection_phase not in PHASES:
             errors.append(f"phase={self.load_collection_phase!r}: must be one of {PHASES}")
-        out_error = _unwritable(Path(self.out_dir))
+        for name, flag in (
+            ("model", "model"),
+            ("out_dir", "out"),
+            ("trace", "trace"),
+            ("model_config", "model config"),
+        ):
+            value = getattr(self, name)
+            if value is not None and not str(value).strip():
+                # Path("") is the current folder: --out= cleared the outputs of wherever it ran.
+                errors.append(f"{flag}={value!r}: an empty path; name the file or folder")
+        out_error = _unwritable(Path(self.out_dir)) if str(self.out_dir).strip() else None
         if out_error:
             errors.append(f"out={self.out_dir}: {out_error}")
         if not self.timeout_s > 0 or self.timeout_s == float("inf"):
             errors.append(f"timeout={self.timeout_s}: must be a finite number of seconds > 0")
         if not (0 < self.worker_timeout_s < float("inf")):
             errors.append(f"worker timeout={self.worker_timeout_s}: must be a finite number of seconds > 0")
+        if not (0 < self.link_gbps < float("inf")):
+            errors.append(f"link gbps={self.link_gbps}: must be a finite number > 0 (Gbit/s)")
         if self.on_worker_failure not in ("stop", "raise"):
             errors.append(f"on worker failure={self.on_worker_failure!r}: must be 'stop' or 'raise'")
         if self.fault is not None and self.fault not in FAULTS:
@@ -452,12 +467,15 @@ def _unwritable(out: Path) -> str | None:
 
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one option per :class:`SimulateConfig` field that has a ``flag`` (its metadata: flag, help,
-    argparse keywords; the default is the field's). ``dest`` is the field name."""
+    argparse keywords; the default is the field's). ``dest`` is the field name; the help of an option of
+    :data:`REPLAY_ONLY` starts with ``--model replay only:``."""
     for f in fields(SimulateConfig):
         meta = dict(f.metadata)
         if "flag" not in meta:
             continue
         flag = meta.pop("flag")
+        if f.name in REPLAY_ONLY:
+            meta["help"] = f"--model replay only: {meta['help']}"
         parser.add_argument(flag, dest=f.name, default=f.default, **meta)
 
 

@@ -195,9 +195,10 @@ def deadline_alarm(deadline: float, timeout_s: float, phase: list[str]) -> Itera
     previous_hook, sys.unraisablehook = sys.unraisablehook, swallowed
     from ascend_eplb.tools.simulate.resources import MAX_TIMEOUT_S
 
-    # Capped: a timeout beyond the limit is refused by the options' validation, inside this scope.
+    # Capped: a timeout beyond the limit, or not > 0 (--timeout -1: a deadline already past), is refused
+    # by the options' validation, inside this scope; no alarm may end the run before that refusal.
     remaining = deadline - time.monotonic() + _ALARM_AFTER_S
-    if not remaining < MAX_TIMEOUT_S + 60.0:  # also nan and inf
+    if not (timeout_s > 0 and remaining < MAX_TIMEOUT_S + 60.0):  # also nan and inf
         remaining = MAX_TIMEOUT_S + 60.0
     signal.setitimer(signal.ITIMER_REAL, max(remaining, 0.001))
     try:

@@ -1,0 +1,139 @@
+"""What a new operator met (issue 31): every bad option of every subcommand is refused before anything
+starts, exit 2, with its one line (an argparse error: that line and a pointer to ``--help``, not the
+usage block), and without importing vLLM; ``simulate --help`` says what the main job is."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ascend_eplb.tools.cli import main
+
+#: Runs each argv through the CLI's ``main`` in one fresh interpreter: exit code and stderr of each,
+#: and whether vLLM was imported by the end.
+PROBE = """
+import contextlib, io, json, sys
+from ascend_eplb.tools.cli import main
+out = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+    out.append([code, err.getvalue()])
+print(json.dumps({"results": out, "vllm": "vllm" in sys.modules}))
+"""
+
+QWEN = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_local_experts": 8,
+    "num_experts_per_tok": 2, "num_hidden_layers": 2, "hidden_size": 64, "vocab_size": 128,
+    "max_position_embeddings": 256, "torch_dtype": "float32",
+}  # fmt: skip
+
+
+def _probe(argvs: list[list[str]]) -> dict:
+    env = os.environ | {"VLLM_TARGET_DEVICE": "cpu"}
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(argvs)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _folder(root, name, **config):
+    folder = root / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**QWEN, **config}))
+    (folder / "model.safetensors").write_bytes(b"")  # never read: every case is refused before
+    return str(folder)
+
+
+def _hint(command: str, line: str) -> list[str]:
+    return [f"ascend-eplb {command}: error: {line}", f"ascend-eplb {command} --help lists the options"]
+
+
+def _options(*lines: str) -> list[str]:
+    return ["ascend-eplb simulate: error: invalid simulate options:", *(f"  - {line}" for line in lines)]
+
+
+def test_every_bad_option_of_every_subcommand_is_refused_before_anything_with_its_lines(tmp_path):
+    good = _folder(tmp_path, "good")
+    bad = _folder(tmp_path, "bad", num_local_experts="8", num_experts_per_tok=0)
+    load = tmp_path / "load.json"
+    load.write_text("[[1, 2, 3, 4], [4, 3, 2, 1]]")
+    out = str(tmp_path / "out")
+    config = f"{bad}/config.json"
+    empty = "an empty path; name the file or folder"
+    cases = [
+        # --out= deleted report.json, balancedness.png, events.jsonl, metrics.prom where it ran; every
+        # path option of every subcommand has the same class
+        (["simulate", "--out="], _hint("simulate", f"argument --out: '': {empty}")),
+        (["simulate", "--model="], _hint("simulate", f"argument --model: '': {empty}")),
+        (["simulate", "--model", "replay", "--trace="], _hint("simulate", f"argument --trace: '': {empty}")),
+        (["simulate", "--model-config= "], _hint("simulate", f"argument --model-config: ' ': {empty}")),
+        (["plan", "", "--ranks", "4"], _hint("plan", f"argument load: '': {empty}")),
+        (["plan", str(load), "--ranks", "4", "--model-config="],
+         _hint("plan", f"argument --model-config: '': {empty}")),
+        (["plan", str(load), "--ranks", "4", "--export-expert-map="],
+         _hint("plan", f"argument --export-expert-map: '': {empty}")),
+        (["check", ""], _hint("check", f"argument config: '': {empty}")),
+        # --link-gbps was accepted and ignored on a real model; --timeout -1 ended as a failed run (the
+        # deadline passed before the options were judged): every numeric option and its neighbours
+        (["simulate", "--model", good, "--link-gbps", "0", "--out", out],
+         _options("link gbps=0.0: must be a finite number > 0 (Gbit/s)")),
+        (["simulate", "--model", good, "--link-gbps", "-5", "--timeout", "-1", "--worker-timeout", "0",
+          "--out", out],
+         _options("timeout=-1.0: must be a finite number of seconds > 0",
+                  "worker timeout=0.0: must be a finite number of seconds > 0",
+                  "link gbps=-5.0: must be a finite number > 0 (Gbit/s)")),
+        (["simulate", "--model", "replay", "--link-gbps", "0", "--timeout", "-1", "--out", out],
+         _options("timeout=-1.0: must be a finite number of seconds > 0",
+                  "link gbps=0.0: must be a finite number > 0 (Gbit/s)")),
+        (["plan", str(load), "--ranks", "4", "--link-gbps", "0"],
+         _hint("plan", "argument --link-gbps: '0': must be a finite number > 0")),
+        # a model folder's MoE facts, every bad one at once (they crashed after the ranks started)
+        (["simulate", "--model", bad, "--out", out],
+         _options(f"{config}: num_local_experts='8' must be an integer in [1, 2147483647] (the routed "
+                  "experts of each MoE layer; EPLB balances them); fix: state one routed-expert count, an "
+                  "integer >= 1",
+                  f"{config}: num_experts_per_tok=0 must be an integer in [1, E] (the routed experts each "
+                  "token selects); fix: correct num_experts_per_tok")),
+        # argparse's own errors: one line and the pointer, named by the subcommand
+        (["simulate", "--no-such"], _hint("simulate", "unrecognized arguments: --no-such")),
+        (["simulate", "--ranks", "x"], _hint("simulate", "argument --ranks: 'x': must be an integer >= 1")),
+        (["check", "--num-experts", "0", "x.json"],
+         _hint("check", "argument --num-experts: 0: must be >= 1")),
+        (["plan", str(load)], _hint("plan", "the following arguments are required: --ranks")),
+    ]  # fmt: skip
+    probed = _probe([argv for argv, _ in cases])
+    for (argv, lines), (code, err) in zip(cases, probed["results"], strict=True):
+        assert (code, err.splitlines()) == (2, lines), argv
+    assert probed["vllm"] is False  # every refusal came before the heavy import
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "good", "load.json"]  # nothing written
+
+
+def test_simulate_help_opens_with_the_main_job_and_marks_the_replay_only_options(capsys):
+    from ascend_eplb.tools.cli import build_parser
+    from ascend_eplb.tools.simulate.config import REPLAY_ONLY
+
+    with pytest.raises(SystemExit) as info:
+        main(["simulate", "--help"])
+    assert info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    description = text.split(" options: ")[0]
+    assert "The main job: serve vLLM's real DeepseekV3ForCausalLM" in description
+    assert "on EP rank processes over Gloo on CPU" in description
+    assert "Replay real MoE routing" not in text
+    actions = {a.dest: a for a in build_parser().subcommands["simulate"]._actions}
+    marked = sorted(dest for dest, a in actions.items() if (a.help or "").startswith("--model replay only: "))
+    assert marked == sorted(REPLAY_ONLY)
+    assert {"num_moe_layers", "hidden_size", "sample_top_k"} <= set(
+        marked
+    )  # --layers, --hidden-size, --top-k
+    assert text.count("--model replay only:") == len(REPLAY_ONLY)
