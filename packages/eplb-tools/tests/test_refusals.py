@@ -137,3 +137,29 @@ def test_simulate_help_opens_with_the_main_job_and_marks_the_replay_only_options
         marked
     )  # --layers, --hidden-size, --top-k
     assert text.count("--model replay only:") == len(REPLAY_ONLY)
+
+
+def test_a_truncated_events_file_warns_in_one_line_under_simulate_too(tmp_path):
+    """Issue 31: ``simulate --trace`` of an events file whose last line was cut printed a raw Python
+    ``UserWarning`` with its source line; it is the tools' one warning line, as under ``plan``."""
+    record = {"event": "window", "time": 0.0, "step": 1, "model": "m", "load": [[1, 2, 3, 4], [4, 3, 2, 1]]}
+    line = json.dumps(record) + "\n"
+    events = tmp_path / "events.jsonl"
+    events.write_text(line + line[:25])
+    refused = ["--model", "replay", "--trace", str(events), "--ranks", "3", "--redundant-experts", "1"]
+    probed = _probe(
+        [["simulate", *refused, "--out", str(tmp_path / "o")], ["plan", str(events), "--ranks", "2"]]
+    )
+    warning = f"{events}:2: truncated last line skipped (Unterminated string starting at)"
+    (sim_code, sim_err), (plan_code, plan_err) = probed["results"]
+    assert sim_code == 2
+    assert sim_err.splitlines()[0] == f"ascend-eplb simulate: warning: {warning}"
+    assert sim_err.splitlines()[1:3] == [
+        "ascend-eplb simulate: error: invalid simulate options:",
+        "  - redundant experts=1: logical experts (4) + num_redundant_experts (1) = 5 physical experts is "
+        "not divisible by 3 EP ranks; fix: choose num_redundant_experts so that 4 + num_redundant_experts "
+        "is a multiple of 3, e.g. 2",
+    ]
+    assert "UserWarning" not in sim_err
+    assert plan_code == 0
+    assert plan_err.splitlines() == [f"ascend-eplb plan: warning: {warning}"]

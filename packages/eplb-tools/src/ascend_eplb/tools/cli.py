@@ -329,16 +329,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet.install()
     import warnings
 
+    from ascend_eplb.tools.files import InputFileWarning
     from ascend_eplb.tools.simulate.lifecycle import command_scope
 
+    formatwarning = warnings.formatwarning
+
     def one_line(message, category, filename, lineno, line=None) -> str:
+        if args.command == "simulate" and not issubclass(category, InputFileWarning):
+            return formatwarning(message, category, filename, lineno, line)
         return f"ascend-eplb {args.command}: warning: {message}\n"
 
-    # One line per warning of plan and check (a skipped truncated line of an events file), as their errors
-    # are; simulate leaves vLLM's and torch's warnings as they are.
-    formatwarning = warnings.formatwarning
-    if args.command != "simulate":
-        warnings.formatwarning = one_line
+    # One line per warning of plan and check, and per warning of a file simulate reads (a skipped
+    # truncated line of an events file), as their errors are; simulate leaves vLLM's and torch's
+    # warnings as they are.
+    warnings.formatwarning = one_line
     # SIGTERM/SIGHUP stop the command anywhere, as Ctrl-C does; for simulate the scope also stops the
     # fork server and the resource tracker and removes the command's scratch on the way out, after the
     # error below was handled (so what the failed run held is released first).

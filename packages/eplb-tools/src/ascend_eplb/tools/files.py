@@ -21,7 +21,7 @@ from typing import TypeVar
 
 import numpy as np
 
-__all__ = ["FLOAT32_MAX", "InputFileError", "check_load_values", "read_input"]
+__all__ = ["FLOAT32_MAX", "InputFileError", "InputFileWarning", "check_load_values", "read_input"]
 
 T = TypeVar("T")
 
@@ -33,6 +33,14 @@ class InputFileError(ValueError):
 
     The message starts with the file's path. A ``ValueError``, so every caller that refuses bad input
     with exit status 2 refuses it the same way.
+    """
+
+
+class InputFileWarning(UserWarning):
+    """A file a tool reads had a defect the reader skipped (an events file's truncated last line).
+
+    Every command prints it as one line, ``ascend-eplb COMMAND: warning: <path>:<line>: ...``
+    (``simulate`` too, which leaves other libraries' warnings as they are).
     """
 
 

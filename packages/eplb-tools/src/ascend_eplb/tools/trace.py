@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ascend_eplb.tools.files import check_load_values, read_input
+from ascend_eplb.tools.files import InputFileWarning, check_load_values, read_input
 from ascend_eplb.tools.host_memory import check_sampling
 
 __all__ = [
@@ -303,7 +303,9 @@ def _read_load(path: Path, suffix: str, last: int | None) -> np.ndarray:
             )
             raise ValueError(f"{source}: the events file holds no complete 'window' record ({why})")
         for w in caught:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            # What the reader skipped, as the tools' own warning: one line under every command.
+            category = InputFileWarning if issubclass(w.category, UserWarning) else w.category
+            warnings.warn_explicit(str(w.message), category, w.filename, w.lineno)
         chosen = windows[-last:] if last is not None else windows
         total = np.zeros(tuple(chosen[0].shape), dtype=np.float64)
         for window in chosen:
