@@ -227,6 +227,11 @@ def test_every_upstream_signature_is_listed_once_and_the_replacements_take_their
     assert all(
         isinstance(b, InstanceBinding) and table[b.name] is b.signature for b in patches.INSTANCE_BINDINGS
     )
+    # The state's binding is the surface's row itself, not a second declaration of it.
+    from ascend_eplb.control.state import ACKNOWLEDGEMENT_BINDING
+
+    assert ACKNOWLEDGEMENT_BINDING in patches.INSTANCE_BINDINGS
+    assert upstream.instance_binding(ACKNOWLEDGEMENT_BINDING.name) is ACKNOWLEDGEMENT_BINDING
     # No entry is dead: each is replaced, overridden, pinned, or relied on by a module that checks it when
     # it is built or used (movement, which cannot import control, relies on the integration's
     # check_upstream).

@@ -46,8 +46,10 @@ __all__ = ["AscendEPLBController", "check_upstream_controller_signatures"]
 
 
 def check_upstream_controller_signatures() -> None:
-    """Raise ``RuntimeError`` naming the first ``EPLBController`` method that drifted from vLLM 0.33.0
-    (the entries of :data:`ascend_eplb.control.upstream.SIGNATURES` this module overrides or calls)."""
+    """Raise ``RuntimeError`` naming the first upstream row this module relies on that drifted from vLLM
+    0.33.0 (:mod:`ascend_eplb.control.upstream`): an ``EPLBController`` method it overrides or calls
+    (parameters, kinds, defaults), a body it copies or restates (``prepare_load``, ``step``,
+    ``suppress``), an upstream attribute it writes, or one of its overrides."""
     upstream.check_used_by(upstream.CONTROLLER)
 
 

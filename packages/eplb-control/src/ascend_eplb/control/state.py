@@ -46,7 +46,6 @@ from ascend_eplb.control.bus import CommitEvent, CommitEventKind, DecisionEvent,
 from ascend_eplb.control.commit_hooks import attach_observer, commit_hooks_installed
 from ascend_eplb.control.gate import DecisionChannel, gated_policy
 from ascend_eplb.control.layout import RowLayout
-from ascend_eplb.control.patching import InstanceBinding
 from ascend_eplb.control.policy_config import PlacementDecision, PolicySettings
 from ascend_eplb.dataplane import DEFAULT_ROWS, ReplicaLookup
 
@@ -65,23 +64,23 @@ COMMIT_LOG_MAXLEN = 4096
 
 
 def check_upstream_state_signatures() -> None:
-    """Check every upstream state method and module function this module overrides, hooks, calls or
-    binds per instance (its entries and the commit hooks' of :data:`ascend_eplb.control.upstream.SIGNATURES`).
+    """Check every upstream row this module and the commit hooks rely on
+    (:mod:`ascend_eplb.control.upstream`): the state methods and module functions they override, hook,
+    call or bind per instance, the body whose order they rely on, the attributes they read or add, and
+    this module's overrides.
 
     Raises:
-        RuntimeError: one changed signature since vLLM 0.33.0; the message names it.
+        RuntimeError: one changed signature or body, or an attribute drifted, since vLLM 0.33.0; the
+            message names it.
     """
     upstream.check_used_by(upstream.STATE, upstream.COMMIT_HOOKS)
 
 
 #: The upstream method this module replaces per instance: the ``record`` of the async layer result's
 #: ``consumed_event`` being acknowledged, wrapped so the acknowledgement is logged when it happens
-#: (:meth:`AscendEplbState.after_commit`). Listed by ``ascend_eplb.integration.patches.INSTANCE_BINDINGS``.
-ACKNOWLEDGEMENT_BINDING = InstanceBinding(
-    upstream.signature("vllm.distributed.eplb.eplb_utils.CpuGpuEvent.record"),
-    "ascend_eplb.control.state",
-    "AscendEplbState.after_commit, on the consumed_event of each async layer result it commits",
-)
+#: (:meth:`AscendEplbState.after_commit`); its row of the one upstream surface,
+#: :data:`ascend_eplb.control.upstream.INSTANCE_BINDINGS`.
+ACKNOWLEDGEMENT_BINDING = upstream.instance_binding("vllm.distributed.eplb.eplb_utils.CpuGpuEvent.record")
 
 
 @dataclass
