@@ -4,7 +4,9 @@ vLLM 0.33.0 builds every ``MoERunner`` with a plain upstream ``EplbLayerState`` 
 (``router.eplb_state``) and maps logical to physical ids in ``BaseRouter._apply_eplb_mapping``, with a
 CUDA-only kernel. Before the model is registered with the EPLB state, each router's layer state is
 converted (same tensors, by reference) and dataplane's :func:`~ascend_eplb.dataplane.bind_router` binds
-the graph-safe map-and-record op on that router instance; the router class is never touched.
+the graph-safe map-and-record op on that router instance; the router class is never touched. The
+attribute written (``BaseRouter.eplb_state``) and the method bound are rows of the one upstream surface,
+:mod:`ascend_eplb.control.upstream` (``ATTRIBUTES``, ``INSTANCE_BINDINGS``).
 """
 
 from __future__ import annotations

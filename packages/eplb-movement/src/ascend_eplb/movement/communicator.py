@@ -25,6 +25,13 @@ group, pipelined (``_transfer.py``):
 
 On a host without an accelerator (CPU tensors) every copy is synchronous and no stream, event or
 ``torch.accelerator`` call is made, so it runs on CPU-only CI without any adaptation of torch.
+
+Its overrides of upstream's ``EplbCommunicator`` (``add_send``, ``add_recv``, ``execute``,
+``set_stream``, ``set_transfer_context``, ``needs_profile_buffer_reservation``) and the upstream
+helper it calls (``_log_initialized``) are rows of the one upstream surface,
+``ascend_eplb.control.upstream`` (``OVERRIDES``, ``SIGNATURES``; this plane cannot import control):
+the integration's ``check_upstream()`` checks, before the first patch, that upstream's signatures are
+still vLLM 0.33.0's and that each method here still extends upstream's parameters.
 """
 
 from __future__ import annotations
