@@ -821,6 +821,26 @@ def test_the_serving_switches_start_up_refuses_are_reported_by_check_too(tmp_pat
     assert [v.rule for v in _check(tmp_path, off, environ=environ).violations] == ["phase-without-eplb"]
 
 
+def test_every_bad_serving_switch_is_reported_at_once_and_a_missing_metrics_folder_as_missing(tmp_path):
+    """Issue 31: with both watchdog switches bad only the first was named, and a metrics folder that
+    does not exist was called "not a writable folder"."""
+    both = {"ASCEND_EPLB_WORKER_TIMEOUT_S": "-5", "ASCEND_EPLB_ON_WORKER_FAILURE": "explode"}
+    assert [(v.rule, v.message) for v in _check(tmp_path, BASE, environ=both).violations] == [
+        ("serving-switches", "ASCEND_EPLB_WORKER_TIMEOUT_S='-5': must be a finite number of seconds > 0"),
+        ("serving-switches", "ASCEND_EPLB_ON_WORKER_FAILURE='explode': must be one of stop, raise"),
+    ]
+    missing, a_file = tmp_path / "no-such", tmp_path / "a-file"
+    a_file.write_text("")
+    for folder, said in (
+        (missing, "no such folder (ASCEND_EPLB_METRICS is on); create it, empty, before vLLM starts"),
+        (a_file, "not a folder (ASCEND_EPLB_METRICS is on)"),
+    ):
+        environ = {"ASCEND_EPLB_METRICS": "1", "PROMETHEUS_MULTIPROC_DIR": str(folder)}
+        assert [v.message for v in _check(tmp_path, BASE, environ=environ).violations] == [
+            f"PROMETHEUS_MULTIPROC_DIR={folder}: {said}"
+        ]
+
+
 def test_a_float32_model_folder_states_its_format_as_start_up_reads_it(tmp_path):
     """A new user found a float32 folder (the simulate preset's) reported as "does not say" its dtype."""
     folder = _model_folder(tmp_path, quant_type=None)

@@ -77,7 +77,8 @@ def metrics_requested(environ: Mapping[str, str] | None = None, *, serving_proce
 
     Raises:
         ValueError: the switch has another value than the accepted words; or it is on and
-            ``PROMETHEUS_MULTIPROC_DIR`` is unset, not a writable folder, or was not set yet when this
+            ``PROMETHEUS_MULTIPROC_DIR`` is unset, names no folder, a file or a folder that is not
+            writable, or was not set yet when this
             process imported prometheus_client (its values would stay in this process, never reaching
             the API server). Each message names the variable and the rule.
     """
@@ -91,8 +92,15 @@ def metrics_requested(environ: Mapping[str, str] | None = None, *, serving_proce
             "process writes its metrics and vLLM's API server reads them (set it in the environment vLLM "
             "starts with)"
         )
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"{ENV_MULTIPROC_DIR}={folder}: not a writable folder ({ENV_METRICS} is on)")
+    if not os.path.exists(folder):
+        raise ValueError(
+            f"{ENV_MULTIPROC_DIR}={folder}: no such folder ({ENV_METRICS} is on); create it, empty, before "
+            "vLLM starts"
+        )
+    if not os.path.isdir(folder):
+        raise ValueError(f"{ENV_MULTIPROC_DIR}={folder}: not a folder ({ENV_METRICS} is on)")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{ENV_MULTIPROC_DIR}={folder}: the folder is not writable ({ENV_METRICS} is on)")
     if not serving_process:
         return True
     from prometheus_client import values

@@ -113,7 +113,7 @@ def read_serving_setup(vllm_config: Any) -> ServingSetup:
     values, errors = _read_switches(None, serving_process=True)
     if errors:
         raise ValueError("\n".join(errors))
-    timeout_s, on_failure = values["watchdog"]
+    timeout_s, on_failure = values["worker timeout"], values["on worker failure"]
     placement = None
     if settings.initial_placement is not None:
         from ascend_eplb.integration.placement_file import read_placement
@@ -135,14 +135,24 @@ def serving_switch_errors(environ: Mapping[str, str] | None = None) -> list[str]
 def _read_switches(
     environ: Mapping[str, str] | None, *, serving_process: bool
 ) -> tuple[dict[str, Any], list[str]]:
-    """Every serving switch read by its own reader, in a fixed order; each refusal collected."""
+    """Every serving switch read by its own reader, in a fixed order; each refusal collected (the
+    watchdog's two switches each alone: ``ASCEND_EPLB_WORKER_TIMEOUT_S=-5`` with
+    ``ASCEND_EPLB_ON_WORKER_FAILURE=explode`` names both)."""
+    import os
+
     from ascend_eplb.integration.events import events_path
     from ascend_eplb.integration.prometheus import metrics_requested
     from ascend_eplb.integration.verify import verify_requested
-    from ascend_eplb.integration.watchdog import watchdog_settings
+    from ascend_eplb.integration.watchdog import ENV_ON_FAILURE, ENV_TIMEOUT, watchdog_settings
+
+    env = os.environ if environ is None else environ
+
+    def alone(name: str) -> dict[str, str]:
+        return {name: env[name]} if name in env else {}
 
     readers = {
-        "watchdog": lambda: watchdog_settings(environ),
+        "worker timeout": lambda: watchdog_settings(alone(ENV_TIMEOUT))[0],
+        "on worker failure": lambda: watchdog_settings(alone(ENV_ON_FAILURE))[1],
         "verify": lambda: verify_requested(environ),
         "events": lambda: events_path(environ),
         "metrics": lambda: metrics_requested(environ, serving_process=serving_process),
