@@ -849,3 +849,24 @@ def test_a_float32_model_folder_states_its_format_as_start_up_reads_it(tmp_path)
     result = _serve(str(folder), *EAGER_ARGS)
     assert (result.ok, result.verdict, result.unjudged) == (True, "OK", ())  # float32 on a CPU host
     assert result.resolved["quantization"] == "float32"
+
+
+
+def test_a_given_but_invalid_expert_count_is_called_invalid_not_missing(tmp_path):
+    """Issue 31: ``check`` said "model.num_logical_experts is not given" of a count it had refused."""
+    for given, shown in (("64", "'64'"), (0, "0")):
+        data = copy.deepcopy(BASE)
+        data["model"]["num_logical_experts"] = given
+        result = _check(tmp_path, data)
+        assert result.verdict == "INVALID"
+        assert [str(v) for v in result.violations] == [
+            f"[schema] model.num_logical_experts={shown} must be an integer in [1, 2147483647]"
+        ]
+        (unjudged,) = [str(u) for u in result.unjudged if u.rule == "experts-divisible"]
+        assert unjudged == (
+            f"cannot judge: experts-divisible: the routed-expert count is unknown (model.num_logical_experts="
+            f"{shown} is invalid, see [schema]); pass --num-experts / model.num_logical_experts"
+        )
+    del data["model"]["num_logical_experts"]
+    (unjudged,) = [str(u) for u in _check(tmp_path, data).unjudged if u.rule == "experts-divisible"]
+    assert "(model.num_logical_experts is not given)" in unjudged

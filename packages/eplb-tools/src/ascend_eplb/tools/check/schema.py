@@ -142,9 +142,14 @@ def settings_from_file_dict(
             "the MoE layer count is unknown (model.num_moe_layers is not given); give model.num_moe_layers"
         )
     if experts is None:
+        given = model.get("num_logical_experts")
+        said = (
+            "model.num_logical_experts is not given"
+            if given is None
+            else f"model.num_logical_experts={short(given)} is invalid, see [schema]"
+        )
         unknown["num_logical_experts"] = (
-            "the routed-expert count is unknown (model.num_logical_experts is not given); pass "
-            "--num-experts / model.num_logical_experts"
+            f"the routed-expert count is unknown ({said}); pass --num-experts / model.num_logical_experts"
         )
     if isinstance(quant, str) and quant.lower() == "ascend":
         unknown["quantization"] = (
