@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -600,12 +601,34 @@ def attach_startup_install(bus: Any, placement: Placement) -> None:
         )
         if differ:
             raise EplbConfigError([Violation("initial-placement", describe_mismatch(placement, differ))])
-        install_initial_placement(
+        started = time.monotonic()
+        done = install_initial_placement(
             state, event.model_config, placement.physical_to_logical_map, source=placement.source
         )
         installed.append(True)
+        group = get_ep_group()
+        if group.rank_in_group == 0:
+            _log_install(done, model_state, group.world_size, time.monotonic() - started)
 
     bus.subscribe(RegistrationEvent, on_registered)
+
+
+def _log_install(event: Any, model_state: Any, num_ranks: int, seconds: float) -> None:
+    """EP rank 0's one INFO line of the start-up install: what changed, what rank 0 received, how long."""
+    from vllm.logger import init_logger
+
+    from ascend_eplb.integration.metrics import experts_crossing_ranks, experts_received_per_rank
+
+    new = model_state.physical_to_logical_map.detach().cpu()
+    stats = getattr(model_state.communicator, "cumulative_stats", None)
+    received = "" if stats is None else f", {int(stats.bytes_received)} bytes"
+    init_logger(__name__).info(
+        "EPLB: serving starts on the placement of %s: %d of %d MoE layers changed, %d experts crossed ranks "
+        "(%d received by EP rank 0%s), in %.2f s",
+        event.source, int((event.previous != new).any(dim=1).sum()), int(new.shape[0]),
+        experts_crossing_ranks(event.previous, new, num_ranks),
+        int(experts_received_per_rank(event.previous, new, num_ranks)[:, 0].sum()), received, seconds,
+    )  # fmt: skip
 
 
 def describe_mismatch(placement: Placement, differ: Sequence[str]) -> str:
