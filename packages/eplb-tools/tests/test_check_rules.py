@@ -851,7 +851,6 @@ def test_a_float32_model_folder_states_its_format_as_start_up_reads_it(tmp_path)
     assert result.resolved["quantization"] == "float32"
 
 
-
 def test_a_given_but_invalid_expert_count_is_called_invalid_not_missing(tmp_path):
     """Issue 31: ``check`` said "model.num_logical_experts is not given" of a count it had refused."""
     for given, shown in (("64", "'64'"), (0, "0")):
