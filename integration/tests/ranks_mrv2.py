@@ -346,3 +346,115 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
             args[1] for name, args in wiring.calls if name == "prepare_forward"
         ]
     return report
+
+
+#: The Ascend keys of :func:`gate_events_world`: the migration-aware policy behind the gain gate.
+GATE_KEYS = {"policy": "migration_aware", "min_balancedness_gain": 0.01, "target_balancedness": 0.99}
+#: :func:`gate_events_world`'s windows: even global load, load on rank 0's experts, prefill only (no
+#: load recorded under phase decode), even again.
+GATE_WINDOWS = ("split", "hot", "idle", "split")
+
+
+def _block_ids(block: int, num_ranks: int, num_tokens: int) -> torch.Tensor:
+    """int64 ``(num_tokens, TOP_K)`` cycling through the ``block``-th of ``num_ranks`` blocks of experts
+    (control's tests route the same loads: ``packages/eplb-control/tests/ranks.py``)."""
+    size = NUM_LOGICAL // num_ranks
+    return torch.arange(num_tokens * TOP_K, dtype=torch.int64).view(num_tokens, TOP_K) % size + block * size
+
+
+def gate_events_world(ctx: RankContext, events_file: str) -> dict[str, Any]:
+    """The serving wiring (the plugin's patches, ``Mrv2EplbWiring``) with :data:`GATE_KEYS` in
+    ``additional_config.eplb_config`` and ``ASCEND_EPLB_EVENTS``, through :data:`GATE_WINDOWS`: ``split``
+    (rank ``r`` routes the ``r``-th block of experts: local loads differ, the global load is even),
+    ``hot`` (every rank routes rank 0's block), ``idle`` (prefill batches: nothing recorded).
+
+    Returns ``records`` (every record this rank's events recorder published, in order),
+    ``step_of_record`` (per record, the 0-based index of the engine step during which it came),
+    ``maps`` (per window: the placement before and after), ``expert_bytes`` (of one expert, from the
+    tagged weights' own tensors), ``active_policy`` and ``errors``.
+    """
+    os.environ["ASCEND_EPLB"] = "1"
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    os.environ["ASCEND_EPLB_EVENTS"] = events_file
+    import vllm.plugins
+
+    vllm.plugins.load_general_plugins()
+    from vllm.config import EPLBConfig, ParallelConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
+
+    from ascend_eplb.integration.events import EventsRecord
+    from ascend_eplb.integration.runner import Mrv2EplbWiring
+    from ascend_eplb.tools.world.toy_moe import ToyModelConfig
+
+    rank, n = ctx.rank, ctx.world_size
+    eplb_config = EPLBConfig(
+        window_size=WINDOW, step_interval=INTERVAL, num_redundant_experts=NUM_REDUNDANT, use_async=True
+    )
+    vc = VllmConfig(
+        parallel_config=ParallelConfig(
+            tensor_parallel_size=n, enable_expert_parallel=True, enable_eplb=True, eplb_config=eplb_config
+        ),
+        additional_config={"eplb_config": {"load_collection_phase": PHASE, **GATE_KEYS}},
+    )
+    report: dict[str, Any] = {"rank": rank}
+    with set_current_vllm_config(vc):
+        init_distributed_environment(
+            world_size=n, rank=rank, distributed_init_method=ctx.init_method, local_rank=rank, backend="gloo"
+        )
+        initialize_model_parallel(tensor_model_parallel_size=n)
+        wiring = Mrv2EplbWiring(vc, torch.device("cpu"))
+        ctrl = wiring.controller
+        model = _build_model(rank, n)
+        mc = ToyModelConfig("toy/gate-moe")
+        records: list[dict[str, Any]] = []
+        step_of_record: list[int] = []
+        step = 0
+
+        def keep(published) -> None:
+            records.append(published.record)
+            step_of_record.append(step)
+
+        ctrl.bus.subscribe(EventsRecord, keep)
+        assert wiring.load_model(model, mc)
+        state = ctrl.state
+        ms = state.model_states[mc.compute_hash()]
+        report["active_policy"] = state.policy.__name__
+        experts = model.layers[0].experts
+        report["expert_bytes"] = sum(int(t[0].numel()) * t.element_size() for t in (experts.w13, experts.w2))
+        trace = _trace(2)
+
+        def forward(mode: str, num_tokens: int) -> None:
+            block = rank if mode == "split" else 0
+            real = _block_ids(block, n, num_tokens)
+            model.route([torch.cat([real, trace[layer][1][:PADDING]]) for layer in range(NUM_MOE_LAYERS)])
+
+        # profile_run: a dummy forward, then upstream's profile step (not a serving step).
+        wiring.prepare_forward(mc, DUMMY_TOKENS)
+        forward("split", DUMMY_TOKENS)
+        wiring.profile_run()
+
+        def engine_step(mode: str) -> None:
+            nonlocal step
+            deadline = time.monotonic() + DEADLINE_S
+            while ms.rebalanced and ms.pending_result is None:
+                assert state.async_worker.is_alive(), "the async EPLB worker died"
+                assert time.monotonic() < deadline, f"no layer transferred within {DEADLINE_S} s"
+                time.sleep(0.001)
+            wiring.prepare_inputs(mode == "idle")  # a prefill batch is not recorded under phase decode
+            wiring.prepare_forward(mc, TOKENS, moe_rows="split")
+            forward(mode, TOKENS)
+            wiring.after_sampling()
+            step += 1
+
+        maps = []
+        for mode in GATE_WINDOWS:
+            before = ms.physical_to_logical_map.tolist()
+            closed = state.num_rearrangements + state.num_skipped_rearrangements
+            while state.num_rearrangements + state.num_skipped_rearrangements == closed:
+                assert step < 100, "the window never closed"
+                engine_step(mode)
+            while ms.rebalanced:
+                engine_step(mode)
+            maps.append({"before": before, "after": ms.physical_to_logical_map.tolist()})
+        report.update(records=records, step_of_record=step_of_record, maps=maps, steps=step)
+    return report

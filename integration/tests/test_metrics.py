@@ -28,7 +28,7 @@ def test_the_switch_is_off_unless_asked_and_on_needs_a_multiprocess_folder(tmp_p
     ):
         metrics_requested({"ASCEND_EPLB_METRICS": "1"})
     missing = tmp_path / "missing"
-    with pytest.raises(ValueError, match=rf"PROMETHEUS_MULTIPROC_DIR={missing}: no such folder"):
+    with pytest.raises(ValueError, match=rf"PROMETHEUS_MULTIPROC_DIR={missing}: not a writable folder"):
         metrics_requested({"ASCEND_EPLB_METRICS": "1", "PROMETHEUS_MULTIPROC_DIR": str(missing)})
     # This test process imported prometheus_client without the folder set: its values would never
     # leave the process, and that is refused too.
@@ -82,7 +82,8 @@ def test_a_scrape_of_a_serving_world_equals_its_events_file(tmp_path, monkeypatc
     want = set()
     for name, _, labels, _ in METRICS:
         values = {"model": [model], "rank": ["0", "1"], "kind": ["died", "stalled"],
-                  "check": ["fingerprints", "lookups"]}  # fmt: skip
+                  "check": ["fingerprints", "lookups"],
+                  "reason": ["balanced", "min_gain", "no_load"]}  # fmt: skip
         combos = [{}]
         for label in labels:
             combos = [c | {label: v} for c in combos for v in values[label]]
@@ -94,19 +95,23 @@ def test_a_scrape_of_a_serving_world_equals_its_events_file(tmp_path, monkeypatc
     kinds = [e["event"] for e in events]
     assert reports[0]["violation"] == reports[1]["violation"] == "lookups"
     assert reports[0]["step"] == reports[1]["step"]
-    assert kinds.count("rearrangement_skipped") == reports[0]["skipped"] == 1
-    assert kinds.count("rearrangement") >= 2
+    skipped = [e for e in events if e["event"] == "rearrangement" and e["skipped"] is not None]
+    assert [(e["skipped"], e["rearrangement"]) for e in skipped] == [("no_load", None)]
+    assert reports[0]["skipped"] == 1
+    assert kinds.count("rearrangement") - len(skipped) >= 2
     assert kinds.count("worker_failure") == 0
 
     def count(kind: str) -> int:
         return sum(e["event"] == kind and e["model"] == model for e in events)
 
     assert value("ascend_eplb_rearrangements_started_total") == count("window")
-    assert value("ascend_eplb_rearrangements_completed_total") == count("rearrangement")
-    assert value("ascend_eplb_rearrangements_skipped_total") == count("rearrangement_skipped") == 1
+    assert value("ascend_eplb_rearrangements_completed_total") == count("rearrangement") - 1
+    assert value("ascend_eplb_rearrangements_skipped_total", reason="no_load") == 1
+    assert value("ascend_eplb_rearrangements_skipped_total", reason="balanced") == 0
+    assert value("ascend_eplb_rearrangements_skipped_total", reason="min_gain") == 0
     assert value("ascend_eplb_layers_committed_total") == count("commit")
     assert value("ascend_eplb_experts_moved_total") == sum(
-        e["experts_crossing_ranks"] for e in events if e["event"] == "rearrangement"
+        e["experts_moved"] for e in events if e["event"] == "rearrangement"
     )
     for kind in ("died", "stalled"):
         assert value("ascend_eplb_worker_failures_total", kind=kind) == 0
@@ -120,7 +125,7 @@ def test_a_scrape_of_a_serving_world_equals_its_events_file(tmp_path, monkeypatc
     assert value("ascend_eplb_window_balancedness_eplb_off") == windows[-1]["balancedness_eplb_off"]
     # The window's figures, recomputed here: under the placement in force when it closed (the one the
     # rearrangement record of that window judged too) and under upstream's initial placement.
-    done = {e["rearrangement"]: e for e in events if e["event"] == "rearrangement"}
+    done = {e["rearrangement"]: e for e in events if e["event"] == "rearrangement" and not e["skipped"]}
     for w in windows:
         if w["rearrangement"] in done:
             assert w["balancedness"] == done[w["rearrangement"]]["balancedness_before"]
@@ -141,3 +146,28 @@ def test_a_scrape_of_a_serving_world_equals_its_events_file(tmp_path, monkeypatc
         last = commits[-1]["publish_to_acknowledge_s"]
         assert value("ascend_eplb_commit_publish_to_acknowledge_seconds", rank=str(rank)) == last
         assert 0 < last < 20
+
+
+def test_each_rearrangement_record_counts_once_by_its_skip_reason_or_as_completed():
+    """The record -> series mapping of the gate's records (the world above has only a no_load skip)."""
+    from ascend_eplb.integration.events import EventsRecord
+    from ascend_eplb.integration.prometheus import PrometheusMetrics, _families
+
+    metrics = PrometheusMetrics()
+    metrics._rank = 0  # EP rank 0 writes the values the same on every rank (set at registration)
+    series = _families()
+    model = "unit/gate-records"
+
+    def values() -> list[float]:
+        skipped = series["ascend_eplb_rearrangements_skipped_total"]
+        return [
+            *(skipped.labels(model, reason)._value.get() for reason in ("balanced", "min_gain", "no_load")),
+            series["ascend_eplb_rearrangements_completed_total"].labels(model)._value.get(),
+            series["ascend_eplb_experts_moved_total"].labels(model)._value.get(),
+        ]
+
+    start = values()
+    for skipped, moved in (("balanced", 0), ("min_gain", 0), ("min_gain", 0), (None, 7), ("no_load", 0)):
+        record = {"event": "rearrangement", "model": model, "skipped": skipped, "experts_moved": moved}
+        metrics._on_record(EventsRecord(record))
+    assert [b - a for a, b in zip(start, values(), strict=True)] == [1, 2, 1, 1, 7]

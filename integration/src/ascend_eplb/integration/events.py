@@ -2,7 +2,9 @@
 
 ``ASCEND_EPLB_EVENTS=/path/events.jsonl`` makes EP rank 0 append one JSON object per line, each
 written and flushed at once (a crash loses at most the line being written). Every object has ``event``,
-``time`` (Unix seconds) and ``step`` (EPLB steps since the model was registered):
+``time`` (Unix seconds) and ``step``: the 0-based index of the serving step during which the record was
+made (upstream ``EplbState.step`` calls since the model was registered, dummy steps included, the profile
+step not: the first step after start-up is 0, as in ``ascend-eplb simulate``'s ``report.json``):
 
 - ``initial_placement``: the placement serving started on was installed from a file
   (``additional_config.eplb_config.initial_placement``, :mod:`ascend_eplb.integration.placement_file`):
@@ -15,11 +17,22 @@ written and flushed at once (a crash loses at most the line being written). Ever
   placement in force when the window closed) and ``balancedness_eplb_off`` (under upstream's initial
   placement, what EPLB off would have served; both :mod:`ascend_eplb.integration.metrics`),
   ``num_ranks`` and ``num_physical_experts`` (the configuration served: N, P);
-- ``rearrangement_skipped``: a window closed in which no EP rank recorded load (``model``; upstream's
-  policy is not run, ``AscendEplbState.rearrange``);
-- ``rearrangement``: every layer of a rearrangement committed: ``model``, ``rearrangement``,
-  ``balancedness_before`` / ``balancedness_after`` (of the window's load under the old and the new
-  placement, :mod:`ascend_eplb.integration.metrics`), ``layers_changed``, ``experts_crossing_ranks``;
+- ``rearrangement``: what became of a closed window, one record per model: when every layer of a
+  rearrangement committed, or when it was skipped (as soon as the runner thread learns it: at its first
+  commit, or at once for a window without load). ``model``, ``rearrangement`` (the 1-based index of
+  its ``window``; None for ``"no_load"``: no rearrangement started), ``policy`` (``default`` or
+  ``migration_aware``), ``skipped`` (None, or the gain gate's reason: ``"balanced"``,
+  ``"min_gain"``, ``"no_load"``; ``ascend_eplb.control.gate``), ``balancedness_before`` (of the
+  window's load under the placement committed when it closed), ``balancedness_planned`` (under the
+  policy's placement, on the same window: what the policy aimed at, not what serving reached; None
+  when the policy did not run: ``"balanced"``, ``"no_load"``), ``experts_moved`` (experts that crossed
+  ranks, :func:`ascend_eplb.control.policy.moved_experts` summed over layers), ``bytes_moved`` (those
+  experts x the bytes of one expert's weights in their layer, from the model's ``expert_weights``:
+  what the ranks received together), ``layers_changed``; a skipped one moved nothing (0, 0, 0);
+- ``rearrangement_realised``: the next window with load closed, for the last ``rearrangement`` with an
+  index: ``model``, ``rearrangement`` (that index), ``skipped``, ``balancedness_before`` and
+  ``balancedness_planned`` (copied from it) beside ``balancedness_realised`` (the new window's load
+  under the placement committed when it closed: the balance that placement really served);
 - ``commit``: one layer committed: ``model``, ``rearrangement``, ``layer``, ``publish_to_acknowledge_s``
   (from the step boundary at which the runner thread first saw the layer published, or its move, to the
   acknowledgement of the staging buffer), ``bytes_received`` (by EP rank 0 for this layer),
@@ -28,7 +41,8 @@ written and flushed at once (a crash loses at most the line being written). Ever
 - ``verifier_violation``: a serving verifier check failed (``check``, ``model``, ``layer``, ``rank``
   that found it, ``slot``, ``message``), written just before the verifier raises.
 
-A one-line INFO log per rearrangement (EP rank 0) says the same for people reading logs.
+A one-line INFO log per rearrangement, done or skipped by the gate (EP rank 0), says the same for
+people reading logs (``AscendEplbState`` logs the first of a run of windows without load).
 :func:`read_windows` reads the windows back (``ascend-eplb plan events.jsonl``,
 ``ascend-eplb simulate --trace events.jsonl``); :func:`read_records` every record (the placement file
 reader takes the last committed placement from the ``initial_placement`` and ``commit`` records).
@@ -54,6 +68,7 @@ import torch
 
 from ascend_eplb.control.bus import (
     CommitEvent,
+    DecisionEvent,
     Event,
     EventBus,
     RearrangementEvent,
@@ -159,7 +174,8 @@ class EventsRecorder:
         self._cycles: dict[str, dict[str, Any]] = {}
         self._published: dict[tuple[str, int], float] = {}
         self._bytes_seen: dict[str, int] = {}
-        self._skips_seen = 0
+        # Per model: the figures of the last rearrangement with an index, until the next window realises them.
+        self._unrealised: dict[str, dict[str, Any]] = {}
         self._rank: int | None = None
 
     def attach(self, bus: EventBus) -> None:
@@ -174,6 +190,7 @@ class EventsRecorder:
         bus.subscribe(RegistrationEvent, self._on_registered)
         bus.subscribe(StepEvent, self._on_step)
         bus.subscribe(RearrangementEvent, self._on_rearrangement)
+        bus.subscribe(DecisionEvent, self._on_decision)
         bus.subscribe(CommitEvent, self._on_commit_event)
         bus.subscribe(InitialPlacementEvent, self._on_initial_placement)
         bus.subscribe(WorkerFailure, self._on_worker_failure)
@@ -198,7 +215,8 @@ class EventsRecorder:
             self._bus.publish(EventsRecord(record))
 
     def _on_step(self, event: StepEvent) -> None:
-        self.steps += 1
+        if not event.is_profile:
+            self.steps += 1
         if not self._active:
             return
         state = event.controller.state
@@ -207,11 +225,6 @@ class EventsRecorder:
             pending = ms.pending_result
             if pending is not None:
                 self._published.setdefault((ms.model_name, pending.layer_idx), now)
-        skips = state.num_skipped_rearrangements
-        if skips != self._skips_seen:
-            self._skips_seen = skips
-            for ms in state.model_states.values():
-                self._write("rearrangement_skipped", model=ms.model_name)
 
     def _on_rearrangement(self, event: RearrangementEvent) -> None:
         if not self._active:
@@ -236,11 +249,20 @@ class EventsRecorder:
                 EplbState.build_initial_global_physical_to_logical_map(num_logical, num_redundant),
                 dtype=torch.int64,
             ).expand(old.shape[0], -1)
+            realised = self._unrealised.pop(ms.model_name, None)
+            if realised is not None:
+                self._write(
+                    "rearrangement_realised",
+                    **realised,
+                    balancedness_realised=balancedness(rank_loads(window, old, num_ranks)),
+                )
             self._cycles[ms.model_name] = {
                 "index": state.num_rearrangements,
                 "load": window,
                 "old": old,
                 "num_ranks": num_ranks,
+                "policy": state.policy_settings.policy,
+                "decision": None,
             }
             self._bytes_seen[ms.model_name] = _bytes_received(ms)
             self._write(
@@ -280,8 +302,32 @@ class EventsRecorder:
         if event.layer == model_state.physical_to_logical_map.shape[0] - 1:
             self._finish_cycle(model_state)
 
+    def _on_decision(self, event: DecisionEvent) -> None:
+        """The policy's and the gain gate's decision (control's ``DecisionEvent``): a skipped window's
+        ``rearrangement`` record at once; a planned one waits for its last commit (:meth:`_finish_cycle`)."""
+        if not self._active:
+            return
+        from ascend_eplb.integration.metrics import balancedness, rank_loads
+
+        name, decision = event.model_name, event.decision
+        cycle = self._cycles.get(name) if event.rearrangement is not None else None
+        if decision.skipped is None:
+            if cycle is not None:
+                cycle["decision"] = decision
+            return
+        if event.rearrangement is not None:
+            self._cycles.pop(name, None)  # upstream still commits the unchanged layers: no record then
+        before = planned = None
+        if cycle is not None:
+            before = balancedness(rank_loads(cycle["load"], cycle["old"], cycle["num_ranks"]))
+            planned = decision.balancedness_planned
+        self._record_rearrangement(
+            name, event.rearrangement, decision.policy, decision.skipped, before, planned, 0, 0, 0
+        )
+
     def _finish_cycle(self, model_state: Any) -> None:
-        from ascend_eplb.integration.metrics import balancedness, experts_crossing_ranks, rank_loads
+        from ascend_eplb.control.policy import moved_experts
+        from ascend_eplb.integration.metrics import balancedness, expert_bytes, rank_loads
 
         cycle = self._cycles.pop(model_state.model_name, None)
         if cycle is None:
@@ -289,27 +335,65 @@ class EventsRecorder:
         new = model_state.physical_to_logical_map.detach().cpu()
         old, load, num_ranks = cycle["old"], cycle["load"], cycle["num_ranks"]
         before = balancedness(rank_loads(load, old, num_ranks))
-        after = balancedness(rank_loads(load, new, num_ranks))
+        planned = balancedness(rank_loads(load, new, num_ranks))
         changed = int((old != new).any(dim=1).sum())
-        crossing = experts_crossing_ranks(old, new, num_ranks)
+        moved = moved_experts(old, new, num_ranks)
+        nbytes = torch.tensor(expert_bytes(model_state.model.expert_weights), dtype=torch.int64)
+        self._record_rearrangement(
+            model_state.model_name, cycle["index"], cycle["policy"], None, before, planned,
+            int(moved.sum()), int((moved * nbytes).sum()), changed,
+        )  # fmt: skip
+
+    def _record_rearrangement(
+        self,
+        name: str,
+        index: int | None,
+        policy: str,
+        skipped: str | None,
+        before: float | None,
+        planned: float | None,
+        moved: int,
+        moved_bytes: int,
+        changed: int,
+    ) -> None:
         self._write(
             "rearrangement",
-            model=model_state.model_name,
-            rearrangement=cycle["index"],
+            model=name,
+            rearrangement=index,
+            policy=policy,
+            skipped=skipped,
             balancedness_before=before,
-            balancedness_after=after,
+            balancedness_planned=planned,
+            experts_moved=moved,
+            bytes_moved=moved_bytes,
             layers_changed=changed,
-            experts_crossing_ranks=crossing,
         )
-        if self._rank != 0:
+        if index is not None:
+            self._unrealised[name] = {
+                "model": name,
+                "rearrangement": index,
+                "skipped": skipped,
+                "balancedness_before": before,
+                "balancedness_planned": planned,
+            }
+        if self._rank != 0 or skipped == "no_load":  # the state logs a run of windows without load
             return
         from vllm.logger import init_logger
 
-        init_logger(__name__).info(
-            "EPLB rearrangement %d of %s committed: balancedness of its window %.4f -> %.4f, %d layers "
-            "changed, %d experts crossed ranks",
-            cycle["index"], model_state.model_name, before, after, changed, crossing,
-        )  # fmt: skip
+        log = init_logger(__name__)
+        if skipped is None:
+            log.info(
+                "EPLB rearrangement %d of %s committed (policy %s): balancedness of its window %.4f -> "
+                "planned %.4f, %d experts moved (%d bytes), %d layers changed",
+                index, name, policy, before, planned, moved, moved_bytes, changed,
+            )  # fmt: skip
+        else:
+            log.info(
+                "EPLB rearrangement %d of %s skipped (%s, policy %s): balancedness of its window %.4f%s; "
+                "no expert moved",
+                index, name, skipped, policy, before,
+                "" if planned is None else f", the policy's placement {planned:.4f}",
+            )  # fmt: skip
 
     def _on_initial_placement(self, event: Any) -> None:
         """The start-up install's record (its commit is synchronous: no acknowledge, no ``commit``

@@ -10,7 +10,8 @@ and returns host tensors in float64 (loads) or int64 (placements) and does not m
   ``EPLB step ... balancedness`` log sums over layers before dividing; the per-layer mean makes every
   layer count equally); a layer without load counts as 1.0 (nothing to balance);
 - experts crossing ranks: slots, over all layers, whose new logical expert was not on that slot's rank
-  before, i.e. expert weights that travel between ranks; per rank: the experts that rank receives.
+  before, i.e. expert weights that travel between ranks; per rank: the experts that rank receives;
+- expert bytes: per MoE layer, the bytes of one expert's weights (every tensor a rearrangement moves).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 __all__ = [
     "balancedness",
+    "expert_bytes",
     "experts_crossing_ranks",
     "experts_received_per_rank",
     "hottest_rank_share",
@@ -95,3 +97,17 @@ def experts_received_per_rank(old: torch.Tensor, new: torch.Tensor, num_ranks: i
     new_r = new.view(num_moe_layers, num_ranks, p)
     held = (new_r.unsqueeze(-1) == old_r.unsqueeze(-2)).any(dim=-1)  # (L, N, p)
     return (~held).sum(dim=-1)
+
+
+def expert_bytes(expert_weights) -> list[int]:
+    """Per MoE layer, the bytes one expert's weights occupy: what moving one expert transfers.
+
+    Args:
+        expert_weights: upstream's ``MixtureOfExperts.expert_weights``, per layer a sequence of weight
+            views ``(p, ...)`` (stacked tensors, or quant_views' per-expert ``ExpertTensorList`` s): the
+            tensors upstream's transaction moves, scales included.
+
+    Returns:
+        ``[sum over the layer's views of view[0].numel() * view[0].element_size()]`` per layer.
+    """
+    return [sum(int(view[0].numel()) * view[0].element_size() for view in layer) for layer in expert_weights]

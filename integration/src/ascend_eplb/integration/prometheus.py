@@ -14,8 +14,9 @@ the controller's event bus, where it follows the records of the controller's
 :class:`~ascend_eplb.integration.events.EventsRecorder` (created for it when no events file is
 configured): every value comes from the same record as the events file's line, so a scrape and the
 file agree. Series (:data:`METRICS`), labelled ``model`` (upstream ``EplbModelState.model_name``)
-and, where the value differs per rank, ``rank`` (the EP rank); ``kind`` and ``check`` take the few values
-of the watchdog and the verifier. Nothing else is a label: the series are bounded by models x EP ranks.
+and, where the value differs per rank, ``rank`` (the EP rank); ``kind``, ``check`` and ``reason`` take
+the few values of the watchdog, the verifier and the gain gate (control's ``SKIP_REASONS``). Nothing else
+is a label: the series are bounded by models x EP ranks.
 Values the same on every rank (they come from collectives) are written by EP rank 0 only. Every series
 of a registered model exists from registration on (counters at 0); gauges keep the most recent value
 (``multiprocess_mode="mostrecent"``: no ``pid`` label).
@@ -49,9 +50,10 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("ascend_eplb_rearrangements_started_total", "counter", ("model",),
      "Rearrangements started: load windows handed to upstream's policy"),
     ("ascend_eplb_rearrangements_completed_total", "counter", ("model",),
-     "Rearrangements whose last MoE layer committed"),
-    ("ascend_eplb_rearrangements_skipped_total", "counter", ("model",),
-     "Windows closed without a rearrangement because no EP rank recorded load"),
+     "Rearrangements whose last MoE layer committed a planned placement (not skipped)"),
+    ("ascend_eplb_rearrangements_skipped_total", "counter", ("model", "reason"),
+     "Windows closed without moving an expert, by reason: balanced (target_balancedness reached), min_gain "
+     "(the policy's placement gains less than min_balancedness_gain), no_load (no EP rank recorded load)"),
     ("ascend_eplb_layers_committed_total", "counter", ("model",), "MoE layer placements committed"),
     ("ascend_eplb_experts_moved_total", "counter", ("model",),
      "Expert weights that crossed ranks, over completed rearrangements"),
@@ -174,6 +176,10 @@ class PrometheusMetrics:
                 s[metric].labels(name)
         for kind in _FAILURE_KINDS:
             s["ascend_eplb_worker_failures_total"].labels(name, kind)
+        from ascend_eplb.control.policy_config import SKIP_REASONS
+
+        for reason in SKIP_REASONS:
+            s["ascend_eplb_rearrangements_skipped_total"].labels(name, reason)
         from ascend_eplb.integration.verify import CHECKS
 
         for check in CHECKS:
@@ -195,13 +201,13 @@ class PrometheusMetrics:
             s["ascend_eplb_rearrangements_started_total"].labels(model).inc()
             s["ascend_eplb_window_balancedness"].labels(model).set(record["balancedness"])
             s["ascend_eplb_window_balancedness_eplb_off"].labels(model).set(record["balancedness_eplb_off"])
-        elif event == "rearrangement_skipped":
-            s["ascend_eplb_rearrangements_skipped_total"].labels(model).inc()
         elif event == "commit":
             s["ascend_eplb_layers_committed_total"].labels(model).inc()
+        elif event == "rearrangement" and record["skipped"] is not None:
+            s["ascend_eplb_rearrangements_skipped_total"].labels(model, record["skipped"]).inc()
         elif event == "rearrangement":
             s["ascend_eplb_rearrangements_completed_total"].labels(model).inc()
-            s["ascend_eplb_experts_moved_total"].labels(model).inc(record["experts_crossing_ranks"])
+            s["ascend_eplb_experts_moved_total"].labels(model).inc(record["experts_moved"])
         elif event == "worker_failure":
             for name in self._models:  # it stops EPLB for every model of the worker
                 s["ascend_eplb_worker_failures_total"].labels(name, record["kind"]).inc()

@@ -1,0 +1,112 @@
+"""The events file of a serving worker with the migration-aware policy behind the gain gate, on 2 ranks
+over Gloo (``ranks_mrv2.gate_events_world``): every window's ``rearrangement`` record with exact figures,
+skipped ones with their reason, the realised balancedness of the next window, 0-based steps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ascend_eplb.control.policy import moved_experts
+from ascend_eplb.integration.metrics import balancedness, rank_loads
+from ascend_eplb.testing import load_module, run_ranks
+
+ranks = load_module(Path(__file__).with_name("ranks_mrv2.py"))
+PRELOAD = (
+    "vllm.distributed.eplb.eplb_state",
+    "vllm.v1.worker.gpu.eplb_utils",
+    "ascend_eplb.tools.world.toy_moe",
+    "ascend_eplb.control",
+    "ascend_eplb.movement",
+    "ascend_eplb.integration.patches",
+    "ascend_eplb.integration.runner",
+)
+MODEL = "toy/gate-moe"
+
+
+def _bal(load: list[list[int]], placement: list[list[int]]) -> float:
+    return balancedness(rank_loads(torch.tensor(load, dtype=torch.float64), torch.tensor(placement), 2))
+
+
+@pytest.mark.multirank
+def test_each_window_is_recorded_with_its_decision_figures_and_the_next_window_realises_it(tmp_path):
+    events_file = tmp_path / "events.jsonl"
+    reports = run_ranks(
+        ranks.gate_events_world, world_size=2, tmp_path=tmp_path, args=(str(events_file),), timeout_s=240,
+        preload=PRELOAD,
+    )  # fmt: skip
+    r0 = reports[0]
+    assert r0["active_policy"] == "GatedMigrationAwarePolicy"
+    # Rank 0 wrote the file: the records it published, one JSON object per line.
+    records = r0["records"]
+    assert [json.loads(line) for line in events_file.read_text().splitlines()] == records
+    # Every rank made the same records (bytes received and timings aside): decided alike.
+    decided = [
+        [{k: v for k, v in x.items() if k != "time"} for x in r["records"] if x["event"] != "commit"]
+        for r in reports
+    ]
+    assert decided[0] == decided[1]
+
+    # `step` is the 0-based index of the engine step during which the record came (no profile step).
+    assert [x["step"] for x in records] == r0["step_of_record"]
+    assert r0["step_of_record"][0] >= 0
+
+    def strip(x):
+        return {k: v for k, v in x.items() if k not in ("time", "step")}
+
+    windows = [x for x in records if x["event"] == "window"]
+    rearrangements = [strip(x) for x in records if x["event"] == "rearrangement"]
+    realised = [strip(x) for x in records if x["event"] == "rearrangement_realised"]
+    maps = r0["maps"]
+    per_expert = r0["expert_bytes"]
+    assert per_expert == 8 * 4 + 8 * 2  # the tagged weights: float32 (2, 4) and bfloat16 (4, 2) per expert
+
+    # Window 1 (split): the global load is even under the placement in force: skipped, nothing moved.
+    assert windows[0]["rearrangement"] == 1
+    assert windows[0]["balancedness"] == _bal(windows[0]["load"], maps[0]["before"]) == 1.0
+    assert maps[0]["after"] == maps[0]["before"]
+    # Window 2 (hot): rearranged by the migration-aware policy.
+    old, new = maps[1]["before"], maps[1]["after"]
+    assert old == maps[0]["after"]
+    assert new != old
+    moved = int(moved_experts(torch.tensor(old), torch.tensor(new), 2).sum())
+    before, planned = _bal(windows[1]["load"], old), _bal(windows[1]["load"], new)
+    assert windows[1]["balancedness"] == before
+    assert planned - before >= ranks.GATE_KEYS["min_balancedness_gain"]
+    changed = sum(a != b for a, b in zip(old, new, strict=True))
+    # Window 3 (idle): no rank recorded load, no window record. Window 4 (split) realises window 2's.
+    assert maps[2]["after"] == maps[2]["before"] == new
+    assert [w["rearrangement"] for w in windows] == [1, 2, 3]
+    assert rearrangements[:3] == [
+        {"event": "rearrangement", "model": MODEL, "rearrangement": 1, "policy": "migration_aware",
+         "skipped": "balanced", "balancedness_before": 1.0, "balancedness_planned": None, "experts_moved": 0,
+         "bytes_moved": 0, "layers_changed": 0},
+        {"event": "rearrangement", "model": MODEL, "rearrangement": 2, "policy": "migration_aware",
+         "skipped": None, "balancedness_before": before, "balancedness_planned": planned,
+         "experts_moved": moved, "bytes_moved": moved * per_expert, "layers_changed": changed},
+        {"event": "rearrangement", "model": MODEL, "rearrangement": None, "policy": "migration_aware",
+         "skipped": "no_load", "balancedness_before": None, "balancedness_planned": None, "experts_moved": 0,
+         "bytes_moved": 0, "layers_changed": 0},
+    ]  # fmt: skip
+    assert moved > 0
+    assert realised[:2] == [
+        {"event": "rearrangement_realised", "model": MODEL, "rearrangement": 1, "skipped": "balanced",
+         "balancedness_before": 1.0, "balancedness_planned": None,
+         "balancedness_realised": windows[1]["balancedness"]},
+        {"event": "rearrangement_realised", "model": MODEL, "rearrangement": 2, "skipped": None,
+         "balancedness_before": before, "balancedness_planned": planned,
+         "balancedness_realised": _bal(windows[2]["load"], new)},
+    ]  # fmt: skip
+    # Order: a window's realised record comes just before the next window's record.
+    kinds = [x["event"] for x in records if x["event"] != "commit"]
+    assert kinds[:7] == [
+        "window", "rearrangement", "rearrangement_realised", "window", "rearrangement", "rearrangement",
+        "rearrangement_realised",
+    ]  # fmt: skip
+    # The skipped rearrangement still committed every layer (unchanged), receiving nothing.
+    commits = [x for x in records if x["event"] == "commit" and x["rearrangement"] == 1]
+    assert [(c["layer"], c["bytes_received"]) for c in commits] == [(0, 0), (1, 0)]
+    assert [c["placement"] for c in commits] == maps[0]["before"]
