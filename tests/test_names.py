@@ -27,7 +27,20 @@ DOCUMENTS = sorted(
 #: A dotted name in backticks (a call's arguments dropped): ``control.state.AscendEplbState.after_commit``.
 _DOTTED = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+$")
 #: Backticked file names (``report.json``, ``test_ops.py``) are paths, not code names.
-_FILES = (".py", ".md", ".json", ".jsonl", ".png", ".toml", ".npz", ".npy", ".yaml", ".txt", ".safetensors", ".prom")
+_FILES = (
+    ".py",
+    ".md",
+    ".json",
+    ".jsonl",
+    ".png",
+    ".toml",
+    ".npz",
+    ".npy",
+    ".yaml",
+    ".txt",
+    ".safetensors",
+    ".prom",
+)
 
 
 def _packages() -> list[str]:
@@ -139,3 +152,28 @@ def test_every_code_name_the_documents_mention_resolves():
             unresolved.append(f"{name} ({', '.join(sorted(where))})")
     assert unresolved == []
     assert checked > 100  # the documents name that many of ours; a broken extraction would see none
+
+
+#: A test named as ``path/to/test_x.py::test_name`` (``::test_other`` continues the previous file).
+_TEST_REFERENCE = re.compile(r"`([\w./-]+\.py)?::(\w+)`")
+
+
+def test_every_test_the_documents_name_exists():
+    """INVARIANTS.md and the READMEs cite tests as evidence: each cited test is defined in its file (a
+    parametrized test by its function's name)."""
+    missing = []
+    cited = 0
+    for path in DOCUMENTS:
+        current = None
+        for match in _TEST_REFERENCE.finditer(path.read_text()):
+            file, name = match.groups()
+            current = file or current
+            if current is None:
+                continue
+            cited += 1
+            # A package's README cites its tests from its own folder, the others from the root.
+            source = next((p for p in (path.parent / current, ROOT / current) if p.is_file()), None)
+            if source is None or not re.search(rf"^def {name}\(", source.read_text(), re.MULTILINE):
+                missing.append(f"{current}::{name} ({path.relative_to(ROOT).as_posix()})")
+    assert missing == []
+    assert cited > 50
