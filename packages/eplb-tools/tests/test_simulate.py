@@ -662,7 +662,8 @@ def _results(steps, starts, commits, in_flight=(), skipped=0, failure=None, num_
 def test_the_worker_verdict_from_what_the_ranks_saw():
     from types import SimpleNamespace
 
-    from ascend_eplb.tools.simulate.driver import _run_verdict, _verdicts
+    from ascend_eplb.tools.simulate.verdicts import check_verdicts as _verdicts
+    from ascend_eplb.tools.simulate.verdicts import run_verdict as _run_verdict
 
     config = SimulateConfig(model="replay", steps=12, step_interval=4, window_size=2)
     routing = SimpleNamespace(num_moe_layers=2)

@@ -1,0 +1,160 @@
+"""Start the simulator's ranks and collect what each returns.
+
+On one host the ranks are started by the repository's one launcher, :func:`ascend_eplb.launch.run_ranks`
+(forkserver: the fork server imports the rank module, and with it vLLM, once; rendezvous a ``file://``
+URL in a scratch folder; a deadline over the whole run; a rank that fails is reported with its
+traceback and the others get a grace period): :func:`launch_ranks`. Under ``torchrun`` (one process per
+rank, one or more hosts) every process runs its rank directly, with rank and world from torchrun's
+environment: :func:`run_torchrun_rank`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ascend_eplb.tools.simulate.config import SimulateConfig
+
+__all__ = ["SimulationError", "launch_ranks", "run_torchrun_rank"]
+
+_GRACE_S = 15.0
+
+_RANK_MODULE = "ascend_eplb.tools.simulate.rank"
+
+
+class SimulationError(RuntimeError):
+    """A rank raised, exited without a result or missed the deadline (the message has every rank's)."""
+
+
+def _rank_args(config: SimulateConfig, routing: Any) -> tuple[dict, dict]:
+    cfg = config.to_json() | {
+        "padded_size": config.effective_padded_size,
+        "trace_name": routing.name,
+        # The serving events file (ASCEND_EPLB_EVENTS), written by EP rank 0.
+        "events_file": str(Path(config.out_dir).resolve() / "events.jsonl"),
+    }
+    if not config.replays:
+        return cfg | {"model_folder": str(routing.folder)}, {}
+    arrays = {
+        "topk_ids": routing.topk_ids,
+        "topk_weights": routing.topk_weights,
+        "seq_offsets": routing.seq_offsets,
+        "num_logical_experts": routing.num_logical_experts,
+    }
+    return cfg, arrays
+
+
+def launch_ranks(config: SimulateConfig, routing: Any, deadline: float, phase: list[str]) -> list[dict]:
+    from ascend_eplb.launch import LauncherInterruptedError, RankFailureError, run_ranks, stop_fork_server
+    from ascend_eplb.tools.simulate.lifecycle import (
+        SCRATCH_PREFIX,
+        DeadlineExceededError,
+        release_world_resources,
+    )
+
+    # Scratch of this world (rendezvous file, per-rank results and resource records): removed after the
+    # run, whatever ends it, with whatever a killed rank left.
+    world = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
+    bar = None
+    multiproc_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if config.metrics:
+        # prometheus_client picks its multiprocess mode when the fork server imports vLLM: that server
+        # starts with the folder in its environment (and a later one of this process as before).
+        stop_fork_server()
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(world / "prometheus")
+        (world / "prometheus").mkdir()
+    try:
+        phase[0] = "importing vLLM in the launcher"
+        from ascend_eplb.tools.simulate.rank import simulate_rank
+
+        cfg, arrays = _rank_args(config, routing)
+        cfg["record_resources"] = True
+        if config.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=config.steps, desc="simulate", unit="step", file=sys.stderr)
+
+        def on_message(rank: int, message: Any) -> None:
+            phase[0] = "running the ranks"
+            _, step, rearrangements, bal = message
+            if bar is not None and rank == 0:
+                bar.n = step + 1
+                bar.set_postfix(rearrangements=rearrangements, balancedness=f"{bal:.3f}", refresh=False)
+                bar.refresh()
+
+        phase[0] = "starting the ranks (the fork server imports vLLM)"
+        results = run_ranks(
+            simulate_rank,
+            world_size=config.num_ranks,
+            tmp_path=world,
+            args=(cfg, arrays),
+            timeout_s=max(deadline - time.monotonic(), 0.001),
+            grace_s=_GRACE_S,
+            preload=[_RANK_MODULE],
+            on_message=on_message,
+        )
+        if config.metrics:
+            _write_scrape(world / "prometheus", Path(config.out_dir) / "metrics.prom")
+        return results
+    except RankFailureError as e:
+        lines = ["simulation failed:"]
+        for rank in sorted(e.reports):
+            code, detail = e.reports[rank]
+            if code == 0:
+                continue
+            if code is None:
+                lines.append(
+                    f"--- rank {rank}: still running at the deadline ({config.timeout_s:.0f} s); killed"
+                )
+            elif detail.startswith("exited with code"):
+                lines.append(f"--- rank {rank}: {detail}")
+            else:
+                lines.append(f"--- rank {rank}: raised\n{detail.rstrip()}")
+        raise SimulationError("\n".join(lines)) from None
+    except (DeadlineExceededError, LauncherInterruptedError, KeyboardInterrupt) as e:
+        # The fork server may still be importing vLLM, with rank starts queued: end it and every rank.
+        stop_fork_server(kill=True)
+        if isinstance(e, DeadlineExceededError):
+            raise SimulationError(str(e)) from None
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        if config.metrics:
+            stop_fork_server()
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+            if multiproc_dir is not None:
+                os.environ["PROMETHEUS_MULTIPROC_DIR"] = multiproc_dir
+        release_world_resources(world)
+        shutil.rmtree(world, ignore_errors=True)
+
+
+def _write_scrape(folder: Path, path: Path) -> None:
+    """What vLLM's API server's ``/metrics`` serves from ``folder`` (prometheus_client's
+    ``MultiProcessCollector``), in the Prometheus text format."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(folder))
+    path.write_bytes(generate_latest(registry))
+
+
+def run_torchrun_rank(config: SimulateConfig, routing: Any) -> tuple[list[dict], bool]:
+    """This process's rank under torchrun: every rank's statistics, and whether this is rank 0."""
+    from ascend_eplb.launch import RankContext
+    from ascend_eplb.tools.simulate.rank import simulate_rank
+
+    ctx = RankContext.from_torchrun(Path(config.out_dir), config.timeout_s)
+    if ctx.world_size != config.num_ranks:
+        raise ValueError(
+            f"invalid simulate options:\n  - ranks={config.num_ranks}: torchrun started "
+            f"{ctx.world_size} processes (WORLD_SIZE); pass --ranks {ctx.world_size}"
+        )
+    cfg, arrays = _rank_args(config, routing)
+    return simulate_rank(ctx, cfg, arrays, gather=True), ctx.rank == 0

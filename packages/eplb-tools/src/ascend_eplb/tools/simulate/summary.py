@@ -1,0 +1,76 @@
+"""The summary a run prints: what it served, balancedness, latency, costs, each check and the verdict."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ascend_eplb.tools.simulate.verdicts import FAILED, NOT_JUDGED, PASSED
+
+__all__ = ["summary_text"]
+
+
+def summary_text(report: dict) -> str:
+    from ascend_eplb.tools.costs import format_bytes
+    from ascend_eplb.tools.simulate.config import CHECK_DESCRIPTIONS
+
+    def f(x: float | None, spec: str = ".4f") -> str:
+        return "n/a" if x is None else format(x, spec)
+
+    def ms(x: float | None) -> str:
+        return "n/a" if x is None else f"{x * 1000.0:.1f}"
+
+    commit_mean = float(np.mean(report["commit_seconds"])) if report["commit_seconds"] else None
+    bal_before, bal_after = f(report["balancedness_before"]), f(report["balancedness_after"])
+    served = (
+        f"trace {report['trace']}"
+        if report["model"] == "replay"
+        else f"{report['model']} ({report['trace']}, vLLM's model class, TP={report['ranks']} x "
+        f"EP={report['ranks']})"
+    )
+    lines = [
+        f"ascend-eplb simulate: {report['ranks']} ranks, {report['format']}, {report['layers']} layers x "
+        f"{report['num_logical_experts']} experts (+{report['num_redundant_experts']} redundant), top-"
+        f"{report['top_k']}, {served}",
+        f"  steps {report['steps']}, rearrangements {report['rearrangements']} "
+        f"({report['rearrangements_completed']} completed), layers committed "
+        f"{report['layers_committed']}, bytes moved {report['bytes_moved']}",
+        "  balancedness = mean rank load / max rank load of a layer, averaged over layers (1.0 = even)",
+        f"  balancedness before the first rearrangement {bal_before} -> after the first completed "
+        f"{bal_after}; without EPLB over the same steps {f(report['balancedness_off_after'])} "
+        f"(whole run {f(report['balancedness_off_mean'])})",
+        f"  step latency p50 {ms(report['step_seconds_p50'])} ms, p99 {ms(report['step_seconds_p99'])} ms "
+        f"(p50 with a commit in flight {ms(report['step_seconds_p50_in_flight'])} ms, "
+        f"without {ms(report['step_seconds_p50_idle'])} ms)",
+        f"  CPU per step, all ranks, p50 {ms(report['world_cpu_seconds_per_step_p50'])} ms",
+        f"  serving verifier (ASCEND_EPLB_VERIFY=1) per step p50 "
+        f"{ms(report['verifier_seconds_per_step_p50'])} ms, mean "
+        f"{ms(report['verifier_seconds_per_step_mean'])} ms (step p50 without it "
+        f"{ms(report['step_seconds_p50_without_verifier'])} ms)",
+        f"  time per commit step mean {ms(commit_mean)} ms; "
+        f"max output error {report['max_output_error']:.3g}",
+    ]
+    c = report.get("costs")
+    if c:
+        t = "n/a" if c["transfer_seconds"] is None else f"{c['transfer_seconds']:.1f} s"
+        lines.append(
+            f"  at the size of {c['model']} ({c['num_moe_layers']} MoE layers, {c['quant_format']}): one "
+            f"expert {format_bytes(c['expert_nbytes'])}; {c['num_redundant_experts']} redundant experts "
+            f"cost {format_bytes(c['redundant_nbytes_per_rank'])} of device memory per rank; per "
+            f"rearrangement the busiest rank receives {format_bytes(c['busiest_rank_nbytes_received'])} "
+            f"({t} at {c['link_gbps']:g} Gbit/s)"
+        )
+    label = {True: "PASS", False: "FAIL", None: "NOT JUDGED"}
+    for name, ok in report["checks"].items():
+        lines.append(f"  {label[ok]}  {name:<12} {CHECK_DESCRIPTIONS[name]}")
+        lines.append(f"        {'':<12} saw: {report['check_evidence'][name]}")
+    scrape = ", metrics.prom" if report["config"].get("metrics") else ""
+    lines.append(f"  report.json, balancedness.png, events.jsonl{scrape} in {report['out_dir']}")
+    from ascend_eplb.tools import quiet
+
+    if quiet.install():
+        lines.append(f"  {quiet.NOTE}")
+    verdict = {PASSED: "PASSED", FAILED: "FAILED", NOT_JUDGED: "NOT FULLY JUDGED"}[report["verdict"]]
+    unjudged = [name for name, ok in report["checks"].items() if ok is None]
+    why = f" ({', '.join(unjudged)} not judged)" if unjudged else ""
+    lines.append(f"  {verdict} in {report['wall_seconds']:.1f} s{why}")
+    return "\n".join(lines)
