@@ -498,7 +498,6 @@ def _local_search(
     node_cap = np.maximum(mean / np.maximum(target, 1e-12)[:, None], node_mean)
     active = load.sum(axis=1) > 0
     slot_rank = np.arange(slots_per_node) // slots_per_rank  # rank of a node-local slot, within the node
-    own = slot_rank[None, :] == np.arange(ranks_per_node)[:, None]  # (R, S)
     donor_slot = np.arange(slots_per_rank)
     for _ in range(5 * num_physical):
         layer = np.nonzero(active)[0]
@@ -529,45 +528,48 @@ def _local_search(
         donor = heaviest - node * ranks_per_node
         node_loads = np.take_along_axis(loads, node_ranks, axis=1)  # (n, R)
         experts = np.take_along_axis(placement[layer], node_slots, axis=1)  # (n, S)
-        node_held = held[layer[:, None], node_ranks]  # (n, R, 1 + E)
-        node_before = held_before[layer[:, None], node_ranks]
+        lay2, lay3 = layer[:, None], layer[:, None, None]
+        slot_ranks = node_ranks[:, slot_rank]  # (n, S): each node slot's rank
         excess = np.maximum(node_loads - cap[:, None], 0.0)
         donor_slots = donor[:, None] * slots_per_rank + donor_slot  # (n, p), node-local
         donor_experts = np.take_along_axis(experts, donor_slots, axis=1)
         donor_per_replica = np.take_along_axis(per_replica, donor_experts, axis=1)
-        y_held = node_held[row[:, None], slot_rank[None, :], experts]  # (n, S)
-        y_leaves = ~node_before[row[:, None], slot_rank[None, :], experts] & (y_held == 1)
+        y_held = held[lay2, slot_ranks, experts]  # (n, S)
+        y_leaves = ~held_before[lay2, slot_ranks, experts] & (y_held == 1)
 
-        # (a) re-point slot s (expert y: empty, or keeping another replica) to donor expert x: (n, X, S).
+        # (a) re-point slot s (expert y: empty, or keeping another replica) to donor expert x: (n, X, K),
+        # over the K re-pointable slots only (padded; a node has few redundant slots).
+        cnt_s = np.take_along_axis(cnt, experts, axis=1)
+        free = (cnt_s >= 2) | (experts == 0)
+        cand = np.argsort(~free, axis=1, kind="stable")[:, : max(int(free.sum(axis=1).max()), 1)]
+        y = np.take_along_axis(experts, cand, axis=1)  # (n, K)
+        y_rank = slot_rank[cand]
         x = donor_experts  # (n, X = p)
-        cnt_y = np.take_along_axis(cnt, experts, axis=1)[:, None, :]
-        w_y = np.take_along_axis(w, experts, axis=1)[:, None, :]
-        repointable = ((cnt_y >= 2) | (experts == 0)[:, None, :]) & (experts[:, None, :] != x[:, :, None])
+        repointable = np.take_along_axis(free, cand, axis=1)[:, None, :] & (y[:, None, :] != x[:, :, None])
         repointable &= (x > 0)[:, :, None]
-        cnt_y = np.where(repointable, cnt_y, 2)
+        cnt_y = np.where(repointable, np.take_along_axis(cnt, y, axis=1)[:, None, :], 2)
+        w_y = np.take_along_axis(w, y, axis=1)[:, None, :]
         cnt_x = np.take_along_axis(cnt, x, axis=1)[:, :, None]
         w_x = np.take_along_axis(w, x, axis=1)[:, :, None]
         d_x = w_x / (cnt_x + 1) - w_x / cnt_x  # (n, X, 1): each replica of x gets lighter
-        d_y = w_y / (cnt_y - 1) - w_y / cnt_y  # (n, X, S): each other replica of y gets heavier
-        held_x = np.take_along_axis(
-            node_held, np.broadcast_to(x[:, None, :], (n, ranks_per_node, x.shape[1])), 2
-        )
-        held_y = np.take_along_axis(
-            node_held, np.broadcast_to(experts[:, None, :], (n, ranks_per_node, slots_per_node)), axis=2
-        )  # (n, R, S)
-        own_delta = w_x / (cnt_x + 1) - w_y / (cnt_y - 1)  # (n, X, S): the slot's own rank, x in, y out
+        d_y = w_y / (cnt_y - 1) - w_y / cnt_y  # (n, X, K): each other replica of y gets heavier
+        held_x = held[lay3, node_ranks[:, :, None], x[:, None, :]]  # (n, R, X)
+        held_y = held[lay3, node_ranks[:, :, None], y[:, None, :]]  # (n, R, K)
+        own_delta = w_x / (cnt_x + 1) - w_y / (cnt_y - 1)  # (n, X, K): the slot's own rank, x in, y out
+        own = y_rank[:, None, :] == np.arange(ranks_per_node)[None, :, None]  # (n, R, K)
         after = (
             node_loads[:, None, :, None]
             + held_x.transpose(0, 2, 1)[:, :, :, None] * d_x[:, :, :, None]
             + held_y[:, None, :, :] * d_y[:, :, None, :]
-            + own[None, None] * own_delta[:, :, None, :]
-        )  # (n, X, R, S)
+            + own[:, None] * own_delta[:, :, None, :]
+        )  # (n, X, R, K)
         gain_a = excess.sum(axis=1)[:, None, None] - np.maximum(after - cap[:, None, None, None], 0.0).sum(
             axis=2
         )
-        x_there = node_held[row[:, None, None], slot_rank[None, None, :], x[:, :, None]] > 0
-        x_there |= node_before[row[:, None, None], slot_rank[None, None, :], x[:, :, None]]
-        cost_a = (~x_there).astype(np.int64) - y_leaves[:, None, :]
+        y_ranks = np.take_along_axis(slot_ranks, cand, axis=1)[:, None, :]
+        x_there = held[lay3, y_ranks, x[:, :, None]] > 0
+        x_there |= held_before[lay3, y_ranks, x[:, :, None]]
+        cost_a = (~x_there).astype(np.int64) - np.take_along_axis(y_leaves, cand, axis=1)[:, None, :]
         gain_a = np.where(repointable, gain_a, -np.inf)
 
         # (b) swap donor slot i (expert a) with slot j (expert b) of another rank of the node: (n, p, S).
@@ -584,13 +586,13 @@ def _local_search(
         )
         swappable &= (donor_experts > 0)[:, :, None] & (experts > 0)[:, None, :]
         gain_b = np.where(swappable, gain_b, -np.inf)
-        b_there = node_held[row[:, None], donor[:, None], experts] > 0
-        b_there |= node_before[row[:, None], donor[:, None], experts]
-        a_leaves = ~node_before[row[:, None], donor[:, None], donor_experts] & (
-            node_held[row[:, None], donor[:, None], donor_experts] == 1
+        b_there = held[lay2, heaviest[:, None], experts] > 0
+        b_there |= held_before[lay2, heaviest[:, None], experts]
+        a_leaves = ~held_before[lay2, heaviest[:, None], donor_experts] & (
+            held[lay2, heaviest[:, None], donor_experts] == 1
         )
-        a_there = node_held[row[:, None, None], slot_rank[None, None, :], donor_experts[:, :, None]] > 0
-        a_there |= node_before[row[:, None, None], slot_rank[None, None, :], donor_experts[:, :, None]]
+        a_there = held[lay3, slot_ranks[:, None, :], donor_experts[:, :, None]] > 0
+        a_there |= held_before[lay3, slot_ranks[:, None, :], donor_experts[:, :, None]]
         cost_b = (~b_there)[:, None, :] * 1 - a_leaves[:, :, None] + ~a_there - y_leaves[:, None, :]
 
         # The largest excess reduction per move (a free or undoing change: _FREE_CHANGE_COST moves).
@@ -603,10 +605,11 @@ def _local_search(
         active[layer[stuck & ~has_empty]] = False
         _fill_one(load, placement, counts, held, layer[stuck & has_empty], num_ranks, num_nodes)
         base = node * slots_per_node
-        num_a = x.shape[1] * slots_per_node
+        num_a = gain_a.shape[1] * gain_a.shape[2]
         pick = ~stuck & (best < num_a)
         if pick.any():  # (a): slot s gets x
-            k, slot = np.divmod(best[pick], slots_per_node)
+            k, c = np.divmod(best[pick], gain_a.shape[2])
+            slot = cand[pick, c]
             lay, add, drop = layer[pick], x[pick, k], experts[pick, slot]
             rank = node_ranks[pick, slot_rank[slot]]
             placement[lay, base[pick] + slot] = add
