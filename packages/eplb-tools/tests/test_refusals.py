@@ -69,6 +69,12 @@ def test_every_bad_option_of_every_subcommand_is_refused_before_anything_with_it
     load.write_text("[[1, 2, 3, 4], [4, 3, 2, 1]]")
     out = str(tmp_path / "out")
     config = f"{bad}/config.json"
+    sizes = tmp_path / "sizes.json"  # a --model-config: its E and K read by start-up's reader too
+    sizes.write_text(json.dumps({**QWEN, "moe_intermediate_size": 32, "num_experts_per_tok": 9}))
+    top_k = (
+        f"{sizes}: num_experts_per_tok=9 must be an integer in [1, 8] (the routed experts each token "
+        "selects, of E=8); fix: correct num_experts_per_tok"
+    )
     empty = "an empty path; name the file or folder"
     cases = [
         # --out= deleted report.json, balancedness.png, events.jsonl, metrics.prom where it ran; every
@@ -104,6 +110,10 @@ def test_every_bad_option_of_every_subcommand_is_refused_before_anything_with_it
                   "integer >= 1",
                   f"{config}: num_experts_per_tok=0 must be an integer in [1, E] (the routed experts each "
                   "token selects); fix: correct num_experts_per_tok")),
+        (["plan", str(load), "--ranks", "4", "--model-config", str(sizes)],
+         [f"ascend-eplb plan: error: {top_k}"]),
+        (["simulate", "--model", "replay", "--model-config", str(sizes), "--out", out],
+         _options(f"model config={sizes}: {top_k}")),
         # argparse's own errors: one line and the pointer, named by the subcommand
         (["simulate", "--no-such"], _hint("simulate", "unrecognized arguments: --no-such")),
         (["simulate", "--ranks", "x"], _hint("simulate", "argument --ranks: 'x': must be an integer >= 1")),
@@ -115,7 +125,12 @@ def test_every_bad_option_of_every_subcommand_is_refused_before_anything_with_it
     for (argv, lines), (code, err) in zip(cases, probed["results"], strict=True):
         assert (code, err.splitlines()) == (2, lines), argv
     assert probed["vllm"] is False  # every refusal came before the heavy import
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "good", "load.json"]  # nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "bad",
+        "good",
+        "load.json",
+        "sizes.json",
+    ]  # nothing written
 
 
 def test_simulate_help_opens_with_the_main_job_and_marks_the_replay_only_options(capsys):

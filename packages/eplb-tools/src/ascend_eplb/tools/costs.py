@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_eplb.control.values import is_int
+from ascend_eplb.integration.rules import EXPERT_COUNT_KEYS, read_moe_facts
 
 __all__ = [
     "CostEstimate",
@@ -27,11 +28,7 @@ __all__ = [
     "read_model_size",
 ]
 
-#: config.json keys of the routed-expert count, in vLLM 0.33.0's ``CONFIG_FIELD_ALIASES["num_experts"]``
-#: spirit: DeepSeek (``n_routed_experts``), Qwen-MoE/OLMoE (``num_experts``), Mixtral (``num_local_experts``).
-_EXPERT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
 _INTERMEDIATE_KEYS = ("moe_intermediate_size", "intermediate_size")  # Mixtral: no moe_ key
-_TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k")
 
 
 @dataclass(frozen=True)
@@ -59,8 +56,10 @@ def _first(cfg: dict[str, Any], keys: tuple[str, ...], source: str, what: str) -
 def read_model_size(path: str | Path) -> ModelSize:
     """Read a model's ``config.json`` (a file or the model folder holding it).
 
-    Multimodal configs nest the language model under ``text_config`` (read when present). Raises
-    ``ValueError`` naming the file and the missing or bad key (a dense model has no routed experts).
+    Multimodal configs nest the language model under ``text_config`` (read when present). The routed
+    experts and top-k are read and judged as start-up judges them
+    (:func:`ascend_eplb.integration.rules.read_moe_facts`). Raises ``ValueError`` naming the file and
+    the missing or bad key (a dense model has no routed experts), every bad MoE fact at once.
     """
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
@@ -75,13 +74,21 @@ def read_model_size(path: str | Path) -> ModelSize:
         cfg = {**cfg, **cfg["text_config"]}
     hidden = _first(cfg, ("hidden_size",), source, "hidden_size")
     inter = _first(cfg, _INTERMEDIATE_KEYS, source, "MoE intermediate size")
-    experts = _first(cfg, _EXPERT_KEYS, source, "routed experts count (a dense model has none)")
+    # E and K as start-up reads and judges them (vLLM's names and order), every bad one at once.
+    facts = read_moe_facts(cfg, source)
+    if "experts" in facts.unstated():
+        raise ValueError(
+            f"{source}: no routed experts count (a dense model has none): looked for "
+            f"{', '.join(EXPERT_COUNT_KEYS)}"
+        )
+    if errors := facts.errors():
+        raise ValueError("; ".join(errors))
     layers = _first(cfg, ("num_hidden_layers",), source, "num_hidden_layers")
     moe_layers = moe_layer_count(cfg)
     if not moe_layers:
         raise ValueError(f"{source}: no MoE layer among num_hidden_layers={layers}")
-    top_k = next((cfg[k] for k in _TOP_K_KEYS if isinstance(cfg.get(k), int)), None)
-    return ModelSize(source, hidden, inter, experts, moe_layers, top_k)
+    top_k = None if "top_k" in facts.unstated() else facts.top_k
+    return ModelSize(source, hidden, inter, facts.num_logical_experts, moe_layers, top_k)
 
 
 def moe_layer_count(cfg: dict[str, Any]) -> int | None:
