@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -75,17 +74,15 @@ def launch_ranks(config: SimulateConfig, routing: Any, deadline: float, phase: l
         cfg, arrays = _rank_args(config, routing)
         cfg["record_resources"] = True
         if config.progress:
-            from tqdm import tqdm
+            from ascend_eplb.tools.simulate.progress import Progress
 
-            bar = tqdm(total=config.steps, desc="simulate", unit="step", file=sys.stderr)
+            bar = Progress(config.steps)  # start-up its own phase, then the steps
 
         def on_message(rank: int, message: Any) -> None:
             phase[0] = "running the ranks"
             _, step, rearrangements, bal = message
             if bar is not None and rank == 0:
-                bar.n = step + 1
-                bar.set_postfix(rearrangements=rearrangements, balancedness=f"{bal:.3f}", refresh=False)
-                bar.refresh()
+                bar.step(step, rearrangements, bal)
 
         phase[0] = "starting the ranks (the fork server imports vLLM)"
         results = run_ranks(

@@ -35,9 +35,11 @@ def summary_text(report: dict) -> str:
         f"({report['rearrangements_completed']} completed), layers committed "
         f"{report['layers_committed']}, bytes moved {report['bytes_moved']}",
         "  balancedness = mean rank load / max rank load of a layer, averaged over layers (1.0 = even)",
-        f"  balancedness before the first rearrangement {bal_before} -> after the first completed "
-        f"{bal_after}; without EPLB over the same steps {f(report['balancedness_off_after'])} "
-        f"(whole run {f(report['balancedness_off_mean'])})",
+        # EPLB on beside EPLB off on the same steps after the first completed rearrangement (the
+        # comparison), not "before -> after; without EPLB": that read as a comparison with "before".
+        f"  balancedness before the first rearrangement {bal_before}; after the first completed, EPLB on "
+        f"{bal_after} beside EPLB off {f(report['balancedness_off_after'])} (the same steps and tokens on "
+        f"upstream's initial placement); EPLB off over the whole run {f(report['balancedness_off_mean'])}",
         f"  step latency p50 {ms(report['step_seconds_p50'])} ms, p99 {ms(report['step_seconds_p99'])} ms "
         f"(p50 with a commit in flight {ms(report['step_seconds_p50_in_flight'])} ms, "
         f"without {ms(report['step_seconds_p50_idle'])} ms)",
