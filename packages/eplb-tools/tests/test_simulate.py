@@ -651,6 +651,7 @@ def _results(steps, starts, commits, in_flight=(), skipped=0, failure=None, num_
         "max_output_error": 1e-7, "load_steps_recorded": 3, "load_selections": 96, "verifier_commits_checked":
         sum(len(v) for v in commits.values()), "verifier_steps": steps, "slots_per_rank": 3,
         "num_skipped_rearrangements": skipped, "in_flight_at_end": [],
+        "output_tolerance": {"rtol": 1e-5, "atol": 1e-6},
     }  # fmt: skip
     results = [dict(base) for _ in range(num_ranks)]
     results[0]["in_flight_at_end"] = [

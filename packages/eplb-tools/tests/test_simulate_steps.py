@@ -20,7 +20,7 @@ def test_every_layer_commit_is_counted_past_the_commit_logs_length():
     state = SimpleNamespace(commit_log=deque(maxlen=COMMIT_LOG_MAXLEN), bus=EventBus(), num_rearrangements=0)
     model_state = SimpleNamespace(model_name="m")
     watch = steps.CommitWatch(state.bus)
-    stats = steps.new_stats()
+    stats = steps.new_stats({"output_tolerance": {"rtol": 1e-5, "atol": 1e-6}})
     rank_load = torch.tensor([[3.0, 1.0]] * num_layers)  # (L, N)
     logical_load = torch.tensor([[1, 1, 1, 1]] * num_layers)  # (L, E)
     initial = torch.tensor([[0, 1, 2, 3]] * num_layers)  # (L, P)
@@ -34,3 +34,17 @@ def test_every_layer_commit_is_counted_past_the_commit_logs_length():
     assert stats["commits_per_step"] == [[step % num_layers] for step in range(num_steps)]
     assert stats["rearrangements_per_step"][-1] == num_steps // num_layers
     assert watch.drain() == []  # drained at every step's end
+
+
+def test_balancedness_counts_a_layer_without_load_as_even_with_and_without_eplb():
+    """One definition (issue 30): mean rank load / max rank load per layer, averaged over layers, a
+    layer without load 1.0, as integration.metrics and control.policy count it (simulate counted 0.0)."""
+    state = SimpleNamespace(num_rearrangements=0)
+    stats = steps.new_stats({"output_tolerance": {"rtol": 1e-5, "atol": 1e-6}})
+    rank_load = torch.tensor([[3.0, 1.0], [0.0, 0.0]])  # (L=2, N=2): layer 1 routed nothing
+    logical_load = torch.tensor([[3, 0, 1, 0], [0, 0, 0, 0]])  # (L, E)
+    initial = torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3]])  # (L, P): ranks hold experts {0, 1} and {2, 3}
+    steps.end_of_step(stats, state, [], rank_load, logical_load, initial, 2)
+    assert stats["balancedness_per_step"] == [(2 / 3 + 1.0) / 2]
+    assert stats["balancedness_off_per_step"] == [(2 / 3 + 1.0) / 2]
+    assert stats["rank_load_share_per_step"] == [[(0.75 + 0.0) / 2, (0.25 + 0.0) / 2]]

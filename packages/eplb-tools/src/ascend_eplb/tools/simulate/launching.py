@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ascend_eplb.tools.simulate.config import SimulateConfig
+from ascend_eplb.tools.simulate.config import OUTPUT_ATOL, SimulateConfig
 
 __all__ = ["SimulationError", "launch_ranks", "run_torchrun_rank"]
 
@@ -36,6 +36,9 @@ def _rank_args(config: SimulateConfig, routing: Any) -> tuple[dict, dict]:
         "trace_name": routing.name,
         # The serving events file (ASCEND_EPLB_EVENTS), written by EP rank 0.
         "events_file": str(Path(config.out_dir).resolve() / "events.jsonl"),
+        # The outputs check's tolerance, decided once (SimulateConfig.outputs_rtol); the world checks it
+        # and reports it back.
+        "output_tolerance": {"rtol": config.outputs_rtol, "atol": OUTPUT_ATOL},
     }
     if not config.replays:
         return cfg | {"model_folder": str(routing.folder)}, {}

@@ -25,7 +25,6 @@ import torch.distributed as dist
 from vllm.distributed.parallel_state import get_ep_group
 
 from ascend_eplb.launch import RankContext
-from ascend_eplb.tools.simulate.config import OUTPUT_ATOL, output_rtol
 from ascend_eplb.tools.simulate.faults import WORKER_FAULTS, inject_stale_lookup, inject_worker_fault
 from ascend_eplb.tools.simulate.steps import (
     CheckViolationError,
@@ -49,12 +48,14 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
     Each step is one sequence of ``padded_size`` token ids (the same on every rank, from ``seed``), its
     first ``batch_size`` rows real; even steps are declared prefill batches, odd steps decode batches.
     Checks, every step: ``outputs`` (the real rows' logits equal the EPLB-off model's within
-    ``OUTPUT_ATOL + output_rtol(format) * max|reference|``: 1e-5 for float32 activations, 16 units of
-    roundoff for bf16/fp16) and ``load`` (the load recorded over all ranks equals
+    ``atol + rtol * max|reference|``, the driver's ``cfg["output_tolerance"]``
+    (``SimulateConfig.outputs_rtol``: 1e-5 for float32 activations, 16 units of roundoff for bf16/fp16))
+    and ``load`` (the load recorded over all ranks equals
     the bincount of the physical ids the expert kernel consumed for the real rows, each selection once,
     when the step records; nothing when it does not).
     """
-    from ascend_eplb.tools.world.serving import ServingWorker, initial_physical_to_logical
+    from ascend_eplb.tools.world.serving import ServingWorker
+    from ascend_eplb.tools.world.slots import initial_physical_to_logical
 
     rank, num_ranks = ctx.rank, ctx.world_size
     num_redundant = cfg["num_redundant_experts"]
@@ -81,9 +82,10 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
     g = torch.Generator().manual_seed(cfg["seed"])
     worker.profile_run(torch.randint(0, info.vocab_size, (padded,), generator=g))
     initial_p2l = initial_physical_to_logical(info, num_redundant)
-    rtol = output_rtol(cfg["quant_format"])  # the real model's experts' format (16-bit: its roundoff)
     layer_offsets = torch.arange(num_moe_layers).view(num_moe_layers, 1, 1)
-    stats = new_stats()
+    stats = new_stats(cfg)
+    # The driver's tolerance (SimulateConfig.outputs_rtol: the experts' format, 16-bit: its roundoff).
+    rtol, atol = stats["output_tolerance"]["rtol"], stats["output_tolerance"]["atol"]
     violation: CheckViolationError | None = None
     commits = CommitWatch(worker.wiring.controller.bus)
     for step in range(cfg["steps"]):
@@ -96,7 +98,7 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
         phys = torch.stack([x[:batch] for x in seen.physical_ids])  # [L, batch_size, K] physical, real rows
         on, off = seen.logits_on[:batch], seen.logits_off[:batch]
         err = float((on - off).abs().max())
-        bound = OUTPUT_ATOL + rtol * float(off.abs().max())
+        bound = atol + rtol * float(off.abs().max())
         stats["max_output_error"] = max(stats["max_output_error"], err)
         if violation is None and err > bound:
             violation = CheckViolationError(
@@ -134,6 +136,4 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
         if stop:
             break
     end_of_run(stats, violation, worker.wiring, state, model_state, watchdog, verifier, p)
-    experts = worker.model.moe_layers[0].routed_experts
-    stats["expert_nbytes"] = experts.w13_weight[0].nbytes + experts.w2_weight[0].nbytes
     return stats

@@ -10,7 +10,7 @@ EPLB-off reference world (the same tokens' logical experts computed from one sto
 experts in identity placement). Its checks:
 
 - ``outputs``: each layer's output for the real tokens equals the EPLB-off reference within
-  ``OUTPUT_ATOL + OUTPUT_RTOL * max|reference|``;
+  ``atol + rtol * max|reference|`` (``cfg["output_tolerance"]``: ``SimulateConfig.outputs_rtol``);
 - ``load``: the recorded ``expert_load_pass`` equals the bincount of the real (unpadded) tokens'
   physical ids when recording was on, and is zero when it was off.
 
@@ -45,7 +45,6 @@ from ascend_eplb.integration.watchdog import WorkerWatchdog
 from ascend_eplb.launch import RankContext
 from ascend_eplb.quant_views import get_format
 from ascend_eplb.quant_views.reference import expert_seed
-from ascend_eplb.tools.simulate.config import OUTPUT_ATOL, OUTPUT_RTOL
 from ascend_eplb.tools.simulate.faults import WORKER_FAULTS, inject_stale_lookup, inject_worker_fault
 from ascend_eplb.tools.simulate.steps import (
     CheckViolationError,
@@ -182,7 +181,7 @@ def run_replay(ctx: RankContext, cfg: dict, routing: dict) -> dict:
 
 def _run_replay(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
     world = _build_replay_world(ctx, cfg, routing, vc)
-    stats = new_stats()
+    stats = new_stats(cfg)
     violation: CheckViolationError | None = None
     cursor = 0
     commits = CommitWatch(world.wiring.controller.bus)
@@ -221,7 +220,6 @@ def _run_replay(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> d
         world.verifier,
         world.p,
     )
-    stats["expert_nbytes"] = world.fmt.expert_nbytes(world.hidden, cfg["intermediate_size"])
     return stats
 
 
@@ -347,7 +345,8 @@ def _replay_step(w: _ReplayWorld, cursor: int) -> _ReplayForward:
     dist.all_reduce(out, group=w.group)  # combine (both worlds, all layers, one collective)
     rows = slice(rank * padded, rank * padded + batch)  # the rank keeps its own rows
     err = (out[0, :, rows] - out[1, :, rows]).abs().amax(dim=(1, 2))  # [L]
-    bound = OUTPUT_ATOL + OUTPUT_RTOL * out[1, :, rows].abs().amax(dim=(1, 2))
+    tolerance = w.cfg["output_tolerance"]
+    bound = tolerance["atol"] + tolerance["rtol"] * out[1, :, rows].abs().amax(dim=(1, 2))
     return _ReplayForward(recording, phys, all_logical, all_phys, err, bound)
 
 

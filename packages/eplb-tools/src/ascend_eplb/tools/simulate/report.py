@@ -17,7 +17,7 @@ __all__ = ["build_report"]
 
 
 def build_report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: float) -> dict:
-    from ascend_eplb.tools.simulate.config import CHECKS, OUTPUT_ATOL
+    from ascend_eplb.tools.simulate.config import CHECKS
 
     r0 = results[0]
     bal = r0["balancedness_per_step"]
@@ -88,7 +88,7 @@ def build_report(config: SimulateConfig, routing: Any, results: list[dict], wall
             np.percentile(secs - np.array(r0["verifier_seconds"]), 50)
         ),
         "max_output_error": max(res["max_output_error"] for res in results),
-        "output_tolerance": {"rtol": config.outputs_rtol, "atol": OUTPUT_ATOL},
+        "output_tolerance": r0["output_tolerance"],  # what the world's outputs check compared with
         # True passed, False failed, None not judged; ``check_evidence``: what each check saw, or why not.
         "checks": {name: JUDGED[verdicts[name][0]] for name in CHECKS},
         "check_evidence": {name: verdicts[name][1] for name in CHECKS},

@@ -56,9 +56,11 @@ def record_resources(ctx: RankContext, cfg: dict) -> None:
         record_rank_resources(ctx.tmp_dir, ctx.rank)  # the launcher removes what a killed rank left
 
 
-def new_stats() -> dict[str, Any]:
-    """A rank's statistics, per step (the report's schema, both worlds)."""
+def new_stats(cfg: dict) -> dict[str, Any]:
+    """A rank's statistics, per step (the report's schema, both worlds); ``output_tolerance`` is the one
+    the outputs check of this rank compares with (``cfg``'s, decided by the driver)."""
     return {
+        "output_tolerance": dict(cfg["output_tolerance"]),
         "balancedness_per_step": [],
         "balancedness_off_per_step": [],
         "rank_load_share_per_step": [],
@@ -166,19 +168,26 @@ def end_of_step(
     initial_p2l: torch.Tensor, num_ranks: int,
 ) -> None:  # fmt: skip
     """Record the step's commits (``committed_layers``, from the bus), rearrangements, balancedness with
-    EPLB (``rank_load`` ``(L, N)``) and without (``logical_load`` ``(L, E)`` on upstream's initial
-    placement ``initial_p2l``) and rank shares."""
+    EPLB (``rank_load`` ``(L, N)``: the ranks' routed selections) and without (``logical_load`` ``(L, E)``
+    on upstream's initial placement ``initial_p2l``, each expert's load split over its replicas) and rank
+    shares.
+
+    Balancedness is one definition everywhere: per layer mean rank load / max rank load, averaged over
+    layers, a layer without load 1.0 (nothing to balance): ``integration.metrics.balancedness`` of the
+    rank loads with EPLB (what the events file and the metrics report), ``control.policy.balancedness``
+    without (the migration-aware policy's own measure)."""
+    from ascend_eplb.control.policy import balancedness
+
     stats["commits_per_step"].append(list(committed_layers))
     stats["rearrangements_per_step"].append(state.num_rearrangements)
     loads = rank_load.numpy()
-    bal = float(np.mean(loads.mean(axis=1) / np.maximum(loads.max(axis=1), 1)))
-    stats["balancedness_per_step"].append(bal)
+    stats["balancedness_per_step"].append(metrics.balancedness(rank_load))
     # Per-rank share of each layer's selections, averaged over layers (1/N everywhere = balanced).
     stats["rank_load_share_per_step"].append(
         (loads / np.maximum(loads.sum(axis=1, keepdims=True), 1)).mean(axis=0).tolist()
     )
     stats["balancedness_off_per_step"].append(
-        metrics.balancedness(metrics.rank_loads(logical_load, initial_p2l, num_ranks))
+        float(balancedness(logical_load, initial_p2l, num_ranks).mean())
     )
 
 
@@ -194,6 +203,9 @@ def end_of_run(
     stats["num_rearrangements"] = state.num_rearrangements
     stats["num_skipped_rearrangements"] = state.num_skipped_rearrangements  # all-zero windows
     stats["bytes_moved"] = _bytes_received(model_state)
+    # One expert's bytes as the transaction moves them (the first MoE layer's weight views, scales
+    # included): integration.metrics' count, the one the events file and the metrics use.
+    stats["expert_nbytes"] = metrics.expert_bytes(model_state.model.expert_weights)[0]
     stats["verifier_commits_checked"] = verifier.commits_checked
     stats["verifier_steps"] = verifier.steps
     stats["slots_per_rank"] = slots_per_rank

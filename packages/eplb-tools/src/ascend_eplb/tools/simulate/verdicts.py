@@ -50,7 +50,7 @@ def check_verdicts(
 ) -> dict[str, tuple[str, str]]:
     """``check -> (outcome, what it saw)``, outcome ``pass``, ``fail`` or ``not judged``: a check passes
     only on what it compared, and says what that was."""
-    from ascend_eplb.tools.simulate.config import CHECKS, OUTPUT_ATOL
+    from ascend_eplb.tools.simulate.config import CHECKS
 
     r0, n = results[0], len(results)
     steps = r0["steps_run"]
@@ -59,11 +59,13 @@ def check_verdicts(
         failed.setdefault(check, message.split(": ", 1)[-1].splitlines()[0])
     out: dict[str, tuple[str, str]] = {}
     what = "the real rows' logits" if not config.replays else "every layer's outputs for the real tokens"
-    worst, rtol = max(res["max_output_error"] for res in results), config.outputs_rtol
+    worst = max(res["max_output_error"] for res in results)
+    tolerance = r0["output_tolerance"]  # what the world's outputs check compared with
+    rtol, atol = tolerance["rtol"], tolerance["atol"]
     out["outputs"] = (
         "pass",
         f"{steps} steps on {n} ranks: {what} equal the EPLB-off model's (max error {worst:.3g}, "
-        f"tolerance {OUTPUT_ATOL:g} + {rtol:g} x max|reference|)",
+        f"tolerance {atol:g} + {rtol:g} x max|reference|)",
     )
     recorded = max(res["load_steps_recorded"] for res in results)
     # A real model's ranks check the world's load (all-reduced); replay ranks each check their own rows.
