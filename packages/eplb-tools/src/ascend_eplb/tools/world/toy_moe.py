@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
-from vllm.distributed.eplb.eplb_state import EplbLayerState
+from vllm.distributed.eplb.eplb_state import EplbLayerState, EplbState
 from vllm.model_executor.layers.fused_moe.router.custom_routing_router import CustomRoutingRouter
 from vllm.model_executor.models.interfaces import MixtureOfExperts
 
@@ -40,7 +40,7 @@ def initial_local_experts(
 ) -> list[int]:
     """The logical expert of each of ``ep_rank``'s ``p`` slots under upstream's initial placement.
 
-    Upstream ``EplbState.build_initial_global_physical_to_logical_map``: physical slot ``i`` holds
+    Upstream's own ``EplbState.build_initial_global_physical_to_logical_map``: physical slot ``i`` holds
     logical ``i`` for ``i < E``, then redundant slot ``E + j`` holds ``j % E``; rank ``r`` owns slots
     ``[r * p, (r + 1) * p)``.
 
@@ -54,10 +54,10 @@ def initial_local_experts(
             f"num_ranks={num_ranks}"
         )
     p = num_physical // num_ranks
-    initial = list(range(num_logical_experts)) + [
-        i % num_logical_experts for i in range(num_redundant_experts)
-    ]
-    return initial[ep_rank * p : (ep_rank + 1) * p]
+    initial = EplbState.build_initial_global_physical_to_logical_map(
+        num_logical_experts, num_redundant_experts
+    )
+    return list(initial[ep_rank * p : (ep_rank + 1) * p])
 
 
 class ToyModelConfig:
