@@ -5,7 +5,6 @@ import sys
 import ascend_eplb.testing as testing
 from ascend_eplb.testing.api import check_public_names
 
-
 LAUNCHER = [
     "RANK_ENV",
     "LauncherInterruptedError",
