@@ -190,6 +190,22 @@ def test_groups_whose_nodes_cannot_carry_the_balance_take_upstreams_node_packing
     assert moved_experts(_t(old), up, 4).tolist() == [8]
 
 
+def test_a_layer_the_search_cannot_bring_close_takes_upstreams_layer_with_ranks_aligned():
+    # From this placement both greedy orders of the search (per move, then by gain alone) end in a dead
+    # end below upstream's 0.94 - 0.01; the layer takes upstream's three rank contents, each on the rank of the old
+    # placement it overlaps most, and its slots keep their old experts where they can: 4 moves, where
+    # upstream's own order makes 5.
+    old = [[2, 3, 5, 0, 1, 4, 3, 5, 5]]
+    load = torch.tensor([[1, 12, 8, 1, 8, 1]])
+    new, up = _policies(load.tolist(), old, 9, 1, 1, 3)
+    assert up.tolist() == [[2, 1, 0, 5, 1, 4, 3, 4, 2]]
+    assert new.tolist() == [[2, 3, 4, 0, 1, 2, 1, 5, 4]]
+    assert sorted(map(sorted, new.view(3, 3).tolist())) == sorted(map(sorted, up.view(3, 3).tolist()))
+    assert balancedness(load, new, 3).tolist() == balancedness(load, up, 3).tolist()
+    assert moved_experts(_t(old), new, 3).tolist() == [4]
+    assert moved_experts(_t(old), up, 3).tolist() == [5]
+
+
 def test_empty_slots_of_elastic_padding_are_filled():
     # Each rank has an empty slot (-1); expert 0 (load 6) takes both: rank 0's as a local copy, rank 1's
     # as the one transfer (upstream moves 3 experts for the same 1.0).

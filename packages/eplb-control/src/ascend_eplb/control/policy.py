@@ -456,11 +456,29 @@ def _migrate(
             start = old.copy()
             nodes = _aligned_group_nodes(upstream[regroup], old[regroup], num_groups, num_nodes, num_logical)
             start[regroup] = _regroup(old[regroup], nodes, num_logical, num_nodes)
+
+    def reached(placement: np.ndarray, layers: np.ndarray) -> np.ndarray:
+        counts = _replica_counts(placement, num_logical)
+        return _balancedness(_rank_loads(load[layers], placement, counts, num_ranks))
+
+    everything = np.arange(load.shape[0])
     new = _local_search(load, start, old, target - tolerance, num_ranks, num_nodes)
-    reached = _balancedness(_rank_loads(load, new, _replica_counts(new, num_logical), num_ranks))
-    fallback = np.nonzero(reached < target - fallback_margin)[0]
-    if fallback.size:
-        new[fallback] = _align_to_old(upstream[fallback], old[fallback], num_ranks, num_nodes, num_logical)
+    short = np.nonzero(reached(new, everything) < target - fallback_margin)[0]
+    if short.size:  # a greedy dead end (a cheap change that blocks the way): again, by gain alone
+        again = _local_search(
+            load[short],
+            start[short],
+            old[short],
+            target[short] - tolerance,
+            num_ranks,
+            num_nodes,
+            by_gain=True,
+        )
+        better = reached(again, short) >= target[short] - fallback_margin
+        new[short[better]] = again[better]
+        short = short[~better]
+    if short.size:
+        new[short] = _align_to_old(upstream[short], old[short], num_ranks, num_nodes, num_logical)
     return new
 
 
@@ -476,8 +494,11 @@ def _local_search(
     target: np.ndarray,
     num_ranks: int,
     num_nodes: int,
+    *,
+    by_gain: bool = False,
 ) -> np.ndarray:
-    """The search of :class:`MigrationAwarePolicy` step 2 from ``start`` (moves counted from ``old``).
+    """The search of :class:`MigrationAwarePolicy` step 2 from ``start`` (moves counted from ``old``);
+    ``by_gain``: the largest excess reduction wins, fewer moves only on a tie.
 
     Expert ids are shifted by one inside (index 0: an empty slot, no load, never moved by a swap).
     """
@@ -598,7 +619,8 @@ def _local_search(
         # The largest excess reduction per move (a free or undoing change: _FREE_CHANGE_COST moves).
         gain = np.concatenate([gain_a.reshape(n, -1), gain_b.reshape(n, -1)], axis=1)
         cost = np.concatenate([cost_a.reshape(n, -1), cost_b.reshape(n, -1)], axis=1)
-        score = np.where(gain > 1e-9 * cap[:, None], gain / np.maximum(cost, _FREE_CHANGE_COST), -np.inf)
+        per_move = gain * (1 - 1e-9 * cost) if by_gain else gain / np.maximum(cost, _FREE_CHANGE_COST)
+        score = np.where(gain > 1e-9 * cap[:, None], per_move, -np.inf)
         best = score.argmax(axis=1)
         stuck = ~np.isfinite(score[row, best])
         has_empty = (placement[layer] == 0).any(axis=1)
