@@ -3,7 +3,7 @@
 A placement is upstream's ``physical_to_logical_map``, int ``(L, P)``: for each MoE layer, the logical
 expert each physical slot holds; slot ``s`` lives on EP rank ``s // p``, row ``s % p`` (``p = P / N``
 local physical experts per rank; DESIGN.md's letters). ``additional_config.eplb_config.initial_placement:
-PATH`` names one; serving then starts on it (:func:`attach_startup_install`).
+PATH`` names one; serving then starts on it (:mod:`ascend_eplb.integration.startup_placement`).
 
 Format ``ascend-eplb-placement``, version 1 (what ``ascend-eplb plan --export-expert-map`` writes)::
 
@@ -39,7 +39,8 @@ has none to give).
 Every refusal is a :class:`PlacementFileError` (a ``ValueError``) naming the file and listing every
 problem found, each with its field, the file's value and the rule (or the model's value); nothing is
 returned half-read. Standard library only at import (start-up's rules read files through it before
-anything is built); :func:`attach_startup_install` imports torch and control when it runs.
+anything is built), and imports nothing of the integration but the events reader (for an events
+file, when it reads one).
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +62,6 @@ __all__ = [
     "VERSION",
     "Placement",
     "PlacementFileError",
-    "attach_startup_install",
     "describe_mismatch",
     "dumps",
     "placement_from_map",
@@ -556,79 +555,6 @@ def write_placement(
         Path(path).write_text(dumps(placement, provenance), encoding="utf-8")
     except OSError as e:
         raise ValueError(f"{path}: cannot write the placement file ({e.strerror or e})") from None
-
-
-# ---------------------------------------------------------------------------------------------------- serving
-
-
-def attach_startup_install(bus: Any, placement: Placement) -> None:
-    """Install ``placement`` when the served model registers: subscribe to ``bus`` (a controller's
-    :class:`~ascend_eplb.control.bus.EventBus`; subscribe it after the guardrails, so that the verifier
-    has fingerprinted the loaded slots and checks the install's commit, and the events recorder writes
-    its ``initial_placement`` record).
-
-    At the first :class:`~ascend_eplb.control.bus.RegistrationEvent` (every rank, same order; the served
-    model, MoE drafts being refused at start-up: rule ``speculative-moe-draft``), before anything moves:
-    the facts of upstream's state (L and P of ``physical_to_logical_map``, E, the EP size) are compared with
-    the placement's; then :func:`ascend_eplb.control.initial_placement.install_initial_placement` moves the
-    weights and commits the maps through upstream's transaction.
-
-    Raises (from the registration, on every rank alike):
-        EplbConfigError: the placement was made for another model or layout (every differing fact with
-            the file's value and the model's); rule ``initial-placement``.
-    """
-    from ascend_eplb.control.bus import RegistrationEvent
-
-    installed: list[bool] = []
-
-    def on_registered(event: RegistrationEvent) -> None:
-        if installed:
-            return
-        from vllm.distributed.parallel_state import get_ep_group
-
-        from ascend_eplb.control.initial_placement import install_initial_placement
-        from ascend_eplb.integration.rules import Violation
-        from ascend_eplb.integration.validation import EplbConfigError
-
-        state = event.controller.state
-        model_state = state.model_states[event.model_config.compute_hash()]
-        num_layers, num_physical = (int(d) for d in model_state.physical_to_logical_map.shape)
-        differ = placement.mismatches(
-            num_moe_layers=num_layers,
-            num_logical_experts=int(model_state.logical_to_physical_map.shape[1]),
-            num_physical_experts=num_physical,
-            num_ranks=get_ep_group().world_size,
-        )
-        if differ:
-            raise EplbConfigError([Violation("initial-placement", describe_mismatch(placement, differ))])
-        started = time.monotonic()
-        done = install_initial_placement(
-            state, event.model_config, placement.physical_to_logical_map, source=placement.source
-        )
-        installed.append(True)
-        group = get_ep_group()
-        if group.rank_in_group == 0:
-            _log_install(done, model_state, group.world_size, time.monotonic() - started)
-
-    bus.subscribe(RegistrationEvent, on_registered)
-
-
-def _log_install(event: Any, model_state: Any, num_ranks: int, seconds: float) -> None:
-    """EP rank 0's one INFO line of the start-up install: what changed, what rank 0 received, how long."""
-    from vllm.logger import init_logger
-
-    from ascend_eplb.integration.metrics import experts_crossing_ranks, experts_received_per_rank
-
-    new = model_state.physical_to_logical_map.detach().cpu()
-    stats = getattr(model_state.communicator, "cumulative_stats", None)
-    received = "" if stats is None else f", {int(stats.bytes_received)} bytes"
-    init_logger(__name__).info(
-        "EPLB: serving starts on the placement of %s: %d of %d MoE layers changed, %d experts crossed ranks "
-        "(%d received by EP rank 0%s), in %.2f s",
-        event.source, int((event.previous != new).any(dim=1).sum()), int(new.shape[0]),
-        experts_crossing_ranks(event.previous, new, num_ranks),
-        int(experts_received_per_rank(event.previous, new, num_ranks)[:, 0].sum()), received, seconds,
-    )  # fmt: skip
 
 
 def describe_mismatch(placement: Placement, differ: Sequence[str]) -> str:

@@ -140,7 +140,7 @@ class EplbSettings:
 
     ``num_moe_layers``: L, when known before the model is built (a model folder's ``config.json`` read by
     ``ascend-eplb check``); None at start-up, where the ``initial-placement`` rule compares the layers
-    when the model registers (``placement_file.attach_startup_install``).
+    when the model registers (``startup_placement.attach_startup_install``).
     """
 
     enable_eplb: bool = False
@@ -739,7 +739,7 @@ def _initial_placement(s: EplbSettings) -> str | Violation | None:
     """The placement file (``placement_file.read_placement``): readable, valid, and made for this model's
     logical experts, physical slots (E + ``num_redundant_experts``), EP size and, when known, MoE layers;
     every problem in one message. Start-up does not know L before the model is built: the layers are
-    compared when it registers (``placement_file.attach_startup_install``, same rule id)."""
+    compared when it registers (``startup_placement.attach_startup_install``, same rule id)."""
     path = s.initial_placement
     if path is None:
         return None

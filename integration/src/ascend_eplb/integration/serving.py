@@ -207,7 +207,7 @@ def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSe
             metrics.attach(bus)
     if setup.initial_placement is not None:
         # After the guardrails: the verifier fingerprints the loaded slots first and checks the install.
-        from ascend_eplb.integration.placement_file import attach_startup_install
+        from ascend_eplb.integration.startup_placement import attach_startup_install
 
         attach_startup_install(bus, setup.initial_placement)
     _GUARDRAILS[controller] = Guardrails(watchdog, verifier, recorder, metrics)

@@ -1,0 +1,89 @@
+"""Serving starts on ``eplb_config.initial_placement``: the start-up install of a placement file.
+
+:func:`attach_startup_install` is what ``serving.build_serving_controller`` subscribes (after the
+guardrails) when start-up validation read a placement (``placement_file.read_placement``, judged by the
+rule ``initial-placement``): at the served model's registration, the facts of upstream's state are
+compared with the file's (the MoE layers are first known there), then
+``ascend_eplb.control.initial_placement.install_initial_placement`` moves every slot's weights and commits
+the maps through upstream's transaction, before the async worker starts. See ``integration/README.md``,
+"Serving from a placement file". Imports control, torch and vLLM only when a model registers.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ascend_eplb.integration.placement_file import describe_mismatch
+from ascend_eplb.integration.rules import Violation
+from ascend_eplb.integration.validation import EplbConfigError
+
+__all__ = ["attach_startup_install"]
+
+
+def attach_startup_install(bus: Any, placement: Any) -> None:
+    """Install ``placement`` when the served model registers: subscribe to ``bus`` (a controller's
+    :class:`~ascend_eplb.control.bus.EventBus`; subscribe it after the guardrails, so that the verifier
+    has fingerprinted the loaded slots and checks the install's commit, and the events recorder writes
+    its ``initial_placement`` record).
+
+    At the first :class:`~ascend_eplb.control.bus.RegistrationEvent` (every rank, same order; the served
+    model, MoE drafts being refused at start-up: rule ``speculative-moe-draft``), before anything moves:
+    the facts of upstream's state (L and P of ``physical_to_logical_map``, E, the EP size) are compared with
+    the placement's; then :func:`ascend_eplb.control.initial_placement.install_initial_placement` moves the
+    weights and commits the maps through upstream's transaction.
+
+    Raises (from the registration, on every rank alike):
+        EplbConfigError: the placement was made for another model or layout (every differing fact with
+            the file's value and the model's); rule ``initial-placement``.
+    """
+    from ascend_eplb.control.bus import RegistrationEvent
+
+    installed: list[bool] = []
+
+    def on_registered(event: RegistrationEvent) -> None:
+        if installed:
+            return
+        from vllm.distributed.parallel_state import get_ep_group
+
+        from ascend_eplb.control.initial_placement import install_initial_placement
+
+        state = event.controller.state
+        model_state = state.model_states[event.model_config.compute_hash()]
+        num_layers, num_physical = (int(d) for d in model_state.physical_to_logical_map.shape)
+        differ = placement.mismatches(
+            num_moe_layers=num_layers,
+            num_logical_experts=int(model_state.logical_to_physical_map.shape[1]),
+            num_physical_experts=num_physical,
+            num_ranks=get_ep_group().world_size,
+        )
+        if differ:
+            raise EplbConfigError([Violation("initial-placement", describe_mismatch(placement, differ))])
+        started = time.monotonic()
+        done = install_initial_placement(
+            state, event.model_config, placement.physical_to_logical_map, source=placement.source
+        )
+        installed.append(True)
+        group = get_ep_group()
+        if group.rank_in_group == 0:
+            _log_install(done, model_state, group.world_size, time.monotonic() - started)
+
+    bus.subscribe(RegistrationEvent, on_registered)
+
+
+def _log_install(event: Any, model_state: Any, num_ranks: int, seconds: float) -> None:
+    """EP rank 0's one INFO line of the start-up install: what changed, what rank 0 received, how long."""
+    from vllm.logger import init_logger
+
+    from ascend_eplb.integration.metrics import experts_crossing_ranks, experts_received_per_rank
+
+    new = model_state.physical_to_logical_map.detach().cpu()
+    stats = getattr(model_state.communicator, "cumulative_stats", None)
+    received = "" if stats is None else f", {int(stats.bytes_received)} bytes"
+    init_logger(__name__).info(
+        "EPLB: serving starts on the placement of %s: %d of %d MoE layers changed, %d experts crossed ranks "
+        "(%d received by EP rank 0%s), in %.2f s",
+        event.source, int((event.previous != new).any(dim=1).sum()), int(new.shape[0]),
+        experts_crossing_ranks(event.previous, new, num_ranks),
+        int(experts_received_per_rank(event.previous, new, num_ranks)[:, 0].sum()), received, seconds,
+    )  # fmt: skip
