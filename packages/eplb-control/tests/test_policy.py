@@ -124,6 +124,12 @@ def test_a_balanced_placement_in_force_moves_nothing():
     assert torch.equal(new, _t(old))
     assert up.tolist() == [[0, 1, 4, 5, 3, 2]]
     assert moved_experts(_t(old), up, 3).tolist() == [4]
+    # Hierarchical, upstream's initial placement (group 1's experts 4 and 5 on node 0): already even, so
+    # it is kept as it is (no regrouping for nothing); upstream regroups and moves 9 experts.
+    old = [[0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3]]
+    new, up = _policies([[2, 2, 2, 2, 1, 1, 1, 1]], old, 12, 2, 2, 4)
+    assert torch.equal(new, _t(old))
+    assert moved_experts(_t(old), up, 4).tolist() == [9]
 
 
 def test_one_hot_expert_moves_exactly_one_replica():
@@ -192,9 +198,9 @@ def test_groups_whose_nodes_cannot_carry_the_balance_take_upstreams_node_packing
 
 def test_a_layer_the_search_cannot_bring_close_takes_upstreams_layer_with_ranks_aligned():
     # From this placement both greedy orders of the search (per move, then by gain alone) end in a dead
-    # end below upstream's 0.94 - 0.01; the layer takes upstream's three rank contents, each on the rank of the old
-    # placement it overlaps most, and its slots keep their old experts where they can: 4 moves, where
-    # upstream's own order makes 5.
+    # end below upstream's 0.94 - 0.01; the layer takes upstream's three rank contents, each on the rank
+    # of the old placement it overlaps most, and its slots keep their old experts where they can: 4
+    # moves, where upstream's own order makes 5.
     old = [[2, 3, 5, 0, 1, 4, 3, 5, 5]]
     load = torch.tensor([[1, 12, 8, 1, 8, 1]])
     new, up = _policies(load.tolist(), old, 9, 1, 1, 3)

@@ -445,23 +445,25 @@ def _migrate(
 ) -> np.ndarray:
     num_logical = load.shape[1]
     target = _balancedness(_rank_loads(load, upstream, _replica_counts(upstream, num_logical), num_ranks))
-    start = old
-    if num_nodes > 1:
-        # A layer regroups onto upstream's node packing (nodes renamed to keep the most) when its old
-        # placement breaks the node grouping, or its groups' nodes cannot carry the target balance.
-        grouped = _follows_node_grouping(old, num_groups, num_nodes, num_logical)
-        old_nodes = _group_nodes(old, num_groups, num_nodes, num_logical)
-        regroup = ~grouped | (_node_balancedness(load, old_nodes, num_nodes) < target - tolerance)
-        if regroup.any():
-            start = old.copy()
-            nodes = _aligned_group_nodes(upstream[regroup], old[regroup], num_groups, num_nodes, num_logical)
-            start[regroup] = _regroup(old[regroup], nodes, num_logical, num_nodes)
 
     def reached(placement: np.ndarray, layers: np.ndarray) -> np.ndarray:
         counts = _replica_counts(placement, num_logical)
         return _balancedness(_rank_loads(load[layers], placement, counts, num_ranks))
 
     everything = np.arange(load.shape[0])
+    start = old
+    if num_nodes > 1:
+        # A layer that must change regroups onto upstream's node packing (nodes renamed to keep the most)
+        # when its old placement breaks the node grouping or its groups' nodes cannot carry the target.
+        grouped = _follows_node_grouping(old, num_groups, num_nodes, num_logical)
+        old_nodes = _group_nodes(old, num_groups, num_nodes, num_logical)
+        regroup = ~grouped | (_node_balancedness(load, old_nodes, num_nodes) < target - tolerance)
+        regroup &= (reached(old, everything) < target - tolerance) | (old < 0).any(axis=1)
+        if regroup.any():
+            start = old.copy()
+            nodes = _aligned_group_nodes(upstream[regroup], old[regroup], num_groups, num_nodes, num_logical)
+            start[regroup] = _regroup(old[regroup], nodes, num_logical, num_nodes)
+
     new = _local_search(load, start, old, target - tolerance, num_ranks, num_nodes)
     short = np.nonzero(reached(new, everything) < target - fallback_margin)[0]
     if short.size:  # a greedy dead end (a cheap change that blocks the way): again, by gain alone
