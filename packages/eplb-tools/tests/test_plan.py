@@ -431,3 +431,220 @@ def test_plan_refuses_what_it_cannot_plan_or_write_before_planning(tmp_path, cap
         assert cli.main(["plan", str(load), "--ranks", "2", "--export-expert-map", str(target)]) == 2
         assert f"export expert map={target}: {why}" in capsys.readouterr().err
     assert not (tmp_path / "missing").exists()
+
+
+# Issue 27: policies compared window by window. A hand-made load: 1 layer, E = 4, 2 ranks, 2 redundant
+# (P = 6). Upstream's initial placement [0, 1, 2, 3, 0, 1]: rank 0 holds {0, 1, 2}, rank 1 {3, 0, 1}.
+# w1 even (per replica 1, 1, 2, 2: ranks 4 | 4, balancedness 1.0); w2 no load; w3 and w4 hot expert 2
+# (per replica 1, 1, 8, 2: ranks 10 | 4, balancedness 7 / 10). One move (a redundant slot of expert 0 or
+# 1 on rank 1 re-pointed to expert 2) gives 7 | 7.
+_HAND_WINDOWS = [[[2, 2, 2, 2]], [[0, 0, 0, 0]], [[2, 2, 8, 2]], [[2, 2, 8, 2]]]
+
+
+def _upstream_chain(windows, ranks, redundant):
+    """Upstream's DefaultEplbPolicy called directly, window by window, each call given the previous
+    placement: (placement after, experts moved) per window (an all-zero window keeps the placement)."""
+    from ascend_eplb.control.policy import moved_experts
+
+    num_experts = len(windows[0][0])
+    placement = plan.linear_placement(num_experts, redundant, len(windows[0]))
+    out = []
+    for w in windows:
+        load = torch.tensor(w)
+        if load.sum() == 0:
+            out.append((placement, 0))
+            continue
+        new = DefaultEplbPolicy.rebalance_experts(load, num_experts + redundant, 1, 1, ranks, placement)
+        out.append((new, int(moved_experts(placement, new, ranks).sum())))
+        placement = new
+    return out
+
+
+def test_policies_compared_on_a_hand_made_events_file(tmp_path, capsys):
+    from ascend_eplb.control.policy import balancedness
+
+    events = _events_file(tmp_path / "events.jsonl", _HAND_WINDOWS, num_ranks=2, num_physical_experts=6)
+    cfg = tmp_path / "config.json"  # H = 8, I = 4: one bf16 expert is 3 x 8 x 4 x 2 = 192 bytes
+    cfg.write_text(json.dumps({"hidden_size": 8, "moe_intermediate_size": 4, "n_routed_experts": 4,
+                               "num_hidden_layers": 1, "num_experts_per_tok": 2}))  # fmt: skip
+    argv = [
+        "plan",
+        str(events),
+        "--ranks",
+        "2",
+        "--target-balancedness",
+        "1",
+        "--min-balancedness-gain",
+        "0.5",
+    ]
+    assert cli.main([*argv, "--model-config", str(cfg), "--json"]) == 0  # the level: the recorded P = 6
+    out = json.loads(capsys.readouterr().out)
+    assert (out["num_windows"], out["num_redundant_experts"], out["expert_nbytes"]) == (4, 2, 192)
+    runs = {(r["policy"], r["gate"]): r for r in out["runs"]}
+    assert list(runs) == [
+        ("default", "off"), ("migration_aware", "off"), ("default", "given"), ("migration_aware", "given"),
+        ("default", "recommended"), ("migration_aware", "recommended"),
+    ]  # fmt: skip
+
+    def column(run, key):
+        return [w[key] for w in run["windows"]]
+
+    ours = runs["migration_aware", "off"]
+    assert column(ours, "skipped") == [None, "no_load", None, None]
+    assert column(ours, "balancedness_before") == [1.0, 1.0, 0.7, 1.0]
+    assert column(ours, "balancedness_after") == [1.0, 1.0, 1.0, 1.0]
+    assert column(ours, "balancedness_served") == [1.0, 0.7, 1.0, None]  # w2 no load: 1.0 by definition
+    assert column(ours, "experts_moved") == [0, 0, 1, 0]  # the even placement in force moves nothing
+    assert column(ours, "bytes_moved") == [0, 0, 192, 0]
+    assert (ours["rearranged"], ours["skipped"], ours["experts_moved"], ours["bytes_moved"]) == (
+        3, {"balanced": 0, "min_gain": 0, "no_load": 1}, 1, 192,
+    )  # fmt: skip
+    # Upstream's default recomputes the even window (2 moves) and packs w3 to 7.33 | 6.67 (21 / 22).
+    theirs = runs["default", "off"]
+    chain = _upstream_chain(_HAND_WINDOWS, 2, 2)
+    assert column(theirs, "experts_moved") == [moved for _, moved in chain] == [2, 0, 2, 0]
+    assert column(theirs, "balancedness_after") == pytest.approx([1.0, 1.0, 21 / 22, 21 / 22], abs=1e-15)
+    assert column(theirs, "balancedness_served")[1:] == [
+        float(balancedness(torch.tensor(_HAND_WINDOWS[2]), chain[1][0], 2).mean()),
+        21 / 22,
+        None,
+    ]
+    # The given gate: w1 is at the target (balanced), w3 and w4 gain less than 0.5 (min_gain): nothing moves.
+    for policy, planned in (("default", 21 / 22), ("migration_aware", 1.0)):
+        gated = runs[policy, "given"]
+        assert column(gated, "skipped") == ["balanced", "no_load", "min_gain", "min_gain"]
+        assert column(gated, "balancedness_after") == [1.0, 1.0, 0.7, 0.7]
+        assert column(gated, "balancedness_planned") == pytest.approx([None, None, planned, planned])
+        assert (gated["experts_moved"], gated["bytes_moved"]) == (0, 0)
+        assert (gated["min_balancedness_gain"], gated["target_balancedness"]) == (0.5, 1.0)
+    # Recommended for migration_aware: target = mean served (1.0 + 0.7 + 1.0) / 3 = 0.9; the gain: a fresh
+    # placement lost nothing to the next window (0). With it, w1 and w4 are balanced enough, w3 moves 1.
+    rec = next(g for g in out["recommended_gates"] if g["policy"] == "migration_aware")
+    assert (rec["target_balancedness"], rec["min_balancedness_gain"]) == (0.9, 0.0)
+    assert rec["mean_served"] == pytest.approx(0.9, abs=1e-15)
+    recommended = runs["migration_aware", "recommended"]
+    assert column(recommended, "skipped") == ["balanced", "no_load", None, "balanced"]
+    assert column(recommended, "experts_moved") == [0, 0, 1, 0]
+
+    assert cli.main([*argv, "--policies", "migration_aware"]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert "moved = experts a rank receives that it did not hold, summed over ranks and layers; bytes: not " \
+        "computed (no --model-config: give the model's config.json, and --format, for bytes at its expert " \
+        "size)" in text  # fmt: skip
+    assert text[3:9] == [
+        "window | migration_aware        | migration_aware + gate",
+        "       |  after         moved   |  after         moved",
+        "     1 | 1.0000             0   | 1.0000 skip balanced",
+        "     2 | 1.0000  skip no_load   | 1.0000  skip no_load",
+        "     3 | 1.0000             1   | 0.7000 skip min_gain",
+        "     4 | 1.0000             0   | 0.7000 skip min_gain",
+    ]
+    assert text[11:14] == [
+        "  migration_aware                             3                                0/0/1             1 "
+        "        n/a     1.0000      0.9000",
+        "  migration_aware + gate                      0                                1/2/1             0 "
+        "        n/a     0.8500      0.8000",
+        "  migration_aware + recommended gate          1                                2/0/1             1 "
+        "        n/a     1.0000      0.9000",
+    ]
+    assert "recommended gate for migration_aware: min_balancedness_gain=0 target_balancedness=0.9" in text
+    assert (
+        "  with it: 3 of 4 windows skipped (balanced 2, no_load 1); experts moved 1 (gate off: 1); mean "
+        "served 0.9000 (gate off: 0.9000)"
+    ) in text
+
+
+def _hand_trace(path):
+    """A compact trace (trace.convert's layout): 1 layer, E = 4, top-1; sequences [0, 0], [1], [2, 3, 3]."""
+    np.savez_compressed(
+        path,
+        topk_ids=np.array([[[0], [0], [1], [2], [3], [3]]], dtype=np.uint8),
+        topk_weights_e4=np.full((1, 6, 1), 10_000, dtype=np.uint16),
+        seq_offsets=np.array([0, 2, 3, 6], dtype=np.int64),
+        layer_ids=np.array([1], dtype=np.int64),
+        num_logical_experts=np.array(4, dtype=np.int64),
+    )
+    return path
+
+
+def test_a_routing_trace_compares_policies_on_windows_of_sequences(tmp_path, capsys):
+    path = _hand_trace(tmp_path / "trace.npz")
+    windows, what = plan.load_windows(path, window_sequences=2)
+    assert [w.tolist() for w in windows] == [[[2, 1, 0, 0]], [[0, 0, 1, 2]]]
+    assert what == "2 sequences (of 3)"
+    windows, what = plan.load_windows(path)  # default 4 sequences: the whole trace is one window
+    assert ([w.tolist() for w in windows], what) == ([[[2, 1, 1, 2]]], "4 sequences (of 3)")
+    argv = [
+        "plan",
+        str(path),
+        "--ranks",
+        "2",
+        "--redundant-experts",
+        "0",
+        "--window-sequences",
+        "2",
+        "--json",
+    ]
+    assert cli.main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["num_windows"], out["window"], out["num_redundant_experts"]) == (2, "2 sequences (of 3)", 0)
+    ours = out["runs"][1]
+    assert (ours["policy"], ours["gate"]) == ("migration_aware", "off")
+    # Initial placement {0, 1} | {2, 3}: w1 loads 3 | 0 (1/2), w2 0 | 3 (1/2). Without redundant slots the
+    # best is one expert of 0, 1 and one of 2, 3 on each rank: w1 2 | 1 (3/4), w2 1 | 2 (3/4).
+    assert [w["balancedness_before"] for w in ours["windows"]] == [0.5, 0.75]
+    assert [w["balancedness_after"] for w in ours["windows"]] == [0.75, 0.75]
+    assert [w["experts_moved"] for w in ours["windows"]] == [2, 0]
+    # ESFT's own text files give the windows of the embedded trace, their compact conversion.
+    esft, what = plan.load_windows(ESFT / "results/expert_scores/translation")
+    embedded, _ = plan.load_windows(trace.embedded_trace_path())
+    assert what == "4 sequences (of 40)"
+    assert len(esft) == 10
+    assert all(np.array_equal(a, b) for a, b in zip(esft, embedded, strict=True))
+
+
+def test_the_policy_comparison_refuses_what_it_cannot_compare(tmp_path, capsys):
+    load = tmp_path / "load.json"
+    load.write_text("[[9, 1, 1, 1]]")
+    trace_file = _hand_trace(tmp_path / "trace.npz")
+    base = ["plan", str(load), "--ranks", "2"]
+    only_trace = (
+        "window sequences=2: is only for a routing trace (.npz or a folder of ESFT "
+        "expert_weights_<layer>.txt); an events file's windows are its own"
+    )
+    not_with_export = (
+        f"export expert map={tmp_path / 'map.json'}: writes one level's placement from the level sweep; not "
+        "with the policy comparison (--policies, --min-balancedness-gain, --target-balancedness, "
+        "--window-sequences)"
+    )
+    for argv, message in [
+        ([*base, "--policies", "default"], f"{load}: states no redundancy level (an events file that records "
+         "its configuration does); the policy comparison runs one: give --redundant-experts R"),
+        ([*base, "--policies", "default", "--redundant-experts", "0,2"],
+         "redundant experts=0,2: the policy comparison runs one redundancy level; give one"),
+        ([*base, "--redundant-experts", "0", "--window-sequences", "2"], only_trace),
+        (["plan", str(trace_file), "--ranks", "2", "--redundant-experts", "0", "--policies", "default",
+          "--last", "1"], "last=1: is only for an events file (.jsonl)"),
+        ([*base, "--redundant-experts", "1", "--policies", "default"],
+         "redundant experts=1: logical experts (4) + num_redundant_experts (1) = 5 physical experts is not "
+         "divisible by 2 EP ranks"),
+        ([*base, "--redundant-experts", "0", "--target-balancedness", "0.9", "--export-expert-map",
+          str(tmp_path / "map.json")], not_with_export),
+    ]:  # fmt: skip
+        assert cli.main(argv) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    # The gate's values and the policy names: start-up's rules (argparse: exit 2, the value and the rule).
+    key = "additional_config.eplb_config"
+    for option, value, rule in [
+        ("--target-balancedness", "0", f"{key}.target_balancedness=0.0 must be a number in (0, 1] (a "
+         "balancedness; leave it unset to turn the check off)"),
+        ("--min-balancedness-gain", "nan", f"{key}.min_balancedness_gain=nan must be a number in [0, 1)"),
+        ("--policies", "default,fewest",
+         f"{key}.policy='fewest' is not one of ['default', 'migration_aware']"),
+    ]:  # fmt: skip
+        with pytest.raises(SystemExit) as exited:
+            cli.main([*base, option, value])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert f"ascend-eplb plan: error: argument {option}: '{value.split(',')[-1]}': {rule}" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["load.json", "trace.npz"]  # nothing written

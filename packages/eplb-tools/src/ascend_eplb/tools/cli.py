@@ -110,6 +110,38 @@ def build_parser() -> argparse.ArgumentParser:
         "num_redundant_experts; otherwise the recommended level (or the one --redundant-experts level)",
     )
     pl.add_argument("--json", action="store_true", help="machine-readable output")
+    from ascend_eplb.tools.options import min_balancedness_gain, policy_list, target_balancedness
+
+    compare = pl.add_argument_group(
+        "policies compared per rearrangement (any of these options; one redundancy level: "
+        "--redundant-experts R, or an events file's recorded one)"
+    )
+    compare.add_argument(
+        "--policies",
+        type=policy_list,
+        default=None,
+        help="compare these placement policies (additional_config.eplb_config.policy: default, "
+        "migration_aware; default both) window by window: balancedness after, experts and bytes moved, "
+        "the gate's skips, recommended gate values",
+    )
+    compare.add_argument(
+        "--min-balancedness-gain",
+        type=min_balancedness_gain,
+        default=0.0,
+        help="also run the gate with this eplb_config.min_balancedness_gain, in [0, 1)",
+    )
+    compare.add_argument(
+        "--target-balancedness",
+        type=target_balancedness,
+        default=None,
+        help="also run the gate with this eplb_config.target_balancedness, in (0, 1]",
+    )
+    compare.add_argument(
+        "--window-sequences",
+        type=positive_int,
+        default=None,
+        help="a routing trace (.npz, an ESFT expert_weights folder): sequences per window, default 4",
+    )
 
     ck = sub.add_parser(
         "check",
@@ -148,7 +180,99 @@ def _check_writable_file(what: str, path: Path) -> None:
         raise ValueError(f"{what}={path}: not writable")
 
 
+def _compares_policies(args: argparse.Namespace) -> bool:
+    return (
+        args.policies is not None
+        or args.min_balancedness_gain > 0
+        or args.target_balancedness is not None
+        or args.window_sequences is not None
+    )
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    """``plan --policies ...``: :func:`ascend_eplb.tools.plan.compare_policies` on the load's windows."""
+    from ascend_eplb.tools.plan import (
+        compare_policies,
+        format_comparison,
+        load_windows,
+        recorded_configuration,
+        validate_plan_args,
+    )
+
+    if args.export_expert_map is not None:
+        raise ValueError(
+            f"export expert map={args.export_expert_map}: writes one level's placement from the level sweep; "
+            "not with the policy comparison (--policies, --min-balancedness-gain, --target-balancedness, "
+            "--window-sequences)"
+        )
+    windows, what = load_windows(args.load, window_sequences=args.window_sequences, last=args.last)
+    num_experts = int(windows[0].shape[1])
+    if args.redundant_experts is not None:
+        if len(args.redundant_experts) != 1:
+            raise ValueError(
+                f"redundant experts={','.join(map(str, args.redundant_experts))}: the policy comparison "
+                "runs one redundancy level; give one"
+            )
+        level = args.redundant_experts[0]
+    else:
+        recorded = recorded_configuration(args.load)
+        if recorded is None:
+            raise ValueError(
+                f"{args.load}: states no redundancy level (an events file that records its configuration "
+                "does); the policy comparison runs one: give --redundant-experts R"
+            )
+        level = recorded[0] - num_experts
+        if recorded[1] != args.ranks:
+            import warnings
+
+            warnings.warn(
+                f"{args.load} records {recorded[1]} EP ranks; the policies are compared for --ranks "
+                f"{args.ranks}",
+                stacklevel=1,
+            )
+    validate_plan_args(windows[0].shape, args.ranks, args.nodes, args.expert_groups, [level])
+    nbytes = None
+    note = (
+        "not computed (no --model-config: give the model's config.json, and --format, for bytes at its "
+        "expert size)"
+    )
+    if args.model_config is not None:
+        from ascend_eplb.quant_views import get_format
+        from ascend_eplb.tools.costs import format_bytes, read_model_size
+
+        model = read_model_size(args.model_config)
+        fmt = get_format(args.quant_format)
+        fmt.check_sizes(model.hidden_size, model.moe_intermediate_size)
+        nbytes = fmt.expert_nbytes(model.hidden_size, model.moe_intermediate_size)
+        note = (
+            f"{format_bytes(nbytes)}, one expert of {model.source} (H={model.hidden_size}, "
+            f"I={model.moe_intermediate_size}) in {args.quant_format}"
+        )
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    import torch
+
+    torch.set_num_threads(1)  # small arrays; one thread, as upstream's worker shares the GIL with serving
+    result = compare_policies(
+        windows,
+        num_ranks=args.ranks,
+        num_redundant_experts=level,
+        num_nodes=args.nodes,
+        num_expert_groups=args.expert_groups,
+        policies=args.policies or ("default", "migration_aware"),
+        min_balancedness_gain=args.min_balancedness_gain,
+        target_balancedness=args.target_balancedness,
+        expert_nbytes=nbytes,
+        bytes_note=note,
+        source=str(args.load),
+        window=what,
+    )
+    print(json.dumps(result.to_json()) if args.json else format_comparison(result))
+    return 0
+
+
 def _run_plan(args: argparse.Namespace) -> int:
+    if _compares_policies(args):
+        return _run_compare(args)
     from ascend_eplb.tools.plan import DEFAULT_MARGIN, format_plan, recorded_configuration, validate_plan_args
     from ascend_eplb.tools.trace import load_load_matrix
 

@@ -7,7 +7,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["int_list", "non_negative_int", "path", "path_text", "positive_float", "positive_int"]
+__all__ = [
+    "int_list",
+    "min_balancedness_gain",
+    "non_negative_int",
+    "path",
+    "path_text",
+    "policy_list",
+    "policy_name",
+    "positive_float",
+    "positive_int",
+    "target_balancedness",
+]
 
 
 def _int_at_least(minimum: int, value: str) -> int:
@@ -66,3 +77,54 @@ def path_text(value: str) -> str:
 def path(value: str) -> Path:
     """:func:`path_text` as a ``Path``."""
     return Path(path_text(value))
+
+
+# The placement policy and the gain gate (issue 27): judged by start-up's own rules, the functions of
+# ascend_eplb.control.policy_config (standard library only) that integration's rules call.
+
+
+def policy_name(value: str) -> str:
+    """A placement policy name (``additional_config.eplb_config.policy``: ``default``,
+    ``migration_aware``)."""
+    from ascend_eplb.control.policy_config import policy_error
+
+    if (reason := policy_error(value)) is not None:
+        raise argparse.ArgumentTypeError(f"{value!r}: {reason}")
+    return value
+
+
+def policy_list(value: str) -> list[str]:
+    """Comma-separated placement policy names (each :func:`policy_name`), at least one."""
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: must list at least one policy, e.g. default,migration_aware"
+        )
+    return [policy_name(v) for v in names]
+
+
+def _number(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be a number") from None
+
+
+def min_balancedness_gain(value: str) -> float:
+    """``additional_config.eplb_config.min_balancedness_gain``: a number in ``[0, 1)``."""
+    from ascend_eplb.control.policy_config import min_balancedness_gain_error
+
+    x = _number(value)
+    if (reason := min_balancedness_gain_error(x)) is not None:
+        raise argparse.ArgumentTypeError(f"{value!r}: {reason}")
+    return x
+
+
+def target_balancedness(value: str) -> float:
+    """``additional_config.eplb_config.target_balancedness``: a number in ``(0, 1]``."""
+    from ascend_eplb.control.policy_config import target_balancedness_error
+
+    x = _number(value)
+    if (reason := target_balancedness_error(x)) is not None:
+        raise argparse.ArgumentTypeError(f"{value!r}: {reason}")
+    return x

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import itertools
 import sys
 import types
 from collections.abc import Sequence
@@ -46,17 +47,27 @@ import torch
 
 __all__ = [
     "DEFAULT_MARGIN",
+    "DEFAULT_WINDOW_SEQUENCES",
+    "GateRecommendation",
     "PlanLevel",
     "PlanResult",
+    "PolicyComparison",
+    "PolicyRun",
+    "WindowOutcome",
+    "compare_policies",
     "export_placement",
+    "format_comparison",
     "format_plan",
     "level_error",
     "linear_placement",
+    "load_windows",
     "plan",
     "rank_loads",
     "recommend",
+    "recommend_gate",
     "recorded_configuration",
     "sweep_levels",
+    "trace_windows",
     "upstream_policy",
     "validate_plan_args",
 ]
@@ -432,5 +443,452 @@ def format_plan(result: PlanResult) -> str:
             f"costs: one expert {format_bytes(c0['expert_nbytes'])} in {c0['quant_format']}; memory/rank = "
             "redundant slots beyond EPLB-off over the model's MoE layers; busiest rx = what the rank "
             f"receiving most gets moving from the initial placement; time at {c0['link_gbps']:g} Gbit/s"
+        )
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Policies compared on a sequence of windows (issue 27)
+
+#: Sequences per window when the load is a routing trace: issue 27's ESFT windows (and the policy
+#: benchmark's, ``packages/eplb-control/benchmarks/bench_policy.py``).
+DEFAULT_WINDOW_SEQUENCES = 4
+#: Decimals of the recommended gate values.
+GATE_DECIMALS = 3
+
+
+@dataclass(frozen=True)
+class WindowOutcome:
+    """What one run did at one closed window (one rearrangement), figures on the ``(L, E)`` loads.
+
+    ``balancedness_before``: the window under the placement in force when it closed;
+    ``balancedness_after``: the window under the placement in force after the rearrangement (the kept one
+    when skipped); ``balancedness_planned``: under the policy's placement (None when the policy did not
+    run: ``"balanced"``, ``"no_load"``); ``balancedness_served``: the next window under the placement
+    in force after this one (what it served until the next rearrangement; None for the last window);
+    ``experts_moved``: :func:`ascend_eplb.control.policy.moved_experts` summed over layers (0 when
+    skipped); ``bytes_moved``: ``experts_moved`` x one expert's bytes (None without a model size);
+    ``skipped``: None or the gate's reason (:data:`ascend_eplb.control.policy_config.SKIP_REASONS`).
+    """
+
+    window: int  # 1-based, as the events file's ``rearrangement``
+    skipped: str | None
+    balancedness_before: float
+    balancedness_after: float
+    balancedness_planned: float | None
+    balancedness_served: float | None
+    experts_moved: int
+    bytes_moved: int | None
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """One policy (and gate) through every window, each decision :func:`ascend_eplb.control.gate.decide`'s.
+
+    ``gate``: ``"off"``, ``"given"`` (the command's ``--min-balancedness-gain`` /
+    ``--target-balancedness``) or ``"recommended"`` (:func:`recommend_gate` on the same policy's run with
+    the gate off). Totals: ``rearranged`` (windows that moved to the policy's placement),
+    ``skipped`` (by reason, every reason listed), ``experts_moved`` and ``bytes_moved`` (sums),
+    ``mean_balancedness_after`` and ``mean_balancedness_served`` (means over the windows that have the
+    figure).
+    """
+
+    label: str
+    policy: str
+    gate: str
+    min_balancedness_gain: float
+    target_balancedness: float | None
+    windows: list[WindowOutcome]
+    rearranged: int
+    skipped: dict[str, int]
+    experts_moved: int
+    bytes_moved: int | None
+    mean_balancedness_after: float
+    mean_balancedness_served: float | None
+
+
+@dataclass(frozen=True)
+class GateRecommendation:
+    """Gate values for one policy on the windows (:func:`recommend_gate` gives the rule)."""
+
+    policy: str
+    min_balancedness_gain: float
+    target_balancedness: float
+    mean_served: float  # the figure target_balancedness is rounded from
+    mean_drift: float  # the figure min_balancedness_gain is rounded from
+
+
+@dataclass(frozen=True)
+class PolicyComparison:
+    """The policies of :func:`compare_policies` side by side on one sequence of windows."""
+
+    source: str
+    window: str  # what one window is ("4 sequences", "an events-file window", "the whole load")
+    num_windows: int
+    num_ranks: int
+    num_nodes: int
+    num_expert_groups: int
+    num_moe_layers: int
+    num_logical_experts: int
+    num_redundant_experts: int
+    expert_nbytes: int | None
+    bytes_note: str  # where expert_nbytes comes from, or why bytes are not given
+    runs: list[PolicyRun]
+    recommended_gates: list[GateRecommendation]
+    recommendation_note: str | None = None  # why no gate is recommended
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def run(self, policy: str, gate: str = "off") -> PolicyRun:
+        """The run of ``policy`` with ``gate`` (``"off"``, ``"given"``, ``"recommended"``)."""
+        for r in self.runs:
+            if r.policy == policy and r.gate == gate:
+                return r
+        raise KeyError(f"no run of the {policy} policy with the gate {gate}")
+
+
+def trace_windows(routing: Any, window_sequences: int) -> list[np.ndarray]:
+    """int64 ``[L, E]`` per window of ``window_sequences`` consecutive sequences of a routing trace
+    (:class:`~ascend_eplb.tools.trace.RoutingTrace`; the last window may hold fewer): each layer's
+    top-k selections per logical expert over the window's tokens."""
+    from ascend_eplb.control.values import is_int
+
+    if not is_int(window_sequences) or window_sequences < 1:
+        raise ValueError(f"window sequences={window_sequences!r}: must be an integer >= 1")
+    offsets = np.asarray(routing.seq_offsets)
+    bounds = [*offsets[:-1:window_sequences].tolist(), int(offsets[-1])]
+    e = routing.num_logical_experts
+    out = []
+    for start, end in itertools.pairwise(bounds):
+        ids = routing.topk_ids[:, start:end].reshape(routing.num_moe_layers, -1)
+        out.append(np.stack([np.bincount(row, minlength=e) for row in ids]).astype(np.int64))
+    return out
+
+
+def load_windows(
+    path: str | Path, *, window_sequences: int | None = None, last: int | None = None
+) -> tuple[list[np.ndarray], str]:
+    """The closed windows of a load file, oldest first (each ``[L, E]``, int64 when the file holds
+    counts, else float64), and what one window is.
+
+    - a serving events file (``.jsonl``): its ``window`` records (of its first model), or the ``last``
+      ones: each is one rearrangement serving made;
+    - a routing trace: a compact ``.npz`` (:func:`~ascend_eplb.tools.trace.load_trace`) or ESFT's
+      ``expert_weights_<layer>.txt`` folder (converted as :func:`~ascend_eplb.tools.trace.convert`
+      does: ESFT's 64 experts, top-6): windows of ``window_sequences`` sequences (:func:`trace_windows`;
+      None: :data:`DEFAULT_WINDOW_SEQUENCES`);
+    - any other load matrix (:func:`~ascend_eplb.tools.trace.load_load_matrix`): one window.
+
+    ``window_sequences`` is for a routing trace only, ``last`` for an events file only.
+
+    Raises:
+        ValueError: the file cannot be read as such (naming it and the rule).
+    """
+    from ascend_eplb.tools import trace
+
+    path = Path(path)
+    suffix = path.suffix.lower()
+    is_trace = suffix == ".npz" or path.is_dir()
+    if window_sequences is not None and not is_trace:
+        raise ValueError(
+            f"window sequences={window_sequences}: is only for a routing trace (.npz or a folder of ESFT "
+            "expert_weights_<layer>.txt); an events file's windows are its own"
+        )
+    if suffix == ".jsonl":
+        import warnings
+
+        from ascend_eplb.integration.events import read_windows
+
+        total = trace.load_load_matrix(path, last=last)  # its checks and its warnings, once
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            windows = [w.numpy() for w in read_windows(path)]
+        windows = windows[-last:] if last is not None else windows
+        assert np.array_equal(sum(windows), total)
+        return windows, "an events-file window (one rearrangement of the server that recorded it)"
+    if last is not None:
+        raise ValueError(f"last={last}: is only for an events file (.jsonl)")
+    if is_trace:
+        window_sequences = DEFAULT_WINDOW_SEQUENCES if window_sequences is None else window_sequences
+        if suffix == ".npz":
+            routing = trace.load_trace(path)
+        else:
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as scratch:
+                routing = trace.load_trace(trace.convert(path, Path(scratch) / "trace.npz"))
+        sequences = int(len(routing.seq_offsets) - 1)
+        return trace_windows(routing, window_sequences), f"{window_sequences} sequences (of {sequences})"
+    load = trace.load_load_matrix(path)
+    if np.array_equal(load, np.round(load)) and load.max() < 2**53:
+        load = load.astype(np.int64)
+    return [load], "the whole load (one window)"
+
+
+def _run_policy(
+    windows: Sequence[torch.Tensor],
+    settings: Any,
+    *,
+    label: str,
+    gate: str,
+    num_ranks: int,
+    num_redundant_experts: int,
+    num_nodes: int,
+    num_expert_groups: int,
+    expert_nbytes: int | None,
+) -> PolicyRun:
+    from ascend_eplb.control.gate import decide
+    from ascend_eplb.control.policy import balancedness
+    from ascend_eplb.control.policy_config import SKIP_REASONS
+
+    num_moe_layers, num_experts = windows[0].shape
+    placement = linear_placement(num_experts, num_redundant_experts, num_moe_layers)
+
+    def mean_balancedness(load: torch.Tensor, p: torch.Tensor) -> float:
+        return float(balancedness(load, p, num_ranks).mean())
+
+    outcomes = []
+    for i, load in enumerate(windows):
+        before = mean_balancedness(load, placement)
+        new, decision = decide(
+            settings, load, num_experts + num_redundant_experts, num_expert_groups, num_nodes, num_ranks,
+            placement,
+        )  # fmt: skip
+        moved = int(decision.experts_moved or 0)
+        served = mean_balancedness(windows[i + 1], new) if i + 1 < len(windows) else None
+        outcomes.append(
+            WindowOutcome(
+                window=i + 1,
+                skipped=decision.skipped,
+                balancedness_before=before,
+                balancedness_after=mean_balancedness(load, new),
+                balancedness_planned=decision.balancedness_planned,
+                balancedness_served=served,
+                experts_moved=moved,
+                bytes_moved=None if expert_nbytes is None else moved * expert_nbytes,
+            )
+        )
+        placement = new
+    served = [o.balancedness_served for o in outcomes if o.balancedness_served is not None]
+    return PolicyRun(
+        label=label,
+        policy=settings.policy,
+        gate=gate,
+        min_balancedness_gain=float(settings.min_balancedness_gain),
+        target_balancedness=settings.target_balancedness,
+        windows=outcomes,
+        rearranged=sum(o.skipped is None for o in outcomes),
+        skipped={reason: sum(o.skipped == reason for o in outcomes) for reason in SKIP_REASONS},
+        experts_moved=sum(o.experts_moved for o in outcomes),
+        bytes_moved=None if expert_nbytes is None else sum(o.bytes_moved or 0 for o in outcomes),
+        mean_balancedness_after=float(np.mean([o.balancedness_after for o in outcomes])),
+        mean_balancedness_served=float(np.mean(served)) if served else None,
+    )
+
+
+def recommend_gate(run: PolicyRun) -> GateRecommendation | None:
+    """Gate values for ``run``'s policy from its run with the gate off (None: fewer than 2 windows, so
+    no placement was seen serving a next window).
+
+    The rule, both figures over the windows that have a next one, rounded to :data:`GATE_DECIMALS`:
+
+    - ``target_balancedness`` = the mean balancedness the placements of the ungated run serve on the
+      next window: what rearranging at every window delivers on average. A window the placement in
+      force already serves at least this well has, on average, nothing to gain (skip ``"balanced"``).
+    - ``min_balancedness_gain`` = the mean drop of a fresh placement from the window it was planned on
+      to the next window (``after - served`` of each rearranged window, the mean clipped at 0): how much
+      of a placement's fit the load's drift takes away before it serves. A planned gain below it does
+      not survive into the window the placement serves (skip ``"min_gain"``).
+
+    The values are clipped into the keys' ranges (``[0, 0.999]``, ``[0.001, 1]``).
+    """
+    seen = [o for o in run.windows if o.balancedness_served is not None]
+    if not seen:
+        return None
+    served = float(np.mean([o.balancedness_served for o in seen]))
+    rearranged = [o.balancedness_after - o.balancedness_served for o in seen if o.skipped is None]
+    drift = max(0.0, float(np.mean(rearranged))) if rearranged else 0.0
+    step = 10.0**-GATE_DECIMALS
+    return GateRecommendation(
+        policy=run.policy,
+        min_balancedness_gain=min(round(drift, GATE_DECIMALS), 1 - step),
+        target_balancedness=min(max(round(served, GATE_DECIMALS), step), 1.0),
+        mean_served=served,
+        mean_drift=drift,
+    )
+
+
+def compare_policies(
+    windows: Sequence[np.ndarray],
+    *,
+    num_ranks: int,
+    num_redundant_experts: int,
+    num_nodes: int = 1,
+    num_expert_groups: int = 1,
+    policies: Sequence[str] = ("default", "migration_aware"),
+    min_balancedness_gain: float = 0.0,
+    target_balancedness: float | None = None,
+    expert_nbytes: int | None = None,
+    bytes_note: str = "",
+    source: str = "",
+    window: str = "",
+) -> PolicyComparison:
+    """Each policy through ``windows`` (each ``[L, E]``, >= 0, oldest first) from upstream's initial
+    placement (:func:`linear_placement`), each window decided by serving's own gate function
+    (:func:`ascend_eplb.control.gate.decide`: upstream's ``DefaultEplbPolicy`` for ``"default"``,
+    :class:`ascend_eplb.control.policy.MigrationAwarePolicy` for ``"migration_aware"``, the all-zero
+    window skipped as ``"no_load"``) and given the placement the previous decision left in force.
+
+    Runs, in order: every policy with the gate off; with the given gate (``min_balancedness_gain`` > 0
+    or ``target_balancedness`` set); with the gate :func:`recommend_gate` gives for it (unless no
+    window has a next one).
+
+    Raises:
+        ValueError: naming the value and the rule: no window, windows of different shapes, a policy or
+            gate value breaking start-up's rules (``ascend_eplb.control.policy_config``), an invalid
+            redundancy level or ranks, nodes and expert groups (:func:`validate_plan_args`).
+    """
+    from ascend_eplb.control.policy_config import PolicySettings
+
+    if not windows:
+        raise ValueError(f"{source or 'load'}: no window to rearrange on")
+    arrays = [np.asarray(w) for w in windows]
+    shape = arrays[0].shape
+    for i, w in enumerate(arrays):
+        if w.shape != shape:
+            raise ValueError(f"window {i + 1} has shape {w.shape}: every window must be {shape} [L, E]")
+        if w.size and (not np.isfinite(w).all() or w.min() < 0):
+            raise ValueError(f"window {i + 1}: load must be finite and >= 0")
+    validate_plan_args(shape, num_ranks, num_nodes, num_expert_groups, [num_redundant_experts])
+    if not policies:
+        raise ValueError("policies: give at least one of default, migration_aware")
+    gate_given = PolicySettings(policies[0], min_balancedness_gain, target_balancedness).gate_on
+    loads = [torch.from_numpy(w) for w in arrays]
+    facts = dict(
+        num_ranks=num_ranks, num_redundant_experts=num_redundant_experts, num_nodes=num_nodes,
+        num_expert_groups=num_expert_groups, expert_nbytes=expert_nbytes,
+    )  # fmt: skip
+    runs, recommended = [], []
+    for name in dict.fromkeys(policies):
+        runs.append(_run_policy(loads, PolicySettings(name), label=name, gate="off", **facts))
+    for name in dict.fromkeys(policies):
+        if gate_given:
+            settings = PolicySettings(name, min_balancedness_gain, target_balancedness)
+            runs.append(_run_policy(loads, settings, label=f"{name} + gate", gate="given", **facts))
+    for name in dict.fromkeys(policies):
+        rec = recommend_gate(next(r for r in runs if r.policy == name and r.gate == "off"))
+        if rec is None:
+            continue
+        recommended.append(rec)
+        settings = PolicySettings(name, rec.min_balancedness_gain, rec.target_balancedness)
+        if settings.gate_on:
+            runs.append(
+                _run_policy(loads, settings, label=f"{name} + recommended gate", gate="recommended", **facts)
+            )
+    return PolicyComparison(
+        source=source, window=window, num_windows=len(loads), num_ranks=num_ranks, num_nodes=num_nodes,
+        num_expert_groups=num_expert_groups, num_moe_layers=int(shape[0]), num_logical_experts=int(shape[1]),
+        num_redundant_experts=num_redundant_experts, expert_nbytes=expert_nbytes, bytes_note=bytes_note,
+        runs=runs, recommended_gates=recommended,
+        recommendation_note=None if recommended else "one window: no placement was seen serving a next one",
+    )  # fmt: skip
+
+
+def _gate_text(min_gain: float, target: float | None) -> str:
+    target_text = "off" if target is None else f"{target:g}"
+    return f"min_balancedness_gain={min_gain:g} target_balancedness={target_text}"
+
+
+def format_comparison(result: PolicyComparison) -> str:
+    """Human-readable :class:`PolicyComparison`: per window the runs side by side (the gate-off runs and
+    the gated ones: the given gate, else the recommended one), the totals of every run, and the
+    recommended gate values with their rule and their effect."""
+    from ascend_eplb.tools.costs import format_bytes
+
+    with_bytes = result.expert_nbytes is not None
+    lines = [
+        f"policies compared on {result.num_windows} window(s) of {result.source} "
+        f"(a window: {result.window}): "
+        f"{result.num_moe_layers} layers x {result.num_logical_experts} logical experts, ranks="
+        f"{result.num_ranks} nodes={result.num_nodes} expert groups={result.num_expert_groups}, "
+        f"num_redundant_experts={result.num_redundant_experts}; every run starts from upstream's initial "
+        "placement, each window decided by serving's gate (ascend_eplb.control.gate.decide)",
+        "balancedness = mean rank load / max rank load per layer, averaged over layers (1.0 = even); after: "
+        "the window under the placement in force after its rearrangement; served: the next window under it",
+        "moved = experts a rank receives that it did not hold, summed over ranks and layers; "
+        + (f"bytes = moved x {result.bytes_note}" if with_bytes else f"bytes: {result.bytes_note}"),
+    ]
+    gated = "given" if any(r.gate == "given" for r in result.runs) else "recommended"
+    shown = [r for r in result.runs if r.gate in ("off", gated)]
+    # A cell: balancedness after, then experts moved (and bytes), or the skip reason in their place.
+    rest_w = 18 if with_bytes else 13  # "skip min_gain"; "  moved      bytes"
+    sub = f"{'after':>6} " + (f"{'moved':>7} {'bytes':>10}" if with_bytes else f"{'moved':>{rest_w}}")
+    width = max(len(sub), *(len(r.label) for r in shown))
+    lines.append(f"{'window':>6} " + " ".join(f"| {r.label:<{width}}" for r in shown).rstrip())
+    lines.append((f"{'':>6} " + " ".join(f"| {sub:<{width}}" for _ in shown)).rstrip())
+    for i in range(result.num_windows):
+        cells = []
+        for r in shown:
+            o = r.windows[i]
+            if o.skipped is not None:
+                rest = f"skip {o.skipped}"
+            elif with_bytes:
+                rest = f"{o.experts_moved:>7} {format_bytes(o.bytes_moved):>10}"
+            else:
+                rest = str(o.experts_moved)
+            cells.append(f"| {f'{o.balancedness_after:>6.4f} {rest:>{rest_w}}':<{width}}")
+        lines.append((f"{i + 1:>6} " + " ".join(cells)).rstrip())
+    lines.append("totals:")
+    label_w = max(len(r.label) for r in result.runs)
+    lines.append(
+        f"  {'run':<{label_w}} {'rearranged':>10} {'skipped (balanced/min_gain/no_load)':>36} "
+        f"{'experts moved':>13} {'bytes moved':>11} {'mean after':>10} {'mean served':>11}"
+    )
+    for r in result.runs:
+        skipped = "/".join(str(r.skipped[k]) for k in ("balanced", "min_gain", "no_load"))
+        served = "n/a" if r.mean_balancedness_served is None else f"{r.mean_balancedness_served:.4f}"
+        lines.append(
+            f"  {r.label:<{label_w}} {r.rearranged:>10} {skipped:>36} {r.experts_moved:>13} "
+            f"{format_bytes(r.bytes_moved):>11} {r.mean_balancedness_after:>10.4f} {served:>11}"
+        )
+    for r in result.runs:
+        if r.gate == "given":
+            lines.append(f"  {r.label}: {_gate_text(r.min_balancedness_gain, r.target_balancedness)}")
+    if not result.recommended_gates:
+        lines.append(f"recommended gate: none ({result.recommendation_note})")
+    for rec in result.recommended_gates:
+        off = result.run(rec.policy)
+        lines.append(
+            f"recommended gate for {rec.policy}: "
+            f"{_gate_text(rec.min_balancedness_gain, rec.target_balancedness)}"
+        )
+        lines.append(
+            f"  rule: target_balancedness = the mean balancedness its gate-off placements serve on the next "
+            f"window ({rec.mean_served:.4f}): a window the placement in force already serves that well has "
+            "nothing to gain on average; min_balancedness_gain = the mean drop of a fresh placement from its "
+            f"window to the next ({rec.mean_drift:.4f}): a planned gain below it does not survive into the "
+            f"window it serves (both rounded to {GATE_DECIMALS} decimals)"
+        )
+        gated_run = next((r for r in result.runs if r.policy == rec.policy and r.gate == "recommended"), None)
+        if gated_run is None:
+            lines.append("  with it: the gate is off (both values 0 / unset)")
+            continue
+        skips = ", ".join(f"{k} {v}" for k, v in gated_run.skipped.items() if v) or "none"
+        saved = ""
+        if with_bytes:
+            saved = (
+                f", bytes {format_bytes(gated_run.bytes_moved)} (gate off: {format_bytes(off.bytes_moved)})"
+            )
+        served = (
+            ""
+            if gated_run.mean_balancedness_served is None
+            else f"; mean served {gated_run.mean_balancedness_served:.4f} (gate off: "
+            f"{off.mean_balancedness_served:.4f})"
+        )
+        lines.append(
+            f"  with it: {result.num_windows - gated_run.rearranged} of {result.num_windows} windows skipped "
+            f"({skips}); experts moved {gated_run.experts_moved} (gate off: {off.experts_moved}){saved}"
+            f"{served}"
         )
     return "\n".join(lines)
