@@ -196,6 +196,18 @@ def test_groups_whose_nodes_cannot_carry_the_balance_take_upstreams_node_packing
     assert moved_experts(_t(old), up, 4).tolist() == [8]
 
 
+def test_a_greedy_dead_end_is_searched_again_by_gain_alone():
+    # Ranks carry 10 and 22 (mean 16). Per move, the free local copy wins (rank 1's replica of expert 2
+    # becomes a second expert 0: 22 -> 17 for no move) and then nothing improves: 16/17. Searched again by
+    # gain alone, one swap (experts 3 and 0) gives 16 and 16.
+    old = [[4, 2, 3, 0, 1, 2]]
+    load = torch.tensor([[7, 10, 10, 1, 4]])
+    new, _ = _policies(load.tolist(), old, 6, 1, 1, 2)
+    assert new.tolist() == [[4, 2, 0, 3, 1, 2]]
+    assert balancedness(load, new, 2).tolist() == [1.0]
+    assert moved_experts(_t(old), new, 2).tolist() == [2]
+
+
 def test_a_layer_the_search_cannot_bring_close_takes_upstreams_layer_with_ranks_aligned():
     # From this placement both greedy orders of the search (per move, then by gain alone) end in a dead
     # end below upstream's 0.94 - 0.01; the layer takes upstream's three rank contents, each on the rank

@@ -221,8 +221,10 @@ class MigrationAwarePolicy(AbstractEplbPolicy):
        change reduces it, so the search ends (capped at ``5 P`` iterations). Empty slots left then take
        their node's expert with the largest load per replica (upstream's ``replicate_experts`` rule), on
        the lightest rank first, and the search resumes.
-    3. A layer left more than ``fallback_margin`` below ``b_up`` takes upstream's layer, its nodes,
-       ranks and slots aligned to the old placement (greedy overlap) to keep what it can.
+    3. A layer left more than ``fallback_margin`` below ``b_up`` (a greedy dead end: a cheap change that
+       blocks the way) is searched again with the largest excess reduction first, fewer moves only on a
+       tie; still short, it takes upstream's layer, its nodes, ranks and slots aligned to the old
+       placement (greedy overlap) to keep what it can.
 
     Hierarchical placement (``num_groups % num_nodes == 0`` and ``num_nodes > 1``): upstream packs expert
     groups (``E / num_groups`` consecutive experts) onto nodes and keeps every replica of an expert on
@@ -232,13 +234,14 @@ class MigrationAwarePolicy(AbstractEplbPolicy):
     order then the redundant slots appended), or whose groups' nodes cannot carry ``b_up -
     balancedness_tolerance``, starts from upstream's group-to-node packing, its nodes renamed to keep
     the most of the old placement: slots whose expert's group stays on their node keep it, the
-    experts a node lacks fill its other slots, the rest are emptied for the search.
+    experts a node lacks fill its other slots, the rest are emptied for the search. A layer whose old
+    placement already reaches ``b_up - balancedness_tolerance`` is kept as it is, grouped or not.
 
     ``-1`` slots of the old placement (elastic scale-up) are empty slots to fill. Deterministic (ties go
     to the lowest index; float64 host arithmetic in a fixed order, so every rank's worker gets the same
     answer), valid (every logical expert placed in every layer, no empty slot, int64 CPU ``(L, P)``);
-    0.1-0.3 s at DeepSeek-V3 size on one thread (figures: the control README, from
-    ``benchmarks/bench_policy.py``).
+    about 0.15 s of CPU time at DeepSeek-V3 size on one thread, twice upstream's own policy (which it
+    runs; figures in the control README, from ``benchmarks/bench_policy.py``).
     """
 
     #: The search stops a layer at ``b_up - balancedness_tolerance`` (per layer; the layers' mean ends
