@@ -240,8 +240,8 @@ class MigrationAwarePolicy(AbstractEplbPolicy):
     ``-1`` slots of the old placement (elastic scale-up) are empty slots to fill. Deterministic (ties go
     to the lowest index; float64 host arithmetic in a fixed order, so every rank's worker gets the same
     answer), valid (every logical expert placed in every layer, no empty slot, int64 CPU ``(L, P)``);
-    about 0.15 s of CPU time at DeepSeek-V3 size on one thread, twice upstream's own policy (which it
-    runs; figures in the control README, from ``benchmarks/bench_policy.py``).
+    about 0.15 s of CPU time a call at DeepSeek-V3 size on one thread, upstream's policy (which it runs)
+    0.05 s of it (figures in the control README, from ``benchmarks/bench_policy.py``).
     """
 
     #: The search stops a layer at ``b_up - balancedness_tolerance`` (per layer; the layers' mean ends
