@@ -156,6 +156,14 @@ class SimulateConfig:
     load_collection_phase: str = _option(
         "all", "--phase", "load collection phase, default %(default)s", choices=PHASES
     )
+    initial_placement: str | None = _option(
+        None, "--initial-placement",
+        "start serving on a placement (additional_config.eplb_config.initial_placement): a file of "
+        "ascend-eplb plan --export-expert-map, or a serving events file (its last committed placement); "
+        "default upstream's initial placement",
+        metavar="PATH",
+        type=path_text,
+    )  # fmt: skip
     trace: str | None = _option(
         None, "--trace",
         "routing: a compact trace (.npz), or load to sample from: a serving events file (.jsonl), a "
@@ -335,6 +343,7 @@ class SimulateConfig:
         num_moe_layers = self.num_moe_layers if self.num_moe_layers is not None else num_trace_moe_layers
         if 1 <= num_moe_layers <= num_trace_moe_layers and (reason := self._steps_error(num_moe_layers)):
             errors.append(reason)
+        errors += self._placement_errors(num_moe_layers, num_logical_experts)
         sizes = dict(num_moe_layers=num_moe_layers, num_logical_experts=num_logical_experts, top_k=top_k)
         errors += resources.integer_rules(self, **sizes)
         if not errors:
@@ -376,6 +385,7 @@ class SimulateConfig:
             ("out_dir", "out"),
             ("trace", "trace"),
             ("model_config", "model config"),
+            ("initial_placement", "initial placement"),
         ):
             value = getattr(self, name)
             if value is not None and not str(value).strip():
@@ -395,6 +405,31 @@ class SimulateConfig:
         if self.fault is not None and self.fault not in FAULTS:
             errors.append(f"fault={self.fault!r}: must be one of {FAULTS}")
         return errors
+
+    def _placement_errors(self, num_moe_layers: int, num_logical_experts: int) -> list[str]:
+        """Start-up's judgement of ``--initial-placement`` (the serving path's rule ``initial-placement``,
+        here before any rank starts): the file readable and valid, and made for these MoE layers, logical
+        experts, physical slots (E + ``--redundant-experts``) and ranks; every problem named."""
+        path = self.initial_placement
+        if path is None or not str(path).strip():
+            return []
+        from ascend_eplb.integration.placement_file import (
+            PlacementFileError,
+            describe_mismatch,
+            read_placement,
+        )
+
+        try:
+            placement = read_placement(path)
+        except PlacementFileError as e:
+            return [f"initial placement={path}: {'; '.join(e.problems)}"]
+        differ = placement.mismatches(
+            num_moe_layers=num_moe_layers,
+            num_logical_experts=num_logical_experts,
+            num_physical_experts=num_logical_experts + self.num_redundant_experts,
+            num_ranks=self.num_ranks,
+        )
+        return [describe_mismatch(placement, differ)] if differ else []
 
     def validate_model(self, source: Any) -> None:
         """The rules of a run on a real model (``source``: a resolved ``ModelSource``); ``ValueError``
@@ -422,6 +457,7 @@ class SimulateConfig:
             )
         if reason := self._steps_error(source.num_moe_layers):
             errors.append(reason)
+        errors += self._placement_errors(source.num_moe_layers, source.num_logical_experts)
         if self.effective_padded_size > source.max_positions:
             errors.append(
                 f"padded size={self.effective_padded_size}: one step is one sequence of that many tokens, "

@@ -32,6 +32,8 @@ from ascend_eplb.tools.simulate.steps import (
     close_step,
     end_of_run,
     new_stats,
+    record_first_step_plan,
+    record_initial_placement,
     record_resources,
     timed_hooks,
 )
@@ -66,6 +68,7 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
         window_size=cfg["window_size"],
         step_interval=cfg["step_interval"],
         phase=cfg["load_collection_phase"],
+        initial_placement=cfg.get("initial_placement"),
     )
     record_resources(ctx, cfg)
     info, state, model_state = worker.info, worker.state, worker.model_state
@@ -84,6 +87,7 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
     initial_p2l = initial_physical_to_logical(info, num_redundant)
     layer_offsets = torch.arange(num_moe_layers).view(num_moe_layers, 1, 1)
     stats = new_stats(cfg)
+    record_initial_placement(stats, cfg, worker.initial_slot_mismatches)
     # The driver's tolerance (SimulateConfig.outputs_rtol: the experts' format, 16-bit: its roundoff).
     rtol, atol = stats["output_tolerance"]["rtol"], stats["output_tolerance"]["atol"]
     violation: CheckViolationError | None = None
@@ -129,6 +133,7 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
             (logical + layer_offsets.view(-1, 1) * num_logical).reshape(-1),
             minlength=num_moe_layers * num_logical,
         ).view(num_moe_layers, num_logical)  # fmt: skip
+        record_first_step_plan(stats, step, logical_load, placement, num_ranks)
         violation, stop = close_step(
             ctx, stats, step, (t0, c0), violation, worker.end_step, model_state, state, watchdog,
             hook_seconds, commits, (rank_load, logical_load, initial_p2l),

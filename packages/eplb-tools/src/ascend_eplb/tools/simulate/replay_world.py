@@ -52,6 +52,8 @@ from ascend_eplb.tools.simulate.steps import (
     close_step,
     end_of_run,
     new_stats,
+    record_first_step_plan,
+    record_initial_placement,
     record_resources,
     timed_hooks,
 )
@@ -104,7 +106,12 @@ def _vllm_config(cfg: dict, num_ranks: int) -> VllmConfig:
                 use_async=True,
             ),
         ),
-        additional_config={"eplb_config": {"load_collection_phase": cfg["load_collection_phase"]}},
+        additional_config={
+            "eplb_config": {
+                "load_collection_phase": cfg["load_collection_phase"],
+                **({"initial_placement": cfg["initial_placement"]} if cfg.get("initial_placement") else {}),
+            }
+        },
     )
 
 
@@ -182,12 +189,14 @@ def run_replay(ctx: RankContext, cfg: dict, routing: dict) -> dict:
 def _run_replay(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
     world = _build_replay_world(ctx, cfg, routing, vc)
     stats = new_stats(cfg)
+    record_initial_placement(stats, cfg, None)  # the verifier's fingerprints checked the install
     violation: CheckViolationError | None = None
     cursor = 0
     commits = CommitWatch(world.wiring.controller.bus)
     for step in range(cfg["steps"]):
         t0, c0 = time.perf_counter(), time.process_time()
         world.verifier_time[0] = 0.0
+        placement = world.model_state.physical_to_logical_map.clone()  # in force for this forward
         fwd = _replay_step(world, cursor)
         cursor += world.ctx.world_size * world.batch
         stats["max_output_error"] = max(stats["max_output_error"], float(fwd.err.max()))
@@ -203,6 +212,7 @@ def _run_replay(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> d
             (fwd.all_logical[:, world.real] + world.layer_offsets * world.num_logical).reshape(-1),
             minlength=world.num_moe_layers * world.num_logical,
         ).view(world.num_moe_layers, world.num_logical)  # fmt: skip
+        record_first_step_plan(stats, step, logical_load, placement, ctx.world_size)
         violation, stop = close_step(
             ctx, stats, step, (t0, c0), violation, world.wiring.after_sampling, world.model_state,
             world.state, world.watchdog, world.verifier_time, commits,

@@ -65,6 +65,7 @@ def build_report(config: SimulateConfig, routing: Any, results: list[dict], wall
         "balancedness_off_per_step": bal_off,
         "rank_load_share_per_step": r0["rank_load_share_per_step"],
         "commit_completed_steps": completed,
+        "initial_placement": _initial_placement(config, results, bal, bal_off),
         "bytes_moved": int(sum(received)),
         "bytes_received_per_rank": received,
         "busiest_rank_experts_received": int(busiest_experts),
@@ -99,6 +100,34 @@ def build_report(config: SimulateConfig, routing: Any, results: list[dict], wall
         "passed": verdict == PASSED,
         "wall_seconds": wall_s,
         "config": config.to_json(),
+    }
+
+
+def _initial_placement(config: SimulateConfig, results: list[dict], bal: list, bal_off: list) -> dict | None:
+    """With ``--initial-placement``: the file, the first step's balancedness measured (the ranks' routed
+    selections) beside the one ``plan`` computes for the installed placement on that step's load and
+    EPLB off's, ``plan``'s own prediction on the load the file was made from (its ``source``, when it
+    says), and whether every rank's slots held their logical experts right after start-up (None: the
+    world's only evidence is the verifier's check of the install)."""
+    if config.initial_placement is None:
+        return None
+    import json
+
+    held = [res.get("initial_placement", {}).get("slot_mismatches") for res in results]
+    predicted = None
+    try:
+        provenance = json.loads(Path(config.initial_placement).read_text(encoding="utf-8")).get("source")
+        predicted = provenance.get("balancedness_after") if isinstance(provenance, dict) else None
+    except (OSError, ValueError, AttributeError):
+        pass  # an events file (JSON lines), or a file without provenance
+    return {
+        "source": config.initial_placement,
+        "first_step_balancedness": bal[0] if bal else None,
+        "first_step_planned": results[0].get("initial_placement", {}).get("first_step_planned"),
+        "first_step_off": bal_off[0] if bal_off else None,
+        "plan_predicted_on_its_load": predicted,
+        "slots_hold_their_experts": None if None in held else all(m == [] for m in held),
+        "slot_mismatches": [m for m in held if m],
     }
 
 

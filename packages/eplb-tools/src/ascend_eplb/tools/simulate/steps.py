@@ -163,6 +163,25 @@ def close_step(
     return violation, int(flag) > 0
 
 
+def record_initial_placement(stats: dict, cfg: dict, slot_mismatches: list[str] | None) -> None:
+    """With ``--initial-placement``: what this rank held right after start-up (the slots not holding their
+    logical expert under the installed placement; None where the world has no float or fingerprint
+    truth of its own, the verifier's check of the install then being the evidence)."""
+    if cfg.get("initial_placement"):
+        stats["initial_placement"] = {"slot_mismatches": slot_mismatches, "first_step_planned": None}
+
+
+def record_first_step_plan(
+    stats: dict, step: int, logical_load: torch.Tensor, placement: torch.Tensor, num_ranks: int
+) -> None:
+    """At step 0 with ``--initial-placement``: the balancedness ``plan`` predicts for the installed
+    ``placement`` ``(L, P)`` on the step's routed ``logical_load`` ``(L, E)`` (integration.metrics, each
+    expert's load split evenly over its replicas: plan's own measure), to print beside the one measured."""
+    if step == 0 and "initial_placement" in stats:
+        planned = metrics.balancedness(metrics.rank_loads(logical_load, placement, num_ranks))
+        stats["initial_placement"]["first_step_planned"] = planned
+
+
 def end_of_step(
     stats: dict, state: Any, committed_layers: list[int], rank_load: torch.Tensor, logical_load: torch.Tensor,
     initial_p2l: torch.Tensor, num_ranks: int,

@@ -51,6 +51,20 @@ def summary_text(report: dict) -> str:
         f"  time per commit step mean {ms(commit_mean)} ms; "
         f"max output error {report['max_output_error']:.3g}",
     ]
+    start = report.get("initial_placement")
+    if start:
+        said = start["plan_predicted_on_its_load"]
+        held = {
+            True: "; every slot held its logical expert from step 0",
+            False: "; SLOTS DID NOT HOLD THEIR EXPERTS",
+        }
+        lines.append(
+            f"  initial placement {start['source']}: first step balancedness "
+            f"{f(start['first_step_balancedness'])} measured, {f(start['first_step_planned'])} as plan "
+            f"computes it for the placement on that step's load, EPLB off {f(start['first_step_off'])}"
+            + ("" if said is None else f"; plan predicted {f(said)} on the load it was made from")
+            + held.get(start["slots_hold_their_experts"], "")
+        )
     c = report.get("costs")
     if c:
         t = "n/a" if c["transfer_seconds"] is None else f"{c['transfer_seconds']:.1f} s"

@@ -96,6 +96,11 @@ def check_verdicts(
             f"{checked} on each of {n} ranks: after each, all {p} local slots hold their logical expert's "
             f"weights ({commits * p * n} slots compared)"
         )
+        if "initial_placement" in r0:
+            moved += (
+                f"; the first {routing.num_moe_layers} were the start-up install of the initial placement, "
+                "checked before the first step"
+            )
         tables = (
             f"{checked}: each lookup equals the committed maps, in its own storage; the committed placement "
             f"was equal on the {n} ranks at {boundaries} step boundaries"
