@@ -34,6 +34,16 @@ facts measured in ``notes/real-models-on-cpu.md``), each checked against HF tran
    accelerator: adapted by the project's host adaptation (``ascend_eplb.control.host_adaptation``, in
    the integration's one patch registry, installed with ``apply_patches()`` as the plugin does);
    nothing here patches it.
+5. **Variable-size collectives** (:func:`stand_in_patches`): with ``data_parallel_size > 1`` vLLM's
+   gather-before-route dispatch (``AgRsAll2AllManager``, the ``allgather_reducescatter`` backend, the
+   CPU default) calls ``all_gatherv`` and ``reduce_scatterv`` on the DP or EP group; vLLM 0.33.0's
+   ``CpuCommunicator`` does not implement them (``DeviceCommunicatorBase``'s raise
+   ``NotImplementedError``) and Gloo has no reduce-scatter. The two patched bindings,
+   ``DeviceCommunicatorBase.all_gatherv`` / ``reduce_scatterv`` (signature-checked; refused if
+   ``CpuCommunicator`` ever defines its own), serve a ``CpuCommunicator`` over ``torch.distributed`` on
+   its group: ``all_gather`` of the rows padded to the largest size, then the real rows of each rank
+   concatenated in rank order; ``all_reduce`` (sum) of the whole tensor, then this rank's rows. Any
+   other communicator gets upstream's method unchanged.
 
 :func:`install_stand_ins` installs every process-wide stand-in (before a model is built);
 :func:`install_model_stand_ins` those of one built model. This module imports vLLM inside its
@@ -50,6 +60,8 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "cpu_all_gatherv",
+    "cpu_reduce_scatterv",
     "install_attention_stand_ins",
     "install_model_stand_ins",
     "install_stand_ins",
@@ -186,6 +198,7 @@ def _without_absent_sgl_kernel(original: Any) -> Any:
 def _stand_in_patches() -> Any:
     from ascend_eplb.control.patching import Patch, PatchSet
 
+    base = f"{_COMMUNICATORS}.base_device_communicator"
     return PatchSet(
         [
             Patch(
@@ -194,7 +207,23 @@ def _stand_in_patches() -> Any:
                 ("n", "k", "dtype"),
                 _without_absent_sgl_kernel,
                 __name__,
-            )
+            ),
+            Patch(
+                base,
+                "DeviceCommunicatorBase.all_gatherv",
+                ("self", "input_", "dim=0", "sizes=None"),
+                _cpu_all_gatherv,
+                __name__,
+                check=_cpu_communicator_lacks("all_gatherv"),
+            ),
+            Patch(
+                base,
+                "DeviceCommunicatorBase.reduce_scatterv",
+                ("self", "input_", "dim=-1", "sizes=None"),
+                _cpu_reduce_scatterv,
+                __name__,
+                check=_cpu_communicator_lacks("reduce_scatterv"),
+            ),
         ]
     )
 
@@ -203,7 +232,7 @@ _STAND_IN_PATCHES: Any = None
 
 
 def stand_in_patches() -> Any:
-    """The ``PatchSet`` of this harness's upstream replacements (stand-in 3), built once."""
+    """The ``PatchSet`` of this harness's upstream replacements (stand-ins 3 and 5), built once."""
     global _STAND_IN_PATCHES
     if _STAND_IN_PATCHES is None:
         _STAND_IN_PATCHES = _stand_in_patches()
@@ -215,6 +244,145 @@ def __getattr__(name: str) -> Any:
     if name == "TorchFusedMoEMethod":
         return _method_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --- stand-in 5: variable-size collectives -----------------------------------------------------------
+
+_COMMUNICATORS = "vllm.distributed.device_communicators"
+
+
+def _is_cpu_communicator(communicator: Any) -> bool:
+    from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
+
+    return isinstance(communicator, CpuCommunicator)
+
+
+def _group_sizes(communicator: Any, rows: int, sizes: list[int] | None, what: str) -> list[int]:
+    """``sizes`` checked against the group (one per rank, this rank's equal to ``rows``), or equal
+    sizes of ``rows`` when None."""
+    world = communicator.world_size
+    if sizes is None:
+        return [rows] * world
+    sizes = [int(n) for n in sizes]
+    if len(sizes) != world or min(sizes) < 0:
+        raise ValueError(
+            f"{what}: sizes={sizes} must hold {world} row counts >= 0, one per rank of the group"
+        )
+    return sizes
+
+
+def cpu_all_gatherv(
+    communicator: Any, input_: torch.Tensor | list[torch.Tensor], dim: int = 0, sizes: list[int] | None = None
+) -> torch.Tensor | list[torch.Tensor]:
+    """``all_gatherv`` of a ``CpuCommunicator`` over ``torch.distributed`` (stand-in 5).
+
+    Args:
+        communicator: the group's ``CpuCommunicator`` (its ``device_group``, ``world_size``,
+            ``rank_in_group``).
+        input_: this rank's rows ``(sizes[rank], ...)``, or a list of such tensors (each gathered alike).
+        dim: 0 (the only dimension upstream gathers on; vLLM's CUDA communicator has the same limit).
+        sizes: the rows of every rank of the group, in group order; None: every rank has this rank's.
+
+    Returns:
+        ``(sum(sizes), ...)`` per input, same dtype and device: rank 0's rows, then rank 1's, ...
+
+    Raises:
+        NotImplementedError: ``dim`` is not 0.
+        ValueError: ``sizes`` does not hold one count per rank, or this rank's tensor has other rows.
+    """
+    import torch.distributed as dist
+
+    if dim != 0:
+        raise NotImplementedError(f"all_gatherv stand-in: dim={dim}, only dim 0 is supported")
+    tensors = [input_] if isinstance(input_, torch.Tensor) else list(input_)
+    out = []
+    for x in tensors:
+        counts = _group_sizes(communicator, int(x.shape[0]), sizes, "all_gatherv")
+        if x.shape[0] != counts[communicator.rank_in_group]:
+            raise ValueError(
+                f"all_gatherv: rank {communicator.rank_in_group} holds {x.shape[0]} rows, sizes={counts} "
+                f"says {counts[communicator.rank_in_group]}"
+            )
+        padded = x.new_zeros((max(counts), *x.shape[1:]))
+        padded[: x.shape[0]] = x
+        parts = [torch.empty_like(padded) for _ in counts]
+        dist.all_gather(parts, padded, group=communicator.device_group)
+        out.append(torch.cat([part[:n] for part, n in zip(parts, counts, strict=True)]))
+    return out[0] if isinstance(input_, torch.Tensor) else out
+
+
+def cpu_reduce_scatterv(
+    communicator: Any, input_: torch.Tensor, dim: int = -1, sizes: list[int] | None = None
+) -> torch.Tensor:
+    """``reduce_scatterv`` of a ``CpuCommunicator`` over ``torch.distributed`` (stand-in 5).
+
+    Args:
+        communicator: the group's ``CpuCommunicator``.
+        input_: ``(sum(sizes), ...)`` along ``dim`` on every rank (the input is not modified).
+        dim: the dimension scattered (upstream passes 0).
+        sizes: the rows each rank of the group keeps, in group order; None: equal shares.
+
+    Returns:
+        the sum over the group of the input's rows ``[sum(sizes[:rank]), sum(sizes[:rank + 1]))`` along
+        ``dim``, same dtype and device.
+
+    Raises:
+        ValueError: ``sizes`` does not hold one count per rank or does not add up to the input's rows,
+            or (None) the rows do not divide by the group size.
+    """
+    import torch.distributed as dist
+
+    dim = dim % input_.dim()
+    total = int(input_.shape[dim])
+    world, rank = communicator.world_size, communicator.rank_in_group
+    if sizes is None and total % world:
+        raise ValueError(f"reduce_scatterv: {total} rows do not divide by the group's {world} ranks")
+    counts = _group_sizes(communicator, total // world, sizes, "reduce_scatterv")
+    if sum(counts) != total:
+        raise ValueError(
+            f"reduce_scatterv: sizes={counts} add up to {sum(counts)}, the input has {total} rows"
+        )
+    reduced = input_.movedim(dim, 0).contiguous().clone()
+    dist.all_reduce(reduced, group=communicator.device_group)
+    start = sum(counts[:rank])
+    return reduced[start : start + counts[rank]].movedim(0, dim).contiguous()
+
+
+def _cpu_all_gatherv(original: Any) -> Any:
+    import functools
+
+    @functools.wraps(original)
+    def all_gatherv(self, input_, dim=0, sizes=None):
+        if _is_cpu_communicator(self):
+            return cpu_all_gatherv(self, input_, dim, sizes)
+        return original(self, input_, dim, sizes)
+
+    return all_gatherv
+
+
+def _cpu_reduce_scatterv(original: Any) -> Any:
+    import functools
+
+    @functools.wraps(original)
+    def reduce_scatterv(self, input_, dim=-1, sizes=None):
+        if _is_cpu_communicator(self):
+            return cpu_reduce_scatterv(self, input_, dim, sizes)
+        return original(self, input_, dim, sizes)
+
+    return reduce_scatterv
+
+
+def _cpu_communicator_lacks(name: str) -> Any:
+    def check(original: Any) -> None:
+        from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
+
+        if name in vars(CpuCommunicator):
+            raise RuntimeError(
+                f"upstream CpuCommunicator now implements {name}: the harness's stand-in for it must go "
+                "(ascend_eplb.tools.world.stand_ins, stand-in 5)"
+            )
+
+    return check
 
 
 # --- stand-in 2: attention ------------------------------------------------------------------------
@@ -284,7 +452,8 @@ def install_attention_stand_ins(model: torch.nn.Module) -> dict[str, int]:
 def install_stand_ins(*, quantized: bool = False) -> None:
     """Install every process-wide stand-in, before a model is built (idempotent).
 
-    The 16-bit linear patch (:func:`stand_in_patches`), the torch expert method
+    The 16-bit linear patch and the variable-size collectives (:func:`stand_in_patches`), the torch
+    expert method
     (:func:`register_torch_moe_method`) and, for a checkpoint with an msModelSlim description
     (``quantized``), the ``"ascend"`` quantization stand-in
     (``quant_method.register_ascend_quantization``).
@@ -299,8 +468,6 @@ def install_stand_ins(*, quantized: bool = False) -> None:
         from ascend_eplb.tools.world.quant_method import register_ascend_quantization
 
         register_ascend_quantization()
-    # Stand-ins of further device features go here, one line each (e.g. the variable-size collectives
-    # all_gatherv / reduce_scatterv that CpuCommunicator lacks, for DP > 1 worlds).
 
 
 def install_model_stand_ins(model: torch.nn.Module) -> None:
