@@ -5,8 +5,9 @@ what lets a rank build and run them (facts measured in ``notes/real-models-on-cp
 checkpoints of :mod:`ascend_eplb.tools.world.checkpoints`:
 
 * :func:`build_model` builds one rank's model with vLLM's own ``get_model`` (safetensors loader) under
-  TP x EP over Gloo; :func:`forward` runs one prefill forward (the HF transformers oracle on the same
-  checkpoint is the test support's, ``ascend_eplb.testing.hf``).
+  DP x TP with EP over Gloo (every DP rank in one world, as vLLM's external launcher builds them:
+  :func:`parallel_layout`); :func:`forward` runs one prefill forward (the HF transformers oracle on the
+  same checkpoint is the test support's, ``ascend_eplb.testing.hf``).
 * :class:`ServingWorker` is one Model Runner V2 worker with EPLB on, built and driven as serving does,
   beside the EPLB-off model of the same checkpoint (``simulate`` runs it).
 * :func:`real_model_world` is a rank function that drives the serving path with EPLB on
@@ -52,6 +53,7 @@ from ascend_eplb.tools.world.slots import (
 from ascend_eplb.tools.world.stand_ins import install_model_stand_ins, install_stand_ins
 
 __all__ = [
+    "ParallelLayout",
     "RealModelSpec",
     "ServingWorker",
     "WorkerStep",
@@ -60,6 +62,7 @@ __all__ = [
     "init_world",
     "load_model",
     "moe_layers",
+    "parallel_layout",
     "prepare_world",
     "prompt",
     "real_model_world",
@@ -69,7 +72,73 @@ __all__ = [
 # --- a rank's model --------------------------------------------------------------------------------
 
 
-def _vllm_config(folder: Path, num_ranks: int, enable_eplb: bool, eplb: dict[str, Any] | None) -> Any:
+@dataclass(frozen=True)
+class ParallelLayout:
+    """A world's DP x TP layout (EP spans both: ``ep_rank = dp_rank * tp_size + tp_rank``, vLLM's order).
+
+    Attributes:
+        data_parallel_size: D, the DP ranks (each with its own batch).
+        tensor_parallel_size: TP, the ranks of one DP rank (fed the same batch).
+
+    The MoE row layout vLLM takes on it is the controller's (``ascend_eplb.control.layout``
+    ``default_moe_rows``): on this host ``replicated`` (D = 1), ``gathered`` (D > 1, TP = 1) or
+    ``gathered-sp`` (D > 1, TP > 1: vLLM's ``ParallelConfig.use_sequence_parallel_moe`` holds for the
+    CPU's ``allgather_reducescatter`` backend with EP, TP > 1 and DP > 1, so no plain ``gathered`` with
+    TP > 1 here).
+    """
+
+    data_parallel_size: int
+    tensor_parallel_size: int
+
+    @property
+    def num_ranks(self) -> int:
+        """D x TP."""
+        return self.data_parallel_size * self.tensor_parallel_size
+
+    def dp_rank(self, rank: int) -> int:
+        """The DP rank of global ``rank``."""
+        return rank // self.tensor_parallel_size
+
+    def tp_rank(self, rank: int) -> int:
+        """The TP rank of global ``rank``."""
+        return rank % self.tensor_parallel_size
+
+
+def parallel_layout(num_ranks: int, data_parallel_size: int = 1) -> ParallelLayout:
+    """The :class:`ParallelLayout` of ``num_ranks`` ranks with D = ``data_parallel_size``.
+
+    Raises:
+        ValueError: D is not an int >= 1, or does not divide ``num_ranks``.
+    """
+    if (
+        isinstance(data_parallel_size, bool)
+        or not isinstance(data_parallel_size, int)
+        or data_parallel_size < 1
+    ):
+        raise ValueError(f"data_parallel_size={data_parallel_size!r} must be an int >= 1")
+    if num_ranks % data_parallel_size:
+        raise ValueError(
+            f"data_parallel_size={data_parallel_size} must divide the {num_ranks} ranks (ranks = DP x TP)"
+        )
+    return ParallelLayout(data_parallel_size, num_ranks // data_parallel_size)
+
+
+def _external_launcher_environment(ctx: Any) -> None:
+    """``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` of ``ctx``: what vLLM's external launcher reads (its
+    ``ParallelConfig`` derives ``data_parallel_rank`` from ``RANK``); under torchrun they are set already
+    and equal."""
+    os.environ["RANK"] = str(ctx.rank)
+    os.environ["LOCAL_RANK"] = str(ctx.local_rank)
+    os.environ["WORLD_SIZE"] = str(ctx.world_size)
+
+
+def _vllm_config(
+    folder: Path,
+    num_ranks: int,
+    enable_eplb: bool,
+    eplb: dict[str, Any] | None,
+    data_parallel_size: int = 1,
+) -> Any:
     from vllm.config import (
         AttentionConfig,
         CompilationConfig,
@@ -81,11 +150,23 @@ def _vllm_config(folder: Path, num_ranks: int, enable_eplb: bool, eplb: dict[str
     )
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
+    layout = parallel_layout(num_ranks, data_parallel_size)
+    # D > 1: every DP rank in this one world, as vLLM's external launcher runs them (data_parallel_rank
+    # from RANK; the world is D x TP).
+    data_parallel = (
+        {}
+        if layout.data_parallel_size == 1
+        else {
+            "data_parallel_size": layout.data_parallel_size,
+            "distributed_executor_backend": "external_launcher",
+        }
+    )
     parallel = ParallelConfig(
-        tensor_parallel_size=num_ranks,
+        tensor_parallel_size=layout.tensor_parallel_size,
         enable_expert_parallel=True,
         enable_eplb=enable_eplb,
         eplb_config=EPLBConfig(**(eplb or {})),
+        **data_parallel,
     )
     config = json.loads((folder / "config.json").read_text())
     quantized = (folder / "quant_model_description.json").is_file()
@@ -115,7 +196,8 @@ def _vllm_config(folder: Path, num_ranks: int, enable_eplb: bool, eplb: dict[str
 
 
 def init_world(ctx: Any, vllm_config: Any) -> None:
-    """vLLM's distributed environment over Gloo for ``ctx``'s world (TP = world size); idempotent."""
+    """vLLM's distributed environment over Gloo for ``ctx``'s world (D x TP of ``vllm_config``);
+    idempotent."""
     from vllm.config import set_current_vllm_config
     from vllm.distributed import parallel_state
 
@@ -129,7 +211,9 @@ def init_world(ctx: Any, vllm_config: Any) -> None:
             local_rank=ctx.local_rank,
             backend="gloo",
         )
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=ctx.world_size)
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=vllm_config.parallel_config.tensor_parallel_size
+        )
 
 
 def _thread_lock_for_tqdm() -> None:
@@ -153,6 +237,7 @@ def prepare_world(
     *,
     enable_eplb: bool = False,
     eplb: dict[str, Any] | None = None,
+    data_parallel_size: int = 1,
 ) -> Any:
     """What a worker has before it loads the model of ``folder``: its ``VllmConfig`` and vLLM's world.
 
@@ -161,16 +246,23 @@ def prepare_world(
     the torch expert method and, for a checkpoint with an msModelSlim description, the ``"ascend"``
     quantization stand-in), builds the ``VllmConfig`` (the checkpoint's dtype,
     ``quantization="ascend"`` with a description, eager, ``custom_ops=["none"]``,
-    ``enable_expert_parallel``, ``enable_eplb``) and initialises vLLM's distributed environment once
-    per process (TP = EP = ``ctx.world_size`` over Gloo). Arguments as :func:`build_model`.
+    ``enable_expert_parallel``, ``enable_eplb``; with ``data_parallel_size`` D > 1 the external launcher's
+    DP fields and environment) and initialises vLLM's distributed environment once per process (D x TP =
+    ``ctx.world_size`` ranks over Gloo, EP over all of them). Arguments as :func:`build_model`.
+
+    Raises:
+        ValueError: D does not divide the world (:func:`parallel_layout`).
     """
     from ascend_eplb.integration.patches import apply_patches
 
+    parallel_layout(ctx.world_size, data_parallel_size)  # refused before anything changes
     apply_patches()
     folder = Path(folder)
     install_stand_ins(quantized=(folder / "quant_model_description.json").is_file())
     _thread_lock_for_tqdm()
-    vllm_config = _vllm_config(folder, ctx.world_size, enable_eplb, eplb)
+    if data_parallel_size > 1:
+        _external_launcher_environment(ctx)
+    vllm_config = _vllm_config(folder, ctx.world_size, enable_eplb, eplb, data_parallel_size)
     init_world(ctx, vllm_config)
     return vllm_config
 
@@ -194,6 +286,7 @@ def build_model(
     *,
     enable_eplb: bool = False,
     eplb: dict[str, Any] | None = None,
+    data_parallel_size: int = 1,
 ) -> tuple[torch.nn.Module, Any]:
     """One rank's vLLM model of the checkpoint in ``folder``: :func:`prepare_world`, then
     :func:`load_model`.
@@ -204,11 +297,15 @@ def build_model(
         enable_eplb: ``ParallelConfig.enable_eplb``.
         eplb: ``EPLBConfig`` fields (``num_redundant_experts``, ``window_size``, ``step_interval``,
             ``use_async``, ...).
+        data_parallel_size: D (the world is D x TP; each DP rank feeds its own batch, its TP ranks the
+            same one).
 
     Returns:
         ``(model, vllm_config)``.
     """
-    vllm_config = prepare_world(ctx, folder, enable_eplb=enable_eplb, eplb=eplb)
+    vllm_config = prepare_world(
+        ctx, folder, enable_eplb=enable_eplb, eplb=eplb, data_parallel_size=data_parallel_size
+    )
     return load_model(vllm_config), vllm_config
 
 
@@ -228,6 +325,10 @@ def forward(
 ) -> torch.Tensor:
     """One prefill forward of one sequence inside ``set_forward_context``.
 
+    With D > 1 every DP rank calls it together (the MoE layers gather over the DP or EP group), each on
+    its own batch of the same T, as Model Runner V2 pads every DP rank to one token count
+    (``num_tokens_across_dp`` is ``[T] * D``).
+
     Args:
         model: from :func:`build_model`.
         vllm_config: its config.
@@ -235,16 +336,19 @@ def forward(
         positions: int64 ``(T,)``, ``0..T-1`` (the attention stand-ins are causal from position 0).
 
     Returns:
-        float32 ``(T, vocab_size)`` logits, on every rank (gathered over TP).
+        float32 ``(T, vocab_size)`` logits of this rank's batch, on every TP rank (gathered over TP).
     """
     from vllm.config import set_current_vllm_config
     from vllm.distributed import tensor_model_parallel_all_gather
     from vllm.forward_context import set_forward_context
 
+    num_tokens = int(input_ids.shape[0])
+    dp = int(vllm_config.parallel_config.data_parallel_size)
+    across_dp = torch.tensor([num_tokens] * dp, dtype=torch.int32) if dp > 1 else None
     with (
         torch.inference_mode(),
         set_current_vllm_config(vllm_config),
-        set_forward_context(None, vllm_config, num_tokens=int(input_ids.shape[0])),
+        set_forward_context(None, vllm_config, num_tokens=num_tokens, num_tokens_across_dp=across_dp),
     ):
         hidden = model(input_ids=input_ids, positions=positions)
         head = model.lm_head
@@ -303,13 +407,19 @@ class ServingWorker:
         eplb_off: also build the EPLB-off model.
         initial_placement: ``eplb_config.initial_placement`` (a placement file or an events file to start
             serving on), or None (upstream's initial placement).
+        ascend_keys: more Ascend keys of ``additional_config.eplb_config`` (the placement policy and the
+            gain gate: ``policy``, ``min_balancedness_gain``, ``target_balancedness``), judged by
+            start-up validation as a server's; None: none.
+        data_parallel_size: D; the world is D x TP (:func:`parallel_layout`), and every DP rank's worker
+            steps together, each forward on its own batch of one T.
 
     Attributes:
         info: :func:`checkpoint_info`; ``format``: the experts' quant_views format
         (``checkpoints.checkpoint_format``, None for float32); ``experts``: :func:`checkpoint_experts`
         (float32) or ``expert_storage``: ``quant_method.checkpoint_expert_storage`` (a format), the truth
         slots are checked against; ``model``, ``vllm_config``, ``wiring``, ``state`` (the
-        ``AscendEplbState``), ``model_state`` (upstream's), ``ep_rank``, ``seconds`` (``build_on``,
+        ``AscendEplbState``), ``model_state`` (upstream's), ``ep_rank``, ``layout`` (the
+        :class:`ParallelLayout`), ``dp_rank``, ``tp_rank``, ``seconds`` (``build_on``,
         ``build_off``), ``method`` (the expert method's class: ``stand_ins.TorchFusedMoEMethod``, or
         ``quant_method``'s ``QuantViewsFusedMoEMethod`` for a quantized checkpoint).
 
@@ -328,7 +438,11 @@ class ServingWorker:
         phase: str = "all",
         eplb_off: bool = True,
         initial_placement: str | None = None,
+        data_parallel_size: int = 1,
+        ascend_keys: dict[str, Any] | None = None,
     ) -> None:
+        self.layout = parallel_layout(ctx.world_size, data_parallel_size)
+        self.dp_rank, self.tp_rank = self.layout.dp_rank(ctx.rank), self.layout.tp_rank(ctx.rank)
         os.environ["ASCEND_EPLB"] = "1"
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
         os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
@@ -352,8 +466,10 @@ class ServingWorker:
         self.seconds: dict[str, float] = {}
         t0 = time.monotonic()
         # As a serving worker: the runner (its controller: start-up validation) before the model loads.
-        self.vllm_config = prepare_world(ctx, self.folder, enable_eplb=True, eplb=eplb)
-        ascend = {"load_collection_phase": phase}
+        self.vllm_config = prepare_world(
+            ctx, self.folder, enable_eplb=True, eplb=eplb, data_parallel_size=data_parallel_size
+        )
+        ascend = {"load_collection_phase": phase, **(ascend_keys or {})}
         if initial_placement is not None:
             ascend["initial_placement"] = initial_placement
         self.vllm_config.additional_config = {
@@ -386,7 +502,9 @@ class ServingWorker:
         self.model_off = self.vllm_config_off = None
         if eplb_off:
             t1 = time.monotonic()
-            self.model_off, self.vllm_config_off = build_model(ctx, self.folder, enable_eplb=False)
+            self.model_off, self.vllm_config_off = build_model(
+                ctx, self.folder, enable_eplb=False, data_parallel_size=data_parallel_size
+            )
             self.seconds["build_off"] = time.monotonic() - t1
 
     @property
@@ -521,6 +639,10 @@ class RealModelSpec:
         worker_deadline_s: how long a step waits for the async worker to hand over a layer.
         environ: environment set in each rank before anything is built (e.g. vllm-ascend's
             ``VLLM_ASCEND_ENABLE_NZ``, see ``quant_method.FORMAT_SWITCHES``).
+        data_parallel_size: D; the world is D x TP (:func:`parallel_layout`). Each DP rank serves its own
+            prompts (DP rank 0's are those of D = 1), its TP ranks the same ones.
+        real_tokens: per DP rank, the real (unpadded) rows of each prompt, the rest padding (Model
+            Runner V2 pads every DP rank to one T); empty: every row is real.
     """
 
     arch: str
@@ -535,11 +657,34 @@ class RealModelSpec:
     run_eplb_off: bool = True
     worker_deadline_s: float = 20.0
     environ: dict[str, str] = field(default_factory=dict)
+    data_parallel_size: int = 1
+    real_tokens: tuple[int, ...] = ()
+
+    def num_real_tokens(self, dp_rank: int) -> int:
+        """The real rows of DP rank ``dp_rank``'s prompts.
+
+        Raises:
+            ValueError: ``real_tokens`` does not hold one count in ``[0, num_tokens]`` per DP rank.
+        """
+        if not self.real_tokens:
+            return self.num_tokens
+        if len(self.real_tokens) != self.data_parallel_size or not all(
+            0 <= n <= self.num_tokens for n in self.real_tokens
+        ):
+            raise ValueError(
+                f"real_tokens={self.real_tokens} must hold {self.data_parallel_size} counts in "
+                f"[0, {self.num_tokens}], one per DP rank"
+            )
+        return self.real_tokens[dp_rank]
+
+    def prompt_seed(self, step: int, dp_rank: int) -> int:
+        """The seed of DP rank ``dp_rank``'s prompt at ``step`` (D = 1: ``seed * 1000 + step``)."""
+        return (self.seed * 1000 + step) * self.data_parallel_size + dp_rank
 
 
 def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
     """One :class:`ServingWorker` per rank (verifier on) for ``spec.steps`` steps, each step's EPLB-off
-    logits beside.
+    logits beside, in the world's DP x TP layout (``spec.data_parallel_size``).
 
     The profile step, then per step :meth:`ServingWorker.forward_step` and
     :meth:`ServingWorker.end_step`. The async worker rearranges every ``step_interval`` steps; before a
@@ -549,8 +694,10 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
     committed ``physical_to_logical_map``.
 
     Returns (every rank), a dict:
-        ``rank``; ``info`` (``num_logical_experts``, ``top_k``, ``num_moe_layers``,
-        ``num_physical_experts``); ``prompts``: list of int64 ``(T,)`` per step;
+        ``rank``; ``dp_rank``, ``tp_rank``, ``moe_rows`` (the row layout the controller used for the
+        forwards, ``RowLayout.rows``); ``num_real_tokens`` (this DP rank's real rows per prompt);
+        ``info`` (``num_logical_experts``, ``top_k``, ``num_moe_layers``,
+        ``num_physical_experts``); ``prompts``: list of int64 ``(T,)`` per step (this DP rank's);
         ``logits_on``: float32 ``(T, vocab_size)`` per step (EPLB on); ``logits_off``: same prompts, EPLB off
         (absent when ``run_eplb_off`` is False); ``load``: per step int64 ``(L, P)``, upstream's
         ``expert_load_pass`` after the forward (this rank's recorded load, physical id space);
@@ -578,10 +725,15 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
         step_interval=spec.step_interval,
         phase=spec.phase,
         eplb_off=spec.run_eplb_off,
+        data_parallel_size=spec.data_parallel_size,
     )
     info = worker.info
+    real = spec.num_real_tokens(worker.dp_rank)
     report: dict[str, Any] = {
         "rank": ctx.rank,
+        "dp_rank": worker.dp_rank,
+        "tp_rank": worker.tp_rank,
+        "num_real_tokens": real,
         "initial_slot_mismatches": worker.initial_slot_mismatches,
         "info": {
             "num_logical_experts": info.num_logical_experts,
@@ -590,7 +742,10 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
             "num_physical_experts": worker.num_physical_experts,
         },
     }
-    prompts = [prompt(spec.seed * 1000 + s, spec.num_tokens, info.vocab_size) for s in range(spec.steps)]
+    prompts = [
+        prompt(spec.prompt_seed(s, worker.dp_rank), spec.num_tokens, info.vocab_size)
+        for s in range(spec.steps)
+    ]
     worker.profile_run(prompts[0])
     logits_on, logits_off, loads, recorded, maps, commits, slot_checks = [], [], [], [], [], [], []
     t1 = time.monotonic()
@@ -601,7 +756,7 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
         computed = 0 if step % 2 == 0 else spec.num_tokens
         seen = worker.forward_step(
             prompts[step],
-            num_unpadded_tokens=spec.num_tokens,
+            num_unpadded_tokens=real,
             batch_has_prefill=batch_has_prefill([computed], [spec.num_tokens]),
         )
         logits_on.append(seen.logits_on)
@@ -615,6 +770,8 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
             slot_checks.append((step, worker.slot_mismatches()))
     report["seconds"] = {**worker.seconds, "steps": time.monotonic() - t1}
     report.update(worker.describe_experts())
+    layout = worker.wiring.controller.last_row_layout
+    report["moe_rows"] = None if layout is None else layout.rows
     report["num_rearrangements"] = worker.state.num_rearrangements
     report["worker_alive"] = worker.state.async_worker is not None and worker.state.async_worker.is_alive()
     report.update(
