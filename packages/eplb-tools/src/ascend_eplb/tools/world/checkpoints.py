@@ -4,8 +4,10 @@
   ``"qwen3-moe"`` (``Qwen3MoeForCausalLM``), ``"deepseek-v3"`` (``DeepseekV3ForCausalLM``: grouped
   top-k, sigmoid scoring with a nonzero ``e_score_correction_bias``, a shared expert, a dense first
   layer, MLA) or ``"mixtral"`` (``MixtralForCausalLM``) with transformers' own config and model classes;
-  never a hub. :func:`to_format` converts it to a 16-bit dtype or, with :func:`write_quantized_experts`,
-  to msModelSlim's layout of a quantized format (what vLLM Ascend serves with ``--quantization ascend``).
+  never a hub. ``"qwen2-moe"`` (``Qwen2MoeForCausalLM``, whose vLLM 0.33.0 class has no
+  ``MixtureOfExperts`` part) is the model EPLB start-up refuses. :func:`to_format` converts a
+  checkpoint to a 16-bit dtype or, with :func:`write_quantized_experts`, to msModelSlim's layout of a
+  quantized format (what vLLM Ascend serves with ``--quantization ascend``).
 * :func:`fit_routing_bias` fits a DeepSeek-V3 checkpoint's routing bias to a recorded popularity.
 * :func:`checkpoint_info`, :func:`checkpoint_tensors`, :func:`checkpoint_experts` and
   :func:`checkpoint_format` read such a checkpoint back (sizes, tensors, routed experts, format).
@@ -45,16 +47,20 @@ __all__ = [
 ]
 
 #: The architectures :func:`write_checkpoint` writes, with their HF
-#: ``architectures`` entry.
+#: ``architectures`` entry. vLLM 0.33.0's ``Qwen2MoeForCausalLM`` implements no ``MixtureOfExperts``
+#: part, so EPLB cannot balance it: its checkpoint is the one start-up must refuse (rule
+#: ``moe-model-class``).
 ARCHITECTURES = {
     "qwen3-moe": "Qwen3MoeForCausalLM",
     "deepseek-v3": "DeepseekV3ForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "qwen2-moe": "Qwen2MoeForCausalLM",
 }
 _ARCH_BY_CLASS = {v: k for k, v in ARCHITECTURES.items()}
 #: Checkpoint key templates of one routed expert's (gate, up, down) weights per architecture.
 EXPERT_KEYS = {
     "qwen3-moe": ("mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj", "mlp.experts.{e}.down_proj"),
+    "qwen2-moe": ("mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj", "mlp.experts.{e}.down_proj"),
     "deepseek-v3": ("mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj", "mlp.experts.{e}.down_proj"),
     "mixtral": (
         "block_sparse_moe.experts.{e}.w1",
@@ -70,7 +76,7 @@ class CheckpointInfo:
     back from its ``config.json``).
 
     Attributes:
-        arch: ``"qwen3-moe"``, ``"deepseek-v3"`` or ``"mixtral"``.
+        arch: an :data:`ARCHITECTURES` key.
         folder: the checkpoint folder.
         num_logical_experts: E (routed experts per MoE layer).
         top_k: K.
@@ -116,7 +122,7 @@ def checkpoint_info(folder: str | os.PathLike[str]) -> CheckpointInfo:
     if arch == "deepseek-v3":
         experts = config["n_routed_experts"]
         moe = tuple(range(config["first_k_dense_replace"], layers))
-    elif arch == "qwen3-moe":
+    elif arch in ("qwen3-moe", "qwen2-moe"):
         experts = config.get(
             "num_experts", config.get("num_local_experts")
         )  # transformers 5 writes the latter
@@ -193,7 +199,7 @@ def _hf_config(
     num_moe_layers: int | None,
     moe_intermediate_size: int | None = None,
 ) -> Any:
-    from transformers import DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
+    from transformers import DeepseekV3Config, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
     common = {
         "vocab_size": VOCAB_SIZE,
@@ -211,6 +217,19 @@ def _hf_config(
             num_hidden_layers=num_moe_layers or 2,
             num_key_value_heads=2,
             head_dim=16,
+            num_experts=num_experts or 8,
+            num_experts_per_tok=top_k or 2,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+        )
+    if arch == "qwen2-moe":
+        return Qwen2MoeConfig(
+            **common,
+            intermediate_size=128,
+            moe_intermediate_size=moe_intermediate_size or 32,
+            shared_expert_intermediate_size=64,
+            num_hidden_layers=num_moe_layers or 2,
+            num_key_value_heads=2,
             num_experts=num_experts or 8,
             num_experts_per_tok=top_k or 2,
             norm_topk_prob=True,
@@ -265,16 +284,16 @@ def write_checkpoint(
 ) -> Path:
     """Write a tiny random checkpoint of ``arch`` into ``folder`` and return the folder.
 
-    Hidden size 64, vocabulary 128, 4 attention heads; ``qwen3-moe`` and ``mixtral``: 2 layers, both
-    MoE, E=8, K=2; ``deepseek-v3``: 3 layers (the first dense), E=16 in 4 groups (2 chosen), K=4, one
-    shared expert, MLA (q LoRA 48, kv LoRA 32). Weights are drawn from ``seed`` with std 0.02, token
-    embeddings std 1, router gates std 0.5, LM head std 0.3 (routing is not degenerate in any layer);
-    DeepSeek's ``e_score_correction_bias`` is nonzero (std 0.05). Written with
-    transformers' config class, ``AutoModelForCausalLM.from_config`` and ``save_pretrained`` (per-expert
-    keys); about 0.1 s. Sizes: :func:`checkpoint_info`.
+    Hidden size 64, vocabulary 128, 4 attention heads; ``qwen3-moe``, ``qwen2-moe`` (with a shared
+    expert) and ``mixtral``: 2 layers, both MoE, E=8, K=2; ``deepseek-v3``: 3 layers (the first dense),
+    E=16 in 4 groups (2 chosen), K=4, one shared expert, MLA (q LoRA 48, kv LoRA 32). Weights are drawn
+    from ``seed`` with std 0.02, token embeddings std 1, router gates std 0.5, LM head std 0.3 (routing
+    is not degenerate in any layer); DeepSeek's ``e_score_correction_bias`` is nonzero (std 0.05).
+    Written with transformers' config class, ``AutoModelForCausalLM.from_config`` and
+    ``save_pretrained`` (per-expert keys); about 0.1 s. Sizes: :func:`checkpoint_info`.
 
     Args:
-        arch: ``"qwen3-moe"``, ``"deepseek-v3"`` or ``"mixtral"``.
+        arch: an :data:`ARCHITECTURES` key.
         folder: created if missing; its files are overwritten.
         seed: torch seed of the weights.
         num_experts: E instead of the default (DeepSeek: a multiple of its 4 groups).
