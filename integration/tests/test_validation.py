@@ -67,6 +67,7 @@ BREAKS = {
     "expert-groups": {
         "moe_facts": MoeFacts("config.json", {"n_routed_experts": 64, "num_experts_per_tok": 6, "n_group": 3})
     },
+    "moe-model-class": {"model_architectures": ("Qwen2MoeForCausalLM",)},
     "experts-divisible": {"num_redundant_experts": 2},
     "initial-placement": {"ascend_eplb_config": {"initial_placement": "no-such-placement.json"}},
     "quantization": {"quantization": "w4a16"},
@@ -267,3 +268,59 @@ def test_start_up_names_every_bad_serving_switch_at_once(monkeypatch):
     monkeypatch.setenv("ASCEND_EPLB_WORKER_TIMEOUT_S", "30")
     setup = read_serving_setup(vc)
     assert (setup.worker_timeout_s, setup.on_worker_failure) == (30.0, "raise")
+
+
+QWEN2_MOE_REFUSAL = (
+    "model class Qwen2MoeForCausalLM (architecture Qwen2MoeForCausalLM) has no MixtureOfExperts part "
+    "(vLLM's MixtureOfExperts interface: expert_weights, set_eplb_state, the MoE layers): upstream's "
+    "EPLBController.maybe_register_model would not register it and the model would be served without "
+    "EPLB; fix: serve it without --enable-eplb, or with a model class that implements MixtureOfExperts"
+)
+
+
+def test_start_up_refuses_a_model_class_without_a_mixture_of_experts_part(tmp_path, monkeypatch):
+    """Issue 29: vLLM 0.33.0's ``Qwen2MoeForCausalLM`` has no MixtureOfExperts part, so upstream's
+    ``maybe_register_model`` returned False and the model was served without EPLB after "Ascend EPLB
+    active". Start-up resolves the config's architectures through vLLM's registry and refuses it; a class
+    with the part passes, and architectures vLLM's registry does not hold are left to the registration."""
+    import json
+
+    from ascend_eplb.integration.rules import read_model_class
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    from vllm.config import EPLBConfig, ModelConfig, ParallelConfig, VllmConfig
+
+    config = {
+        "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "num_experts": 8,
+        "num_experts_per_tok": 2, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 256,
+        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = ModelConfig(
+        model=str(tmp_path), skip_tokenizer_init=True, dtype="float32", enforce_eager=True, max_model_len=256
+    )
+    vc = VllmConfig(
+        model_config=model,
+        parallel_config=ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True),
+    )
+    vc.parallel_config.enable_eplb = True
+    vc.parallel_config.eplb_config = EPLBConfig(window_size=2, step_interval=4, use_async=True)
+    with pytest.raises(EplbConfigError) as info:
+        validate_eplb_config(vc)
+    assert [str(v) for v in info.value.violations] == [f"[moe-model-class] {QWEN2_MOE_REFUSAL}"]
+    # EPLB off: the model is vLLM's to serve; nothing is judged.
+    vc.parallel_config.enable_eplb = False
+    assert validate_eplb_config(vc).enable_eplb is False
+
+    qwen3 = read_model_class(("Qwen3MoeForCausalLM",))
+    assert (qwen3.name, qwen3.has_moe_part) == ("Qwen3MoeForCausalLM", True)
+    assert read_model_class(("NoSuchModelForCausalLM", "MixtralForCausalLM")).name == "MixtralForCausalLM"
+    assert read_model_class(("NoSuchModelForCausalLM",)) is None
+    judged = check_settings(replace(GOOD, model_architectures=("NoSuchModelForCausalLM",)))
+    assert list(judged) == []
+    assert [str(v) for v in judged.unjudged] == [
+        "cannot judge: moe-model-class: architectures ['NoSuchModelForCausalLM'] are not in vLLM's model "
+        "registry, so whether the model class vLLM builds has a MixtureOfExperts part is decided when the "
+        "model registers"
+    ]

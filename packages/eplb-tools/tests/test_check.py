@@ -255,3 +255,24 @@ def test_a_folder_that_omits_a_moe_fact_leaves_its_rule_unjudged_and_an_option_c
         "states none of num_experts, moe_num_experts, n_routed_experts, num_local_experts, so vLLM reads "
         "its config class's default); pass --num-experts N (before the --) or state it in config.json"
     )
+
+
+def test_a_model_folder_whose_vllm_class_has_no_mixture_of_experts_part_is_refused(tmp_path, capsys):
+    """Issue 29: start-up's rule ``moe-model-class`` judges the folder's architectures as start-up does
+    (vLLM 0.33.0's Qwen2MoeForCausalLM would be served without EPLB); a Qwen3-MoE folder passes."""
+    folder = tmp_path / "qwen2-moe"
+    folder.mkdir()
+    config = {"architectures": ["Qwen2MoeForCausalLM"], "num_experts": 60, "num_experts_per_tok": 4,
+              "torch_dtype": "bfloat16"}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    assert main(["check", "--", "serve", str(folder), *ARGS, "--enforce-eager"]) == 2
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "1 EPLB configuration rule(s) violated:",
+        "  - [moe-model-class] model class Qwen2MoeForCausalLM (architecture Qwen2MoeForCausalLM) has no "
+        "MixtureOfExperts part (vLLM's MixtureOfExperts interface: expert_weights, set_eplb_state, the MoE "
+        "layers): upstream's EPLBController.maybe_register_model would not register it and the model would "
+        "be served without EPLB; fix: serve it without --enable-eplb, or with a model class that implements "
+        "MixtureOfExperts",
+    ]
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3MoeForCausalLM"]}))
+    assert main(["check", "--", "serve", str(folder), *ARGS, "--enforce-eager"]) == 0, capsys.readouterr().out

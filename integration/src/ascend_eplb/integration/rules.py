@@ -44,11 +44,13 @@ __all__ = [
     "V1_EPLB_KEYS",
     "EplbSettings",
     "Judgement",
+    "ModelClass",
     "MoeFacts",
     "Rule",
     "Violation",
     "check_settings",
     "experts_divisibility_error",
+    "read_model_class",
     "read_moe_facts",
     "shown",
 ]
@@ -138,6 +140,11 @@ class EplbSettings:
     The EPLB fields' defaults (``window_size`` to ``communicator``, ``log_balancedness``) are upstream
     vLLM 0.33.0 ``EPLBConfig``'s (tested equal); a config file that omits one reads them from here.
 
+    ``model_architectures``: the model config's ``architectures`` (start-up: vLLM's
+    ``model_config.architectures``; ``ascend-eplb check``: a model folder's ``config.json``), whose vLLM
+    model class the ``moe-model-class`` rule judges (:func:`read_model_class`); None where no model config
+    is read, and then that rule passes.
+
     ``num_moe_layers``: L, when known before the model is built (a model folder's ``config.json`` read by
     ``ascend-eplb check``); None at start-up, where the ``initial-placement`` rule compares the layers
     when the model registers (``startup_placement.attach_startup_install``).
@@ -169,6 +176,7 @@ class EplbSettings:
     speculative_draft_is_moe: bool = False
     unknown_facts: dict[str, str] = field(default_factory=dict)
     moe_facts: MoeFacts | None = None
+    model_architectures: tuple[str, ...] | None = None
 
     @property
     def num_ranks(self) -> int:
@@ -440,6 +448,47 @@ def read_moe_facts(config: Any, source: str) -> MoeFacts:
         counts = [c for c in counts if is_int(c)]
         block_experts = max(counts) if counts else None
     return MoeFacts(source, stated, block_experts, complete=not isinstance(config, Mapping))
+
+
+@dataclass(frozen=True)
+class ModelClass:
+    """The vLLM model class a model config's ``architectures`` resolve to, and whether EPLB can register it.
+
+    Attributes:
+        architecture: the ``architectures`` entry vLLM's registry resolved.
+        name: the class's ``__qualname__`` (``Qwen2MoeForCausalLM``).
+        has_moe_part: whether the class implements vLLM's ``MixtureOfExperts`` interface
+            (``vllm.model_executor.models.interfaces.MixtureOfExperts`` in its MRO). Upstream's
+            ``EPLBController.maybe_register_model`` registers a model only through that part
+            (``get_mixture_of_experts_model``) and returns False, silently, for any other: served on, without
+            EPLB. None: the class cannot tell (a multimodal class, whose language model may be the part);
+            upstream decides when the model registers.
+    """
+
+    architecture: str
+    name: str
+    has_moe_part: bool | None
+
+
+def read_model_class(architectures: Any) -> ModelClass | None:
+    """The first of ``architectures`` that vLLM 0.33.0's model registry holds, resolved to its class (the
+    order vLLM's ``ModelRegistry.resolve_model_cls`` tries them). Imports vLLM's registry and the model's
+    module (what the loader imports anyway).
+
+    Returns:
+        None: no entry is registered (vLLM serves it through its Transformers backend, or refuses it).
+    """
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.model_executor.models.interfaces import MixtureOfExperts, supports_multimodal
+
+    for arch in [architectures] if isinstance(architectures, str) else list(architectures or ()):
+        registered = ModelRegistry.models.get(arch)
+        if registered is None:
+            continue
+        cls = registered.load_model_cls()
+        has_part = True if MixtureOfExperts in cls.__mro__ else (None if supports_multimodal(cls) else False)
+        return ModelClass(arch, cls.__qualname__, has_part)
+    return None
 
 
 def experts_divisibility_error(
@@ -715,6 +764,27 @@ def _top_k(s: EplbSettings) -> str | Violation | None:
 @_rule("expert-groups")
 def _expert_groups(s: EplbSettings) -> str | None:
     return s.moe_facts.groups_error() if s.moe_facts is not None else None
+
+
+@_rule("moe-model-class")
+def _moe_model_class(s: EplbSettings) -> str | Violation | None:
+    if s.model_architectures is None:
+        return None
+    found = read_model_class(s.model_architectures)
+    if found is None:
+        return Violation.unjudged(
+            "moe-model-class",
+            f"architectures {list(s.model_architectures)} are not in vLLM's model registry, so whether the "
+            "model class vLLM builds has a MixtureOfExperts part is decided when the model registers",
+        )
+    if found.has_moe_part is not False:
+        return None
+    return (
+        f"model class {found.name} (architecture {found.architecture}) has no MixtureOfExperts part "
+        "(vLLM's MixtureOfExperts interface: expert_weights, set_eplb_state, the MoE layers): upstream's "
+        "EPLBController.maybe_register_model would not register it and the model would be served without "
+        "EPLB; fix: serve it without --enable-eplb, or with a model class that implements MixtureOfExperts"
+    )
 
 
 @_rule("experts-divisible")

@@ -23,6 +23,10 @@ Where each setting is read from (``validate_eplb_config``):
   :func:`~ascend_eplb.integration.rules.read_moe_facts` as vLLM's ``get_num_experts`` reads it, the
   function ``ascend-eplb check`` and ``simulate`` read a model folder's ``config.json`` with (skipped when
   there is no model config).
+* The model class: ``model_config.architectures``, resolved through vLLM's model registry by the
+  ``moe-model-class`` rule (:func:`~ascend_eplb.integration.rules.read_model_class`, which imports it
+  when it runs): EPLB on refuses a class without a ``MixtureOfExperts`` part, which upstream would serve
+  without EPLB.
 * Quantization format (a name of the quant_views support table, see :func:`quantization_format_name`):
   ``model_config.quantization`` is None -> the model dtype (``bf16``/``fp16``); an Ascend msModelSlim
   config (``vllm_config.quant_config.quant_description``) -> the quant type of its routed-expert weights
@@ -191,9 +195,11 @@ def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | Non
     mode = getattr(getattr(compilation, "cudagraph_mode", None), "name", "NONE")
     if model_config is not None and getattr(model_config, "enforce_eager", False):
         mode = "NONE"
-    facts = None
+    facts = architectures = None
     if model_config is not None:
         facts = read_moe_facts(model_config.hf_text_config, f"the config of model {model_config.model}")
+        architectures = getattr(model_config, "architectures", None)
+        architectures = tuple(architectures) if architectures else None
     return EplbSettings(
         enable_eplb=bool(pc.enable_eplb),
         use_v2_model_runner=bool(vllm_config.use_v2_model_runner),
@@ -204,6 +210,7 @@ def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | Non
         speculative_method=getattr(spec, "method", None) if spec is not None else None,
         speculative_draft_is_moe=draft_experts > 0 or "mtp" in str(getattr(spec, "method", "") or ""),
         moe_facts=facts,
+        model_architectures=architectures,
     )
 
 

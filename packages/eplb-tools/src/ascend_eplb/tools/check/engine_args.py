@@ -208,4 +208,5 @@ def settings_from_engine_args(
         speculative_draft_is_moe=draft_is_moe,
         unknown_facts=unknown,
         moe_facts=moe,
+        model_architectures=facts.architectures if facts is not None else None,
     )

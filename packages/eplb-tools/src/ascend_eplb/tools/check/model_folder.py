@@ -31,6 +31,8 @@ class ModelFacts:
         description: the description file read (None: none).
         num_moe_layers: L from ``config.json`` (``ascend_eplb.tools.costs.moe_layer_count``; None when it
             does not say), what an ``initial_placement`` file must have been made for.
+        architectures: ``config.json``'s ``architectures`` (None: it names none), whose vLLM model class
+            start-up's rule ``moe-model-class`` judges (it needs a ``MixtureOfExperts`` part with EPLB on).
     """
 
     folder: str
@@ -39,6 +41,7 @@ class ModelFacts:
     dtype: str | None
     description: str | None
     num_moe_layers: int | None = None
+    architectures: tuple[str, ...] | None = None
 
     @property
     def num_logical_experts(self) -> int | None:
@@ -79,6 +82,7 @@ def model_folder_facts(folder: str | os.PathLike[str]) -> ModelFacts:
         read_moe_facts(cfg, str(config_file)),
         *_formats(root, cfg),
         num_moe_layers=moe_layer_count(cfg),
+        architectures=_architectures(cfg),
     )
 
 
@@ -90,6 +94,14 @@ def folder_formats(folder: str | os.PathLike[str]) -> tuple[str | None, str | No
     """
     facts = model_folder_facts(folder)
     return facts.quantization, facts.dtype
+
+
+def _architectures(cfg: dict[str, Any]) -> tuple[str, ...] | None:
+    """``architectures`` as vLLM reads it (a list of class names; anything else: None, not judged)."""
+    names = cfg.get("architectures")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        return None
+    return tuple(names)
 
 
 def _text_config(config_file: Path) -> dict[str, Any]:
