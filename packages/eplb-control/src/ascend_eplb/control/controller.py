@@ -143,12 +143,23 @@ class AscendEPLBController(EPLBController):
         return added
 
     def maybe_register_model(self, model: Any, model_config: Any) -> bool:
-        """Upstream's, after :func:`~ascend_eplb.control.router_adaptation.adapt_layer_routers`."""
+        """Upstream's, after :func:`~ascend_eplb.control.router_adaptation.adapt_layer_routers`.
+
+        Raises:
+            ValueError: EPLB is on and upstream did not register the model (its class has no
+                ``MixtureOfExperts`` part: upstream returns False and would serve it without EPLB).
+        """
         if self.parallel_config.enable_eplb:
             adapt_layer_routers(model)
         added = super().maybe_register_model(model, model_config)
         if added:
             self.bus.publish(RegistrationEvent(self, model, model_config))
+        elif self.parallel_config.enable_eplb:
+            raise ValueError(
+                f"EPLB is on but model class {type(model).__qualname__} has no MixtureOfExperts part "
+                "(vLLM's get_mixture_of_experts_model finds none): upstream would serve it without EPLB; "
+                "serve it without --enable-eplb"
+            )
         return added
 
     def step(self, is_dummy: bool = False, is_profile: bool = False) -> None:
