@@ -72,30 +72,35 @@ def real_model_checks(
 
 
 def rank_dependent_replicas_world(
-    ctx: RankContext, folder: str, num_redundant_experts: int
+    ctx: RankContext, folder: str, num_redundant_experts: int, data_parallel_size: int = 1
 ) -> dict[str, Any]:
-    """The bug of issue 19 put back: the serving path (verifier on) on TP-replicated rows, with each
-    rank's replica offset forced to its EP rank (vLLM Ascend's ``row + ep_rank + e``) after start-up.
+    """The bug of issue 19 put back: the serving path (verifier on) on rows several ranks route (the
+    TP-replicated rows of D = 1, the gathered rows of D > 1), with each rank's replica offset forced to
+    its EP rank (vLLM Ascend's ``row + ep_rank + e``) after start-up.
 
     Returns ``error`` (the ``EplbVerificationError`` text, None if none was raised), ``step`` (the step
-    whose boundary raised it) and ``max_rel_err`` (the worst real-row logits error against the EPLB-off
-    model before that: the wrong outputs the verifier is there to catch).
+    whose boundary raised it), ``rows`` (the row layout of the forwards) and ``max_rel_err`` (the worst
+    logits error against the EPLB-off model before that: the wrong outputs the verifier is there to
+    catch). Each DP rank feeds its own prompts. Then ``dense_registration``: the live controller asked
+    to register a model without MoE layers (a ``torch.nn.Linear``): ``(error class, message)``.
     """
     os.environ["ASCEND_EPLB_VERIFY"] = "1"
     from ascend_eplb.integration.verify import EplbVerificationError
     from ascend_eplb.tools import world as rm
 
     worker = rm.ServingWorker(
-        ctx, folder, num_redundant_experts=num_redundant_experts, window_size=1, step_interval=2
-    )
+        ctx, folder, num_redundant_experts=num_redundant_experts, window_size=1, step_interval=2,
+        data_parallel_size=data_parallel_size,
+    )  # fmt: skip
     info = worker.info
     worker.profile_run(rm.prompt(0, 12, info.vocab_size))
     for layout in worker.state.row_layouts.values():
         layout[0] = worker.ep_rank  # stays: the controller rewrites the tensor only when the layout changes
     report: dict[str, Any] = {"rank": ctx.rank, "error": None, "step": None, "max_rel_err": 0.0}
     for step in range(20):
-        seen = worker.forward_step(rm.prompt(step, 12, info.vocab_size), num_unpadded_tokens=12,
-                                   batch_has_prefill=True)  # fmt: skip
+        ids = rm.prompt(step * data_parallel_size + worker.dp_rank, 12, info.vocab_size)
+        seen = worker.forward_step(ids, num_unpadded_tokens=12, batch_has_prefill=True)
+        report["rows"] = worker.wiring.controller.last_row_layout.rows
         err = float((seen.logits_on - seen.logits_off).abs().max() / seen.logits_off.abs().max())
         report["max_rel_err"] = max(report["max_rel_err"], err)
         try:
@@ -103,6 +108,61 @@ def rank_dependent_replicas_world(
         except EplbVerificationError as e:
             report.update(error=str(e), step=step, check=e.check)
             break
+    try:
+        worker.wiring.controller.maybe_register_model(torch.nn.Linear(2, 2), worker.model_config)
+    except ValueError as e:
+        report["dense_registration"] = (type(e).__name__, str(e))
+    else:
+        report["dense_registration"] = (None, "registered")
+    return report
+
+
+def layout_world(ctx: RankContext, spec: Any, refused_folder: str, fault: bool) -> dict[str, Any]:
+    """One DP x TP world (``spec.data_parallel_size``) that checks, in order, on every rank:
+
+    * ``refused``: a ``ServingWorker`` on ``refused_folder`` (a model class without a MixtureOfExperts
+      part) fails at start-up: ``(error class, message, model loaded)``;
+    * the serving world ``real_model_world(ctx, spec)`` (its report's keys);
+    * ``collectives``: the harness's ``all_gatherv`` / ``reduce_scatterv`` stand-ins on vLLM's EP group
+      with unequal sizes (rank r holds ``2 + 3 r`` rows): the gathered float and int tensors, and the
+      reduce-scatter of ``(sum(sizes), 2)`` ones scaled by ``r + 1``;
+    * ``fault`` (when asked): :func:`rank_dependent_replicas_world` on ``spec.folder`` in this layout.
+    """
+    from vllm.distributed.parallel_state import get_ep_group
+
+    from ascend_eplb.integration.validation import EplbConfigError
+    from ascend_eplb.tools import world as rm
+    from ascend_eplb.tools.world import serving
+
+    report: dict[str, Any] = {}
+    loads: list[str] = []
+    original = serving.load_model  # what ServingWorker calls
+    serving.load_model = lambda vc: loads.append(vc.model_config.model) or original(vc)
+    try:
+        rm.ServingWorker(
+            ctx, refused_folder, num_redundant_experts=spec.num_redundant_experts, window_size=2,
+            step_interval=4, eplb_off=False, data_parallel_size=spec.data_parallel_size,
+        )  # fmt: skip
+    except EplbConfigError as exc:
+        report["refused"] = (type(exc).__name__, str(exc), bool(loads))
+    else:
+        report["refused"] = (None, "started", bool(loads))
+    finally:
+        serving.load_model = original
+    report.update(rm.real_model_world(ctx, spec))
+
+    group = get_ep_group()
+    rank = group.rank_in_group
+    sizes = [2 + 3 * r for r in range(group.world_size)]
+    rows = torch.arange(sizes[rank] * 3, dtype=torch.float32).view(-1, 3) + 100 * rank
+    ids = torch.arange(sizes[rank], dtype=torch.int32) + 10 * rank
+    gathered = group.all_gatherv([rows, ids], dim=0, sizes=sizes)
+    scattered = group.reduce_scatterv(torch.ones(sum(sizes), 2) * (rank + 1), dim=0, sizes=sizes)
+    report["collectives"] = {"sizes": sizes, "gathered": gathered, "scattered": scattered}
+    if fault:
+        report["fault"] = rank_dependent_replicas_world(
+            ctx, spec.folder, spec.num_redundant_experts, spec.data_parallel_size
+        )
     return report
 
 
@@ -116,12 +176,13 @@ def quantized_world(ctx: RankContext, spec: Any) -> dict[str, Any]:
 def start_up_errors(ctx: RankContext, folders: dict[str, str]) -> dict[str, Any]:
     """Start a ``ServingWorker`` on each folder; per format: ``(error class, message, model loaded)``."""
     from ascend_eplb.tools import world as rm
+    from ascend_eplb.tools.world import serving
 
     loads: list[str] = []
-    original = rm.load_model
+    original = serving.load_model  # what ServingWorker calls (not the package's re-export)
     errors = {}
     for fmt, folder in folders.items():
-        rm.load_model = lambda vc, _f=folder: loads.append(_f) or original(vc)
+        serving.load_model = lambda vc, _f=folder: loads.append(_f) or original(vc)
         try:
             rm.ServingWorker(
                 ctx, folder, num_redundant_experts=2, window_size=2, step_interval=4, eplb_off=False
@@ -131,7 +192,7 @@ def start_up_errors(ctx: RankContext, folders: dict[str, str]) -> dict[str, Any]
         else:
             errors[fmt] = (None, "started", folder in loads)
         finally:
-            rm.load_model = original
+            serving.load_model = original
     return {"rank": ctx.rank, "errors": errors}
 
 

@@ -1,9 +1,14 @@
-"""vLLM 0.33.0's real MoE model classes on 2 ranks (TP=2 x EP=2 over Gloo), checked against HF transformers.
+"""vLLM 0.33.0's real MoE model classes over Gloo in every row layout vLLM takes on a CPU host, checked
+against HF transformers.
 
-One world per architecture (``ranks_real_models.real_model_checks``): with EPLB off the rank's logits
-equal HF transformers' on the same tiny checkpoint (the stand-ins of ``ascend_eplb.tools.world.serving``
-for expert compute and attention are what run); with EPLB on, vLLM's own loader fills every local slot,
-redundant slots included, with the checkpoint's expert under upstream's initial placement.
+One world per architecture (``ranks_real_models.real_model_checks``, TP=2 x EP=2): with EPLB off the
+rank's logits equal HF transformers' on the same tiny checkpoint (the stand-ins of
+``ascend_eplb.tools.world`` for expert compute and attention are what run); with EPLB on, vLLM's own
+loader fills every local slot, redundant slots included, with the checkpoint's expert under upstream's
+initial placement. The serving worlds run the EPLB-on serving path through rearrangements with the
+verifier on: TP=2 (``replicated`` rows) per architecture, and the data-parallel layouts
+(``ranks_real_models.layout_world``): DP=2 x TP=1 (``gathered``) and DP=2 x TP=2 (``gathered-sp``: vLLM
+on CPU always takes sequence-parallel MoE there), each DP rank serving its own batch.
 """
 
 from __future__ import annotations
@@ -113,7 +118,6 @@ SERVING_CASES = [
     ("qwen3-moe", "all", 2),
     ("deepseek-v3", "decode", 2),
     ("mixtral", "all", 2),
-    ("qwen3-moe", "all", 4),
 ]
 
 
@@ -219,3 +223,155 @@ def test_the_verifier_catches_a_rank_dependent_replica_choice_on_tp_replicated_r
         # choice, though small here, where only 2 of 8 experts have a second replica.
         assert r["max_rel_err"] > 1e-3
     assert reports[0]["step"] == reports[1]["step"]
+
+
+#: (architecture, DP, ranks, the row layout vLLM takes, whether the world also injects the replica fault)
+LAYOUT_CASES = [
+    ("qwen3-moe", 2, 2, "gathered", True),
+    ("deepseek-v3", 2, 4, "gathered-sp", False),
+]
+
+
+def _recorded_rows(rows: str, tp_rank: int, tp_size: int, num_tokens: int, real: int) -> int:
+    """The real rows one rank records per forward: its DP rank's real rows on its TP leader
+    (``replicated``, ``gathered``), or its sequence-parallel chunk's real rows (``gathered-sp``: vLLM's
+    ``_compute_sp_num_tokens`` chunks of ``ceil(T / TP)``)."""
+    if rows != "gathered-sp":
+        return real if tp_rank == 0 else 0
+    chunk = -(-num_tokens // tp_size)
+    return max(0, min(real, (tp_rank + 1) * chunk) - tp_rank * chunk)
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("arch", "dp", "world_size", "rows", "fault"),
+    LAYOUT_CASES,
+    ids=[f"{a}-dp{d}-tp{n // d}-{r}" for a, d, n, r, _ in LAYOUT_CASES],
+)
+def test_data_parallel_worlds_of_a_real_model_give_eplb_off_and_hf_logits_and_count_each_token_once(
+    arch, dp, world_size, rows, fault, tmp_path
+):
+    """Issue 29: vLLM's real model class with ``data_parallel_size=2`` (every DP rank in one world, as
+    vLLM's external launcher builds them; the harness's ``all_gatherv`` / ``reduce_scatterv`` stand-ins
+    under vLLM's gather-before-route dispatch), each DP rank its own prompts with its own real rows
+    (12 and 9 of T = 12), through >= 3 completed asynchronous rearrangements with the verifier on:
+    each DP rank's logits equal the EPLB-off run's and HF's on its own batch; every window's load over
+    all ranks is every DP rank's real tokens x K, each counted once (per rank: its own rows or chunk);
+    every commit leaves each slot holding its logical expert. The same world first refuses, on every
+    rank before anything loads, a Qwen2-MoE checkpoint (its vLLM class has no MixtureOfExperts part),
+    checks the collectives with unequal sizes, and (gathered) puts a rank-dependent replica choice back:
+    the verifier names the broken agreement on every rank."""
+    folder = rm.write_checkpoint(arch, tmp_path / arch, seed=0)
+    refused = rm.write_checkpoint("qwen2-moe", tmp_path / "qwen2-moe", seed=0)
+    info = rm.checkpoint_info(folder)
+    redundant = info.redundant_experts_for(world_size, at_least=2)
+    tp = world_size // dp
+    real_tokens = (NUM_TOKENS, NUM_TOKENS - 3)
+    spec = rm.RealModelSpec(
+        arch=arch, folder=str(folder), num_redundant_experts=redundant, steps=16, data_parallel_size=dp,
+        real_tokens=real_tokens,
+    )  # fmt: skip
+    start = time.monotonic()
+    reports = run_ranks(
+        ranks.layout_world, world_size=world_size, tmp_path=tmp_path, args=(spec, str(refused), fault),
+        timeout_s=270, preload=PRELOAD,
+    )  # fmt: skip
+    took = time.monotonic() - start
+    print(f"\nlayout_world {arch} DP={dp} TP={tp} ({rows}): {took:.1f} s, {reports[0]['seconds']}")
+
+    # Start-up refuses the model class EPLB cannot balance, on every rank, before vLLM's loader runs.
+    for r in reports:
+        kind, message, loaded = r["refused"]
+        assert kind == "EplbConfigError"
+        assert message == (
+            "1 EPLB configuration rule(s) violated:\n  - [moe-model-class] model class Qwen2MoeForCausalLM "
+            "(architecture Qwen2MoeForCausalLM) has no MixtureOfExperts part (vLLM's MixtureOfExperts "
+            "interface: expert_weights, set_eplb_state, the MoE layers): upstream's "
+            "EPLBController.maybe_register_model would not register it and the model would be served "
+            "without EPLB; fix: serve it without --enable-eplb, or with a model class that implements "
+            "MixtureOfExperts"
+        )
+        assert loaded is False
+
+    num_physical = info.num_logical_experts + redundant
+    for r in reports:
+        assert (r["dp_rank"], r["tp_rank"]) == (r["rank"] // tp, r["rank"] % tp)
+        assert r["moe_rows"] == rows
+        assert r["num_real_tokens"] == real_tokens[r["dp_rank"]]
+        assert r["info"]["num_physical_experts"] == num_physical
+        assert r["initial_slot_mismatches"] == []
+        assert r["worker_alive"] is True
+        committed_layers = [layer for _, layer in r["commits"]]
+        assert all(committed_layers.count(layer) >= 3 for layer in range(info.num_moe_layers)), r["commits"]
+        assert len(r["slot_checks"]) == len(r["commits"])
+        assert all(mismatches == [] for _, mismatches in r["slot_checks"]), r["slot_checks"]
+    assert any(not torch.equal(m, reports[0]["maps"][0]) for m in reports[0]["maps"])
+    for r in reports[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(reports[0]["maps"], r["maps"], strict=True))
+
+    # Each DP rank's own batch: its prompts differ from the other DP rank's; on its real rows the logits
+    # equal the EPLB-off model's and HF's; TP peers return the same logits.
+    leaders = [r for r in reports if r["tp_rank"] == 0]
+    assert not torch.equal(leaders[0]["prompts"][0], leaders[1]["prompts"][0])
+    worst_off = worst_hf = 0.0
+    for r in reports:
+        leader = leaders[r["dp_rank"]]
+        real = r["num_real_tokens"]
+        for step in range(spec.steps):
+            assert torch.equal(r["prompts"][step], leader["prompts"][step])
+            assert torch.equal(r["logits_on"][step], leader["logits_on"][step])
+            on, off = r["logits_on"][step][:real], r["logits_off"][step][:real]
+            worst_off = max(worst_off, float((on - off).abs().max()) / float(off.abs().max()))
+            if r is leader:
+                reference = hf_logits(folder, r["prompts"][step][:real])
+                worst_hf = max(worst_hf, float((on - reference).abs().max()) / float(reference.abs().max()))
+    MEASURED[f"{arch}-dp{dp}-tp{tp}"] = {"max_rel_err_vs_off": worst_off, "max_rel_err_vs_hf": worst_hf}
+    print(f"{arch} DP={dp} TP={tp}: EPLB on vs off {worst_off:.3g}, vs HF {worst_hf:.3g}")
+    assert worst_off <= TOLERANCE, f"{arch}: EPLB-on logits differ from EPLB-off by {worst_off:.3g}"
+    assert worst_hf <= TOLERANCE, f"{arch}: EPLB-on logits differ from HF by {worst_hf:.3g}"
+
+    # The load: over all ranks, every DP rank's real tokens x K once per layer, when the step records;
+    # each rank its own rows (a TP leader its DP rank's, or its sequence-parallel chunk's).
+    assert all(r["recorded"] == reports[0]["recorded"] for r in reports)
+    assert sum(reports[0]["recorded"]) == 5  # steps 0, 5, 6, 11, 12 (window 2, interval 6)
+    for step, recorded in enumerate(reports[0]["recorded"]):
+        total = sum(r["load"][step] for r in reports).sum(dim=1).tolist()
+        want = sum(real_tokens) * info.top_k if recorded else 0
+        assert total == [want] * info.num_moe_layers, step
+        for r in reports:
+            mine = _recorded_rows(rows, r["tp_rank"], tp, NUM_TOKENS, r["num_real_tokens"]) * info.top_k
+            assert r["load"][step].sum(dim=1).tolist() == [mine if recorded else 0] * info.num_moe_layers
+
+    # The harness's variable-size collectives on the EP group: rank r holds 2 + 3 r rows.
+    sizes = [2 + 3 * r for r in range(world_size)]
+    want_rows = torch.cat(
+        [torch.arange(n * 3, dtype=torch.float32).view(-1, 3) + 100 * r for r, n in enumerate(sizes)]
+    )
+    want_ids = torch.cat([torch.arange(n, dtype=torch.int32) + 10 * r for r, n in enumerate(sizes)])
+    total_weight = sum(range(1, world_size + 1))
+    for r in reports:
+        got = r["collectives"]
+        assert got["sizes"] == sizes
+        assert torch.equal(got["gathered"][0], want_rows)
+        assert torch.equal(got["gathered"][1], want_ids)
+        assert torch.equal(got["scattered"], torch.full((sizes[r["rank"]], 2), float(total_weight)))
+
+    if fault:
+        for r in reports:
+            f = r["fault"]
+            assert f["rows"] == rows
+            assert f["check"] == "lookups"
+            assert (
+                f"replica agreement: ranks 0 and 1 route the same rows ({rows} row layout) but chose "
+                "different replicas for the probe batch of model 0's layer(s) [0]"
+            ) in f["error"]
+            assert f["max_rel_err"] > 1e-3  # tokens' experts computed twice or not at all
+            # A model without MoE layers is refused at registration, never served silently without EPLB.
+            assert f["dense_registration"] == (
+                "ValueError",
+                "EPLB is on but model class Linear has no MixtureOfExperts part (vLLM's "
+                "get_mixture_of_experts_model finds none): upstream would serve it without EPLB; serve it "
+                "without --enable-eplb",
+            )
+        assert len({r["fault"]["step"] for r in reports}) == 1
