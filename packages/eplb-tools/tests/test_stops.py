@@ -152,7 +152,7 @@ def test_the_timeout_is_the_deadline_of_the_whole_run_start_up_included(tmp_path
     t0 = time.monotonic()
     subprocess.run([str(SCRIPT), "simulate", "--help"], capture_output=True, check=True)
     own_start = time.monotonic() - t0
-    # Start-up alone (vLLM imported by the launcher, then by the fork server) takes longer than 3 s.
+    # Start-up alone (vLLM imported by the fork server) takes longer than 3 s.
     run = Run(tmp_path, *SMALL, "--steps", "8", "--timeout", "3")
     returncode, _, err = run.finish()
     assert returncode == 1, err
@@ -165,7 +165,7 @@ def test_the_timeout_is_the_deadline_of_the_whole_run_start_up_included(tmp_path
     ), line
     assert line.endswith("; every process of the run was stopped")
     # Ended within the deadline: 3 s from the run's start, plus the command's own start-up and the stop
-    # (without the whole-run deadline: vLLM's import in the launcher and in the fork server on top).
+    # (without the whole-run deadline: vLLM's import in the fork server on top).
     assert run.elapsed < own_start + 3 + 8, (run.elapsed, own_start)
     assert not (run.out / "report.json").exists()
     run.assert_nothing_left(err)

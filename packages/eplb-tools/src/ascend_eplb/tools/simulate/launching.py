@@ -71,8 +71,8 @@ def launch_ranks(config: SimulateConfig, routing: Any, deadline: float, phase: l
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(world / "prometheus")
         (world / "prometheus").mkdir()
     try:
-        phase[0] = "importing vLLM in the launcher"
-        from ascend_eplb.tools.simulate.rank import simulate_rank
+        # The rank function by reference: the fork server imports its module (vLLM) once, not the launcher.
+        from ascend_eplb.tools.simulate.entry import simulate_rank
 
         cfg, arrays = _rank_args(config, routing)
         cfg["record_resources"] = True

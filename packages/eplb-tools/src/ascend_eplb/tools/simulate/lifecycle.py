@@ -11,7 +11,7 @@
   scratch folder of the command, and on the way out stops the fork server (so its ranks) and the
   resource tracker and removes that folder.
 - :func:`deadline_alarm`: ``--timeout`` is the deadline of the whole run; a SIGALRM just after it ends
-  whatever is still starting (vLLM's import in the launcher, the fork server's preload, a stalled rank
+  whatever is still starting (the routing's reading, the fork server's preload of vLLM, a stalled rank
   start), which the launcher's own deadline (counted while ranks run) cannot interrupt.
 - :func:`record_rank_resources` (in each rank, once vLLM's groups exist) writes the names of the
   shared-memory segments and message-queue sockets vLLM created into the world's folder;

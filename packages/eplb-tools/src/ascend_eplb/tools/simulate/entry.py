@@ -1,0 +1,21 @@
+"""The rank function the launcher is handed: importable without vLLM.
+
+The launcher only needs the function's module and name to start it in each rank; the rank module itself
+(:mod:`ascend_eplb.tools.simulate.rank`, which imports vLLM) is imported once, by the fork server
+(``preload``), and every rank forked from it has it already. Handing the launcher
+``rank.simulate_rank`` itself made the launcher import vLLM too, before the fork server imported it
+again: seconds of start-up for nothing (issue 30, item 6).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["simulate_rank"]
+
+
+def simulate_rank(ctx: Any, cfg: dict, routing: dict, gather: bool = False) -> Any:
+    """:func:`ascend_eplb.tools.simulate.rank.simulate_rank` (same arguments and result)."""
+    from ascend_eplb.tools.simulate.rank import simulate_rank as run
+
+    return run(ctx, cfg, routing, gather)
