@@ -238,6 +238,7 @@ def prepare_world(
     enable_eplb: bool = False,
     eplb: dict[str, Any] | None = None,
     data_parallel_size: int = 1,
+    dispatch: str = "gather",
 ) -> Any:
     """What a worker has before it loads the model of ``folder``: its ``VllmConfig`` and vLLM's world.
 
@@ -250,15 +251,24 @@ def prepare_world(
     DP fields and environment) and initialises vLLM's distributed environment once per process (D x TP =
     ``ctx.world_size`` ranks over Gloo, EP over all of them). Arguments as :func:`build_model`.
 
+    ``dispatch`` is the expert method's (``stand_ins.MOE_DISPATCHES``): ``gather`` (vLLM's, the
+    runner's) or ``all-to-all`` (route-first, vLLM Ascend's MC2 / ALLTOALL stood in; TP = 1).
+
     Raises:
-        ValueError: D does not divide the world (:func:`parallel_layout`).
+        ValueError: D does not divide the world (:func:`parallel_layout`), an unknown ``dispatch``, or
+            ``all-to-all`` with TP > 1 or a quantized checkpoint.
     """
     from ascend_eplb.integration.patches import apply_patches
 
-    parallel_layout(ctx.world_size, data_parallel_size)  # refused before anything changes
+    layout = parallel_layout(ctx.world_size, data_parallel_size)  # refused before anything changes
+    if dispatch == "all-to-all" and layout.tensor_parallel_size != 1:
+        raise ValueError(
+            f"dispatch='all-to-all' with TP={layout.tensor_parallel_size}: the route-first stand-in routes "
+            "each rank's own rows (vLLM Ascend's MC2 with TP = 1); use data_parallel_size = the ranks"
+        )
     apply_patches()
     folder = Path(folder)
-    install_stand_ins(quantized=(folder / "quant_model_description.json").is_file())
+    install_stand_ins(quantized=(folder / "quant_model_description.json").is_file(), dispatch=dispatch)
     _thread_lock_for_tqdm()
     if data_parallel_size > 1:
         _external_launcher_environment(ctx)
@@ -287,6 +297,7 @@ def build_model(
     enable_eplb: bool = False,
     eplb: dict[str, Any] | None = None,
     data_parallel_size: int = 1,
+    dispatch: str = "gather",
 ) -> tuple[torch.nn.Module, Any]:
     """One rank's vLLM model of the checkpoint in ``folder``: :func:`prepare_world`, then
     :func:`load_model`.
@@ -299,13 +310,15 @@ def build_model(
             ``use_async``, ...).
         data_parallel_size: D (the world is D x TP; each DP rank feeds its own batch, its TP ranks the
             same one).
+        dispatch: the expert method's dispatch (:func:`prepare_world`).
 
     Returns:
         ``(model, vllm_config)``.
     """
     vllm_config = prepare_world(
-        ctx, folder, enable_eplb=enable_eplb, eplb=eplb, data_parallel_size=data_parallel_size
-    )
+        ctx, folder, enable_eplb=enable_eplb, eplb=eplb, data_parallel_size=data_parallel_size,
+        dispatch=dispatch,
+    )  # fmt: skip
     return load_model(vllm_config), vllm_config
 
 
@@ -412,6 +425,9 @@ class ServingWorker:
             start-up validation as a server's; None: none.
         data_parallel_size: D; the world is D x TP (:func:`parallel_layout`), and every DP rank's worker
             steps together, each forward on its own batch of one T.
+        dispatch: the expert method's dispatch (:func:`prepare_world`); with ``all-to-all`` the runner
+            names every forward's MoE rows ``split`` to the controller (``prepare_forward(...,
+            moe_rows="split")``, as vLLM Ascend names the rows of its MC2 / ALLTOALL batches).
 
     Attributes:
         info: :func:`checkpoint_info`; ``format``: the experts' quant_views format
@@ -419,7 +435,8 @@ class ServingWorker:
         (float32) or ``expert_storage``: ``quant_method.checkpoint_expert_storage`` (a format), the truth
         slots are checked against; ``model``, ``vllm_config``, ``wiring``, ``state`` (the
         ``AscendEplbState``), ``model_state`` (upstream's), ``ep_rank``, ``layout`` (the
-        :class:`ParallelLayout`), ``dp_rank``, ``tp_rank``, ``seconds`` (``build_on``,
+        :class:`ParallelLayout`), ``dp_rank``, ``tp_rank``, ``moe_rows`` (the rows named to the
+        controller per forward, None: the configuration's), ``seconds`` (``build_on``,
         ``build_off``), ``method`` (the expert method's class: ``stand_ins.TorchFusedMoEMethod``, or
         ``quant_method``'s ``QuantViewsFusedMoEMethod`` for a quantized checkpoint).
 
@@ -440,8 +457,10 @@ class ServingWorker:
         initial_placement: str | None = None,
         data_parallel_size: int = 1,
         ascend_keys: dict[str, Any] | None = None,
+        dispatch: str = "gather",
     ) -> None:
         self.layout = parallel_layout(ctx.world_size, data_parallel_size)
+        self.moe_rows = "split" if dispatch == "all-to-all" else None
         self.dp_rank, self.tp_rank = self.layout.dp_rank(ctx.rank), self.layout.tp_rank(ctx.rank)
         os.environ["ASCEND_EPLB"] = "1"
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
@@ -467,8 +486,9 @@ class ServingWorker:
         t0 = time.monotonic()
         # As a serving worker: the runner (its controller: start-up validation) before the model loads.
         self.vllm_config = prepare_world(
-            ctx, self.folder, enable_eplb=True, eplb=eplb, data_parallel_size=data_parallel_size
-        )
+            ctx, self.folder, enable_eplb=True, eplb=eplb, data_parallel_size=data_parallel_size,
+            dispatch=dispatch,
+        )  # fmt: skip
         ascend = {"load_collection_phase": phase, **(ascend_keys or {})}
         if initial_placement is not None:
             ascend["initial_placement"] = initial_placement
@@ -503,8 +523,9 @@ class ServingWorker:
         if eplb_off:
             t1 = time.monotonic()
             self.model_off, self.vllm_config_off = build_model(
-                ctx, self.folder, enable_eplb=False, data_parallel_size=data_parallel_size
-            )
+                ctx, self.folder, enable_eplb=False, data_parallel_size=data_parallel_size,
+                dispatch=dispatch,
+            )  # fmt: skip
             self.seconds["build_off"] = time.monotonic() - t1
 
     @property
@@ -517,7 +538,7 @@ class ServingWorker:
         from vllm.config import set_current_vllm_config
 
         with set_current_vllm_config(self.vllm_config):
-            self.wiring.prepare_forward(self.model_config, int(input_ids.shape[0]))
+            self.wiring.prepare_forward(self.model_config, int(input_ids.shape[0]), moe_rows=self.moe_rows)
             forward(self.model, self.vllm_config, input_ids, torch.arange(input_ids.shape[0]))
             self.wiring.profile_run()
 
@@ -555,7 +576,7 @@ class ServingWorker:
         positions = torch.arange(input_ids.shape[0])
         with set_current_vllm_config(self.vllm_config):
             self.wiring.prepare_inputs(batch_has_prefill)
-            self.wiring.prepare_forward(self.model_config, num_unpadded_tokens)
+            self.wiring.prepare_forward(self.model_config, num_unpadded_tokens, moe_rows=self.moe_rows)
             recorded = bool(self.state.should_record_tensor)
             self.method.recorded_ids = []
             try:
@@ -643,6 +664,8 @@ class RealModelSpec:
             prompts (DP rank 0's are those of D = 1), its TP ranks the same ones.
         real_tokens: per DP rank, the real (unpadded) rows of each prompt, the rest padding (Model
             Runner V2 pads every DP rank to one T); empty: every row is real.
+        dispatch: the expert method's dispatch (``stand_ins.MOE_DISPATCHES``): ``gather`` (vLLM's) or
+            ``all-to-all`` (route-first, the ``split`` rows; TP = 1).
     """
 
     arch: str
@@ -659,6 +682,7 @@ class RealModelSpec:
     environ: dict[str, str] = field(default_factory=dict)
     data_parallel_size: int = 1
     real_tokens: tuple[int, ...] = ()
+    dispatch: str = "gather"
 
     def num_real_tokens(self, dp_rank: int) -> int:
         """The real rows of DP rank ``dp_rank``'s prompts.
@@ -701,7 +725,9 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
         ``logits_on``: float32 ``(T, vocab_size)`` per step (EPLB on); ``logits_off``: same prompts, EPLB off
         (absent when ``run_eplb_off`` is False); ``load``: per step int64 ``(L, P)``, upstream's
         ``expert_load_pass`` after the forward (this rank's recorded load, physical id space);
-        ``recorded``: per step, whether the step recorded; ``maps``: per step int64 ``(L, P)`` committed
+        ``recorded``: per step, whether the step recorded; ``kernel_rows``: per step, the rows the
+        expert method of the first MoE layer received (this rank's T when each rank routes its own rows,
+        the gathered batch's rows otherwise); ``maps``: per step int64 ``(L, P)`` committed
         ``physical_to_logical_map`` after the step; ``commits``: list of ``(step, layer)`` of each
         completed layer commit (seen as a changed map row or a moved layer); ``slot_checks``: list of
         ``(step, mismatches)`` after each commit (``mismatches`` from :func:`local_slot_mismatches`,
@@ -726,6 +752,7 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
         phase=spec.phase,
         eplb_off=spec.run_eplb_off,
         data_parallel_size=spec.data_parallel_size,
+        dispatch=spec.dispatch,
     )
     info = worker.info
     real = spec.num_real_tokens(worker.dp_rank)
@@ -748,6 +775,7 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
     ]
     worker.profile_run(prompts[0])
     logits_on, logits_off, loads, recorded, maps, commits, slot_checks = [], [], [], [], [], [], []
+    kernel_rows: list[int] = []
     t1 = time.monotonic()
     for step in range(spec.steps):
         worker.wait_for_transfer(spec.worker_deadline_s)
@@ -763,6 +791,7 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
         logits_off.append(seen.logits_off)
         loads.append(seen.load)
         recorded.append(seen.recorded)
+        kernel_rows.append(int(seen.physical_ids[0].shape[0]))
         changed = worker.end_step()
         maps.append(worker.model_state.physical_to_logical_map.clone().long())
         if changed:
@@ -779,6 +808,7 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
         logits_on=logits_on,
         load=loads,
         recorded=recorded,
+        kernel_rows=kernel_rows,
         maps=maps,
         commits=commits,
         slot_checks=slot_checks,

@@ -15,6 +15,15 @@ facts measured in ``notes/real-models-on-cpu.md``), each checked against HF tran
    gives each selection's local slot, and only selections of local slots contribute on this rank.
    vLLM's runner then all-reduces over TP, summing the ranks; shared experts run in the runner (no
    modular kernel). Quantized experts have their own method (:mod:`ascend_eplb.tools.world.quant_method`).
+   Its dispatch (:data:`MOE_DISPATCHES`, set by :func:`install_stand_ins`) is vLLM's on this host,
+   ``gather`` (the runner gathers the DP ranks' rows before routing, ``AgRsAll2AllManager``), or
+   ``all-to-all``: a route-first dispatch standing in for vLLM Ascend's MC2 / ALLTOALL, which this host
+   lacks. Then the method reports ``supports_internal_mk`` (so vLLM's runner neither gathers nor
+   reduce-scatters), each rank routes only its own rows, and ``apply`` is an all-to-all prepare/finalize
+   over the EP group's Gloo group: every selection's hidden row goes to the rank holding its physical
+   slot (slot ``p`` on rank ``p // p_local``), is computed there, comes back, and is summed into its
+   token with its weight (``torch.distributed.all_to_all_single`` with the selections' counts). TP = 1
+   only (each rank's rows are its own: the ``split`` row layout), float32 experts only.
 2. **Attention** (:func:`install_attention_stand_ins`): the CPU platform picks ``CPU_ATTN`` /
    ``CPU_MLA``, which need ``_C`` and KV-cache metadata; without metadata MLA returns zeros and raises
    nothing. After the model is built, each ``Attention`` and ``MLAAttention`` instance of *this model*
@@ -60,6 +69,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "MOE_DISPATCHES",
     "cpu_all_gatherv",
     "cpu_reduce_scatterv",
     "install_attention_stand_ins",
@@ -71,6 +81,63 @@ __all__ = [
 
 
 # --- stand-in 1: expert compute -------------------------------------------------------------------
+
+#: The expert method's dispatches: ``gather`` (vLLM's gather-before-route, the runner's) and
+#: ``all-to-all`` (route-first: each rank routes its own rows; the method's all-to-all over Gloo).
+MOE_DISPATCHES = ("gather", "all-to-all")
+
+
+def _expert(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """One expert's SiLU-gated MLP: ``x (n, H)``, ``w13 (2I, H)``, ``w2 (H, I)`` -> ``(n, H)``."""
+    gate, up = F.linear(x, w13).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, w2)
+
+
+def _all_to_all_experts(
+    layer: Any, x: torch.Tensor, topk_weights: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """The route-first dispatch: this rank's rows ``x (T, H)`` with their physical ids ``(T, K)`` and
+    weights ``(T, K)``; every selection is sent to the rank holding its slot, computed there, sent
+    back and summed into its token. Returns ``(T, H)``, the rows' whole routed output.
+
+    Raises:
+        RuntimeError: a selection reached a rank whose ``expert_map`` does not hold its slot.
+    """
+    import torch.distributed as dist
+    from vllm.distributed.parallel_state import get_ep_group
+
+    group = get_ep_group()
+    pg, world = group.device_group, group.world_size
+    w13, w2 = layer.w13_weight, layer.w2_weight
+    p_local = int(w13.shape[0])
+    rows = torch.arange(ids.shape[0]).repeat_interleave(ids.shape[1])
+    flat, weights = ids.reshape(-1), topk_weights.reshape(-1)
+    keep = flat >= 0
+    flat, rows, weights = flat[keep], rows[keep], weights[keep]
+    order = torch.argsort(flat // p_local, stable=True)  # grouped by destination rank
+    flat, rows, weights = flat[order], rows[order], weights[order]
+    send = torch.bincount(flat // p_local, minlength=world)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=pg)
+    send_n, recv_n = send.tolist(), recv.tolist()
+    hidden = x.new_empty((sum(recv_n), x.shape[1]))
+    dist.all_to_all_single(hidden, x[rows].contiguous(), recv_n, send_n, group=pg)
+    got = flat.new_empty(sum(recv_n))
+    dist.all_to_all_single(got, flat.contiguous(), recv_n, send_n, group=pg)
+    slots = got if layer.expert_map is None else layer.expert_map.long()[got]
+    if bool((slots < 0).any()):
+        raise RuntimeError(
+            f"all-to-all dispatch: physical ids {got[slots < 0].tolist()} are not on this rank"
+        )
+    computed = torch.zeros_like(hidden)
+    for slot in torch.unique(slots).tolist():
+        mine = (slots == slot).nonzero(as_tuple=True)[0]
+        computed[mine] = _expert(hidden[mine], w13[slot], w2[slot])
+    back = x.new_empty((len(rows), x.shape[1]))
+    dist.all_to_all_single(back, computed, send_n, recv_n, group=pg)
+    out = torch.zeros_like(x)
+    out.index_add_(0, rows, back * weights.to(back.dtype).unsqueeze(-1))
+    return out
 
 
 def _torch_moe_method_class() -> type:
@@ -87,6 +154,8 @@ def _torch_moe_method_class() -> type:
         """
 
         calls = 0  # apply() calls in this process (all layers), for tests
+        #: :data:`MOE_DISPATCHES` entry of this process (install_stand_ins sets it before a model is built)
+        dispatch: str = "gather"
         #: when a list: every apply() appends the router's ids, int64 (T, K) (for tests)
         recorded_ids: list[torch.Tensor] | None = None
         #: the quant_views format of a bf16/fp16 layer (set after loading); None for float32
@@ -95,6 +164,11 @@ def _torch_moe_method_class() -> type:
         @property
         def is_monolithic(self) -> bool:
             return False
+
+        @property
+        def supports_internal_mk(self) -> bool:
+            # all-to-all: the method dispatches itself, so vLLM's runner routes this rank's rows only
+            return type(self).dispatch == "all-to-all"
 
         def process_weights_after_loading(self, layer: Any) -> None:
             # float32 (CPU host only): keep the loaded (p, 2I, H) / (p, H, I) parameters, no kernel.
@@ -121,6 +195,10 @@ def _torch_moe_method_class() -> type:
             ids = topk_ids.long()
             if type(self).recorded_ids is not None:
                 type(self).recorded_ids.append(ids.clone())
+            if type(self).dispatch == "all-to-all":
+                if self.format_name is not None:
+                    raise NotImplementedError(f"the all-to-all dispatch stand-in: {self.format_name} experts")
+                return _all_to_all_experts(layer, x, topk_weights, ids)
             if self.format_name is not None:
                 from ascend_eplb.tools.world.quant_method import apply_layer
 
@@ -133,10 +211,7 @@ def _torch_moe_method_class() -> type:
             out = torch.zeros_like(x)
             for slot in torch.unique(local[local >= 0]).tolist():
                 tokens, k = (local == slot).nonzero(as_tuple=True)
-                h = x[tokens]
-                gate_up = F.linear(h, w13[slot])
-                gate, up = gate_up.chunk(2, dim=-1)
-                y = F.linear(F.silu(gate) * up, w2[slot])
+                y = _expert(x[tokens], w13[slot], w2[slot])
                 out.index_add_(0, tokens, y * topk_weights[tokens, k].to(y.dtype).unsqueeze(-1))
             return out
 
@@ -449,21 +524,30 @@ def install_attention_stand_ins(model: torch.nn.Module) -> dict[str, int]:
 # --- the installers ---------------------------------------------------------------------------------
 
 
-def install_stand_ins(*, quantized: bool = False) -> None:
+def install_stand_ins(*, quantized: bool = False, dispatch: str = "gather") -> None:
     """Install every process-wide stand-in, before a model is built (idempotent).
 
     The 16-bit linear patch and the variable-size collectives (:func:`stand_in_patches`), the torch
     expert method
     (:func:`register_torch_moe_method`) and, for a checkpoint with an msModelSlim description
     (``quantized``), the ``"ascend"`` quantization stand-in
-    (``quant_method.register_ascend_quantization``).
+    (``quant_method.register_ascend_quantization``). ``dispatch`` (:data:`MOE_DISPATCHES`) is the torch
+    expert method's for every model of this process built or run afterwards.
 
     Raises:
+        ValueError: ``dispatch`` is not one of :data:`MOE_DISPATCHES`, or ``all-to-all`` with
+            ``quantized`` (the quantized method has no all-to-all dispatch).
         RuntimeError: an upstream binding a stand-in replaces drifted, or another out-of-tree method or
             ``"ascend"`` quantization is registered already.
     """
+    if dispatch not in MOE_DISPATCHES:
+        raise ValueError(f"dispatch={dispatch!r} must be one of {list(MOE_DISPATCHES)}")
+    if dispatch == "all-to-all" and quantized:
+        raise ValueError(
+            "dispatch='all-to-all' stands in for float32 experts only, not a quantized checkpoint"
+        )
     stand_in_patches().apply()
-    register_torch_moe_method()
+    register_torch_moe_method().dispatch = dispatch
     if quantized:
         from ascend_eplb.tools.world.quant_method import register_ascend_quantization
 
