@@ -117,7 +117,9 @@ def rank_dependent_replicas_world(
     return report
 
 
-def layout_world(ctx: RankContext, spec: Any, refused_folder: str, fault: bool) -> dict[str, Any]:
+def layout_world(
+    ctx: RankContext, spec: Any, refused_folder: str, fault: bool, split: bool
+) -> dict[str, Any]:
     """One DP x TP world (``spec.data_parallel_size``) that checks, in order, on every rank:
 
     * ``refused``: a ``ServingWorker`` on ``refused_folder`` (a model class without a MixtureOfExperts
@@ -126,8 +128,13 @@ def layout_world(ctx: RankContext, spec: Any, refused_folder: str, fault: bool) 
     * ``collectives``: the harness's ``all_gatherv`` / ``reduce_scatterv`` stand-ins on vLLM's EP group
       with unequal sizes (rank r holds ``2 + 3 r`` rows): the gathered float and int tensors, and the
       reduce-scatter of ``(sum(sizes), 2)`` ones scaled by ``r + 1``;
-    * ``fault`` (when asked): :func:`rank_dependent_replicas_world` on ``spec.folder`` in this layout.
+    * ``split`` (when asked): ``real_model_world`` of ``spec`` with the route-first ``all-to-all``
+      dispatch (each rank routes its own rows: the ``split`` layout), the same prompts;
+    * ``fault`` (when asked): :func:`rank_dependent_replicas_world` on ``spec.folder`` in this layout
+      (last: its run ends at the verifier's error, possibly with a layer in flight).
     """
+    from dataclasses import replace
+
     from vllm.distributed.parallel_state import get_ep_group
 
     from ascend_eplb.integration.validation import EplbConfigError
@@ -159,6 +166,8 @@ def layout_world(ctx: RankContext, spec: Any, refused_folder: str, fault: bool) 
     gathered = group.all_gatherv([rows, ids], dim=0, sizes=sizes)
     scattered = group.reduce_scatterv(torch.ones(sum(sizes), 2) * (rank + 1), dim=0, sizes=sizes)
     report["collectives"] = {"sizes": sizes, "gathered": gathered, "scattered": scattered}
+    if split:
+        report["split"] = rm.real_model_world(ctx, replace(spec, dispatch="all-to-all"))
     if fault:
         report["fault"] = rank_dependent_replicas_world(
             ctx, spec.folder, spec.num_redundant_experts, spec.data_parallel_size

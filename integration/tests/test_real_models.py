@@ -225,7 +225,8 @@ def test_the_verifier_catches_a_rank_dependent_replica_choice_on_tp_replicated_r
     assert reports[0]["step"] == reports[1]["step"]
 
 
-#: (architecture, DP, ranks, the row layout vLLM takes, whether the world also injects the replica fault)
+#: (architecture, DP, ranks, the row layout vLLM takes, whether the world also runs the route-first
+#: all-to-all dispatch (``split`` rows) and injects the replica fault)
 LAYOUT_CASES = [
     ("qwen3-moe", 2, 2, "gathered", True),
     ("deepseek-v3", 2, 4, "gathered-sp", False),
@@ -234,23 +235,77 @@ LAYOUT_CASES = [
 
 def _recorded_rows(rows: str, tp_rank: int, tp_size: int, num_tokens: int, real: int) -> int:
     """The real rows one rank records per forward: its DP rank's real rows on its TP leader
-    (``replicated``, ``gathered``), or its sequence-parallel chunk's real rows (``gathered-sp``: vLLM's
-    ``_compute_sp_num_tokens`` chunks of ``ceil(T / TP)``)."""
+    (``replicated``, ``gathered``; every rank under ``split``, where TP = 1), or its sequence-parallel
+    chunk's real rows (``gathered-sp``: vLLM's ``_compute_sp_num_tokens`` chunks of ``ceil(T / TP)``)."""
     if rows != "gathered-sp":
         return real if tp_rank == 0 else 0
     chunk = -(-num_tokens // tp_size)
     return max(0, min(real, (tp_rank + 1) * chunk) - tp_rank * chunk)
 
 
+def _check_serving_run(runs, rows, tp, info, num_physical, real_tokens, hf):
+    """The checks of one ``real_model_world`` run in a DP layout (``runs``: every rank's report); returns
+    the worst relative logits errors against EPLB off and HF (``hf(prompt)``: HF's logits, cached)."""
+    for r in runs:
+        assert (r["dp_rank"], r["tp_rank"]) == (r["rank"] // tp, r["rank"] % tp)
+        assert r["moe_rows"] == rows
+        assert r["num_real_tokens"] == real_tokens[r["dp_rank"]]
+        assert r["info"]["num_physical_experts"] == num_physical
+        assert r["initial_slot_mismatches"] == []
+        assert r["worker_alive"] is True
+        committed_layers = [layer for _, layer in r["commits"]]
+        assert all(committed_layers.count(layer) >= 3 for layer in range(info.num_moe_layers)), r["commits"]
+        assert len(r["slot_checks"]) == len(r["commits"])
+        assert all(mismatches == [] for _, mismatches in r["slot_checks"]), r["slot_checks"]
+    # The rows each rank's experts received: its own (split), the DP ranks' gathered, or every EP rank's
+    # sequence-parallel chunk gathered.
+    num_tokens = int(runs[0]["prompts"][0].shape[0])
+    gathered = {"split": num_tokens, "gathered": len(real_tokens) * num_tokens}
+    want_rows = gathered.get(rows, len(runs) * -(-num_tokens // tp))
+    assert all(r["kernel_rows"] == [want_rows] * len(r["prompts"]) for r in runs)
+    assert any(not torch.equal(m, runs[0]["maps"][0]) for m in runs[0]["maps"])
+    for r in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0]["maps"], r["maps"], strict=True))
+
+    # Each DP rank's own batch: its prompts differ from the other DP rank's; on its real rows the logits
+    # equal the EPLB-off model's and HF's; TP peers return the same logits.
+    leaders = [r for r in runs if r["tp_rank"] == 0]
+    assert not torch.equal(leaders[0]["prompts"][0], leaders[1]["prompts"][0])
+    worst_off = worst_hf = 0.0
+    for r in runs:
+        leader = leaders[r["dp_rank"]]
+        real = r["num_real_tokens"]
+        for step, ids in enumerate(r["prompts"]):
+            assert torch.equal(ids, leader["prompts"][step])
+            assert torch.equal(r["logits_on"][step], leader["logits_on"][step])
+            on, off = r["logits_on"][step][:real], r["logits_off"][step][:real]
+            worst_off = max(worst_off, float((on - off).abs().max()) / float(off.abs().max()))
+            reference = hf(ids[:real])
+            worst_hf = max(worst_hf, float((on - reference).abs().max()) / float(reference.abs().max()))
+
+    # The load: over all ranks, every DP rank's real tokens x K once per layer, when the step records;
+    # each rank its own rows (a TP leader its DP rank's, or its sequence-parallel chunk's).
+    assert all(r["recorded"] == runs[0]["recorded"] for r in runs)
+    assert sum(runs[0]["recorded"]) == 5  # steps 0, 5, 6, 11, 12 (window 2, interval 6)
+    for step, recorded in enumerate(runs[0]["recorded"]):
+        total = sum(r["load"][step] for r in runs).sum(dim=1).tolist()
+        want = sum(real_tokens) * info.top_k if recorded else 0
+        assert total == [want] * info.num_moe_layers, step
+        for r in runs:
+            mine = _recorded_rows(rows, r["tp_rank"], tp, num_tokens, r["num_real_tokens"]) * info.top_k
+            assert r["load"][step].sum(dim=1).tolist() == [mine if recorded else 0] * info.num_moe_layers
+    return worst_off, worst_hf
+
+
 @pytest.mark.multirank
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(360)
 @pytest.mark.parametrize(
-    ("arch", "dp", "world_size", "rows", "fault"),
+    ("arch", "dp", "world_size", "rows", "more"),
     LAYOUT_CASES,
     ids=[f"{a}-dp{d}-tp{n // d}-{r}" for a, d, n, r, _ in LAYOUT_CASES],
 )
 def test_data_parallel_worlds_of_a_real_model_give_eplb_off_and_hf_logits_and_count_each_token_once(
-    arch, dp, world_size, rows, fault, tmp_path
+    arch, dp, world_size, rows, more, tmp_path
 ):
     """Issue 29: vLLM's real model class with ``data_parallel_size=2`` (every DP rank in one world, as
     vLLM's external launcher builds them; the harness's ``all_gatherv`` / ``reduce_scatterv`` stand-ins
@@ -259,9 +314,11 @@ def test_data_parallel_worlds_of_a_real_model_give_eplb_off_and_hf_logits_and_co
     each DP rank's logits equal the EPLB-off run's and HF's on its own batch; every window's load over
     all ranks is every DP rank's real tokens x K, each counted once (per rank: its own rows or chunk);
     every commit leaves each slot holding its logical expert. The same world first refuses, on every
-    rank before anything loads, a Qwen2-MoE checkpoint (its vLLM class has no MixtureOfExperts part),
-    checks the collectives with unequal sizes, and (gathered) puts a rank-dependent replica choice back:
-    the verifier names the broken agreement on every rank."""
+    rank before anything loads, a Qwen2-MoE checkpoint (its vLLM class has no MixtureOfExperts part) and
+    checks the collectives with unequal sizes; at TP = 1 it then serves the same prompts with the
+    route-first all-to-all dispatch (the ``split`` rows: each rank routes its own, replica offset = EP
+    rank, every rank records its own), and puts a rank-dependent replica choice back into the gathered
+    rows: the verifier names the broken agreement on every rank."""
     folder = rm.write_checkpoint(arch, tmp_path / arch, seed=0)
     refused = rm.write_checkpoint("qwen2-moe", tmp_path / "qwen2-moe", seed=0)
     info = rm.checkpoint_info(folder)
@@ -274,8 +331,8 @@ def test_data_parallel_worlds_of_a_real_model_give_eplb_off_and_hf_logits_and_co
     )  # fmt: skip
     start = time.monotonic()
     reports = run_ranks(
-        ranks.layout_world, world_size=world_size, tmp_path=tmp_path, args=(spec, str(refused), fault),
-        timeout_s=270, preload=PRELOAD,
+        ranks.layout_world, world_size=world_size, tmp_path=tmp_path,
+        args=(spec, str(refused), more, more), timeout_s=330, preload=PRELOAD,
     )  # fmt: skip
     took = time.monotonic() - start
     print(f"\nlayout_world {arch} DP={dp} TP={tp} ({rows}): {took:.1f} s, {reports[0]['seconds']}")
@@ -294,54 +351,33 @@ def test_data_parallel_worlds_of_a_real_model_give_eplb_off_and_hf_logits_and_co
         )
         assert loaded is False
 
+    cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def hf(ids):
+        key = tuple(ids.tolist())
+        if key not in cache:
+            cache[key] = hf_logits(folder, ids)
+        return cache[key]
+
     num_physical = info.num_logical_experts + redundant
-    for r in reports:
-        assert (r["dp_rank"], r["tp_rank"]) == (r["rank"] // tp, r["rank"] % tp)
-        assert r["moe_rows"] == rows
-        assert r["num_real_tokens"] == real_tokens[r["dp_rank"]]
-        assert r["info"]["num_physical_experts"] == num_physical
-        assert r["initial_slot_mismatches"] == []
-        assert r["worker_alive"] is True
-        committed_layers = [layer for _, layer in r["commits"]]
-        assert all(committed_layers.count(layer) >= 3 for layer in range(info.num_moe_layers)), r["commits"]
-        assert len(r["slot_checks"]) == len(r["commits"])
-        assert all(mismatches == [] for _, mismatches in r["slot_checks"]), r["slot_checks"]
-    assert any(not torch.equal(m, reports[0]["maps"][0]) for m in reports[0]["maps"])
-    for r in reports[1:]:
-        assert all(torch.equal(a, b) for a, b in zip(reports[0]["maps"], r["maps"], strict=True))
-
-    # Each DP rank's own batch: its prompts differ from the other DP rank's; on its real rows the logits
-    # equal the EPLB-off model's and HF's; TP peers return the same logits.
-    leaders = [r for r in reports if r["tp_rank"] == 0]
-    assert not torch.equal(leaders[0]["prompts"][0], leaders[1]["prompts"][0])
-    worst_off = worst_hf = 0.0
-    for r in reports:
-        leader = leaders[r["dp_rank"]]
-        real = r["num_real_tokens"]
-        for step in range(spec.steps):
-            assert torch.equal(r["prompts"][step], leader["prompts"][step])
-            assert torch.equal(r["logits_on"][step], leader["logits_on"][step])
-            on, off = r["logits_on"][step][:real], r["logits_off"][step][:real]
-            worst_off = max(worst_off, float((on - off).abs().max()) / float(off.abs().max()))
-            if r is leader:
-                reference = hf_logits(folder, r["prompts"][step][:real])
-                worst_hf = max(worst_hf, float((on - reference).abs().max()) / float(reference.abs().max()))
-    MEASURED[f"{arch}-dp{dp}-tp{tp}"] = {"max_rel_err_vs_off": worst_off, "max_rel_err_vs_hf": worst_hf}
-    print(f"{arch} DP={dp} TP={tp}: EPLB on vs off {worst_off:.3g}, vs HF {worst_hf:.3g}")
-    assert worst_off <= TOLERANCE, f"{arch}: EPLB-on logits differ from EPLB-off by {worst_off:.3g}"
-    assert worst_hf <= TOLERANCE, f"{arch}: EPLB-on logits differ from HF by {worst_hf:.3g}"
-
-    # The load: over all ranks, every DP rank's real tokens x K once per layer, when the step records;
-    # each rank its own rows (a TP leader its DP rank's, or its sequence-parallel chunk's).
-    assert all(r["recorded"] == reports[0]["recorded"] for r in reports)
-    assert sum(reports[0]["recorded"]) == 5  # steps 0, 5, 6, 11, 12 (window 2, interval 6)
-    for step, recorded in enumerate(reports[0]["recorded"]):
-        total = sum(r["load"][step] for r in reports).sum(dim=1).tolist()
-        want = sum(real_tokens) * info.top_k if recorded else 0
-        assert total == [want] * info.num_moe_layers, step
+    runs = {rows: reports}
+    if more:
+        runs["split"] = [r["split"] for r in reports]
+    for name, run in runs.items():
+        worst_off, worst_hf = _check_serving_run(run, name, tp, info, num_physical, real_tokens, hf)
+        MEASURED[f"{arch}-dp{dp}-tp{tp}-{name}"] = {
+            "max_rel_err_vs_off": worst_off,
+            "max_rel_err_vs_hf": worst_hf,
+        }
+        print(f"{arch} DP={dp} TP={tp} {name}: EPLB on vs off {worst_off:.3g}, vs HF {worst_hf:.3g}")
+        assert worst_off <= TOLERANCE, (
+            f"{arch} {name}: EPLB-on logits differ from EPLB-off by {worst_off:.3g}"
+        )
+        assert worst_hf <= TOLERANCE, f"{arch} {name}: EPLB-on logits differ from HF by {worst_hf:.3g}"
+    if more:
+        # The same prompts both ways; the all-to-all run's replicas differ by rank (offset = EP rank).
         for r in reports:
-            mine = _recorded_rows(rows, r["tp_rank"], tp, NUM_TOKENS, r["num_real_tokens"]) * info.top_k
-            assert r["load"][step].sum(dim=1).tolist() == [mine if recorded else 0] * info.num_moe_layers
+            assert all(torch.equal(a, b) for a, b in zip(r["prompts"], r["split"]["prompts"], strict=True))
 
     # The harness's variable-size collectives on the EP group: rank r holds 2 + 3 r rows.
     sizes = [2 + 3 * r for r in range(world_size)]
@@ -357,7 +393,7 @@ def test_data_parallel_worlds_of_a_real_model_give_eplb_off_and_hf_logits_and_co
         assert torch.equal(got["gathered"][1], want_ids)
         assert torch.equal(got["scattered"], torch.full((sizes[r["rank"]], 2), float(total_weight)))
 
-    if fault:
+    if more:
         for r in reports:
             f = r["fault"]
             assert f["rows"] == rows
