@@ -717,3 +717,181 @@ def test_the_worker_verdict_from_what_the_ranks_saw():
     verdicts = _verdicts(config, routing, _results(12, [1], {}, in_flight=[(10, 0.1)]), [])
     assert verdicts["fingerprints"] == ("not judged", "no layer committed, so no moved weights were compared")
     assert verdicts["lookups"][0] == "not judged"
+
+
+# Issue 27: the placement policy and the gain gate through simulate. The rearrangement records of
+# report.json are the serving events file's; each decision is the one plan computes offline on the run's
+# own windows (control.gate.decide from upstream's initial placement, each window given the placement the
+# previous decision left in force).
+def _events(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _assert_records_are_the_events_and_plans_decisions(report, out, policy, gain, target, groups=1):
+    """``groups``: the model's expert groups, which upstream passes its policy (``num_expert_groups``: the
+    DeepSeek-V3 preset's ``n_group`` is 4; the replay world's toy model has 1)."""
+    from ascend_eplb.integration.events import read_windows
+    from ascend_eplb.tools import plan
+
+    events = _events(out / "events.jsonl")
+    realised = {e["rearrangement"]: e["balancedness_realised"] for e in events
+                if e["event"] == "rearrangement_realised"}  # fmt: skip
+    expected = [
+        {"rearrangement": e["rearrangement"], "step": e["step"], "policy": policy, "skipped": e["skipped"],
+         "balancedness_before": e["balancedness_before"], "balancedness_planned": e["balancedness_planned"],
+         "balancedness_realised": realised.get(e["rearrangement"]), "experts_moved": e["experts_moved"],
+         "bytes_moved": e["bytes_moved"], "layers_changed": e["layers_changed"]}
+        for e in events if e["event"] == "rearrangement"
+    ]  # fmt: skip
+    records = report["rearrangement_records"]
+    assert records == expected
+    assert json.loads((out / "report.json").read_text())["rearrangement_records"] == records
+    assert report["rearrangements_skipped"] == {
+        reason: sum(r["skipped"] == reason for r in records) for reason in ("balanced", "min_gain", "no_load")
+    }
+    assert report["experts_moved"] == sum(r["experts_moved"] for r in records)
+    assert all(r["experts_moved"] == r["bytes_moved"] == 0 for r in records if r["skipped"])
+    assert (report["policy"], report["min_balancedness_gain"], report["target_balancedness"]) == (
+        policy, gain, target,
+    )  # fmt: skip
+    windows = [w.numpy() for w in read_windows(out / "events.jsonl")]
+    offline = plan.compare_policies(
+        windows, num_ranks=report["ranks"], num_redundant_experts=report["num_redundant_experts"],
+        num_expert_groups=groups, policies=[policy], min_balancedness_gain=gain, target_balancedness=target,
+    ).run(policy, "given" if gain or target is not None else "off")  # fmt: skip
+    for record, window in zip(records, offline.windows, strict=False):  # the last window may be in flight
+        assert record["rearrangement"] == window.window
+        assert (record["skipped"], record["experts_moved"]) == (window.skipped, window.experts_moved)
+        assert record["balancedness_before"] == pytest.approx(window.balancedness_before, abs=1e-12)
+        planned = window.balancedness_planned
+        assert record["balancedness_planned"] == (
+            None if planned is None else pytest.approx(planned, abs=1e-12)
+        )
+    return records
+
+
+@pytest.mark.multirank
+def test_the_gate_and_the_migration_aware_policy_in_the_report_summary_and_plot(tmp_path, capsys):
+    config = SimulateConfig(**{**SHORT, "steps": 32, "step_interval": 8}, policy="migration_aware",
+                            min_balancedness_gain=0.05, out_dir=str(tmp_path))  # fmt: skip
+    report = run_simulation(config)
+    assert report["passed"], report["first_violation"]
+    assert report["checks"] == dict.fromkeys(("outputs", "fingerprints", "lookups", "load", "worker"), True)
+    records = _assert_records_are_the_events_and_plans_decisions(
+        report, tmp_path, "migration_aware", 0.05, None
+    )
+    assert len(records) >= 3
+    # The first window (upstream's initial placement, 0.92 on the trace) gains 0.08: it moves; later ones,
+    # from a placement fitted to the trace, gain less than 0.05 and are skipped.
+    assert records[0]["skipped"] is None
+    assert records[0]["experts_moved"] > 0
+    assert report["rearrangements_skipped"]["min_gain"] >= 1
+    printed = capsys.readouterr().out.splitlines()
+    done = [r for r in records if r["skipped"] is None]
+    assert (
+        f"  policy=migration_aware, gate min_balancedness_gain=0.05 target_balancedness=off: {len(done)} "
+        f"rearrangements moved {report['experts_moved']} experts"
+    ) in "\n".join(printed)
+    first = records[0]
+    assert (
+        f"    rearrangement 1 (step {first['step']}): balancedness {first['balancedness_before']:.4f} -> "
+        f"planned {first['balancedness_planned']:.4f}, realised {first['balancedness_realised']:.4f}; "
+        f"{first['experts_moved']} experts,"
+    ) in "\n".join(printed)
+    skipped = next(r for r in records if r["skipped"] == "min_gain")
+    assert (
+        f"    rearrangement {skipped['rearrangement']} (step {skipped['step']}): balancedness "
+        f"{skipped['balancedness_before']:.4f}, planned {skipped['balancedness_planned']:.4f}; skipped "
+        "(min_gain), nothing moved"
+    ) in printed
+    assert (tmp_path / "balancedness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from ascend_eplb.tools.simulate.plot import balancedness_figure
+
+    fig = balancedness_figure(report)
+    _, bytes_panel, _ = fig.axes[:3]
+    bars = [p.get_height() for p in bytes_panel.patches]
+    assert bars == pytest.approx([r["bytes_moved"] / 1024 for r in done])  # KiB: the toy experts' size
+    assert [t.get_text() for t in bytes_panel.texts] == [r["skipped"] for r in records if r["skipped"]]
+
+
+REAL_GATED = dict(num_ranks=2, num_redundant_experts=2, steps=48, window_size=2, step_interval=12,
+                  progress=False, timeout_s=280)  # fmt: skip
+
+
+@pytest.mark.multirank
+def test_the_migration_aware_policy_and_the_gate_on_the_real_model_move_fewer_bytes_than_the_default(
+    tmp_path,
+):
+    """vLLM's DeepseekV3ForCausalLM (the preset, routing skewed like the ESFT trace), 2 ranks, 4
+    rearrangements: upstream's default policy, then the migration-aware policy with the gate, on the same
+    steps and tokens. Every check passes in both; the windows are the same load (a 12-step interval
+    leaves the 4 layer commits of a rearrangement time to end before the next 2-step window opens, so no
+    window mixes placements); the gated run skips 2 windows, moves 10 experts where upstream's moves
+    hundreds, and every decision is plan's on those windows."""
+    import torch
+
+    from ascend_eplb.integration.events import read_windows
+
+    gate = dict(policy="migration_aware", min_balancedness_gain=0.07, target_balancedness=0.95)
+    runs = {}
+    for name, extra in (("default", {}), ("gated", gate)):
+        runs[name] = run_simulation(SimulateConfig(**REAL_GATED, **extra, out_dir=str(tmp_path / name)))
+        assert runs[name]["passed"], runs[name]["first_violation"]
+        assert runs[name]["checks"] == dict.fromkeys(
+            ("outputs", "load", "fingerprints", "lookups", "worker"), True
+        )
+        assert runs[name]["max_output_error"] <= 1e-5  # float32: the outputs equal the EPLB-off model's
+        assert runs[name]["rearrangements_completed"] == 4
+    default, gated = runs["default"], runs["gated"]
+    windows = {name: read_windows(tmp_path / name / "events.jsonl") for name in runs}
+    assert len(windows["default"]) == len(windows["gated"]) == 4
+    assert all(torch.equal(a, b) for a, b in zip(windows["default"], windows["gated"], strict=True))
+    ours = _assert_records_are_the_events_and_plans_decisions(
+        gated, tmp_path / "gated", "migration_aware", 0.07, 0.95, groups=4
+    )
+    theirs = _assert_records_are_the_events_and_plans_decisions(
+        default, tmp_path / "default", "default", 0.0, None, groups=4
+    )
+    assert [r["skipped"] for r in ours] == [None, None, "balanced", "balanced"]
+    assert gated["rearrangements_skipped"] == {"balanced": 2, "min_gain": 0, "no_load": 0}
+    assert default["rearrangements_skipped"] == {"balanced": 0, "min_gain": 0, "no_load": 0}
+    # Bytes: what the ranks' communicators received (report) equals what the records say moved.
+    for report, records in ((gated, ours), (default, theirs)):
+        assert report["bytes_moved"] == sum(r["bytes_moved"] for r in records)
+    assert gated["experts_moved"] == 10
+    assert default["experts_moved"] > 400
+    assert gated["bytes_moved"] * 40 < default["bytes_moved"]
+
+
+def test_the_policy_and_gate_options_are_judged_by_start_ups_rules_before_any_process(tmp_path, capsys):
+    from ascend_eplb.tools.simulate.config import ascend_policy_keys
+
+    key = "additional_config.eplb_config"
+    for option, value, rule in [
+        ("--policy", "fewest", f"{key}.policy='fewest' is not one of ['default', 'migration_aware']"),
+        ("--min-balancedness-gain", "1", f"{key}.min_balancedness_gain=1.0 must be a number in [0, 1)"),
+        ("--target-balancedness", "1.5", f"{key}.target_balancedness=1.5 must be a number in (0, 1]"),
+        ("--target-balancedness", "x", "must be a number"),
+    ]:
+        with pytest.raises(SystemExit) as exited:
+            main(["simulate", option, value, "--out", str(tmp_path / "o")])
+        assert exited.value.code == 2
+        assert f"ascend-eplb simulate: error: argument {option}: '{value}': {rule}" in capsys.readouterr().err
+    # A configuration built in Python meets the same rules, every one named.
+    bad = SimulateConfig(model="replay", policy="fewest", min_balancedness_gain=-0.1, target_balancedness=0.0,
+                         out_dir=str(tmp_path / "o"))  # fmt: skip
+    with pytest.raises(ValueError, match="invalid simulate options") as raised:
+        bad.validate(num_trace_moe_layers=26, num_logical_experts=64, top_k=6)
+    assert [line for line in str(raised.value).splitlines() if "eplb_config" in line] == [
+        f"  - policy: {key}.policy='fewest' is not one of ['default', 'migration_aware']",
+        f"  - min balancedness gain: {key}.min_balancedness_gain=-0.1 must be a number in [0, 1) (a gain of "
+        "balancedness, which lies in (0, 1]; 0 turns the check off)",
+        f"  - target balancedness: {key}.target_balancedness=0.0 must be a number in (0, 1] (a balancedness; "
+        "leave it unset to turn the check off)",
+    ]
+    assert not (tmp_path / "o").exists()
+    # What reaches the serving config's additional_config.eplb_config: only the keys set.
+    assert ascend_policy_keys(SimulateConfig()) == {}
+    gated = SimulateConfig(policy="migration_aware", target_balancedness=0.9)
+    assert ascend_policy_keys(gated) == {"policy": "migration_aware", "target_balancedness": 0.9}
+    assert ascend_policy_keys(gated.to_json()) == ascend_policy_keys(gated)

@@ -12,7 +12,9 @@ from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES as PHASES
 from ascend_eplb.integration.rules import experts_divisibility_error
 from ascend_eplb.integration.verify import CHECKS as VERIFIER_CHECKS
 from ascend_eplb.integration.watchdog import CHECK as WATCHDOG_CHECK
-from ascend_eplb.tools.options import non_negative_int, path_text, positive_int
+from ascend_eplb.tools.options import min_balancedness_gain as gain_value
+from ascend_eplb.tools.options import non_negative_int, path_text, policy_name, positive_int
+from ascend_eplb.tools.options import target_balancedness as target_value
 
 __all__ = [
     "CHECKS",
@@ -28,6 +30,7 @@ __all__ = [
     "SIMULATOR_CHECKS",
     "SimulateConfig",
     "add_simulate_arguments",
+    "ascend_policy_keys",
     "config_from_args",
     "non_negative_int",
     "output_rtol",
@@ -163,6 +166,27 @@ class SimulateConfig:
         "default upstream's initial placement",
         metavar="PATH",
         type=path_text,
+    )  # fmt: skip
+    policy: str = _option(
+        "default", "--policy",
+        "placement policy (additional_config.eplb_config.policy): default (upstream's DefaultEplbPolicy) "
+        "or migration_aware (the fewest expert moves from the placement in force); default %(default)s",
+        metavar="default|migration_aware",
+        type=policy_name,
+    )  # fmt: skip
+    min_balancedness_gain: float = _option(
+        0.0, "--min-balancedness-gain",
+        "the gain gate (additional_config.eplb_config.min_balancedness_gain): skip a rearrangement whose "
+        "placement would gain less balancedness than this, in [0, 1); default 0 (off)",
+        metavar="X",
+        type=gain_value,
+    )  # fmt: skip
+    target_balancedness: float | None = _option(
+        None, "--target-balancedness",
+        "the gain gate (additional_config.eplb_config.target_balancedness): skip a rearrangement whose "
+        "window the placement in force already serves at least this balanced, in (0, 1]; default off",
+        metavar="X",
+        type=target_value,
     )  # fmt: skip
     trace: str | None = _option(
         None, "--trace",
@@ -404,6 +428,7 @@ class SimulateConfig:
             errors.append(f"on worker failure={self.on_worker_failure!r}: must be 'stop' or 'raise'")
         if self.fault is not None and self.fault not in FAULTS:
             errors.append(f"fault={self.fault!r}: must be one of {FAULTS}")
+        errors += _policy_errors(self)
         return errors
 
     def _placement_errors(self, num_moe_layers: int, num_logical_experts: int) -> list[str]:
@@ -471,6 +496,33 @@ class SimulateConfig:
             errors += resources.model_memory_rule(self.num_ranks, source.folder)
         if errors:
             raise ValueError("invalid simulate options:\n  - " + "\n  - ".join(errors))
+
+
+def _policy_errors(config: SimulateConfig) -> list[str]:
+    """Start-up's rules of the policy and the gain gate (``ascend_eplb.control.policy_config``, the
+    functions integration's rules call), each message naming the value and the rule."""
+    from ascend_eplb.control.policy_config import (
+        min_balancedness_gain_error,
+        policy_error,
+        target_balancedness_error,
+    )
+
+    checks = (
+        ("policy", policy_error(config.policy)),
+        ("min balancedness gain", min_balancedness_gain_error(config.min_balancedness_gain)),
+        ("target balancedness", target_balancedness_error(config.target_balancedness)),
+    )
+    return [f"{name}: {reason}" for name, reason in checks if reason is not None]
+
+
+def ascend_policy_keys(cfg: Any) -> dict[str, Any]:
+    """The Ascend keys of ``additional_config.eplb_config`` a run sets for its policy and gain gate
+    (``policy``, ``min_balancedness_gain``, ``target_balancedness``), each only when it differs from its
+    default, so that a run with the defaults serves the configuration of a server that sets none.
+    ``cfg``: a :class:`SimulateConfig` or its ``to_json()`` (a rank's configuration)."""
+    values = cfg if isinstance(cfg, dict) else cfg.to_json()
+    defaults = {"policy": "default", "min_balancedness_gain": 0.0, "target_balancedness": None}
+    return {k: values[k] for k, default in defaults.items() if values.get(k, default) != default}
 
 
 #: Options of the trace-replay world only (``--model replay``).

@@ -56,6 +56,7 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
     the bincount of the physical ids the expert kernel consumed for the real rows, each selection once,
     when the step records; nothing when it does not).
     """
+    from ascend_eplb.tools.simulate.config import ascend_policy_keys
     from ascend_eplb.tools.world.serving import ServingWorker
     from ascend_eplb.tools.world.slots import initial_physical_to_logical
 
@@ -69,6 +70,7 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
         step_interval=cfg["step_interval"],
         phase=cfg["load_collection_phase"],
         initial_placement=cfg.get("initial_placement"),
+        ascend_keys=ascend_policy_keys(cfg),
     )
     record_resources(ctx, cfg)
     info, state, model_state = worker.info, worker.state, worker.model_state

@@ -45,6 +45,7 @@ from ascend_eplb.integration.watchdog import WorkerWatchdog
 from ascend_eplb.launch import RankContext
 from ascend_eplb.quant_views import get_format
 from ascend_eplb.quant_views.reference import expert_seed
+from ascend_eplb.tools.simulate.config import ascend_policy_keys
 from ascend_eplb.tools.simulate.faults import WORKER_FAULTS, inject_stale_lookup, inject_worker_fault
 from ascend_eplb.tools.simulate.steps import (
     CheckViolationError,
@@ -109,6 +110,7 @@ def _vllm_config(cfg: dict, num_ranks: int) -> VllmConfig:
         additional_config={
             "eplb_config": {
                 "load_collection_phase": cfg["load_collection_phase"],
+                **ascend_policy_keys(cfg),
                 **({"initial_placement": cfg["initial_placement"]} if cfg.get("initial_placement") else {}),
             }
         },

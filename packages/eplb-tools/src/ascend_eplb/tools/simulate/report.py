@@ -13,7 +13,7 @@ import numpy as np
 from ascend_eplb.tools.simulate.config import SimulateConfig
 from ascend_eplb.tools.simulate.verdicts import JUDGED, PASSED, check_verdicts, run_verdict
 
-__all__ = ["build_report"]
+__all__ = ["build_report", "rearrangement_records"]
 
 
 def build_report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: float) -> dict:
@@ -68,6 +68,12 @@ def build_report(config: SimulateConfig, routing: Any, results: list[dict], wall
         "initial_placement": _initial_placement(config, results, bal, bal_off),
         "bytes_moved": int(sum(received)),
         "bytes_received_per_rank": received,
+        # The placement policy and the gain gate the serving config set, and what each rearrangement
+        # did with them: the serving events file's records (EP rank 0's events.jsonl).
+        "policy": config.policy,
+        "min_balancedness_gain": config.min_balancedness_gain,
+        "target_balancedness": config.target_balancedness,
+        **rearrangement_records(Path(config.out_dir) / "events.jsonl"),
         "busiest_rank_experts_received": int(busiest_experts),
         "costs": _costs(config, routing, int(busiest_experts), len(completed) or r0["num_rearrangements"]),
         "out_dir": str(Path(config.out_dir).resolve()),
@@ -128,6 +134,51 @@ def _initial_placement(config: SimulateConfig, results: list[dict], bal: list, b
         "plan_predicted_on_its_load": predicted,
         "slots_hold_their_experts": None if None in held else all(m == [] for m in held),
         "slot_mismatches": [m for m in held if m],
+    }
+
+
+def rearrangement_records(events_file: Path) -> dict:
+    """What each closed window became, from the serving events file's ``rearrangement`` records (and the
+    ``rearrangement_realised`` ones: the next window's balancedness under the placement), oldest first.
+
+    Returns ``report.json``'s ``rearrangement_records`` (per record: ``rearrangement``, the 1-based
+    window index, None for a window without load; ``step``, the step the record was made in;
+    ``policy``; ``skipped``: None or the gate's reason; ``balancedness_before`` (the window under the
+    placement committed when it closed), ``balancedness_planned`` (under the policy's placement; None
+    when the policy did not run), ``balancedness_realised`` (the next window with load under the placement
+    in force after it; None until one closed); ``experts_moved``, ``bytes_moved`` (what the ranks received
+    together, at the run's expert size), ``layers_changed``), ``rearrangements_skipped`` (count per reason
+    of ``ascend_eplb.control.policy_config.SKIP_REASONS``, each listed) and ``experts_moved`` (the sum).
+    A rearrangement still moving when the run ended has no record yet. No events file (a rank on
+    another host wrote it): no records.
+    """
+    from ascend_eplb.control.policy_config import SKIP_REASONS
+
+    records: list[dict] = []
+    if events_file.is_file():
+        from ascend_eplb.integration.events import read_records
+
+        events = [record for _, record in read_records(events_file)]
+        realised = {
+            e["rearrangement"]: e["balancedness_realised"]
+            for e in events
+            if e["event"] == "rearrangement_realised"
+        }
+        keys = ("policy", "skipped", "balancedness_before", "balancedness_planned")
+        for e in events:
+            if e["event"] != "rearrangement":
+                continue
+            index = e["rearrangement"]
+            records.append({
+                "rearrangement": index, "step": e["step"], **{k: e[k] for k in keys},
+                "balancedness_realised": None if index is None else realised.get(index),
+                "experts_moved": e["experts_moved"], "bytes_moved": e["bytes_moved"],
+                "layers_changed": e["layers_changed"],
+            })  # fmt: skip
+    return {
+        "rearrangement_records": records,
+        "rearrangements_skipped": {r: sum(x["skipped"] == r for x in records) for r in SKIP_REASONS},
+        "experts_moved": sum(x["experts_moved"] for x in records),
     }
 
 

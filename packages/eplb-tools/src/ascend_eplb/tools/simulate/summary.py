@@ -8,6 +8,43 @@ from ascend_eplb.tools.simulate.verdicts import FAILED, NOT_JUDGED, PASSED
 
 __all__ = ["summary_text"]
 
+#: Rearrangements the summary lists one per line (report.json has all of them).
+SHOWN_REARRANGEMENTS = 12
+
+
+def _rearrangement_lines(report: dict, f) -> list[str]:
+    """The policy and the gain gate of the run, what the rearrangements moved and skipped, and one line
+    per rearrangement: its balancedness before, planned and realised beside the experts and bytes it
+    moved, or the gate's reason."""
+    from ascend_eplb.control.policy_config import PolicySettings
+    from ascend_eplb.tools.costs import format_bytes
+
+    settings = PolicySettings(
+        report["policy"], report["min_balancedness_gain"], report["target_balancedness"]
+    ).describe()
+    records = report["rearrangement_records"]
+    done = [r for r in records if r["skipped"] is None]
+    skipped = ", ".join(f"{k} {v}" for k, v in report["rearrangements_skipped"].items() if v) or "none"
+    lines = [
+        f"  {settings}: {len(done)} rearrangements moved {report['experts_moved']} experts "
+        f"({format_bytes(sum(r['bytes_moved'] for r in done))}); skipped: {skipped}"
+    ]
+    for r in records[:SHOWN_REARRANGEMENTS]:
+        name = "window without load" if r["rearrangement"] is None else f"rearrangement {r['rearrangement']}"
+        head = f"    {name} (step {r['step']}): balancedness {f(r['balancedness_before'])}"
+        if r["skipped"] is None:
+            lines.append(
+                f"{head} -> planned {f(r['balancedness_planned'])}, realised "
+                f"{f(r['balancedness_realised'])}; {r['experts_moved']} experts, "
+                f"{format_bytes(r['bytes_moved'])} moved"
+            )
+        else:
+            planned = "" if r["balancedness_planned"] is None else f", planned {f(r['balancedness_planned'])}"
+            lines.append(f"{head}{planned}; skipped ({r['skipped']}), nothing moved")
+    if len(records) > SHOWN_REARRANGEMENTS:
+        lines.append(f"    ... {len(records) - SHOWN_REARRANGEMENTS} more in report.json")
+    return lines
+
 
 def summary_text(report: dict) -> str:
     from ascend_eplb.tools.costs import format_bytes
@@ -34,6 +71,7 @@ def summary_text(report: dict) -> str:
         f"  steps {report['steps']}, rearrangements {report['rearrangements']} "
         f"({report['rearrangements_completed']} completed), layers committed "
         f"{report['layers_committed']}, bytes moved {report['bytes_moved']}",
+        *_rearrangement_lines(report, f),
         "  balancedness = mean rank load / max rank load of a layer, averaged over layers (1.0 = even)",
         # EPLB on beside EPLB off on the same steps after the first completed rearrangement (the
         # comparison), not "before -> after; without EPLB": that read as a comparison with "before".
