@@ -532,12 +532,12 @@ def test_policies_compared_on_a_hand_made_events_file(tmp_path, capsys):
         "computed (no --model-config: give the model's config.json, and --format, for bytes at its expert " \
         "size)" in text  # fmt: skip
     assert text[3:9] == [
-        "window | migration_aware        | migration_aware + gate",
-        "       |  after         moved   |  after         moved",
-        "     1 | 1.0000             0   | 1.0000 skip balanced",
-        "     2 | 1.0000  skip no_load   | 1.0000  skip no_load",
-        "     3 | 1.0000             1   | 0.7000 skip min_gain",
-        "     4 | 1.0000             0   | 0.7000 skip min_gain",
+        "window | migration_aware      | migration_aware + gate",
+        "       |  after         moved |  after         moved",
+        "     1 | 1.0000             0 | 1.0000 skip balanced",
+        "     2 | 1.0000  skip no_load | 1.0000  skip no_load",
+        "     3 | 1.0000             1 | 0.7000 skip min_gain",
+        "     4 | 1.0000             0 | 0.7000 skip min_gain",
     ]
     assert text[11:14] == [
         "  migration_aware                             3                                0/0/1             1 "

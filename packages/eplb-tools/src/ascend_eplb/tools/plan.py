@@ -28,6 +28,17 @@ and, whenever ``nodes > 1``, the global policy beside it (``rebalance_experts(..
 num_nodes=1, ...)``, the branch upstream takes when the groups do not divide): node-local placement
 limits the balance it can reach, and the operator sees that trade. Recommendation
 (:func:`recommend`): the smallest level whose balancedness after is within ``margin`` of the best level's.
+
+Policies compared per rearrangement (issue 27; :func:`compare_policies`, ``plan --policies``): one
+redundancy level, a sequence of windows (:func:`load_windows`: an events file's, a routing trace's windows
+of sequences), each policy run from upstream's initial placement through every window, each window
+decided by serving's own gate function (:func:`ascend_eplb.control.gate.decide`, which runs upstream's
+``DefaultEplbPolicy`` or :class:`~ascend_eplb.control.policy.MigrationAwarePolicy`; the measures are
+:mod:`ascend_eplb.control.policy`'s), gate off, with the given gate, and with the gate
+:func:`recommend_gate` derives from the run. This imports vLLM (control's policy module subclasses
+upstream's): about 7 s more than the level sweep. Upstream passes its policy the model's expert groups
+(``num_expert_groups``: DeepSeek's ``n_group``), which an events file does not record: pass them as
+``num_expert_groups`` (``--expert-groups``) to reproduce a grouped model's decisions exactly.
 """
 
 from __future__ import annotations
@@ -824,12 +835,14 @@ def format_comparison(result: PolicyComparison) -> str:
     # A cell: balancedness after, then experts moved (and bytes), or the skip reason in their place.
     rest_w = 18 if with_bytes else 13  # "skip min_gain"; "  moved      bytes"
     sub = f"{'after':>6} " + (f"{'moved':>7} {'bytes':>10}" if with_bytes else f"{'moved':>{rest_w}}")
-    width = max(len(sub), *(len(r.label) for r in shown))
-    lines.append(f"{'window':>6} " + " ".join(f"| {r.label:<{width}}" for r in shown).rstrip())
-    lines.append((f"{'':>6} " + " ".join(f"| {sub:<{width}}" for _ in shown)).rstrip())
+    widths = [max(len(sub), len(r.label)) for r in shown]
+    lines.append(
+        f"{'window':>6} " + " ".join(f"| {r.label:<{w}}" for r, w in zip(shown, widths, strict=True)).rstrip()
+    )
+    lines.append((f"{'':>6} " + " ".join(f"| {sub:<{w}}" for w in widths)).rstrip())
     for i in range(result.num_windows):
         cells = []
-        for r in shown:
+        for r, width in zip(shown, widths, strict=True):
             o = r.windows[i]
             if o.skipped is not None:
                 rest = f"skip {o.skipped}"
