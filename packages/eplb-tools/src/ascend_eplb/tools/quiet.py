@@ -14,8 +14,9 @@ the real models run eager, as start-up validation requires). :func:`install` add
 starts with one of :data:`DROPPED`. Every other vLLM record and every ``ascend_eplb`` record
 (watchdog, verifier, controller) passes; vLLM's own logging configuration (``VLLM_LOGGING_LEVEL``,
 ``VLLM_CONFIGURE_LOGGING``) is untouched. It also ignores torch's ``FutureWarning`` that
-``all_gather_into_tensor`` is deprecated, which vLLM's TP all-gather raises once per rank (vLLM's call,
-not the tools'). ``ASCEND_EPLB_TOOLS_VLLM_NOISE=1`` turns both off.
+``all_gather_into_tensor`` (and ``reduce_scatter_tensor``) is deprecated, which vLLM's TP all-gather
+(and sequence-parallel MoE's reduce-scatter) raises once per rank (vLLM's call, not the tools').
+``ASCEND_EPLB_TOOLS_VLLM_NOISE=1`` turns both off.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ DROPPED: dict[str, tuple[str, ...]] = {
 #: Python warnings ignored (message regex, category): raised by vLLM's calls into torch.
 IGNORED_WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
     (r"`torch\.distributed\.all_gather_into_tensor` is deprecated", FutureWarning),
+    # vLLM's TP reduce-scatter of sequence-parallel MoE (simulate --dp N --tp M > 1)
+    (r"`torch\.distributed\.reduce_scatter_tensor` is deprecated", FutureWarning),
 )
 #: The one line the tools print about what remains of vLLM's start-up output.
 NOTE = (

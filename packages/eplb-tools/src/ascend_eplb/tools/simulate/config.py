@@ -127,7 +127,24 @@ class SimulateConfig:
         metavar="DIR|PRESET|replay",
         type=path_text,
     )  # fmt: skip
-    num_ranks: int = _option(4, "--ranks", "EP ranks (processes), default %(default)s", type=positive_int)
+    num_ranks: int = _option(
+        4, "--ranks", "EP ranks (processes): --dp x --tp; default 4, or --dp x --tp when --tp is given",
+        type=positive_int,
+    )  # fmt: skip
+    data_parallel_size: int = _option(
+        1, "--dp",
+        "data-parallel ranks of a real model (vLLM's data_parallel_size, every DP rank in the one world, "
+        "each serving its own batch): the MoE rows are gathered before routing (TP = 1) or gathered "
+        "sequence-parallel (TP > 1); default %(default)s",
+        metavar="N",
+        type=positive_int,
+    )  # fmt: skip
+    tensor_parallel_size: int | None = _option(
+        None, "--tp",
+        "tensor-parallel ranks of each DP rank of a real model (ranks = --dp x --tp); default --ranks / --dp",
+        metavar="M",
+        type=positive_int,
+    )  # fmt: skip
     num_redundant_experts: int = _option(
         4, "--redundant-experts", "redundant physical experts per layer, default %(default)s",
         type=non_negative_int,
@@ -283,6 +300,13 @@ class SimulateConfig:
         return asdict(self)
 
     @property
+    def tp_size(self) -> int:
+        """TP of each DP rank: ``--tp``, else ``--ranks / --dp``."""
+        if self.tensor_parallel_size is not None:
+            return self.tensor_parallel_size
+        return max(self.num_ranks // max(self.data_parallel_size, 1), 1)
+
+    @property
     def first_rearrangement_step(self) -> int:
         """The step (1-based) at which upstream starts the first rearrangement: ``EplbState`` starts its
         counter at ``step_interval - step_interval // 4`` and rearranges once a step brings it to
@@ -323,6 +347,11 @@ class SimulateConfig:
         from ascend_eplb.tools.simulate import resources
 
         errors = self._common_errors(num_logical_experts)
+        if self.data_parallel_size != 1 or self.tensor_parallel_size is not None:
+            errors.append(
+                f"dp={self.data_parallel_size}, tp={self.tensor_parallel_size}: apply to a real model; "
+                "--model replay runs the split layout (each rank routes rows of its own, vLLM Ascend's MC2)"
+            )
         try:
             fmt = get_format(self.quant_format)
         except ValueError as e:
@@ -382,6 +411,7 @@ class SimulateConfig:
         errors: list[str] = []
         if not 1 <= self.num_ranks <= 8:
             errors.append(f"ranks={self.num_ranks}: must be in [1, 8] (one CPU process per rank)")
+        errors += _layout_errors(self)
         if self.num_ranks == 1:
             errors.append("ranks=1: EPLB needs an expert-parallel world of at least 2 ranks")
         if self.num_redundant_experts < 0:
@@ -537,6 +567,18 @@ REPLAY_ONLY = (
 )
 
 
+def _layout_errors(config: SimulateConfig) -> list[str]:
+    """The DP x TP layout's rules: D divides the ranks, and with ``--tp`` the ranks are D x TP."""
+    dp, tp, ranks = config.data_parallel_size, config.tensor_parallel_size, config.num_ranks
+    if dp < 1 or (tp is not None and tp < 1):
+        return [f"dp={dp}, tp={tp}: must be >= 1"]
+    if tp is not None and dp * tp != ranks:
+        return [f"ranks={ranks} with dp={dp} x tp={tp}: the ranks must be dp x tp = {dp * tp}"]
+    if ranks % dp:
+        return [f"dp={dp}: must divide ranks={ranks} (ranks = dp x tp)"]
+    return []
+
+
 def _unwritable(out: Path) -> str | None:
     """Why the output folder ``out`` cannot be created or written, or None when it can."""
     if out.exists():
@@ -564,12 +606,16 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
         flag = meta.pop("flag")
         if f.name in REPLAY_ONLY:
             meta["help"] = f"--model replay only: {meta['help']}"
-        parser.add_argument(flag, dest=f.name, default=f.default, **meta)
+        # --ranks: None until config_from_args, which makes it --dp x --tp when --tp is given
+        default = None if f.name == "num_ranks" else f.default
+        parser.add_argument(flag, dest=f.name, default=default, **meta)
 
 
 def config_from_args(args: argparse.Namespace) -> SimulateConfig:
     """The :class:`SimulateConfig` of parsed ``simulate`` arguments (fields without a flag keep their
-    defaults)."""
-    return SimulateConfig(
-        **{f.name: getattr(args, f.name) for f in fields(SimulateConfig) if "flag" in f.metadata}
-    )
+    defaults; ``--ranks`` not given: ``--dp x --tp`` when ``--tp`` is, else its default)."""
+    values = {f.name: getattr(args, f.name) for f in fields(SimulateConfig) if "flag" in f.metadata}
+    if values["num_ranks"] is None:
+        tp = values["tensor_parallel_size"]
+        values["num_ranks"] = SimulateConfig.num_ranks if tp is None else values["data_parallel_size"] * tp
+    return SimulateConfig(**values)

@@ -38,23 +38,49 @@ from ascend_eplb.tools.simulate.steps import (
     timed_hooks,
 )
 
-__all__ = ["run_model"]
+__all__ = ["real_kernel_rows", "run_model"]
+
+
+def real_kernel_rows(rows: str, num_rows: int, padded: int, batch: int, tp_size: int) -> torch.Tensor:
+    """bool ``(num_rows,)``: which rows of the batch a rank's experts received are real, each DP rank's
+    batch being ``padded`` rows of which the first ``batch`` are real.
+
+    ``replicated``: the rank's own batch. ``gathered``: the DP ranks' batches, one after the other.
+    ``gathered-sp``: every EP rank's sequence-parallel chunk of ``ceil(padded / TP)`` rows of its DP
+    rank's batch (vLLM's ``_compute_sp_num_tokens``), in EP order (TP rank ``e % TP`` holds chunk
+    ``e % TP``). In these layouts every rank's experts receive the same rows.
+
+    Raises:
+        ValueError: ``rows`` is another layout (``split``: each rank's own rows, not run here).
+    """
+    index = torch.arange(num_rows)
+    if rows == "replicated":
+        return index < batch
+    if rows == "gathered":
+        return index % padded < batch
+    if rows == "gathered-sp":
+        chunk = -(-padded // tp_size)
+        return (index // chunk) % tp_size * chunk + index % chunk < batch
+    raise ValueError(f"rows={rows!r}: the real-model world runs replicated, gathered or gathered-sp rows")
 
 
 def run_model(ctx: RankContext, cfg: dict) -> dict:
     """This rank of a run on a real vLLM model: a :class:`~ascend_eplb.tools.world.serving.ServingWorker`
     (the plugin, vLLM's loader and real model class, ``Mrv2EplbWiring`` with the verifier, watchdog and
-    events file) beside its EPLB-off twin, at TP = EP = the ranks (vLLM's TP+EP layout: every rank routes
-    the same, TP-replicated, rows).
+    events file) beside its EPLB-off twin, at DP x TP (``data_parallel_size``, EP over every rank): with
+    D = 1 vLLM's TP+EP layout (every rank routes the same, TP-replicated, rows), with D > 1 its
+    gather-before-route dispatch (the DP ranks' rows gathered, sequence-parallel chunks with TP > 1).
 
-    Each step is one sequence of ``padded_size`` token ids (the same on every rank, from ``seed``), its
-    first ``batch_size`` rows real; even steps are declared prefill batches, odd steps decode batches.
+    Each step is one sequence of ``padded_size`` token ids per DP rank (the same on its TP ranks, from
+    ``seed`` and the DP rank), its first ``batch_size`` rows real; even steps are declared prefill
+    batches, odd steps decode batches.
     Checks, every step: ``outputs`` (the real rows' logits equal the EPLB-off model's within
     ``atol + rtol * max|reference|``, the driver's ``cfg["output_tolerance"]``
     (``SimulateConfig.outputs_rtol``: 1e-5 for float32 activations, 16 units of roundoff for bf16/fp16))
     and ``load`` (the load recorded over all ranks equals
     the bincount of the physical ids the expert kernel consumed for the real rows, each selection once,
-    when the step records; nothing when it does not).
+    when the step records; nothing when it does not; the real rows of the batch the experts received:
+    :func:`real_kernel_rows`).
     """
     from ascend_eplb.tools.simulate.config import ascend_policy_keys
     from ascend_eplb.tools.world.serving import ServingWorker
@@ -71,6 +97,7 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
         phase=cfg["load_collection_phase"],
         initial_placement=cfg.get("initial_placement"),
         ascend_keys=ascend_policy_keys(cfg),
+        data_parallel_size=cfg.get("data_parallel_size", 1),
     )
     record_resources(ctx, cfg)
     info, state, model_state = worker.info, worker.state, worker.model_state
@@ -84,7 +111,8 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
     if cfg["fault"] == "wrong-lookup-refresh":
         inject_stale_lookup(worker.model.moe_layers[0].eplb_state)
     batch, padded = cfg["batch_size"], cfg["padded_size"]
-    g = torch.Generator().manual_seed(cfg["seed"])
+    # each DP rank its own batches (D = 1: the seed's); its TP ranks the same
+    g = torch.Generator().manual_seed(cfg["seed"] * worker.layout.data_parallel_size + worker.dp_rank)
     worker.profile_run(torch.randint(0, info.vocab_size, (padded,), generator=g))
     initial_p2l = initial_physical_to_logical(info, num_redundant)
     layer_offsets = torch.arange(num_moe_layers).view(num_moe_layers, 1, 1)
@@ -101,7 +129,10 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
         placement = model_state.physical_to_logical_map.clone()  # in force for this forward
         seen = worker.forward_step(ids, num_unpadded_tokens=batch, batch_has_prefill=step % 2 == 0)
         assert seen.logits_off is not None
-        phys = torch.stack([x[:batch] for x in seen.physical_ids])  # [L, batch_size, K] physical, real rows
+        kernel = torch.stack(seen.physical_ids)  # [L, rows, K]: the rows this rank's experts received
+        rows = worker.wiring.controller.last_row_layout.rows
+        real = real_kernel_rows(rows, kernel.shape[1], padded, batch, worker.layout.tensor_parallel_size)
+        phys = kernel[:, real]  # [L, real rows, K] physical: every real token of the world, once
         on, off = seen.logits_on[:batch], seen.logits_off[:batch]
         err = float((on - off).abs().max())
         bound = atol + rtol * float(off.abs().max())

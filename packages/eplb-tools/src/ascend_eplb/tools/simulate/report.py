@@ -41,6 +41,11 @@ def build_report(config: SimulateConfig, routing: Any, results: list[dict], wall
     layers_committed = sum(len(c) for c in r0["commits_per_step"])
     return {
         "ranks": config.num_ranks,
+        # The parallel layout served: DP x TP ranks (EP over all), and the MoE row layout the controller
+        # used (``ascend_eplb.control.layout``: replicated, gathered, gathered-sp; the replay world split).
+        "data_parallel_size": config.data_parallel_size,
+        "tensor_parallel_size": config.tp_size,
+        "moe_rows": r0.get("moe_rows"),
         "model": routing.architecture if not config.replays else "replay",
         "format": config.quant_format,
         "trace": routing.name,

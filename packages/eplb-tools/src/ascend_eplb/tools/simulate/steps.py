@@ -215,8 +215,11 @@ def end_of_run(
     watchdog: WorkerWatchdog, verifier: EplbVerifier, slots_per_rank: int,
 ) -> None:  # fmt: skip
     """The end of a run, the same in both worlds: the runner's shutdown point (the watchdog logs a cycle
-    in flight, :meth:`WorkerWatchdog.at_shutdown`), then what this rank's checks saw."""
+    in flight, :meth:`WorkerWatchdog.at_shutdown`), then what this rank's checks saw (and ``moe_rows``, the
+    row layout of its last forward: ``ascend_eplb.control.layout``)."""
     wiring.shutdown()
+    layout = getattr(wiring.controller, "last_row_layout", None)
+    stats["moe_rows"] = None if layout is None else layout.rows
     stats["violation"] = None if violation is None else (violation.check, str(violation))
     stats["steps_run"] = len(stats["step_seconds"])
     stats["num_rearrangements"] = state.num_rearrangements

@@ -61,8 +61,8 @@ def summary_text(report: dict) -> str:
     served = (
         f"trace {report['trace']}"
         if report["model"] == "replay"
-        else f"{report['model']} ({report['trace']}, vLLM's model class, TP={report['ranks']} x "
-        f"EP={report['ranks']})"
+        else f"{report['model']} ({report['trace']}, vLLM's model class, DP={report['data_parallel_size']} x "
+        f"TP={report['tensor_parallel_size']}, EP={report['ranks']}, {report['moe_rows']} MoE rows)"
     )
     lines = [
         f"ascend-eplb simulate: {report['ranks']} ranks, {report['format']}, {report['layers']} layers x "

@@ -1,0 +1,93 @@
+"""`ascend-eplb simulate --dp N --tp M` (issue 29): the DP x TP layouts of vLLM's real model classes.
+
+The options' rules (no process started), the real rows of each layout's gathered batch the ``load``
+check counts, and one run at DP=2 x TP=2 (sequence-parallel MoE, ``gathered-sp``) on a model folder with
+every check on.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ascend_eplb.tools import world as rm
+from ascend_eplb.tools.cli import build_parser, main
+from ascend_eplb.tools.simulate.config import SimulateConfig, config_from_args
+from ascend_eplb.tools.simulate.driver import run_simulation
+from ascend_eplb.tools.simulate.model_world import real_kernel_rows
+
+
+def _config(*argv: str) -> SimulateConfig:
+    return config_from_args(build_parser().parse_args(["simulate", *argv]))
+
+
+def test_the_ranks_are_dp_x_tp_and_a_layout_that_does_not_fit_is_refused_before_any_process(tmp_path, capsys):
+    assert (_config("--dp", "2", "--tp", "2").num_ranks, _config("--dp", "2", "--tp", "1").num_ranks) == (
+        4,
+        2,
+    )
+    default = _config("--dp", "2")  # --ranks' default 4, TP = 4 / 2
+    assert (default.num_ranks, default.data_parallel_size, default.tp_size) == (4, 2, 2)
+    assert (_config().tp_size, _config().data_parallel_size) == (4, 1)
+    out = str(tmp_path / "o")
+    cases = [
+        (
+            ["--dp", "2", "--tp", "1", "--ranks", "4"],
+            "ranks=4 with dp=2 x tp=1: the ranks must be dp x tp = 2",
+        ),
+        (["--dp", "3"], "dp=3: must divide ranks=4 (ranks = dp x tp)"),
+        (
+            ["--model", "replay", "--dp", "2"],
+            "dp=2, tp=None: apply to a real model; --model replay runs the split layout (each rank routes "
+            "rows of its own, vLLM Ascend's MC2)",
+        ),
+    ]
+    for argv, message in cases:
+        assert main(["simulate", *argv, "--out", out]) == 2, argv
+        assert f"  - {message}" in capsys.readouterr().err.splitlines()
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_real_rows_of_each_layouts_batch_are_each_dp_ranks_first_rows():
+    """T = 6 rows per DP rank, 4 real; D = 2."""
+    # replicated: the rank's own batch
+    assert real_kernel_rows("replicated", 6, 6, 4, 2).tolist() == [1, 1, 1, 1, 0, 0]
+    # gathered: DP rank 0's rows, then DP rank 1's
+    assert real_kernel_rows("gathered", 12, 6, 4, 1).tolist() == [1, 1, 1, 1, 0, 0] * 2
+    # gathered-sp, TP = 2: chunks of 3 in EP order (dp 0 tp 0, dp 0 tp 1, dp 1 tp 0, dp 1 tp 1)
+    assert real_kernel_rows("gathered-sp", 12, 6, 4, 2).tolist() == [1, 1, 1, 1, 0, 0] * 2
+    # gathered-sp, T = 5 over TP = 2: chunks of 3, the second padded (rows 3, 4 and a pad row)
+    assert real_kernel_rows("gathered-sp", 12, 5, 4, 2).tolist() == [1, 1, 1, 1, 0, 0] * 2
+    assert real_kernel_rows("gathered-sp", 12, 5, 2, 2).tolist() == [1, 1, 0, 0, 0, 0] * 2
+    with pytest.raises(ValueError, match="rows='split': the real-model world runs replicated, gathered"):
+        real_kernel_rows("split", 6, 6, 4, 1)
+    assert real_kernel_rows("gathered", 12, 6, 4, 1).dtype == torch.bool
+
+
+@pytest.mark.multirank
+def test_simulate_serves_a_model_folder_at_dp2_x_tp2_with_every_check(tmp_path):
+    """A Qwen3-MoE folder at DP=2 x TP=2: vLLM takes sequence-parallel MoE (``gathered-sp``); the load
+    check counts every DP rank's real rows once (the world's selections: steps recorded x L x D x batch x
+    K), the outputs check each DP rank's own rows."""
+    folder = rm.write_checkpoint("qwen3-moe", tmp_path / "model", seed=0)
+    config = SimulateConfig(
+        model=str(folder), num_ranks=4, data_parallel_size=2, tensor_parallel_size=2, num_redundant_experts=4,
+        batch_size=12, steps=16, window_size=2, step_interval=6, progress=False, timeout_s=240,
+        out_dir=str(tmp_path / "out"),
+    )  # fmt: skip
+    report = run_simulation(config)
+    assert report["passed"], report["first_violation"]
+    assert report["checks"] == dict.fromkeys(("outputs", "load", "fingerprints", "lookups", "worker"), True)
+    layout = (
+        report["data_parallel_size"],
+        report["tensor_parallel_size"],
+        report["ranks"],
+        report["moe_rows"],
+    )
+    assert layout == (2, 2, 4, "gathered-sp")
+    assert report["rearrangements_completed"] >= 2
+    assert report["max_output_error"] <= 1e-5
+    evidence = report["check_evidence"]["load"]
+    # 5 of 16 steps record (upstream's windows of 2 at interval 6: steps 0, 5, 6, 11, 12):
+    # 5 x 2 layers x (2 DP ranks x 12 real rows) x top-2
+    assert "5 of 16 steps recorded load: 480 real selections, each counted once" in evidence, evidence
