@@ -178,3 +178,57 @@ def test_a_truncated_events_file_warns_in_one_line_under_simulate_too(tmp_path):
     assert "UserWarning" not in sim_err
     assert plan_code == 0
     assert plan_err.splitlines() == [f"ascend-eplb plan: warning: {warning}"]
+
+
+def test_plan_never_writes_over_what_it_reads_and_judges_every_option_it_is_given(tmp_path):
+    """``plan events.jsonl --export-expert-map events.jsonl`` replaced the recorded events with the
+    placement; ``--export-expert-map out/`` wrote a file called ``out``; ``--format w8a8`` (a typo) was
+    accepted without ``--model-config``; ``check --`` with nothing, or another vLLM subcommand, after it
+    was blamed on vLLM's parser."""
+    load = tmp_path / "load.json"
+    load.write_text("[[1, 2, 3, 4], [4, 3, 2, 1]]")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({**QWEN, "moe_intermediate_size": 32}))
+    plan = ["plan", str(load), "--ranks", "2"]
+    overwrite = "writing the placement would destroy it: give another file"
+    formats = (
+        "supported: bf16, fp16, w8a8_dynamic, w4a8_dynamic, mxfp8, mxfp4; known but rejected: w4a16, "
+        "w4a16_mxfp4, w4a8_mxfp4"
+    )
+    after_dashes = "after -- comes a vllm serve command line (serve MODEL [options], as after 'vllm'), got"
+    cases = [
+        ([*plan, "--export-expert-map", str(load)],
+         [f"ascend-eplb plan: error: export expert map={load}: is the file the load reads ({load}); "
+          f"{overwrite}"]),
+        ([*plan, "--model-config", str(model), "--export-expert-map", str(model / "config.json")],
+         [f"ascend-eplb plan: error: export expert map={model / 'config.json'}: is the file --model-config "
+          f"reads ({model / 'config.json'}); {overwrite}"]),
+        ([*plan, "--export-expert-map", f"{tmp_path}/out/"],
+         _hint("plan", f"argument --export-expert-map: '{tmp_path}/out/': ends with '/', a folder; name the "
+                       "file to write")),
+        ([*plan, "--format", "w8a8"],
+         [f"ascend-eplb plan: error: unknown quantization format 'w8a8'; {formats}"]),
+        (["check", "--"], [f"ascend-eplb check: error: {after_dashes} nothing"]),
+        (["check", "--", "bench", "latency"], [f"ascend-eplb check: error: {after_dashes} bench latency"]),
+    ]  # fmt: skip
+    probed = _probe([argv for argv, _ in cases])
+    for (argv, lines), (code, err) in zip(cases, probed["results"], strict=True):
+        assert (code, err.splitlines()) == (2, lines), argv
+    assert load.read_text() == "[[1, 2, 3, 4], [4, 3, 2, 1]]"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["load.json", "model"]  # nothing written
+    assert sorted(p.name for p in model.iterdir()) == ["config.json"]
+
+
+def test_check_takes_the_whole_vllm_command_pasted_after_the_dashes(tmp_path, capsys):
+    """``ascend-eplb check -- vllm serve MODEL ...`` (the serving command copied whole) is judged as
+    ``-- serve MODEL ...``."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN))
+    serve = ["serve", str(model), "--enable-eplb", "--enable-expert-parallel", "-tp", "2", "--enforce-eager"]
+    assert main(["check", "--", "vllm", *serve]) == 0
+    pasted = capsys.readouterr().out.splitlines()
+    assert main(["check", "--", *serve]) == 0
+    assert pasted == capsys.readouterr().out.splitlines()
+    assert pasted[:2] == [f"ascend-eplb check: vllm {' '.join(serve)}: OK", "ok"]

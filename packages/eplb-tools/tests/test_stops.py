@@ -326,3 +326,53 @@ def test_a_signal_during_any_subcommand_stops_it_with_its_one_line(
     tail = "; every rank was stopped, nothing left behind" if word == "simulate" else ""
     assert (code, out, err) == (STOPPED[sig], "", f"ascend-eplb {word}: stopped by {sig}{tail}\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "load.json"]  # nothing written
+
+
+#: A command stopped while its parser is built (which imports torch: about 5 s of a 10 s ``check``).
+EARLY_STOP = """
+import os, signal, sys, time
+import ascend_eplb.tools.cli as cli
+
+def building_the_parser():
+    os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+    time.sleep(10)
+    raise AssertionError("the signal did not stop the command")
+
+cli.build_parser = building_the_parser
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.parametrize("sig", STOPPED)
+@pytest.mark.parametrize("command", ["plan", "check", "simulate"])
+def test_a_signal_before_the_command_runs_stops_it_with_its_one_line(command, sig):
+    """Before its own handling began (while building the parser imported torch), SIGTERM and SIGHUP
+    killed the command without a word and Ctrl-C printed an 18-line ``KeyboardInterrupt`` traceback."""
+    done = subprocess.run(
+        [sys.executable, "-c", EARLY_STOP, sig, command, "x"], capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (
+        STOPPED[sig],
+        "",
+        f"ascend-eplb {command}: stopped by {sig}\n",
+    )
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_as_sigpipe_without_a_traceback(
+    tmp_path, monkeypatch, capsys
+):
+    """``ascend-eplb plan ... | head -1`` ended in a ``BrokenPipeError`` traceback (exit 1)."""
+    load = tmp_path / "load.json"
+    load.write_text("[[1, 2], [3, 4]]")
+
+    class ClosedPipe:
+        def write(self, _text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["plan", str(load), "--ranks", "2"]) == 128 + signal.SIGPIPE
+    assert capsys.readouterr().err == ""
+    print("more output goes nowhere")  # stdout is os.devnull now: the last flush cannot fail

@@ -13,12 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ascend_eplb.tools.options import int_list, path, positive_float, positive_int
+from ascend_eplb.tools.options import file_path, int_list, path, positive_float, positive_int
 
 __all__ = ["Parser", "build_parser", "main"]
 
@@ -102,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--link-gbps", type=positive_float, default=LINK_GBPS_DEFAULT, help=LINK_GBPS_HELP)
     pl.add_argument(
         "--export-expert-map",
-        type=path,
+        type=file_path,
         default=None,
         metavar="FILE",
         help="write a placement file (additional_config.eplb_config.initial_placement; also vLLM Ascend's "
@@ -169,10 +171,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_writable_file(what: str, path: Path) -> None:
-    """``ValueError`` unless ``path`` names a file that can be written in an existing folder."""
+def _check_writable_file(what: str, path: Path, inputs: Sequence[tuple[str, Path | None]] = ()) -> None:
+    """``ValueError`` unless ``path`` names a file that can be written in an existing folder and is none
+    of ``inputs`` (``(option, path)`` of the files the command reads; a folder stands for its
+    ``config.json``): ``plan events.jsonl --export-expert-map events.jsonl`` overwrote the recorded
+    events with the placement."""
     if str(path) in ("", ".") or path.is_dir():
         raise ValueError(f"{what}={path}: is a folder, give a .json file path")
+    for option, given in inputs:
+        if given is None:
+            continue
+        read = given / "config.json" if given.is_dir() else given
+        if path.exists() and read.exists() and os.path.samefile(path, read):
+            raise ValueError(
+                f"{what}={path}: is the file {option} reads ({read}); writing the placement would destroy "
+                "it: give another file"
+            )
     parent = path.parent
     if not parent.is_dir():
         raise ValueError(f"{what}={path}: the folder {parent} does not exist")
@@ -271,6 +285,10 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
+    from ascend_eplb.quant_views import get_format
+
+    # Judged without --model-config too: a misspelt --format (w8a8) was silently accepted there.
+    get_format(args.quant_format)
     if _compares_policies(args):
         return _run_compare(args)
     from ascend_eplb.tools.plan import DEFAULT_MARGIN, format_plan, recorded_configuration, validate_plan_args
@@ -307,7 +325,8 @@ def _run_plan(args: argparse.Namespace) -> int:
 
         get_format(args.quant_format).check_sizes(model.hidden_size, model.moe_intermediate_size)
     if args.export_expert_map is not None:
-        _check_writable_file("export expert map", args.export_expert_map)
+        inputs = [("the load", args.load), ("--model-config", args.model_config)]
+        _check_writable_file("export expert map", args.export_expert_map, inputs)
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     from dataclasses import replace
 
@@ -403,13 +422,21 @@ def _run_check(args: argparse.Namespace) -> int:
             "give either a config file or a vllm serve command line after -- (ascend-eplb check -- serve "
             "MODEL ...), " + ("not both" if args.config is not None else "got neither")
         )
+    if serve_argv is not None:
+        import shlex
+
+        if serve_argv[:1] == ["vllm"]:  # the whole command pasted: `check -- vllm serve MODEL ...`
+            serve_argv = serve_argv[1:]
+        if serve_argv[:1] != ["serve"]:
+            raise ValueError(
+                "after -- comes a vllm serve command line (serve MODEL [options], as after 'vllm'), got "
+                + (shlex.join(serve_argv) if serve_argv else "nothing")
+            )
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     from ascend_eplb.tools.check import check_config_file, check_serve_command
 
     facts = {"num_experts": args.num_experts, "quantization": args.quantization}
     if serve_argv is not None:
-        import shlex
-
         label = "vllm " + shlex.join(serve_argv)
         result = check_serve_command(serve_argv, **facts)
     else:
@@ -436,10 +463,67 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    word = (
+        f"ascend-eplb {argv[0]}" if argv[:1] and argv[0] in ("simulate", "plan", "check") else "ascend-eplb"
+    )
+    previous = _exit_on_signals(word)
+    try:
+        return _main(argv, previous)
+    except BrokenPipeError:
+        # The reader of stdout went away (`ascend-eplb plan ... | head -1`): stop as a writer killed by
+        # SIGPIPE would (141), without a traceback, and with nothing more written to the closed pipe.
+        _stdout_to_devnull()
+        return 128 + int(signal.SIGPIPE)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+#: The signals that stop a command: 128 + the number is its exit status.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+def _exit_on_signals(word: str) -> dict[int, Any]:
+    """From the command's first line until its own handling, SIGTERM, SIGHUP and Ctrl-C print
+    ``WORD: stopped by SIG...`` and end the process at once with ``128 + signal``. Building the parser
+    imports torch (about 5 s of a 10 s ``check``), where a CI timeout met Python's defaults (a silent
+    death; Ctrl-C's 18-line traceback). Nothing has started or been written there, so nothing is left to
+    clean; and no exception is raised into an import, where a C extension that clears errors could
+    swallow it and leave a half-imported library behind (numpy without ``matrix``). Ctrl-C is given back
+    just before ``command_scope``, which takes SIGTERM and SIGHUP inside and gives them back after. A
+    signal the caller ignores (``nohup``: SIGHUP) stays ignored. Returns the handlers replaced (none off
+    the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def stop(signum: int, _frame: object) -> None:
+        try:
+            sys.stdout.flush()
+            sys.stderr.write(f"{word}: stopped by {signal.Signals(signum).name}\n")
+            sys.stderr.flush()
+        finally:
+            os._exit(128 + signum)
+
+    return {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS if signal.getsignal(sig) != signal.SIG_IGN}
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at ``os.devnull``, so that the interpreter's last flush finds no closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # not a file descriptor (a test's captured stdout)
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (the process's stdout from now on)
+    finally:
+        os.close(devnull)
+
+
+def _main(argv: list[str], previous: dict[int, Any]) -> int:
+    """The command; ``previous``: the handlers :func:`_exit_on_signals` replaced."""
     from ascend_eplb.tools import quiet
 
     parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
     serve_argv = None
     if argv[:1] == ["check"] and "--" in argv:
         # `ascend-eplb check -- serve MODEL ...`: what follows -- is vLLM's, for vLLM's own parser.
@@ -470,6 +554,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM/SIGHUP stop the command anywhere, as Ctrl-C does; for simulate the scope also stops the
     # fork server and the resource tracker and removes the command's scratch on the way out, after the
     # error below was handled (so what the failed run held is released first).
+    # Ctrl-C is KeyboardInterrupt again, which the command handles (simulate stops its ranks first);
+    # SIGTERM and SIGHUP are command_scope's inside it.
+    if signal.SIGINT in previous:
+        signal.signal(signal.SIGINT, previous[signal.SIGINT])
     try:
         with command_scope(args.command):
             return _dispatch(args)

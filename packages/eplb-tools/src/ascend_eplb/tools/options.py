@@ -5,9 +5,11 @@ and the rule (argparse turns it into exit status 2)."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 __all__ = [
+    "file_path",
     "int_list",
     "min_balancedness_gain",
     "non_negative_int",
@@ -77,6 +79,14 @@ def path_text(value: str) -> str:
 def path(value: str) -> Path:
     """:func:`path_text` as a ``Path``."""
     return Path(path_text(value))
+
+
+def file_path(value: str) -> Path:
+    """:func:`path` of a file to write, refused when it ends with a path separator: ``Path`` drops the
+    trailing ``/``, so ``--export-expert-map out/`` wrote a file called ``out`` where a folder was meant."""
+    if path_text(value).endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(f"{value!r}: ends with '/', a folder; name the file to write")
+    return Path(value)
 
 
 # The placement policy and the gain gate (issue 27): judged by start-up's own rules, the functions of
