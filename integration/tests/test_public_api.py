@@ -9,7 +9,8 @@ from ascend_eplb.testing.api import check_public_names
 API = {
     "ascend_eplb.integration": ["__version__"],
     "ascend_eplb.integration.plugin": ["ENV_SWITCH", "eplb_requested", "register"],
-    "ascend_eplb.integration.switches": ["FALSE_VALUES", "TRUE_VALUES", "env_flag", "is_true"],
+    "ascend_eplb.integration.switches": ["FALSE_VALUES", "PLUGIN_SWITCH", "TRUE_VALUES", "env_flag",
+                                         "is_true"],
     "ascend_eplb.integration.patches": ["INSTANCE_BINDINGS", "PATCHES", "applied_bindings", "apply_patches",
                                         "check_upstream", "patches_applied", "remove_patches"],
     "ascend_eplb.integration.rules": ["ASCEND_V2_KEYS", "EPLB_OFF_RULES", "EXPERT_COUNT_KEYS", "GROUP_KEYS",

@@ -120,8 +120,9 @@ def test_the_policy_and_gate_keys_are_judged_each_naming_value_and_rule_all_at_o
         (
             "target-balancedness",
             "additional_config.eplb_config.target_balancedness='0.9' must be a number in (0, 1] (a "
-            "balancedness; leave it unset to turn the check off); fix: set a target such as 0.95, or "
-            "remove target_balancedness",
+            "balancedness; leave it unset to turn the check off); '0.9' is a string, not a number: write it "
+            "unquoted (YAML 1.1 reads an exponent without a dot, 1e-2, as a string: write 0.01 or 1.0e-2); "
+            "fix: set a target such as 0.95, or remove target_balancedness",
         ),
     ]
     good = replace(GOOD, ascend_eplb_config={"policy": "migration_aware", "min_balancedness_gain": 0.02,

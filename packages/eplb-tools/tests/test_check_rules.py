@@ -775,8 +775,12 @@ def test_a_non_object_ascend_eplb_config_is_refused_even_when_falsy(tmp_path, va
     data.setdefault("additional_config", {})["eplb_config"] = value
     result = _check(tmp_path, data)
     assert result.exit_code == 2
+    kind = type(value).__name__
     assert [(v.rule, v.message) for v in result.violations] == [
-        ("schema", "additional_config.eplb_config must be a JSON object")
+        (
+            "schema",
+            f"additional_config.eplb_config={value!r} must be a JSON object (of the Ascend keys), got {kind}",
+        )
     ]
 
 
@@ -869,3 +873,143 @@ def test_a_given_but_invalid_expert_count_is_called_invalid_not_missing(tmp_path
     del data["model"]["num_logical_experts"]
     (unjudged,) = [str(u) for u in _check(tmp_path, data).unjudged if u.rule == "experts-divisible"]
     assert "(model.num_logical_experts is not given)" in unjudged
+
+
+def test_vllms_runner_switch_is_read_as_vllm_reads_it_in_every_form(tmp_path):
+    """A file that omits ``use_v2_model_runner`` under ``VLLM_USE_V2_MODEL_RUNNER=0`` said OK (vLLM then
+    runs Model Runner V1, which start-up refuses); ``VLLM_USE_V2_MODEL_RUNNER=banana`` was a
+    ``[model-folder] invalid literal for int()`` on a command line. vLLM reads it with ``int()``."""
+    omitted = copy.deepcopy(BASE)
+    del omitted["use_v2_model_runner"]
+    v1 = _check(tmp_path, omitted, environ={"VLLM_USE_V2_MODEL_RUNNER": "0"})
+    assert [v.rule for v in v1.violations] == ["model-runner-v2"]
+    assert _check(tmp_path, omitted, environ={"VLLM_USE_V2_MODEL_RUNNER": "1"}).ok
+    assert _check(tmp_path, BASE, environ={"VLLM_USE_V2_MODEL_RUNNER": "0"}).ok  # the file states V2
+    bad = (
+        "model-runner-v2",
+        "VLLM_USE_V2_MODEL_RUNNER='true' is not an integer: vLLM reads it with int() (bool(int(value))) "
+        "and its start-up fails with a ValueError; fix: set VLLM_USE_V2_MODEL_RUNNER=1, or unset it (Model "
+        "Runner V2, vLLM 0.33.0's default)",
+    )
+    as_file = _check(tmp_path, omitted, environ={"VLLM_USE_V2_MODEL_RUNNER": "true"})
+    assert [(v.rule, v.message) for v in as_file.violations] == [bad]
+    from ascend_eplb.tools.check import check_serve_command
+
+    folder = _model_folder(tmp_path)
+    environ = {"VLLM_USE_V2_MODEL_RUNNER": "true", "ASCEND_EPLB_ON_WORKER_FAILURE": "explode"}
+    served = check_serve_command(["serve", str(folder), *EAGER_ARGS], environ=environ)
+    assert [(v.rule, v.message) for v in served.violations] == [
+        bad,
+        ("serving-switches", "ASCEND_EPLB_ON_WORKER_FAILURE='explode': must be one of stop, raise"),
+    ]
+
+
+def test_an_additional_config_that_is_not_an_object_is_named_as_such_beside_every_other_rule(tmp_path):
+    """``--additional-config '[1]'`` (or JSON cut short, which vLLM's parser keeps as a str) was reported as
+    ``[model-folder] additional_config.eplb_config must be a mapping, got str``, and no other rule ran."""
+    folder = _model_folder(tmp_path)
+    odd = [*EAGER_ARGS[:-3], "--eplb-config", '{"num_redundant_experts": 3}', "--enforce-eager"]
+    divisible = (
+        "experts-divisible",
+        "logical experts (64) + num_redundant_experts (3) = 67 physical experts is not divisible by 4 EP "
+        "ranks; fix: choose num_redundant_experts so that 64 + num_redundant_experts is a multiple of 4, "
+        "e.g. 4 (EP size 4 = TP 2 x PCP 1 x DP 2)",
+    )
+    cases = [
+        ("[1]", "additional_config='[1]' must be a JSON object, got JSON of a list"),
+        (
+            '{"eplb_config": ',
+            """additional_config='{"eplb_config": ' must be a JSON object, got not JSON (Expecting value: """
+            "line 1 column 17 (char 16))",
+        ),
+    ]
+    for value, said in cases:
+        result = _serve(str(folder), *odd, "--additional-config", value)
+        assert [(v.rule, v.message) for v in result.violations] == [
+            (
+                "engine-args",
+                f"the command line: {said}; fix: --additional-config '{{\"eplb_config\": {{...}}}}'",
+            ),
+            divisible,
+        ], value
+    nested = _serve(str(folder), *EAGER_ARGS, "--additional-config", '{"eplb_config": [1]}')
+    assert [(v.rule, v.message) for v in nested.violations] == [
+        (
+            "engine-args",
+            "the command line: additional_config.eplb_config=[1] must be a JSON object (of the Ascend keys), "
+            """got list; fix: --additional-config '{"eplb_config": {"policy": "migration_aware"}}'""",
+        )
+    ]
+    schema = _check(tmp_path, _with(additional_config__eplb_config=[]))
+    assert [(v.rule, v.message) for v in schema.violations] == [
+        ("schema", "additional_config.eplb_config=[] must be a JSON object (of the Ascend keys), got list")
+    ]
+
+
+def test_a_gate_value_written_as_a_string_says_so(tmp_path):
+    """YAML 1.1 (PyYAML, so vLLM's ``--config``) reads ``1e-2`` as the string ``'1e-2'``: the rule alone
+    read as if 0.01 were out of [0, 1)."""
+    yaml = tmp_path / "serve.yaml"
+    yaml.write_text(
+        "enable-eplb: true\nenable-expert-parallel: true\nenforce-eager: true\n"
+        "additional-config:\n  eplb_config:\n    min_balancedness_gain: 1e-2\n"
+        "    target_balancedness: '0.9'\n"
+    )
+    result = check_config_file(yaml, environ={}, num_experts=64, quantization="bf16")
+    string = "is a string, not a number: write it unquoted (YAML 1.1 reads an exponent without a dot, 1e-2, as a string: write 0.01 or 1.0e-2)"  # noqa: E501
+    assert [(v.rule, v.message) for v in result.violations] == [
+        (
+            "min-balancedness-gain",
+            "additional_config.eplb_config.min_balancedness_gain='1e-2' must be a number in [0, 1) (a gain "
+            f"of balancedness, which lies in (0, 1]; 0 turns the check off); '1e-2' {string}; fix: set a "
+            "small gain such as 0.01, or 0",
+        ),
+        (
+            "target-balancedness",
+            "additional_config.eplb_config.target_balancedness='0.9' must be a number in (0, 1] (a "
+            f"balancedness; leave it unset to turn the check off); '0.9' {string}; fix: set a target such as "
+            "0.95, or remove target_balancedness",
+        ),
+    ]
+    words = _check(tmp_path, _with(additional_config__eplb_config__min_balancedness_gain="high"))
+    assert words.violations[0].message.endswith(
+        "0 turns the check off); fix: set a small gain such as 0.01, or 0"
+    )
+
+
+def test_a_typo_of_the_plugin_switch_and_odd_events_paths_are_refused_with_the_other_switches(tmp_path):
+    """``ASCEND_EPLB=ture`` left the integration off, silently, in every process that reads only it;
+    ``ASCEND_EPLB_EVENTS=out/`` wrote a file called ``out``; ``~`` (where no shell expands it) made a
+    folder called ``~`` in the serving process's working folder."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    environ = {
+        "ASCEND_EPLB": "ture",
+        "ASCEND_EPLB_EVENTS": f"{tmp_path}/out/",
+        "ASCEND_EPLB_WORKER_TIMEOUT_S": "-5",
+    }
+    assert [(v.rule, v.message) for v in _check(tmp_path, BASE, environ=environ).violations] == [
+        (
+            "serving-switches",
+            "ASCEND_EPLB='ture': must be one of 1, true, yes, on, 0, false, no, off (a process started "
+            "without --enable-eplb on its command line reads only this switch and would leave the Ascend "
+            "integration off)",
+        ),
+        ("serving-switches", "ASCEND_EPLB_WORKER_TIMEOUT_S='-5': must be a finite number of seconds > 0"),
+        (
+            "serving-switches",
+            f"ASCEND_EPLB_EVENTS={tmp_path}/out/: is a folder; name the events file (e.g. events.jsonl)",
+        ),
+    ]
+    under_a_file = {"ASCEND_EPLB_EVENTS": f"{a_file}/events.jsonl"}
+    assert [v.message for v in _check(tmp_path, BASE, environ=under_a_file).violations] == [
+        f"ASCEND_EPLB_EVENTS={a_file}/events.jsonl: {a_file} is not a writable folder (it is a file)"
+    ]
+    from ascend_eplb.integration import plugin, switches
+    from ascend_eplb.integration.events import events_path
+
+    assert switches.PLUGIN_SWITCH == plugin.ENV_SWITCH
+    home = os.path.expanduser("~")
+    assert events_path({"ASCEND_EPLB_EVENTS": "~/eplb/events.jsonl"}) == f"{home}/eplb/events.jsonl"
+    assert _check(tmp_path, BASE, environ={"ASCEND_EPLB": "0", "ASCEND_EPLB_EVENTS": " "}).ok
+    assert not (tmp_path / "out").exists()

@@ -91,7 +91,7 @@ ENV_EVENTS = "ASCEND_EPLB_EVENTS"
 
 
 def events_path(environ: Mapping[str, str] | None = None) -> str | None:
-    """The path ``ASCEND_EPLB_EVENTS`` names, or None (unset or empty).
+    """The path ``ASCEND_EPLB_EVENTS`` names (a leading ``~`` expanded), or None (unset or empty).
 
     Checked on every rank at start-up, though only EP rank 0 writes: a path that is a folder, or whose
     folder cannot be created or written, is refused everywhere alike.
@@ -103,14 +103,18 @@ def events_path(environ: Mapping[str, str] | None = None) -> str | None:
     raw = env.get(ENV_EVENTS, "").strip()
     if not raw:
         return None
+    # `~` is a shell's: a value set where no shell expands it (a container's environment, a unit file)
+    # made a folder called `~` wherever vLLM ran. Expanded here, as vLLM expands its own paths.
+    raw = os.path.expanduser(raw)
     path = Path(raw)
-    if path.is_dir():
+    if path.is_dir() or raw.endswith(("/", os.sep)):  # Path("out/") is "out": a file where a folder was meant
         raise ValueError(f"{ENV_EVENTS}={raw}: is a folder; name the events file (e.g. events.jsonl)")
     folder = path.parent
     while not folder.exists():
         folder = folder.parent
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"{ENV_EVENTS}={raw}: {folder} is not a writable folder")
+        kind = "" if folder.is_dir() else " (it is a file)"
+        raise ValueError(f"{ENV_EVENTS}={raw}: {folder} is not a writable folder{kind}")
     if path.exists() and not os.access(path, os.W_OK):
         raise ValueError(f"{ENV_EVENTS}={raw}: the file is not writable")
     return raw

@@ -103,9 +103,9 @@ def read_serving_setup(vllm_config: Any) -> ServingSetup:
 
     Raises:
         EplbConfigError: the configuration violates the support matrix (every violated rule listed).
-        ValueError: ``ASCEND_EPLB_WORKER_TIMEOUT_S``, ``ASCEND_EPLB_ON_WORKER_FAILURE``,
-            ``ASCEND_EPLB_VERIFY``, ``ASCEND_EPLB_EVENTS`` or ``ASCEND_EPLB_METRICS`` is invalid (one line
-            per bad switch, each naming it and the rule).
+        ValueError: ``ASCEND_EPLB`` (a word other than the on and off ones), ``ASCEND_EPLB_WORKER_TIMEOUT_S``,
+            ``ASCEND_EPLB_ON_WORKER_FAILURE``, ``ASCEND_EPLB_VERIFY``, ``ASCEND_EPLB_EVENTS`` or
+            ``ASCEND_EPLB_METRICS`` is invalid (one line per bad switch, each naming it and the rule).
     """
     from ascend_eplb.integration.validation import validate_eplb_config
 
@@ -142,6 +142,7 @@ def _read_switches(
 
     from ascend_eplb.integration.events import events_path
     from ascend_eplb.integration.prometheus import metrics_requested
+    from ascend_eplb.integration.switches import PLUGIN_SWITCH, env_flag
     from ascend_eplb.integration.verify import verify_requested
     from ascend_eplb.integration.watchdog import ENV_ON_FAILURE, ENV_TIMEOUT, watchdog_settings
 
@@ -150,7 +151,19 @@ def _read_switches(
     def alone(name: str) -> dict[str, str]:
         return {name: env[name]} if name in env else {}
 
+    def plugin_switch() -> bool:
+        # EPLB is on here (through --enable-eplb); a typo of the switch leaves the integration off in a
+        # process that reads only it (another node's, one whose --enable-eplb is in a --config YAML).
+        try:
+            return env_flag(PLUGIN_SWITCH, environ)
+        except ValueError as e:
+            raise ValueError(
+                f"{e} (a process started without --enable-eplb on its command line reads only this switch "
+                "and would leave the Ascend integration off)"
+            ) from None
+
     readers = {
+        "plugin": plugin_switch,
         "worker timeout": lambda: watchdog_settings(alone(ENV_TIMEOUT))[0],
         "on worker failure": lambda: watchdog_settings(alone(ENV_ON_FAILURE))[1],
         "verify": lambda: verify_requested(environ),

@@ -12,7 +12,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-__all__ = ["FALSE_VALUES", "TRUE_VALUES", "env_flag", "is_true"]
+__all__ = ["FALSE_VALUES", "PLUGIN_SWITCH", "TRUE_VALUES", "env_flag", "is_true"]
+
+#: The switch that turns the integration on in every vLLM process (``plugin.ENV_SWITCH``, tested equal;
+#: here too so that the serving start-up, which the plugin's patches import, reads it without a cycle).
+PLUGIN_SWITCH = "ASCEND_EPLB"
 
 #: The values that switch an environment variable (or a ``--flag=value``) on, compared lower-cased
 #: without surrounding spaces.

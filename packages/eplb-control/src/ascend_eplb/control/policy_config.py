@@ -66,6 +66,22 @@ def _number(value: object) -> bool:
     return is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
+def _quoted(value: object) -> str:
+    """What to add when ``value`` is a number written as a string (``"0.01"``, or YAML 1.1's ``1e-2``,
+    which PyYAML and so vLLM's ``--config`` read as a string): the rule alone read as if 0.01 were out of
+    range."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        float(value)
+    except ValueError:
+        return ""
+    return (
+        f"; {value!r} is a string, not a number: write it unquoted (YAML 1.1 reads an exponent without "
+        "a dot, 1e-2, as a string: write 0.01 or 1.0e-2)"
+    )
+
+
 def policy_error(value: object) -> str | None:
     """Why ``value`` is not a ``policy`` key value (None: it is one of :data:`POLICY_NAMES`)."""
     if isinstance(value, str) and value in POLICY_NAMES:
@@ -79,7 +95,7 @@ def min_balancedness_gain_error(value: object) -> str | None:
         return None
     return (
         f"additional_config.eplb_config.min_balancedness_gain={value!r} must be a number in [0, 1) "
-        "(a gain of balancedness, which lies in (0, 1]; 0 turns the check off)"
+        f"(a gain of balancedness, which lies in (0, 1]; 0 turns the check off){_quoted(value)}"
     )
 
 
@@ -89,7 +105,7 @@ def target_balancedness_error(value: object) -> str | None:
         return None
     return (
         f"additional_config.eplb_config.target_balancedness={value!r} must be a number in (0, 1] "
-        "(a balancedness; leave it unset to turn the check off)"
+        f"(a balancedness; leave it unset to turn the check off){_quoted(value)}"
     )
 
 

@@ -20,12 +20,24 @@ from pathlib import Path
 from typing import Any
 
 from ascend_eplb.control.values import is_int
-from ascend_eplb.integration.rules import INT32_MAX, EplbSettings, Judgement, Violation, check_settings
+from ascend_eplb.integration.rules import (
+    INT32_MAX,
+    EplbSettings,
+    Judgement,
+    Violation,
+    check_settings,
+    shown,
+)
 from ascend_eplb.integration.serving import serving_switch_errors
 from ascend_eplb.integration.validation import EplbConfigError, ascend_format_name
 from ascend_eplb.tools.check.engine_args import parse_serve_command, settings_from_engine_args
 from ascend_eplb.tools.check.report import CheckResult, refused, result
-from ascend_eplb.tools.check.schema import is_engine_args, settings_from_file_dict
+from ascend_eplb.tools.check.schema import (
+    V2_RUNNER_SWITCH,
+    is_engine_args,
+    settings_from_file_dict,
+    v2_runner_switch,
+)
 
 __all__ = ["check_config_file", "check_serve_command"]
 
@@ -190,12 +202,54 @@ def check_serve_command(
         return refused(
             "engine-args", f"{where}: vLLM's parser rejects the engine arguments: {type(exc).__name__}: {exc}"
         )
+    env = dict(os.environ if environ is None else environ)
+    violations = _additional_config_violations(engine_args, where)
+    _, v2_error = v2_runner_switch(env)
+    if v2_error is not None:
+        violations.append(v2_error)
+        env.pop(V2_RUNNER_SWITCH)  # judged: the other rules read the default (V2)
     try:
         settings = settings_from_engine_args(
-            engine_args, environ, num_experts=num_experts, quantization=quantization
+            engine_args, env, num_experts=num_experts, quantization=quantization
         )
     except EplbConfigError as exc:
-        return CheckResult(False, str(exc), tuple(exc.violations))
+        return CheckResult(False, str(exc), (*violations, *exc.violations))
     except Exception as exc:
         return refused("model-folder", f"{where}: {exc}")
-    return result(settings, _judge(settings, environ))
+    return result(settings, _judge(settings, env, violations))
+
+
+def _additional_config_violations(engine_args: Any, where: str) -> list[Violation]:
+    """``engine-args`` violations of an ``additional_config`` that is not a JSON object, or whose
+    ``eplb_config`` is not one; ``engine_args`` is left without the bad part, so that every other rule is
+    still judged. vLLM's parser keeps a ``--additional-config`` value that is not a JSON object (``[1]``,
+    a JSON text cut short) as a str; read as the Ascend keys, it was reported as ``[model-folder]
+    additional_config.eplb_config must be a mapping, got str``."""
+    additional = engine_args.additional_config
+    if additional is None or isinstance(additional, Mapping):
+        ascend = (additional or {}).get("eplb_config")
+        if ascend is None or isinstance(ascend, Mapping):
+            return []
+        engine_args.additional_config = {k: v for k, v in additional.items() if k != "eplb_config"}
+        return [
+            Violation(
+                "engine-args",
+                f"{where}: additional_config.eplb_config={shown(ascend)} must be a JSON object (of the "
+                f"Ascend keys), got {type(ascend).__name__}; fix: --additional-config "
+                '\'{"eplb_config": {"policy": "migration_aware"}}\'',
+            )
+        ]
+    why = type(additional).__name__
+    if isinstance(additional, str):
+        try:
+            why = f"JSON of a {type(json.loads(additional)).__name__}"
+        except ValueError as exc:
+            why = f"not JSON ({exc})"
+    engine_args.additional_config = {}
+    return [
+        Violation(
+            "engine-args",
+            f"{where}: additional_config={shown(additional)} must be a JSON object, got {why}; fix: "
+            "--additional-config '{\"eplb_config\": {...}}'",
+        )
+    ]

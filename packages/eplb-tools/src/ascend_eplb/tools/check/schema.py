@@ -19,7 +19,29 @@ from ascend_eplb.integration.rules import (
 from ascend_eplb.tools.check.engine_args import default_cudagraph_mode
 from ascend_eplb.tools.check.report import short
 
-__all__ = ["FILE_KEYS", "is_engine_args", "settings_from_file_dict"]
+__all__ = ["FILE_KEYS", "V2_RUNNER_SWITCH", "is_engine_args", "settings_from_file_dict", "v2_runner_switch"]
+
+#: vLLM's switch of the model runner; unset: Model Runner V2, vLLM 0.33.0's default.
+V2_RUNNER_SWITCH = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def v2_runner_switch(environ: Mapping[str, str]) -> tuple[bool | None, Violation | None]:
+    """``VLLM_USE_V2_MODEL_RUNNER`` as vLLM 0.33.0 reads it (``envs.maybe_convert_bool``:
+    ``bool(int(value))``): ``(None, None)`` unset; ``(value, None)``; ``(None, violation)`` for a value
+    ``int()`` refuses (``true``, ``banana``), on which vLLM's start-up raises a bare ``ValueError``."""
+    raw = environ.get(V2_RUNNER_SWITCH)
+    if raw is None:
+        return None, None
+    try:
+        return bool(int(raw)), None
+    except ValueError:
+        return None, Violation(
+            "model-runner-v2",
+            f"{V2_RUNNER_SWITCH}={short(raw)} is not an integer: vLLM reads it with int() (bool(int(value))) "
+            f"and its start-up fails with a ValueError; fix: set {V2_RUNNER_SWITCH}=1, or unset it (Model "
+            "Runner V2, vLLM 0.33.0's default)",
+        )
+
 
 #: Every field at its default: what a config file that omits a setting means.
 _DEFAULTS = EplbSettings()
@@ -83,7 +105,13 @@ def settings_from_file_dict(
     )
     ascend = additional.get("eplb_config", {})  # not `or {}`: false, 0 or "" is refused, not read as {}
     if not isinstance(ascend, dict):
-        out.append(Violation("schema", "additional_config.eplb_config must be a JSON object"))
+        out.append(
+            Violation(
+                "schema",
+                f"additional_config.eplb_config={short(ascend)} must be a JSON object (of the Ascend keys), "
+                f"got {type(ascend).__name__}",
+            )
+        )
         ascend = {}
     model = _check_keys("model", top.get("model"), _MODEL_KEYS, out)
     compilation = _check_keys("compilation_config", top.get("compilation_config"), {"cudagraph_mode"}, out)
@@ -91,6 +119,11 @@ def settings_from_file_dict(
     env_file = _check_keys("environment", top.get("environment"), set(V1_EPLB_ENV_SWITCHES), out)
     env = dict(os.environ if environ is None else environ)
     env.update({k: str(v) for k, v in env_file.items()})
+    # A file that omits use_v2_model_runner runs as the environment says (vLLM's VllmConfig reads
+    # VLLM_USE_V2_MODEL_RUNNER): `VLLM_USE_V2_MODEL_RUNNER=0 ascend-eplb check CONFIG` said OK.
+    v2_env, v2_error = v2_runner_switch(env)
+    if v2_error is not None:
+        out.append(v2_error)
 
     def cudagraph_mode(v: Any) -> str:
         if v is None:  # absent or null: vLLM's default for the file's settings
@@ -158,7 +191,9 @@ def settings_from_file_dict(
         )
     settings = EplbSettings(
         enable_eplb=boolean("parallel_config", pc, "enable_eplb", False),
-        use_v2_model_runner=boolean("the config file", top, "use_v2_model_runner", True),
+        use_v2_model_runner=boolean(
+            "the config file", top, "use_v2_model_runner", True if v2_env is None else v2_env
+        ),
         enable_expert_parallel=boolean("parallel_config", pc, "enable_expert_parallel", False),
         enable_elastic_ep=boolean("parallel_config", pc, "enable_elastic_ep", False),
         enable_dbo=boolean("parallel_config", pc, "enable_dbo", False),
