@@ -149,6 +149,13 @@ def test_the_policy_and_gate_keys_are_judged_each_naming_value_and_rule_all_at_o
         "the placement policy and the gain gate need Model Runner V2 EPLB, but enable_eplb=False; fix: pass "
         "--enable-eplb or remove policy, target_balancedness"
     ]
+    # `false` equals the gain's default 0.0 but is no number (refused with EPLB on): named here too.
+    off = replace(off, ascend_eplb_config={"min_balancedness_gain": False, "target_balancedness": None})
+    assert [str(v) for v in check_settings(off)] == [
+        "[policy-without-eplb] eplb_config.min_balancedness_gain=False: the placement policy and the gain "
+        "gate need Model Runner V2 EPLB, but enable_eplb=False; fix: pass --enable-eplb or remove "
+        "min_balancedness_gain"
+    ]
 
 
 def test_all_violated_rules_come_in_the_registry_order():

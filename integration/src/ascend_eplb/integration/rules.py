@@ -560,8 +560,18 @@ def _placement_without_eplb(s: EplbSettings) -> str | None:
 @_rule("policy-without-eplb")
 def _policy_without_eplb(s: EplbSettings) -> str | None:
     defaults = PolicySettings()
+    judge = {
+        "policy": policy_error,
+        "min_balancedness_gain": min_balancedness_gain_error,
+        "target_balancedness": target_balancedness_error,
+    }
+    # A key counts as given unless it is its default, validly: `false` equals the gain's 0.0 but is no
+    # number (refused with EPLB on), so it is named here too.
     given = [
-        k for k in POLICY_KEYS if s.ascend_eplb_config.get(k, getattr(defaults, k)) != getattr(defaults, k)
+        k
+        for k in POLICY_KEYS
+        if k in s.ascend_eplb_config
+        and (judge[k](v := s.ascend_eplb_config[k]) is not None or v != getattr(defaults, k))
     ]
     if s.enable_eplb or not given:
         return None
