@@ -117,6 +117,19 @@ def rank_dependent_replicas_world(
     return report
 
 
+def serving_world(ctx: RankContext, spec: Any, fault: bool) -> dict[str, Any]:
+    """``real_model_world(ctx, spec)`` (its report's keys); then, when asked, ``fault``:
+    :func:`rank_dependent_replicas_world` on ``spec.folder`` in the same layout (one world for both)."""
+    from ascend_eplb.tools import world as rm
+
+    report = rm.real_model_world(ctx, spec)
+    if fault:
+        report["fault"] = rank_dependent_replicas_world(
+            ctx, spec.folder, spec.num_redundant_experts, spec.data_parallel_size
+        )
+    return report
+
+
 def layout_world(
     ctx: RankContext, spec: Any, refused_folder: str, fault: bool, split: bool
 ) -> dict[str, Any]:
