@@ -35,16 +35,20 @@ def test_all_is_the_documented_api():
         "commit_hooks_installed",
         "is_phase_matched",
         "moved_experts",
+        "rank_balancedness",
+        "rank_loads",
+        "received_experts",
     ])  # fmt: skip
     # Each name is the object a control module defines or binds; __version__ is the installed one.
     check_public_names("ascend_eplb.control", "ascend-eplb-control")
 
 
-def test_phase_and_patching_import_without_vllm():
+def test_phase_patching_and_measures_import_without_vllm():
     code = (
-        "import sys; import ascend_eplb.control as c; "
-        "from ascend_eplb.control import phase, patching, policy_config; "
+        "import sys, torch; import ascend_eplb.control as c; "
+        "from ascend_eplb.control import measures, phase, patching, policy_config; "
         "assert c.is_phase_matched('decode', False); assert c.PolicySettings().is_upstream_default; "
+        "assert c.balancedness(torch.ones(1, 2), torch.tensor([[0, 1]]), 2).tolist() == [1.0]; "
         "print(sorted(m for m in sys.modules if m.startswith('vllm')))"
     )
     out = subprocess.run(

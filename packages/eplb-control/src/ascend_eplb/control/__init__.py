@@ -28,9 +28,9 @@ from typing import Any
 from ascend_eplb.control.__about__ import __version__
 
 #: Public name -> submodule: the one list of this package's names (``__all__`` is made of it). The
-#: submodules load on first use, so ``ascend_eplb.control.phase``, ``ascend_eplb.control.policy_config``
-#: and ``ascend_eplb.control.patching`` import without vLLM; a static type checker sees these names
-#: through ``__getattr__`` (as ``Any``).
+#: submodules load on first use, so ``ascend_eplb.control.phase``, ``ascend_eplb.control.policy_config``,
+#: ``ascend_eplb.control.measures`` and ``ascend_eplb.control.patching`` import without vLLM; a static
+#: type checker sees these names through ``__getattr__`` (as ``Any``).
 _EXPORTS = {
     "CommitEvent": "bus",
     "ControllerEvent": "bus",
@@ -52,8 +52,11 @@ _EXPORTS = {
     "PlacementDecision": "policy_config",
     "PolicySettings": "policy_config",
     "MigrationAwarePolicy": "policy",
-    "balancedness": "policy",
-    "moved_experts": "policy",
+    "balancedness": "measures",
+    "moved_experts": "measures",
+    "rank_balancedness": "measures",
+    "rank_loads": "measures",
+    "received_experts": "measures",
     "adapt_layer_routers": "router_adaptation",
     "AscendEplbLayerState": "state",
     "AscendEplbState": "state",

@@ -6,7 +6,8 @@ expert* (slot) is one installed copy of a logical expert's weights; slots beyond
 of elastic padding); slot ``s`` lives on rank ``s // p`` with ``p = P / N`` slots per rank, and rank
 ``r`` on node ``r // (N / num_nodes)``.
 
-Two measures, each defined once for the whole project (``shared/notes/placement-cost.md``):
+The two measures it is judged by, re-exported from :mod:`ascend_eplb.control.measures` (the one
+definition of each for the whole project, ``shared/notes/placement-cost.md``):
 
 * :func:`balancedness` ``(L,)``: each logical expert's load split evenly over its replicas, a rank's
   load the sum over its slots, and per layer mean rank load / max rank load (1.0 = even);
@@ -30,172 +31,28 @@ import torch
 from vllm.distributed.eplb.policy.abstract import AbstractEplbPolicy
 from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
 
+from ascend_eplb.control.measures import (
+    _balancedness,
+    _check_ids,
+    _check_num_ranks,
+    _holdings,
+    _load_array,
+    _placement_array,
+    _rank_loads,
+    _replica_counts,
+    balancedness,
+    moved_experts,
+)
 from ascend_eplb.control.values import is_int
 
+#: ``balancedness`` and ``moved_experts`` are :mod:`ascend_eplb.control.measures`' (re-exported here,
+#: beside the policy they judge).
 __all__ = ["MigrationAwarePolicy", "balancedness", "moved_experts"]
 
 #: The search ranks a change by its excess reduction per move; a change that moves nothing (a local copy)
 #: or undoes an earlier move counts as this many moves (measured on the benchmark's ESFT windows: 0.25,
 #: 0.5 and 1.0 give 213, 216 and 226 moves; 0.25 prefers a useless local duplicate to a real fix).
 _FREE_CHANGE_COST = 0.5
-
-
-# ----------------------------------------------------------------------------------------------------
-# The two measures
-
-
-def _placement_array(name: str, placement: object) -> np.ndarray:
-    """int64 ``(L, P)`` host copy of a placement; ``ValueError`` unless it is a 2-D integer tensor."""
-    if not isinstance(placement, torch.Tensor):
-        raise ValueError(f"{name} is a {type(placement).__name__}: it must be a torch.Tensor (L, P)")
-    if placement.dim() != 2:
-        raise ValueError(f"{name} has shape {tuple(placement.shape)}: it must be 2-D (L, P)")
-    if placement.dtype.is_floating_point or placement.dtype.is_complex or placement.dtype == torch.bool:
-        raise ValueError(f"{name} has dtype {placement.dtype}: it must hold integer expert ids")
-    return placement.detach().to("cpu", torch.int64).numpy()
-
-
-def _load_array(weight: object) -> np.ndarray:
-    """float64 ``(L, E)`` host copy of a load; ``ValueError`` unless 2-D, finite and non-negative."""
-    if not isinstance(weight, torch.Tensor):
-        raise ValueError(f"load is a {type(weight).__name__}: it must be a torch.Tensor (L, E)")
-    if weight.dim() != 2 or weight.shape[1] < 1:
-        raise ValueError(f"load has shape {tuple(weight.shape)}: it must be (L, E) with E >= 1")
-    if weight.dtype == torch.bool or weight.dtype.is_complex:
-        raise ValueError(f"load has dtype {weight.dtype}: it must be an integer or float count")
-    load = weight.detach().to("cpu", torch.float64).numpy()
-    if not np.isfinite(load).all():
-        raise ValueError("load holds a non-finite value: every load must be finite")
-    if load.size and load.min() < 0:
-        raise ValueError(f"load holds {load.min()}: every load must be >= 0")
-    return load
-
-
-def _check_num_ranks(num_ranks: object, num_physical_experts: int) -> int:
-    if not is_int(num_ranks) or num_ranks < 1:
-        raise ValueError(f"num_ranks={num_ranks!r}: must be an int >= 1")
-    if num_physical_experts % num_ranks:
-        raise ValueError(
-            f"num_ranks={num_ranks}: must divide the physical experts per layer P={num_physical_experts}"
-        )
-    return num_ranks
-
-
-def _check_ids(name: str, placement: np.ndarray, num_logical_experts: int) -> None:
-    if placement.size and (placement.min() < -1 or placement.max() >= num_logical_experts):
-        bad = placement[(placement < -1) | (placement >= num_logical_experts)][0]
-        raise ValueError(
-            f"{name} holds expert id {int(bad)}: ids must be in [0, {num_logical_experts}) or -1 (empty slot)"
-        )
-
-
-def _replica_counts(placement: np.ndarray, num_logical_experts: int) -> np.ndarray:
-    """int64 ``(L, E)``: slots per logical expert (``-1`` slots count for none)."""
-    counts = np.zeros((placement.shape[0], num_logical_experts + 1), dtype=np.int64)
-    rows = np.broadcast_to(np.arange(placement.shape[0])[:, None], placement.shape)
-    np.add.at(counts, (rows, placement + 1), 1)
-    return counts[:, 1:]
-
-
-def _rank_loads(load: np.ndarray, placement: np.ndarray, counts: np.ndarray, num_ranks: int) -> np.ndarray:
-    """float64 ``(L, N)``: each expert's load split over its ``counts`` replicas, summed per rank."""
-    per_replica = load / np.maximum(counts, 1)
-    slot_load = np.take_along_axis(per_replica, np.maximum(placement, 0), axis=1)
-    slot_load[placement < 0] = 0.0
-    return slot_load.reshape(placement.shape[0], num_ranks, -1).sum(axis=2)
-
-
-def _balancedness(rank_loads: np.ndarray) -> np.ndarray:
-    peak = rank_loads.max(axis=1)
-    mean = rank_loads.mean(axis=1)
-    return np.where(peak > 0, mean / np.where(peak > 0, peak, 1.0), 1.0)
-
-
-def balancedness(
-    weight_LE: torch.Tensor,  # noqa: N803 (DESIGN.md shape letters)
-    physical_to_logical_LP: torch.Tensor,  # noqa: N803
-    num_ranks: int,
-) -> torch.Tensor:
-    """Balancedness of each layer's rank loads under a placement: float64 ``(L,)``, CPU, in ``(0, 1]``.
-
-    Each logical expert's load is split evenly over its replicas (the model upstream's
-    ``DefaultEplbPolicy`` optimises: ``tokens_per_mlog / mlogcnt``); rank ``r``'s load is the sum over its
-    slots ``r * p .. (r + 1) * p - 1``; a layer's balancedness is mean rank load / max rank load. A layer
-    without load is 1.0 (even). ``-1`` slots (elastic padding) hold nothing. Averaging over layers is
-    the caller's (``.mean()``: every layer counts equally).
-
-    Args:
-        weight_LE: ``(L, E)`` load per logical expert, int or float, any device (any non-negative unit:
-            tokens, selections).
-        physical_to_logical_LP: integer ``(L, P)``, each slot's logical expert in ``[0, E)`` or -1.
-        num_ranks: N, dividing P.
-
-    Raises:
-        ValueError: naming the value and the rule: shapes, N not dividing P, ids outside ``[-1, E)``,
-            a negative or non-finite load, or an expert with load that no slot holds.
-    """
-    load = _load_array(weight_LE)
-    placement = _placement_array("physical_to_logical_LP", physical_to_logical_LP)
-    if placement.shape[0] != load.shape[0]:
-        raise ValueError(
-            f"load {load.shape} and physical_to_logical_LP {placement.shape}: must have the same L"
-        )
-    num_ranks = _check_num_ranks(num_ranks, placement.shape[1])
-    _check_ids("physical_to_logical_LP", placement, load.shape[1])
-    counts = _replica_counts(placement, load.shape[1])
-    lost = (counts == 0) & (load > 0)
-    if lost.any():
-        layer, expert = (int(i[0]) for i in np.nonzero(lost))
-        raise ValueError(
-            f"layer {layer}: logical expert {expert} has load {load[layer, expert]} but no slot: "
-            "every expert with load must be placed"
-        )
-    return torch.from_numpy(_balancedness(_rank_loads(load, placement, counts, num_ranks)))
-
-
-def _holdings(
-    placement: np.ndarray, num_ranks: int, num_logical_experts: int, *, with_empty: bool = False
-) -> np.ndarray:
-    """int32 ``(L, N, E)``: how many slots of each rank hold each logical expert (``with_empty``:
-    ``(L, N, 1 + E)``, column 0 counting the empty slots)."""
-    num_layers, num_physical = placement.shape
-    held = np.zeros((num_layers, num_ranks, num_logical_experts + 1), dtype=np.int32)
-    rows = np.broadcast_to(np.arange(num_layers)[:, None], placement.shape)
-    ranks = np.broadcast_to(np.arange(num_physical) // (num_physical // num_ranks), placement.shape)
-    np.add.at(held, (rows, ranks, placement + 1), 1)
-    return held if with_empty else held[:, :, 1:]
-
-
-def moved_experts(
-    old_LP: torch.Tensor,  # noqa: N803 (DESIGN.md shape letters)
-    new_LP: torch.Tensor,  # noqa: N803
-    num_ranks: int,
-) -> torch.Tensor:
-    """Experts each layer's rearrangement ``old -> new`` transfers between ranks: int64 ``(L,)``, CPU.
-
-    Per layer, the sum over ranks ``r`` of ``|set(new[l, r]) - set(old[l, r])|``, where ``x[l, r]`` is
-    rank ``r``'s slots ``r * p .. (r + 1) * p - 1``: a logical expert the rank already held is a local
-    copy, not a transfer; two new slots of one expert on a rank are one transfer. ``-1`` slots hold
-    nothing. ``.sum()`` is the rearrangement's total.
-
-    Args:
-        old_LP, new_LP: integer ``(L, P)`` placements, ids in ``[0, E)`` or -1.
-        num_ranks: N, dividing P.
-
-    Raises:
-        ValueError: naming the value and the rule: shapes differ or are not 2-D, N does not divide P,
-            an id below -1.
-    """
-    old = _placement_array("old_LP", old_LP)
-    new = _placement_array("new_LP", new_LP)
-    if old.shape != new.shape:
-        raise ValueError(f"old_LP {old.shape} and new_LP {new.shape}: must have the same shape (L, P)")
-    num_ranks = _check_num_ranks(num_ranks, old.shape[1])
-    num_logical = int(max(old.max(initial=-1), new.max(initial=-1))) + 1
-    _check_ids("old_LP", old, num_logical)
-    _check_ids("new_LP", new, num_logical)
-    gained = (_holdings(new, num_ranks, num_logical) > 0) & (_holdings(old, num_ranks, num_logical) == 0)
-    return torch.from_numpy(gained.sum(axis=(1, 2), dtype=np.int64))
 
 
 # ----------------------------------------------------------------------------------------------------
