@@ -10,9 +10,11 @@ every check passed (no failure between two rearrangements: they are consecutive)
 Layouts (which rows each rank routes, ``ascend_eplb.control.layout``):
 
 * ``replicated``: vLLM 0.33.0's own ``DeepseekV3ForCausalLM`` (the ``deepseek-v3`` preset, 4 MoE
-  layers, 64 experts, top-6) at TP = EP = the ranks: every rank routes the same TP-replicated rows. The
-  only layout vLLM's real model classes run in on this CPU build (a DP > 1 world fails inside vLLM: its
-  CPU communicator has no ``all_gatherv``).
+  layers, 64 experts, top-6) at TP = EP = the ranks: every rank routes the same TP-replicated rows.
+* ``gathered``: the same model at DP = the ranks x TP = 1 (``simulate --dp N``): each DP rank's batch,
+  gathered before routing by vLLM's dispatch (every rank routes the whole gathered batch).
+* ``gathered-sp``: the same model at DP = 2 x TP = the ranks / 2: vLLM's sequence-parallel MoE, each
+  rank's chunk of its DP batch gathered over the EP group.
 * ``split``: the trace-replay world (``--model replay``: the repository's toy MoE model on upstream's
   ``CustomRoutingRouter``, ``w8a8_dynamic`` kernel storage, the embedded ESFT trace's first 4 MoE
   layers): every rank routes rows of its own (vLLM Ascend's MC2 dispatch). Not a real model class.
@@ -20,7 +22,7 @@ Layouts (which rows each rank routes, ``ascend_eplb.control.layout``):
 Usage (from the repository root)::
 
     hatch run python packages/eplb-tools/benchmarks/soak.py [--rearrangements 100] [--ranks 4]
-        [--layouts replicated split] [--out eplb-soak]
+        [--layouts replicated gathered gathered-sp split] [--out eplb-soak]
 
 Prints one row per layout (steps, wall time, rearrangements completed, max output error against the
 EPLB-off model, bytes moved, verdict) and writes each run's ``report.json`` and summary under
@@ -37,6 +39,8 @@ from pathlib import Path
 
 LAYOUTS = {
     "replicated": ["--model", "deepseek-v3"],
+    "gathered": ["--model", "deepseek-v3"],  # --dp N: the ranks (soak_args)
+    "gathered-sp": ["--model", "deepseek-v3", "--dp", "2"],
     "split": ["--model", "replay", "--layers", "4"],
 }
 #: Steps granted beyond upstream's fastest pace (one layer per step): a layer may take a second step
@@ -68,8 +72,9 @@ def soak_args(layout: str, rearrangements: int, num_ranks: int = 4) -> list[str]
     # Window = interval = L: upstream's first rearrangement starts at step max(L // 4, 1), each takes L
     # steps, and the next starts at the step the last layer commits.
     steps = math.ceil((max(layers // 4, 1) + rearrangements * layers) * SLACK)
+    data_parallel = ["--dp", str(num_ranks)] if layout == "gathered" else []
     return [
-        *LAYOUTS[layout], "--ranks", str(num_ranks), "--redundant-experts", str(num_ranks),
+        *LAYOUTS[layout], *data_parallel, "--ranks", str(num_ranks), "--redundant-experts", str(num_ranks),
         "--window-size", str(layers), "--step-interval", str(layers), "--steps", str(steps), "--no-progress",
     ]  # fmt: skip
 
@@ -101,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         report = run_layout(layout, args.rearrangements, args.ranks, args.out / layout)
         enough = report["rearrangements_completed"] >= args.rearrangements
         ok &= report["passed"] and enough
-        served = report["model"] if layout == "replicated" else f"replay ({report['format']}, toy MoE)"
+        served = report["model"] if layout != "split" else f"replay ({report['format']}, toy MoE)"
         rows.append(
             f"{layout:<11} {served:<30} {report['ranks']:>5} {report['steps']:>6} "
             f"{report['wall_seconds']:>8.1f} {report['rearrangements_completed']:>9} "
