@@ -101,6 +101,17 @@ def test_every_bad_option_of_every_subcommand_is_refused_before_anything_with_it
         (["simulate", "--model", "replay", "--link-gbps", "0", "--timeout", "-1", "--out", out],
          _options("timeout=-1.0: must be a finite number of seconds > 0",
                   "link gbps=0.0: must be a finite number > 0 (Gbit/s)")),
+        # the policy and the gain gate are judged with the other options, every bad one at once (each
+        # was refused alone, as argparse read it, hiding the rest)
+        (["simulate", "--model", "replay", "--policy", "bogus", "--min-balancedness-gain", "1",
+          "--target-balancedness", "0", "--link-gbps", "0", "--out", out],
+         _options("link gbps=0.0: must be a finite number > 0 (Gbit/s)",
+                  "policy: additional_config.eplb_config.policy='bogus' is not one of ['default', "
+                  "'migration_aware']",
+                  "min balancedness gain: additional_config.eplb_config.min_balancedness_gain=1.0 must be a "
+                  "number in [0, 1) (a gain of balancedness, which lies in (0, 1]; 0 turns the check off)",
+                  "target balancedness: additional_config.eplb_config.target_balancedness=0.0 must be a "
+                  "number in (0, 1] (a balancedness; leave it unset to turn the check off)")),
         (["plan", str(load), "--ranks", "4", "--link-gbps", "0"],
          _hint("plan", "argument --link-gbps: '0': must be a finite number > 0")),
         # a model folder's MoE facts, every bad one at once (they crashed after the ranks started)

@@ -868,15 +868,22 @@ def test_the_policy_and_gate_options_are_judged_by_start_ups_rules_before_any_pr
 
     key = "additional_config.eplb_config"
     for option, value, rule in [
-        ("--policy", "fewest", f"{key}.policy='fewest' is not one of ['default', 'migration_aware']"),
-        ("--min-balancedness-gain", "1", f"{key}.min_balancedness_gain=1.0 must be a number in [0, 1)"),
-        ("--target-balancedness", "1.5", f"{key}.target_balancedness=1.5 must be a number in (0, 1]"),
-        ("--target-balancedness", "x", "must be a number"),
-    ]:
-        with pytest.raises(SystemExit) as exited:
-            main(["simulate", option, value, "--out", str(tmp_path / "o")])
-        assert exited.value.code == 2
-        assert f"ascend-eplb simulate: error: argument {option}: '{value}': {rule}" in capsys.readouterr().err
+        ("--policy", "fewest", f"policy: {key}.policy='fewest' is not one of ['default', 'migration_aware']"),
+        ("--min-balancedness-gain", "1", f"min balancedness gain: {key}.min_balancedness_gain=1.0 must be a "
+         "number in [0, 1)"),
+        ("--target-balancedness", "1.5", f"target balancedness: {key}.target_balancedness=1.5 must be a "
+         "number in (0, 1]"),
+    ]:  # fmt: skip
+        assert main(["simulate", option, value, "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        assert "ascend-eplb simulate: error: invalid simulate options:" in err
+        assert f"  - {rule}" in err
+    with pytest.raises(SystemExit) as exited:
+        main(["simulate", "--target-balancedness", "x", "--out", str(tmp_path / "o")])
+    assert exited.value.code == 2
+    assert "ascend-eplb simulate: error: argument --target-balancedness: 'x': must be a number" in (
+        capsys.readouterr().err
+    )
     # A configuration built in Python meets the same rules, every one named.
     bad = SimulateConfig(model="replay", policy="fewest", min_balancedness_gain=-0.1, target_balancedness=0.0,
                          out_dir=str(tmp_path / "o"))  # fmt: skip

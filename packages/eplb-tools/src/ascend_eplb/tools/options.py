@@ -113,7 +113,8 @@ def policy_list(value: str) -> list[str]:
     return [policy_name(v) for v in names]
 
 
-def _number(value: str) -> float:
+def number(value: str) -> float:
+    """Any float (range rules are the option's own, judged with the others)."""
     try:
         return float(value)
     except ValueError:
@@ -124,7 +125,7 @@ def min_balancedness_gain(value: str) -> float:
     """``additional_config.eplb_config.min_balancedness_gain``: a number in ``[0, 1)``."""
     from ascend_eplb.control.policy_config import min_balancedness_gain_error
 
-    x = _number(value)
+    x = number(value)
     if (reason := min_balancedness_gain_error(x)) is not None:
         raise argparse.ArgumentTypeError(f"{value!r}: {reason}")
     return x
@@ -134,7 +135,7 @@ def target_balancedness(value: str) -> float:
     """``additional_config.eplb_config.target_balancedness``: a number in ``(0, 1]``."""
     from ascend_eplb.control.policy_config import target_balancedness_error
 
-    x = _number(value)
+    x = number(value)
     if (reason := target_balancedness_error(x)) is not None:
         raise argparse.ArgumentTypeError(f"{value!r}: {reason}")
     return x

@@ -12,9 +12,7 @@ from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES as PHASES
 from ascend_eplb.integration.rules import experts_divisibility_error
 from ascend_eplb.integration.verify import CHECKS as VERIFIER_CHECKS
 from ascend_eplb.integration.watchdog import CHECK as WATCHDOG_CHECK
-from ascend_eplb.tools.options import min_balancedness_gain as gain_value
-from ascend_eplb.tools.options import non_negative_int, path_text, policy_name, positive_int
-from ascend_eplb.tools.options import target_balancedness as target_value
+from ascend_eplb.tools.options import non_negative_int, number, path_text, positive_int
 
 __all__ = [
     "CHECKS",
@@ -189,21 +187,20 @@ class SimulateConfig:
         "placement policy (additional_config.eplb_config.policy): default (upstream's DefaultEplbPolicy) "
         "or migration_aware (the fewest expert moves from the placement in force); default %(default)s",
         metavar="default|migration_aware",
-        type=policy_name,
     )  # fmt: skip
     min_balancedness_gain: float = _option(
         0.0, "--min-balancedness-gain",
         "the gain gate (additional_config.eplb_config.min_balancedness_gain): skip a rearrangement whose "
         "placement would gain less balancedness than this, in [0, 1); default 0 (off)",
         metavar="X",
-        type=gain_value,
+        type=number,
     )  # fmt: skip
     target_balancedness: float | None = _option(
         None, "--target-balancedness",
         "the gain gate (additional_config.eplb_config.target_balancedness): skip a rearrangement whose "
         "window the placement in force already serves at least this balanced, in (0, 1]; default off",
         metavar="X",
-        type=target_value,
+        type=number,
     )  # fmt: skip
     trace: str | None = _option(
         None, "--trace",
