@@ -376,3 +376,17 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_as_sigpipe_without_a_tra
     assert main(["plan", str(load), "--ranks", "2"]) == 128 + signal.SIGPIPE
     assert capsys.readouterr().err == ""
     print("more output goes nowhere")  # stdout is os.devnull now: the last flush cannot fail
+
+
+def test_a_signal_the_process_ignores_stays_ignored_inside_a_command():
+    # nohup ignores SIGHUP: a command run under it must not stop on a hangup (check -- serve exited 129)
+    from ascend_eplb.tools.simulate.lifecycle import command_scope
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with command_scope("check"):
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_IGN, signal.SIG_DFL)
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)

@@ -86,7 +86,8 @@ def exit_code_of(error: BaseException) -> int:
 
 @contextlib.contextmanager
 def _signals_stop() -> Iterator[None]:
-    """While inside, SIGTERM and SIGHUP raise :class:`StoppedBySignal` in the main thread."""
+    """While inside, SIGTERM and SIGHUP raise :class:`StoppedBySignal` in the main thread; a signal the
+    process ignores (``nohup`` ignores SIGHUP) stays ignored."""
     if not _main_thread():
         yield
         return
@@ -94,7 +95,11 @@ def _signals_stop() -> Iterator[None]:
     def handler(signum: int, _frame: object) -> None:
         raise StoppedBySignal(signal.Signals(signum).name)
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {
+        sig: signal.signal(sig, handler)
+        for sig in (signal.SIGTERM, signal.SIGHUP)
+        if signal.getsignal(sig) != signal.SIG_IGN
+    }
     try:
         yield
     finally:
