@@ -7,6 +7,6 @@ from ascend_eplb.tools.simulate import driver
 
 def test_all_is_the_documented_api():
     assert tools.__all__ == ["__version__"]
-    assert sorted(cli.__all__) == ["build_parser", "main"]
+    assert sorted(cli.__all__) == ["Parser", "build_parser", "main"]
     assert sorted(check.__all__) == ["check_config_file", "check_serve_command"]
     assert sorted(driver.__all__) == ["SimulationError", "run_simulation", "under_torchrun"]
