@@ -435,7 +435,8 @@ OVERRIDES: tuple[Override, ...] = (
         _ASCEND_CONTROLLER,
         f"{_CONTROLLER}.EPLBController.maybe_register_model",
         CONTROLLER,
-        "adapts the routers, then upstream's, then a `RegistrationEvent`; with EPLB on, a model upstream does not register (no `MixtureOfExperts` part) is refused, `ValueError` naming its class",
+        "adapts the routers, then upstream's, then a `RegistrationEvent`; with EPLB on, a model upstream "
+        "does not register (no `MixtureOfExperts` part) is refused, `ValueError` naming its class",
     ),
     _override(
         _ASCEND_CONTROLLER,
