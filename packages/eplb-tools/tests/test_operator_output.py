@@ -17,6 +17,8 @@ def test_the_summary_sets_eplb_on_beside_eplb_off_on_the_same_steps():
         model="replay", trace="t", format="w8a8_dynamic", checks={}, check_evidence={}, config={},
         commit_seconds=[], costs=None, verdict=PASSED, out_dir="/o", balancedness_before=0.7047,
         balancedness_after=0.8742, balancedness_off_after=0.7386, balancedness_off_mean=0.7367,
+        policy="default", min_balancedness_gain=0.0, target_balancedness=None, rearrangement_records=[],
+        rearrangements_skipped={}, experts_moved=0,
     )  # fmt: skip
     (line,) = [ln for ln in summary_text(report).splitlines() if ln.startswith("  balancedness before")]
     assert line == (
