@@ -116,6 +116,16 @@ def test_it_is_an_upstream_policy_and_without_an_old_placement_returns_upstreams
     assert torch.equal(got, DefaultEplbPolicy.rebalance_experts(load, 12, 2, 2, 4))
 
 
+def test_an_old_placement_of_another_ep_size_gets_upstreams_result():
+    # Upstream's elastic-EP scale-down passes num_replicas = P // old_ep_size * new_ep_size with the
+    # (L, P) map of the old size: there is nothing of the new size to migrate from (it raised on the shape).
+    load = torch.tensor([[5, 1, 3, 3, 4, 2, 7, 1], [1, 1, 1, 1, 1, 1, 1, 9]])
+    old = DefaultEplbPolicy.rebalance_experts(load, 12, 1, 1, 4)
+    got = MigrationAwarePolicy.rebalance_experts(load, 9, 1, 1, 3, old)
+    assert torch.equal(got, DefaultEplbPolicy.rebalance_experts(load, 9, 1, 1, 3, old))
+    assert tuple(got.shape) == (2, 9)
+
+
 def test_a_balanced_placement_in_force_moves_nothing():
     # Ranks {0, 1}, {2, 3}, {4, 5} carry 6 each: already even. Upstream packs the same pairs onto other
     # ranks and moves 4 experts for no gain.

@@ -129,10 +129,23 @@ class MigrationAwarePolicy(AbstractEplbPolicy):
             num_ranks: N, EP ranks.
             old_global_expert_indices: the placement in force, integer ``(L, P)`` with ids in
                 ``[0, E)`` or -1, every logical expert placed in every layer; ``None``: upstream's result.
+                Wider than ``num_replicas`` (upstream's elastic-EP scale-down,
+                ``EplbState.rearrange(rank_mapping=...)``, passes the map of the larger EP size):
+                upstream's result, as there is no placement of the new size to start from.
 
         Raises:
             ValueError: naming the value and the rule, before anything is computed.
         """
+        if (
+            isinstance(old_global_expert_indices, torch.Tensor)
+            and old_global_expert_indices.dim() == 2
+            and is_int(num_replicas)
+            and old_global_expert_indices.shape[1] > num_replicas
+        ):
+            _check_policy_inputs(weight, num_replicas, num_groups, num_nodes, num_ranks, None)
+            return DefaultEplbPolicy.rebalance_experts(
+                weight, num_replicas, num_groups, num_nodes, num_ranks, old_global_expert_indices
+            )
         load, old = _check_policy_inputs(
             weight, num_replicas, num_groups, num_nodes, num_ranks, old_global_expert_indices
         )
