@@ -130,7 +130,17 @@ def install_world(ctx: RankContext) -> dict[str, Any]:
         dropped[1][dropped[1] == 5] = 6
         out_of_range = new.clone()
         out_of_range[0, 3] = NUM_LOGICAL
-        for name, bad in (("shape", new[:1]), ("range", out_of_range), ("dropped", dropped)):
+        # Rank 1 read another copy (experts 0 and 1 of layer 0 swapped); a float map would truncate.
+        other_copy = new.clone()
+        if ctx.rank == 1:
+            other_copy[0] = torch.where(
+                other_copy[0] == 0, 1, torch.where(other_copy[0] == 1, 0, other_copy[0])
+            )
+        cases = (
+            ("shape", new[:1]), ("range", out_of_range), ("dropped", dropped), ("ranks_differ", other_copy),
+            ("float", new.to(torch.float32) + 0.5),
+        )  # fmt: skip
+        for name, bad in cases:
             try:
                 install_initial_placement(state, mc, bad)
             except ValueError as e:

@@ -41,6 +41,13 @@ def test_install_moves_every_slot_commits_upstreams_maps_and_the_policy_starts_f
                 "initial placement layer 1 holds no slot of logical expert 5: every logical expert needs at "
                 "least one"
             ),
+            # decided alike on both ranks, though only rank 1's copy differs
+            "ranks_differ": (
+                "initial placement differs between EP ranks (EP ranks [0]: a (2, 68) map; EP ranks [1]: a "
+                "(2, 68) map, the values differing where the shapes agree): every rank must install the same "
+                "placement (the same file on every node)"
+            ),
+            "float": "initial placement has dtype torch.float32: every slot must hold an integer expert id",
         }
         before = r["after_refusals"]
         assert torch.equal(before["map"], r["initial"])

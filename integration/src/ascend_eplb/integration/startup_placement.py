@@ -29,13 +29,16 @@ def attach_startup_install(bus: Any, placement: Any) -> None:
 
     At the first :class:`~ascend_eplb.control.bus.RegistrationEvent` (every rank, same order; the served
     model, MoE drafts being refused at start-up: rule ``speculative-moe-draft``), before anything moves:
-    the facts of upstream's state (L and P of ``physical_to_logical_map``, E, the EP size) are compared with
-    the placement's; then :func:`ascend_eplb.control.initial_placement.install_initial_placement` moves the
-    weights and commits the maps through upstream's transaction.
+    every EP rank must have read the same placement (each reads its own copy of the file:
+    ``check_ranks_agree``, one collective); the facts of upstream's state (L and P of
+    ``physical_to_logical_map``, E, the EP size) are compared with the placement's; then
+    :func:`ascend_eplb.control.initial_placement.install_initial_placement` moves the weights and commits
+    the maps through upstream's transaction.
 
     Raises (from the registration, on every rank alike):
-        EplbConfigError: the placement was made for another model or layout (every differing fact with
-            the file's value and the model's); rule ``initial-placement``.
+        EplbConfigError: the EP ranks read different placements, or the placement was made for another
+            model or layout (every differing fact with the file's value and the model's); rule
+            ``initial-placement``.
     """
     from ascend_eplb.control.bus import RegistrationEvent
 
@@ -46,8 +49,12 @@ def attach_startup_install(bus: Any, placement: Any) -> None:
             return
         from vllm.distributed.parallel_state import get_ep_group
 
-        from ascend_eplb.control.initial_placement import install_initial_placement
+        from ascend_eplb.control.initial_placement import check_ranks_agree, install_initial_placement
 
+        try:  # before any rank-local refusal: every rank takes part in the one collective
+            check_ranks_agree(placement.physical_to_logical_map)
+        except ValueError as e:
+            raise EplbConfigError([Violation("initial-placement", f"{placement.source}: {e}")]) from None
         state = event.controller.state
         model_state = state.model_states[event.model_config.compute_hash()]
         num_layers, num_physical = (int(d) for d in model_state.physical_to_logical_map.shape)

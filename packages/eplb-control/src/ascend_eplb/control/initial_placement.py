@@ -28,6 +28,7 @@ the rearrangement needs none and moves each expert the same way the first rearra
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +38,12 @@ import torch
 from ascend_eplb.control import upstream
 from ascend_eplb.control.bus import Event
 
-__all__ = ["InitialPlacementEvent", "check_upstream_install_signatures", "install_initial_placement"]
+__all__ = [
+    "InitialPlacementEvent",
+    "check_ranks_agree",
+    "check_upstream_install_signatures",
+    "install_initial_placement",
+]
 
 
 def check_upstream_install_signatures() -> None:
@@ -90,8 +96,10 @@ def install_initial_placement(
         the :class:`InitialPlacementEvent`, also published on ``state.bus`` when the state has one.
 
     Raises:
-        ValueError: the map's shape is not upstream's ``(L, P)``, an id is outside ``[0, E)``, or a layer
-            drops a logical expert (naming the layer and the values; checked before anything moves).
+        ValueError: the EP ranks were given different maps (:func:`check_ranks_agree`, on every rank
+            alike); the map is not of integers, its shape is not upstream's ``(L, P)``, an id is outside
+            ``[0, E)``, or a layer drops a logical expert (naming the layer and the values; checked before
+            anything moves).
         RuntimeError: the async worker already started or a rearrangement is in flight (nothing moved);
             an upstream function called here changed signature.
     """
@@ -100,10 +108,11 @@ def install_initial_placement(
     from vllm.distributed.eplb import rebalance_execute
     from vllm.distributed.parallel_state import get_ep_group
 
+    check_ranks_agree(physical_to_logical_map)
     model_state = state.model_states[model_config.compute_hash()]
     old = model_state.physical_to_logical_map
     num_logical = int(model_state.logical_to_physical_map.shape[1])
-    new = torch.as_tensor(physical_to_logical_map, dtype=old.dtype, device=torch.device("cpu"))
+    new = _integer_map(physical_to_logical_map).to(old.dtype)
     _check_map(new, tuple(old.shape), num_logical)
     if getattr(state, "async_worker", None) is not None or model_state.rebalanced:
         raise RuntimeError(
@@ -127,6 +136,62 @@ def install_initial_placement(
     if bus is not None:
         bus.publish(event)
     return event
+
+
+def check_ranks_agree(physical_to_logical_map: Sequence[Sequence[int]] | torch.Tensor) -> None:
+    """Raise on every EP rank alike unless every EP rank holds the same placement (each reads its own
+    copy of the file: a stale copy on one node would install another placement there, and the transfer
+    would hang or serve maps that differ per rank).
+
+    One ``all_gather`` over the EP CPU group (Gloo) of a 4-int64 digest per rank: the map's two
+    dimensions and a CRC-32 of its int64 values, or ``(-1, -1, -1, kind)`` for a map that is not a 2-D
+    integer one (so a rank whose copy is malformed still takes part). Nothing when the EP group has one
+    rank. Call it on every EP rank alike, before any rank-local refusal of the same map.
+
+    Raises:
+        ValueError: the digests differ, naming which EP ranks hold which shape.
+    """
+    from torch.distributed import all_gather
+    from vllm.distributed.parallel_state import get_ep_group
+
+    group = get_ep_group()
+    if group.world_size == 1:
+        return
+    try:
+        values = _integer_map(physical_to_logical_map)
+        digest = [*values.shape, zlib.crc32(values.to(torch.int64).numpy().tobytes()), 0]
+        digest = digest if values.dim() == 2 else [-1, -1, -1, 1]
+    except ValueError:
+        digest = [-1, -1, -1, 2]
+    mine = torch.tensor(digest, dtype=torch.int64)
+    gathered = [torch.empty_like(mine) for _ in range(group.world_size)]
+    all_gather(gathered, mine, group=group.cpu_group)
+    holders: dict[tuple[int, ...], list[int]] = {}
+    for rank, theirs in enumerate(gathered):
+        holders.setdefault(tuple(theirs.tolist()), []).append(rank)
+    if len(holders) > 1:
+        described = "; ".join(
+            f"EP ranks {ranks}: " + ("not a 2-D integer map" if d[0] < 0 else f"a ({d[0]}, {d[1]}) map")
+            for d, ranks in holders.items()
+        )
+        raise ValueError(
+            f"initial placement differs between EP ranks ({described}, the values differing where the shapes "
+            "agree): every rank must install the same placement (the same file on every node)"
+        )
+
+
+def _integer_map(physical_to_logical_map: Sequence[Sequence[int]] | torch.Tensor) -> torch.Tensor:
+    """The map as a host tensor of its own integer dtype; ``ValueError`` for floats, bools, complex numbers
+    or ragged rows (``torch.as_tensor(..., dtype=int64)`` would truncate 0.9 to expert 0)."""
+    try:
+        values = torch.as_tensor(physical_to_logical_map, device=torch.device("cpu"))
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"initial placement is not a rectangular integer map: {e}") from None
+    if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+        raise ValueError(
+            f"initial placement has dtype {values.dtype}: every slot must hold an integer expert id"
+        )
+    return values
 
 
 def _check_map(new: torch.Tensor, shape: tuple[int, ...], num_logical: int) -> None:
