@@ -89,6 +89,17 @@ def test_every_patch_of_the_process_is_in_the_one_registry():
     }
 
 
+def test_a_patch_claimed_by_two_owners_is_refused_naming_it():
+    # The registry keyed its patches by name: a second owner's patch of the same name silently replaced the
+    # first, which was then never installed.
+    from ascend_eplb.control import host_adaptation
+
+    first = host_adaptation.PATCHES[0]
+    with pytest.raises(RuntimeError, match=rf"patches claimed twice \['{first.name}'\]$"):
+        patches._in_surface_order(patches.PATCHES, (first,))
+    assert patches._in_surface_order(patches.PATCHES) == patches.PATCHES
+
+
 def test_the_registry_is_what_the_process_really_replaces(clean):
     """apply_patches() rebinds exactly the registry's bindings and nothing else in torch and vLLM: every
     module global and class attribute of every loaded torch/vLLM module (about 175,000) is compared

@@ -117,16 +117,19 @@ def _in_surface_order(*owned: tuple[Patch, ...]) -> tuple[Patch, ...]:
     """The owners' patches in the order of :data:`ascend_eplb.control.upstream.PATCHES`.
 
     Raises:
-        RuntimeError: a row of the surface has no patch among ``owned``, or a patch has no row.
+        RuntimeError: a row of the surface has no patch among ``owned``, a patch has no row, or two
+            patches claim one name (the second would silently replace the first).
     """
+    names = [patch.name for group in owned for patch in group]
     by_name = {patch.name: patch for group in owned for patch in group}
     rows = [entry.name for entry in upstream.PATCHES]
     missing = [name for name in rows if name not in by_name]
     extra = sorted(set(by_name) - set(rows))
-    if missing or extra:
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if missing or extra or twice:
         raise RuntimeError(
             f"the registry's patches and the rows of ascend_eplb.control.upstream.PATCHES differ: rows "
-            f"without a patch {missing}, patches without a row {extra}"
+            f"without a patch {missing}, patches without a row {extra}, patches claimed twice {twice}"
         )
     return tuple(by_name[name] for name in rows)
 
