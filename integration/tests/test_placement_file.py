@@ -320,3 +320,23 @@ def test_placement_from_map_refuses_what_it_cannot_serve(tmp_path):
         "  - layer 1: 3 slots, must be num_physical_experts=4\n"
         "  - layer 0: logical expert(s) [3] hold no slot (1 of 4); every logical expert needs at least one"
     )
+
+
+def test_a_placement_file_is_written_whole_or_not_at_all(tmp_path):
+    placement = pf.placement_from_map(ROWS, num_logical_experts=4, num_ranks=2)
+    good = tmp_path / "placement.json"
+    pf.write_placement(good, placement)
+    before = good.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["placement.json"]  # no temporary left beside it
+    # A write that fails (here: the target is a folder) leaves what was there and no temporary file.
+    folder = tmp_path / "taken"
+    folder.mkdir()
+    (folder / "x").write_text("kept")
+    with pytest.raises(ValueError, match=rf"^{folder}: cannot write the placement file \("):
+        pf.write_placement(folder, placement)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["placement.json", "taken"]
+    assert (folder / "x").read_text() == "kept"
+    # Rewriting a file replaces it whole.
+    pf.write_placement(good, pf.placement_from_map([ROWS[1], ROWS[0]], num_logical_experts=4, num_ranks=2))
+    assert good.read_bytes() != before
+    assert pf.read_placement(good).physical_to_logical_map == (tuple(ROWS[1]), tuple(ROWS[0]))

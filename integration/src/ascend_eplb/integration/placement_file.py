@@ -546,14 +546,24 @@ def dumps(placement: Placement, provenance: Mapping[str, Any] | None = None) -> 
 def write_placement(
     path: str | os.PathLike[str], placement: Placement, provenance: Mapping[str, Any] | None = None
 ) -> None:
-    """Write ``placement`` as a version-1 placement file (:func:`dumps`) at ``path``.
+    """Write ``placement`` as a version-1 placement file (:func:`dumps`) at ``path``, whole or not at all:
+    into a temporary file beside it, flushed to disk, then renamed over ``path`` (a crash or a full disk
+    never leaves a truncated file, nor destroys the file a server is configured with).
 
     Raises:
-        ValueError: the file cannot be written (naming it and why).
+        ValueError: the file cannot be written (naming it and why; ``path`` is unchanged then).
     """
+    target = Path(path)
+    text = dumps(placement, provenance)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        Path(path).write_text(dumps(placement, provenance), encoding="utf-8")
+        with open(temporary, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, target)
     except OSError as e:
+        temporary.unlink(missing_ok=True)
         raise ValueError(f"{path}: cannot write the placement file ({e.strerror or e})") from None
 
 
