@@ -340,3 +340,28 @@ def test_a_placement_file_is_written_whole_or_not_at_all(tmp_path):
     pf.write_placement(good, pf.placement_from_map([ROWS[1], ROWS[0]], num_logical_experts=4, num_ranks=2))
     assert good.read_bytes() != before
     assert pf.read_placement(good).physical_to_logical_map == (tuple(ROWS[1]), tuple(ROWS[0]))
+
+
+def test_an_events_file_appended_by_two_runs_gives_the_last_runs_placement_only(tmp_path):
+    # The writer appends: run 2 (its steps start again at 0) committed layer 0 only; run 1's commit of
+    # layer 1 is not a placement run 2 ever served, so layer 1 has none (it was taken from run 1).
+    run_1 = [
+        {**WINDOW, "step": 3},
+        {"event": "commit", "model": "m", "rearrangement": 1, "layer": 0, "placement": ROWS[0], "step": 4},
+        {"event": "commit", "model": "m", "rearrangement": 1, "layer": 1, "placement": ROWS[1], "step": 5},
+    ]
+    run_2 = [
+        {**WINDOW, "step": 3},
+        {"event": "commit", "model": "m", "rearrangement": 1, "layer": 0, "placement": ROWS[1], "step": 4},
+    ]
+    assert pf.read_placement(_events(tmp_path, run_1, "one.jsonl")).physical_to_logical_map == tuple(
+        tuple(r) for r in ROWS
+    )
+    assert _refusal(_events(tmp_path, run_1 + run_2, "two.jsonl")) == (
+        "MoE layer(s) [1] of 2 have no committed placement in the file (no rearrangement completed while it "
+        "was recorded, and the run did not start from a placement file)"
+    )
+    both = _events(
+        tmp_path, [*run_1, *run_2, {**run_2[1], "layer": 1, "placement": ROWS[0], "step": 5}], "b.jsonl"
+    )
+    assert pf.read_placement(both).physical_to_logical_map == (tuple(ROWS[1]), tuple(ROWS[0]))

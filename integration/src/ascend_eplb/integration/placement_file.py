@@ -445,7 +445,16 @@ def _from_events(source: Path) -> Placement:
     rows: dict[int, list[Any]] = {}
     last = "no commit"
     unplaced_commits = 0
+    previous_step = None
     for number, record in records:
+        step = record.get("step")
+        if is_int(step):
+            if previous_step is not None and step < previous_step:
+                # The writer appends: a step counter that starts again is the next run's first record.
+                # Only the last run's placement is served; an earlier run's commits are not its own.
+                model, facts, rows = None, dict.fromkeys(FACTS), {}
+                last, unplaced_commits = "no commit", 0
+            previous_step = step
         kind = record["event"]
         if kind not in ("window", "commit", "initial_placement"):
             continue
