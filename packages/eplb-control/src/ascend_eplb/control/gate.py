@@ -21,7 +21,9 @@ An unchanged placement moves nothing through upstream's transaction: ``transfer_
 or receive for a slot whose expert stays (``move_to_buffer``: ``is_unchanged``), and the per-layer
 commits write the same maps. The decision is a pure function of the window, the committed placement and
 the settings (float64 host arithmetic in a fixed order), so every rank decides alike with no collective.
-The gate costs the serving thread nothing: it runs where upstream runs the policy.
+The gate runs where upstream runs the policy: in asynchronous mode (the only mode serving accepts) it
+costs the serving thread nothing; in synchronous mode its two balancedness passes run inside
+``EplbState.rearrange`` on the runner thread, beside the policy.
 
 The decision reaches the runner thread through a :class:`DecisionChannel` (a lock-guarded queue the
 worker puts into, in the order it calls the policy: the state's models in registration order); the
@@ -89,8 +91,8 @@ def decide(
         planned = float(balancedness(weight, new, num_ranks).mean())
         return new, PlacementDecision(settings.policy, None, None, planned, None)
     if not bool((torch.as_tensor(weight) > 0).any()):
-        # Never reached through AscendEplbState.rearrange, which skips such a window on every rank
-        # before upstream all-reduces it; the same reason if a caller hands one over.
+        # A model without load while another model of the state has some (AscendEplbState.rearrange
+        # skips a window only when no model of any rank recorded load), or a caller's all-zero window.
         return old.clone(), PlacementDecision(settings.policy, "no_load", None, None, 0)
     before = float(balancedness(weight, old, num_ranks).mean())
     target = settings.target_balancedness
