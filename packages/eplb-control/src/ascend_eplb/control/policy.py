@@ -212,10 +212,8 @@ def _check_policy_inputs(
     return load, placement
 
 
-def _follows_node_grouping(
-    placement: np.ndarray, num_groups: int, num_nodes: int, num_logical: int
-) -> np.ndarray:
-    """bool ``(L,)``: the filled slots of each expert group lie on one node."""
+def _group_presence(placement: np.ndarray, num_groups: int, num_nodes: int, num_logical: int) -> np.ndarray:
+    """bool ``(L, G, nodes)``: whether a filled slot of each expert group lies on each node."""
     num_layers, num_physical = placement.shape
     filled = placement >= 0
     groups = np.where(filled, placement, 0) // (num_logical // num_groups)
@@ -223,20 +221,21 @@ def _follows_node_grouping(
     rows = np.broadcast_to(np.arange(num_layers)[:, None], placement.shape)
     present = np.zeros((num_layers, num_groups, num_nodes), dtype=bool)
     present[rows[filled], groups[filled], nodes[filled]] = True
+    return present
+
+
+def _follows_node_grouping(
+    placement: np.ndarray, num_groups: int, num_nodes: int, num_logical: int
+) -> np.ndarray:
+    """bool ``(L,)``: the filled slots of each expert group lie on one node."""
+    present = _group_presence(placement, num_groups, num_nodes, num_logical)
     return (present.sum(axis=2) <= 1).all(axis=1)
 
 
 def _group_nodes(placement: np.ndarray, num_groups: int, num_nodes: int, num_logical: int) -> np.ndarray:
     """int64 ``(L, G)``: the node of each expert group's first filled slot (its node where the layer
     follows the node grouping)."""
-    num_layers, num_physical = placement.shape
-    filled = placement >= 0
-    groups = np.where(filled, placement, 0) // (num_logical // num_groups)
-    nodes = np.broadcast_to(np.arange(num_physical) // (num_physical // num_nodes), placement.shape)
-    rows = np.broadcast_to(np.arange(num_layers)[:, None], placement.shape)
-    present = np.zeros((num_layers, num_groups, num_nodes), dtype=bool)
-    present[rows[filled], groups[filled], nodes[filled]] = True
-    return present.argmax(axis=2)
+    return _group_presence(placement, num_groups, num_nodes, num_logical).argmax(axis=2)
 
 
 def _node_balancedness(load: np.ndarray, group_node: np.ndarray, num_nodes: int) -> np.ndarray:
