@@ -159,3 +159,14 @@ def test_settings_name_each_bad_value_and_rule_all_at_once():
             PolicySettings(target_balancedness=bad)
     with pytest.raises(ValueError, match=r"min_balancedness_gain=1000\d+ must be a number in \[0, 1\)"):
         PolicySettings(min_balancedness_gain=10**400)  # an int too large for a float: refused, not raised
+
+
+def test_policy_settings_of_a_value_is_the_one_check_the_controller_and_the_state_make():
+    from ascend_eplb.control.policy_config import PolicySettings
+
+    given = PolicySettings(policy="migration_aware", min_balancedness_gain=0.01)
+    assert PolicySettings.of(given) is given
+    assert PolicySettings.of(None) == PolicySettings()
+    with pytest.raises(TypeError, match=r"^policy_settings=\{'policy': 'default'\} must be an "
+                       r"ascend_eplb\.control\.policy_config\.PolicySettings or None$"):  # fmt: skip
+        PolicySettings.of({"policy": "default"})

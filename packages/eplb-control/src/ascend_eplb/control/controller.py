@@ -95,12 +95,7 @@ class AscendEPLBController(EPLBController):
         policy_settings: PolicySettings | None = None,
     ) -> None:
         phase = validate_phase(load_collection_phase)
-        if policy_settings is not None and not isinstance(policy_settings, PolicySettings):
-            raise TypeError(
-                f"policy_settings={policy_settings!r} must be an ascend_eplb.control.policy_config."
-                "PolicySettings or None"
-            )
-        self.policy_settings = PolicySettings() if policy_settings is None else policy_settings
+        self.policy_settings = PolicySettings.of(policy_settings)
         """The placement policy and gain gate of the state :meth:`prepare_load` builds."""
         check_upstream_controller_signatures()
         super().__init__(parallel_config, device)

@@ -140,6 +140,22 @@ class PolicySettings:
         if errors:
             raise ValueError("; ".join(errors))
 
+    @classmethod
+    def of(cls, value: object) -> PolicySettings:
+        """``value`` itself, or the defaults (upstream's policy, gate off) for None.
+
+        Raises:
+            TypeError: ``value`` is neither a :class:`PolicySettings` nor None (naming it).
+        """
+        if value is None:
+            return cls()
+        if not isinstance(value, cls):
+            raise TypeError(
+                f"policy_settings={value!r} must be an ascend_eplb.control.policy_config.PolicySettings "
+                "or None"
+            )
+        return value
+
     @property
     def gate_on(self) -> bool:
         """Whether either gate check is on."""

@@ -243,12 +243,7 @@ class AscendEplbState(EplbState):
         bus: EventBus | None = None,
         policy_settings: PolicySettings | None = None,
     ) -> None:
-        settings = PolicySettings() if policy_settings is None else policy_settings
-        if not isinstance(settings, PolicySettings):
-            raise TypeError(
-                f"policy_settings={policy_settings!r} must be an ascend_eplb.control.policy_config."
-                "PolicySettings or None"
-            )
+        settings = PolicySettings.of(policy_settings)
         check_upstream_state_signatures()
         if not commit_hooks_installed():
             raise RuntimeError(
