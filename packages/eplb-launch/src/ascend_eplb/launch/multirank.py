@@ -11,6 +11,11 @@ tests need ranks and ``ascend-eplb simulate`` call :func:`run_ranks`; none keeps
   parallel pytest-xdist workers cannot collide.
 * Each rank runs with one torch thread, ``GLOO_SOCKET_IFNAME=lo`` and ``VLLM_TARGET_DEVICE=cpu`` (the
   last must be set before vLLM is imported on a host without an accelerator).
+* A rank first moves every object it inherited from the fork server (the preloaded modules) into the
+  garbage collector's permanent generation (``gc.freeze()``, as the ``gc`` documentation advises for
+  processes forked without exec): its collections then never traverse vLLM's and torch's millions of
+  module objects nor write to their pages. vLLM's loader calls ``gc.collect()`` twice per model load,
+  each about 3 s of CPU in a rank forked from a fork server holding vLLM before (py-spy, the main job).
 * The whole world has a deadline, counted from the call (fork-server start-up and preloads
   included). When a rank fails, the others get ``grace_s`` to finish (they may be blocked in a
   collective with the failed rank) and are then killed. :class:`RankFailureError` lists the exit code and
@@ -33,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import gc
 import hashlib
 import importlib
 import importlib.util
@@ -247,6 +253,7 @@ def _rank_main(
     result_file: str,
     launcher_pid: int,
 ) -> None:
+    gc.freeze()  # what the fork server imported: never collected, never traversed (module docstring)
     _die_with(launcher_pid)
     os.environ.update({k: v for k, v in RANK_ENV.items() if k not in os.environ})
     try:
