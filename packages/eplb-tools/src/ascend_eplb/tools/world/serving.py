@@ -464,7 +464,6 @@ class ServingWorker:
         self.dp_rank, self.tp_rank = self.layout.dp_rank(ctx.rank), self.layout.tp_rank(ctx.rank)
         os.environ["ASCEND_EPLB"] = "1"
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
-        os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
         import vllm.plugins
 
         vllm.plugins.load_general_plugins()

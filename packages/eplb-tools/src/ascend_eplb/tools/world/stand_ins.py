@@ -53,6 +53,16 @@ facts measured in ``notes/real-models-on-cpu.md``), each checked against HF tran
    its group: ``all_gather`` of the rows padded to the largest size, then the real rows of each rank
    concatenated in rank order; ``all_reduce`` (sum) of the whole tensor, then this rank's rows. Any
    other communicator gets upstream's method unchanged.
+6. **No compilation of vLLM's helper functions** (:func:`install_stand_ins`): vLLM decorates a few
+   standalone functions with ``torch.compile(backend=current_platform.simple_compile_backend)``, among
+   them ``VocabParallelEmbedding``'s ``get_masked_input_and_mask`` (every forward at TP > 1) and the
+   grouped top-k router. The CPU platform's backend is ``"inductor"``: its first call generated and
+   built C++ on every rank (about 6 s of CPU per rank and model world, profiled with py-spy on the
+   main job). vLLM Ascend's ``NPUPlatform`` sets ``simple_compile_backend = "eager"`` ("Disable
+   torch.compile()"), so on an NPU these functions run their eager ops. The decorators took the backend
+   when vLLM was imported (in the launcher's fork server, before any stand-in), so the stand-in switches
+   TorchDynamo off for the process (``torch._dynamo.config.disable``, read at every call): the same
+   eager ops, without the trace. The models themselves run eagerly anyway (``enforce_eager=True``).
 
 :func:`install_stand_ins` installs every process-wide stand-in (before a model is built);
 :func:`install_model_stand_ins` those of one built model. This module imports vLLM inside its
@@ -527,8 +537,8 @@ def install_attention_stand_ins(model: torch.nn.Module) -> dict[str, int]:
 def install_stand_ins(*, quantized: bool = False, dispatch: str = "gather") -> None:
     """Install every process-wide stand-in, before a model is built (idempotent).
 
-    The 16-bit linear patch and the variable-size collectives (:func:`stand_in_patches`), the torch
-    expert method
+    The 16-bit linear patch and the variable-size collectives (:func:`stand_in_patches`), no
+    compilation of vLLM's helper functions (stand-in 6 of the module docstring), the torch expert method
     (:func:`register_torch_moe_method`) and, for a checkpoint with an msModelSlim description
     (``quantized``), the ``"ascend"`` quantization stand-in
     (``quant_method.register_ascend_quantization``). ``dispatch`` (:data:`MOE_DISPATCHES`) is the torch
@@ -547,6 +557,9 @@ def install_stand_ins(*, quantized: bool = False, dispatch: str = "gather") -> N
             "dispatch='all-to-all' stands in for float32 experts only, not a quantized checkpoint"
         )
     stand_in_patches().apply()
+    import torch._dynamo
+
+    torch._dynamo.config.disable = True  # vLLM Ascend's simple_compile_backend = "eager"
     register_torch_moe_method().dispatch = dispatch
     if quantized:
         from ascend_eplb.tools.world.quant_method import register_ascend_quantization
