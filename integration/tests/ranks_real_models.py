@@ -43,6 +43,10 @@ def real_model_checks(
     report["logits_off"] = [rm.forward(model, vc, p, pos) for p, pos in zip(prompts, positions, strict=True)]
     report["forward_off_s"] = (time.monotonic() - t1) / len(prompts)
     report["moe_calls_per_forward"] = (method.calls - calls_before) / len(prompts)
+    # TorchDynamo graphs compiled by the forwards (vLLM's torch.compile'd helpers, stand-in 6: none).
+    from torch._dynamo.utils import counters
+
+    report["graphs_compiled"] = counters["stats"]["unique_graphs"]
     # The router's selections, per MoE layer call: int64 (T, K) ids in [0, E) (EPLB off: P = E).
     report["selections"] = method.recorded_ids
     method.recorded_ids = None

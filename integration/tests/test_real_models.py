@@ -70,6 +70,9 @@ def test_real_model_on_two_ranks_matches_hf_and_loads_every_slot(arch, tmp_path)
             else {"Attention": 2, "MLAAttention": 0}
         )
         assert r["attention_stand_ins"] == want_attention
+        # vLLM's torch.compile'd helpers (get_masked_input_and_mask at TP = 2, ...) ran their eager ops,
+        # as under vLLM Ascend's simple_compile_backend = "eager": no graph was compiled.
+        assert r["graphs_compiled"] == 0
         # EP=2: rank r's slots are [r * p, (r + 1) * p) (expert_map: global -> local, -1 elsewhere).
         local_off = [-1] * e
         local_off[rank * p_off : (rank + 1) * p_off] = range(p_off)
