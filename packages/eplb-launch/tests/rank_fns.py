@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 
 import torch
@@ -40,3 +41,13 @@ def wait_for_dead_peer(ctx: RankContext) -> None:
     if ctx.rank == 1:
         raise RuntimeError("rank one died before the all_reduce")
     dist.all_reduce(torch.ones(1))
+
+
+def collected_objects(ctx: RankContext) -> tuple[bool, bool]:
+    """Whether the garbage collector tracks (would traverse) a module inherited from the fork server,
+    and an object this rank made."""
+    import multiprocessing
+
+    made_here = [[ctx.rank]]  # a list is always tracked (a dict of atoms is not)
+    tracked = {id(obj) for obj in gc.get_objects()}
+    return id(multiprocessing.__dict__) in tracked, id(made_here) in tracked

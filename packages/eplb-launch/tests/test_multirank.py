@@ -14,6 +14,12 @@ def test_results_of_every_rank_come_back(tmp_path):
     assert run_ranks(rank_fns.allreduce_rank, world_size=3, tmp_path=tmp_path, args=(10,)) == [33, 33, 33]
 
 
+def test_a_rank_never_collects_what_it_inherited_from_the_fork_server(tmp_path):
+    # gc.freeze() at the rank's start: the fork server's modules are in the permanent generation (a
+    # collection neither traverses them nor writes to their pages); the rank's own objects are collected.
+    assert run_ranks(rank_fns.collected_objects, world_size=2, tmp_path=tmp_path) == [(False, True)] * 2
+
+
 def test_exception_of_one_rank_is_surfaced_with_traceback(tmp_path):
     with pytest.raises(RankFailureError) as info:
         run_ranks(rank_fns.raise_on_rank_one, world_size=2, tmp_path=tmp_path)
