@@ -7,7 +7,7 @@ import pytest
 
 from ascend_eplb.tools import world as rm
 from ascend_eplb.tools.cli import main
-from ascend_eplb.tools.simulate.config import CHECK_DESCRIPTIONS, OUTPUT_RTOL, SimulateConfig
+from ascend_eplb.tools.simulate.config import CHECK_DESCRIPTIONS, OUTPUT_ATOL, OUTPUT_RTOL, SimulateConfig
 from ascend_eplb.tools.simulate.driver import run_simulation
 
 # The trace-replay world (--model replay): the embedded ESFT trace on synthetic w8a8_dynamic experts.
@@ -227,16 +227,17 @@ def test_unusable_sizes_output_folder_and_timeout_rejected_before_any_process(tm
 
 @pytest.mark.multirank
 def test_ranks_past_the_deadline_end_the_run_with_exit_1_naming_each_rank(tmp_path, capsys):
-    # 100000 steps (tens of ms each) cannot finish within 60 s, start-up (which the deadline covers,
-    # test_stops.py) well within it: each rank is killed at the deadline.
+    # 100000 steps (tens of ms each) cannot finish within 30 s, start-up (which the deadline covers,
+    # test_stops.py; about 7 s here, twice that with the suite's other worker busy) well within it: each
+    # rank is killed at the deadline.
     code = main(["simulate", "--model", "replay", "--ranks", "2", "--layers", "1", "--steps", "100000",
-                 "--timeout", "60",
+                 "--timeout", "30",
                  "--no-progress", "--out", str(tmp_path / "o")])  # fmt: skip
     assert code == 1
     err = capsys.readouterr().err
     assert err.startswith("ascend-eplb simulate: error: simulation failed:\n")
-    assert "--- rank 0: still running at the deadline (60 s); killed" in err
-    assert "--- rank 1: still running at the deadline (60 s); killed" in err
+    assert "--- rank 0: still running at the deadline (30 s); killed" in err
+    assert "--- rank 1: still running at the deadline (30 s); killed" in err
     assert "Traceback" not in err
     assert not (tmp_path / "o" / "report.json").exists()
 
@@ -568,13 +569,33 @@ def test_simulate_serves_quantized_experts_of_a_folder_or_a_preset(model, fmt, l
     assert report["max_output_error"] == 0.0  # top-2 on 2 ranks: bit for bit (ascend_quant's docstring)
 
 
-def test_the_reported_outputs_tolerance_is_the_one_the_world_checks():
-    # The replay world compares one quant_views kernel with itself in float32 (rank.py: OUTPUT_RTOL,
-    # whatever the format); a real model's 16-bit experts get 16 units of their roundoff.
-    assert SimulateConfig(model="replay", quant_format="bf16").outputs_rtol == OUTPUT_RTOL == 1e-5
-    assert SimulateConfig(quant_format="bf16").outputs_rtol == 16 * 2.0**-8
+@pytest.mark.multirank
+def test_the_reported_outputs_tolerance_is_the_one_the_world_checks(tmp_path):
+    """What each world compared its outputs with, as the ranks report it: the replay world compares one
+    quant_views kernel with itself in float32 (OUTPUT_RTOL, whatever the format); a real model's 16-bit
+    experts get 16 units of their roundoff (bf16: 16 x 2^-8). fp16's is the config's alone."""
+    worlds = {
+        "replay": SimulateConfig(**FAULTY, quant_format="bf16", out_dir=str(tmp_path / "replay")),
+        "real": SimulateConfig(model="qwen3-moe", quant_format="bf16", num_ranks=2, num_redundant_experts=2,
+                               batch_size=8, steps=6, window_size=1, step_interval=4, progress=False,
+                               timeout_s=240, out_dir=str(tmp_path / "real")),
+    }  # fmt: skip
+    for name, rtol in (("replay", OUTPUT_RTOL), ("real", 16 * 2.0**-8)):
+        config = worlds[name]
+        report = run_simulation(config)
+        assert report["passed"], report["first_violation"]
+        assert report["format"] == "bf16"
+        assert (
+            report["output_tolerance"]
+            == {"rtol": rtol, "atol": OUTPUT_ATOL}
+            == {"rtol": config.outputs_rtol, "atol": 1e-6}
+        )
+        worst = report["max_output_error"]
+        assert report["check_evidence"]["outputs"].endswith(
+            f"(max error {worst:.3g}, tolerance 1e-06 + {rtol:g} x max|reference|)"
+        )
+    assert OUTPUT_RTOL == 1e-5
     assert SimulateConfig(quant_format="fp16").outputs_rtol == 16 * 2.0**-11
-    assert SimulateConfig().outputs_rtol == OUTPUT_RTOL
 
 
 # The run of issue 23: a stall of 2 s cannot be judged in a run of well under 2 s of steps.
