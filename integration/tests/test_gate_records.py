@@ -80,6 +80,8 @@ def test_each_window_is_recorded_with_its_decision_figures_and_the_next_window_r
     # Window 3 (idle): no rank recorded load, no window record. Window 4 (split) realises window 2's.
     assert maps[2]["after"] == maps[2]["before"] == new
     assert [w["rearrangement"] for w in windows] == [1, 2, 3]
+    # What upstream passed its policy: the toy model's one expert group, one node (plan reads them back).
+    assert [(w["num_expert_groups"], w["num_nodes"]) for w in windows] == [(1, 1)] * 3
     assert rearrangements[:3] == [
         {"event": "rearrangement", "model": MODEL, "rearrangement": 1, "policy": "migration_aware",
          "skipped": "balanced", "balancedness_before": 1.0, "balancedness_planned": None, "experts_moved": 0,

@@ -326,7 +326,7 @@ def test_export_expert_map_reads_back_as_the_recommended_placement(tmp_path, cap
     assert data["source"]["num_redundant_experts"] == 4
 
 
-def _events_file(path, loads, *, num_ranks, num_physical_experts):
+def _events_file(path, loads, *, num_ranks, num_physical_experts, num_expert_groups=1, num_nodes=1):
     from ascend_eplb.integration.events import EventsWriter
 
     writer = EventsWriter(path)
@@ -334,7 +334,8 @@ def _events_file(path, loads, *, num_ranks, num_physical_experts):
         writer.write({
             "event": "window", "time": 0.0, "step": 4 * i, "model": "m", "rearrangement": i, "load": load,
             "balancedness": 0.5, "balancedness_eplb_off": 0.5, "num_ranks": num_ranks,
-            "num_physical_experts": num_physical_experts,
+            "num_physical_experts": num_physical_experts, "num_expert_groups": num_expert_groups,
+            "num_nodes": num_nodes,
         })  # fmt: skip
     writer.close()
     return path
@@ -390,6 +391,77 @@ def test_export_from_an_events_file_is_for_its_recorded_configuration(tmp_path, 
     )  # fmt: skip
     assert cli.main(["plan", str(old), "--ranks", "4", "--export-expert-map", str(out)]) == 0
     assert f"num_redundant_experts={result.recommended} (global policy)" in capsys.readouterr().out
+
+
+def test_plan_on_an_events_file_uses_its_recorded_expert_groups_and_nodes(tmp_path, capsys):
+    """The events file records the expert groups and nodes upstream passed its policy: plan uses them
+    without --expert-groups/--nodes; a --expert-groups that differs is refused naming both values, an
+    equal one is accepted; a --nodes that differs is a what-if with a warning; an older file (no such
+    fields) plans with 1 and 1. E = 4 in 2 groups ({0, 1}, {2, 3}), 4 ranks on 2 nodes, 4 redundant."""
+    loads = [[[9, 1, 3, 3], [1, 1, 8, 2]]]
+    events = _events_file(tmp_path / "events.jsonl", loads, num_ranks=4, num_physical_experts=8,
+                          num_expert_groups=2, num_nodes=2)  # fmt: skip
+    load = np.array(loads[0], dtype=np.float64)
+    assert plan.recorded_grouping(events) == (2, 2)
+    argv = ["plan", str(events), "--ranks", "4", "--redundant-experts", "4", "--json"]
+
+    def planned(*extra):
+        assert cli.main([*argv, *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    def expected(groups, nodes):
+        result = plan.plan(load, num_ranks=4, redundancy=[4], num_nodes=nodes, num_expert_groups=groups)
+        return json.loads(json.dumps(result.to_json()))
+
+    grouped = expected(2, 2)
+    assert (grouped["num_expert_groups"], grouped["num_nodes"], grouped["policy"]) == (2, 2, "hierarchical")
+    # Upstream's hierarchical policy keeps each group's replicas on one node: its placement, not global's.
+    assert grouped["levels"][0]["physical_to_logical_map"] == [
+        [0, 0, 0, 1, 2, 2, 3, 3],
+        [0, 0, 1, 1, 2, 2, 2, 3],
+    ]
+    assert planned() == grouped
+    assert planned("--expert-groups", "2") == grouped
+    assert cli.main([*argv, "--expert-groups", "1"]) == 2
+    assert capsys.readouterr() == (
+        "",
+        f"ascend-eplb plan: error: expert groups=1: {events} records num_expert_groups=2 (the model's, which "
+        "upstream passed its policy); give --expert-groups 2 or leave it out\n",
+    )
+    # The policy comparison is refused alike, before any policy runs.
+    assert cli.main([*argv, "--policies", "default", "--expert-groups", "4"]) == 2
+    assert "expert groups=4: " in capsys.readouterr().err
+    # --nodes is the deployment's: a what-if, planned with the groups recorded (one node: upstream's
+    # groups still order its packing, so the placement is neither the grouped one nor global's).
+    with pytest.warns(UserWarning, match="records 2 node") as caught:
+        one_node = planned("--nodes", "1")
+    assert [str(w.message) for w in caught] == [f"{events} records 2 node(s); planned for --nodes 1"]
+    assert one_node == expected(2, 1)
+    assert one_node["levels"][0]["physical_to_logical_map"][1] == [0, 3, 2, 2, 2, 2, 2, 1]
+    assert expected(1, 1)["levels"][0]["physical_to_logical_map"][1] == [3, 1, 2, 2, 2, 2, 2, 0]
+    # Recorded nodes that do not divide other --ranks: refused, naming them.
+    assert cli.main(["plan", str(events), "--ranks", "3", "--redundant-experts", "2"]) == 2
+    assert capsys.readouterr().err == (
+        f"ascend-eplb plan: error: ranks=3: {events} records num_nodes=2, which does not divide them; give "
+        "--nodes\n"
+    )
+    # The policy comparison uses them too (the level: the recorded P = 8).
+    assert cli.main(["plan", str(events), "--ranks", "4", "--policies", "default", "--json"]) == 0
+    compared = json.loads(capsys.readouterr().out)
+    direct = plan.compare_policies(
+        [load], num_ranks=4, num_redundant_experts=4, num_nodes=2, num_expert_groups=2, policies=["default"]
+    ).to_json()
+    assert (compared["num_expert_groups"], compared["num_nodes"]) == (2, 2)
+    assert compared["runs"] == json.loads(json.dumps(direct["runs"]))
+    # A file recorded before these fields: 1 and 1, as the options' defaults.
+    old = tmp_path / "old.jsonl"
+    old.write_text("\n".join(
+        json.dumps({k: v for k, v in json.loads(line).items() if k not in ("num_expert_groups", "num_nodes")})
+        for line in events.read_text().splitlines()
+    ) + "\n")  # fmt: skip
+    assert plan.recorded_grouping(old) == (None, None)
+    assert cli.main(["plan", str(old), "--ranks", "4", "--redundant-experts", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == expected(1, 1)
 
 
 def test_costs_at_the_model_size(tmp_path, capsys):

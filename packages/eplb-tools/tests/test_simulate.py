@@ -750,7 +750,8 @@ def _events(path):
 
 def _assert_records_are_the_events_and_plans_decisions(report, out, policy, gain, target, groups=1):
     """``groups``: the model's expert groups, which upstream passes its policy (``num_expert_groups``: the
-    DeepSeek-V3 preset's ``n_group`` is 4; the replay world's toy model has 1)."""
+    DeepSeek-V3 preset's ``n_group`` is 4; the replay world's toy model has 1): every window record says
+    so (and one node), and plan takes them from the file."""
     from ascend_eplb.integration.events import read_windows
     from ascend_eplb.tools import plan
 
@@ -776,9 +777,14 @@ def _assert_records_are_the_events_and_plans_decisions(report, out, policy, gain
         policy, gain, target,
     )  # fmt: skip
     windows = [w.numpy() for w in read_windows(out / "events.jsonl")]
+    grouping = {(e["num_expert_groups"], e["num_nodes"]) for e in events if e["event"] == "window"}
+    assert grouping == {(groups, 1)}
+    recorded = plan.planned_grouping(out / "events.jsonl", num_ranks=report["ranks"])
+    assert recorded == (groups, 1)
     offline = plan.compare_policies(
         windows, num_ranks=report["ranks"], num_redundant_experts=report["num_redundant_experts"],
-        num_expert_groups=groups, policies=[policy], min_balancedness_gain=gain, target_balancedness=target,
+        num_expert_groups=recorded[0], num_nodes=recorded[1], policies=[policy], min_balancedness_gain=gain,
+        target_balancedness=target,
     ).run(policy, "given" if gain or target is not None else "off")  # fmt: skip
     for record, window in zip(records, offline.windows, strict=False):  # the last window may be in flight
         assert record["rearrangement"] == window.window
@@ -841,7 +847,7 @@ REAL_GATED = dict(num_ranks=2, num_redundant_experts=2, steps=48, window_size=2,
 
 @pytest.mark.multirank
 def test_the_migration_aware_policy_and_the_gate_on_the_real_model_move_fewer_bytes_than_the_default(
-    tmp_path,
+    tmp_path, capsys
 ):
     """vLLM's DeepseekV3ForCausalLM (the preset, routing skewed like the ESFT trace), 2 ranks, 4
     rearrangements: upstream's default policy, then the migration-aware policy with the gate, on the same
@@ -882,6 +888,26 @@ def test_the_migration_aware_policy_and_the_gate_on_the_real_model_move_fewer_by
     assert gated["experts_moved"] == 10
     assert default["experts_moved"] > 400
     assert gated["bytes_moved"] * 40 < default["bytes_moved"]
+    # `plan` on the grouped model's events file needs no --expert-groups: the file's 4 are the ones used
+    # (the gated run's decisions, as above); a --expert-groups other than 4 is refused naming both.
+    events = tmp_path / "gated" / "events.jsonl"
+    argv = ["plan", str(events), "--ranks", "2", "--policies", "migration_aware", "--min-balancedness-gain",
+            "0.07", "--target-balancedness", "0.95", "--json"]  # fmt: skip
+    capsys.readouterr()
+    assert main(argv) == 0
+    compared = json.loads(capsys.readouterr().out)
+    assert (compared["num_expert_groups"], compared["num_nodes"]) == (4, 1)
+    given = next(r for r in compared["runs"] if r["gate"] == "given")
+    assert [(w["skipped"], w["experts_moved"]) for w in given["windows"]] == [
+        (r["skipped"], r["experts_moved"]) for r in ours
+    ]
+    assert main([*argv, "--expert-groups", "4"]) == 0
+    assert json.loads(capsys.readouterr().out) == compared
+    assert main([*argv, "--expert-groups", "1"]) == 2
+    assert capsys.readouterr().err == (
+        f"ascend-eplb plan: error: expert groups=1: {events} records num_expert_groups=4 (the model's, which "
+        "upstream passed its policy); give --expert-groups 4 or leave it out\n"
+    )
 
 
 def test_the_policy_and_gate_options_are_judged_by_start_ups_rules_before_any_process(tmp_path, capsys):

@@ -16,7 +16,11 @@ step not: the first step after start-up is 0, as in ``ascend-eplb simulate``'s `
   expert space, exactly upstream's ``last_expert_load``), ``balancedness`` (of that load under the
   placement in force when the window closed) and ``balancedness_eplb_off`` (under upstream's initial
   placement, what EPLB off would have served; both :mod:`ascend_eplb.integration.metrics`),
-  ``num_ranks`` and ``num_physical_experts`` (the configuration served: N, P);
+  ``num_ranks`` and ``num_physical_experts`` (the configuration served: N, P), ``num_expert_groups``
+  and ``num_nodes`` (what upstream passed its policy for this window, upstream ``EplbStats.num_groups``
+  and ``num_nodes``: the first model's ``num_expert_groups``, e.g. DeepSeek-V3's ``n_group``, and the
+  node count, 1 where the nodes do not divide the ranks; None if upstream kept no ``eplb_stats``). A
+  file recorded before these fields has none of them: readers take them as not recorded;
 - ``rearrangement``: what became of a closed window, one record per model: when every layer of a
   rearrangement committed, or when it was skipped (as soon as the runner thread learns it: at its first
   commit, or at once for a window without load). ``model``, ``rearrangement`` (the 1-based index of
@@ -269,6 +273,8 @@ class EventsRecorder:
                 "decision": None,
             }
             self._bytes_seen[ms.model_name] = _bytes_received(ms)
+            stats = ms.eplb_stats  # what upstream's rearrange handed its policy for this window
+            groups, nodes = (None, None) if stats is None else (stats.num_groups, stats.num_nodes)
             self._write(
                 "window",
                 model=ms.model_name,
@@ -278,6 +284,8 @@ class EventsRecorder:
                 balancedness_eplb_off=balancedness(rank_loads(window, initial, num_ranks)),
                 num_ranks=num_ranks,
                 num_physical_experts=int(old.shape[1]),
+                num_expert_groups=int(groups) if is_int(groups) else None,
+                num_nodes=int(nodes) if is_int(nodes) else None,
             )
 
     def _on_commit_event(self, event: CommitEvent) -> None:

@@ -81,8 +81,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with an events file (.jsonl): plan on the sum of its last N windows (default all)",
     )
-    pl.add_argument("--nodes", type=positive_int, default=1, help="default %(default)s")
-    pl.add_argument("--expert-groups", type=positive_int, default=1, help="default %(default)s")
+    pl.add_argument(
+        "--nodes", type=positive_int, default=None, help="default: an events file's recorded count, else 1"
+    )
+    pl.add_argument(
+        "--expert-groups",
+        type=positive_int,
+        default=None,
+        help="the model's (n_group); default: an events file's recorded count, else 1 (one that differs "
+        "from the recorded count is refused)",
+    )
     pl.add_argument(
         "--margin",
         type=float,
@@ -209,6 +217,7 @@ def _run_compare(args: argparse.Namespace) -> int:
         compare_policies,
         format_comparison,
         load_windows,
+        planned_grouping,
         recorded_configuration,
         validate_plan_args,
     )
@@ -220,6 +229,9 @@ def _run_compare(args: argparse.Namespace) -> int:
             "--window-sequences)"
         )
     windows, what = load_windows(args.load, window_sequences=args.window_sequences, last=args.last)
+    args.expert_groups, args.nodes = planned_grouping(
+        args.load, num_ranks=args.ranks, num_expert_groups=args.expert_groups, num_nodes=args.nodes
+    )
     num_experts = int(windows[0].shape[1])
     if args.redundant_experts is not None:
         if len(args.redundant_experts) != 1:
@@ -291,10 +303,19 @@ def _run_plan(args: argparse.Namespace) -> int:
     get_format(args.quant_format)
     if _compares_policies(args):
         return _run_compare(args)
-    from ascend_eplb.tools.plan import DEFAULT_MARGIN, format_plan, recorded_configuration, validate_plan_args
+    from ascend_eplb.tools.plan import (
+        DEFAULT_MARGIN,
+        format_plan,
+        planned_grouping,
+        recorded_configuration,
+        validate_plan_args,
+    )
     from ascend_eplb.tools.trace import load_load_matrix
 
     load = load_load_matrix(args.load, last=args.last)
+    args.expert_groups, args.nodes = planned_grouping(
+        args.load, num_ranks=args.ranks, num_expert_groups=args.expert_groups, num_nodes=args.nodes
+    )
     # The level an export writes: the events file's recorded configuration, unless levels are given.
     recorded = recorded_configuration(args.load) if args.export_expert_map is not None else None
     export_level = None

@@ -36,9 +36,15 @@ decided by serving's own gate function (:func:`ascend_eplb.control.gate.decide`,
 ``DefaultEplbPolicy`` or :class:`~ascend_eplb.control.policy.MigrationAwarePolicy`; the measures are
 :mod:`ascend_eplb.control.policy`'s), gate off, with the given gate, and with the gate
 :func:`recommend_gate` derives from the run. This imports vLLM (control's policy module subclasses
-upstream's): about 7 s more than the level sweep. Upstream passes its policy the model's expert groups
-(``num_expert_groups``: DeepSeek's ``n_group``), which an events file does not record: pass them as
-``num_expert_groups`` (``--expert-groups``) to reproduce a grouped model's decisions exactly.
+upstream's): about 7 s more than the level sweep.
+
+Grouping (:func:`planned_grouping`): upstream passes its policy the model's expert groups
+(``num_expert_groups``: DeepSeek's ``n_group``) and the node count (``EplbState.rearrange``), which a
+serving events file records in each ``window`` record (:func:`recorded_grouping`); ``plan`` on such a
+file plans with them, so a grouped model's decisions are reproduced without ``--expert-groups``. A given
+``--expert-groups`` that differs from the recorded one is refused (a model fact, not a what-if); a given
+``--nodes`` is a what-if (a warning names the recorded count). A file recorded before these fields, and
+any other load, plan with the given values, else 1.
 """
 
 from __future__ import annotations
@@ -73,10 +79,12 @@ __all__ = [
     "linear_placement",
     "load_windows",
     "plan",
+    "planned_grouping",
     "rank_loads",
     "recommend",
     "recommend_gate",
     "recorded_configuration",
+    "recorded_grouping",
     "sweep_levels",
     "trace_windows",
     "upstream_policy",
@@ -389,6 +397,77 @@ def recorded_configuration(path: str | Path) -> tuple[int, int] | None:
         if record.get("model") == model and is_int(p) and is_int(n):
             found = (p, n)
     return found
+
+
+def recorded_grouping(path: str | Path) -> tuple[int | None, int | None]:
+    """``(num_expert_groups, num_nodes)`` a serving events file records: what upstream passed its policy
+    (the last ``window`` record of its first model stating each; ``events`` module docstring). Each is
+    None when not recorded: not an events file (``.jsonl``), or one recorded before these fields (an
+    earlier ascend-eplb-integration).
+
+    Raises:
+        ValueError: the events file cannot be read (naming the file and the line).
+    """
+    if Path(path).suffix.lower() != ".jsonl":
+        return None, None
+    import warnings
+
+    from ascend_eplb.control.values import is_int
+    from ascend_eplb.integration.events import read_records
+
+    groups = nodes = model = None
+    with warnings.catch_warnings():  # a truncated last line: the load's reader has said so
+        warnings.simplefilter("ignore")
+        records = read_records(path)
+    for _, record in records:
+        if record["event"] != "window":
+            continue
+        model = record.get("model") if model is None else model
+        if record.get("model") != model:
+            continue
+        groups = record["num_expert_groups"] if is_int(record.get("num_expert_groups")) else groups
+        nodes = record["num_nodes"] if is_int(record.get("num_nodes")) else nodes
+    return groups, nodes
+
+
+def planned_grouping(
+    path: str | Path, *, num_ranks: int, num_expert_groups: int | None = None, num_nodes: int | None = None
+) -> tuple[int, int]:
+    """``(num_expert_groups, num_nodes)`` to plan the load of ``path`` with: the given ones (None: not
+    given), else what a serving events file records (:func:`recorded_grouping`), else 1.
+
+    The expert groups are the model's (upstream's ``num_expert_groups``, DeepSeek's ``n_group``): a given
+    value must equal the recorded one. The nodes are the deployment's: a given value other than the
+    recorded one is planned with, and a ``UserWarning`` names both.
+
+    Raises:
+        ValueError: ``num_expert_groups`` differs from the recorded value (both named), or the recorded
+            nodes do not divide ``num_ranks`` and no ``num_nodes`` is given; the events file cannot be
+            read.
+    """
+    recorded_groups, recorded_nodes = recorded_grouping(path)
+    if num_expert_groups is not None and recorded_groups is not None and num_expert_groups != recorded_groups:
+        raise ValueError(
+            f"expert groups={num_expert_groups}: {path} records num_expert_groups={recorded_groups} (the "
+            f"model's, which upstream passed its policy); give --expert-groups {recorded_groups} or leave it "
+            "out"
+        )
+    if num_expert_groups is None:
+        num_expert_groups = 1 if recorded_groups is None else recorded_groups
+    if num_nodes is None:
+        if recorded_nodes is not None and recorded_nodes >= 1 and num_ranks % recorded_nodes:
+            raise ValueError(
+                f"ranks={num_ranks}: {path} records num_nodes={recorded_nodes}, which does not divide them; "
+                "give --nodes"
+            )
+        return num_expert_groups, 1 if recorded_nodes is None else recorded_nodes
+    if recorded_nodes is not None and num_nodes != recorded_nodes:
+        import warnings
+
+        warnings.warn(
+            f"{path} records {recorded_nodes} node(s); planned for --nodes {num_nodes}", stacklevel=2
+        )
+    return num_expert_groups, num_nodes
 
 
 def format_plan(result: PlanResult) -> str:
