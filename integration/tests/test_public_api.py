@@ -34,7 +34,7 @@ API = {
                                          "InFlightAtShutdown", "WorkerFailure", "WorkerWatchdog",
                                          "watchdog_settings"],
     "ascend_eplb.integration.events": ["ENV_EVENTS", "EventsRecord", "EventsRecorder", "EventsWriter",
-                                       "events_path", "read_records", "read_windows"],
+                                       "events_path", "model_records", "read_records", "read_windows"],
     "ascend_eplb.integration.placement_file": ["CONFIG_KEY", "FACTS", "FORMAT", "VERSION", "Placement",
                                                "PlacementFileError", "describe_mismatch", "dumps",
                                                "placement_from_map", "read_placement", "write_placement"],

@@ -49,7 +49,8 @@ A one-line INFO log per rearrangement, done or skipped by the gate (EP rank 0), 
 people reading logs (``AscendEplbState`` logs the first of a run of windows without load).
 :func:`read_windows` reads the windows back (``ascend-eplb plan events.jsonl``,
 ``ascend-eplb simulate --trace events.jsonl``); :func:`read_records` every record (the placement file
-reader takes the last committed placement from the ``initial_placement`` and ``commit`` records).
+reader takes the last committed placement from the ``initial_placement`` and ``commit`` records);
+:func:`model_records` keeps one model's records of some kinds, the one filter every reader uses.
 
 The same records, computed once, are published on the controller's event bus as :class:`EventsRecord`
 on every EP rank (each with that rank's own ``bytes_received`` and ``publish_to_acknowledge_s``): the
@@ -63,7 +64,7 @@ import json
 import os
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,7 @@ __all__ = [
     "EventsRecorder",
     "EventsWriter",
     "events_path",
+    "model_records",
     "read_records",
     "read_windows",
 ]
@@ -481,14 +483,7 @@ def read_windows(path: str | os.PathLike[str], *, model: str | None = None) -> l
     source = Path(path)
     windows: list[torch.Tensor] = []
     shape: tuple[int, int] | None = None
-    for number, record in read_records(source, stacklevel=3):
-        if record["event"] != "window":
-            continue
-        name = record.get("model")
-        if model is None:
-            model = name
-        if name != model:
-            continue
+    for number, record in model_records(read_records(source, stacklevel=3), "window", model=model):
         load = _load_of(record.get("load"), source, number)
         if shape is not None and tuple(load.shape) != shape:
             raise ValueError(
@@ -497,6 +492,33 @@ def read_windows(path: str | os.PathLike[str], *, model: str | None = None) -> l
         shape = tuple(load.shape)
         windows.append(load)
     return windows
+
+
+def model_records(
+    records: Iterable[tuple[int, dict[str, Any]]],
+    events: str | Collection[str],
+    *,
+    model: str | None = None,
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The records of one model among ``records``, of the kinds ``events``, in their order, as
+    ``(line number, record)``.
+
+    Args:
+        records: ``(line number, record)`` pairs, as :func:`read_records` returns them.
+        events: the ``event`` names kept (one name, or several).
+        model: only this model's records (a record's ``model`` field); default: the model the first
+            record of those kinds names (records of those kinds without ``model`` before it are kept).
+    """
+    kinds = {events} if isinstance(events, str) else set(events)
+    for number, record in records:
+        if record["event"] not in kinds:
+            continue
+        name = record.get("model")
+        if model is None:
+            model = name
+        if name != model:
+            continue
+        yield number, record
 
 
 def read_records(path: str | os.PathLike[str], *, stacklevel: int = 2) -> list[tuple[int, dict[str, Any]]]:

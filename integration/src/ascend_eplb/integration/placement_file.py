@@ -432,66 +432,69 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else f"{text[:57]}..."
 
 
-def _from_events(source: Path) -> Placement:
-    """The last committed placement of a serving events file (the module docstring)."""
-    from ascend_eplb.integration.events import read_records
-
-    try:
-        records = read_records(source)
-    except ValueError as e:
-        raise PlacementFileError(source, [str(e).removeprefix(f"{source}:").strip()]) from None
-    model: str | None = None
-    facts: dict[str, Any] = dict.fromkeys(FACTS)
-    rows: dict[int, list[Any]] = {}
-    last = "no commit"
-    unplaced_commits = 0
+def _runs(records: list[tuple[int, dict[str, Any]]]) -> list[list[tuple[int, dict[str, Any]]]]:
+    """``records`` split into the runs of the server(s) that appended them: a step counter that starts
+    again (an integer ``step`` below the previous one) is the next run's first record."""
+    runs: list[list[tuple[int, dict[str, Any]]]] = [[]]
     previous_step = None
     for number, record in records:
         step = record.get("step")
         if is_int(step):
             if previous_step is not None and step < previous_step:
-                # The writer appends: a step counter that starts again is the next run's first record.
-                # Only the last run's placement is served; an earlier run's commits are not its own.
-                model, facts, rows = None, dict.fromkeys(FACTS), {}
-                last, unplaced_commits = "no commit", 0
+                runs.append([])
             previous_step = step
-        kind = record["event"]
-        if kind not in ("window", "commit", "initial_placement"):
-            continue
-        name = record.get("model")
-        if model is None:
-            model = name
-        if name != model:
-            continue
-        if kind == "window":
-            load = record.get("load")
-            if isinstance(load, list) and load and isinstance(load[0], list):
-                facts.update(num_moe_layers=len(load), num_logical_experts=len(load[0]))
-            facts.update(
-                num_ranks=record.get("num_ranks", facts["num_ranks"]),
-                num_physical_experts=record.get("num_physical_experts", facts["num_physical_experts"]),
-            )
-        elif kind == "initial_placement":
-            placement = record.get("placement")
-            if not isinstance(placement, list) or not placement:
-                raise PlacementFileError(
-                    source, [f"line {number}: an initial_placement record without a placement"]
+        runs[-1].append((number, record))
+    return runs
+
+
+def _from_events(source: Path) -> Placement:
+    """The last committed placement of a serving events file (the module docstring)."""
+    from ascend_eplb.integration.events import model_records, read_records
+
+    try:
+        records = read_records(source)
+    except ValueError as e:
+        raise PlacementFileError(source, [str(e).removeprefix(f"{source}:").strip()]) from None
+    # Only the last run's placement is served; an earlier run's commits are not its own (each run is
+    # read alike, its model the first it names, and its state dropped when the next run starts).
+    for run in _runs(records):
+        model: str | None = None
+        facts: dict[str, Any] = dict.fromkeys(FACTS)
+        rows: dict[int, list[Any]] = {}
+        last = "no commit"
+        unplaced_commits = 0
+        for number, record in model_records(run, ("window", "commit", "initial_placement")):
+            model = record.get("model") if model is None else model
+            kind = record["event"]
+            if kind == "window":
+                load = record.get("load")
+                if isinstance(load, list) and load and isinstance(load[0], list):
+                    facts.update(num_moe_layers=len(load), num_logical_experts=len(load[0]))
+                facts.update(
+                    num_ranks=record.get("num_ranks", facts["num_ranks"]),
+                    num_physical_experts=record.get("num_physical_experts", facts["num_physical_experts"]),
                 )
-            rows = {layer: row for layer, row in enumerate(placement)}
-            facts.update(
-                num_moe_layers=len(placement),
-                num_logical_experts=record.get("num_logical_experts"),
-                num_ranks=record.get("num_ranks"),
-                num_physical_experts=len(placement[0]) if isinstance(placement[0], list) else None,
-            )
-            last = f"the start-up placement of line {number}"
-        else:
-            placement, layer = record.get("placement"), record.get("layer")
-            if not isinstance(placement, list) or not is_int(layer):
-                unplaced_commits += 1
-                continue
-            rows[layer] = placement
-            last = f"rearrangement {record.get('rearrangement')} layer {layer}, line {number}"
+            elif kind == "initial_placement":
+                placement = record.get("placement")
+                if not isinstance(placement, list) or not placement:
+                    raise PlacementFileError(
+                        source, [f"line {number}: an initial_placement record without a placement"]
+                    )
+                rows = {layer: row for layer, row in enumerate(placement)}
+                facts.update(
+                    num_moe_layers=len(placement),
+                    num_logical_experts=record.get("num_logical_experts"),
+                    num_ranks=record.get("num_ranks"),
+                    num_physical_experts=len(placement[0]) if isinstance(placement[0], list) else None,
+                )
+                last = f"the start-up placement of line {number}"
+            else:
+                placement, layer = record.get("placement"), record.get("layer")
+                if not isinstance(placement, list) or not is_int(layer):
+                    unplaced_commits += 1
+                    continue
+                rows[layer] = placement
+                last = f"rearrangement {record.get('rearrangement')} layer {layer}, line {number}"
     if model is None:
         raise PlacementFileError(
             source, ["the events file records no placement (no window, commit or initial_placement record)"]

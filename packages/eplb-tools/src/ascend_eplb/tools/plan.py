@@ -386,15 +386,12 @@ def recorded_configuration(path: str | Path) -> tuple[int, int] | None:
     if Path(path).suffix.lower() != ".jsonl":
         return None
     from ascend_eplb.control.values import is_int
-    from ascend_eplb.integration.events import read_records
+    from ascend_eplb.integration.events import model_records, read_records
 
-    found, model = None, None
-    for _, record in read_records(path, stacklevel=3):
-        if record["event"] != "window":
-            continue
-        model = record.get("model") if model is None else model
+    found = None
+    for _, record in model_records(read_records(path, stacklevel=3), "window"):
         p, n = record.get("num_physical_experts"), record.get("num_ranks")
-        if record.get("model") == model and is_int(p) and is_int(n):
+        if is_int(p) and is_int(n):
             found = (p, n)
     return found
 
@@ -413,18 +410,13 @@ def recorded_grouping(path: str | Path) -> tuple[int | None, int | None]:
     import warnings
 
     from ascend_eplb.control.values import is_int
-    from ascend_eplb.integration.events import read_records
+    from ascend_eplb.integration.events import model_records, read_records
 
-    groups = nodes = model = None
+    groups = nodes = None
     with warnings.catch_warnings():  # a truncated last line: the load's reader has said so
         warnings.simplefilter("ignore")
         records = read_records(path)
-    for _, record in records:
-        if record["event"] != "window":
-            continue
-        model = record.get("model") if model is None else model
-        if record.get("model") != model:
-            continue
+    for _, record in model_records(records, "window"):
         groups = record["num_expert_groups"] if is_int(record.get("num_expert_groups")) else groups
         nodes = record["num_nodes"] if is_int(record.get("num_nodes")) else nodes
     return groups, nodes
