@@ -16,6 +16,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before anything imports vl
 
 from ascend_eplb.integration.rules import (
     EPLB_OFF_RULES,
+    MOE_FACT_RULES,
     RULES,
     EplbSettings,
     MoeFacts,
@@ -67,6 +68,17 @@ BREAKS = {
     "expert-groups": {
         "moe_facts": MoeFacts("config.json", {"n_routed_experts": 64, "num_experts_per_tok": 6, "n_group": 3})
     },
+    "moe-layers": {
+        "moe_facts": MoeFacts(
+            "config.json",
+            {
+                "n_routed_experts": 64,
+                "num_experts_per_tok": 6,
+                "num_hidden_layers": 3,
+                "first_k_dense_replace": 3,
+            },
+        )
+    },
     "moe-model-class": {"model_architectures": ("Qwen2MoeForCausalLM",)},
     "experts-divisible": {"num_redundant_experts": 2},
     "initial-placement": {"ascend_eplb_config": {"initial_placement": "no-such-placement.json"}},
@@ -85,6 +97,8 @@ def test_the_supported_settings_break_no_rule():
 
 def test_one_function_per_rule_id_in_report_order():
     assert list(RULES) == list(BREAKS)
+    # the model config's own rules (what simulate refuses a folder by) are rules of the registry, in order
+    assert [r for r in RULES if r in MOE_FACT_RULES] == list(MOE_FACT_RULES)
     assert EPLB_OFF_RULES == ("phase-without-eplb", "placement-without-eplb", "policy-without-eplb")
     assert len({id(fn) for fn in RULES.values()}) == len(RULES)  # one function per id, none shared
 
@@ -332,3 +346,169 @@ def test_start_up_refuses_a_model_class_without_a_mixture_of_experts_part(tmp_pa
         "registry, so whether the model class vLLM builds has a MixtureOfExperts part is decided when the "
         "model registers"
     ]
+
+
+def _start_up(tmp_path, monkeypatch, config):
+    """``validate_eplb_config`` of a VllmConfig built by vLLM from ``config`` written as ``config.json``
+    (TP 2 x EP, EPLB on): the violations, or [] when it passes."""
+    import json
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    from vllm.config import EPLBConfig, ModelConfig, ParallelConfig, VllmConfig
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = ModelConfig(
+        model=str(tmp_path), skip_tokenizer_init=True, dtype="float32", enforce_eager=True, max_model_len=256
+    )
+    vc = VllmConfig(
+        model_config=model,
+        parallel_config=ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True),
+    )
+    vc.parallel_config.enable_eplb = True
+    vc.parallel_config.eplb_config = EPLBConfig(window_size=2, step_interval=4, use_async=True)
+    try:
+        validate_eplb_config(vc)
+    except EplbConfigError as e:
+        return [str(v) for v in e.violations]
+    return []
+
+
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "n_routed_experts": 8,
+    "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "hidden_size": 64, "num_hidden_layers": 3,
+    "first_k_dense_replace": 1, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 128,
+    "max_position_embeddings": 256, "intermediate_size": 128, "moe_intermediate_size": 32,
+    "kv_lora_rank": 16, "q_lora_rank": None, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+}  # fmt: skip
+QWEN3_MOE = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 8,
+    "num_experts_per_tok": 2, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "max_position_embeddings": 256,
+}  # fmt: skip
+#: vLLM 0.33.0 with no MoE layer (its model classes, read): DeepSeek's builds every layer dense and sets
+#: num_moe_layers=0, so upstream's maybe_register_model registers nothing (is_mixture_of_experts needs
+#: num_moe_layers > 0); Qwen3-MoE's and Mixtral's raise RuntimeError while the model is built.
+NO_MOE_LAYER = (
+    "leave no MoE layer (vLLM 0.33.0 builds the model without routed experts: DeepSeek's with "
+    "num_moe_layers=0, which upstream's EPLBController.maybe_register_model does not register, so it "
+    "would be served without EPLB; Qwen3-MoE's and Mixtral's raise RuntimeError 'No ... layer found' on "
+    "every rank while the model is built)"
+)
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        (
+            {**DEEPSEEK_V3, "first_k_dense_replace": 3},
+            f"num_hidden_layers=3, first_k_dense_replace=3 {NO_MOE_LAYER}; fix: serve it without "
+            "--enable-eplb, or correct num_hidden_layers, first_k_dense_replace",
+        ),
+        (
+            {**DEEPSEEK_V3, "first_k_dense_replace": 7},
+            f"num_hidden_layers=3, first_k_dense_replace=7 {NO_MOE_LAYER}; fix: serve it without "
+            "--enable-eplb, or correct num_hidden_layers, first_k_dense_replace",
+        ),
+        (
+            {**DEEPSEEK_V3, "num_hidden_layers": 0},
+            "num_hidden_layers=0 must be an integer in [1, 2147483647] (the decoder layers; EPLB balances "
+            "the routed experts of their MoE layers); fix: correct num_hidden_layers",
+        ),
+        (
+            {**DEEPSEEK_V3, "first_k_dense_replace": -1},
+            "first_k_dense_replace=-1 must be an integer >= 0 (the leading dense layers; below 0, "
+            "DeepSeek's num_moe_layers = num_hidden_layers - first_k_dense_replace counts more MoE layers "
+            "than the model has); fix: correct first_k_dense_replace",
+        ),
+        (
+            {**QWEN3_MOE, "mlp_only_layers": [0, 1]},
+            f"num_hidden_layers=2, mlp_only_layers=[0, 1] {NO_MOE_LAYER}; fix: serve it without "
+            "--enable-eplb, or correct num_hidden_layers, mlp_only_layers",
+        ),
+        (
+            {**QWEN3_MOE, "decoder_sparse_step": 3},
+            f"num_hidden_layers=2, decoder_sparse_step=3 {NO_MOE_LAYER}; fix: serve it without "
+            "--enable-eplb, or correct num_hidden_layers, decoder_sparse_step",
+        ),
+        (
+            {**QWEN3_MOE, "decoder_sparse_step": 0},
+            "decoder_sparse_step=0 must be an integer >= 1 (every decoder_sparse_step-th layer is MoE; 0 "
+            "is a ZeroDivisionError in vLLM's Qwen-MoE layers); fix: correct decoder_sparse_step",
+        ),
+    ],
+    ids=["dense-replace-all", "dense-replace-beyond", "no-layers", "negative-dense", "mlp-only-all",
+         "sparse-step-beyond", "sparse-step-zero"],
+)  # fmt: skip
+def test_start_up_refuses_a_config_without_a_moe_layer_naming_the_fields(tmp_path, monkeypatch, config, said):
+    """A config whose layer fields leave no MoE layer passed start-up and ``check``: vLLM then served the
+    model without EPLB (DeepSeek) or raised while building it on every rank (Qwen3-MoE). Start-up counts the
+    MoE layers from ``hf_text_config`` by the rule ``moe-layers``, with the count ``check`` and the tools
+    read from ``config.json`` (``MoeFacts.num_moe_layers``)."""
+    source = f"the config of model {tmp_path}"
+    assert _start_up(tmp_path, monkeypatch, config) == [f"[moe-layers] {source}: {said}"]
+
+
+def test_the_moe_layers_are_counted_as_vllms_model_classes_build_them(tmp_path, monkeypatch):
+    from ascend_eplb.integration.rules import read_moe_facts
+
+    # DeepSeek: the first first_k_dense_replace layers are dense; Qwen-MoE: mlp_only_layers are dense and
+    # layer i is MoE when (i + 1) % decoder_sparse_step == 0; Mixtral: every layer.
+    cases = [
+        ({"num_hidden_layers": 61, "first_k_dense_replace": 3}, 58),
+        ({"num_hidden_layers": 48, "mlp_only_layers": [0, 5], "decoder_sparse_step": 1}, 46),
+        ({"num_hidden_layers": 8, "decoder_sparse_step": 2}, 4),
+        ({"num_hidden_layers": 32}, 32),
+        ({"num_hidden_layers": 8, "mlp_only_layers": None}, 8),  # transformers reads None as []
+    ]
+    for stated, layers in cases:
+        assert read_moe_facts(stated, "config.json").num_moe_layers == layers, stated
+    # a config.json that states no num_hidden_layers: its config class's default, unknown here
+    facts = read_moe_facts({"n_routed_experts": 8, "num_experts_per_tok": 2}, "config.json")
+    assert (facts.num_moe_layers, facts.unstated()) == (None, ["layers"])
+    judged = check_settings(replace(GOOD, moe_facts=facts))
+    assert list(judged) == []
+    assert [str(v) for v in judged.unjudged] == [
+        "cannot judge: moe-layers: config.json states no num_hidden_layers, so vLLM reads its config "
+        "class's default; state num_hidden_layers in config.json"
+    ]
+    # every MoE fact broken: MoeFacts.errors (simulate's and the cost estimate's refusal) is what the
+    # registry's rule functions say, one by one
+    bad = read_moe_facts(
+        {"num_local_experts": "8", "num_experts_per_tok": 0, "n_group": 0, "num_hidden_layers": 0}, "c.json"
+    )
+    judged = check_settings(replace(GOOD, moe_facts=bad))
+    assert [v.rule for v in judged] == list(MOE_FACT_RULES)
+    assert bad.errors() == [v.message for v in judged]
+    assert judged[-1].message == (
+        "c.json: num_hidden_layers=0 must be an integer in [1, 2147483647] (the decoder layers; EPLB "
+        "balances the routed experts of their MoE layers); fix: correct num_hidden_layers"
+    )
+    # start-up: the very count vLLM's DeepSeek-V3 class makes (num_hidden_layers - first_k_dense_replace)
+    assert _start_up(tmp_path, monkeypatch, {**DEEPSEEK_V3, "num_hidden_layers": 4}) == []
+    facts = read_moe_facts({**DEEPSEEK_V3, "num_hidden_layers": 4}, "config.json")
+    assert facts.num_moe_layers == 3
+
+
+def test_architectures_as_one_string_is_refused_as_vllm_refuses_it(tmp_path, monkeypatch):
+    """``"architectures": "DeepseekV3ForCausalLM"`` (a string, not a list) passed ``moe-model-class``: read
+    as a tuple it was its characters. transformers keeps the string, and vLLM's ModelConfig refuses it
+    (pydantic: ``architectures: Input should be a valid list``) before anything runs, so the rule refuses
+    every value that is not a list of class names, saying how to write it."""
+    import pydantic
+
+    config = {**DEEPSEEK_V3, "architectures": "DeepseekV3ForCausalLM"}
+    with pytest.raises(pydantic.ValidationError, match="Input should be a valid list"):
+        _start_up(tmp_path, monkeypatch, config)
+    judged = check_settings(replace(GOOD, model_architectures="DeepseekV3ForCausalLM"))
+    assert [str(v) for v in judged] == [
+        "[moe-model-class] architectures='DeepseekV3ForCausalLM' must be a list of model class names "
+        "(vLLM's ModelConfig refuses anything else: 'Input should be a valid list'); fix: write "
+        '"architectures": ["DeepseekV3ForCausalLM"]'
+    ]
+    judged = check_settings(replace(GOOD, model_architectures=["DeepseekV3ForCausalLM", 7]))
+    assert [str(v) for v in judged] == [
+        "[moe-model-class] architectures=['DeepseekV3ForCausalLM', 7] must be a list of model class names "
+        "(vLLM's ModelConfig refuses anything else: 'Input should be a valid string'); fix: write each "
+        "entry as a string"
+    ]
+    assert judged.unjudged == []

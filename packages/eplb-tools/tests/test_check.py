@@ -17,7 +17,8 @@ ARGS = [
 def _model(tmp_path, experts=64):
     folder = tmp_path / "model"
     folder.mkdir()
-    config = {"n_routed_experts": experts, "num_experts_per_tok": 6, "torch_dtype": "bfloat16"}
+    config = {"n_routed_experts": experts, "num_experts_per_tok": 6, "num_hidden_layers": 4,
+              "torch_dtype": "bfloat16"}  # fmt: skip
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "quant_model_description.json").write_text(
         json.dumps({"model.layers.3.mlp.experts.7.up_proj.weight": "W8A8_DYNAMIC"})
@@ -153,6 +154,13 @@ def test_a_bad_num_experts_fact_is_refused_before_the_file_is_read(tmp_path, cap
 
 
 EXPERTS_RULE = "(the routed experts of each MoE layer; EPLB balances them)"
+#: What vLLM 0.33.0 does with no MoE layer (rule `moe-layers`, read from its model classes).
+NO_MOE_LAYER = (
+    "leave no MoE layer (vLLM 0.33.0 builds the model without routed experts: DeepSeek's with "
+    "num_moe_layers=0, which upstream's EPLBController.maybe_register_model does not register, so it "
+    "would be served without EPLB; Qwen3-MoE's and Mixtral's raise RuntimeError 'No ... layer found' on "
+    "every rank while the model is built)"
+)
 #: A model folder's config.json (each a MoE fact the issue's operator met crashing after the ranks
 #: started, or its neighbour) -> the one violation `check` reports, exactly.
 BAD_FACTS = [
@@ -186,13 +194,31 @@ BAD_FACTS = [
     ({"n_routed_experts": 64, "num_experts_per_tok": 20, "n_group": 8, "topk_group": 2},
      "[expert-groups] {c}: num_experts_per_tok=20 exceeds the 16 experts grouped top-k can select "
      "(topk_group=2 of n_group=8 groups of 8); fix: correct the config"),
+    # no MoE layer, or layer fields vLLM cannot build (they passed `check`: vLLM then served DeepSeek
+    # without EPLB, and Qwen3-MoE raised while the model was built on every rank)
+    ({"n_routed_experts": 64, "num_experts_per_tok": 8, "num_hidden_layers": 3, "first_k_dense_replace": 3},
+     f"[moe-layers] {{c}}: num_hidden_layers=3, first_k_dense_replace=3 {NO_MOE_LAYER}; fix: serve it "
+     "without --enable-eplb, or correct num_hidden_layers, first_k_dense_replace"),
+    ({"num_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 2, "mlp_only_layers": [0, 1]},
+     f"[moe-layers] {{c}}: num_hidden_layers=2, mlp_only_layers=[0, 1] {NO_MOE_LAYER}; fix: serve it "
+     "without --enable-eplb, or correct num_hidden_layers, mlp_only_layers"),
+    ({"num_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": "4", "decoder_sparse_step": 0},
+     "[moe-layers] {c}: num_hidden_layers='4' must be an integer in [1, 2147483647] (the decoder layers; "
+     "EPLB balances the routed experts of their MoE layers); decoder_sparse_step=0 must be an integer >= 1 "
+     "(every decoder_sparse_step-th layer is MoE; 0 is a ZeroDivisionError in vLLM's Qwen-MoE layers); fix: "
+     "correct num_hidden_layers, decoder_sparse_step"),
+    ({"num_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": -1},
+     "[moe-layers] {c}: num_hidden_layers=-1 must be an integer in [1, 2147483647] (the decoder layers; EPLB "
+     "balances the routed experts of their MoE layers); fix: correct num_hidden_layers"),
 ]  # fmt: skip
 
 
 def _folder(tmp_path, config):
     folder = tmp_path / "model"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
+    (folder / "config.json").write_text(
+        json.dumps({"num_hidden_layers": 2, **config, "torch_dtype": "bfloat16"})
+    )
     return folder
 
 
@@ -248,7 +274,9 @@ def test_a_folder_that_omits_a_moe_fact_leaves_its_rule_unjudged_and_an_option_c
         "num_experts_per_tok, num_experts_per_token, top_k_experts, moe_topk, moe_top_k, top_k, so vLLM "
         "reads its config class's default); state num_experts_per_tok in config.json"
     )
-    (folder / "config.json").write_text(json.dumps({"num_experts_per_tok": 2, "torch_dtype": "bfloat16"}))
+    (folder / "config.json").write_text(
+        json.dumps({"num_experts_per_tok": 2, "num_hidden_layers": 2, "torch_dtype": "bfloat16"})
+    )
     assert main(["check", "--", "serve", str(folder), *ARGS, "--enforce-eager"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
         f"cannot judge: experts-divisible: the routed-expert count is unknown ({folder / 'config.json'} "
@@ -263,7 +291,7 @@ def test_a_model_folder_whose_vllm_class_has_no_mixture_of_experts_part_is_refus
     folder = tmp_path / "qwen2-moe"
     folder.mkdir()
     config = {"architectures": ["Qwen2MoeForCausalLM"], "num_experts": 60, "num_experts_per_tok": 4,
-              "torch_dtype": "bfloat16"}  # fmt: skip
+              "num_hidden_layers": 2, "torch_dtype": "bfloat16"}  # fmt: skip
     (folder / "config.json").write_text(json.dumps(config))
     assert main(["check", "--", "serve", str(folder), *ARGS, "--enforce-eager"]) == 2
     assert capsys.readouterr().out.splitlines()[1:] == [
@@ -275,4 +303,31 @@ def test_a_model_folder_whose_vllm_class_has_no_mixture_of_experts_part_is_refus
         "MixtureOfExperts",
     ]
     (folder / "config.json").write_text(json.dumps({**config, "architectures": ["Qwen3MoeForCausalLM"]}))
+    assert main(["check", "--", "serve", str(folder), *ARGS, "--enforce-eager"]) == 0, capsys.readouterr().out
+
+
+def test_a_model_folder_naming_its_architecture_as_a_string_is_refused_as_vllm_refuses_it(tmp_path, capsys):
+    """``"architectures": "DeepseekV3ForCausalLM"`` passed `check`: a string is no list of class names, and
+    vLLM's ModelConfig refuses it (pydantic: ``Input should be a valid list``) while transformers keeps it;
+    a list entry that is no string is refused alike. Rule ``moe-model-class``, the one start-up runs."""
+    folder = _folder(tmp_path, {"n_routed_experts": 8, "num_experts_per_tok": 2,
+                                "architectures": "DeepseekV3ForCausalLM"})  # fmt: skip
+    assert main(["check", "--", "serve", str(folder), *ARGS, "--enforce-eager"]) == 2
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "1 EPLB configuration rule(s) violated:",
+        "  - [moe-model-class] architectures='DeepseekV3ForCausalLM' must be a list of model class names "
+        "(vLLM's ModelConfig refuses anything else: 'Input should be a valid list'); fix: write "
+        '"architectures": ["DeepseekV3ForCausalLM"]',
+    ]
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(
+        json.dumps({**config, "architectures": [{"DeepseekV3ForCausalLM": 1}]})
+    )
+    assert main(["check", "--", "serve", str(folder), *ARGS, "--enforce-eager"]) == 2
+    assert capsys.readouterr().out.splitlines()[2] == (
+        "  - [moe-model-class] architectures=[{'DeepseekV3ForCausalLM': 1}] must be a list of model class "
+        "names (vLLM's ModelConfig refuses anything else: 'Input should be a valid string'); fix: write each "
+        "entry as a string"
+    )
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["DeepseekV3ForCausalLM"]}))
     assert main(["check", "--", "serve", str(folder), *ARGS, "--enforce-eager"]) == 0, capsys.readouterr().out

@@ -11,7 +11,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 from ascend_eplb.integration import placement_file as pf
 from ascend_eplb.tools import cli
 from ascend_eplb.tools.check import check_config_file, check_serve_command
-from ascend_eplb.tools.costs import moe_layer_count
+from ascend_eplb.tools.check.model_folder import model_folder_facts
 
 #: 8 routed experts, 4 redundant, over TP 2 x DP 2 = 4 EP ranks (3 slots each).
 ARGS = ["--enable-eplb", "-tp", "2", "--data-parallel-size", "2", "--enable-expert-parallel",
@@ -43,7 +43,7 @@ def _serve(folder, placement, *extra, **kw):
 
 def test_a_placement_made_for_the_folders_model_passes_and_one_for_another_is_named(tmp_path):
     folder = _folder(tmp_path)
-    assert moe_layer_count(json.loads((folder / "config.json").read_text())) == 2  # layer 0 is dense
+    assert model_folder_facts(folder).num_moe_layers == 2  # layer 0 is dense
     ok = _serve(folder, _placement(tmp_path, 2))
     assert (ok.ok, ok.verdict, ok.unjudged) == (True, "OK", ()), ok.report
     wrong = _placement(tmp_path, 3, "three-layers.json")

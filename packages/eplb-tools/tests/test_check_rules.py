@@ -420,6 +420,7 @@ def _model_folder(tmp_path, experts=64, quant_type="W8A8_DYNAMIC"):
                 "model_type": "deepseek_v3",
                 "n_routed_experts": experts,
                 "num_experts_per_tok": 6,
+                "num_hidden_layers": 4,
                 "torch_dtype": "bfloat16",
             }
         )

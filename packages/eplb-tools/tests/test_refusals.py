@@ -243,3 +243,44 @@ def test_check_takes_the_whole_vllm_command_pasted_after_the_dashes(tmp_path, ca
     assert main(["check", "--", *serve]) == 0
     assert pasted == capsys.readouterr().out.splitlines()
     assert pasted[:2] == [f"ascend-eplb check: vllm {' '.join(serve)}: OK", "ok"]
+
+
+def test_simulate_lists_a_folders_missing_weights_with_every_bad_moe_fact_at_once(tmp_path):
+    """A folder with a config.json but no weights stopped at the weights, hiding the config's bad MoE
+    facts, which `check` lists together: `simulate` lists them all, with start-up's rules
+    (``MoeFacts.errors``: the functions of ``rules.MOE_FACT_RULES``), before anything starts."""
+    folder = tmp_path / "no-weights"
+    folder.mkdir()
+    config = folder / "config.json"
+    config.write_text(json.dumps({**QWEN, "num_local_experts": "8", "num_experts_per_tok": 0,
+                                  "mlp_only_layers": [0, 1]}))  # fmt: skip
+    unstated = tmp_path / "unstated"
+    unstated.mkdir()
+    (unstated / "config.json").write_text(json.dumps({"architectures": ["Qwen3MoeForCausalLM"]}))
+    (unstated / "model.safetensors").write_bytes(b"")
+    out = str(tmp_path / "out")
+    probed = _probe([["simulate", "--model", str(folder), "--out", out],
+                     ["simulate", "--model", str(unstated), "--out", out]])  # fmt: skip
+    assert probed["results"] == [
+        [2, "\n".join(_options(
+            f"model={folder}: the folder has no *.safetensors weights",
+            f"{config}: num_local_experts='8' must be an integer in [1, 2147483647] (the routed experts of "
+            "each MoE layer; EPLB balances them); fix: state one routed-expert count, an integer >= 1",
+            f"{config}: num_experts_per_tok=0 must be an integer in [1, E] (the routed experts each token "
+            "selects); fix: correct num_experts_per_tok",
+            f"{config}: num_hidden_layers=2, mlp_only_layers=[0, 1] leave no MoE layer (vLLM 0.33.0 builds "
+            "the model without routed experts: DeepSeek's with num_moe_layers=0, which upstream's "
+            "EPLBController.maybe_register_model does not register, so it would be served without EPLB; "
+            "Qwen3-MoE's and Mixtral's raise RuntimeError 'No ... layer found' on every rank while the model "
+            "is built); fix: serve it without --enable-eplb, or correct num_hidden_layers, mlp_only_layers",
+        )) + "\n"],
+        [2, "\n".join(_options(
+            f"{unstated / 'config.json'} states no routed-expert count (none of num_experts, "
+            "moe_num_experts, n_routed_experts, num_local_experts); state it",
+            f"{unstated / 'config.json'} states no top-k (none of num_experts_per_tok, "
+            "num_experts_per_token, top_k_experts, moe_topk, moe_top_k, top_k); state it",
+            f"{unstated / 'config.json'} states no decoder layer count (none of num_hidden_layers); state it",
+        )) + "\n"],
+    ]  # fmt: skip
+    assert probed["vllm"] is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["no-weights", "unstated"]  # nothing written

@@ -35,7 +35,9 @@ __all__ = [
     "EXPERT_COUNT_KEYS",
     "GROUP_KEYS",
     "INT32_MAX",
+    "LAYER_KEYS",
     "LOAD_COLLECTION_PHASES",
+    "MOE_FACT_RULES",
     "POLICY_KEYS",
     "RULES",
     "SUPPORTED_COMMUNICATORS",
@@ -142,12 +144,14 @@ class EplbSettings:
 
     ``model_architectures``: the model config's ``architectures`` (start-up: vLLM's
     ``model_config.architectures``; ``ascend-eplb check``: a model folder's ``config.json``), whose vLLM
-    model class the ``moe-model-class`` rule judges (:func:`read_model_class`); None where no model config
-    is read, and then that rule passes.
+    model class the ``moe-model-class`` rule judges (:func:`read_model_class`): a tuple of class names, or
+    the value as written when it is not a list of them (a string: vLLM's ``ModelConfig`` refuses it, and so
+    does the rule); None where no model config is read or it names none, and then that rule passes.
 
     ``num_moe_layers``: L, when known before the model is built (a model folder's ``config.json`` read by
-    ``ascend-eplb check``); None at start-up, where the ``initial-placement`` rule compares the layers
-    when the model registers (``startup_placement.attach_startup_install``).
+    ``ascend-eplb check``: :attr:`MoeFacts.num_moe_layers`); None at start-up, where the
+    ``initial-placement`` rule compares the layers when the model registers
+    (``startup_placement.attach_startup_install``).
     """
 
     enable_eplb: bool = False
@@ -176,7 +180,7 @@ class EplbSettings:
     speculative_draft_is_moe: bool = False
     unknown_facts: dict[str, str] = field(default_factory=dict)
     moe_facts: MoeFacts | None = None
-    model_architectures: tuple[str, ...] | None = None
+    model_architectures: tuple[str, ...] | Any = None
 
     @property
     def num_ranks(self) -> int:
@@ -238,6 +242,12 @@ TOP_K_KEYS = (
 #: ``topk_group=config.topk_group``): the routed experts split into ``n_group`` equal groups, tokens pick
 #: ``topk_group`` groups, then their top-k inside those.
 GROUP_KEYS = ("n_group", "topk_group")
+#: The fields that say which decoder layers have routed experts, as vLLM 0.33.0's model classes read them:
+#: ``num_hidden_layers`` decoder layers; DeepSeek's (and GLM-MoE's) first ``first_k_dense_replace`` are
+#: dense (``DeepseekV2DecoderLayer``: ``layer_idx >= config.first_k_dense_replace``); Qwen-MoE's
+#: ``mlp_only_layers`` are dense and layer ``i`` is MoE when ``(i + 1) % decoder_sparse_step == 0``
+#: (``Qwen3MoeDecoderLayer``); Mixtral's are all MoE (it states neither).
+LAYER_KEYS = ("num_hidden_layers", "first_k_dense_replace", "mlp_only_layers", "decoder_sparse_step")
 
 
 def shown(value: Any) -> str:
@@ -263,20 +273,22 @@ class MoeFacts:
 
     The one reading of these facts (:func:`read_moe_facts`): of a model folder's ``config.json`` by
     ``ascend-eplb check`` and ``ascend-eplb simulate`` before anything starts, of vLLM's
-    ``model_config.hf_text_config`` by start-up validation. The rules ``routed-experts``, ``top-k`` and
-    ``expert-groups`` judge them (:meth:`experts_error`, :meth:`top_k_error`, :meth:`groups_error`), so
-    a bad value is refused with the field, the value and the rule before a rank starts, never met as a
-    ``TypeError`` or an out-of-range index inside the model.
+    ``model_config.hf_text_config`` by start-up validation. The rules of :data:`MOE_FACT_RULES`,
+    ``routed-experts``, ``top-k``, ``expert-groups`` and ``moe-layers``, judge them (:meth:`experts_error`,
+    :meth:`top_k_error`, :meth:`groups_error`, :meth:`layers_error`), so a bad value is refused with the
+    field, the value and the rule before a rank starts, never met as a ``TypeError`` or an out-of-range
+    index inside the model, nor as a model served without EPLB. :attr:`num_moe_layers` is the one count of
+    a config's MoE layers (L), which the tools read too.
 
     Attributes:
         source: what was read (``/path/config.json``, ``the hf_config of MODEL``), for messages.
-        stated: every field of :data:`EXPERT_COUNT_KEYS`, :data:`TOP_K_KEYS` and :data:`GROUP_KEYS` the
-            config has, by name, with its value as written (any type); ``block_configs_experts``: the
-            largest ``n_routed_experts`` of its MoE ``block_configs`` (vLLM's fallback for heterogeneous
-            models; None without any). ``complete``: every field vLLM reads is readable (an
-            ``hf_config``: a field the file omits has its config class's default); False for a
-            ``config.json`` mapping, where an omitted field takes a default this reading does not know,
-            so the rule that needs it is not judged (:meth:`unstated`).
+        stated: every field of :data:`EXPERT_COUNT_KEYS`, :data:`TOP_K_KEYS`, :data:`GROUP_KEYS` and
+            :data:`LAYER_KEYS` the config has, by name, with its value as written (any type);
+            ``block_configs_experts``: the largest ``n_routed_experts`` of its MoE ``block_configs``
+            (vLLM's fallback for heterogeneous models; None without any). ``complete``: every field vLLM
+            reads is readable (an ``hf_config``: a field the file omits has its config class's default);
+            False for a ``config.json`` mapping, where an omitted field takes a default this reading does
+            not know, so the rule that needs it is not judged (:meth:`unstated`).
     """
 
     source: str
@@ -398,9 +410,85 @@ class MoeFacts:
             return None
         return f"{self.source}: {'; '.join(problems)}; fix: correct the config"
 
+    def _layers(self) -> tuple[list[int] | None, list[str]]:
+        """The indices of the MoE decoder layers (None: not countable) and what breaks the
+        ``moe-layers`` rule's field checks (:data:`LAYER_KEYS`, as vLLM 0.33.0's model classes read
+        them). An absent field is its config class's default (``first_k_dense_replace`` 0,
+        ``mlp_only_layers`` none, ``decoder_sparse_step`` 1); a ``first_k_dense_replace`` or
+        ``mlp_only_layers`` of None reads as absent (transformers' Qwen-MoE configs turn None into ``[]``)."""
+        if "num_hidden_layers" not in self.stated:
+            return None, []
+        layers = self.stated["num_hidden_layers"]
+        dense_first = self.stated.get("first_k_dense_replace")
+        mlp_only = self.stated.get("mlp_only_layers")
+        step = self.stated.get("decoder_sparse_step", 1)
+        problems = []
+        if not (is_int(layers) and 1 <= layers <= INT32_MAX):
+            problems.append(
+                f"num_hidden_layers={shown(layers)} must be an integer in [1, {INT32_MAX}] (the decoder "
+                "layers; EPLB balances the routed experts of their MoE layers)"
+            )
+        if dense_first is not None and not (is_int(dense_first) and dense_first >= 0):
+            problems.append(
+                f"first_k_dense_replace={shown(dense_first)} must be an integer >= 0 (the leading dense "
+                "layers; below 0, DeepSeek's num_moe_layers = num_hidden_layers - first_k_dense_replace "
+                "counts more MoE layers than the model has)"
+            )
+        if mlp_only is not None and not (isinstance(mlp_only, list) and all(is_int(i) for i in mlp_only)):
+            problems.append(
+                f"mlp_only_layers={shown(mlp_only)} must be a list of layer indices (the dense layers)"
+            )
+        if not (is_int(step) and step >= 1):
+            problems.append(
+                f"decoder_sparse_step={shown(step)} must be an integer >= 1 (every decoder_sparse_step-th "
+                "layer is MoE; 0 is a ZeroDivisionError in vLLM's Qwen-MoE layers)"
+            )
+        if problems:
+            return None, problems
+        dense = set(mlp_only or ())
+        first = dense_first or 0
+        return [i for i in range(layers) if i >= first and i not in dense and (i + 1) % step == 0], []
+
+    @property
+    def num_moe_layers(self) -> int | None:
+        """L, the decoder layers with routed experts, as vLLM 0.33.0's model classes build them (see
+        :data:`LAYER_KEYS`; for DeepSeek it equals its ``num_hidden_layers - first_k_dense_replace``);
+        None when the config states no ``num_hidden_layers`` or the ``moe-layers`` rule is broken."""
+        indices, _ = self._layers()
+        return len(indices) if indices else None
+
+    def layers_error(self) -> str | None:
+        """Rule ``moe-layers``: the layer fields (:data:`LAYER_KEYS`) are well formed and leave at least one
+        MoE layer. vLLM 0.33.0 with none: DeepSeek's model class builds every layer dense and sets
+        ``num_moe_layers = 0``, so ``is_mixture_of_experts`` is False and upstream's
+        ``EPLBController.maybe_register_model`` registers nothing (served without EPLB); Qwen3-MoE's and
+        Mixtral's raise ``RuntimeError`` ("No ... layer found") while the model is built, on every rank."""
+        indices, problems = self._layers()
+        if problems:
+            fields = ", ".join(p.split("=", 1)[0] for p in problems)
+            return f"{self.source}: {'; '.join(problems)}; fix: correct {fields}"
+        if indices is None or indices:
+            return None
+        # The fields that make layers dense (a default, such as decoder_sparse_step=1, says nothing).
+        defaults = {
+            "first_k_dense_replace": (None, 0),
+            "mlp_only_layers": (None, []),
+            "decoder_sparse_step": (1,),
+        }
+        keys = [k for k in LAYER_KEYS if k in self.stated and self.stated[k] not in defaults.get(k, ())]
+        said = ", ".join(f"{k}={shown(self.stated[k])}" for k in keys)
+        return (
+            f"{self.source}: {said} leave no MoE layer (vLLM 0.33.0 builds the model without routed "
+            "experts: DeepSeek's with num_moe_layers=0, which upstream's EPLBController.maybe_register_model "
+            "does not register, so it would be served without EPLB; Qwen3-MoE's and Mixtral's raise "
+            "RuntimeError 'No ... layer found' on every rank while the model is built); fix: serve it "
+            f"without --enable-eplb, or correct {', '.join(keys)}"
+        )
+
     def unstated(self) -> list[str]:
-        """``"experts"`` and ``"top_k"`` when a config.json mapping (``complete=False``) states neither
-        of their names: vLLM then reads the config class's default, unknown here."""
+        """``"experts"``, ``"top_k"`` and ``"layers"`` when a config.json mapping (``complete=False``)
+        states none of their names (``"layers"``: no ``num_hidden_layers``): vLLM then reads the config
+        class's default, unknown here."""
         if self.complete:
             return []
         out = []
@@ -408,12 +496,17 @@ class MoeFacts:
             out.append("experts")
         if self.top_k_key is None:
             out.append("top_k")
+        if "num_hidden_layers" not in self.stated:
+            out.append("layers")
         return out
 
     def errors(self) -> list[str]:
-        """Every violated rule's message (``routed-experts``, ``top-k``, ``expert-groups``), in order."""
-        found = (self.experts_error(), self.top_k_error(), self.groups_error())
-        return [m for m in found if m is not None]
+        """Every violated rule's message of :data:`MOE_FACT_RULES`, in order: those very rule functions of
+        :data:`RULES` run on these facts alone (``ascend-eplb simulate`` and the cost estimate refuse a
+        model folder with them before anything starts)."""
+        alone = EplbSettings(enable_eplb=True, moe_facts=self)
+        found = (RULES[rule_id](alone) for rule_id in MOE_FACT_RULES)
+        return [m for m in found if isinstance(m, str)]
 
 
 def read_moe_facts(config: Any, source: str) -> MoeFacts:
@@ -437,7 +530,7 @@ def read_moe_facts(config: Any, source: str) -> MoeFacts:
         return hasattr(obj, key), getattr(obj, key, None)
 
     stated = {}
-    for key in (*EXPERT_COUNT_KEYS, *TOP_K_KEYS, *GROUP_KEYS):
+    for key in (*EXPERT_COUNT_KEYS, *TOP_K_KEYS, *GROUP_KEYS, *LAYER_KEYS):
         present, value = get(config, key)
         if present:
             stated[key] = value
@@ -521,6 +614,10 @@ RULES: dict[str, Rule] = {}
 #: The rules that judge a configuration with EPLB off (the V1 path, if any, is not ours to judge; only a
 #: V2-only key without EPLB is wrong); every other rule of :data:`RULES` judges only with EPLB on.
 EPLB_OFF_RULES = ("phase-without-eplb", "placement-without-eplb", "policy-without-eplb")
+#: The rules that judge a model config's MoE facts (:class:`MoeFacts`) alone, in :data:`RULES` order:
+#: :meth:`MoeFacts.errors` runs them (``ascend-eplb simulate``'s and the cost estimate's refusal of a model
+#: folder), so they are the very functions start-up and ``check`` run.
+MOE_FACT_RULES = ("routed-experts", "top-k", "expert-groups", "moe-layers")
 
 
 def _rule(rule_id: str) -> Callable[[Rule], Rule]:
@@ -776,10 +873,46 @@ def _expert_groups(s: EplbSettings) -> str | None:
     return s.moe_facts.groups_error() if s.moe_facts is not None else None
 
 
+@_rule("moe-layers")
+def _moe_layers(s: EplbSettings) -> str | Violation | None:
+    if s.moe_facts is None:
+        return None
+    if "layers" in s.moe_facts.unstated():
+        return Violation.unjudged(
+            "moe-layers",
+            f"{s.moe_facts.source} states no num_hidden_layers, so vLLM reads its config class's default; "
+            "state num_hidden_layers in config.json",
+        )
+    return s.moe_facts.layers_error()
+
+
+def _architectures_error(names: Any) -> str | None:
+    """``architectures`` must be a list of class names: vLLM 0.33.0's ``ModelConfig`` (its pydantic
+    ``ModelArchitectureConfig.architectures: list[str]``) refuses anything else before anything runs,
+    though transformers' ``PretrainedConfig`` keeps a string as written."""
+    if isinstance(names, list | tuple) and all(isinstance(n, str) for n in names):
+        return None
+    if isinstance(names, list | tuple):
+        why, fix = "Input should be a valid string", "write each entry as a string"
+    else:
+        why = "Input should be a valid list"
+        fix = (
+            f'write "architectures": ["{names}"]'
+            if isinstance(names, str)
+            else 'write "architectures" as a list of class names, e.g. ["DeepseekV3ForCausalLM"]'
+        )
+    return (
+        f"architectures={shown(names)} must be a list of model class names (vLLM's ModelConfig refuses "
+        f"anything else: '{why}'); fix: {fix}"
+    )
+
+
 @_rule("moe-model-class")
 def _moe_model_class(s: EplbSettings) -> str | Violation | None:
     if s.model_architectures is None:
         return None
+    if (reason := _architectures_error(s.model_architectures)) is not None:
+        return reason
     found = read_model_class(s.model_architectures)
     if found is None:
         return Violation.unjudged(

@@ -199,7 +199,8 @@ def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | Non
     if model_config is not None:
         facts = read_moe_facts(model_config.hf_text_config, f"the config of model {model_config.model}")
         architectures = getattr(model_config, "architectures", None)
-        architectures = tuple(architectures) if architectures else None
+        # A list as a tuple; anything else as it is, for the rule to name (never a str's characters).
+        architectures = (tuple(architectures) if isinstance(architectures, list) else architectures) or None
     return EplbSettings(
         enable_eplb=bool(pc.enable_eplb),
         use_v2_model_runner=bool(vllm_config.use_v2_model_runner),

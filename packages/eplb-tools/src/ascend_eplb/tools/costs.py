@@ -24,7 +24,6 @@ __all__ = [
     "ModelSize",
     "estimate_costs",
     "format_bytes",
-    "moe_layer_count",
     "read_model_size",
 ]
 
@@ -33,9 +32,10 @@ _INTERMEDIATE_KEYS = ("moe_intermediate_size", "intermediate_size")  # Mixtral: 
 
 @dataclass(frozen=True)
 class ModelSize:
-    """The sizes EPLB costs depend on. ``num_moe_layers``: decoder layers with routed experts
-    (``num_hidden_layers`` minus DeepSeek's ``first_k_dense_replace`` dense layers, minus Qwen-MoE's
-    ``mlp_only_layers``, every ``decoder_sparse_step``-th layer otherwise)."""
+    """The sizes EPLB costs depend on. ``num_moe_layers``: decoder layers with routed experts, counted by
+    start-up's reader (:attr:`ascend_eplb.integration.rules.MoeFacts.num_moe_layers`: ``num_hidden_layers``
+    minus DeepSeek's ``first_k_dense_replace`` dense layers, minus Qwen-MoE's ``mlp_only_layers``, every
+    ``decoder_sparse_step``-th layer otherwise)."""
 
     source: str
     hidden_size: int
@@ -57,9 +57,10 @@ def read_model_size(path: str | Path) -> ModelSize:
     """Read a model's ``config.json`` (a file or the model folder holding it).
 
     Multimodal configs nest the language model under ``text_config`` (read when present). The routed
-    experts and top-k are read and judged as start-up judges them
-    (:func:`ascend_eplb.integration.rules.read_moe_facts`). Raises ``ValueError`` naming the file and
-    the missing or bad key (a dense model has no routed experts), every bad MoE fact at once.
+    experts, top-k and MoE layers are read and judged as start-up judges them
+    (:func:`ascend_eplb.integration.rules.read_moe_facts`, the rules of ``MOE_FACT_RULES``). Raises
+    ``ValueError`` naming the file and the missing or bad key (a dense model has no routed experts), every
+    bad MoE fact at once.
     """
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
@@ -83,28 +84,10 @@ def read_model_size(path: str | Path) -> ModelSize:
         )
     if errors := facts.errors():
         raise ValueError("; ".join(errors))
-    layers = _first(cfg, ("num_hidden_layers",), source, "num_hidden_layers")
-    moe_layers = moe_layer_count(cfg)
-    if not moe_layers:
-        raise ValueError(f"{source}: no MoE layer among num_hidden_layers={layers}")
+    if facts.num_moe_layers is None:  # the rules hold: num_hidden_layers is not stated
+        raise ValueError(f"{source}: no num_hidden_layers (the decoder layers, an integer > 0)")
     top_k = None if "top_k" in facts.unstated() else facts.top_k
-    return ModelSize(source, hidden, inter, facts.num_logical_experts, moe_layers, top_k)
-
-
-def moe_layer_count(cfg: dict[str, Any]) -> int | None:
-    """L, the decoder layers with routed experts of a ``config.json`` (a ``text_config`` merged in):
-    ``num_hidden_layers`` minus DeepSeek's ``first_k_dense_replace`` dense layers, minus Qwen-MoE's
-    ``mlp_only_layers``, every ``decoder_sparse_step``-th layer otherwise; None when ``num_hidden_layers``
-    is not an integer >= 1 or the others are malformed."""
-    layers, dense_first = cfg.get("num_hidden_layers"), cfg.get("first_k_dense_replace", 0) or 0
-    mlp_only, step = cfg.get("mlp_only_layers") or [], cfg.get("decoder_sparse_step", 1) or 1
-    if not (is_int(layers) and layers >= 1 and is_int(dense_first) and is_int(step) and step >= 1):
-        return None
-    if not isinstance(mlp_only, list):
-        return None
-    return len(
-        [i for i in range(layers) if i >= dense_first and i not in set(mlp_only) and (i + 1) % step == 0]
-    )
+    return ModelSize(source, hidden, inter, facts.num_logical_experts, facts.num_moe_layers, top_k)
 
 
 @dataclass(frozen=True)

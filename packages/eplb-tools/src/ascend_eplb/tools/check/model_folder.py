@@ -29,10 +29,10 @@ class ModelFacts:
             (None: no description).
         dtype: the checkpoint's dtype as a format (None: not stated).
         description: the description file read (None: none).
-        num_moe_layers: L from ``config.json`` (``ascend_eplb.tools.costs.moe_layer_count``; None when it
-            does not say), what an ``initial_placement`` file must have been made for.
-        architectures: ``config.json``'s ``architectures`` (None: it names none), whose vLLM model class
-            start-up's rule ``moe-model-class`` judges (it needs a ``MixtureOfExperts`` part with EPLB on).
+        architectures: ``config.json``'s ``architectures``, whose vLLM model class start-up's rule
+            ``moe-model-class`` judges (it needs a ``MixtureOfExperts`` part with EPLB on): a list of names
+            as a tuple; None when it names none (absent, null or ``[]``); any other value as written (a
+            string: transformers keeps it, vLLM's ``ModelConfig`` refuses it, and so does the rule).
     """
 
     folder: str
@@ -40,13 +40,19 @@ class ModelFacts:
     quantization: str | None
     dtype: str | None
     description: str | None
-    num_moe_layers: int | None = None
-    architectures: tuple[str, ...] | None = None
+    architectures: tuple[str, ...] | Any = None
 
     @property
     def num_logical_experts(self) -> int | None:
         """E when ``config.json`` states a valid one (the ``routed-experts`` rule holds), else None."""
         return self.moe.num_logical_experts
+
+    @property
+    def num_moe_layers(self) -> int | None:
+        """L from ``config.json`` as start-up counts it (:attr:`MoeFacts.num_moe_layers`; None when it does
+        not say or the ``moe-layers`` rule is broken), what an ``initial_placement`` file must have been
+        made for."""
+        return self.moe.num_moe_layers
 
 
 def _json_object(file: Path) -> dict[str, Any]:
@@ -75,13 +81,10 @@ def model_folder_facts(folder: str | os.PathLike[str]) -> ModelFacts:
     root = Path(folder)
     config_file = root / "config.json"
     cfg = _text_config(config_file)
-    from ascend_eplb.tools.costs import moe_layer_count
-
     return ModelFacts(
         str(root),
         read_moe_facts(cfg, str(config_file)),
         *_formats(root, cfg),
-        num_moe_layers=moe_layer_count(cfg),
         architectures=_architectures(cfg),
     )
 
@@ -96,12 +99,14 @@ def folder_formats(folder: str | os.PathLike[str]) -> tuple[str | None, str | No
     return facts.quantization, facts.dtype
 
 
-def _architectures(cfg: dict[str, Any]) -> tuple[str, ...] | None:
-    """``architectures`` as vLLM reads it (a list of class names; anything else: None, not judged)."""
+def _architectures(cfg: dict[str, Any]) -> tuple[str, ...] | Any:
+    """``architectures`` as given, for the ``moe-model-class`` rule: a list of names as a tuple, None when
+    it names none, anything else as it is (never a string's characters: a string passed the rule as the
+    tuple of its letters)."""
     names = cfg.get("architectures")
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+    if names is None or names == []:
         return None
-    return tuple(names)
+    return tuple(names) if isinstance(names, list) and all(isinstance(n, str) for n in names) else names
 
 
 def _text_config(config_file: Path) -> dict[str, Any]:

@@ -128,8 +128,9 @@ def folder_format(folder: str | os.PathLike[str]) -> str:
 
 def moe_problems(folder: str | os.PathLike[str]) -> list[str]:
     """What breaks the rules in a model folder's MoE facts (``config.json``: routed experts, top-k,
-    expert groups), read and judged as start-up judges them
-    (:func:`ascend_eplb.integration.rules.read_moe_facts`; no vLLM imported), plus a fact the file does
+    expert groups, MoE layers), read by start-up's reader
+    (:func:`ascend_eplb.integration.rules.read_moe_facts`) and judged by start-up's rule functions
+    (``MoeFacts.errors``: those of ``rules.MOE_FACT_RULES``; no vLLM imported), plus a fact the file does
     not state: the world reads ``config.json`` as written.
 
     Raises:
@@ -139,7 +140,11 @@ def moe_problems(folder: str | os.PathLike[str]) -> list[str]:
     from ascend_eplb.tools.check.model_folder import model_folder_facts
 
     moe = model_folder_facts(folder).moe
-    names = {"experts": ("routed-expert count", EXPERT_COUNT_KEYS), "top_k": ("top-k", TOP_K_KEYS)}
+    names = {
+        "experts": ("routed-expert count", EXPERT_COUNT_KEYS),
+        "top_k": ("top-k", TOP_K_KEYS),
+        "layers": ("decoder layer count", ("num_hidden_layers",)),
+    }
     unstated = [
         f"{moe.source} states no {what} (none of {', '.join(keys)}); state it"
         for fact, (what, keys) in names.items()
@@ -165,9 +170,10 @@ def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
 
     Raises:
         ValueError: ``model`` is neither a preset nor a folder with a ``config.json`` of a supported
-            architecture; the folder's MoE facts break start-up's rules (:func:`moe_problems`, every one
-            listed); ``fmt`` is not a format EPLB supports (or ``float32``); a folder's format is
-            not ``fmt`` (each message names the value and what is accepted).
+            architecture; the folder has no weights or its MoE facts break start-up's rules
+            (:func:`moe_problems`), every problem listed; ``fmt`` is not a format EPLB supports (or
+            ``float32``); a folder's format is not ``fmt`` (each message names the value and what is
+            accepted).
     """
     from ascend_eplb.tools import world
 
@@ -187,10 +193,13 @@ def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
                 f"model={model}: neither a preset ({', '.join(PRESETS)}, or {REPLAY}) nor a folder with a "
                 "config.json"
             )
-        if not any(folder.glob("*.safetensors")):
-            raise ValueError(f"model={model}: the folder has no *.safetensors weights")
-        # Its MoE facts as start-up reads them, every bad one at once, before a rank starts.
-        problems = moe_problems(folder)  # each names the folder's config.json
+        # The weights, then its MoE facts as start-up reads them: every problem at once, before a rank starts.
+        problems = (
+            []
+            if any(folder.glob("*.safetensors"))
+            else [f"model={model}: the folder has no *.safetensors weights"]
+        )
+        problems += moe_problems(folder)  # each names the folder's config.json
         own = folder_format(folder)
         if fmt is not None and fmt != own:
             problems.append(
