@@ -463,8 +463,11 @@ class EventsRecorder:
 
 
 def _bytes_received(model_state: Any) -> int:
-    stats = getattr(model_state.communicator, "cumulative_stats", None)
-    return int(stats.bytes_received) if stats is not None else 0
+    """metrics.bytes_received, 0 when the communicator keeps no statistics (the records' deltas are 0)."""
+    from ascend_eplb.integration.metrics import bytes_received
+
+    received = bytes_received(model_state)
+    return 0 if received is None else received
 
 
 def read_windows(path: str | os.PathLike[str], *, model: str | None = None) -> list[torch.Tensor]:

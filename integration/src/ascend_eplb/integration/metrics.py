@@ -12,7 +12,8 @@ and returns host tensors in float64 (loads) or int64 (placements) and does not m
 - experts crossing ranks: over all layers and ranks, the logical experts a rank holds after a
   rearrangement that it did not hold before, i.e. expert weights that travel between ranks; per rank:
   the experts that rank receives;
-- expert bytes: per MoE layer, the bytes of one expert's weights (every tensor a rearrangement moves).
+- expert bytes: per MoE layer, the bytes of one expert's weights (every tensor a rearrangement moves);
+- bytes received: what this rank's communicator received over all its transfers so far.
 
 Rank loads, balancedness and received experts are :mod:`ascend_eplb.control.measures`' (one definition
 each, shared with the migration-aware policy and the gain gate; numpy and torch only, so the tools read
@@ -27,6 +28,7 @@ from ascend_eplb.control import measures
 
 __all__ = [
     "balancedness",
+    "bytes_received",
     "expert_bytes",
     "experts_crossing_ranks",
     "experts_received_per_rank",
@@ -93,3 +95,18 @@ def expert_bytes(expert_weights) -> list[int]:
         ``[sum over the layer's views of view[0].numel() * view[0].element_size()]`` per layer.
     """
     return [sum(int(view[0].numel()) * view[0].element_size() for view in layer) for layer in expert_weights]
+
+
+def bytes_received(model_state) -> int | None:
+    """Bytes this rank has received over all the model's transfers so far, or None when not counted.
+
+    Args:
+        model_state: upstream's ``EplbModelState``; its ``communicator``'s ``cumulative_stats``
+            (movement's :class:`~ascend_eplb.movement.stats.TransferStats`) is read.
+
+    Returns:
+        ``cumulative_stats.bytes_received``; None when the communicator keeps no statistics (one of
+        upstream's own communicators).
+    """
+    stats = getattr(model_state.communicator, "cumulative_stats", None)
+    return None if stats is None else int(stats.bytes_received)

@@ -224,7 +224,7 @@ def end_of_run(
     stats["steps_run"] = len(stats["step_seconds"])
     stats["num_rearrangements"] = state.num_rearrangements
     stats["num_skipped_rearrangements"] = state.num_skipped_rearrangements  # all-zero windows
-    stats["bytes_moved"] = _bytes_received(model_state)
+    stats["bytes_moved"] = metrics.bytes_received(model_state)  # our communicator: counted
     # One expert's bytes as the transaction moves them (the first MoE layer's weight views, scales
     # included): integration.metrics' count, the one the events file and the metrics use.
     stats["expert_nbytes"] = metrics.expert_bytes(model_state.model.expert_weights)[0]
@@ -232,9 +232,3 @@ def end_of_run(
     stats["verifier_steps"] = verifier.steps
     stats["slots_per_rank"] = slots_per_rank
     stats["in_flight_at_end"] = [asdict(cycle) for cycle in watchdog.in_flight_at_shutdown]
-
-
-def _bytes_received(model_state: Any) -> int:
-    """Bytes this rank received over all rearrangements (movement's transfer statistics)."""
-    stats = model_state.communicator.cumulative_stats
-    return int(stats.bytes_received)
