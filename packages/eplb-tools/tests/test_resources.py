@@ -38,6 +38,11 @@ def test_the_default_run_estimate_counts_the_real_storage_and_fits_this_host():
     assert est.rank_parts["expert storage"] == 26 * _allocated(fmt, 17, 64, 32)
     assert est.rank_parts["reference storage"] == 26 * _allocated(fmt, 16, 64, 32)
     assert est.rank_parts["trace"] == 2 * 26 * 8251 * 6 * 12
+    # The replay world's hidden-state table, as it builds it: 4096 float32 rows of H = 64.
+    from ascend_eplb.tools.simulate import replay_world
+
+    assert est.rank_parts["hidden table"] == 4096 * 64 * 4
+    assert replay_world._hidden_table(torch.Generator().manual_seed(0), 64).nbytes == 4096 * 64 * 4
     assert est.per_rank == sum(est.rank_parts.values())
     assert est.total == 4 * est.per_rank + est.launcher + resources.PROCESS_BASE_BYTES
     assert est.total < host_memory.available_bytes()  # the README's main job runs here

@@ -47,6 +47,7 @@ from ascend_eplb.quant_views import get_format
 from ascend_eplb.quant_views.reference import expert_seed
 from ascend_eplb.tools.simulate.config import ascend_policy_keys
 from ascend_eplb.tools.simulate.faults import WORKER_FAULTS, inject_stale_lookup, inject_worker_fault
+from ascend_eplb.tools.simulate.resources import HIDDEN_TABLE_ROWS
 from ascend_eplb.tools.simulate.steps import (
     CheckViolationError,
     CommitWatch,
@@ -62,7 +63,11 @@ from ascend_eplb.tools.world.toy_moe import ToyModelConfig, ToyMoEModel, initial
 
 __all__ = ["QuantExperts", "run_replay"]
 
-_HIDDEN_TABLE_ROWS = 4096
+
+def _hidden_table(generator: torch.Generator, hidden: int) -> torch.Tensor:
+    """float32 ``[HIDDEN_TABLE_ROWS, H]``: a trace token's hidden state is row ``token % rows`` (the run's
+    memory estimate counts it, :data:`~ascend_eplb.tools.simulate.resources.HIDDEN_TABLE_ROWS`)."""
+    return torch.randn(HIDDEN_TABLE_ROWS, hidden, generator=generator)
 
 
 def _expert_weights(seed: int, layer: int, expert: int, hidden: int, inter: int) -> tuple[torch.Tensor, ...]:
@@ -151,7 +156,7 @@ class _ReplayWorld:
     w_all: torch.Tensor  # float32 [L, trace_tokens, K]
     seq_starts: np.ndarray  # bool [trace_tokens]: the token starts a sequence
     generator: torch.Generator  # the hidden-state table, then each step's padding ids
-    hidden_table: torch.Tensor  # [_HIDDEN_TABLE_ROWS, H]
+    hidden_table: torch.Tensor  # [HIDDEN_TABLE_ROWS, H]
     real: torch.Tensor  # bool [N*T]: real (unpadded) rows of the gathered batch
     layer_offsets: torch.Tensor  # [L, 1, 1]
     initial_p2l: torch.Tensor  # int64 [L, P]: upstream's initial placement (EPLB off)
@@ -284,7 +289,7 @@ def _build_replay_world(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConf
         inject_stale_lookup(model.layers[0].eplb_state)
 
     g = torch.Generator().manual_seed(seed)
-    hidden_table = torch.randn(_HIDDEN_TABLE_ROWS, hidden, generator=g)
+    hidden_table = _hidden_table(g, hidden)
     # EPLB off over the same tokens: upstream's initial placement (EplbState's linear map, redundant
     # slots replicating experts 0..R-1), each expert's load split evenly over its replicas
     # (integration.metrics, the policy's own model).
@@ -321,7 +326,7 @@ def _replay_step(w: _ReplayWorld, cursor: int) -> _ReplayForward:
     w.wiring.prepare_forward(w.model_config, batch, moe_rows="split")
     recording = bool(w.wiring.controller.last_record_decision)
     hid = torch.zeros(padded, hidden)
-    hid[:batch] = w.hidden_table[tok % _HIDDEN_TABLE_ROWS]
+    hid[:batch] = w.hidden_table[tok % HIDDEN_TABLE_ROWS]
     ids = torch.empty(num_moe_layers, padded, top_k, dtype=torch.int64)  # [L, T, K] logical
     ids[:, :batch] = w.ids_all[:, tok]
     ids[:, batch:] = pad_ids

@@ -35,7 +35,8 @@ __all__ = [
 #: Resident memory of one process with torch and vLLM imported (measured: 658 MiB, vLLM 0.33.0, torch
 #: 2.13.0 CPU), rounded up.
 PROCESS_BASE_BYTES = 768 * 2**20
-#: Rows of the simulator's hidden-state table (float32 ``[rows, H]``), see ``simulate.rank``.
+#: Rows of the replay world's hidden-state table (float32 ``[rows, H]``, ``simulate.replay_world``'s
+#: ``_hidden_table``, which reads it here: this module does not import vLLM, replay_world does).
 HIDDEN_TABLE_ROWS = 4096
 #: Longest ``--timeout`` / ``--worker-timeout``: 7 days (the OS timers and timedeltas they feed stay
 #: far from their limits).
