@@ -48,3 +48,17 @@ def test_balancedness_counts_a_layer_without_load_as_even_with_and_without_eplb(
     assert stats["balancedness_per_step"] == [(2 / 3 + 1.0) / 2]
     assert stats["balancedness_off_per_step"] == [(2 / 3 + 1.0) / 2]
     assert stats["rank_load_share_per_step"] == [[(0.75 + 0.0) / 2, (0.25 + 0.0) / 2]]
+
+
+def test_the_outputs_bound_uses_the_tolerance_the_rank_reports():
+    """Issue 30 item 5: the replay world compared its outputs with ``cfg["output_tolerance"]`` while the
+    report states ``stats["output_tolerance"]`` (a copy); both worlds now bound with the reported one."""
+    cfg = {"output_tolerance": {"rtol": 0.25, "atol": 0.5}}
+    stats = steps.new_stats(cfg)
+    cfg["output_tolerance"]["rtol"] = 100.0  # the driver's dict is not what the rank compares with
+    assert stats["output_tolerance"] == {"rtol": 0.25, "atol": 0.5}
+    assert steps.output_bound(stats, 4.0) == 1.5
+    per_layer = steps.output_bound(stats, torch.tensor([0.0, 2.0, 8.0]))
+    assert torch.equal(per_layer, torch.tensor([0.5, 1.0, 2.5]))
+    stats["output_tolerance"] = {"rtol": 0.0, "atol": 1e-6}
+    assert steps.output_bound(stats, 4.0) == 1e-6

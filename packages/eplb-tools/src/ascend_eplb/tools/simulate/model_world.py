@@ -32,6 +32,7 @@ from ascend_eplb.tools.simulate.steps import (
     close_step,
     end_of_run,
     new_stats,
+    output_bound,
     record_first_step_plan,
     record_initial_placement,
     record_resources,
@@ -75,9 +76,9 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
     ``seed`` and the DP rank), its first ``batch_size`` rows real; even steps are declared prefill
     batches, odd steps decode batches.
     Checks, every step: ``outputs`` (the real rows' logits equal the EPLB-off model's within
-    ``atol + rtol * max|reference|``, the driver's ``cfg["output_tolerance"]``
-    (``SimulateConfig.outputs_rtol``: 1e-5 for float32 activations, 16 units of roundoff for bf16/fp16))
-    and ``load`` (the load recorded over all ranks equals
+    ``atol + rtol * max|reference|``, the tolerance the rank reports (``steps.output_bound``): the
+    driver's ``cfg["output_tolerance"]`` (``SimulateConfig.outputs_rtol``: 1e-5 for float32
+    activations, 16 units of roundoff for bf16/fp16)) and ``load`` (the load recorded over all ranks equals
     the bincount of the physical ids the expert kernel consumed for the real rows, each selection once,
     when the step records; nothing when it does not; the real rows of the batch the experts received:
     :func:`real_kernel_rows`).
@@ -118,8 +119,6 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
     layer_offsets = torch.arange(num_moe_layers).view(num_moe_layers, 1, 1)
     stats = new_stats(cfg)
     record_initial_placement(stats, cfg, worker.initial_slot_mismatches)
-    # The driver's tolerance (SimulateConfig.outputs_rtol: the experts' format, 16-bit: its roundoff).
-    rtol, atol = stats["output_tolerance"]["rtol"], stats["output_tolerance"]["atol"]
     violation: CheckViolationError | None = None
     commits = CommitWatch(worker.wiring.controller.bus)
     for step in range(cfg["steps"]):
@@ -135,7 +134,8 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
         phys = kernel[:, real]  # [L, real rows, K] physical: every real token of the world, once
         on, off = seen.logits_on[:batch], seen.logits_off[:batch]
         err = float((on - off).abs().max())
-        bound = atol + rtol * float(off.abs().max())
+        # The driver's tolerance (SimulateConfig.outputs_rtol: the experts' format, 16-bit: its roundoff).
+        bound = output_bound(stats, float(off.abs().max()))
         stats["max_output_error"] = max(stats["max_output_error"], err)
         if violation is None and err > bound:
             violation = CheckViolationError(

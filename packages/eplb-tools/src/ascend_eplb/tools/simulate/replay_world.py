@@ -10,7 +10,8 @@ EPLB-off reference world (the same tokens' logical experts computed from one sto
 experts in identity placement). Its checks:
 
 - ``outputs``: each layer's output for the real tokens equals the EPLB-off reference within
-  ``atol + rtol * max|reference|`` (``cfg["output_tolerance"]``: ``SimulateConfig.outputs_rtol``);
+  ``atol + rtol * max|reference|`` (the rank's reported ``output_tolerance``, the driver's
+  ``SimulateConfig.outputs_rtol``: ``steps.output_bound``);
 - ``load``: the recorded ``expert_load_pass`` equals the bincount of the real (unpadded) tokens'
   physical ids when recording was on, and is zero when it was off.
 
@@ -54,6 +55,7 @@ from ascend_eplb.tools.simulate.steps import (
     close_step,
     end_of_run,
     new_stats,
+    output_bound,
     record_first_step_plan,
     record_initial_placement,
     record_resources,
@@ -204,7 +206,7 @@ def _run_replay(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> d
         t0, c0 = time.perf_counter(), time.process_time()
         world.verifier_time[0] = 0.0
         placement = world.model_state.physical_to_logical_map.clone()  # in force for this forward
-        fwd = _replay_step(world, cursor)
+        fwd = _replay_step(world, cursor, stats)
         cursor += world.ctx.world_size * world.batch
         stats["max_output_error"] = max(stats["max_output_error"], float(fwd.err.max()))
         rank_load = torch.bincount(
@@ -311,7 +313,7 @@ def _build_replay_world(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConf
     )  # fmt: skip
 
 
-def _replay_step(w: _ReplayWorld, cursor: int) -> _ReplayForward:
+def _replay_step(w: _ReplayWorld, cursor: int, stats: dict) -> _ReplayForward:
     """One replayed step's forward on this rank, from the trace token ``cursor`` on (the world consumes
     ``N * batch_size`` tokens per step): runner points ``prepare_inputs`` and ``prepare_forward``, every
     layer's upstream router, the all-gather dispatch, both worlds' experts, the all-reduce combine."""
@@ -362,8 +364,7 @@ def _replay_step(w: _ReplayWorld, cursor: int) -> _ReplayForward:
     dist.all_reduce(out, group=w.group)  # combine (both worlds, all layers, one collective)
     rows = slice(rank * padded, rank * padded + batch)  # the rank keeps its own rows
     err = (out[0, :, rows] - out[1, :, rows]).abs().amax(dim=(1, 2))  # [L]
-    tolerance = w.cfg["output_tolerance"]
-    bound = tolerance["atol"] + tolerance["rtol"] * out[1, :, rows].abs().amax(dim=(1, 2))
+    bound = output_bound(stats, out[1, :, rows].abs().amax(dim=(1, 2)))  # the tolerance the rank reports
     return _ReplayForward(recording, phys, all_logical, all_phys, err, bound)
 
 

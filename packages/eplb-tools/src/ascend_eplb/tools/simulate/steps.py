@@ -38,6 +38,7 @@ __all__ = [
     "end_of_run",
     "end_of_step",
     "new_stats",
+    "output_bound",
     "record_resources",
     "timed_hooks",
 ]
@@ -76,6 +77,14 @@ def new_stats(cfg: dict) -> dict[str, Any]:
         "load_steps_recorded": 0,
         "load_selections": 0,
     }
+
+
+def output_bound(stats: dict[str, Any], reference_max: Any) -> Any:
+    """The ``outputs`` check's bound, ``atol + rtol * max|reference|``, with the tolerance the rank reports
+    (``stats["output_tolerance"]``): what the report states is what was compared. ``reference_max``: a
+    float, or a tensor (one bound per element)."""
+    tolerance = stats["output_tolerance"]
+    return tolerance["atol"] + tolerance["rtol"] * reference_max
 
 
 def timed_hooks(controller: Any) -> tuple[WorkerWatchdog, EplbVerifier, list[float]]:
