@@ -1,13 +1,20 @@
 """Names that do not lie: every dotted code name of ascend_eplb that INVARIANTS.md, GLOSSARY.md and the
-READMEs mention resolves (its module imports, each attribute exists)."""
+READMEs mention resolves (its module imports, each attribute exists), and every other backticked name that
+looks like code (a CamelCase class, a ``snake_case()`` call, a dotted name) is defined in the project, its
+tests' helpers, vLLM (read from its installed source), prometheus_client or Python, or is one of the few
+named in :data:`EXTERNAL`."""
 
 from __future__ import annotations
 
+import ast
+import builtins
 import importlib
+import importlib.util
 import inspect
 import os
 import pkgutil
 import re
+import sys
 from pathlib import Path
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before anything imports vllm
@@ -177,3 +184,179 @@ def test_every_test_the_documents_name_exists():
                 missing.append(f"{current}::{name} ({path.relative_to(ROOT).as_posix()})")
     assert missing == []
     assert cited > 50
+
+
+#: The sources whose names are the project's: every distribution's ``src``.
+SOURCES = sorted({*ROOT.glob("packages/*/src"), ROOT / "integration" / "src", ROOT / "testing" / "src"})
+#: Import roots of other projects (``torch.compile``, ``tl.atomic_add``); the standard library's
+#: (``gc.freeze``) are Python's own.
+EXTERNAL_MODULES = {
+    "torch",
+    "dist",
+    "triton",
+    "tl",
+    "numpy",
+    "np",
+    "vllm",
+    "vllm_ascend",
+    "prometheus_client",
+}
+#: Names the documents use that are not ours and that no installed source here defines, each by origin.
+EXTERNAL = {
+    # vLLM Ascend (not installed in this workspace)
+    "AscendConfig",
+    "AscendRoutedExperts",
+    "AscendUnquantizedFusedMoEMethod",
+    "AscendW4A8DynamicFusedMoEMethod",
+    "AscendW8A8DynamicFusedMoEMethod",
+    # torch (not scanned: its source is large): the tensor class, a method, two dispatch keys
+    "Tensor",
+    "transpose",
+    "CompositeExplicitAutograd",
+    "PrivateUse1",
+    # PromQL's functions, /proc/meminfo's field
+    "increase",
+    "rate",
+    "MemAvailable",
+    # placeholders, a formula's function and variables of the documents' snippets
+    "Class",
+    "fn",
+    "clamp",
+    "self",
+    "storage",
+    "consumed_event",
+    "vllm_config",
+}
+#: A CamelCase name (two humps at least: ``AscendEplbState``, ``DeepseekV3ForCausalLM``).
+_CAMEL = re.compile(r"^_?[A-Z][a-z0-9]+(?:[A-Z][A-Za-z0-9]*)+$")
+#: A snake_case name called: ``check_upstream_state_signatures()``, ``fn(ctx, *args)``.
+_CALL = re.compile(r"^(_?[a-z][a-z0-9]*(?:_[a-z0-9]+)*)\(")
+#: A function, method or class defined in a source read as text.
+_DEFINITION = re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+(\w+)", re.MULTILINE)
+
+
+def _assigned(body: list[ast.stmt]) -> set[str]:
+    names: set[str] = set()
+    for node in body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        for target in targets if isinstance(node, ast.Assign | ast.AnnAssign) else []:
+            names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
+
+
+def _defined() -> set[str]:
+    """Every name the project's sources define: each module's and package's name, every function,
+    method and class (at any depth), every module-level and class-level assigned name (constants,
+    dataclass fields)."""
+    names: set[str] = set()
+    for src in SOURCES:
+        for path in src.rglob("*.py"):
+            names.update(part for part in path.relative_to(src).with_suffix("").parts if part != "__init__")
+            tree = ast.parse(path.read_text())
+            names.update(_assigned(tree.body))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    names.add(node.name)
+                if isinstance(node, ast.ClassDef):
+                    names.update(_assigned(node.body))
+    return names
+
+
+def _test_helpers() -> dict[str, set[str]]:
+    """The tests' modules by name (``ranks_real_models``), each with its top-level names."""
+    helpers: dict[str, set[str]] = {}
+    for path in [*ROOT.glob("tests/*.py"), *ROOT.glob("*/tests/*.py"), *ROOT.glob("packages/*/tests/*.py")]:
+        tree = ast.parse(path.read_text())
+        top = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+        helpers.setdefault(path.stem, set()).update(top | _assigned(tree.body))
+    return helpers
+
+
+def _upstream() -> set[str]:
+    """The names installed vLLM and prometheus_client define: modules, functions, methods and classes (a
+    text scan of their sources), and vLLM's config fields (``eplb_config``, ``additional_config``)."""
+    names: set[str] = set()
+    for package in ("vllm", "prometheus_client"):
+        (folder,) = importlib.util.find_spec(package).submodule_search_locations
+        for path in Path(folder).rglob("*.py"):
+            names.add(path.stem)
+            names.update(_DEFINITION.findall(path.read_text()))
+    (vllm,) = importlib.util.find_spec("vllm").submodule_search_locations
+    for path in (Path(vllm) / "config").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                names.update(_assigned(node.body))
+    return names
+
+
+_KNOWN: list[tuple[set[str], dict[str, set[str]], set[str]]] = []
+
+
+def _known() -> tuple[set[str], dict[str, set[str]], set[str]]:
+    if not _KNOWN:
+        _KNOWN.append((_defined(), _test_helpers(), _upstream()))
+    return _KNOWN[0]
+
+
+def _unknown(text: str) -> bool:
+    """Whether a backticked ``text`` looks like code but names nothing known: a dotted name that is not a
+    name of ours (those :func:`_ours` resolves) whose first component is nothing known, or whose first
+    component is a test helper module that does not define the second; a CamelCase name or a
+    ``snake_case(...)`` call that nothing known defines."""
+    defined, helpers, upstream = _known()
+    name = text.split("(")[0].removesuffix(".")
+
+    def known(word: str) -> bool:
+        return any(word in names for names in (defined, upstream, EXTERNAL)) or hasattr(builtins, word)
+
+    if _DOTTED.match(name) and not name.endswith(_FILES):
+        if _ours(name, *_index()):
+            return False  # test_every_code_name_the_documents_mention_resolves checks it
+        first, second = name.split(".")[:2]
+        if first in helpers and first not in defined:
+            return second not in helpers[first]
+        return not (first in EXTERNAL_MODULES or first in sys.stdlib_module_names or known(first))
+    call = _CALL.match(text)
+    if call or _CAMEL.match(name):
+        return not known(call.group(1) if call else name)
+    return False
+
+
+def test_a_misspelled_or_unknown_name_is_seen_and_known_ones_pass():
+    """The check itself (issue 30): names of ours misspelled, renamed or invented fail; ours, vLLM's,
+    Python's and the test helpers' pass; words that do not look like code are not judged."""
+    for wrong in (
+        "AscendEplbStat",  # a class of ours misspelled
+        "check_upstreams()",  # patches.check_upstream() is the function
+        "Foo.bar",
+        "ranks_real_models.metric_world",  # the helper defines metrics_world
+        "EplbStat.step",
+    ):
+        assert _unknown(wrong), wrong
+    for right in (
+        "AscendEplbState",
+        "check_upstream()",
+        "check_upstream_state_signatures()",
+        "ranks_real_models.metrics_world",
+        "EplbState.step",  # vLLM's
+        "DeepseekV3ForCausalLM",
+        "eplb_config.policy",  # vLLM's config field
+        "gc.freeze",
+        "ValueError",
+        "int(x)",
+        "torch.compile",
+        "AscendW8A8DynamicFusedMoEMethod",  # EXTERNAL
+        "window_size",  # a field name, not a call: not judged
+        "ASCEND_EPLB_EVENTS",
+    ):
+        assert not _unknown(right), right
+
+
+def test_every_name_that_looks_like_code_is_defined_somewhere_known():
+    unknown: dict[str, set[str]] = {}
+    for path in DOCUMENTS:
+        for match in re.finditer(r"`([^`\n]+)`", path.read_text()):
+            text = match.group(1).strip()
+            if _unknown(text):
+                unknown.setdefault(text, set()).add(path.relative_to(ROOT).as_posix())
+    assert {name: sorted(where) for name, where in unknown.items()} == {}
