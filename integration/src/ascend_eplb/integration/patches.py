@@ -14,8 +14,11 @@ The rows themselves are declared once, in the one upstream surface, :mod:`ascend
   every signature before the first change (``RuntimeError`` naming the drifted binding; nothing
   half-applied).
 * :data:`INSTANCE_BINDINGS`: the surface's upstream methods replaced on single instances
-  (:class:`~ascend_eplb.control.patching.InstanceBinding`); the class keeps its method. Their owners
-  bind them while serving (at model registration, at each async commit).
+  (:class:`~ascend_eplb.control.patching.InstanceBinding`) while serving; the class keeps its method.
+  Their owners bind them while serving (at model registration, at each async commit).
+
+The simulator's CPU stand-ins (the surface's ``STAND_INS`` and the rows of its ``TOOLS`` users) are no
+part of this registry: serving neither installs nor checks them (the CPU world checks its own).
 
 Each replacement rebinds one binding that vLLM does not expose as an extension point and calls the
 plane that owns the behaviour; nothing here re-implements EPLB state, policy, routing or movement.
@@ -142,20 +145,26 @@ PATCHES: tuple[Patch, ...] = _in_surface_order(
     watchdog.PATCHES,
 )
 
-#: Every upstream method the process replaces on single instances (the classes keep theirs).
-INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = upstream.INSTANCE_BINDINGS
+#: Every upstream method the serving process replaces on single instances (the classes keep theirs): the
+#: surface's rows of a serving user (not the CPU world's).
+INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = tuple(
+    b for b in upstream.INSTANCE_BINDINGS if upstream.serving_rows(b.signature.users)
+)
 
 _REGISTRY = PatchSet(PATCHES)
 
 
 def check_upstream() -> None:
-    """Check every upstream row the process relies on: each signature of the one table,
+    """Check every upstream row the serving process relies on: each signature of the one table,
     :data:`ascend_eplb.control.upstream.SIGNATURES` (names, kinds and defaults; the targets of
     :data:`PATCHES` and of :data:`INSTANCE_BINDINGS` included), except a patch target whose patch does
     not apply in this process (the host adaptation's, where an accelerator is present) and that nothing
     else relies on (``EplbState.__init__`` is still checked there: the state subclasses it); then every
-    pinned body, attribute and override (:func:`ascend_eplb.control.upstream.check_rows`). Wrappers
-    installed by :func:`apply_patches` are checked as the functions they wrap.
+    pinned body, attribute and override of a serving user
+    (:func:`ascend_eplb.control.upstream.check_rows` of ``upstream.SERVING``). A row only the
+    simulator's CPU world or the offline tools rely on (``upstream.TOOLS``) is left out: a vLLM change
+    there must not stop a serving process. Wrappers installed by :func:`apply_patches` are checked as
+    the functions they wrap.
 
     Raises:
         RuntimeError: a row is missing or drifted from vLLM 0.33.0 / torch 2.13.0; the message names it
@@ -168,9 +177,10 @@ def check_upstream() -> None:
     check_signatures(
         entry
         for entry in upstream.SIGNATURES.values()
-        if entry.name not in not_applied or not set(entry.users) <= {not_applied[entry.name]}
+        if upstream.serving_rows(entry.users)
+        and (entry.name not in not_applied or not set(entry.users) <= {not_applied[entry.name]})
     )
-    upstream.check_rows()
+    upstream.check_rows(upstream.SERVING)
 
 
 def apply_patches() -> bool:

@@ -11,7 +11,8 @@ checked:
   extension point (a module global, a class attribute, a torch function); its replacement factory is
   named in the owner module, which turns its entries into :class:`Patch` es
   (:meth:`PatchEntry.patch`). Nothing in this package installs them: the integration's
-  ``apply_patches()`` owns the single :class:`PatchSet` of the process and installs every one at once.
+  ``apply_patches()`` owns the single :class:`PatchSet` of the serving process and installs every one at
+  once (the simulator's CPU world installs its stand-ins, the surface's ``STAND_INS``, with its own).
 * :class:`InstanceBinding`: the replacement of an upstream method on single instances (the class keeps
   its method), installed by the code that owns those instances.
 * :class:`Override`: a method of an upstream class that a subclass of ascend_eplb overrides; it must

@@ -53,7 +53,7 @@ facts measured in ``notes/real-models-on-cpu.md``), each checked against HF tran
    its group: ``all_gather`` of the rows padded to the largest size, then the real rows of each rank
    concatenated in rank order; ``all_reduce`` (sum) of the whole tensor, then this rank's rows. Any
    other communicator gets upstream's method unchanged.
-6. **No compilation of vLLM's helper functions** (:func:`install_stand_ins`): vLLM decorates a few
+6. **No compilation of vLLM's helper functions** (:func:`stand_in_patches`): vLLM decorates a few
    standalone functions with ``torch.compile(backend=current_platform.simple_compile_backend)``, among
    them ``VocabParallelEmbedding``'s ``get_masked_input_and_mask`` (every forward at TP > 1) and the
    grouped top-k router. The CPU platform's backend is ``"inductor"``: its first call generated and
@@ -61,11 +61,16 @@ facts measured in ``notes/real-models-on-cpu.md``), each checked against HF tran
    main job). vLLM Ascend's ``NPUPlatform`` sets ``simple_compile_backend = "eager"`` ("Disable
    torch.compile()"), so on an NPU these functions run their eager ops. The decorators took the backend
    when vLLM was imported (in the launcher's fork server, before any stand-in), so the stand-in switches
-   TorchDynamo off for the process (``torch._dynamo.config.disable``, read at every call): the same
-   eager ops, without the trace. The models themselves run eagerly anyway (``enforce_eager=True``).
+   TorchDynamo off for the process (``torch._dynamo.config.disable``, read at every call; a patch of
+   :func:`stand_in_patches`): the same eager ops, without the trace. The models themselves run eagerly
+   anyway (``enforce_eager=True``).
 
-:func:`install_stand_ins` installs every process-wide stand-in (before a model is built);
-:func:`install_model_stand_ins` those of one built model. This module imports vLLM inside its
+Every point where these stand-ins meet vLLM is a row of the one upstream surface,
+:mod:`ascend_eplb.control.upstream` (users ``tools.world.*``: the patches are its ``STAND_INS``, built
+here with ``patches_of``; the per-instance ``forward`` s are ``INSTANCE_BINDINGS`` rows); serving never
+installs or checks them. :func:`install_stand_ins` checks the CPU world's rows (``upstream.WORLD``)
+before it installs every process-wide stand-in (before a model is built);
+:func:`install_model_stand_ins` installs those of one built model. This module imports vLLM inside its
 functions only. Shape letters (DESIGN.md section 2): p local physical experts, T tokens, K top-k, H
 hidden size, I MoE intermediate size.
 """
@@ -281,43 +286,18 @@ def _without_absent_sgl_kernel(original: Any) -> Any:
 
 
 def _stand_in_patches() -> Any:
-    from ascend_eplb.control.patching import Patch, PatchSet
+    from ascend_eplb.control import upstream
+    from ascend_eplb.control.patching import PatchSet
 
-    base = f"{_COMMUNICATORS}.base_device_communicator"
-    return PatchSet(
-        [
-            Patch(
-                "vllm.model_executor.layers.utils",
-                "check_cpu_sgl_kernel",
-                ("n", "k", "dtype"),
-                _without_absent_sgl_kernel,
-                __name__,
-            ),
-            Patch(
-                base,
-                "DeviceCommunicatorBase.all_gatherv",
-                ("self", "input_", "dim=0", "sizes=None"),
-                _cpu_all_gatherv,
-                __name__,
-                check=_cpu_communicator_lacks("all_gatherv"),
-            ),
-            Patch(
-                base,
-                "DeviceCommunicatorBase.reduce_scatterv",
-                ("self", "input_", "dim=-1", "sizes=None"),
-                _cpu_reduce_scatterv,
-                __name__,
-                check=_cpu_communicator_lacks("reduce_scatterv"),
-            ),
-        ]
-    )
+    return PatchSet(upstream.patches_of(upstream.WORLD_STAND_INS, globals()))
 
 
 _STAND_IN_PATCHES: Any = None
 
 
 def stand_in_patches() -> Any:
-    """The ``PatchSet`` of this harness's upstream replacements (stand-ins 3 and 5), built once."""
+    """The ``PatchSet`` of this harness's upstream replacements (stand-ins 3, 5 and 6), built once from
+    the upstream surface's ``STAND_INS`` rows (their bindings, parameters and the functions named here)."""
     global _STAND_IN_PATCHES
     if _STAND_IN_PATCHES is None:
         _STAND_IN_PATCHES = _stand_in_patches()
@@ -332,8 +312,6 @@ def __getattr__(name: str) -> Any:
 
 
 # --- stand-in 5: variable-size collectives -----------------------------------------------------------
-
-_COMMUNICATORS = "vllm.distributed.device_communicators"
 
 
 def _is_cpu_communicator(communicator: Any) -> bool:
@@ -457,17 +435,37 @@ def _cpu_reduce_scatterv(original: Any) -> Any:
     return reduce_scatterv
 
 
-def _cpu_communicator_lacks(name: str) -> Any:
-    def check(original: Any) -> None:
-        from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
+def _cpu_communicator_lacks(name: str) -> None:
+    from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
 
-        if name in vars(CpuCommunicator):
-            raise RuntimeError(
-                f"upstream CpuCommunicator now implements {name}: the harness's stand-in for it must go "
-                "(ascend_eplb.tools.world.stand_ins, stand-in 5)"
-            )
+    if name in vars(CpuCommunicator):
+        raise RuntimeError(
+            f"upstream CpuCommunicator now implements {name}: the harness's stand-in for it must go "
+            "(ascend_eplb.tools.world.stand_ins, stand-in 5)"
+        )
 
-    return check
+
+def _check_cpu_communicator_lacks_all_gatherv(original: Any) -> None:
+    _cpu_communicator_lacks("all_gatherv")
+
+
+def _check_cpu_communicator_lacks_reduce_scatterv(original: Any) -> None:
+    _cpu_communicator_lacks("reduce_scatterv")
+
+
+# --- stand-in 6: no compilation of vLLM's helper functions -------------------------------------------
+
+
+def _dynamo_disabled(original: bool) -> bool:
+    return True  # vLLM Ascend's simple_compile_backend = "eager"
+
+
+def _check_dynamo_switch(original: Any) -> None:
+    if not isinstance(original, bool):
+        raise RuntimeError(
+            f"upstream torch._dynamo.config.disable is {original!r}, not a bool: the switch stand-in 6 "
+            "sets is gone (ascend_eplb.tools.world.stand_ins)"
+        )
 
 
 # --- stand-in 2: attention ------------------------------------------------------------------------
@@ -537,9 +535,10 @@ def install_attention_stand_ins(model: torch.nn.Module) -> dict[str, int]:
 def install_stand_ins(*, quantized: bool = False, dispatch: str = "gather") -> None:
     """Install every process-wide stand-in, before a model is built (idempotent).
 
-    The 16-bit linear patch and the variable-size collectives (:func:`stand_in_patches`), no
-    compilation of vLLM's helper functions (stand-in 6 of the module docstring), the torch expert method
-    (:func:`register_torch_moe_method`) and, for a checkpoint with an msModelSlim description
+    First the CPU world's rows of the upstream surface (``upstream.check_used_by(*upstream.WORLD)``:
+    signatures, instance bindings' targets, attributes). Then the 16-bit linear patch, the variable-size
+    collectives and no compilation of vLLM's helper functions (:func:`stand_in_patches`), the torch
+    expert method (:func:`register_torch_moe_method`) and, for a checkpoint with an msModelSlim description
     (``quantized``), the ``"ascend"`` quantization stand-in
     (``quant_method.register_ascend_quantization``). ``dispatch`` (:data:`MOE_DISPATCHES`) is the torch
     expert method's for every model of this process built or run afterwards.
@@ -547,8 +546,8 @@ def install_stand_ins(*, quantized: bool = False, dispatch: str = "gather") -> N
     Raises:
         ValueError: ``dispatch`` is not one of :data:`MOE_DISPATCHES`, or ``all-to-all`` with
             ``quantized`` (the quantized method has no all-to-all dispatch).
-        RuntimeError: an upstream binding a stand-in replaces drifted, or another out-of-tree method or
-            ``"ascend"`` quantization is registered already.
+        RuntimeError: an upstream row of the CPU world drifted (named; nothing installed), or another
+            out-of-tree method or ``"ascend"`` quantization is registered already.
     """
     if dispatch not in MOE_DISPATCHES:
         raise ValueError(f"dispatch={dispatch!r} must be one of {list(MOE_DISPATCHES)}")
@@ -556,10 +555,10 @@ def install_stand_ins(*, quantized: bool = False, dispatch: str = "gather") -> N
         raise ValueError(
             "dispatch='all-to-all' stands in for float32 experts only, not a quantized checkpoint"
         )
-    stand_in_patches().apply()
-    import torch._dynamo
+    from ascend_eplb.control import upstream
 
-    torch._dynamo.config.disable = True  # vLLM Ascend's simple_compile_backend = "eager"
+    upstream.check_used_by(*upstream.WORLD)
+    stand_in_patches().apply()
     register_torch_moe_method().dispatch = dispatch
     if quantized:
         from ascend_eplb.tools.world.quant_method import register_ascend_quantization
