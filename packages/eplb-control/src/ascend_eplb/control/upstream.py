@@ -99,10 +99,11 @@ METRICS = "integration.metrics"
 WORLD_STAND_INS = "tools.world.stand_ins"
 WORLD_QUANT = "tools.world.quant_method"
 WORLD_SERVING = "tools.world.serving"
+SIMULATE = "tools.simulate"
 PLAN = "tools.plan"
-#: The users of the simulator's CPU world (``ascend_eplb.tools.world``): ``stand_ins.install_stand_ins``
-#: checks their rows (:func:`check_used_by`) before it installs anything.
-WORLD = (WORLD_STAND_INS, WORLD_QUANT, WORLD_SERVING)
+#: The users of the simulator's CPU world (``ascend_eplb.tools.world``, and ``simulate``'s ranks that run it):
+#: ``stand_ins.install_stand_ins`` checks their rows (:func:`check_used_by`) before it installs anything.
+WORLD = (WORLD_STAND_INS, WORLD_QUANT, WORLD_SERVING, SIMULATE)
 #: The users outside serving: the CPU world and ``plan`` (which runs without vLLM: its body row is held by
 #: its tests). Serving's ``check_upstream()`` leaves out a row only they rely on (:func:`serving_rows`).
 TOOLS = (*WORLD, PLAN)
@@ -1017,6 +1018,18 @@ ATTRIBUTES: tuple[Attribute, ...] = (
     ),
     Attribute(
         _INTERFACES, "MixtureOfExperts", "moe_layers", "reads", (WORLD_SERVING,), "the model's MoE layers"
+    ),
+    # What simulate's ranks read of the world's state (the steps' checks and accounting).
+    Attribute(_STATE, "EplbState", "model_states", "reads", (SIMULATE,), "the replay world's model"),
+    *(
+        Attribute(_STATE, _MODEL_STATE, attr, "reads", (SIMULATE,), why)
+        for attr, why in (
+            ("physical_to_logical_map", "the placement in force for a forward (the outputs check)"),
+            ("communicator", "`--fault`: the communicator a worker fault is injected into"),
+            ("expert_load_pass", "the replay world's `load` check: the load a forward recorded"),
+            ("rebalanced", "whether a cycle is in flight (the worker verdict)"),
+            ("model", "`expert_weights`: the bytes of one expert (`metrics.expert_bytes`)"),
+        )
     ),
 )
 
