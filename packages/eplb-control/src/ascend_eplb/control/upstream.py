@@ -3,8 +3,10 @@
 Six kinds of row (the types are :mod:`ascend_eplb.control.patching`'s), each listed here and nowhere
 else (the module-level replacements in two tables: serving's and the CPU world's):
 
-* :data:`SIGNATURES`: every upstream callable relied on (patched, bound per instance, overridden,
-  called, or whose body is pinned), with its parameters: names, kinds and defaults.
+* :data:`SIGNATURES`: every upstream callable patched, bound per instance, overridden or whose body is
+  pinned, and those called with arguments we build (the start-up install's transaction and commit, the
+  CPU world's registrations; accessors such as ``get_ep_group()`` are not listed), with its parameters:
+  names, kinds and defaults.
 * :data:`PATCHES`: every module-level binding the process replaces. Each row names, in its owner
   module, the replacement factory (and the applicability predicate and extra check); the owner turns
   its rows into :class:`~ascend_eplb.control.patching.Patch` es with :func:`patches_of`, and
