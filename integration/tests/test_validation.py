@@ -77,6 +77,7 @@ BREAKS = {
                 "num_hidden_layers": 3,
                 "first_k_dense_replace": 3,
             },
+            architectures=("DeepseekV3ForCausalLM",),
         )
     },
     "moe-model-class": {"model_architectures": ("Qwen2MoeForCausalLM",)},
@@ -416,9 +417,9 @@ NO_MOE_LAYER = (
         ),
         (
             {**DEEPSEEK_V3, "first_k_dense_replace": -1},
-            "first_k_dense_replace=-1 must be an integer >= 0 (the leading dense layers; below 0, "
-            "DeepSeek's num_moe_layers = num_hidden_layers - first_k_dense_replace counts more MoE layers "
-            "than the model has); fix: correct first_k_dense_replace",
+            "first_k_dense_replace=-1 must be an integer >= 0 (the leading dense layers: vLLM's class "
+            "compares layer_idx >= first_k_dense_replace and counts num_moe_layers = num_hidden_layers - "
+            "first_k_dense_replace); fix: correct first_k_dense_replace",
         ),
         (
             {**QWEN3_MOE, "mlp_only_layers": [0, 1]},
@@ -451,17 +452,73 @@ def test_start_up_refuses_a_config_without_a_moe_layer_naming_the_fields(tmp_pat
 def test_the_moe_layers_are_counted_as_vllms_model_classes_build_them(tmp_path, monkeypatch):
     from ascend_eplb.integration.rules import read_moe_facts
 
-    # DeepSeek: the first first_k_dense_replace layers are dense; Qwen-MoE: mlp_only_layers are dense and
-    # layer i is MoE when (i + 1) % decoder_sparse_step == 0; Mixtral: every layer.
+    # By the model class vLLM builds (the first architecture), only the fields that class reads: DeepSeek's
+    # first first_k_dense_replace layers are dense; Qwen-MoE's mlp_only_layers are dense and layer i is MoE
+    # when (i + 1) % decoder_sparse_step == 0; Mixtral's every layer.
+    ds, qwen, mixtral = ["DeepseekV3ForCausalLM"], ["Qwen3MoeForCausalLM"], ["MixtralForCausalLM"]
     cases = [
-        ({"num_hidden_layers": 61, "first_k_dense_replace": 3}, 58),
-        ({"num_hidden_layers": 48, "mlp_only_layers": [0, 5], "decoder_sparse_step": 1}, 46),
-        ({"num_hidden_layers": 8, "decoder_sparse_step": 2}, 4),
-        ({"num_hidden_layers": 32}, 32),
-        ({"num_hidden_layers": 8, "mlp_only_layers": None}, 8),  # transformers reads None as []
-    ]
-    for stated, layers in cases:
-        assert read_moe_facts(stated, "config.json").num_moe_layers == layers, stated
+        ({"architectures": ds, "num_hidden_layers": 61, "first_k_dense_replace": 3}, 58, range(3, 61)),
+        ({"architectures": ["Glm4MoeForCausalLM"], "num_hidden_layers": 46, "first_k_dense_replace": 1},
+         45, range(1, 46)),
+        ({"architectures": qwen, "num_hidden_layers": 48, "mlp_only_layers": [0, 5],
+          "decoder_sparse_step": 1}, 46, (1, 2, 3, 4, *range(6, 48))),
+        ({"architectures": qwen, "num_hidden_layers": 8, "decoder_sparse_step": 2}, 4, range(1, 8, 2)),
+        ({"architectures": qwen, "num_hidden_layers": 8, "decoder_sparse_step": 3,
+          "mlp_only_layers": [2, -1, 9]}, 1, (5,)),
+        ({"architectures": mixtral, "num_hidden_layers": 32}, 32, range(32)),
+        ({"architectures": qwen, "num_hidden_layers": 8, "mlp_only_layers": None}, 8, range(8)),  # None is []
+        # a field the class does not read changes nothing (they were pooled: each of these was refused)
+        ({"architectures": mixtral, "num_hidden_layers": 4, "mlp_only_layers": [0, 1, 2, 3]}, 4, range(4)),
+        ({"architectures": qwen, "num_hidden_layers": 4, "first_k_dense_replace": 4}, 4, range(4)),
+        ({"architectures": ds, "num_hidden_layers": 4, "first_k_dense_replace": 0,
+          "decoder_sparse_step": 8}, 4, range(4)),
+        # counted, not enumerated: INT32_MAX layers at once (a list of them hung or ran out of memory)
+        ({"architectures": qwen, "num_hidden_layers": 2**31 - 1, "decoder_sparse_step": 2,
+          "mlp_only_layers": [1]}, 2**30 - 2, None),
+    ]  # fmt: skip
+    for stated, layers, indices in cases:
+        facts = read_moe_facts(stated, "config.json")
+        assert (facts.num_moe_layers, facts.layers_error(), facts.layers_not_counted()) == (
+            layers,
+            None,
+            None,
+        )
+        if indices is not None:
+            assert tuple(facts.moe_layer_indices()) == tuple(indices), stated
+    # what the class needs and vLLM cannot build is named; what this reading cannot count is not judged
+    assert read_moe_facts({"architectures": ds, "num_hidden_layers": 4, "first_k_dense_replace": None}, "c")\
+        .layers_error() == (
+        "c: first_k_dense_replace=None must be an integer >= 0 (the leading dense layers: vLLM's class "
+        "compares layer_idx >= first_k_dense_replace and counts num_moe_layers = num_hidden_layers - "
+        "first_k_dense_replace); fix: correct first_k_dense_replace"
+    )  # fmt: skip
+    assert read_moe_facts(
+        {"architectures": ds, "num_hidden_layers": 4, "first_k_dense_replace": 1, "moe_layer_freq": 2}, "c"
+    ).layers_error() == (
+        "c: moe_layer_freq=2 must be 1 with EPLB (vLLM's DeepSeek class builds a MoE layer only where "
+        "layer_idx % moe_layer_freq == 0, yet counts num_moe_layers = num_hidden_layers - "
+        "first_k_dense_replace, which upstream's EPLB state is sized by); fix: correct moe_layer_freq"
+    )
+    # transformers' DeepseekV3Config gives an absent first_k_dense_replace 3 (it was read as 0)
+    facts = read_moe_facts({"architectures": ds, "num_hidden_layers": 3}, "c")
+    assert (facts.num_moe_layers, facts.layers_error(), facts.layers_not_counted()) == (
+        None,
+        None,
+        "c states no first_k_dense_replace, so vLLM reads its config class's default (DeepseekV3Config's 3, "
+        "Glm4MoeConfig's 1); state first_k_dense_replace in config.json",
+    )
+    # Llama 4 interleaves its MoE layers (interleave_moe_layer_step): not counted here (it counted 48 of 24)
+    facts = read_moe_facts({"architectures": ["Llama4ForCausalLM"], "num_hidden_layers": 48}, "c")
+    assert (facts.num_moe_layers, facts.layers_error()) == (None, None)
+    assert facts.layers_not_counted().startswith(
+        "architecture Llama4ForCausalLM: the MoE layers of its model "
+    )
+    # a multimodal config.json: the layer fields of its text_config, the top level's architectures
+    facts = read_moe_facts(
+        {"architectures": qwen, "text_config": {"architectures": mixtral, "num_hidden_layers": 4,
+                                                "decoder_sparse_step": 2}}, "c"
+    )  # fmt: skip
+    assert (facts.architectures, facts.num_moe_layers) == (qwen, 2)
     # a config.json that states no num_hidden_layers: its config class's default, unknown here
     facts = read_moe_facts({"n_routed_experts": 8, "num_experts_per_tok": 2}, "config.json")
     assert (facts.num_moe_layers, facts.unstated()) == (None, ["layers"])
@@ -487,6 +544,14 @@ def test_the_moe_layers_are_counted_as_vllms_model_classes_build_them(tmp_path, 
     assert _start_up(tmp_path, monkeypatch, {**DEEPSEEK_V3, "num_hidden_layers": 4}) == []
     facts = read_moe_facts({**DEEPSEEK_V3, "num_hidden_layers": 4}, "config.json")
     assert facts.num_moe_layers == 3
+    # a DeepSeek-V3 config.json without first_k_dense_replace: vLLM builds no MoE layer of 3 (its config
+    # class's default is 3), which passed start-up (served without EPLB); start-up reads the hf_config
+    config = {k: v for k, v in DEEPSEEK_V3.items() if k != "first_k_dense_replace"}
+    assert _start_up(tmp_path, monkeypatch, config) == [
+        f"[moe-layers] the config of model {tmp_path}: num_hidden_layers=3, first_k_dense_replace=3 "
+        f"{NO_MOE_LAYER}; fix: serve it without --enable-eplb, or correct num_hidden_layers, "
+        "first_k_dense_replace"
+    ]
 
 
 def test_architectures_as_one_string_is_refused_as_vllm_refuses_it(tmp_path, monkeypatch):

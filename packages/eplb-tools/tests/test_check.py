@@ -17,7 +17,8 @@ ARGS = [
 def _model(tmp_path, experts=64):
     folder = tmp_path / "model"
     folder.mkdir()
-    config = {"n_routed_experts": experts, "num_experts_per_tok": 6, "num_hidden_layers": 4,
+    config = {"architectures": ["DeepseekV3ForCausalLM"], "n_routed_experts": experts,
+              "num_experts_per_tok": 6, "num_hidden_layers": 4, "first_k_dense_replace": 1,
               "torch_dtype": "bfloat16"}  # fmt: skip
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "quant_model_description.json").write_text(
@@ -213,11 +214,21 @@ BAD_FACTS = [
 ]  # fmt: skip
 
 
+#: The model class a test folder states, by the name its config gives E (as the real checkpoints of each
+#: write it), with the layer fields its class reads.
+CLASS_BY_EXPERTS_KEY = {
+    "n_routed_experts": {"architectures": ["DeepseekV3ForCausalLM"], "first_k_dense_replace": 0},
+    "num_experts": {"architectures": ["Qwen3MoeForCausalLM"]},
+    "num_local_experts": {"architectures": ["MixtralForCausalLM"]},
+}
+
+
 def _folder(tmp_path, config):
     folder = tmp_path / "model"
     folder.mkdir()
+    stated = next((CLASS_BY_EXPERTS_KEY[k] for k in CLASS_BY_EXPERTS_KEY if k in config), {})
     (folder / "config.json").write_text(
-        json.dumps({"num_hidden_layers": 2, **config, "torch_dtype": "bfloat16"})
+        json.dumps({"num_hidden_layers": 2, **stated, **config, "torch_dtype": "bfloat16"})
     )
     return folder
 
@@ -275,7 +286,14 @@ def test_a_folder_that_omits_a_moe_fact_leaves_its_rule_unjudged_and_an_option_c
         "reads its config class's default); state num_experts_per_tok in config.json"
     )
     (folder / "config.json").write_text(
-        json.dumps({"num_experts_per_tok": 2, "num_hidden_layers": 2, "torch_dtype": "bfloat16"})
+        json.dumps(
+            {
+                "architectures": ["MixtralForCausalLM"],
+                "num_experts_per_tok": 2,
+                "num_hidden_layers": 2,
+                "torch_dtype": "bfloat16",
+            }
+        )
     )
     assert main(["check", "--", "serve", str(folder), *ARGS, "--enforce-eager"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
@@ -318,6 +336,8 @@ def test_a_model_folder_naming_its_architecture_as_a_string_is_refused_as_vllm_r
         "  - [moe-model-class] architectures='DeepseekV3ForCausalLM' must be a list of model class names "
         "(vLLM's ModelConfig refuses anything else: 'Input should be a valid list'); fix: write "
         '"architectures": ["DeepseekV3ForCausalLM"]',
+        "cannot judge: moe-layers: architectures='DeepseekV3ForCausalLM' name no model class (rule "
+        "moe-model-class), so which decoder layers are MoE is not known",
     ]
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(
@@ -331,3 +351,57 @@ def test_a_model_folder_naming_its_architecture_as_a_string_is_refused_as_vllm_r
     )
     (folder / "config.json").write_text(json.dumps({**config, "architectures": ["DeepseekV3ForCausalLM"]}))
     assert main(["check", "--", "serve", str(folder), *ARGS, "--enforce-eager"]) == 0, capsys.readouterr().out
+
+
+def test_check_reads_architectures_where_vllm_does_and_names_what_it_cannot_judge(tmp_path, capsys):
+    """`check` read ``architectures`` from a ``text_config`` merged over the top level (vLLM and start-up
+    read the top level), passed a folder naming none, and raised ``ModuleNotFoundError`` (exit 1) on a
+    multimodal class whose module needs torchvision."""
+    folder = _folder(tmp_path, {"num_experts": 8, "num_experts_per_tok": 2})
+    config = json.loads((folder / "config.json").read_text())
+    args = ["check", "--", "serve", str(folder), *ARGS, "--enforce-eager"]
+    # the top level's dense class, whatever the text_config says
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                **config,
+                "architectures": ["LlamaForCausalLM"],
+                "text_config": {"architectures": ["Qwen3MoeForCausalLM"]},
+            }
+        )
+    )
+    assert main(args) == 2
+    assert (
+        capsys.readouterr()
+        .out.splitlines()[2]
+        .startswith(
+            "  - [moe-model-class] model class LlamaForCausalLM (architecture LlamaForCausalLM) has no "
+            "MixtureOfExperts part"
+        )
+    )
+    # none named: vLLM cannot choose a model class
+    for named in ([], None):
+        (folder / "config.json").write_text(json.dumps({**config, "architectures": named}))
+        assert main(args) == 2
+        assert capsys.readouterr().out.splitlines()[1:] == [
+            "1 EPLB configuration rule(s) violated:",
+            "  - [moe-model-class] architectures names no model class (vLLM's registry raises 'No model "
+            'architectures are specified\'); fix: write "architectures": ["<the model class>"], e.g. '
+            '["DeepseekV3ForCausalLM"]',
+            f"cannot judge: moe-layers: architectures={named!r} name no model class (rule moe-model-class), "
+            "so which decoder layers are MoE is not known",
+        ]
+    # a registered class whose module does not import here: not judged, named (exit 0)
+    (folder / "config.json").write_text(
+        json.dumps({**config, "architectures": ["Llama4ForConditionalGeneration"]})
+    )
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith(": OK (2 rules could not be judged)")
+    assert out[-2].startswith(
+        "cannot judge: moe-layers: architecture Llama4ForConditionalGeneration: the MoE "
+    )
+    assert out[-1].startswith(
+        "cannot judge: moe-model-class: vLLM's model class for architectures "
+        "['Llama4ForConditionalGeneration'] does not import here (ModuleNotFoundError: "
+    )

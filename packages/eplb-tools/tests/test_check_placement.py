@@ -23,7 +23,8 @@ def _folder(tmp_path):
     folder = tmp_path / "Qwen3-MoE-tiny"
     folder.mkdir()
     config = {
-        "model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2, "torch_dtype": "bfloat16",
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 8,
+        "num_experts_per_tok": 2, "torch_dtype": "bfloat16",
         "num_hidden_layers": 3, "mlp_only_layers": [0], "decoder_sparse_step": 1,
     }  # fmt: skip
     (folder / "config.json").write_text(json.dumps(config))

@@ -417,10 +417,12 @@ def _model_folder(tmp_path, experts=64, quant_type="W8A8_DYNAMIC"):
     (folder / "config.json").write_text(
         json.dumps(
             {
+                "architectures": ["DeepseekV3ForCausalLM"],
                 "model_type": "deepseek_v3",
                 "n_routed_experts": experts,
                 "num_experts_per_tok": 6,
                 "num_hidden_layers": 4,
+                "first_k_dense_replace": 1,
                 "torch_dtype": "bfloat16",
             }
         )
@@ -483,7 +485,9 @@ def test_quantization_ascend_without_a_description_cannot_be_judged(tmp_path):
     ]
     w4a16 = tmp_path / "w4a16"
     w4a16.mkdir()
-    (w4a16 / "config.json").write_text(json.dumps({"num_experts": 64}))
+    (w4a16 / "config.json").write_text(
+        json.dumps({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 64})
+    )
     (w4a16 / "quant_model_description.json").write_text(json.dumps({"m.experts.0.w1.weight": "W4A16"}))
     bad = _serve(str(w4a16), *EAGER_ARGS, "--quantization", "ascend")
     assert [v.rule for v in bad.violations] == ["quantization"]
@@ -725,7 +729,11 @@ def test_model_folder_facts_as_vllm_reads_them(tmp_path):
     )
     facts = model_folder_facts(folder)
     assert (facts.num_logical_experts, facts.moe.top_k, facts.moe.errors()) == (8, 2, [])
-    (folder / "config.json").write_text(json.dumps({"n_routed_experts": "many", "num_experts_per_tok": 2}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {"architectures": ["DeepseekV3ForCausalLM"], "n_routed_experts": "many", "num_experts_per_tok": 2}
+        )
+    )
     facts = model_folder_facts(folder)  # read, not raised: the rules judge it
     assert facts.num_logical_experts is None
     broken = _serve(str(folder), *EAGER_ARGS)

@@ -3,6 +3,7 @@
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -475,6 +476,7 @@ def test_costs_at_the_model_size(tmp_path, capsys):
 
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({
+        "architectures": ["DeepseekV3ForCausalLM"],
         "hidden_size": 7168, "moe_intermediate_size": 2048, "n_routed_experts": 256,
         "num_hidden_layers": 61, "first_k_dense_replace": 3, "num_experts_per_tok": 8,
     }))  # fmt: skip
@@ -490,6 +492,20 @@ def test_costs_at_the_model_size(tmp_path, capsys):
     (tmp_path / "dense.json").write_text('{"hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 2}')
     with pytest.raises(ValueError, match=r"dense.json: no routed experts count \(a dense model has none\)"):
         read_model_size(tmp_path / "dense.json")
+    # Llama 4 interleaves its MoE layers (interleave_moe_layer_step): 24 of 48 in vLLM, which the cost
+    # estimate counted as 48; not counted here, it is named instead
+    (tmp_path / "llama4.json").write_text(json.dumps({
+        "architectures": ["Llama4ForCausalLM"], "hidden_size": 8, "intermediate_size": 8,
+        "num_local_experts": 16, "num_experts_per_tok": 1, "num_hidden_layers": 48,
+        "interleave_moe_layer_step": 2,
+    }))  # fmt: skip
+    named = (
+        "architecture Llama4ForCausalLM: the MoE layers of its model class are not counted here (only those "
+        "of DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, Qwen2MoeForCausalLM, "
+        "Qwen3MoeForCausalLM, MixtralForCausalLM); vLLM counts them when it builds the model"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(named)}$"):
+        read_model_size(tmp_path / "llama4.json")
 
 
 def test_plan_refuses_what_it_cannot_plan_or_write_before_planning(tmp_path, capsys):
@@ -543,8 +559,9 @@ def test_policies_compared_on_a_hand_made_events_file(tmp_path, capsys):
 
     events = _events_file(tmp_path / "events.jsonl", _HAND_WINDOWS, num_ranks=2, num_physical_experts=6)
     cfg = tmp_path / "config.json"  # H = 8, I = 4: one bf16 expert is 3 x 8 x 4 x 2 = 192 bytes
-    cfg.write_text(json.dumps({"hidden_size": 8, "moe_intermediate_size": 4, "n_routed_experts": 4,
-                               "num_hidden_layers": 1, "num_experts_per_tok": 2}))  # fmt: skip
+    cfg.write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 8,
+                               "moe_intermediate_size": 4, "n_routed_experts": 4, "num_hidden_layers": 1,
+                               "first_k_dense_replace": 0, "num_experts_per_tok": 2}))  # fmt: skip
     argv = [
         "plan",
         str(events),

@@ -284,3 +284,54 @@ def test_simulate_lists_a_folders_missing_weights_with_every_bad_moe_fact_at_onc
     ]  # fmt: skip
     assert probed["vllm"] is False
     assert sorted(p.name for p in tmp_path.iterdir()) == ["no-weights", "unstated"]  # nothing written
+
+
+def test_simulate_refuses_a_folder_whose_layers_or_class_it_cannot_read_naming_the_field(tmp_path):
+    """The world read config.json a second way: ``architectures`` null or a string, a DeepSeek
+    ``first_k_dense_replace`` of null and Qwen-MoE's ``mlp_only_layers`` of null reached it as Python
+    errors ('cannot unpack non-iterable NoneType object', 'too many values to unpack'), and it ignored
+    ``decoder_sparse_step``. It now reads start-up's facts; what they cannot say is named before a rank
+    starts, and a null ``mlp_only_layers`` is [] (as transformers reads it)."""
+    deepseek = {**QWEN, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}
+    folders = {
+        "arch-null": {**QWEN, "architectures": None},
+        "arch-string": {**QWEN, "architectures": "Qwen3MoeForCausalLM"},
+        "dense-null": {**deepseek, "first_k_dense_replace": None},
+        "dense-unstated": deepseek,
+        "llama4": {**QWEN, "architectures": ["Llama4ForCausalLM"]},
+    }
+    argv = []
+    for name, config in folders.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        (tmp_path / name / "model.safetensors").write_bytes(b"")
+        argv.append(["simulate", "--model", str(tmp_path / name), "--out", str(tmp_path / "out")])
+    probed = _probe(argv)
+    c = {name: tmp_path / name / "config.json" for name in folders}
+    assert probed["results"] == [
+        [2, "\n".join(_options(
+            f"{c['arch-null']}: architectures names no model class (vLLM's registry raises 'No model "
+            "architectures are specified'); fix: write \"architectures\": [\"<the model class>\"], e.g. "
+            '["DeepseekV3ForCausalLM"]',
+        )) + "\n"],
+        [2, "\n".join(_options(
+            f"{c['arch-string']}: architectures='Qwen3MoeForCausalLM' must be a list of model class names "
+            "(vLLM's ModelConfig refuses anything else: 'Input should be a valid list'); fix: write "
+            '"architectures": ["Qwen3MoeForCausalLM"]',
+        )) + "\n"],
+        [2, "\n".join(_options(
+            f"{c['dense-null']}: first_k_dense_replace=None must be an integer >= 0 (the leading dense "
+            "layers: vLLM's class compares layer_idx >= first_k_dense_replace and counts num_moe_layers = "
+            "num_hidden_layers - first_k_dense_replace); fix: correct first_k_dense_replace",
+        )) + "\n"],
+        [2, "\n".join(_options(
+            f"{c['dense-unstated']} states no first_k_dense_replace, so vLLM reads its config class's "
+            "default (DeepseekV3Config's 3, Glm4MoeConfig's 1); state first_k_dense_replace in config.json",
+        )) + "\n"],
+        [2, "\n".join(_options(
+            "architecture Llama4ForCausalLM: the MoE layers of its model class are not counted here (only "
+            "those of DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, Qwen2MoeForCausalLM, "
+            "Qwen3MoeForCausalLM, MixtralForCausalLM); vLLM counts them when it builds the model",
+        )) + "\n"],
+    ]  # fmt: skip
+    assert probed["vllm"] is False

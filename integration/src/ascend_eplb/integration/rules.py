@@ -36,6 +36,7 @@ __all__ = [
     "GROUP_KEYS",
     "INT32_MAX",
     "LAYER_KEYS",
+    "LAYER_SCHEMES",
     "LOAD_COLLECTION_PHASES",
     "MOE_FACT_RULES",
     "POLICY_KEYS",
@@ -50,6 +51,7 @@ __all__ = [
     "MoeFacts",
     "Rule",
     "Violation",
+    "architectures_error",
     "check_settings",
     "experts_divisibility_error",
     "read_model_class",
@@ -117,8 +119,10 @@ class Violation:
 class Judgement(list):
     """What :func:`check_settings` returns: the violations (a ``list[Violation]``) plus ``.unjudged``
     (unjudged ``Violation`` s), the rules that could not be judged because a fact is unknown
-    (``EplbSettings.unknown_facts``).
-    At start-up every fact is known, so ``.unjudged`` is empty there."""
+    (``EplbSettings.unknown_facts``). At start-up every fact of vLLM's config is known; what may still be
+    unjudged there is what this project cannot read without the model (an architecture whose MoE layers
+    :data:`LAYER_SCHEMES` does not count, a model class whose module does not import), which start-up
+    logs as a warning."""
 
     def __init__(self, violations=(), unjudged=()):
         super().__init__(violations)
@@ -242,12 +246,35 @@ TOP_K_KEYS = (
 #: ``topk_group=config.topk_group``): the routed experts split into ``n_group`` equal groups, tokens pick
 #: ``topk_group`` groups, then their top-k inside those.
 GROUP_KEYS = ("n_group", "topk_group")
-#: The fields that say which decoder layers have routed experts, as vLLM 0.33.0's model classes read them:
-#: ``num_hidden_layers`` decoder layers; DeepSeek's (and GLM-MoE's) first ``first_k_dense_replace`` are
-#: dense (``DeepseekV2DecoderLayer``: ``layer_idx >= config.first_k_dense_replace``); Qwen-MoE's
-#: ``mlp_only_layers`` are dense and layer ``i`` is MoE when ``(i + 1) % decoder_sparse_step == 0``
-#: (``Qwen3MoeDecoderLayer``); Mixtral's are all MoE (it states neither).
-LAYER_KEYS = ("num_hidden_layers", "first_k_dense_replace", "mlp_only_layers", "decoder_sparse_step")
+#: The fields that say which decoder layers have routed experts, as vLLM 0.33.0's model classes read them
+#: (which of them a class reads: :data:`LAYER_SCHEMES`).
+LAYER_KEYS = (
+    "num_hidden_layers",
+    "first_k_dense_replace",
+    "moe_layer_freq",
+    "mlp_only_layers",
+    "decoder_sparse_step",
+)
+#: How the model class vLLM 0.33.0 builds for an architecture (the first of the config's
+#: ``architectures``) chooses its MoE decoder layers among the ``num_hidden_layers``:
+#:
+#: * ``"first_k_dense_replace"``: the first ``first_k_dense_replace`` layers are dense, the rest MoE, and
+#:   the class counts ``num_moe_layers = num_hidden_layers - first_k_dense_replace``
+#:   (``DeepseekV2DecoderLayer``, ``Glm4MoeDecoderLayer``); DeepSeek's also skips a layer whose index
+#:   ``moe_layer_freq`` does not divide, while still counting it (so EPLB needs ``moe_layer_freq`` 1);
+#: * ``"decoder_sparse_step"``: layer ``i`` is MoE unless listed in ``mlp_only_layers``, when
+#:   ``(i + 1) % decoder_sparse_step == 0`` (``Qwen2MoeDecoderLayer``, ``Qwen3MoeDecoderLayer``);
+#: * ``"every_layer"``: every layer (``MixtralDecoderLayer``).
+#:
+#: Another architecture's layers are not counted here (the ``moe-layers`` rule is then not judged).
+LAYER_SCHEMES = {
+    "DeepseekV2ForCausalLM": "first_k_dense_replace",
+    "DeepseekV3ForCausalLM": "first_k_dense_replace",
+    "Glm4MoeForCausalLM": "first_k_dense_replace",
+    "Qwen2MoeForCausalLM": "decoder_sparse_step",
+    "Qwen3MoeForCausalLM": "decoder_sparse_step",
+    "MixtralForCausalLM": "every_layer",
+}
 
 
 def shown(value: Any) -> str:
@@ -288,13 +315,16 @@ class MoeFacts:
             (vLLM's fallback for heterogeneous models; None without any). ``complete``: every field vLLM
             reads is readable (an ``hf_config``: a field the file omits has its config class's default);
             False for a ``config.json`` mapping, where an omitted field takes a default this reading does
-            not know, so the rule that needs it is not judged (:meth:`unstated`).
+            not know, so the rule that needs it is not judged (:meth:`unstated`). ``architectures``: the
+            config's ``architectures`` as written (the top level's, as vLLM reads it), whose first entry
+            selects the :data:`LAYER_SCHEMES` entry the MoE layers are counted by.
     """
 
     source: str
     stated: dict[str, Any]
     block_configs_experts: Any = None
     complete: bool = True
+    architectures: Any = None
 
     @property
     def experts_key(self) -> str | None:
@@ -410,70 +440,142 @@ class MoeFacts:
             return None
         return f"{self.source}: {'; '.join(problems)}; fix: correct the config"
 
-    def _layers(self) -> tuple[list[int] | None, list[str]]:
-        """The indices of the MoE decoder layers (None: not countable) and what breaks the
-        ``moe-layers`` rule's field checks (:data:`LAYER_KEYS`, as vLLM 0.33.0's model classes read
-        them). An absent field is its config class's default (``first_k_dense_replace`` 0,
-        ``mlp_only_layers`` none, ``decoder_sparse_step`` 1); a ``first_k_dense_replace`` or
-        ``mlp_only_layers`` of None reads as absent (transformers' Qwen-MoE configs turn None into ``[]``)."""
+    @property
+    def layer_scheme(self) -> str | None:
+        """How vLLM's model class chooses the MoE layers (:data:`LAYER_SCHEMES`), by the first of the
+        ``architectures``; None when they name no architecture listed there."""
+        names = self.architectures
+        if isinstance(names, list | tuple) and names and isinstance(names[0], str):
+            return LAYER_SCHEMES.get(names[0])
+        return None
+
+    def _layers(self) -> tuple[tuple[int, int, frozenset[int]] | None, list[str], str | None]:
+        """The MoE layers as ``(first, step, dense)``: layer ``i`` of ``range(first, num_hidden_layers)`` is
+        MoE when ``(i + 1) % step == 0`` and ``i`` is not in ``dense`` (None: not countable); what breaks
+        the ``moe-layers`` rule's field checks; why the layers are not counted (a field the scheme needs
+        that a ``config.json`` leaves to its config class, or an architecture not in
+        :data:`LAYER_SCHEMES`). Only the fields the architecture's class reads are judged."""
         if "num_hidden_layers" not in self.stated:
-            return None, []
-        layers = self.stated["num_hidden_layers"]
-        dense_first = self.stated.get("first_k_dense_replace")
-        mlp_only = self.stated.get("mlp_only_layers")
-        step = self.stated.get("decoder_sparse_step", 1)
-        problems = []
+            return None, [], None
+        layers, problems = self.stated["num_hidden_layers"], []
         if not (is_int(layers) and 1 <= layers <= INT32_MAX):
             problems.append(
                 f"num_hidden_layers={shown(layers)} must be an integer in [1, {INT32_MAX}] (the decoder "
                 "layers; EPLB balances the routed experts of their MoE layers)"
             )
-        if dense_first is not None and not (is_int(dense_first) and dense_first >= 0):
-            problems.append(
-                f"first_k_dense_replace={shown(dense_first)} must be an integer >= 0 (the leading dense "
-                "layers; below 0, DeepSeek's num_moe_layers = num_hidden_layers - first_k_dense_replace "
-                "counts more MoE layers than the model has)"
-            )
-        if mlp_only is not None and not (isinstance(mlp_only, list) and all(is_int(i) for i in mlp_only)):
-            problems.append(
-                f"mlp_only_layers={shown(mlp_only)} must be a list of layer indices (the dense layers)"
-            )
-        if not (is_int(step) and step >= 1):
-            problems.append(
-                f"decoder_sparse_step={shown(step)} must be an integer >= 1 (every decoder_sparse_step-th "
-                "layer is MoE; 0 is a ZeroDivisionError in vLLM's Qwen-MoE layers)"
-            )
+        scheme = self.layer_scheme
+        if scheme is None:
+            names = self.architectures
+            if architectures_error(names if names is not None else ()) is None:
+                why = (
+                    f"architecture {names[0]}: the MoE layers of its model class are not counted here (only "
+                    f"those of {', '.join(LAYER_SCHEMES)}); vLLM counts them when it builds the model"
+                )
+            else:
+                why = (
+                    f"architectures={shown(names)} name no model class (rule moe-model-class), so which "
+                    "decoder layers are MoE is not known"
+                )
+            return None, problems, why
+        first, step, dense = 0, 1, frozenset()
+        if scheme == "first_k_dense_replace":
+            if "first_k_dense_replace" not in self.stated and not self.complete:
+                why = (
+                    f"{self.source} states no first_k_dense_replace, so vLLM reads its config class's "
+                    "default (DeepseekV3Config's 3, Glm4MoeConfig's 1); state first_k_dense_replace in "
+                    "config.json"
+                )
+                return None, problems, why
+            first = self.stated.get("first_k_dense_replace")
+            if not (is_int(first) and first >= 0):
+                problems.append(
+                    f"first_k_dense_replace={shown(first)} must be an integer >= 0 (the leading dense "
+                    "layers: vLLM's class compares layer_idx >= first_k_dense_replace and counts "
+                    "num_moe_layers = num_hidden_layers - first_k_dense_replace)"
+                )
+            freq = self.stated.get("moe_layer_freq", 1)
+            if self.architectures[0].startswith("Deepseek") and not _same(freq, 1):
+                problems.append(
+                    f"moe_layer_freq={shown(freq)} must be 1 with EPLB (vLLM's DeepSeek class builds a MoE "
+                    "layer only where layer_idx % moe_layer_freq == 0, yet counts num_moe_layers = "
+                    "num_hidden_layers - first_k_dense_replace, which upstream's EPLB state is sized by)"
+                )
+        elif scheme == "decoder_sparse_step":
+            mlp_only = self.stated.get("mlp_only_layers")  # transformers' Qwen-MoE configs: None -> []
+            step = self.stated.get("decoder_sparse_step", 1)
+            if mlp_only is not None and not (isinstance(mlp_only, list) and all(is_int(i) for i in mlp_only)):
+                problems.append(
+                    f"mlp_only_layers={shown(mlp_only)} must be a list of layer indices (the dense layers)"
+                )
+            if not (is_int(step) and step >= 1):
+                problems.append(
+                    f"decoder_sparse_step={shown(step)} must be an integer >= 1 (every "
+                    "decoder_sparse_step-th layer is MoE; 0 is a ZeroDivisionError in vLLM's Qwen-MoE layers)"
+                )
+            if not problems:
+                dense = frozenset(mlp_only or ())
         if problems:
-            return None, problems
-        dense = set(mlp_only or ())
-        first = dense_first or 0
-        return [i for i in range(layers) if i >= first and i not in dense and (i + 1) % step == 0], []
+            return None, problems, None
+        return (first, step, dense), [], None
+
+    def _count(self) -> int | None:
+        found, _, _ = self._layers()
+        if found is None:
+            return None
+        first, step, dense = found
+        layers = self.stated["num_hidden_layers"]
+        # (i + 1) % step == 0 for i in [first, layers): the multiples of step in [first + 1, layers].
+        count = max(layers // step - first // step, 0)
+        return count - sum(1 for i in dense if first <= i < layers and (i + 1) % step == 0)
 
     @property
     def num_moe_layers(self) -> int | None:
-        """L, the decoder layers with routed experts, as vLLM 0.33.0's model classes build them (see
-        :data:`LAYER_KEYS`; for DeepSeek it equals its ``num_hidden_layers - first_k_dense_replace``);
-        None when the config states no ``num_hidden_layers`` or the ``moe-layers`` rule is broken."""
-        indices, _ = self._layers()
-        return len(indices) if indices else None
+        """L, the decoder layers with routed experts, as vLLM 0.33.0's model class builds them
+        (:data:`LAYER_SCHEMES`; for DeepSeek it equals its ``num_hidden_layers - first_k_dense_replace``),
+        counted without enumerating the layers; None when not counted (see :meth:`layers_error`) or 0."""
+        return self._count() or None
+
+    def moe_layer_indices(self) -> range | tuple[int, ...]:
+        """The decoder-layer index of each MoE layer, in order (L entries; a ``range`` unless Qwen-MoE's
+        ``mlp_only_layers`` leave gaps).
+
+        Raises:
+            ValueError: the layers are not counted or none is MoE (:meth:`layers_error` says why).
+        """
+        found, _, _ = self._layers()
+        if found is None or not self._count():
+            raise ValueError(
+                self.layers_error() or self.layers_not_counted() or f"{self.source}: no MoE layer"
+            )
+        first, step, dense = found
+        first += -(first + 1) % step  # the first index with (i + 1) % step == 0
+        layers = range(first, self.stated["num_hidden_layers"], step)
+        return layers if not dense else tuple(i for i in layers if i not in dense)
+
+    def layers_not_counted(self) -> str | None:
+        """Why L is not counted here, though the layer fields hold (the ``moe-layers`` rule is then not
+        judged): a field of the class's scheme a ``config.json`` leaves to its config class, or an
+        architecture not in :data:`LAYER_SCHEMES`; None when it is counted or a field is broken."""
+        return self._layers()[2]
 
     def layers_error(self) -> str | None:
-        """Rule ``moe-layers``: the layer fields (:data:`LAYER_KEYS`) are well formed and leave at least one
-        MoE layer. vLLM 0.33.0 with none: DeepSeek's model class builds every layer dense and sets
-        ``num_moe_layers = 0``, so ``is_mixture_of_experts`` is False and upstream's
+        """Rule ``moe-layers``: the layer fields the model class reads (:data:`LAYER_SCHEMES`) are well
+        formed and leave at least one MoE layer. vLLM 0.33.0 with none: DeepSeek's model class builds every
+        layer dense and sets ``num_moe_layers = 0``, so ``is_mixture_of_experts`` is False and upstream's
         ``EPLBController.maybe_register_model`` registers nothing (served without EPLB); Qwen3-MoE's and
         Mixtral's raise ``RuntimeError`` ("No ... layer found") while the model is built, on every rank."""
-        indices, problems = self._layers()
+        found, problems, _ = self._layers()
         if problems:
             fields = ", ".join(p.split("=", 1)[0] for p in problems)
             return f"{self.source}: {'; '.join(problems)}; fix: correct {fields}"
-        if indices is None or indices:
+        if found is None or self._count():
             return None
         # The fields that make layers dense (a default, such as decoder_sparse_step=1, says nothing).
         defaults = {
-            "first_k_dense_replace": (None, 0),
+            "first_k_dense_replace": (0,),
             "mlp_only_layers": (None, []),
             "decoder_sparse_step": (1,),
+            "moe_layer_freq": (1,),
         }
         keys = [k for k in LAYER_KEYS if k in self.stated and self.stated[k] not in defaults.get(k, ())]
         said = ", ".join(f"{k}={shown(self.stated[k])}" for k in keys)
@@ -509,14 +611,17 @@ class MoeFacts:
         return [m for m in found if isinstance(m, str)]
 
 
-def read_moe_facts(config: Any, source: str) -> MoeFacts:
+def read_moe_facts(config: Any, source: str, *, architectures: Any = None) -> MoeFacts:
     """The :class:`MoeFacts` of a model config, read as vLLM reads them.
 
     Args:
-        config: a ``config.json`` as a mapping (a ``text_config`` already merged in), or vLLM's
-            ``model_config.hf_text_config`` (a transformers ``PretrainedConfig``): a field is stated when
-            the mapping has the key, or the object the attribute (vLLM's ``getattr_iter``).
+        config: a ``config.json`` as a mapping, or vLLM's ``model_config.hf_text_config`` (a transformers
+            ``PretrainedConfig``): a field is stated when the mapping has the key, or the object the
+            attribute (vLLM's ``getattr_iter``). A mapping's ``text_config`` (a multimodal model's
+            language model) is read over its top level, as vLLM's ``hf_text_config``.
         source: what ``config`` is, for messages.
+        architectures: the model's ``architectures`` (vLLM's ``model_config.architectures``); None: a
+            mapping's own top-level ``architectures``, as vLLM reads them.
 
     Returns:
         the facts, not judged: :meth:`MoeFacts.errors` says what breaks the rules and
@@ -529,6 +634,11 @@ def read_moe_facts(config: Any, source: str) -> MoeFacts:
             return key in obj, obj.get(key)
         return hasattr(obj, key), getattr(obj, key, None)
 
+    if isinstance(config, Mapping):
+        if architectures is None:
+            architectures = config.get("architectures")
+        if isinstance(config.get("text_config"), Mapping):
+            config = {**config, **config["text_config"]}
     stated = {}
     for key in (*EXPERT_COUNT_KEYS, *TOP_K_KEYS, *GROUP_KEYS, *LAYER_KEYS):
         present, value = get(config, key)
@@ -540,7 +650,9 @@ def read_moe_facts(config: Any, source: str) -> MoeFacts:
         counts = [get(b, "n_routed_experts")[1] for b in blocks if get(b, "block_type")[1] == "moe"]
         counts = [c for c in counts if is_int(c)]
         block_experts = max(counts) if counts else None
-    return MoeFacts(source, stated, block_experts, complete=not isinstance(config, Mapping))
+    return MoeFacts(
+        source, stated, block_experts, complete=not isinstance(config, Mapping), architectures=architectures
+    )
 
 
 @dataclass(frozen=True)
@@ -883,13 +995,24 @@ def _moe_layers(s: EplbSettings) -> str | Violation | None:
             f"{s.moe_facts.source} states no num_hidden_layers, so vLLM reads its config class's default; "
             "state num_hidden_layers in config.json",
         )
-    return s.moe_facts.layers_error()
+    if (error := s.moe_facts.layers_error()) is not None:
+        return error
+    if (why := s.moe_facts.layers_not_counted()) is not None:
+        return Violation.unjudged("moe-layers", why)
+    return None
 
 
-def _architectures_error(names: Any) -> str | None:
+def architectures_error(names: Any) -> str | None:
     """``architectures`` must be a list of class names: vLLM 0.33.0's ``ModelConfig`` (its pydantic
     ``ModelArchitectureConfig.architectures: list[str]``) refuses anything else before anything runs,
-    though transformers' ``PretrainedConfig`` keeps a string as written."""
+    though transformers' ``PretrainedConfig`` keeps a string as written; and it must name one: with none,
+    vLLM's registry raises "No model architectures are specified" (``inspect_model_cls``)."""
+    if isinstance(names, list | tuple) and not names:
+        return (
+            "architectures names no model class (vLLM's registry raises 'No model architectures are "
+            'specified\'); fix: write "architectures": ["<the model class>"], e.g. '
+            '["DeepseekV3ForCausalLM"]'
+        )
     if isinstance(names, list | tuple) and all(isinstance(n, str) for n in names):
         return None
     if isinstance(names, list | tuple):
@@ -911,9 +1034,17 @@ def _architectures_error(names: Any) -> str | None:
 def _moe_model_class(s: EplbSettings) -> str | Violation | None:
     if s.model_architectures is None:
         return None
-    if (reason := _architectures_error(s.model_architectures)) is not None:
+    if (reason := architectures_error(s.model_architectures)) is not None:
         return reason
-    found = read_model_class(s.model_architectures)
+    try:
+        found = read_model_class(s.model_architectures)
+    except Exception as e:  # the class's module does not import here (a multimodal one's torchvision)
+        return Violation.unjudged(
+            "moe-model-class",
+            f"vLLM's model class for architectures {list(s.model_architectures)} does not import here "
+            f"({type(e).__name__}: {e}), so whether it has a MixtureOfExperts part is decided when the "
+            "model registers",
+        )
     if found is None:
         return Violation.unjudged(
             "moe-model-class",

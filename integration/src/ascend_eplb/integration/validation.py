@@ -197,10 +197,14 @@ def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | Non
         mode = "NONE"
     facts = architectures = None
     if model_config is not None:
-        facts = read_moe_facts(model_config.hf_text_config, f"the config of model {model_config.model}")
         architectures = getattr(model_config, "architectures", None)
         # A list as a tuple; anything else as it is, for the rule to name (never a str's characters).
         architectures = (tuple(architectures) if isinstance(architectures, list) else architectures) or None
+        facts = read_moe_facts(
+            model_config.hf_text_config,
+            f"the config of model {model_config.model}",
+            architectures=architectures,
+        )
     return EplbSettings(
         enable_eplb=bool(pc.enable_eplb),
         use_v2_model_runner=bool(vllm_config.use_v2_model_runner),
@@ -232,6 +236,11 @@ def validate_eplb_config(vllm_config: Any) -> EplbSettings:
     violations = check_settings(settings)
     if violations:
         raise EplbConfigError(violations)
+    if violations.unjudged:
+        from vllm.logger import init_logger
+
+        for finding in violations.unjudged:
+            init_logger(__name__).warning("EPLB start-up validation: %s", finding)
     if settings.enable_eplb and settings.communicator is None:
         settings.communicator = "torch_gloo"
     return settings

@@ -71,12 +71,12 @@ def read_model_size(path: str | Path) -> ModelSize:
         raise ValueError(f"{source}: cannot read the model config as JSON ({e})") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{source}: a model config must be a JSON object")
+    # E, K and L as start-up reads and judges them (vLLM's names and order), every bad one at once.
+    facts = read_moe_facts(cfg, source)
     if isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg, **cfg["text_config"]}
     hidden = _first(cfg, ("hidden_size",), source, "hidden_size")
     inter = _first(cfg, _INTERMEDIATE_KEYS, source, "MoE intermediate size")
-    # E and K as start-up reads and judges them (vLLM's names and order), every bad one at once.
-    facts = read_moe_facts(cfg, source)
     if "experts" in facts.unstated():
         raise ValueError(
             f"{source}: no routed experts count (a dense model has none): looked for "
@@ -84,8 +84,11 @@ def read_model_size(path: str | Path) -> ModelSize:
         )
     if errors := facts.errors():
         raise ValueError("; ".join(errors))
-    if facts.num_moe_layers is None:  # the rules hold: num_hidden_layers is not stated
-        raise ValueError(f"{source}: no num_hidden_layers (the decoder layers, an integer > 0)")
+    if facts.num_moe_layers is None:  # the rules hold: L is not stated or not counted here
+        raise ValueError(
+            facts.layers_not_counted()
+            or f"{source}: no num_hidden_layers (the decoder layers, an integer > 0)"
+        )
     top_k = None if "top_k" in facts.unstated() else facts.top_k
     return ModelSize(source, hidden, inter, facts.num_logical_experts, facts.num_moe_layers, top_k)
 

@@ -29,10 +29,11 @@ class ModelFacts:
             (None: no description).
         dtype: the checkpoint's dtype as a format (None: not stated).
         description: the description file read (None: none).
-        architectures: ``config.json``'s ``architectures``, whose vLLM model class start-up's rule
-            ``moe-model-class`` judges (it needs a ``MixtureOfExperts`` part with EPLB on): a list of names
-            as a tuple; None when it names none (absent, null or ``[]``); any other value as written (a
-            string: transformers keeps it, vLLM's ``ModelConfig`` refuses it, and so does the rule).
+        architectures: ``config.json``'s top-level ``architectures``, whose vLLM model class start-up's
+            rule ``moe-model-class`` judges (it needs a ``MixtureOfExperts`` part with EPLB on): a list of
+            names as a tuple; ``()`` when it names none (absent, null or ``[]``: vLLM cannot choose a model
+            class, and the rule says so); any other value as written (a string: transformers keeps it,
+            vLLM's ``ModelConfig`` refuses it, and so does the rule).
     """
 
     folder: str
@@ -80,12 +81,12 @@ def model_folder_facts(folder: str | os.PathLike[str]) -> ModelFacts:
     """
     root = Path(folder)
     config_file = root / "config.json"
-    cfg = _text_config(config_file)
+    raw = _json_object(config_file)
     return ModelFacts(
         str(root),
-        read_moe_facts(cfg, str(config_file)),
-        *_formats(root, cfg),
-        architectures=_architectures(cfg),
+        read_moe_facts(raw, str(config_file)),
+        *_formats(root, _text_config(raw)),
+        architectures=_architectures(raw),
     )
 
 
@@ -100,17 +101,18 @@ def folder_formats(folder: str | os.PathLike[str]) -> tuple[str | None, str | No
 
 
 def _architectures(cfg: dict[str, Any]) -> tuple[str, ...] | Any:
-    """``architectures`` as given, for the ``moe-model-class`` rule: a list of names as a tuple, None when
-    it names none, anything else as it is (never a string's characters: a string passed the rule as the
-    tuple of its letters)."""
+    """The top level's ``architectures`` (vLLM reads them there, not from a ``text_config``), for the
+    ``moe-model-class`` rule: a list of names as a tuple, ``()`` when it names none (absent, null or
+    ``[]``: vLLM raises "No model architectures are specified"), anything else as it is (never a string's
+    characters: a string passed the rule as the tuple of its letters)."""
     names = cfg.get("architectures")
     if names is None or names == []:
-        return None
+        return ()
     return tuple(names) if isinstance(names, list) and all(isinstance(n, str) for n in names) else names
 
 
-def _text_config(config_file: Path) -> dict[str, Any]:
-    cfg = _json_object(config_file)
+def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` with its ``text_config`` (a multimodal model's language model) read over the top level."""
     if isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg, **cfg["text_config"]}
     return cfg

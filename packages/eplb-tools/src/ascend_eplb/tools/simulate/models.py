@@ -130,16 +130,18 @@ def moe_problems(folder: str | os.PathLike[str]) -> list[str]:
     """What breaks the rules in a model folder's MoE facts (``config.json``: routed experts, top-k,
     expert groups, MoE layers), read by start-up's reader
     (:func:`ascend_eplb.integration.rules.read_moe_facts`) and judged by start-up's rule functions
-    (``MoeFacts.errors``: those of ``rules.MOE_FACT_RULES``; no vLLM imported), plus a fact the file does
-    not state: the world reads ``config.json`` as written.
+    (``MoeFacts.errors``: those of ``rules.MOE_FACT_RULES``; no vLLM imported), plus its ``architectures``
+    as the ``moe-model-class`` rule reads them (``rules.architectures_error``), a fact the file does not
+    state and MoE layers not counted here: the world reads ``config.json`` as written.
 
     Raises:
         ValueError: ``config.json`` cannot be read (naming the file).
     """
-    from ascend_eplb.integration.rules import EXPERT_COUNT_KEYS, TOP_K_KEYS
+    from ascend_eplb.integration.rules import EXPERT_COUNT_KEYS, TOP_K_KEYS, architectures_error
     from ascend_eplb.tools.check.model_folder import model_folder_facts
 
-    moe = model_folder_facts(folder).moe
+    facts = model_folder_facts(folder)
+    moe = facts.moe
     names = {
         "experts": ("routed-expert count", EXPERT_COUNT_KEYS),
         "top_k": ("top-k", TOP_K_KEYS),
@@ -150,7 +152,12 @@ def moe_problems(folder: str | os.PathLike[str]) -> list[str]:
         for fact, (what, keys) in names.items()
         if fact in moe.unstated()
     ]
-    return [*moe.errors(), *unstated]
+    problems = [*moe.errors(), *unstated]
+    if (named := architectures_error(facts.architectures)) is not None:
+        problems.append(f"{moe.source}: {named}")
+    elif (not_counted := moe.layers_not_counted()) is not None:
+        problems.append(not_counted)
+    return problems
 
 
 def _check_format(fmt: str) -> None:

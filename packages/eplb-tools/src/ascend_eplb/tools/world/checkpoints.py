@@ -20,6 +20,7 @@ MoE layers, K top-k; V is the vocabulary size.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -73,30 +74,32 @@ EXPERT_KEYS = {
 @dataclass(frozen=True)
 class CheckpointInfo:
     """The sizes of a checkpoint :func:`write_checkpoint` wrote (read
-    back from its ``config.json``).
+    back from its ``config.json`` by start-up's reader, ``rules.read_moe_facts``).
 
     Attributes:
         arch: an :data:`ARCHITECTURES` key.
         folder: the checkpoint folder.
         num_logical_experts: E (routed experts per MoE layer).
         top_k: K.
-        moe_layer_indices: the decoder-layer index of each MoE layer, in order (L entries).
+        num_moe_layers: L, as vLLM's model class builds them (``MoeFacts.num_moe_layers``).
         vocab_size: V.
         hidden_size: H.
+        moe: the config's MoE facts.
     """
 
     arch: str
     folder: Path
     num_logical_experts: int
     top_k: int
-    moe_layer_indices: tuple[int, ...]
+    num_moe_layers: int
     vocab_size: int
     hidden_size: int
+    moe: Any
 
-    @property
-    def num_moe_layers(self) -> int:
-        """L."""
-        return len(self.moe_layer_indices)
+    @functools.cached_property
+    def moe_layer_indices(self) -> range | tuple[int, ...]:
+        """The decoder-layer index of each MoE layer, in order (L entries: ``MoeFacts.moe_layer_indices``)."""
+        return self.moe.moe_layer_indices()
 
     def redundant_experts_for(self, num_ranks: int, at_least: int = 1) -> int:
         """The smallest ``R >= at_least`` with ``(E + R) % num_ranks == 0``."""
@@ -107,37 +110,38 @@ class CheckpointInfo:
 
 
 def checkpoint_info(folder: str | os.PathLike[str]) -> CheckpointInfo:
-    """The sizes of the checkpoint in ``folder`` (its ``config.json``).
+    """The sizes of the checkpoint in ``folder`` (its ``config.json``), its MoE facts read and judged as
+    start-up reads and judges them.
 
     Raises:
-        ValueError: the checkpoint's architecture is none of :data:`ARCHITECTURES`.
+        ValueError: the checkpoint's architecture is none of :data:`ARCHITECTURES`, or its MoE facts break
+            start-up's rules or leave its MoE layers uncounted (every problem named).
     """
+    from ascend_eplb.integration.rules import architectures_error, read_moe_facts
+
     folder = Path(folder)
-    config = json.loads((folder / "config.json").read_text())
-    (cls,) = config["architectures"]
+    file = folder / "config.json"
+    config = json.loads(file.read_text())
+    if (named := architectures_error(config.get("architectures") or [])) is not None:
+        raise ValueError(f"{file}: {named}")
+    cls = config["architectures"][0]
     if cls not in _ARCH_BY_CLASS:
         raise ValueError(f"{folder}: architecture {cls} is none of {sorted(ARCHITECTURES.values())}")
-    arch = _ARCH_BY_CLASS[cls]
-    layers = config["num_hidden_layers"]
-    if arch == "deepseek-v3":
-        experts = config["n_routed_experts"]
-        moe = tuple(range(config["first_k_dense_replace"], layers))
-    elif arch in ("qwen3-moe", "qwen2-moe"):
-        experts = config.get(
-            "num_experts", config.get("num_local_experts")
-        )  # transformers 5 writes the latter
-        moe = tuple(i for i in range(layers) if i not in config.get("mlp_only_layers", []))
-    else:
-        experts = config["num_local_experts"]
-        moe = tuple(range(layers))
+    moe = read_moe_facts(config, str(file))
+    problems = moe.errors() + [f"{file} states no {fact}" for fact in moe.unstated()]
+    if not problems and moe.num_moe_layers is None:
+        problems.append(moe.layers_not_counted() or f"{file}: no MoE layer")
+    if problems:
+        raise ValueError("; ".join(problems))
     return CheckpointInfo(
-        arch=arch,
+        arch=_ARCH_BY_CLASS[cls],
         folder=folder,
-        num_logical_experts=experts,
-        top_k=config["num_experts_per_tok"],
-        moe_layer_indices=moe,
+        num_logical_experts=moe.num_logical_experts,
+        top_k=moe.top_k,
+        num_moe_layers=moe.num_moe_layers,
         vocab_size=config["vocab_size"],
         hidden_size=config["hidden_size"],
+        moe=moe,
     )
 
 
