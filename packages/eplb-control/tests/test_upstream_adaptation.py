@@ -3,6 +3,7 @@ hooks, signature drift, layer-state lookups, registration errors."""
 
 from __future__ import annotations
 
+import collections
 import os
 from types import SimpleNamespace
 
@@ -532,3 +533,33 @@ def test_an_override_must_extend_upstreams_parameters(monkeypatch):
         RuntimeError, match=r"Inherits\.run is declared as an override of upstream but is not"
     ):
         Override(f"{module.__name__}.Inherits", entry, ("tests",), "").check()
+
+
+def test_the_acknowledgement_evidence_is_read_before_the_worker_is_released():
+    """``record`` releases upstream's async worker, which may publish the next layer into
+    ``pending_result`` at once: the evidence read after it said "acknowledged before upstream cleared its
+    pending result" (test_control_multirank flaked in CI). Here ``record`` publishes the next layer itself,
+    as the worker did; the evidence is what held when the acknowledgement came."""
+    import types
+
+    from ascend_eplb.control.bus import CommitEvent, EventBus
+    from ascend_eplb.control.state import AscendEplbState
+
+    state = object.__new__(AscendEplbState)  # only what the acknowledgement reads
+    state.collect_commit_evidence, state.num_rearrangements = True, 3
+    state.commit_log, state.bus, state._layer_states = collections.deque(), EventBus(), {"key": {}}
+    heard = []
+    state.bus.subscribe(CommitEvent, heard.append)
+    model_state = types.SimpleNamespace(model_name="m", pending_result=None)  # upstream cleared it
+    recorded = []
+
+    def record(stream=None):
+        recorded.append(stream)
+        model_state.pending_result = "the next layer"  # the released worker publishes at once
+
+    result = types.SimpleNamespace(layer_idx=1, consumed_event=types.SimpleNamespace(record=record))
+    state._observe_acknowledgement(model_state, "key", result)
+    result.consumed_event.record("stream")
+    assert recorded == ["stream"]
+    assert heard == [CommitEvent("acknowledge", "m", 1, 3, {"pending_result_cleared": True, "checksums": [],
+                                                            "data_ptrs": []})]  # fmt: skip

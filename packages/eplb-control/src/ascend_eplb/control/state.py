@@ -409,19 +409,15 @@ class AscendEplbState(EplbState):
         layer = result.layer_idx
 
         def record_and_log(stream: torch.Stream | None = None) -> None:
-            record(stream)
+            # The evidence is read before ``record`` releases the async worker, which may at once publish
+            # the next layer into ``pending_result`` (read after, it said "not cleared": a test flaked).
+            evidence: dict[str, Any] = {}
             if self.collect_commit_evidence:
                 with gpu_sync_allowed():
                     evidence = self._lookup_evidence(self._layer_states[key].get(layer, []))
-                self._log(
-                    "acknowledge",
-                    model_state,
-                    layer,
-                    pending_result_cleared=model_state.pending_result is None,
-                    **evidence,
-                )
-            else:
-                self._log("acknowledge", model_state, layer)
+                evidence = {"pending_result_cleared": model_state.pending_result is None, **evidence}
+            record(stream)
+            self._log("acknowledge", model_state, layer, **evidence)
 
         event.record = record_and_log  # ACKNOWLEDGEMENT_BINDING
 
