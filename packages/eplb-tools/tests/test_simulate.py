@@ -18,6 +18,18 @@ FAULTY = dict(model="replay", num_ranks=2, num_redundant_experts=2, num_moe_laye
               window_size=1, step_interval=2, progress=False, timeout_s=240)  # fmt: skip
 
 
+def _passed_but_the_last_cycle(report: dict) -> None:
+    """Every check of a FAULTY-sized run passed (interval 2 over 8 steps), but the worker's may be "not
+    judged": on a loaded host the last cycle can lag the replay's fast steps and still be in flight at the
+    end (CI saw it once), and then that cycle is named."""
+    checks = dict(report["checks"])
+    worker = checks.pop("worker")
+    assert (checks, report["first_violation"]) == (dict.fromkeys(checks, True), None), report[
+        "check_evidence"
+    ]
+    assert worker is True or (worker is None and report["in_flight_at_end"]), report["check_evidence"]
+
+
 @pytest.mark.multirank
 def test_short_run_passes_every_check_and_balances(tmp_path):
     report = run_simulation(SimulateConfig(**SHORT, out_dir=str(tmp_path)))
@@ -73,7 +85,7 @@ def test_metrics_writes_the_scrape_of_the_run_beside_the_report(tmp_path, capsys
     from prometheus_client.parser import text_string_to_metric_families
 
     report = run_simulation(SimulateConfig(**FAULTY, out_dir=str(tmp_path), metrics=True))
-    assert report["passed"], report["first_violation"]
+    _passed_but_the_last_cycle(report)
     assert f"events.jsonl, metrics.prom in {tmp_path.resolve()}" in capsys.readouterr().out
     scrape = {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
@@ -583,7 +595,7 @@ def test_the_reported_outputs_tolerance_is_the_one_the_world_checks(tmp_path):
     for name, rtol in (("replay", OUTPUT_RTOL), ("real", 16 * 2.0**-8)):
         config = worlds[name]
         report = run_simulation(config)
-        assert report["passed"], report["first_violation"]
+        _passed_but_the_last_cycle(report)
         assert report["format"] == "bf16"
         assert (
             report["output_tolerance"]
