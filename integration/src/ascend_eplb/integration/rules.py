@@ -449,9 +449,10 @@ class MoeFacts:
             return LAYER_SCHEMES.get(names[0])
         return None
 
-    def _layers(self) -> tuple[tuple[int, int, frozenset[int]] | None, list[str], str | None]:
-        """The MoE layers as ``(first, step, dense)``: layer ``i`` of ``range(first, num_hidden_layers)`` is
-        MoE when ``(i + 1) % step == 0`` and ``i`` is not in ``dense`` (None: not countable); what breaks
+    def _layers(self) -> tuple[tuple[int, int, frozenset[int], int] | None, list[str], str | None]:
+        """The MoE layers as ``(first, step, dense, count)``: layer ``i`` of ``range(first,
+        num_hidden_layers)`` is MoE when ``(i + 1) % step == 0`` and ``i`` is not in ``dense``, ``count`` of
+        them, counted without enumerating the layers (None: not countable); what breaks
         the ``moe-layers`` rule's field checks; why the layers are not counted (a field the scheme needs
         that a ``config.json`` leaves to its config class, or an architecture not in
         :data:`LAYER_SCHEMES`). Only the fields the architecture's class reads are judged."""
@@ -516,24 +517,18 @@ class MoeFacts:
                 dense = frozenset(mlp_only or ())
         if problems:
             return None, problems, None
-        return (first, step, dense), [], None
-
-    def _count(self) -> int | None:
-        found, _, _ = self._layers()
-        if found is None:
-            return None
-        first, step, dense = found
-        layers = self.stated["num_hidden_layers"]
         # (i + 1) % step == 0 for i in [first, layers): the multiples of step in [first + 1, layers].
         count = max(layers // step - first // step, 0)
-        return count - sum(1 for i in dense if first <= i < layers and (i + 1) % step == 0)
+        count -= sum(1 for i in dense if first <= i < layers and (i + 1) % step == 0)
+        return (first, step, dense, count), [], None
 
     @property
     def num_moe_layers(self) -> int | None:
         """L, the decoder layers with routed experts, as vLLM 0.33.0's model class builds them
         (:data:`LAYER_SCHEMES`; for DeepSeek it equals its ``num_hidden_layers - first_k_dense_replace``),
         counted without enumerating the layers; None when not counted (see :meth:`layers_error`) or 0."""
-        return self._count() or None
+        found, _, _ = self._layers()
+        return (found[3] or None) if found is not None else None
 
     def moe_layer_indices(self) -> range | tuple[int, ...]:
         """The decoder-layer index of each MoE layer, in order (L entries; a ``range`` unless Qwen-MoE's
@@ -543,11 +538,11 @@ class MoeFacts:
             ValueError: the layers are not counted or none is MoE (:meth:`layers_error` says why).
         """
         found, _, _ = self._layers()
-        if found is None or not self._count():
+        if found is None or not found[3]:
             raise ValueError(
                 self.layers_error() or self.layers_not_counted() or f"{self.source}: no MoE layer"
             )
-        first, step, dense = found
+        first, step, dense, _ = found
         first += -(first + 1) % step  # the first index with (i + 1) % step == 0
         layers = range(first, self.stated["num_hidden_layers"], step)
         return layers if not dense else tuple(i for i in layers if i not in dense)
@@ -568,7 +563,7 @@ class MoeFacts:
         if problems:
             fields = ", ".join(p.split("=", 1)[0] for p in problems)
             return f"{self.source}: {'; '.join(problems)}; fix: correct {fields}"
-        if found is None or self._count():
+        if found is None or found[3]:
             return None
         # The fields that make layers dense (a default, such as decoder_sparse_step=1, says nothing).
         defaults = {
