@@ -20,7 +20,7 @@ API = {
                                       "V1_EPLB_KEYS", "EplbSettings", "Judgement", "ModelClass", "MoeFacts",
                                       "Rule", "Violation", "architectures_error", "check_settings",
                                       "experts_divisibility_error", "read_model_class", "read_moe_facts",
-                                      "shown"],
+                                      "shown", "text_config"],
     "ascend_eplb.integration.validation": ["ASCEND_QUANT_TYPES", "DTYPE_FORMATS", "EplbConfigError",
                                            "as_dict", "ascend_format_name", "experts_format",
                                            "parallel_and_eplb_fields", "quantization_format_name",

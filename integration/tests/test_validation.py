@@ -519,6 +519,12 @@ def test_the_moe_layers_are_counted_as_vllms_model_classes_build_them(tmp_path, 
                                                 "decoder_sparse_step": 2}}, "c"
     )  # fmt: skip
     assert (facts.architectures, facts.num_moe_layers) == (qwen, 2)
+    # the one reading of a text_config over the top level (read_moe_facts, check's formats, the cost estimate)
+    from ascend_eplb.integration.rules import text_config
+
+    nested = {"hidden_size": 8, "text_config": {"hidden_size": 16, "num_hidden_layers": 2}}
+    assert text_config(nested) == {**nested, "hidden_size": 16, "num_hidden_layers": 2}
+    assert text_config({"hidden_size": 8, "text_config": None}) == {"hidden_size": 8, "text_config": None}
     # a config.json that states no num_hidden_layers: its config class's default, unknown here
     facts = read_moe_facts({"n_routed_experts": 8, "num_experts_per_tok": 2}, "config.json")
     assert (facts.num_moe_layers, facts.unstated()) == (None, ["layers"])

@@ -15,7 +15,7 @@ and gain gate's settings from ``ascend_eplb.control.policy_config``, the int che
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,7 @@ __all__ = [
     "read_model_class",
     "read_moe_facts",
     "shown",
+    "text_config",
 ]
 
 #: Model Runner V1 (legacy dynamic/static EPLB) controls of vLLM Ascend's ``eplb_config`` and of the
@@ -606,6 +607,13 @@ class MoeFacts:
         return [m for m in found if isinstance(m, str)]
 
 
+def text_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``config.json`` mapping as vLLM's ``hf_text_config`` reads it: a multimodal model's ``text_config``
+    (its language model) read over the top level; the mapping itself, copied, when it has none."""
+    nested = config.get("text_config")
+    return {**config, **nested} if isinstance(nested, Mapping) else dict(config)
+
+
 def read_moe_facts(config: Any, source: str, *, architectures: Any = None) -> MoeFacts:
     """The :class:`MoeFacts` of a model config, read as vLLM reads them.
 
@@ -622,7 +630,6 @@ def read_moe_facts(config: Any, source: str, *, architectures: Any = None) -> Mo
         the facts, not judged: :meth:`MoeFacts.errors` says what breaks the rules and
         :meth:`MoeFacts.unstated` what a mapping leaves to its config class. Never raises on the values.
     """
-    from collections.abc import Mapping
 
     def get(obj: Any, key: str) -> tuple[bool, Any]:
         if isinstance(obj, Mapping):
@@ -632,8 +639,7 @@ def read_moe_facts(config: Any, source: str, *, architectures: Any = None) -> Mo
     if isinstance(config, Mapping):
         if architectures is None:
             architectures = config.get("architectures")
-        if isinstance(config.get("text_config"), Mapping):
-            config = {**config, **config["text_config"]}
+        config = text_config(config)
     stated = {}
     for key in (*EXPERT_COUNT_KEYS, *TOP_K_KEYS, *GROUP_KEYS, *LAYER_KEYS):
         present, value = get(config, key)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_eplb.control.values import is_int
-from ascend_eplb.integration.rules import EXPERT_COUNT_KEYS, read_moe_facts
+from ascend_eplb.integration.rules import EXPERT_COUNT_KEYS, read_moe_facts, text_config
 
 __all__ = [
     "CostEstimate",
@@ -73,8 +73,7 @@ def read_model_size(path: str | Path) -> ModelSize:
         raise ValueError(f"{source}: a model config must be a JSON object")
     # E, K and L as start-up reads and judges them (vLLM's names and order), every bad one at once.
     facts = read_moe_facts(cfg, source)
-    if isinstance(cfg.get("text_config"), dict):
-        cfg = {**cfg, **cfg["text_config"]}
+    cfg = text_config(cfg)
     hidden = _first(cfg, ("hidden_size",), source, "hidden_size")
     inter = _first(cfg, _INTERMEDIATE_KEYS, source, "MoE intermediate size")
     if "experts" in facts.unstated():

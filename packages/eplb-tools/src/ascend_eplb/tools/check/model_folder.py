@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ascend_eplb.integration.rules import MoeFacts, read_moe_facts
+from ascend_eplb.integration.rules import MoeFacts, read_moe_facts, text_config
 from ascend_eplb.integration.validation import DTYPE_FORMATS, experts_format
 
 __all__ = ["ModelFacts", "folder_formats", "model_folder_facts"]
@@ -85,7 +85,7 @@ def model_folder_facts(folder: str | os.PathLike[str]) -> ModelFacts:
     return ModelFacts(
         str(root),
         read_moe_facts(raw, str(config_file)),
-        *_formats(root, _text_config(raw)),
+        *_formats(root, text_config(raw)),
         architectures=_architectures(raw),
     )
 
@@ -109,13 +109,6 @@ def _architectures(cfg: dict[str, Any]) -> tuple[str, ...] | Any:
     if names is None or names == []:
         return ()
     return tuple(names) if isinstance(names, list) and all(isinstance(n, str) for n in names) else names
-
-
-def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """``cfg`` with its ``text_config`` (a multimodal model's language model) read over the top level."""
-    if isinstance(cfg.get("text_config"), dict):
-        cfg = {**cfg, **cfg["text_config"]}
-    return cfg
 
 
 def _formats(root: Path, cfg: dict[str, Any]) -> tuple[str | None, str | None, str | None]:
