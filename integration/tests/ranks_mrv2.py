@@ -4,7 +4,7 @@
 discovers the integration's entry point, which applies the patches (``ASCEND_EPLB=1``), the runner builds
 its controller through :class:`~ascend_eplb.integration.runner.Mrv2EplbWiring`, and vLLM 0.33.0's own
 ``EPLBController`` / ``EplbState`` / async worker / default policy run the rearrangements. The model is
-the repository's toy MoE model (``ascend_eplb.tools.world.toy_moe``): each layer routes through upstream's
+the repository's toy MoE model (``ascend_eplb.world.toy_moe``): each layer routes through upstream's
 real ``CustomRoutingRouter`` (a ``BaseRouter``), fed with the real ESFT DeepSeek-V2-Lite routing trace, and
 holds tagged expert weights. The rank returns what it observed.
 """
@@ -43,7 +43,7 @@ def _trace(num_sequences: int) -> list[list[torch.Tensor]]:
 def _build_model(ep_rank: int, num_ranks: int):
     """The repository's toy MoE model with tagged weights; built inside the rank (it imports vLLM)."""
     from ascend_eplb.testing.tagged import TaggedExperts
-    from ascend_eplb.tools.world.toy_moe import ToyMoEModel, initial_local_experts
+    from ascend_eplb.world.toy_moe import ToyMoEModel, initial_local_experts
 
     local = initial_local_experts(ep_rank, num_ranks, NUM_LOGICAL, NUM_REDUNDANT)
     experts = [TaggedExperts(layer, local, tag) for layer in range(NUM_MOE_LAYERS)]
@@ -140,7 +140,7 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
 
         # 2-4. load_model: prepare_load, draft (none), model registration, async worker start.
         model = _build_model(rank, n)
-        from ascend_eplb.tools.world.toy_moe import ToyModelConfig
+        from ascend_eplb.world.toy_moe import ToyModelConfig
 
         mc = ToyModelConfig("toy/mrv2-moe")
         upstream_layer_states = [layer.router.eplb_state for layer in model.layers]
@@ -384,7 +384,7 @@ def gate_events_world(ctx: RankContext, events_file: str) -> dict[str, Any]:
 
     from ascend_eplb.integration.events import EventsRecord
     from ascend_eplb.integration.runner import Mrv2EplbWiring
-    from ascend_eplb.tools.world.toy_moe import ToyModelConfig
+    from ascend_eplb.world.toy_moe import ToyModelConfig
 
     rank, n = ctx.rank, ctx.world_size
     eplb_config = EPLBConfig(

@@ -1,7 +1,7 @@
 """Rank functions of the real-model tests (loaded by path in each rank process).
 
 ``real_model_checks`` builds vLLM 0.33.0's real model class of a tiny checkpoint twice on one world
-(TP = EP = world size over Gloo, ``ascend_eplb.tools.world.serving``): with EPLB off it runs one
+(TP = EP = world size over Gloo, ``ascend_eplb.world.serving``): with EPLB off it runs one
 prefill forward per prompt and returns the logits (the test compares them with HF transformers); with
 EPLB on (redundant experts, vLLM's loader) it returns which local slots differ from the checkpoint's
 expert under upstream's initial placement, and the EPLB state's initial map.
@@ -21,7 +21,7 @@ from ascend_eplb.testing import RankContext
 def real_model_checks(
     ctx: RankContext, folder: str, prompts: list[torch.Tensor], num_redundant_experts: int
 ) -> dict[str, Any]:
-    from ascend_eplb.tools import world as rm
+    from ascend_eplb import world as rm
 
     report: dict[str, Any] = {"rank": ctx.rank}
     info = rm.checkpoint_info(folder)
@@ -88,8 +88,8 @@ def rank_dependent_replicas_world(
     to register a model without MoE layers (a ``torch.nn.Linear``): ``(error class, message)``.
     """
     os.environ["ASCEND_EPLB_VERIFY"] = "1"
+    from ascend_eplb import world as rm
     from ascend_eplb.integration.verify import EplbVerificationError
-    from ascend_eplb.tools import world as rm
 
     worker = rm.ServingWorker(
         ctx, folder, num_redundant_experts=num_redundant_experts, window_size=1, step_interval=2,
@@ -123,7 +123,7 @@ def rank_dependent_replicas_world(
 def serving_world(ctx: RankContext, spec: Any, fault: bool) -> dict[str, Any]:
     """``real_model_world(ctx, spec)`` (its report's keys); then, when asked, ``fault``:
     :func:`rank_dependent_replicas_world` on ``spec.folder`` in the same layout (one world for both)."""
-    from ascend_eplb.tools import world as rm
+    from ascend_eplb import world as rm
 
     report = rm.real_model_world(ctx, spec)
     if fault:
@@ -153,9 +153,9 @@ def layout_world(
 
     from vllm.distributed.parallel_state import get_ep_group
 
+    from ascend_eplb import world as rm
     from ascend_eplb.integration.validation import EplbConfigError
-    from ascend_eplb.tools import world as rm
-    from ascend_eplb.tools.world import serving
+    from ascend_eplb.world import serving
 
     report: dict[str, Any] = {}
     loads: list[str] = []
@@ -193,15 +193,15 @@ def layout_world(
 
 def quantized_world(ctx: RankContext, spec: Any) -> dict[str, Any]:
     """``real_model_world`` of a format's checkpoint (the environment of ``spec`` chooses the layout)."""
-    from ascend_eplb.tools import world as rm
+    from ascend_eplb import world as rm
 
     return rm.real_model_world(ctx, spec)
 
 
 def start_up_errors(ctx: RankContext, folders: dict[str, str]) -> dict[str, Any]:
     """Start a ``ServingWorker`` on each folder; per format: ``(error class, message, model loaded)``."""
-    from ascend_eplb.tools import world as rm
-    from ascend_eplb.tools.world import serving
+    from ascend_eplb import world as rm
+    from ascend_eplb.world import serving
 
     loads: list[str] = []
     original = serving.load_model  # what ServingWorker calls (not the package's re-export)
@@ -240,10 +240,10 @@ def metrics_world(
     os.environ["ASCEND_EPLB_VERIFY"] = "1"
     os.environ["ASCEND_EPLB_EVENTS"] = events_file
     os.environ["ASCEND_EPLB_METRICS"] = "1"
+    from ascend_eplb import world as rm
     from ascend_eplb.integration.events import EventsRecord, EventsRecorder
     from ascend_eplb.integration.serving import guardrails_of
     from ascend_eplb.integration.verify import EplbVerificationError
-    from ascend_eplb.tools import world as rm
 
     worker = rm.ServingWorker(
         ctx, folder, num_redundant_experts=num_redundant_experts, window_size=2, step_interval=4,
@@ -281,7 +281,7 @@ def _serve_steps(worker: Any, steps: int, num_tokens: int, seed: int) -> dict[st
     """Profile run, then ``steps`` prefill steps of the seeded prompts (each awaiting a layer in flight);
     per step: the committed map after it, the worst logits error against EPLB-off (None without it), and
     the slot check after a commit."""
-    from ascend_eplb.tools import world as rm
+    from ascend_eplb import world as rm
 
     vocab = worker.info.vocab_size
     prompts = [rm.prompt(seed * 1000 + s, num_tokens, vocab) for s in range(steps)]
@@ -353,8 +353,8 @@ def serve_from_placement_worlds(
       to ``quantized_events``.
     """
     os.environ["ASCEND_EPLB_VERIFY"] = "1"
+    from ascend_eplb import world as rm
     from ascend_eplb.integration.validation import EplbConfigError
-    from ascend_eplb.tools import world as rm
 
     report: dict[str, Any] = {"rank": ctx.rank}
     os.environ["ASCEND_EPLB_EVENTS"] = events

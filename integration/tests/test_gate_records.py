@@ -18,7 +18,7 @@ ranks = load_module(Path(__file__).with_name("ranks_mrv2.py"))
 PRELOAD = (
     "vllm.distributed.eplb.eplb_state",
     "vllm.v1.worker.gpu.eplb_utils",
-    "ascend_eplb.tools.world.toy_moe",
+    "ascend_eplb.world.toy_moe",
     "ascend_eplb.control",
     "ascend_eplb.movement",
     "ascend_eplb.integration.patches",

@@ -231,7 +231,7 @@ def test_every_upstream_signature_is_listed_once_and_the_replacements_take_their
         upstream._table(entry, Signature(entry.module, entry.qualname, ("self",)))
     # Each patch of a function and each instance binding uses the table's entry, not a copy of it (the
     # CPU world's stand-ins and bindings too).
-    from ascend_eplb.tools.world.stand_ins import stand_in_patches
+    from ascend_eplb.world.stand_ins import stand_in_patches
 
     for patch in (*patches.PATCHES, *stand_in_patches().patches):
         if patch.params is None:
@@ -520,11 +520,11 @@ def test_the_cpu_worlds_stand_ins_are_rows_of_the_surface_that_serving_never_ins
     built by the world from the rows; serving's registry holds none of them."""
     import inspect
 
-    from ascend_eplb.tools.world import stand_ins
+    from ascend_eplb.world import stand_ins
 
     world = stand_ins.stand_in_patches()
     assert [p.name for p in world.patches] == [e.name for e in upstream.STAND_INS] == _STAND_IN_NAMES
-    assert {p.owner for p in world.patches} == {"ascend_eplb.tools.world.stand_ins"}
+    assert {p.owner for p in world.patches} == {"ascend_eplb.world.stand_ins"}
     assert [p.replace for p in world.patches] == [
         stand_ins._without_absent_sgl_kernel,
         stand_ins._cpu_all_gatherv,
@@ -548,15 +548,15 @@ def test_the_cpu_worlds_stand_ins_are_rows_of_the_surface_that_serving_never_ins
     assert [(b.name, b.owner) for b in upstream.INSTANCE_BINDINGS[2:]] == [
         (
             "vllm.model_executor.layers.attention.attention.Attention.forward",
-            "ascend_eplb.tools.world.stand_ins",
+            "ascend_eplb.world.stand_ins",
         ),
         (
             "vllm.model_executor.layers.attention.mla_attention.MLAAttention.forward",
-            "ascend_eplb.tools.world.stand_ins",
+            "ascend_eplb.world.stand_ins",
         ),
         (
             "vllm.model_executor.layers.fused_moe.routed_experts.RoutedExperts.get_expert_weights",
-            "ascend_eplb.tools.world.quant_method",
+            "ascend_eplb.world.quant_method",
         ),
     ]
     assert [n for n, e in upstream.SIGNATURES.items() if set(e.users) <= set(upstream.WORLD)] == [
@@ -575,7 +575,7 @@ def test_the_stand_ins_install_from_their_rows_refuse_a_cpu_communicator_of_its_
     from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
 
     from ascend_eplb.control.patching import PatchSet
-    from ascend_eplb.tools.world import stand_ins
+    from ascend_eplb.world import stand_ins
 
     fresh = PatchSet(upstream.patches_of(upstream.WORLD_STAND_INS, vars(stand_ins)))
     was = torch._dynamo.config.disable
@@ -596,7 +596,7 @@ def test_the_stand_ins_install_from_their_rows_refuse_a_cpu_communicator_of_its_
         del CpuCommunicator.reduce_scatterv
     assert str(info.value) == (
         "upstream CpuCommunicator now implements reduce_scatterv: the harness's stand-in for it must go "
-        "(ascend_eplb.tools.world.stand_ins, stand-in 5)"
+        "(ascend_eplb.world.stand_ins, stand-in 5)"
     )
     assert torch._dynamo.config.disable is was  # verified before the first change
 
@@ -609,7 +609,7 @@ def test_a_drifted_row_only_the_tools_rely_on_does_not_stop_serving_but_stops_th
     from vllm.distributed.eplb.eplb_state import EplbState
     from vllm.model_executor.layers.attention.attention import Attention
 
-    from ascend_eplb.tools.world import stand_ins
+    from ascend_eplb.world import stand_ins
 
     def forward(self, query, key, value, output_shape=None):
         raise AssertionError("never called")

@@ -2,7 +2,7 @@
 
 Each world (TP=2 x EP=2 over Gloo, ``real_models.real_model_world``, verifier on) serves a checkpoint
 whose routed experts are in the format: msModelSlim tensors and ``quant_model_description.json`` with
-``--quantization ascend`` (``ascend_eplb.tools.world.quant_method``), or a bf16/fp16 checkpoint. vLLM's
+``--quantization ascend`` (``ascend_eplb.world.quant_method``), or a bf16/fp16 checkpoint. vLLM's
 loader fills the format's parameters, the method lays them out as vllm-ascend does, EPLB moves the
 views ``get_eplb_weight_views`` returns, and the quant_views reference kernel computes from the layer's
 own tensors. Per-expert lists are vllm-ascend's NZ mode (``VLLM_ASCEND_ENABLE_NZ=1``), W8A8's fused
@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from ascend_eplb import world as rm
 from ascend_eplb.quant_views import FORMAT_SUPPORT
 from ascend_eplb.testing import load_module, run_ranks
-from ascend_eplb.tools import world as rm
 
 ranks = load_module(Path(__file__).with_name("ranks_real_models.py"))
 
-PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.tools.world.serving")
+PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.world.serving")
 # (id, format, environment)
 VARIANTS = [
     ("bf16", "bf16", {}),

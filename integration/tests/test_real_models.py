@@ -3,7 +3,7 @@ against HF transformers.
 
 One world per architecture (``ranks_real_models.real_model_checks``, TP=2 x EP=2): with EPLB off the
 rank's logits equal HF transformers' on the same tiny checkpoint (the stand-ins of
-``ascend_eplb.tools.world`` for expert compute and attention are what run); with EPLB on, vLLM's own
+``ascend_eplb.world`` for expert compute and attention are what run); with EPLB on, vLLM's own
 loader fills every local slot, redundant slots included, with the checkpoint's expert under upstream's
 initial placement. The serving worlds run the EPLB-on serving path through rearrangements with the
 verifier on: TP=2 (``replicated`` rows) per architecture, and the data-parallel layouts
@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from ascend_eplb import world as rm
 from ascend_eplb.testing import load_module, run_ranks
 from ascend_eplb.testing.hf import hf_logits
-from ascend_eplb.tools import world as rm
 
 ranks = load_module(Path(__file__).with_name("ranks_real_models.py"))
 
-PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.tools.world.serving")
+PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.world.serving")
 NUM_TOKENS = 12
 #: max |vLLM - HF| / max |HF| allowed per logit tensor (float32).
 TOLERANCE = 1e-5

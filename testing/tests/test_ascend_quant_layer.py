@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ascend_eplb.quant_views as quant_views
-from ascend_eplb.tools.world.quant_method import apply_layer, lay_out_experts
+from ascend_eplb.world.quant_method import apply_layer, lay_out_experts
 
 NUM_LOCAL, HIDDEN, INTER = 4, 64, 32
 DTYPE = {"bf16": torch.bfloat16, "w8a8_dynamic": torch.float32}

@@ -2,7 +2,7 @@
 
 One world drives the real upstream stack: ``AscendEPLBController`` over vLLM 0.33.0's
 ``EPLBController`` / ``EplbState`` / async worker / ``DefaultEplbPolicy`` / Gloo communicator, and the
-toy MoE model (``ascend_eplb.tools.world.toy_moe``) with tagged weights, whose upstream routers
+toy MoE model (``ascend_eplb.world.toy_moe``) with tagged weights, whose upstream routers
 run dataplane's op on the real ESFT DeepSeek-V2-Lite routing trace. It returns what it observed; the
 tests compare the ranks' reports.
 """
@@ -108,7 +108,7 @@ def control_world(
     from ascend_eplb.control.gate import POLICIES
     from ascend_eplb.dataplane import DEFAULT_ROWS, build_replica_table, table_checksum
     from ascend_eplb.testing.tagged import TaggedExperts
-    from ascend_eplb.tools.world.toy_moe import ToyModelConfig, ToyMoEModel, initial_local_experts
+    from ascend_eplb.world.toy_moe import ToyModelConfig, ToyMoEModel, initial_local_experts
 
     # What the integration's apply_patches() installs of this plane (control does not install them).
     assert PatchSet([*host_adaptation.PATCHES, *commit_hooks.PATCHES]).apply() is True

@@ -57,7 +57,7 @@ def install_world(ctx: RankContext) -> dict[str, Any]:
     from ascend_eplb.control.initial_placement import InitialPlacementEvent, install_initial_placement
     from ascend_eplb.dataplane import build_replica_table
     from ascend_eplb.testing.tagged import TaggedExperts
-    from ascend_eplb.tools.world.toy_moe import ToyModelConfig, ToyMoEModel, initial_local_experts
+    from ascend_eplb.world.toy_moe import ToyModelConfig, ToyMoEModel, initial_local_experts
 
     assert PatchSet([*host_adaptation.PATCHES, *commit_hooks.PATCHES]).apply() is True
     rank, n = ctx.rank, ctx.world_size

@@ -17,7 +17,7 @@ PRELOAD = (
     "vllm.distributed.eplb.eplb_state",
     "vllm.v1.worker.gpu.eplb_utils",
     "ascend_eplb.control.controller",
-    "ascend_eplb.tools.world.toy_moe",
+    "ascend_eplb.world.toy_moe",
 )
 LAYERS = range(ranks.NUM_MOE_LAYERS)
 

@@ -33,7 +33,7 @@ from ascend_eplb.control import (
 )
 from ascend_eplb.dataplane import build_replica_table
 from ascend_eplb.testing.tagged import TaggedExperts
-from ascend_eplb.tools.world.toy_moe import ToyModelConfig, ToyMoEModel
+from ascend_eplb.world.toy_moe import ToyModelConfig, ToyMoEModel
 
 EPLB_REFUSED = "Expert parallelism load balancing is only supported on"
 

@@ -111,7 +111,7 @@ def test_config_and_command_line_are_exclusive(tmp_path, capsys):
 def test_check_reads_the_format_from_a_real_checkpoints_description_as_start_up_does(tmp_path, capsys):
     """The checkpoints the quantized real-model worlds serve: `check` takes the experts' format from the
     msModelSlim description `ascend_quant.write_quantized_experts` wrote, and refuses a rejected one."""
-    from ascend_eplb.tools import world as rm
+    from ascend_eplb import world as rm
 
     args = ["--enable-eplb", "-tp", "2", "--enable-expert-parallel", "--enforce-eager",
             "--eplb-config", '{"num_redundant_experts": 2}', "--quantization", "ascend"]  # fmt: skip

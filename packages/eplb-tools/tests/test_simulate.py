@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from ascend_eplb.tools import world as rm
+from ascend_eplb import world as rm
 from ascend_eplb.tools.cli import main
 from ascend_eplb.tools.simulate.config import CHECK_DESCRIPTIONS, OUTPUT_ATOL, OUTPUT_RTOL, SimulateConfig
 from ascend_eplb.tools.simulate.driver import run_simulation

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ascend_eplb.tools import world as rm
+from ascend_eplb import world as rm
 from ascend_eplb.tools.cli import build_parser, main
 from ascend_eplb.tools.simulate.config import SimulateConfig, config_from_args
 from ascend_eplb.tools.simulate.driver import run_simulation

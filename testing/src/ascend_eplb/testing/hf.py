@@ -1,7 +1,7 @@
 """The HF transformers oracle: logits of a checkpoint computed by transformers itself, never by vLLM.
 
-The real-model tests compare vLLM's logits (``ascend_eplb.tools.world.serving.forward``, EPLB on and off)
-with these on the same tiny checkpoint (``ascend_eplb.tools.world.checkpoints.write_checkpoint``).
+The real-model tests compare vLLM's logits (``ascend_eplb.world.serving.forward``, EPLB on and off)
+with these on the same tiny checkpoint (``ascend_eplb.world.checkpoints.write_checkpoint``).
 Imports torch; transformers inside :func:`hf_logits`. Shape letters: T tokens; V is the vocabulary size.
 """
 

@@ -1,6 +1,6 @@
 """Expert weights tagged with their logical expert, for exact movement checks on the toy MoE model.
 
-:class:`TaggedExperts` is an ``ExpertWeights`` of :mod:`ascend_eplb.tools.world.toy_moe`: every weight
+:class:`TaggedExperts` is an ``ExpertWeights`` of :mod:`ascend_eplb.world.toy_moe`: every weight
 element of a slot is the tag (:func:`ascend_eplb.testing.oracles.tag`) of the logical expert it holds,
 so after a rearrangement each slot must read back exactly its new logical expert's tag. Plain torch.
 Shape letters (GLOSSARY.md): p local physical experts.

@@ -18,7 +18,7 @@ else (the module-level replacements in two tables: serving's and the CPU world's
   them), and the ones we add (upstream must not).
 * :data:`BODIES`: the upstream functions whose body our code copies or restates, pinned by a source
   digest.
-* :data:`STAND_INS`: the module-level replacements of the simulator's CPU world (``ascend_eplb.tools.world``:
+* :data:`STAND_INS`: the module-level replacements of the simulator's CPU world (``ascend_eplb.world``:
   stand-ins for the device kernels and collectives this CPU build lacks). Serving never installs them:
   the world's ``stand_ins`` module builds its ``PatchSet`` from them with :func:`patches_of`.
 
@@ -98,12 +98,12 @@ STARTUP_PLACEMENT = "integration.startup_placement"
 PROMETHEUS = "integration.prometheus"
 METRICS = "integration.metrics"
 # The simulator's CPU world and the offline tools (never serving).
-WORLD_STAND_INS = "tools.world.stand_ins"
-WORLD_QUANT = "tools.world.quant_method"
-WORLD_SERVING = "tools.world.serving"
+WORLD_STAND_INS = "world.stand_ins"
+WORLD_QUANT = "world.quant_method"
+WORLD_SERVING = "world.serving"
 SIMULATE = "tools.simulate"
 PLAN = "tools.plan"
-#: The users of the simulator's CPU world (``ascend_eplb.tools.world``, and ``simulate``'s ranks that run it):
+#: The users of the simulator's CPU world (``ascend_eplb.world``, and ``simulate``'s ranks that run it):
 #: ``stand_ins.install_stand_ins`` checks their rows (:func:`check_used_by`) before it installs anything.
 WORLD = (WORLD_STAND_INS, WORLD_QUANT, WORLD_SERVING, SIMULATE)
 #: The users outside serving: the CPU world and ``plan`` (which runs without vLLM: its body row is held by
@@ -467,7 +467,7 @@ PATCHES: tuple[PatchEntry, ...] = (
 _CPU_COMMUNICATOR_ONLY = "always (only a `CpuCommunicator` gets the stand-in; any other upstream's method)"
 
 #: The simulator's CPU stand-ins: the module-level replacements of the CPU world
-#: (``ascend_eplb.tools.world.stand_ins``, which builds its ``PatchSet`` of them with :func:`patches_of`),
+#: (``ascend_eplb.world.stand_ins``, which builds its ``PatchSet`` of them with :func:`patches_of`),
 #: in installation order. Serving never installs them (they are not :data:`PATCHES`).
 STAND_INS: tuple[PatchEntry, ...] = (
     _function(
@@ -524,19 +524,19 @@ INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = (
     ),
     InstanceBinding(
         signature(f"{_ATTENTION}.Attention.forward"),
-        "ascend_eplb.tools.world.stand_ins",
+        "ascend_eplb.world.stand_ins",
         "install_attention_stand_ins, on each Attention of a model the CPU world built: prefill-only causal "
         "SDPA",
     ),
     InstanceBinding(
         signature(f"{_MLA}.MLAAttention.forward"),
-        "ascend_eplb.tools.world.stand_ins",
+        "ascend_eplb.world.stand_ins",
         "install_attention_stand_ins, on each MLAAttention of a model the CPU world built: prefill-only "
         "causal SDPA over kv_b_proj's expansion",
     ),
     InstanceBinding(
         signature(f"{_ROUTED_EXPERTS}.RoutedExperts.get_expert_weights"),
-        "ascend_eplb.tools.world.quant_method",
+        "ascend_eplb.world.quant_method",
         "install_ascend_routed_experts, on each RoutedExperts of a model the CPU world built whose method "
         "has a quant_views format: vllm-ascend's AscendRoutedExperts.get_expert_weights (the method's views)",
     ),
@@ -1221,9 +1221,9 @@ def render() -> str:
         "",
         "## The simulator's CPU stand-ins (`STAND_INS` and the CPU world's rows)",
         "",
-        "What `ascend-eplb simulate`'s CPU world (`ascend_eplb.tools.world`) replaces where this CPU build "
+        "What `ascend-eplb simulate`'s CPU world (`ascend_eplb.world`) replaces where this CPU build "
         "of vLLM lacks a device kernel or collective: never installed by serving, and never checked by "
-        "serving's `check_upstream()`. `tools.world.stand_ins.install_stand_ins` checks the rows of "
+        "serving's `check_upstream()`. `world.stand_ins.install_stand_ins` checks the rows of "
         f"{', '.join(_code(u) for u in WORLD)} (their signatures are in the table above) before it installs "
         "anything.",
         "",

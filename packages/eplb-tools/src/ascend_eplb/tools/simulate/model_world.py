@@ -1,6 +1,6 @@
 """The real-model world of ``simulate`` (``--model`` a preset or a folder): one serving worker per rank.
 
-A :class:`~ascend_eplb.tools.world.serving.ServingWorker`: vLLM's plugin loader runs the integration's
+A :class:`~ascend_eplb.world.serving.ServingWorker`: vLLM's plugin loader runs the integration's
 entry point (the patches), vLLM's loader builds vLLM's own model class with its real routers (TP = EP =
 the ranks), the controller comes from :class:`~ascend_eplb.integration.runner.Mrv2EplbWiring` (so from
 ``create_eplb_controller``: start-up validation, Ascend controller, the watchdog, the runtime verifier
@@ -66,7 +66,7 @@ def real_kernel_rows(rows: str, num_rows: int, padded: int, batch: int, tp_size:
 
 
 def run_model(ctx: RankContext, cfg: dict) -> dict:
-    """This rank of a run on a real vLLM model: a :class:`~ascend_eplb.tools.world.serving.ServingWorker`
+    """This rank of a run on a real vLLM model: a :class:`~ascend_eplb.world.serving.ServingWorker`
     (the plugin, vLLM's loader and real model class, ``Mrv2EplbWiring`` with the verifier, watchdog and
     events file) beside its EPLB-off twin, at DP x TP (``data_parallel_size``, EP over every rank): with
     D = 1 vLLM's TP+EP layout (every rank routes the same, TP-replicated, rows), with D > 1 its
@@ -84,8 +84,8 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
     :func:`real_kernel_rows`).
     """
     from ascend_eplb.tools.simulate.config import ascend_policy_keys
-    from ascend_eplb.tools.world.serving import ServingWorker
-    from ascend_eplb.tools.world.slots import initial_physical_to_logical
+    from ascend_eplb.world.serving import ServingWorker
+    from ascend_eplb.world.slots import initial_physical_to_logical
 
     rank, num_ranks = ctx.rank, ctx.world_size
     num_redundant = cfg["num_redundant_experts"]

@@ -2,7 +2,7 @@
 
 A folder holds ``config.json`` and safetensors of a supported architecture (vLLM 0.33.0's
 ``Qwen3MoeForCausalLM``, ``DeepseekV3ForCausalLM`` or ``MixtralForCausalLM``; what
-``ascend_eplb.tools.world`` can run on a CPU host). A preset is a tiny random checkpoint of that
+``ascend_eplb.world`` can run on a CPU host). A preset is a tiny random checkpoint of that
 architecture, written by ``world.write_checkpoint`` into the cache (``$ASCEND_EPLB_CACHE``, default
 ``~/.cache/ascend-eplb``, under ``models/``) the first time it is asked for:
 
@@ -87,8 +87,8 @@ def cache_folder() -> Path:
 def _write_preset(name: str, folder: Path, fmt: str) -> None:
     """Write preset ``name`` in format ``fmt`` into ``folder`` atomically (a scratch folder renamed into
     place): the float32 checkpoint (routing fitted first), then converted (``checkpoints.to_format``)."""
-    from ascend_eplb.tools import world
-    from ascend_eplb.tools.world.checkpoints import to_format
+    from ascend_eplb import world
+    from ascend_eplb.world.checkpoints import to_format
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
@@ -182,7 +182,7 @@ def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
             ``float32``); a folder's format is not ``fmt`` (each message names the value and what is
             accepted).
     """
-    from ascend_eplb.tools import world
+    from ascend_eplb import world
 
     if model in PRESETS:
         fmt = fmt or PRESET_FORMAT

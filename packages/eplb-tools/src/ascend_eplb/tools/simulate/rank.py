@@ -5,7 +5,7 @@ switches, vLLM's plugin loading (the integration's entry point must apply its pa
 two worlds, each in its module:
 
 * a real model (``--model`` a preset or a folder): :mod:`~ascend_eplb.tools.simulate.model_world`, one
-  :class:`~ascend_eplb.tools.world.serving.ServingWorker` beside its EPLB-off twin;
+  :class:`~ascend_eplb.world.serving.ServingWorker` beside its EPLB-off twin;
 * the trace replay (``--model replay``): :mod:`~ascend_eplb.tools.simulate.replay_world`, the toy MoE
   model on a quantized format's storage.
 

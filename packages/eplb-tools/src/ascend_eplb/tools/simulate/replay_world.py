@@ -1,7 +1,7 @@
 """The trace-replay world of ``simulate --model replay``: a recorded trace's routing on a quantized
 format's storage, through the serving wiring.
 
-The repository's toy MoE model (:mod:`ascend_eplb.tools.world.toy_moe`) for the quantized formats: each MoE
+The repository's toy MoE model (:mod:`ascend_eplb.world.toy_moe`) for the quantized formats: each MoE
 layer routes the replayed trace through upstream's real router, on which the integration bound
 dataplane's map-and-record op, and holds its local experts in the format's exact kernel storage
 (quant_views); each rank routes rows of its own (the ``split`` row layout). The simulator adds what a
@@ -61,7 +61,7 @@ from ascend_eplb.tools.simulate.steps import (
     record_resources,
     timed_hooks,
 )
-from ascend_eplb.tools.world.toy_moe import ToyModelConfig, ToyMoEModel, initial_local_experts
+from ascend_eplb.world.toy_moe import ToyModelConfig, ToyMoEModel, initial_local_experts
 
 __all__ = ["QuantExperts", "run_replay"]
 

@@ -7,7 +7,7 @@ fills them, ``process_weights_after_loading`` lays them out for the Ascend kerne
 ``get_eplb_weight_views(layer)`` answers ``AscendRoutedExperts.get_expert_weights()``. Without Ascend
 kernels this module stands in for exactly those pieces, each the narrowest for what this host lacks:
 
-* The checkpoint: :func:`ascend_eplb.tools.world.checkpoints.write_quantized_experts` writes the
+* The checkpoint: :func:`ascend_eplb.world.checkpoints.write_quantized_experts` writes the
   routed experts in msModelSlim's layout with its description (quant_views' ``quantize_checkpoint``).
 * :class:`AscendQuantConfig` (registered as vLLM quantization ``"ascend"`` by
   :func:`register_ascend_quantization`, only where vLLM Ascend has not registered it) reads the
@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from ascend_eplb.tools.world.checkpoints import (
+from ascend_eplb.world.checkpoints import (
     DESCRIPTION_FILE,
     format_of_quant_type,
 )

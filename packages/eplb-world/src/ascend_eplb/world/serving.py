@@ -2,7 +2,7 @@
 
 DESIGN.md section 5 asks for the invariants to be proven on vLLM's real model classes; this module is
 what lets a rank build and run them (facts measured in ``notes/real-models-on-cpu.md``) on the tiny
-checkpoints of :mod:`ascend_eplb.tools.world.checkpoints`:
+checkpoints of :mod:`ascend_eplb.world.checkpoints`:
 
 * :func:`build_model` builds one rank's model with vLLM's own ``get_model`` (safetensors loader) under
   DP x TP with EP over Gloo (every DP rank in one world, as vLLM's external launcher builds them:
@@ -13,7 +13,7 @@ checkpoints of :mod:`ascend_eplb.tools.world.checkpoints`:
 * :func:`real_model_world` is a rank function that drives the serving path with EPLB on
   (``Mrv2EplbWiring``) for N steps, and the EPLB-off run of the same checkpoint and prompts.
 
-The CPU stand-ins for what this host lacks are :mod:`ascend_eplb.tools.world.stand_ins`'s;
+The CPU stand-ins for what this host lacks are :mod:`ascend_eplb.world.stand_ins`'s;
 :func:`prepare_world` and :func:`load_model` install them, and the project's patches with
 ``apply_patches()`` as the plugin does.
 
@@ -38,19 +38,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ascend_eplb.tools.world.checkpoints import (
+from ascend_eplb.world.checkpoints import (
     VOCAB_SIZE,
     checkpoint_experts,
     checkpoint_format,
     checkpoint_info,
 )
-from ascend_eplb.tools.world.slots import (
+from ascend_eplb.world.slots import (
     checkpoint_expert_storage,
     initial_physical_to_logical,
     local_slot_mismatches,
     slot_fingerprint_mismatches,
 )
-from ascend_eplb.tools.world.stand_ins import install_model_stand_ins, install_stand_ins
+from ascend_eplb.world.stand_ins import install_model_stand_ins, install_stand_ins
 
 __all__ = [
     "ParallelLayout",

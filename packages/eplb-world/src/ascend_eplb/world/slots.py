@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from ascend_eplb.tools.world.checkpoints import (
+from ascend_eplb.world.checkpoints import (
     EXPERT_KEYS,
     CheckpointInfo,
     checkpoint_info,
     checkpoint_tensors,
 )
-from ascend_eplb.tools.world.quant_method import format_switch
+from ascend_eplb.world.quant_method import format_switch
 
 __all__ = [
     "checkpoint_expert_storage",

@@ -17,15 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from ascend_eplb import world as rm
 from ascend_eplb.integration import placement_file as pf
 from ascend_eplb.integration.metrics import balancedness, rank_loads
 from ascend_eplb.testing import load_module, run_ranks
 from ascend_eplb.tools import cli
-from ascend_eplb.tools import world as rm
 
-ranks = load_module(Path(__file__).with_name("ranks_real_models.py"))
+# Cross-package: the serving runs are integration's real-model rank functions, the plan the tools'.
+ranks = load_module(Path(__file__).resolve().parents[1] / "integration/tests/ranks_real_models.py")
 
-PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.tools.world.serving")
+PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.world.serving")
 #: Interval 4 (its counter starts at 3): rearrangements start at the ends of steps 0 and 4, and with each
 #: layer awaited, their 2 layers commit at steps 1-2 and 5-6. The recording run stops after its first
 #: (one window); the served run after its second (nothing in flight when the next server starts).

@@ -14,7 +14,7 @@ facts measured in ``notes/real-models-on-cpu.md``), each checked against HF tran
    experts are never re-selected): ``layer.expert_map`` (global physical id -> local slot, -1 elsewhere)
    gives each selection's local slot, and only selections of local slots contribute on this rank.
    vLLM's runner then all-reduces over TP, summing the ranks; shared experts run in the runner (no
-   modular kernel). Quantized experts have their own method (:mod:`ascend_eplb.tools.world.quant_method`).
+   modular kernel). Quantized experts have their own method (:mod:`ascend_eplb.world.quant_method`).
    Its dispatch (:data:`MOE_DISPATCHES`, set by :func:`install_stand_ins`) is vLLM's on this host,
    ``gather`` (the runner gathers the DP ranks' rows before routing, ``AgRsAll2AllManager``), or
    ``all-to-all``: a route-first dispatch standing in for vLLM Ascend's MC2 / ALLTOALL, which this host
@@ -66,7 +66,7 @@ facts measured in ``notes/real-models-on-cpu.md``), each checked against HF tran
    anyway (``enforce_eager=True``).
 
 Every point where these stand-ins meet vLLM is a row of the one upstream surface,
-:mod:`ascend_eplb.control.upstream` (users ``tools.world.*``: the patches are its ``STAND_INS``, built
+:mod:`ascend_eplb.control.upstream` (users ``world.*``: the patches are its ``STAND_INS``, built
 here with ``patches_of``; the per-instance ``forward`` s are ``INSTANCE_BINDINGS`` rows); serving never
 installs or checks them. :func:`install_stand_ins` checks the CPU world's rows (``upstream.WORLD``)
 before it installs every process-wide stand-in (before a model is built);
@@ -190,7 +190,7 @@ def _torch_moe_method_class() -> type:
             # bf16/fp16: vllm-ascend's AscendUnquantizedFusedMoEMethod layout through quant_views.
             fmt = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(layer.w13_weight.dtype)
             if fmt is not None:
-                from ascend_eplb.tools.world.quant_method import lay_out_experts
+                from ascend_eplb.world.quant_method import lay_out_experts
 
                 self.format_name = fmt
                 lay_out_experts(layer, fmt, ("w13_weight", "w2_weight", "w13_bias", "w2_bias"))
@@ -215,7 +215,7 @@ def _torch_moe_method_class() -> type:
                     raise NotImplementedError(f"the all-to-all dispatch stand-in: {self.format_name} experts")
                 return _all_to_all_experts(layer, x, topk_weights, ids)
             if self.format_name is not None:
-                from ascend_eplb.tools.world.quant_method import apply_layer
+                from ascend_eplb.world.quant_method import apply_layer
 
                 return apply_layer(layer, self.format_name, x, topk_weights, ids)
             w13, w2 = layer.w13_weight, layer.w2_weight
@@ -441,7 +441,7 @@ def _cpu_communicator_lacks(name: str) -> None:
     if name in vars(CpuCommunicator):
         raise RuntimeError(
             f"upstream CpuCommunicator now implements {name}: the harness's stand-in for it must go "
-            "(ascend_eplb.tools.world.stand_ins, stand-in 5)"
+            "(ascend_eplb.world.stand_ins, stand-in 5)"
         )
 
 
@@ -464,7 +464,7 @@ def _check_dynamo_switch(original: Any) -> None:
     if not isinstance(original, bool):
         raise RuntimeError(
             f"upstream torch._dynamo.config.disable is {original!r}, not a bool: the switch stand-in 6 "
-            "sets is gone (ascend_eplb.tools.world.stand_ins)"
+            "sets is gone (ascend_eplb.world.stand_ins)"
         )
 
 
@@ -561,7 +561,7 @@ def install_stand_ins(*, quantized: bool = False, dispatch: str = "gather") -> N
     stand_in_patches().apply()
     register_torch_moe_method().dispatch = dispatch
     if quantized:
-        from ascend_eplb.tools.world.quant_method import register_ascend_quantization
+        from ascend_eplb.world.quant_method import register_ascend_quantization
 
         register_ascend_quantization()
 
@@ -574,7 +574,7 @@ def install_model_stand_ins(model: torch.nn.Module) -> None:
     Raises:
         RuntimeError: the model has an attention layer of a class without a stand-in.
     """
-    from ascend_eplb.tools.world.quant_method import install_ascend_routed_experts
+    from ascend_eplb.world.quant_method import install_ascend_routed_experts
 
     install_attention_stand_ins(model)
     install_ascend_routed_experts(model)
