@@ -172,9 +172,7 @@ def _copy_sources(tmp_path: Path) -> list[Path]:
 
 
 _LAYERS = "tools over the world over integration over the planes, without cycles"
-_SERVING_FORBIDDEN = (
-    "the serving product imports no tools, world, launcher or test support"
-)
+_SERVING_FORBIDDEN = "the serving product imports no tools, world, launcher or test support"
 
 
 def test_import_contracts_hold_on_the_tree():

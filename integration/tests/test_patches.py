@@ -229,17 +229,10 @@ def test_every_upstream_signature_is_listed_once_and_the_replacements_take_their
     entry = table["vllm.distributed.eplb.eplb_state.EplbState.__init__"]
     with pytest.raises(ValueError, match=r"EplbState.__init__ is listed twice"):
         upstream._table(entry, Signature(entry.module, entry.qualname, ("self",)))
-    # Each patch of a function and each instance binding uses the table's entry, not a copy of it (the
-    # CPU world's stand-ins and bindings too).
-    from ascend_eplb.world.stand_ins import stand_in_patches
-
-    for patch in (*patches.PATCHES, *stand_in_patches().patches):
+    # Each patch of a function and each instance binding uses the table's entry, not a copy of it.
+    for patch in patches.PATCHES:
         if patch.params is None:
-            assert patch.name in (
-                "vllm.config.parallel.current_platform",
-                "torch.Event",
-                "torch._dynamo.config.disable",
-            )
+            assert patch.name in ("vllm.config.parallel.current_platform", "torch.Event")
         else:
             assert patch.params == table[patch.name].params, patch.name
     assert all(
@@ -250,13 +243,11 @@ def test_every_upstream_signature_is_listed_once_and_the_replacements_take_their
 
     assert ACKNOWLEDGEMENT_BINDING in patches.INSTANCE_BINDINGS
     assert upstream.instance_binding(ACKNOWLEDGEMENT_BINDING.name) is ACKNOWLEDGEMENT_BINDING
-    # No entry is dead: each is replaced (by serving or the CPU world), overridden, pinned, or relied on by
-    # a module that checks it when it is built or used (movement, which cannot import control, and the
-    # events file rely on the integration's check_upstream; the CPU world's registrations on
-    # install_stand_ins's check).
+    # No entry is dead: each is replaced, overridden, pinned, or relied on by a module that checks it when
+    # it is built or used (movement, which cannot import control, and the events file rely on the
+    # integration's check_upstream).
     replaced = (
         {p.name for p in patches.PATCHES}
-        | {e.name for e in upstream.STAND_INS}
         | {b.name for b in upstream.INSTANCE_BINDINGS}
         | {o.signature.name for o in upstream.OVERRIDES}
         | {b.name for b in upstream.BODIES}
@@ -268,7 +259,6 @@ def test_every_upstream_signature_is_listed_once_and_the_replacements_take_their
         upstream.INITIAL_PLACEMENT,
         upstream.MOVEMENT,
         upstream.EVENTS,
-        *upstream.WORLD,
     }
     assert [n for n, e in table.items() if n not in replaced and not set(e.users) & constructors] == []
     assert all(entry.users for entry in table.values())
@@ -379,7 +369,6 @@ def test_the_upstream_tables_are_rendered_from_the_rows():
     )
     rows = [
         *(p.name for p in upstream.PATCHES),
-        *(p.name for p in upstream.STAND_INS),
         *(b.name for b in upstream.INSTANCE_BINDINGS),
         *(o.name.removeprefix("ascend_eplb.") for o in upstream.OVERRIDES),
         *(f"{a.cls}.{a.attr}" for a in upstream.ATTRIBUTES),
@@ -388,12 +377,9 @@ def test_the_upstream_tables_are_rendered_from_the_rows():
     ]
     assert [r for r in rows if f"`{r}`" not in text] == []
     assert "| `EPLBController.step` | `37b8a37ca00d9a08` | `control.controller` |" in text
-    # The CPU world's rows come last, in their own section, after every serving table.
-    world = text.index("## The simulator's CPU stand-ins (`STAND_INS` and the CPU world's rows)")
-    assert world > text.index("## Signatures relied on")
-    assert [p.name for p in upstream.STAND_INS if f"| `{p.name}` | {p.does} |" not in text[world:]] == []
-    assert text.index("`vllm.model_executor.layers.attention.attention.Attention.forward` | `tools") > world
-    assert "never installed by serving, and never checked by serving's `check_upstream()`" in text
+    # Serving's rows only: the CPU world's and the tools' are their packages' own.
+    assert "`world." not in text
+    assert "`tools." not in text
     assert (
         "| `vllm.distributed.eplb.eplb_state.EplbState.rearrange` | "
         "`(self, is_profile=False, rank_mapping=None, use_last_expert_load=False)` | `control.state` |"
@@ -506,148 +492,6 @@ def test_check_upstream_names_a_lost_attribute_and_a_changed_body_the_serving_pa
     assert patches.patches_applied() is False
 
 
-_STAND_IN_NAMES = [
-    "vllm.model_executor.layers.utils.check_cpu_sgl_kernel",
-    "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase.all_gatherv",
-    "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase.reduce_scatterv",
-    "torch._dynamo.config.disable",
-]
-
-
-def test_the_cpu_worlds_stand_ins_are_rows_of_the_surface_that_serving_never_installs():
-    """Issue 30 item 2: the CPU world built its own PatchSet of three vLLM bindings (and switched TorchDynamo
-    off, and bound methods per instance) in no row. Its stand-ins are now the surface's ``STAND_INS``,
-    built by the world from the rows; serving's registry holds none of them."""
-    import inspect
-
-    from ascend_eplb.world import stand_ins
-
-    world = stand_ins.stand_in_patches()
-    assert [p.name for p in world.patches] == [e.name for e in upstream.STAND_INS] == _STAND_IN_NAMES
-    assert {p.owner for p in world.patches} == {"ascend_eplb.world.stand_ins"}
-    assert [p.replace for p in world.patches] == [
-        stand_ins._without_absent_sgl_kernel,
-        stand_ins._cpu_all_gatherv,
-        stand_ins._cpu_reduce_scatterv,
-        stand_ins._dynamo_disabled,
-    ]
-    assert [p.check for p in world.patches] == [
-        None,
-        stand_ins._check_cpu_communicator_lacks_all_gatherv,
-        stand_ins._check_cpu_communicator_lacks_reduce_scatterv,
-        stand_ins._check_dynamo_switch,
-    ]
-    source = inspect.getsource(stand_ins)
-    assert "Patch(" not in source  # the rows are the one spelling of the bindings and parameters
-    assert '"input_", "dim=0"' not in source
-    assert set(_STAND_IN_NAMES).isdisjoint(p.name for p in patches.PATCHES)
-    assert [b.name for b in patches.INSTANCE_BINDINGS] == [
-        "vllm.model_executor.layers.fused_moe.router.base_router.BaseRouter._apply_eplb_mapping",
-        "vllm.distributed.eplb.eplb_utils.CpuGpuEvent.record",
-    ]
-    assert [(b.name, b.owner) for b in upstream.INSTANCE_BINDINGS[2:]] == [
-        (
-            "vllm.model_executor.layers.attention.attention.Attention.forward",
-            "ascend_eplb.world.stand_ins",
-        ),
-        (
-            "vllm.model_executor.layers.attention.mla_attention.MLAAttention.forward",
-            "ascend_eplb.world.stand_ins",
-        ),
-        (
-            "vllm.model_executor.layers.fused_moe.routed_experts.RoutedExperts.get_expert_weights",
-            "ascend_eplb.world.quant_method",
-        ),
-    ]
-    assert [n for n, e in upstream.SIGNATURES.items() if set(e.users) <= set(upstream.WORLD)] == [
-        *_STAND_IN_NAMES[:3],
-        "vllm.model_executor.layers.attention.attention.Attention.forward",
-        "vllm.model_executor.layers.attention.mla_attention.MLAAttention.forward",
-        "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method.UnquantizedFusedMoEMethod.register_oot",
-        "vllm.model_executor.layers.fused_moe.routed_experts.RoutedExperts.get_expert_weights",
-        "vllm.model_executor.layers.quantization.get_quantization_config",
-        "vllm.model_executor.layers.quantization.register_quantization_config",
-    ]
-    upstream.check_used_by(*upstream.WORLD)  # vLLM 0.33.0 / torch 2.13.0 as installed: nothing drifted
-
-
-def test_the_stand_ins_install_from_their_rows_refuse_a_cpu_communicator_of_its_own_and_remove():
-    from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
-
-    from ascend_eplb.control.patching import PatchSet
-    from ascend_eplb.world import stand_ins
-
-    fresh = PatchSet(upstream.patches_of(upstream.WORLD_STAND_INS, vars(stand_ins)))
-    was = torch._dynamo.config.disable
-    assert fresh.apply() is True
-    try:
-        assert fresh.applied_names() == _STAND_IN_NAMES
-        assert torch._dynamo.config.disable is True
-    finally:
-        assert fresh.remove() is True
-    assert torch._dynamo.config.disable is was
-    with pytest.raises(RuntimeError, match=r"upstream torch\._dynamo\.config\.disable is 'off', not a bool"):
-        stand_ins._check_dynamo_switch("off")
-    try:
-        CpuCommunicator.reduce_scatterv = lambda self, input_, dim=-1, sizes=None: input_
-        with pytest.raises(RuntimeError) as info:
-            PatchSet(upstream.patches_of(upstream.WORLD_STAND_INS, vars(stand_ins))).apply()
-    finally:
-        del CpuCommunicator.reduce_scatterv
-    assert str(info.value) == (
-        "upstream CpuCommunicator now implements reduce_scatterv: the harness's stand-in for it must go "
-        "(ascend_eplb.world.stand_ins, stand-in 5)"
-    )
-    assert torch._dynamo.config.disable is was  # verified before the first change
-
-
-def test_a_drifted_row_only_the_tools_rely_on_does_not_stop_serving_but_stops_the_world(clean, monkeypatch):
-    """Serving's check_upstream leaves out the rows only the CPU world or the offline tools rely on (a
-    vLLM change of Attention.forward must not stop a serving process); the world checks them when it
-    installs its stand-ins, before anything changes."""
-    import vllm.model_executor.layers.utils as layer_utils
-    from vllm.distributed.eplb.eplb_state import EplbState
-    from vllm.model_executor.layers.attention.attention import Attention
-
-    from ascend_eplb.world import stand_ins
-
-    def forward(self, query, key, value, output_shape=None):
-        raise AssertionError("never called")
-
-    monkeypatch.setattr(Attention, "forward", forward)
-    patches.check_upstream()
-    drift = (
-        "Attention.forward",
-        ("self", "query", "key", "value", "output_shape", "output_dtype"),
-        ("self", "query", "key", "value", "output_shape"),
-    )
-    _assert_drift(lambda: upstream.check_used_by(*upstream.WORLD), *drift)
-    sgl_kernel = layer_utils.check_cpu_sgl_kernel
-    _assert_drift(stand_ins.install_stand_ins, *drift)
-    assert layer_utils.check_cpu_sgl_kernel is sgl_kernel
-    monkeypatch.undo()
-
-    # plan's restatement of upstream's initial placement: a changed body (same signature) is the plan's
-    # row, checked by plan's tests, not by serving.
-    def build_initial_global_physical_to_logical_map(num_routed_experts, num_redundant_experts):
-        return list(range(num_routed_experts)) + [0] * num_redundant_experts
-
-    monkeypatch.setattr(
-        EplbState,
-        "build_initial_global_physical_to_logical_map",
-        staticmethod(build_initial_global_physical_to_logical_map),
-    )
-    patches.check_upstream()
-    with pytest.raises(RuntimeError) as info:
-        upstream.check_used_by(upstream.PLAN)
-    assert str(info.value).startswith(
-        "upstream EplbState.build_initial_global_physical_to_logical_map changed its body: source digest "
-    )
-    assert "vLLM 0.33.0's is b552b55acd62a5b2; ascend_eplb.tools.plan.linear_placement restates it" in str(
-        info.value
-    )
-
-
 def _reads(user: str) -> list[str]:
     return [f"{a.cls}.{a.attr}" for a in upstream.ATTRIBUTES if user in a.users and a.access == "reads"]
 
@@ -689,8 +533,7 @@ def test_the_serving_reads_outside_the_watchdog_are_rows_that_resolve(clean, mon
         "EplbModelState.logical_to_physical_map",
         "EplbModelState.communicator",
     ]
-    assert set(upstream.SERVING) == set(upstream.USERS) - set(upstream.TOOLS)
-    upstream.check_rows(upstream.USERS)  # every row, the tools' too, resolves
+    upstream.check_rows()  # every row resolves
     monkeypatch.setattr(eplb_state, "EplbStats", type("EplbStats", (), {"num_nodes": 1}))
     with pytest.raises(RuntimeError) as info:
         patches.check_upstream()

@@ -472,7 +472,7 @@ def test_the_controller_refuses_a_changed_body_it_copies_and_ignores_formatting(
     assert str(info.value) == (
         f"upstream EPLBController.prepare_load changed its body: source digest {found}, vLLM 0.33.0's is "
         f"{row.digest}; AscendEPLBController.prepare_load copies it, building an AscendEplbState: review it "
-        "against the new body, then update the digest in ascend_eplb.control.upstream.BODIES"
+        f"against the new body, then update the digest {row.digest} in its row"
     )
 
 

@@ -51,12 +51,13 @@ def test_plan_matches_direct_upstream_policy_call(task):
 
 
 def test_linear_placement_is_upstreams_initial_map():
-    from ascend_eplb.control import upstream
+    from ascend_eplb.tools import upstream
 
-    # Its row of the upstream surface: upstream's body is still the one restated (serving never checks it).
+    # Its row of the tools' upstream surface: upstream's body is still the one restated (serving never
+    # checks it).
     (row,) = [b for b in upstream.BODIES if upstream.PLAN in b.users]
     assert row.signature.label == "EplbState.build_initial_global_physical_to_logical_map"
-    upstream.check_used_by(upstream.PLAN)
+    upstream.check(upstream.PLAN)
     for experts in range(1, 10):
         for redundant in range(2 * experts + 1):
             row = EplbState.build_initial_global_physical_to_logical_map(experts, redundant)

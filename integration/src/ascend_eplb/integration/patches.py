@@ -17,8 +17,8 @@ The rows themselves are declared once, in the one upstream surface, :mod:`ascend
   (:class:`~ascend_eplb.control.patching.InstanceBinding`) while serving; the class keeps its method.
   Their owners bind them while serving (at model registration, at each async commit).
 
-The simulator's CPU stand-ins (the surface's ``STAND_INS`` and the rows of its ``TOOLS`` users) are no
-part of this registry: serving neither installs nor checks them (the CPU world checks its own).
+The CPU world's stand-ins and rows (``ascend-eplb-world``'s own surface) are no part of this registry:
+serving neither installs nor checks them (the world checks its own).
 
 Each replacement rebinds one binding that vLLM does not expose as an extension point and calls the
 plane that owns the behaviour; nothing here re-implements EPLB state, policy, routing or movement.
@@ -146,10 +146,8 @@ PATCHES: tuple[Patch, ...] = _in_surface_order(
 )
 
 #: Every upstream method the serving process replaces on single instances (the classes keep theirs): the
-#: surface's rows of a serving user (not the CPU world's).
-INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = tuple(
-    b for b in upstream.INSTANCE_BINDINGS if upstream.serving_rows(b.signature.users)
-)
+#: surface's rows.
+INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = upstream.INSTANCE_BINDINGS
 
 _REGISTRY = PatchSet(PATCHES)
 
@@ -160,11 +158,9 @@ def check_upstream() -> None:
     :data:`PATCHES` and of :data:`INSTANCE_BINDINGS` included), except a patch target whose patch does
     not apply in this process (the host adaptation's, where an accelerator is present) and that nothing
     else relies on (``EplbState.__init__`` is still checked there: the state subclasses it); then every
-    pinned body, attribute and override of a serving user
-    (:func:`ascend_eplb.control.upstream.check_rows` of ``upstream.SERVING``). A row only the
-    simulator's CPU world or the offline tools rely on (``upstream.TOOLS``) is left out: a vLLM change
-    there must not stop a serving process. Wrappers installed by :func:`apply_patches` are checked as
-    the functions they wrap.
+    pinned body, attribute and override (:func:`ascend_eplb.control.upstream.check_rows`). The CPU
+    world's rows are not the surface's: a vLLM change there must not stop a serving process. Wrappers
+    installed by :func:`apply_patches` are checked as the functions they wrap.
 
     Raises:
         RuntimeError: a row is missing or drifted from vLLM 0.33.0 / torch 2.13.0; the message names it
@@ -177,10 +173,9 @@ def check_upstream() -> None:
     check_signatures(
         entry
         for entry in upstream.SIGNATURES.values()
-        if upstream.serving_rows(entry.users)
-        and (entry.name not in not_applied or not set(entry.users) <= {not_applied[entry.name]})
+        if entry.name not in not_applied or not set(entry.users) <= {not_applied[entry.name]}
     )
-    upstream.check_rows(upstream.SERVING)
+    upstream.check_rows()
 
 
 def apply_patches() -> bool:

@@ -1,8 +1,8 @@
 """The declaration types of the upstream surface, one applier, and the one checker of each kind.
 
-The rows themselves (every point where ascend_eplb meets upstream vLLM 0.33.0 and torch 2.13.0) are
-declared once, in :mod:`ascend_eplb.control.upstream`; this module holds what a row is and how it is
-checked:
+The serving product's rows (every point where it meets upstream vLLM 0.33.0 and torch 2.13.0) are
+declared once, in :mod:`ascend_eplb.control.upstream`; this module holds what a row is, how it is
+checked and how a table of rows is written (:func:`markdown_table` and one table per kind of row):
 
 * :class:`Signature`: an upstream callable ascend_eplb relies on, with its parameters (names, kinds and
   defaults) in vLLM 0.33.0 / torch 2.13.0, checked by :func:`check_signature`, the one checker of
@@ -12,7 +12,7 @@ checked:
   named in the owner module, which turns its entries into :class:`Patch` es
   (:meth:`PatchEntry.patch`). Nothing in this package installs them: the integration's
   ``apply_patches()`` owns the single :class:`PatchSet` of the serving process and installs every one at
-  once (the simulator's CPU world installs its stand-ins, the surface's ``STAND_INS``, with its own).
+  once (a package outside serving that declares rows of its own installs them with its own).
 * :class:`InstanceBinding`: the replacement of an upstream method on single instances (the class keeps
   its method), installed by the code that owns those instances.
 * :class:`Override`: a method of an upstream class that a subclass of ascend_eplb overrides; it must
@@ -46,13 +46,20 @@ __all__ = [
     "PatchEntry",
     "PatchSet",
     "Signature",
+    "attribute_table",
+    "body_table",
     "check_signature",
     "check_signatures",
     "declares_attribute",
     "extends",
+    "instance_binding_table",
+    "markdown_table",
+    "override_table",
     "parameter_names",
     "parameter_spec",
     "patch_owner",
+    "patch_table",
+    "signature_table",
     "source_digest",
 ]
 
@@ -304,7 +311,7 @@ class Body:
             raise RuntimeError(
                 f"upstream {self.signature.label} changed its body: source digest {found}, {_SUPPORTED}'s "
                 f"is {self.digest}; {self.reason}: review it against the new body, then update the digest "
-                "in ascend_eplb.control.upstream.BODIES"
+                f"{self.digest} in its row"
             )
 
 
@@ -689,3 +696,66 @@ class PatchSet:
     def applied_names(self) -> list[str]:
         """Names of the bindings replaced now, in installation order."""
         return [patch.name for patch, _, _, _ in self._applied]
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """The lines of a Markdown table of ``header`` and ``rows`` (a ``|`` inside a cell escaped)."""
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return lines
+
+
+def _code(text: str) -> str:
+    return f"`{text}`"
+
+
+def _users(users: Iterable[str]) -> str:
+    return ", ".join(_code(u) for u in users)
+
+
+def patch_table(entries: Iterable[PatchEntry]) -> list[str]:
+    """The Markdown table of module-level replacements: binding, replacement, owner, when it applies."""
+    return markdown_table(
+        ("binding", "replacement", "owner", "applies"),
+        ((_code(p.name), p.does, _code(p.owner), p.applies) for p in entries),
+    )
+
+
+def instance_binding_table(bindings: Iterable[InstanceBinding]) -> list[str]:
+    """The Markdown table of per-instance replacements: method, owner, who binds it on what."""
+    return markdown_table(
+        ("method", "owner", "bound by, on"),
+        ((_code(b.name), _code(b.owner.removeprefix("ascend_eplb.")), b.installed_by) for b in bindings),
+    )
+
+
+def override_table(overrides: Iterable[Override]) -> list[str]:
+    """The Markdown table of overrides: upstream method, our class, what it adds."""
+    return markdown_table(
+        ("upstream method", "overridden by", "what it adds"),
+        ((_code(o.signature.label), _code(o.name.removeprefix("ascend_eplb.")), o.how) for o in overrides),
+    )
+
+
+def attribute_table(attributes: Iterable[Attribute]) -> list[str]:
+    """The Markdown table of attributes: ``Class.attr``, access, users, what for."""
+    return markdown_table(
+        ("attribute", "access", "by", "what"),
+        ((_code(f"{a.cls}.{a.attr}"), a.access, _users(a.users), a.how) for a in attributes),
+    )
+
+
+def body_table(bodies: Iterable[Body]) -> list[str]:
+    """The Markdown table of pinned bodies: function, digest, users, why."""
+    return markdown_table(
+        ("function", "digest", "by", "why"),
+        ((_code(b.signature.label), _code(b.digest), _users(b.users), b.reason) for b in bodies),
+    )
+
+
+def signature_table(signatures: Iterable[Signature]) -> list[str]:
+    """The Markdown table of signatures: callable, parameters, users."""
+    return markdown_table(
+        ("callable", "parameters", "relied on by"),
+        ((_code(e.name), _code(f"({', '.join(e.params)})"), _users(e.users)) for e in signatures),
+    )

@@ -1,12 +1,11 @@
 """The upstream surface: every point where ascend_eplb meets vLLM 0.33.0 and torch 2.13.0, declared once.
 
 Six kinds of row (the types are :mod:`ascend_eplb.control.patching`'s), each listed here and nowhere
-else (the module-level replacements in two tables: serving's and the CPU world's):
+else:
 
 * :data:`SIGNATURES`: every upstream callable patched, bound per instance, overridden or whose body is
-  pinned, and those called with arguments we build (the start-up install's transaction and commit, the
-  CPU world's registrations; accessors such as ``get_ep_group()`` are not listed), with its parameters:
-  names, kinds and defaults.
+  pinned, and those called with arguments we build (the start-up install's transaction and commit;
+  accessors such as ``get_ep_group()`` are not listed), with its parameters: names, kinds and defaults.
 * :data:`PATCHES`: every module-level binding the process replaces. Each row names, in its owner
   module, the replacement factory (and the applicability predicate and extra check); the owner turns
   its rows into :class:`~ascend_eplb.control.patching.Patch` es with :func:`patches_of`, and
@@ -18,23 +17,18 @@ else (the module-level replacements in two tables: serving's and the CPU world's
   them), and the ones we add (upstream must not).
 * :data:`BODIES`: the upstream functions whose body our code copies or restates, pinned by a source
   digest.
-* :data:`STAND_INS`: the module-level replacements of the simulator's CPU world (``ascend_eplb.world``:
-  stand-ins for the device kernels and collectives this CPU build lacks). Serving never installs them:
-  the world's ``stand_ins`` module builds its ``PatchSet`` from them with :func:`patches_of`.
 
-The users of :data:`TOOLS` (the CPU world and the offline tools) have rows in every table (their
-signatures, instance bindings, attributes, a body); serving's ``check_upstream()`` leaves out the rows
-only they rely on (a vLLM change there must not stop a serving process), and the world checks its own
-(:data:`WORLD`) with :func:`check_used_by` when it installs its stand-ins.
+These are the serving product's rows; a package above it that meets upstream too declares its own rows
+with the same types, beside its code, and checks them itself.
 
 :func:`render` writes the human-readable tables from these rows (``UPSTREAM.md`` of this package is
 that text; a test keeps them equal: ``python -m ascend_eplb.control.upstream`` prints it). Each user
 checks its rows with :func:`check_used_by` (the controller and the state when they are constructed,
-the commit hooks before they are installed); integration's ``check_upstream()`` checks every row of
-a serving user (:data:`SERVING`: :func:`check_rows`) before the first patch. Dataplane's router adapter
-cannot import this package, so the signature of the method it binds is its own export
-(``UPSTREAM_MAPPING_SIGNATURE``), listed here by reference: ``ascend_eplb.dataplane.router`` (torch
-only) is the one module of another ascend_eplb package imported here. Nothing here imports vLLM: a row
+the commit hooks before they are installed); integration's ``check_upstream()`` checks every row
+(:func:`check_rows`) before the first patch. Dataplane's router adapter cannot import this package, so
+the signature of the method it binds is its own export (``UPSTREAM_MAPPING_SIGNATURE``), listed here by
+reference: ``ascend_eplb.dataplane.router`` (torch only) is the one module of another ascend_eplb
+package imported here. Nothing here imports vLLM: a row
 is resolved when it is checked.
 """
 
@@ -51,7 +45,13 @@ from ascend_eplb.control.patching import (
     Patch,
     PatchEntry,
     Signature,
+    attribute_table,
+    body_table,
     check_signatures,
+    instance_binding_table,
+    override_table,
+    patch_table,
+    signature_table,
 )
 from ascend_eplb.dataplane.router import UPSTREAM_MAPPING_SIGNATURE
 
@@ -62,19 +62,14 @@ __all__ = [
     "INSTANCE_BINDINGS",
     "OVERRIDES",
     "PATCHES",
-    "SERVING",
     "SIGNATURES",
-    "STAND_INS",
-    "TOOLS",
     "USERS",
     "WORKER_ERROR_ATTR",
-    "WORLD",
     "check_rows",
     "check_used_by",
     "instance_binding",
     "patches_of",
     "render",
-    "serving_rows",
     "signature",
     "used_by",
 ]
@@ -97,18 +92,6 @@ VERIFY = "integration.verify"
 STARTUP_PLACEMENT = "integration.startup_placement"
 PROMETHEUS = "integration.prometheus"
 METRICS = "integration.metrics"
-# The simulator's CPU world and the offline tools (never serving).
-WORLD_STAND_INS = "world.stand_ins"
-WORLD_QUANT = "world.quant_method"
-WORLD_SERVING = "world.serving"
-SIMULATE = "tools.simulate"
-PLAN = "tools.plan"
-#: The users of the simulator's CPU world (``ascend_eplb.world``, and ``simulate``'s ranks that run it):
-#: ``stand_ins.install_stand_ins`` checks their rows (:func:`check_used_by`) before it installs anything.
-WORLD = (WORLD_STAND_INS, WORLD_QUANT, WORLD_SERVING, SIMULATE)
-#: The users outside serving: the CPU world and ``plan`` (which runs without vLLM: its body row is held by
-#: its tests). Serving's ``check_upstream()`` leaves out a row only they rely on (:func:`serving_rows`).
-TOOLS = (*WORLD, PLAN)
 #: Every user id a row may name (what :func:`used_by` and :func:`check_used_by` accept).
 USERS = (
     HOST_ADAPTATION,
@@ -128,10 +111,7 @@ USERS = (
     STARTUP_PLACEMENT,
     PROMETHEUS,
     METRICS,
-    *TOOLS,
 )
-#: The users of the serving product (every user but :data:`TOOLS`).
-SERVING = tuple(user for user in USERS if user not in TOOLS)
 
 #: The attribute :mod:`~ascend_eplb.control.commit_hooks` sets on an upstream ``EplbModelState``: a weak
 #: reference to its commit observer.
@@ -152,14 +132,6 @@ _RUNNER = "vllm.v1.worker.gpu.model_runner"
 _ROUTER = "vllm.model_executor.layers.fused_moe.router.base_router"
 _POLICY = "vllm.distributed.eplb.policy.abstract"
 _INTERFACES = "vllm.model_executor.models.interfaces"
-_LAYER_UTILS = "vllm.model_executor.layers.utils"
-_DEVICE_COMMUNICATOR = "vllm.distributed.device_communicators.base_device_communicator"
-_CPU_COMMUNICATOR = "vllm.distributed.device_communicators.cpu_communicator"
-_ATTENTION = "vllm.model_executor.layers.attention.attention"
-_MLA = "vllm.model_executor.layers.attention.mla_attention"
-_UNQUANTIZED = "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method"
-_ROUTED_EXPERTS = "vllm.model_executor.layers.fused_moe.routed_experts"
-_QUANTIZATION = "vllm.model_executor.layers.quantization"
 _FACTORY = ("group_coordinator", "backend", "expert_weights", "expert_buffer")
 
 
@@ -205,12 +177,12 @@ SIGNATURES: Mapping[str, Signature] = _table(
         (STATE,),
     ),
     Signature(_STATE, "EplbState._should_record_current_step", ("self", "log_stats=False"), (STATE,)),
-    # Upstream's initial placement: the events' EPLB-off baseline calls it; plan restates it (pinned below).
+    # Upstream's initial placement: the events' EPLB-off baseline calls it.
     Signature(
         _STATE,
         "EplbState.build_initial_global_physical_to_logical_map",
         ("num_routed_experts", "num_redundant_experts"),
-        (EVENTS, PLAN),
+        (EVENTS,),
     ),
     Signature(
         _STATE,
@@ -303,42 +275,6 @@ SIGNATURES: Mapping[str, Signature] = _table(
         ("weight", "num_replicas", "num_groups", "num_nodes", "num_ranks", "old_global_expert_indices=None"),
         (POLICY, GATE),
     ),
-    # The simulator's CPU world (never serving): the targets of its stand-in patches (STAND_INS), the
-    # methods it replaces on single instances, and the registrations it calls.
-    Signature(_LAYER_UTILS, "check_cpu_sgl_kernel", ("n", "k", "dtype"), (WORLD_STAND_INS,)),
-    Signature(
-        _DEVICE_COMMUNICATOR,
-        "DeviceCommunicatorBase.all_gatherv",
-        ("self", "input_", "dim=0", "sizes=None"),
-        (WORLD_STAND_INS,),
-    ),
-    Signature(
-        _DEVICE_COMMUNICATOR,
-        "DeviceCommunicatorBase.reduce_scatterv",
-        ("self", "input_", "dim=-1", "sizes=None"),
-        (WORLD_STAND_INS,),
-    ),
-    Signature(
-        _ATTENTION,
-        "Attention.forward",
-        ("self", "query", "key", "value", "output_shape=None", "output_dtype=None"),
-        (WORLD_STAND_INS,),
-    ),
-    Signature(
-        _MLA,
-        "MLAAttention.forward",
-        ("self", "q", "kv_c_normed", "k_pe", "output_shape=None", "q_dcp_replicated=None"),
-        (WORLD_STAND_INS,),
-    ),
-    Signature(
-        _UNQUANTIZED,
-        "UnquantizedFusedMoEMethod.register_oot",
-        ("_decorated_op_cls=None", "name=None"),
-        (WORLD_STAND_INS,),
-    ),
-    Signature(_ROUTED_EXPERTS, "RoutedExperts.get_expert_weights", ("self",), (WORLD_QUANT,)),
-    Signature(_QUANTIZATION, "get_quantization_config", ("quantization",), (WORLD_QUANT,)),
-    Signature(_QUANTIZATION, "register_quantization_config", ("quantization",), (WORLD_QUANT,)),
 )
 
 
@@ -464,52 +400,7 @@ PATCHES: tuple[PatchEntry, ...] = (
     ),
 )
 
-_CPU_COMMUNICATOR_ONLY = "always (only a `CpuCommunicator` gets the stand-in; any other upstream's method)"
-
-#: The simulator's CPU stand-ins: the module-level replacements of the CPU world
-#: (``ascend_eplb.world.stand_ins``, which builds its ``PatchSet`` of them with :func:`patches_of`),
-#: in installation order. Serving never installs them (they are not :data:`PATCHES`).
-STAND_INS: tuple[PatchEntry, ...] = (
-    _function(
-        f"{_LAYER_UTILS}.check_cpu_sgl_kernel",
-        WORLD_STAND_INS,
-        "_without_absent_sgl_kernel",
-        "False while `torch.ops._C` lacks `convert_weight_packed` (16-bit linear layers take vLLM's "
-        "`F.linear` fallback), else upstream's",
-        applies="always (float32 layers and hosts with that op unaffected)",
-    ),
-    _function(
-        f"{_DEVICE_COMMUNICATOR}.DeviceCommunicatorBase.all_gatherv",
-        WORLD_STAND_INS,
-        "_cpu_all_gatherv",
-        "a `CpuCommunicator`'s over `torch.distributed` (rows padded to the largest, gathered, concatenated "
-        "in rank order); refused if `CpuCommunicator` defines its own",
-        applies=_CPU_COMMUNICATOR_ONLY,
-        check="_check_cpu_communicator_lacks_all_gatherv",
-    ),
-    _function(
-        f"{_DEVICE_COMMUNICATOR}.DeviceCommunicatorBase.reduce_scatterv",
-        WORLD_STAND_INS,
-        "_cpu_reduce_scatterv",
-        "a `CpuCommunicator`'s over `torch.distributed` (all-reduce, then this rank's rows); refused if "
-        "`CpuCommunicator` defines its own",
-        applies=_CPU_COMMUNICATOR_ONLY,
-        check="_check_cpu_communicator_lacks_reduce_scatterv",
-    ),
-    PatchEntry(
-        "torch._dynamo.config",
-        "disable",
-        None,
-        WORLD_STAND_INS,
-        "_dynamo_disabled",
-        "True: TorchDynamo off for the process, so vLLM's `torch.compile`d helpers run eagerly (vLLM "
-        'Ascend\'s `simple_compile_backend = "eager"`)',
-        check="_check_dynamo_switch",
-    ),
-)
-
-#: Every upstream method the process replaces on single instances (the classes keep theirs): serving's,
-#: then the simulator's CPU world's (whose users are :data:`WORLD`; serving binds none of them).
+#: Every upstream method the process replaces on single instances (the classes keep theirs).
 INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = (
     InstanceBinding(
         signature(".".join(UPSTREAM_MAPPING_SIGNATURE[:2])),
@@ -521,24 +412,6 @@ INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = (
         signature(f"{_UTILS}.CpuGpuEvent.record"),
         "ascend_eplb.control.state",
         "AscendEplbState.after_commit, on the consumed_event of each async layer result it commits",
-    ),
-    InstanceBinding(
-        signature(f"{_ATTENTION}.Attention.forward"),
-        "ascend_eplb.world.stand_ins",
-        "install_attention_stand_ins, on each Attention of a model the CPU world built: prefill-only causal "
-        "SDPA",
-    ),
-    InstanceBinding(
-        signature(f"{_MLA}.MLAAttention.forward"),
-        "ascend_eplb.world.stand_ins",
-        "install_attention_stand_ins, on each MLAAttention of a model the CPU world built: prefill-only "
-        "causal SDPA over kv_b_proj's expansion",
-    ),
-    InstanceBinding(
-        signature(f"{_ROUTED_EXPERTS}.RoutedExperts.get_expert_weights"),
-        "ascend_eplb.world.quant_method",
-        "install_ascend_routed_experts, on each RoutedExperts of a model the CPU world built whose method "
-        "has a quant_views format: vllm-ascend's AscendRoutedExperts.get_expert_weights (the method's views)",
     ),
 )
 
@@ -698,8 +571,8 @@ OVERRIDES: tuple[Override, ...] = (
 _MODEL_STATE = "EplbModelState"
 _LAYER_RESULT = "AsyncEplbLayerResult"
 
-#: Every attribute of an upstream object we write, read or add: serving's (the control plane's, the
-#: watchdog's, the event file's, the verifier's, ...), then the simulator's CPU world's.
+#: Every attribute of an upstream object we write, read or add (the control plane's, the watchdog's, the
+#: event file's, the verifier's, ...).
 ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute(
         _ROUTER,
@@ -960,79 +833,6 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         (METRICS,),
         "`bytes_received`: movement's `cumulative_stats`",
     ),
-    # The simulator's CPU world (never serving): what its stand-ins and its serving harness read.
-    *(
-        Attribute(_ATTENTION, "Attention", attr, "reads", (WORLD_STAND_INS,), "the SDPA stand-in's shapes")
-        for attr in ("num_heads", "num_kv_heads", "head_size", "head_size_v")
-    ),
-    Attribute(_ATTENTION, "Attention", "impl", "reads", (WORLD_STAND_INS,), "`impl.scale`, the SDPA scale"),
-    *(
-        Attribute(_MLA, "MLAAttention", attr, "reads", (WORLD_STAND_INS,), why)
-        for attr, why in (
-            ("num_heads", "the MLA stand-in's heads"),
-            ("qk_nope_head_dim", "the split of `kv_b_proj`'s expansion"),
-            ("v_head_dim", "the same"),
-            ("kv_b_proj", "its weight expands `kv_c` into `k_nope` and `v`"),
-            ("scale", "the SDPA scale"),
-        )
-    ),
-    Attribute(
-        _ROUTED_EXPERTS,
-        "RoutedExperts",
-        "expert_map",
-        "reads",
-        (WORLD_STAND_INS,),
-        "`TorchFusedMoEMethod.apply`: global physical id -> local slot",
-    ),
-    *(
-        Attribute(_CPU_COMMUNICATOR, "CpuCommunicator", attr, "reads", (WORLD_STAND_INS,), why)
-        for attr, why in (
-            ("world_size", "the group of `all_gatherv` / `reduce_scatterv`"),
-            ("rank_in_group", "this rank's rows"),
-            ("device_group", "the `torch.distributed` group the stand-ins run on"),
-        )
-    ),
-    Attribute(
-        _ROUTED_EXPERTS,
-        "RoutedExperts",
-        "quant_method",
-        "reads",
-        (WORLD_QUANT,),
-        "`install_ascend_routed_experts`: the layers whose method has a quant_views format",
-    ),
-    Attribute(_CONTROLLER, "EPLBController", "state", "reads", (WORLD_SERVING,), "the world's EPLB state"),
-    *(
-        Attribute(_STATE, "EplbState", attr, "reads", (WORLD_SERVING,), why)
-        for attr, why in (
-            ("model_states", "the world's model"),
-            ("async_worker", "`wait_for_transfer`: the worker is alive"),
-            ("should_record_tensor", "whether a forward recorded load"),
-        )
-    ),
-    *(
-        Attribute(_STATE, _MODEL_STATE, attr, "reads", (WORLD_SERVING,), why)
-        for attr, why in (
-            ("physical_to_logical_map", "the placement in force: P, the committed layers, slot checks"),
-            ("rebalanced", "`wait_for_transfer`: a cycle in flight"),
-            ("pending_result", "`wait_for_transfer`: a layer published"),
-            ("expert_load_pass", "the load a forward recorded"),
-        )
-    ),
-    Attribute(
-        _INTERFACES, "MixtureOfExperts", "moe_layers", "reads", (WORLD_SERVING,), "the model's MoE layers"
-    ),
-    # What simulate's ranks read of the world's state (the steps' checks and accounting).
-    Attribute(_STATE, "EplbState", "model_states", "reads", (SIMULATE,), "the replay world's model"),
-    *(
-        Attribute(_STATE, _MODEL_STATE, attr, "reads", (SIMULATE,), why)
-        for attr, why in (
-            ("physical_to_logical_map", "the placement in force for a forward (the outputs check)"),
-            ("communicator", "`--fault`: the communicator a worker fault is injected into"),
-            ("expert_load_pass", "the replay world's `load` check: the load a forward recorded"),
-            ("rebalanced", "whether a cycle is in flight (the worker verdict)"),
-            ("model", "`expert_weights`: the bytes of one expert (`metrics.expert_bytes`)"),
-        )
-    ),
 )
 
 #: Every upstream function whose body our code depends on, pinned by
@@ -1065,27 +865,19 @@ BODIES: tuple[Body, ...] = (
         "inside it after move_from_buffer, before pending_result is cleared and consumed_event.record() "
         "releases the staging buffer",
     ),
-    Body(
-        signature(f"{_STATE}.EplbState.build_initial_global_physical_to_logical_map"),
-        "b552b55acd62a5b2",
-        (PLAN,),
-        "ascend_eplb.tools.plan.linear_placement restates it without vLLM (the EPLB-off placement a plan "
-        "compares with; the events file's balancedness_eplb_off calls upstream's)",
-    ),
 )
 
 
 def patches_of(owner: str, namespace: Mapping[str, Any]) -> tuple[Patch, ...]:
-    """The :class:`~ascend_eplb.control.patching.Patch` es of ``owner``'s rows of :data:`PATCHES` (or,
-    for the CPU world's stand-ins, of :data:`STAND_INS`), in order, their functions taken from
-    ``namespace`` (the owner module's ``globals()``).
+    """The :class:`~ascend_eplb.control.patching.Patch` es of ``owner``'s rows of :data:`PATCHES`, in
+    order, their functions taken from ``namespace`` (the owner module's ``globals()``).
 
     Raises:
         ValueError: ``owner`` is not one of :data:`USERS`.
         KeyError: a function a row names is not in ``namespace``.
     """
     _known((owner,))
-    return tuple(entry.patch(namespace) for entry in (*PATCHES, *STAND_INS) if entry.owner == owner)
+    return tuple(entry.patch(namespace) for entry in PATCHES if entry.owner == owner)
 
 
 def _known(users: tuple[object, ...]) -> set[str]:
@@ -1093,12 +885,6 @@ def _known(users: tuple[object, ...]) -> set[str]:
     if unknown:
         raise ValueError(f"unknown user(s) {unknown!r} of the upstream table; the users are {USERS!r}")
     return set(users)  # type: ignore[arg-type]
-
-
-def serving_rows(users: Iterable[str]) -> bool:
-    """Whether a row of ``users`` is serving's: some user is not one of :data:`TOOLS` (a row only the CPU
-    world or the offline tools rely on is not, and serving's ``check_upstream()`` leaves it out)."""
-    return any(user not in TOOLS for user in users)
 
 
 def used_by(user: str) -> tuple[Signature, ...]:
@@ -1138,103 +924,31 @@ def check_rows(users: Iterable[str] | None = None) -> None:
             row.check()
 
 
-def _code(text: str) -> str:
-    return f"`{text}`"
-
-
-def _table_text(header: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-    return lines
-
-
-def _instance_binding_rows(bindings: Iterable[InstanceBinding]) -> list[str]:
-    return _table_text(
-        ("method", "owner", "bound by, on"),
-        ((_code(b.name), _code(b.owner.removeprefix("ascend_eplb.")), b.installed_by) for b in bindings),
-    )
-
-
-def _attribute_rows(attributes: Iterable[Attribute]) -> list[str]:
-    return _table_text(
-        ("attribute", "access", "by", "what"),
-        (
-            (_code(f"{a.cls}.{a.attr}"), a.access, ", ".join(_code(u) for u in a.users), a.how)
-            for a in attributes
-        ),
-    )
-
-
-def _patch_rows(entries: Iterable[PatchEntry]) -> list[str]:
-    return _table_text(
-        ("binding", "replacement", "owner", "applies"),
-        ((_code(p.name), p.does, _code(p.owner), p.applies) for p in entries),
-    )
-
-
 def render() -> str:
     """The tables of every row, as Markdown (what ``UPSTREAM.md`` of this package holds)."""
-    serving_bindings = [b for b in INSTANCE_BINDINGS if serving_rows(b.signature.users)]
-    world_bindings = [b for b in INSTANCE_BINDINGS if not serving_rows(b.signature.users)]
     lines = [
         "# The upstream surface",
         "",
-        "Every point where ascend_eplb meets upstream vLLM 0.33.0 and torch 2.13.0. Generated from the rows "
-        "of `ascend_eplb.control.upstream` (`python -m ascend_eplb.control.upstream > "
-        "packages/eplb-control/UPSTREAM.md`); a test keeps this file equal to them. Integration's "
-        "`check_upstream()` checks every row of a serving user before the first patch (`RuntimeError` "
-        "naming the one that drifted); the controller and the state check theirs when they are "
-        "constructed. A row only the simulator's CPU world or the offline tools rely on (users "
-        f"{', '.join(_code(u) for u in TOOLS)}) is never checked by serving: the CPU world checks its own "
-        "when it installs its stand-ins (last section), `plan`'s body row is held by its tests.",
+        "Every point where the ascend_eplb serving product meets upstream vLLM 0.33.0 and torch 2.13.0. "
+        "Generated from the rows of `ascend_eplb.control.upstream` (`python -m ascend_eplb.control.upstream "
+        "> packages/eplb-control/UPSTREAM.md`); a test keeps this file equal to them. Integration's "
+        "`check_upstream()` checks every row before the first patch (`RuntimeError` naming the one that "
+        "drifted); the controller and the state check theirs when they are constructed.",
         "",
         "## Module-level replacements (`PATCHES`, in installation order)",
         "",
     ]
-    lines += _patch_rows(PATCHES)
+    lines += patch_table(PATCHES)
     lines += ["", "## Methods replaced on single instances (`INSTANCE_BINDINGS`)", ""]
-    lines += _instance_binding_rows(serving_bindings)
+    lines += instance_binding_table(INSTANCE_BINDINGS)
     lines += ["", "## Methods our subclasses override (`OVERRIDES`)", ""]
-    lines += _table_text(
-        ("upstream method", "overridden by", "what it adds"),
-        ((_code(o.signature.label), _code(o.name.removeprefix("ascend_eplb.")), o.how) for o in OVERRIDES),
-    )
+    lines += override_table(OVERRIDES)
     lines += ["", "## Attributes of upstream objects (`ATTRIBUTES`)", ""]
-    lines += _attribute_rows(a for a in ATTRIBUTES if serving_rows(a.users))
+    lines += attribute_table(ATTRIBUTES)
     lines += ["", "## Upstream bodies our code depends on (`BODIES`, source digests)", ""]
-    lines += _table_text(
-        ("function", "digest", "by", "why"),
-        (
-            (_code(b.signature.label), _code(b.digest), ", ".join(_code(u) for u in b.users), b.reason)
-            for b in BODIES
-        ),
-    )
+    lines += body_table(BODIES)
     lines += ["", "## Signatures relied on (`SIGNATURES`: names, kinds, defaults)", ""]
-    lines += _table_text(
-        ("callable", "parameters", "relied on by"),
-        (
-            (_code(e.name), _code(f"({', '.join(e.params)})"), ", ".join(_code(u) for u in e.users))
-            for e in SIGNATURES.values()
-        ),
-    )
-    lines += [
-        "",
-        "## The simulator's CPU stand-ins (`STAND_INS` and the CPU world's rows)",
-        "",
-        "What `ascend-eplb simulate`'s CPU world (`ascend_eplb.world`) replaces where this CPU build "
-        "of vLLM lacks a device kernel or collective: never installed by serving, and never checked by "
-        "serving's `check_upstream()`. `world.stand_ins.install_stand_ins` checks the rows of "
-        f"{', '.join(_code(u) for u in WORLD)} (their signatures are in the table above) before it installs "
-        "anything.",
-        "",
-        "### Module-level stand-ins (`STAND_INS`, in installation order)",
-        "",
-    ]
-    lines += _patch_rows(STAND_INS)
-    lines += ["", "### Methods the CPU world replaces on single instances (`INSTANCE_BINDINGS`)", ""]
-    lines += _instance_binding_rows(world_bindings)
-    lines += ["", "### Attributes of upstream objects the CPU world reads (`ATTRIBUTES`)", ""]
-    lines += _attribute_rows(a for a in ATTRIBUTES if not serving_rows(a.users))
+    lines += signature_table(SIGNATURES.values())
     return "\n".join(lines) + "\n"
 
 

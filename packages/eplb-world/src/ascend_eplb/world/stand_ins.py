@@ -65,11 +65,11 @@ facts measured in ``notes/real-models-on-cpu.md``), each checked against HF tran
    :func:`stand_in_patches`): the same eager ops, without the trace. The models themselves run eagerly
    anyway (``enforce_eager=True``).
 
-Every point where these stand-ins meet vLLM is a row of the one upstream surface,
-:mod:`ascend_eplb.control.upstream` (users ``world.*``: the patches are its ``STAND_INS``, built
-here with ``patches_of``; the per-instance ``forward`` s are ``INSTANCE_BINDINGS`` rows); serving never
-installs or checks them. :func:`install_stand_ins` checks the CPU world's rows (``upstream.WORLD``)
-before it installs every process-wide stand-in (before a model is built);
+Every point where these stand-ins meet vLLM is a row of the CPU world's upstream surface,
+:mod:`ascend_eplb.world.upstream` (the patches are its ``STAND_INS``, built here with ``patches_of``;
+the per-instance ``forward`` s are ``INSTANCE_BINDINGS`` rows); serving never installs or checks them.
+:func:`install_stand_ins` checks the CPU world's rows (``upstream.check``) before it installs every
+process-wide stand-in (before a model is built);
 :func:`install_model_stand_ins` installs those of one built model. This module imports vLLM inside its
 functions only. Shape letters (DESIGN.md section 2): p local physical experts, T tokens, K top-k, H
 hidden size, I MoE intermediate size.
@@ -286,10 +286,10 @@ def _without_absent_sgl_kernel(original: Any) -> Any:
 
 
 def _stand_in_patches() -> Any:
-    from ascend_eplb.control import upstream
     from ascend_eplb.control.patching import PatchSet
+    from ascend_eplb.world import upstream
 
-    return PatchSet(upstream.patches_of(upstream.WORLD_STAND_INS, globals()))
+    return PatchSet(upstream.patches_of(globals()))
 
 
 _STAND_IN_PATCHES: Any = None
@@ -297,7 +297,7 @@ _STAND_IN_PATCHES: Any = None
 
 def stand_in_patches() -> Any:
     """The ``PatchSet`` of this harness's upstream replacements (stand-ins 3, 5 and 6), built once from
-    the upstream surface's ``STAND_INS`` rows (their bindings, parameters and the functions named here)."""
+    the CPU world's ``STAND_INS`` rows (their bindings, parameters and the functions named here)."""
     global _STAND_IN_PATCHES
     if _STAND_IN_PATCHES is None:
         _STAND_IN_PATCHES = _stand_in_patches()
@@ -535,7 +535,7 @@ def install_attention_stand_ins(model: torch.nn.Module) -> dict[str, int]:
 def install_stand_ins(*, quantized: bool = False, dispatch: str = "gather") -> None:
     """Install every process-wide stand-in, before a model is built (idempotent).
 
-    First the CPU world's rows of the upstream surface (``upstream.check_used_by(*upstream.WORLD)``:
+    First the CPU world's rows of its upstream surface (:func:`ascend_eplb.world.upstream.check`:
     signatures, instance bindings' targets, attributes). Then the 16-bit linear patch, the variable-size
     collectives and no compilation of vLLM's helper functions (:func:`stand_in_patches`), the torch
     expert method (:func:`register_torch_moe_method`) and, for a checkpoint with an msModelSlim description
@@ -555,9 +555,9 @@ def install_stand_ins(*, quantized: bool = False, dispatch: str = "gather") -> N
         raise ValueError(
             "dispatch='all-to-all' stands in for float32 experts only, not a quantized checkpoint"
         )
-    from ascend_eplb.control import upstream
+    from ascend_eplb.world import upstream
 
-    upstream.check_used_by(*upstream.WORLD)
+    upstream.check()
     stand_in_patches().apply()
     register_torch_moe_method().dispatch = dispatch
     if quantized:

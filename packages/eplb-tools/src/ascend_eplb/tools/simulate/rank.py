@@ -17,7 +17,8 @@ the last committed placement. At the end of the run the runner's shutdown point 
 of life), and each rank reports what its checks saw (steps, selections, commits checked, the cycle in
 flight at shutdown) for the driver's verdicts: :mod:`~ascend_eplb.tools.simulate.steps`, the same in
 both worlds (the faults ``--fault`` injects: :mod:`~ascend_eplb.tools.simulate.faults`). The events file
-(``ASCEND_EPLB_EVENTS``) is written by EP rank 0 into the output folder.
+(``ASCEND_EPLB_EVENTS``) is written by EP rank 0 into the output folder. What the steps read of
+upstream's state are the tools' rows (:mod:`ascend_eplb.tools.upstream`), checked before a world starts.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from vllm.distributed.parallel_state import (
 )
 
 from ascend_eplb.launch import RankContext
+from ascend_eplb.tools import upstream
 from ascend_eplb.tools.simulate.model_world import run_model
 from ascend_eplb.tools.simulate.replay_world import QuantExperts, run_replay
 
@@ -83,6 +85,7 @@ def simulate_rank(ctx: RankContext, cfg: dict, routing: dict, gather: bool = Fal
     os.environ["ASCEND_EPLB_METRICS"] = "1" if cfg.get("metrics") else "0"
     torch.set_num_threads(1)
     _load_plugins()
+    upstream.check(upstream.SIMULATE)  # what the steps read of upstream's state, before a world starts
     # A real model's worker initialises vLLM's world with the model's config; the replay world its own.
     stats = run_model(ctx, cfg) if cfg.get("model_folder") else run_replay(ctx, cfg, routing)
     if gather:
