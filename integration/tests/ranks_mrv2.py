@@ -35,7 +35,7 @@ PHASE = "decode"  # load collected from decode batches only
 
 def _trace(num_sequences: int) -> list[list[torch.Tensor]]:
     """Per MoE layer: the first sequences' top-6 ids of the real ESFT trace, int64 ``(tokens, 6)``."""
-    from ascend_eplb.testing.esft import esft_sequences
+    from ascend_eplb.world.esft import esft_sequences
 
     return [esft_sequences(layer, num_sequences) for layer in range(NUM_MOE_LAYERS)]
 

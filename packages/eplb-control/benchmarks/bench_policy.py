@@ -1,11 +1,12 @@
 """Migration-aware policy beside upstream's default on real load: balance, experts moved, time per call.
 
-Load: the ESFT trace of the shared data (deepseek-ai/ESFT-vanilla-lite, DeepSeek-V2-Lite architecture,
-translation task; ``expert_weights_<layer>.txt``, one line per sequence), per-sequence bincounts of the
-top-6 ids: ``(40 sequences, 26 layers, 64 experts)``. A window is 4 consecutive sequences (10 windows);
-each policy is called once per window, given its own previous placement, starting from upstream's
-initial placement (``EplbState.build_initial_global_physical_to_logical_map``: experts in order, then
-the redundant slots appended). Configurations (issue 27's targets):
+Load: the embedded ESFT trace (``ascend_eplb.world.esft``: deepseek-ai/ESFT-vanilla-lite, DeepSeek-V2-Lite
+architecture, translation task, the lossless conversion of ESFT's ``expert_weights_<layer>.txt``),
+per-sequence bincounts of the top-6 ids: ``(40 sequences, 26 layers, 64 experts)``. A window is 4
+consecutive sequences (10 windows); each policy is called once per window, given its own previous
+placement, starting from upstream's initial placement
+(``EplbState.build_initial_global_physical_to_logical_map``: experts in order, then the redundant slots
+appended). Configurations (issue 27's targets):
 
 1. ``esft``: 26 layers x 64 experts, 8 ranks, 8 redundant, 1 node. Target: mean balancedness within
    0.005 of upstream's with at most 20 % of its moves.
@@ -36,23 +37,27 @@ from vllm.distributed.eplb.eplb_state import EplbState
 from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
 
 from ascend_eplb.control.policy import MigrationAwarePolicy, balancedness, moved_experts
-from ascend_eplb.testing.esft import ESFT_NUM_LOGICAL_EXPERTS, ESFT_TOP_K, esft_trace_dir
+from ascend_eplb.world.esft import (
+    ESFT_NUM_LOGICAL_EXPERTS,
+    ESFT_NUM_MOE_LAYERS,
+    ESFT_NUM_SEQUENCES,
+    esft_sequences,
+)
 
-ESFT_MOE_LAYERS = 26
 WINDOW = 4
 
 
 def esft_sequence_loads() -> np.ndarray:
     """int64 ``(sequences, 26, 64)``: per sequence and MoE layer, the top-6 selections of each expert."""
-    per_layer = []
-    for layer in range(1, ESFT_MOE_LAYERS + 1):
-        with open(esft_trace_dir() / f"expert_weights_{layer}.txt") as f:
-            rows = []
-            for line in f:
-                ids = np.array(line.split("\t\t")[0].split("\t"), dtype=np.int64)
-                assert ids.size % ESFT_TOP_K == 0
-                rows.append(np.bincount(ids, minlength=ESFT_NUM_LOGICAL_EXPERTS))
-        per_layer.append(np.stack(rows))
+    per_layer = [
+        np.stack(
+            [
+                np.bincount(ids.numpy().ravel(), minlength=ESFT_NUM_LOGICAL_EXPERTS)
+                for ids in esft_sequences(layer, ESFT_NUM_SEQUENCES)
+            ]
+        )
+        for layer in range(ESFT_NUM_MOE_LAYERS)
+    ]
     return np.stack(per_layer, axis=1)
 
 
@@ -61,7 +66,7 @@ def windows(loads: np.ndarray) -> list[torch.Tensor]:
 
 
 def deepseek_v3_windows(loads: np.ndarray, num_moe_layers: int = 58) -> list[torch.Tensor]:
-    picks = [[(4 * layer + k) % ESFT_MOE_LAYERS for k in range(4)] for layer in range(num_moe_layers)]
+    picks = [[(4 * layer + k) % ESFT_NUM_MOE_LAYERS for k in range(4)] for layer in range(num_moe_layers)]
     wide = np.stack([np.concatenate([loads[:, i] for i in pick], axis=1) for pick in picks], axis=1)
     return windows(wide)
 

@@ -30,7 +30,7 @@ DEADLINE_S = 30.0
 
 def _trace(num_sequences: int) -> list[list[torch.Tensor]]:
     """Per MoE layer: the first sequences' top-6 ids of the real ESFT trace, int64 ``(tokens, 6)``."""
-    from ascend_eplb.testing.esft import esft_sequences
+    from ascend_eplb.world.esft import esft_sequences
 
     return [esft_sequences(layer, num_sequences) for layer in range(NUM_MOE_LAYERS)]
 

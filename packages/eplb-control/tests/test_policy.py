@@ -9,8 +9,8 @@ from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
 
 from ascend_eplb.control.policy import MigrationAwarePolicy, balancedness, moved_experts
 
-# One real load: the ESFT translation trace (DeepSeek-V2-Lite, top-6; shared/data, MIT), MoE layers 1
-# and 2, summed over sequences 0-3 (window 0) and 4-7 (window 1).
+# One real load: the ESFT translation trace (DeepSeek-V2-Lite, top-6, MIT; ascend_eplb.world.esft), MoE
+# layers 1 and 2, summed over sequences 0-3 (window 0) and 4-7 (window 1).
 ESFT_WINDOW_0 = [
     [57, 18, 7, 69, 112, 16, 205, 42, 63, 104, 12, 48, 27, 263, 40, 45, 88, 24, 16, 21, 205, 9, 295, 7, 245,
      38, 70, 55, 11, 31, 21, 22, 52, 64, 82, 426, 178, 9, 123, 26, 24, 9, 27, 247, 226, 128, 7, 50, 127, 157,

@@ -9,7 +9,7 @@ Three commands, interleaved, ``--rounds`` times each, median reported:
 - ``import torch``: the floor, what any call that runs the policy (a torch program) pays.
 
 The two plan commands must print the same bytes (checked). LOAD defaults to the ESFT summary task's
-``summary.json`` of the shared data. Run (repository root):
+``summary.json`` the world ships (``ascend_eplb.world.esft.task_shares_path``). Run (repository root):
 ``hatch run python packages/eplb-tools/benchmarks/bench_plan_call.py [--rounds N] [LOAD]``.
 """
 
@@ -48,9 +48,9 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=4)
     args = parser.parse_args()
     if args.load is None:
-        from ascend_eplb.testing.esft import esft_data_dir
+        from ascend_eplb.world.esft import task_shares_path
 
-        args.load = esft_data_dir() / "results/expert_scores/summary/summary.json"
+        args.load = task_shares_path("summary")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     plan_argv = ["plan", str(args.load), "--ranks", str(args.ranks)]
     commands = {

@@ -1,29 +1,47 @@
-"""The embedded ESFT trace: reproducible conversion, fidelity to ESFT's summary, loaders of load matrices."""
+"""The compact trace format: ESFT's text converts to exactly the embedded trace, whose shares reproduce
+ESFT's summary; loaders of load matrices."""
 
+import hashlib
 import json
 import re
-from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from ascend_eplb.testing.esft import esft_data_dir
 from ascend_eplb.tools import trace
+from ascend_eplb.world import esft
 
-ESFT = esft_data_dir()
-TRANSLATION = ESFT / "results/expert_scores/translation"
+#: ESFT's raw text of the translation task's MoE layers 1 and 2, byte-identical (data/esft/ORIGIN.md).
+ESFT_TEXT = Path(__file__).with_name("data") / "esft"
+
+
+def test_the_esft_text_ships_byte_identical_with_its_licence():
+    digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in ESFT_TEXT.glob("expert_weights_*")}
+    # sha256 of deepseek-ai/ESFT's results/expert_scores/translation files (commit in ORIGIN.md).
+    assert digests == {
+        "expert_weights_1.txt": "902d5a2922670fa7198424bd5a93e956620aa1178d59e9c3c79a8e49a4f7e05b",
+        "expert_weights_2.txt": "ca0ab42b2aaab633324ab30d0e65f5d1f623c4e35b7ecd03aae6f649b103205f",
+    }
+    assert (ESFT_TEXT / "LICENSE-ESFT").read_bytes() == esft.data_path("LICENSE-ESFT").read_bytes()
+    assert "18d23501abc867f049f90c0dd7af17efc749c500" in (ESFT_TEXT / "ORIGIN.md").read_text()
 
 
 def test_convert_reproduces_embedded_trace_and_esft_summary(tmp_path):
-    assert TRANSLATION.is_dir(), f"shared data missing: {TRANSLATION}"
-    out = trace.convert(TRANSLATION, tmp_path / "t.npz")
+    out = trace.convert(ESFT_TEXT, tmp_path / "t.npz")
     fresh, embedded = trace.load_trace(out), trace.load_trace()
+    assert embedded.name == esft.EMBEDDED_TRACE  # the world's (one home)
     assert embedded.topk_ids.shape == (26, 8251, 6)
     assert embedded.seq_offsets.shape == (41,)
     assert embedded.num_logical_experts == 64
-    np.testing.assert_array_equal(fresh.topk_ids, embedded.topk_ids)
-    np.testing.assert_array_equal(fresh.topk_weights, embedded.topk_weights)
+    # ESFT's text of MoE layers 1 and 2 converts to exactly the embedded trace's first two layers.
+    assert fresh.topk_ids.shape == (2, 8251, 6)
+    np.testing.assert_array_equal(fresh.topk_ids, embedded.topk_ids[:2])
+    np.testing.assert_array_equal(fresh.topk_weights, embedded.topk_weights[:2])
     np.testing.assert_array_equal(fresh.seq_offsets, embedded.seq_offsets)
+    with np.load(out) as z:
+        assert z["layer_ids"].tolist() == [1, 2]
     # First token of sequence 0, layer 1, as in the text file.
     assert embedded.topk_ids[0, 0].tolist() == [8, 26, 56, 57, 60, 11]
     # No token selects the same expert twice.
@@ -32,28 +50,21 @@ def test_convert_reproduces_embedded_trace_and_esft_summary(tmp_path):
     # Aggregate shares reproduce ESFT's summary.json token_scores (rounded to 4 decimals there).
     load = embedded.load()
     assert load.sum() == 26 * 8251 * 6
-    summary = trace.load_load_matrix(TRANSLATION / "summary.json")
+    summary = trace.load_load_matrix(esft.task_shares_path("translation"))
     assert np.abs(load / load.sum(axis=1, keepdims=True) - summary).max() < 5e-5
 
 
-def test_embedded_license_and_origin_ship_beside_trace():
-    data = trace.embedded_trace_path().parent
-    assert (data / "LICENSE-ESFT").read_text() == (ESFT / "LICENSE-CODE").read_text()
-    assert "18d23501abc867f049f90c0dd7af17efc749c500" in (data / "ORIGIN.md").read_text()
-
-
-def test_installed_package_finds_embedded_trace_through_importlib_resources():
-    # What a wheel install resolves (the wheel ships ascend_eplb/tools/data/*, see SIMULATE.md).
-    data = resources.files("ascend_eplb.tools").joinpath("data")
-    names = sorted(entry.name for entry in data.iterdir())
-    assert names == ["LICENSE-ESFT", "ORIGIN.md", trace.EMBEDDED_TRACE]
-    resource = data.joinpath(trace.EMBEDDED_TRACE)
-    with resources.as_file(resource) as path:
-        assert path == trace.embedded_trace_path()
-        loaded = trace.load_trace(path)
-    assert loaded.topk_ids.shape == (26, 8251, 6)
-    assert loaded.name == trace.EMBEDDED_TRACE
-    assert resource.read_bytes()[:4] == b"PK\x03\x04"  # an npz is a zip archive
+def test_the_worlds_sequences_are_the_esft_text_lines():
+    """What the multi-rank tests route (``world.esft.esft_sequences``, read from the embedded trace) is
+    each line of ESFT's text, token by token."""
+    for moe_layer in (0, 1):
+        lines = (ESFT_TEXT / f"expert_weights_{moe_layer + 1}.txt").read_text().splitlines()
+        expected = [
+            torch.tensor([int(v) for v in line.split("\t\t")[0].split("\t")]).view(-1, 6) for line in lines
+        ]
+        got = esft.esft_sequences(moe_layer, esft.ESFT_NUM_SEQUENCES)
+        assert len(got) == len(expected) == 40
+        assert all(g.dtype == torch.int64 and torch.equal(g, e) for g, e in zip(got, expected, strict=True))
 
 
 def test_load_matrix_formats_agree(tmp_path):

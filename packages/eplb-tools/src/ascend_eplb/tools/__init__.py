@@ -1,4 +1,4 @@
-"""Operator tools of Ascend EPLB: the ``ascend-eplb`` command and the embedded ESFT routing trace.
+"""Operator tools of Ascend EPLB: the ``ascend-eplb`` command (its embedded ESFT trace is the world's).
 
 ``simulate`` runs the serving product (``ascend_eplb.integration``) on CPU rank processes over Gloo,
 ``plan`` answers what-if questions offline from recorded load, ``check`` validates a configuration

@@ -1,11 +1,12 @@
-"""Real routing traces for the simulator: the embedded ESFT trace, its converter, and load matrices.
+"""Real routing traces for the simulator: the compact trace format, its converter, and load matrices.
 
-The embedded default is the per-token top-6 routing of deepseek-ai/ESFT-vanilla-lite (DeepSeek-V2-Lite
-architecture: 26 MoE layers, 64 routed experts, top-6) over the 40 sequences (8,251 tokens) of the ESFT
-"translation" task, recorded by ESFT's ``scripts/expert/get_expert_scores.py`` (MIT, see
-``data/LICENSE-ESFT`` and ``data/ORIGIN.md``). :func:`convert` turns the 26 raw text files
-(``expert_weights_<layer>.txt``, one line per sequence, ``<ids>\\t\\t<gate weights>``) into one compact
-``.npz``; :func:`load_trace` reads it back.
+The embedded default is the world's (:func:`ascend_eplb.world.esft.embedded_trace_path`): the per-token
+top-6 routing of deepseek-ai/ESFT-vanilla-lite (DeepSeek-V2-Lite architecture: 26 MoE layers, 64 routed
+experts, top-6) over the 40 sequences (8,251 tokens) of the ESFT "translation" task, recorded by ESFT's
+``scripts/expert/get_expert_scores.py`` (MIT, see the world's ``data/LICENSE-ESFT`` and
+``data/ORIGIN.md``). :func:`convert` turns the 26 raw text files (``expert_weights_<layer>.txt``, one
+line per sequence, ``<ids>\\t\\t<gate weights>``) into one compact ``.npz``; :func:`load_trace` reads
+it back.
 
 Compact file (``numpy.savez_compressed``), lossless with respect to the text files:
 
@@ -25,20 +26,18 @@ import io
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
 from ascend_eplb.tools.files import InputFileWarning, check_load_values, read_input
 from ascend_eplb.tools.host_memory import check_sampling
+from ascend_eplb.world.esft import embedded_trace_path
 
 __all__ = [
     "DEFAULT_SAMPLE_TOP_K",
-    "EMBEDDED_TRACE",
     "RoutingTrace",
     "convert",
-    "embedded_trace_path",
     "load_esft_expert_weights",
     "load_load_matrix",
     "load_routing_source",
@@ -47,9 +46,6 @@ __all__ = [
     "sample_trace_from_load",
     "samples_routing",
 ]
-
-EMBEDDED_TRACE = "esft_translation_top6.npz"
-"""File name of the embedded trace inside ``ascend_eplb.tools.data``."""
 
 _WEIGHT_SCALE = 10_000
 
@@ -171,13 +167,9 @@ def convert(
     return out_path
 
 
-def embedded_trace_path() -> Path:
-    """Path of the trace shipped in the package (``ascend_eplb/tools/data/``)."""
-    return Path(str(resources.files("ascend_eplb.tools") / "data" / EMBEDDED_TRACE))
-
-
 def load_trace(path: str | Path | None = None) -> RoutingTrace:
-    """Load a compact trace written by :func:`convert`; ``None`` loads the embedded ESFT trace.
+    """Load a compact trace written by :func:`convert`; ``None`` loads the embedded ESFT trace (the
+    world's, :func:`ascend_eplb.world.esft.embedded_trace_path`).
 
     Raises :class:`~ascend_eplb.tools.files.InputFileError` (a ``ValueError``) naming the file when it
     is missing, empty, not an ``.npz`` archive, corrupt or truncated, a key is missing or shapes
