@@ -403,3 +403,136 @@ def test_a_signal_the_process_ignores_stays_ignored_inside_a_command():
         assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+#: Holds the output folder argv[1] (``own_output_folder``) and says so on stdout, until killed.
+HOLDER = """
+import sys, time
+from ascend_eplb.tools.simulate.lifecycle import own_output_folder
+with own_output_folder(sys.argv[1]):
+    print("holding", flush=True)
+    time.sleep(300)
+"""
+
+
+def test_an_output_folder_has_one_owner_and_a_dead_owners_lock_is_taken_over(tmp_path):
+    """Issue 38: a second run on one ``--out`` deleted the first's live events.jsonl. The owner holds a
+    ``flock`` on the folder's lock file: a live one is named (pid, host, start); a killed one holds
+    nothing (the kernel released its lock), and its lock file is taken over."""
+    from ascend_eplb.tools.simulate.lifecycle import OUTPUT_LOCK, OutputFolderInUseError, own_output_folder
+
+    argv = [sys.executable, "-c", HOLDER, str(tmp_path)]
+    holder = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "holding\n"
+        written = json.loads((tmp_path / OUTPUT_LOCK).read_text())
+        assert written["pid"] == holder.pid
+        with pytest.raises(OutputFolderInUseError) as refused, own_output_folder(tmp_path):
+            pass
+        assert str(refused.value) == (
+            f"out={tmp_path}: in use by another run (ascend-eplb simulate, pid {holder.pid} on "
+            f"{written['host']}, started {written['started']}); two runs in one folder delete and mix each "
+            "other's events.jsonl, report.json and balancedness.png: wait for it to end, or give another "
+            "--out"
+        )
+    finally:
+        holder.kill()  # SIGKILL: no clean-up of its own, the lock file stays
+        holder.wait()
+    assert json.loads((tmp_path / OUTPUT_LOCK).read_text())["pid"] == holder.pid  # stale, left behind
+    with own_output_folder(tmp_path):
+        assert json.loads((tmp_path / OUTPUT_LOCK).read_text())["pid"] == os.getpid()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # the owner's end removes it
+
+
+@pytest.mark.multirank
+def test_a_second_run_on_the_same_output_folder_is_refused_and_a_stopped_run_leaves_none_of_its_files(
+    tmp_path,
+):
+    """Issue 38: the second run on one ``--out`` deleted the first's live events.jsonl (the first then
+    reported rearrangements beside no records, naming a file that no longer existed), and after a SIGTERM
+    the folder held one run's report beside another's partial events. The second is refused naming the
+    first; the first's events grow on untouched; stopped, the first leaves none of its files."""
+    from ascend_eplb.tools.simulate.lifecycle import OUTPUT_LOCK
+
+    first = Run(tmp_path, *SMALL, "--steps", "100000", "--timeout", "300")
+    first.wait_ranks_running()
+    events = first.out / "events.jsonl"
+    end = time.monotonic() + 120
+    while not (events.exists() and events.stat().st_size > 0):
+        assert time.monotonic() < end, "the first run wrote no events"
+        assert first.proc.poll() is None, first.proc.communicate()
+        time.sleep(0.2)
+    written = json.loads((first.out / OUTPUT_LOCK).read_text())
+    assert written["pid"] == first.proc.pid
+    inode, size = events.stat().st_ino, events.stat().st_size
+    second = Run(tmp_path, *SMALL, "--steps", "8")
+    code, out, err = second.finish()
+    assert (code, out) == (2, "")
+    assert _own_lines(err) == [
+        f"ascend-eplb simulate: error: out={first.out}: in use by another run (ascend-eplb simulate, pid "
+        f"{first.proc.pid} on {written['host']}, started {written['started']}); two runs in one folder "
+        "delete and mix each other's events.jsonl, report.json and balancedness.png: wait for it to end, or "
+        "give another --out"
+    ]
+    second.assert_nothing_left(err)
+    time.sleep(1.0)
+    assert events.stat().st_ino == inode  # the first's, still growing
+    assert events.stat().st_size > size
+    first.proc.send_signal(signal.SIGTERM)
+    code, _, err = first.finish(timeout=60)
+    assert code == 143, err
+    assert sorted(p.name for p in first.out.iterdir()) == []  # no report: none of its files, no lock
+    first.assert_nothing_left(err)
+
+
+@pytest.mark.multirank
+def test_a_refusal_only_the_ranks_can_make_is_one_message_exit_2_and_nothing_left(tmp_path):
+    """Issue 38: a Qwen2-MoE folder (vLLM 0.33.0's class has no MixtureOfExperts part: start-up's rule
+    moe-model-class, which needs vLLM's model class, so only the ranks judge it) printed each rank's
+    traceback and a "leaked shared_memory" warning, left vLLM's socket files in $TMPDIR and exited 1."""
+    from ascend_eplb.tools import world
+
+    folder = world.write_checkpoint("qwen2-moe", tmp_path / "qwen2-moe", seed=0)
+    run = Run(tmp_path, "--model", str(folder), "--ranks", "2", "--no-progress")
+    code, out, err = run.finish()
+    assert (code, out) == (2, "")
+    assert _own_lines(err) == [
+        "ascend-eplb simulate: error: refused at start-up on every rank (the serving path's own validation, "
+        "which reads vLLM's model class: only the ranks import vLLM; `ascend-eplb check` judges the same "
+        "rules without starting anything):",
+        "1 EPLB configuration rule(s) violated:",
+        "  - [moe-model-class] model class Qwen2MoeForCausalLM (architecture Qwen2MoeForCausalLM) has no "
+        "MixtureOfExperts part (vLLM's MixtureOfExperts interface: expert_weights, set_eplb_state, the MoE "
+        "layers): upstream's EPLBController.maybe_register_model would not register it and the model would "
+        "be served without EPLB; fix: serve it without --enable-eplb, or with a model class that implements "
+        "MixtureOfExperts",
+    ]
+    assert sorted(p.name for p in run.out.iterdir()) == []
+    run.assert_nothing_left(err)  # no rank, no socket file in $TMPDIR, no "leaked"
+
+
+def test_check_and_plan_leave_nothing_in_tmpdir(tmp_path):
+    """Issue 38: importing vLLM (``check -- serve``, ``plan --policies``) imports ``torch._dynamo``, whose
+    disk cache created ``$TMPDIR/torchinductor_<user>``, left behind. Every command keeps it in its own
+    scratch folder and removes it."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 8,
+        "num_experts_per_tok": 2, "num_hidden_layers": 2, "torch_dtype": "bfloat16",
+    }))  # fmt: skip
+    load = tmp_path / "load.json"
+    load.write_text("[[1, 2, 3, 4], [4, 3, 2, 1]]")
+    commands = [
+        ["check", "--", "serve", str(folder), "--enable-eplb", "--enable-expert-parallel", "-tp", "2",
+         "--enforce-eager"],
+        ["plan", str(load), "--ranks", "2", "--redundant-experts", "0", "--policies", "default"],
+    ]  # fmt: skip
+    for argv in commands:
+        tmpdir = Path(tempfile.mkdtemp(prefix="ae-", dir="/tmp"))
+        env = os.environ | {"TMPDIR": str(tmpdir), "VLLM_TARGET_DEVICE": "cpu"}
+        env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        done = subprocess.run([str(SCRIPT), *argv], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert sorted(p.name for p in tmpdir.iterdir()) == [], argv
+        tmpdir.rmdir()

@@ -12,11 +12,13 @@ the report.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,37 +72,40 @@ def run_simulation(config: SimulateConfig, *, stream=None) -> dict:
     Under ``torchrun`` every process calls this and returns the report; rank 0 alone writes and prints
     it.
 
+    One run owns the output folder at a time (:func:`~ascend_eplb.tools.simulate.lifecycle.own_output_folder`,
+    from the end of validation to the report): an earlier run's ``report.json``, ``balancedness.png``,
+    ``events.jsonl`` and ``metrics.prom`` there are removed before the ranks start, and a run that ends
+    without its report (a crashed rank, the deadline, a refusal on the ranks, a signal) removes what it
+    wrote: the folder holds one run's report and files, or none.
+
     Raises ``ValueError`` listing every bad option (before any process starts or anything in the
-    output folder changes) and :class:`SimulationError` when a rank crashed or the deadline passed
-    (``timeout_s`` counts from this call: reading the routing, importing vLLM and starting ranks
-    included). A failed check is not an exception: the report has ``passed == False`` and names the
-    first violation. Once the options are valid, an earlier ``report.json``, ``balancedness.png`` and
-    ``events.jsonl`` in the output folder are removed before the run starts, so a run that ends without
-    a report leaves none behind.
+    output folder changes), naming the live run that owns the output folder, or with the serving
+    path's refusal on the ranks (:class:`~ascend_eplb.tools.simulate.launching.StartupRefusedError`), and
+    :class:`SimulationError` when a rank crashed or the deadline passed (``timeout_s`` counts from this
+    call: reading the routing, importing vLLM and starting ranks included). A failed check is not an
+    exception: the report has ``passed == False`` and names the first violation.
     """
     t0 = time.perf_counter()
     deadline = time.monotonic() + config.timeout_s
     if under_torchrun():
         return _run_under_torchrun(config, t0, stream)
-    from ascend_eplb.tools.simulate.lifecycle import DeadlineExceededError, deadline_alarm
+    from ascend_eplb.tools.simulate.lifecycle import DeadlineExceededError, deadline_alarm, own_output_folder
 
     phase = ["reading the routing"]
-    try:
-        with deadline_alarm(deadline, config.timeout_s, phase):
-            config, routing = _prepare(config)
-            out = _output_folder(config)
-            # A run that ends without a report leaves no earlier run's report, plot or events behind.
-            _remove_outputs(out)
-            try:
-                results = launch_ranks(config, routing, deadline, phase)
-            except SimulationError:
-                # A run without a report leaves no partial events either (a crashed rank's run may
-                # have recorded some windows before it ended): the output folder is as before the run.
-                _remove_outputs(out)
-                raise
-    except DeadlineExceededError as e:  # before the launch (reading or sampling the routing)
-        raise SimulationError(str(e)) from None
-    return _write(config, routing, results, t0, out, stream)
+    with contextlib.ExitStack() as owned:
+        try:
+            with deadline_alarm(deadline, config.timeout_s, phase):
+                config, routing = _prepare(config)
+                out = _output_folder(config)
+                owned.enter_context(own_output_folder(out))
+                with _one_runs_outputs(out):
+                    results = launch_ranks(config, routing, deadline, phase)
+        except DeadlineExceededError as e:  # before the launch (reading or sampling the routing)
+            raise SimulationError(str(e)) from None
+        with _one_runs_outputs(out, remove_earlier=False):
+            report = _write(config, routing, results, t0, out)
+    print(summary_text(report), file=stream or sys.stdout)
+    return report
 
 
 #: What a run writes into its output folder (and removes, from an earlier run, before it starts).
@@ -110,6 +115,20 @@ _OUTPUTS = ("report.json", "balancedness.png", "events.jsonl", "metrics.prom")
 def _remove_outputs(out: Path) -> None:
     for name in _OUTPUTS:
         (out / name).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _one_runs_outputs(out: Path, *, remove_earlier: bool = True) -> Iterator[None]:
+    """Inside, the run writes its outputs into ``out`` (which it owns): an earlier run's are removed
+    first (``remove_earlier``), and if the run ends inside without its report (any error or signal),
+    what it wrote is removed too (a crashed rank's run may have recorded some windows)."""
+    if remove_earlier:
+        _remove_outputs(out)
+    try:
+        yield
+    except BaseException:
+        _remove_outputs(out)
+        raise
 
 
 def _output_folder(config: SimulateConfig) -> Path:
@@ -138,21 +157,22 @@ def _run_under_torchrun(config: SimulateConfig, t0: float, stream: Any) -> dict:
             "invalid simulate options:\n  - metrics: not under torchrun (set ASCEND_EPLB_METRICS=1 and "
             "PROMETHEUS_MULTIPROC_DIR in torchrun's environment instead)"
         )
+    from ascend_eplb.tools.simulate.lifecycle import own_output_folder
+
     config, routing = _prepare(config)
     out = _output_folder(config)
-    if int(os.environ.get("RANK", "0")) == 0:
-        _remove_outputs(out)  # rank 0 writes them; the others start after torchrun's rendezvous
-    results, writer = run_torchrun_rank(config, routing)
-    if not writer:
+    if int(os.environ.get("RANK", "0")) != 0:  # rank 0 owns the folder and writes it
+        results, _ = run_torchrun_rank(config, routing)
         return build_report(config, routing, results, time.perf_counter() - t0)
-    return _write(config, routing, results, t0, out, stream)
+    with own_output_folder(out), _one_runs_outputs(out):
+        results, _ = run_torchrun_rank(config, routing)
+        report = _write(config, routing, results, t0, out)
+    print(summary_text(report), file=stream or sys.stdout)
+    return report
 
 
-def _write(
-    config: SimulateConfig, routing: Any, results: list[dict], t0: float, out: Path, stream: Any
-) -> dict:
+def _write(config: SimulateConfig, routing: Any, results: list[dict], t0: float, out: Path) -> dict:
     report = build_report(config, routing, results, time.perf_counter() - t0)
     (out / "report.json").write_text(json.dumps(report, indent=1))
     plot_balancedness(report, out / "balancedness.png")
-    print(summary_text(report), file=stream or sys.stdout)
     return report

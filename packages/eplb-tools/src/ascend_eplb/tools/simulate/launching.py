@@ -19,7 +19,7 @@ from typing import Any
 
 from ascend_eplb.tools.simulate.config import OUTPUT_ATOL, SimulateConfig
 
-__all__ = ["SimulationError", "launch_ranks", "run_torchrun_rank"]
+__all__ = ["SimulationError", "StartupRefusedError", "launch_ranks", "run_torchrun_rank"]
 
 _GRACE_S = 15.0
 
@@ -28,6 +28,36 @@ _RANK_MODULE = "ascend_eplb.tools.simulate.rank"
 
 class SimulationError(RuntimeError):
     """A rank raised, exited without a result or missed the deadline (the message has every rank's)."""
+
+
+#: Where a refusal on the ranks comes from, and where the same rules are judged before a start.
+_WHERE = (
+    "the serving path's own validation, which reads vLLM's model class: only the ranks import vLLM; "
+    "`ascend-eplb check` judges the same rules without starting anything"
+)
+
+
+class StartupRefusedError(ValueError):
+    """The serving path's start-up on the ranks refused the run: its validation (the rules ``ascend-eplb
+    check`` runs) or its placement file's reader, on a fact only the ranks have (vLLM's model class,
+    which the launcher does not import). A ``ValueError``: the command prints it as a refusal (exit 2),
+    once, not as each rank's traceback.
+
+    Attributes:
+        refusals: rank -> its refusal's message (the ranks that refused).
+    """
+
+    def __init__(self, refusals: dict[int, str], num_ranks: int) -> None:
+        self.refusals = refusals
+        messages = set(refusals.values())
+        if len(messages) == 1:
+            who = "every rank" if len(refusals) == num_ranks else f"rank(s) {', '.join(map(str, refusals))}"
+            text = f"refused at start-up on {who} ({_WHERE}):\n{messages.pop()}"
+        else:
+            text = f"refused at start-up ({_WHERE}):\n" + "\n".join(
+                f"--- rank {rank}: {message}" for rank, message in refusals.items()
+            )
+        super().__init__(text)
 
 
 def _rank_args(config: SimulateConfig, routing: Any) -> tuple[dict, dict]:
@@ -56,6 +86,7 @@ def launch_ranks(config: SimulateConfig, routing: Any, deadline: float, phase: l
     from ascend_eplb.tools.simulate.lifecycle import (
         SCRATCH_PREFIX,
         DeadlineExceededError,
+        read_refusals,
         release_world_resources,
     )
 
@@ -102,6 +133,8 @@ def launch_ranks(config: SimulateConfig, routing: Any, deadline: float, phase: l
             _write_scrape(world / "prometheus", Path(config.out_dir) / "metrics.prom")
         return results
     except RankFailureError as e:
+        if refusals := read_refusals(world):
+            raise StartupRefusedError(refusals, config.num_ranks) from None
         lines = ["simulation failed:"]
         for rank in sorted(e.reports):
             code, detail = e.reports[rank]

@@ -6,28 +6,38 @@
   Ctrl-C raises ``KeyboardInterrupt``; the command prints one line and exits ``128 + signal``.
   :class:`StoppedBySignal` is a ``KeyboardInterrupt``, so no ``except Exception`` on the way (a file
   reader's, ``check``'s, which turns any error of a file into a violation) takes a stop for bad input:
-  ``check`` stopped by SIGTERM printed ``INVALID`` with a violation about stopped ranks. For
-  ``simulate`` it also gives torch's compile cache (which importing vLLM creates in ``$TMPDIR``) a
-  scratch folder of the command, and on the way out stops the fork server (so its ranks) and the
-  resource tracker and removes that folder.
+  ``check`` stopped by SIGTERM printed ``INVALID`` with a violation about stopped ranks. For every
+  command it also gives torch's compile cache (which importing vLLM creates in ``$TMPDIR``) a scratch
+  folder of the command and removes it on the way out; for ``simulate`` it first stops the fork server
+  (so its ranks) and the resource tracker.
 - :func:`deadline_alarm`: ``--timeout`` is the deadline of the whole run; a SIGALRM just after it ends
   whatever is still starting (the routing's reading, the fork server's preload of vLLM, a stalled rank
   start), which the launcher's own deadline (counted while ranks run) cannot interrupt.
-- :func:`record_rank_resources` (in each rank, once vLLM's groups exist) writes the names of the
-  shared-memory segments and message-queue sockets vLLM created into the world's folder;
-  :func:`release_world_resources` (in the launcher, after the world, whatever ended it) removes those a
-  crashed or killed rank left, so no socket file stays in ``$TMPDIR`` and the resource tracker has no
-  leaked segment to warn about.
+- :func:`record_rank_resources` (in each rank, once vLLM's groups exist, and again when the rank
+  fails) writes the names of the shared-memory segments and message-queue sockets vLLM created into
+  the world's folder; :func:`release_world_resources` (in the launcher, after the world, whatever ended
+  it) removes those a crashed or killed rank left, so no socket file stays in ``$TMPDIR`` and the
+  resource tracker has no leaked segment to warn about.
+- :func:`own_output_folder`: one run owns its ``--out`` folder at a time (a lock file there, held with
+  ``flock`` while the run lives); a second run on the folder is refused naming the first.
+- :func:`record_refusal` (in a rank whose start-up refused the configuration) and
+  :func:`read_refusals` (in the launcher): a refusal that only the ranks can make (vLLM's model class,
+  which the launcher does not import) reaches the command as one message, not as each rank's
+  traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import fcntl
 import gc
 import json
 import os
 import shutil
 import signal
+import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -38,13 +48,18 @@ from pathlib import Path
 from ascend_eplb.launch import reap_child, stop_fork_server
 
 __all__ = [
+    "OUTPUT_LOCK",
     "SCRATCH_PREFIX",
     "DeadlineExceededError",
+    "OutputFolderInUseError",
     "StoppedBySignal",
     "command_scope",
     "deadline_alarm",
     "exit_code_of",
+    "own_output_folder",
+    "read_refusals",
     "record_rank_resources",
+    "record_refusal",
     "release_world_resources",
     "signal_name_of",
 ]
@@ -143,12 +158,16 @@ def _stop_resource_tracker(wait_s: float = 5.0) -> None:
 
 @contextlib.contextmanager
 def command_scope(command: str) -> Iterator[None]:
-    """The whole of one ``ascend-eplb`` command (see the module docstring)."""
-    if command != "simulate":
-        with _signals_stop():
-            yield
-        return
-    scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
+    """The whole of one ``ascend-eplb`` command (see the module docstring).
+
+    Every command gets a scratch folder (``$TMPDIR/ascend-eplb-<command>-*``) for torch's compile cache:
+    importing vLLM imports ``torch._dynamo``, whose module-level ``DiskDynamoCache`` creates
+    ``$TMPDIR/torchinductor_<user>`` unless ``TORCHINDUCTOR_CACHE_DIR`` names another folder (``check``
+    and ``plan --policies`` import vLLM; ``simulate``'s fork server and ranks inherit the variable). The
+    folder is removed on the way out, whatever ended the command; a cache folder set by the caller is
+    kept as it is. ``simulate`` also stops the fork server (so its ranks) and the resource tracker first.
+    """
+    scratch = Path(tempfile.mkdtemp(prefix=f"ascend-eplb-{command}-"))
     own_cache = "TORCHINDUCTOR_CACHE_DIR" not in os.environ
     if own_cache:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / "torchinductor")
@@ -157,9 +176,10 @@ def command_scope(command: str) -> Iterator[None]:
             yield
     finally:
         with _signals_ignored():
-            gc.collect()  # a failed run's queues and locks: their semaphores unlinked, not "leaked"
-            stop_fork_server()
-            _stop_resource_tracker()
+            if command == "simulate":
+                gc.collect()  # a failed run's queues and locks: their semaphores unlinked, not "leaked"
+                stop_fork_server()
+                _stop_resource_tracker()
             shutil.rmtree(scratch, ignore_errors=True)
             if own_cache:
                 os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
@@ -268,3 +288,107 @@ def release_world_resources(scratch: str | os.PathLike[str]) -> None:
                 continue  # already unlinked by its rank
             segment.close()
             segment.unlink()  # also unregisters it from the resource tracker: no "leaked" warning
+
+
+#: The file a rank refused by start-up validation writes its refusal into, in the world's folder.
+_REFUSAL_FILE = "refused-rank{rank}.txt"
+
+
+def record_refusal(world_dir: str | os.PathLike[str], rank: int, message: str) -> None:
+    """In a rank whose start-up refused the configuration (the serving path's validation, or its
+    placement file's reader): write the refusal's message into the world's folder for the launcher."""
+    (Path(world_dir) / _REFUSAL_FILE.format(rank=rank)).write_text(message, encoding="utf-8")
+
+
+def read_refusals(scratch: str | os.PathLike[str]) -> dict[int, str]:
+    """In the launcher, after a world failed: rank -> the refusal its start-up wrote (:func:`record_refusal`);
+    empty when no rank was refused."""
+    found = {}
+    for path in Path(scratch).glob("*/" + _REFUSAL_FILE.format(rank="*")):
+        rank = path.name.removeprefix("refused-rank").removesuffix(".txt")
+        with contextlib.suppress(OSError, ValueError):
+            found[int(rank)] = path.read_text(encoding="utf-8")
+    return dict(sorted(found.items()))
+
+
+#: The lock file of an output folder (:func:`own_output_folder`), inside it.
+OUTPUT_LOCK = ".ascend-eplb-simulate.lock"
+
+
+class OutputFolderInUseError(ValueError):
+    """Another live run owns the output folder (:func:`own_output_folder`); the message names it."""
+
+
+def _holder_text(raw: bytes) -> str:
+    try:
+        h = json.loads(raw)
+        return f"{h['command']}, pid {h['pid']} on {h['host']}, started {h['started']}"
+    except (ValueError, KeyError, TypeError):
+        return "its pid and start not written yet"
+
+
+@contextlib.contextmanager
+def own_output_folder(out: str | os.PathLike[str]) -> Iterator[None]:
+    """Own the output folder ``out`` (existing) for the run inside: a second run on it is refused, so no
+    run deletes or mixes another's ``events.jsonl``, report or plot.
+
+    The owner holds an exclusive ``flock`` on ``out/OUTPUT_LOCK`` and writes its pid, host and start time
+    into it; the file is removed when the run ends. A stale lock (a run killed with
+    SIGKILL, a crashed host) holds nothing: the kernel drops a ``flock`` with the last descriptor of its
+    holder, dead processes included, so the next run takes the lock and writes its own details over the
+    dead run's; no pid is guessed alive or dead. A lock file removed by its owner's end while another run
+    was taking it is detected (the locked file is no longer the one at the path) and taken again.
+
+    Raises:
+        OutputFolderInUseError: a live run holds the lock (the message names it: pid, host, start).
+        ValueError: the folder's filesystem does not lock (naming it).
+    """
+    path = Path(out) / OUTPUT_LOCK
+    while True:
+        try:
+            # Not through a link, and never blocking: a FIFO put there opens at once and is refused below.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        except OSError as e:
+            raise ValueError(
+                f"out={out}: cannot open its lock file {path} ({e.strerror or e}); remove what is there"
+            ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ValueError(f"out={out}: {path}, the run's lock file, is not a regular file; remove it")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder_text(os.read(fd, 65536))
+            os.close(fd)
+            raise OutputFolderInUseError(
+                f"out={out}: in use by another run ({holder}); two runs in one folder delete and mix each "
+                "other's events.jsonl, report.json and balancedness.png: wait for it to end, or give "
+                "another --out"
+            ) from None
+        except OSError as e:
+            os.close(fd)
+            raise ValueError(
+                f"out={out}: cannot lock {path} ({e.strerror or e}); one run owns an output folder at a "
+                "time: give an --out on a filesystem that supports locks"
+            ) from None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # its owner ended and removed it after this run opened it: take the new one
+    holder = {
+        "command": "ascend-eplb simulate",
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(holder).encode(), 0)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # still locked: a run opening it now finds it gone and takes a new one
+        os.close(fd)

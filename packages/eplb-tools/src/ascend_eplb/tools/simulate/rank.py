@@ -38,12 +38,15 @@ from vllm.distributed.parallel_state import (
     get_ep_group,
 )
 
+from ascend_eplb.integration.placement_file import PlacementFileError
+from ascend_eplb.integration.validation import EplbConfigError
 from ascend_eplb.launch import RankContext
 from ascend_eplb.tools import upstream
+from ascend_eplb.tools.simulate.lifecycle import record_rank_resources, record_refusal
 from ascend_eplb.tools.simulate.model_world import run_model
 from ascend_eplb.tools.simulate.replay_world import QuantExperts, run_replay
 
-__all__ = ["QuantExperts", "simulate_rank"]
+__all__ = ["STARTUP_REFUSALS", "QuantExperts", "simulate_rank"]
 
 
 def _load_plugins() -> None:
@@ -86,8 +89,12 @@ def simulate_rank(ctx: RankContext, cfg: dict, routing: dict, gather: bool = Fal
     torch.set_num_threads(1)
     _load_plugins()
     upstream.check(upstream.SIMULATE)  # what the steps read of upstream's state, before a world starts
-    # A real model's worker initialises vLLM's world with the model's config; the replay world its own.
-    stats = run_model(ctx, cfg) if cfg.get("model_folder") else run_replay(ctx, cfg, routing)
+    try:
+        # A real model's worker initialises vLLM's world with the model's config; the replay world its own.
+        stats = run_model(ctx, cfg) if cfg.get("model_folder") else run_replay(ctx, cfg, routing)
+    except BaseException as e:
+        _on_failure(ctx, cfg, e)
+        raise
     if gather:
         stats = _gather(ctx, stats)
     # Release vLLM's groups (and the shared-memory message queue of its TP group) so nothing is left
@@ -95,6 +102,25 @@ def simulate_rank(ctx: RankContext, cfg: dict, routing: dict, gather: bool = Fal
     destroy_model_parallel()
     destroy_distributed_environment()
     return stats
+
+
+#: The start-up refusals of the serving path (a configuration or a placement file its rules refuse):
+#: the command prints their message once, as a refusal (exit 2), not each rank's traceback.
+STARTUP_REFUSALS = (EplbConfigError, PlacementFileError)
+
+
+def _on_failure(ctx: RankContext, cfg: dict, error: BaseException) -> None:
+    """Under the launcher (``record_resources``), before the rank's error goes to it: record the vLLM
+    resources the rank's groups hold (shared memory and socket files created before the error, e.g.
+    before start-up validation refused; the launcher removes them once the rank ended, as a killed
+    rank's), and, for a start-up refusal (:data:`STARTUP_REFUSALS`), write its message into the world's
+    folder, where the launcher reads it (a message queue is not flushed before a failed rank exits).
+    Under torchrun the error itself reaches the command (a refusal is a ``ValueError``: exit 2)."""
+    if not cfg.get("record_resources"):
+        return
+    record_rank_resources(ctx.tmp_dir, ctx.rank)
+    if isinstance(error, STARTUP_REFUSALS):
+        record_refusal(ctx.tmp_dir, ctx.rank, str(error))
 
 
 def _gather(ctx: RankContext, stats: dict) -> list[dict]:
