@@ -55,7 +55,9 @@ def main() -> int:
         _pip("install", "-q", f"torch=={TORCH_VERSION}")
     if _installed("vllm") == VLLM_VERSION:
         return 0
-    cache = Path(os.environ.get("ASCEND_EPLB_CACHE", Path.home() / ".cache" / "ascend-eplb"))
+    # An empty ASCEND_EPLB_CACHE is unset (Path("") would be the current folder), as the tools read it.
+    given = os.environ.get("ASCEND_EPLB_CACHE", "")
+    cache = Path(given) if given.strip() else Path.home() / ".cache" / "ascend-eplb"
     cache.mkdir(parents=True, exist_ok=True)
     wheel = _cached_wheel(cache)
     build_env = dict(os.environ, VLLM_TARGET_DEVICE="empty", VLLM_SKIP_VERSION_SUFFIX="1")

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,8 +38,8 @@ QWEN = {
 }  # fmt: skip
 
 
-def _probe(argvs: list[list[str]]) -> dict:
-    env = os.environ | {"VLLM_TARGET_DEVICE": "cpu"}
+def _probe(argvs: list[list[str]], **environ: str) -> dict:
+    env = os.environ | {"VLLM_TARGET_DEVICE": "cpu", **environ}
     done = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(argvs)], env=env, capture_output=True, text=True
     )
@@ -335,3 +336,66 @@ def test_simulate_refuses_a_folder_whose_layers_or_class_it_cannot_read_naming_t
         )) + "\n"],
     ]  # fmt: skip
     assert probed["vllm"] is False
+
+
+def test_a_stray_comma_a_file_in_the_way_and_a_folders_own_format_are_named_as_what_is_wrong(tmp_path):
+    """Issue 38: ``plan --policies ,default`` dropped the empty entry (and ``--redundant-experts 0,,2``
+    alike); ``--export-expert-map FILE/x/map.json`` said "the folder FILE/x does not exist" where a file
+    is in the way; a float64 folder was refused as ``format='float64'`` though no ``--format`` was
+    given, listing formats EPLB rejects as if they were accepted."""
+    load = tmp_path / "load.json"
+    load.write_text("[[1, 2, 3, 4], [4, 3, 2, 1]]")
+    f64 = _folder(tmp_path, "f64", torch_dtype="float64")
+    plan = ["plan", str(load), "--ranks", "2"]
+    out = str(tmp_path / "out")
+    served = "bf16, fp16, mxfp4, mxfp8, w4a8_dynamic, w8a8_dynamic"
+    cases = [
+        ([*plan, "--policies", ",default"],
+         _hint("plan", "argument --policies: ',default': entry 1 of 2 is empty (a stray comma); give e.g. "
+                       "default,migration_aware")),
+        ([*plan, "--redundant-experts", "0,,2,"],
+         _hint("plan", "argument --redundant-experts: '0,,2,': entries 2 and 4 of 4 are empty (a stray "
+                       "comma); give e.g. 0,8,16")),
+        ([*plan, "--export-expert-map", f"{load}/x/map.json"],
+         [f"ascend-eplb plan: error: export expert map={load}/x/map.json: {load} is a file, not a folder: "
+          "nothing can be written under it"]),
+        ([*plan, "--export-expert-map", f"{tmp_path}/missing/map.json"],
+         [f"ascend-eplb plan: error: export expert map={tmp_path}/missing/map.json: the folder "
+          f"{tmp_path}/missing does not exist"]),
+        (["simulate", "--model", f64, "--out", out],
+         _options(f"model={f64}: its experts are float64 (its quant_model_description.json or dtype, as "
+                  "start-up reads it), a format simulate cannot serve: it must be float32 or a format EPLB "
+                  f"supports ({served})")),
+        (["simulate", "--model", f64, "--format", "float64", "--out", out],
+         _options(f"format='float64': must be float32 or a format EPLB supports ({served})")),
+    ]  # fmt: skip
+    probed = _probe([argv for argv, _ in cases])
+    for (argv, lines), (code, err) in zip(cases, probed["results"], strict=True):
+        assert (code, err.splitlines()) == (2, lines), argv
+    assert probed["vllm"] is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f64", "load.json"]  # nothing written
+
+
+def test_the_cache_variable_empty_is_unset_and_a_file_or_unreachable_path_is_refused(tmp_path, monkeypatch):
+    """Issue 38: ``ASCEND_EPLB_CACHE`` set to a file or an unreachable path gave a ``NotADirectoryError``
+    traceback; set empty, the preset was written (and refitted) into the current folder."""
+    from ascend_eplb.tools.simulate.models import cache_folder
+
+    default = Path.home() / ".cache" / "ascend-eplb" / "models"
+    for empty in ("", "  "):
+        monkeypatch.setenv("ASCEND_EPLB_CACHE", empty)
+        assert cache_folder() == default
+    monkeypatch.setenv("ASCEND_EPLB_CACHE", str(tmp_path / "cache"))
+    assert cache_folder() == tmp_path / "cache" / "models"
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    out = str(tmp_path / "out")
+    fix = "set ASCEND_EPLB_CACHE to a writable folder, or unset it for ~/.cache/ascend-eplb"
+    for cache in (a_file, a_file / "below"):
+        probed = _probe([["simulate", "--out", out]], ASCEND_EPLB_CACHE=str(cache))
+        assert probed["results"] == [[2, "\n".join(_options(
+            f"ASCEND_EPLB_CACHE={cache}: cannot write the preset deepseek-v3-v1 under {cache}/models "
+            f"({a_file} is a file, not a folder); {fix}"
+        )) + "\n"]]  # fmt: skip
+        assert probed["vllm"] is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing written

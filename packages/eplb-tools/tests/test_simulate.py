@@ -548,7 +548,10 @@ def test_a_format_is_refused_before_any_process_when_eplb_cannot_move_it_or_the_
     assert main(["simulate", "--model", "qwen3-moe", "--format", "w4a16", "--out", str(tmp_path / "o")]) == 2
     assert "format='w4a16': does not support EPLB (int32-packed weights" in capsys.readouterr().err
     assert main(["simulate", "--model", "qwen3-moe", "--format", "int3", "--out", str(tmp_path / "o")]) == 2
-    assert "format='int3': must be float32 or one of bf16, fp16, mxfp4, mxfp8" in capsys.readouterr().err
+    assert (
+        "format='int3': must be float32 or a format EPLB supports (bf16, fp16, mxfp4, mxfp8, w4a8_dynamic, "
+        "w8a8_dynamic)" in capsys.readouterr().err
+    )
     folder = rm.write_checkpoint("qwen3-moe", tmp_path / "w8a8", seed=0, fmt="w8a8_dynamic")
     code = main(["simulate", "--model", str(folder), "--format", "bf16", "--out", str(tmp_path / "o")])
     assert code == 2

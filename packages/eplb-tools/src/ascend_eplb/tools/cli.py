@@ -197,6 +197,11 @@ def _check_writable_file(what: str, path: Path, inputs: Sequence[tuple[str, Path
             )
     parent = path.parent
     if not parent.is_dir():
+        # The nearest part of the path that exists: a file there is in the way, not a missing folder.
+        blocker = next((p for p in path.parents if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            kind = "is a file, not a folder" if blocker.is_file() else "is not a folder"
+            raise ValueError(f"{what}={path}: {blocker} {kind}: nothing can be written under it")
         raise ValueError(f"{what}={path}: the folder {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise ValueError(f"{what}={path}: not writable")

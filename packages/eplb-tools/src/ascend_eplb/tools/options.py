@@ -54,18 +54,31 @@ def positive_float(value: str) -> float:
     return x
 
 
+def _entries(value: str, example: str) -> list[str]:
+    """The comma-separated entries of ``value``, stripped; an empty one (``,default``, ``0,,8``, a
+    trailing comma) is refused naming its position, not dropped: a list the operator did not write."""
+    entries = [v.strip() for v in value.split(",")]
+    if not any(entries):
+        raise argparse.ArgumentTypeError(f"{value!r}: lists nothing; give e.g. {example}")
+    empty = [str(i + 1) for i, v in enumerate(entries) if not v]
+    if empty:
+        which = f"entry {empty[0]} of {len(entries)} is" if len(empty) == 1 else (
+            f"entries {', '.join(empty[:-1])} and {empty[-1]} of {len(entries)} are"
+        )  # fmt: skip
+        raise argparse.ArgumentTypeError(f"{value!r}: {which} empty (a stray comma); give e.g. {example}")
+    return entries
+
+
 def int_list(value: str) -> list[int]:
     """Comma-separated integers (each checked by the command's own rules, so that one bad level is
-    reported beside the valid ones)."""
+    reported beside the valid ones); an empty entry is refused (:func:`_entries`)."""
+    entries = _entries(value, "0,8,16")
     try:
-        out = [int(v) for v in value.split(",") if v.strip()]
+        return [int(v) for v in entries]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{value!r}: must be comma-separated integers, e.g. 0,8,16"
         ) from None
-    if not out:
-        raise argparse.ArgumentTypeError(f"{value!r}: must list at least one integer")
-    return out
 
 
 def path_text(value: str) -> str:
@@ -104,13 +117,9 @@ def policy_name(value: str) -> str:
 
 
 def policy_list(value: str) -> list[str]:
-    """Comma-separated placement policy names (each :func:`policy_name`), at least one."""
-    names = [v.strip() for v in value.split(",") if v.strip()]
-    if not names:
-        raise argparse.ArgumentTypeError(
-            f"{value!r}: must list at least one policy, e.g. default,migration_aware"
-        )
-    return [policy_name(v) for v in names]
+    """Comma-separated placement policy names (each :func:`policy_name`), at least one; an empty entry is
+    refused (:func:`_entries`)."""
+    return [policy_name(v) for v in _entries(value, "default,migration_aware")]
 
 
 def number(value: str) -> float:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "CACHE_ENV",
     "PRESETS",
     "REPLAY",
     "REPLAY_FORMAT",
@@ -78,10 +79,38 @@ class ModelSource:
     format: str = PRESET_FORMAT
 
 
+#: The environment variable of the cache root (the presets go under ``models/``).
+CACHE_ENV = "ASCEND_EPLB_CACHE"
+
+
 def cache_folder() -> Path:
-    """``$ASCEND_EPLB_CACHE/models`` (default ``~/.cache/ascend-eplb/models``)."""
-    root = Path(os.environ.get("ASCEND_EPLB_CACHE", Path.home() / ".cache" / "ascend-eplb"))
+    """``$ASCEND_EPLB_CACHE/models`` (default ``~/.cache/ascend-eplb/models``; an empty or blank value is
+    unset, as an empty ``ASCEND_EPLB_EVENTS`` is: ``Path("")`` is the current folder, where a preset was
+    written and refitted)."""
+    raw = os.environ.get(CACHE_ENV, "")
+    root = Path(raw) if raw.strip() else Path.home() / ".cache" / "ascend-eplb"
     return root / "models"
+
+
+def _cache_error(folder: Path, error: OSError) -> str:
+    """Why a preset cannot be written into ``folder`` (under :func:`cache_folder`), naming where the cache
+    comes from and the fix."""
+    root = folder.parent.parent
+    given = os.environ.get(CACHE_ENV, "")
+    source = f"{CACHE_ENV}={given}" if given.strip() else f"the default cache {root} ({CACHE_ENV} unset)"
+    blocker = folder
+    while not blocker.exists() and blocker != blocker.parent:
+        blocker = blocker.parent
+    if blocker.exists() and not blocker.is_dir():
+        why = f"{blocker} is a file, not a folder"
+    elif not os.access(blocker, os.W_OK | os.X_OK):
+        why = f"{blocker} is not writable"
+    else:
+        why = f"{error.filename}: {error.strerror}" if error.filename and error.strerror else str(error)
+    return (
+        f"{source}: cannot write the preset {folder.name} under {folder.parent} ({why}); set {CACHE_ENV} to "
+        "a writable folder, or unset it for ~/.cache/ascend-eplb"
+    )
 
 
 def _write_preset(name: str, folder: Path, fmt: str) -> None:
@@ -160,15 +189,16 @@ def moe_problems(folder: str | os.PathLike[str]) -> list[str]:
     return problems
 
 
-def _check_format(fmt: str) -> None:
+def _format_error(fmt: str) -> str | None:
+    """Why the experts' format ``fmt`` cannot be served, or None."""
     from ascend_eplb.quant_views import FORMAT_SUPPORT
 
     if fmt != PRESET_FORMAT and fmt not in FORMAT_SUPPORT:
-        raise ValueError(
-            f"format={fmt!r}: must be {PRESET_FORMAT} or one of {', '.join(sorted(FORMAT_SUPPORT))}"
-        )
+        served = sorted(name for name, support in FORMAT_SUPPORT.items() if support.supports_eplb)
+        return f"must be {PRESET_FORMAT} or a format EPLB supports ({', '.join(served)})"
     if fmt != PRESET_FORMAT and not FORMAT_SUPPORT[fmt].supports_eplb:
-        raise ValueError(f"format={fmt!r}: does not support EPLB ({FORMAT_SUPPORT[fmt].reason})")
+        return f"does not support EPLB ({FORMAT_SUPPORT[fmt].reason})"
+    return None
 
 
 def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
@@ -186,11 +216,15 @@ def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
 
     if model in PRESETS:
         fmt = fmt or PRESET_FORMAT
-        _check_format(fmt)
+        if (reason := _format_error(fmt)) is not None:
+            raise ValueError(f"format={fmt!r}: {reason}")
         suffix = "" if fmt == PRESET_FORMAT else f"-{fmt}"
         folder = cache_folder() / f"{model}-{PRESETS[model]}{suffix}"
         if not (folder / "config.json").is_file():
-            _write_preset(model, folder, fmt)
+            try:
+                _write_preset(model, folder, fmt)
+            except OSError as e:
+                raise ValueError(_cache_error(folder, e)) from None
     else:
         if not model.strip():  # Path("") is the current folder
             raise ValueError(f"model={model!r}: an empty path; name a folder, a preset or {REPLAY}")
@@ -213,10 +247,17 @@ def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
                 f"format={fmt}: the folder's experts are {own} (its quant_model_description.json or dtype, "
                 f"as start-up reads it); leave --format out or pass {own}"
             )
+        elif (reason := _format_error(own)) is not None:
+            # Without --format the format is the folder's own, and the message says so.
+            problems.append(
+                f"format={fmt!r}: {reason}"
+                if fmt is not None
+                else f"model={model}: its experts are {own} (its quant_model_description.json or dtype, as "
+                f"start-up reads it), a format simulate cannot serve: it {reason}"
+            )
         if problems:
             raise ValueError("\n  - ".join(problems))
         fmt = own
-        _check_format(fmt)
     try:
         info = world.checkpoint_info(folder)
         max_positions = int(json.loads((folder / "config.json").read_text())["max_position_embeddings"])
