@@ -77,3 +77,40 @@ def test_console_script_plan_warns_in_one_line_of_a_truncated_last_events_line(t
     assert run.stderr.splitlines() == [
         f"ascend-eplb plan: warning: {events}:2: truncated last line skipped (Expecting ',' delimiter)"
     ]
+
+
+#: Stands in for the console script under ``sh -c``: says it runs, then exits 130 on Ctrl-C (as
+#: ``ascend-eplb`` does: ``packages/eplb-tools/tests/test_stops.py``).
+STAND_IN = """#!{python}
+import signal, sys, time
+signal.signal(signal.SIGINT, lambda *_: sys.exit(130))
+print("running", flush=True)
+time.sleep(60)
+"""
+
+
+def test_ctrl_c_under_hatch_run_simulate_reaches_hatch_as_the_commands_130(tmp_path):
+    """Issue 38: Ctrl-C under ``hatch run simulate`` exited 254, not the README's 130. hatch runs a script
+    through ``sh -c`` and exits with the shell's return code; dash, sent SIGINT while it waits for its
+    child, kills itself with SIGINT whatever the child returned (-2, which hatch's ``sys.exit`` makes
+    254). The workspace's ``simulate`` script ``exec``s the command, so the shell is the command and its
+    130 is what hatch sees. Run here as hatch runs it, Ctrl-C sent to the process group as a terminal
+    does."""
+    import signal
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    script = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["hatch"]["envs"]["default"]
+    line = script["scripts"]["simulate"].replace("{args}", "--no-progress")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in = bin_dir / "ascend-eplb"
+    stand_in.write_text(STAND_IN.format(python=sys.executable))
+    stand_in.chmod(0o755)
+    env = os.environ | {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    shell = subprocess.Popen(
+        ["/bin/sh", "-c", line], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    assert shell.stdout.readline() == "running\n"
+    os.killpg(shell.pid, signal.SIGINT)
+    assert shell.wait(timeout=30) == 130

@@ -63,3 +63,41 @@ def test_the_plots_y_axis_labels_do_not_overlap():
         panel = ax.get_window_extent(renderer)
         assert panel.y0 <= label.y0  # within its own panel's height
         assert label.y1 <= panel.y1
+
+
+def test_a_rearrangement_names_the_step_it_committed_at_and_a_worse_realised_says_why():
+    """Issue 38: ``rearrangement 1 (step 7)`` was the step its last layer committed, while SIMULATE.md says
+    the first starts at step 4; and from an exported placement the first rearrangement served the next
+    window worse (0.9274 -> realised 0.9114) with no word why."""
+    from ascend_eplb.tools.simulate.summary import REALISED_BELOW_BEFORE, summary_text
+    from ascend_eplb.tools.simulate.verdicts import PASSED
+
+    def record(index, step, before, realised, skipped=None):
+        return {
+            "rearrangement": index, "step": step, "policy": "default", "skipped": skipped,
+            "balancedness_before": before, "balancedness_planned": None if skipped else 0.9987,
+            "balancedness_realised": realised, "experts_moved": 0 if skipped else 189,
+            "bytes_moved": 0 if skipped else 4644864, "layers_changed": 0 if skipped else 4,
+        }  # fmt: skip
+
+    report = defaultdict(lambda: 1.0)
+    report.update(
+        model="replay", trace="t", format="w8a8_dynamic", checks={}, check_evidence={}, config={},
+        commit_seconds=[], costs=None, verdict=PASSED, out_dir="/o", policy="default",
+        min_balancedness_gain=0.0, target_balancedness=0.95, experts_moved=378,
+        rearrangements_skipped={"balanced": 1, "min_gain": 0, "no_load": 0},
+        rearrangement_records=[record(1, 7, 0.9274, 0.9114), record(2, 23, 0.9114, 0.9338),
+                               record(3, 39, 0.9612, None, skipped="balanced")],
+    )  # fmt: skip
+    lines = summary_text(report).splitlines()
+    start = lines.index(next(ln for ln in lines if ln.startswith("  policy=default")))
+    assert lines[start + 1 : start + 5] == [
+        "    rearrangement 1 (committed at step 7): balancedness 0.9274 -> planned 0.9987, realised 0.9114; "
+        "189 experts, 4.43 MiB moved",
+        "    rearrangement 2 (committed at step 23): balancedness 0.9114 -> planned 0.9987, realised 0.9338; "
+        "189 experts, 4.43 MiB moved",
+        "    rearrangement 3 (skipped at step 39): balancedness 0.9612; skipped (balanced), nothing moved",
+        f"    realised below before (rearrangement 1): {REALISED_BELOW_BEFORE}",
+    ]
+    report["rearrangement_records"] = [record(1, 7, 0.9, 0.95)]
+    assert not any("realised below before" in ln for ln in summary_text(report).splitlines())

@@ -367,10 +367,14 @@ def test_export_from_an_events_file_is_for_its_recorded_configuration(tmp_path, 
     printed = capsys.readouterr().out
     recommended = next(line for line in printed.splitlines() if line.startswith("recommended:"))
     assert "num_redundant_experts=12 " not in recommended  # the sweep recommends another level ...
+    other = int(re.match(r"recommended: num_redundant_experts=(\d+) ", recommended).group(1))
     result = plan.plan(np.array(loads[0], dtype=np.float64), num_ranks=4, redundancy=[0, 4, 8, 12, 16])
     level = result.level(12)
+    # ... and the line written just below it says why the recorded level was written (issue 38).
     assert (
-        f"wrote {out}: num_redundant_experts=12 (the recorded configuration, global policy), 3 MoE layers "
+        f"wrote {out}: num_redundant_experts=12 (the recorded configuration's level, not the recommended "
+        f"{other}: a server refuses a placement of another num_redundant_experts; --redundant-experts "
+        f"{other} writes that level's for a server restarted with it; global policy), 3 MoE layers "
         f"x 4 devices; balancedness on its load {level.balancedness_after:.4f} (upstream's initial "
         f"placement: {level.balancedness_before:.4f}); layers [1] had no load and keep upstream's initial "
         "placement"
@@ -748,3 +752,33 @@ def test_the_policy_comparison_refuses_what_it_cannot_compare(tmp_path, capsys):
         err = capsys.readouterr().err
         assert f"ascend-eplb plan: error: argument {option}: '{value.split(',')[-1]}': {rule}" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["load.json", "trace.npz"]  # nothing written
+
+
+def test_a_sweep_row_whose_policy_placement_balances_worse_says_why(tmp_path, capsys):
+    """Issue 38: a sweep row with nothing moved read 1.0000 -> 0.9677 with no word why. At
+    num_redundant_experts = E on 2 ranks, upstream's initial placement gives each rank one replica of every
+    expert (an even split of any load: 1.0); upstream's policy, planning from the load alone, gives the
+    hottest expert a third replica and the coldest one, and packs them unevenly (0.9677), with no expert
+    crossing ranks (each rank already holds every expert it is given: copies on the rank)."""
+    load = tmp_path / "load.json"
+    load.write_text("[[1, 4, 2, 3]]")
+    assert cli.main(["plan", str(load), "--ranks", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split() for line in lines if line.split()[:1] in (["0"], ["2"], ["4"])}
+    level = plan.plan(np.array([[1.0, 4.0, 2.0, 3.0]]), num_ranks=2, redundancy=[4]).levels[0]
+    assert (level.balancedness_before, round(level.balancedness_after, 4)) == (1.0, 0.9677)
+    assert level.experts_moved == 0
+    assert rows["4"][3:5] == ["1.0000", "0.9677"]
+    assert rows["4"][-1] == "0"
+    assert (
+        "experts moved = experts a rank receives that it did not hold, summed over ranks and layers (a slot "
+        "refilled with an expert its rank already holds is a copy on the rank: not moved)"
+    ) in lines
+    (note,) = [line for line in lines if line.startswith("after < before")]
+    assert note == (
+        "after < before at num_redundant_experts=4: upstream's policy plans from the load alone (replicas to "
+        "the hottest experts, then packing), not from the placement in force, so it can balance a load less "
+        "than upstream's initial placement did (which, with num_redundant_experts = E on 2 ranks, gives each "
+        "rank one replica of every expert: an even split of any load); a server at that level would "
+        "rearrange into the worse placement"
+    )

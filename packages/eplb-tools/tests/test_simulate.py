@@ -836,13 +836,14 @@ def test_the_gate_and_the_migration_aware_policy_in_the_report_summary_and_plot(
     ) in "\n".join(printed)
     first = records[0]
     assert (
-        f"    rearrangement 1 (step {first['step']}): balancedness {first['balancedness_before']:.4f} -> "
+        f"    rearrangement 1 (committed at step {first['step']}): balancedness "
+        f"{first['balancedness_before']:.4f} -> "
         f"planned {first['balancedness_planned']:.4f}, realised {first['balancedness_realised']:.4f}; "
         f"{first['experts_moved']} experts,"
     ) in "\n".join(printed)
     skipped = next(r for r in records if r["skipped"] == "min_gain")
     assert (
-        f"    rearrangement {skipped['rearrangement']} (step {skipped['step']}): balancedness "
+        f"    rearrangement {skipped['rearrangement']} (skipped at step {skipped['step']}): balancedness "
         f"{skipped['balancedness_before']:.4f}, planned {skipped['balancedness_planned']:.4f}; skipped "
         "(min_gain), nothing moved"
     ) in printed

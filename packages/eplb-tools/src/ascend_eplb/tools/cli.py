@@ -427,6 +427,13 @@ def _export(args: argparse.Namespace, result: Any, level_r: int, *, recorded: bo
     except ValueError as e:
         raise ValueError(f"export expert map={args.export_expert_map}: cannot write it ({e})") from e
     why = "the recorded configuration, " if recorded else ""
+    if recorded and result.recommended is not None and result.recommended != level_r:
+        # The recommendation printed just above names another level: say why this one was written.
+        why = (
+            f"the recorded configuration's level, not the recommended {result.recommended}: a server "
+            "refuses a placement of another num_redundant_experts; --redundant-experts "
+            f"{result.recommended} writes that level's for a server restarted with it; "
+        )
     kept = (
         f"; layers {result.layers_excluded} had no load and keep upstream's initial placement"
         if result.layers_excluded

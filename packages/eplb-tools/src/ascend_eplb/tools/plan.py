@@ -471,7 +471,10 @@ def format_plan(result: PlanResult) -> str:
         f"upstream DefaultEplbPolicy: {result.num_moe_layers} layers x {result.num_logical_experts} "
         f"logical experts, ranks={result.num_ranks} nodes={result.num_nodes} "
         f"expert groups={result.num_expert_groups} (policy upstream runs: {result.policy})",
-        "balancedness = mean rank load / max rank load per layer, averaged over layers (1.0 = even)",
+        "balancedness = mean rank load / max rank load per layer, averaged over layers (1.0 = even); before: "
+        "upstream's initial placement, after: the policy's",
+        "experts moved = experts a rank receives that it did not hold, summed over ranks and layers (a slot "
+        "refilled with an expert its rank already holds is a copy on the rank: not moved)",
     ]
     if result.layers_excluded:
         lines.append(f"excluded (no load): layers {result.layers_excluded}")
@@ -502,6 +505,16 @@ def format_plan(result: PlanResult) -> str:
             f"{lv.balancedness_before:>10.4f} {lv.balancedness_after:>10.4f} "
             f"{lv.hottest_rank_share_before:>10.4f} {lv.hottest_rank_share_after:>10.4f} "
             f"{lv.experts_moved:>13}{extra}"
+        )
+    worse = sorted({lv.num_redundant_experts for lv in result.levels
+                    if round(lv.balancedness_after, 4) < round(lv.balancedness_before, 4)})  # fmt: skip
+    if worse:
+        lines.append(
+            f"after < before at num_redundant_experts={','.join(map(str, worse))}: upstream's policy plans "
+            "from the load alone (replicas to the hottest experts, then packing), not from the placement in "
+            "force, so it can balance a load less than upstream's initial placement did (which, with "
+            "num_redundant_experts = E on 2 ranks, gives each rank one replica of every expert: an even "
+            "split of any load); a server at that level would rearrange into the worse placement"
         )
     if result.recommended is not None:
         lv = result.level(result.recommended)

@@ -10,6 +10,15 @@ __all__ = ["summary_text"]
 
 #: Rearrangements the summary lists one per line (report.json has all of them).
 SHOWN_REARRANGEMENTS = 12
+#: Why a rearrangement can serve the next window worse than the placement it replaced served its own
+#: (SIMULATE.md, "Realised below before", has the measured case).
+REALISED_BELOW_BEFORE = (
+    "the policy fit its placement to one window's load, a small and bursty sample; the next window's load "
+    "differs, and the placement it replaced (an --initial-placement from `plan` was fit to a whole "
+    "recording's summed windows) can serve it better; the gain gate skips such windows "
+    "(--min-balancedness-gain, --target-balancedness; `ascend-eplb plan events.jsonl --policies default` "
+    "recommends values)"
+)
 
 
 def _rearrangement_lines(report: dict, f) -> list[str]:
@@ -31,7 +40,10 @@ def _rearrangement_lines(report: dict, f) -> list[str]:
     ]
     for r in records[:SHOWN_REARRANGEMENTS]:
         name = "window without load" if r["rearrangement"] is None else f"rearrangement {r['rearrangement']}"
-        head = f"    {name} (step {r['step']}): balancedness {f(r['balancedness_before'])}"
+        # The record's step: a done one's last layer commit (it started when its window closed, one layer
+        # committed per step after), a skipped one's decision.
+        when = "committed at" if r["skipped"] is None else "skipped at"
+        head = f"    {name} ({when} step {r['step']}): balancedness {f(r['balancedness_before'])}"
         if r["skipped"] is None:
             lines.append(
                 f"{head} -> planned {f(r['balancedness_planned'])}, realised "
@@ -43,6 +55,14 @@ def _rearrangement_lines(report: dict, f) -> list[str]:
             lines.append(f"{head}{planned}; skipped ({r['skipped']}), nothing moved")
     if len(records) > SHOWN_REARRANGEMENTS:
         lines.append(f"    ... {len(records) - SHOWN_REARRANGEMENTS} more in report.json")
+    worse = [
+        str(r["rearrangement"])
+        for r in done
+        if r["balancedness_realised"] is not None and r["balancedness_realised"] < r["balancedness_before"]
+    ]
+    if worse:
+        lines.append(f"    realised below before ({'rearrangement' if len(worse) == 1 else 'rearrangements'} "
+                     f"{', '.join(worse)}): {REALISED_BELOW_BEFORE}")  # fmt: skip
     return lines
 
 
