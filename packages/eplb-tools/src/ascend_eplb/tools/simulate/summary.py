@@ -15,9 +15,9 @@ SHOWN_REARRANGEMENTS = 12
 REALISED_BELOW_BEFORE = (
     "the policy fit its placement to one window's load, a small and bursty sample; the next window's load "
     "differs, and the placement it replaced (an --initial-placement from `plan` was fit to a whole "
-    "recording's summed windows) can serve it better; the gain gate skips such windows "
-    "(--min-balancedness-gain, --target-balancedness; `ascend-eplb plan events.jsonl --policies default` "
-    "recommends values)"
+    "recording's summed windows) can serve it better; the gain gate skips a window whose planned gain is "
+    "below that drift (--min-balancedness-gain; `ascend-eplb plan events.jsonl --policies default` "
+    "measures the drift and recommends values)"
 )
 
 
