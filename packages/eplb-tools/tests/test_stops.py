@@ -497,8 +497,8 @@ def test_a_refusal_only_the_ranks_can_make_is_one_message_exit_2_and_nothing_lef
     code, out, err = run.finish()
     assert (code, out) == (2, "")
     assert _own_lines(err) == [
-        "ascend-eplb simulate: error: refused at start-up on every rank (the serving path's own validation, "
-        "which reads vLLM's model class: only the ranks import vLLM; `ascend-eplb check` judges the same "
+        "ascend-eplb simulate: error: refused at start-up on every rank (the serving path's own checks, some "
+        "of which read vLLM's model class: only the ranks import vLLM; `ascend-eplb check` judges the same "
         "rules without starting anything):",
         "1 EPLB configuration rule(s) violated:",
         "  - [moe-model-class] model class Qwen2MoeForCausalLM (architecture Qwen2MoeForCausalLM) has no "

@@ -32,7 +32,7 @@ class SimulationError(RuntimeError):
 
 #: Where a refusal on the ranks comes from, and where the same rules are judged before a start.
 _WHERE = (
-    "the serving path's own validation, which reads vLLM's model class: only the ranks import vLLM; "
+    "the serving path's own checks, some of which read vLLM's model class: only the ranks import vLLM; "
     "`ascend-eplb check` judges the same rules without starting anything"
 )
 
