@@ -490,7 +490,7 @@ def test_a_refusal_only_the_ranks_can_make_is_one_message_exit_2_and_nothing_lef
     """Issue 38: a Qwen2-MoE folder (vLLM 0.33.0's class has no MixtureOfExperts part: start-up's rule
     moe-model-class, which needs vLLM's model class, so only the ranks judge it) printed each rank's
     traceback and a "leaked shared_memory" warning, left vLLM's socket files in $TMPDIR and exited 1."""
-    from ascend_eplb.tools import world
+    from ascend_eplb import world
 
     folder = world.write_checkpoint("qwen2-moe", tmp_path / "qwen2-moe", seed=0)
     run = Run(tmp_path, "--model", str(folder), "--ranks", "2", "--no-progress")
