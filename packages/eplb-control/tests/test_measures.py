@@ -1,10 +1,11 @@
-"""The placement measures' one definition (control.measures), which metrics, the gate and plan read."""
+"""The placement measures' one definition (control.measures), which the events file, plan, simulate, the
+policy and the gate read: exact values."""
 
 import pytest
 import torch
+from vllm.distributed.eplb.eplb_state import EplbState
 
-from ascend_eplb.control import measures
-from ascend_eplb.integration import metrics
+from ascend_eplb.control import measures, upstream
 
 
 def test_received_experts_counts_one_transfer_per_expert_and_rank_as_upstream_receives_it():
@@ -15,24 +16,43 @@ def test_received_experts_counts_one_transfer_per_expert_and_rank_as_upstream_re
     new = torch.tensor([[2, 2, 0, 3]])
     assert measures.received_experts(old, new, 2).tolist() == [[1, 1]]
     assert measures.moved_experts(old, new, 2).tolist() == [2]
-    assert metrics.experts_received_per_rank(old, new, 2).tolist() == [[1, 1]]
-    assert metrics.experts_crossing_ranks(old, new, 2) == 2
 
 
-def test_rank_loads_and_balancedness_are_one_definition_for_metrics_and_the_policy():
+def test_per_layer_and_mean_balancedness_are_distinct_and_exact():
     load = torch.tensor([[6.0, 2.0, 2.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
     placement = torch.tensor([[0, 1, 0, 2, 3, 0], [0, 1, 2, 3, 0, 1]])  # expert 0: 3 replicas in layer 0
     loads = measures.rank_loads(load, placement, 3)
+    assert loads.dtype == torch.float64
     assert loads.tolist() == [[4.0, 4.0, 2.0], [0.0, 0.0, 0.0]]
-    per_layer = measures.rank_balancedness(loads)
-    assert per_layer.tolist() == [pytest.approx(10.0 / 3 / 4.0), 1.0]  # an empty layer is even
+    per_layer = measures.layer_balancedness(loads)  # (L,): mean / max per layer, an empty layer is even
+    assert per_layer.tolist() == [pytest.approx(10.0 / 3 / 4.0), 1.0]
+    assert measures.mean_balancedness(loads) == pytest.approx((10.0 / 3 / 4.0 + 1.0) / 2)  # one float
+    assert isinstance(measures.mean_balancedness(loads), float)
+    # The name control.policy and control.gate call: the per-layer balancedness of a placement's loads.
     assert measures.balancedness(load, placement, 3).tolist() == per_layer.tolist()
-    assert metrics.rank_loads(load, placement, 3).tolist() == loads.tolist()
-    assert metrics.balancedness(loads) == pytest.approx(float(per_layer.mean()))
+    assert measures.hottest_rank_share(loads) == 0.4  # layer 0: 4 of 10; layer 1 has no load
+    assert measures.hottest_rank_share(torch.zeros(2, 3)) == 0.0
 
 
-def test_rank_balancedness_names_a_bad_value():
+def test_layer_balancedness_names_a_bad_value():
     with pytest.raises(ValueError, match=r"rank_loads_LN holds -1.0: every load must be >= 0"):
-        measures.rank_balancedness(torch.tensor([[1.0, -1.0]]))
+        measures.layer_balancedness(torch.tensor([[1.0, -1.0]]))
     with pytest.raises(ValueError, match=r"rank_loads_LN has shape \(3,\): it must be \(L, N\)"):
-        measures.rank_balancedness(torch.tensor([1.0, 2.0, 3.0]))
+        measures.mean_balancedness(torch.tensor([1.0, 2.0, 3.0]))
+
+
+def test_initial_placement_is_upstreams_for_every_size_and_its_signature_is_a_row():
+    # Its signature is a row of the serving surface (user control.measures); its body is pinned by the tools'
+    # row (ascend_eplb.tools.upstream, held by the tools' tests: plan runs without vLLM).
+    (row,) = upstream.used_by(upstream.MEASURES)
+    assert row.label == "EplbState.build_initial_global_physical_to_logical_map"
+    upstream.check_used_by(upstream.MEASURES)
+    for experts in range(1, 10):
+        for redundant in range(2 * experts + 1):
+            want = list(EplbState.build_initial_global_physical_to_logical_map(experts, redundant))
+            got = measures.upstream_initial_placement(experts, redundant, 3)
+            assert got.dtype == torch.int64
+            assert got.tolist() == [want] * 3, (experts, redundant)
+    assert measures.upstream_initial_placement(4, 2, 1).tolist() == [[0, 1, 2, 3, 0, 1]]
+    with pytest.raises(ValueError, match=r"num_redundant_experts=-1: must be an int >= 0"):
+        measures.upstream_initial_placement(4, -1, 1)

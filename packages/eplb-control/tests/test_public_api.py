@@ -33,11 +33,14 @@ def test_all_is_the_documented_api():
         "balancedness",
         "check_signature",
         "commit_hooks_installed",
+        "hottest_rank_share",
         "is_phase_matched",
+        "layer_balancedness",
+        "mean_balancedness",
         "moved_experts",
-        "rank_balancedness",
         "rank_loads",
         "received_experts",
+        "upstream_initial_placement",
     ])  # fmt: skip
     # Each name is the object a control module defines or binds; __version__ is the installed one.
     check_public_names("ascend_eplb.control", "ascend-eplb-control")

@@ -54,8 +54,9 @@ def test_a_drifted_row_of_the_tools_does_not_stop_serving_but_is_named(monkeypat
     assert str(info.value).startswith(
         "upstream EplbState.build_initial_global_physical_to_logical_map changed its body: source digest "
     )
-    assert "vLLM 0.33.0's is b552b55acd62a5b2; ascend_eplb.tools.plan.linear_placement restates it" in str(
-        info.value
+    assert (
+        "vLLM 0.33.0's is b552b55acd62a5b2; ascend_eplb.control.measures.upstream_initial_placement "
+        "restates it" in str(info.value)
     )
     monkeypatch.undo()
 

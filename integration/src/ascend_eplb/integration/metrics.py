@@ -1,86 +1,22 @@
-"""Placement metrics shared by the events file and ``ascend-eplb plan`` (one definition of each).
+"""The bytes of a rearrangement, read from a serving model: one expert's weights, what a rank received.
 
-Shape letters: L MoE layers, E logical experts, P physical experts, N EP ranks. Every function takes
-and returns host tensors in float64 (loads) or int64 (placements) and does not modify its inputs.
+Two facts a placement alone does not give (the placement measures are
+:mod:`ascend_eplb.control.measures`'):
 
-- rank load: a logical expert's load split evenly over its replicas (the policy's own model,
-  ``tokens_per_mlog / mlogcnt`` in upstream ``DefaultEplbPolicy.rebalance_experts_hierarchical``),
-  summed over the slots of each rank (slot ``p`` on rank ``p // (P / N)``);
-- balancedness: mean rank load / max rank load per layer, averaged over the layers (upstream's
-  ``EPLB step ... balancedness`` log sums over layers before dividing; the per-layer mean makes every
-  layer count equally); a layer without load counts as 1.0 (nothing to balance);
-- experts crossing ranks: over all layers and ranks, the logical experts a rank holds after a
-  rearrangement that it did not hold before, i.e. expert weights that travel between ranks; per rank:
-  the experts that rank receives;
-- expert bytes: per MoE layer, the bytes of one expert's weights (every tensor a rearrangement moves);
-- bytes received: what this rank's communicator received over all its transfers so far.
-
-Rank loads, balancedness and received experts are :mod:`ascend_eplb.control.measures`' (one definition
-each, shared with the migration-aware policy and the gain gate; numpy and torch only, so the tools read
-them without importing vLLM); this module names them for the events file and the tools.
+- :func:`expert_bytes`: per MoE layer, the bytes of one expert's weights (every tensor a rearrangement
+  moves); experts moved x this is the *estimated* ``bytes_moved`` of the events file, ``plan`` and
+  ``simulate``;
+- :func:`bytes_received`: what this rank's communicator *measured* receiving over all its transfers so far
+  (``bytes_received`` of the events file and ``simulate``'s report).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from ascend_eplb.control import measures
-
-__all__ = [
-    "balancedness",
-    "bytes_received",
-    "expert_bytes",
-    "experts_crossing_ranks",
-    "experts_received_per_rank",
-    "hottest_rank_share",
-    "rank_loads",
-]
-
-
-def rank_loads(load: torch.Tensor, physical_to_logical: torch.Tensor, num_ranks: int) -> torch.Tensor:
-    """float64 ``(L, N)``: per layer and rank, the load its slots carry under the placement.
-
-    :func:`ascend_eplb.control.measures.rank_loads` (the one definition), on ``load`` ``(L, E)`` and
-    ``physical_to_logical`` int ``(L, P)``.
-
-    Raises:
-        ValueError: as that function (shapes, N not dividing P, ids outside ``[-1, E)``, an expert with
-            load that no slot holds).
-    """
-    return measures.rank_loads(torch.as_tensor(load), torch.as_tensor(physical_to_logical), num_ranks)
-
-
-def balancedness(loads: torch.Tensor) -> float:
-    """``loads`` ``(L, N)``: mean over layers of (mean rank load / max rank load); a layer without
-    load counts 1.0 (:func:`ascend_eplb.control.measures.rank_balancedness`, averaged)."""
-    return float(measures.rank_balancedness(torch.as_tensor(loads)).mean())
-
-
-def hottest_rank_share(loads: torch.Tensor) -> float:
-    """The largest rank load of any layer, as a share of that layer's total load (layers with load)."""
-    loads = torch.as_tensor(loads, dtype=torch.float64)
-    total = loads.sum(dim=1)
-    loaded = total > 0
-    if not bool(loaded.any()):
-        return 0.0
-    return float((loads.max(dim=1).values[loaded] / total[loaded]).max())
-
-
-def experts_crossing_ranks(old: torch.Tensor, new: torch.Tensor, num_ranks: int) -> int:
-    """Experts the rearrangement ``old -> new`` (``(L, P)`` each) transfers, over layers and ranks."""
-    return int(experts_received_per_rank(old, new, num_ranks).sum())
-
-
-def experts_received_per_rank(old: torch.Tensor, new: torch.Tensor, num_ranks: int) -> torch.Tensor:
-    """int64 ``(L, N)``: per layer, the logical experts each rank receives in the rearrangement
-    ``old -> new`` (``(L, P)`` each): :func:`ascend_eplb.control.measures.received_experts` (an expert the
-    rank held is a local copy; two new slots of one expert are one transfer, as upstream's
-    ``move_to_buffer`` receives it).
-
-    Raises:
-        ValueError: the placements differ in shape, are not 2-D, or N does not divide P.
-    """
-    return measures.received_experts(torch.as_tensor(old), torch.as_tensor(new), num_ranks)
+__all__ = ["bytes_moved", "bytes_received", "expert_bytes"]
 
 
 def expert_bytes(expert_weights) -> list[int]:
@@ -95,6 +31,21 @@ def expert_bytes(expert_weights) -> list[int]:
         ``[sum over the layer's views of view[0].numel() * view[0].element_size()]`` per layer.
     """
     return [sum(int(view[0].numel()) * view[0].element_size() for view in layer) for layer in expert_weights]
+
+
+def bytes_moved(experts_moved: Any, expert_nbytes: Any) -> int:
+    """The bytes a rearrangement moves, estimated: experts moved x one expert's bytes.
+
+    Args:
+        experts_moved: per MoE layer ``(L,)`` (a tensor or a sequence), or one total.
+        expert_nbytes: per MoE layer (:func:`expert_bytes`), or one size for every layer.
+
+    Returns:
+        ``sum over layers of experts_moved[l] * expert_nbytes[l]`` (a scalar broadcast over the layers).
+    """
+    moved = torch.as_tensor(experts_moved, dtype=torch.int64)
+    nbytes = torch.as_tensor(expert_nbytes, dtype=torch.int64)
+    return int((moved * nbytes).sum())
 
 
 def bytes_received(model_state) -> int | None:

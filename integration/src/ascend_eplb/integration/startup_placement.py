@@ -82,15 +82,16 @@ def _log_install(event: Any, model_state: Any, num_ranks: int, seconds: float) -
     """EP rank 0's one INFO line of the start-up install: what changed, what rank 0 received, how long."""
     from vllm.logger import init_logger
 
+    from ascend_eplb.control import measures
     from ascend_eplb.integration import metrics
 
     new = model_state.physical_to_logical_map.detach().cpu()
     nbytes = metrics.bytes_received(model_state)
     received = "" if nbytes is None else f", {nbytes} bytes"
+    per_rank = measures.received_experts(event.previous, new, num_ranks)  # (L, N)
     init_logger(__name__).info(
         "EPLB: serving starts on the placement of %s: %d of %d MoE layers changed, %d experts crossed ranks "
         "(%d received by EP rank 0%s), in %.2f s",
-        event.source, int((event.previous != new).any(dim=1).sum()), int(new.shape[0]),
-        metrics.experts_crossing_ranks(event.previous, new, num_ranks),
-        int(metrics.experts_received_per_rank(event.previous, new, num_ranks)[:, 0].sum()), received, seconds,
+        event.source, int((event.previous != new).any(dim=1).sum()), int(new.shape[0]), int(per_rank.sum()),
+        int(per_rank[:, 0].sum()), received, seconds,
     )  # fmt: skip

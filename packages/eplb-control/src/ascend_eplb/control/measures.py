@@ -1,22 +1,23 @@
-"""The placement measures of the project, each defined once (``shared/notes/placement-cost.md``).
+"""The placement measures, each defined once (``shared/notes/placement-cost.md``).
 
 Shape letters (DESIGN.md section 2): L MoE layers, E logical experts, P physical experts (slots) per
-layer, N EP ranks, p = P / N slots per rank. A *placement* is ``physical_to_logical`` ``(L, P)`` (int64,
-``-1`` = an empty slot of elastic padding); slot ``s`` lives on rank ``s // p``.
+layer, N EP ranks, p = P / N. A *placement* is ``physical_to_logical`` ``(L, P)`` (int64, ``-1`` = an
+empty slot of elastic padding); slot ``s`` lives on rank ``s // p``.
 
+* :func:`upstream_initial_placement` ``(L, P)``: upstream's initial placement, every layer;
 * :func:`rank_loads` ``(L, N)``: each logical expert's load split evenly over its replicas, summed over
   each rank's slots (upstream ``DefaultEplbPolicy``'s model, ``tokens_per_mlog / mlogcnt``);
-* :func:`rank_balancedness` ``(L,)``: per layer mean rank load / max rank load (1.0 = even; a layer
-  without load is 1.0); :func:`balancedness` is it on a placement's rank loads;
+* :func:`layer_balancedness` ``(L,)``: per layer mean rank load / max rank load (1.0 = even; a layer
+  without load is 1.0); :func:`mean_balancedness`: its mean over the layers (every layer counts
+  equally), the one float the events file, ``plan`` and ``simulate`` report;
+* :func:`hottest_rank_share`: the largest rank load of a layer as a share of that layer's load;
 * :func:`received_experts` ``(L, N)``: the logical experts a rank holds after a rearrangement that it did
-  not hold before (an expert already on the rank is a local copy, not a transfer; upstream's
-  ``move_to_buffer`` receives one copy per expert and rank); :func:`moved_experts` ``(L,)`` sums them.
+  not hold before (an expert already on the rank is a local copy; upstream's ``move_to_buffer`` receives
+  one copy per expert and rank); :func:`moved_experts` ``(L,)`` sums them over the ranks.
 
-numpy and torch only (no vLLM), so the tools read them without importing vLLM;
-:mod:`ascend_eplb.control.policy` (the migration-aware policy), :mod:`ascend_eplb.control.gate` and
-``ascend_eplb.integration.metrics`` use these, never a copy. Every function takes host or device tensors,
-returns CPU tensors and does not modify its inputs; bad input raises ``ValueError`` naming the value and
-the rule.
+numpy and torch only (no vLLM), so the tools read them without importing vLLM. Every function takes torch
+tensors (host or device), returns CPU torch tensors or Python floats and does not modify its inputs; bad
+input raises ``ValueError`` naming the value and the rule.
 """
 
 from __future__ import annotations
@@ -26,7 +27,16 @@ import torch
 
 from ascend_eplb.control.values import is_int
 
-__all__ = ["balancedness", "moved_experts", "rank_balancedness", "rank_loads", "received_experts"]
+__all__ = [
+    "balancedness",
+    "hottest_rank_share",
+    "layer_balancedness",
+    "mean_balancedness",
+    "moved_experts",
+    "rank_loads",
+    "received_experts",
+    "upstream_initial_placement",
+]
 
 
 def _placement_array(name: str, placement: object) -> np.ndarray:
@@ -137,7 +147,7 @@ def rank_loads(
     return torch.from_numpy(_rank_loads(load, placement, counts, num_ranks))
 
 
-def rank_balancedness(rank_loads_LN: torch.Tensor) -> torch.Tensor:  # noqa: N803 (DESIGN.md letters)
+def layer_balancedness(rank_loads_LN: torch.Tensor) -> torch.Tensor:  # noqa: N803 (DESIGN.md letters)
     """Per layer, mean rank load / max rank load: float64 ``(L,)``, CPU, in ``[0, 1]``.
 
     A layer without load is 1.0 (even: nothing to balance). The rank loads may be a placement's
@@ -150,22 +160,67 @@ def rank_balancedness(rank_loads_LN: torch.Tensor) -> torch.Tensor:  # noqa: N80
     return torch.from_numpy(_balancedness(_load_array(rank_loads_LN, "rank_loads_LN", "(L, N)")))
 
 
+def mean_balancedness(rank_loads_LN: torch.Tensor) -> float:  # noqa: N803 (DESIGN.md letters)
+    """:func:`layer_balancedness` averaged over the layers (every layer counts equally; upstream's
+    ``EPLB step ... balancedness`` log sums the loads over layers before dividing instead).
+
+    Raises:
+        ValueError: as :func:`layer_balancedness`.
+    """
+    return float(layer_balancedness(rank_loads_LN).mean())
+
+
 def balancedness(
     weight_LE: torch.Tensor,  # noqa: N803 (DESIGN.md shape letters)
     physical_to_logical_LP: torch.Tensor,  # noqa: N803
     num_ranks: int,
 ) -> torch.Tensor:
-    """Balancedness of each layer's rank loads under a placement: float64 ``(L,)``, CPU, in ``(0, 1]``.
+    """``layer_balancedness(rank_loads(weight_LE, physical_to_logical_LP, num_ranks))``: float64 ``(L,)``.
 
-    :func:`rank_balancedness` of :func:`rank_loads` (the definition of ``shared/notes/placement-cost.md``):
-    each logical expert's load split evenly over its replicas, a rank's load the sum over its slots, per
-    layer mean rank load / max rank load; a layer without load is 1.0. Averaging over layers is the
-    caller's (``.mean()``: every layer counts equally).
+    Kept for :mod:`ascend_eplb.control.policy` and :mod:`ascend_eplb.control.gate`, which call it by this
+    name; new code composes the two.
 
     Raises:
         ValueError: as :func:`rank_loads`.
     """
-    return torch.from_numpy(_balancedness(rank_loads(weight_LE, physical_to_logical_LP, num_ranks).numpy()))
+    return layer_balancedness(rank_loads(weight_LE, physical_to_logical_LP, num_ranks))
+
+
+def hottest_rank_share(rank_loads_LN: torch.Tensor) -> float:  # noqa: N803 (DESIGN.md letters)
+    """The largest rank load of any layer as a share of that layer's total load, over the layers with
+    load (0.0 when none has any).
+
+    Raises:
+        ValueError: as :func:`layer_balancedness`.
+    """
+    loads = _load_array(rank_loads_LN, "rank_loads_LN", "(L, N)")
+    total = loads.sum(axis=1)
+    loaded = total > 0
+    if not loaded.any():
+        return 0.0
+    return float((loads.max(axis=1)[loaded] / total[loaded]).max())
+
+
+def upstream_initial_placement(
+    num_logical_experts: int, num_redundant_experts: int, num_moe_layers: int
+) -> torch.Tensor:
+    """Upstream's initial placement, int64 ``(L, P)``, every layer alike: slot ``i < E`` holds logical
+    expert ``i``, redundant slot ``E + j`` holds ``j % E`` (vLLM 0.33.0's
+    ``EplbState.build_initial_global_physical_to_logical_map``, restated so that the tools need not
+    import vLLM; its body is pinned by a row of :mod:`ascend_eplb.control.upstream`).
+
+    Raises:
+        ValueError: E < 1, a negative redundancy or L.
+    """
+    for name, value, low in (
+        ("num_logical_experts", num_logical_experts, 1),
+        ("num_redundant_experts", num_redundant_experts, 0),
+        ("num_moe_layers", num_moe_layers, 0),
+    ):
+        if not is_int(value) or value < low:
+            raise ValueError(f"{name}={value!r}: must be an int >= {low}")
+    row = torch.arange(num_logical_experts + num_redundant_experts, dtype=torch.int64) % num_logical_experts
+    return row.unsqueeze(0).repeat(num_moe_layers, 1)
 
 
 def _holdings(

@@ -92,6 +92,7 @@ VERIFY = "integration.verify"
 STARTUP_PLACEMENT = "integration.startup_placement"
 PROMETHEUS = "integration.prometheus"
 METRICS = "integration.metrics"
+MEASURES = "control.measures"
 #: Every user id a row may name (what :func:`used_by` and :func:`check_used_by` accept).
 USERS = (
     HOST_ADAPTATION,
@@ -111,6 +112,7 @@ USERS = (
     STARTUP_PLACEMENT,
     PROMETHEUS,
     METRICS,
+    MEASURES,
 )
 
 #: The attribute :mod:`~ascend_eplb.control.commit_hooks` sets on an upstream ``EplbModelState``: a weak
@@ -177,12 +179,12 @@ SIGNATURES: Mapping[str, Signature] = _table(
         (STATE,),
     ),
     Signature(_STATE, "EplbState._should_record_current_step", ("self", "log_stats=False"), (STATE,)),
-    # Upstream's initial placement: the events' EPLB-off baseline calls it.
+    # Upstream's initial placement: control.measures restates it (its body pinned by the tools' row).
     Signature(
         _STATE,
         "EplbState.build_initial_global_physical_to_logical_map",
         ("num_routed_experts", "num_redundant_experts"),
-        (EVENTS,),
+        (MEASURES,),
     ),
     Signature(
         _STATE,

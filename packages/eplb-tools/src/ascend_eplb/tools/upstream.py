@@ -3,9 +3,9 @@ product's and the CPU world's rows, declared once, with :mod:`ascend_eplb.contro
 
 * :data:`ATTRIBUTES`: what ``simulate``'s ranks read of the world's EPLB state (the steps' checks and
   accounting); each rank checks them (:func:`check` of :data:`SIMULATE`) before its world starts.
-* :data:`BODIES`: the upstream function ``plan`` restates without vLLM (upstream's initial placement),
-  pinned by a source digest; ``plan`` runs without vLLM, so its tests hold the row (:func:`check` of
-  :data:`PLAN`).
+* :data:`BODIES`: the upstream function ``plan`` relies on restated without vLLM (upstream's initial
+  placement, ``control.measures.upstream_initial_placement``), pinned by a source digest; ``plan`` runs
+  without vLLM, so its tests hold the row (:func:`check` of :data:`PLAN`).
 
 Serving never checks these rows. :func:`render` writes their tables (``UPSTREAM.md`` of this package; a
 test keeps them equal: ``python -m ascend_eplb.tools.upstream`` prints it). Nothing here imports vLLM.
@@ -50,8 +50,8 @@ BODIES: tuple[Body, ...] = (
         serving_surface.signature(f"{_STATE}.EplbState.build_initial_global_physical_to_logical_map"),
         "b552b55acd62a5b2",
         (PLAN,),
-        "ascend_eplb.tools.plan.linear_placement restates it without vLLM (the EPLB-off placement a plan "
-        "compares with; the events file's balancedness_eplb_off calls upstream's)",
+        "ascend_eplb.control.measures.upstream_initial_placement restates it without vLLM (the EPLB-off "
+        "placement plan, simulate and the events file's balancedness_eplb_off compare with)",
     ),
 )
 
