@@ -411,7 +411,7 @@ def gate_events_world(ctx: RankContext, events_file: str) -> dict[str, Any]:
         step = 0
 
         def keep(published) -> None:
-            records.append(published.record)
+            records.append(published.record.to_json())
             step_of_record.append(step)
 
         ctrl.bus.subscribe(EventsRecord, keep)

@@ -252,7 +252,7 @@ def metrics_world(
     controller = worker.wiring.controller
     assert isinstance(guardrails_of(controller).recorder, EventsRecorder)
     records: list[dict[str, Any]] = []
-    controller.bus.subscribe(EventsRecord, lambda published: records.append(published.record))
+    controller.bus.subscribe(EventsRecord, lambda published: records.append(published.record.to_json()))
     layer_state = worker.model.moe_layers[0].eplb_state
     stale = (layer_state.logical_to_physical_map.clone(), layer_state.logical_replica_count.clone())
     info = worker.info

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ascend_eplb.control.policy import moved_experts
-from ascend_eplb.integration.metrics import balancedness, rank_loads
+from ascend_eplb.control.measures import mean_balancedness, moved_experts, rank_loads
 from ascend_eplb.testing import load_module, run_ranks
 
 ranks = load_module(Path(__file__).with_name("ranks_mrv2.py"))
@@ -28,7 +27,7 @@ MODEL = "toy/gate-moe"
 
 
 def _bal(load: list[list[int]], placement: list[list[int]]) -> float:
-    return balancedness(rank_loads(torch.tensor(load, dtype=torch.float64), torch.tensor(placement), 2))
+    return mean_balancedness(rank_loads(torch.tensor(load, dtype=torch.float64), torch.tensor(placement), 2))
 
 
 @pytest.mark.multirank

@@ -1,9 +1,9 @@
-"""The serving guardrails' rules without ranks: watchdog settings and decisions, the events file's reader
-and writer. (Their multi-rank behaviour runs in ``ascend-eplb simulate``'s tests, with real ranks.)"""
+"""The serving guardrails' rules without ranks: watchdog settings and decisions, the switches (the events
+file's reader and writer: ``test_events.py``). (Their multi-rank behaviour runs in ``ascend-eplb
+simulate``'s tests, with real ranks.)"""
 
 from __future__ import annotations
 
-import json
 import os
 from types import SimpleNamespace
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ascend_eplb.control.bus import EventBus, ShutdownEvent, StepEvent
-from ascend_eplb.integration.events import EventsWriter, events_path, read_windows
+from ascend_eplb.integration.events import events_path
 from ascend_eplb.integration.watchdog import WorkerWatchdog, watchdog_settings
 
 
@@ -145,79 +145,6 @@ def test_at_shutdown_logs_a_cycle_in_flight_with_how_long_it_went_without_progre
     assert "(layer 0 published, not yet committed), no progress for 0.0 s (0 steps)" in cycle.message()
 
 
-def _write(path, *records, tail=""):
-    path.write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
-
-
-WINDOW = {"event": "window", "model": "m", "load": [[1, 2], [3, 4]]}
-
-
-def test_read_windows_sums_nothing_and_keeps_order(tmp_path):
-    path = tmp_path / "events.jsonl"
-    other = {"event": "window", "model": "draft", "load": [[9]]}
-    _write(path, {"event": "commit", "layer": 0}, WINDOW, other, {**WINDOW, "load": [[5, 6], [7, 8]]})
-    windows = read_windows(path)
-    assert [w.tolist() for w in windows] == [[[1, 2], [3, 4]], [[5, 6], [7, 8]]]
-    assert all(w.dtype == torch.int64 for w in windows)
-    assert [w.tolist() for w in read_windows(path, model="draft")] == [[[9]]]
-
-
-def test_read_windows_skips_a_truncated_last_line_with_a_warning(tmp_path):
-    path = tmp_path / "events.jsonl"
-    _write(path, WINDOW, tail='{"event": "window", "model": "m", "lo')
-    with pytest.warns(UserWarning, match=r"events\.jsonl:2: truncated last line skipped"):
-        assert len(read_windows(path)) == 1
-
-
-@pytest.mark.parametrize(
-    ("content", "message"),
-    [
-        ('{"event": "window"\n' + json.dumps(WINDOW) + "\n", ":1: not a JSON object"),
-        ("[1, 2]\n", ":1: not an events record (an object with an 'event' name)"),
-        (json.dumps({**WINDOW, "load": [[1, 2], [3]]}) + "\n", ":1: a window's 'load' must be a non-empty"),
-        (json.dumps({**WINDOW, "load": [[1, -2]]}) + "\n", ":1: a window's 'load' must be a non-empty"),
-        (json.dumps({**WINDOW, "load": [[1.5]]}) + "\n", ":1: a window's 'load' must be a non-empty"),
-        (json.dumps({**WINDOW, "load": [[True]]}) + "\n", ":1: a window's 'load' must be a non-empty"),
-        (json.dumps({**WINDOW, "load": [[2**63]]}) + "\n", ":1: a window's 'load' must be a non-empty"),
-        (
-            json.dumps(WINDOW) + "\n" + json.dumps({**WINDOW, "load": [[1]]}) + "\n",
-            ":2: window load shape (1, 1)",
-        ),
-    ],
-)
-def test_read_windows_names_the_file_and_line_of_a_malformed_record(tmp_path, content, message):
-    path = tmp_path / "events.jsonl"
-    path.write_text(content)
-    with pytest.raises(ValueError, match=r"events\.jsonl:") as info:
-        read_windows(path)
-    assert str(info.value).startswith(str(path) + message)
-
-
-def test_read_windows_refuses_unreadable_and_non_utf8_files(tmp_path):
-    with pytest.raises(ValueError, match="cannot read the events file"):
-        read_windows(tmp_path / "missing.jsonl")
-    path = tmp_path / "binary.jsonl"
-    path.write_bytes(b'{"event": "window"}\n\xff\xfe\n')
-    with pytest.raises(ValueError, match=r"binary\.jsonl: not UTF-8 text \(byte 20\); not an events file"):
-        read_windows(path)
-
-
-def test_events_writer_appends_flushed_lines_and_names_an_unwritable_path(tmp_path):
-    path = tmp_path / "sub" / "events.jsonl"
-    writer = EventsWriter(path)
-    writer.write({"event": "window", "model": "m", "load": [[1]]})
-    assert path.read_text() == '{"event":"window","model":"m","load":[[1]]}\n'  # flushed, not closed
-    writer.close()
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    with pytest.raises(
-        ValueError, match=rf"ASCEND_EPLB_EVENTS={blocker / 'events.jsonl'}: cannot append there"
-    ):
-        EventsWriter(blocker / "events.jsonl")
-    assert events_path({"ASCEND_EPLB_EVENTS": " "}) is None
-    assert events_path({"ASCEND_EPLB_EVENTS": "/x/e.jsonl"}) == "/x/e.jsonl"
-
-
 def test_a_bad_verify_or_events_switch_is_refused_not_ignored(tmp_path):
     from ascend_eplb.integration.verify import verify_requested
 
@@ -234,6 +161,14 @@ def test_a_bad_verify_or_events_switch_is_refused_not_ignored(tmp_path):
         events_path({"ASCEND_EPLB_EVENTS": str(blocker / "sub" / "events.jsonl")})
     assert events_path({"ASCEND_EPLB_EVENTS": str(tmp_path / "new" / "e.jsonl")}) == str(
         tmp_path / "new" / "e.jsonl"
+    )
+    # A FIFO would block the recorder of EP rank 0 when it opens it: refused on every rank at start-up.
+    fifo = tmp_path / "events.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="FIFO") as info:
+        events_path({"ASCEND_EPLB_EVENTS": str(fifo)})
+    assert str(info.value) == (
+        f"ASCEND_EPLB_EVENTS={fifo}: not a regular file but a FIFO; name an events file (e.g. events.jsonl)"
     )
 
 

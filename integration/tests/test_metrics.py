@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ascend_eplb import world as rm
-from ascend_eplb.integration.metrics import balancedness, rank_loads
+from ascend_eplb.control import measures
 from ascend_eplb.integration.prometheus import METRICS, metrics_requested
 from ascend_eplb.testing import load_module, run_ranks, stop_fork_server
 
@@ -132,7 +132,9 @@ def test_a_scrape_of_a_serving_world_equals_its_events_file(tmp_path, monkeypatc
     info = rm.checkpoint_info(folder)
     initial = rm.initial_physical_to_logical(info, 2)
     load = torch.tensor(windows[-1]["load"], dtype=torch.float64)
-    assert windows[-1]["balancedness_eplb_off"] == balancedness(rank_loads(load, initial, 2))
+    assert windows[-1]["balancedness_eplb_off"] == measures.mean_balancedness(
+        measures.rank_loads(load, initial, 2)
+    )
     assert 0 < windows[-1]["balancedness_eplb_off"] < 1
 
     # Per rank: bytes received are the sum of the rank's commit records (rank 0's are the file's), at
@@ -150,7 +152,7 @@ def test_a_scrape_of_a_serving_world_equals_its_events_file(tmp_path, monkeypatc
 
 def test_each_rearrangement_record_counts_once_by_its_skip_reason_or_as_completed():
     """The record -> series mapping of the gate's records (the world above has only a no_load skip)."""
-    from ascend_eplb.integration.events import EventsRecord
+    from ascend_eplb.integration.events import EventsRecord, RearrangementRecord
     from ascend_eplb.integration.prometheus import PrometheusMetrics, _families
 
     metrics = PrometheusMetrics()
@@ -168,6 +170,10 @@ def test_each_rearrangement_record_counts_once_by_its_skip_reason_or_as_complete
 
     start = values()
     for skipped, moved in (("balanced", 0), ("min_gain", 0), ("min_gain", 0), (None, 7), ("no_load", 0)):
-        record = {"event": "rearrangement", "model": model, "skipped": skipped, "experts_moved": moved}
+        record = RearrangementRecord(
+            time=0.0, step=1, model=model, rearrangement=None if skipped == "no_load" else 1,
+            policy="default", skipped=skipped, balancedness_before=None, balancedness_planned=None,
+            experts_moved=moved, bytes_moved=moved * 64, layers_changed=int(moved > 0),
+        )  # fmt: skip
         metrics._on_record(EventsRecord(record))
     assert [b - a for a, b in zip(start, values(), strict=True)] == [1, 2, 1, 1, 7]

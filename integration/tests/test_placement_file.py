@@ -16,7 +16,7 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 from ascend_eplb.integration import placement_file as pf
-from ascend_eplb.integration.events import EventsWriter
+from ascend_eplb.integration.events import RECORD_KINDS, EventsWriter
 from ascend_eplb.integration.rules import ASCEND_V2_KEYS, EplbSettings, Violation, check_settings
 
 #: 2 MoE layers, 4 logical experts, 6 slots on 2 ranks (3 per rank).
@@ -183,7 +183,7 @@ def test_truncated_non_json_and_other_files_are_refused_naming_the_file(tmp_path
     empty = tmp_path / "empty.json"
     empty.write_text("  \n")
     assert _refusal(empty) == "empty file, not a placement file"
-    assert _refusal(tmp_path / "absent.json") == "cannot read the placement file (No such file or directory)"
+    assert _refusal(tmp_path / "absent.json") == "cannot read the placement file (no such file)"
     doc = _doc(tmp_path)
     plain = {k: doc[k] for k in ("moe_layer_count", "layer_list")}  # vLLM Ascend's expert_map_path alone
     assert _refusal(_file(tmp_path, plain)) == (
@@ -208,11 +208,23 @@ def test_truncated_non_json_and_other_files_are_refused_naming_the_file(tmp_path
     ]
 
 
+#: The fields of each kind these tests leave out (what the placement reader does not read).
+FILLED = {
+    "window": {"rearrangement": 1, "balancedness": 1.0, "balancedness_eplb_off": 1.0},
+    "commit": {"rearrangement": 1, "publish_to_acknowledge_s": None, "bytes_received": 0},
+    "initial_placement": {"layers_changed": 0, "experts_moved": 0, "bytes_moved": 0, "bytes_received": 0},
+    "worker_failure": {},
+}
+
+
 def _events(tmp_path: Path, records: list[dict], name: str = "events.jsonl") -> Path:
+    """An events file of ``records``, each written by its record class (``time``, ``step`` and the
+    fields of :data:`FILLED` completed)."""
     path = tmp_path / name
     writer = EventsWriter(path)
     for record in records:
-        writer.write({"time": 0.0, "step": 0, **record})
+        full = {"time": 0.0, "step": 0, **FILLED[record["event"]], **record}
+        writer.write(RECORD_KINDS[full.pop("event")].from_json(full))
     writer.close()
     return path
 
@@ -357,11 +369,100 @@ def test_an_events_file_appended_by_two_runs_gives_the_last_runs_placement_only(
     assert pf.read_placement(_events(tmp_path, run_1, "one.jsonl")).physical_to_logical_map == tuple(
         tuple(r) for r in ROWS
     )
-    assert _refusal(_events(tmp_path, run_1 + run_2, "two.jsonl")) == (
+    two = _events(tmp_path, run_1 + run_2, "two.jsonl")
+    assert _refusal(two) == (
         "MoE layer(s) [1] of 2 have no committed placement in the file (no rearrangement completed while it "
-        "was recorded, and the run did not start from a placement file)"
+        f"was recorded, and the run did not start from a placement file); {two} holds 2 runs (a run starts "
+        "where the step or the rearrangement counter starts again); run 2, lines 4-5, is read"
     )
     both = _events(
         tmp_path, [*run_1, *run_2, {**run_2[1], "layer": 1, "placement": ROWS[0], "step": 5}], "b.jsonl"
     )
     assert pf.read_placement(both).physical_to_logical_map == (tuple(ROWS[1]), tuple(ROWS[0]))
+
+
+def test_values_of_the_wrong_json_type_unknown_keys_and_a_key_given_twice_are_refused(tmp_path):
+    # layer_id false == 0 and 1.0 == 1 in Python: the file was accepted as if they were the integers.
+    for change, message in [
+        (lambda d: d["layer_list"][0].update(layer_id=False), "layer_list[0].layer_id=False: must be 0"),
+        (lambda d: d["layer_list"][1].update(layer_id=1.0), "layer_list[1].layer_id=1.0: must be 1"),
+        (lambda d: d["layer_list"][0]["device_list"][0].update(device_id=0.0),
+         "layer_list[0].device_list[0].device_id=0.0: must be 0"),
+        (lambda d: d["layer_list"][0].update(device_count=2.0), "layer_list[0].device_count=2.0: must equal"),
+        (lambda d: d.update(moe_layer_count=True), "moe_layer_count=True: must equal num_moe_layers=2"),
+        (lambda d: d.update(num_ranks=2.0), "num_ranks=2.0: must be an integer >= 1"),
+        (lambda d: d.update(comment="x"),
+         "unknown key(s) 'comment': the keys are format, version, num_moe_layers, num_logical_experts, "
+         "num_physical_experts, num_ranks, source, moe_layer_count, layer_list"),
+        (lambda d: d["layer_list"][1].update(experts=[]),
+         "layer_list[1]: unknown key(s) 'experts': the keys are layer_id, device_count, device_list"),
+        (lambda d: d["layer_list"][0]["device_list"][1].update(rank=1),
+         "layer_list[0].device_list[1]: unknown key(s) 'rank': the keys are device_id, device_expert"),
+    ]:  # fmt: skip
+        doc = _doc(tmp_path)
+        change(doc)
+        assert _refusal(_file(tmp_path, doc)).startswith(message), message
+    doc = _doc(tmp_path)
+    text = json.dumps(doc).replace('"num_ranks": 2,', '"num_ranks": 2, "num_ranks": 4,', 1)
+    twice = tmp_path / "twice.json"
+    twice.write_text(text)
+    assert _refusal(twice) == "the key 'num_ranks' is given twice in one JSON object"
+
+
+def test_a_fifo_is_refused_before_it_is_opened(tmp_path):
+    fifo = tmp_path / "placement.json"
+    os.mkfifo(fifo)  # opening it to read would block until a writer came: check and simulate hung
+    assert _refusal(fifo) == "cannot read the placement file (not a regular file but a FIFO)"
+    assert _refusal(tmp_path) == "cannot read the placement file (not a regular file but a folder)"
+
+
+def test_a_malformed_events_file_is_refused_naming_the_events_file_and_its_line(tmp_path):
+    first = [[0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 0, 1]]
+    start = {"event": "initial_placement", "model": "m", "source": "p.json", "num_logical_experts": 4,
+             "num_ranks": 2, "placement": first}  # fmt: skip
+    deep = _events(tmp_path, [start, WINDOW], "deep.jsonl")
+    with deep.open("a") as f:
+        f.write("[" * 100_000 + "]" * 100_000 + "\n")  # was a RecursionError traceback
+    assert _refusal(deep) == "3: not an events record (JSON nested too deeply)"
+    row = tmp_path / "row.jsonl"  # a row that is not a list: was a TypeError, blamed on the config file
+    row.write_text(json.dumps({"time": 0.0, "step": 0, **FILLED["initial_placement"], **start,
+                               "placement": [first[0], 7]}) + "\n")  # fmt: skip
+    assert _refusal(row) == (
+        "1: an initial_placement's 'placement' must be a non-empty [L][P] list of integer lists, every row "
+        "of one length"
+    )
+
+
+def test_the_placement_of_the_last_run_even_when_its_step_counter_did_not_start_again(tmp_path):
+    run_1 = [
+        {**WINDOW, "step": 3},
+        {"event": "commit", "model": "m", "rearrangement": 1, "layer": 0, "placement": ROWS[0], "step": 4},
+        {"event": "commit", "model": "m", "rearrangement": 1, "layer": 1, "placement": ROWS[1], "step": 5},
+    ]
+    # Run 2 starts at step 9 (its recorder's steps are above run 1's), but its rearrangement counter starts
+    # again: layers 0-1 of run 1 and 0 of run 2 were never served together.
+    run_2 = [
+        {**WINDOW, "step": 9},
+        {"event": "commit", "model": "m", "rearrangement": 1, "layer": 0, "placement": ROWS[1], "step": 10},
+    ]
+    path = _events(tmp_path, run_1 + run_2, "appended.jsonl")
+    assert _refusal(path).startswith("MoE layer(s) [1] of 2 have no committed placement in the file")
+    assert _refusal(path).endswith("run 2, lines 4-5, is read")
+
+
+def test_a_stray_record_of_another_model_does_not_make_a_complete_run_that_models(tmp_path):
+    records = [
+        {"event": "window", "model": "other", "rearrangement": 1, "load": [[1]], "num_ranks": 1,
+         "num_physical_experts": 1},
+        WINDOW,
+        {"event": "commit", "model": "m", "rearrangement": 1, "layer": 0, "placement": ROWS[0]},
+        {"event": "commit", "model": "m", "rearrangement": 1, "layer": 1, "placement": ROWS[1]},
+    ]  # fmt: skip
+    path = _events(tmp_path, records)
+    placement = pf.read_placement(path)
+    assert placement.physical_to_logical_map == tuple(tuple(r) for r in ROWS)
+    assert (
+        placement.source
+        == f"{path} (the last committed placement of model m: rearrangement 1 layer 1, line 4)"
+    )
+    assert _judge(path) == []

@@ -1,76 +1,37 @@
 """The events file of a serving worker: what EPLB saw, decided, moved and what each commit cost.
 
-``ASCEND_EPLB_EVENTS=/path/events.jsonl`` makes EP rank 0 append one JSON object per line, each
-written and flushed at once (a crash loses at most the line being written). Every object has ``event``,
-``time`` (Unix seconds) and ``step``: the 0-based index of the serving step during which the record was
-made (upstream ``EplbState.step`` calls since the model was registered, dummy steps included, the profile
-step not: the first step after start-up is 0, as in ``ascend-eplb simulate``'s ``report.json``):
+``ASCEND_EPLB_EVENTS=/path/events.jsonl`` makes EP rank 0 append one JSON object per line, each written
+and flushed at once (a crash loses at most the line being written). Each line is one :class:`Record`
+kind's :meth:`~Record.to_json` (the schema is those classes: :data:`RECORD_KINDS`); every record names its
+``event``, ``time`` (Unix seconds), ``step`` (0-based index of the serving step it was made in, as in
+``ascend-eplb simulate``'s ``report.json``) and ``model`` (upstream ``EplbModelState.model_name``: one file
+holds every registered model's records).
 
-- ``initial_placement``: the placement serving started on was installed from a file
-  (``additional_config.eplb_config.initial_placement``, :mod:`ascend_eplb.integration.placement_file`):
-  ``model``, ``source`` (the file), ``num_logical_experts``, ``num_ranks``, ``placement`` (``[L][P]``, the
-  committed ``physical_to_logical_map``), ``layers_changed`` and ``experts_crossing_ranks`` (from
-  upstream's initial placement), ``bytes_received`` (by EP rank 0);
-- ``window``: a load window closed and upstream's policy receives it: ``model``, ``rearrangement``
-  (1-based index), ``load`` (``[L][E]`` integers: the window's global load per MoE layer in logical
-  expert space, exactly upstream's ``last_expert_load``), ``balancedness`` (of that load under the
-  placement in force when the window closed) and ``balancedness_eplb_off`` (under upstream's initial
-  placement, what EPLB off would have served; both :mod:`ascend_eplb.integration.metrics`),
-  ``num_ranks`` and ``num_physical_experts`` (the configuration served: N, P), ``num_expert_groups``
-  and ``num_nodes`` (what upstream passed its policy for this window, upstream ``EplbStats.num_groups``
-  and ``num_nodes``: the first model's ``num_expert_groups``, e.g. DeepSeek-V3's ``n_group``, and the
-  node count, 1 where the nodes do not divide the ranks; None if upstream kept no ``eplb_stats``). A
-  file recorded before these fields has none of them: readers take them as not recorded;
-- ``rearrangement``: what became of a closed window, one record per model: when every layer of a
-  rearrangement committed, or when it was skipped (as soon as the runner thread learns it: at its first
-  commit, or at once for a window without load). ``model``, ``rearrangement`` (the 1-based index of
-  its ``window``; None for ``"no_load"``: no rearrangement started), ``policy`` (``default`` or
-  ``migration_aware``), ``skipped`` (None, or the gain gate's reason: ``"balanced"``,
-  ``"min_gain"``, ``"no_load"``; ``ascend_eplb.control.gate``), ``balancedness_before`` (of the
-  window's load under the placement committed when it closed), ``balancedness_planned`` (under the
-  policy's placement, on the same window: what the policy aimed at, not what serving reached; None
-  when the policy did not run: ``"balanced"``, ``"no_load"``), ``experts_moved`` (experts that crossed
-  ranks, :func:`ascend_eplb.control.policy.moved_experts` summed over layers), ``bytes_moved`` (those
-  experts x the bytes of one expert's weights in their layer, from the model's ``expert_weights``:
-  what the ranks received together), ``layers_changed``; a skipped one moved nothing (0, 0, 0);
-- ``rearrangement_realised``: the next window with load closed, for the last ``rearrangement`` with an
-  index: ``model``, ``rearrangement`` (that index), ``skipped``, ``balancedness_before`` and
-  ``balancedness_planned`` (copied from it) beside ``balancedness_realised`` (the new window's load
-  under the placement committed when it closed: the balance that placement really served);
-- ``commit``: one layer committed: ``model``, ``rearrangement``, ``layer``, ``publish_to_acknowledge_s``
-  (from the step boundary at which the runner thread first saw the layer published, or its move, to the
-  acknowledgement of the staging buffer), ``bytes_received`` (by EP rank 0 for this layer),
-  ``placement`` (``[P]``: the layer's committed ``physical_to_logical_map`` row);
-- ``worker_failure``: the watchdog's decision (``kind``, ``ranks``, ``model``, ``layer``, ``cause``);
-- ``verifier_violation``: a serving verifier check failed (``check``, ``model``, ``layer``, ``rank``
-  that found it, ``slot``, ``message``), written just before the verifier raises.
+The same records, made once, are published on the controller's event bus as :class:`EventsRecord` on
+every EP rank (each with that rank's own ``bytes_received`` and ``publish_to_acknowledge_s``): the
+Prometheus metrics subscribe to them, so the file and the scrape hold the same values.
 
-A one-line INFO log per rearrangement, done or skipped by the gate (EP rank 0), says the same for
-people reading logs (``AscendEplbState`` logs the first of a run of windows without load).
-:func:`read_windows` reads the windows back (``ascend-eplb plan events.jsonl``,
-``ascend-eplb simulate --trace events.jsonl``); :func:`read_records` every record (the placement file
-reader takes the last committed placement from the ``initial_placement`` and ``commit`` records);
-:func:`model_records` keeps one model's records of some kinds, the one filter every reader uses.
-
-The same records, computed once, are published on the controller's event bus as :class:`EventsRecord`
-on every EP rank (each with that rank's own ``bytes_received`` and ``publish_to_acknowledge_s``): the
-Prometheus metrics (:mod:`ascend_eplb.integration.prometheus`) subscribe to them, so the file and the
-scrape hold the same values.
+:func:`read_events` is the one reading of a file (``plan``, ``simulate --trace``, the placement reader):
+every line through its record class, split into :class:`Run` s (several servers may append to one file;
+a run starts where the step counter or a model's rearrangement counter starts again, or a start-up
+install is recorded again).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 import warnings
-from collections.abc import Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
+from ascend_eplb.control import measures
 from ascend_eplb.control.bus import (
     CommitEvent,
     DecisionEvent,
@@ -81,16 +42,28 @@ from ascend_eplb.control.bus import (
     StepEvent,
 )
 from ascend_eplb.control.values import is_int
+from ascend_eplb.integration import metrics
+from ascend_eplb.integration.regular_files import open_for_append, read_regular_file, regular_file_problem
 
 __all__ = [
     "ENV_EVENTS",
+    "RECORD_KINDS",
+    "CommitRecord",
+    "EventsFile",
     "EventsRecord",
     "EventsRecorder",
     "EventsWriter",
+    "InitialPlacementRecord",
+    "RearrangementRealisedRecord",
+    "RearrangementRecord",
+    "Record",
+    "RecordedLoad",
+    "Run",
+    "VerifierViolationRecord",
+    "WindowRecord",
+    "WorkerFailureRecord",
     "events_path",
-    "model_records",
-    "read_records",
-    "read_windows",
+    "read_events",
 ]
 
 ENV_EVENTS = "ASCEND_EPLB_EVENTS"
@@ -99,11 +72,11 @@ ENV_EVENTS = "ASCEND_EPLB_EVENTS"
 def events_path(environ: Mapping[str, str] | None = None) -> str | None:
     """The path ``ASCEND_EPLB_EVENTS`` names (a leading ``~`` expanded), or None (unset or empty).
 
-    Checked on every rank at start-up, though only EP rank 0 writes: a path that is a folder, or whose
-    folder cannot be created or written, is refused everywhere alike.
+    Checked on every rank at start-up, though only EP rank 0 writes: a path that is a folder, a FIFO or
+    another non-regular file, or whose folder cannot be created or written, is refused everywhere alike.
 
     Raises:
-        ValueError: the path is a folder or cannot be written (the message names it and why).
+        ValueError: the path cannot be appended to (the message names it and why).
     """
     env = os.environ if environ is None else environ
     raw = env.get(ENV_EVENTS, "").strip()
@@ -115,6 +88,9 @@ def events_path(environ: Mapping[str, str] | None = None) -> str | None:
     path = Path(raw)
     if path.is_dir() or raw.endswith(("/", os.sep)):  # Path("out/") is "out": a file where a folder was meant
         raise ValueError(f"{ENV_EVENTS}={raw}: is a folder; name the events file (e.g. events.jsonl)")
+    problem = regular_file_problem(path, missing_ok=True)
+    if problem is not None:
+        raise ValueError(f"{ENV_EVENTS}={raw}: {problem}; name an events file (e.g. events.jsonl)")
     folder = path.parent
     while not folder.exists():
         folder = folder.parent
@@ -126,23 +102,315 @@ def events_path(environ: Mapping[str, str] | None = None) -> str | None:
     return raw
 
 
+# ---------------------------------------------------------------------------------------------------- records
+
+
+class _FieldError(ValueError):
+    """A field value breaking its rule (the rule's text)."""
+
+
+def _int(value: Any) -> int:
+    if not is_int(value):
+        raise _FieldError("must be an integer")
+    return int(value)
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _FieldError("must be a finite number")
+    return float(value)
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _FieldError("must be a string")
+    return value
+
+
+def _ints(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(is_int(v) for v in value):
+        raise _FieldError("must be a list of integers")
+    return tuple(int(v) for v in value)
+
+
+def _row(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value or not all(is_int(v) for v in value):
+        raise _FieldError("must be a non-empty [P] list of integer expert ids")
+    return tuple(int(v) for v in value)
+
+
+def _placement(value: Any) -> tuple[tuple[int, ...], ...]:
+    rule = "must be a non-empty [L][P] list of integer lists, every row of one length"
+    if not isinstance(value, list) or not value or not all(isinstance(row, list) and row for row in value):
+        raise _FieldError(rule)
+    if any(len(row) != len(value[0]) for row in value) or not all(is_int(v) for row in value for v in row):
+        raise _FieldError(rule)
+    return tuple(tuple(int(v) for v in row) for row in value)
+
+
+def _load(value: Any) -> tuple[tuple[int, ...], ...]:
+    rule = "must be a non-empty [L][E] list of integers >= 0"
+    if not isinstance(value, list) or not value or not all(isinstance(row, list) and row for row in value):
+        raise _FieldError(rule)
+    if any(len(row) != len(value[0]) for row in value):
+        raise _FieldError(f"{rule} (rows of different lengths)")
+    if not all(is_int(v) and 0 <= v < 2**62 for row in value for v in row):
+        raise _FieldError(rule)
+    return tuple(tuple(int(v) for v in row) for row in value)
+
+
+def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def optional(value: Any) -> Any:
+        return None if value is None else check(value)
+
+    return optional
+
+
+def _f(check: Callable[[Any], Any], default: Any = MISSING) -> Any:
+    """A record field read by ``check`` (the value, or :class:`_FieldError`); a field with a ``default``
+    may be absent from a line (recorded before the field existed)."""
+    return field(default=default, metadata={"check": check})
+
+
+R = TypeVar("R", bound="Record")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Record:
+    """One line of the events file. Every kind has these fields and its own (a subclass per kind).
+
+    Attributes:
+        time: Unix seconds when it was made.
+        step: 0-based index of the serving step during which it was made (upstream ``EplbState.step``
+            calls since the model was registered, dummy steps included, the profile step not).
+        model: upstream ``EplbModelState.model_name`` of the model it is about (None: about none, e.g. a
+            worker failure with no cycle in flight).
+    """
+
+    event: ClassVar[str] = ""
+    #: Fields a file recorded before took under an earlier name (old name -> field).
+    renamed: ClassVar[dict[str, str]] = {}
+    time: float = _f(_number)
+    step: int = _f(_int)
+    model: str | None = _f(_optional(_str))
+
+    def to_json(self) -> dict[str, Any]:
+        """The line's object: ``event`` first, then every field (tuples as lists)."""
+        out: dict[str, Any] = {"event": self.event}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = _plain(value)
+        return out
+
+    @classmethod
+    def from_json(cls: type[R], data: Mapping[str, Any]) -> R:
+        """The record of a line's object (its ``event`` is this kind's; keys of no field are ignored: a
+        later writer's additions).
+
+        Raises:
+            ValueError: a field is missing (one without a default) or breaks its rule; the message names
+                the kind, the field and the rule, not the file (the reader adds it).
+        """
+        values: dict[str, Any] = {}
+        data = {**{new: data[old] for old, new in cls.renamed.items() if old in data}, **data}
+        article = "an" if cls.event[0] in "aeiou" else "a"
+        for f in fields(cls):
+            if f.name not in data:
+                if f.default is MISSING:
+                    raise ValueError(f"{article} {cls.event} record without '{f.name}'")
+                continue
+            try:
+                values[f.name] = f.metadata["check"](data[f.name])
+            except _FieldError as e:
+                raise ValueError(f"{article} {cls.event}'s '{f.name}' {e}") from None
+        return cls(**values)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class InitialPlacementRecord(Record):
+    """Serving started on a placement installed from a file (``eplb_config.initial_placement``), made
+    once per model before the first step: what the start-up install moved, counted as a rearrangement's.
+
+    Attributes:
+        source: the file.
+        num_logical_experts: E; ``num_ranks``: N.
+        placement: ``(L, P)``, the committed ``physical_to_logical_map``.
+        layers_changed: layers whose placement differs from upstream's initial one.
+        experts_moved: experts that crossed ranks (:func:`ascend_eplb.control.measures.moved_experts`;
+            ``experts_crossing_ranks`` in a file recorded before).
+        bytes_moved: ``experts_moved`` x one expert's bytes per layer (estimated; None in a file recorded
+            before it was).
+        bytes_received: what EP rank 0's communicator measured receiving.
+    """
+
+    event: ClassVar[str] = "initial_placement"
+    renamed: ClassVar[dict[str, str]] = {"experts_crossing_ranks": "experts_moved"}
+    source: str = _f(_str)
+    num_logical_experts: int = _f(_int)
+    num_ranks: int = _f(_int)
+    placement: tuple[tuple[int, ...], ...] = _f(_placement)
+    layers_changed: int = _f(_int)
+    experts_moved: int = _f(_int)
+    bytes_moved: int | None = _f(_optional(_int), None)
+    bytes_received: int = _f(_int)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WindowRecord(Record):
+    """A load window closed and upstream's policy receives it.
+
+    Attributes:
+        rearrangement: the 1-based index of the rearrangement it starts (upstream state's counter).
+        load: ``(L, E)`` integers, the window's global load per MoE layer in logical expert space
+            (upstream's ``last_expert_load``).
+        balancedness: mean balancedness (:func:`ascend_eplb.control.measures.mean_balancedness`) of the
+            load under the placement in force when it closed.
+        balancedness_eplb_off: the same under upstream's initial placement (what EPLB off served).
+        num_ranks, num_physical_experts: N and P served; ``num_expert_groups``, ``num_nodes``: what
+            upstream passed its policy (``EplbStats``; None when upstream kept none). The four are None
+            in a file recorded before they were.
+    """
+
+    event: ClassVar[str] = "window"
+    rearrangement: int = _f(_int)
+    load: tuple[tuple[int, ...], ...] = _f(_load)
+    balancedness: float = _f(_number)
+    balancedness_eplb_off: float = _f(_number)
+    num_ranks: int | None = _f(_optional(_int), None)
+    num_physical_experts: int | None = _f(_optional(_int), None)
+    num_expert_groups: int | None = _f(_optional(_int), None)
+    num_nodes: int | None = _f(_optional(_int), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RearrangementRecord(Record):
+    """What became of a closed window: made when its last layer committed, or when the gate skipped it.
+
+    Attributes:
+        rearrangement: the index of its ``window`` (None for ``"no_load"``: no rearrangement started).
+        policy: ``default`` or ``migration_aware``.
+        skipped: None, or the gain gate's reason (``balanced``, ``min_gain``, ``no_load``).
+        balancedness_before: mean balancedness of the window under the placement committed when it
+            closed; ``balancedness_planned``: under the policy's placement (None when the policy did not
+            run).
+        experts_moved: experts that crossed ranks, over the layers; ``bytes_moved``: those experts x one
+            expert's bytes in their layer (estimated: what the ranks received together);
+            ``layers_changed``. A skipped one moved nothing.
+    """
+
+    event: ClassVar[str] = "rearrangement"
+    rearrangement: int | None = _f(_optional(_int))
+    policy: str = _f(_str)
+    skipped: str | None = _f(_optional(_str))
+    balancedness_before: float | None = _f(_optional(_number))
+    balancedness_planned: float | None = _f(_optional(_number))
+    experts_moved: int = _f(_int)
+    bytes_moved: int = _f(_int)
+    layers_changed: int = _f(_int)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RearrangementRealisedRecord(Record):
+    """The next window with load closed, for the last ``rearrangement`` with an index: the balance its
+    placement really served (``balancedness_realised``: the new window's load under it) beside the
+    figures copied from that record."""
+
+    event: ClassVar[str] = "rearrangement_realised"
+    rearrangement: int = _f(_int)
+    skipped: str | None = _f(_optional(_str))
+    balancedness_before: float | None = _f(_optional(_number))
+    balancedness_planned: float | None = _f(_optional(_number))
+    balancedness_realised: float = _f(_number)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommitRecord(Record):
+    """One layer of a rearrangement committed (the start-up install's layers have none: its
+    ``initial_placement`` record).
+
+    Attributes:
+        rearrangement, layer: which.
+        publish_to_acknowledge_s: from the step boundary at which the runner thread first saw the layer
+            published (or its move) to the acknowledgement of the staging buffer; None when not seen.
+        bytes_received: what this rank's communicator measured receiving for the layer.
+        placement: ``(P,)``, the layer's committed ``physical_to_logical_map`` row (None in a file
+            recorded before it was).
+    """
+
+    event: ClassVar[str] = "commit"
+    rearrangement: int = _f(_int)
+    layer: int = _f(_int)
+    publish_to_acknowledge_s: float | None = _f(_optional(_number))
+    bytes_received: int = _f(_int)
+    placement: tuple[int, ...] | None = _f(_optional(_row), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerFailureRecord(Record):
+    """The watchdog's decision (``ascend_eplb.integration.watchdog``): ``kind`` (died, stalled), the
+    ``ranks``, the ``layer`` in flight and the ``cause``."""
+
+    event: ClassVar[str] = "worker_failure"
+    kind: str = _f(_str)
+    ranks: tuple[int, ...] = _f(_ints)
+    layer: int | None = _f(_optional(_int))
+    cause: str = _f(_str)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerifierViolationRecord(Record):
+    """A serving verifier check failed (written just before the verifier raises): the ``check``, the
+    ``layer``, the ``rank`` that found it, the ``slot`` and the ``message``."""
+
+    event: ClassVar[str] = "verifier_violation"
+    check: str = _f(_str)
+    layer: int | None = _f(_optional(_int))
+    rank: int = _f(_int)
+    slot: int | None = _f(_optional(_int))
+    message: str = _f(_str)
+
+
+#: Every record kind by its ``event`` name: the schema of the file.
+RECORD_KINDS: dict[str, type[Record]] = {
+    kind.event: kind
+    for kind in (
+        InitialPlacementRecord,
+        WindowRecord,
+        RearrangementRecord,
+        RearrangementRealisedRecord,
+        CommitRecord,
+        WorkerFailureRecord,
+        VerifierViolationRecord,
+    )
+}
+
+
+# ---------------------------------------------------------------------------------------------------- writing
+
+
 class EventsWriter:
-    """Appends JSON lines to ``path``, each flushed at once.
+    """Appends records to ``path`` as JSON lines, each flushed at once.
 
     Raises:
-        ValueError: ``path`` cannot be opened for appending (the message names it and why).
+        ValueError: ``path`` cannot be appended to: a folder, a FIFO or another non-regular file, or not
+            writable (the message names it and why); checked before it is opened, which never blocks.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open for the run)
-        except OSError as e:
-            raise ValueError(f"{ENV_EVENTS}={self.path}: cannot append there ({e})") from e
+            self._file = open_for_append(self.path)
+        except ValueError as e:
+            raise ValueError(f"{ENV_EVENTS}={self.path}: {e}") from None
 
-    def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+    def write(self, record: Record) -> None:
+        self._file.write(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
         self._file.flush()
 
     def close(self) -> None:
@@ -151,23 +419,35 @@ class EventsWriter:
 
 @dataclass(frozen=True)
 class EventsRecord(Event):
-    """One record of the events file (the dict of the module docstring), published on the controller's
-    event bus on every rank, on the runner thread, as it is written.
+    """One record of the events file, published on the controller's event bus on every rank, on the
+    runner thread, as it is made (EP rank 0 also writes it)."""
 
-    Attributes:
-        record: ``event``, ``time``, ``step`` and the event's fields.
-    """
+    record: Record
 
-    record: dict[str, Any]
+
+@dataclass
+class _Cycle:
+    """A rearrangement in flight for one model: its window and the placement it started from."""
+
+    index: int
+    load: torch.Tensor  # float64 (L, E)
+    old: torch.Tensor  # int64 (L, P)
+    num_ranks: int
+    policy: str
+    decision: Any = None
+
+    def balancedness_of(self, placement: torch.Tensor) -> float:
+        return measures.mean_balancedness(measures.rank_loads(self.load, placement, self.num_ranks))
 
 
 class EventsRecorder:
-    """The event records of one controller's models: written to ``path`` by EP rank 0, and published on
-    the controller's event bus as :class:`EventsRecord` on every rank. A rank with neither a file to
-    write nor a subscriber of :class:`EventsRecord` (at model registration) records nothing.
+    """The records of one controller's models: written to ``path`` by EP rank 0, and published on the
+    controller's event bus as :class:`EventsRecord` on every rank. A rank with neither a file to write
+    nor a subscriber of :class:`EventsRecord` (at model registration) records nothing.
 
-    Use :meth:`attach` (``create_eplb_controller`` does when :func:`events_path` is set or the
-    Prometheus metrics are on).
+    Use :meth:`attach` (``create_eplb_controller`` does when :func:`events_path` is set or the Prometheus
+    metrics are on). A one-line INFO log per rearrangement, done or skipped by the gate (EP rank 0), says
+    the same for people reading logs.
 
     Args:
         path: the events file, or None (no file; bus subscribers only).
@@ -181,11 +461,11 @@ class EventsRecorder:
         self._bus: EventBus | None = None
         self._writer: EventsWriter | None = None
         self._active = False
-        self._cycles: dict[str, dict[str, Any]] = {}
+        self._cycles: dict[str, _Cycle] = {}
         self._published: dict[tuple[str, int], float] = {}
         self._bytes_seen: dict[str, int] = {}
-        # Per model: the figures of the last rearrangement with an index, until the next window realises them.
-        self._unrealised: dict[str, dict[str, Any]] = {}
+        # Per model: the last rearrangement with an index, until the next window realises it.
+        self._unrealised: dict[str, RearrangementRecord] = {}
         self._rank: int | None = None
 
     def attach(self, bus: EventBus) -> None:
@@ -217,8 +497,10 @@ class EventsRecorder:
             return
         self._active = True
 
-    def _write(self, event: str, **fields: Any) -> None:
-        record = {"event": event, "time": time.time(), "step": self.steps, **fields}
+    def _stamp(self) -> dict[str, Any]:
+        return {"time": time.time(), "step": self.steps}
+
+    def _emit(self, record: Record) -> None:
         if self._writer is not None:
             self._writer.write(record)
         if self._bus is not None:
@@ -239,10 +521,7 @@ class EventsRecorder:
     def _on_rearrangement(self, event: RearrangementEvent) -> None:
         if not self._active:
             return
-        from vllm.distributed.eplb.eplb_state import EplbState
         from vllm.distributed.parallel_state import get_ep_group
-
-        from ascend_eplb.integration.metrics import balancedness, rank_loads
 
         state = event.state
         num_ranks = get_ep_group().world_size
@@ -250,44 +529,49 @@ class EventsRecorder:
             load = ms.last_expert_load
             if load is None:
                 continue
-            window = load.detach().cpu().to(torch.float64)
             old = ms.physical_to_logical_map.detach().cpu().clone()
-            num_logical = int(window.shape[1])
-            num_redundant = int(old.shape[1]) - num_logical
-            # EPLB off: upstream's initial placement (its redundant slots replicate experts 0..R-1).
-            initial = torch.tensor(
-                EplbState.build_initial_global_physical_to_logical_map(num_logical, num_redundant),
-                dtype=torch.int64,
-            ).expand(old.shape[0], -1)
+            num_logical = int(load.shape[1])
+            cycle = _Cycle(
+                state.num_rearrangements,
+                load.detach().cpu().to(torch.float64),
+                old,
+                num_ranks,
+                state.policy_settings.policy,
+            )
             realised = self._unrealised.pop(ms.model_name, None)
             if realised is not None:
-                self._write(
-                    "rearrangement_realised",
-                    **realised,
-                    balancedness_realised=balancedness(rank_loads(window, old, num_ranks)),
+                self._emit(
+                    RearrangementRealisedRecord(
+                        **self._stamp(),
+                        model=ms.model_name,
+                        rearrangement=realised.rearrangement,
+                        skipped=realised.skipped,
+                        balancedness_before=realised.balancedness_before,
+                        balancedness_planned=realised.balancedness_planned,
+                        balancedness_realised=cycle.balancedness_of(old),
+                    )
                 )
-            self._cycles[ms.model_name] = {
-                "index": state.num_rearrangements,
-                "load": window,
-                "old": old,
-                "num_ranks": num_ranks,
-                "policy": state.policy_settings.policy,
-                "decision": None,
-            }
+            self._cycles[ms.model_name] = cycle
             self._bytes_seen[ms.model_name] = _bytes_received(ms)
             stats = ms.eplb_stats  # what upstream's rearrange handed its policy for this window
             groups, nodes = (None, None) if stats is None else (stats.num_groups, stats.num_nodes)
-            self._write(
-                "window",
-                model=ms.model_name,
-                rearrangement=state.num_rearrangements,
-                load=load.detach().cpu().to(torch.int64).tolist(),
-                balancedness=balancedness(rank_loads(window, old, num_ranks)),
-                balancedness_eplb_off=balancedness(rank_loads(window, initial, num_ranks)),
-                num_ranks=num_ranks,
-                num_physical_experts=int(old.shape[1]),
-                num_expert_groups=int(groups) if is_int(groups) else None,
-                num_nodes=int(nodes) if is_int(nodes) else None,
+            # EPLB off: upstream's initial placement (its redundant slots replicate experts 0..R-1).
+            initial = measures.upstream_initial_placement(
+                num_logical, int(old.shape[1]) - num_logical, int(old.shape[0])
+            )
+            self._emit(
+                WindowRecord(
+                    **self._stamp(),
+                    model=ms.model_name,
+                    rearrangement=state.num_rearrangements,
+                    load=tuple(map(tuple, load.detach().cpu().to(torch.int64).tolist())),
+                    balancedness=cycle.balancedness_of(old),
+                    balancedness_eplb_off=cycle.balancedness_of(initial),
+                    num_ranks=num_ranks,
+                    num_physical_experts=int(old.shape[1]),
+                    num_expert_groups=int(groups) if is_int(groups) else None,
+                    num_nodes=int(nodes) if is_int(nodes) else None,
+                )
             )
 
     def _on_commit_event(self, event: CommitEvent) -> None:
@@ -304,14 +588,16 @@ class EventsRecorder:
         received = _bytes_received(model_state)
         delta = received - self._bytes_seen.get(name, received)
         self._bytes_seen[name] = received
-        self._write(
-            "commit",
-            model=name,
-            rearrangement=event.rearrangement,
-            layer=event.layer,
-            publish_to_acknowledge_s=None if published is None else self.clock() - published,
-            bytes_received=delta,
-            placement=model_state.physical_to_logical_map[event.layer].detach().cpu().tolist(),
+        self._emit(
+            CommitRecord(
+                **self._stamp(),
+                model=name,
+                rearrangement=event.rearrangement,
+                layer=event.layer,
+                publish_to_acknowledge_s=None if published is None else self.clock() - published,
+                bytes_received=delta,
+                placement=tuple(model_state.physical_to_logical_map[event.layer].detach().cpu().tolist()),
+            )
         )
         if event.layer == model_state.physical_to_logical_map.shape[0] - 1:
             self._finish_cycle(model_state)
@@ -321,93 +607,90 @@ class EventsRecorder:
         ``rearrangement`` record at once; a planned one waits for its last commit (:meth:`_finish_cycle`)."""
         if not self._active:
             return
-        from ascend_eplb.integration.metrics import balancedness, rank_loads
-
         name, decision = event.model_name, event.decision
         cycle = self._cycles.get(name) if event.rearrangement is not None else None
         if decision.skipped is None:
             if cycle is not None:
-                cycle["decision"] = decision
+                cycle.decision = decision
             return
         if event.rearrangement is not None:
             self._cycles.pop(name, None)  # upstream still commits the unchanged layers: no record then
-        before = planned = None
-        if cycle is not None:
-            before = balancedness(rank_loads(cycle["load"], cycle["old"], cycle["num_ranks"]))
-            planned = decision.balancedness_planned
+        before = None if cycle is None else cycle.balancedness_of(cycle.old)
+        planned = None if cycle is None else decision.balancedness_planned
         self._record_rearrangement(
-            name, event.rearrangement, decision.policy, decision.skipped, before, planned, 0, 0, 0
+            RearrangementRecord(
+                **self._stamp(),
+                model=name,
+                rearrangement=event.rearrangement,
+                policy=decision.policy,
+                skipped=decision.skipped,
+                balancedness_before=before,
+                balancedness_planned=planned,
+                experts_moved=0,
+                bytes_moved=0,
+                layers_changed=0,
+            )
         )
 
     def _finish_cycle(self, model_state: Any) -> None:
-        from ascend_eplb.control.policy import moved_experts
-        from ascend_eplb.integration.metrics import balancedness, expert_bytes, rank_loads
-
         cycle = self._cycles.pop(model_state.model_name, None)
         if cycle is None:
             return
         new = model_state.physical_to_logical_map.detach().cpu()
-        old, load, num_ranks = cycle["old"], cycle["load"], cycle["num_ranks"]
-        before = balancedness(rank_loads(load, old, num_ranks))
-        planned = balancedness(rank_loads(load, new, num_ranks))
-        changed = int((old != new).any(dim=1).sum())
-        moved = moved_experts(old, new, num_ranks)
-        nbytes = torch.tensor(expert_bytes(model_state.model.expert_weights), dtype=torch.int64)
+        moved = measures.moved_experts(cycle.old, new, cycle.num_ranks)
         self._record_rearrangement(
-            model_state.model_name, cycle["index"], cycle["policy"], None, before, planned,
-            int(moved.sum()), int((moved * nbytes).sum()), changed,
-        )  # fmt: skip
-
-    def _record_rearrangement(
-        self,
-        name: str,
-        index: int | None,
-        policy: str,
-        skipped: str | None,
-        before: float | None,
-        planned: float | None,
-        moved: int,
-        moved_bytes: int,
-        changed: int,
-    ) -> None:
-        self._write(
-            "rearrangement",
-            model=name,
-            rearrangement=index,
-            policy=policy,
-            skipped=skipped,
-            balancedness_before=before,
-            balancedness_planned=planned,
-            experts_moved=moved,
-            bytes_moved=moved_bytes,
-            layers_changed=changed,
+            RearrangementRecord(
+                **self._stamp(),
+                model=model_state.model_name,
+                rearrangement=cycle.index,
+                policy=cycle.policy,
+                skipped=None,
+                balancedness_before=cycle.balancedness_of(cycle.old),
+                balancedness_planned=cycle.balancedness_of(new),
+                experts_moved=int(moved.sum()),
+                bytes_moved=metrics.bytes_moved(
+                    moved, metrics.expert_bytes(model_state.model.expert_weights)
+                ),
+                layers_changed=int((cycle.old != new).any(dim=1).sum()),
+            )
         )
-        if index is not None:
-            self._unrealised[name] = {
-                "model": name,
-                "rearrangement": index,
-                "skipped": skipped,
-                "balancedness_before": before,
-                "balancedness_planned": planned,
-            }
-        if self._rank != 0 or skipped == "no_load":  # the state logs a run of windows without load
+
+    def _record_rearrangement(self, record: RearrangementRecord) -> None:
+        self._emit(record)
+        if record.rearrangement is not None:
+            self._unrealised[record.model] = record
+        if self._rank != 0 or record.skipped == "no_load":  # the state logs a run of windows without load
             return
         from vllm.logger import init_logger
 
         log = init_logger(__name__)
-        if skipped is None:
+        r = record
+        if r.skipped is None:
             log.info(
                 "EPLB rearrangement %d of %s committed (policy %s): balancedness of its window %.4f -> "
                 "planned %.4f, %d experts moved (%d bytes), %d layers changed",
-                index, name, policy, before, planned, moved, moved_bytes, changed,
-            )  # fmt: skip
+                r.rearrangement,
+                r.model,
+                r.policy,
+                r.balancedness_before,
+                r.balancedness_planned,
+                r.experts_moved,
+                r.bytes_moved,
+                r.layers_changed,
+            )
         else:
             log.info(
                 "EPLB rearrangement %d of %s skipped (%s, policy %s): balancedness of its window %.4f%s; "
                 "no expert moved",
-                index, name, skipped, policy, before,
-                "" if planned is None else f", the policy's placement {planned:.4f}",
-            )  # fmt: skip
+                r.rearrangement,
+                r.model,
+                r.skipped,
+                r.policy,
+                r.balancedness_before,
+                ""
+                if r.balancedness_planned is None
+                else f", the policy's placement {r.balancedness_planned:.4f}",
+            )
 
     def _on_initial_placement(self, event: Any) -> None:
         """The start-up install's record (its commit is synchronous: no acknowledge, no ``commit``
@@ -419,157 +702,276 @@ class EventsRecorder:
             self._published.pop((name, layer), None)
         if not self._active:
             return
-        from ascend_eplb.integration.metrics import experts_crossing_ranks
-
         new = model_state.physical_to_logical_map.detach().cpu()
         received = _bytes_received(model_state)
         self._bytes_seen[name] = received
-        self._write(
-            "initial_placement",
-            model=name,
-            source=event.source,
-            num_logical_experts=int(model_state.logical_to_physical_map.shape[1]),
-            num_ranks=event.num_ranks,
-            placement=new.tolist(),
-            layers_changed=int((event.previous != new).any(dim=1).sum()),
-            experts_crossing_ranks=experts_crossing_ranks(event.previous, new, event.num_ranks),
-            bytes_received=received,
+        moved = measures.moved_experts(event.previous, new, event.num_ranks)
+        self._emit(
+            InitialPlacementRecord(
+                **self._stamp(),
+                model=name,
+                source=event.source,
+                num_logical_experts=int(model_state.logical_to_physical_map.shape[1]),
+                num_ranks=event.num_ranks,
+                placement=tuple(map(tuple, new.tolist())),
+                layers_changed=int((event.previous != new).any(dim=1).sum()),
+                experts_moved=int(moved.sum()),
+                bytes_moved=metrics.bytes_moved(
+                    moved, metrics.expert_bytes(model_state.model.expert_weights)
+                ),
+                bytes_received=received,
+            )
         )
 
     def _on_worker_failure(self, failure: Any) -> None:
         if not self._active:
             return
-        self._write(
-            "worker_failure",
-            kind=failure.kind,
-            ranks=list(failure.ranks),
-            model=failure.model,
-            layer=failure.layer,
-            cause=failure.cause,
+        self._emit(
+            WorkerFailureRecord(
+                **self._stamp(),
+                model=failure.model,
+                kind=failure.kind,
+                ranks=tuple(failure.ranks),
+                layer=failure.layer,
+                cause=failure.cause,
+            )
         )
 
     def _on_violation(self, violation: Any) -> None:
         if not self._active:
             return
-        self._write(
-            "verifier_violation",
-            check=violation.check,
-            model=violation.model,
-            layer=violation.layer,
-            rank=violation.rank,
-            slot=violation.slot,
-            message=violation.message(),
+        self._emit(
+            VerifierViolationRecord(
+                **self._stamp(),
+                model=violation.model,
+                check=violation.check,
+                layer=violation.layer,
+                rank=violation.rank,
+                slot=violation.slot,
+                message=violation.message(),
+            )
         )
 
 
 def _bytes_received(model_state: Any) -> int:
     """metrics.bytes_received, 0 when the communicator keeps no statistics (the records' deltas are 0)."""
-    from ascend_eplb.integration.metrics import bytes_received
-
-    received = bytes_received(model_state)
+    received = metrics.bytes_received(model_state)
     return 0 if received is None else received
 
 
-def read_windows(path: str | os.PathLike[str], *, model: str | None = None) -> list[torch.Tensor]:
-    """The ``window`` loads of an events file, oldest first, each int64 ``(L, E)``.
+# ---------------------------------------------------------------------------------------------------- reading
 
-    Args:
-        path: the events file.
-        model: only this model's windows (default: the first model named in the file).
 
-    Raises:
-        ValueError: the file is missing or unreadable, a line other than a truncated last one is not a
-            JSON object, a window's load is not a rectangular ``[L][E]`` list of integers >= 0, or the
-            windows' shapes differ (the message names the file and the line). A truncated last line
-            (a crash while writing) is skipped with a ``UserWarning``.
+@dataclass(frozen=True)
+class Run:
+    """The records one server appended, in file order, as ``(line number, record)``.
+
+    Attributes:
+        number: 1-based, in file order.
+        records: its records (every kind).
     """
-    source = Path(path)
-    windows: list[torch.Tensor] = []
-    shape: tuple[int, int] | None = None
-    for number, record in model_records(read_records(source, stacklevel=3), "window", model=model):
-        load = _load_of(record.get("load"), source, number)
-        if shape is not None and tuple(load.shape) != shape:
-            raise ValueError(
-                f"{source}:{number}: window load shape {tuple(load.shape)} differs from the earlier {shape}"
+
+    number: int
+    records: tuple[tuple[int, Record], ...]
+
+    @property
+    def lines(self) -> str:
+        """``"lines A-B"``: where it is in the file."""
+        return f"lines {self.records[0][0]}-{self.records[-1][0]}"
+
+    def of(self, kinds: type[Record] | tuple[type[Record], ...], model: str | None) -> list[tuple[int, Any]]:
+        """Its records of ``kinds`` about ``model``, in order."""
+        return [(n, r) for n, r in self.records if isinstance(r, kinds) and r.model == model]
+
+    def models(self, kinds: type[Record] | tuple[type[Record], ...]) -> dict[str | None, int]:
+        """How many records of ``kinds`` each model has, the models in order of their first record."""
+        counts: dict[str | None, int] = {}
+        for _, record in self.records:
+            if isinstance(record, kinds):
+                counts[record.model] = counts.get(record.model, 0) + 1
+        return counts
+
+    def main_model(
+        self, kinds: type[Record] | tuple[type[Record], ...], among: list[str | None] | None = None
+    ) -> str | None:
+        """The model with the most records of ``kinds`` (the first of them on a tie; only models
+        ``among`` when given): the one model a reader of this run takes unless told another (a stray
+        record of another model does not make it that model's)."""
+        counts = {m: n for m, n in self.models(kinds).items() if among is None or m in among}
+        return max(counts, key=counts.__getitem__) if counts else None
+
+
+@dataclass(frozen=True)
+class EventsFile:
+    """An events file read whole (:func:`read_events`).
+
+    Attributes:
+        path: the file.
+        runs: its runs, oldest first (none for a file without records).
+        truncated_line: the number of a truncated last line that was skipped, or None.
+    """
+
+    path: Path
+    runs: tuple[Run, ...]
+    truncated_line: int | None = None
+
+    def last_run(self, kinds: type[Record] | tuple[type[Record], ...]) -> Run | None:
+        """The last run holding a record of ``kinds`` (None: none does)."""
+        return next((run for run in reversed(self.runs) if run.models(kinds)), None)
+
+    def where(self, run: Run, model: str | None, kinds: type[Record] | tuple[type[Record], ...]) -> str:
+        """What a reader of ``model``'s records in ``run`` read, when the file holds more: the run among
+        the file's runs, the model among the run's models (``""`` when there is nothing else)."""
+        parts = []
+        if len(self.runs) > 1:
+            parts.append(
+                f"{self.path} holds {len(self.runs)} runs (a run starts where the step or the rearrangement "
+                f"counter starts again); run {run.number}, {run.lines}, is read"
             )
-        shape = tuple(load.shape)
-        windows.append(load)
-    return windows
+        others = [f"{m} ({n})" for m, n in run.models(kinds).items() if m != model]
+        if others:
+            parts.append(f"only model {model}'s records are read; the run also records {', '.join(others)}")
+        return "; ".join(parts)
+
+    def recorded_load(self, model: str | None = None) -> RecordedLoad:
+        """The ``window`` records of one model in the last run that has any (:meth:`Run.main_model`, or
+        ``model``): its windows and the configuration they record.
+
+        Raises:
+            ValueError: no window record (the message says why when a truncated line was skipped), or
+                two windows of different shapes (naming the file and the line).
+        """
+        run = self.last_run(WindowRecord)
+        if run is None:
+            why = (
+                f"its last line was truncated and skipped: {self.path}:{self.truncated_line}"
+                if self.truncated_line is not None
+                else "no load was recorded"
+            )
+            raise ValueError(f"{self.path}: the events file holds no complete 'window' record ({why})")
+        model = run.main_model(WindowRecord) if model is None else model
+        windows = run.of(WindowRecord, model)
+        if not windows:
+            raise ValueError(f"{self.path}: run {run.number} holds no 'window' record of model {model}")
+        shape = (len(windows[0][1].load), len(windows[0][1].load[0]))
+        for number, record in windows:
+            got = (len(record.load), len(record.load[0]))
+            if got != shape:
+                raise ValueError(
+                    f"{self.path}:{number}: window load shape {got} differs from the earlier {shape}"
+                )
+        stated = [r for _, r in windows if r.num_physical_experts is not None and r.num_ranks is not None]
+        groups = [r.num_expert_groups for _, r in windows if r.num_expert_groups is not None]
+        nodes = [r.num_nodes for _, r in windows if r.num_nodes is not None]
+        return RecordedLoad(
+            source=str(self.path),
+            model=model,
+            windows=tuple(torch.tensor(r.load, dtype=torch.int64) for _, r in windows),
+            num_physical_experts=stated[-1].num_physical_experts if stated else None,
+            num_ranks=stated[-1].num_ranks if stated else None,
+            num_expert_groups=groups[-1] if groups else None,
+            num_nodes=nodes[-1] if nodes else None,
+            note=self.where(run, model, WindowRecord),
+        )
 
 
-def model_records(
-    records: Iterable[tuple[int, dict[str, Any]]],
-    events: str | Collection[str],
-    *,
-    model: str | None = None,
-) -> Iterator[tuple[int, dict[str, Any]]]:
-    """The records of one model among ``records``, of the kinds ``events``, in their order, as
-    ``(line number, record)``.
+@dataclass(frozen=True)
+class RecordedLoad:
+    """The windows of one model in one run of an events file (:meth:`EventsFile.recorded_load`).
 
-    Args:
-        records: ``(line number, record)`` pairs, as :func:`read_records` returns them.
-        events: the ``event`` names kept (one name, or several).
-        model: only this model's records (a record's ``model`` field); default: the model the first
-            record of those kinds names (records of those kinds without ``model`` before it are kept).
+    Attributes:
+        source: the file.
+        model: whose windows.
+        windows: int64 ``(L, E)`` each, oldest first (at least one).
+        num_physical_experts, num_ranks: P and N of the last window stating both (None: recorded before
+            they were).
+        num_expert_groups, num_nodes: of the last window stating each (None: not recorded).
+        note: what else the file holds that was not read (other runs, other models), or ``""``.
     """
-    kinds = {events} if isinstance(events, str) else set(events)
-    for number, record in records:
-        if record["event"] not in kinds:
-            continue
-        name = record.get("model")
-        if model is None:
-            model = name
-        if name != model:
-            continue
-        yield number, record
+
+    source: str
+    model: str | None
+    windows: tuple[torch.Tensor, ...]
+    num_physical_experts: int | None
+    num_ranks: int | None
+    num_expert_groups: int | None
+    num_nodes: int | None
+    note: str = ""
 
 
-def read_records(path: str | os.PathLike[str], *, stacklevel: int = 2) -> list[tuple[int, dict[str, Any]]]:
-    """Every record of an events file, oldest first, as ``(line number, record)``.
+def read_events(path: str | os.PathLike[str], *, stacklevel: int = 2) -> EventsFile:
+    """Every record of an events file, each through its :data:`RECORD_KINDS` class, split into runs.
+
+    A run starts at the first record, at a record whose ``step`` is below the one before, at a ``window``
+    whose ``rearrangement`` is not above the model's previous window's in the run, and at an
+    ``initial_placement`` record after any other record of its model. Lines of an unknown ``event``
+    (a later writer's kinds) are skipped.
 
     Raises:
-        ValueError: the file is missing or unreadable, not UTF-8, or a line other than a truncated last
-            one is not a JSON object with an ``event`` name (the message names the file and the line). A
-            truncated last line (a crash while writing) is skipped with a ``UserWarning``.
+        ValueError: naming the file (and the line): missing, not a regular file (a FIFO is refused
+            before it is opened), unreadable, not UTF-8, or a line other than a truncated last one that is
+            not a JSON object with an ``event`` name, nests too deeply, or is a record breaking its kind's
+            schema. A truncated last line (a crash while writing) is skipped with one ``UserWarning``.
     """
     source = Path(path)
     try:
-        raw = source.read_bytes()
-    except OSError as e:
-        raise ValueError(f"{source}: cannot read the events file ({e.strerror or e})") from e
+        raw = read_regular_file(source)
+    except ValueError as e:
+        raise ValueError(f"{source}: cannot read the events file ({e})") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{source}: not UTF-8 text (byte {e.start}); not an events file") from e
+        raise ValueError(f"{source}: not UTF-8 text (byte {e.start}); not an events file") from None
     lines = text.split("\n")
     complete_end = text.endswith("\n")
-    records: list[tuple[int, dict[str, Any]]] = []
+    records: list[tuple[int, Record]] = []
+    truncated = None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        last = number == len(lines) and not complete_end
         try:
-            record = json.loads(line)
+            data = json.loads(line)
         except json.JSONDecodeError as e:
-            if last:
+            if number == len(lines) and not complete_end:
                 warnings.warn(
                     f"{source}:{number}: truncated last line skipped ({e.msg})", stacklevel=stacklevel
                 )
+                truncated = number
                 continue
-            raise ValueError(f"{source}:{number}: not a JSON object ({e.msg})") from e
-        if not isinstance(record, dict) or not isinstance(record.get("event"), str):
+            raise ValueError(f"{source}:{number}: not a JSON object ({e.msg})") from None
+        except RecursionError:
+            raise ValueError(f"{source}:{number}: not an events record (JSON nested too deeply)") from None
+        if not isinstance(data, dict) or not isinstance(data.get("event"), str):
             raise ValueError(f"{source}:{number}: not an events record (an object with an 'event' name)")
-        records.append((number, record))
-    return records
+        kind = RECORD_KINDS.get(data["event"])
+        if kind is None:
+            continue
+        try:
+            records.append((number, kind.from_json(data)))
+        except ValueError as e:
+            raise ValueError(f"{source}:{number}: {e}") from None
+    return EventsFile(source, _runs(records), truncated)
 
 
-def _load_of(value: Any, source: Path, number: int) -> torch.Tensor:
-    rule = "a window's 'load' must be a non-empty [L][E] list of integers >= 0"
-    if not isinstance(value, list) or not value or not all(isinstance(row, list) and row for row in value):
-        raise ValueError(f"{source}:{number}: {rule}")
-    width = len(value[0])
-    if any(len(row) != width for row in value):
-        raise ValueError(f"{source}:{number}: {rule} (rows of different lengths)")
-    if not all(is_int(v) and 0 <= v < 2**62 for row in value for v in row):
-        raise ValueError(f"{source}:{number}: {rule}")
-    return torch.tensor(value, dtype=torch.int64)
+def _runs(records: list[tuple[int, Record]]) -> tuple[Run, ...]:
+    """``records`` split where a run starts (:func:`read_events`)."""
+    groups: list[list[tuple[int, Record]]] = []
+    step = -1
+    windows: dict[str | None, int] = {}  # per model, the last window's rearrangement in the current run
+    kinds: set[tuple[str | None, str]] = set()  # (model, event) seen in the current run
+    for number, record in records:
+        restart = not groups or record.step < step
+        if isinstance(record, WindowRecord):
+            restart = restart or record.rearrangement <= windows.get(record.model, 0)
+        if isinstance(record, InitialPlacementRecord):
+            restart = restart or any(model == record.model for model, _ in kinds)
+        if restart:
+            groups.append([])
+            windows.clear()
+            kinds.clear()
+        groups[-1].append((number, record))
+        step = record.step
+        kinds.add((record.model, record.event))
+        if isinstance(record, WindowRecord):
+            windows[record.model] = record.rearrangement
+    return tuple(Run(i, tuple(group)) for i, group in enumerate(groups, start=1))

@@ -31,16 +31,18 @@ A plain ``expert_map_path`` JSON (no ``format``) is refused: it does not say how
 was made for, so a dropped expert could not be told from a smaller model.
 
 A serving events file (``ASCEND_EPLB_EVENTS``, :mod:`ascend_eplb.integration.events`) is read as its
-last committed placement: the ``initial_placement`` record of the run (when it started from a file), then
-each ``commit`` record's ``placement`` (the layer's committed row) in file order; its ``window`` records
-give E, L, P and N. Every layer must have a committed row (a run whose first rearrangement never completed
-has none to give).
+last committed placement: in its last run holding placement records (``read_events``' runs), the
+``initial_placement`` record (when the run started from a file), then each ``commit`` record's
+``placement`` in file order; its ``window`` records give E, L, P and N. The model is the one whose
+placement is complete (``Run.main_model`` among them: a stray record of another model does not count);
+every layer must have a committed row (a run whose first rearrangement never completed has none to give).
 
 Every refusal is a :class:`PlacementFileError` (a ``ValueError``) naming the file and listing every
 problem found, each with its field, the file's value and the rule (or the model's value); nothing is
-returned half-read. Standard library only at import (start-up's rules read files through it before
-anything is built), and imports nothing of the integration but the events reader (for an events
-file, when it reads one).
+returned half-read: a FIFO or another non-regular file is refused before it is opened, a value of the
+wrong JSON type (``layer_id: false``, ``1.0``), an unknown key and a key given twice are refused. Standard
+library only at import (start-up's rules read files through it before anything is built); the events
+reader is imported when an events file is read.
 """
 
 from __future__ import annotations
@@ -49,11 +51,12 @@ import json
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ascend_eplb.control.values import is_int
+from ascend_eplb.integration.regular_files import read_regular_file
 
 __all__ = [
     "CONFIG_KEY",
@@ -310,9 +313,9 @@ def read_placement(path: str | os.PathLike[str]) -> Placement:
     """
     source = Path(path)
     try:
-        raw = source.read_bytes()
-    except OSError as e:
-        raise PlacementFileError(source, [f"cannot read the placement file ({e.strerror or e})"]) from None
+        raw = read_regular_file(source)
+    except ValueError as e:
+        raise PlacementFileError(source, [f"cannot read the placement file ({e})"]) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -322,7 +325,9 @@ def read_placement(path: str | os.PathLike[str]) -> Placement:
     if _is_events_file(text):
         return _from_events(source)
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKeyError as e:
+        raise PlacementFileError(source, [f"the key {e.key!r} is given twice in one JSON object"]) from None
     except json.JSONDecodeError as e:
         # The decoder stopped at the end of the text, or in a string that runs to it: the file ends early.
         truncated = e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated string")
@@ -333,6 +338,35 @@ def read_placement(path: str | os.PathLike[str]) -> Placement:
     except RecursionError:
         raise PlacementFileError(source, ["not a placement file (JSON nested too deeply)"]) from None
     return _from_document(data, source)
+
+
+class _DuplicateKeyError(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' object hook: the object, refusing a key given twice (the last would win)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKeyError(key)
+        out[key] = value
+    return out
+
+
+#: The keys of a version-1 document, of a ``layer_list`` entry and of a ``device_list`` entry.
+_DOCUMENT_KEYS = ("format", "version", *FACTS, "source", "moe_layer_count", "layer_list")
+_LAYER_KEYS = ("layer_id", "device_count", "device_list")
+_DEVICE_KEYS = ("device_id", "device_expert")
+
+
+def _unknown(at: str, data: Mapping[str, Any], known: Sequence[str]) -> list[str]:
+    extra = [key for key in data if key not in known]
+    if not extra:
+        return []
+    return [f"{at}unknown key(s) {', '.join(map(repr, extra))}: the keys are {', '.join(known)}"]
 
 
 def _is_events_file(text: str) -> bool:
@@ -363,7 +397,7 @@ def _from_document(data: Any, source: Path) -> Placement:
             source, [f"version={data.get('version')!r}: this ascend-eplb reads version {VERSION}"]
         )
     facts = {name: data.get(name) for name in FACTS}
-    problems = _fact_problems(facts)
+    problems = _unknown("", data, _DOCUMENT_KEYS) + _fact_problems(facts)
     if problems:
         raise PlacementFileError(source, problems)
     rows, problems = _layer_list_rows(data, facts)
@@ -386,7 +420,7 @@ def _layer_list_rows(data: Mapping[str, Any], facts: Mapping[str, int]) -> tuple
     layers, n = facts["num_moe_layers"], facts["num_ranks"]
     p = facts["num_physical_experts"] // n
     out: list[str] = []
-    if data.get("moe_layer_count") != layers:
+    if not _equal(data.get("moe_layer_count"), layers):
         out.append(f"moe_layer_count={data.get('moe_layer_count')!r}: must equal num_moe_layers={layers}")
     layer_list = data.get("layer_list")
     if not isinstance(layer_list, list):
@@ -399,9 +433,10 @@ def _layer_list_rows(data: Mapping[str, Any], facts: Mapping[str, int]) -> tuple
         if not isinstance(layer, dict):
             out.append(f"{at}: must be an object with layer_id, device_count and device_list")
             continue
-        if layer.get("layer_id") != li:
+        out += _unknown(f"{at}: ", layer, _LAYER_KEYS)
+        if not _equal(layer.get("layer_id"), li):
             out.append(f"{at}.layer_id={layer.get('layer_id')!r}: must be {li} (layers in order)")
-        if layer.get("device_count") != n:
+        if not _equal(layer.get("device_count"), n):
             out.append(f"{at}.device_count={layer.get('device_count')!r}: must equal num_ranks={n}")
         devices = layer.get("device_list")
         if not isinstance(devices, list) or len(devices) != n:
@@ -414,7 +449,8 @@ def _layer_list_rows(data: Mapping[str, Any], facts: Mapping[str, int]) -> tuple
             if not isinstance(device, dict) or not isinstance(device.get("device_expert"), list):
                 out.append(f"{dat}: must be an object with device_id and a device_expert list")
                 continue
-            if device.get("device_id") != ri:
+            out += _unknown(f"{dat}: ", device, _DEVICE_KEYS)
+            if not _equal(device.get("device_id"), ri):
                 out.append(f"{dat}.device_id={device.get('device_id')!r}: must be {ri} (devices in order)")
             experts = device["device_expert"]
             if len(experts) != p:
@@ -427,90 +463,81 @@ def _layer_list_rows(data: Mapping[str, Any], facts: Mapping[str, int]) -> tuple
     return rows, _listed("layer_list problems", out)
 
 
+def _equal(value: Any, want: int) -> bool:
+    """Whether ``value`` is the integer ``want`` (``False``, ``0.0`` and ``1.0`` are not integers)."""
+    return is_int(value) and value == want
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else f"{text[:57]}..."
 
 
-def _runs(records: list[tuple[int, dict[str, Any]]]) -> list[list[tuple[int, dict[str, Any]]]]:
-    """``records`` split into the runs of the server(s) that appended them: a step counter that starts
-    again (an integer ``step`` below the previous one) is the next run's first record."""
-    runs: list[list[tuple[int, dict[str, Any]]]] = [[]]
-    previous_step = None
-    for number, record in records:
-        step = record.get("step")
-        if is_int(step):
-            if previous_step is not None and step < previous_step:
-                runs.append([])
-            previous_step = step
-        runs[-1].append((number, record))
-    return runs
-
-
 def _from_events(source: Path) -> Placement:
     """The last committed placement of a serving events file (the module docstring)."""
-    from ascend_eplb.integration.events import model_records, read_records
+    from ascend_eplb.integration.events import CommitRecord, InitialPlacementRecord, WindowRecord, read_events
 
     try:
-        records = read_records(source)
+        log = read_events(source, stacklevel=4)
     except ValueError as e:
         raise PlacementFileError(source, [str(e).removeprefix(f"{source}:").strip()]) from None
-    # Only the last run's placement is served; an earlier run's commits are not its own (each run is
-    # read alike, its model the first it names, and its state dropped when the next run starts).
-    for run in _runs(records):
-        model: str | None = None
-        facts: dict[str, Any] = dict.fromkeys(FACTS)
-        rows: dict[int, list[Any]] = {}
-        last = "no commit"
-        unplaced_commits = 0
-        for number, record in model_records(run, ("window", "commit", "initial_placement")):
-            model = record.get("model") if model is None else model
-            kind = record["event"]
-            if kind == "window":
-                load = record.get("load")
-                if isinstance(load, list) and load and isinstance(load[0], list):
-                    facts.update(num_moe_layers=len(load), num_logical_experts=len(load[0]))
-                facts.update(
-                    num_ranks=record.get("num_ranks", facts["num_ranks"]),
-                    num_physical_experts=record.get("num_physical_experts", facts["num_physical_experts"]),
-                )
-            elif kind == "initial_placement":
-                placement = record.get("placement")
-                if not isinstance(placement, list) or not placement:
-                    raise PlacementFileError(
-                        source, [f"line {number}: an initial_placement record without a placement"]
-                    )
-                rows = {layer: row for layer, row in enumerate(placement)}
-                facts.update(
-                    num_moe_layers=len(placement),
-                    num_logical_experts=record.get("num_logical_experts"),
-                    num_ranks=record.get("num_ranks"),
-                    num_physical_experts=len(placement[0]) if isinstance(placement[0], list) else None,
-                )
-                last = f"the start-up placement of line {number}"
-            else:
-                placement, layer = record.get("placement"), record.get("layer")
-                if not isinstance(placement, list) or not is_int(layer):
-                    unplaced_commits += 1
-                    continue
-                rows[layer] = placement
-                last = f"rearrangement {record.get('rearrangement')} layer {layer}, line {number}"
-    if model is None:
+    kinds = (WindowRecord, CommitRecord, InitialPlacementRecord)
+    run = log.last_run(kinds)
+    if run is None:
         raise PlacementFileError(
             source, ["the events file records no placement (no window, commit or initial_placement record)"]
         )
+    # Only the last run's placement is served; each model's is built alike, and the one with a
+    # complete placement is taken (a stray record of another model does not make the run that model's).
+    found = {model: _committed(run, model, source) for model in run.models(kinds)}
+    complete = [model for model, got in found.items() if isinstance(got, Placement)]
+    model = run.main_model(kinds, among=complete) if complete else run.main_model(kinds)
+    got = found[model]
+    if isinstance(got, Placement):
+        if len(log.runs) == 1:
+            return got
+        which = f"of model {model}, run {run.number} of {len(log.runs)} ({run.lines})"
+        return replace(got, source=got.source.replace(f"of model {model}", which, 1))
+    note = log.where(run, model, kinds)
+    raise PlacementFileError(source, [*got[:-1], f"{got[-1]}; {note}" if note else got[-1]])
+
+
+def _committed(run: Any, model: str | None, source: Path) -> Placement | list[str]:
+    """``model``'s last committed placement in ``run``, or the problems that leave it without one."""
+    from ascend_eplb.integration.events import CommitRecord, InitialPlacementRecord, WindowRecord
+
+    facts: dict[str, Any] = dict.fromkeys(FACTS)
+    rows: dict[int, tuple[int, ...]] = {}
+    last = "no commit"
+    unplaced_commits = 0
+    for number, record in run.of((WindowRecord, CommitRecord, InitialPlacementRecord), model):
+        if isinstance(record, WindowRecord):
+            facts.update(num_moe_layers=len(record.load), num_logical_experts=len(record.load[0]))
+            if record.num_ranks is not None:
+                facts["num_ranks"] = record.num_ranks
+            if record.num_physical_experts is not None:
+                facts["num_physical_experts"] = record.num_physical_experts
+        elif isinstance(record, InitialPlacementRecord):
+            rows = dict(enumerate(record.placement))
+            facts.update(
+                num_moe_layers=len(record.placement), num_logical_experts=record.num_logical_experts,
+                num_ranks=record.num_ranks, num_physical_experts=len(record.placement[0]),
+            )  # fmt: skip
+            last = f"the start-up placement of line {number}"
+        elif record.placement is None:
+            unplaced_commits += 1
+        else:
+            rows[record.layer] = record.placement
+            last = f"rearrangement {record.rearrangement} layer {record.layer}, line {number}"
     missing = [name for name in FACTS if facts[name] is None]
     if missing:
-        raise PlacementFileError(
-            source,
-            [
-                f"the events file does not record {', '.join(missing)} (its window records carry no "
-                "num_ranks and num_physical_experts: recorded by an earlier ascend-eplb-integration)"
-            ],
-        )
+        return [
+            f"the events file does not record {', '.join(missing)} (its window records carry no "
+            "num_ranks and num_physical_experts: recorded by an earlier ascend-eplb-integration)"
+        ]
     problems = _fact_problems(facts)
     if problems:
-        raise PlacementFileError(source, problems)
+        return problems
     absent = [layer for layer in range(facts["num_moe_layers"]) if layer not in rows]
     if absent:
         why = (
@@ -521,13 +548,10 @@ def _from_events(source: Path) -> Placement:
             "placement file"
         )
         shown = absent if len(absent) <= 8 else [*absent[:8], "..."]
-        raise PlacementFileError(
-            source,
-            [
-                f"MoE layer(s) {shown} of {facts['num_moe_layers']} have no committed placement in the "
-                f"file ({why})"
-            ],
-        )
+        return [
+            f"MoE layer(s) {shown} of {facts['num_moe_layers']} have no committed placement in the file "
+            f"({why})"
+        ]
     ordered = [rows[layer] for layer in range(facts["num_moe_layers"])]
     extra = sorted(layer for layer in rows if not 0 <= layer < facts["num_moe_layers"])
     problems = (
@@ -537,13 +561,11 @@ def _from_events(source: Path) -> Placement:
     )
     problems += _map_problems(ordered, facts, lambda layer, slot: f"layer {layer} slot {slot}")
     if problems:
-        raise PlacementFileError(source, problems)
+        return problems
     return Placement(
-        tuple(tuple(r) for r in ordered),
-        facts["num_logical_experts"],
-        facts["num_ranks"],
+        tuple(ordered), facts["num_logical_experts"], facts["num_ranks"],
         f"{source} (the last committed placement of model {model}: {last})",
-    )
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------- writing

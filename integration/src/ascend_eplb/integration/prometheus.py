@@ -186,31 +186,31 @@ class PrometheusMetrics:
             s["ascend_eplb_verifier_violations_total"].labels(name, check)
 
     def _on_record(self, published: Any) -> None:
-        record = published.record
-        s, event, model = self._series, record["event"], record.get("model")
+        record = published.record  # an ascend_eplb.integration.events.Record
+        s, event, model = self._series, record.event, record.model
         if event == "commit":
             rank = str(self._rank)
-            s["ascend_eplb_bytes_received_total"].labels(model, rank).inc(record["bytes_received"])
-            if record["publish_to_acknowledge_s"] is not None:
+            s["ascend_eplb_bytes_received_total"].labels(model, rank).inc(record.bytes_received)
+            if record.publish_to_acknowledge_s is not None:
                 s["ascend_eplb_commit_publish_to_acknowledge_seconds"].labels(model, rank).set(
-                    record["publish_to_acknowledge_s"]
+                    record.publish_to_acknowledge_s
                 )
         if self._rank != 0:
             return
         if event == "window":
             s["ascend_eplb_rearrangements_started_total"].labels(model).inc()
-            s["ascend_eplb_window_balancedness"].labels(model).set(record["balancedness"])
-            s["ascend_eplb_window_balancedness_eplb_off"].labels(model).set(record["balancedness_eplb_off"])
+            s["ascend_eplb_window_balancedness"].labels(model).set(record.balancedness)
+            s["ascend_eplb_window_balancedness_eplb_off"].labels(model).set(record.balancedness_eplb_off)
         elif event == "commit":
             s["ascend_eplb_layers_committed_total"].labels(model).inc()
-        elif event == "rearrangement" and record["skipped"] is not None:
-            s["ascend_eplb_rearrangements_skipped_total"].labels(model, record["skipped"]).inc()
+        elif event == "rearrangement" and record.skipped is not None:
+            s["ascend_eplb_rearrangements_skipped_total"].labels(model, record.skipped).inc()
         elif event == "rearrangement":
             s["ascend_eplb_rearrangements_completed_total"].labels(model).inc()
-            s["ascend_eplb_experts_moved_total"].labels(model).inc(record["experts_moved"])
+            s["ascend_eplb_experts_moved_total"].labels(model).inc(record.experts_moved)
         elif event == "worker_failure":
             for name in self._models:  # it stops EPLB for every model of the worker
-                s["ascend_eplb_worker_failures_total"].labels(name, record["kind"]).inc()
+                s["ascend_eplb_worker_failures_total"].labels(name, record.kind).inc()
         elif event == "verifier_violation":
             for name in [model] if model is not None else self._models:
-                s["ascend_eplb_verifier_violations_total"].labels(name, record["check"]).inc()
+                s["ascend_eplb_verifier_violations_total"].labels(name, record.check).inc()
