@@ -69,7 +69,18 @@ def test_console_script_check_good_and_bad_config(tmp_path):
 
 def test_console_script_plan_warns_in_one_line_of_a_truncated_last_events_line(tmp_path):
     """A new user found the skipped line printed as a raw Python warning with its source line."""
-    window = json.dumps({"event": "window", "time": 0.0, "step": 1, "model": "m", "load": [[1, 2], [3, 4]]})
+    window = json.dumps(
+        {
+            "event": "window",
+            "time": 0.0,
+            "step": 1,
+            "model": "m",
+            "rearrangement": 1,
+            "load": [[1, 2], [3, 4]],
+            "balancedness": 1.0,
+            "balancedness_eplb_off": 1.0,
+        }
+    )
     events = tmp_path / "events.jsonl"
     events.write_text(window + "\n" + window[:30])
     run = _run("plan", str(events), "--ranks", "2", timeout=120)

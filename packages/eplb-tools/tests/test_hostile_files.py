@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import zipfile
 from pathlib import Path
 
@@ -53,8 +54,12 @@ def _corrupt_member(data: bytes) -> bytes:
     return bytes(raw)
 
 
-def _window(load) -> str:
-    return json.dumps({"event": "window", "time": 0.0, "step": 1, "model": "m", "load": load}) + "\n"
+def _window(load, rearrangement: int = 1) -> str:
+    """An events file's ``window`` line (``integration.events.WindowRecord``) of ``load``."""
+    record = {"event": "window", "time": 0.0, "step": rearrangement, "model": "m",
+              "rearrangement": rearrangement, "load": load, "balancedness": 1.0,
+              "balancedness_eplb_off": 1.0}  # fmt: skip
+    return json.dumps(record) + "\n"
 
 
 VALID = {
@@ -63,7 +68,7 @@ VALID = {
     "load.csv": b"1,2\n3,4\n",
     "load.json": b"[[1, 2], [3, 4]]",
     "summary.json": json.dumps({"token_scores": {"1": {"0": 0.25, "1": 0.75}}}).encode(),
-    "events.jsonl": (_window([[1, 2], [3, 4]]) * 2).encode(),
+    "events.jsonl": (_window([[1, 2], [3, 4]]) + _window([[1, 2], [3, 4]], 2)).encode(),
     "config.json": json.dumps(GOOD_CONFIG).encode(),
 }
 GARBAGE = b"\xff\xfe\x80\x81 not text \x00\x9f" * 16
@@ -184,3 +189,54 @@ def test_the_valid_file_of_each_reader_is_accepted(tmp_path, capsys):
             continue
         assert main(_command(name, path, tmp_path)) == 0, capsys.readouterr()
     capsys.readouterr()
+
+
+@pytest.mark.timeout(300)
+def test_a_fifo_is_refused_by_every_reader_of_placements_and_events_before_it_is_opened(tmp_path, capsys):
+    """Issue 38 defects 3 and 9: a FIFO as ``initial_placement`` blocked ``check -- serve`` and ``simulate``
+    until the deadline, ``check`` accepted one as ``ASCEND_EPLB_EVENTS`` (serving's recorder would block
+    opening it on rank 0), and ``plan`` on one said "no such file"."""
+    from ascend_eplb.tools.check import check_serve_command
+
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    assert main(["plan", str(fifo), "--ranks", "2"]) == 2
+    assert capsys.readouterr().err == (
+        f"ascend-eplb plan: error: {fifo}: not a regular file but a FIFO (a serving events file (.jsonl))\n"
+    )
+    out = tmp_path / "out"
+    assert main(["simulate", "--model", "replay", "--initial-placement", str(fifo), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "ascend-eplb simulate: error: invalid simulate options:",
+        f"  - initial placement={fifo}: cannot read the placement file (not a regular file but a FIFO)",
+    ]
+    assert not out.exists()
+    folder = tmp_path / "Qwen3-MoE-tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 8,
+        "num_experts_per_tok": 2, "torch_dtype": "bfloat16", "num_hidden_layers": 2, "decoder_sparse_step": 1,
+    }))  # fmt: skip
+    config = json.dumps({"eplb_config": {"initial_placement": str(fifo)}})
+    served = check_serve_command(
+        ["serve", str(folder), "--enable-eplb", "-tp", "2", "--enable-expert-parallel", "--enforce-eager",
+         "--additional-config", config], {},
+    )  # fmt: skip
+    assert [(v.rule, v.message) for v in served.violations] == [
+        (
+            "initial-placement",
+            f"eplb_config.initial_placement={fifo}: cannot read the placement file (not a regular file but "
+            "a FIFO); fix: name a placement file of ascend-eplb plan --export-expert-map (or an events file "
+            "with a committed placement)",
+        )
+    ]
+    good = tmp_path / "config.json"
+    good.write_bytes(VALID["config.json"])
+    events = check_config_file(good, environ={"ASCEND_EPLB_EVENTS": str(fifo)})
+    assert [(v.rule, v.message) for v in events.violations] == [
+        (
+            "serving-switches",
+            f"ASCEND_EPLB_EVENTS={fifo}: not a regular file but a FIFO; name an events file (e.g. "
+            "events.jsonl)",
+        )
+    ]

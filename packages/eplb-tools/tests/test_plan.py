@@ -14,9 +14,9 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import torch
-from vllm.distributed.eplb.eplb_state import EplbState
 from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
 
+from ascend_eplb.control import measures
 from ascend_eplb.tools import cli, plan, trace
 from ascend_eplb.world.esft import ESFT_TASKS, embedded_trace_path, task_shares_path
 
@@ -41,7 +41,7 @@ def test_plan_matches_direct_upstream_policy_call(task):
     for level, r in zip(result.levels, (0, 8, 16), strict=True):
         expected = _upstream(load, 8, r)
         np.testing.assert_array_equal(np.array(level.physical_to_logical_map), expected.numpy())
-        after = plan.rank_loads(load, expected.numpy(), 8)
+        after = measures.rank_loads(torch.from_numpy(load), expected, 8).numpy()
         assert level.balancedness_after == pytest.approx(np.mean(after.mean(1) / after.max(1)))
         assert level.balancedness_after > level.balancedness_before
     # Hierarchical branch (groups divisible by nodes) too.
@@ -49,23 +49,6 @@ def test_plan_matches_direct_upstream_policy_call(task):
     np.testing.assert_array_equal(
         np.array(hier.levels[0].physical_to_logical_map), _upstream(load, 4, 4, 2, 8).numpy()
     )
-
-
-def test_linear_placement_is_upstreams_initial_map():
-    from ascend_eplb.tools import upstream
-
-    # Its row of the tools' upstream surface: upstream's body is still the one restated (serving never
-    # checks it).
-    (row,) = [b for b in upstream.BODIES if upstream.PLAN in b.users]
-    assert row.signature.label == "EplbState.build_initial_global_physical_to_logical_map"
-    upstream.check(upstream.PLAN)
-    for experts in range(1, 10):
-        for redundant in range(2 * experts + 1):
-            row = EplbState.build_initial_global_physical_to_logical_map(experts, redundant)
-            assert plan.linear_placement(experts, redundant, 3).tolist() == [list(row)] * 3, (
-                experts,
-                redundant,
-            )
 
 
 # One `ascend-eplb plan` call in a fresh interpreter: the vllm modules it imported, where its policy
@@ -122,10 +105,10 @@ def test_metrics_on_a_hand_checked_matrix():
     new = np.array(two.physical_to_logical_map)
     assert new.shape == (1, 6)
     assert (new[0] == 0).sum() >= 2
-    loads = plan.rank_loads(load[:1], new, 2)
+    loads = measures.rank_loads(torch.from_numpy(load[:1]), torch.from_numpy(new), 2).numpy()
     assert two.balancedness_after == pytest.approx(float(loads.mean() / loads.max()))
     moved_expected = sum(
-        e not in set(plan.linear_placement(4, 2, 1)[0, r * 3 : (r + 1) * 3].tolist())
+        e not in set(measures.upstream_initial_placement(4, 2, 1)[0, r * 3 : (r + 1) * 3].tolist())
         for r in range(2)
         for e in new[0, r * 3 : (r + 1) * 3].tolist()
     )
@@ -201,7 +184,7 @@ def test_a_simulated_events_file_plans_like_its_load_matrix_and_like_the_online_
             timeout_s=240,
             out_dir=str(tmp_path),
         )
-    )
+    ).to_json()
     assert report["passed"], report["first_violation"]
     events_file = tmp_path / "events.jsonl"
     events = [json.loads(line) for line in events_file.read_text().splitlines()]
@@ -337,16 +320,15 @@ def test_export_expert_map_reads_back_as_the_recommended_placement(tmp_path, cap
 
 
 def _events_file(path, loads, *, num_ranks, num_physical_experts, num_expert_groups=1, num_nodes=1):
-    from ascend_eplb.integration.events import EventsWriter
+    from ascend_eplb.integration.events import EventsWriter, WindowRecord
 
     writer = EventsWriter(path)
     for i, load in enumerate(loads, start=1):
-        writer.write({
-            "event": "window", "time": 0.0, "step": 4 * i, "model": "m", "rearrangement": i, "load": load,
-            "balancedness": 0.5, "balancedness_eplb_off": 0.5, "num_ranks": num_ranks,
-            "num_physical_experts": num_physical_experts, "num_expert_groups": num_expert_groups,
-            "num_nodes": num_nodes,
-        })  # fmt: skip
+        writer.write(WindowRecord(
+            time=0.0, step=4 * i, model="m", rearrangement=i, load=tuple(map(tuple, load)), balancedness=0.5,
+            balancedness_eplb_off=0.5, num_ranks=num_ranks, num_physical_experts=num_physical_experts,
+            num_expert_groups=num_expert_groups, num_nodes=num_nodes,
+        ))  # fmt: skip
     writer.close()
     return path
 
@@ -383,7 +365,7 @@ def test_export_from_an_events_file_is_for_its_recorded_configuration(tmp_path, 
     rows = np.array(placement.physical_to_logical_map)
     assert rows.shape == (3, 76)
     assert np.array_equal(rows[[0, 2]], np.array(level.physical_to_logical_map))
-    assert rows[1].tolist() == plan.linear_placement(64, 12, 1)[0].tolist()
+    assert rows[1].tolist() == measures.upstream_initial_placement(64, 12, 1)[0].tolist()
     settings = EplbSettings(
         enable_eplb=True, enable_expert_parallel=True, tensor_parallel_size=4, num_redundant_experts=12,
         num_logical_experts=64, num_moe_layers=3, ascend_eplb_config={"initial_placement": str(out)},
@@ -416,7 +398,7 @@ def test_plan_on_an_events_file_uses_its_recorded_expert_groups_and_nodes(tmp_pa
     events = _events_file(tmp_path / "events.jsonl", loads, num_ranks=4, num_physical_experts=8,
                           num_expert_groups=2, num_nodes=2)  # fmt: skip
     load = np.array(loads[0], dtype=np.float64)
-    assert plan.recorded_grouping(events) == (2, 2)
+    assert plan.recorded_grouping(trace.load_recorded(events)) == (2, 2)
     argv = ["plan", str(events), "--ranks", "4", "--redundant-experts", "4", "--json"]
 
     def planned(*extra):
@@ -473,7 +455,7 @@ def test_plan_on_an_events_file_uses_its_recorded_expert_groups_and_nodes(tmp_pa
         json.dumps({k: v for k, v in json.loads(line).items() if k not in ("num_expert_groups", "num_nodes")})
         for line in events.read_text().splitlines()
     ) + "\n")  # fmt: skip
-    assert plan.recorded_grouping(old) == (None, None)
+    assert plan.recorded_grouping(trace.load_recorded(old)) == (None, None)
     assert cli.main(["plan", str(old), "--ranks", "4", "--redundant-experts", "4", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == expected(1, 1)
 
@@ -548,7 +530,7 @@ def _upstream_chain(windows, ranks, redundant):
     from ascend_eplb.control.policy import moved_experts
 
     num_experts = len(windows[0][0])
-    placement = plan.linear_placement(num_experts, redundant, len(windows[0]))
+    placement = measures.upstream_initial_placement(num_experts, redundant, len(windows[0]))
     out = []
     for w in windows:
         load = torch.tensor(w)
@@ -782,3 +764,36 @@ def test_a_sweep_row_whose_policy_placement_balances_worse_says_why(tmp_path, ca
         "rank one replica of every expert: an even split of any load); a server at that level would "
         "rearrange into the worse placement"
     )
+
+
+def test_plan_reads_the_last_run_of_an_appended_events_file_and_says_so(tmp_path, capsys):
+    """Issue 38 defect 5: plan summed the windows of every run appended to one file (runs of other
+    redundancy levels included) by other rules than the placement reader; both now read one model of the
+    last run (``events.read_events``), and plan says what else the file holds, once."""
+    from ascend_eplb.integration.events import EventsWriter, WindowRecord
+
+    first, second = [[9, 1, 3, 3], [1, 1, 8, 2]], [[1, 1, 1, 9], [2, 8, 1, 1]]
+    path = tmp_path / "events.jsonl"
+    writer = EventsWriter(path)
+    # Run 1 served P = 8; run 2 (its rearrangement counter starts again, its steps do not) P = 6.
+    for step, rearrangement, load, physical in ((4, 1, first, 8), (8, 2, first, 8), (12, 1, second, 6)):
+        writer.write(WindowRecord(
+            time=0.0, step=step, model="m", rearrangement=rearrangement, load=tuple(map(tuple, load)),
+            balancedness=0.5, balancedness_eplb_off=0.5, num_ranks=2, num_physical_experts=physical,
+        ))  # fmt: skip
+    writer.close()
+    from ascend_eplb.tools.files import InputFileWarning
+
+    with pytest.warns(InputFileWarning) as caught:
+        assert cli.main(["plan", str(path), "--ranks", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(
+        json.dumps(plan.plan(np.array(second), num_ranks=2).to_json())
+    )
+    assert [str(w.message) for w in caught] == [
+        f"{path} holds 2 runs (a run starts where the step or the rearrangement counter starts again); "
+        "run 2, lines 3-3, is read"
+    ]
+    placement = tmp_path / "placement.json"
+    with pytest.warns(InputFileWarning, match="run 2, lines 3-3, is read"):
+        assert cli.main(["plan", str(path), "--ranks", "2", "--export-expert-map", str(placement)]) == 0
+    assert "num_redundant_experts=2 (the recorded configuration" in capsys.readouterr().out  # run 2's P = 6

@@ -169,16 +169,28 @@ def test_simulate_help_opens_with_the_main_job_and_marks_the_replay_only_options
 def test_a_truncated_events_file_warns_in_one_line_under_simulate_too(tmp_path):
     """Issue 31: ``simulate --trace`` of an events file whose last line was cut printed a raw Python
     ``UserWarning`` with its source line; it is the tools' one warning line, as under ``plan``."""
-    record = {"event": "window", "time": 0.0, "step": 1, "model": "m", "load": [[1, 2, 3, 4], [4, 3, 2, 1]]}
+    record = {
+        "event": "window",
+        "time": 0.0,
+        "step": 1,
+        "model": "m",
+        "rearrangement": 1,
+        "load": [[1, 2, 3, 4], [4, 3, 2, 1]],
+        "balancedness": 1.0,
+        "balancedness_eplb_off": 1.0,
+    }
     line = json.dumps(record) + "\n"
     events = tmp_path / "events.jsonl"
     events.write_text(line + line[:25])
     refused = ["--model", "replay", "--trace", str(events), "--ranks", "3", "--redundant-experts", "1"]
+    # plan with --export-expert-map read the file three times and printed the warning twice (issue 38).
+    export = ["plan", str(events), "--ranks", "2", "--export-expert-map", str(tmp_path / "p.json")]
     probed = _probe(
-        [["simulate", *refused, "--out", str(tmp_path / "o")], ["plan", str(events), "--ranks", "2"]]
+        [["simulate", *refused, "--out", str(tmp_path / "o")], ["plan", str(events), "--ranks", "2"], export]
     )
     warning = f"{events}:2: truncated last line skipped (Unterminated string starting at)"
-    (sim_code, sim_err), (plan_code, plan_err) = probed["results"]
+    (sim_code, sim_err), (plan_code, plan_err), (export_code, export_err) = probed["results"]
+    assert (export_code, export_err.splitlines()) == (0, [f"ascend-eplb plan: warning: {warning}"])
     assert sim_code == 2
     assert sim_err.splitlines()[0] == f"ascend-eplb simulate: warning: {warning}"
     assert sim_err.splitlines()[1:3] == [

@@ -233,9 +233,14 @@ def _run_compare(args: argparse.Namespace) -> int:
             "not with the policy comparison (--policies, --min-balancedness-gain, --target-balancedness, "
             "--window-sequences)"
         )
-    windows, what = load_windows(args.load, window_sequences=args.window_sequences, last=args.last)
+    from ascend_eplb.tools.trace import load_recorded
+
+    events = load_recorded(args.load)  # an events file, read once (None: another load file)
+    windows, what = load_windows(
+        args.load, window_sequences=args.window_sequences, last=args.last, recorded=events
+    )
     args.expert_groups, args.nodes = planned_grouping(
-        args.load, num_ranks=args.ranks, num_expert_groups=args.expert_groups, num_nodes=args.nodes
+        events, num_ranks=args.ranks, num_expert_groups=args.expert_groups, num_nodes=args.nodes
     )
     num_experts = int(windows[0].shape[1])
     if args.redundant_experts is not None:
@@ -246,7 +251,7 @@ def _run_compare(args: argparse.Namespace) -> int:
             )
         level = args.redundant_experts[0]
     else:
-        recorded = recorded_configuration(args.load)
+        recorded = recorded_configuration(events)
         if recorded is None:
             raise ValueError(
                 f"{args.load}: states no redundancy level (an events file that records its configuration "
@@ -315,14 +320,15 @@ def _run_plan(args: argparse.Namespace) -> int:
         recorded_configuration,
         validate_plan_args,
     )
-    from ascend_eplb.tools.trace import load_load_matrix
+    from ascend_eplb.tools.trace import load_load_matrix, load_recorded
 
-    load = load_load_matrix(args.load, last=args.last)
+    events = load_recorded(args.load)  # an events file, read once (None: another load file)
+    load = load_load_matrix(args.load, last=args.last, recorded=events)
     args.expert_groups, args.nodes = planned_grouping(
-        args.load, num_ranks=args.ranks, num_expert_groups=args.expert_groups, num_nodes=args.nodes
+        events, num_ranks=args.ranks, num_expert_groups=args.expert_groups, num_nodes=args.nodes
     )
     # The level an export writes: the events file's recorded configuration, unless levels are given.
-    recorded = recorded_configuration(args.load) if args.export_expert_map is not None else None
+    recorded = recorded_configuration(events) if args.export_expert_map is not None else None
     export_level = None
     if recorded is not None and args.redundant_experts is None:
         export_level = recorded[0] - load.shape[1]
@@ -492,7 +498,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
     from ascend_eplb.tools.simulate.driver import run_simulation
 
     report = run_simulation(config_from_args(args))
-    return EXIT_CODES[report["verdict"]]
+    return EXIT_CODES[report.verdict]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

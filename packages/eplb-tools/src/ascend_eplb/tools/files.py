@@ -21,6 +21,8 @@ from typing import TypeVar
 
 import numpy as np
 
+from ascend_eplb.integration.regular_files import regular_file_problem
+
 __all__ = ["FLOAT32_MAX", "InputFileError", "InputFileWarning", "check_load_values", "read_input"]
 
 T = TypeVar("T")
@@ -55,12 +57,14 @@ def read_input(path: str | Path, what: str, parse: Callable[[Path], T]) -> T:
             ``"<path>: not <what> (<type>: <detail>)"``.
 
     Raises:
-        InputFileError: the file is missing, not a regular file, empty or ``parse`` failed.
+        InputFileError: the file is missing, not a regular file (a FIFO, a folder, a device: judged before
+            it is opened), empty or ``parse`` failed.
     """
     path = Path(path)
     source = str(path)
-    if not path.is_file():
-        raise InputFileError(f"{source}: no such file ({what})")
+    problem = regular_file_problem(path)
+    if problem is not None:  # a FIFO would block the reader: refused before it is opened
+        raise InputFileError(f"{source}: {problem} ({what})")
     try:
         size = path.stat().st_size
     except OSError as e:

@@ -2,16 +2,14 @@
 
 For each redundancy level the placement comes from one call of upstream
 ``vllm.distributed.eplb.policy.default.DefaultEplbPolicy.rebalance_experts`` (vLLM 0.33.0, see
-:func:`upstream_policy`), with the initial placement upstream's ``EplbState.add_model`` builds
-(``EplbState.build_initial_global_physical_to_logical_map``: experts ``0..E-1`` then ``i % E`` for the
-redundant slots, slot ``p`` on rank ``p // (P / N)``) as the "before" and as
-``old_global_expert_indices``, exactly as ``EplbState.rearrange`` passes the current map. That two-line
-initial map is restated in :func:`linear_placement` (importing ``EplbState`` imports all of vLLM) and
-checked equal to upstream's by the tests; every other placement is the policy's own.
+:func:`upstream_policy`), with upstream's initial placement
+(:func:`ascend_eplb.control.measures.upstream_initial_placement`) as the "before" and as
+``old_global_expert_indices``, exactly as ``EplbState.rearrange`` passes the current map.
 
-Metrics (float64, the unit of the input load): rank load, balancedness, hottest rank share and
-experts moved (crossing ranks; per rank: experts received) as :mod:`ascend_eplb.integration.metrics`
-defines them, the one definition the serving events file uses too.
+Measures (:mod:`ascend_eplb.control.measures`, the one definition of each, on torch tensors: a load file's
+array becomes one float64 tensor when planning starts): rank load, mean balancedness, hottest rank share
+and experts moved (crossing ranks; per rank: experts received); bytes moved is estimated
+(``integration.metrics.bytes_moved``: experts moved x one expert's bytes).
 
 Export (:func:`export_placement`): one level's placement as a placement file
 (:mod:`ascend_eplb.integration.placement_file`, version 1: vLLM Ascend's ``expert_map_path`` JSON plus
@@ -62,6 +60,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ascend_eplb.control import measures
+from ascend_eplb.integration import metrics
+from ascend_eplb.integration.events import RecordedLoad
+
 __all__ = [
     "DEFAULT_MARGIN",
     "DEFAULT_WINDOW_SEQUENCES",
@@ -76,11 +78,9 @@ __all__ = [
     "format_comparison",
     "format_plan",
     "level_error",
-    "linear_placement",
     "load_windows",
     "plan",
     "planned_grouping",
-    "rank_loads",
     "recommend",
     "recommend_gate",
     "recorded_configuration",
@@ -207,18 +207,6 @@ def validate_plan_args(
         raise ValueError("; ".join(errors))
 
 
-def linear_placement(
-    num_logical_experts: int, num_redundant_experts: int, num_moe_layers: int
-) -> torch.Tensor:
-    """int64 ``[L, P]``: upstream's initial placement, repeated per layer.
-
-    Upstream's ``EplbState.build_initial_global_physical_to_logical_map`` (vLLM 0.33.0): the logical
-    experts in order, then ``i % E`` for redundant slot ``i``; ``tests/test_plan.py`` checks the two
-    are equal."""
-    row = list(range(num_logical_experts)) + [i % num_logical_experts for i in range(num_redundant_experts)]
-    return torch.tensor(row, dtype=torch.int64).unsqueeze(0).repeat(num_moe_layers, 1)
-
-
 #: Upstream's policy module (vLLM 0.33.0).
 UPSTREAM_POLICY_MODULE = "vllm.distributed.eplb.policy.default"
 # The private package upstream's policy files run in when vLLM is not imported (a top-level name,
@@ -260,15 +248,6 @@ def _load_policy_files() -> types.ModuleType:
     return importlib.import_module(f"{_POLICY_FILES_PACKAGE}.default")
 
 
-def rank_loads(load_le: np.ndarray, phy2log_lp: np.ndarray, num_ranks: int) -> np.ndarray:
-    """float64 ``[L, N]`` (:func:`ascend_eplb.integration.metrics.rank_loads` on numpy arrays)."""
-    from ascend_eplb.integration.metrics import rank_loads as loads_of
-
-    return loads_of(
-        torch.from_numpy(np.asarray(load_le)), torch.from_numpy(np.asarray(phy2log_lp)), num_ranks
-    ).numpy()
-
-
 def recommend(levels: Sequence[PlanLevel], margin: float = DEFAULT_MARGIN) -> PlanLevel | None:
     """The smallest-redundancy level whose ``balancedness_after`` is within ``margin`` of the best."""
     if not levels:
@@ -295,20 +274,19 @@ def plan(
     is reported in ``invalid_levels`` beside the valid ones. Raises ``ValueError`` if every layer is
     empty, or with every violated rule of :func:`validate_plan_args` (every level invalid included).
     """
-    from ascend_eplb.integration import metrics
-
     policy = upstream_policy()
 
-    load = np.asarray(load_le, dtype=np.float64)
-    validate_plan_args(load.shape, num_ranks, num_nodes, num_expert_groups, redundancy)
-    if not np.isfinite(load).all() or (load < 0).any():
+    load = torch.as_tensor(np.asarray(load_le) if not isinstance(load_le, torch.Tensor) else load_le)
+    load = load.to(torch.float64)
+    validate_plan_args(tuple(load.shape), num_ranks, num_nodes, num_expert_groups, redundancy)
+    if not bool(torch.isfinite(load).all()) or bool((load < 0).any()):
         raise ValueError("load: must be finite and >= 0")
-    loaded = load.sum(axis=1) > 0
-    excluded = [int(i) for i in np.flatnonzero(~loaded)]
-    if not loaded.any():
+    loaded = load.sum(dim=1) > 0
+    excluded = [int(i) for i in torch.nonzero(~loaded).flatten()]
+    if not bool(loaded.any()):
         raise ValueError(f"load: all {load.shape[0]} layers have zero load; nothing to plan")
     load = load[loaded]
-    num_moe_layers, num_experts = load.shape
+    num_moe_layers, num_experts = (int(d) for d in load.shape)
     levels_in = sweep_levels(num_experts, num_ranks) if redundancy is None else list(redundancy)
     # Upstream's branch: hierarchical when the groups divide over the nodes; on one node that packs every
     # group onto the one node, the same as global, so it is named global there.
@@ -323,23 +301,20 @@ def plan(
         if error is not None:
             invalid.append({"num_redundant_experts": int(r), "error": error})
             continue
-        old = linear_placement(num_experts, r, num_moe_layers)
-        before = rank_loads(load, old.numpy(), num_ranks)
-        before_t = torch.from_numpy(before)
+        old = measures.upstream_initial_placement(num_experts, r, num_moe_layers)
+        before = measures.rank_loads(load, old, num_ranks)
         for name, groups, nodes in policies:
-            new = policy.rebalance_experts(
-                torch.from_numpy(load), num_experts + r, groups, nodes, num_ranks, old
-            ).numpy()
-            after_t = torch.from_numpy(rank_loads(load, new, num_ranks))
-            received = metrics.experts_received_per_rank(old, torch.from_numpy(new), num_ranks)
+            new = policy.rebalance_experts(load, num_experts + r, groups, nodes, num_ranks, old)
+            after = measures.rank_loads(load, new, num_ranks)
+            received = measures.received_experts(old, new, num_ranks)
             levels.append(
                 PlanLevel(
                     num_redundant_experts=int(r),
                     num_physical_experts=num_experts + int(r),
-                    balancedness_before=metrics.balancedness(before_t),
-                    balancedness_after=metrics.balancedness(after_t),
-                    hottest_rank_share_before=metrics.hottest_rank_share(before_t),
-                    hottest_rank_share_after=metrics.hottest_rank_share(after_t),
+                    balancedness_before=measures.mean_balancedness(before),
+                    balancedness_after=measures.mean_balancedness(after),
+                    hottest_rank_share_before=measures.hottest_rank_share(before),
+                    hottest_rank_share_after=measures.hottest_rank_share(after),
                     experts_moved=int(received.sum()),
                     physical_to_logical_map=new.tolist(),
                     policy=name,
@@ -348,7 +323,7 @@ def plan(
             )
     chosen = recommend([lv for lv in levels if lv.policy == configured], margin)
     return PlanResult(
-        num_ranks, num_nodes, num_expert_groups, int(loaded.size), num_experts, excluded, levels,
+        num_ranks, num_nodes, num_expert_groups, int(loaded.numel()), num_experts, excluded, levels,
         invalid_levels=invalid, policy=configured, margin=margin,
         recommended=None if chosen is None else chosen.num_redundant_experts,
     )  # fmt: skip
@@ -359,8 +334,8 @@ def export_placement(result: PlanResult, level: PlanLevel, *, source: str = "") 
     :class:`~ascend_eplb.integration.placement_file.Placement` (``write_placement`` writes it).
 
     ``layer_id`` counts the MoE layers of the load (dense layers have none); a layer without load (in
-    ``result.layers_excluded``) keeps upstream's initial placement (:func:`linear_placement`), the
-    others hold the level's policy placement.
+    ``result.layers_excluded``) keeps upstream's initial placement
+    (``measures.upstream_initial_placement``), the others hold the level's policy placement.
 
     Raises:
         PlacementFileError: the placement breaks a rule of the format (not for a policy's result).
@@ -368,65 +343,40 @@ def export_placement(result: PlanResult, level: PlanLevel, *, source: str = "") 
     from ascend_eplb.integration.placement_file import placement_from_map
 
     e, r = result.num_logical_experts, level.num_redundant_experts
-    rows = linear_placement(e, r, result.num_moe_layers).tolist()
+    rows = measures.upstream_initial_placement(e, r, result.num_moe_layers).tolist()
     loaded = [i for i in range(result.num_moe_layers) if i not in set(result.layers_excluded)]
     for layer, row in zip(loaded, level.physical_to_logical_map, strict=True):
         rows[layer] = list(row)
     return placement_from_map(rows, num_logical_experts=e, num_ranks=result.num_ranks, source=source)
 
 
-def recorded_configuration(path: str | Path) -> tuple[int, int] | None:
-    """``(num_physical_experts, num_ranks)`` a serving events file records (its last ``window`` record
-    of its first model stating both), or None: not an events file (``.jsonl``), or one recorded before
-    the configuration was (an earlier ascend-eplb-integration).
-
-    Raises:
-        ValueError: the events file cannot be read (naming the file and the line).
-    """
-    if Path(path).suffix.lower() != ".jsonl":
+def recorded_configuration(recorded: RecordedLoad | None) -> tuple[int, int] | None:
+    """``(num_physical_experts, num_ranks)`` a serving events file records (``recorded``: its windows read
+    by :func:`ascend_eplb.tools.trace.load_recorded`; the last window stating both), or None: no events
+    file, or one recorded before the configuration was (an earlier ascend-eplb-integration)."""
+    if recorded is None or recorded.num_physical_experts is None or recorded.num_ranks is None:
         return None
-    from ascend_eplb.control.values import is_int
-    from ascend_eplb.integration.events import model_records, read_records
-
-    found = None
-    for _, record in model_records(read_records(path, stacklevel=3), "window"):
-        p, n = record.get("num_physical_experts"), record.get("num_ranks")
-        if is_int(p) and is_int(n):
-            found = (p, n)
-    return found
+    return recorded.num_physical_experts, recorded.num_ranks
 
 
-def recorded_grouping(path: str | Path) -> tuple[int | None, int | None]:
+def recorded_grouping(recorded: RecordedLoad | None) -> tuple[int | None, int | None]:
     """``(num_expert_groups, num_nodes)`` a serving events file records: what upstream passed its policy
-    (the last ``window`` record of its first model stating each; ``events`` module docstring). Each is
-    None when not recorded: not an events file (``.jsonl``), or one recorded before these fields (an
-    earlier ascend-eplb-integration).
-
-    Raises:
-        ValueError: the events file cannot be read (naming the file and the line).
-    """
-    if Path(path).suffix.lower() != ".jsonl":
+    (the last window stating each). Each is None when not recorded: no events file, or one recorded before
+    these fields (an earlier ascend-eplb-integration)."""
+    if recorded is None:
         return None, None
-    import warnings
-
-    from ascend_eplb.control.values import is_int
-    from ascend_eplb.integration.events import model_records, read_records
-
-    groups = nodes = None
-    with warnings.catch_warnings():  # a truncated last line: the load's reader has said so
-        warnings.simplefilter("ignore")
-        records = read_records(path)
-    for _, record in model_records(records, "window"):
-        groups = record["num_expert_groups"] if is_int(record.get("num_expert_groups")) else groups
-        nodes = record["num_nodes"] if is_int(record.get("num_nodes")) else nodes
-    return groups, nodes
+    return recorded.num_expert_groups, recorded.num_nodes
 
 
 def planned_grouping(
-    path: str | Path, *, num_ranks: int, num_expert_groups: int | None = None, num_nodes: int | None = None
+    recorded: RecordedLoad | None,
+    *,
+    num_ranks: int,
+    num_expert_groups: int | None = None,
+    num_nodes: int | None = None,
 ) -> tuple[int, int]:
-    """``(num_expert_groups, num_nodes)`` to plan the load of ``path`` with: the given ones (None: not
-    given), else what a serving events file records (:func:`recorded_grouping`), else 1.
+    """``(num_expert_groups, num_nodes)`` to plan with: the given ones (None: not given), else what a
+    serving events file records (:func:`recorded_grouping` of ``recorded``), else 1.
 
     The expert groups are the model's (upstream's ``num_expert_groups``, DeepSeek's ``n_group``): a given
     value must equal the recorded one. The nodes are the deployment's: a given value other than the
@@ -434,10 +384,10 @@ def planned_grouping(
 
     Raises:
         ValueError: ``num_expert_groups`` differs from the recorded value (both named), or the recorded
-            nodes do not divide ``num_ranks`` and no ``num_nodes`` is given; the events file cannot be
-            read.
+            nodes do not divide ``num_ranks`` and no ``num_nodes`` is given.
     """
-    recorded_groups, recorded_nodes = recorded_grouping(path)
+    recorded_groups, recorded_nodes = recorded_grouping(recorded)
+    path = None if recorded is None else recorded.source
     if num_expert_groups is not None and recorded_groups is not None and num_expert_groups != recorded_groups:
         raise ValueError(
             f"expert groups={num_expert_groups}: {path} records num_expert_groups={recorded_groups} (the "
@@ -561,8 +511,9 @@ class WindowOutcome:
     when skipped); ``balancedness_planned``: under the policy's placement (None when the policy did not
     run: ``"balanced"``, ``"no_load"``); ``balancedness_served``: the next window under the placement
     in force after this one (what it served until the next rearrangement; None for the last window);
-    ``experts_moved``: :func:`ascend_eplb.control.policy.moved_experts` summed over layers (0 when
-    skipped); ``bytes_moved``: ``experts_moved`` x one expert's bytes (None without a model size);
+    ``experts_moved``: :func:`ascend_eplb.control.measures.moved_experts` summed over layers (0 when
+    skipped); ``bytes_moved``: ``experts_moved`` x one expert's bytes, estimated (None without a model
+    size);
     ``skipped``: None or the gate's reason (:data:`ascend_eplb.control.policy_config.SKIP_REASONS`).
     """
 
@@ -662,13 +613,18 @@ def trace_windows(routing: Any, window_sequences: int) -> list[np.ndarray]:
 
 
 def load_windows(
-    path: str | Path, *, window_sequences: int | None = None, last: int | None = None
+    path: str | Path,
+    *,
+    window_sequences: int | None = None,
+    last: int | None = None,
+    recorded: RecordedLoad | None = None,
 ) -> tuple[list[np.ndarray], str]:
     """The closed windows of a load file, oldest first (each ``[L, E]``, int64 when the file holds
     counts, else float64), and what one window is.
 
-    - a serving events file (``.jsonl``): its ``window`` records (of its first model), or the ``last``
-      ones: each is one rearrangement serving made;
+    - a serving events file (``.jsonl``): the ``window`` records of one model in its last run
+      (``recorded``, when it was read already: :func:`ascend_eplb.tools.trace.load_recorded`), or the
+      ``last`` ones: each is one rearrangement serving made;
     - a routing trace: a compact ``.npz`` (:func:`~ascend_eplb.tools.trace.load_trace`) or ESFT's
       ``expert_weights_<layer>.txt`` folder (converted as :func:`~ascend_eplb.tools.trace.convert`
       does: ESFT's 64 experts, top-6): windows of ``window_sequences`` sequences (:func:`trace_windows`;
@@ -691,17 +647,12 @@ def load_windows(
             "expert_weights_<layer>.txt); an events file's windows are its own"
         )
     if suffix == ".jsonl":
-        import warnings
-
-        from ascend_eplb.integration.events import read_windows
-
-        total = trace.load_load_matrix(path, last=last)  # its checks and its warnings, once
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            windows = [w.numpy() for w in read_windows(path)]
-        windows = windows[-last:] if last is not None else windows
-        assert np.array_equal(sum(windows), total)
-        return windows, "an events-file window (one rearrangement of the server that recorded it)"
+        recorded = trace.load_recorded(path) if recorded is None else recorded
+        trace.load_load_matrix(path, last=last, recorded=recorded)  # its checks of the values
+        windows = [w.numpy() for w in recorded.windows]
+        return windows[-last:] if last is not None else windows, (
+            "an events-file window (one rearrangement of the server that recorded it)"
+        )
     if last is not None:
         raise ValueError(f"last={last}: is only for an events file (.jsonl)")
     if is_trace:
@@ -734,14 +685,13 @@ def _run_policy(
     expert_nbytes: int | None,
 ) -> PolicyRun:
     from ascend_eplb.control.gate import decide
-    from ascend_eplb.control.policy import balancedness
     from ascend_eplb.control.policy_config import SKIP_REASONS
 
     num_moe_layers, num_experts = windows[0].shape
-    placement = linear_placement(num_experts, num_redundant_experts, num_moe_layers)
+    placement = measures.upstream_initial_placement(num_experts, num_redundant_experts, num_moe_layers)
 
     def mean_balancedness(load: torch.Tensor, p: torch.Tensor) -> float:
-        return float(balancedness(load, p, num_ranks).mean())
+        return measures.mean_balancedness(measures.rank_loads(load, p, num_ranks))
 
     outcomes = []
     for i, load in enumerate(windows):
@@ -761,7 +711,7 @@ def _run_policy(
                 balancedness_planned=decision.balancedness_planned,
                 balancedness_served=served,
                 experts_moved=moved,
-                bytes_moved=None if expert_nbytes is None else moved * expert_nbytes,
+                bytes_moved=None if expert_nbytes is None else metrics.bytes_moved(moved, expert_nbytes),
             )
         )
         placement = new
@@ -830,7 +780,7 @@ def compare_policies(
     window: str = "",
 ) -> PolicyComparison:
     """Each policy through ``windows`` (each ``[L, E]``, >= 0, oldest first) from upstream's initial
-    placement (:func:`linear_placement`), each window decided by serving's own gate function
+    placement (``measures.upstream_initial_placement``), each window decided by serving's own gate function
     (:func:`ascend_eplb.control.gate.decide`: upstream's ``DefaultEplbPolicy`` for ``"default"``,
     :class:`ascend_eplb.control.policy.MigrationAwarePolicy` for ``"migration_aware"``, the all-zero
     window skipped as ``"no_load"``) and given the placement the previous decision left in force.

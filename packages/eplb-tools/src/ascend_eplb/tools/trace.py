@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ascend_eplb.integration.events import RecordedLoad
 from ascend_eplb.tools.files import InputFileWarning, check_load_values, read_input
 from ascend_eplb.tools.host_memory import check_sampling
 from ascend_eplb.world.esft import embedded_trace_path
@@ -40,6 +41,7 @@ __all__ = [
     "convert",
     "load_esft_expert_weights",
     "load_load_matrix",
+    "load_recorded",
     "load_routing_source",
     "load_sampled_load",
     "load_trace",
@@ -249,12 +251,50 @@ def load_esft_expert_weights(path: str | Path, *, top_k: int = 6) -> np.ndarray:
     return np.stack([np.bincount(a, minlength=num_experts) for a in per_layer]).astype(np.float64)
 
 
-def load_load_matrix(path: str | Path, *, last: int | None = None) -> np.ndarray:
+def load_recorded(path: str | Path) -> RecordedLoad | None:
+    """A serving events file's (``.jsonl``, ``ASCEND_EPLB_EVENTS``) windows, read once
+    (:meth:`ascend_eplb.integration.events.EventsFile.recorded_load`: one model's windows in the last run
+    that has any); None for any other file.
+
+    A truncated last line that was skipped, and what else the file holds that is not read (other runs,
+    other models), are each one :class:`~ascend_eplb.tools.files.InputFileWarning`.
+
+    Raises:
+        InputFileError: the file cannot be read as an events file, or holds no window (naming it).
+    """
+    path = Path(path)
+    if path.suffix.lower() != ".jsonl":
+        return None
+    return read_input(path, "a serving events file (.jsonl)", _read_recorded)
+
+
+def _read_recorded(path: Path) -> RecordedLoad:
+    import warnings
+
+    from ascend_eplb.integration.events import read_events
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        events = read_events(path)
+    recorded = events.recorded_load()  # refused without a window: the skipped line is in its reason
+    for w in caught:
+        # What the reader skipped, as the tools' own warning: one line under every command.
+        category = InputFileWarning if issubclass(w.category, UserWarning) else w.category
+        warnings.warn_explicit(str(w.message), category, w.filename, w.lineno)
+    if recorded.note:
+        warnings.warn(recorded.note, InputFileWarning, stacklevel=4)
+    return recorded
+
+
+def load_load_matrix(
+    path: str | Path, *, last: int | None = None, recorded: RecordedLoad | None = None
+) -> np.ndarray:
     """Read recorded expert load as float64 ``[L, E]`` (any non-negative unit: counts or shares).
 
     Accepted: ESFT per-token routing (a folder of ``expert_weights_*.txt`` or one such ``.txt``:
     :func:`load_esft_expert_weights`); a serving events file ``.jsonl`` (``ASCEND_EPLB_EVENTS``): the
-    sum of its ``window`` loads, or of the ``last`` ones; ``.npy``; ``.csv`` (one row per layer, no
+    sum of the ``window`` loads :func:`load_recorded` reads (``recorded``, when read already), or of the
+    ``last`` ones; ``.npy``; ``.csv`` (one row per layer, no
     header); ``.json`` holding a ``[L, E]`` list, an
     SGLang expert-distribution dump ``{"logical_count": [[...]]}`` (``[L, E]``, or ``[steps, L, E]``
     summed over steps), or an ESFT ``summary.json`` (``{"token_scores": {layer: {expert: share}}}``,
@@ -272,37 +312,18 @@ def load_load_matrix(path: str | Path, *, last: int | None = None) -> np.ndarray
         raise ValueError(
             f"{path}: unsupported load file type {suffix!r}; use .jsonl (events), .json, .npy or .csv"
         )
-    what = "a serving events file (.jsonl)" if suffix == ".jsonl" else "an [L, E] load matrix"
-    return read_input(path, what, lambda p: _read_load(p, suffix, last))
-
-
-def _read_load(path: Path, suffix: str, last: int | None) -> np.ndarray:
-    source = str(path)
     if suffix == ".jsonl":
-        import warnings
-
-        from ascend_eplb.integration.events import read_windows
-
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            windows = read_windows(path)
-        skipped = [str(w.message) for w in caught if "truncated last line skipped" in str(w.message)]
-        if not windows:
-            why = (
-                f"its last line was truncated and skipped: {skipped[0]}"
-                if skipped
-                else "no load was recorded"
-            )
-            raise ValueError(f"{source}: the events file holds no complete 'window' record ({why})")
-        for w in caught:
-            # What the reader skipped, as the tools' own warning: one line under every command.
-            category = InputFileWarning if issubclass(w.category, UserWarning) else w.category
-            warnings.warn_explicit(str(w.message), category, w.filename, w.lineno)
-        chosen = windows[-last:] if last is not None else windows
+        recorded = load_recorded(path) if recorded is None else recorded
+        chosen = recorded.windows[-last:] if last is not None else recorded.windows
         total = np.zeros(tuple(chosen[0].shape), dtype=np.float64)
         for window in chosen:
             total += window.numpy()
-        return _matrix(total, source)
+        return read_input(path, "a serving events file (.jsonl)", lambda p: _matrix(total, str(p)))
+    return read_input(path, "an [L, E] load matrix", lambda p: _read_load(p, suffix))
+
+
+def _read_load(path: Path, suffix: str) -> np.ndarray:
+    source = str(path)
     if suffix == ".npy":
         with path.open("rb") as f:
             if f.read(6) != b"\x93NUMPY":
