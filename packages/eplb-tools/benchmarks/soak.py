@@ -89,7 +89,7 @@ def run_layout(layout: str, rearrangements: int, num_ranks: int, out: Path) -> d
     args = [*soak_args(layout, rearrangements, num_ranks), "--out", str(out), "--timeout", "3600"]
     config = config_from_args(build_parser().parse_args(["simulate", *args]))
     summary = io.StringIO()
-    report = run_simulation(config, stream=summary)
+    report = run_simulation(config, stream=summary).to_json()
     (out / "summary.txt").write_text(f"ascend-eplb simulate {' '.join(args)}\n{summary.getvalue()}")
     return report
 
@@ -110,13 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(
             f"{layout:<11} {served:<30} {report['ranks']:>5} {report['steps']:>6} "
             f"{report['wall_seconds']:>8.1f} {report['rearrangements_completed']:>9} "
-            f"{report['max_output_error']:>10.3g} {report['bytes_moved']:>12} {report['verdict']}"
+            f"{report['max_output_error']:>10.3g} {report['bytes_received']:>12} {report['verdict']}"
             + ("" if enough else f" (fewer than {args.rearrangements} completed)")
         )
         print(f"{layout}: {report['verdict']}, report in {args.out / layout}", file=sys.stderr)
     print(
         f"{'layout':<11} {'model':<30} {'ranks':>5} {'steps':>6} {'wall s':>8} {'completed':>9} "
-        f"{'max error':>10} {'bytes moved':>12} verdict"
+        f"{'max error':>10} {'bytes recv':>12} verdict"
     )
     print("\n".join(rows))
     return 0 if ok else 1

@@ -4,7 +4,33 @@ balancedness comparison, the progress of start-up beside the steps, the plot's a
 from __future__ import annotations
 
 import io
-from collections import defaultdict
+from dataclasses import replace
+
+from ascend_eplb.tools.simulate.report import InstallReport, RearrangementOutcome, SimulateReport
+from ascend_eplb.tools.simulate.stats import OutputTolerance
+
+
+def _report(**changes) -> SimulateReport:
+    """A report of a 4-rank replay run, every figure 1.0 (or empty) but ``changes``."""
+    fields = dict(
+        ranks=4, data_parallel_size=1, tensor_parallel_size=4, moe_rows="split", model="replay",
+        format="w8a8_dynamic", trace="t", layers=2, num_logical_experts=8, num_redundant_experts=0, top_k=2,
+        batch_size=4, padded_size=4, window_size=2, step_interval=4, load_collection_phase="all", steps=3,
+        rearrangements=1, rearrangements_completed=1, layers_committed=2, balancedness_before=1.0,
+        balancedness_after=1.0, balancedness_off_after=1.0, balancedness_off_mean=1.0,
+        balancedness_per_step=(0.7, 0.8, 0.9), balancedness_off_per_step=(0.7, 0.7, 0.7),
+        rank_load_share_per_step=((0.4, 0.2, 0.2, 0.2),) * 3, commit_completed_steps=(1,),
+        initial_placement=None, bytes_received=0, bytes_received_per_rank=(0, 0, 0, 0), policy="default",
+        min_balancedness_gain=0.0, target_balancedness=None, rearrangement_records=(),
+        rearrangements_skipped={}, experts_moved=0, bytes_moved=0, busiest_rank_experts_received=0,
+        costs=None, out_dir="/o", commit_seconds=(), step_seconds_p50=1.0, step_seconds_p99=1.0,
+        step_seconds_p50_in_flight=1.0, step_seconds_p50_idle=1.0, world_cpu_seconds_per_step_p50=1.0,
+        verifier_seconds_per_step_p50=1.0, verifier_seconds_per_step_mean=1.0,
+        step_seconds_p50_without_verifier=1.0, max_output_error=1.0,
+        output_tolerance=OutputTolerance(1e-5, 1e-6), checks={}, check_evidence={}, first_violation=None,
+        worker_failure=None, in_flight_at_end=(), verdict="passed", passed=True, wall_seconds=1.0, config={},
+    )  # fmt: skip
+    return SimulateReport(**{**fields, **changes})
 
 
 def test_the_summary_sets_eplb_on_beside_eplb_off_on_the_same_steps():
@@ -12,13 +38,9 @@ def test_the_summary_sets_eplb_on_beside_eplb_off_on_the_same_steps():
     from ascend_eplb.tools.simulate.summary import summary_text
     from ascend_eplb.tools.simulate.verdicts import PASSED
 
-    report = defaultdict(lambda: 1.0)
-    report.update(
-        model="replay", trace="t", format="w8a8_dynamic", checks={}, check_evidence={}, config={},
-        commit_seconds=[], costs=None, verdict=PASSED, out_dir="/o", balancedness_before=0.7047,
-        balancedness_after=0.8742, balancedness_off_after=0.7386, balancedness_off_mean=0.7367,
-        policy="default", min_balancedness_gain=0.0, target_balancedness=None, rearrangement_records=[],
-        rearrangements_skipped={}, experts_moved=0,
+    report = _report(
+        verdict=PASSED, balancedness_before=0.7047, balancedness_after=0.8742, balancedness_off_after=0.7386,
+        balancedness_off_mean=0.7367,
     )  # fmt: skip
     (line,) = [ln for ln in summary_text(report).splitlines() if ln.startswith("  balancedness before")]
     assert line == (
@@ -49,12 +71,7 @@ def test_start_up_is_its_own_phase_and_the_steps_bar_counts_from_the_first_step(
 def test_the_plots_y_axis_labels_do_not_overlap():
     from ascend_eplb.tools.simulate.plot import balancedness_figure
 
-    report = {
-        "balancedness_per_step": [0.7, 0.8, 0.9], "balancedness_off_per_step": [0.7, 0.7, 0.7],
-        "commit_completed_steps": [1], "rank_load_share_per_step": [[0.4, 0.2, 0.2, 0.2]] * 3, "ranks": 4,
-        "format": "float32", "trace": "t",
-    }  # fmt: skip
-    fig = balancedness_figure(report)
+    fig = balancedness_figure(_report(format="float32"))
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     top, bottom = (ax.yaxis.label.get_window_extent(renderer) for ax in fig.axes[:2])
@@ -73,21 +90,18 @@ def test_a_rearrangement_names_the_step_it_committed_at_and_a_worse_realised_say
     from ascend_eplb.tools.simulate.verdicts import PASSED
 
     def record(index, step, before, realised, skipped=None):
-        return {
-            "rearrangement": index, "step": step, "policy": "default", "skipped": skipped,
-            "balancedness_before": before, "balancedness_planned": None if skipped else 0.9987,
-            "balancedness_realised": realised, "experts_moved": 0 if skipped else 189,
-            "bytes_moved": 0 if skipped else 4644864, "layers_changed": 0 if skipped else 4,
-        }  # fmt: skip
+        return RearrangementOutcome(
+            model="m", rearrangement=index, step=step, policy="default", skipped=skipped,
+            balancedness_before=before, balancedness_planned=None if skipped else 0.9987,
+            balancedness_realised=realised, experts_moved=0 if skipped else 189,
+            bytes_moved=0 if skipped else 4644864, layers_changed=0 if skipped else 4,
+        )  # fmt: skip
 
-    report = defaultdict(lambda: 1.0)
-    report.update(
-        model="replay", trace="t", format="w8a8_dynamic", checks={}, check_evidence={}, config={},
-        commit_seconds=[], costs=None, verdict=PASSED, out_dir="/o", policy="default",
-        min_balancedness_gain=0.0, target_balancedness=0.95, experts_moved=378,
-        rearrangements_skipped={"balanced": 1, "min_gain": 0, "no_load": 0},
-        rearrangement_records=[record(1, 7, 0.9274, 0.9114), record(2, 23, 0.9114, 0.9338),
-                               record(3, 39, 0.9612, None, skipped="balanced")],
+    report = _report(
+        verdict=PASSED, min_balancedness_gain=0.0, target_balancedness=0.95, experts_moved=378,
+        bytes_moved=2 * 4644864, rearrangements_skipped={"balanced": 1, "min_gain": 0, "no_load": 0},
+        rearrangement_records=(record(1, 7, 0.9274, 0.9114), record(2, 23, 0.9114, 0.9338),
+                               record(3, 39, 0.9612, None, skipped="balanced")),
     )  # fmt: skip
     lines = summary_text(report).splitlines()
     start = lines.index(next(ln for ln in lines if ln.startswith("  policy=default")))
@@ -99,5 +113,89 @@ def test_a_rearrangement_names_the_step_it_committed_at_and_a_worse_realised_say
         "    rearrangement 3 (skipped at step 39): balancedness 0.9612; skipped (balanced), nothing moved",
         f"    realised below before (rearrangement 1): {REALISED_BELOW_BEFORE}",
     ]
-    report["rearrangement_records"] = [record(1, 7, 0.9, 0.95)]
+    report = replace(report, rearrangement_records=(record(1, 7, 0.9, 0.95),))
     assert not any("realised below before" in ln for ln in summary_text(report).splitlines())
+
+
+def test_every_total_counts_the_start_up_install_as_a_rearrangement_and_says_so():
+    """Issue 38 defect 6: the install's bytes were in the top byte total only (``layers committed 12,
+    bytes moved 11599872`` beside ``3 rearrangements moved 351 experts (8.23 MiB)``)."""
+    from ascend_eplb.tools.simulate.summary import summary_text
+
+    install = InstallReport(
+        source="p.json", layers_committed=2, layers_changed=2, experts_moved=5, bytes_moved=5 * 1024,
+        first_step_balancedness=0.9, first_step_planned=0.9, first_step_off=0.5,
+        plan_predicted_on_its_load=None, slots_hold_their_experts=True, slot_mismatches=(),
+    )  # fmt: skip
+    done = RearrangementOutcome(
+        model="m", rearrangement=1, step=7, policy="default", skipped=None, balancedness_before=0.5,
+        balancedness_planned=0.9, balancedness_realised=0.8, experts_moved=3, bytes_moved=3 * 1024,
+        layers_changed=2,
+    )  # fmt: skip
+    lines = summary_text(
+        _report(
+            initial_placement=install, rearrangement_records=(done,), rearrangements_skipped={"balanced": 0},
+            layers_committed=4, experts_moved=8, bytes_moved=8 * 1024, bytes_received=8 * 1024,
+        )
+    ).splitlines()  # fmt: skip
+    assert lines[1:5] == [
+        "  steps 3, rearrangements 1 (1 completed), layers committed 4, bytes received 8192 (every total "
+        "counts the start-up install of 2 layers as a rearrangement)",
+        "  policy=default, gate off: 1 rearrangements and the start-up install moved 8 experts (8.00 KiB); "
+        "skipped: none",
+        "    start-up install (before step 0): 5 experts, 5.00 KiB moved, 2 of 2 layers changed",
+        "    rearrangement 1 (committed at step 7): balancedness 0.5000 -> planned 0.9000, realised 0.8000; "
+        "3 experts, 3.00 KiB moved",
+    ]
+    # Without an install the totals are the rearrangements' and nothing is said of one.
+    plain = summary_text(_report(rearrangement_records=(done,), layers_committed=2, experts_moved=3,
+                                 bytes_moved=3 * 1024, bytes_received=3 * 1024)).splitlines()  # fmt: skip
+    assert plain[1:3] == [
+        "  steps 3, rearrangements 1 (1 completed), layers committed 2, bytes received 3072",
+        "  policy=default, gate off: 1 rearrangements moved 3 experts (3.00 KiB); skipped: none",
+    ]
+
+
+def test_the_events_file_gives_each_ranks_received_experts_install_and_rearrangements_apart(tmp_path):
+    """``report.busiest_rank_experts_received`` counted experts by dividing measured bytes back by one
+    expert's; now each rank's experts are replayed from the committed placements of the events file."""
+    from ascend_eplb.integration.events import (
+        CommitRecord,
+        EventsWriter,
+        InitialPlacementRecord,
+        RearrangementRecord,
+        WindowRecord,
+    )
+    from ascend_eplb.tools.simulate.report import events_outcomes
+
+    path = tmp_path / "events.jsonl"
+    writer = EventsWriter(path)
+    # E = 4, P = 6 on 2 ranks: upstream's initial rows are [0, 1, 2, 3, 0, 1] (rank 0 holds {0, 1, 2}).
+    writer.write(InitialPlacementRecord(
+        time=0.0, step=0, model="m", source="p.json", num_logical_experts=4, num_ranks=2,
+        placement=((3, 1, 0, 2, 3, 3), (0, 1, 2, 3, 1, 0)), layers_changed=2, experts_moved=2, bytes_moved=2,
+        bytes_received=1,
+    ))  # fmt: skip
+    writer.write(WindowRecord(
+        time=0.0, step=3, model="m", rearrangement=1, load=((1, 1, 1, 1), (1, 1, 1, 1)), balancedness=1.0,
+        balancedness_eplb_off=1.0, num_ranks=2, num_physical_experts=6,
+    ))  # fmt: skip
+    for layer, row in enumerate(((0, 1, 2, 3, 0, 1), (3, 2, 1, 0, 3, 0))):
+        writer.write(CommitRecord(
+            time=0.0, step=4 + layer, model="m", rearrangement=1, layer=layer, publish_to_acknowledge_s=None,
+            bytes_received=0, placement=row,
+        ))  # fmt: skip
+    writer.write(RearrangementRecord(
+        time=0.0, step=5, model="m", rearrangement=1, policy="default", skipped=None, balancedness_before=1.0,
+        balancedness_planned=1.0, experts_moved=4, bytes_moved=4, layers_changed=2,
+    ))  # fmt: skip
+    writer.close()
+    out = events_outcomes(path, 2)
+    # Install, layer 0: rank 0 gains 3, rank 1 gains 2; layer 1 nothing new. Rearrangement, layer 0: rank
+    # 0 gains 2, rank 1 gains 0 and 1; layer 1: rank 0 gains 3.
+    assert (out.install_received, out.rearrangements_received, out.rearrangement_layer_commits) == (
+        (1, 1), (1 + 1, 2 + 0), 2,
+    )  # fmt: skip
+    assert out.install.experts_moved == 2
+    assert [(r.model, r.rearrangement, r.step, r.experts_moved) for r in out.records] == [("m", 1, 5, 4)]
+    assert events_outcomes(tmp_path / "absent.jsonl", 2).records == ()

@@ -82,7 +82,7 @@ def test_record_plan_and_simulate_from_the_placement_on_the_real_model_class(tmp
                   progress=False, timeout_s=300)  # fmt: skip
     # Interval 4: the first rearrangement starts at the end of step 0 (its window: step 0 alone) and its
     # 2 layers commit by step 2.
-    recorded = run_simulation(SimulateConfig(**config, steps=3, out_dir=str(tmp_path / "recorded")))
+    recorded = run_simulation(SimulateConfig(**config, steps=3, out_dir=str(tmp_path / "recorded"))).to_json()
     assert recorded["passed"], recorded["first_violation"]
     events = tmp_path / "recorded" / "events.jsonl"
     placement = tmp_path / "placement.json"
@@ -92,7 +92,7 @@ def test_record_plan_and_simulate_from_the_placement_on_the_real_model_class(tmp
 
     served = run_simulation(
         SimulateConfig(**config, steps=8, out_dir=str(tmp_path / "served"), initial_placement=str(placement))
-    )
+    ).to_json()
     summary = capsys.readouterr().out
     assert served["passed"], served["first_violation"]
     assert all(served["checks"].values())
@@ -119,5 +119,21 @@ def test_record_plan_and_simulate_from_the_placement_on_the_real_model_class(tmp
     records = [json.loads(line) for line in (tmp_path / "served" / "events.jsonl").read_text().splitlines()]
     assert records[0]["event"] == "initial_placement"
     assert records[0]["placement"] == [list(r) for r in pf.read_placement(placement).physical_to_logical_map]
+    # Every total counts the install as a rearrangement (issue 38 defect 6): its layers, experts and bytes.
+    install = records[0]
+    counted = (
+        start["layers_committed"],
+        start["layers_changed"],
+        start["experts_moved"],
+        start["bytes_moved"],
+    )
+    assert counted == (2, install["layers_changed"], install["experts_moved"], install["bytes_moved"])
+    assert install["experts_moved"] > 0
+    done = [r for r in served["rearrangement_records"] if r["skipped"] is None]
+    assert served["experts_moved"] == install["experts_moved"] + sum(r["experts_moved"] for r in done)
+    assert served["bytes_moved"] == install["bytes_moved"] + sum(r["bytes_moved"] for r in done)
+    assert served["layers_committed"] == 2 + sum(r["event"] == "commit" for r in records)
+    assert "(every total counts the start-up install of 2 layers as a rearrangement)" in summary
+    assert f"start-up install (before step 0): {install['experts_moved']} experts, " in summary
     first_window = next(r for r in records if r["event"] == "window")
     assert first_window["balancedness"] == pytest.approx(predicted, abs=1e-12)

@@ -75,7 +75,7 @@ def test_simulate_serves_a_model_folder_at_dp2_x_tp2_with_every_check(tmp_path):
         batch_size=12, steps=16, window_size=2, step_interval=6, progress=False, timeout_s=240,
         out_dir=str(tmp_path / "out"),
     )  # fmt: skip
-    report = run_simulation(config)
+    report = run_simulation(config).to_json()
     assert report["passed"], report["first_violation"]
     assert report["checks"] == dict.fromkeys(("outputs", "load", "fingerprints", "lookups", "worker"), True)
     layout = (

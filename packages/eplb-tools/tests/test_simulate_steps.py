@@ -8,6 +8,7 @@ import torch
 from ascend_eplb.control.bus import EventBus
 from ascend_eplb.control.state import COMMIT_LOG_MAXLEN, AscendEplbState
 from ascend_eplb.tools.simulate import steps
+from ascend_eplb.tools.simulate.stats import OutputTolerance, StepLog
 
 
 def test_every_layer_commit_is_counted_past_the_commit_logs_length():
@@ -20,7 +21,7 @@ def test_every_layer_commit_is_counted_past_the_commit_logs_length():
     state = SimpleNamespace(commit_log=deque(maxlen=COMMIT_LOG_MAXLEN), bus=EventBus(), num_rearrangements=0)
     model_state = SimpleNamespace(model_name="m")
     watch = steps.CommitWatch(state.bus)
-    stats = steps.new_stats({"output_tolerance": {"rtol": 1e-5, "atol": 1e-6}})
+    stats = StepLog(OutputTolerance(rtol=1e-5, atol=1e-6))
     rank_load = torch.tensor([[3.0, 1.0]] * num_layers)  # (L, N)
     logical_load = torch.tensor([[1, 1, 1, 1]] * num_layers)  # (L, E)
     initial = torch.tensor([[0, 1, 2, 3]] * num_layers)  # (L, P)
@@ -31,34 +32,30 @@ def test_every_layer_commit_is_counted_past_the_commit_logs_length():
             AscendEplbState._log(state, kind, model_state, step % num_layers)
         steps.end_of_step(stats, state, watch.drain(), rank_load, logical_load, initial, num_ranks)
     assert len(state.commit_log) == COMMIT_LOG_MAXLEN  # full since step COMMIT_LOG_MAXLEN // 4
-    assert stats["commits_per_step"] == [[step % num_layers] for step in range(num_steps)]
-    assert stats["rearrangements_per_step"][-1] == num_steps // num_layers
+    assert stats.commits_per_step == [[step % num_layers] for step in range(num_steps)]
+    assert stats.rearrangements_per_step[-1] == num_steps // num_layers
     assert watch.drain() == []  # drained at every step's end
 
 
 def test_balancedness_counts_a_layer_without_load_as_even_with_and_without_eplb():
     """One definition (issue 30): mean rank load / max rank load per layer, averaged over layers, a
-    layer without load 1.0, as integration.metrics and control.policy count it (simulate counted 0.0)."""
+    layer without load 1.0, as control.measures counts it for every reader (simulate counted 0.0)."""
     state = SimpleNamespace(num_rearrangements=0)
-    stats = steps.new_stats({"output_tolerance": {"rtol": 1e-5, "atol": 1e-6}})
+    stats = StepLog(OutputTolerance(rtol=1e-5, atol=1e-6))
     rank_load = torch.tensor([[3.0, 1.0], [0.0, 0.0]])  # (L=2, N=2): layer 1 routed nothing
     logical_load = torch.tensor([[3, 0, 1, 0], [0, 0, 0, 0]])  # (L, E)
     initial = torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3]])  # (L, P): ranks hold experts {0, 1} and {2, 3}
     steps.end_of_step(stats, state, [], rank_load, logical_load, initial, 2)
-    assert stats["balancedness_per_step"] == [(2 / 3 + 1.0) / 2]
-    assert stats["balancedness_off_per_step"] == [(2 / 3 + 1.0) / 2]
-    assert stats["rank_load_share_per_step"] == [[(0.75 + 0.0) / 2, (0.25 + 0.0) / 2]]
+    assert stats.balancedness_per_step == [(2 / 3 + 1.0) / 2]
+    assert stats.balancedness_off_per_step == [(2 / 3 + 1.0) / 2]
+    assert stats.rank_load_share_per_step == [[(0.75 + 0.0) / 2, (0.25 + 0.0) / 2]]
 
 
 def test_the_outputs_bound_uses_the_tolerance_the_rank_reports():
-    """Issue 30 item 5: the replay world compared its outputs with ``cfg["output_tolerance"]`` while the
-    report states ``stats["output_tolerance"]`` (a copy); both worlds now bound with the reported one."""
-    cfg = {"output_tolerance": {"rtol": 0.25, "atol": 0.5}}
-    stats = steps.new_stats(cfg)
-    cfg["output_tolerance"]["rtol"] = 100.0  # the driver's dict is not what the rank compares with
-    assert stats["output_tolerance"] == {"rtol": 0.25, "atol": 0.5}
-    assert steps.output_bound(stats, 4.0) == 1.5
-    per_layer = steps.output_bound(stats, torch.tensor([0.0, 2.0, 8.0]))
+    """Issue 30 item 5: the replay world compared its outputs with the driver's tolerance while the report
+    stated the rank's copy; both worlds now bound with the rank's own (frozen) tolerance, the one it
+    reports."""
+    stats = StepLog(OutputTolerance(rtol=0.25, atol=0.5))
+    assert stats.output_tolerance.bound(4.0) == 1.5
+    per_layer = stats.output_tolerance.bound(torch.tensor([0.0, 2.0, 8.0]))
     assert torch.equal(per_layer, torch.tensor([0.5, 1.0, 2.5]))
-    stats["output_tolerance"] = {"rtol": 0.0, "atol": 1e-6}
-    assert steps.output_bound(stats, 4.0) == 1e-6

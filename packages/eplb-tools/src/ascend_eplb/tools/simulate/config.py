@@ -542,14 +542,12 @@ def _policy_errors(config: SimulateConfig) -> list[str]:
     return [f"{name}: {reason}" for name, reason in checks if reason is not None]
 
 
-def ascend_policy_keys(cfg: Any) -> dict[str, Any]:
+def ascend_policy_keys(config: SimulateConfig) -> dict[str, Any]:
     """The Ascend keys of ``additional_config.eplb_config`` a run sets for its policy and gain gate
     (``policy``, ``min_balancedness_gain``, ``target_balancedness``), each only when it differs from its
-    default, so that a run with the defaults serves the configuration of a server that sets none.
-    ``cfg``: a :class:`SimulateConfig` or its ``to_json()`` (a rank's configuration)."""
-    values = cfg if isinstance(cfg, dict) else cfg.to_json()
+    default, so that a run with the defaults serves the configuration of a server that sets none."""
     defaults = {"policy": "default", "min_balancedness_gain": 0.0, "target_balancedness": None}
-    return {k: values[k] for k, default in defaults.items() if values.get(k, default) != default}
+    return {k: getattr(config, k) for k, default in defaults.items() if getattr(config, k) != default}
 
 
 #: Options of the trace-replay world only (``--model replay``).

@@ -25,7 +25,8 @@ from typing import Any
 from ascend_eplb.tools.simulate.config import SimulateConfig
 from ascend_eplb.tools.simulate.launching import SimulationError, launch_ranks, run_torchrun_rank
 from ascend_eplb.tools.simulate.plot import plot_balancedness
-from ascend_eplb.tools.simulate.report import build_report
+from ascend_eplb.tools.simulate.report import SimulateReport, build_report
+from ascend_eplb.tools.simulate.stats import RankStats
 from ascend_eplb.tools.simulate.summary import summary_text
 from ascend_eplb.tools.trace import load_routing_source
 
@@ -65,9 +66,10 @@ def _prepare(config: SimulateConfig) -> tuple[SimulateConfig, Any]:
     return config, routing
 
 
-def run_simulation(config: SimulateConfig, *, stream=None) -> dict:
+def run_simulation(config: SimulateConfig, *, stream=None) -> SimulateReport:
     """Validate ``config``, run the world, write ``report.json`` and ``balancedness.png`` to
-    ``config.out_dir``, print the summary to ``stream`` (default stdout) and return the report.
+    ``config.out_dir``, print the summary to ``stream`` (default stdout) and return the report
+    (``report.json`` is its ``to_json()``).
 
     Under ``torchrun`` every process calls this and returns the report; rank 0 alone writes and prints
     it.
@@ -151,7 +153,7 @@ def _output_folder(config: SimulateConfig) -> Path:
     return out
 
 
-def _run_under_torchrun(config: SimulateConfig, t0: float, stream: Any) -> dict:
+def _run_under_torchrun(config: SimulateConfig, t0: float, stream: Any) -> SimulateReport:
     if config.metrics:
         raise ValueError(
             "invalid simulate options:\n  - metrics: not under torchrun (set ASCEND_EPLB_METRICS=1 and "
@@ -171,8 +173,10 @@ def _run_under_torchrun(config: SimulateConfig, t0: float, stream: Any) -> dict:
     return report
 
 
-def _write(config: SimulateConfig, routing: Any, results: list[dict], t0: float, out: Path) -> dict:
+def _write(
+    config: SimulateConfig, routing: Any, results: list[RankStats], t0: float, out: Path
+) -> SimulateReport:
     report = build_report(config, routing, results, time.perf_counter() - t0)
-    (out / "report.json").write_text(json.dumps(report, indent=1))
+    (out / "report.json").write_text(json.dumps(report.to_json(), indent=1))
     plot_balancedness(report, out / "balancedness.png")
     return report

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_eplb.tools.simulate.config import OUTPUT_ATOL, SimulateConfig
+from ascend_eplb.tools.simulate.stats import OutputTolerance, RankConfig, RankStats
 
 __all__ = ["SimulationError", "StartupRefusedError", "launch_ranks", "run_torchrun_rank"]
 
@@ -60,18 +61,20 @@ class StartupRefusedError(ValueError):
         super().__init__(text)
 
 
-def _rank_args(config: SimulateConfig, routing: Any) -> tuple[dict, dict]:
-    cfg = config.to_json() | {
-        "padded_size": config.effective_padded_size,
-        "trace_name": routing.name,
-        # The serving events file (ASCEND_EPLB_EVENTS), written by EP rank 0.
-        "events_file": str(Path(config.out_dir).resolve() / "events.jsonl"),
-        # The outputs check's tolerance, decided once (SimulateConfig.outputs_rtol); the world checks it
-        # and reports it back.
-        "output_tolerance": {"rtol": config.outputs_rtol, "atol": OUTPUT_ATOL},
-    }
+def _rank_args(
+    config: SimulateConfig, routing: Any, *, record_resources: bool = False
+) -> tuple[RankConfig, dict]:
+    cfg = RankConfig(
+        options=config,
+        padded_size=config.effective_padded_size,
+        trace_name=routing.name,
+        events_file=str(Path(config.out_dir).resolve() / "events.jsonl"),
+        output_tolerance=OutputTolerance(config.outputs_rtol, OUTPUT_ATOL),
+        model_folder=None if config.replays else str(routing.folder),
+        record_resources=record_resources,
+    )
     if not config.replays:
-        return cfg | {"model_folder": str(routing.folder)}, {}
+        return cfg, {}
     arrays = {
         "topk_ids": routing.topk_ids,
         "topk_weights": routing.topk_weights,
@@ -81,7 +84,7 @@ def _rank_args(config: SimulateConfig, routing: Any) -> tuple[dict, dict]:
     return cfg, arrays
 
 
-def launch_ranks(config: SimulateConfig, routing: Any, deadline: float, phase: list[str]) -> list[dict]:
+def launch_ranks(config: SimulateConfig, routing: Any, deadline: float, phase: list[str]) -> list[RankStats]:
     from ascend_eplb.launch import LauncherInterruptedError, RankFailureError, run_ranks, stop_fork_server
     from ascend_eplb.tools.simulate.lifecycle import (
         SCRATCH_PREFIX,
@@ -105,8 +108,7 @@ def launch_ranks(config: SimulateConfig, routing: Any, deadline: float, phase: l
         # The rank function by reference: the fork server imports its module (vLLM) once, not the launcher.
         from ascend_eplb.tools.simulate.entry import simulate_rank
 
-        cfg, arrays = _rank_args(config, routing)
-        cfg["record_resources"] = True
+        cfg, arrays = _rank_args(config, routing, record_resources=True)
         if config.progress:
             from ascend_eplb.tools.simulate.progress import Progress
 
@@ -178,7 +180,7 @@ def _write_scrape(folder: Path, path: Path) -> None:
     path.write_bytes(generate_latest(registry))
 
 
-def run_torchrun_rank(config: SimulateConfig, routing: Any) -> tuple[list[dict], bool]:
+def run_torchrun_rank(config: SimulateConfig, routing: Any) -> tuple[list[RankStats], bool]:
     """This process's rank under torchrun: every rank's statistics, and whether this is rank 0."""
     from ascend_eplb.launch import RankContext
     from ascend_eplb.tools.simulate.rank import simulate_rank

@@ -24,15 +24,15 @@ import torch
 import torch.distributed as dist
 from vllm.distributed.parallel_state import get_ep_group
 
+from ascend_eplb.control import measures
 from ascend_eplb.launch import RankContext
 from ascend_eplb.tools.simulate.faults import WORKER_FAULTS, inject_stale_lookup, inject_worker_fault
+from ascend_eplb.tools.simulate.stats import RankConfig, RankStats, StepLog
 from ascend_eplb.tools.simulate.steps import (
     CheckViolationError,
     CommitWatch,
     close_step,
     end_of_run,
-    new_stats,
-    output_bound,
     record_first_step_plan,
     record_initial_placement,
     record_resources,
@@ -65,7 +65,7 @@ def real_kernel_rows(rows: str, num_rows: int, padded: int, batch: int, tp_size:
     raise ValueError(f"rows={rows!r}: the real-model world runs replicated, gathered or gathered-sp rows")
 
 
-def run_model(ctx: RankContext, cfg: dict) -> dict:
+def run_model(ctx: RankContext, cfg: RankConfig) -> RankStats:
     """This rank of a run on a real vLLM model: a :class:`~ascend_eplb.world.serving.ServingWorker`
     (the plugin, vLLM's loader and real model class, ``Mrv2EplbWiring`` with the verifier, watchdog and
     events file) beside its EPLB-off twin, at DP x TP (``data_parallel_size``, EP over every rank): with
@@ -76,8 +76,8 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
     ``seed`` and the DP rank), its first ``batch_size`` rows real; even steps are declared prefill
     batches, odd steps decode batches.
     Checks, every step: ``outputs`` (the real rows' logits equal the EPLB-off model's within
-    ``atol + rtol * max|reference|``, the tolerance the rank reports (``steps.output_bound``): the
-    driver's ``cfg["output_tolerance"]`` (``SimulateConfig.outputs_rtol``: 1e-5 for float32
+    ``atol + rtol * max|reference|``, the tolerance the rank reports (``steps.OutputTolerance.bound``): the
+    driver's ``cfg.output_tolerance`` (``SimulateConfig.outputs_rtol``: 1e-5 for float32
     activations, 16 units of roundoff for bf16/fp16)) and ``load`` (the load recorded over all ranks equals
     the bincount of the physical ids the expert kernel consumed for the real rows, each selection once,
     when the step records; nothing when it does not; the real rows of the batch the experts received:
@@ -85,20 +85,19 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
     """
     from ascend_eplb.tools.simulate.config import ascend_policy_keys
     from ascend_eplb.world.serving import ServingWorker
-    from ascend_eplb.world.slots import initial_physical_to_logical
 
     rank, num_ranks = ctx.rank, ctx.world_size
-    num_redundant = cfg["num_redundant_experts"]
+    num_redundant = cfg.options.num_redundant_experts
     worker = ServingWorker(
         ctx,
-        cfg["model_folder"],
+        cfg.model_folder,
         num_redundant_experts=num_redundant,
-        window_size=cfg["window_size"],
-        step_interval=cfg["step_interval"],
-        phase=cfg["load_collection_phase"],
-        initial_placement=cfg.get("initial_placement"),
-        ascend_keys=ascend_policy_keys(cfg),
-        data_parallel_size=cfg.get("data_parallel_size", 1),
+        window_size=cfg.options.window_size,
+        step_interval=cfg.options.step_interval,
+        phase=cfg.options.load_collection_phase,
+        initial_placement=cfg.options.initial_placement,
+        ascend_keys=ascend_policy_keys(cfg.options),
+        data_parallel_size=cfg.options.data_parallel_size,
     )
     record_resources(ctx, cfg)
     info, state, model_state = worker.info, worker.state, worker.model_state
@@ -107,21 +106,21 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
     p = num_physical // num_ranks
     group = get_ep_group().cpu_group
     watchdog, verifier, hook_seconds = timed_hooks(worker.wiring.controller)
-    if cfg["fault"] in WORKER_FAULTS and rank == num_ranks - 1:
-        inject_worker_fault(model_state.communicator, cfg["fault"], rank)
-    if cfg["fault"] == "wrong-lookup-refresh":
+    if cfg.options.fault in WORKER_FAULTS and rank == num_ranks - 1:
+        inject_worker_fault(model_state.communicator, cfg.options.fault, rank)
+    if cfg.options.fault == "wrong-lookup-refresh":
         inject_stale_lookup(worker.model.moe_layers[0].eplb_state)
-    batch, padded = cfg["batch_size"], cfg["padded_size"]
+    batch, padded = cfg.options.batch_size, cfg.padded_size
     # each DP rank its own batches (D = 1: the seed's); its TP ranks the same
-    g = torch.Generator().manual_seed(cfg["seed"] * worker.layout.data_parallel_size + worker.dp_rank)
+    g = torch.Generator().manual_seed(cfg.options.seed * worker.layout.data_parallel_size + worker.dp_rank)
     worker.profile_run(torch.randint(0, info.vocab_size, (padded,), generator=g))
-    initial_p2l = initial_physical_to_logical(info, num_redundant)
+    initial_p2l = measures.upstream_initial_placement(num_logical, num_redundant, num_moe_layers)  # EPLB off
     layer_offsets = torch.arange(num_moe_layers).view(num_moe_layers, 1, 1)
-    stats = new_stats(cfg)
+    stats = StepLog(cfg.output_tolerance)
     record_initial_placement(stats, cfg, worker.initial_slot_mismatches)
     violation: CheckViolationError | None = None
     commits = CommitWatch(worker.wiring.controller.bus)
-    for step in range(cfg["steps"]):
+    for step in range(cfg.options.steps):
         t0, c0 = time.perf_counter(), time.process_time()
         hook_seconds[0] = 0.0
         ids = torch.randint(0, info.vocab_size, (padded,), generator=g)
@@ -135,8 +134,8 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
         on, off = seen.logits_on[:batch], seen.logits_off[:batch]
         err = float((on - off).abs().max())
         # The driver's tolerance (SimulateConfig.outputs_rtol: the experts' format, 16-bit: its roundoff).
-        bound = output_bound(stats, float(off.abs().max()))
-        stats["max_output_error"] = max(stats["max_output_error"], err)
+        bound = stats.output_tolerance.bound(float(off.abs().max()))
+        stats.max_output_error = max(stats.max_output_error, err)
         if violation is None and err > bound:
             violation = CheckViolationError(
                 "outputs",
@@ -149,8 +148,8 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
             expected = torch.bincount(
                 (phys + layer_offsets * num_physical).reshape(-1), minlength=num_moe_layers * num_physical
             ).view(num_moe_layers, num_physical)  # fmt: skip
-        stats["load_steps_recorded"] += int(seen.recorded)
-        stats["load_selections"] += int(expected.sum())  # the world's (the recorded load is all-reduced)
+        stats.load_steps_recorded += int(seen.recorded)
+        stats.load_selections += int(expected.sum())  # the world's (the recorded load is all-reduced)
         if violation is None and not torch.equal(recorded, expected):
             bad = int((recorded != expected).any(dim=1).nonzero()[0])
             violation = CheckViolationError(
@@ -173,5 +172,4 @@ def run_model(ctx: RankContext, cfg: dict) -> dict:
         )  # fmt: skip
         if stop:
             break
-    end_of_run(stats, violation, worker.wiring, state, model_state, watchdog, verifier, p)
-    return stats
+    return end_of_run(stats, violation, worker.wiring, state, model_state, watchdog, verifier, p)

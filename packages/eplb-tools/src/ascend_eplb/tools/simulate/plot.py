@@ -1,5 +1,5 @@
-"""``balancedness.png``: balancedness per step (EPLB on beside off), the bytes each rearrangement moved
-(skipped ones marked with the gate's reason) and each rank's share of the load."""
+"""``balancedness.png``: balancedness per step (EPLB on beside off), the bytes each rearrangement (and the
+start-up install) moved (skipped ones marked with the gate's reason) and each rank's share of the load."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ascend_eplb.tools.simulate.report import SimulateReport
+
 __all__ = ["balancedness_figure", "plot_balancedness"]
 
 
-def plot_balancedness(report: dict, path: Path) -> None:
+def plot_balancedness(report: SimulateReport, path: Path) -> None:
     """Write :func:`balancedness_figure` of ``report`` to ``path`` (PNG)."""
     import matplotlib.pyplot as plt
 
@@ -19,9 +21,9 @@ def plot_balancedness(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def balancedness_figure(report: dict):
+def balancedness_figure(report: SimulateReport):
     """The figure of ``balancedness.png``: balancedness per step on top; below it, the bytes each
-    rearrangement moved (``report["rearrangement_records"]``, at the step its record was made; a skipped
+    rearrangement moved (``report.rearrangement_records``, at the step its record was made; a skipped
     one is a marker at 0 with its reason); each rank's load share at the bottom.
 
     The y-axis labels are two short lines each, aligned: one line each ran past its panel's height, so
@@ -35,13 +37,13 @@ def balancedness_figure(report: dict):
     fig, (ax1, ax_bytes, ax2) = plt.subplots(
         3, 1, figsize=(9, 8.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.6, 3]}
     )
-    steps = np.arange(len(report["balancedness_per_step"]))
-    ax1.plot(steps, report["balancedness_per_step"], lw=1.2, label="EPLB on")
-    ax1.plot(steps, report["balancedness_off_per_step"], lw=1, ls="--", color="gray",
+    steps = np.arange(len(report.balancedness_per_step))
+    ax1.plot(steps, report.balancedness_per_step, lw=1.2, label="EPLB on")
+    ax1.plot(steps, report.balancedness_off_per_step, lw=1, ls="--", color="gray",
              label="EPLB off (initial placement, same tokens)")  # fmt: skip
     ax1.set_ylabel("balancedness\n(mean / max rank load)")
     ax1.set_ylim(0, 1.05)
-    for i, step in enumerate(report["commit_completed_steps"]):
+    for i, step in enumerate(report.commit_completed_steps):
         for ax in (ax1, ax_bytes, ax2):
             ax.axvline(
                 step,
@@ -52,43 +54,47 @@ def balancedness_figure(report: dict):
             )
     _bytes_panel(ax_bytes, report, ax1)
     ax1.legend(loc="lower right", fontsize=7)
-    shares = np.array(report["rank_load_share_per_step"])
+    shares = np.array(report.rank_load_share_per_step)
     for r in range(shares.shape[1]):
         ax2.plot(steps, shares[:, r], lw=0.8, label=f"rank {r}")
-    ax2.axhline(1.0 / report["ranks"], color="black", lw=0.8, ls=":", label="even share 1/N")
+    ax2.axhline(1.0 / report.ranks, color="black", lw=0.8, ls=":", label="even share 1/N")
     ax2.set_ylabel("rank's share\nof a layer's load")
     ax2.set_xlabel("step")
     ax2.legend(loc="upper right", fontsize=7, ncol=2)
-    gate = report.get("policy", "default")
+    gate = report.policy
     fig.suptitle(
-        f"ascend-eplb simulate: {report['ranks']} ranks, {report['format']}, {report['trace']}, policy {gate}"
+        f"ascend-eplb simulate: {report.ranks} ranks, {report.format}, {report.trace}, policy {gate}"
     )
     fig.align_ylabels((ax1, ax_bytes, ax2))
     fig.tight_layout()
     return fig
 
 
-def _bytes_panel(ax, report: dict, ax_balance) -> None:
+def _bytes_panel(ax, report: SimulateReport, ax_balance) -> None:
     """Bytes moved per rearrangement (bars, in the largest binary unit that keeps them >= 1); a skipped
     rearrangement: a marker at 0 on this panel and a dotted line on the balancedness panel, labelled with
     the gate's reason."""
-    records = report.get("rearrangement_records", [])
-    done = [r for r in records if r["skipped"] is None]
-    peak = max((r["bytes_moved"] for r in done), default=0)
+    records = report.rearrangement_records
+    done = [r for r in records if r.skipped is None]
+    install = report.initial_placement
+    installed = install.bytes_moved if install is not None and install.bytes_moved is not None else None
+    peak = max([r.bytes_moved for r in done] + ([installed] if installed is not None else []), default=0)
     units = ("B", "KiB", "MiB", "GiB")
     power = max((k for k in range(len(units)) if peak >= 1024**k), default=0)
     unit, scale = units[power], 1024.0**power
+    if installed is not None:  # before step 0: its bar at step 0, beside nothing (no record is made then)
+        ax.bar([0], [installed / scale], width=0.8, color="tab:green", label="start-up install (all ranks)")
     if done:
-        ax.bar([r["step"] for r in done], [r["bytes_moved"] / scale for r in done], width=0.8,
+        ax.bar([r.step for r in done], [r.bytes_moved / scale for r in done], width=0.8,
                color="tab:blue", label="bytes moved (all ranks)")  # fmt: skip
-    for i, r in enumerate(r for r in records if r["skipped"] is not None):
-        ax.plot([r["step"]], [0], marker="x", color="tab:orange", ls="none",
+    for i, r in enumerate(r for r in records if r.skipped is not None):
+        ax.plot([r.step], [0], marker="x", color="tab:orange", ls="none",
                 label="skipped (reason)" if i == 0 else None)  # fmt: skip
-        ax.annotate(r["skipped"], (r["step"], 0), xytext=(2, 6), textcoords="offset points", fontsize=6,
+        ax.annotate(r.skipped, (r.step, 0), xytext=(2, 6), textcoords="offset points", fontsize=6,
                     rotation=90, color="tab:orange")  # fmt: skip
-        ax_balance.axvline(r["step"], color="tab:orange", lw=0.8, ls=":",
+        ax_balance.axvline(r.step, color="tab:orange", lw=0.8, ls=":",
                            label="rearrangement skipped" if i == 0 else None)  # fmt: skip
     ax.set_ylabel(f"moved per\nrearrangement ({unit})")
     ax.set_ylim(bottom=0)
-    if records:
+    if records or installed is not None:
         ax.legend(loc="upper right", fontsize=7)

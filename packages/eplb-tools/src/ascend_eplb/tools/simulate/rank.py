@@ -45,6 +45,7 @@ from ascend_eplb.tools import upstream
 from ascend_eplb.tools.simulate.lifecycle import record_rank_resources, record_refusal
 from ascend_eplb.tools.simulate.model_world import run_model
 from ascend_eplb.tools.simulate.replay_world import QuantExperts, run_replay
+from ascend_eplb.tools.simulate.stats import RankConfig, RankStats
 
 __all__ = ["STARTUP_REFUSALS", "QuantExperts", "simulate_rank"]
 
@@ -64,12 +65,12 @@ def _load_plugins() -> None:
         )
 
 
-def simulate_rank(ctx: RankContext, cfg: dict, routing: dict, gather: bool = False) -> Any:
+def simulate_rank(ctx: RankContext, cfg: RankConfig, routing: dict, gather: bool = False) -> Any:
     """Rank entry point (``run_ranks`` or torchrun): the simulation of this rank.
 
     Args:
         ctx: the rank's context (rendezvous, rank, world size).
-        cfg: ``SimulateConfig.to_json()`` plus ``padded_size`` and ``trace_name``.
+        cfg: the run's options and what the driver decided for them.
         routing: ``topk_ids (L, trace_tokens, K)``, ``topk_weights``, ``seq_offsets``,
             ``num_logical_experts``.
         gather: gather every rank's statistics to each rank at the end (torchrun, where there is no
@@ -79,19 +80,19 @@ def simulate_rank(ctx: RankContext, cfg: dict, routing: dict, gather: bool = Fal
         this rank's statistics (``gather``: the list of every rank's).
     """
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
-    os.environ["ASCEND_EPLB_VERIFY"] = "1" if cfg.get("verify", True) else "0"
-    os.environ["ASCEND_EPLB_WORKER_TIMEOUT_S"] = str(cfg["worker_timeout_s"])
-    os.environ["ASCEND_EPLB_ON_WORKER_FAILURE"] = cfg["on_worker_failure"]
-    if cfg.get("events_file"):
-        os.environ["ASCEND_EPLB_EVENTS"] = cfg["events_file"]
+    os.environ["ASCEND_EPLB_VERIFY"] = "1"  # every check of the run is the serving verifier's
+    os.environ["ASCEND_EPLB_WORKER_TIMEOUT_S"] = str(cfg.options.worker_timeout_s)
+    os.environ["ASCEND_EPLB_ON_WORKER_FAILURE"] = cfg.options.on_worker_failure
+    if cfg.events_file:
+        os.environ["ASCEND_EPLB_EVENTS"] = cfg.events_file
     # PROMETHEUS_MULTIPROC_DIR comes with the fork server's environment (the driver's).
-    os.environ["ASCEND_EPLB_METRICS"] = "1" if cfg.get("metrics") else "0"
+    os.environ["ASCEND_EPLB_METRICS"] = "1" if cfg.options.metrics else "0"
     torch.set_num_threads(1)
     _load_plugins()
     upstream.check(upstream.SIMULATE)  # what the steps read of upstream's state, before a world starts
     try:
         # A real model's worker initialises vLLM's world with the model's config; the replay world its own.
-        stats = run_model(ctx, cfg) if cfg.get("model_folder") else run_replay(ctx, cfg, routing)
+        stats = run_model(ctx, cfg) if cfg.model_folder else run_replay(ctx, cfg, routing)
     except BaseException as e:
         _on_failure(ctx, cfg, e)
         raise
@@ -109,21 +110,21 @@ def simulate_rank(ctx: RankContext, cfg: dict, routing: dict, gather: bool = Fal
 STARTUP_REFUSALS = (EplbConfigError, PlacementFileError)
 
 
-def _on_failure(ctx: RankContext, cfg: dict, error: BaseException) -> None:
+def _on_failure(ctx: RankContext, cfg: RankConfig, error: BaseException) -> None:
     """Under the launcher (``record_resources``), before the rank's error goes to it: record the vLLM
     resources the rank's groups hold (shared memory and socket files created before the error, e.g.
     before start-up validation refused; the launcher removes them once the rank ended, as a killed
     rank's), and, for a start-up refusal (:data:`STARTUP_REFUSALS`), write its message into the world's
     folder, where the launcher reads it (a message queue is not flushed before a failed rank exits).
     Under torchrun the error itself reaches the command (a refusal is a ``ValueError``: exit 2)."""
-    if not cfg.get("record_resources"):
+    if not cfg.record_resources:
         return
     record_rank_resources(ctx.tmp_dir, ctx.rank)
     if isinstance(error, STARTUP_REFUSALS):
         record_refusal(ctx.tmp_dir, ctx.rank, str(error))
 
 
-def _gather(ctx: RankContext, stats: dict) -> list[dict]:
+def _gather(ctx: RankContext, stats: RankStats) -> list[RankStats]:
     everyone: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(everyone, stats, group=get_ep_group().cpu_group)
     return everyone

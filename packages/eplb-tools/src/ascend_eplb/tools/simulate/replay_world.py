@@ -11,7 +11,7 @@ experts in identity placement). Its checks:
 
 - ``outputs``: each layer's output for the real tokens equals the EPLB-off reference within
   ``atol + rtol * max|reference|`` (the rank's reported ``output_tolerance``, the driver's
-  ``SimulateConfig.outputs_rtol``: ``steps.output_bound``);
+  ``SimulateConfig.outputs_rtol``: ``steps.OutputTolerance.bound``);
 - ``load``: the recorded ``expert_load_pass`` equals the bincount of the real (unpadded) tokens'
   physical ids when recording was on, and is zero when it was off.
 
@@ -33,13 +33,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from vllm.config import EPLBConfig, ParallelConfig, VllmConfig, set_current_vllm_config
-from vllm.distributed.eplb.eplb_state import EplbState
 from vllm.distributed.parallel_state import (
     get_ep_group,
     init_distributed_environment,
     initialize_model_parallel,
 )
 
+from ascend_eplb.control import measures
 from ascend_eplb.integration.runner import Mrv2EplbWiring
 from ascend_eplb.integration.verify import EplbVerifier
 from ascend_eplb.integration.watchdog import WorkerWatchdog
@@ -49,13 +49,12 @@ from ascend_eplb.quant_views.reference import expert_seed
 from ascend_eplb.tools.simulate.config import ascend_policy_keys
 from ascend_eplb.tools.simulate.faults import WORKER_FAULTS, inject_stale_lookup, inject_worker_fault
 from ascend_eplb.tools.simulate.resources import HIDDEN_TABLE_ROWS
+from ascend_eplb.tools.simulate.stats import RankConfig, RankStats, StepLog
 from ascend_eplb.tools.simulate.steps import (
     CheckViolationError,
     CommitWatch,
     close_step,
     end_of_run,
-    new_stats,
-    output_bound,
     record_first_step_plan,
     record_initial_placement,
     record_resources,
@@ -101,24 +100,28 @@ class QuantExperts:
         return views
 
 
-def _vllm_config(cfg: dict, num_ranks: int) -> VllmConfig:
+def _vllm_config(cfg: RankConfig, num_ranks: int) -> VllmConfig:
     return VllmConfig(
         parallel_config=ParallelConfig(
             tensor_parallel_size=num_ranks,
             enable_expert_parallel=True,
             enable_eplb=True,
             eplb_config=EPLBConfig(
-                window_size=cfg["window_size"],
-                step_interval=cfg["step_interval"],
-                num_redundant_experts=cfg["num_redundant_experts"],
+                window_size=cfg.options.window_size,
+                step_interval=cfg.options.step_interval,
+                num_redundant_experts=cfg.options.num_redundant_experts,
                 use_async=True,
             ),
         ),
         additional_config={
             "eplb_config": {
-                "load_collection_phase": cfg["load_collection_phase"],
-                **ascend_policy_keys(cfg),
-                **({"initial_placement": cfg["initial_placement"]} if cfg.get("initial_placement") else {}),
+                "load_collection_phase": cfg.options.load_collection_phase,
+                **ascend_policy_keys(cfg.options),
+                **(
+                    {"initial_placement": cfg.options.initial_placement}
+                    if cfg.options.initial_placement
+                    else {}
+                ),
             }
         },
     )
@@ -131,7 +134,7 @@ class _ReplayWorld:
     step-invariant tensors the steps and checks share."""
 
     ctx: RankContext
-    cfg: dict
+    cfg: RankConfig
     fmt: Any
     experts: list[QuantExperts]  # per layer, this rank's p slots (EPLB placement)
     ref_storages: list[Any]  # per layer, the reference's experts [ref_lo, ref_hi) in identity placement
@@ -177,7 +180,7 @@ class _ReplayForward:
     bound: torch.Tensor  # [L]: the outputs check's bound
 
 
-def run_replay(ctx: RankContext, cfg: dict, routing: dict) -> dict:
+def run_replay(ctx: RankContext, cfg: RankConfig, routing: dict) -> RankStats:
     """This rank of the trace-replay world: vLLM's world over Gloo (TP = EP = the ranks), build the
     world, then per step the forward, the checks and the step's end (:func:`~ascend_eplb.tools.simulate.
     steps.close_step`), then the end of the run."""
@@ -195,20 +198,20 @@ def run_replay(ctx: RankContext, cfg: dict, routing: dict) -> dict:
         return _run_replay(ctx, cfg, routing, vc)
 
 
-def _run_replay(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> dict:
+def _run_replay(ctx: RankContext, cfg: RankConfig, routing: dict, vc: VllmConfig) -> RankStats:
     world = _build_replay_world(ctx, cfg, routing, vc)
-    stats = new_stats(cfg)
+    stats = StepLog(cfg.output_tolerance)
     record_initial_placement(stats, cfg, None)  # the verifier's fingerprints checked the install
     violation: CheckViolationError | None = None
     cursor = 0
     commits = CommitWatch(world.wiring.controller.bus)
-    for step in range(cfg["steps"]):
+    for step in range(cfg.options.steps):
         t0, c0 = time.perf_counter(), time.process_time()
         world.verifier_time[0] = 0.0
         placement = world.model_state.physical_to_logical_map.clone()  # in force for this forward
         fwd = _replay_step(world, cursor, stats)
         cursor += world.ctx.world_size * world.batch
-        stats["max_output_error"] = max(stats["max_output_error"], float(fwd.err.max()))
+        stats.max_output_error = max(stats.max_output_error, float(fwd.err.max()))
         rank_load = torch.bincount(
             ((fwd.all_phys[:, world.real] // world.p) + world.layer_offsets * ctx.world_size).reshape(-1),
             minlength=world.num_moe_layers * ctx.world_size,
@@ -229,7 +232,7 @@ def _run_replay(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> d
         )  # fmt: skip
         if stop:
             break
-    end_of_run(
+    return end_of_run(
         stats,
         violation,
         world.wiring,
@@ -239,10 +242,9 @@ def _run_replay(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> d
         world.verifier,
         world.p,
     )
-    return stats
 
 
-def _build_replay_world(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConfig) -> _ReplayWorld:
+def _build_replay_world(ctx: RankContext, cfg: RankConfig, routing: dict, vc: VllmConfig) -> _ReplayWorld:
     """Build this rank's trace-replay world: the storage of its slots under upstream's initial placement
     and the EPLB-off reference storage, the toy model, the wiring (runner ``__init__`` and
     ``load_model``: prepare, register with the routers bound, start the worker), the timed serving
@@ -251,15 +253,15 @@ def _build_replay_world(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConf
     ids_all, w_all, seq_offsets = routing["topk_ids"], routing["topk_weights"], routing["seq_offsets"]
     num_moe_layers, num_trace_tokens, top_k = ids_all.shape
     num_logical = int(routing["num_logical_experts"])
-    num_redundant = cfg["num_redundant_experts"]
+    num_redundant = cfg.options.num_redundant_experts
     num_physical = num_logical + num_redundant
     p = num_physical // num_ranks
-    hidden, inter, seed = cfg["hidden_size"], cfg["intermediate_size"], cfg["seed"]
-    batch, padded = cfg["batch_size"], cfg["padded_size"]
+    hidden, inter, seed = cfg.options.hidden_size, cfg.options.intermediate_size, cfg.options.seed
+    batch, padded = cfg.options.batch_size, cfg.padded_size
     seq_starts = np.zeros(num_trace_tokens, dtype=bool)
     seq_starts[seq_offsets[:-1]] = True
     group = get_ep_group().cpu_group
-    fmt = get_format(cfg["quant_format"])
+    fmt = get_format(cfg.options.quant_format)
 
     # Storage: this rank's slots under upstream's initial placement. Reference (the EPLB-off world):
     # logical experts in identity placement, rank r holding the r-th contiguous share of the E, built
@@ -272,11 +274,13 @@ def _build_replay_world(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConf
         pairs = [_expert_weights(seed, layer, e, hidden, inter) for e in range(num_logical)]
         w13, w2 = torch.stack([w[0] for w in pairs]), torch.stack([w[1] for w in pairs])
         experts.append(
-            QuantExperts(fmt, fmt.create_storage(w13[mine], w2[mine]), cfg["fault"] == "view-skips-scale")
+            QuantExperts(
+                fmt, fmt.create_storage(w13[mine], w2[mine]), cfg.options.fault == "view-skips-scale"
+            )
         )
         ref_storages.append(fmt.create_storage(w13[ref_lo:ref_hi], w2[ref_lo:ref_hi]))
     model = ToyMoEModel(experts, num_logical, num_redundant, num_ranks, top_k)
-    model_config = ToyModelConfig(cfg["trace_name"])
+    model_config = ToyModelConfig(cfg.trace_name)
 
     device = torch.device("cpu")
     wiring = Mrv2EplbWiring(vc, device)  # runner __init__
@@ -284,20 +288,17 @@ def _build_replay_world(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConf
     state = wiring.controller.state
     model_state = state.model_states[model_config.compute_hash()]
     watchdog, verifier, verifier_time = timed_hooks(wiring.controller)
-    if cfg["fault"] in WORKER_FAULTS and rank == num_ranks - 1:
-        inject_worker_fault(model_state.communicator, cfg["fault"], rank)
+    if cfg.options.fault in WORKER_FAULTS and rank == num_ranks - 1:
+        inject_worker_fault(model_state.communicator, cfg.options.fault, rank)
 
-    if cfg["fault"] == "wrong-lookup-refresh":
+    if cfg.options.fault == "wrong-lookup-refresh":
         inject_stale_lookup(model.layers[0].eplb_state)
 
     g = torch.Generator().manual_seed(seed)
     hidden_table = _hidden_table(g, hidden)
-    # EPLB off over the same tokens: upstream's initial placement (EplbState's linear map, redundant
-    # slots replicating experts 0..R-1), each expert's load split evenly over its replicas
-    # (integration.metrics, the policy's own model).
-    initial_p2l = torch.tensor(
-        EplbState.build_initial_global_physical_to_logical_map(num_logical, num_redundant), dtype=torch.int64
-    ).expand(num_moe_layers, -1)
+    # EPLB off over the same tokens: upstream's initial placement, each expert's load split evenly over
+    # its replicas (control.measures, the policy's own model).
+    initial_p2l = measures.upstream_initial_placement(num_logical, num_redundant, num_moe_layers)
     return _ReplayWorld(
         ctx=ctx, cfg=cfg, fmt=fmt, experts=experts, ref_storages=ref_storages, ref_lo=ref_lo, ref_hi=ref_hi,
         model=model, model_config=model_config, wiring=wiring, state=state, model_state=model_state,
@@ -313,7 +314,7 @@ def _build_replay_world(ctx: RankContext, cfg: dict, routing: dict, vc: VllmConf
     )  # fmt: skip
 
 
-def _replay_step(w: _ReplayWorld, cursor: int, stats: dict) -> _ReplayForward:
+def _replay_step(w: _ReplayWorld, cursor: int, stats: StepLog) -> _ReplayForward:
     """One replayed step's forward on this rank, from the trace token ``cursor`` on (the world consumes
     ``N * batch_size`` tokens per step): runner points ``prepare_inputs`` and ``prepare_forward``, every
     layer's upstream router, the all-gather dispatch, both worlds' experts, the all-reduce combine."""
@@ -364,7 +365,9 @@ def _replay_step(w: _ReplayWorld, cursor: int, stats: dict) -> _ReplayForward:
     dist.all_reduce(out, group=w.group)  # combine (both worlds, all layers, one collective)
     rows = slice(rank * padded, rank * padded + batch)  # the rank keeps its own rows
     err = (out[0, :, rows] - out[1, :, rows]).abs().amax(dim=(1, 2))  # [L]
-    bound = output_bound(stats, out[1, :, rows].abs().amax(dim=(1, 2)))  # the tolerance the rank reports
+    bound = stats.output_tolerance.bound(
+        out[1, :, rows].abs().amax(dim=(1, 2))
+    )  # the tolerance the rank reports
     return _ReplayForward(recording, phys, all_logical, all_phys, err, bound)
 
 
@@ -381,7 +384,7 @@ def _check_replay_outputs(w: _ReplayWorld, step: int, fwd: _ReplayForward) -> Ch
 
 
 def _check_replay_load(
-    w: _ReplayWorld, step: int, fwd: _ReplayForward, stats: dict
+    w: _ReplayWorld, step: int, fwd: _ReplayForward, stats: StepLog
 ) -> CheckViolationError | None:
     """The ``load`` check: upstream's ``expert_load_pass`` equals the bincount of this rank's real rows'
     physical ids when the step recorded, zero when it did not; counts what it compared in ``stats``."""
@@ -393,8 +396,8 @@ def _check_replay_load(
             minlength=num_moe_layers * num_physical,
         ).view(num_moe_layers, num_physical).to(torch.int32)  # fmt: skip
     recorded = w.model_state.expert_load_pass.clone()
-    stats["load_steps_recorded"] += int(fwd.recording)
-    stats["load_selections"] += int(expected_load.sum())
+    stats.load_steps_recorded += int(fwd.recording)
+    stats.load_selections += int(expected_load.sum())
     if torch.equal(recorded, expected_load):
         return None
     bad = int((recorded != expected_load).any(dim=1).nonzero()[0])

@@ -1,202 +1,404 @@
-"""``report.json``: what a run saw, from every rank's statistics, with the checks' verdicts and costs.
+"""``report.json``: what a run saw, from every rank's statistics and the serving events file, with the
+checks' verdicts and costs, as one :class:`SimulateReport` (its :meth:`~SimulateReport.to_json` is the
+file).
 
-Shape letters (DESIGN.md section 2): L MoE layers, N EP ranks.
+Totals count the start-up install of ``--initial-placement`` as they count a rearrangement (its layers,
+experts, bytes), each beside the install's share. Shape letters (DESIGN.md section 2): L MoE layers,
+E logical experts, P physical experts, N EP ranks.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
+from ascend_eplb.control import measures
+from ascend_eplb.integration.events import (
+    CommitRecord,
+    InitialPlacementRecord,
+    RearrangementRealisedRecord,
+    RearrangementRecord,
+    Run,
+    WindowRecord,
+    read_events,
+)
 from ascend_eplb.tools.simulate.config import SimulateConfig
+from ascend_eplb.tools.simulate.stats import OutputTolerance, RankStats
 from ascend_eplb.tools.simulate.verdicts import JUDGED, PASSED, check_verdicts, run_verdict
 
-__all__ = ["build_report", "rearrangement_records"]
+__all__ = ["InstallReport", "RearrangementOutcome", "SimulateReport", "build_report", "events_outcomes"]
 
 
-def build_report(config: SimulateConfig, routing: Any, results: list[dict], wall_s: float) -> dict:
+def _plain(value: Any) -> Any:
+    """``value`` as JSON holds it: dataclasses as objects, tuples as lists."""
+    if hasattr(value, "__dataclass_fields__"):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
+class RearrangementOutcome:
+    """What one closed window became (the events file's ``rearrangement`` record and, once the next
+    window closed, its ``rearrangement_realised`` one).
+
+    ``rearrangement``: the 1-based window index (None for a window without load); ``step``: the step the
+    record was made in; ``balancedness_realised``: the next window with load under the placement in
+    force after it (None until one closed); ``bytes_moved``: estimated (experts x one expert's bytes).
+    """
+
+    model: str | None
+    rearrangement: int | None
+    step: int
+    policy: str
+    skipped: str | None
+    balancedness_before: float | None
+    balancedness_planned: float | None
+    balancedness_realised: float | None
+    experts_moved: int
+    bytes_moved: int
+    layers_changed: int
+
+
+@dataclass(frozen=True)
+class InstallReport:
+    """With ``--initial-placement``: the file, what its start-up install moved (the events file's
+    ``initial_placement`` record: counted in every total of the report as a rearrangement is), and the
+    first step's mean balancedness measured beside the one ``plan`` computes for the installed placement
+    on that step's load and EPLB off's, ``plan``'s own prediction on the load the file was made from (its
+    ``source``, when it says), and whether every rank's slots held their logical experts right after
+    start-up (None: the world's only evidence is the verifier's check of the install)."""
+
+    source: str
+    layers_committed: int
+    layers_changed: int | None
+    experts_moved: int | None
+    bytes_moved: int | None
+    first_step_balancedness: float | None
+    first_step_planned: float | None
+    first_step_off: float | None
+    plan_predicted_on_its_load: float | None
+    slots_hold_their_experts: bool | None
+    slot_mismatches: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
+class EventsOutcomes:
+    """What the serving events file says a run did (:func:`events_outcomes`)."""
+
+    records: tuple[RearrangementOutcome, ...]
+    install: InitialPlacementRecord | None
+    #: per rank, the logical experts it received: in the start-up install, in the rearrangements' commits.
+    install_received: tuple[int, ...]
+    rearrangements_received: tuple[int, ...]
+    rearrangement_layer_commits: int
+
+
+@dataclass(frozen=True)
+class SimulateReport:
+    """``report.json`` (:meth:`to_json`). Per-step lists are rank 0's; ``balancedness*`` are mean
+    balancedness (:func:`ascend_eplb.control.measures.mean_balancedness`).
+
+    Totals, the start-up install included as a rearrangement is (``initial_placement`` has its share):
+    ``layers_committed``, ``experts_moved`` and ``bytes_moved`` (estimated: experts x one expert's
+    bytes), ``bytes_received`` (measured by the ranks' communicators, summed; per rank
+    ``bytes_received_per_rank``), ``busiest_rank_experts_received``.
+    """
+
+    ranks: int
+    data_parallel_size: int
+    tensor_parallel_size: int
+    moe_rows: str | None
+    model: str
+    format: str
+    trace: str
+    layers: int
+    num_logical_experts: int
+    num_redundant_experts: int
+    top_k: int
+    batch_size: int
+    padded_size: int
+    window_size: int
+    step_interval: int
+    load_collection_phase: str
+    steps: int
+    rearrangements: int
+    rearrangements_completed: int
+    layers_committed: int
+    balancedness_before: float | None
+    balancedness_after: float | None
+    balancedness_off_after: float | None
+    balancedness_off_mean: float | None
+    balancedness_per_step: tuple[float, ...]
+    balancedness_off_per_step: tuple[float, ...]
+    rank_load_share_per_step: tuple[tuple[float, ...], ...]
+    commit_completed_steps: tuple[int, ...]
+    initial_placement: InstallReport | None
+    bytes_received: int
+    bytes_received_per_rank: tuple[int, ...]
+    policy: str
+    min_balancedness_gain: float
+    target_balancedness: float | None
+    rearrangement_records: tuple[RearrangementOutcome, ...]
+    rearrangements_skipped: dict[str, int]
+    experts_moved: int
+    bytes_moved: int
+    busiest_rank_experts_received: int
+    costs: dict[str, Any] | None
+    out_dir: str
+    commit_seconds: tuple[float, ...]
+    step_seconds_p50: float
+    step_seconds_p99: float
+    step_seconds_p50_in_flight: float | None
+    step_seconds_p50_idle: float | None
+    world_cpu_seconds_per_step_p50: float
+    verifier_seconds_per_step_p50: float
+    verifier_seconds_per_step_mean: float
+    step_seconds_p50_without_verifier: float
+    max_output_error: float
+    output_tolerance: OutputTolerance
+    checks: dict[str, bool | None]
+    check_evidence: dict[str, str]
+    first_violation: str | None
+    worker_failure: tuple[str, int] | None
+    in_flight_at_end: tuple[Any, ...]
+    verdict: str
+    passed: bool
+    wall_seconds: float
+    config: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as ``report.json`` holds it."""
+        return _plain(self)
+
+
+def build_report(
+    config: SimulateConfig, routing: Any, results: list[RankStats], wall_s: float
+) -> SimulateReport:
     from ascend_eplb.tools.simulate.config import CHECKS
 
     r0 = results[0]
-    bal = r0["balancedness_per_step"]
-    commit_steps = [i for i, c in enumerate(r0["commits_per_step"]) if c]
-    rearr = r0["rearrangements_per_step"]
+    bal = list(r0.balancedness_per_step)
+    commit_steps = [i for i, c in enumerate(r0.commits_per_step) if c]
+    rearr = r0.rearrangements_per_step
     first_rearr = next((i for i, n in enumerate(rearr) if n > 0), None)
     # A rearrangement is complete when its last MoE layer commits (upstream commits layers in order).
-    completed = [i for i, c in enumerate(r0["commits_per_step"]) if routing.num_moe_layers - 1 in c]
-    bal_off = r0["balancedness_off_per_step"]
+    completed = [i for i, c in enumerate(r0.commits_per_step) if routing.num_moe_layers - 1 in c]
+    bal_off = list(r0.balancedness_off_per_step)
     before = bal[: first_rearr + 1] if first_rearr is not None else bal
     # From the first completed rearrangement on, routing runs on placements EPLB chose.
     after = bal[completed[0] + 1 :] if completed else []
     off_after = bal_off[completed[0] + 1 :] if completed else []
-    received = [int(res["bytes_moved"]) for res in results]  # per rank, toy sizes
-    busiest_experts = max(received) // r0["expert_nbytes"] if r0["expert_nbytes"] else 0
-    violations = [res["violation"] for res in results if res["violation"] is not None]
+    received = tuple(int(res.bytes_received or 0) for res in results)  # per rank, measured
+    violations = [res.violation for res in results if res.violation is not None]
     verdicts = check_verdicts(config, routing, results, violations)
     verdict = run_verdict(verdicts)
-    secs = np.array(r0["step_seconds"])
-    in_flight = np.array(r0["step_in_flight"], dtype=bool)
-    layers_committed = sum(len(c) for c in r0["commits_per_step"])
-    return {
-        "ranks": config.num_ranks,
+    secs = np.array(r0.step_seconds)
+    in_flight = np.array(r0.step_in_flight, dtype=bool)
+    outcomes = events_outcomes(Path(config.out_dir) / "events.jsonl", config.num_ranks)
+    done = outcomes.records
+    install = _install(config, results, bal, bal_off, outcomes.install, routing.num_moe_layers)
+    install_layers = 0 if install is None else install.layers_committed
+    busiest = [
+        a + b for a, b in zip(outcomes.install_received, outcomes.rearrangements_received, strict=True)
+    ]
+    from ascend_eplb.control.policy_config import SKIP_REASONS
+
+    return SimulateReport(
+        ranks=config.num_ranks,
         # The parallel layout served: DP x TP ranks (EP over all), and the MoE row layout the controller
         # used (``ascend_eplb.control.layout``: replicated, gathered, gathered-sp; the replay world split).
-        "data_parallel_size": config.data_parallel_size,
-        "tensor_parallel_size": config.tp_size,
-        "moe_rows": r0.get("moe_rows"),
-        "model": routing.architecture if not config.replays else "replay",
-        "format": config.quant_format,
-        "trace": routing.name,
-        "layers": routing.num_moe_layers,
-        "num_logical_experts": routing.num_logical_experts,
-        "num_redundant_experts": config.num_redundant_experts,
-        "top_k": routing.top_k,
-        "batch_size": config.batch_size,
-        "padded_size": config.effective_padded_size,
-        "window_size": config.window_size,
-        "step_interval": config.step_interval,
-        "load_collection_phase": config.load_collection_phase,
-        "steps": r0["steps_run"],
-        "rearrangements": r0["num_rearrangements"],
-        "rearrangements_completed": len(completed),
-        "layers_committed": layers_committed,
-        "balancedness_before": float(np.mean(before)) if before else None,
-        "balancedness_after": float(np.mean(after)) if after else None,
-        "balancedness_off_after": float(np.mean(off_after)) if off_after else None,
-        "balancedness_off_mean": float(np.mean(bal_off)) if bal_off else None,
-        "balancedness_per_step": bal,
-        "balancedness_off_per_step": bal_off,
-        "rank_load_share_per_step": r0["rank_load_share_per_step"],
-        "commit_completed_steps": completed,
-        "initial_placement": _initial_placement(config, results, bal, bal_off),
-        "bytes_moved": int(sum(received)),
-        "bytes_received_per_rank": received,
+        data_parallel_size=config.data_parallel_size,
+        tensor_parallel_size=config.tp_size,
+        moe_rows=r0.moe_rows,
+        model=routing.architecture if not config.replays else "replay",
+        format=config.quant_format,
+        trace=routing.name,
+        layers=routing.num_moe_layers,
+        num_logical_experts=routing.num_logical_experts,
+        num_redundant_experts=config.num_redundant_experts,
+        top_k=routing.top_k,
+        batch_size=config.batch_size,
+        padded_size=config.effective_padded_size,
+        window_size=config.window_size,
+        step_interval=config.step_interval,
+        load_collection_phase=config.load_collection_phase,
+        steps=r0.steps_run,
+        rearrangements=r0.num_rearrangements,
+        rearrangements_completed=len(completed),
+        layers_committed=sum(len(c) for c in r0.commits_per_step) + install_layers,
+        balancedness_before=float(np.mean(before)) if before else None,
+        balancedness_after=float(np.mean(after)) if after else None,
+        balancedness_off_after=float(np.mean(off_after)) if off_after else None,
+        balancedness_off_mean=float(np.mean(bal_off)) if bal_off else None,
+        balancedness_per_step=tuple(bal),
+        balancedness_off_per_step=tuple(bal_off),
+        rank_load_share_per_step=r0.rank_load_share_per_step,
+        commit_completed_steps=tuple(completed),
+        initial_placement=install,
+        bytes_received=sum(received),
+        bytes_received_per_rank=received,
         # The placement policy and the gain gate the serving config set, and what each rearrangement
         # did with them: the serving events file's records (EP rank 0's events.jsonl).
-        "policy": config.policy,
-        "min_balancedness_gain": config.min_balancedness_gain,
-        "target_balancedness": config.target_balancedness,
-        **rearrangement_records(Path(config.out_dir) / "events.jsonl"),
-        "busiest_rank_experts_received": int(busiest_experts),
-        "costs": _costs(config, routing, int(busiest_experts), len(completed) or r0["num_rearrangements"]),
-        "out_dir": str(Path(config.out_dir).resolve()),
-        "commit_seconds": [float(secs[i]) for i in commit_steps],
-        "step_seconds_p50": float(np.percentile(secs, 50)),
-        "step_seconds_p99": float(np.percentile(secs, 99)),
-        "step_seconds_p50_in_flight": float(np.percentile(secs[in_flight], 50)) if in_flight.any() else None,
-        "step_seconds_p50_idle": float(np.percentile(secs[~in_flight], 50)) if (~in_flight).any() else None,
+        policy=config.policy,
+        min_balancedness_gain=config.min_balancedness_gain,
+        target_balancedness=config.target_balancedness,
+        rearrangement_records=done,
+        rearrangements_skipped={r: sum(x.skipped == r for x in done) for r in SKIP_REASONS},
+        experts_moved=sum(x.experts_moved for x in done) + _or0(install and install.experts_moved),
+        bytes_moved=sum(x.bytes_moved for x in done) + _or0(install and install.bytes_moved),
+        busiest_rank_experts_received=max(busiest, default=0),
+        costs=_costs(
+            config, max(outcomes.rearrangements_received, default=0), outcomes.rearrangement_layer_commits
+        ),
+        out_dir=str(Path(config.out_dir).resolve()),
+        commit_seconds=tuple(float(secs[i]) for i in commit_steps),
+        step_seconds_p50=float(np.percentile(secs, 50)),
+        step_seconds_p99=float(np.percentile(secs, 99)),
+        step_seconds_p50_in_flight=float(np.percentile(secs[in_flight], 50)) if in_flight.any() else None,
+        step_seconds_p50_idle=float(np.percentile(secs[~in_flight], 50)) if (~in_flight).any() else None,
         # CPU seconds one step costs the whole world (sum over ranks of each rank's median): what the
         # step needs from the machine whatever else runs on it; wall / this = cores the world got.
-        "world_cpu_seconds_per_step_p50": float(
-            sum(np.percentile(res["step_cpu_seconds"], 50) for res in results)
-        ),
+        world_cpu_seconds_per_step_p50=float(sum(np.percentile(res.step_cpu_seconds, 50) for res in results)),
         # The serving verifier's own time per step (its checks at each commit and its collective at the
         # step boundary after one), measured inside the same steps: the cost of ASCEND_EPLB_VERIFY=1.
-        "verifier_seconds_per_step_p50": float(np.percentile(r0["verifier_seconds"], 50)),
-        "verifier_seconds_per_step_mean": float(np.mean(r0["verifier_seconds"])),
-        "step_seconds_p50_without_verifier": float(
-            np.percentile(secs - np.array(r0["verifier_seconds"]), 50)
-        ),
-        "max_output_error": max(res["max_output_error"] for res in results),
-        "output_tolerance": r0["output_tolerance"],  # what the world's outputs check compared with
+        verifier_seconds_per_step_p50=float(np.percentile(r0.verifier_seconds, 50)),
+        verifier_seconds_per_step_mean=float(np.mean(r0.verifier_seconds)),
+        step_seconds_p50_without_verifier=float(np.percentile(secs - np.array(r0.verifier_seconds), 50)),
+        max_output_error=max(res.max_output_error for res in results),
+        output_tolerance=r0.output_tolerance,  # what the world's outputs check compared with
         # True passed, False failed, None not judged; ``check_evidence``: what each check saw, or why not.
-        "checks": {name: JUDGED[verdicts[name][0]] for name in CHECKS},
-        "check_evidence": {name: verdicts[name][1] for name in CHECKS},
-        "first_violation": violations[0][1] if violations else None,
-        "worker_failure": r0["worker_failure"],
-        "in_flight_at_end": [cycle for res in results for cycle in res["in_flight_at_end"]],
-        "verdict": verdict,
-        "passed": verdict == PASSED,
-        "wall_seconds": wall_s,
-        "config": config.to_json(),
-    }
+        checks={name: JUDGED[verdicts[name][0]] for name in CHECKS},
+        check_evidence={name: verdicts[name][1] for name in CHECKS},
+        first_violation=violations[0][1] if violations else None,
+        worker_failure=r0.worker_failure,
+        in_flight_at_end=tuple(cycle for res in results for cycle in res.in_flight_at_end),
+        verdict=verdict,
+        passed=verdict == PASSED,
+        wall_seconds=wall_s,
+        config=config.to_json(),
+    )
 
 
-def _initial_placement(config: SimulateConfig, results: list[dict], bal: list, bal_off: list) -> dict | None:
-    """With ``--initial-placement``: the file, the first step's balancedness measured (the ranks' routed
-    selections) beside the one ``plan`` computes for the installed placement on that step's load and
-    EPLB off's, ``plan``'s own prediction on the load the file was made from (its ``source``, when it
-    says), and whether every rank's slots held their logical experts right after start-up (None: the
-    world's only evidence is the verifier's check of the install)."""
+def _or0(value: int | None) -> int:
+    return value or 0
+
+
+def _install(
+    config: SimulateConfig,
+    results: list[RankStats],
+    bal: list[float],
+    bal_off: list[float],
+    record: InitialPlacementRecord | None,
+    num_moe_layers: int,
+) -> InstallReport | None:
+    """:class:`InstallReport` of a run with ``--initial-placement`` (None without)."""
     if config.initial_placement is None:
         return None
-    import json
-
-    held = [res.get("initial_placement", {}).get("slot_mismatches") for res in results]
+    held = [None if res.install is None else res.install.slot_mismatches for res in results]
     predicted = None
     try:
         provenance = json.loads(Path(config.initial_placement).read_text(encoding="utf-8")).get("source")
         predicted = provenance.get("balancedness_after") if isinstance(provenance, dict) else None
     except (OSError, ValueError, AttributeError):
         pass  # an events file (JSON lines), or a file without provenance
-    return {
-        "source": config.initial_placement,
-        "first_step_balancedness": bal[0] if bal else None,
-        "first_step_planned": results[0].get("initial_placement", {}).get("first_step_planned"),
-        "first_step_off": bal_off[0] if bal_off else None,
-        "plan_predicted_on_its_load": predicted,
-        "slots_hold_their_experts": None if None in held else all(m == [] for m in held),
-        "slot_mismatches": [m for m in held if m],
-    }
+    r0 = results[0]
+    return InstallReport(
+        source=config.initial_placement,
+        layers_committed=num_moe_layers,  # the install commits every layer, changed or not
+        layers_changed=None if record is None else record.layers_changed,
+        experts_moved=None if record is None else record.experts_moved,
+        bytes_moved=None if record is None else record.bytes_moved,
+        first_step_balancedness=bal[0] if bal else None,
+        first_step_planned=None if r0.install is None else r0.install.first_step_planned,
+        first_step_off=bal_off[0] if bal_off else None,
+        plan_predicted_on_its_load=predicted,
+        slots_hold_their_experts=None if None in held else all(m == [] for m in held),
+        slot_mismatches=tuple(tuple(m) for m in held if m),
+    )
 
 
-def rearrangement_records(events_file: Path) -> dict:
-    """What each closed window became, from the serving events file's ``rearrangement`` records (and the
-    ``rearrangement_realised`` ones: the next window's balancedness under the placement), oldest first.
-
-    Returns ``report.json``'s ``rearrangement_records`` (per record: ``rearrangement``, the 1-based
-    window index, None for a window without load; ``step``, the step the record was made in;
-    ``policy``; ``skipped``: None or the gate's reason; ``balancedness_before`` (the window under the
-    placement committed when it closed), ``balancedness_planned`` (under the policy's placement; None
-    when the policy did not run), ``balancedness_realised`` (the next window with load under the placement
-    in force after it; None until one closed); ``experts_moved``, ``bytes_moved`` (what the ranks received
-    together, at the run's expert size), ``layers_changed``), ``rearrangements_skipped`` (count per reason
-    of ``ascend_eplb.control.policy_config.SKIP_REASONS``, each listed) and ``experts_moved`` (the sum).
-    A rearrangement still moving when the run ended has no record yet. No events file (a rank on
-    another host wrote it): no records.
+def events_outcomes(events_file: Path, num_ranks: int) -> EventsOutcomes:
+    """What the serving events file (EP rank 0's) says the run did, from its last run: every model's
+    ``rearrangement`` records, oldest first, each with its ``rearrangement_realised`` balancedness; the
+    start-up install's record; and per rank the logical experts it received, replayed from the committed
+    placements (the install's from upstream's initial placement, each ``commit`` from the placement
+    before it: :func:`ascend_eplb.control.measures.received_experts`). A rearrangement still moving when
+    the run ended has no ``rearrangement`` record yet (its committed layers are counted per rank). No
+    events file (a rank on another host wrote it): nothing.
     """
-    from ascend_eplb.control.policy_config import SKIP_REASONS
-
-    records: list[dict] = []
-    if events_file.is_file():
-        from ascend_eplb.integration.events import read_records
-
-        events = [record for _, record in read_records(events_file)]
-        realised = {
-            e["rearrangement"]: e["balancedness_realised"]
-            for e in events
-            if e["event"] == "rearrangement_realised"
-        }
-        keys = ("policy", "skipped", "balancedness_before", "balancedness_planned")
-        for e in events:
-            if e["event"] != "rearrangement":
-                continue
-            index = e["rearrangement"]
-            records.append({
-                "rearrangement": index, "step": e["step"], **{k: e[k] for k in keys},
-                "balancedness_realised": None if index is None else realised.get(index),
-                "experts_moved": e["experts_moved"], "bytes_moved": e["bytes_moved"],
-                "layers_changed": e["layers_changed"],
-            })  # fmt: skip
-    return {
-        "rearrangement_records": records,
-        "rearrangements_skipped": {r: sum(x["skipped"] == r for x in records) for r in SKIP_REASONS},
-        "experts_moved": sum(x["experts_moved"] for x in records),
+    nothing = (0,) * num_ranks
+    if not events_file.is_file():
+        return EventsOutcomes((), None, nothing, nothing, 0)
+    events = read_events(events_file)
+    run = events.runs[-1] if events.runs else Run(0, ())
+    realised = {
+        (r.model, r.rearrangement): r.balancedness_realised
+        for _, r in run.records
+        if isinstance(r, RearrangementRealisedRecord)
     }
+    records = tuple(_outcome(r, realised) for _, r in run.records if isinstance(r, RearrangementRecord))
+    installs = [r for _, r in run.records if isinstance(r, InitialPlacementRecord)]
+    install_received = torch.zeros(num_ranks, dtype=torch.int64)
+    received = torch.zeros(num_ranks, dtype=torch.int64)
+    commits = 0
+    placements: dict[str | None, torch.Tensor] = {}  # per model, the placement in force
+    for _, r in run.records:
+        if isinstance(r, InitialPlacementRecord):
+            new = torch.tensor(r.placement, dtype=torch.int64)
+            start = measures.upstream_initial_placement(
+                r.num_logical_experts, new.shape[1] - r.num_logical_experts, new.shape[0]
+            )
+            install_received += measures.received_experts(start, new, num_ranks).sum(dim=0)
+            placements[r.model] = new
+        elif isinstance(r, WindowRecord) and r.model not in placements:
+            e, p = len(r.load[0]), r.num_physical_experts or len(r.load[0])
+            placements[r.model] = measures.upstream_initial_placement(e, p - e, len(r.load))
+        elif isinstance(r, CommitRecord) and r.placement is not None and r.model in placements:
+            current = placements[r.model]
+            row = torch.tensor(r.placement, dtype=torch.int64)
+            received += measures.received_experts(current[r.layer : r.layer + 1], row.view(1, -1), num_ranks)[
+                0
+            ]
+            current[r.layer] = row
+            commits += 1
+    return EventsOutcomes(
+        records,
+        installs[-1] if installs else None,
+        tuple(install_received.tolist()),
+        tuple(received.tolist()),
+        commits,
+    )
 
 
-def _costs(config: SimulateConfig, routing: Any, busiest_experts: int, rearrangements: int) -> dict | None:
-    """With ``--model-config``: the costs at the model's size (:mod:`ascend_eplb.tools.costs`); the
-    busiest rank's experts received per rearrangement are the simulated ones per simulated layer,
-    scaled to the model's MoE layers."""
+def _outcome(r: RearrangementRecord, realised: dict[tuple[str | None, int], float]) -> RearrangementOutcome:
+    return RearrangementOutcome(
+        model=r.model, rearrangement=r.rearrangement, step=r.step, policy=r.policy, skipped=r.skipped,
+        balancedness_before=r.balancedness_before, balancedness_planned=r.balancedness_planned,
+        balancedness_realised=None if r.rearrangement is None else realised.get((r.model, r.rearrangement)),
+        experts_moved=r.experts_moved, bytes_moved=r.bytes_moved, layers_changed=r.layers_changed,
+    )  # fmt: skip
+
+
+def _costs(config: SimulateConfig, busiest_experts: int, layer_commits: int) -> dict | None:
+    """With ``--model-config``: the costs at the model's size (:mod:`ascend_eplb.tools.costs`); the busiest
+    rank's experts received per layer of a rearrangement are the simulated ones (the rank receiving most
+    over the rearrangements' layer commits, the start-up install not counted: it is no rearrangement's
+    cost), per layer committed."""
     if config.model_config is None:
         return None
     from ascend_eplb.tools.costs import estimate_costs, read_model_size
 
     model = read_model_size(config.model_config)
-    per_layer = busiest_experts / max(rearrangements, 1) / routing.num_moe_layers if busiest_experts else None
+    per_layer = busiest_experts / layer_commits if busiest_experts and layer_commits else None
     c = estimate_costs(
         model,
         config.quant_format,

@@ -1,10 +1,10 @@
 """What both worlds of a simulator rank do at each step's end and at the run's end, and record.
 
-:func:`new_stats` is a rank's statistics (the report's schema); :func:`timed_hooks` times the serving
-verifier's subscribers; :class:`CommitWatch` hears every layer commit on the controller's bus;
-:func:`close_step` is the end of one step the same in both worlds (runner point 9, the watchdog and the
-verifier, the commits, balancedness and rank shares, the progress message, whether every rank stops);
-:func:`end_of_run` the runner's shutdown point and what this rank's checks saw. Shape letters (DESIGN.md
+:func:`end_of_run` freezes what a rank accumulated while it ran (``stats.StepLog``) into its
+``stats.RankStats`` (what the driver's report reads); :func:`timed_hooks` times the serving verifier's
+subscribers; :class:`CommitWatch` hears every layer commit on the controller's bus; :func:`close_step` is
+the end of one step the same in both worlds (runner point 9, the watchdog and the verifier, the commits,
+balancedness and rank shares, the progress message, whether every rank stops). Shape letters (DESIGN.md
 section 2): L MoE layers, E logical experts, P physical experts, N EP ranks.
 """
 
@@ -15,7 +15,7 @@ from ascend_eplb.tools.simulate import cpu_platform as _cpu_platform  # noqa: F4
 # isort: split
 
 import time
-from dataclasses import asdict
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from vllm.distributed.parallel_state import get_ep_group
 
+from ascend_eplb.control import measures
 from ascend_eplb.control.bus import CommitEvent
 from ascend_eplb.integration import metrics
 from ascend_eplb.integration.runner import Mrv2EplbWiring
@@ -30,6 +31,7 @@ from ascend_eplb.integration.serving import guardrails_of
 from ascend_eplb.integration.verify import EplbVerificationError, EplbVerifier
 from ascend_eplb.integration.watchdog import EplbWorkerFailureError, WorkerWatchdog
 from ascend_eplb.launch import RankContext
+from ascend_eplb.tools.simulate.stats import InstallSeen, RankConfig, RankStats, StepLog, frozen
 
 __all__ = [
     "CheckViolationError",
@@ -37,8 +39,6 @@ __all__ = [
     "close_step",
     "end_of_run",
     "end_of_step",
-    "new_stats",
-    "output_bound",
     "record_resources",
     "timed_hooks",
 ]
@@ -50,41 +50,11 @@ class CheckViolationError(Exception):
         self.check = check
 
 
-def record_resources(ctx: RankContext, cfg: dict) -> None:
-    if cfg.get("record_resources"):
+def record_resources(ctx: RankContext, cfg: RankConfig) -> None:
+    if cfg.record_resources:
         from ascend_eplb.tools.simulate.lifecycle import record_rank_resources
 
         record_rank_resources(ctx.tmp_dir, ctx.rank)  # the launcher removes what a killed rank left
-
-
-def new_stats(cfg: dict) -> dict[str, Any]:
-    """A rank's statistics, per step (the report's schema, both worlds); ``output_tolerance`` is the one
-    the outputs check of this rank compares with (``cfg``'s, decided by the driver)."""
-    return {
-        "output_tolerance": dict(cfg["output_tolerance"]),
-        "balancedness_per_step": [],
-        "balancedness_off_per_step": [],
-        "rank_load_share_per_step": [],
-        "step_seconds": [],
-        "step_cpu_seconds": [],
-        "verifier_seconds": [],
-        "step_in_flight": [],
-        "commits_per_step": [],
-        "rearrangements_per_step": [],
-        "max_output_error": 0.0,
-        "worker_failure": None,
-        # What the load check compared: steps that recorded, and the real selections they held.
-        "load_steps_recorded": 0,
-        "load_selections": 0,
-    }
-
-
-def output_bound(stats: dict[str, Any], reference_max: Any) -> Any:
-    """The ``outputs`` check's bound, ``atol + rtol * max|reference|``, with the tolerance the rank reports
-    (``stats["output_tolerance"]``): what the report states is what was compared. ``reference_max``: a
-    float, or a tensor (one bound per element)."""
-    tolerance = stats["output_tolerance"]
-    return tolerance["atol"] + tolerance["rtol"] * reference_max
 
 
 def timed_hooks(controller: Any) -> tuple[WorkerWatchdog, EplbVerifier, list[float]]:
@@ -132,7 +102,7 @@ class CommitWatch:
 
 
 def close_step(
-    ctx: RankContext, stats: dict, step: int, started: tuple[float, float], violation: Any,
+    ctx: RankContext, stats: StepLog, step: int, started: tuple[float, float], violation: Any,
     after_sampling: Any, model_state: Any, state: Any, watchdog: WorkerWatchdog, hook_seconds: list[float],
     commits: CommitWatch, loads: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
 ) -> tuple[Any, bool]:  # fmt: skip
@@ -153,16 +123,16 @@ def close_step(
         verified = CheckViolationError(e.check, str(e))
     except EplbWorkerFailureError as e:  # ASCEND_EPLB_ON_WORKER_FAILURE=raise, on every rank
         verified = CheckViolationError("worker", str(e))
-    stats["step_seconds"].append(time.perf_counter() - started[0])
-    stats["step_cpu_seconds"].append(time.process_time() - started[1])  # this process, all its threads
-    stats["verifier_seconds"].append(hook_seconds[0])
-    stats["step_in_flight"].append(in_flight)
-    if watchdog.failure is not None and stats["worker_failure"] is None:
+    stats.step_seconds.append(time.perf_counter() - started[0])
+    stats.step_cpu_seconds.append(time.process_time() - started[1])  # this process, all its threads
+    stats.verifier_seconds.append(hook_seconds[0])
+    stats.step_in_flight.append(in_flight)
+    if watchdog.failure is not None and stats.worker_failure is None:
         # EPLB stopped on every rank at this step; serving (and every other check) goes on.
-        stats["worker_failure"] = (watchdog.failure.message(), step)
+        stats.worker_failure = (watchdog.failure.message(), step)
         violation = violation or CheckViolationError("worker", watchdog.failure.message())
     end_of_step(stats, state, commits.drain(), *loads, ctx.world_size)
-    ctx.send(("step", step, state.num_rearrangements, stats["balancedness_per_step"][-1]))
+    ctx.send(("step", step, state.num_rearrangements, stats.balancedness_per_step[-1]))
     if verified is not None:
         # Raised on every rank at this same step boundary: all ranks stop here together.
         return violation or verified, True
@@ -172,72 +142,65 @@ def close_step(
     return violation, int(flag) > 0
 
 
-def record_initial_placement(stats: dict, cfg: dict, slot_mismatches: list[str] | None) -> None:
-    """With ``--initial-placement``: what this rank held right after start-up (the slots not holding their
-    logical expert under the installed placement; None where the world has no float or fingerprint
-    truth of its own, the verifier's check of the install then being the evidence)."""
-    if cfg.get("initial_placement"):
-        stats["initial_placement"] = {"slot_mismatches": slot_mismatches, "first_step_planned": None}
+def record_initial_placement(stats: StepLog, cfg: RankConfig, slot_mismatches: list[str] | None) -> None:
+    """With ``--initial-placement``: what this rank held right after start-up (:class:`InstallSeen`)."""
+    if cfg.options.initial_placement:
+        stats.install = InstallSeen(slot_mismatches)
 
 
 def record_first_step_plan(
-    stats: dict, step: int, logical_load: torch.Tensor, placement: torch.Tensor, num_ranks: int
+    stats: StepLog, step: int, logical_load: torch.Tensor, placement: torch.Tensor, num_ranks: int
 ) -> None:
-    """At step 0 with ``--initial-placement``: the balancedness ``plan`` predicts for the installed
-    ``placement`` ``(L, P)`` on the step's routed ``logical_load`` ``(L, E)`` (integration.metrics, each
-    expert's load split evenly over its replicas: plan's own measure), to print beside the one measured."""
-    if step == 0 and "initial_placement" in stats:
-        planned = metrics.balancedness(metrics.rank_loads(logical_load, placement, num_ranks))
-        stats["initial_placement"]["first_step_planned"] = planned
+    """At step 0 with ``--initial-placement``: the mean balancedness ``plan`` predicts for the installed
+    ``placement`` ``(L, P)`` on the step's routed ``logical_load`` ``(L, E)`` (each expert's load split
+    evenly over its replicas: plan's own measure), to print beside the one measured."""
+    if step == 0 and stats.install is not None:
+        planned = measures.mean_balancedness(measures.rank_loads(logical_load, placement, num_ranks))
+        stats.install.first_step_planned = planned
 
 
 def end_of_step(
-    stats: dict, state: Any, committed_layers: list[int], rank_load: torch.Tensor, logical_load: torch.Tensor,
-    initial_p2l: torch.Tensor, num_ranks: int,
+    stats: StepLog, state: Any, committed_layers: list[int], rank_load: torch.Tensor,
+    logical_load: torch.Tensor, initial_p2l: torch.Tensor, num_ranks: int,
 ) -> None:  # fmt: skip
-    """Record the step's commits (``committed_layers``, from the bus), rearrangements, balancedness with
-    EPLB (``rank_load`` ``(L, N)``: the ranks' routed selections) and without (``logical_load`` ``(L, E)``
-    on upstream's initial placement ``initial_p2l``, each expert's load split over its replicas) and rank
-    shares.
-
-    Balancedness is one definition everywhere: per layer mean rank load / max rank load, averaged over
-    layers, a layer without load 1.0 (nothing to balance): ``integration.metrics.balancedness`` of the
-    rank loads with EPLB (what the events file and the metrics report), ``control.policy.balancedness``
-    without (the migration-aware policy's own measure)."""
-    from ascend_eplb.control.policy import balancedness
-
-    stats["commits_per_step"].append(list(committed_layers))
-    stats["rearrangements_per_step"].append(state.num_rearrangements)
+    """Record the step's commits (``committed_layers``, from the bus), rearrangements, mean balancedness
+    with EPLB (of ``rank_load`` ``(L, N)``: the ranks' routed selections) and without (``logical_load``
+    ``(L, E)`` on upstream's initial placement ``initial_p2l``, each expert's load split over its replicas)
+    and rank shares. Both are :func:`ascend_eplb.control.measures.mean_balancedness`: a layer without
+    load counts 1.0."""
+    stats.commits_per_step.append(list(committed_layers))
+    stats.rearrangements_per_step.append(state.num_rearrangements)
     loads = rank_load.numpy()
-    stats["balancedness_per_step"].append(metrics.balancedness(rank_load))
+    stats.balancedness_per_step.append(measures.mean_balancedness(rank_load))
     # Per-rank share of each layer's selections, averaged over layers (1/N everywhere = balanced).
-    stats["rank_load_share_per_step"].append(
+    stats.rank_load_share_per_step.append(
         (loads / np.maximum(loads.sum(axis=1, keepdims=True), 1)).mean(axis=0).tolist()
     )
-    stats["balancedness_off_per_step"].append(
-        float(balancedness(logical_load, initial_p2l, num_ranks).mean())
+    stats.balancedness_off_per_step.append(
+        measures.mean_balancedness(measures.rank_loads(logical_load, initial_p2l, num_ranks))
     )
 
 
 def end_of_run(
-    stats: dict, violation: Any, wiring: Mrv2EplbWiring, state: Any, model_state: Any,
+    stats: StepLog, violation: Any, wiring: Mrv2EplbWiring, state: Any, model_state: Any,
     watchdog: WorkerWatchdog, verifier: EplbVerifier, slots_per_rank: int,
-) -> None:  # fmt: skip
+) -> RankStats:  # fmt: skip
     """The end of a run, the same in both worlds: the runner's shutdown point (the watchdog logs a cycle
-    in flight, :meth:`WorkerWatchdog.at_shutdown`), then what this rank's checks saw (and ``moe_rows``, the
-    row layout of its last forward: ``ascend_eplb.control.layout``)."""
+    in flight, :meth:`WorkerWatchdog.at_shutdown`), then this rank's :class:`RankStats`."""
     wiring.shutdown()
     layout = getattr(wiring.controller, "last_row_layout", None)
-    stats["moe_rows"] = None if layout is None else layout.rows
-    stats["violation"] = None if violation is None else (violation.check, str(violation))
-    stats["steps_run"] = len(stats["step_seconds"])
-    stats["num_rearrangements"] = state.num_rearrangements
-    stats["num_skipped_rearrangements"] = state.num_skipped_rearrangements  # all-zero windows
-    stats["bytes_moved"] = metrics.bytes_received(model_state)  # our communicator: counted
-    # One expert's bytes as the transaction moves them (the first MoE layer's weight views, scales
-    # included): integration.metrics' count, the one the events file and the metrics use.
-    stats["expert_nbytes"] = metrics.expert_bytes(model_state.model.expert_weights)[0]
-    stats["verifier_commits_checked"] = verifier.commits_checked
-    stats["verifier_steps"] = verifier.steps
-    stats["slots_per_rank"] = slots_per_rank
-    stats["in_flight_at_end"] = [asdict(cycle) for cycle in watchdog.in_flight_at_shutdown]
+    return RankStats(
+        **{f.name: frozen(getattr(stats, f.name)) for f in fields(StepLog)},
+        moe_rows=None if layout is None else layout.rows,
+        violation=None if violation is None else (violation.check, str(violation)),
+        num_rearrangements=state.num_rearrangements,
+        num_skipped_rearrangements=state.num_skipped_rearrangements,  # all-zero windows
+        bytes_received=metrics.bytes_received(model_state),  # our communicator: counted
+        # One expert's bytes as the transaction moves them (the first MoE layer's weight views, scales
+        # included): integration.metrics' count, the one the events file and the metrics use.
+        expert_nbytes=metrics.expert_bytes(model_state.model.expert_weights)[0],
+        verifier_commits_checked=verifier.commits_checked,
+        verifier_steps=verifier.steps,
+        slots_per_rank=slots_per_rank,
+        in_flight_at_end=tuple(watchdog.in_flight_at_shutdown),
+    )

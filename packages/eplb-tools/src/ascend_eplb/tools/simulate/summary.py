@@ -4,9 +4,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from ascend_eplb.tools.simulate.report import SimulateReport
 from ascend_eplb.tools.simulate.verdicts import FAILED, NOT_JUDGED, PASSED
 
 __all__ = ["summary_text"]
+
+
+def _install_note(report: SimulateReport) -> str:
+    """How the top line's totals count the start-up install (nothing without one)."""
+    install = report.initial_placement
+    if install is None:
+        return ""
+    return (
+        f" (every total counts the start-up install of {install.layers_committed} layers as a rearrangement)"
+    )
+
 
 #: Rearrangements the summary lists one per line (report.json has all of them).
 SHOWN_REARRANGEMENTS = 12
@@ -21,44 +33,52 @@ REALISED_BELOW_BEFORE = (
 )
 
 
-def _rearrangement_lines(report: dict, f) -> list[str]:
-    """The policy and the gain gate of the run, what the rearrangements moved and skipped, and one line
-    per rearrangement: its balancedness before, planned and realised beside the experts and bytes it
-    moved, or the gate's reason."""
+def _rearrangement_lines(report: SimulateReport, f) -> list[str]:
+    """The policy and the gain gate of the run, what the rearrangements (and the start-up install) moved
+    and skipped, and one line per rearrangement: its balancedness before, planned and realised beside the
+    experts and bytes it moved, or the gate's reason."""
     from ascend_eplb.control.policy_config import PolicySettings
     from ascend_eplb.tools.costs import format_bytes
 
     settings = PolicySettings(
-        report["policy"], report["min_balancedness_gain"], report["target_balancedness"]
+        report.policy, report.min_balancedness_gain, report.target_balancedness
     ).describe()
-    records = report["rearrangement_records"]
-    done = [r for r in records if r["skipped"] is None]
-    skipped = ", ".join(f"{k} {v}" for k, v in report["rearrangements_skipped"].items() if v) or "none"
+    records = report.rearrangement_records
+    done = [r for r in records if r.skipped is None]
+    skipped = ", ".join(f"{k} {v}" for k, v in report.rearrangements_skipped.items() if v) or "none"
+    install = report.initial_placement
+    counted = install is not None and install.experts_moved is not None
     lines = [
-        f"  {settings}: {len(done)} rearrangements moved {report['experts_moved']} experts "
-        f"({format_bytes(sum(r['bytes_moved'] for r in done))}); skipped: {skipped}"
+        f"  {settings}: {len(done)} rearrangements{' and the start-up install' if counted else ''} moved "
+        f"{report.experts_moved} experts ({format_bytes(report.bytes_moved)}); skipped: {skipped}"
     ]
+    if counted:
+        lines.append(
+            f"    start-up install (before step 0): {install.experts_moved} experts, "
+            f"{format_bytes(install.bytes_moved)} moved, {install.layers_changed} of "
+            f"{install.layers_committed} layers changed"
+        )
     for r in records[:SHOWN_REARRANGEMENTS]:
-        name = "window without load" if r["rearrangement"] is None else f"rearrangement {r['rearrangement']}"
+        name = "window without load" if r.rearrangement is None else f"rearrangement {r.rearrangement}"
         # The record's step: a done one's last layer commit (it started when its window closed, one layer
         # committed per step after), a skipped one's decision.
-        when = "committed at" if r["skipped"] is None else "skipped at"
-        head = f"    {name} ({when} step {r['step']}): balancedness {f(r['balancedness_before'])}"
-        if r["skipped"] is None:
+        when = "committed at" if r.skipped is None else "skipped at"
+        head = f"    {name} ({when} step {r.step}): balancedness {f(r.balancedness_before)}"
+        if r.skipped is None:
             lines.append(
-                f"{head} -> planned {f(r['balancedness_planned'])}, realised "
-                f"{f(r['balancedness_realised'])}; {r['experts_moved']} experts, "
-                f"{format_bytes(r['bytes_moved'])} moved"
+                f"{head} -> planned {f(r.balancedness_planned)}, realised "
+                f"{f(r.balancedness_realised)}; {r.experts_moved} experts, "
+                f"{format_bytes(r.bytes_moved)} moved"
             )
         else:
-            planned = "" if r["balancedness_planned"] is None else f", planned {f(r['balancedness_planned'])}"
-            lines.append(f"{head}{planned}; skipped ({r['skipped']}), nothing moved")
+            planned = "" if r.balancedness_planned is None else f", planned {f(r.balancedness_planned)}"
+            lines.append(f"{head}{planned}; skipped ({r.skipped}), nothing moved")
     if len(records) > SHOWN_REARRANGEMENTS:
         lines.append(f"    ... {len(records) - SHOWN_REARRANGEMENTS} more in report.json")
     worse = [
-        str(r["rearrangement"])
+        str(r.rearrangement)
         for r in done
-        if r["balancedness_realised"] is not None and r["balancedness_realised"] < r["balancedness_before"]
+        if r.balancedness_realised is not None and r.balancedness_realised < r.balancedness_before
     ]
     if worse:
         lines.append(f"    realised below before ({'rearrangement' if len(worse) == 1 else 'rearrangements'} "
@@ -66,7 +86,7 @@ def _rearrangement_lines(report: dict, f) -> list[str]:
     return lines
 
 
-def summary_text(report: dict) -> str:
+def summary_text(report: SimulateReport) -> str:
     from ascend_eplb.tools.costs import format_bytes
     from ascend_eplb.tools.simulate.config import CHECK_DESCRIPTIONS
 
@@ -76,54 +96,53 @@ def summary_text(report: dict) -> str:
     def ms(x: float | None) -> str:
         return "n/a" if x is None else f"{x * 1000.0:.1f}"
 
-    commit_mean = float(np.mean(report["commit_seconds"])) if report["commit_seconds"] else None
-    bal_before, bal_after = f(report["balancedness_before"]), f(report["balancedness_after"])
+    commit_mean = float(np.mean(report.commit_seconds)) if report.commit_seconds else None
+    bal_before, bal_after = f(report.balancedness_before), f(report.balancedness_after)
     served = (
-        f"trace {report['trace']}"
-        if report["model"] == "replay"
-        else f"{report['model']} ({report['trace']}, vLLM's model class, DP={report['data_parallel_size']} x "
-        f"TP={report['tensor_parallel_size']}, EP={report['ranks']}, {report['moe_rows']} MoE rows)"
+        f"trace {report.trace}"
+        if report.model == "replay"
+        else f"{report.model} ({report.trace}, vLLM's model class, DP={report.data_parallel_size} x "
+        f"TP={report.tensor_parallel_size}, EP={report.ranks}, {report.moe_rows} MoE rows)"
     )
     lines = [
-        f"ascend-eplb simulate: {report['ranks']} ranks, {report['format']}, {report['layers']} layers x "
-        f"{report['num_logical_experts']} experts (+{report['num_redundant_experts']} redundant), top-"
-        f"{report['top_k']}, {served}",
-        f"  steps {report['steps']}, rearrangements {report['rearrangements']} "
-        f"({report['rearrangements_completed']} completed), layers committed "
-        f"{report['layers_committed']}, bytes moved {report['bytes_moved']}",
+        f"ascend-eplb simulate: {report.ranks} ranks, {report.format}, {report.layers} layers x "
+        f"{report.num_logical_experts} experts (+{report.num_redundant_experts} redundant), top-"
+        f"{report.top_k}, {served}",
+        f"  steps {report.steps}, rearrangements {report.rearrangements} "
+        f"({report.rearrangements_completed} completed), layers committed "
+        f"{report.layers_committed}, bytes received {report.bytes_received}{_install_note(report)}",
         *_rearrangement_lines(report, f),
         "  balancedness = mean rank load / max rank load of a layer, averaged over layers (1.0 = even)",
         # EPLB on beside EPLB off on the same steps after the first completed rearrangement (the
         # comparison), not "before -> after; without EPLB": that read as a comparison with "before".
         f"  balancedness before the first rearrangement {bal_before}; after the first completed, EPLB on "
-        f"{bal_after} beside EPLB off {f(report['balancedness_off_after'])} (the same steps and tokens on "
-        f"upstream's initial placement); EPLB off over the whole run {f(report['balancedness_off_mean'])}",
-        f"  step latency p50 {ms(report['step_seconds_p50'])} ms, p99 {ms(report['step_seconds_p99'])} ms "
-        f"(p50 with a commit in flight {ms(report['step_seconds_p50_in_flight'])} ms, "
-        f"without {ms(report['step_seconds_p50_idle'])} ms)",
-        f"  CPU per step, all ranks, p50 {ms(report['world_cpu_seconds_per_step_p50'])} ms",
+        f"{bal_after} beside EPLB off {f(report.balancedness_off_after)} (the same steps and tokens on "
+        f"upstream's initial placement); EPLB off over the whole run {f(report.balancedness_off_mean)}",
+        f"  step latency p50 {ms(report.step_seconds_p50)} ms, p99 {ms(report.step_seconds_p99)} ms "
+        f"(p50 with a commit in flight {ms(report.step_seconds_p50_in_flight)} ms, "
+        f"without {ms(report.step_seconds_p50_idle)} ms)",
+        f"  CPU per step, all ranks, p50 {ms(report.world_cpu_seconds_per_step_p50)} ms",
         f"  serving verifier (ASCEND_EPLB_VERIFY=1) per step p50 "
-        f"{ms(report['verifier_seconds_per_step_p50'])} ms, mean "
-        f"{ms(report['verifier_seconds_per_step_mean'])} ms (step p50 without it "
-        f"{ms(report['step_seconds_p50_without_verifier'])} ms)",
-        f"  time per commit step mean {ms(commit_mean)} ms; "
-        f"max output error {report['max_output_error']:.3g}",
+        f"{ms(report.verifier_seconds_per_step_p50)} ms, mean "
+        f"{ms(report.verifier_seconds_per_step_mean)} ms (step p50 without it "
+        f"{ms(report.step_seconds_p50_without_verifier)} ms)",
+        f"  time per commit step mean {ms(commit_mean)} ms; max output error {report.max_output_error:.3g}",
     ]
-    start = report.get("initial_placement")
+    start = report.initial_placement
     if start:
-        said = start["plan_predicted_on_its_load"]
+        said = start.plan_predicted_on_its_load
         held = {
             True: "; every slot held its logical expert from step 0",
             False: "; SLOTS DID NOT HOLD THEIR EXPERTS",
         }
         lines.append(
-            f"  initial placement {start['source']}: first step balancedness "
-            f"{f(start['first_step_balancedness'])} measured, {f(start['first_step_planned'])} as plan "
-            f"computes it for the placement on that step's load, EPLB off {f(start['first_step_off'])}"
+            f"  initial placement {start.source}: first step balancedness "
+            f"{f(start.first_step_balancedness)} measured, {f(start.first_step_planned)} as plan "
+            f"computes it for the placement on that step's load, EPLB off {f(start.first_step_off)}"
             + ("" if said is None else f"; plan predicted {f(said)} on the load it was made from")
-            + held.get(start["slots_hold_their_experts"], "")
+            + held.get(start.slots_hold_their_experts, "")
         )
-    c = report.get("costs")
+    c = report.costs
     if c:
         t = "n/a" if c["transfer_seconds"] is None else f"{c['transfer_seconds']:.1f} s"
         lines.append(
@@ -134,17 +153,17 @@ def summary_text(report: dict) -> str:
             f"({t} at {c['link_gbps']:g} Gbit/s)"
         )
     label = {True: "PASS", False: "FAIL", None: "NOT JUDGED"}
-    for name, ok in report["checks"].items():
+    for name, ok in report.checks.items():
         lines.append(f"  {label[ok]}  {name:<12} {CHECK_DESCRIPTIONS[name]}")
-        lines.append(f"        {'':<12} saw: {report['check_evidence'][name]}")
-    scrape = ", metrics.prom" if report["config"].get("metrics") else ""
-    lines.append(f"  report.json, balancedness.png, events.jsonl{scrape} in {report['out_dir']}")
+        lines.append(f"        {'':<12} saw: {report.check_evidence[name]}")
+    scrape = ", metrics.prom" if report.config.get("metrics") else ""
+    lines.append(f"  report.json, balancedness.png, events.jsonl{scrape} in {report.out_dir}")
     from ascend_eplb.tools import quiet
 
     if quiet.install():
         lines.append(f"  {quiet.NOTE}")
-    verdict = {PASSED: "PASSED", FAILED: "FAILED", NOT_JUDGED: "NOT FULLY JUDGED"}[report["verdict"]]
-    unjudged = [name for name, ok in report["checks"].items() if ok is None]
+    verdict = {PASSED: "PASSED", FAILED: "FAILED", NOT_JUDGED: "NOT FULLY JUDGED"}[report.verdict]
+    unjudged = [name for name, ok in report.checks.items() if ok is None]
     why = f" ({', '.join(unjudged)} not judged)" if unjudged else ""
-    lines.append(f"  {verdict} in {report['wall_seconds']:.1f} s{why}")
+    lines.append(f"  {verdict} in {report.wall_seconds:.1f} s{why}")
     return "\n".join(lines)

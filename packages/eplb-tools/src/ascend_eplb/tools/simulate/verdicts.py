@@ -11,6 +11,7 @@ import itertools
 from typing import Any
 
 from ascend_eplb.tools.simulate.config import SimulateConfig
+from ascend_eplb.tools.simulate.stats import RankStats
 
 __all__ = ["FAILED", "JUDGED", "NOT_JUDGED", "PASSED", "check_verdicts", "run_verdict"]
 
@@ -25,15 +26,15 @@ def run_verdict(verdicts: dict[str, tuple[str, str]]) -> str:
     return FAILED if "fail" in outcomes else NOT_JUDGED if "not judged" in outcomes else PASSED
 
 
-def _cycles(results: list[dict], num_moe_layers: int) -> list[list[int]]:
+def _cycles(results: list[RankStats], num_moe_layers: int) -> list[list[int]]:
     """Each completed rearrangement's progress steps (rank 0's step indices): the step it started in,
     then the step of each layer's commit (upstream commits layers in order, one per step at most; the
     n-th layer 0 commit belongs to the n-th rearrangement started)."""
     r0 = results[0]
-    counts = [0, *r0["rearrangements_per_step"]]
+    counts = [0, *r0.rearrangements_per_step]
     starts = [i for i in range(len(counts) - 1) if counts[i + 1] > counts[i]]
     cycles, current = [], None
-    for step, layers in enumerate(r0["commits_per_step"]):
+    for step, layers in enumerate(r0.commits_per_step):
         for layer in layers:
             if layer == 0:
                 current = [starts[len(cycles)]]
@@ -46,30 +47,30 @@ def _cycles(results: list[dict], num_moe_layers: int) -> list[list[int]]:
 
 
 def check_verdicts(
-    config: SimulateConfig, routing: Any, results: list[dict], violations: list[tuple[str, str]]
+    config: SimulateConfig, routing: Any, results: list[RankStats], violations: list[tuple[str, str]]
 ) -> dict[str, tuple[str, str]]:
     """``check -> (outcome, what it saw)``, outcome ``pass``, ``fail`` or ``not judged``: a check passes
     only on what it compared, and says what that was."""
     from ascend_eplb.tools.simulate.config import CHECKS
 
     r0, n = results[0], len(results)
-    steps = r0["steps_run"]
+    steps = r0.steps_run
     failed = {}
     for check, message in violations:
         failed.setdefault(check, message.split(": ", 1)[-1].splitlines()[0])
     out: dict[str, tuple[str, str]] = {}
     what = "the real rows' logits" if not config.replays else "every layer's outputs for the real tokens"
-    worst = max(res["max_output_error"] for res in results)
-    tolerance = r0["output_tolerance"]  # what the world's outputs check compared with
-    rtol, atol = tolerance["rtol"], tolerance["atol"]
+    worst = max(res.max_output_error for res in results)
+    tolerance = r0.output_tolerance  # what the world's outputs check compared with
+    rtol, atol = tolerance.rtol, tolerance.atol
     out["outputs"] = (
         "pass",
         f"{steps} steps on {n} ranks: {what} equal the EPLB-off model's (max error {worst:.3g}, "
         f"tolerance {atol:g} + {rtol:g} x max|reference|)",
     )
-    recorded = max(res["load_steps_recorded"] for res in results)
+    recorded = max(res.load_steps_recorded for res in results)
     # A real model's ranks check the world's load (all-reduced); replay ranks each check their own rows.
-    selections = sum(res["load_selections"] for res in results) if config.replays else r0["load_selections"]
+    selections = sum(res.load_selections for res in results) if config.replays else r0.load_selections
     if recorded:
         rest = (
             "; the other steps recorded nothing, as the window and the phase said" if recorded < steps else ""
@@ -87,16 +88,16 @@ def check_verdicts(
                 f"{config.load_collection_phase}): nothing was compared"
             ),
         )
-    commits = min(res["verifier_commits_checked"] for res in results)
-    boundaries = min(res["verifier_steps"] for res in results)
-    p = r0["slots_per_rank"]
+    commits = min(res.verifier_commits_checked for res in results)
+    boundaries = min(res.verifier_steps for res in results)
+    p = r0.slots_per_rank
     if commits:
         checked = _count(commits, "layer commit")
         moved = (
             f"{checked} on each of {n} ranks: after each, all {p} local slots hold their logical expert's "
             f"weights ({commits * p * n} slots compared)"
         )
-        if "initial_placement" in r0:
+        if r0.install is not None:
             moved += (
                 f"; the first {routing.num_moe_layers} were the start-up install of the initial placement, "
                 "checked before the first step"
@@ -123,16 +124,16 @@ def check_verdicts(
 
 
 def _worker_verdict(
-    config: SimulateConfig, routing: Any, results: list[dict], violations: list[tuple[str, str]]
+    config: SimulateConfig, routing: Any, results: list[RankStats], violations: list[tuple[str, str]]
 ) -> tuple[str, str]:
     """The ``worker`` check: the watchdog's decision, then whether EPLB rearranged as the options allow
     and a cycle in flight at the end kept making progress (its last progress, a layer published or
     committed or its start, at most as many steps before the end as a layer took at most in this run's
     completed rearrangements, one when none completed: upstream's fastest pace)."""
     r0, n = results[0], len(results)
-    steps, layers = r0["steps_run"], routing.num_moe_layers
-    if r0["worker_failure"] is not None:
-        return "fail", r0["worker_failure"][0].splitlines()[0]
+    steps, layers = r0.steps_run, routing.num_moe_layers
+    if r0.worker_failure is not None:
+        return "fail", r0.worker_failure[0].splitlines()[0]
     if violations and steps < config.steps:
         check, _ = violations[0]
         return "not judged", f"the run stopped after step {steps} of {config.steps} on the {check} violation"
@@ -144,13 +145,13 @@ def _worker_verdict(
         if cycles
         else "upstream commits at most one layer per step"
     )
-    in_flight = [c for res in results for c in res["in_flight_at_end"]]
+    in_flight = [c for res in results for c in res.in_flight_at_end]
     # The cycle progresses as fast as its slowest rank: the most steps any rank went without progress.
-    slow = max(in_flight, key=lambda c: c["steps_without_progress"], default=None)
-    if slow is not None and slow["steps_without_progress"] > normal:
+    slow = max(in_flight, key=lambda c: c.steps_without_progress, default=None)
+    if slow is not None and slow.steps_without_progress > normal:
         idle, idle_s, timeout = (
-            slow["steps_without_progress"],
-            slow["seconds_without_progress"],
+            slow.steps_without_progress,
+            slow.seconds_without_progress,
             config.worker_timeout_s,
         )
         judged = (
@@ -159,13 +160,13 @@ def _worker_verdict(
             else f"reaching --worker-timeout {timeout:g} s only after the last step boundary"
         )
         return "not judged", (
-            f"rearrangement {slow['rearrangement']} in flight at the end: no layer committed in its last "
-            f"{_count(idle, 'step')} ({idle_s:.1f} s; layer {slow['layer']} next, rank {slow['rank']} "
+            f"rearrangement {slow.rearrangement} in flight at the end: no layer committed in its last "
+            f"{_count(idle, 'step')} ({idle_s:.1f} s; layer {slow.layer} next, rank {slow.rank} "
             f"without progress), more than a layer takes ({pace}), {judged}"
         )
     if not cycles:
-        if not r0["rearrangements_per_step"] or r0["rearrangements_per_step"][-1] == 0:
-            skipped = r0["num_skipped_rearrangements"]
+        if not r0.rearrangements_per_step or r0.rearrangements_per_step[-1] == 0:
+            skipped = r0.num_skipped_rearrangements
             if skipped:
                 return "not judged", (
                     f"no rearrangement started in {steps} steps: {skipped} skipped on a load window with no "
@@ -176,9 +177,9 @@ def _worker_verdict(
             f"{config.min_steps(layers)} at upstream's fastest pace"
         )
     if slow is not None:
-        idle = slow["steps_without_progress"]
+        idle = slow.steps_without_progress
         progressed = "in the last step" if idle == 0 else f"{_count(idle, 'step')} before the end"
-        tail = f"rearrangement {slow['rearrangement']} in flight at the end progressed {progressed}"
+        tail = f"rearrangement {slow.rearrangement} in flight at the end progressed {progressed}"
     else:
         tail = "none in flight at the end"
     done = _count(len(cycles), "rearrangement")
