@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ascend_eplb.control import measures
 from ascend_eplb.world.checkpoints import (
     EXPERT_KEYS,
     CheckpointInfo,
@@ -38,15 +39,11 @@ def _routed_experts(model: torch.nn.Module) -> list[Any]:
 
 
 def initial_physical_to_logical(info: CheckpointInfo, num_redundant_experts: int) -> torch.Tensor:
-    """Upstream's initial placement of the checkpoint, int64 ``(L, P)``: every MoE layer's
-    ``EplbState.build_initial_global_physical_to_logical_map(E, R)`` (slot ``i < E`` holds ``i``, ``E + j``
-    holds ``j % E``)."""
-    from vllm.distributed.eplb.eplb_state import EplbState
-
-    row = EplbState.build_initial_global_physical_to_logical_map(
-        info.num_logical_experts, num_redundant_experts
+    """Upstream's initial placement of the checkpoint, int64 ``(L, P)``
+    (:func:`ascend_eplb.control.measures.upstream_initial_placement` at its E and L)."""
+    return measures.upstream_initial_placement(
+        info.num_logical_experts, num_redundant_experts, info.num_moe_layers
     )
-    return torch.tensor([list(row)] * info.num_moe_layers, dtype=torch.int64)
 
 
 def local_slot_mismatches(

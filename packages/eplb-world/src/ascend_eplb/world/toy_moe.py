@@ -22,9 +22,11 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
-from vllm.distributed.eplb.eplb_state import EplbLayerState, EplbState
+from vllm.distributed.eplb.eplb_state import EplbLayerState
 from vllm.model_executor.layers.fused_moe.router.custom_routing_router import CustomRoutingRouter
 from vllm.model_executor.models.interfaces import MixtureOfExperts
+
+from ascend_eplb.control import measures
 
 __all__ = [
     "ExpertWeights",
@@ -40,9 +42,9 @@ def initial_local_experts(
 ) -> list[int]:
     """The logical expert of each of ``ep_rank``'s ``p`` slots under upstream's initial placement.
 
-    Upstream's own ``EplbState.build_initial_global_physical_to_logical_map``: physical slot ``i`` holds
-    logical ``i`` for ``i < E``, then redundant slot ``E + j`` holds ``j % E``; rank ``r`` owns slots
-    ``[r * p, (r + 1) * p)``.
+    Upstream's initial placement (:func:`ascend_eplb.control.measures.upstream_initial_placement`: physical
+    slot ``i`` holds logical ``i`` for ``i < E``, then redundant slot ``E + j`` holds ``j % E``); rank ``r``
+    owns slots ``[r * p, (r + 1) * p)``.
 
     Raises:
         ValueError: ``E + num_redundant_experts`` does not divide over ``num_ranks``.
@@ -54,10 +56,8 @@ def initial_local_experts(
             f"num_ranks={num_ranks}"
         )
     p = num_physical // num_ranks
-    initial = EplbState.build_initial_global_physical_to_logical_map(
-        num_logical_experts, num_redundant_experts
-    )
-    return list(initial[ep_rank * p : (ep_rank + 1) * p])
+    initial = measures.upstream_initial_placement(num_logical_experts, num_redundant_experts, 1)[0]
+    return initial[ep_rank * p : (ep_rank + 1) * p].tolist()
 
 
 class ToyModelConfig:
