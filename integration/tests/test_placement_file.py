@@ -423,13 +423,13 @@ def test_a_malformed_events_file_is_refused_naming_the_events_file_and_its_line(
     deep = _events(tmp_path, [start, WINDOW], "deep.jsonl")
     with deep.open("a") as f:
         f.write("[" * 100_000 + "]" * 100_000 + "\n")  # was a RecursionError traceback
-    assert _refusal(deep) == "3: not an events record (JSON nested too deeply)"
+    assert _refusal(deep) == "line 3: not an events record (JSON nested too deeply)"
     row = tmp_path / "row.jsonl"  # a row that is not a list: was a TypeError, blamed on the config file
     row.write_text(json.dumps({"time": 0.0, "step": 0, **FILLED["initial_placement"], **start,
                                "placement": [first[0], 7]}) + "\n")  # fmt: skip
     assert _refusal(row) == (
-        "1: an initial_placement's 'placement' must be a non-empty [L][P] list of integer lists, every row "
-        "of one length"
+        "line 1: an initial_placement's 'placement' must be a non-empty [L][P] list of integer lists, every "
+        "row of one length"
     )
 
 

@@ -480,7 +480,11 @@ def _from_events(source: Path) -> Placement:
     try:
         log = read_events(source, stacklevel=4)
     except ValueError as e:
-        raise PlacementFileError(source, [str(e).removeprefix(f"{source}:").strip()]) from None
+        problem = str(e).removeprefix(str(source)).lstrip(":").strip()
+        line, colon, rest = problem.partition(": ")
+        raise PlacementFileError(
+            source, [f"line {line}: {rest}" if colon and line.isdigit() else problem]
+        ) from None
     kinds = (WindowRecord, CommitRecord, InitialPlacementRecord)
     run = log.last_run(kinds)
     if run is None:
