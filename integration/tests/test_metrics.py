@@ -150,10 +150,17 @@ def test_a_scrape_of_a_serving_world_equals_its_events_file(tmp_path, monkeypatc
         assert 0 < last < 20
 
 
-def test_each_rearrangement_record_counts_once_by_its_skip_reason_or_as_completed():
+def test_each_rearrangement_record_counts_once_by_its_skip_reason_or_as_completed(tmp_path, monkeypatch):
     """The record -> series mapping of the gate's records (the world above has only a no_load skip)."""
+    from prometheus_client import values as prometheus_values
+
     from ascend_eplb.integration.events import EventsRecord, RearrangementRecord
     from ascend_eplb.integration.prometheus import PrometheusMetrics, _families
+
+    if prometheus_values.ValueClass is not prometheus_values.MutexValue:
+        # This process imported prometheus_client in multiprocess mode (the scrape above, in the same
+        # pytest worker): its values need a folder, which the scrape's was and is no more.
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
 
     metrics = PrometheusMetrics()
     metrics._rank = 0  # EP rank 0 writes the values the same on every rank (set at registration)

@@ -529,50 +529,38 @@ class EventsRecorder:
             load = ms.last_expert_load
             if load is None:
                 continue
-            old = ms.physical_to_logical_map.detach().cpu().clone()
-            num_logical = int(load.shape[1])
+            name, old = ms.model_name, ms.physical_to_logical_map.detach().cpu().clone()
+            window = load.detach().cpu()
             cycle = _Cycle(
                 state.num_rearrangements,
-                load.detach().cpu().to(torch.float64),
+                window.to(torch.float64),
                 old,
                 num_ranks,
                 state.policy_settings.policy,
             )
-            realised = self._unrealised.pop(ms.model_name, None)
-            if realised is not None:
-                self._emit(
-                    RearrangementRealisedRecord(
-                        **self._stamp(),
-                        model=ms.model_name,
-                        rearrangement=realised.rearrangement,
-                        skipped=realised.skipped,
-                        balancedness_before=realised.balancedness_before,
-                        balancedness_planned=realised.balancedness_planned,
-                        balancedness_realised=cycle.balancedness_of(old),
-                    )
-                )
-            self._cycles[ms.model_name] = cycle
-            self._bytes_seen[ms.model_name] = _bytes_received(ms)
+            done = self._unrealised.pop(name, None)
+            if done is not None:
+                before, planned = done.balancedness_before, done.balancedness_planned
+                self._emit(RearrangementRealisedRecord(
+                    **self._stamp(), model=name, rearrangement=done.rearrangement, skipped=done.skipped,
+                    balancedness_before=before, balancedness_planned=planned,
+                    balancedness_realised=cycle.balancedness_of(old),
+                ))  # fmt: skip
+            self._cycles[name] = cycle
+            self._bytes_seen[name] = _bytes_received(ms)
             stats = ms.eplb_stats  # what upstream's rearrange handed its policy for this window
             groups, nodes = (None, None) if stats is None else (stats.num_groups, stats.num_nodes)
+            num_logical, (num_layers, num_physical) = int(window.shape[1]), (int(d) for d in old.shape)
             # EPLB off: upstream's initial placement (its redundant slots replicate experts 0..R-1).
-            initial = measures.upstream_initial_placement(
-                num_logical, int(old.shape[1]) - num_logical, int(old.shape[0])
-            )
-            self._emit(
-                WindowRecord(
-                    **self._stamp(),
-                    model=ms.model_name,
-                    rearrangement=state.num_rearrangements,
-                    load=tuple(map(tuple, load.detach().cpu().to(torch.int64).tolist())),
-                    balancedness=cycle.balancedness_of(old),
-                    balancedness_eplb_off=cycle.balancedness_of(initial),
-                    num_ranks=num_ranks,
-                    num_physical_experts=int(old.shape[1]),
-                    num_expert_groups=int(groups) if is_int(groups) else None,
-                    num_nodes=int(nodes) if is_int(nodes) else None,
-                )
-            )
+            initial = measures.upstream_initial_placement(num_logical, num_physical - num_logical, num_layers)
+            self._emit(WindowRecord(
+                **self._stamp(), model=name, rearrangement=state.num_rearrangements,
+                load=tuple(map(tuple, window.to(torch.int64).tolist())),
+                balancedness=cycle.balancedness_of(old), balancedness_eplb_off=cycle.balancedness_of(initial),
+                num_ranks=num_ranks,
+                num_physical_experts=num_physical, num_expert_groups=int(groups) if is_int(groups) else None,
+                num_nodes=int(nodes) if is_int(nodes) else None,
+            ))  # fmt: skip
 
     def _on_commit_event(self, event: CommitEvent) -> None:
         if not self._active:
@@ -588,17 +576,12 @@ class EventsRecorder:
         received = _bytes_received(model_state)
         delta = received - self._bytes_seen.get(name, received)
         self._bytes_seen[name] = received
-        self._emit(
-            CommitRecord(
-                **self._stamp(),
-                model=name,
-                rearrangement=event.rearrangement,
-                layer=event.layer,
-                publish_to_acknowledge_s=None if published is None else self.clock() - published,
-                bytes_received=delta,
-                placement=tuple(model_state.physical_to_logical_map[event.layer].detach().cpu().tolist()),
-            )
-        )
+        self._emit(CommitRecord(
+            **self._stamp(), model=name, rearrangement=event.rearrangement, layer=event.layer,
+            publish_to_acknowledge_s=None if published is None else self.clock() - published,
+            bytes_received=delta,
+            placement=tuple(model_state.physical_to_logical_map[event.layer].detach().cpu().tolist()),
+        ))  # fmt: skip
         if event.layer == model_state.physical_to_logical_map.shape[0] - 1:
             self._finish_cycle(model_state)
 
@@ -615,22 +598,13 @@ class EventsRecorder:
             return
         if event.rearrangement is not None:
             self._cycles.pop(name, None)  # upstream still commits the unchanged layers: no record then
-        before = None if cycle is None else cycle.balancedness_of(cycle.old)
-        planned = None if cycle is None else decision.balancedness_planned
-        self._record_rearrangement(
-            RearrangementRecord(
-                **self._stamp(),
-                model=name,
-                rearrangement=event.rearrangement,
-                policy=decision.policy,
-                skipped=decision.skipped,
-                balancedness_before=before,
-                balancedness_planned=planned,
-                experts_moved=0,
-                bytes_moved=0,
-                layers_changed=0,
-            )
-        )
+        self._record_rearrangement(RearrangementRecord(
+            **self._stamp(), model=name, rearrangement=event.rearrangement, policy=decision.policy,
+            skipped=decision.skipped,
+            balancedness_before=None if cycle is None else cycle.balancedness_of(cycle.old),
+            balancedness_planned=None if cycle is None else decision.balancedness_planned, experts_moved=0,
+            bytes_moved=0, layers_changed=0,
+        ))  # fmt: skip
 
     def _finish_cycle(self, model_state: Any) -> None:
         cycle = self._cycles.pop(model_state.model_name, None)
@@ -638,59 +612,39 @@ class EventsRecorder:
             return
         new = model_state.physical_to_logical_map.detach().cpu()
         moved = measures.moved_experts(cycle.old, new, cycle.num_ranks)
-        self._record_rearrangement(
-            RearrangementRecord(
-                **self._stamp(),
-                model=model_state.model_name,
-                rearrangement=cycle.index,
-                policy=cycle.policy,
-                skipped=None,
-                balancedness_before=cycle.balancedness_of(cycle.old),
-                balancedness_planned=cycle.balancedness_of(new),
-                experts_moved=int(moved.sum()),
-                bytes_moved=metrics.bytes_moved(
-                    moved, metrics.expert_bytes(model_state.model.expert_weights)
-                ),
-                layers_changed=int((cycle.old != new).any(dim=1).sum()),
-            )
-        )
+        nbytes = metrics.expert_bytes(model_state.model.expert_weights)
+        self._record_rearrangement(RearrangementRecord(
+            **self._stamp(), model=model_state.model_name, rearrangement=cycle.index, policy=cycle.policy,
+            skipped=None, balancedness_before=cycle.balancedness_of(cycle.old),
+            balancedness_planned=cycle.balancedness_of(new), experts_moved=int(moved.sum()),
+            bytes_moved=metrics.bytes_moved(moved, nbytes),
+            layers_changed=int((cycle.old != new).any(dim=1).sum()),
+        ))  # fmt: skip
 
-    def _record_rearrangement(self, record: RearrangementRecord) -> None:
-        self._emit(record)
-        if record.rearrangement is not None:
-            self._unrealised[record.model] = record
-        if self._rank != 0 or record.skipped == "no_load":  # the state logs a run of windows without load
+    def _record_rearrangement(self, r: RearrangementRecord) -> None:
+        self._emit(r)
+        if r.rearrangement is not None:
+            self._unrealised[r.model] = r
+        if self._rank != 0 or r.skipped == "no_load":  # the state logs a run of windows without load
             return
         from vllm.logger import init_logger
 
         log = init_logger(__name__)
-        r = record
         if r.skipped is None:
             log.info(
                 "EPLB rearrangement %d of %s committed (policy %s): balancedness of its window %.4f -> "
                 "planned %.4f, %d experts moved (%d bytes), %d layers changed",
-                r.rearrangement,
-                r.model,
-                r.policy,
-                r.balancedness_before,
-                r.balancedness_planned,
-                r.experts_moved,
-                r.bytes_moved,
-                r.layers_changed,
-            )
+                r.rearrangement, r.model, r.policy, r.balancedness_before, r.balancedness_planned,
+                r.experts_moved, r.bytes_moved, r.layers_changed,
+            )  # fmt: skip
         else:
+            planned = r.balancedness_planned
             log.info(
                 "EPLB rearrangement %d of %s skipped (%s, policy %s): balancedness of its window %.4f%s; "
                 "no expert moved",
-                r.rearrangement,
-                r.model,
-                r.skipped,
-                r.policy,
-                r.balancedness_before,
-                ""
-                if r.balancedness_planned is None
-                else f", the policy's placement {r.balancedness_planned:.4f}",
-            )
+                r.rearrangement, r.model, r.skipped, r.policy, r.balancedness_before,
+                "" if planned is None else f", the policy's placement {planned:.4f}",
+            )  # fmt: skip
 
     def _on_initial_placement(self, event: Any) -> None:
         """The start-up install's record (its commit is synchronous: no acknowledge, no ``commit``
@@ -706,51 +660,28 @@ class EventsRecorder:
         received = _bytes_received(model_state)
         self._bytes_seen[name] = received
         moved = measures.moved_experts(event.previous, new, event.num_ranks)
-        self._emit(
-            InitialPlacementRecord(
-                **self._stamp(),
-                model=name,
-                source=event.source,
-                num_logical_experts=int(model_state.logical_to_physical_map.shape[1]),
-                num_ranks=event.num_ranks,
-                placement=tuple(map(tuple, new.tolist())),
-                layers_changed=int((event.previous != new).any(dim=1).sum()),
-                experts_moved=int(moved.sum()),
-                bytes_moved=metrics.bytes_moved(
-                    moved, metrics.expert_bytes(model_state.model.expert_weights)
-                ),
-                bytes_received=received,
-            )
-        )
+        nbytes = metrics.expert_bytes(model_state.model.expert_weights)
+        self._emit(InitialPlacementRecord(
+            **self._stamp(), model=name, source=event.source,
+            num_logical_experts=int(model_state.logical_to_physical_map.shape[1]), num_ranks=event.num_ranks,
+            placement=tuple(map(tuple, new.tolist())),
+            layers_changed=int((event.previous != new).any(dim=1).sum()), experts_moved=int(moved.sum()),
+            bytes_moved=metrics.bytes_moved(moved, nbytes), bytes_received=received,
+        ))  # fmt: skip
 
     def _on_worker_failure(self, failure: Any) -> None:
-        if not self._active:
-            return
-        self._emit(
-            WorkerFailureRecord(
-                **self._stamp(),
-                model=failure.model,
-                kind=failure.kind,
-                ranks=tuple(failure.ranks),
-                layer=failure.layer,
-                cause=failure.cause,
-            )
-        )
+        if self._active:
+            self._emit(WorkerFailureRecord(
+                **self._stamp(), model=failure.model, kind=failure.kind, ranks=tuple(failure.ranks),
+                layer=failure.layer, cause=failure.cause,
+            ))  # fmt: skip
 
     def _on_violation(self, violation: Any) -> None:
-        if not self._active:
-            return
-        self._emit(
-            VerifierViolationRecord(
-                **self._stamp(),
-                model=violation.model,
-                check=violation.check,
-                layer=violation.layer,
-                rank=violation.rank,
-                slot=violation.slot,
-                message=violation.message(),
-            )
-        )
+        if self._active:
+            self._emit(VerifierViolationRecord(
+                **self._stamp(), model=violation.model, check=violation.check, layer=violation.layer,
+                rank=violation.rank, slot=violation.slot, message=violation.message(),
+            ))  # fmt: skip
 
 
 def _bytes_received(model_state: Any) -> int:
