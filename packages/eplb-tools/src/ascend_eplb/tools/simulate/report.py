@@ -23,7 +23,6 @@ from ascend_eplb.integration.events import (
     InitialPlacementRecord,
     RearrangementRealisedRecord,
     RearrangementRecord,
-    Run,
     WindowRecord,
     read_events,
 )
@@ -338,20 +337,20 @@ def events_outcomes(events_file: Path, num_ranks: int) -> EventsOutcomes:
     nothing = (0,) * num_ranks
     if not events_file.is_file():
         return EventsOutcomes((), None, nothing, nothing, 0)
-    events = read_events(events_file)
-    run = events.runs[-1] if events.runs else Run(0, ())
+    runs = read_events(events_file).runs
+    last = [record for _, record in runs[-1].records] if runs else []
     realised = {
         (r.model, r.rearrangement): r.balancedness_realised
-        for _, r in run.records
+        for r in last
         if isinstance(r, RearrangementRealisedRecord)
     }
-    records = tuple(_outcome(r, realised) for _, r in run.records if isinstance(r, RearrangementRecord))
-    installs = [r for _, r in run.records if isinstance(r, InitialPlacementRecord)]
+    records = tuple(_outcome(r, realised) for r in last if isinstance(r, RearrangementRecord))
+    installs = [r for r in last if isinstance(r, InitialPlacementRecord)]
     install_received = torch.zeros(num_ranks, dtype=torch.int64)
     received = torch.zeros(num_ranks, dtype=torch.int64)
     commits = 0
     placements: dict[str | None, torch.Tensor] = {}  # per model, the placement in force
-    for _, r in run.records:
+    for r in last:
         if isinstance(r, InitialPlacementRecord):
             new = torch.tensor(r.placement, dtype=torch.int64)
             start = measures.upstream_initial_placement(
@@ -364,18 +363,13 @@ def events_outcomes(events_file: Path, num_ranks: int) -> EventsOutcomes:
             placements[r.model] = measures.upstream_initial_placement(e, p - e, len(r.load))
         elif isinstance(r, CommitRecord) and r.placement is not None and r.model in placements:
             current = placements[r.model]
-            row = torch.tensor(r.placement, dtype=torch.int64)
-            received += measures.received_experts(current[r.layer : r.layer + 1], row.view(1, -1), num_ranks)[
-                0
-            ]
-            current[r.layer] = row
+            row = torch.tensor([r.placement], dtype=torch.int64)  # (1, P)
+            received += measures.received_experts(current[r.layer : r.layer + 1], row, num_ranks)[0]
+            current[r.layer] = row[0]
             commits += 1
+    install = installs[-1] if installs else None
     return EventsOutcomes(
-        records,
-        installs[-1] if installs else None,
-        tuple(install_received.tolist()),
-        tuple(received.tolist()),
-        commits,
+        records, install, tuple(install_received.tolist()), tuple(received.tolist()), commits
     )
 
 
