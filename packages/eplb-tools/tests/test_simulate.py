@@ -66,7 +66,7 @@ def test_short_run_passes_every_check_and_balances(tmp_path):
         assert key in on_disk
     assert (tmp_path / "balancedness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # EPLB off over the same steps, from the step's logical ids under upstream's initial placement
-    # with the replica split of integration.metrics; the EPLB-on run beats it after rearranging.
+    # with the replica split of control.measures; the EPLB-on run beats it after rearranging.
     off = on_disk["balancedness_off_per_step"]
     assert len(off) == len(on_disk["balancedness_per_step"]) == 16
     assert all(0 < b <= 1 for b in off)
