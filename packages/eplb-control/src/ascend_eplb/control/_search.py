@@ -104,13 +104,21 @@ class SearchState:
         """``held`` at broadcast ``(layer, expert, rank)`` index arrays."""
         return self.held[layer, expert, rank]
 
+    def _flat(self, layer: np.ndarray, expert: np.ndarray, rank: np.ndarray) -> np.ndarray:
+        _, num_experts, num_ranks = self.held.shape
+        return (layer * num_experts + expert) * num_ranks + rank
+
     def leaves(self, layer: np.ndarray, expert: np.ndarray, rank: np.ndarray) -> np.ndarray:
-        """Whether ``expert`` was not on ``rank`` before and is there once: taking it away undoes a move."""
-        return ~self.held_before[layer, expert, rank] & (self.held[layer, expert, rank] == 1)
+        """Whether ``expert`` was not on ``rank`` before and is there once: taking it away undoes a move
+        (broadcast index arrays)."""
+        flat = self._flat(layer, expert, rank)
+        return ~np.take(self.held_before.reshape(-1), flat) & (np.take(self.held.reshape(-1), flat) == 1)
 
     def there(self, layer: np.ndarray, expert: np.ndarray, rank: np.ndarray) -> np.ndarray:
-        """Whether ``expert`` is on ``rank`` now or was there before: bringing it costs no move."""
-        return (self.held[layer, expert, rank] > 0) | self.held_before[layer, expert, rank]
+        """Whether ``expert`` is on ``rank`` now or was there before: bringing it costs no move
+        (broadcast index arrays)."""
+        flat = self._flat(layer, expert, rank)
+        return (np.take(self.held.reshape(-1), flat) > 0) | np.take(self.held_before.reshape(-1), flat)
 
 
 @dataclass(frozen=True)
@@ -142,6 +150,14 @@ class Donors:
     donor_experts: np.ndarray
 
 
+def _along(values: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """``values`` at ``index`` along the last axis, the leading axes broadcast (``np.take_along_axis``
+    without its index building: one ``np.take`` of the flat array)."""
+    lead = values.shape[:-1]
+    offsets = (np.arange(int(np.prod(lead)), dtype=np.int64) * values.shape[-1]).reshape(lead)
+    return np.take(values.reshape(-1), index + offsets[..., None])
+
+
 def _with_empty(values: np.ndarray, fill: float) -> np.ndarray:
     """``(n, E)`` -> ``(n, 1 + E)``: column 0 stands for an empty slot (expert id -1, index 0)."""
     return np.concatenate([np.full((values.shape[0], 1), fill, dtype=values.dtype), values], axis=1)
@@ -153,7 +169,7 @@ def rank_view(state: SearchState, layer: np.ndarray) -> tuple[np.ndarray, np.nda
     w = _with_empty(state.load[layer], 0.0)
     cnt = _with_empty(state.counts[layer], 2)
     per_replica = w / np.maximum(cnt, 1)
-    loads = np.take_along_axis(per_replica, state.placement[layer], axis=1)
+    loads = _along(per_replica, state.placement[layer])
     return w, cnt, per_replica, loads.reshape(layer.size, state.num_ranks, -1).sum(axis=2)
 
 
@@ -186,12 +202,12 @@ def donors(
         cnt=cnt,
         per_replica=per_replica,
         node_ranks=node_ranks,
-        node_loads=np.take_along_axis(loads, node_ranks, axis=1),
+        node_loads=_along(loads, node_ranks),
         experts=experts,
         slot_ranks=slot_ranks,
         donor=donor,
         donor_slots=donor_slots,
-        donor_experts=np.take_along_axis(experts, donor_slots, axis=1),
+        donor_experts=_along(experts, donor_slots),
     )
 
 
@@ -231,22 +247,22 @@ def candidates(d: Donors, *, partner_ranks: int = PARTNER_RANKS) -> Candidates:
     else:
         light = np.broadcast_to(np.arange(num_ranks), (n, num_ranks))
     slot_rank = np.arange(d.experts.shape[1]) // p
-    cnt_s = np.take_along_axis(d.cnt, d.experts, axis=1)
+    cnt_s = _along(d.cnt, d.experts)
     free = (cnt_s >= 2) | (d.experts == 0)
     slot = np.argsort(~free, axis=1, kind="stable")[:, : max(int(free.sum(axis=1).max()), 1)]
-    y = np.take_along_axis(d.experts, slot, axis=1)
-    is_free = np.take_along_axis(free, slot, axis=1)
+    y = _along(d.experts, slot)
+    is_free = _along(free, slot)
     x = d.donor_experts
     repointable = is_free[:, None, :] & (y[:, None, :] != x[:, :, None]) & (x > 0)[:, :, None]
     partner = (light[:, :, None] * p + np.arange(p)).reshape(n, -1)
-    b = np.take_along_axis(d.experts, partner, axis=1)
+    b = _along(d.experts, partner)
     swappable = (slot_rank[partner] != d.donor[:, None])[:, None, :] & (x[:, :, None] != b[:, None, :])
     swappable &= (x > 0)[:, :, None] & (b > 0)[:, None, :]
     return Candidates(
         x=x,
         slot=slot,
         y=y,
-        y_count=np.where(is_free, np.take_along_axis(d.cnt, y, axis=1), 2),
+        y_count=np.where(is_free, _along(d.cnt, y), 2),
         repointable=repointable,
         partner=partner,
         swappable=swappable,
@@ -275,31 +291,30 @@ def _repoint_gains(state: SearchState, d: Donors, c: Candidates) -> tuple[np.nda
     summed per expert over its ranks, then put right on the slot's rank and on the (rare) ranks holding
     both, so that no ``(n, X, K, R)`` array is formed.
     """
-    n = d.layer.size
     lay2, lay3 = d.layer[:, None], d.layer[:, None, None]
     num_ranks = d.node_ranks.shape[1]
     base, cap = d.node_loads, d.cap[:, None]
     excess = np.maximum(base - cap, 0.0)  # (n, R)
     x, y = c.x, c.y
-    w_x, c_x = np.take_along_axis(d.w, x, axis=1), np.take_along_axis(d.cnt, x, axis=1)  # (n, X)
-    w_y, c_y = np.take_along_axis(d.w, y, axis=1), c.y_count  # (n, K)
+    w_x, c_x = _along(d.w, x), _along(d.cnt, x)  # (n, X)
+    w_y, c_y = _along(d.w, y), c.y_count  # (n, K)
     d_x = w_x / (c_x + 1) - w_x / c_x  # each replica of x gets lighter
     d_y = w_y / (c_y - 1) - w_y / c_y  # each other replica of y gets heavier
     own = (w_x / (c_x + 1))[:, :, None] - (w_y / (c_y - 1))[:, None, :]  # (n, X, K): the slot, x in, y out
     h_x, h_y = state.held[lay2, x], state.held[lay2, y]  # (n, X, N), (n, K, N)
     if state.num_nodes > 1:
-        h_x = np.take_along_axis(h_x, d.node_ranks[:, None, :], axis=2)
-        h_y = np.take_along_axis(h_y, d.node_ranks[:, None, :], axis=2)
+        h_x = _along(h_x, d.node_ranks[:, None, :])
+        h_y = _along(h_y, d.node_ranks[:, None, :])
     dx_r, dy_r = h_x * d_x[:, :, None], h_y * d_y[:, :, None]
     gain = (
         _reduction(base[:, None], excess[:, None], cap[:, None], dx_r).sum(axis=2)[:, :, None]
         + _reduction(base[:, None], excess[:, None], cap[:, None], dy_r).sum(axis=2)[:, None, :]
     )
     # The slot's rank s: its true reduction in place of the two counted.
-    s = np.take_along_axis(d.slot_ranks, c.slot, axis=1) - d.node_ranks[:, :1]  # (n, K), in the node
-    b_s, e_s = np.take_along_axis(base, s, axis=1)[:, None], np.take_along_axis(excess, s, axis=1)[:, None]
-    dx_s = np.take_along_axis(dx_r, np.broadcast_to(s[:, None, :], (n, x.shape[1], s.shape[1])), axis=2)
-    dy_s = np.take_along_axis(dy_r, s[:, :, None], axis=2)[:, None, :, 0]  # (n, 1, K)
+    s = _along(d.slot_ranks, c.slot) - d.node_ranks[:, :1]  # (n, K), in the node
+    b_s, e_s = _along(base, s)[:, None], _along(excess, s)[:, None]
+    dx_s = _along(dx_r, s[:, None, :])
+    dy_s = _along(dy_r, s[:, :, None])[:, None, :, 0]  # (n, 1, K)
     gain += (
         _reduction(b_s, e_s, cap[:, None], dx_s + dy_s + own)
         - _reduction(b_s, e_s, cap[:, None], dx_s)
@@ -321,8 +336,8 @@ def _repoint_gains(state: SearchState, d: Donors, c: Candidates) -> tuple[np.nda
         np.add.at(gain, (row, i, k), fix)
     gain = np.where(c.repointable, gain, -np.inf)
     x_there = state.there(lay3, x[:, :, None], d.node_ranks[:, None, :])  # (n, X, R)
-    x_there = np.take_along_axis(x_there, np.broadcast_to(s[:, None, :], gain.shape), axis=2)
-    y_leaves = state.leaves(lay2, y, np.take_along_axis(d.slot_ranks, c.slot, axis=1))
+    x_there = _along(x_there, s[:, None, :])
+    y_leaves = state.leaves(lay2, y, _along(d.slot_ranks, c.slot))
     return gain, (~x_there).astype(np.int64) - y_leaves[:, None, :]
 
 
@@ -332,13 +347,10 @@ def _swap_gains(state: SearchState, d: Donors, c: Candidates) -> tuple[np.ndarra
     p = d.donor_slots.shape[1]
     lay2, lay3 = d.layer[:, None], d.layer[:, None, None]
     cap = d.cap[:, None, None]
-    a, b = d.donor_experts, np.take_along_axis(d.experts, c.partner, axis=1)
-    moved = (
-        np.take_along_axis(d.per_replica, a, axis=1)[:, :, None]
-        - np.take_along_axis(d.per_replica, b, axis=1)[:, None, :]
-    )
+    a, b = d.donor_experts, _along(d.experts, c.partner)
+    moved = _along(d.per_replica, a)[:, :, None] - _along(d.per_replica, b)[:, None, :]
     rank = c.partner // p  # (n, T): the other slot's rank in the node
-    other = np.take_along_axis(d.node_loads, rank, axis=1)[:, None, :]  # (n, 1, T)
+    other = _along(d.node_loads, rank)[:, None, :]  # (n, 1, T)
     gain = (d.peak - d.cap)[:, None, None] + np.maximum(other - cap, 0.0)
     gain = gain - np.maximum(d.peak[:, None, None] - moved - cap, 0.0)
     gain -= np.maximum(other + moved - cap, 0.0)
@@ -347,8 +359,8 @@ def _swap_gains(state: SearchState, d: Donors, c: Candidates) -> tuple[np.ndarra
     b_there = state.there(lay2, b, heaviest)
     a_leaves = state.leaves(lay2, a, heaviest)
     a_there = state.there(lay3, a[:, :, None], d.node_ranks[:, None, :])  # (n, p, R)
-    a_there = np.take_along_axis(a_there, np.broadcast_to(rank[:, None, :], moved.shape), axis=2)
-    y_leaves = state.leaves(lay2, b, np.take_along_axis(d.slot_ranks, c.partner, axis=1))
+    a_there = _along(a_there, rank[:, None, :])
+    y_leaves = state.leaves(lay2, b, _along(d.slot_ranks, c.partner))
     cost = (~b_there).astype(np.int64)[:, None, :] - a_leaves[:, :, None] + ~a_there - y_leaves[:, None, :]
     return gain, cost
 
@@ -420,13 +432,11 @@ def fill_one(state: SearchState, layer: np.ndarray) -> None:
     shifted = state.placement[layer]
     w, cnt = state.load[layer], state.counts[layer]
     per_replica = _with_empty(w / np.maximum(cnt, 1), 0.0)
-    loads = (
-        np.take_along_axis(per_replica, shifted, axis=1).reshape(layer.size, state.num_ranks, -1).sum(axis=2)
-    )
+    loads = _along(per_replica, shifted).reshape(layer.size, state.num_ranks, -1).sum(axis=2)
     slot_load = np.where(shifted == 0, np.repeat(loads, slots_per_rank, axis=1), np.inf)
     slot = slot_load.argmin(axis=1)
     node_slots = (slot // slots_per_node)[:, None] * slots_per_node + np.arange(slots_per_node)
-    on_node = _replica_counts(np.take_along_axis(shifted, node_slots, axis=1) - 1, state.load.shape[1]) > 0
+    on_node = _replica_counts(_along(shifted, node_slots) - 1, state.load.shape[1]) > 0
     expert = np.where(on_node, w / np.maximum(cnt, 1), -np.inf).argmax(axis=1)
     rank = slot // slots_per_rank
     state.placement[layer, slot] = expert + 1
