@@ -283,9 +283,8 @@ def main() -> None:
         policies = {"upstream default": DefaultEplbPolicy, "migration-aware": MigrationAwarePolicy}
         base, ratio, spread, calls = serving_cost(policies, w, 288, 1, 1, 32)
         print("\n== the cost to serving: deepseek-v3-one-node, the policy in a thread beside a serving loop")
-        print(
-            f"serving step alone (median): {1e3 * base:.2f} ms (of it {1e3 * DEVICE_WAIT_S:.0f} ms device wait)"
-        )
+        wait = f"{1e3 * DEVICE_WAIT_S:.0f} ms"
+        print(f"serving step alone (median): {1e3 * base:.2f} ms (of it {wait} waiting for the device)")
         print(f"{'':38}{'upstream default':>20}{'migration-aware':>20}")
         up, ours = ratio["upstream default"], ratio["migration-aware"]
         print(f"{'step beside the policy / alone':38}{up:>20.3f}{ours:>20.3f}")
