@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from pathlib import Path
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
@@ -42,28 +41,35 @@ from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
 
 from ascend_eplb.control.estimate import LoadEstimate
 from ascend_eplb.control.policy import MigrationAwarePolicy, balancedness, moved_experts
+from ascend_eplb.world.esft import (
+    ESFT_NUM_LOGICAL_EXPERTS,
+    ESFT_NUM_MOE_LAYERS,
+    ESFT_NUM_SEQUENCES,
+    ESFT_TOP_K,
+    esft_sequences,
+    task_shares_path,
+)
 
-RANKS, SLOTS, TOP_K = 8, 72, 6
+RANKS, SLOTS, TOP_K = 8, 72, ESFT_TOP_K
 TASKS = ("intent", "law", "summary")
 
 
 def esft_data() -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """int64 ``(40, 26, 64)`` per-sequence selections of the translation trace, and each task's float64
-    ``(26, 64)`` token shares."""
-    root = Path(os.environ["ESFT_DATA"])
-    trace = np.load(root / "esft_translation_top6.npz")
-    ids, offsets = trace["topk_ids"].astype(np.int64), trace["seq_offsets"]
-    num_layers, _, _ = ids.shape
+    """int64 ``(40, 26, 64)`` per-sequence selections of the translation trace, and each other task's
+    float64 ``(26, 64)`` token shares (the world package's copy of the data)."""
+    layers = range(ESFT_NUM_MOE_LAYERS)
     sequences = np.stack(
         [
-            np.stack([np.bincount(ids[layer, a:b].ravel(), minlength=64) for layer in range(num_layers)])
-            for a, b in zip(offsets[:-1], offsets[1:], strict=True)
-        ]
+            np.stack([np.bincount(ids.numpy().ravel(), minlength=ESFT_NUM_LOGICAL_EXPERTS) for ids in seqs])
+            for seqs in (esft_sequences(layer, ESFT_NUM_SEQUENCES) for layer in layers)
+        ],
+        axis=1,
     )
     shares = {}
     for task in TASKS:
-        scores = json.loads((root / task / "summary.json").read_text())["token_scores"]
-        table = np.array([[scores[str(layer + 1)][str(e)] for e in range(64)] for layer in range(num_layers)])
+        scores = json.loads(task_shares_path(task).read_text())["token_scores"]
+        experts = range(ESFT_NUM_LOGICAL_EXPERTS)
+        table = np.array([[scores[str(layer + 1)][str(e)] for e in experts] for layer in layers])
         shares[task] = table / table.sum(axis=1, keepdims=True)
     return sequences, shares
 
@@ -92,7 +98,8 @@ def estimates(windows: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndar
 
 def rows(windows: list[np.ndarray]):
     num_layers = windows[0].shape[0]
-    initial = EplbState.build_initial_global_physical_to_logical_map(64, SLOTS - 64)
+    redundant = SLOTS - ESFT_NUM_LOGICAL_EXPERTS
+    initial = EplbState.build_initial_global_physical_to_logical_map(ESFT_NUM_LOGICAL_EXPERTS, redundant)
     first = DefaultEplbPolicy.rebalance_experts(
         torch.from_numpy(windows[0]), SLOTS, 1, 1, RANKS, torch.tensor([list(initial)] * num_layers)
     )
@@ -155,8 +162,10 @@ def shift(sequences: np.ndarray, shares: dict[str, np.ndarray], size: int) -> bo
     at_shift = [int(restarted[s].sum()) for s in starts]
     elsewhere = sum(int(r.sum()) for i, r in enumerate(restarted) if i not in starts)
     tests = sum(r.size for r in restarted[1:]) - len(starts) * restarted[0].size
-    print(f"layers the estimate restarted: at the shifts {at_shift} of {restarted[0].size}; elsewhere {elsewhere} "
-          f"of {tests} tests")  # fmt: skip
+    print(
+        f"layers the estimate restarted: at the shifts {at_shift} of {restarted[0].size}; elsewhere "
+        f"{elsewhere} of {tests} tests"
+    )
     ok = True
     for reference in ("upstream default, last window", "migration-aware, last window"):
         ref, ours = out[reference][1], out["migration-aware, load estimate"][1]
@@ -178,7 +187,8 @@ def main() -> None:
     sequences, shares = esft_data()
     print(
         f"ESFT: translation trace {sequences.shape[0]} sequences x {sequences.shape[1]} MoE layers x "
-        f"{sequences.shape[2]} experts, top-{TOP_K}; {RANKS} ranks, {SLOTS - 64} redundant experts, one node"
+        f"{sequences.shape[2]} experts, top-{TOP_K}; {RANKS} ranks, {SLOTS - ESFT_NUM_LOGICAL_EXPERTS} "
+        "redundant experts, one node"
     )
     results = [steady(sequences, size) for size in (2, 4, 8)]
     results += [shift(sequences, shares, size) for size in (2, 4, 8)]

@@ -410,9 +410,9 @@ def two_model_world(ctx: RankContext) -> dict[str, Any]:
         host_adaptation,
     )
     from ascend_eplb.control.gate import decide
-    from ascend_eplb.testing.esft import esft_sequences
     from ascend_eplb.testing.tagged import TaggedExperts
-    from ascend_eplb.tools.world.toy_moe import ToyModelConfig, ToyMoEModel, initial_local_experts
+    from ascend_eplb.world.esft import esft_sequences
+    from ascend_eplb.world.toy_moe import ToyModelConfig, ToyMoEModel, initial_local_experts
 
     assert PatchSet([*host_adaptation.PATCHES, *commit_hooks.PATCHES]).apply() is True
     vc = _config(ctx.world_size, True, TWO_WINDOW, TWO_INTERVAL)
