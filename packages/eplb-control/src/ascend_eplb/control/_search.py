@@ -102,7 +102,7 @@ class SearchState:
 
     def held_on(self, layer: np.ndarray, expert: np.ndarray, rank: np.ndarray) -> np.ndarray:
         """``held`` at broadcast ``(layer, expert, rank)`` index arrays."""
-        return self.held[layer, expert, rank]
+        return np.take(self.held.reshape(-1), self._flat(layer, expert, rank))
 
     def _flat(self, layer: np.ndarray, expert: np.ndarray, rank: np.ndarray) -> np.ndarray:
         _, num_experts, num_ranks = self.held.shape
@@ -274,25 +274,16 @@ def _reduction(base: np.ndarray, excess: np.ndarray, cap: np.ndarray, delta: np.
     return excess - np.maximum(base + delta - cap, 0.0)
 
 
-def _bits(mask: np.ndarray) -> np.ndarray:
-    """bool ``(..., R)`` -> uint64 ``(..., ceil(R / 64))``: the mask's bits, for fast set intersections."""
-    packed = np.packbits(mask, axis=-1)
-    pad = -packed.shape[-1] % 8
-    if pad:
-        packed = np.concatenate([packed, np.zeros((*packed.shape[:-1], pad), np.uint8)], axis=-1)
-    return np.ascontiguousarray(packed).view(np.uint64)
-
-
 def _repoint_gains(state: SearchState, d: Donors, c: Candidates) -> tuple[np.ndarray, np.ndarray]:
     """``(gain, cost)`` ``(n, X, K)`` of the re-points (:func:`score`).
 
     Re-pointing slot ``s`` from ``y`` to ``x`` makes the ranks holding ``x`` lighter, those holding
     ``y`` heavier and changes the slot's own rank by both and by the slot's load; the reduction is
-    summed per expert over its ranks, then put right on the slot's rank and on the (rare) ranks holding
-    both, so that no ``(n, X, K, R)`` array is formed.
+    summed per expert over its ranks (``y``'s: over the candidate slots, each rank once), then put right
+    on the slot's rank and on the (rare) ranks holding both, so that no ``(n, X, K, R)`` array is formed.
     """
+    n = d.layer.size
     lay2, lay3 = d.layer[:, None], d.layer[:, None, None]
-    num_ranks = d.node_ranks.shape[1]
     base, cap = d.node_loads, d.cap[:, None]
     excess = np.maximum(base - cap, 0.0)  # (n, R)
     x, y = c.x, c.y
@@ -301,43 +292,64 @@ def _repoint_gains(state: SearchState, d: Donors, c: Candidates) -> tuple[np.nda
     d_x = w_x / (c_x + 1) - w_x / c_x  # each replica of x gets lighter
     d_y = w_y / (c_y - 1) - w_y / c_y  # each other replica of y gets heavier
     own = (w_x / (c_x + 1))[:, :, None] - (w_y / (c_y - 1))[:, None, :]  # (n, X, K): the slot, x in, y out
-    h_x, h_y = state.held[lay2, x], state.held[lay2, y]  # (n, X, N), (n, K, N)
+    h_x = state.held[lay2, x]  # (n, X, N)
     if state.num_nodes > 1:
         h_x = _along(h_x, d.node_ranks[:, None, :])
-        h_y = _along(h_y, d.node_ranks[:, None, :])
-    dx_r, dy_r = h_x * d_x[:, :, None], h_y * d_y[:, :, None]
-    gain = (
-        _reduction(base[:, None], excess[:, None], cap[:, None], dx_r).sum(axis=2)[:, :, None]
-        + _reduction(base[:, None], excess[:, None], cap[:, None], dy_r).sum(axis=2)[:, None, :]
+    dx_r = h_x * d_x[:, :, None]  # (n, X, R)
+    gain_x = _reduction(base[:, None], excess[:, None], cap[:, None], dx_r).sum(axis=2)  # (n, X)
+    # y: its ranks are those of the candidate slots of y (every slot of an expert with another replica
+    # is a candidate), each counted once.
+    slot_rank = _along(d.slot_ranks, c.slot)  # (n, K)
+    s = slot_rank - d.node_ranks[:, :1]  # the slot's rank in the node
+    h_y = state.held_on(lay2, y, slot_rank)  # (n, K): y's slots on the slot's rank
+    dy_s = h_y * d_y
+    b_s, e_s = _along(base, s), _along(excess, s)
+    num_ranks, num_experts = d.node_ranks.shape[1], d.w.shape[1]
+    pair = y * num_ranks + s
+    order = np.argsort(pair, axis=1, kind="stable")
+    ordered = _along(pair, order)
+    first = np.ones_like(ordered, dtype=bool)
+    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    once = np.empty_like(first)
+    np.put_along_axis(once, order, first, axis=1)
+    groups = np.arange(n)[:, None] * num_experts + y  # (n, K): the layer's expert y
+    per_expert = np.bincount(
+        groups.ravel(), weights=(_reduction(b_s, e_s, cap, dy_s) * once).ravel(), minlength=n * num_experts
     )
+    gain = gain_x[:, :, None] + np.take(per_expert, groups)[:, None, :]
     # The slot's rank s: its true reduction in place of the two counted.
-    s = _along(d.slot_ranks, c.slot) - d.node_ranks[:, :1]  # (n, K), in the node
-    b_s, e_s = _along(base, s)[:, None], _along(excess, s)[:, None]
-    dx_s = _along(dx_r, s[:, None, :])
-    dy_s = _along(dy_r, s[:, :, None])[:, None, :, 0]  # (n, 1, K)
+    dx_s = _along(dx_r, s[:, None, :])  # (n, X, K)
+    b_s, e_s, dy_s = b_s[:, None], e_s[:, None], dy_s[:, None]
     gain += (
         _reduction(b_s, e_s, cap[:, None], dx_s + dy_s + own)
         - _reduction(b_s, e_s, cap[:, None], dx_s)
         - _reduction(b_s, e_s, cap[:, None], dy_s)
     )
-    # The other ranks holding both x and y: found on bit masks, put right one by one.
-    others = (h_y > 0) & (np.arange(num_ranks) != s[:, :, None])  # (n, K, R)
-    both = (_bits(h_x > 0)[:, :, None] & _bits(others)[:, None]).any(axis=3)  # (n, X, K)
-    if both.any():
-        row, i, k = np.nonzero(both)
-        hit = np.nonzero((h_x[row, i] > 0) & others[row, k])  # (entry, rank)
-        row, i, k, r = row[hit[0]], i[hit[0]], k[hit[0]], hit[1]
+    # The other ranks holding both x and y (rare): counted per (x, y) over y's candidate slots, each
+    # rank once, less the slot's own rank, then put right one by one.
+    num_x = x.shape[1]
+    x_on_slot = _along(h_x, s[:, None, :]) > 0  # (n, X, K): x on slot k's rank
+    x_on = x_on_slot & once[:, None, :]  # the same, each rank once per y
+    keys = (np.arange(n)[:, None, None] * num_x + np.arange(num_x)[None, :, None]) * num_experts
+    keys = keys + y[:, None, :]
+    shared = np.bincount(keys.ravel(), weights=x_on.ravel(), minlength=n * num_x * num_experts)
+    row, i, k = np.nonzero(np.take(shared, keys) - x_on_slot > 0.5)
+    if row.size:
+        others = (y[row] == y[row, k][:, None]) & x_on[row, i] & (s[row] != s[row, k][:, None])  # (H, K)
+        hit, other = np.nonzero(others)
+        row, i, k, r = row[hit], i[hit], k[hit], s[row[hit], other]
         b_r, e_r, cap_r = base[row, r], excess[row, r], d.cap[row]
+        dx, dy = dx_r[row, i, r], h_y[row, other] * d_y[row, k]
         fix = (
-            _reduction(b_r, e_r, cap_r, dx_r[row, i, r] + dy_r[row, k, r])
-            - _reduction(b_r, e_r, cap_r, dx_r[row, i, r])
-            - _reduction(b_r, e_r, cap_r, dy_r[row, k, r])
+            _reduction(b_r, e_r, cap_r, dx + dy)
+            - _reduction(b_r, e_r, cap_r, dx)
+            - _reduction(b_r, e_r, cap_r, dy)
         )
         np.add.at(gain, (row, i, k), fix)
     gain = np.where(c.repointable, gain, -np.inf)
     x_there = state.there(lay3, x[:, :, None], d.node_ranks[:, None, :])  # (n, X, R)
     x_there = _along(x_there, s[:, None, :])
-    y_leaves = state.leaves(lay2, y, _along(d.slot_ranks, c.slot))
+    y_leaves = state.leaves(lay2, y, slot_rank)
     return gain, (~x_there).astype(np.int64) - y_leaves[:, None, :]
 
 
