@@ -41,7 +41,7 @@ each; ``notes/placement-cost.md``); a decision's figures are their means / sums 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
 import torch
@@ -184,7 +184,7 @@ class ModelChannels:
     def __getitem__(self, key: str) -> DecisionChannel:
         return self._channels[key]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[DecisionChannel]:
         return iter(self._channels.values())
 
     def expect(self, keys: Iterable[str], *, gating: bool) -> None:
