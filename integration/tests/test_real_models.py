@@ -122,6 +122,8 @@ SERVING_CASES = [
     ("deepseek-v3", "decode", 2),
     ("mixtral", "all", 2),
 ]
+#: The DeepSeek-V3 world plans with the migration-aware policy on the load estimate (issue 37).
+ESTIMATE = {"policy": "migration_aware", "load_estimate": "pooled"}
 
 
 @pytest.mark.multirank
@@ -138,13 +140,17 @@ def test_serving_world_on_a_real_model_gives_eplb_off_and_hf_logits_through_rear
     leaves each local slot holding its committed expert, and the load counts each real selection once.
     Then (Qwen3-MoE, the same world) issue 19's bug put back: each rank's offset = its EP rank while TP+EP
     ranks route the same rows; the logits go wrong, and the serving verifier names the broken agreement
-    at the first commit's step boundary, on both ranks."""
+    at the first commit's step boundary, on both ranks. DeepSeek-V3 plans with the migration-aware policy
+    on its load estimate: every check holds, every decision was planned on the estimate, every rank's
+    estimate is the same, bit for bit, and took every rearrangement's new load."""
     folder = rm.write_checkpoint(arch, tmp_path / arch, seed=0)
     info = rm.checkpoint_info(folder)
     redundant = info.redundant_experts_for(world_size, at_least=2)
+    keys = ESTIMATE if arch == "deepseek-v3" else {}
     spec = rm.RealModelSpec(
-        arch=arch, folder=str(folder), num_redundant_experts=redundant, steps=36, phase=phase
-    )
+        arch=arch, folder=str(folder), num_redundant_experts=redundant, steps=36, phase=phase,
+        ascend_keys=keys,
+    )  # fmt: skip
     start = time.monotonic()
     fault = arch == "qwen3-moe"
     reports = run_ranks(
@@ -207,6 +213,24 @@ def test_serving_world_on_a_real_model_gives_eplb_off_and_hf_logits_through_rear
     # Every rank sees the same committed placement after every step.
     for r in reports[1:]:
         assert all(torch.equal(a, b) for a, b in zip(reports[0]["maps"], r["maps"], strict=True))
+    decisions = reports[0]["decisions"]
+    assert all(r["decisions"] == decisions for r in reports)
+    if keys:
+        # One decision per rearrangement handed to the policy (a window without load: none then).
+        assert [n for _, n, _ in decisions if n is not None] == list(
+            range(1, reports[0]["num_rearrangements"] + 1)
+        )
+        assert {d["policy"] for _, _, d in decisions} == {"migration_aware"}
+        assert {d["load_estimate"] for _, _, d in decisions} == {"pooled"}
+        estimates = reports[0]["estimates"]
+        assert all(r["estimates"] == estimates for r in reports)
+        ((windows, load),) = estimates.values()
+        assert windows == reports[0]["num_rearrangements"]
+        assert len(load) == info.num_moe_layers
+        assert all(sum(row) > 0 for row in load)
+    else:  # upstream's policy object itself: only windows without load are decided here
+        assert reports[0]["estimates"] == {}
+        assert all(d["skipped"] == "no_load" and d["load_estimate"] == "window" for _, _, d in decisions)
     if fault:
         for r in reports:
             assert r["fault"]["check"] == "lookups"

@@ -53,6 +53,7 @@ BREAKS = {
     "placement-policy": {"ascend_eplb_config": {"policy": "greedy"}},
     "min-balancedness-gain": {"ascend_eplb_config": {"min_balancedness_gain": -0.5}},
     "target-balancedness": {"ascend_eplb_config": {"target_balancedness": 1.5}},
+    "load-estimate": {"ascend_eplb_config": {"load_estimate": "ema"}},
     "async-only": {"use_async": False},
     "communicator": {"communicator": "nixl"},
     "policy": {"policy": "stair"},
@@ -117,7 +118,7 @@ def test_each_rule_is_judged_by_its_own_function(rule):
 
 
 def test_the_policy_and_gate_keys_are_judged_each_naming_value_and_rule_all_at_once():
-    keys = {"policy": "stair", "min_balancedness_gain": 1, "target_balancedness": "0.9"}
+    keys = {"policy": "stair", "min_balancedness_gain": 1, "target_balancedness": "0.9", "load_estimate": 1}
     judged = check_settings(replace(GOOD, ascend_eplb_config=keys))
     assert [(v.rule, v.message) for v in judged] == [
         (
@@ -139,37 +140,48 @@ def test_the_policy_and_gate_keys_are_judged_each_naming_value_and_rule_all_at_o
             "unquoted (YAML 1.1 reads an exponent without a dot, 1e-2, as a string: write 0.01 or 1.0e-2); "
             "fix: set a target such as 0.95, or remove target_balancedness",
         ),
+        (
+            "load-estimate",
+            "additional_config.eplb_config.load_estimate=1 is not one of ['window', 'pooled']; fix: use "
+            "'window' (upstream's: plan on the closed window) or 'pooled' (plan on the windows since the "
+            "last shift of the load)",
+        ),
     ]
-    good = replace(GOOD, ascend_eplb_config={"policy": "migration_aware", "min_balancedness_gain": 0.02,
-                                             "target_balancedness": 1})  # fmt: skip
+    keys = {"policy": "migration_aware", "min_balancedness_gain": 0.02, "target_balancedness": 1,
+            "load_estimate": "pooled"}  # fmt: skip
+    good = replace(GOOD, ascend_eplb_config=keys)
     assert list(check_settings(good)) == []
     assert good.policy_settings().describe() == (
-        "policy=migration_aware, gate min_balancedness_gain=0.02 target_balancedness=1"
+        "policy=migration_aware, gate min_balancedness_gain=0.02 target_balancedness=1, load_estimate=pooled"
     )
-    # Absent keys: upstream's default policy, gate off; upstream's own eplb_config.policy is another key.
+    # Absent keys: upstream's default policy, gate off, on the window; upstream's own eplb_config.policy
+    # is another key.
     assert GOOD.policy_settings().is_upstream_default
-    assert (GOOD.placement_policy, GOOD.min_balancedness_gain, GOOD.target_balancedness) == (
-        "default",
-        0.0,
-        None,
-    )
+    assert (
+        GOOD.placement_policy,
+        GOOD.min_balancedness_gain,
+        GOOD.target_balancedness,
+        GOOD.load_estimate,
+    ) == ("default", 0.0, None, "window")
     # EPLB off: a key at its default value is harmless, another value is refused naming each key given.
     off = replace(
         GOOD, enable_eplb=False, ascend_eplb_config={"policy": "default", "min_balancedness_gain": 0}
     )
     assert list(check_settings(off)) == []
-    off = replace(off, ascend_eplb_config={"policy": "migration_aware", "target_balancedness": 0.9})
+    off = replace(off, ascend_eplb_config={"policy": "migration_aware", "target_balancedness": 0.9,
+                                           "load_estimate": "pooled"})  # fmt: skip
     assert [str(v) for v in check_settings(off)] == [
-        "[policy-without-eplb] eplb_config.policy='migration_aware', eplb_config.target_balancedness=0.9: "
-        "the placement policy and the gain gate need Model Runner V2 EPLB, but enable_eplb=False; fix: pass "
-        "--enable-eplb or remove policy, target_balancedness"
+        "[policy-without-eplb] eplb_config.policy='migration_aware', eplb_config.target_balancedness=0.9, "
+        "eplb_config.load_estimate='pooled': the placement policy, the gain gate and the load estimate "
+        "need Model Runner V2 EPLB, but enable_eplb=False; fix: pass --enable-eplb or remove policy, "
+        "target_balancedness, load_estimate"
     ]
     # `false` equals the gain's default 0.0 but is no number (refused with EPLB on): named here too.
     off = replace(off, ascend_eplb_config={"min_balancedness_gain": False, "target_balancedness": None})
     assert [str(v) for v in check_settings(off)] == [
-        "[policy-without-eplb] eplb_config.min_balancedness_gain=False: the placement policy and the gain "
-        "gate need Model Runner V2 EPLB, but enable_eplb=False; fix: pass --enable-eplb or remove "
-        "min_balancedness_gain"
+        "[policy-without-eplb] eplb_config.min_balancedness_gain=False: the placement policy, the gain "
+        "gate and the load estimate need Model Runner V2 EPLB, but enable_eplb=False; fix: pass "
+        "--enable-eplb or remove min_balancedness_gain"
     ]
 
 

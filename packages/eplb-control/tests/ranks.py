@@ -35,13 +35,13 @@ def _trace(num_sequences: int) -> list[list[torch.Tensor]]:
     return [esft_sequences(layer, num_sequences) for layer in range(NUM_MOE_LAYERS)]
 
 
-def _config(world_size: int, use_async: bool):
+def _config(world_size: int, use_async: bool, window: int = WINDOW, interval: int = INTERVAL):
     from vllm.config import EPLBConfig, ParallelConfig, VllmConfig
 
     # Valid as built only with the host adaptation's platform proxy installed (no accelerator here).
     eplb_config = EPLBConfig(
-        window_size=WINDOW,
-        step_interval=INTERVAL,
+        window_size=window,
+        step_interval=interval,
         num_redundant_experts=NUM_REDUNDANT,
         use_async=use_async,
         communicator="torch_gloo",
@@ -369,4 +369,189 @@ def control_world(
         report["table_ptrs"] = table_ptrs
         report["local_slots"] = list(range(rank * p, (rank + 1) * p))
         report["worker_alive"] = state.async_worker.is_alive() if state.async_worker is not None else None
+    return report
+
+
+#: The two-model world: windows of 8 passes every 6 steps (each window overlaps the last by 2 passes;
+#: a cycle of both models takes fewer steps than the interval).
+TWO_WINDOW = 8
+TWO_INTERVAL = 6
+#: Its regular rearrangements, and the one whose target cycle is stopped before the target's first
+#: layer moves.
+TWO_REARRANGEMENTS = 4
+STOPPED = 2
+
+
+def two_model_world(ctx: RankContext) -> dict[str, Any]:
+    """Two models of one state (the target, 2 MoE layers, and a 1-layer draft, as an MTP draft
+    registers beside its target), the migration-aware policy on each model's load estimate
+    (``load_estimate="pooled"``), asynchronous, on the real ESFT routing (the draft routes MoE layer 2's
+    trace). In rearrangement :data:`STOPPED` the target's cycle is stopped on every rank before its first
+    layer moves (upstream's coordinated stop: its ``rebalanced`` flag down when the worker checks it),
+    and the draft's goes on. Reports every policy call's decision (recomputed by ``gate.decide`` from the
+    call's arguments), every published ``DecisionEvent``, every model's evidence handed to its estimate
+    beside the selections the ranks routed since the last rearrangement, and each estimate's end value.
+    """
+    import threading
+
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.parallel_state import (
+        get_ep_group,
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+
+    from ascend_eplb.control import (
+        AscendEPLBController,
+        DecisionEvent,
+        PatchSet,
+        PolicySettings,
+        commit_hooks,
+        host_adaptation,
+    )
+    from ascend_eplb.control.gate import decide
+    from ascend_eplb.testing.tagged import TaggedExperts
+    from ascend_eplb.world.esft import esft_sequences
+    from ascend_eplb.world.toy_moe import ToyModelConfig, ToyMoEModel, initial_local_experts
+
+    assert PatchSet([*host_adaptation.PATCHES, *commit_hooks.PATCHES]).apply() is True
+    vc = _config(ctx.world_size, True, TWO_WINDOW, TWO_INTERVAL)
+    rank, n = ctx.rank, ctx.world_size
+    report: dict[str, Any] = {"rank": rank}
+    with set_current_vllm_config(vc):
+        init_distributed_environment(
+            world_size=n, rank=rank, distributed_init_method=ctx.init_method, local_rank=rank, backend="gloo"
+        )
+        initialize_model_parallel(tensor_model_parallel_size=n)
+        cpu_group = get_ep_group().cpu_group
+        local = initial_local_experts(rank, n, NUM_LOGICAL, NUM_REDUNDANT)
+        trace_layers = {"target": (0, 1), "draft": (2,)}
+        models, configs, traces = {}, {}, {}
+        for name, layers in trace_layers.items():
+            experts = [TaggedExperts(layer, local, tag) for layer in layers]
+            models[name] = ToyMoEModel(experts, NUM_LOGICAL, NUM_REDUNDANT, n, TOP_K)
+            configs[name] = ToyModelConfig(f"fake/{name}")
+            traces[name] = [esft_sequences(layer, 40) for layer in layers]
+        settings = PolicySettings(policy="migration_aware", load_estimate="pooled")
+        ctrl = AscendEPLBController(vc.parallel_config, torch.device("cpu"), policy_settings=settings)
+        ctrl.prepare_load()
+        state = ctrl.state
+        for name in models:
+            assert ctrl.maybe_register_model(models[name], configs[name])
+        keys = {name: configs[name].compute_hash() for name in models}
+        model_states = {name: state.model_states[key] for name, key in keys.items()}
+        published: list[tuple[Any, ...]] = []
+        ctrl.bus.subscribe(
+            DecisionEvent, lambda e: published.append((e.model_name, e.rearrangement, e.decision))
+        )
+
+        # Each model's evidence, as its estimate receives it.
+        evidence: dict[str, list[list[list[int]]]] = {name: [] for name in models}
+        for name, key in keys.items():
+            estimate = state.channels[key].estimate
+            update = estimate.update
+
+            def recording(selections, _update=update, _name=name):
+                evidence[_name].append(selections.tolist())
+                _update(selections)
+
+            estimate.update = recording
+
+        # Every policy call, its decision recomputed from its arguments; the stopped one waits for the stop.
+        calls: list[tuple[Any, ...]] = []
+        stopped = threading.Event()
+        gated = state.policy
+
+        class Watching(gated):
+            @classmethod
+            def rebalance_experts(cls, weight, num_replicas, num_groups, num_nodes, num_ranks, old=None):
+                if not cls.channels.gating:  # upstream's profile rearrangement
+                    return super().rebalance_experts(
+                        weight, num_replicas, num_groups, num_nodes, num_ranks, old
+                    )
+                name = "target" if weight.shape[0] == len(trace_layers["target"]) else "draft"
+                estimate = state.channels[keys[name]].estimate.load
+                _, decision = decide(
+                    settings, weight, num_replicas, num_groups, num_nodes, num_ranks, old, estimate=estimate
+                )
+                calls.append((state.num_rearrangements, name, decision))
+                placement = super().rebalance_experts(
+                    weight, num_replicas, num_groups, num_nodes, num_ranks, old
+                )
+                if name == "target" and state.num_rearrangements == STOPPED:
+                    assert stopped.wait(DEADLINE_S), "the main thread never stopped the target's cycle"
+                return placement
+
+        state.policy = Watching
+        ctrl.maybe_start_async_loop(True)
+        ctrl.step(is_dummy=True, is_profile=True)
+
+        routed = {
+            name: torch.zeros(len(layers), NUM_LOGICAL, dtype=torch.int64)
+            for name, layers in trace_layers.items()
+        }
+        expected: dict[str, list[list[list[int]]]] = {name: [] for name in models}
+        maps: list[dict[str, list[list[int]]]] = []
+        step = 0
+        windows: dict[str, list[list[list[int]]]] = {name: [] for name in models}
+        while state.num_rearrangements < TWO_REARRANGEMENTS or any(
+            ms.rebalanced for ms in model_states.values()
+        ):
+            assert step < 200, (
+                f"the rearrangements never finished: {state.num_rearrangements} started, "
+                f"{state.num_skipped_rearrangements} skipped, in flight "
+                f"{[(ms.rebalanced, ms.pending_result is not None) for ms in model_states.values()]}, "
+                f"step counter {state.expert_rearrangement_step}, calls {[c[:2] for c in calls]}"
+            )
+            # The worker serves the models in order: wait for the first one in flight to hand a layer over.
+            deadline = time.monotonic() + DEADLINE_S
+            for ms in model_states.values():
+                if ms.rebalanced:
+                    while ms.rebalanced and ms.pending_result is None:
+                        assert state.async_worker.is_alive(), "async worker died"
+                        assert time.monotonic() < deadline, f"no layer transferred within {DEADLINE_S} s"
+                        time.sleep(0.001)
+                    break
+            ctrl.set_batch_phase(step % 2 == 0)
+            for name in models:
+                ctrl.prepare_forward(configs[name], TOKENS, moe_rows="split")
+            recorded = bool(state.should_record_tensor)
+            seq = (step * n + rank) % 40
+            for name, model in models.items():
+                for i, trace in enumerate(traces[name]):
+                    ids = trace[seq][:TOKENS]
+                    model.layers[i].route(torch.cat([ids, trace[(seq + 1) % 40][:PADDING]]))
+                    if recorded:
+                        routed[name][i] += torch.bincount(ids.flatten(), minlength=NUM_LOGICAL)
+            before = state.num_rearrangements
+            ctrl.step()
+            if state.num_rearrangements > before:
+                for name in models:
+                    total = routed[name].clone()
+                    torch.distributed.all_reduce(total, group=cpu_group)
+                    expected[name].append(total.tolist())
+                    routed[name].zero_()
+                maps.append({name: ms.physical_to_logical_map.tolist() for name, ms in model_states.items()})
+                for name, ms in model_states.items():
+                    windows[name].append(ms.last_expert_load.tolist())  # upstream's window, all-reduced
+                if state.num_rearrangements == STOPPED:
+                    # Every rank, the same step: the target's cycle stops before its first layer moves.
+                    model_states["target"].rebalanced = False
+                    stopped.set()
+            step += 1
+        report["calls"] = calls
+        report["published"] = published
+        report["evidence"] = evidence
+        report["expected"] = expected
+        report["maps_at_start"] = maps
+        report["maps_at_end"] = {
+            name: ms.physical_to_logical_map.tolist() for name, ms in model_states.items()
+        }
+        report["estimates"] = {
+            name: (state.channels[key].estimate.windows, state.channels[key].estimate.load.tolist())
+            for name, key in keys.items()
+        }
+        report["windows"] = windows
+        report["worker_alive"] = state.async_worker.is_alive()
+        report["model_names"] = {name: ms.model_name for name, ms in model_states.items()}
     return report

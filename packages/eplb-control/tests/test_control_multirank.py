@@ -230,3 +230,55 @@ def test_the_gate_skips_alike_on_ranks_whose_local_loads_differ_then_migration_a
     # Upstream's transaction received exactly the experts the placement moved, one per (layer, rank).
     assert sum(c["transfers"]["recv"] for c in skewed) == int(moved.sum()) > 0
     assert all(c["skipped_by_reason"] == {"balanced": 1} and c["num_rearrangements"] == 2 for c in skewed)
+
+
+@pytest.mark.multirank
+def test_two_models_decide_on_their_own_estimates_and_a_stopped_cycle_never_hands_a_decision_over(tmp_path):
+    """Issue 36's crossing and issue 37's estimate: a target and a draft in one state, the
+    migration-aware policy on each model's load estimate, windows of 8 passes every 6 steps. In
+    rearrangement 2 the target's cycle stops before its first layer moves; the draft's commits and its
+    published decision is its own (one shared queue of decisions handed it the target's)."""
+    reports = run_ranks(
+        ranks.two_model_world, world_size=2, tmp_path=tmp_path, timeout_s=240, preload=PRELOAD
+    )
+    first = reports[0]
+    names = first["model_names"]
+    for r in reports:
+        assert r["worker_alive"] is True
+        # Every rank: the same evidence, calls, decisions and estimates, bit for bit.
+        for key in ("calls", "published", "evidence", "expected", "estimates", "maps_at_end"):
+            assert r[key] == first[key], key
+    # Each estimate took, per rearrangement, exactly the selections routed since the last one (every
+    # rank's real tokens x K, once): after the first, 6 steps of them, where upstream's window holds 8
+    # passes from the third on (2 of them seen before).
+    per_step = 2 * ranks.TOKENS * ranks.TOP_K
+    for model in ("target", "draft"):
+        evidence, window = first["evidence"][model], first["windows"][model]
+        assert evidence == first["expected"][model]
+        assert len(evidence) == ranks.TWO_REARRANGEMENTS
+        assert [sorted({sum(row) for row in e}) for e in evidence[1:]] == [
+            [per_step * ranks.TWO_INTERVAL]
+        ] * 3
+        assert [sorted({round(sum(row)) for row in w}) for w in window[2:]] == [
+            [per_step * ranks.TWO_WINDOW]
+        ] * 2
+        assert first["estimates"][model][0] == ranks.TWO_REARRANGEMENTS
+    # Every policy call in registration order, the target first; each published decision is the one of
+    # its own model's call (the draft's in the stopped rearrangement too), planned on its estimate.
+    calls = first["calls"]
+    rearrangements = range(1, ranks.TWO_REARRANGEMENTS + 1)
+    assert [(n, name) for n, name, _ in calls] == [
+        (n, name) for n in rearrangements for name in ("target", "draft")
+    ]
+    decided = {(names[name], n): decision for n, name, decision in calls}
+    assert all(d.load_estimate == "pooled" for d in decided.values())
+    published = {(model, n): decision for model, n, decision in first["published"]}
+    stopped = ranks.STOPPED
+    everything = {(names[m], n) for n in rearrangements for m in ("target", "draft")}
+    assert set(published) == everything - {(names["target"], stopped)}
+    for key, decision in published.items():
+        assert decision == decided[key], key
+    assert published[(names["draft"], stopped)] != decided[(names["target"], stopped)]
+    # The stopped cycle moved none of the target's experts.
+    maps = first["maps_at_start"]
+    assert maps[stopped]["target"] == maps[stopped - 1]["target"] != maps[stopped - 2]["target"]

@@ -22,6 +22,7 @@ from typing import Any
 from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES as _CONTROL_PHASES
 from ascend_eplb.control.policy_config import (
     PolicySettings,
+    load_estimate_error,
     min_balancedness_gain_error,
     policy_error,
     target_balancedness_error,
@@ -78,8 +79,9 @@ V1_EPLB_KEYS = (
 )
 #: Environment switches of the V1 path (asserted by vLLM Ascend's V1 ``EplbUpdator``).
 V1_EPLB_ENV_SWITCHES = ("DYNAMIC_EPLB", "EXPERT_MAP_RECORD")
-#: The Ascend keys of the placement policy and the gain gate (``ascend_eplb.control.policy_config``).
-POLICY_KEYS = ("policy", "min_balancedness_gain", "target_balancedness")
+#: The Ascend keys of the placement policy, the gain gate and the load they work on
+#: (``ascend_eplb.control.policy_config``).
+POLICY_KEYS = ("policy", "min_balancedness_gain", "target_balancedness", "load_estimate")
 #: The Ascend-specific keys of the Model Runner V2 ``eplb_config``: ``load_collection_phase``, and
 #: ``initial_placement`` (a placement file to start serving on, ``ascend_eplb.integration.placement_file``).
 ASCEND_V2_KEYS = ("load_collection_phase", "initial_placement", *POLICY_KEYS)
@@ -214,14 +216,22 @@ class EplbSettings:
         """``additional_config.eplb_config.target_balancedness`` as given, None (off) when absent."""
         return self.ascend_eplb_config.get("target_balancedness")
 
+    @property
+    def load_estimate(self) -> Any:
+        """``additional_config.eplb_config.load_estimate`` as given, ``"window"`` (upstream's: the closed
+        window) when absent."""
+        return self.ascend_eplb_config.get("load_estimate", "window")
+
     def policy_settings(self) -> PolicySettings:
-        """Control's :class:`~ascend_eplb.control.policy_config.PolicySettings` of the three keys.
+        """Control's :class:`~ascend_eplb.control.policy_config.PolicySettings` of the four keys.
 
         Raises:
             ValueError: a key breaks its rule (``placement-policy``, ``min-balancedness-gain``,
-                ``target-balancedness``; start-up validation has refused that before).
+                ``target-balancedness``, ``load-estimate``; start-up validation has refused that before).
         """
-        return PolicySettings(self.placement_policy, self.min_balancedness_gain, self.target_balancedness)
+        return PolicySettings(
+            self.placement_policy, self.min_balancedness_gain, self.target_balancedness, self.load_estimate
+        )
 
     @property
     def initial_placement(self) -> Any:
@@ -774,6 +784,7 @@ def _policy_without_eplb(s: EplbSettings) -> str | None:
         "policy": policy_error,
         "min_balancedness_gain": min_balancedness_gain_error,
         "target_balancedness": target_balancedness_error,
+        "load_estimate": load_estimate_error,
     }
     # A key counts as given unless it is its default, validly: `false` equals the gain's 0.0 but is no
     # number (refused with EPLB on), so it is named here too.
@@ -787,8 +798,8 @@ def _policy_without_eplb(s: EplbSettings) -> str | None:
         return None
     shown_keys = ", ".join(f"eplb_config.{k}={s.ascend_eplb_config[k]!r}" for k in given)
     return (
-        f"{shown_keys}: the placement policy and the gain gate need Model Runner V2 EPLB, but "
-        f"enable_eplb=False; fix: pass --enable-eplb or remove {', '.join(given)}"
+        f"{shown_keys}: the placement policy, the gain gate and the load estimate need Model Runner V2 "
+        f"EPLB, but enable_eplb=False; fix: pass --enable-eplb or remove {', '.join(given)}"
     )
 
 
@@ -881,6 +892,17 @@ def _target_balancedness(s: EplbSettings) -> str | None:
     if reason is None:
         return None
     return f"{reason}; fix: set a target such as 0.95, or remove target_balancedness"
+
+
+@_rule("load-estimate")
+def _load_estimate(s: EplbSettings) -> str | None:
+    reason = load_estimate_error(s.load_estimate)
+    if reason is None:
+        return None
+    return (
+        f"{reason}; fix: use 'window' (upstream's: plan on the closed window) or 'pooled' (plan on the "
+        "windows since the last shift of the load)"
+    )
 
 
 @_rule("async-only")

@@ -8,9 +8,10 @@ async worker thread (``async_worker.run_rebalance_experts``), in synchronous mod
 main thread before, so equal on every EP rank. :func:`gated_policy` builds, for one
 :class:`~ascend_eplb.control.state.AscendEplbState`, an upstream :class:`AbstractEplbPolicy` subclass
 that the state puts in ``EplbState.policy`` (after upstream's ``add_model`` set it). Its
-``rebalance_experts`` calls :func:`decide`:
+``rebalance_experts`` calls :func:`decide` on the load the settings plan on (the window, or the
+model's estimate of the load to come, ``PolicySettings.load_estimate``):
 
-1. the committed placement's balancedness on the window at or above ``target_balancedness``: the
+1. the committed placement's balancedness on that load at or above ``target_balancedness``: the
    committed placement is returned unchanged, the policy does not run (reason ``"balanced"``);
 2. otherwise the selected policy (:data:`POLICIES`) runs; if its placement gains less than
    ``min_balancedness_gain`` over the committed one, the committed placement is returned (reason
@@ -19,17 +20,19 @@ that the state puts in ``EplbState.policy`` (after upstream's ``add_model`` set 
 
 An unchanged placement moves nothing through upstream's transaction: ``transfer_layer`` posts no send
 or receive for a slot whose expert stays (``move_to_buffer``: ``is_unchanged``), and the per-layer
-commits write the same maps. The decision is a pure function of the window, the committed placement and
-the settings (float64 host arithmetic in a fixed order), so every rank decides alike with no collective.
-The gate runs where upstream runs the policy: in asynchronous mode (the only mode serving accepts) it
-costs the serving thread nothing; in synchronous mode its two balancedness passes run inside
-``EplbState.rearrange`` on the runner thread, beside the policy.
+commits write the same maps. The decision is a pure function of the window, the estimate, the
+committed placement and the settings (float64 host arithmetic in a fixed order), so every rank decides
+alike with no collective. The gate runs where upstream runs the policy: in asynchronous mode (the only
+mode serving accepts) in the worker thread; in synchronous mode inside ``EplbState.rearrange`` on the
+runner thread, beside the policy.
 
-The decision reaches the runner thread through a :class:`DecisionChannel` (a lock-guarded queue the
-worker puts into, in the order it calls the policy: the state's models in registration order); the
-state takes it at the first commit of that model's rearrangement, on the runner thread, and publishes it
-on the controller's bus (:class:`~ascend_eplb.control.bus.DecisionEvent`). The worker made the decision
-before it published that layer, so it is there when the first commit runs.
+Each registered model has its own :class:`DecisionChannel`: the load estimate the state feeds on the
+runner thread before a rearrangement (``PolicySettings.load_estimate="pooled"``), on which the policy
+plans and the gate judges the expected gain, and the decision the policy leaves for the runner thread
+(the state takes it at the first commit of that model's rearrangement and publishes it on the
+controller's bus, :class:`~ascend_eplb.control.bus.DecisionEvent`). Upstream's call names no model:
+:class:`ModelChannels` routes each call to its model's channel by upstream's call order, checked on the
+call's shapes, so that a cycle stopped for one model never hands its decision to the next.
 
 Balancedness and expert moves are :mod:`ascend_eplb.control.policy`'s (the project's one definition of
 each; ``notes/placement-cost.md``); a decision's figures are their means / sums over the L layers.
@@ -37,18 +40,19 @@ each; ``notes/placement-cost.md``); a decision's figures are their means / sums 
 
 from __future__ import annotations
 
-import collections
 import threading
+from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
 import torch
 from vllm.distributed.eplb.policy.abstract import AbstractEplbPolicy
 from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
 
+from ascend_eplb.control.estimate import LoadEstimate
 from ascend_eplb.control.policy import MigrationAwarePolicy, balancedness, moved_experts
 from ascend_eplb.control.policy_config import POLICY_NAMES, PlacementDecision, PolicySettings
 
-__all__ = ["POLICIES", "DecisionChannel", "GatedPolicy", "decide", "gated_policy"]
+__all__ = ["POLICIES", "DecisionChannel", "GatedPolicy", "ModelChannels", "decide", "gated_policy"]
 
 #: Policy name -> the upstream policy class it selects (keys checked equal to ``POLICY_NAMES`` here).
 POLICIES: dict[str, type[AbstractEplbPolicy]] = {
@@ -66,83 +70,161 @@ def decide(
     num_nodes: int,
     num_ranks: int,
     old_global_expert_indices: torch.Tensor | None,
+    *,
+    estimate: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, PlacementDecision]:
     """The placement to move to and why: the gate of the module docstring around ``settings.policy``.
 
     Args:
-        settings: the policy and the gate.
+        settings: the policy, the gate and the load they work on.
         weight: ``(L, E)`` global load per logical expert of the closed window (int or float, CPU).
         num_replicas, num_groups, num_nodes, num_ranks: upstream's policy arguments (P, groups, nodes,
             N).
         old_global_expert_indices: int64 ``(L, P)``, the committed placement; None (no placement in
             force): the policy runs with no gate.
+        estimate: float ``(L, E)``, the load to plan on and judge by in place of the window (None: the
+            window).
 
     Returns:
         ``(placement, decision)``: int64 ``(L, P)`` on CPU, a copy of the committed placement when
-        skipped (``decision.skipped`` names why), else the policy's result itself.
+        skipped (``decision.skipped`` names why), else the policy's result itself. The decision's
+        figures are on the planned-on load and on the window.
 
     Raises:
         ValueError: from the policy or the measures, naming the value and the rule.
     """
     base = POLICIES[settings.policy]
     old = old_global_expert_indices
+    load = weight if estimate is None else estimate
+
+    def mean(on: torch.Tensor, placement: torch.Tensor) -> float:
+        return float(balancedness(on, placement, num_ranks).mean())
+
+    def decision(skipped, before, planned, moved, new=None) -> PlacementDecision:
+        on_window = (
+            None if before is None else mean(weight, old),
+            None if planned is None else mean(weight, new),
+        )
+        return PlacementDecision(
+            settings.policy, skipped, before, planned, moved, settings.load_estimate, *on_window
+        )
+
     if old is None:
-        new = base.rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_ranks, None)
-        planned = float(balancedness(weight, new, num_ranks).mean())
-        return new, PlacementDecision(settings.policy, None, None, planned, None)
+        new = base.rebalance_experts(load, num_replicas, num_groups, num_nodes, num_ranks, None)
+        return new, decision(None, None, mean(load, new), None, new)
     if not bool((torch.as_tensor(weight) > 0).any()):
         # A model without load while another model of the state has some (AscendEplbState.rearrange
         # skips a window only when no model of any rank recorded load), or a caller's all-zero window.
-        return old.clone(), PlacementDecision(settings.policy, "no_load", None, None, 0)
-    before = float(balancedness(weight, old, num_ranks).mean())
+        return old.clone(), decision("no_load", None, None, 0)
+    before = mean(load, old)
     target = settings.target_balancedness
     if target is not None and before >= target:
-        return old.clone(), PlacementDecision(settings.policy, "balanced", before, None, 0)
-    new = base.rebalance_experts(weight, num_replicas, num_groups, num_nodes, num_ranks, old)
-    planned = float(balancedness(weight, new, num_ranks).mean())
+        return old.clone(), decision("balanced", before, None, 0)
+    new = base.rebalance_experts(load, num_replicas, num_groups, num_nodes, num_ranks, old)
+    planned = mean(load, new)
     if settings.min_balancedness_gain > 0 and planned - before < settings.min_balancedness_gain:
-        return old.clone(), PlacementDecision(settings.policy, "min_gain", before, planned, 0)
-    moved = int(moved_experts(old, new, num_ranks).sum())
-    return new, PlacementDecision(settings.policy, None, before, planned, moved)
+        return old.clone(), decision("min_gain", before, planned, 0, new)
+    return new, decision(None, before, planned, int(moved_experts(old, new, num_ranks).sum()), new)
 
 
 class DecisionChannel:
-    """The hand-off of :class:`PlacementDecision` s from the thread that runs the policy to the runner
-    thread: a lock-guarded FIFO, plus the switch that says whether the policy call is gated.
+    """One registered model's hand-off between the runner thread and the thread that runs the policy.
+
+    Attributes:
+        model_name: the model's name as upstream names it.
+        shape: ``(L, E, P)`` of its load and placement (a policy call of another shape is not its).
+        estimate: the model's :class:`~ascend_eplb.control.estimate.LoadEstimate` (None: the policy
+            plans on the window), fed by the runner thread before upstream's rearrangement.
+    """
+
+    def __init__(self, model_name: str, shape: tuple[int, int, int], estimate: LoadEstimate | None) -> None:
+        self.model_name = model_name
+        self.shape = shape
+        self.estimate = estimate
+        self._lock = threading.Lock()
+        self._decision: PlacementDecision | None = None
+
+    def put(self, decision: PlacementDecision) -> None:
+        """Leave ``decision`` (the policy's thread; it replaces one not taken)."""
+        with self._lock:
+            self._decision = decision
+
+    def take(self) -> PlacementDecision | None:
+        """The decision left and not taken yet, or None (the runner thread)."""
+        with self._lock:
+            decision, self._decision = self._decision, None
+            return decision
+
+
+class ModelChannels:
+    """The :class:`DecisionChannel` of each model of one state, and the order upstream calls the policy.
+
+    Upstream (vLLM 0.33.0) calls ``EplbState.policy.rebalance_experts`` once per registered model and
+    rearrangement, in ``model_states`` order (the async worker's ``transfer_run_periodically``, or
+    ``rearrange`` in synchronous mode). :meth:`expect` (the runner thread, before upstream's
+    ``rearrange``, while no policy call is in flight) lists those models; each gated call takes the next.
 
     Attributes:
         gating: True for a regular rearrangement; False for the calls the gate must not judge (upstream's
             profile rearrangement, which reserves the communication buffers with a worst-case move;
-            elastic-EP ``rank_mapping`` and ``use_last_expert_load`` ones). Written by the state on the
-            runner thread before upstream's ``rearrange``, while no policy call is in flight.
+            elastic-EP ``rank_mapping`` and ``use_last_expert_load`` ones): the selected policy alone, on
+            the window.
     """
 
     def __init__(self) -> None:
+        self._channels: dict[str, DecisionChannel] = {}
         self._lock = threading.Lock()
-        self._decisions: collections.deque[PlacementDecision] = collections.deque()
+        self._expected: list[DecisionChannel] = []
         self.gating = True
 
-    def put(self, decision: PlacementDecision) -> None:
-        """Append ``decision`` (the policy's thread)."""
-        with self._lock:
-            self._decisions.append(decision)
+    def add(self, key: str, channel: DecisionChannel) -> None:
+        """Register ``channel`` for model ``key`` (upstream's ``model_states`` key)."""
+        self._channels[key] = channel
 
-    def take(self) -> PlacementDecision | None:
-        """The oldest decision not taken yet, or None (the runner thread)."""
-        with self._lock:
-            return self._decisions.popleft() if self._decisions else None
+    def __getitem__(self, key: str) -> DecisionChannel:
+        return self._channels[key]
 
-    def clear(self) -> None:
-        """Drop every decision not taken (the runner thread, when a rearrangement starts)."""
+    def __iter__(self) -> Iterator[DecisionChannel]:
+        return iter(self._channels.values())
+
+    def expect(self, keys: Iterable[str], *, gating: bool) -> None:
+        """The models whose policy calls come next, in order; every channel's decision not taken is
+        dropped (the runner thread)."""
         with self._lock:
-            self._decisions.clear()
+            for channel in self._channels.values():
+                channel.take()
+            self._expected = [self._channels[key] for key in keys] if gating else []
+            self.gating = gating
+
+    def next_call(self, weight: torch.Tensor, num_replicas: int) -> DecisionChannel:
+        """The channel of the policy call with these arguments (the policy's thread).
+
+        Raises:
+            RuntimeError: no model was expected, or the call's ``(L, E, P)`` is not the next model's:
+                upstream's call order changed (the message names both).
+        """
+        with self._lock:
+            if not self._expected:
+                raise RuntimeError(
+                    "EplbState.policy was called for a model no rearrangement expected (upstream calls "
+                    "the policy once per registered model and rearrangement: did its call order change?)"
+                )
+            channel = self._expected.pop(0)
+        shape = (*tuple(weight.shape), num_replicas)
+        if shape != channel.shape:
+            raise RuntimeError(
+                f"EplbState.policy was called with (L, E, P) = {shape} where {channel.model_name}'s "
+                f"{channel.shape} was next (upstream calls the policy once per registered model and "
+                "rearrangement, in registration order: did its call order change?)"
+            )
+        return channel
 
 
 class GatedPolicy(AbstractEplbPolicy):
     """The base of the classes :func:`gated_policy` builds (one per state); not used itself."""
 
     settings: ClassVar[PolicySettings]
-    channel: ClassVar[DecisionChannel]
+    channels: ClassVar[ModelChannels]
 
     @classmethod
     def rebalance_experts(
@@ -154,30 +236,39 @@ class GatedPolicy(AbstractEplbPolicy):
         num_ranks: int,
         old_global_expert_indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Upstream's policy call: :func:`decide` (its decision put on the channel), or the selected
-        policy alone when the channel is not gating."""
-        if not cls.channel.gating:
+        """Upstream's policy call: :func:`decide` on the calling model's estimate (its decision left on
+        its channel), or the selected policy alone on the window when the channels are not gating."""
+        if not cls.channels.gating:
             return POLICIES[cls.settings.policy].rebalance_experts(
                 weight, num_replicas, num_groups, num_nodes, num_ranks, old_global_expert_indices
             )
+        channel = cls.channels.next_call(weight, num_replicas)
+        estimate = None if channel.estimate is None else channel.estimate.load
         placement, decision = decide(
-            cls.settings, weight, num_replicas, num_groups, num_nodes, num_ranks, old_global_expert_indices
+            cls.settings,
+            weight,
+            num_replicas,
+            num_groups,
+            num_nodes,
+            num_ranks,
+            old_global_expert_indices,
+            estimate=estimate,
         )
-        cls.channel.put(decision)
+        channel.put(decision)
         return placement
 
 
-def gated_policy(settings: PolicySettings, channel: DecisionChannel) -> type[GatedPolicy]:
-    """A :class:`GatedPolicy` subclass bound to ``settings`` and ``channel``: what ``EplbState.policy``
+def gated_policy(settings: PolicySettings, channels: ModelChannels) -> type[GatedPolicy]:
+    """A :class:`GatedPolicy` subclass bound to ``settings`` and ``channels``: what ``EplbState.policy``
     holds (upstream types it ``type[AbstractEplbPolicy]`` and calls its classmethod).
 
     Raises:
-        ValueError: ``settings`` selects upstream's default policy with the gate off (nothing to wrap:
-            upstream's ``DefaultEplbPolicy`` itself stays the policy).
+        ValueError: ``settings`` selects upstream's default policy with the gate off, on the window
+            (nothing to wrap: upstream's ``DefaultEplbPolicy`` itself stays the policy).
     """
     if settings.is_upstream_default:
         raise ValueError(
             f"{settings.describe()}: nothing to wrap; upstream's DefaultEplbPolicy stays the policy"
         )
     name = f"Gated{POLICIES[settings.policy].__name__}"
-    return type(name, (GatedPolicy,), {"settings": settings, "channel": channel, "__module__": __name__})
+    return type(name, (GatedPolicy,), {"settings": settings, "channels": channels, "__module__": __name__})

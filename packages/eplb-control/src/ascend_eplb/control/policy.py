@@ -31,6 +31,7 @@ import torch
 from vllm.distributed.eplb.policy.abstract import AbstractEplbPolicy
 from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
 
+from ascend_eplb.control._search import local_search
 from ascend_eplb.control.measures import (
     _balancedness,
     _check_ids,
@@ -49,12 +50,6 @@ from ascend_eplb.control.values import is_int
 #: beside the policy they judge).
 __all__ = ["MigrationAwarePolicy", "balancedness", "moved_experts"]
 
-#: The search ranks a change by its excess reduction per move; a change that moves nothing (a local copy)
-#: or undoes an earlier move counts as this many moves (measured on the benchmark's ESFT windows: 0.25,
-#: 0.5 and 1.0 give 213, 216 and 226 moves; 0.25 prefers a useless local duplicate to a real fix).
-_FREE_CHANGE_COST = 0.5
-
-
 # ----------------------------------------------------------------------------------------------------
 # The policy
 
@@ -66,11 +61,12 @@ class MigrationAwarePolicy(AbstractEplbPolicy):
 
     1. Upstream's ``DefaultEplbPolicy.rebalance_experts`` on the same input gives, per layer, the
        balancedness to reach (``b_up``). Without an old placement its result is returned as it is.
-    2. A local search from the old placement, all layers in lockstep (one change per layer and
-       iteration; numpy over whole tensors, no loop over slots or layers). The donor is the heaviest
-       rank ``h``; the candidates are (a) re-point a slot whose expert keeps another replica (or an empty
-       slot) to one of ``h``'s experts: every rank holding it gets lighter, at most 1 move; and (b) swap
-       a slot of ``h`` with a slot of another rank, at most 2 moves. The objective is the excess over the
+    2. A local search from the old placement (:mod:`ascend_eplb.control._search`: candidates, score,
+       apply), all layers in lockstep (one change per layer and iteration; numpy over whole tensors, no
+       loop over slots or layers). The donor is the heaviest rank ``h``; the candidates are (a)
+       re-point a slot whose expert keeps another replica (or an empty slot) to one of ``h``'s experts:
+       every rank holding it gets lighter, at most 1 move; and (b) swap a slot of ``h`` with a slot of
+       one of the 8 lightest ranks of its node, at most 2 moves. The objective is the excess over the
        target peak ``T = mean rank load / (b_up - balancedness_tolerance)``, summed over ranks; the change
        with the largest excess reduction per move is applied (moves counted exactly as
        :func:`moved_experts` does; a local copy or a change undoing an earlier move counts as half a
@@ -96,9 +92,8 @@ class MigrationAwarePolicy(AbstractEplbPolicy):
 
     ``-1`` slots of the old placement (elastic scale-up) are empty slots to fill. Deterministic (ties go
     to the lowest index; float64 host arithmetic in a fixed order, so every rank's worker gets the same
-    answer), valid (every logical expert placed in every layer, no empty slot, int64 CPU ``(L, P)``);
-    about 0.15 s of CPU time a call at DeepSeek-V3 size on one thread, upstream's policy (which it runs)
-    0.05 s of it (figures in the control README, from ``benchmarks/bench_policy.py``).
+    answer), valid (every logical expert placed in every layer, no empty slot, int64 CPU ``(L, P)``).
+    Its CPU time per call and its cost to a serving thread beside upstream's: the control README.
     """
 
     #: The search stops a layer at ``b_up - balancedness_tolerance`` (per layer; the layers' mean ends
@@ -336,10 +331,10 @@ def _migrate(
             nodes = _aligned_group_nodes(upstream[regroup], old[regroup], num_groups, num_nodes, num_logical)
             start[regroup] = _regroup(old[regroup], nodes, num_logical, num_nodes)
 
-    new = _local_search(load, start, old, target - tolerance, num_ranks, num_nodes)
+    new = local_search(load, start, old, target - tolerance, num_ranks, num_nodes)
     short = np.nonzero(reached(new, everything) < target - fallback_margin)[0]
     if short.size:  # a greedy dead end (a cheap change that blocks the way): again, by gain alone
-        again = _local_search(
+        again = local_search(
             load[short],
             start[short],
             old[short],
@@ -354,214 +349,6 @@ def _migrate(
     if short.size:
         new[short] = _align_to_old(upstream[short], old[short], num_ranks, num_nodes, num_logical)
     return new
-
-
-def _with_empty(values: np.ndarray, fill: float) -> np.ndarray:
-    """``(n, E)`` -> ``(n, 1 + E)``: column 0 stands for an empty slot (expert id -1, index 0)."""
-    return np.concatenate([np.full((values.shape[0], 1), fill, dtype=values.dtype), values], axis=1)
-
-
-def _local_search(
-    load: np.ndarray,
-    start: np.ndarray,
-    old: np.ndarray,
-    target: np.ndarray,
-    num_ranks: int,
-    num_nodes: int,
-    *,
-    by_gain: bool = False,
-) -> np.ndarray:
-    """The search of :class:`MigrationAwarePolicy` step 2 from ``start`` (moves counted from ``old``);
-    ``by_gain``: the largest excess reduction wins, fewer moves only on a tie.
-
-    Expert ids are shifted by one inside (index 0: an empty slot, no load, never moved by a swap).
-    """
-    num_physical = old.shape[1]
-    num_logical = load.shape[1]
-    slots_per_rank = num_physical // num_ranks
-    ranks_per_node = num_ranks // num_nodes
-    slots_per_node = num_physical // num_nodes
-    placement = start + 1
-    counts = _replica_counts(start, num_logical)
-    held = _holdings(start, num_ranks, num_logical, with_empty=True)  # (L, N, 1 + E)
-    held_before = _holdings(old, num_ranks, num_logical, with_empty=True) > 0
-    held_before[:, :, 0] = True  # an empty slot costs nothing to leave
-    # The peak rank load each layer must reach, per node: mean / target balancedness, or the node's own
-    # mean rank load where its groups carry more (moves stay in the node); a layer without load is done.
-    node_mean = _rank_loads(load, start, counts, num_nodes) / ranks_per_node  # (L, nodes)
-    mean = load.sum(axis=1, keepdims=True) / num_ranks
-    node_cap = np.maximum(mean / np.maximum(target, 1e-12)[:, None], node_mean)
-    active = load.sum(axis=1) > 0
-    slot_rank = np.arange(slots_per_node) // slots_per_rank  # rank of a node-local slot, within the node
-    donor_slot = np.arange(slots_per_rank)
-    for _ in range(5 * num_physical):
-        layer = np.nonzero(active)[0]
-        if not layer.size:
-            break
-        w = _with_empty(load[layer], 0.0)
-        cnt = _with_empty(counts[layer], 2)  # an empty slot: w / (2 - 1) - w / 2 = 0 when it is taken
-        per_replica = w / np.maximum(cnt, 1)
-        loads = np.take_along_axis(per_replica, placement[layer], axis=1)
-        loads = loads.reshape(layer.size, num_ranks, slots_per_rank).sum(axis=2)
-        heaviest = loads.argmax(axis=1)
-        peak = loads[np.arange(layer.size), heaviest]
-        cap = node_cap[layer, heaviest // ranks_per_node]
-        go = peak > cap * (1 + 1e-12)
-        has_empty = (placement[layer] == 0).any(axis=1)
-        active[layer[~go & ~has_empty]] = False
-        _fill_one(load, placement, counts, held, layer[~go & has_empty], num_ranks, num_nodes)
-        if not go.any():
-            continue
-        layer, w, cnt, per_replica, loads = layer[go], w[go], cnt[go], per_replica[go], loads[go]
-        heaviest, peak, cap = heaviest[go], peak[go], cap[go]
-        n = layer.size
-        row = np.arange(n)
-        # The donor's node: its ranks and slots (the whole layer when not hierarchical).
-        node = heaviest // ranks_per_node
-        node_ranks = node[:, None] * ranks_per_node + np.arange(ranks_per_node)
-        node_slots = node[:, None] * slots_per_node + np.arange(slots_per_node)
-        donor = heaviest - node * ranks_per_node
-        node_loads = np.take_along_axis(loads, node_ranks, axis=1)  # (n, R)
-        experts = np.take_along_axis(placement[layer], node_slots, axis=1)  # (n, S)
-        lay2, lay3 = layer[:, None], layer[:, None, None]
-        slot_ranks = node_ranks[:, slot_rank]  # (n, S): each node slot's rank
-        excess = np.maximum(node_loads - cap[:, None], 0.0)
-        donor_slots = donor[:, None] * slots_per_rank + donor_slot  # (n, p), node-local
-        donor_experts = np.take_along_axis(experts, donor_slots, axis=1)
-        donor_per_replica = np.take_along_axis(per_replica, donor_experts, axis=1)
-        y_held = held[lay2, slot_ranks, experts]  # (n, S)
-        y_leaves = ~held_before[lay2, slot_ranks, experts] & (y_held == 1)
-
-        # (a) re-point slot s (expert y: empty, or keeping another replica) to donor expert x: (n, X, K),
-        # over the K re-pointable slots only (padded; a node has few redundant slots).
-        cnt_s = np.take_along_axis(cnt, experts, axis=1)
-        free = (cnt_s >= 2) | (experts == 0)
-        cand = np.argsort(~free, axis=1, kind="stable")[:, : max(int(free.sum(axis=1).max()), 1)]
-        y = np.take_along_axis(experts, cand, axis=1)  # (n, K)
-        y_rank = slot_rank[cand]
-        x = donor_experts  # (n, X = p)
-        repointable = np.take_along_axis(free, cand, axis=1)[:, None, :] & (y[:, None, :] != x[:, :, None])
-        repointable &= (x > 0)[:, :, None]
-        cnt_y = np.where(repointable, np.take_along_axis(cnt, y, axis=1)[:, None, :], 2)
-        w_y = np.take_along_axis(w, y, axis=1)[:, None, :]
-        cnt_x = np.take_along_axis(cnt, x, axis=1)[:, :, None]
-        w_x = np.take_along_axis(w, x, axis=1)[:, :, None]
-        d_x = w_x / (cnt_x + 1) - w_x / cnt_x  # (n, X, 1): each replica of x gets lighter
-        d_y = w_y / (cnt_y - 1) - w_y / cnt_y  # (n, X, K): each other replica of y gets heavier
-        held_x = held[lay3, node_ranks[:, :, None], x[:, None, :]]  # (n, R, X)
-        held_y = held[lay3, node_ranks[:, :, None], y[:, None, :]]  # (n, R, K)
-        own_delta = w_x / (cnt_x + 1) - w_y / (cnt_y - 1)  # (n, X, K): the slot's own rank, x in, y out
-        own = y_rank[:, None, :] == np.arange(ranks_per_node)[None, :, None]  # (n, R, K)
-        after = (
-            node_loads[:, None, :, None]
-            + held_x.transpose(0, 2, 1)[:, :, :, None] * d_x[:, :, :, None]
-            + held_y[:, None, :, :] * d_y[:, :, None, :]
-            + own[:, None] * own_delta[:, :, None, :]
-        )  # (n, X, R, K)
-        gain_a = excess.sum(axis=1)[:, None, None] - np.maximum(after - cap[:, None, None, None], 0.0).sum(
-            axis=2
-        )
-        y_ranks = np.take_along_axis(slot_ranks, cand, axis=1)[:, None, :]
-        x_there = held[lay3, y_ranks, x[:, :, None]] > 0
-        x_there |= held_before[lay3, y_ranks, x[:, :, None]]
-        cost_a = (~x_there).astype(np.int64) - np.take_along_axis(y_leaves, cand, axis=1)[:, None, :]
-        gain_a = np.where(repointable, gain_a, -np.inf)
-
-        # (b) swap donor slot i (expert a) with slot j (expert b) of another rank of the node: (n, p, S).
-        moved = donor_per_replica[:, :, None] - np.take_along_axis(per_replica, experts, axis=1)[:, None, :]
-        other = node_loads[:, slot_rank]  # (n, S): the load of slot j's rank
-        gain_b = (
-            excess[row, donor][:, None, None]
-            + np.maximum(other - cap[:, None], 0.0)[:, None, :]
-            - np.maximum(peak[:, None, None] - moved - cap[:, None, None], 0.0)
-            - np.maximum(other[:, None, :] + moved - cap[:, None, None], 0.0)
-        )
-        swappable = (slot_rank[None, None, :] != donor[:, None, None]) & (
-            donor_experts[:, :, None] != experts[:, None, :]
-        )
-        swappable &= (donor_experts > 0)[:, :, None] & (experts > 0)[:, None, :]
-        gain_b = np.where(swappable, gain_b, -np.inf)
-        b_there = held[lay2, heaviest[:, None], experts] > 0
-        b_there |= held_before[lay2, heaviest[:, None], experts]
-        a_leaves = ~held_before[lay2, heaviest[:, None], donor_experts] & (
-            held[lay2, heaviest[:, None], donor_experts] == 1
-        )
-        a_there = held[lay3, slot_ranks[:, None, :], donor_experts[:, :, None]] > 0
-        a_there |= held_before[lay3, slot_ranks[:, None, :], donor_experts[:, :, None]]
-        cost_b = (~b_there)[:, None, :] * 1 - a_leaves[:, :, None] + ~a_there - y_leaves[:, None, :]
-
-        # The largest excess reduction per move (a free or undoing change: _FREE_CHANGE_COST moves).
-        gain = np.concatenate([gain_a.reshape(n, -1), gain_b.reshape(n, -1)], axis=1)
-        cost = np.concatenate([cost_a.reshape(n, -1), cost_b.reshape(n, -1)], axis=1)
-        per_move = gain * (1 - 1e-9 * cost) if by_gain else gain / np.maximum(cost, _FREE_CHANGE_COST)
-        score = np.where(gain > 1e-9 * cap[:, None], per_move, -np.inf)
-        best = score.argmax(axis=1)
-        stuck = ~np.isfinite(score[row, best])
-        has_empty = (placement[layer] == 0).any(axis=1)
-        active[layer[stuck & ~has_empty]] = False
-        _fill_one(load, placement, counts, held, layer[stuck & has_empty], num_ranks, num_nodes)
-        base = node * slots_per_node
-        num_a = gain_a.shape[1] * gain_a.shape[2]
-        pick = ~stuck & (best < num_a)
-        if pick.any():  # (a): slot s gets x
-            k, c = np.divmod(best[pick], gain_a.shape[2])
-            slot = cand[pick, c]
-            lay, add, drop = layer[pick], x[pick, k], experts[pick, slot]
-            rank = node_ranks[pick, slot_rank[slot]]
-            placement[lay, base[pick] + slot] = add
-            counts[lay, add - 1] += 1
-            filled = drop > 0
-            counts[lay[filled], drop[filled] - 1] -= 1
-            held[lay, rank, add] += 1
-            held[lay, rank, drop] -= 1
-        pick = ~stuck & (best >= num_a)
-        if pick.any():  # (b): donor slot i and slot j exchange their experts
-            i, j = np.divmod(best[pick] - num_a, slots_per_node)
-            lay = layer[pick]
-            a, b = donor_experts[pick, i], experts[pick, j]
-            rank_h, rank_r = heaviest[pick], node_ranks[pick, slot_rank[j]]
-            placement[lay, base[pick] + donor_slots[pick, i]] = b
-            placement[lay, base[pick] + j] = a
-            held[lay, rank_h, a] -= 1
-            held[lay, rank_h, b] += 1
-            held[lay, rank_r, b] -= 1
-            held[lay, rank_r, a] += 1
-    while (left := np.nonzero((placement == 0).any(axis=1))[0]).size:  # only if the iterations ran out
-        _fill_one(load, placement, counts, held, left, num_ranks, num_nodes)
-    return placement - 1
-
-
-def _fill_one(
-    load: np.ndarray,
-    placement: np.ndarray,
-    counts: np.ndarray,
-    held: np.ndarray,
-    layer: np.ndarray,
-    num_ranks: int,
-    num_nodes: int,
-) -> None:
-    """In each of ``layer``, the empty slot of the lightest rank (first slot on a tie) takes the expert
-    of its node with the largest load per replica (upstream's ``replicate_experts`` rule, within the
-    node; lowest id on a tie). Updates the search's state (ids shifted by one, 0 = empty) in place."""
-    if not layer.size:
-        return
-    num_physical = placement.shape[1]
-    slots_per_rank = num_physical // num_ranks
-    slots_per_node = num_physical // num_nodes
-    shifted = placement[layer]
-    w, cnt = load[layer], counts[layer]
-    per_replica = _with_empty(w / np.maximum(cnt, 1), 0.0)
-    loads = np.take_along_axis(per_replica, shifted, axis=1).reshape(layer.size, num_ranks, -1).sum(axis=2)
-    slot_load = np.where(shifted == 0, np.repeat(loads, slots_per_rank, axis=1), np.inf)
-    slot = slot_load.argmin(axis=1)
-    node_slots = (slot // slots_per_node)[:, None] * slots_per_node + np.arange(slots_per_node)
-    on_node = _replica_counts(np.take_along_axis(shifted, node_slots, axis=1) - 1, load.shape[1]) > 0
-    expert = np.where(on_node, w / np.maximum(cnt, 1), -np.inf).argmax(axis=1)
-    rank = slot // slots_per_rank
-    placement[layer, slot] = expert + 1
-    counts[layer, expert] += 1
-    held[layer, rank, expert + 1] += 1
-    held[layer, rank, 0] -= 1
 
 
 def _greedy_match(overlap: np.ndarray) -> np.ndarray:

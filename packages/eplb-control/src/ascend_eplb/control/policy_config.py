@@ -3,7 +3,7 @@
 Standard library only, so start-up validation and ``ascend-eplb check`` judge these settings without
 importing torch or vLLM; :mod:`ascend_eplb.control.gate` runs them.
 
-Three Ascend keys of ``additional_config.eplb_config`` (validated by integration's rules, one rule id
+Four Ascend keys of ``additional_config.eplb_config`` (validated by integration's rules, one rule id
 each) make one :class:`PolicySettings`:
 
 * ``policy``: ``"default"`` (upstream vLLM's ``DefaultEplbPolicy``, the default) or
@@ -16,6 +16,9 @@ each) make one :class:`PolicySettings`:
 * ``target_balancedness``: a float in ``(0, 1]`` or None, default None (off). A rearrangement whose
   window is already at least this balanced under the committed placement is skipped before the policy
   runs (reason ``"balanced"``); ``1.0`` skips only a perfectly balanced window.
+* ``load_estimate``: the load the policy plans on and the gate judges: ``"window"`` (the closed window,
+  upstream's behaviour, the default) or ``"pooled"`` (:class:`ascend_eplb.control.estimate.
+  LoadEstimate`: per layer, every window since the last shift the data shows).
 
 Balancedness (``notes/placement-cost.md``; :func:`ascend_eplb.control.policy.balancedness`): per MoE
 layer, mean rank load / max rank load, each logical expert's load split evenly over its replicas; a
@@ -25,8 +28,9 @@ layer without load counts 1.0; averaged over the layers. It lies in ``(0, 1]``, 
 The third skip reason, ``"no_load"``, needs no setting: a window in which no EP rank recorded load is
 never handed to the policy (``AscendEplbState.rearrange``).
 
-With ``policy="default"`` and both gate keys off (:attr:`PolicySettings.is_upstream_default`), nothing
-of this runs: upstream's ``EplbState.policy`` stays upstream's ``DefaultEplbPolicy`` itself.
+With ``policy="default"``, both gate keys off and ``load_estimate="window"``
+(:attr:`PolicySettings.is_upstream_default`), nothing of this runs: upstream's ``EplbState.policy``
+stays upstream's ``DefaultEplbPolicy`` itself.
 """
 
 from __future__ import annotations
@@ -38,12 +42,15 @@ from typing import Literal, get_args
 from ascend_eplb.control.values import is_int
 
 __all__ = [
+    "LOAD_ESTIMATES",
     "POLICY_NAMES",
     "SKIP_REASONS",
+    "LoadEstimateName",
     "PlacementDecision",
     "PolicyName",
     "PolicySettings",
     "SkipReason",
+    "load_estimate_error",
     "min_balancedness_gain_error",
     "policy_error",
     "target_balancedness_error",
@@ -54,6 +61,11 @@ PolicyName = Literal["default", "migration_aware"]
 POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
 """``("default", "migration_aware")``; ``ascend_eplb.control.gate.POLICIES`` maps each to its class
 (checked equal at import)."""
+
+LoadEstimateName = Literal["window", "pooled"]
+"""The loads a policy may plan on: the closed window (upstream's) or the pooled estimate."""
+LOAD_ESTIMATES: tuple[str, ...] = get_args(LoadEstimateName)
+"""``("window", "pooled")``."""
 
 SkipReason = Literal["balanced", "min_gain", "no_load"]
 """Why a closed window did not change the placement: already balanced enough (``target_balancedness``),
@@ -89,6 +101,13 @@ def policy_error(value: object) -> str | None:
     return f"additional_config.eplb_config.policy={value!r} is not one of {list(POLICY_NAMES)}"
 
 
+def load_estimate_error(value: object) -> str | None:
+    """Why ``value`` is not a ``load_estimate`` key value (None: it is one of :data:`LOAD_ESTIMATES`)."""
+    if isinstance(value, str) and value in LOAD_ESTIMATES:
+        return None
+    return f"additional_config.eplb_config.load_estimate={value!r} is not one of {list(LOAD_ESTIMATES)}"
+
+
 def min_balancedness_gain_error(value: object) -> str | None:
     """Why ``value`` is not a ``min_balancedness_gain`` (None: a finite number in ``[0, 1)``)."""
     if _number(value) and 0 <= value < 1:  # type: ignore[operator]
@@ -111,12 +130,14 @@ def target_balancedness_error(value: object) -> str | None:
 
 @dataclass(frozen=True)
 class PolicySettings:
-    """The placement policy and the gain gate of one :class:`~ascend_eplb.control.state.AscendEplbState`.
+    """The placement policy, the gain gate and the load they work on, of one
+    :class:`~ascend_eplb.control.state.AscendEplbState`.
 
     Attributes:
         policy: a name of :data:`POLICY_NAMES`.
         min_balancedness_gain: skip when the planned gain is below this; 0.0 is off.
         target_balancedness: skip when the committed placement is at least this balanced; None is off.
+        load_estimate: a name of :data:`LOAD_ESTIMATES`: what the policy plans on and the gate judges.
 
     Raises:
         ValueError: every invalid field at once, each message naming the value and the rule (nothing is
@@ -126,6 +147,7 @@ class PolicySettings:
     policy: str = "default"
     min_balancedness_gain: float = 0.0
     target_balancedness: float | None = None
+    load_estimate: str = "window"
 
     def __post_init__(self) -> None:
         errors = [
@@ -134,6 +156,7 @@ class PolicySettings:
                 policy_error(self.policy),
                 min_balancedness_gain_error(self.min_balancedness_gain),
                 target_balancedness_error(self.target_balancedness),
+                load_estimate_error(self.load_estimate),
             )
             if e is not None
         ]
@@ -162,19 +185,26 @@ class PolicySettings:
         return self.min_balancedness_gain > 0 or self.target_balancedness is not None
 
     @property
+    def estimating(self) -> bool:
+        """Whether the policy plans on a load estimate rather than the closed window."""
+        return self.load_estimate != "window"
+
+    @property
     def is_upstream_default(self) -> bool:
-        """``policy="default"`` with the gate off: upstream's policy object runs, nothing is wrapped."""
-        return self.policy == "default" and not self.gate_on
+        """``policy="default"`` with the gate off, on the window: upstream's policy object runs, nothing
+        is wrapped."""
+        return self.policy == "default" and not self.gate_on and not self.estimating
 
     def describe(self) -> str:
-        """``policy=NAME, gate off`` or ``policy=NAME, gate min_balancedness_gain=X target_balancedness=Y``
-        (the serving log's wording)."""
+        """``policy=NAME, gate off`` or ``policy=NAME, gate min_balancedness_gain=X target_balancedness=Y``,
+        then ``, load_estimate=NAME`` unless it is the window (the serving log's wording)."""
+        estimate = f", load_estimate={self.load_estimate}" if self.estimating else ""
         if not self.gate_on:
-            return f"policy={self.policy}, gate off"
+            return f"policy={self.policy}, gate off{estimate}"
         target = "off" if self.target_balancedness is None else f"{self.target_balancedness:g}"
         return (
             f"policy={self.policy}, gate min_balancedness_gain={self.min_balancedness_gain:g} "
-            f"target_balancedness={target}"
+            f"target_balancedness={target}{estimate}"
         )
 
 
@@ -182,18 +212,24 @@ class PolicySettings:
 class PlacementDecision:
     """What the policy (and the gate around it) decided for one model's closed window.
 
-    All figures are over the window's global logical load ``(L, E)``, the one upstream hands to the
-    policy (all-reduced, equal on every EP rank), so every rank decides alike.
+    The figures are means over the layers of a global logical load ``(L, E)`` (equal on every EP rank,
+    so every rank decides alike): the load the policy planned on and the gate judged (``load_estimate``:
+    the window itself, or the estimate of the load to come), and the closed window upstream handed over.
 
     Attributes:
         policy: the policy name (:data:`POLICY_NAMES`).
         skipped: None (the placement the policy planned is returned and moved), or a reason of
             :data:`SKIP_REASONS` (the committed placement is returned unchanged: no expert moves).
-        balancedness_before: of the window under the committed placement (None for ``"no_load"``).
-        balancedness_planned: of the window under the policy's placement (None when the policy did not
-            run: ``"balanced"``, ``"no_load"``).
+        balancedness_before: of the planned-on load under the committed placement (None for
+            ``"no_load"``).
+        balancedness_planned: of the planned-on load under the policy's placement (None when the policy
+            did not run: ``"balanced"``, ``"no_load"``); minus ``balancedness_before``, the expected gain
+            the gate judges.
         experts_moved: experts the returned placement moves (``moved_experts`` summed over layers; 0
             when skipped; None when no placement was in force to move from).
+        load_estimate: the load planned on (:data:`LOAD_ESTIMATES`).
+        window_balancedness_before, window_balancedness_planned: the same two figures on the closed
+            window (equal to the first two under ``"window"``; None where those are).
     """
 
     policy: str
@@ -201,3 +237,6 @@ class PlacementDecision:
     balancedness_before: float | None
     balancedness_planned: float | None
     experts_moved: int | None
+    load_estimate: str = "window"
+    window_balancedness_before: float | None = None
+    window_balancedness_planned: float | None = None

@@ -15,11 +15,16 @@ exactly when the layer's placement commits (see :mod:`ascend_eplb.control.commit
   buffer is acknowledged;
 * a skip of a rearrangement whose window holds no load on any rank (upstream would hand an all-zero
   window to the policy), decided with one collective on the EP CPU group (gate reason ``"no_load"``);
-* the selection of the placement policy and the gain gate (:class:`~ascend_eplb.control.policy_config.
-  PolicySettings`): unless they are upstream's default policy with the gate off, ``EplbState.policy``
-  becomes the :func:`~ascend_eplb.control.gate.gated_policy` class of this state (set after each
-  upstream ``add_model``, which sets upstream's), run by upstream where it runs the policy; its
-  decisions are published on the bus at the first commit of each model's rearrangement;
+* the selection of the placement policy, the gain gate and the load they work on
+  (:class:`~ascend_eplb.control.policy_config.PolicySettings`): unless they are upstream's default
+  policy with the gate off on the window, ``EplbState.policy`` becomes the
+  :func:`~ascend_eplb.control.gate.gated_policy` class of this state (set after each upstream
+  ``add_model``, which sets upstream's), run by upstream where it runs the policy; each registered
+  model has its own :class:`~ascend_eplb.control.gate.DecisionChannel` (and, with
+  ``load_estimate="pooled"``, its own :class:`~ascend_eplb.control.estimate.LoadEstimate`, fed before
+  each regular rearrangement with the selections recorded since the last one, each pass mapped by the
+  placement it was recorded under, all-reduced: one more collective); its decisions are published on
+  the bus at the first commit of its rearrangement;
 * an inspectable :attr:`AscendEplbState.commit_log` of the per-layer order move, commit, refresh,
   acknowledge, each :class:`~ascend_eplb.control.bus.CommitEvent` also published on the controller's
   :class:`~ascend_eplb.control.bus.EventBus` as it happens, and a
@@ -44,7 +49,8 @@ from vllm.utils.gpu_sync_debug import gpu_sync_allowed
 from ascend_eplb.control import upstream
 from ascend_eplb.control.bus import CommitEvent, CommitEventKind, DecisionEvent, EventBus, RearrangementEvent
 from ascend_eplb.control.commit_hooks import attach_observer, commit_hooks_installed
-from ascend_eplb.control.gate import DecisionChannel, gated_policy
+from ascend_eplb.control.estimate import LoadEstimate
+from ascend_eplb.control.gate import DecisionChannel, ModelChannels, gated_policy
 from ascend_eplb.control.layout import RowLayout
 from ascend_eplb.control.policy_config import PlacementDecision, PolicySettings
 from ascend_eplb.dataplane import DEFAULT_ROWS, ReplicaLookup
@@ -220,6 +226,8 @@ class AscendEplbState(EplbState):
         skipped_rearrangements: ``collections.Counter`` of skipped windows by reason
             (``"balanced"``, ``"min_gain"``, ``"no_load"``), counted when the decision is published.
         policy_settings: the :class:`~ascend_eplb.control.policy_config.PolicySettings` in force.
+        channels: the :class:`~ascend_eplb.control.gate.ModelChannels` of the registered models (each
+            model's decision and load estimate).
         bus: the :class:`~ascend_eplb.control.bus.EventBus` this state publishes to (the
             controller's): every :class:`CommitEvent` right after it is logged, on the runner thread (a
             subscriber's exception propagates out of upstream's commit and stops the step); a
@@ -260,8 +268,11 @@ class AscendEplbState(EplbState):
         self.skipped_rearrangements: collections.Counter[str] = collections.Counter()
         self._consecutive_skips = 0
         self.policy_settings = settings
-        self._decisions = DecisionChannel()
-        self._gated_policy = None if settings.is_upstream_default else gated_policy(settings, self._decisions)
+        self.channels = ModelChannels()
+        self._gated_policy = None if settings.is_upstream_default else gated_policy(settings, self.channels)
+        # Per model (with the estimate on): int64 (L, E + 1) on the device, the logical selections of the
+        # passes this rank recorded since the last regular rearrangement (column E: empty slots).
+        self._new_load: dict[str, torch.Tensor] = {}
         # Model keys whose decision of the rearrangement in flight is still to be published.
         self._awaiting_decision: set[str] = set()
         self._layer_states: dict[str, dict[int, list[AscendEplbLayerState]]] = {}
@@ -304,6 +315,15 @@ class AscendEplbState(EplbState):
             by_layer[layer_state.moe_layer_idx].append(layer_state)
         key = model_config.compute_hash()
         self._layer_states[key] = dict(by_layer)
+        shape = (model.num_moe_layers, model.num_logical_experts, model.num_physical_experts)
+        estimate = None
+        if self.policy_settings.estimating:
+            estimate = LoadEstimate()
+            num_layers, num_logical = model.num_moe_layers, model.num_logical_experts
+            self._new_load[key] = torch.zeros(
+                num_layers, num_logical + 1, dtype=torch.int64, device=self.device
+            )
+        self.channels.add(key, DecisionChannel(self.model_states[key].model_name, shape, estimate))
         # One row layout per model, shared by its layers (like upstream's should_record_tensor). The
         # controller's prepare_forward, which precedes every forward, writes the forward's layout into
         # it; until then it holds the op's neutral layout (offset 0, the first unpadded rows recorded).
@@ -435,7 +455,9 @@ class AscendEplbState(EplbState):
 
     # ----------------------------------------------------------------- rearrangement gate
     def _take_decision(self, model_state: EplbModelState) -> PlacementDecision:
-        decision = self._decisions.take()
+        key = self._key_of(model_state)
+        assert key is not None
+        decision = self.channels[key].take()
         if decision is None:
             # The policy's thread decides before it publishes a layer, and the policy is called once
             # per model and rearrangement: a missing decision means upstream's call order changed.
@@ -451,6 +473,43 @@ class AscendEplbState(EplbState):
         if decision.skipped is not None:
             self.skipped_rearrangements[decision.skipped] += 1
         self.bus.publish(DecisionEvent(self, model_state.model_name, rearrangement, decision, model_state))
+
+    def step(self, is_dummy: bool = False, is_profile: bool = False, log_stats: bool = False) -> None:
+        """Upstream's ``step``; with the load estimate on, first each model's pass that upstream's copies
+        into the load window (its condition, pinned in :data:`ascend_eplb.control.upstream.BODIES`: not a
+        dummy or profile step, and ``_should_record_current_step``) is added to the model's new
+        selections, mapped to logical experts by the placement it was recorded under (upstream's commits
+        come later in its step). One device ``scatter_add_`` per model, no host synchronisation."""
+        if self._new_load and not is_dummy and not is_profile and self._should_record_current_step(log_stats):
+            for key, new in self._new_load.items():
+                model_state = self.model_states[key]
+                mapping = model_state.physical_to_logical_map
+                logical = mapping.masked_fill(mapping < 0, new.shape[1] - 1).long()
+                new.scatter_add_(1, logical, model_state.expert_load_pass[:, : mapping.shape[1]].long())
+        super().step(is_dummy, is_profile, log_stats)
+
+    def new_selections(self) -> dict[str, torch.Tensor]:
+        """Per model with the load estimate on (by config hash): int64 ``(L, E)`` CPU, the global logical
+        selections recorded since the last regular rearrangement (then zeroed).
+
+        Only what is new since the last call: upstream's windows overlap when ``window_size`` exceeds
+        ``step_interval``, and a rank's dummy steps leave older passes in its window. One
+        ``all_reduce(SUM)`` over ``get_ep_group().cpu_group`` (none for one rank) makes them the same on
+        every rank. Reads them to the host.
+        """
+        with gpu_sync_allowed():
+            parts = [new[:, :-1].to("cpu", copy=True) for new in self._new_load.values()]
+        for new in self._new_load.values():
+            new.zero_()
+        flat = torch.cat([part.flatten() for part in parts])
+        cpu_group = get_ep_group().cpu_group
+        if cpu_group.size() > 1:
+            all_reduce(flat, op=ReduceOp.SUM, group=cpu_group)
+        chunks = flat.split([part.numel() for part in parts])
+        return {
+            key: chunk.view(part.shape)
+            for key, chunk, part in zip(self._new_load, chunks, parts, strict=True)
+        }
 
     def any_rank_recorded_load(self) -> bool:
         """Whether any EP rank's load window holds a non-zero count (valid physical slots only).
@@ -482,8 +541,9 @@ class AscendEplbState(EplbState):
         ``use_last_expert_load`` ones). It is decided by :meth:`any_rank_recorded_load` on every rank
         alike, so all ranks skip together; a :class:`~ascend_eplb.control.bus.DecisionEvent` with reason
         ``"no_load"`` is published per model; EP rank 0 logs the first skip of each idle stretch.
-        Only regular rearrangements are gated (the gated policy's channel is told before upstream's
-        call); the others run the selected policy alone.
+        Only regular rearrangements are gated (the gated policy's channels are told before upstream's
+        call, and each model's load estimate takes the selections recorded since the last regular
+        rearrangement: :meth:`new_selections`); the others run the selected policy alone.
         """
         regular = not is_profile and rank_mapping is None and not use_last_expert_load
         if regular and self.model_states:
@@ -497,17 +557,28 @@ class AscendEplbState(EplbState):
                         self.expert_load_window_size,
                     )
                 for model_state in self.model_states.values():
-                    decision = PlacementDecision(self.policy_settings.policy, "no_load", None, None, 0)
+                    decision = PlacementDecision(
+                        self.policy_settings.policy,
+                        "no_load",
+                        None,
+                        None,
+                        0,
+                        self.policy_settings.load_estimate,
+                    )
                     self._publish_decision(model_state, None, decision)
                 return None
             self._consecutive_skips = 0
+            if self._new_load:
+                for key, selections in self.new_selections().items():
+                    estimate = self.channels[key].estimate
+                    assert estimate is not None
+                    estimate.update(selections)
         if not is_profile:
             self.num_rearrangements += 1
         if self._gated_policy is not None:
             # No policy call is in flight: upstream starts a rearrangement only when the last one's
             # every layer committed.
-            self._decisions.clear()
-            self._decisions.gating = regular
+            self.channels.expect(self.model_states, gating=regular)
             self._awaiting_decision = set(self.model_states) if regular else set()
         result = super().rearrange(is_profile, rank_mapping, use_last_expert_load)
         if not is_profile:

@@ -509,7 +509,15 @@ OVERRIDES: tuple[Override, ...] = (
         _ASCEND_STATE,
         f"{_STATE}.EplbState.rearrange",
         STATE,
-        "skips a window without load on any rank, else upstream's, then a `RearrangementEvent`",
+        "skips a window without load on any rank, else feeds each model's load estimate (when on), then "
+        "upstream's, then a `RearrangementEvent`",
+    ),
+    _override(
+        _ASCEND_STATE,
+        f"{_STATE}.EplbState.step",
+        STATE,
+        "with the load estimate on, adds the pass upstream's copies into the load window to the new "
+        "selections (its condition restated: pinned below), then upstream's",
     ),
     _override(
         _ASCEND_LAYER_STATE,
@@ -751,7 +759,10 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         for attr, why in (
             ("model_name", "names the model in commit and decision events"),
             ("physical_to_logical_map", "the committed map (commit evidence); valid slots of the load check"),
-            ("expert_load_window", "whether this rank recorded load in the window (the skip)"),
+            (
+                "expert_load_window",
+                "whether this rank recorded load in the window (the skip); its new passes",
+            ),
             ("pending_result", "whether upstream cleared it when the layer was acknowledged (evidence)"),
         )
     ),
@@ -858,6 +869,13 @@ BODIES: tuple[Body, ...] = (
         (CONTROLLER,),
         "AscendEPLBController.suppress and stop_eplb rely on it saving and restoring suppressed and "
         "should_record_tensor",
+    ),
+    Body(
+        signature(f"{_STATE}.EplbState.step"),
+        "185d58bef449a848",
+        (STATE,),
+        "AscendEplbState.step restates when it copies a pass into the load window (not a dummy or profile "
+        "step, `_should_record_current_step`), before its commits change the placement",
     ),
     Body(
         signature(f"{_STATE}._move_to_workspace"),

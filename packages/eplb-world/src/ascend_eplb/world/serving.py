@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -665,6 +665,8 @@ class RealModelSpec:
             Runner V2 pads every DP rank to one T); empty: every row is real.
         dispatch: the expert method's dispatch (``stand_ins.MOE_DISPATCHES``): ``gather`` (vLLM's) or
             ``all-to-all`` (route-first, the ``split`` rows; TP = 1).
+        ascend_keys: more Ascend keys of ``additional_config.eplb_config`` (``policy``, the gate's,
+            ``load_estimate``), judged by start-up validation as a server's.
     """
 
     arch: str
@@ -682,6 +684,7 @@ class RealModelSpec:
     data_parallel_size: int = 1
     real_tokens: tuple[int, ...] = ()
     dispatch: str = "gather"
+    ascend_keys: dict[str, Any] = field(default_factory=dict)
 
     def num_real_tokens(self, dp_rank: int) -> int:
         """The real rows of DP rank ``dp_rank``'s prompts.
@@ -740,6 +743,7 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
     """
     os.environ["ASCEND_EPLB_VERIFY"] = "1"  # the serving verifier checks every commit and step
     os.environ.update(spec.environ)
+    from ascend_eplb.control.bus import DecisionEvent
     from ascend_eplb.integration.runner import batch_has_prefill
 
     worker = ServingWorker(
@@ -752,6 +756,11 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
         eplb_off=spec.run_eplb_off,
         data_parallel_size=spec.data_parallel_size,
         dispatch=spec.dispatch,
+        ascend_keys=spec.ascend_keys or None,
+    )
+    decisions: list[tuple[Any, ...]] = []
+    worker.wiring.controller.bus.subscribe(
+        DecisionEvent, lambda e: decisions.append((e.model_name, e.rearrangement, asdict(e.decision)))
     )
     info = worker.info
     real = spec.num_real_tokens(worker.dp_rank)
@@ -801,6 +810,12 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
     layout = worker.wiring.controller.last_row_layout
     report["moe_rows"] = None if layout is None else layout.rows
     report["num_rearrangements"] = worker.state.num_rearrangements
+    report["decisions"] = decisions
+    report["estimates"] = {
+        channel.model_name: (channel.estimate.windows, channel.estimate.load.tolist())
+        for channel in worker.state.channels
+        if channel.estimate is not None
+    }
     report["worker_alive"] = worker.state.async_worker is not None and worker.state.async_worker.is_alive()
     report.update(
         prompts=prompts,
