@@ -37,19 +37,19 @@ def real_model_checks(
     )
     report["expert_map_off"] = [m.expert_map.tolist() for m in rm.routed_experts(model)]
     positions = [torch.arange(p.shape[0]) for p in prompts]
-    calls_before = method.calls
-    method.recorded_ids = []
+    logs = [rm.kernel_log(layer) for layer in rm.routed_experts(model)]
     t1 = time.monotonic()
-    report["logits_off"] = [rm.forward(model, vc, p, pos) for p, pos in zip(prompts, positions, strict=True)]
+    # The router's selections, per MoE layer call: int64 (T, K) ids in [0, E) (EPLB off: P = E).
+    report["logits_off"], report["selections"] = [], []
+    for p, pos in zip(prompts, positions, strict=True):
+        report["logits_off"].append(rm.forward(model, vc, p, pos))
+        report["selections"] += [log.last_ids() for log in logs]
     report["forward_off_s"] = (time.monotonic() - t1) / len(prompts)
-    report["moe_calls_per_forward"] = (method.calls - calls_before) / len(prompts)
+    report["moe_calls_per_forward"] = [int(log.calls) / len(prompts) for log in logs]
     # TorchDynamo graphs compiled by the forwards (vLLM's torch.compile'd helpers, stand-in 6: none).
     from torch._dynamo.utils import counters
 
     report["graphs_compiled"] = counters["stats"]["unique_graphs"]
-    # The router's selections, per MoE layer call: int64 (T, K) ids in [0, E) (EPLB off: P = E).
-    report["selections"] = method.recorded_ids
-    method.recorded_ids = None
     report["slot_mismatches_off"] = rm.local_slot_mismatches(
         model, experts, rm.initial_physical_to_logical(info, 0), ctx.rank
     )
@@ -382,4 +382,60 @@ def serve_from_placement_worlds(
         initial_placement=events,
     )  # fmt: skip
     report["static"] = {**_started(static), **_serve_steps(static, 4, 12, seed=1)}
+    return report
+
+
+def compiled_world(ctx: RankContext, spec: Any, late_binding: bool) -> dict[str, Any]:
+    """``real_model_world(ctx, spec)`` of a compiled ``spec`` (its report's keys, ``compiled`` included);
+    then, when asked, ``late_binding``: a second model of the checkpoint, compiled the same way,
+    runs its first forward (vLLM's one trace) before it is registered:
+
+    * ``refused``: ``(error class, message)`` of ``adapt_layer_routers``, which the runner's controller
+      runs first when it registers a model (upstream's router refuses a forward of an EPLB-on model
+      before its registration, so this model is built with EPLB off);
+    * ``late_recorded``: what the refusal prevents. Its MoE layer 0's router is bound anyway with
+      dataplane's ``bind_router`` to a layer state of its own (identity placement, record flag on, every
+      row real); the selections one forward of the model then records (the traced code never calls the
+      binding: 0), and those of one direct call of the bound mapping on ``(T, K)`` ids (T x K: the
+      binding itself works).
+    """
+    from types import SimpleNamespace
+
+    from ascend_eplb.dataplane import ReplicaLookup, bind_router
+    from ascend_eplb import world as rm
+
+    report = rm.real_model_world(ctx, spec)
+    if not late_binding:
+        return report
+    from ascend_eplb.control.router_adaptation import adapt_layer_routers
+
+    info = rm.checkpoint_info(spec.folder)
+    # Upstream's router refuses a forward of an EPLB-on model before its registration, so the model
+    # traced first is built with EPLB off; the runner's controller (EPLB on) then registers it.
+    late, vc = rm.build_model(ctx, spec.folder, enable_eplb=False, compilation=spec.compilation)
+    ids = rm.prompt(99, spec.num_tokens, info.vocab_size)
+    positions = torch.arange(ids.shape[0])
+    rm.forward(late, vc, ids, positions)  # its first forward: vLLM traces it
+    try:
+        adapt_layer_routers(late)  # what the controller's maybe_register_model runs first
+    except RuntimeError as exc:
+        report["refused"] = (type(exc).__name__, str(exc))
+    else:
+        report["refused"] = (None, "adapted")
+    e = info.num_logical_experts
+    lookup = ReplicaLookup(e, "cpu", num_physical_experts=e)
+    lookup.refresh_(torch.arange(e).view(e, 1), torch.ones(e, dtype=torch.int64))
+    state = SimpleNamespace(
+        replica_lookup=lookup,
+        expert_load_view=torch.zeros(e, dtype=torch.int32),
+        should_record_tensor=torch.tensor(True),
+        num_unpadded_tokens_tensors=[torch.tensor(spec.num_tokens, dtype=torch.int32)],
+        row_layout=None,
+    )
+    router = late.moe_layers[0].router
+    bind_router(router, state)
+    rm.forward(late, vc, ids, positions)
+    traced = int(state.expert_load_view.sum())
+    router._apply_eplb_mapping(torch.randint(0, e, (spec.num_tokens, info.top_k)))
+    report["late_recorded"] = (traced, int(state.expert_load_view.sum()) - traced)
     return report

@@ -80,6 +80,7 @@ def test_the_cpu_worlds_stand_ins_are_rows_of_its_surface_that_serving_never_ins
             "vllm.model_executor.layers.fused_moe.routed_experts.RoutedExperts.get_expert_weights",
             "ascend_eplb.world.quant_method",
         ),
+        ("vllm.config.compilation.CompilationConfig.init_backend", "ascend_eplb.world.compiled"),
     ]
     assert list(upstream.SIGNATURES) == [
         *_STAND_IN_NAMES[:3],
@@ -89,6 +90,7 @@ def test_the_cpu_worlds_stand_ins_are_rows_of_its_surface_that_serving_never_ins
         "vllm.model_executor.layers.fused_moe.routed_experts.RoutedExperts.get_expert_weights",
         "vllm.model_executor.layers.quantization.get_quantization_config",
         "vllm.model_executor.layers.quantization.register_quantization_config",
+        "vllm.config.compilation.CompilationConfig.init_backend",
     ]
     upstream.check()  # vLLM 0.33.0 / torch 2.13.0 as installed: nothing drifted
 
@@ -135,6 +137,16 @@ def test_the_stand_ins_install_from_their_rows_refuse_a_cpu_communicator_of_its_
     finally:
         assert fresh.remove() is True
     assert torch._dynamo.config.disable is was
+    # A compiled world (install_stand_ins(compiled=True)) keeps TorchDynamo on: stand-in 6 does not apply.
+    mode, stand_ins._COMPILED = stand_ins._COMPILED, True
+    try:
+        compiled = PatchSet(upstream.patches_of(vars(stand_ins)))
+        assert compiled.apply() is True
+        assert compiled.applied_names() == _STAND_IN_NAMES[:3]
+        assert torch._dynamo.config.disable is was
+        assert compiled.remove() is True
+    finally:
+        stand_ins._COMPILED = mode
     with pytest.raises(RuntimeError, match=r"upstream torch\._dynamo\.config\.disable is 'off', not a bool"):
         stand_ins._check_dynamo_switch("off")
     try:

@@ -7,13 +7,36 @@ converted (same tensors, by reference) and dataplane's :func:`~ascend_eplb.datap
 the graph-safe map-and-record op on that router instance; the router class is never touched. The
 attribute written (``BaseRouter.eplb_state``) and the method bound are rows of the one upstream surface,
 :mod:`ascend_eplb.control.upstream` (``ATTRIBUTES``, ``INSTANCE_BINDINGS``).
+
+The binding must precede the model's first forward, and this is enforced: under vLLM's
+``DYNAMO_TRACE_ONCE`` (``VLLM_COMPILE`` on CPU, vLLM's default) that forward is the model's one
+TorchDynamo trace, guards dropped, and every Python value the router path read is frozen in it: a
+router bound afterwards would never map or record in the compiled model (measured: it keeps upstream's
+mapping; an unbind afterwards keeps ours). :func:`adapt_layer_routers` refuses a model vLLM has
+compiled already (:func:`traced_modules`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["adapt_layer_routers"]
+__all__ = ["adapt_layer_routers", "traced_modules"]
+
+
+def traced_modules(model: Any) -> list[str]:
+    """The modules of ``model`` that vLLM's compile wrapper has traced already (its first forward ran
+    compiled: ``TorchCompileWithNoGuardsWrapper.compiled``, or an AOT-compiled function in place), by
+    their names in ``model``; [] for a model that has not run a compiled forward (or runs eagerly)."""
+    from vllm.compilation.wrapper import TorchCompileWithNoGuardsWrapper
+
+    return [
+        name or type(module).__name__
+        for name, module in model.named_modules()
+        if isinstance(module, TorchCompileWithNoGuardsWrapper)
+        and (
+            getattr(module, "compiled", False) is True or getattr(module, "aot_compiled_fn", None) is not None
+        )
+    ]
 
 
 def adapt_layer_routers(model: Any) -> int:
@@ -27,8 +50,10 @@ def adapt_layer_routers(model: Any) -> int:
         the number of routers bound (layers whose router carries no ``eplb_state`` are skipped).
 
     Raises:
-        RuntimeError: a MoE layer has no ``router`` with an ``eplb_state`` attribute (raised before any
-            layer is changed), or dataplane's ``bind_router`` found an upstream signature drift.
+        RuntimeError: vLLM has traced the model already (:func:`traced_modules`: its compiled code
+            froze the routers it read, so a binding now would never run), a MoE layer has no ``router``
+            with an ``eplb_state`` attribute (both raised before any layer is changed), or dataplane's
+            ``bind_router`` found an upstream signature drift.
     """
     from vllm.model_executor.models.interfaces import get_mixture_of_experts_model
     from vllm.v1.worker.ubatching import dbo_current_ubatch_id
@@ -39,6 +64,14 @@ def adapt_layer_routers(model: Any) -> int:
     moe_model = get_mixture_of_experts_model(model)
     if moe_model is None:
         return 0
+    traced = traced_modules(model)
+    if traced:
+        raise RuntimeError(
+            f"adapt_layer_routers: {type(model).__name__} ran a compiled forward already "
+            f"({', '.join(traced)} traced by vLLM's DYNAMO_TRACE_ONCE): the trace froze its routers, so a "
+            "binding now would never map or record. Register the model with EPLB before its first forward "
+            "(Model Runner V2 does, in load_model)"
+        )
     routers = []
     for index, layer in enumerate(moe_model.moe_layers):
         router = getattr(layer, "router", None)

@@ -593,6 +593,15 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         "each MoE layer's router gets an `AscendEplbLayerState` over upstream's tensors, before its model "
         "is registered",
     ),
+    Attribute(
+        "vllm.compilation.wrapper",
+        "TorchCompileWithNoGuardsWrapper",
+        "compiled",
+        "reads",
+        (ROUTER_ADAPTATION,),
+        "a model vLLM has traced already is refused (its trace froze the routers); `aot_compiled_fn`, "
+        "which `support_torch_compile` sets on the model class it decorates, too",
+    ),
     Attribute(_STATE, "EplbState", "device_index", "writes", (HOST_ADAPTATION,), "0 on a CPU device"),
     Attribute(
         _PARALLEL,

@@ -8,6 +8,10 @@ packages under the tools run too (one world, one path).
   (the ``"ascend"`` quantization config and a FusedMoE method per format).
 * :mod:`~ascend_eplb.world.stand_ins`: the CPU stand-ins for the device features vLLM lacks on
   this host (expert compute, attention, 16-bit linear layers) and their installation.
+* :mod:`~ascend_eplb.world.kernel_logs`: what the CPU expert methods consumed (ids, calls), logged
+  in device tensors a compiled forward writes in place.
+* :mod:`~ascend_eplb.world.compiled`: a compiled world's models observed as vLLM compiles them
+  (dataplane's graph observer as the ``eager`` backend), TorchDynamo's counters.
 * :mod:`~ascend_eplb.world.slots`: what each physical slot must hold (upstream's initial placement,
   the checkpoint's experts or their kernel storage) and the slots that do not.
 * :mod:`~ascend_eplb.world.serving`: one rank's vLLM model and the serving worker
@@ -19,11 +23,21 @@ This package's names are those of its modules, re-exported; importing it imports
 imports what it needs). Nothing of the serving path imports it.
 """
 
-from ascend_eplb.world import checkpoints, serving, slots, stand_ins
+from ascend_eplb.world import checkpoints, compiled, kernel_logs, serving, slots, stand_ins
 from ascend_eplb.world.__about__ import __version__
 from ascend_eplb.world.checkpoints import *  # noqa: F403
+from ascend_eplb.world.compiled import *  # noqa: F403
+from ascend_eplb.world.kernel_logs import *  # noqa: F403
 from ascend_eplb.world.serving import *  # noqa: F403
 from ascend_eplb.world.slots import *  # noqa: F403
 from ascend_eplb.world.stand_ins import *  # noqa: F403
 
-__all__ = ["__version__", *checkpoints.__all__, *serving.__all__, *slots.__all__, *stand_ins.__all__]
+__all__ = [
+    "__version__",
+    *checkpoints.__all__,
+    *compiled.__all__,
+    *kernel_logs.__all__,
+    *serving.__all__,
+    *slots.__all__,
+    *stand_ins.__all__,
+]

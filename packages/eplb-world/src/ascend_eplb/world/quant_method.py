@@ -49,6 +49,7 @@ from ascend_eplb.world.checkpoints import (
     DESCRIPTION_FILE,
     format_of_quant_type,
 )
+from ascend_eplb.world.kernel_logs import attach_kernel_log, kernel_log
 
 __all__ = [
     "FORMAT_SWITCHES",
@@ -154,10 +155,6 @@ def _method_class() -> type:
             ``create_weights`` from :data:`FORMAT_SWITCHES`.
         """
 
-        calls = 0  # apply() calls in this process (all layers), for tests
-        #: when a list: every apply() appends the router's ids, int64 (T, K) (for tests)
-        recorded_ids: list[torch.Tensor] | None = None
-
         def __init__(self, fmt: str, moe: Any) -> None:
             super().__init__(moe)
             if fmt not in FORMAT_SUPPORT:
@@ -200,6 +197,7 @@ def _method_class() -> type:
 
         def process_weights_after_loading(self, layer) -> None:
             lay_out_experts(layer, self.format_name, tuple(self._layout), fused_scales=self.fused_scales)
+            attach_kernel_log(layer)
 
         def get_fused_moe_quant_config(self, layer) -> None:
             return None
@@ -211,10 +209,8 @@ def _method_class() -> type:
             return layer_weight_views(layer, self.format)
 
         def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
-            type(self).calls += 1
             ids = topk_ids.long()
-            if type(self).recorded_ids is not None:
-                type(self).recorded_ids.append(ids.clone())
+            kernel_log(layer).record(ids)
             path = "fused_mc2" if self.fused_scales else "standard"
             return apply_layer(layer, self.format_name, x, topk_weights, ids, path)
 

@@ -44,6 +44,13 @@ from ascend_eplb.world.checkpoints import (
     checkpoint_format,
     checkpoint_info,
 )
+from ascend_eplb.world.compiled import (
+    TracedGraph,
+    compiled_module,
+    dynamo_counters,
+    observe_compilation,
+)
+from ascend_eplb.world.kernel_logs import kernel_log
 from ascend_eplb.world.slots import (
     checkpoint_expert_storage,
     initial_physical_to_logical,
@@ -53,13 +60,18 @@ from ascend_eplb.world.slots import (
 from ascend_eplb.world.stand_ins import install_model_stand_ins, install_stand_ins
 
 __all__ = [
+    "COMPILATION_MODES",
+    "COMPILE_BACKENDS",
     "ParallelLayout",
     "RealModelSpec",
     "ServingWorker",
     "WorkerStep",
     "build_model",
+    "compilation_error",
+    "compilation_of",
     "forward",
     "init_world",
+    "is_compiled",
     "load_model",
     "moe_layers",
     "parallel_layout",
@@ -132,12 +144,83 @@ def _external_launcher_environment(ctx: Any) -> None:
     os.environ["WORLD_SIZE"] = str(ctx.world_size)
 
 
+#: The TorchDynamo backends of a compiled world, as vLLM's CPU platform chooses them for
+#: ``CompilationMode.VLLM_COMPILE`` (``platforms/cpu.py``: ``DYNAMO_TRACE_ONCE`` with ``inductor``, or
+#: ``eager`` under its CI switch ``VLLM_CPU_CI_ENV``).
+COMPILE_BACKENDS = ("eager", "inductor")
+#: vLLM's ``CompilationMode`` values by name (``vllm/config/compilation.py``).
+COMPILATION_MODES = {"NONE": 0, "STOCK_TORCH_COMPILE": 1, "DYNAMO_TRACE_ONCE": 2, "VLLM_COMPILE": 3}
+
+
+def compilation_of(backend: str | None) -> dict[str, Any] | None:
+    """The ``compilation_config`` of a world compiled with ``backend`` (:data:`COMPILE_BACKENDS`) as
+    vLLM's CPU platform sets it: ``inductor`` is vLLM's default mode, ``VLLM_COMPILE``, which the
+    platform turns into ``DYNAMO_TRACE_ONCE`` with ``inductor`` and its inductor options; ``eager`` is
+    what it sets under its CI switch, ``DYNAMO_TRACE_ONCE`` with ``eager``. None: None (eager execution,
+    ``enforce_eager``).
+
+    Raises:
+        ValueError: another backend.
+    """
+    if backend is None:
+        return None
+    if backend == "inductor":
+        return {"mode": COMPILATION_MODES["VLLM_COMPILE"]}
+    if backend == "eager":
+        return {"mode": COMPILATION_MODES["DYNAMO_TRACE_ONCE"], "backend": "eager"}
+    raise ValueError(f"compile backend {backend!r} must be one of {list(COMPILE_BACKENDS)} (or None: eager)")
+
+
+def compilation_error(compilation: Any) -> str | None:
+    """Why the CPU world cannot serve ``compilation`` (a vLLM ``compilation_config`` mapping, or None:
+    eager execution), or None.
+
+    The world serves vLLM's own compilation of the model on this host: ``mode`` ``VLLM_COMPILE`` (3,
+    vLLM's default; the CPU platform makes it ``DYNAMO_TRACE_ONCE``) or ``DYNAMO_TRACE_ONCE`` (2) with
+    ``backend`` ``eager`` or ``inductor``, or ``NONE`` (0: eager); ``STOCK_TORCH_COMPILE`` (1) is compiled
+    by vLLM's model runner, which the world does not run. Keys besides ``mode``, ``backend`` and
+    ``inductor_compile_config`` are refused (``custom_ops``: the world runs vLLM's native torch forms,
+    as vLLM's CPU kernels are absent here).
+    """
+    if compilation is None:
+        return None
+    if not isinstance(compilation, dict):
+        return f"compilation_config={compilation!r} must be a mapping (vLLM's --compilation-config)"
+    extra = sorted(set(compilation) - {"mode", "backend", "inductor_compile_config"})
+    if extra:
+        return (
+            f"compilation_config keys {extra}: the CPU world takes mode, backend and "
+            "inductor_compile_config (custom_ops stays ['none']: vLLM's CPU kernels are absent here)"
+        )
+    mode = compilation.get("mode", COMPILATION_MODES["VLLM_COMPILE"])
+    mode = COMPILATION_MODES.get(mode, mode) if isinstance(mode, str) else mode
+    if isinstance(mode, bool) or mode not in (0, 2, 3):
+        return (
+            f"compilation_config mode={compilation.get('mode')!r} must be 0 (NONE), 2 (DYNAMO_TRACE_ONCE) or "
+            "3 (VLLM_COMPILE, vLLM's default: DYNAMO_TRACE_ONCE on CPU); 1 (STOCK_TORCH_COMPILE) is "
+            "compiled by vLLM's model runner, which the CPU world does not run"
+        )
+    backend = compilation.get("backend", "inductor" if mode == 3 else "")
+    if mode == 2 and backend not in COMPILE_BACKENDS:
+        return f"compilation_config backend={backend!r} must be one of {list(COMPILE_BACKENDS)} with mode 2"
+    return None
+
+
+def is_compiled(compilation: dict[str, Any] | None) -> bool:
+    """Whether ``compilation`` (valid by :func:`compilation_error`) compiles the model."""
+    if compilation is None:
+        return False
+    mode = compilation.get("mode", COMPILATION_MODES["VLLM_COMPILE"])
+    return COMPILATION_MODES.get(mode, mode) != 0 if isinstance(mode, str) else mode != 0
+
+
 def _vllm_config(
     folder: Path,
     num_ranks: int,
     enable_eplb: bool,
     eplb: dict[str, Any] | None,
     data_parallel_size: int = 1,
+    compilation: dict[str, Any] | None = None,
 ) -> Any:
     from vllm.config import (
         AttentionConfig,
@@ -177,7 +260,7 @@ def _vllm_config(
         # explicit: vLLM's "auto" would serve a float32 checkpoint in a 16-bit dtype
         dtype=str(config.get("dtype") or config.get("torch_dtype") or "float32"),
         quantization="ascend" if quantized else None,
-        enforce_eager=True,
+        enforce_eager=not is_compiled(compilation),
         max_model_len=256,
     )
     # MLA: the reference CPU_MLA backend, never AMX_MLA (picked on CPUs with AMX tiles; its weight
@@ -190,7 +273,7 @@ def _vllm_config(
         # No loading progress bar: tqdm's multiprocessing lock would be a semaphore of each rank.
         load_config=LoadConfig(use_tqdm_on_load=False),
         parallel_config=parallel,
-        compilation_config=CompilationConfig(custom_ops=["none"]),
+        compilation_config=CompilationConfig(**{**(compilation or {}), "custom_ops": ["none"]}),
         attention_config=attention,
     )
 
@@ -239,6 +322,7 @@ def prepare_world(
     eplb: dict[str, Any] | None = None,
     data_parallel_size: int = 1,
     dispatch: str = "gather",
+    compilation: dict[str, Any] | None = None,
 ) -> Any:
     """What a worker has before it loads the model of ``folder``: its ``VllmConfig`` and vLLM's world.
 
@@ -253,10 +337,16 @@ def prepare_world(
 
     ``dispatch`` is the expert method's (``stand_ins.MOE_DISPATCHES``): ``gather`` (vLLM's, the
     runner's) or ``all-to-all`` (route-first, vLLM Ascend's MC2 / ALLTOALL stood in; TP = 1).
+    ``compilation``: vLLM's ``compilation_config`` of the model (:func:`compilation_of`; None: eager,
+    ``enforce_eager``): compiled, the model's first forward is TorchDynamo's one trace of it
+    (``DYNAMO_TRACE_ONCE``, guards dropped), so everything that must be read fresh each forward has to be
+    in place before that forward (the runner's controller binds the routers at registration).
 
     Raises:
-        ValueError: D does not divide the world (:func:`parallel_layout`), an unknown ``dispatch``, or
-            ``all-to-all`` with TP > 1 or a quantized checkpoint.
+        ValueError: D does not divide the world (:func:`parallel_layout`), an unknown ``dispatch``,
+            ``all-to-all`` with TP > 1 or a quantized checkpoint, a ``compilation`` the world cannot
+            serve (:func:`compilation_error`), or a compiled world of a checkpoint whose experts are not
+            float32.
     """
     from ascend_eplb.integration.patches import apply_patches
 
@@ -266,13 +356,28 @@ def prepare_world(
             f"dispatch='all-to-all' with TP={layout.tensor_parallel_size}: the route-first stand-in routes "
             "each rank's own rows (vLLM Ascend's MC2 with TP = 1); use data_parallel_size = the ranks"
         )
-    apply_patches()
+    reason = compilation_error(compilation)
+    if reason is not None:
+        raise ValueError(reason)
     folder = Path(folder)
-    install_stand_ins(quantized=(folder / "quant_model_description.json").is_file(), dispatch=dispatch)
+    compiled = is_compiled(compilation)
+    if compiled and checkpoint_format(folder) is not None:
+        raise ValueError(
+            f"a compiled world serves float32 experts; {folder} holds {checkpoint_format(folder)} experts, "
+            "whose CPU stand-in computes each selection on its own with host reads (eager only)"
+        )
+    apply_patches()
+    install_stand_ins(
+        quantized=(folder / "quant_model_description.json").is_file(), dispatch=dispatch, compiled=compiled
+    )
+    if compiled:
+        # vLLM's compile caches (its AOT-compiled models, inductor's kernels) in this world's folder, not
+        # in ~/.cache/vllm: every run traces anew, and nothing outlives the world.
+        os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(ctx.tmp_dir) / "vllm-cache"))
     _thread_lock_for_tqdm()
     if data_parallel_size > 1:
         _external_launcher_environment(ctx)
-    vllm_config = _vllm_config(folder, ctx.world_size, enable_eplb, eplb, data_parallel_size)
+    vllm_config = _vllm_config(folder, ctx.world_size, enable_eplb, eplb, data_parallel_size, compilation)
     init_world(ctx, vllm_config)
     return vllm_config
 
@@ -298,6 +403,7 @@ def build_model(
     eplb: dict[str, Any] | None = None,
     data_parallel_size: int = 1,
     dispatch: str = "gather",
+    compilation: dict[str, Any] | None = None,
 ) -> tuple[torch.nn.Module, Any]:
     """One rank's vLLM model of the checkpoint in ``folder``: :func:`prepare_world`, then
     :func:`load_model`.
@@ -311,13 +417,14 @@ def build_model(
         data_parallel_size: D (the world is D x TP; each DP rank feeds its own batch, its TP ranks the
             same one).
         dispatch: the expert method's dispatch (:func:`prepare_world`).
+        compilation: vLLM's ``compilation_config`` of the model (:func:`prepare_world`).
 
     Returns:
         ``(model, vllm_config)``.
     """
     vllm_config = prepare_world(
         ctx, folder, enable_eplb=enable_eplb, eplb=eplb, data_parallel_size=data_parallel_size,
-        dispatch=dispatch,
+        dispatch=dispatch, compilation=compilation,
     )  # fmt: skip
     return load_model(vllm_config), vllm_config
 
@@ -428,6 +535,8 @@ class ServingWorker:
         dispatch: the expert method's dispatch (:func:`prepare_world`); with ``all-to-all`` the runner
             names every forward's MoE rows ``split`` to the controller (``prepare_forward(...,
             moe_rows="split")``, as vLLM Ascend names the rows of its MC2 / ALLTOALL batches).
+        compilation: vLLM's ``compilation_config`` of both models (:func:`compilation_of`; None:
+            eager). Compiled, the first forward (:meth:`profile_run`) is the one trace of each.
 
     Attributes:
         info: :func:`checkpoint_info`; ``format``: the experts' quant_views format
@@ -458,8 +567,10 @@ class ServingWorker:
         data_parallel_size: int = 1,
         ascend_keys: dict[str, Any] | None = None,
         dispatch: str = "gather",
+        compilation: dict[str, Any] | None = None,
     ) -> None:
         self.layout = parallel_layout(ctx.world_size, data_parallel_size)
+        self.compiled = is_compiled(compilation)
         self.moe_rows = "split" if dispatch == "all-to-all" else None
         self.dp_rank, self.tp_rank = self.layout.dp_rank(ctx.rank), self.layout.tp_rank(ctx.rank)
         os.environ["ASCEND_EPLB"] = "1"
@@ -486,7 +597,7 @@ class ServingWorker:
         # As a serving worker: the runner (its controller: start-up validation) before the model loads.
         self.vllm_config = prepare_world(
             ctx, self.folder, enable_eplb=True, eplb=eplb, data_parallel_size=data_parallel_size,
-            dispatch=dispatch,
+            dispatch=dispatch, compilation=compilation,
         )  # fmt: skip
         ascend = {"load_collection_phase": phase, **(ascend_keys or {})}
         if initial_placement is not None:
@@ -497,6 +608,13 @@ class ServingWorker:
         }
         self.ep_rank = get_ep_group().rank_in_group
         self.model_config = self.vllm_config.model_config
+        # Compiled with the eager backend: the one trace of the EPLB-on model is recorded (graph inputs).
+        self.observer = (
+            observe_compilation(self.vllm_config)
+            if self.compiled and self.vllm_config.compilation_config.backend == "eager"
+            else None
+        )
+        self.traced: TracedGraph | None = None
         with set_current_vllm_config(self.vllm_config):
             self.wiring = Mrv2EplbWiring(self.vllm_config, torch.device("cpu"))
         self.model = load_model(self.vllm_config)
@@ -523,7 +641,7 @@ class ServingWorker:
             t1 = time.monotonic()
             self.model_off, self.vllm_config_off = build_model(
                 ctx, self.folder, enable_eplb=False, data_parallel_size=data_parallel_size,
-                dispatch=dispatch,
+                dispatch=dispatch, compilation=compilation,
             )  # fmt: skip
             self.seconds["build_off"] = time.monotonic() - t1
 
@@ -540,6 +658,25 @@ class ServingWorker:
             self.wiring.prepare_forward(self.model_config, int(input_ids.shape[0]), moe_rows=self.moe_rows)
             forward(self.model, self.vllm_config, input_ids, torch.arange(input_ids.shape[0]))
             self.wiring.profile_run()
+        if self.observer is not None and self.traced is None:
+            if len(self.observer.graphs) != 1:
+                raise RuntimeError(
+                    f"the EPLB-on model's first forward compiled {len(self.observer.graphs)} graphs, not one"
+                )
+            self.traced = self.observer.graphs[0]
+
+    def moved_graph_inputs(self) -> list[str]:
+        """The tensors the EPLB-on model's traced graph reads from the model (its state inputs) whose
+        storage at their source is not the traced one (:meth:`TracedGraph.moved`); [] when every one
+        holds.
+
+        Raises:
+            RuntimeError: the model is not observed (eager, or compiled with another backend than
+                ``eager``), or :meth:`profile_run` has not traced it yet.
+        """
+        if self.traced is None:
+            raise RuntimeError("no traced graph: a world compiled with the eager backend, after profile_run")
+        return self.traced.moved(compiled_module(self.model))
 
     def wait_for_transfer(self, deadline_s: float) -> None:
         """While a rearrangement is in flight, wait until the async worker published its next layer.
@@ -577,12 +714,15 @@ class ServingWorker:
             self.wiring.prepare_inputs(batch_has_prefill)
             self.wiring.prepare_forward(self.model_config, num_unpadded_tokens, moe_rows=self.moe_rows)
             recorded = bool(self.state.should_record_tensor)
-            self.method.recorded_ids = []
-            try:
-                logits_on = forward(self.model, self.vllm_config, input_ids, positions)
-                physical_ids = self.method.recorded_ids
-            finally:
-                self.method.recorded_ids = None
+            logs = [kernel_log(layer) for layer in routed_experts(self.model)]
+            before = [int(log.calls) for log in logs]
+            logits_on = forward(self.model, self.vllm_config, input_ids, positions)
+            calls = [int(log.calls) - n for log, n in zip(logs, before, strict=True)]
+            if calls != [1] * len(logs):
+                raise RuntimeError(
+                    f"the EPLB-on forward called the MoE layers' experts {calls} times, not once each"
+                )
+            physical_ids = [log.last_ids() for log in logs]
         load = self.model_state.expert_load_pass.clone().long()
         logits_off = None
         if self.model_off is not None:
@@ -667,6 +807,7 @@ class RealModelSpec:
             ``all-to-all`` (route-first, the ``split`` rows; TP = 1).
         ascend_keys: more Ascend keys of ``additional_config.eplb_config`` (``policy``, the gate's,
             ``load_estimate``), judged by start-up validation as a server's.
+        compilation: vLLM's ``compilation_config`` of both models (:func:`compilation_of`; None: eager).
     """
 
     arch: str
@@ -685,6 +826,7 @@ class RealModelSpec:
     real_tokens: tuple[int, ...] = ()
     dispatch: str = "gather"
     ascend_keys: dict[str, Any] = field(default_factory=dict)
+    compilation: dict[str, Any] | None = None
 
     def num_real_tokens(self, dp_rank: int) -> int:
         """The real rows of DP rank ``dp_rank``'s prompts.
@@ -736,8 +878,9 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
         empty when every slot holds its expert); ``initial_slot_mismatches``: the same check right after
         loading under the initial placement; ``num_rearrangements``; ``worker_alive``;
         ``seconds``: wall time of ``build_on``, ``build_off`` and ``steps`` (both models);
-        ``moe_calls``: the expert method's applies on this rank; ``methods``: the expert method's class
-        name per MoE layer; ``formats``: the quant_views format per layer (None: float32);
+        ``moe_calls``: the expert method's applies on this rank (the EPLB-on model's); ``methods``: the
+        expert method's class name per MoE layer; ``formats``: the quant_views format per layer (None:
+        float32);
         ``kernel_names``: layer 0's kernel tensors (quant_views ``layer_storage``, [] for float32);
         ``view_names``: per layer, the attribute names of the weight views EPLB moves.
     """
@@ -757,6 +900,7 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
         data_parallel_size=spec.data_parallel_size,
         dispatch=spec.dispatch,
         ascend_keys=spec.ascend_keys or None,
+        compilation=spec.compilation,
     )
     decisions: list[tuple[Any, ...]] = []
     worker.wiring.controller.bus.subscribe(
@@ -784,6 +928,8 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
     worker.profile_run(prompts[0])
     logits_on, logits_off, loads, recorded, maps, commits, slot_checks = [], [], [], [], [], [], []
     kernel_rows: list[int] = []
+    moved: list[tuple[int, list[str]]] = []
+    counters_first: dict[str, Any] | None = None
     t1 = time.monotonic()
     for step in range(spec.steps):
         worker.wait_for_transfer(spec.worker_deadline_s)
@@ -805,7 +951,19 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
         if changed:
             commits.extend((step, layer) for layer in changed)
             slot_checks.append((step, worker.slot_mismatches()))
+        if worker.traced is not None and (step_moved := worker.moved_graph_inputs()):
+            moved.append((step, step_moved))
+        if step == 0 and worker.compiled:
+            counters_first = dynamo_counters()  # both models traced (their first forwards)
     report["seconds"] = {**worker.seconds, "steps": time.monotonic() - t1}
+    if worker.compiled:
+        report["compiled"] = {
+            "counters_after_first_step": counters_first,
+            "counters_end": dynamo_counters(),
+            "graph_state_inputs": None if worker.traced is None else [i.source for i in worker.traced.state],
+            "graph_ops": None if worker.traced is None else dict(worker.traced.ops),
+            "moved": moved,
+        }
     report.update(worker.describe_experts())
     layout = worker.wiring.controller.last_row_layout
     report["moe_rows"] = None if layout is None else layout.rows
@@ -826,7 +984,7 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
         maps=maps,
         commits=commits,
         slot_checks=slot_checks,
-        moe_calls=worker.method.calls,
+        moe_calls=sum(int(kernel_log(layer).calls) for layer in routed_experts(worker.model)),
     )
     if spec.run_eplb_off:
         report["logits_off"] = logits_off

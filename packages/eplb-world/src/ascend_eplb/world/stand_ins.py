@@ -12,7 +12,11 @@ facts measured in ``notes/real-models-on-cpu.md``), each checked against HF tran
    and ``w2_weight`` ``(p, H, I)`` as loaded (no kernel layout, so EPLB's weight views are the very
    tensors it reads) and consumes the ids the router returned (physical ids, the router is called once,
    experts are never re-selected): ``layer.expert_map`` (global physical id -> local slot, -1 elsewhere)
-   gives each selection's local slot, and only selections of local slots contribute on this rank.
+   gives each selection's local slot, and only selections of local slots contribute on this rank
+   (:func:`grouped_expert_compute`: every local slot on every row, weighted by the row's selections of
+   it; fixed shapes, no host read, so TorchDynamo traces it whole). Every apply logs the ids it
+   consumed in the layer's :class:`KernelLog` (device tensors written in place, allocated after loading,
+   before any forward: what a compiled forward can record).
    vLLM's runner then all-reduces over TP, summing the ranks; shared experts run in the runner (no
    modular kernel). Quantized experts have their own method (:mod:`ascend_eplb.world.quant_method`).
    Its dispatch (:data:`MOE_DISPATCHES`, set by :func:`install_stand_ins`) is vLLM's on this host,
@@ -23,7 +27,8 @@ facts measured in ``notes/real-models-on-cpu.md``), each checked against HF tran
    over the EP group's Gloo group: every selection's hidden row goes to the rank holding its physical
    slot (slot ``p`` on rank ``p // p_local``), is computed there, comes back, and is summed into its
    token with its weight (``torch.distributed.all_to_all_single`` with the selections' counts). TP = 1
-   only (each rank's rows are its own: the ``split`` row layout), float32 experts only.
+   only (each rank's rows are its own: the ``split`` row layout), float32 experts only, eager only (its
+   counts go to the host).
 2. **Attention** (:func:`install_attention_stand_ins`): the CPU platform picks ``CPU_ATTN`` /
    ``CPU_MLA``, which need ``_C`` and KV-cache metadata; without metadata MLA returns zeros and raises
    nothing. After the model is built, each ``Attention`` and ``MLAAttention`` instance of *this model*
@@ -62,8 +67,10 @@ facts measured in ``notes/real-models-on-cpu.md``), each checked against HF tran
    torch.compile()"), so on an NPU these functions run their eager ops. The decorators took the backend
    when vLLM was imported (in the launcher's fork server, before any stand-in), so the stand-in switches
    TorchDynamo off for the process (``torch._dynamo.config.disable``, read at every call; a patch of
-   :func:`stand_in_patches`): the same eager ops, without the trace. The models themselves run eagerly
-   anyway (``enforce_eager=True``).
+   :func:`stand_in_patches`): the same eager ops, without the trace. It applies to an eager world only
+   (``enforce_eager=True``, :func:`install_stand_ins` ``compiled=False``); a compiled world
+   (:data:`COMPILE_BACKENDS`) keeps TorchDynamo on, as vLLM's CPU platform does, and its one trace of the
+   model inlines those helpers.
 
 Every point where these stand-ins meet vLLM is a row of the CPU world's upstream surface,
 :mod:`ascend_eplb.world.upstream` (the patches are its ``STAND_INS``, built here with ``patches_of``;
@@ -83,13 +90,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ascend_eplb.world.kernel_logs import attach_kernel_log, kernel_log
+
 __all__ = [
     "MOE_DISPATCHES",
     "cpu_all_gatherv",
     "cpu_reduce_scatterv",
+    "grouped_expert_compute",
     "install_attention_stand_ins",
     "install_model_stand_ins",
     "install_stand_ins",
+    "kernel_log",
     "register_torch_moe_method",
     "stand_in_patches",
 ]
@@ -106,6 +117,34 @@ def _expert(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tenso
     """One expert's SiLU-gated MLP: ``x (n, H)``, ``w13 (2I, H)``, ``w2 (H, I)`` -> ``(n, H)``."""
     gate, up = F.linear(x, w13).chunk(2, dim=-1)
     return F.linear(F.silu(gate) * up, w2)
+
+
+def grouped_expert_compute(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, local_ids: torch.Tensor
+) -> torch.Tensor:
+    """This rank's routed-expert output, every local slot computed on every row and weighted by the
+    row's selections of it: fixed shapes, no host read (TorchDynamo traces it whole, a CUDA graph could
+    capture it).
+
+    Args:
+        x: ``(T, H)`` activations.
+        w13: ``(p, 2I, H)`` gate rows then up rows per local slot; w2: ``(p, H, I)``.
+        topk_weights: ``(T, K)`` router weights.
+        local_ids: integer ``(T, K)``: each selection's local slot, -1 for a slot on another rank.
+
+    Returns:
+        ``(T, H)`` in ``x``'s dtype: ``sum over slots s (ascending) of expert_s(x_t) * sum_k
+        topk_weights[t, k] [local_ids[t, k] == s]`` (zero for a row without a local selection). The
+        slots are added in ascending order, as the per-slot loop of the earlier stand-in did; a slot's
+        GEMM runs over all T rows, so where CPU BLAS rounds a GEMM of 1-3 rows differently (MKL) the
+        result differs from that loop's by float32 rounding (``test_stand_ins`` bounds it).
+    """
+    weights = topk_weights.to(x.dtype)
+    out = torch.zeros_like(x)
+    for slot in range(w13.shape[0]):
+        row_weight = torch.where(local_ids == slot, weights, 0).sum(dim=1, keepdim=True)  # (T, 1)
+        out = out + _expert(x, w13[slot], w2[slot]) * row_weight
+    return out
 
 
 def _all_to_all_experts(
@@ -165,14 +204,12 @@ def _torch_moe_method_class() -> type:
         ``apply`` takes the router's ``topk_ids`` ``(T, K)`` (physical ids, global P space) and
         ``topk_weights`` ``(T, K)`` float32 and returns ``(T, H)`` in ``x``'s dtype: the weighted sum of
         SiLU-gated expert outputs of the selections whose slot is local (``layer.expert_map``), zero for
-        the others. Weights stay as loaded (no kernel layout, no prepacking).
+        the others (:func:`grouped_expert_compute`). Weights stay as loaded (no kernel layout, no
+        prepacking). Each call is logged in the layer's :class:`KernelLog` (:func:`kernel_log`).
         """
 
-        calls = 0  # apply() calls in this process (all layers), for tests
         #: :data:`MOE_DISPATCHES` entry of this process (install_stand_ins sets it before a model is built)
         dispatch: str = "gather"
-        #: when a list: every apply() appends the router's ids, int64 (T, K) (for tests)
-        recorded_ids: list[torch.Tensor] | None = None
         #: the quant_views format of a bf16/fp16 layer (set after loading); None for float32
         format_name: str | None = None
 
@@ -194,6 +231,7 @@ def _torch_moe_method_class() -> type:
 
                 self.format_name = fmt
                 lay_out_experts(layer, fmt, ("w13_weight", "w2_weight", "w13_bias", "w2_bias"))
+            attach_kernel_log(layer)
 
         def get_eplb_weight_views(self, layer: Any) -> list[Any]:
             """vllm-ascend's contract (bf16/fp16 layers): quant_views ``layer_weight_views``."""
@@ -206,10 +244,8 @@ def _torch_moe_method_class() -> type:
                 raise NotImplementedError(f"TorchFusedMoEMethod: activation {layer.activation} (only silu)")
             if layer.apply_router_weight_on_input:
                 raise NotImplementedError("TorchFusedMoEMethod: apply_router_weight_on_input")
-            type(self).calls += 1
             ids = topk_ids.long()
-            if type(self).recorded_ids is not None:
-                type(self).recorded_ids.append(ids.clone())
+            kernel_log(layer).record(ids)
             if type(self).dispatch == "all-to-all":
                 if self.format_name is not None:
                     raise NotImplementedError(f"the all-to-all dispatch stand-in: {self.format_name} experts")
@@ -218,17 +254,11 @@ def _torch_moe_method_class() -> type:
                 from ascend_eplb.world.quant_method import apply_layer
 
                 return apply_layer(layer, self.format_name, x, topk_weights, ids)
-            w13, w2 = layer.w13_weight, layer.w2_weight
             expert_map = layer.expert_map
             local = (
                 ids if expert_map is None else torch.where(ids >= 0, expert_map.long()[ids.clamp(min=0)], -1)
             )
-            out = torch.zeros_like(x)
-            for slot in torch.unique(local[local >= 0]).tolist():
-                tokens, k = (local == slot).nonzero(as_tuple=True)
-                y = _expert(x[tokens], w13[slot], w2[slot])
-                out.index_add_(0, tokens, y * topk_weights[tokens, k].to(y.dtype).unsqueeze(-1))
-            return out
+            return grouped_expert_compute(x, layer.w13_weight, layer.w2_weight, topk_weights, local)
 
     return TorchFusedMoEMethod
 
@@ -411,14 +441,58 @@ def cpu_reduce_scatterv(
     return reduced[start : start + counts[rank]].movedim(0, dim).contiguous()
 
 
+# The two collectives as torch custom ops of this world's namespace: a compiled forward (vLLM's CPU
+# MoE runner is traced, gather-before-route dispatch included) records each as one opaque op whose
+# output size is the sum of (or this rank's entry of) ``sizes``, unbacked symbols read from the forward
+# context: no guard on their values. Eager forwards call the same ops.
+
+
+def _group_of(group_name: str) -> Any:
+    """The vLLM group (``GroupCoordinator``) of the DP, EP or TP group named ``group_name``."""
+    from vllm.distributed.parallel_state import get_dp_group, get_ep_group, get_tp_group
+
+    for group in (get_dp_group(), get_ep_group(), get_tp_group()):
+        if group.unique_name == group_name:
+            return group
+    raise RuntimeError(f"no DP, EP or TP group of vLLM is named {group_name!r}")
+
+
+@torch.library.custom_op("ascend_eplb_world::all_gatherv", mutates_args=())
+def _all_gatherv_op(x: torch.Tensor, sizes: list[int], group_name: str) -> torch.Tensor:
+    return cpu_all_gatherv(_group_of(group_name).device_communicator, x, 0, sizes)
+
+
+@_all_gatherv_op.register_fake
+def _(x: torch.Tensor, sizes: list[int], group_name: str) -> torch.Tensor:
+    return x.new_empty((sum(sizes), *x.shape[1:]))
+
+
+@torch.library.custom_op("ascend_eplb_world::reduce_scatterv", mutates_args=())
+def _reduce_scatterv_op(x: torch.Tensor, dim: int, sizes: list[int], group_name: str) -> torch.Tensor:
+    return cpu_reduce_scatterv(_group_of(group_name).device_communicator, x, dim, sizes)
+
+
+@_reduce_scatterv_op.register_fake
+def _(x: torch.Tensor, dim: int, sizes: list[int], group_name: str) -> torch.Tensor:
+    rank = _group_of(group_name).rank_in_group
+    shape = list(x.shape)
+    shape[dim % x.dim()] = sizes[rank]
+    return x.new_empty(shape)
+
+
 def _cpu_all_gatherv(original: Any) -> Any:
     import functools
 
     @functools.wraps(original)
     def all_gatherv(self, input_, dim=0, sizes=None):
-        if _is_cpu_communicator(self):
-            return cpu_all_gatherv(self, input_, dim, sizes)
-        return original(self, input_, dim, sizes)
+        if not _is_cpu_communicator(self):
+            return original(self, input_, dim, sizes)
+        if dim != 0:
+            raise NotImplementedError(f"all_gatherv stand-in: dim={dim}, only dim 0 is supported")
+        tensors = [input_] if isinstance(input_, torch.Tensor) else list(input_)
+        counts = [t.shape[0] for t in tensors[:1]] * self.world_size if sizes is None else list(sizes)
+        out = [_all_gatherv_op(t, counts, self.unique_name) for t in tensors]
+        return out[0] if isinstance(input_, torch.Tensor) else out
 
     return all_gatherv
 
@@ -428,9 +502,13 @@ def _cpu_reduce_scatterv(original: Any) -> Any:
 
     @functools.wraps(original)
     def reduce_scatterv(self, input_, dim=-1, sizes=None):
-        if _is_cpu_communicator(self):
-            return cpu_reduce_scatterv(self, input_, dim, sizes)
-        return original(self, input_, dim, sizes)
+        if not _is_cpu_communicator(self):
+            return original(self, input_, dim, sizes)
+        world, rows = self.world_size, input_.shape[dim]
+        counts = [rows // world] * world if sizes is None else list(sizes)
+        if sizes is None and rows % world:
+            raise ValueError(f"reduce_scatterv: {rows} rows do not divide by the group's {world} ranks")
+        return _reduce_scatterv_op(input_, dim, counts, self.unique_name)
 
     return reduce_scatterv
 
@@ -454,6 +532,16 @@ def _check_cpu_communicator_lacks_reduce_scatterv(original: Any) -> None:
 
 
 # --- stand-in 6: no compilation of vLLM's helper functions -------------------------------------------
+
+
+#: The execution mode this process's stand-ins were installed for (None: not yet): ``True`` a compiled
+#: world (TorchDynamo on), ``False`` an eager one (stand-in 6). One process serves one mode.
+_COMPILED: bool | None = None
+
+
+def _eager_world() -> bool:
+    """``when`` of stand-in 6: the process serves eagerly (not a compiled world)."""
+    return _COMPILED is not True
 
 
 def _dynamo_disabled(original: bool) -> bool:
@@ -532,7 +620,7 @@ def install_attention_stand_ins(model: torch.nn.Module) -> dict[str, int]:
 # --- the installers ---------------------------------------------------------------------------------
 
 
-def install_stand_ins(*, quantized: bool = False, dispatch: str = "gather") -> None:
+def install_stand_ins(*, quantized: bool = False, dispatch: str = "gather", compiled: bool = False) -> None:
     """Install every process-wide stand-in, before a model is built (idempotent).
 
     First the CPU world's rows of its upstream surface (:func:`ascend_eplb.world.upstream.check`:
@@ -541,23 +629,41 @@ def install_stand_ins(*, quantized: bool = False, dispatch: str = "gather") -> N
     expert method (:func:`register_torch_moe_method`) and, for a checkpoint with an msModelSlim description
     (``quantized``), the ``"ascend"`` quantization stand-in
     (``quant_method.register_ascend_quantization``). ``dispatch`` (:data:`MOE_DISPATCHES`) is the torch
-    expert method's for every model of this process built or run afterwards.
+    expert method's for every model of this process built or run afterwards. ``compiled``: the models
+    of this process run compiled (vLLM's TorchDynamo trace), so stand-in 6 (TorchDynamo off) is not
+    installed.
 
     Raises:
-        ValueError: ``dispatch`` is not one of :data:`MOE_DISPATCHES`, or ``all-to-all`` with
-            ``quantized`` (the quantized method has no all-to-all dispatch).
-        RuntimeError: an upstream row of the CPU world drifted (named; nothing installed), or another
-            out-of-tree method or ``"ascend"`` quantization is registered already.
+        ValueError: ``dispatch`` is not one of :data:`MOE_DISPATCHES`; ``all-to-all`` with ``quantized``
+            (the quantized method has no all-to-all dispatch) or with ``compiled`` (its counts go to the
+            host); ``compiled`` with ``quantized`` (the quantized method computes each selection on its
+            own, with host reads: eager only; so do 16-bit experts, which the world refuses compiled).
+        RuntimeError: an upstream row of the CPU world drifted (named; nothing installed), another
+            out-of-tree method or ``"ascend"`` quantization is registered already, or this process's
+            stand-ins were installed for the other execution mode.
     """
+    global _COMPILED
     if dispatch not in MOE_DISPATCHES:
         raise ValueError(f"dispatch={dispatch!r} must be one of {list(MOE_DISPATCHES)}")
     if dispatch == "all-to-all" and quantized:
         raise ValueError(
             "dispatch='all-to-all' stands in for float32 experts only, not a quantized checkpoint"
         )
+    if compiled and (quantized or dispatch == "all-to-all"):
+        what = "a quantized checkpoint" if quantized else "dispatch='all-to-all'"
+        raise ValueError(
+            f"a compiled world serves float32 experts with the gather dispatch, not {what} (that expert "
+            "stand-in reads routing to the host: eager only)"
+        )
+    if _COMPILED is not None and compiled != _COMPILED:
+        raise RuntimeError(
+            f"this process's CPU stand-ins serve {'compiled' if _COMPILED else 'eager'} models; one process "
+            "serves one execution mode (TorchDynamo's switch is process-wide)"
+        )
     from ascend_eplb.world import upstream
 
     upstream.check()
+    _COMPILED = compiled
     stand_in_patches().apply()
     register_torch_moe_method().dispatch = dispatch
     if quantized:

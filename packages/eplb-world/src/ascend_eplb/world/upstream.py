@@ -49,8 +49,9 @@ __all__ = [
 WORLD_STAND_INS = "world.stand_ins"
 WORLD_QUANT = "world.quant_method"
 WORLD_SERVING = "world.serving"
+WORLD_COMPILED = "world.compiled"
 #: Every user id a row of this surface names.
-USERS = (WORLD_STAND_INS, WORLD_QUANT, WORLD_SERVING)
+USERS = (WORLD_STAND_INS, WORLD_QUANT, WORLD_SERVING, WORLD_COMPILED)
 
 _STATE = "vllm.distributed.eplb.eplb_state"
 _CONTROLLER = "vllm.v1.worker.gpu.eplb_utils"
@@ -63,6 +64,8 @@ _MLA = "vllm.model_executor.layers.attention.mla_attention"
 _UNQUANTIZED = "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method"
 _ROUTED_EXPERTS = "vllm.model_executor.layers.fused_moe.routed_experts"
 _QUANTIZATION = "vllm.model_executor.layers.quantization"
+_COMPILATION = "vllm.config.compilation"
+_PARALLEL_STATE = "vllm.distributed.parallel_state"
 _MODEL_STATE = "EplbModelState"
 
 
@@ -111,6 +114,12 @@ SIGNATURES: Mapping[str, Signature] = _table(
     Signature(_ROUTED_EXPERTS, "RoutedExperts.get_expert_weights", ("self",), (WORLD_QUANT,)),
     Signature(_QUANTIZATION, "get_quantization_config", ("quantization",), (WORLD_QUANT,)),
     Signature(_QUANTIZATION, "register_quantization_config", ("quantization",), (WORLD_QUANT,)),
+    Signature(
+        _COMPILATION,
+        "CompilationConfig.init_backend",
+        ("self", "vllm_config", "prefix=''", "is_encoder=False", "use_aot_compile=True"),
+        (WORLD_COMPILED,),
+    ),
 )
 
 
@@ -166,6 +175,8 @@ STAND_INS: tuple[PatchEntry, ...] = (
         "_dynamo_disabled",
         "True: TorchDynamo off for the process, so vLLM's `torch.compile`d helpers run eagerly (vLLM "
         'Ascend\'s `simple_compile_backend = "eager"`)',
+        when="_eager_world",
+        applies="in an eager world (a compiled world keeps TorchDynamo on, as vLLM's CPU platform does)",
         check="_check_dynamo_switch",
     ),
 )
@@ -189,6 +200,12 @@ INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = (
         "ascend_eplb.world.quant_method",
         "install_ascend_routed_experts, on each RoutedExperts of a model the CPU world built whose method "
         "has a quant_views format: vllm-ascend's AscendRoutedExperts.get_expert_weights (the method's views)",
+    ),
+    InstanceBinding(
+        signature(f"{_COMPILATION}.CompilationConfig.init_backend"),
+        "ascend_eplb.world.compiled",
+        "observe_compilation, on the CompilationConfig of a compiled world's model with the eager backend: "
+        "TorchDynamo's eager backend that records each graph's inputs (dataplane's GraphObserver)",
     ),
 )
 
@@ -217,12 +234,29 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         (WORLD_STAND_INS,),
         "`TorchFusedMoEMethod.apply`: global physical id -> local slot",
     ),
+    Attribute(
+        _ROUTED_EXPERTS,
+        "RoutedExperts",
+        "top_k",
+        "reads",
+        (WORLD_STAND_INS,),
+        "the K of the layer's `KernelLog` (the ids its expert method consumed)",
+    ),
     *(
         Attribute(_CPU_COMMUNICATOR, "CpuCommunicator", attr, "reads", (WORLD_STAND_INS,), why)
         for attr, why in (
             ("world_size", "the group of `all_gatherv` / `reduce_scatterv`"),
             ("rank_in_group", "this rank's rows"),
             ("device_group", "the `torch.distributed` group the stand-ins run on"),
+            ("unique_name", "names the group to the stand-ins' custom ops"),
+        )
+    ),
+    *(
+        Attribute(_PARALLEL_STATE, "GroupCoordinator", attr, "reads", (WORLD_STAND_INS,), why)
+        for attr, why in (
+            ("unique_name", "the custom ops find their DP, EP or TP group by it"),
+            ("device_communicator", "the group's `CpuCommunicator` the collectives run on"),
+            ("rank_in_group", "the rows `reduce_scatterv` keeps (its fake's shape)"),
         )
     ),
     Attribute(
@@ -232,6 +266,13 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         "reads",
         (WORLD_QUANT,),
         "`install_ascend_routed_experts`: the layers whose method has a quant_views format",
+    ),
+    *(
+        Attribute(_COMPILATION, "CompilationConfig", attr, "reads", (WORLD_COMPILED,), why)
+        for attr, why in (
+            ("mode", "only DYNAMO_TRACE_ONCE is observed"),
+            ("backend", "only the eager backend is observed"),
+        )
     ),
     Attribute(_CONTROLLER, "EPLBController", "state", "reads", (WORLD_SERVING,), "the world's EPLB state"),
     *(
