@@ -15,6 +15,7 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before anything imports vllm
 
 from ascend_eplb.integration.rules import (
+    CUDAGRAPH_MODES,
     EPLB_OFF_RULES,
     MOE_FACT_RULES,
     RULES,
@@ -85,7 +86,8 @@ BREAKS = {
     "experts-divisible": {"num_redundant_experts": 2},
     "initial-placement": {"ascend_eplb_config": {"initial_placement": "no-such-placement.json"}},
     "quantization": {"quantization": "w4a16"},
-    "graph-capture": {"cudagraph_mode": "FULL_DECODE_ONLY"},
+    "compiled-forward": {"compilation_mode": "STOCK_TORCH_COMPILE"},
+    "graph-capture": {"cudagraph_mode": "FULL_GRAPH"},
     "speculative-moe-draft": {"speculative_method": "mtp", "speculative_draft_is_moe": True},
     "micro-batching": {"enable_dbo": True},
     "row-layout": {"prefill_context_parallel_size": 2, "data_parallel_size": 1},
@@ -183,6 +185,88 @@ def test_the_policy_and_gate_keys_are_judged_each_naming_value_and_rule_all_at_o
         "gate and the load estimate need Model Runner V2 EPLB, but enable_eplb=False; fix: pass "
         "--enable-eplb or remove min_balancedness_gain"
     ]
+
+
+@pytest.mark.parametrize("mode", ["NONE", "DYNAMO_TRACE_ONCE", "VLLM_COMPILE", "dynamo_trace_once"])
+@pytest.mark.parametrize("graphs", list(CUDAGRAPH_MODES))
+def test_compiled_forwards_and_graph_capture_are_accepted_in_the_modes_the_evidence_covers(mode, graphs):
+    """Issue 35: vLLM's CPU platform makes VLLM_COMPILE DYNAMO_TRACE_ONCE, which the compiled real-model
+    worlds run (``test_compiled``: eager and inductor backends, the whole MoE layer traced); every
+    tensor the traced forward reads keeps its storage through rearrangements (the graph-replay
+    contract every capture mode relies on). Each vLLM graph mode with each of those compilation modes."""
+    judged = check_settings(replace(GOOD, compilation_mode=mode, cudagraph_mode=graphs))
+    assert (list(judged), judged.unjudged) == ([], [])
+
+
+@pytest.mark.parametrize(
+    ("change", "rule", "message"),
+    [
+        (
+            {"compilation_mode": "STOCK_TORCH_COMPILE"},
+            "compiled-forward",
+            "compilation mode STOCK_TORCH_COMPILE (the model runner's torch.compile of the whole model, "
+            "guards kept) is not validated with Ascend EPLB; fix: use vLLM's default VLLM_COMPILE or "
+            "DYNAMO_TRACE_ONCE (compilation_config.mode), or run eager (--enforce-eager)",
+        ),
+        (
+            {"compilation_mode": "VLLM_COMPILE", "inductor_freezing": True},
+            "compiled-forward",
+            "inductor freezing (compilation_config.inductor_compile_config freezing, or "
+            "TORCHINDUCTOR_FREEZING=1) folds the expert weights into the compiled code as constants, so the "
+            "weights EPLB moves in place would never be read again; fix: turn freezing off",
+        ),
+        (
+            {"compilation_mode": "PIECEWISE"},
+            "compiled-forward",
+            "compilation mode='PIECEWISE' is not one of vLLM's modes ['NONE', 'STOCK_TORCH_COMPILE', "
+            "'DYNAMO_TRACE_ONCE', 'VLLM_COMPILE']",
+        ),
+        (
+            {"cudagraph_mode": "FULL_GRAPH"},
+            "graph-capture",
+            "cudagraph_mode=FULL_GRAPH is not one of vLLM's modes ['NONE', 'PIECEWISE', 'FULL', "
+            "'FULL_DECODE_ONLY', 'FULL_AND_PIECEWISE']; fix: name one of them",
+        ),
+    ],
+)
+def test_the_compiled_modes_without_evidence_are_refused_with_the_rule_and_the_fix(change, rule, message):
+    judged = check_settings(replace(GOOD, **change))
+    assert [(v.rule, v.message) for v in judged] == [(rule, message)]
+    # freezing without compilation compiles nothing
+    assert list(check_settings(replace(GOOD, inductor_freezing=True))) == []
+
+
+def test_start_up_reads_the_compilation_vllm_resolved(monkeypatch):
+    """The settings of a ``VllmConfig``: on this CPU host VLLM_COMPILE (vLLM's default) becomes
+    DYNAMO_TRACE_ONCE with inductor, accepted; STOCK_TORCH_COMPILE and inductor freezing are refused at
+    start-up. (``enforce_eager`` reads as NONE: every eager world of the suite starts through it.)"""
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    from vllm.config import CompilationConfig, EPLBConfig, ParallelConfig, VllmConfig
+
+    from ascend_eplb.integration.validation import settings_from_vllm_config
+
+    def config(compilation):
+        vc = VllmConfig(
+            parallel_config=ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True),
+            compilation_config=CompilationConfig(**compilation),
+        )
+        vc.parallel_config.enable_eplb = True
+        vc.parallel_config.eplb_config = EPLBConfig(window_size=2, step_interval=4, use_async=True)
+        return vc
+
+    s = settings_from_vllm_config(config({}), environ={})
+    assert (s.compilation_mode, s.cudagraph_mode, s.inductor_freezing) == ("DYNAMO_TRACE_ONCE", "NONE", False)
+    validate_eplb_config(config({}))
+    s = settings_from_vllm_config(config({"mode": 1}), environ={})
+    assert s.compilation_mode == "STOCK_TORCH_COMPILE"
+    with pytest.raises(EplbConfigError, match=r"\[compiled-forward\] compilation mode STOCK_TORCH_COMPILE"):
+        validate_eplb_config(config({"mode": 1}))
+    frozen = config({"inductor_compile_config": {"freezing": True}})
+    assert settings_from_vllm_config(frozen, environ={}).inductor_freezing is True
+    assert settings_from_vllm_config(config({}), environ={"TORCHINDUCTOR_FREEZING": "1"}).inductor_freezing
+    with pytest.raises(EplbConfigError, match=r"\[compiled-forward\] inductor freezing"):
+        validate_eplb_config(frozen)
 
 
 def test_all_violated_rules_come_in_the_registry_order():

@@ -15,6 +15,13 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before anything imports vl
 from ascend_eplb.integration.rules import LOAD_COLLECTION_PHASES
 from ascend_eplb.tools.check import check_config_file
 
+#: The ``compiled-forward`` rule's message for vLLM's STOCK_TORCH_COMPILE mode.
+STOCK_MESSAGE = (
+    "compilation mode STOCK_TORCH_COMPILE (the model runner's torch.compile of the whole model, guards kept) "
+    "is not validated with Ascend EPLB; fix: use vLLM's default VLLM_COMPILE or DYNAMO_TRACE_ONCE "
+    "(compilation_config.mode), or run eager (--enforce-eager)"
+)
+
 #: A supported configuration: EP over TP 2 x DP 2 = 4 ranks, 64 logical + 4 redundant experts.
 BASE = {
     "use_v2_model_runner": True,
@@ -197,10 +204,22 @@ RULES = [
         "counters); fix: set --eplb-config.num_redundant_experts to at most 2147483647",
     ),
     (
+        "compiled-forward",
+        {"compilation_config": {"mode": "STOCK_TORCH_COMPILE"}},
+        STOCK_MESSAGE,
+    ),
+    (
+        "compiled-forward",
+        {"compilation_config": {"mode": 2, "inductor_compile_config": {"freezing": True}}},
+        "inductor freezing (compilation_config.inductor_compile_config freezing, or "
+        "TORCHINDUCTOR_FREEZING=1) folds the expert weights into the compiled code as constants, so the "
+        "weights EPLB moves in place would never be read again; fix: turn freezing off",
+    ),
+    (
         "graph-capture",
-        {"compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"}},
-        "graph capture (cudagraph_mode=FULL_DECODE_ONLY) is not validated with Ascend EPLB yet (the lookup's "
-        "in-place refresh under graph replay has no test); fix: run eager (--enforce-eager)",
+        {"compilation_config": {"cudagraph_mode": "FULL_GRAPH"}},
+        "cudagraph_mode=FULL_GRAPH is not one of vLLM's modes ['NONE', 'PIECEWISE', 'FULL', "
+        "'FULL_DECODE_ONLY', 'FULL_AND_PIECEWISE']; fix: name one of them",
     ),
     (
         "speculative-moe-draft",
@@ -396,10 +415,6 @@ EAGER_ARGS = [
     "--enable-eplb", "-tp", "2", "--data-parallel-size", "2", "--enable-expert-parallel",
     "--eplb-config", '{"num_redundant_experts": 4}', "--enforce-eager",
 ]  # fmt: skip
-GRAPH_MESSAGE = (
-    "graph capture (cudagraph_mode=FULL_AND_PIECEWISE) is not validated with Ascend EPLB yet (the lookup's "
-    "in-place refresh under graph replay has no test); fix: run eager (--enforce-eager)"
-)
 EXPERTS_UNJUDGED = (
     "cannot judge: experts-divisible: the routed-expert count is unknown (model 'deepseek-ai/DeepSeek-V3' "
     "is not a local folder); pass --num-experts N (before the --) or a local model folder as "
@@ -495,17 +510,39 @@ def test_quantization_ascend_without_a_description_cannot_be_judged(tmp_path):
     assert bad.violations[0].message.startswith("quantization format 'w4a16': ")
 
 
-def test_omitted_cudagraph_mode_is_vllms_graph_capture_default(tmp_path):
+def test_omitted_modes_are_vllms_defaults_compiled_with_graph_capture_and_accepted(tmp_path):
+    """Issue 35: without --enforce-eager vLLM compiles (VLLM_COMPILE) and captures graphs
+    (FULL_AND_PIECEWISE), both accepted now; the runner's STOCK_TORCH_COMPILE is refused, from the
+    command line and from a file."""
     folder = _model_folder(tmp_path)
     args = [a for a in EAGER_ARGS if a != "--enforce-eager"]
     result = _serve(str(folder), *args)
-    assert [(v.rule, v.message) for v in result.violations] == [("graph-capture", GRAPH_MESSAGE)]
+    assert result.ok, result.report
+    assert (result.resolved["cudagraph_mode"], result.resolved["compilation_mode"]) == (
+        "FULL_AND_PIECEWISE",
+        "VLLM_COMPILE",
+    )
     data = copy.deepcopy(BASE)
     del data["compilation_config"]
     file_result = _check(tmp_path, data)
-    assert [(v.rule, v.message) for v in file_result.violations] == [("graph-capture", GRAPH_MESSAGE)]
-    cc = _serve(str(folder), *args, "-cc", '{"cudagraph_mode": "NONE"}')
-    assert cc.ok, cc.report
+    assert file_result.ok, file_result.report
+    stock = _serve(str(folder), *args, "-cc", '{"mode": 1}')
+    assert [(v.rule, v.message) for v in stock.violations] == [("compiled-forward", STOCK_MESSAGE)]
+    eager = _serve(str(folder), *EAGER_ARGS, "-cc", '{"mode": 1}')  # --enforce-eager: nothing compiles
+    assert eager.ok, eager.report
+    file_stock = _check(tmp_path, _with(compilation_config__mode=1))
+    assert [(v.rule, v.message) for v in file_stock.violations] == [("compiled-forward", STOCK_MESSAGE)]
+    bad = _check(tmp_path, _with(compilation_config__mode="FAST"))
+    assert [(v.rule, v.message) for v in bad.violations] == [
+        (
+            "schema",
+            "compilation_config.mode='FAST' must be one of vLLM's modes, a name of ['NONE', "
+            "'STOCK_TORCH_COMPILE', 'DYNAMO_TRACE_ONCE', 'VLLM_COMPILE'] or its number 0-3",
+        )
+    ]
+    assert [str(u) for u in bad.unjudged] == [
+        "cannot judge: compiled-forward: compilation_config.mode is not a mode"
+    ]
 
 
 def test_mtp_speculative_config_fails_check_as_start_up_does(tmp_path, monkeypatch):
@@ -584,7 +621,7 @@ def test_vllm_serve_config_yaml_and_json_are_read_as_vllm_reads_them(tmp_path):
         )
     )  # fmt: skip
     json_result = check_config_file(as_json, environ={})
-    assert [v.rule for v in json_result.violations] == ["experts-divisible", "graph-capture"]
+    assert [v.rule for v in json_result.violations] == ["experts-divisible"]
     no_model = tmp_path / "nomodel.yaml"
     no_model.write_text(YAML.replace("model: {model}\n", ""))
     unknown = check_config_file(no_model, environ={})

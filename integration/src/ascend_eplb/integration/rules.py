@@ -32,6 +32,8 @@ from ascend_eplb.integration.switches import is_true
 
 __all__ = [
     "ASCEND_V2_KEYS",
+    "COMPILATION_MODES",
+    "CUDAGRAPH_MODES",
     "EPLB_OFF_RULES",
     "EXPERT_COUNT_KEYS",
     "GROUP_KEYS",
@@ -89,6 +91,11 @@ ASCEND_V2_KEYS = ("load_collection_phase", "initial_placement", *POLICY_KEYS)
 LOAD_COLLECTION_PHASES = _CONTROL_PHASES
 #: Communicators accepted by this integration (``torch_gloo`` -> ``AscendGlooEplbCommunicator``).
 SUPPORTED_COMMUNICATORS = ("torch_gloo",)
+#: vLLM 0.33.0's ``CompilationMode`` names, by value (``vllm/config/compilation.py``).
+COMPILATION_MODES = ("NONE", "STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE", "VLLM_COMPILE")
+#: vLLM 0.33.0's ``CUDAGraphMode`` names (``vllm/config/compilation.py``); vLLM Ascend's ACL graph modes
+#: take the same names.
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 #: Largest integer a setting may hold (``2**31 - 1``): the sizes and counts feed int32 device tables
 #: (the dataplane's replica lookup) and upstream's int32 load counters. The one statement of the
 #: limit, also read by ``ascend-eplb simulate``'s integer rules.
@@ -183,6 +190,8 @@ class EplbSettings:
     num_moe_layers: int | None = None
     quantization: str | None = "bf16"
     cudagraph_mode: str = "NONE"
+    compilation_mode: str = "NONE"
+    inductor_freezing: bool = False
     speculative_method: str | None = None
     speculative_draft_is_moe: bool = False
     unknown_facts: dict[str, str] = field(default_factory=dict)
@@ -1172,19 +1181,41 @@ def _quantization(s: EplbSettings) -> str | Violation | None:
     return None
 
 
+@_rule("compiled-forward")
+def _compiled_forward(s: EplbSettings) -> str | Violation | None:
+    if "compilation_mode" in s.unknown_facts:
+        return Violation.unjudged("compiled-forward", s.unknown_facts["compilation_mode"])
+    mode = s.compilation_mode
+    if not isinstance(mode, str) or mode.upper() not in COMPILATION_MODES:
+        return f"compilation mode={shown(mode)} is not one of vLLM's modes {list(COMPILATION_MODES)}"
+    mode = mode.upper()
+    if mode == "STOCK_TORCH_COMPILE":
+        return (
+            "compilation mode STOCK_TORCH_COMPILE (the model runner's torch.compile of the whole model, "
+            "guards kept) is not validated with Ascend EPLB; fix: use vLLM's default VLLM_COMPILE or "
+            "DYNAMO_TRACE_ONCE (compilation_config.mode), or run eager (--enforce-eager)"
+        )
+    if s.inductor_freezing and mode != "NONE":
+        return (
+            "inductor freezing (compilation_config.inductor_compile_config freezing, or "
+            "TORCHINDUCTOR_FREEZING=1) folds the expert weights into the compiled code as constants, so "
+            "the weights EPLB moves in place would never be read again; fix: turn freezing off"
+        )
+    return None
+
+
 @_rule("graph-capture")
 def _graph_capture(s: EplbSettings) -> str | Violation | None:
     if "cudagraph_mode" in s.unknown_facts:
         return Violation.unjudged("graph-capture", s.unknown_facts["cudagraph_mode"])
     if not isinstance(s.cudagraph_mode, str):
         return f"cudagraph_mode={s.cudagraph_mode!r} must be a mode name (a str, e.g. 'NONE')"
-    if s.cudagraph_mode.upper() == "NONE":
-        return None
-    return (
-        f"graph capture (cudagraph_mode={s.cudagraph_mode}) is not validated with Ascend EPLB "
-        "yet (the lookup's in-place refresh under graph replay has no test); fix: run eager "
-        "(--enforce-eager)"
-    )
+    if s.cudagraph_mode.upper() not in CUDAGRAPH_MODES:
+        return (
+            f"cudagraph_mode={s.cudagraph_mode} is not one of vLLM's modes {list(CUDAGRAPH_MODES)}; fix: "
+            "name one of them"
+        )
+    return None
 
 
 @_rule("speculative-moe-draft")

@@ -31,8 +31,9 @@ Where each setting is read from (``validate_eplb_config``):
   ``model_config.quantization`` is None -> the model dtype (``bf16``/``fp16``); an Ascend msModelSlim
   config (``vllm_config.quant_config.quant_description``) -> the quant type of its routed-expert weights
   mapped through :data:`ASCEND_QUANT_TYPES`; any other quantization method -> its name, lower-cased.
-* Execution features: ``compilation_config.cudagraph_mode`` with ``model_config.enforce_eager``,
-  ``speculative_config``.
+* Execution features: ``compilation_config.cudagraph_mode`` and ``compilation_config.mode`` (both
+  ``NONE`` with ``model_config.enforce_eager``), inductor freezing (``inductor_compile_config``'s
+  ``freezing``, or ``TORCHINDUCTOR_FREEZING=1``), ``speculative_config``.
 """
 
 from __future__ import annotations
@@ -193,8 +194,11 @@ def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | Non
     env = os.environ if environ is None else environ
     compilation = getattr(vllm_config, "compilation_config", None)
     mode = getattr(getattr(compilation, "cudagraph_mode", None), "name", "NONE")
+    compilation_mode = getattr(getattr(compilation, "mode", None), "name", "NONE")
     if model_config is not None and getattr(model_config, "enforce_eager", False):
-        mode = "NONE"
+        mode = compilation_mode = "NONE"
+    inductor = getattr(compilation, "inductor_compile_config", None) or {}
+    freezing = bool(inductor.get("freezing")) or env.get("TORCHINDUCTOR_FREEZING", "0") == "1"
     facts = architectures = None
     if model_config is not None:
         architectures = getattr(model_config, "architectures", None)
@@ -212,6 +216,8 @@ def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | Non
         num_logical_experts=facts.num_logical_experts if facts is not None else None,
         quantization=quantization_format_name(vllm_config) if pc.enable_eplb else None,
         cudagraph_mode=mode,
+        compilation_mode=compilation_mode,
+        inductor_freezing=freezing,
         speculative_method=getattr(spec, "method", None) if spec is not None else None,
         speculative_draft_is_moe=draft_experts > 0 or "mtp" in str(getattr(spec, "method", "") or ""),
         moe_facts=facts,

@@ -72,14 +72,16 @@ def settings_from_engine_args(
     No ``VllmConfig`` is built (that needs the model from a hub); each setting is read as vLLM resolves
     it: the parallel and EPLB fields as given; ``use_v2_model_runner`` from ``VLLM_USE_V2_MODEL_RUNNER``
     (unset: True, vLLM's default); ``cudagraph_mode`` NONE with ``enforce_eager``, else the compilation
-    config's, else the optimization level's default (graph capture); the draft of an MTP method is MoE,
-    as at start-up. Model facts come from ``num_experts``/``quantization`` (a format name), else from
-    ``model`` when it is a local folder (:func:`model_folder_facts`: its routed-expert facts, judged by
-    the rules ``routed-experts``, ``top-k`` and ``expert-groups`` as start-up judges the model's
-    ``hf_config``); a fact neither gives is recorded in ``unknown_facts`` (its rule is then not judged):
-    the expert count (also a folder's ``config.json`` that states none), its top-k (a folder that states
-    none); the format of ``quantization
-    ascend`` without an msModelSlim description, or of ``dtype auto`` without the checkpoint's dtype;
+    config's, else the optimization level's default (graph capture); the compilation mode NONE with
+    ``enforce_eager``, else the compilation config's, else ``VLLM_COMPILE`` (vLLM's default), and inductor
+    freezing from its ``inductor_compile_config`` or ``TORCHINDUCTOR_FREEZING``; the draft of an MTP
+    method is MoE, as at start-up. Model facts come from ``num_experts``/``quantization`` (a format
+    name), else from ``model`` when it is a local folder (:func:`model_folder_facts`: its routed-expert
+    facts, judged by the rules ``routed-experts``, ``top-k`` and ``expert-groups`` as start-up judges the
+    model's ``hf_config``); a fact neither gives is recorded in ``unknown_facts`` (its rule is then not
+    judged): the expert count (also a folder's ``config.json`` that states none), its top-k (a folder that
+    states none); the format of ``quantization ascend`` without an msModelSlim description, or of
+    ``dtype auto`` without the checkpoint's dtype;
     whether a non-MTP draft has experts when its ``model`` is not a local folder.
 
     Raises:
@@ -156,6 +158,18 @@ def settings_from_engine_args(
     else:
         fmt = str(method).lower()
 
+    compilation = ea.compilation_config
+    configured_mode = getattr(compilation, "mode", None)
+    if ea.enforce_eager:
+        compilation_mode = "NONE"
+    elif configured_mode is None:
+        compilation_mode = "VLLM_COMPILE"  # vLLM's default (its CPU platform: DYNAMO_TRACE_ONCE)
+    else:
+        from vllm.config import CompilationMode
+
+        compilation_mode = CompilationMode(int(configured_mode)).name
+    inductor = getattr(compilation, "inductor_compile_config", None) or {}
+    freezing = bool(inductor.get("freezing")) or env.get("TORCHINDUCTOR_FREEZING", "0") == "1"
     if ea.enforce_eager:
         mode = "NONE"
     else:
@@ -204,6 +218,8 @@ def settings_from_engine_args(
         num_moe_layers=layers,
         quantization=fmt,
         cudagraph_mode=mode,
+        compilation_mode=compilation_mode,
+        inductor_freezing=freezing,
         speculative_method=spec_method,
         speculative_draft_is_moe=draft_is_moe,
         unknown_facts=unknown,

@@ -10,6 +10,7 @@ from typing import Any
 
 from ascend_eplb.control.values import is_int
 from ascend_eplb.integration.rules import (
+    COMPILATION_MODES,
     INT32_MAX,
     V1_EPLB_ENV_SWITCHES,
     V1_EPLB_KEYS,
@@ -114,7 +115,12 @@ def settings_from_file_dict(
         )
         ascend = {}
     model = _check_keys("model", top.get("model"), _MODEL_KEYS, out)
-    compilation = _check_keys("compilation_config", top.get("compilation_config"), {"cudagraph_mode"}, out)
+    compilation = _check_keys(
+        "compilation_config",
+        top.get("compilation_config"),
+        {"cudagraph_mode", "mode", "inductor_compile_config"},
+        out,
+    )
     spec = _check_keys("speculative_config", top.get("speculative_config"), {"method", "draft_is_moe"}, out)
     env_file = _check_keys("environment", top.get("environment"), set(V1_EPLB_ENV_SWITCHES), out)
     env = dict(os.environ if environ is None else environ)
@@ -138,6 +144,32 @@ def settings_from_file_dict(
             unknown["cudagraph_mode"] = "compilation_config.cudagraph_mode is not a mode name"
             return str(v)
         return v
+
+    def compilation_mode(v: Any) -> str:
+        if v is None:  # absent or null: vLLM's default (its CPU platform makes it DYNAMO_TRACE_ONCE)
+            return "VLLM_COMPILE"
+        if is_int(v) and 0 <= v < len(COMPILATION_MODES):
+            return COMPILATION_MODES[v]
+        if isinstance(v, str) and v.upper() in COMPILATION_MODES:
+            return v.upper()
+        out.append(
+            Violation(
+                "schema",
+                f"compilation_config.mode={short(v)} must be one of vLLM's modes, a name of "
+                f"{list(COMPILATION_MODES)} or its number 0-3",
+            )
+        )
+        unknown["compilation_mode"] = "compilation_config.mode is not a mode"
+        return str(v)
+
+    inductor = compilation.get("inductor_compile_config") or {}
+    if not isinstance(inductor, dict):
+        out.append(
+            Violation(
+                "schema", f"compilation_config.inductor_compile_config={short(inductor)} must be an object"
+            )
+        )
+        inductor = {}
 
     def integer(section: str, d: dict[str, Any], key: str, default: int) -> int:
         v = d.get(key, default)
@@ -216,6 +248,8 @@ def settings_from_file_dict(
         num_moe_layers=layers,
         quantization=str(quant) if quant is not None else None,
         cudagraph_mode=cudagraph_mode(compilation.get("cudagraph_mode", None)),
+        compilation_mode=compilation_mode(compilation.get("mode", None)),
+        inductor_freezing=bool(inductor.get("freezing")) or env.get("TORCHINDUCTOR_FREEZING", "0") == "1",
         speculative_method=spec.get("method") if spec else None,
         speculative_draft_is_moe=boolean("speculative_config", spec, "draft_is_moe", False)
         or "mtp" in str(spec.get("method") or ""),
