@@ -13,7 +13,10 @@ PUBLIC = [
     "GROUP_LIST_CUMSUM",
     "LAYER_STATE_FIELDS",
     "UPSTREAM_MAPPING_METHOD",
+    "GraphInput",
+    "GraphObserver",
     "ReplicaLookup",
+    "TracedGraph",
     "__version__",
     "bind_router",
     "build_replica_table",
@@ -22,6 +25,7 @@ PUBLIC = [
     "map_to_physical_and_record",
     "record_expert_tokens",
     "table_checksum",
+    "trace_once",
     "unbind_router",
     "validate_placement",
 ]

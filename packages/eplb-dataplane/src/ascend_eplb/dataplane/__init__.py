@@ -4,6 +4,7 @@ Pure torch; never imports vLLM. See the package README for the contracts.
 """
 
 from ascend_eplb.dataplane.__about__ import __version__
+from ascend_eplb.dataplane.graphs import GraphInput, GraphObserver, TracedGraph, trace_once
 from ascend_eplb.dataplane.lookup import (
     DEFAULT_ROWS,
     ReplicaLookup,
@@ -32,7 +33,10 @@ __all__ = [
     "GROUP_LIST_CUMSUM",
     "LAYER_STATE_FIELDS",
     "UPSTREAM_MAPPING_METHOD",
+    "GraphInput",
+    "GraphObserver",
     "ReplicaLookup",
+    "TracedGraph",
     "__version__",
     "bind_router",
     "build_replica_table",
@@ -41,6 +45,7 @@ __all__ = [
     "map_to_physical_and_record",
     "record_expert_tokens",
     "table_checksum",
+    "trace_once",
     "unbind_router",
     "validate_placement",
 ]

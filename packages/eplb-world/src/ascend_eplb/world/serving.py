@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ascend_eplb.dataplane.graphs import TracedGraph
 from ascend_eplb.world.checkpoints import (
     VOCAB_SIZE,
     checkpoint_experts,
@@ -45,7 +46,6 @@ from ascend_eplb.world.checkpoints import (
     checkpoint_info,
 )
 from ascend_eplb.world.compiled import (
-    TracedGraph,
     compiled_module,
     dynamo_counters,
     observe_compilation,
@@ -667,8 +667,8 @@ class ServingWorker:
 
     def moved_graph_inputs(self) -> list[str]:
         """The tensors the EPLB-on model's traced graph reads from the model (its state inputs) whose
-        storage at their source is not the traced one (:meth:`TracedGraph.moved`); [] when every one
-        holds.
+        storage at their source is not the traced one (dataplane's ``TracedGraph.moved``); [] when every
+        one holds.
 
         Raises:
             RuntimeError: the model is not observed (eager, or compiled with another backend than
@@ -676,7 +676,8 @@ class ServingWorker:
         """
         if self.traced is None:
             raise RuntimeError("no traced graph: a world compiled with the eager backend, after profile_run")
-        return self.traced.moved(compiled_module(self.model))
+        module = compiled_module(self.model)
+        return self.traced.moved({"self": module}, type(module).forward.__globals__)
 
     def wait_for_transfer(self, deadline_s: float) -> None:
         """While a rearrangement is in flight, wait until the async worker published its next layer.

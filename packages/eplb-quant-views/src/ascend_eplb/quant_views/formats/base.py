@@ -30,6 +30,7 @@ __all__ = [
     "UnsupportedFormatError",
     "batched_apply",
     "check_apply_inputs",
+    "check_apply_metadata",
 ]
 
 #: Dequantized weights computed at once by `batched_apply` (bytes, float64): beyond this, experts go in
@@ -451,6 +452,47 @@ class ExpertWeightFormat(abc.ABC):
         out = batched_apply(self, storage, x, Selection.of(local_ids_TK, topk_weights_TK), fused=fused)
         return out.to(hidden_TH.dtype)
 
+    def apply_graph_safe(
+        self,
+        storage: ExpertStorage,
+        hidden_TH: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
+        topk_weights_TK: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
+        local_ids_TK: torch.Tensor,  # noqa: N803 (GLOSSARY.md shape letters)
+        *,
+        comm_path: str = "standard",
+    ) -> torch.Tensor:
+        """`apply` in fixed shapes with no host read: what a captured graph (CUDA or ACL graph) or a
+        traced forward can hold.
+
+        Every local row computes its expert on every token (the plain per-expert form, reading that
+        row of every kernel tensor); a token's output is the sum over rows, in ascending order, of the
+        row's output times the token's top-k weight of that row (0 when the token did not select it).
+        So the kernel tensors are read through their fixed storage on every call, and a row moved in
+        place is what the next call computes with. Ids outside ``[-1, p)`` select no row (not checked:
+        that is a data read). Cost: ``p`` times `apply`'s GEMM rows; a reference, not a kernel.
+
+        Equal to `apply` bit for bit where the format's GEMMs are integer (``w8a8_dynamic``,
+        ``w4a8_dynamic``: exact in float64 whatever the row count) and the selections are summed in the
+        same order; for the float formats the float64 GEMMs of T rows may round differently from those
+        of a row's selections before the cast to the activation dtype.
+
+        Args and returns: as `apply`.
+
+        Raises:
+            ValueError: `apply`'s rules that read no data (`check_apply_metadata`), a ``storage`` of
+                another format, an unknown ``comm_path``.
+        """
+        self._check_storage(storage)
+        check_apply_metadata(storage, hidden_TH, topk_weights_TK, local_ids_TK)
+        fused = self._fused_scales_path(storage, comm_path)
+        x = hidden_TH.to(torch.float64)
+        weights = topk_weights_TK.to(torch.float64)
+        out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+        for row in range(storage.num_local_experts):
+            row_weight = torch.where(local_ids_TK == row, weights, 0).sum(dim=1, keepdim=True)
+            out = out + self._forward_expert(storage, row, x, fused) * row_weight
+        return out.to(hidden_TH.dtype)
+
     def _fused_scales_path(self, storage: ExpertStorage, comm_path: str) -> bool:
         """Whether ``comm_path`` reads the fused int64 scales; raises ``ValueError`` for a bad path."""
         if comm_path != "standard":
@@ -555,6 +597,22 @@ def check_apply_inputs(storage: ExpertStorage, x: torch.Tensor, w: torch.Tensor,
         ValueError: ``x`` not floating (T, H), ``w`` not floating (T, K), ``ids`` not an integer tensor of
             ``w``'s shape, tensors on different devices (storage included), ids outside ``[-1, p)``.
     """
+    check_apply_metadata(storage, x, w, ids)
+    if ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < -1 or hi >= storage.num_local_experts:
+            raise ValueError(
+                f"local_ids_TK values must be in [-1, p={storage.num_local_experts}), got min {lo} max {hi}"
+            )
+
+
+def check_apply_metadata(storage: ExpertStorage, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> None:
+    """The rules of `check_apply_inputs` that read no tensor data (dtypes, shapes, devices): what
+    `ExpertWeightFormat.apply_graph_safe` checks, since a data check is a host read.
+
+    Raises:
+        ValueError: as `check_apply_inputs`, the id range excepted.
+    """
     h = storage.hidden_size
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != h or not x.is_floating_point():
         raise ValueError(f"hidden_TH must be floating (T, H={h}), got {getattr(x, 'shape', x)!r}")
@@ -573,9 +631,3 @@ def check_apply_inputs(storage: ExpertStorage, x: torch.Tensor, w: torch.Tensor,
             raise ValueError(f"{label} is on {other.device} but hidden_TH is on {x.device}")
     if storage.device != x.device:
         raise ValueError(f"storage is on {storage.device} but hidden_TH is on {x.device}")
-    if ids.numel():
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < -1 or hi >= storage.num_local_experts:
-            raise ValueError(
-                f"local_ids_TK values must be in [-1, p={storage.num_local_experts}), got min {lo} max {hi}"
-            )

@@ -1,0 +1,138 @@
+"""What a TorchDynamo trace reads, and whether each tensor it reads still holds the traced storage.
+
+The graph-replay contract of this plane (the lookup refreshed in place, the record flag and unpadded
+count as device scalars): a traced forward whose guards are dropped (vLLM's ``DYNAMO_TRACE_ONCE``, its
+CPU platform's compilation) loads every tensor again from the path it was traced from, with every
+Python value it read frozen; a CUDA or ACL graph replay reads the very storage it captured. So every
+tensor EPLB changes between forwards must be one the graph reads, written in place.
+
+:class:`GraphObserver` is TorchDynamo's ``eager`` backend with a record: for each graph it is given, the
+source of each tensor input (``L['self'].router.eplb_state.replica_lookup.table``: where the compiled
+code loads it from), its storage then (``data_ptr``, shape, stride) and the ops the graph calls.
+:meth:`TracedGraph.moved` evaluates the sources again and names every input of the traced module's
+state (the forward's own arguments excluded) whose storage is not the traced one: a tensor replaced
+instead of written in place, which a replay would read stale. The inputs come from the graph, not
+from a list kept by hand, so a new one cannot be missed. :func:`trace_once` compiles a function the way
+vLLM's ``DYNAMO_TRACE_ONCE`` does (``fullgraph``, every guard dropped) with an observer.
+"""
+
+from __future__ import annotations
+
+import collections
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["GraphInput", "GraphObserver", "TracedGraph", "trace_once"]
+
+
+@dataclass(frozen=True)
+class GraphInput:
+    """One tensor input of a traced graph.
+
+    Attributes:
+        source: TorchDynamo's source of it (``L['self']...`` an attribute path of the traced method's
+            ``self``, ``G['...']`` a global of its module, ``L['<argument>']`` an argument).
+        storage: ``(data_ptr, shape, stride)`` when traced.
+    """
+
+    source: str
+    storage: tuple[int, tuple[int, ...], tuple[int, ...]]
+
+    @property
+    def is_argument(self) -> bool:
+        """Whether it is one of the traced function's own arguments (new every call, not state)."""
+        return self.source.startswith("L[") and not self.source.startswith("L['self']")
+
+
+def _storage(t: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    return (t.data_ptr(), tuple(int(n) for n in t.shape), tuple(int(n) for n in t.stride()))
+
+
+def _source_name(source: Any) -> str:
+    name = source.name
+    return name if isinstance(name, str) else name()
+
+
+def _target_name(target: Any) -> str:
+    return target.__name__ if isinstance(target, types.BuiltinFunctionType) else str(target)
+
+
+@dataclass
+class TracedGraph:
+    """What one TorchDynamo graph reads.
+
+    Attributes:
+        inputs: every tensor input, in the graph's order.
+        ops: how often the graph calls each function (``call_function`` targets by name, e.g.
+            ``ascend_eplb.map_to_physical_and_record`` for the op packet).
+    """
+
+    inputs: list[GraphInput] = field(default_factory=list)
+    ops: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    @property
+    def state(self) -> list[GraphInput]:
+        """The inputs that are state (not the traced function's arguments)."""
+        return [i for i in self.inputs if not i.is_argument]
+
+    def moved(self, locals_: Mapping[str, Any], globals_: Mapping[str, Any]) -> list[str]:
+        """The state inputs whose tensor at their source now has another storage than when traced, each
+        as ``"source: traced -> now"`` (a source that no longer resolves to a tensor is named too).
+
+        Args:
+            locals_: the traced frame's locals the sources start from (``{"self": module}``).
+            globals_: its globals (the traced function's ``__globals__``).
+        """
+        scope = {"L": dict(locals_), "G": globals_}
+        out = []
+        for graph_input in self.state:
+            try:
+                now = eval(graph_input.source, {"__builtins__": {}}, scope)
+            except Exception as exc:  # a path that no longer exists: named, never skipped
+                out.append(f"{graph_input.source}: no longer resolves ({type(exc).__name__}: {exc})")
+                continue
+            if not isinstance(now, torch.Tensor):
+                out.append(f"{graph_input.source}: now {type(now).__name__}, not a tensor")
+            elif _storage(now) != graph_input.storage:
+                out.append(f"{graph_input.source}: {graph_input.storage} -> {_storage(now)}")
+        return out
+
+
+class GraphObserver:
+    """TorchDynamo's ``eager`` backend (the graph module's ``forward`` runs), recording each graph it is
+    given as a :class:`TracedGraph` in :attr:`graphs`."""
+
+    def __init__(self) -> None:
+        self.graphs: list[TracedGraph] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        graph = TracedGraph()
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                arg = node.meta.get("grapharg")
+                example = getattr(arg, "example", None)
+                if isinstance(example, torch.Tensor):
+                    graph.inputs.append(GraphInput(_source_name(arg.source), _storage(example)))
+            elif node.op == "call_function":
+                graph.ops[_target_name(node.target)] += 1
+        self.graphs.append(graph)
+        return gm.forward
+
+
+def trace_once(fn: Callable[..., Any]) -> tuple[Callable[..., Any], GraphObserver]:
+    """``fn`` compiled as vLLM's ``DYNAMO_TRACE_ONCE`` compiles a model (``torch.compile`` with
+    ``fullgraph=True``, ``dynamic=False`` and every guard dropped: traced at its first call, never
+    again), with a :class:`GraphObserver` as the backend; returns ``(compiled, observer)``."""
+    observer = GraphObserver()
+    compiled = torch.compile(
+        fn,
+        fullgraph=True,
+        dynamic=False,
+        backend=observer,
+        options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe},
+    )
+    return compiled, observer
