@@ -96,3 +96,45 @@ def test_per_expert_apply_checks_its_input_like_apply():
             call(storage, x, w, ids, comm_path="fused_mc2")
     with pytest.raises(ValueError, match="storage was built by format 'w8a8_dynamic', not 'bf16'"):
         per_expert_apply(get_format("bf16"), storage, x, w, ids)
+
+
+#: Formats whose GEMMs are integer (exact in float64 whatever the row count): `apply_graph_safe` equals
+#: `apply` there by construction; the float formats' GEMMs of T rows may round otherwise (documented).
+INTEGER_GEMMS = ("w8a8_dynamic", "w4a8_dynamic")
+
+
+@pytest.mark.parametrize(("variant", "lists"), C.CASES, ids=C.CASE_IDS)
+def test_apply_graph_safe_equals_apply_and_traces_whole(variant, lists):
+    """`apply_graph_safe` (every row on every token, fixed shapes, no host read) equals `apply` on every
+    routing of the shared cases: bit for bit on the integer formats, and on the float formats on these
+    inputs (measured: 0 difference, though not guaranteed); one TorchDynamo trace with every guard
+    dropped (`trace_once`, fullgraph) computes it equal to the eager call, on the kernel tensors it
+    reads through their storage, after a row is moved in place too."""
+    from ascend_eplb.dataplane import trace_once
+
+    fmt, storages = _storages(variant, lists)
+    for hidden_size, storage in storages:
+        p = storage.num_local_experts
+        for index, (label, ids) in enumerate(_routings(p)):
+            num_tokens, top_k = ids.shape
+            g = torch.Generator().manual_seed(100 + index)
+            x = torch.randn(num_tokens, hidden_size, generator=g).to(
+                HIDDEN_DTYPES[index % len(HIDDEN_DTYPES)]
+            )
+            weights = torch.softmax(torch.randn(num_tokens, top_k, generator=g), dim=1)
+            for path in C.comm_paths(storage):
+                want = fmt.apply(storage, x, weights, ids, comm_path=path)
+                got = fmt.apply_graph_safe(storage, x, weights, ids, comm_path=path)
+                assert torch.equal(got, want), (p, label, path, fmt.name in INTEGER_GEMMS)
+    hidden_size, storage = storages[1]
+    _, ids = _routings(storage.num_local_experts)[4]
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(ids.shape[0], hidden_size, generator=g).to(torch.bfloat16)
+    weights = torch.softmax(torch.randn(*ids.shape, generator=g), dim=1)
+    torch._dynamo.reset()  # one code object for every case: each test traces its own
+    compiled, observer = trace_once(lambda x, w, i: fmt.apply_graph_safe(storage, x, w, i))
+    assert torch.equal(compiled(x, weights, ids), fmt.apply_graph_safe(storage, x, weights, ids))
+    for view in fmt.weight_views(storage):  # expert 3's rows (row 0) moved into row 1 in place
+        view[1].copy_(view[0])
+    assert torch.equal(compiled(x, weights, ids), fmt.apply_graph_safe(storage, x, weights, ids))
+    assert len(observer.graphs) == 1

@@ -123,15 +123,19 @@ class GraphObserver:
         return gm.forward
 
 
-def trace_once(fn: Callable[..., Any]) -> tuple[Callable[..., Any], GraphObserver]:
+def trace_once(fn: Callable[..., Any], *, dynamic: bool = False) -> tuple[Callable[..., Any], GraphObserver]:
     """``fn`` compiled as vLLM's ``DYNAMO_TRACE_ONCE`` compiles a model (``torch.compile`` with
-    ``fullgraph=True``, ``dynamic=False`` and every guard dropped: traced at its first call, never
-    again), with a :class:`GraphObserver` as the backend; returns ``(compiled, observer)``."""
+    ``fullgraph=True`` and every guard dropped: traced at its first call, never again), with a
+    :class:`GraphObserver` as the backend; returns ``(compiled, observer)``. ``dynamic``: every size
+    symbolic (vLLM marks the token dimension so; without it later calls must keep the traced shapes).
+    TorchDynamo caches by code object: functions sharing one (a method of several instances, a lambda
+    made per case) are traced once each only after ``torch._dynamo.reset()`` (what vLLM does per model
+    by removing the cache entry; 8 traces of one code object are TorchDynamo's limit)."""
     observer = GraphObserver()
     compiled = torch.compile(
         fn,
         fullgraph=True,
-        dynamic=False,
+        dynamic=dynamic,
         backend=observer,
         options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe},
     )

@@ -26,20 +26,23 @@ class KernelLog:
     buffer, a fill and an add, no host read.
 
     Attributes:
+        capacity: the most rows one call may log.
         ids: int64 ``(capacity, K)``: the physical ids of the last call in its first ``rows`` rows.
         rows: int64 0-d: the rows of the last call (T of the kernel's batch: gathered rows included).
         calls: int64 0-d: the calls so far.
     """
 
     def __init__(self, capacity: int, top_k: int, device: torch.device | str = "cpu") -> None:
+        self.capacity = capacity
+        self._overflow = f"KernelLog: a call's rows exceed its capacity of {capacity}"
         self.ids = torch.full((capacity, top_k), -1, dtype=torch.int64, device=device)
         self.rows = torch.zeros((), dtype=torch.int64, device=device)
         self.calls = torch.zeros((), dtype=torch.int64, device=device)
 
     def record(self, ids: torch.Tensor) -> None:
         """Log one call's int64 ``(T, K)`` ids (``T <= capacity``: checked)."""
-        rows, capacity = ids.shape[0], self.ids.shape[0]
-        torch._check(rows <= capacity, lambda: f"KernelLog: a call's rows exceed its capacity of {capacity}")
+        rows, message = ids.shape[0], self._overflow
+        torch._check(rows <= self.capacity, lambda: message)
         self.ids[:rows].copy_(ids)
         self.rows.fill_(rows)
         self.calls.add_(1)

@@ -465,8 +465,9 @@ class ExpertWeightFormat(abc.ABC):
         traced forward can hold.
 
         Every local row computes its expert on every token (the plain per-expert form, reading that
-        row of every kernel tensor); a token's output is the sum over rows, in ascending order, of the
-        row's output times the token's top-k weight of that row (0 when the token did not select it).
+        row of every kernel tensor); a token's output is the sum over rows in ascending order, and over
+        its ``K`` selections in order, of the row's output times the selection's weight where the
+        selection is that row (0 elsewhere): `apply`'s order of addition.
         So the kernel tensors are read through their fixed storage on every call, and a row moved in
         place is what the next call computes with. Ids outside ``[-1, p)`` select no row (not checked:
         that is a data read). Cost: ``p`` times `apply`'s GEMM rows; a reference, not a kernel.
@@ -489,8 +490,9 @@ class ExpertWeightFormat(abc.ABC):
         weights = topk_weights_TK.to(torch.float64)
         out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
         for row in range(storage.num_local_experts):
-            row_weight = torch.where(local_ids_TK == row, weights, 0).sum(dim=1, keepdim=True)
-            out = out + self._forward_expert(storage, row, x, fused) * row_weight
+            y = self._forward_expert(storage, row, x, fused)
+            for k in range(local_ids_TK.shape[1]):  # apply's order: by row, then by k
+                out = out + y * torch.where(local_ids_TK[:, k : k + 1] == row, weights[:, k : k + 1], 0)
         return out.to(hidden_TH.dtype)
 
     def _fused_scales_path(self, storage: ExpertStorage, comm_path: str) -> bool:
