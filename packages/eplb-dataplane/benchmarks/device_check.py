@@ -17,10 +17,18 @@ d. ``staging``: device-to-host and host-to-device copies of one DeepSeek-V3 expe
    bf16: the same weights in bf16) through pinned staging buffers (``ascend_eplb.movement.StagingPool``
    when it imports, which needs vllm; else plain ``pin_memory=True`` buffers, labelled so) vs pageable
    buffers.
+e. ``moe layer graph``: a whole torch-only MoE layer (bound router, map-and-record, expert compute
+   reading each supported format's storage, stacked and per-expert lists) captured once as a CUDA graph
+   on 2 rank processes, rearranged through upstream's transaction with the movement plane's Gloo
+   communicator and the lookup refresh, replayed: output and load equal eager, the output summed over
+   the ranks equals the EPLB-off reference (``moe_layer_graph.py`` beside this file). Needs the
+   workspace environment (quant_views, movement and vLLM); without it the row says so.
 
 On CPU (``--device cpu``, or no CUDA device) the Triton kernel runs under Triton's interpreter
 (``TRITON_INTERPRET=1`` is set before the package imports triton): check 0 runs, c prints interpreter
-times (not a speed measurement), a, b and d print "skipped: needs cuda".
+times (not a speed measurement), a, b and d print "skipped: needs cuda", and e runs its CPU mode: one
+TorchDynamo trace with every guard dropped in place of the capture, and every tensor the trace reads
+must keep its storage through the rearrangements.
 
 Usage (from the repository root)::
 
@@ -50,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokens", default=None, help="comma-separated T values (default 256,4096,32768)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds (default 7)")
     parser.add_argument("--min-run-time", type=float, default=None, help="seconds per timing (default 0.2)")
+    parser.add_argument("--no-layer", dest="checks", action="store_const", const="0abcd",
+                        help="skip check e (the MoE layer graph, 2 rank processes)")  # fmt: skip
     return parser
 
 
@@ -319,6 +329,54 @@ def check_staging(torch, device: str, quick: bool, rounds: int, report: Report) 
             )
 
 
+def check_moe_layer_graph(torch, device: str, quick: bool, report: Report) -> None:
+    check = "e. moe layer graph"
+    try:
+        import ascend_eplb.movement
+        import ascend_eplb.quant_views  # noqa: F401
+        from ascend_eplb.launch import load_module, run_ranks
+    except ImportError as error:
+        report.add(check, "every format", f"not run: {error} (run it in the workspace environment)",
+                   "skipped: needs quant_views, movement and vllm")  # fmt: skip
+        return
+    import tempfile
+    from pathlib import Path
+
+    # The ranks run vLLM's device-neutral transaction functions only; its platform stays the launcher's.
+    module = load_module(Path(__file__).with_name("moe_layer_graph.py"))
+    rounds = 3 if quick else 6
+    with tempfile.TemporaryDirectory(prefix="device-check-") as tmp:
+        results = run_ranks(
+            module.moe_layer_rank, world_size=2, tmp_path=Path(tmp), args=(device, quick, rounds),
+            timeout_s=900, preload=("vllm.distributed.eplb.rebalance_execute",),
+        )  # fmt: skip
+    how = "CUDA graph" if device == "cuda" else "one trace, every guard dropped (CPU: no graph capture)"
+    for cases in zip(*results, strict=True):
+        first = cases[0]
+        failures = [f"rank {r}: {f}" for r, c in enumerate(cases) for f in c["failures"]]
+        mode = "per-expert lists" if first["lists"] else "stacked"
+        err = max(c["max_reference_error"] for c in cases)
+        result = (
+            f"{how}; {first['rearrangements']} rearrangements: output and load equal eager; summed over the "
+            f"ranks, the EPLB-off reference's within {err:.2g} of its scale"
+        )
+        if device != "cuda":
+            moved = [f"rank {r}: {m}" for r, c in enumerate(cases) for m in c["moved"]]
+            traced = [c["graphs"] for c in cases]
+            kernel = [(c["kernel_inputs"], c["kernel_tensors"]) for c in cases]
+            failures += moved + [f"traced {n} times" for n in traced if n != 1]
+            failures += [
+                f"{got} of {want} kernel tensors are graph inputs" for got, want in kernel if got != want
+            ]
+            result += (
+                f"; every graph input kept its storage: the {kernel[0][1]} kernel tensors, "
+                f"{', '.join(first['eplb_inputs'])}"
+            )
+        report.add(
+            check, f"{first['case']}, {mode}", "; ".join(failures) or result, "FAIL" if failures else "PASS"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import torch
@@ -355,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     check_graph_across_refresh(torch, ops, device, tokens, report)
     check_speed(torch, ops, device, tokens, rounds, min_run_time, report)
     check_staging(torch, device, args.quick, rounds, report)
+    if args.checks is None or "e" in args.checks:
+        check_moe_layer_graph(torch, device, args.quick, report)
     print("device_check: FAILED" if report.failed else "device_check: all checks that ran passed")
     return 1 if report.failed else 0
 

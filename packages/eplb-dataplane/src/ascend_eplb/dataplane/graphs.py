@@ -90,8 +90,8 @@ class TracedGraph:
         scope = {"L": dict(locals_), "G": globals_}
         out = []
         for graph_input in self.state:
-            try:
-                now = eval(graph_input.source, {"__builtins__": {}}, scope)
+            try:  # TorchDynamo's Python text of a path, e.g. list.__getitem__(L['self'].x, 0)
+                now = eval(graph_input.source, {}, scope)
             except Exception as exc:  # a path that no longer exists: named, never skipped
                 out.append(f"{graph_input.source}: no longer resolves ({type(exc).__name__}: {exc})")
                 continue
