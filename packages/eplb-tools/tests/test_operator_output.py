@@ -13,8 +13,9 @@ from ascend_eplb.tools.simulate.stats import OutputTolerance
 def _report(**changes) -> SimulateReport:
     """A report of a 4-rank replay run, every figure 1.0 (or empty) but ``changes``."""
     fields = dict(
-        ranks=4, data_parallel_size=1, tensor_parallel_size=4, moe_rows="split", model="replay",
-        format="w8a8_dynamic", trace="t", layers=2, num_logical_experts=8, num_redundant_experts=0, top_k=2,
+        ranks=4, data_parallel_size=1, tensor_parallel_size=4, moe_rows="split", compilation=None,
+        model="replay", format="w8a8_dynamic", trace="t", layers=2, num_logical_experts=8,
+        num_redundant_experts=0, top_k=2,
         batch_size=4, padded_size=4, window_size=2, step_interval=4, load_collection_phase="all", steps=3,
         rearrangements=1, rearrangements_completed=1, layers_committed=2, balancedness_before=1.0,
         balancedness_after=1.0, balancedness_off_after=1.0, balancedness_off_mean=1.0,

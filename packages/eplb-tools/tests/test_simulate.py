@@ -689,7 +689,7 @@ def _results(steps, starts, commits, in_flight=(), skipped=0, failure=None, num_
         step_in_flight=(False,) * steps, rearrangements_per_step=counts,
         commits_per_step=tuple(tuple(commits.get(i, [])) for i in range(steps)), max_output_error=1e-7,
         worker_failure=failure, load_steps_recorded=3, load_selections=96, install=None, moe_rows="split",
-        violation=None, num_rearrangements=len(starts), num_skipped_rearrangements=skipped,
+        compilation=None, violation=None, num_rearrangements=len(starts), num_skipped_rearrangements=skipped,
         bytes_received=0, expert_nbytes=64, verifier_commits_checked=sum(len(v) for v in commits.values()),
         verifier_steps=steps, slots_per_rank=3, in_flight_at_end=(),
     )  # fmt: skip

@@ -133,18 +133,18 @@ def grouped_expert_compute(
         local_ids: integer ``(T, K)``: each selection's local slot, -1 for a slot on another rank.
 
     Returns:
-        ``(T, H)`` in ``x``'s dtype: the sum over slots ``s`` (ascending) and selections ``k`` (in order)
-        of ``expert_s(x_t) * topk_weights[t, k]`` where ``local_ids[t, k] == s`` (zero for a row without
-        a local selection): the order of addition of the earlier per-slot loop. A slot's GEMM runs over
-        all T rows, so where CPU BLAS rounds a GEMM of 1-3 rows differently (MKL, measured) the result
-        differs from that loop's by float32 rounding (``test_stand_ins`` bounds it).
+        ``(T, H)`` in ``x``'s dtype: the sum over slots ``s`` (ascending) of ``expert_s(x_t)`` times the
+        row's weight of ``s`` (a router selects distinct experts, so a row selects a slot at most once),
+        zero for a row without a local selection: the order of addition of the earlier per-slot loop.
+        A slot's GEMM runs over all T rows, so where CPU BLAS rounds a GEMM of 1-3 rows differently
+        (MKL, measured) the result differs from that loop's by float32 rounding (``test_stand_ins``
+        bounds it).
     """
     weights = topk_weights.to(x.dtype)
     out = torch.zeros_like(x)
     for slot in range(w13.shape[0]):
-        y = _expert(x, w13[slot], w2[slot])
-        for k in range(local_ids.shape[1]):  # the earlier loop's order: by slot, then by k
-            out = out + y * torch.where(local_ids[:, k : k + 1] == slot, weights[:, k : k + 1], 0)
+        row_weight = torch.where(local_ids == slot, weights, 0).sum(dim=1, keepdim=True)  # (T, 1)
+        out = out + _expert(x, w13[slot], w2[slot]) * row_weight
     return out
 
 

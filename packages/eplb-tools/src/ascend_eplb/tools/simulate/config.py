@@ -13,6 +13,7 @@ from ascend_eplb.integration.rules import experts_divisibility_error
 from ascend_eplb.integration.verify import CHECKS as VERIFIER_CHECKS
 from ascend_eplb.integration.watchdog import CHECK as WATCHDOG_CHECK
 from ascend_eplb.tools.options import non_negative_int, number, path_text, positive_int
+from ascend_eplb.world.serving import COMPILE_BACKENDS, compilation_error, compilation_of, is_compiled
 
 __all__ = [
     "CHECKS",
@@ -259,6 +260,20 @@ class SimulateConfig:
         type=path_text,
     )  # fmt: skip
     link_gbps: float = _option(LINK_GBPS_DEFAULT, "--link-gbps", LINK_GBPS_HELP, type=float)
+    compile: str | None = _option(
+        None, "--compile",
+        "serve the model compiled as vLLM's CPU platform compiles it (DYNAMO_TRACE_ONCE: one TorchDynamo "
+        "trace at the first forward, every guard dropped) with this backend: eager (the platform's CI "
+        "setting) or inductor (its default); default: eager execution (enforce_eager)",
+        choices=COMPILE_BACKENDS,
+    )  # fmt: skip
+    compilation_config: str | None = _option(
+        None, "--compilation-config",
+        "vLLM's compilation_config as JSON (what vllm serve --compilation-config takes): mode (0 NONE, 2 "
+        "DYNAMO_TRACE_ONCE, 3 VLLM_COMPILE: DYNAMO_TRACE_ONCE on this CPU platform), backend, "
+        "inductor_compile_config; instead of --compile",
+        metavar="JSON",
+    )  # fmt: skip
     metrics: bool = _option(
         False, "--metrics",
         "also export the serving Prometheus metrics (ASCEND_EPLB_METRICS=1, multiprocess mode) and write "
@@ -286,6 +301,19 @@ class SimulateConfig:
         (both worlds run the same quant_views kernel in float32), else :func:`output_rtol` of the real
         model's experts' format."""
         return OUTPUT_RTOL if self.replays else output_rtol(self.quant_format)
+
+    @property
+    def compilation(self) -> dict[str, Any] | None:
+        """vLLM's ``compilation_config`` of the served model: ``--compile``'s (``world.compilation_of``),
+        else ``--compilation-config``'s JSON, else None (eager). Valid options are assumed
+        (:meth:`validate_model` judges them)."""
+        import json
+
+        if self.compile is not None:
+            return compilation_of(self.compile)
+        if self.compilation_config is not None:
+            return json.loads(self.compilation_config)
+        return None
 
     @property
     def effective_padded_size(self) -> int:
@@ -344,6 +372,12 @@ class SimulateConfig:
         from ascend_eplb.tools.simulate import resources
 
         errors = self._common_errors(num_logical_experts)
+        for option in ("compile", "compilation_config"):
+            if getattr(self, option) is not None:
+                errors.append(
+                    f"{option.replace('_', '-')}={getattr(self, option)}: applies to a real model only (the "
+                    "replay world runs the toy MoE model eagerly, no vLLM model class to compile)"
+                )
         if self.data_parallel_size != 1 or self.tensor_parallel_size is not None:
             errors.append(
                 f"dp={self.data_parallel_size}, tp={self.tensor_parallel_size}: apply to a real model; "
@@ -458,6 +492,28 @@ class SimulateConfig:
         errors += _policy_errors(self)
         return errors
 
+    def _compilation_errors(self, fmt: str) -> list[str]:
+        """The rules of ``--compile`` / ``--compilation-config`` on a real model whose experts are ``fmt``."""
+        import json
+
+        if self.compile is None and self.compilation_config is None:
+            return []
+        if self.compile is not None and self.compilation_config is not None:
+            return ["compile and compilation-config: give one (--compile eager is mode 2 with backend eager)"]
+        if self.compilation_config is not None:
+            try:
+                compilation = json.loads(self.compilation_config)
+            except json.JSONDecodeError as e:
+                return [f"compilation-config={self.compilation_config!r}: not JSON ({e})"]
+            if (reason := compilation_error(compilation)) is not None:
+                return [f"compilation-config: {reason}"]
+        if is_compiled(self.compilation) and fmt != "float32":
+            return [
+                f"compile with format={fmt}: a compiled world serves float32 experts (the CPU stand-in of "
+                "the 16-bit and quantized experts computes each selection on its own, with host reads)"
+            ]
+        return []
+
     def _placement_errors(self, num_moe_layers: int, num_logical_experts: int) -> list[str]:
         """Start-up's judgement of ``--initial-placement`` (the serving path's rule ``initial-placement``,
         here before any rank starts): the file readable and valid, and made for these MoE layers, logical
@@ -495,6 +551,7 @@ class SimulateConfig:
         from ascend_eplb.tools.simulate import resources
 
         errors = self._common_errors(source.num_logical_experts)
+        errors += self._compilation_errors(source.format)
         defaults = {f.name: f.default for f in fields(SimulateConfig)}
         for name in REPLAY_ONLY:
             if getattr(self, name) != defaults[name]:

@@ -72,6 +72,7 @@ def _rank_args(
         output_tolerance=OutputTolerance(config.outputs_rtol, OUTPUT_ATOL),
         model_folder=None if config.replays else str(routing.folder),
         record_resources=record_resources,
+        compilation=config.compilation,
     )
     if not config.replays:
         return cfg, {}

@@ -98,6 +98,7 @@ def run_model(ctx: RankContext, cfg: RankConfig) -> RankStats:
         initial_placement=cfg.options.initial_placement,
         ascend_keys=ascend_policy_keys(cfg.options),
         data_parallel_size=cfg.options.data_parallel_size,
+        compilation=cfg.compilation,
     )
     record_resources(ctx, cfg)
     info, state, model_state = worker.info, worker.state, worker.model_state
@@ -172,4 +173,8 @@ def run_model(ctx: RankContext, cfg: RankConfig) -> RankStats:
         )  # fmt: skip
         if stop:
             break
-    return end_of_run(stats, violation, worker.wiring, state, model_state, watchdog, verifier, p)
+    compiled = worker.vllm_config.compilation_config
+    mode = f"{compiled.mode.name}, {compiled.backend} backend" if worker.compiled else "eager (enforce_eager)"
+    return end_of_run(
+        stats, violation, worker.wiring, state, model_state, watchdog, verifier, p, compilation=mode
+    )

@@ -116,6 +116,7 @@ class SimulateReport:
     data_parallel_size: int
     tensor_parallel_size: int
     moe_rows: str | None
+    compilation: str | None
     model: str
     format: str
     trace: str
@@ -218,6 +219,9 @@ def build_report(
         data_parallel_size=config.data_parallel_size,
         tensor_parallel_size=config.tp_size,
         moe_rows=r0.moe_rows,
+        # How vLLM ran the model (the real-model world): "eager (enforce_eager)" or the compilation mode
+        # and backend vLLM's CPU platform resolved (DYNAMO_TRACE_ONCE, eager|inductor).
+        compilation=r0.compilation,
         model=routing.architecture if not config.replays else "replay",
         format=config.quant_format,
         trace=routing.name,

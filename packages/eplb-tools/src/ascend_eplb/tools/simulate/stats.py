@@ -78,6 +78,9 @@ class RankStats:
 
     Attributes:
         moe_rows: the MoE row layout of its last forward (``ascend_eplb.control.layout``), or None.
+        compilation: how vLLM ran the model: ``"eager (enforce_eager)"`` or the compilation mode and
+            backend vLLM's CPU platform resolved (``"DYNAMO_TRACE_ONCE, inductor backend"``); None: the
+            replay world (no vLLM model class).
         violation: ``(check, message)`` of the first violation, or None.
         num_rearrangements, num_skipped_rearrangements: upstream state's counters (skipped: windows
             without load).
@@ -105,6 +108,7 @@ class RankStats:
     load_selections: int
     install: InstallSeen | None
     moe_rows: str | None
+    compilation: str | None
     violation: tuple[str, str] | None
     num_rearrangements: int
     num_skipped_rearrangements: int
@@ -139,6 +143,8 @@ class RankConfig:
             rank compares with and reports back.
         model_folder: the real model's checkpoint folder (None: the trace-replay world).
         record_resources: each rank records the resources it holds (the launcher's, not torchrun's).
+        compilation: vLLM's ``compilation_config`` of the served model (``options.compilation``; None:
+            eager execution, and the replay world).
     """
 
     options: SimulateConfig
@@ -148,3 +154,4 @@ class RankConfig:
     output_tolerance: OutputTolerance
     model_folder: str | None = None
     record_resources: bool = False
+    compilation: dict[str, Any] | None = None

@@ -183,15 +183,18 @@ def end_of_step(
 
 def end_of_run(
     stats: StepLog, violation: Any, wiring: Mrv2EplbWiring, state: Any, model_state: Any,
-    watchdog: WorkerWatchdog, verifier: EplbVerifier, slots_per_rank: int,
+    watchdog: WorkerWatchdog, verifier: EplbVerifier, slots_per_rank: int, *,
+    compilation: str | None = None,
 ) -> RankStats:  # fmt: skip
     """The end of a run, the same in both worlds: the runner's shutdown point (the watchdog logs a cycle
-    in flight, :meth:`WorkerWatchdog.at_shutdown`), then this rank's :class:`RankStats`."""
+    in flight, :meth:`WorkerWatchdog.at_shutdown`), then this rank's :class:`RankStats` (``compilation``:
+    how vLLM ran the model, :attr:`RankStats.compilation`)."""
     wiring.shutdown()
     layout = getattr(wiring.controller, "last_row_layout", None)
     return RankStats(
         **{f.name: frozen(getattr(stats, f.name)) for f in fields(StepLog)},
         moe_rows=None if layout is None else layout.rows,
+        compilation=compilation,
         violation=None if violation is None else (violation.check, str(violation)),
         num_rearrangements=state.num_rearrangements,
         num_skipped_rearrangements=state.num_skipped_rearrangements,  # all-zero windows

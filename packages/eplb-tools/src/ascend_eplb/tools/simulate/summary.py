@@ -102,7 +102,8 @@ def summary_text(report: SimulateReport) -> str:
         f"trace {report.trace}"
         if report.model == "replay"
         else f"{report.model} ({report.trace}, vLLM's model class, DP={report.data_parallel_size} x "
-        f"TP={report.tensor_parallel_size}, EP={report.ranks}, {report.moe_rows} MoE rows)"
+        f"TP={report.tensor_parallel_size}, EP={report.ranks}, {report.moe_rows} MoE rows, "
+        f"{report.compilation})"
     )
     lines = [
         f"ascend-eplb simulate: {report.ranks} ranks, {report.format}, {report.layers} layers x "

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from ascend_eplb.dataplane import trace_once
 from ascend_eplb.quant_views import reference_moe
-from ascend_eplb.tools.world import (
+from ascend_eplb.world import (
     KernelLog,
     compilation_error,
     compilation_of,
