@@ -18,7 +18,9 @@ The CPU stand-ins for what this host lacks are :mod:`ascend_eplb.world.stand_ins
 ``apply_patches()`` as the plugin does.
 
 With ``CompilationConfig(custom_ops=["none"])`` RMSNorm, rotary, SiluAndMul, embeddings and the logits
-run their native torch forms; linear layers fall back to ``F.linear``.
+run their native torch forms; linear layers fall back to ``F.linear``. A world runs the models eagerly
+(``enforce_eager``) or compiled as vLLM's CPU platform compiles them (:func:`compilation_of`:
+``DYNAMO_TRACE_ONCE``, one TorchDynamo trace at each model's first forward).
 
 This module imports vLLM, transformers and ``ascend_eplb.integration`` inside its functions only. Shape
 letters (DESIGN.md section 2): E logical experts, P physical experts, p local physical experts, N EP
@@ -330,10 +332,12 @@ def prepare_world(
     adaptation, as the plugin does), the process-wide CPU stand-ins (``stand_ins.install_stand_ins``:
     the torch expert method and, for a checkpoint with an msModelSlim description, the ``"ascend"``
     quantization stand-in), builds the ``VllmConfig`` (the checkpoint's dtype,
-    ``quantization="ascend"`` with a description, eager, ``custom_ops=["none"]``,
-    ``enable_expert_parallel``, ``enable_eplb``; with ``data_parallel_size`` D > 1 the external launcher's
-    DP fields and environment) and initialises vLLM's distributed environment once per process (D x TP =
-    ``ctx.world_size`` ranks over Gloo, EP over all of them). Arguments as :func:`build_model`.
+    ``quantization="ascend"`` with a description, eager unless ``compilation`` compiles,
+    ``custom_ops=["none"]``, ``enable_expert_parallel``, ``enable_eplb``; with ``data_parallel_size``
+    D > 1 the external launcher's DP fields and environment; compiled, vLLM's compile caches under
+    ``ctx.tmp_dir`` unless ``VLLM_CACHE_ROOT`` is set) and initialises vLLM's distributed environment once
+    per process (D x TP = ``ctx.world_size`` ranks over Gloo, EP over all of them). Arguments as
+    :func:`build_model`.
 
     ``dispatch`` is the expert method's (``stand_ins.MOE_DISPATCHES``): ``gather`` (vLLM's, the
     runner's) or ``all-to-all`` (route-first, vLLM Ascend's MC2 / ALLTOALL stood in; TP = 1).
@@ -547,7 +551,10 @@ class ServingWorker:
         :class:`ParallelLayout`), ``dp_rank``, ``tp_rank``, ``moe_rows`` (the rows named to the
         controller per forward, None: the configuration's), ``seconds`` (``build_on``,
         ``build_off``), ``method`` (the expert method's class: ``stand_ins.TorchFusedMoEMethod``, or
-        ``quant_method``'s ``QuantViewsFusedMoEMethod`` for a quantized checkpoint).
+        ``quant_method``'s ``QuantViewsFusedMoEMethod`` for a quantized checkpoint); ``compiled``
+        (whether the models run compiled); ``observer`` (compiled with the ``eager`` backend: the
+        ``GraphObserver`` the EPLB-on model compiles with, else None) and ``traced`` (its graph, after
+        :meth:`profile_run`).
 
     Order as a serving worker: :func:`prepare_world`, the runner's controller (start-up validation, which
     refuses a rejected format before anything loads), :func:`load_model`, ``load_model`` registration.
