@@ -66,6 +66,7 @@ def _options(*lines: str) -> list[str]:
 def test_every_bad_option_of_every_subcommand_is_refused_before_anything_with_its_lines(tmp_path):
     good = _folder(tmp_path, "good")
     bad = _folder(tmp_path, "bad", num_local_experts="8", num_experts_per_tok=0)
+    half = _folder(tmp_path, "half", torch_dtype="bfloat16")
     load = tmp_path / "load.json"
     load.write_text("[[1, 2, 3, 4], [4, 3, 2, 1]]")
     out = str(tmp_path / "out")
@@ -126,6 +127,26 @@ def test_every_bad_option_of_every_subcommand_is_refused_before_anything_with_it
          [f"ascend-eplb plan: error: {top_k}"]),
         (["simulate", "--model", "replay", "--model-config", str(sizes), "--out", out],
          _options(f"model config={sizes}: {top_k}")),
+        # a compiled world (issue 35): a vLLM model class with float32 experts, one way to say it, a mode
+        # and backend of vLLM's CPU platform
+        (["simulate", "--model", "replay", "--compile", "eager", "--out", out],
+         _options("compile=eager: applies to a real model only (the replay world runs the toy MoE model "
+                  "eagerly, no vLLM model class to compile)")),
+        (["simulate", "--model", half, "--compile", "inductor", "--out", out],
+         _options("compile with format=bf16: a compiled world serves float32 experts (the CPU stand-in of "
+                  "the 16-bit and quantized experts computes each selection on its own, with host reads)")),
+        (["simulate", "--model", good, "--compile", "eager", "--compilation-config", '{"mode": 2}', "--out",
+          out],
+         _options("compile and compilation-config: give one (--compile eager is mode 2 with backend eager)")),
+        (["simulate", "--model", good, "--compilation-config", '{"mode": 1}', "--out", out],
+         _options("compilation-config: compilation_config mode=1 must be 0 (NONE), 2 (DYNAMO_TRACE_ONCE) or "
+                  "3 (VLLM_COMPILE, vLLM's default: DYNAMO_TRACE_ONCE on CPU); 1 (STOCK_TORCH_COMPILE) is "
+                  "compiled by vLLM's model runner, which the CPU world does not run")),
+        (["simulate", "--model", good, "--compilation-config", "{mode", "--out", out],
+         _options("compilation-config='{mode': not JSON (Expecting property name enclosed in double "
+                  "quotes: line 1 column 2 (char 1))")),
+        (["simulate", "--compile", "aot"],
+         _hint("simulate", "argument --compile: invalid choice: 'aot' (choose from 'eager', 'inductor')")),
         # argparse's own errors: one line and the pointer, named by the subcommand
         (["simulate", "--no-such"], _hint("simulate", "unrecognized arguments: --no-such")),
         (["simulate", "--ranks", "x"], _hint("simulate", "argument --ranks: 'x': must be an integer >= 1")),
@@ -140,6 +161,7 @@ def test_every_bad_option_of_every_subcommand_is_refused_before_anything_with_it
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "bad",
         "good",
+        "half",
         "load.json",
         "sizes.json",
     ]  # nothing written
