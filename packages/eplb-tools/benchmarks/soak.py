@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         served = report["model"] if layout != "split" else f"replay ({report['format']}, toy MoE)"
         rows.append(
             f"{layout:<11} {mode:<8} {served:<30} {report['ranks']:>5} {report['steps']:>6} "
-            f"{report['wall_seconds']:>8.1f} {report['step_seconds_p50'] * 1000:>9.1f} "
+            f"{report['wall_seconds']:>8.1f} {report['step_seconds_p50'] * 1000:>11.1f} "
             f"{report['rearrangements_completed']:>9} {report['max_output_error']:>10.3g} "
             f"{report['bytes_received']:>12} {report['verdict']}"
             + ("" if enough else f" (fewer than {args.rearrangements} completed)")
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{layout} {mode}: {report['verdict']}, report in {out}", file=sys.stderr)
     print(
         f"{'layout':<11} {'compile':<8} {'model':<30} {'ranks':>5} {'steps':>6} {'wall s':>8} "
-        f"{'step p50 ms':>9} {'completed':>9} {'max error':>10} {'bytes recv':>12} verdict"
+        f"{'step p50 ms':>11} {'completed':>9} {'max error':>10} {'bytes recv':>12} verdict"
     )
     print("\n".join(rows))
     return 0 if ok else 1
