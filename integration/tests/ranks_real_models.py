@@ -401,8 +401,8 @@ def compiled_world(ctx: RankContext, spec: Any, late_binding: bool) -> dict[str,
     """
     from types import SimpleNamespace
 
-    from ascend_eplb.dataplane import ReplicaLookup, bind_router
     from ascend_eplb import world as rm
+    from ascend_eplb.dataplane import ReplicaLookup, bind_router
 
     report = rm.real_model_world(ctx, spec)
     if not late_binding:

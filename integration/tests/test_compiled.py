@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from ascend_eplb import world as rm
 from ascend_eplb.testing import load_module, run_ranks
 from ascend_eplb.testing.hf import hf_logits
-from ascend_eplb import world as rm
 
 ranks = load_module(Path(__file__).with_name("ranks_real_models.py"))
 
