@@ -100,7 +100,6 @@ __all__ = [
     "install_attention_stand_ins",
     "install_model_stand_ins",
     "install_stand_ins",
-    "kernel_log",
     "register_torch_moe_method",
     "stand_in_patches",
 ]
