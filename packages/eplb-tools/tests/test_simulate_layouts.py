@@ -83,8 +83,9 @@ def test_simulate_serves_a_model_folder_at_dp2_x_tp2_with_every_check(tmp_path):
         report["tensor_parallel_size"],
         report["ranks"],
         report["moe_rows"],
+        report["compilation"],
     )
-    assert layout == (2, 2, 4, "gathered-sp")
+    assert layout == (2, 2, 4, "gathered-sp", "eager (enforce_eager)")
     assert report["rearrangements_completed"] >= 2
     assert report["max_output_error"] <= 1e-5
     evidence = report["check_evidence"]["load"]
