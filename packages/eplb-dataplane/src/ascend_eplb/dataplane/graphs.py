@@ -28,6 +28,12 @@ import torch
 
 __all__ = ["GraphInput", "GraphObserver", "TracedGraph", "trace_once"]
 
+# torch 2.10 named the filter that drops every guard; before it (this plane's floor, 2.9.1) the same
+# filter is written out, as vLLM writes it (vllm-project/vllm#37219).
+_SKIP_ALL_GUARDS: Callable[[list[Any]], list[bool]] = getattr(
+    torch.compiler, "skip_all_guards_unsafe", lambda guard_entries: [False] * len(guard_entries)
+)
+
 
 @dataclass(frozen=True)
 class GraphInput:
@@ -137,6 +143,6 @@ def trace_once(fn: Callable[..., Any], *, dynamic: bool = False) -> tuple[Callab
         fullgraph=True,
         dynamic=dynamic,
         backend=observer,
-        options={"guard_filter_fn": torch.compiler.skip_all_guards_unsafe},
+        options={"guard_filter_fn": _SKIP_ALL_GUARDS},
     )
     return compiled, observer
