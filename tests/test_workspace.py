@@ -313,6 +313,53 @@ def test_no_planes_tests_import_the_tools(tmp_path):
     ]
 
 
+#: The packages CI tests alone, each in its own environment (`.ci/run`'s loop; the `floor` environment).
+TESTED_ALONE = ("packages/eplb-launch", "packages/eplb-quant-views", "packages/eplb-dataplane")
+
+
+def _modules_beyond_its_environment(root: Path) -> list[str]:
+    """``folder/tests/file:line module`` for every ``ascend_eplb`` module the tests of a package CI tests
+    alone import that the package's own environment does not install: itself and its declared edges,
+    and its workspace members (the launcher, the test support), each with their edges."""
+    by_path = {(ROOT / folder).resolve(): folder for folder in PACKAGES}
+    distributions = {distribution: folder for folder, (distribution, _, _) in PACKAGES.items()}
+
+    def closure(folder: str) -> set[str]:
+        _, module, edges = PACKAGES[folder]
+        return {module}.union(*(closure(distributions[e]) for e in edges if e in distributions))
+
+    found = []
+    for folder in TESTED_ALONE:
+        env = _pyproject(folder)["tool"]["hatch"]["envs"]["default"]
+        members = [
+            by_path[(ROOT / folder / m).resolve()] for m in env.get("workspace", {}).get("members", [])
+        ]
+        allowed = closure(folder).union(*(closure(m) for m in members))
+        for hit in _imports_of(root / folder / "tests", ("ascend_eplb",)):
+            module = hit.split()[1].split(".")
+            if len(module) > 1 and module[1] not in allowed:
+                found.append(f"{folder}/tests/{hit}")
+    return found
+
+
+def test_each_packages_tests_import_only_what_its_environment_installs(tmp_path):
+    assert f"for package in {' '.join(TESTED_ALONE)}; do" in (ROOT / ".ci/run").read_text()
+    assert _modules_beyond_its_environment(ROOT) == []
+    # the import CI's "quant-views alone" caught (dataplane's trace_once in a quant-views test) is seen
+    for folder in PACKAGES:
+        shutil.copytree(
+            ROOT / folder / "tests", tmp_path / folder / "tests", ignore=shutil.ignore_patterns("__pycache__")
+        )
+    test = tmp_path / "packages/eplb-quant-views/tests/test_batched_equals_per_expert.py"
+    test.write_text(
+        test.read_text() + "\n\ndef _trace():\n    from ascend_eplb.dataplane import trace_once\n"
+    )
+    line = len(test.read_text().splitlines())
+    assert _modules_beyond_its_environment(tmp_path) == [
+        f"packages/eplb-quant-views/tests/test_batched_equals_per_expert.py:{line} ascend_eplb.dataplane"
+    ]
+
+
 #: One import cycle per package (a function-level import back into a module that imports this one), and
 #: the contract that must catch it.
 CYCLES = [
