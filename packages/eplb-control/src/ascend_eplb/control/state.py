@@ -13,8 +13,12 @@ exactly when the layer's placement commits (see :mod:`ascend_eplb.control.commit
 * the refresh of a layer's lookup right after upstream commits that layer (asynchronous per-layer
   commit) or all layers (synchronous commit, ``update_mapping``), before the async worker's staging
   buffer is acknowledged;
-* a skip of a rearrangement whose window holds no load on any rank (upstream would hand an all-zero
-  window to the policy), decided with one collective on the EP CPU group (gate reason ``"no_load"``);
+* a decision per registered model (the target and a draft upstream registers beside it) on a window
+  that holds no load on any rank: one collective on the EP CPU group says which models recorded load;
+  with none, the rearrangement is skipped (upstream would hand all-zero windows to the policy); with
+  some, the models without load keep their committed placement (:func:`keeping_unloaded_placement`
+  around the policy: no placement is decided from no evidence, vLLM Ascend #12154) while the others
+  rearrange (gate reason ``"no_load"`` for each model without load, at once);
 * the selection of the placement policy, the gain gate and the load they work on
   (:class:`~ascend_eplb.control.policy_config.PolicySettings`): unless they are upstream's default
   policy with the gate off on the window, ``EplbState.policy`` becomes the
@@ -37,11 +41,12 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch.distributed import ReduceOp, all_reduce
 from vllm.distributed.eplb.eplb_state import EplbLayerState, EplbModelState, EplbState
+from vllm.distributed.eplb.policy.abstract import AbstractEplbPolicy
 from vllm.distributed.parallel_state import get_ep_group
 from vllm.logger import init_logger
 from vllm.utils.gpu_sync_debug import gpu_sync_allowed
@@ -60,7 +65,9 @@ __all__ = [
     "COMMIT_LOG_MAXLEN",
     "AscendEplbLayerState",
     "AscendEplbState",
+    "UnloadedModelsKeepPlacement",
     "check_upstream_state_signatures",
+    "keeping_unloaded_placement",
 ]
 
 logger = init_logger(__name__)
@@ -87,6 +94,48 @@ def check_upstream_state_signatures() -> None:
 #: (:meth:`AscendEplbState.after_commit`); its row of the one upstream surface,
 #: :data:`ascend_eplb.control.upstream.INSTANCE_BINDINGS`.
 ACKNOWLEDGEMENT_BINDING = upstream.instance_binding("vllm.distributed.eplb.eplb_utils.CpuGpuEvent.record")
+
+
+class UnloadedModelsKeepPlacement(AbstractEplbPolicy):
+    """The base of the classes :func:`keeping_unloaded_placement` builds; not used itself.
+
+    Upstream's worker calls ``EplbState.policy`` once per registered model with that model's window
+    (``weight``, the global logical load ``(L, E)``, equal on every EP rank); the policy does not know
+    which model it serves. A window without any load (a model that ran no forward while the others
+    did, e.g. a draft) gives no evidence for a placement: upstream's default policy would still plan one
+    from it (every expert equally cold) and move experts for nothing. This policy returns that model's
+    committed placement unchanged (nothing moves through upstream's transaction) and hands every other
+    window to :attr:`policy`.
+    """
+
+    policy: ClassVar[type[AbstractEplbPolicy]]
+
+    @classmethod
+    def rebalance_experts(
+        cls,
+        weight: torch.Tensor,
+        num_replicas: int,
+        num_groups: int,
+        num_nodes: int,
+        num_ranks: int,
+        old_global_expert_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Upstream's policy call: a copy of ``old_global_expert_indices`` (int64 ``(L, P)``) when
+        ``weight`` holds no positive entry and a placement is in force, else :attr:`policy`'s."""
+        if old_global_expert_indices is not None and not bool((torch.as_tensor(weight) > 0).any()):
+            return old_global_expert_indices.clone()
+        return cls.policy.rebalance_experts(
+            weight, num_replicas, num_groups, num_nodes, num_ranks, old_global_expert_indices
+        )
+
+
+def keeping_unloaded_placement(policy: type[AbstractEplbPolicy]) -> type[UnloadedModelsKeepPlacement]:
+    """``policy`` (an upstream policy class, or the gated one) wrapped so that a model whose window holds
+    no load keeps its committed placement (:class:`UnloadedModelsKeepPlacement`): what
+    :meth:`AscendEplbState.rearrange` puts in ``EplbState.policy`` for a rearrangement in which some
+    registered models recorded load and some did not."""
+    name = f"UnloadedModelsKeepPlacement{policy.__name__}"
+    return type(name, (UnloadedModelsKeepPlacement,), {"policy": policy, "__module__": __name__})
 
 
 @dataclass
@@ -273,6 +322,7 @@ class AscendEplbState(EplbState):
         # Per model (with the estimate on): int64 (L, E + 1) on the device, the logical selections of the
         # passes this rank recorded since the last regular rearrangement (column E: empty slots).
         self._new_load: dict[str, torch.Tensor] = {}
+        self._selected_policy: type[AbstractEplbPolicy] = self.policy  # what add_model selects
         # Model keys whose decision of the rearrangement in flight is still to be published.
         self._awaiting_decision: set[str] = set()
         self._layer_states: dict[str, dict[int, list[AscendEplbLayerState]]] = {}
@@ -304,6 +354,7 @@ class AscendEplbState(EplbState):
             # Upstream's add_model has just set self.policy = EPLB_POLICIES[eplb_config.policy] (its
             # option stays "default"): select ours in its place, for every model of this state.
             self.policy = self._gated_policy
+        self._selected_policy = self.policy
         by_layer: dict[int, list[AscendEplbLayerState]] = collections.defaultdict(list)
         for layer in model.moe_layers:
             layer_state = layer.eplb_state
@@ -511,23 +562,24 @@ class AscendEplbState(EplbState):
             for key, chunk, part in zip(self._new_load, chunks, parts, strict=True)
         }
 
-    def any_rank_recorded_load(self) -> bool:
-        """Whether any EP rank's load window holds a non-zero count (valid physical slots only).
+    def models_with_load(self) -> dict[str, bool]:
+        """Per registered model (by config hash, in registration order): whether any EP rank's load window
+        holds a non-zero count (valid physical slots only).
 
-        One ``all_reduce(MAX)`` of an int32 flag over ``get_ep_group().cpu_group`` (none for one rank),
-        so every rank gets the same answer. Reads the window to the host (one synchronisation per
+        One ``all_reduce(MAX)`` of an int32 flag per model over ``get_ep_group().cpu_group`` (none for one
+        rank), so every rank gets the same answer. Reads the windows to the host (one synchronisation per
         rearrangement).
         """
-        local = False
+        local = []
         for model_state in self.model_states.values():
             valid = (model_state.physical_to_logical_map >= 0).unsqueeze(0)
             with gpu_sync_allowed():
-                local = local or bool((model_state.expert_load_window * valid).any())
-        flag = torch.tensor([int(local)], dtype=torch.int32)
+                local.append(int(bool((model_state.expert_load_window * valid).any())))
+        flags = torch.tensor(local, dtype=torch.int32)
         cpu_group = get_ep_group().cpu_group
         if cpu_group.size() > 1:
-            all_reduce(flag, op=ReduceOp.MAX, group=cpu_group)
-        return bool(flag.item())
+            all_reduce(flags, op=ReduceOp.MAX, group=cpu_group)
+        return {key: bool(flag) for key, flag in zip(self.model_states, flags.tolist(), strict=True)}
 
     def rearrange(
         self,
@@ -535,19 +587,27 @@ class AscendEplbState(EplbState):
         rank_mapping: dict[int, int] | None = None,
         use_last_expert_load: bool = False,
     ) -> torch.Tensor | None:
-        """Upstream ``rearrange``, unless no EP rank recorded load in the window.
+        """Upstream ``rearrange``, decided per registered model on whether its window holds load.
 
-        The skip applies to regular rearrangements only (not profile, elastic-EP ``rank_mapping`` or
-        ``use_last_expert_load`` ones). It is decided by :meth:`any_rank_recorded_load` on every rank
-        alike, so all ranks skip together; a :class:`~ascend_eplb.control.bus.DecisionEvent` with reason
-        ``"no_load"`` is published per model; EP rank 0 logs the first skip of each idle stretch.
-        Only regular rearrangements are gated (the gated policy's channels are told before upstream's
-        call, and each model's load estimate takes the selections recorded since the last regular
-        rearrangement: :meth:`new_selections`); the others run the selected policy alone.
+        Regular rearrangements only (not profile, elastic-EP ``rank_mapping`` or ``use_last_expert_load``
+        ones): :meth:`models_with_load` (one collective, the same answer on every rank) says which models
+        recorded load on some EP rank. None did: the rearrangement is skipped (upstream's is not called),
+        a :class:`~ascend_eplb.control.bus.DecisionEvent` with reason ``"no_load"`` is published per
+        model and EP rank 0 logs the first skip of each idle stretch. Some did: each model without load
+        gets its ``"no_load"`` decision at once (rearrangement None: none started for it) and keeps its
+        committed placement (``EplbState.policy`` is :func:`keeping_unloaded_placement` of the selected
+        policy for this rearrangement: upstream's worker still commits its unchanged layers, nothing
+        moves), while the others rearrange through upstream's transaction, in its order. Only regular
+        rearrangements are gated (the gated policy's channels are told before upstream's call and expect a
+        decision from the loaded models only, and each model's load estimate takes the selections recorded
+        since the last regular rearrangement: :meth:`new_selections`); the others run the selected policy
+        alone.
         """
         regular = not is_profile and rank_mapping is None and not use_last_expert_load
+        unloaded: list[str] = []
         if regular and self.model_states:
-            if not self.any_rank_recorded_load():
+            loaded = self.models_with_load()
+            if not any(loaded.values()):
                 self.num_skipped_rearrangements += 1
                 self._consecutive_skips += 1
                 if self._consecutive_skips == 1 and get_ep_group().rank_in_group == 0:
@@ -573,13 +633,24 @@ class AscendEplbState(EplbState):
                     estimate = self.channels[key].estimate
                     assert estimate is not None
                     estimate.update(selections)
+            unloaded = [key for key, has_load in loaded.items() if not has_load]
+        # The policy upstream runs for this rearrangement's models (add_model set the selected one): a model
+        # without load keeps its placement (no policy call, no gate decision), decided here at once.
+        selected = self._selected_policy
+        self.policy = keeping_unloaded_placement(selected) if unloaded else selected
+        for key in unloaded:
+            decision = PlacementDecision(
+                self.policy_settings.policy, "no_load", None, None, 0, self.policy_settings.load_estimate
+            )
+            self._publish_decision(self.model_states[key], None, decision)
         if not is_profile:
             self.num_rearrangements += 1
         if self._gated_policy is not None:
             # No policy call is in flight: upstream starts a rearrangement only when the last one's
             # every layer committed.
-            self.channels.expect(self.model_states, gating=regular)
-            self._awaiting_decision = set(self.model_states) if regular else set()
+            loaded_keys = [key for key in self.model_states if key not in unloaded]
+            self.channels.expect(loaded_keys, gating=regular)
+            self._awaiting_decision = set(loaded_keys) if regular else set()
         result = super().rearrange(is_profile, rank_mapping, use_last_expert_load)
         if not is_profile:
             self.bus.publish(RearrangementEvent(self))

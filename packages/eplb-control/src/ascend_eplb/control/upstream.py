@@ -275,7 +275,7 @@ SIGNATURES: Mapping[str, Signature] = _table(
         _POLICY,
         "AbstractEplbPolicy.rebalance_experts",
         ("weight", "num_replicas", "num_groups", "num_nodes", "num_ranks", "old_global_expert_indices=None"),
-        (POLICY, GATE),
+        (POLICY, GATE, STATE),
     ),
 )
 
@@ -436,6 +436,7 @@ _ASCEND_LAYER_STATE = "ascend_eplb.control.state.AscendEplbLayerState"
 _GLOO = "ascend_eplb.movement.communicator.AscendGlooEplbCommunicator"
 _MIGRATION_AWARE = "ascend_eplb.control.policy.MigrationAwarePolicy"
 _GATED = "ascend_eplb.control.gate.GatedPolicy"
+_KEEP_UNLOADED = "ascend_eplb.control.state.UnloadedModelsKeepPlacement"
 
 
 def _override(subclass: str, name: str, users: str, how: str) -> Override:
@@ -509,8 +510,9 @@ OVERRIDES: tuple[Override, ...] = (
         _ASCEND_STATE,
         f"{_STATE}.EplbState.rearrange",
         STATE,
-        "skips a window without load on any rank, else feeds each model's load estimate (when on), then "
-        "upstream's, then a `RearrangementEvent`",
+        "decides per model whether its window holds load (one collective): none, skipped; a model "
+        "without load keeps its placement while the others go through upstream's (each model's load "
+        "estimate fed first, when on), then a `RearrangementEvent`",
     ),
     _override(
         _ASCEND_STATE,
@@ -575,6 +577,13 @@ OVERRIDES: tuple[Override, ...] = (
         GATE,
         "the gain gate around the selected policy: the committed placement unchanged when the window is "
         "balanced enough or the policy's placement gains too little",
+    ),
+    _override(
+        _KEEP_UNLOADED,
+        f"{_POLICY}.AbstractEplbPolicy.rebalance_experts",
+        STATE,
+        "a model whose window holds no load keeps its committed placement; every other window goes to the "
+        "selected policy",
     ),
 )
 
@@ -744,7 +753,9 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         "writes",
         (STATE,),
         "after each `add_model` (which sets upstream's): the state's gated policy class, unless the "
-        "settings are upstream's default policy with the gate off",
+        "settings are upstream's default policy with the gate off; at each regular `rearrange`: the "
+        "selected class, or it wrapped to keep the placement of a model without load when some other "
+        "registered model has load",
     ),
     Attribute(
         _INTERFACES,
