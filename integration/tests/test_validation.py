@@ -88,7 +88,11 @@ BREAKS = {
     "quantization": {"quantization": "w4a16"},
     "compiled-forward": {"compilation_mode": "STOCK_TORCH_COMPILE"},
     "graph-capture": {"cudagraph_mode": "FULL_GRAPH"},
-    "speculative-moe-draft": {"speculative_method": "mtp", "speculative_draft_is_moe": True},
+    "speculative-moe-draft": {
+        "speculative_method": "draft_model",
+        "speculative_draft_is_moe": True,
+        "speculative_draft_architectures": ("Qwen2MoeForCausalLM",),
+    },
     "micro-batching": {"enable_dbo": True},
     "row-layout": {"prefill_context_parallel_size": 2, "data_parallel_size": 1},
 }
@@ -272,6 +276,58 @@ def test_start_up_reads_the_compilation_vllm_resolved(monkeypatch):
 def test_all_violated_rules_come_in_the_registry_order():
     broken = replace(GOOD, **BREAKS["row-layout"], **BREAKS["policy"], **BREAKS["v1-env"])
     assert [v.rule for v in check_settings(broken)] == ["v1-env", "policy", "row-layout"]
+
+
+#: DeepSeek-V3's routed-expert facts, the target's and (vLLM's MTP draft config is the target's) the draft's.
+DEEPSEEK_FACTS = MoeFacts("config.json", {"n_routed_experts": 64, "num_experts_per_tok": 6, "n_group": 8})
+MTP = {
+    "speculative_method": "mtp",
+    "speculative_draft_is_moe": True,
+    "speculative_draft_architectures": ("DeepSeekMTPModel",),
+    "speculative_draft_model_type": "deepseek_mtp",
+    "moe_facts": DEEPSEEK_FACTS,
+    "speculative_draft_moe_facts": DEEPSEEK_FACTS,
+}
+
+
+def test_an_mtp_draft_upstream_registers_is_accepted_any_other_moe_draft_refused():
+    # DeepSeek-V3/R1's MTP draft: vLLM's DeepSeekMTP has a MixtureOfExperts part and upstream's
+    # draft_model_supports_eplb registers it beside the target with the target's expert configuration.
+    judged = check_settings(replace(GOOD, **MTP))
+    assert (list(judged), judged.unjudged) == ([], [])
+    fix = (
+        "fix: disable speculative decoding, use a dense draft, or a draft whose class upstream balances "
+        '(vLLM\'s DeepSeekMTP: --speculative-config \'{"method": "mtp"}\' on DeepSeek-V3/R1)'
+    )
+    # A draft class without the part (upstream would leave its experts unbalanced): refused.
+    no_part = replace(GOOD, **BREAKS["speculative-moe-draft"])
+    assert RULES["speculative-moe-draft"](no_part) == (
+        "the MoE draft of speculative method='draft_model', vLLM class Qwen2MoeForCausalLM "
+        "(Qwen2MoeForCausalLM), has no MixtureOfExperts part: upstream does not balance it, so its routed "
+        f"experts would run beside a balanced target without a placement of their own; {fix}"
+    )
+    # A DSpark draft of DeepSeek-V4.1 (upstream's dspark_draft_supports_eplb: V4 only): refused too.
+    dspark = replace(GOOD, **{**MTP, "speculative_method": "dspark", "speculative_draft_model_type": "x"})
+    assert "which upstream's draft_model_supports_eplb does not register" in RULES["speculative-moe-draft"](
+        dspark
+    )
+    # A registered class with another expert configuration: upstream's add_model would raise.
+    other = MoeFacts("config.json", {"n_routed_experts": 32, "num_experts_per_tok": 6, "n_group": 8})
+    assert RULES["speculative-moe-draft"](replace(GOOD, **{**MTP, "speculative_draft_moe_facts": other})) == (
+        "the MoE draft (DeepSeekMTP) has 32 routed experts in 8 group(s), the target 64 routed experts in 8 "
+        "group(s): upstream's "
+        "EplbState balances every registered model with one expert configuration "
+        f"(EplbState.assert_confs_equal raises); {fix}"
+    )
+    # A class the registry does not hold: decided when the draft registers (the controller refuses it).
+    unknown = replace(GOOD, **{**MTP, "speculative_draft_architectures": ("NoSuchDraft",)})
+    assert check_settings(unknown).unjudged == [
+        Violation.unjudged(
+            "speculative-moe-draft",
+            "the draft's architectures ['NoSuchDraft'] are not in vLLM's model registry, so whether upstream "
+            "balances it is decided when the draft registers",
+        )
+    ]
 
 
 def test_a_rule_without_its_fact_is_unjudged_never_passed():

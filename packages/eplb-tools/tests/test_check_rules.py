@@ -223,9 +223,18 @@ RULES = [
     ),
     (
         "speculative-moe-draft",
-        {"speculative_config": {"method": "mtp", "draft_is_moe": True}},
-        "speculative decoding with an MoE draft (method='mtp') is not validated with Ascend EPLB yet (the "
-        "draft model's layer states have no test); fix: disable speculative decoding or use a dense draft",
+        {
+            "speculative_config": {
+                "method": "draft_model",
+                "draft_is_moe": True,
+                "draft_architectures": ["Qwen2MoeForCausalLM"],
+            }
+        },
+        "the MoE draft of speculative method='draft_model', vLLM class Qwen2MoeForCausalLM "
+        "(Qwen2MoeForCausalLM), has no MixtureOfExperts part: upstream does not balance it, so its routed "
+        "experts would run beside a balanced target without a placement of their own; fix: disable "
+        "speculative decoding, use a dense draft, or a draft whose class upstream balances (vLLM's "
+        'DeepSeekMTP: --speculative-config \'{"method": "mtp"}\' on DeepSeek-V3/R1)',
     ),
     (
         "micro-batching",
@@ -545,32 +554,51 @@ def test_omitted_modes_are_vllms_defaults_compiled_with_graph_capture_and_accept
     ]
 
 
-def test_mtp_speculative_config_fails_check_as_start_up_does(tmp_path, monkeypatch):
-    folder = _model_folder(tmp_path)
+def test_an_mtp_draft_is_judged_by_check_as_start_up_judges_it(tmp_path, monkeypatch):
+    # A DeepSeek-V3 folder served with MTP: vLLM derives the draft's config (DeepSeekMTPModel, the
+    # target's experts), whose class upstream registers beside the target: accepted, judged, not unjudged.
+    folder = _model_folder(tmp_path, quant_type=None)
     spec = '{"method": "mtp", "num_speculative_tokens": 1}'
     result = _serve(str(folder), *EAGER_ARGS, "--speculative-config", spec)
-    startup = RULES[[r[0] for r in RULES].index("speculative-moe-draft")]
-    assert [(v.rule, v.message) for v in result.violations] == [(startup[0], startup[2])]
+    assert (result.violations, result.unjudged) == ((), ())
+    # A config file names the draft's class itself; without it the rule is not judged, never passed.
     file_result = _check(tmp_path, _with(speculative_config={"method": "mtp"}))
-    assert [(v.rule, v.message) for v in file_result.violations] == [(startup[0], startup[2])]
-    # start-up validation on a VllmConfig whose speculative config is MTP: the same rule and message
-    from types import SimpleNamespace
-
+    assert file_result.violations == ()
+    assert [str(v) for v in file_result.unjudged] == [
+        "cannot judge: speculative-moe-draft: the MoE draft's model class is unknown "
+        "(speculative_config.draft_architectures is not given; vLLM derives an MTP draft's from the "
+        "target's config, e.g. DeepSeek-V3's DeepSeekMTPModel); give speculative_config.draft_architectures, "
+        "or check a vllm serve command line with a local model folder"
+    ]
+    named = _check(
+        tmp_path, _with(speculative_config={"method": "mtp", "draft_architectures": ["DeepSeekMTPModel"]})
+    )
+    assert (named.violations, named.unjudged) == ((), ())
+    # Start-up validation on vLLM's own SpeculativeConfig of that folder: the same facts, the same verdict.
     from ascend_eplb.integration.rules import check_settings
     from ascend_eplb.integration.validation import settings_from_vllm_config
 
     monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    from vllm.config import EPLBConfig, ParallelConfig, VllmConfig
+    from vllm.config import EPLBConfig, ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig
 
-    vc = VllmConfig(parallel_config=ParallelConfig(tensor_parallel_size=1, enable_expert_parallel=True))
+    model_config = ModelConfig(model=str(folder), skip_tokenizer_init=True, enforce_eager=True)
+    parallel = ParallelConfig(tensor_parallel_size=1, enable_expert_parallel=True)
+    vc = VllmConfig(model_config=model_config, parallel_config=parallel)
     vc.parallel_config.enable_eplb = True
     vc.parallel_config.eplb_config = EPLBConfig()
-    vc.speculative_config = SimpleNamespace(method="mtp", draft_model_config=None)
+    vc.speculative_config = SpeculativeConfig(
+        method="mtp",
+        num_speculative_tokens=1,
+        target_model_config=model_config,
+        target_parallel_config=parallel,
+    )
     settings = settings_from_vllm_config(vc, environ={})
-    settings.cudagraph_mode = "NONE"
-    assert [(v.rule, v.message) for v in check_settings(settings)] == [(startup[0], startup[2])]
-    assert check_settings(settings).unjudged == []
+    assert settings.speculative_draft_architectures == ("DeepSeekMTPModel",)
+    assert settings.speculative_draft_model_type == "deepseek_mtp"
+    assert settings.speculative_draft_moe_facts.num_logical_experts == 64
+    judged = check_settings(settings)
+    assert (list(judged), judged.unjudged) == ([], [])
 
 
 def test_unknown_flag_is_rejected_by_vllms_parser():

@@ -162,6 +162,14 @@ class EplbSettings:
     the value as written when it is not a list of them (a string: vLLM's ``ModelConfig`` refuses it, and so
     does the rule); None where no model config is read or it names none, and then that rule passes.
 
+    ``speculative_method``, ``speculative_draft_is_moe``: the speculative config's method (None: no
+    speculative decoding) and whether its draft has routed experts; ``speculative_draft_architectures``
+    and ``speculative_draft_model_type``: the draft's ``architectures`` and HF ``model_type`` as vLLM
+    derives them (an MTP method: ``SpeculativeConfig.hf_config_override`` of the target's config, e.g.
+    DeepSeek-V3's ``DeepSeekMTPModel``), whose vLLM class the ``speculative-moe-draft`` rule judges;
+    ``speculative_draft_moe_facts``: the draft config's routed-expert facts (None: not read), which must
+    equal the target's (upstream balances both with one expert configuration).
+
     ``num_moe_layers``: L, when known before the model is built (a model folder's ``config.json`` read by
     ``ascend-eplb check``: :attr:`MoeFacts.num_moe_layers`); None at start-up, where the
     ``initial-placement`` rule compares the layers when the model registers
@@ -194,6 +202,9 @@ class EplbSettings:
     inductor_freezing: bool = False
     speculative_method: str | None = None
     speculative_draft_is_moe: bool = False
+    speculative_draft_architectures: tuple[str, ...] | Any = None
+    speculative_draft_model_type: str | None = None
+    speculative_draft_moe_facts: MoeFacts | None = None
     unknown_facts: dict[str, str] = field(default_factory=dict)
     moe_facts: MoeFacts | None = None
     model_architectures: tuple[str, ...] | Any = None
@@ -1218,19 +1229,100 @@ def _graph_capture(s: EplbSettings) -> str | Violation | None:
     return None
 
 
+def upstream_registers_draft(method: Any, model_type: Any, has_moe_part: bool | None) -> bool:
+    """Whether vLLM 0.33.0's MRv2 controller registers a draft with EPLB beside the target: its own
+    ``draft_model_supports_eplb`` (``vllm/v1/worker/gpu/eplb_utils.py``) asked about a draft of speculative
+    ``method`` whose config's HF ``model_type`` is ``model_type`` and whose class has a ``MixtureOfExperts``
+    part (``has_moe_part``; None, a multimodal class whose language model decides, counts as having one).
+    Upstream asks it with the built draft; before anything is built the class stands in for the instance
+    (the fields it reads: the method, the draft config's ``hf_config.model_type`` for DSpark)."""
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu.eplb_utils import draft_model_supports_eplb
+
+    draft_config = SimpleNamespace(hf_config=SimpleNamespace(model_type=model_type))
+    speculative_config = SimpleNamespace(method=method, draft_model_config=draft_config)
+    return draft_model_supports_eplb(speculative_config, None if has_moe_part is False else object())
+
+
 @_rule("speculative-moe-draft")
 def _speculative_moe_draft(s: EplbSettings) -> str | Violation | None:
+    """An MoE draft is served with EPLB when upstream registers it beside the target (its class has a
+    ``MixtureOfExperts`` part and ``draft_model_supports_eplb`` says so: DeepSeek-V3/R1's ``DeepSeekMTP``)
+    with the target's expert configuration; any other MoE draft is refused (its experts would run beside
+    a balanced target without a placement of their own)."""
+    rule = "speculative-moe-draft"
     if s.speculative_method is None:
         return None
     if "speculative_draft_is_moe" in s.unknown_facts:
-        return Violation.unjudged("speculative-moe-draft", s.unknown_facts["speculative_draft_is_moe"])
+        return Violation.unjudged(rule, s.unknown_facts["speculative_draft_is_moe"])
     if not s.speculative_draft_is_moe:
         return None
-    return (
-        f"speculative decoding with an MoE draft (method={s.speculative_method!r}) is not "
-        "validated with Ascend EPLB yet (the draft model's layer states have no test); fix: "
-        "disable speculative decoding or use a dense draft"
+    if "speculative_draft_architectures" in s.unknown_facts:
+        return Violation.unjudged(rule, s.unknown_facts["speculative_draft_architectures"])
+    archs = s.speculative_draft_architectures
+    fix = (
+        "fix: disable speculative decoding, use a dense draft, or a draft whose class upstream balances "
+        '(vLLM\'s DeepSeekMTP: --speculative-config \'{"method": "mtp"}\' on DeepSeek-V3/R1)'
     )
+    if archs is None or (reason := architectures_error(archs)) is not None:
+        return Violation.unjudged(
+            rule,
+            f"the MoE draft of speculative method={s.speculative_method!r} names no model class "
+            f"({'no architectures' if archs is None else reason}), so whether upstream balances it is "
+            "decided when the draft registers",
+        )
+    try:
+        found = read_model_class(archs)
+    except Exception as e:  # the class's module does not import here
+        return Violation.unjudged(
+            rule,
+            f"vLLM's model class for the draft's architectures {list(archs)} does not import here "
+            f"({type(e).__name__}: {e}), so whether upstream balances it is decided when the draft registers",
+        )
+    if found is None:
+        return Violation.unjudged(
+            rule,
+            f"the draft's architectures {list(archs)} are not in vLLM's model registry, so whether upstream "
+            "balances it is decided when the draft registers",
+        )
+    if not upstream_registers_draft(s.speculative_method, s.speculative_draft_model_type, found.has_moe_part):
+        why = (
+            "has no MixtureOfExperts part"
+            if found.has_moe_part is False
+            else f"is a {s.speculative_method} draft of model_type {s.speculative_draft_model_type!r}, which "
+            "upstream's draft_model_supports_eplb does not register"
+        )
+        return (
+            f"the MoE draft of speculative method={s.speculative_method!r}, vLLM class "
+            f"{found.name} ({found.architecture}), {why}: upstream does not balance it, so its routed "
+            f"experts would run beside a balanced target without a placement of their own; {fix}"
+        )
+    draft, target = s.speculative_draft_moe_facts, s.moe_facts
+    if draft is not None and target is not None:
+
+        def groups(facts: MoeFacts) -> Any:
+            # n_group as the class reads it: stated, or (a whole hf_config without it) one group; a
+            # config.json that omits it leaves its config class's default, unknown here.
+            return facts.stated.get("n_group", 1 if facts.complete else None)
+
+        mine, theirs = (
+            (draft.num_logical_experts, groups(draft)),
+            (target.num_logical_experts, groups(target)),
+        )
+        known = [i for i in (0, 1) if mine[i] is not None and theirs[i] is not None]
+        if any(mine[i] != theirs[i] for i in known):
+
+            def said(facts: tuple[Any, Any]) -> str:
+                experts = "an unknown number of" if facts[0] is None else str(facts[0])
+                return f"{experts} routed experts" + ("" if facts[1] is None else f" in {facts[1]} group(s)")
+
+            return (
+                f"the MoE draft ({found.name}) has {said(mine)}, the target {said(theirs)}: "
+                "upstream's EplbState balances every registered model with one expert configuration "
+                f"(EplbState.assert_confs_equal raises); {fix}"
+            )
+    return None
 
 
 @_rule("micro-batching")

@@ -186,11 +186,20 @@ def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | Non
     spec = getattr(vllm_config, "speculative_config", None)
     draft = getattr(spec, "draft_model_config", None) if spec is not None else None
     draft_experts = 0
+    draft_architectures = draft_model_type = draft_facts = None
     if draft is not None:
         try:
             draft_experts = int(draft.get_num_experts() or 0)
         except Exception:
             draft_experts = 0
+        names = getattr(draft, "architectures", None)
+        draft_architectures = (tuple(names) if isinstance(names, list) else names) or None
+        draft_model_type = getattr(getattr(draft, "hf_config", None), "model_type", None)
+        draft_facts = read_moe_facts(
+            draft.hf_text_config,
+            f"the config of draft model {draft.model}",
+            architectures=draft_architectures,
+        )
     env = os.environ if environ is None else environ
     compilation = getattr(vllm_config, "compilation_config", None)
     mode = getattr(getattr(compilation, "cudagraph_mode", None), "name", "NONE")
@@ -220,6 +229,9 @@ def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | Non
         inductor_freezing=freezing,
         speculative_method=getattr(spec, "method", None) if spec is not None else None,
         speculative_draft_is_moe=draft_experts > 0 or "mtp" in str(getattr(spec, "method", "") or ""),
+        speculative_draft_architectures=draft_architectures,
+        speculative_draft_model_type=draft_model_type,
+        speculative_draft_moe_facts=draft_facts,
         moe_facts=facts,
         model_architectures=architectures,
     )

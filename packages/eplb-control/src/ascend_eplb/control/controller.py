@@ -53,6 +53,13 @@ def check_upstream_controller_signatures() -> None:
     upstream.check_used_by(upstream.CONTROLLER)
 
 
+def _has_routed_experts(model: Any) -> bool:
+    """Whether ``model`` holds a vLLM ``RoutedExperts`` layer (an MoE layer's experts)."""
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+
+    return any(isinstance(module, RoutedExperts) for module in model.modules())
+
+
 class AscendEPLBController(EPLBController):
     """Upstream ``EPLBController`` that builds :class:`AscendEplbState`, adapts each MoE layer's router
     before its model is registered, and filters load by batch phase.
@@ -124,17 +131,31 @@ class AscendEPLBController(EPLBController):
     def maybe_register_speculator(
         self, speculator: Any | None, speculative_config: Any | None, load_dummy_weights: bool
     ) -> bool:
-        """Upstream's, after adapting the routers of the draft's MoE layers (when EPLB will register it)."""
-        if (
-            self.parallel_config.enable_eplb
-            and speculator is not None
-            and hasattr(speculator, "model")
-            and not load_dummy_weights
-        ):
-            adapt_layer_routers(speculator.model)
+        """Upstream's, after adapting the routers of the draft's MoE layers when upstream registers it
+        (its own ``draft_model_supports_eplb`` of the draft's ``MixtureOfExperts`` part, e.g. DeepSeek's
+        ``DeepSeekMTP``), under upstream's name ``"<model> (draft)"`` (``eplb_draft_model_name``).
+
+        Raises:
+            ValueError: EPLB is on and the draft has routed experts (vLLM ``RoutedExperts`` layers) that
+                upstream does not register (start-up's rule ``speculative-moe-draft`` refuses it before
+                anything loads; this is the check on the built draft).
+        """
+        from vllm.model_executor.models.interfaces import get_mixture_of_experts_model
+        from vllm.v1.worker.gpu.eplb_utils import draft_model_supports_eplb
+
+        draft = getattr(speculator, "model", None) if speculator is not None else None
+        considered = self.parallel_config.enable_eplb and draft is not None and not load_dummy_weights
+        if considered and draft_model_supports_eplb(speculative_config, get_mixture_of_experts_model(draft)):
+            adapt_layer_routers(draft)
         added = super().maybe_register_speculator(speculator, speculative_config, load_dummy_weights)
         if added:
-            self.bus.publish(RegistrationEvent(self, speculator.model, speculative_config.draft_model_config))
+            self.bus.publish(RegistrationEvent(self, draft, speculative_config.draft_model_config))
+        elif considered and _has_routed_experts(draft):
+            raise ValueError(
+                f"EPLB is on but the MoE draft {type(draft).__qualname__} is not registered by upstream "
+                "(draft_model_supports_eplb is False for it): its routed experts would be served without a "
+                "placement of their own; disable speculative decoding or use a draft upstream balances"
+            )
         return added
 
     def maybe_register_model(self, model: Any, model_config: Any) -> bool:

@@ -248,6 +248,11 @@ SIGNATURES: Mapping[str, Signature] = _table(
         _CONTROLLER, "EPLBController.step", ("self", "is_dummy=False", "is_profile=False"), (CONTROLLER,)
     ),
     Signature(_CONTROLLER, "EPLBController.suppress", ("self",), (CONTROLLER,)),
+    # Upstream's rule for a draft beside the target: asked by the controller before it adapts a draft's
+    # routers (and by start-up's rule speculative-moe-draft, with the draft's class standing in).
+    Signature(
+        _CONTROLLER, "draft_model_supports_eplb", ("speculative_config", "draft_moe_model"), (CONTROLLER,)
+    ),
     # The MRv2 runner's controller construction and shutdown (replaced by the integration).
     Signature(_RUNNER, "EPLBController", ("self", "parallel_config", "device"), (INTEGRATION,)),
     Signature(_RUNNER, "GPUModelRunner.shutdown", ("self",), (INTEGRATION,)),
@@ -461,7 +466,9 @@ OVERRIDES: tuple[Override, ...] = (
         _ASCEND_CONTROLLER,
         f"{_CONTROLLER}.EPLBController.maybe_register_speculator",
         CONTROLLER,
-        "adapts the draft's routers, then upstream's, then a `RegistrationEvent`",
+        "adapts the draft's routers when upstream registers it (`draft_model_supports_eplb`), then "
+        "upstream's, then a `RegistrationEvent`; with EPLB on, an MoE draft upstream does not register is "
+        "refused, `ValueError` naming its class",
     ),
     _override(
         _ASCEND_CONTROLLER,

@@ -10,7 +10,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ascend_eplb.integration.rules import EXPERT_COUNT_KEYS, TOP_K_KEYS, EplbSettings
+from ascend_eplb.integration.rules import (
+    EXPERT_COUNT_KEYS,
+    TOP_K_KEYS,
+    EplbSettings,
+    MoeFacts,
+    read_moe_facts,
+)
 from ascend_eplb.integration.validation import (
     DTYPE_FORMATS,
     as_dict,
@@ -19,7 +25,7 @@ from ascend_eplb.integration.validation import (
 )
 from ascend_eplb.tools.check.model_folder import model_folder_facts
 
-__all__ = ["default_cudagraph_mode", "parse_serve_command", "settings_from_engine_args"]
+__all__ = ["default_cudagraph_mode", "mtp_draft_facts", "parse_serve_command", "settings_from_engine_args"]
 
 
 def parse_serve_command(argv: Sequence[str]) -> Any:
@@ -58,6 +64,32 @@ def default_cudagraph_mode(optimization_level: Any = None) -> str:
     level = VllmConfig.optimization_level if optimization_level is None else optimization_level
     mode = OPTIMIZATION_LEVEL_TO_CONFIG[level]["compilation_config"]["cudagraph_mode"]
     return mode.name
+
+
+def mtp_draft_facts(folder: str, engine_args: Any) -> tuple[tuple[str, ...] | None, str | None, MoeFacts]:
+    """The MTP draft of the model in ``folder`` as vLLM 0.33.0 derives it: the folder's HF config (vLLM's
+    ``get_config``), rewritten by ``SpeculativeConfig.hf_config_override`` (DeepSeek-V3's becomes
+    ``DeepSeekMTPModel``, model_type ``deepseek_mtp``). Returns ``(architectures, model_type, routed-expert
+    facts)`` of the draft config.
+
+    Raises:
+        ValueError: the folder's config cannot be read by vLLM (naming the folder and why).
+    """
+    from vllm.config import SpeculativeConfig
+    from vllm.transformers_utils.config import get_config
+
+    try:
+        hf_config = get_config(
+            folder, trust_remote_code=bool(getattr(engine_args, "trust_remote_code", False))
+        )
+    except Exception as e:
+        raise ValueError(f"{folder}: vLLM cannot read its config ({type(e).__name__}: {e})") from None
+    draft = SpeculativeConfig.hf_config_override(hf_config)
+    names = getattr(draft, "architectures", None)
+    architectures = (tuple(names) if isinstance(names, list) else names) or None
+    text = draft.get_text_config() if hasattr(draft, "get_text_config") else draft
+    moe = read_moe_facts(text, f"the MTP draft config of {folder}", architectures=architectures)
+    return architectures, getattr(draft, "model_type", None), moe
 
 
 def settings_from_engine_args(
@@ -182,6 +214,7 @@ def settings_from_engine_args(
     spec = ea.speculative_config
     spec_method = None
     draft_is_moe = False
+    draft_architectures = draft_model_type = draft_moe = None
     if spec is not None:
         spec = dict(spec)
         spec_method = spec.get("method")
@@ -190,8 +223,18 @@ def settings_from_engine_args(
         draft = spec.get("model")
         if "mtp" in str(spec_method or ""):
             draft_is_moe = True
+            if facts is None:
+                unknown["speculative_draft_architectures"] = (
+                    f"the MTP draft's model class is unknown ({missing}: vLLM derives it from the target's "
+                    "config, e.g. DeepSeek-V3's DeepSeekMTPModel); pass a local model folder as MODEL"
+                )
+            else:
+                draft_architectures, draft_model_type, draft_moe = mtp_draft_facts(model, ea)
         elif draft and Path(str(draft)).is_dir():
-            draft_is_moe = (model_folder_facts(str(draft)).num_logical_experts or 0) > 0
+            draft_facts = model_folder_facts(str(draft))
+            draft_is_moe = (draft_facts.num_logical_experts or 0) > 0
+            draft_architectures, draft_moe = draft_facts.architectures, draft_facts.moe
+            draft_model_type = draft_facts.model_type
         else:
             unknown["speculative_draft_is_moe"] = (
                 f"whether the draft of speculative method={spec_method!r} has routed experts is unknown "
@@ -222,6 +265,9 @@ def settings_from_engine_args(
         inductor_freezing=freezing,
         speculative_method=spec_method,
         speculative_draft_is_moe=draft_is_moe,
+        speculative_draft_architectures=draft_architectures,
+        speculative_draft_model_type=draft_model_type,
+        speculative_draft_moe_facts=draft_moe,
         unknown_facts=unknown,
         moe_facts=moe,
         model_architectures=facts.architectures if facts is not None else None,

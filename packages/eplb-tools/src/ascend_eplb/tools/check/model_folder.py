@@ -34,6 +34,8 @@ class ModelFacts:
             names as a tuple; ``()`` when it names none (absent, null or ``[]``: vLLM cannot choose a model
             class, and the rule says so); any other value as written (a string: transformers keeps it,
             vLLM's ``ModelConfig`` refuses it, and so does the rule).
+        model_type: ``config.json``'s ``model_type`` (None: not a string), what upstream's rule for a draft
+            reads (``draft_model_supports_eplb``, DSpark drafts).
     """
 
     folder: str
@@ -42,6 +44,7 @@ class ModelFacts:
     dtype: str | None
     description: str | None
     architectures: tuple[str, ...] | Any = None
+    model_type: str | None = None
 
     @property
     def num_logical_experts(self) -> int | None:
@@ -87,6 +90,7 @@ def model_folder_facts(folder: str | os.PathLike[str]) -> ModelFacts:
         read_moe_facts(raw, str(config_file)),
         *_formats(root, text_config(raw)),
         architectures=_architectures(raw),
+        model_type=raw.get("model_type") if isinstance(raw.get("model_type"), str) else None,
     )
 
 

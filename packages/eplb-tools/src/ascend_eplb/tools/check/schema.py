@@ -121,7 +121,12 @@ def settings_from_file_dict(
         {"cudagraph_mode", "mode", "inductor_compile_config"},
         out,
     )
-    spec = _check_keys("speculative_config", top.get("speculative_config"), {"method", "draft_is_moe"}, out)
+    spec = _check_keys(
+        "speculative_config",
+        top.get("speculative_config"),
+        {"method", "draft_is_moe", "draft_architectures", "draft_model_type"},
+        out,
+    )
     env_file = _check_keys("environment", top.get("environment"), set(V1_EPLB_ENV_SWITCHES), out)
     env = dict(os.environ if environ is None else environ)
     env.update({k: str(v) for k, v in env_file.items()})
@@ -221,6 +226,31 @@ def settings_from_file_dict(
             "quantization 'ascend' takes the routed experts' format from msModelSlim's "
             "quant_model_description*.json, which a config file does not carry; pass --quantization FORMAT"
         )
+    draft_is_moe = boolean("speculative_config", spec, "draft_is_moe", False) or "mtp" in str(
+        spec.get("method") or ""
+    )
+    draft_architectures = spec.get("draft_architectures")
+    if draft_architectures is not None and not (
+        isinstance(draft_architectures, list)
+        and draft_architectures
+        and all(isinstance(n, str) and n for n in draft_architectures)
+    ):
+        out.append(
+            Violation(
+                "schema",
+                f"speculative_config.draft_architectures={short(draft_architectures)} must be a non-empty "
+                'list of model class names (the draft config\'s architectures, e.g. ["DeepSeekMTPModel"])',
+            )
+        )
+        draft_architectures = None
+    if spec and draft_is_moe and draft_architectures is None:
+        unknown["speculative_draft_architectures"] = (
+            "the MoE draft's model class is unknown (speculative_config.draft_architectures is not given; "
+            "vLLM derives an MTP draft's from the target's config, e.g. DeepSeek-V3's DeepSeekMTPModel); "
+            "give speculative_config.draft_architectures, or check a vllm serve command line with a local "
+            "model folder"
+        )
+    draft_model_type = spec.get("draft_model_type")
     settings = EplbSettings(
         enable_eplb=boolean("parallel_config", pc, "enable_eplb", False),
         use_v2_model_runner=boolean(
@@ -251,8 +281,9 @@ def settings_from_file_dict(
         compilation_mode=compilation_mode(compilation.get("mode", None)),
         inductor_freezing=bool(inductor.get("freezing")) or env.get("TORCHINDUCTOR_FREEZING", "0") == "1",
         speculative_method=spec.get("method") if spec else None,
-        speculative_draft_is_moe=boolean("speculative_config", spec, "draft_is_moe", False)
-        or "mtp" in str(spec.get("method") or ""),
+        speculative_draft_is_moe=draft_is_moe,
+        speculative_draft_architectures=tuple(draft_architectures) if draft_architectures else None,
+        speculative_draft_model_type=draft_model_type if isinstance(draft_model_type, str) else None,
         unknown_facts=unknown,
     )
     return settings, out
