@@ -78,6 +78,7 @@ def test_every_patch_of_the_process_is_in_the_one_registry():
         "vllm.distributed.eplb.eplb_state._commit_eplb_maps_for_layer",
         "vllm.distributed.eplb.eplb_state._commit_eplb_maps",
         "vllm.distributed.eplb.async_worker.transfer_run_periodically",
+        "vllm.model_executor.models.deepseek_mtp.fused_moe_make_expert_params_mapping",
         "vllm.v1.worker.gpu.model_runner.EPLBController",
         "vllm.v1.worker.gpu.model_runner.GPUModelRunner.shutdown",
     ]
@@ -543,3 +544,32 @@ def test_the_serving_reads_outside_the_watchdog_are_rows_that_resolve(clean, mon
         "upstream EplbStats.num_groups is missing (integration.events reads it); ascend_eplb must be updated "
         "for this version"
     )
+
+
+def test_the_mtp_drafts_redundant_slots_get_their_weights_mapped(clean):
+    # vLLM 0.33.0's DeepSeekMTP.load_weights maps checkpoint experts to slots without its
+    # num_redundant_experts: with EPLB's redundant slots (E + R physical) slots E .. P - 1 were never
+    # loaded (the verifier's fingerprints check refused the draft at registration). Patched, the draft's
+    # own count maps every physical slot, exactly as upstream maps the target's.
+    import torch
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+    from vllm.model_executor.models import deepseek_mtp
+
+    draft = torch.nn.Linear(2, 2)
+    draft.num_redundant_experts = 2
+    args = (draft, "gate_proj", "down_proj", "up_proj", 4)
+
+    def slots(mapping):
+        return sorted({expert_id for _, _, expert_id, _ in mapping})
+
+    assert slots(deepseek_mtp.fused_moe_make_expert_params_mapping(*args)) == [0, 1, 2, 3]
+    patches.apply_patches()
+    mapped = deepseek_mtp.fused_moe_make_expert_params_mapping(*args)
+    assert slots(mapped) == [0, 1, 2, 3, 4, 5]
+    assert mapped == RoutedExperts.make_expert_params_mapping(*args, num_redundant_experts=2)
+    # A caller that passes the count is served unchanged; a model without redundancy maps E slots.
+    assert deepseek_mtp.fused_moe_make_expert_params_mapping(*args, num_redundant_experts=1) == (
+        RoutedExperts.make_expert_params_mapping(*args, num_redundant_experts=1)
+    )
+    draft.num_redundant_experts = 0
+    assert slots(deepseek_mtp.fused_moe_make_expert_params_mapping(*args)) == [0, 1, 2, 3]

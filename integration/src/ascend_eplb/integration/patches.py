@@ -73,6 +73,32 @@ def _wrap_factory(original: Callable[..., Any]) -> Callable[..., Any]:
     return create_eplb_communicator
 
 
+def _wrap_mtp_expert_mapping(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def fused_moe_make_expert_params_mapping(
+        model: Any,
+        ckpt_gate_proj_name: str,
+        ckpt_down_proj_name: str,
+        ckpt_up_proj_name: str | None,
+        num_experts: int,
+        num_redundant_experts: int = 0,
+        routed_experts_prefix: str = "routed_experts",
+    ) -> Any:
+        """Upstream's mapping of checkpoint expert weights to physical slots, for vLLM's ``DeepSeekMTP``
+        (the one caller in its module, its ``load_weights``): vLLM 0.33.0's passes no
+        ``num_redundant_experts``, so with EPLB's redundant experts the draft's slots ``E .. P - 1`` got
+        no weight (the target's ``DeepseekV2`` passes its own). Here the draft's own count fills it when
+        the caller left it 0; a caller that passes it is served unchanged."""
+        if num_redundant_experts == 0:
+            num_redundant_experts = int(getattr(model, "num_redundant_experts", 0) or 0)
+        return original(
+            model, ckpt_gate_proj_name, ckpt_down_proj_name, ckpt_up_proj_name, num_experts,
+            num_redundant_experts, routed_experts_prefix,
+        )  # fmt: skip
+
+    return fused_moe_make_expert_params_mapping
+
+
 def _wrap_runner_controller(original: type) -> Callable[[Any, Any], Any]:
     def EPLBController(parallel_config: Any, device: Any) -> Any:  # noqa: N802 (the name upstream calls)
         """Upstream ``GPUModelRunner.__init__``'s ``EPLBController(self.parallel_config, self.device)``:

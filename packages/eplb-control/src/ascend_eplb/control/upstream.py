@@ -134,6 +134,7 @@ _RUNNER = "vllm.v1.worker.gpu.model_runner"
 _ROUTER = "vllm.model_executor.layers.fused_moe.router.base_router"
 _POLICY = "vllm.distributed.eplb.policy.abstract"
 _INTERFACES = "vllm.model_executor.models.interfaces"
+_DEEPSEEK_MTP = "vllm.model_executor.models.deepseek_mtp"
 _FACTORY = ("group_coordinator", "backend", "expert_weights", "expert_buffer")
 
 
@@ -256,6 +257,22 @@ SIGNATURES: Mapping[str, Signature] = _table(
     # The MRv2 runner's controller construction and shutdown (replaced by the integration).
     Signature(_RUNNER, "EPLBController", ("self", "parallel_config", "device"), (INTEGRATION,)),
     Signature(_RUNNER, "GPUModelRunner.shutdown", ("self",), (INTEGRATION,)),
+    # DeepSeek-V3's MTP draft's expert-weight mapping (vLLM's deepseek_mtp module calls it by name from its
+    # load_weights without num_redundant_experts: replaced there by the integration).
+    Signature(
+        _DEEPSEEK_MTP,
+        "fused_moe_make_expert_params_mapping",
+        (
+            "model",
+            "ckpt_gate_proj_name",
+            "ckpt_down_proj_name",
+            "ckpt_up_proj_name",
+            "num_experts",
+            "num_redundant_experts=0",
+            "routed_experts_prefix='routed_experts'",
+        ),
+        (INTEGRATION,),
+    ),
     # The router's EPLB mapping (bound per router instance by dataplane's adapter; its own declaration).
     Signature(*UPSTREAM_MAPPING_SIGNATURE, users=(ROUTER,)),
     # Upstream's communicator contract: overridden (and one helper called) by movement's communicator.
@@ -392,6 +409,14 @@ PATCHES: tuple[PatchEntry, ...] = (
         "_wrap_worker_loop",
         f"upstream's loop; its exception and traceback recorded on the state (`{WORKER_ERROR_ATTR}`) "
         "before the thread ends",
+    ),
+    _function(
+        f"{_DEEPSEEK_MTP}.fused_moe_make_expert_params_mapping",
+        INTEGRATION,
+        "_wrap_mtp_expert_mapping",
+        "upstream's, with the draft's `num_redundant_experts` when `DeepSeekMTP.load_weights` leaves it out "
+        "(vLLM 0.33.0 does: the draft's redundant slots were never loaded, and EPLB routed tokens to "
+        "them; the verifier's `fingerprints` check at registration named it)",
     ),
     _function(
         f"{_RUNNER}.EPLBController",
