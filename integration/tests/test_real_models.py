@@ -236,7 +236,7 @@ def test_serving_world_on_a_real_model_gives_eplb_off_and_hf_logits_through_rear
             assert r["fault"]["check"] == "lookups"
             assert (
                 "replica agreement: ranks 0 and 1 route the same rows (replicated row layout) but chose "
-                "different replicas for the probe batch of model 0's layer(s) [0]"
+                f"different replicas for the probe batch of model {folder}'s layer(s) [0]"
             ) in r["fault"]["error"]
             # Wrong outputs (tokens' experts computed twice or not at all): far beyond the 2e-7 of a right
             # choice, though small here, where only 2 of 8 experts have a second replica.
@@ -419,7 +419,7 @@ def test_data_parallel_worlds_of_a_real_model_give_eplb_off_and_hf_logits_and_co
             assert f["check"] == "lookups"
             assert (
                 f"replica agreement: ranks 0 and 1 route the same rows ({rows} row layout) but chose "
-                "different replicas for the probe batch of model 0's layer(s) [0]"
+                f"different replicas for the probe batch of model {folder}'s layer(s) [0]"
             ) in f["error"]
             assert f["max_rel_err"] > 1e-3  # tokens' experts computed twice or not at all
             # A model without MoE layers is refused at registration, never served silently without EPLB.

@@ -263,7 +263,8 @@ class InitialPlacementRecord(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class WindowRecord(Record):
-    """A load window closed and upstream's policy receives it.
+    """A load window closed and upstream's policy receives it. A model without load in it (a draft that
+    ran no forward while the target did) has none: its ``rearrangement`` record says ``"no_load"``.
 
     Attributes:
         rearrangement: the 1-based index of the rearrangement it starts (upstream state's counter).
@@ -527,7 +528,9 @@ class EventsRecorder:
         num_ranks = get_ep_group().world_size
         for ms in state.model_states.values():
             load = ms.last_expert_load
-            if load is None:
+            if load is None or not bool((load > 0).any()):
+                # A model without load in the window kept its placement: its rearrangement record
+                # (skipped, "no_load") was written when the state decided it; it has no window.
                 continue
             name, old = ms.model_name, ms.physical_to_logical_map.detach().cpu().clone()
             window = load.detach().cpu()

@@ -364,8 +364,9 @@ class EplbVerifier:
                         self.steps,
                         rank,
                         None,
-                        f"the committed placement of model {model} differs between rank {other} and "
-                        f"rank {rank} (checksums {int(theirs[1 + model])} != {sums[model]})",
+                        f"the committed placement of model {entries[model]['model_state'].model_name} "
+                        f"differs between rank {other} and rank {rank} (checksums {int(theirs[1 + model])} "
+                        f"!= {sums[model]})",
                         entries[model]["model_state"].model_name,
                     )
                 )
@@ -384,7 +385,8 @@ class EplbVerifier:
                             None,
                             f"replica agreement: ranks {min(rank, other)} and {max(rank, other)} route the "
                             f"same rows ({layout.rows} row layout) but chose different replicas for the "
-                            f"probe batch of model {i}'s layer(s) {sorted(committed[entries[i]['key']])}",
+                            f"probe batch of model {entries[i]['model_state'].model_name}'s layer(s) "
+                            f"{sorted(committed[entries[i]['key']])}",
                             entries[i]["model_state"].model_name,
                         )
                     )

@@ -28,13 +28,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 __all__ = [
     "ARCHITECTURES",
     "DESCRIPTION_FILE",
     "EXPERT_KEYS",
+    "MTP_LAYERS_KEY",
     "VOCAB_SIZE",
     "CheckpointInfo",
+    "add_mtp_layer",
     "checkpoint_experts",
     "checkpoint_format",
     "checkpoint_info",
@@ -58,6 +61,9 @@ ARCHITECTURES = {
     "qwen2-moe": "Qwen2MoeForCausalLM",
 }
 _ARCH_BY_CLASS = {v: k for k, v in ARCHITECTURES.items()}
+#: The config key of DeepSeek-V3's multi-token prediction (MTP) layers, as vLLM's ``DeepSeekMTP`` and its
+#: ``SpeculativeConfig`` read it.
+MTP_LAYERS_KEY = "num_nextn_predict_layers"
 #: Checkpoint key templates of one routed expert's (gate, up, down) weights per architecture.
 EXPERT_KEYS = {
     "qwen3-moe": ("mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj", "mlp.experts.{e}.down_proj"),
@@ -85,6 +91,9 @@ class CheckpointInfo:
         vocab_size: V.
         hidden_size: H.
         moe: the config's MoE facts.
+        num_mtp_layers: DeepSeek-V3's multi-token prediction layers (``num_nextn_predict_layers``; each an
+            MoE layer of the draft vLLM builds as ``DeepSeekMTP``, at decoder-layer index
+            ``num_hidden_layers + i``), 0 when the checkpoint holds no MTP weights.
     """
 
     arch: str
@@ -95,6 +104,7 @@ class CheckpointInfo:
     vocab_size: int
     hidden_size: int
     moe: Any
+    num_mtp_layers: int = 0
 
     @functools.cached_property
     def moe_layer_indices(self) -> range | tuple[int, ...]:
@@ -142,7 +152,26 @@ def checkpoint_info(folder: str | os.PathLike[str]) -> CheckpointInfo:
         vocab_size=config["vocab_size"],
         hidden_size=config["hidden_size"],
         moe=moe,
+        num_mtp_layers=_mtp_layers(folder, config),
     )
+
+
+def _mtp_layers(folder: Path, config: dict[str, Any]) -> int:
+    """The MTP layers a checkpoint holds: ``num_nextn_predict_layers`` when the weights of the first
+    (decoder index ``num_hidden_layers``) are in its safetensors (read from their headers), else 0 (a
+    DeepSeek-V3 config states 1 by default, transformers' config class writes it without the weights)."""
+    declared = config.get(MTP_LAYERS_KEY)
+    layers = config.get("num_hidden_layers")
+    if not isinstance(declared, int) or declared < 1 or not isinstance(layers, int):
+        return 0
+    from safetensors import safe_open
+
+    prefix = f"model.layers.{layers}."
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            if any(key.startswith(prefix) for key in f.keys()):  # noqa: SIM118 (safe_open has no __iter__)
+                return declared
+    return 0
 
 
 def checkpoint_tensors(folder: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
@@ -155,8 +184,11 @@ def checkpoint_tensors(folder: str | os.PathLike[str]) -> dict[str, torch.Tensor
     return tensors
 
 
-def checkpoint_experts(folder: str | os.PathLike[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Every MoE layer's routed experts as the checkpoint holds them, in vLLM's layout.
+def checkpoint_experts(
+    folder: str | os.PathLike[str], *, draft: bool = False
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every MoE layer's routed experts as the checkpoint holds them, in vLLM's layout (``draft``: those of
+    its multi-token prediction layers, the MoE layers of the draft vLLM builds from it).
 
     Returns:
         per MoE layer (L entries): ``(w13 (E, 2I, H), w2 (E, H, I))`` in the checkpoint's dtype, gate
@@ -170,7 +202,14 @@ def checkpoint_experts(folder: str | os.PathLike[str]) -> list[tuple[torch.Tenso
     tensors = checkpoint_tensors(folder)
     gate_t, up_t, down_t = EXPERT_KEYS[info.arch]
     out = []
-    for layer in info.moe_layer_indices:
+    layers = (
+        range(
+            info.moe.stated["num_hidden_layers"], info.moe.stated["num_hidden_layers"] + info.num_mtp_layers
+        )
+        if draft
+        else info.moe_layer_indices
+    )
+    for layer in layers:
         prefix = f"model.layers.{layer}."
         w13, w2 = [], []
         for e in range(info.num_logical_experts):
@@ -285,6 +324,7 @@ def write_checkpoint(
     num_moe_layers: int | None = None,
     fmt: str | None = None,
     moe_intermediate_size: int | None = None,
+    mtp_layers: int = 0,
 ) -> Path:
     """Write a tiny random checkpoint of ``arch`` into ``folder`` and return the folder.
 
@@ -309,10 +349,15 @@ def write_checkpoint(
             msModelSlim's layout with its ``quant_model_description.json`` (served with
             ``--quantization ascend``).
         moe_intermediate_size: I instead of the default 32 (the MX formats need a multiple of 64).
+        mtp_layers: ``deepseek-v3`` only: 1 adds DeepSeek-V3's multi-token prediction layer
+            (:func:`add_mtp_layer`, weights from ``seed + 1``), the MoE draft vLLM serves as
+            ``DeepSeekMTP``; 0 (default): none.
 
     Raises:
-        ValueError: unknown ``arch`` or ``fmt``.
+        ValueError: unknown ``arch`` or ``fmt``; ``mtp_layers`` other than 0, or 1 for ``deepseek-v3``.
     """
+    if mtp_layers not in (0, 1) or (mtp_layers and arch != "deepseek-v3"):
+        raise ValueError(f"mtp_layers={mtp_layers!r}: 0, or 1 for deepseek-v3 (DeepSeek-V3's one MTP layer)")
     from transformers import AutoModelForCausalLM
 
     config = _hf_config(arch, num_experts, top_k, num_moe_layers, moe_intermediate_size)
@@ -322,23 +367,31 @@ def write_checkpoint(
     try:
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name.endswith("e_score_correction_bias"):
-                    param.normal_(0.0, 0.05)
-                elif name.endswith((".mlp.gate.weight", ".block_sparse_moe.gate.weight")):
-                    param.normal_(0.0, _ROUTER_STD)
-                elif name == "model.embed_tokens.weight":
-                    param.normal_(0.0, _EMBED_STD)
-                elif name == "lm_head.weight":
-                    param.normal_(0.0, _HEAD_STD)
-            for name, buffer in model.named_buffers():
-                if name.endswith("e_score_correction_bias"):
-                    buffer.normal_(0.0, 0.05)
+        _draw_weights(model)
         model.save_pretrained(folder)
     finally:
         torch.random.set_rng_state(generator_state)
+    if mtp_layers:
+        add_mtp_layer(folder, seed=seed + 1)
     return to_format(folder, fmt)
+
+
+def _draw_weights(model: Any) -> None:
+    """The tiny checkpoints' weights beyond transformers' initialisation, drawn in parameter order from the
+    global generator: routing bias std 0.05, router gates std 0.5, token embeddings std 1, LM head std 0.3."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("e_score_correction_bias"):
+                param.normal_(0.0, 0.05)
+            elif name.endswith((".mlp.gate.weight", ".block_sparse_moe.gate.weight")):
+                param.normal_(0.0, _ROUTER_STD)
+            elif name == "model.embed_tokens.weight":
+                param.normal_(0.0, _EMBED_STD)
+            elif name == "lm_head.weight":
+                param.normal_(0.0, _HEAD_STD)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0.0, 0.05)
 
 
 def fit_routing_bias(
@@ -415,6 +468,164 @@ def fit_routing_bias(
         for handle in handles:
             handle.remove()
     model.save_pretrained(folder)
+    return shares
+
+
+def add_mtp_layer(
+    folder: str | os.PathLike[str],
+    *,
+    seed: int = 1,
+    popularity: Any = None,
+    iterations: int = 60,
+    step: float = 0.02,
+    fit_seed: int = 0,
+) -> Path:
+    """Give a DeepSeek-V3 checkpoint DeepSeek-V3's multi-token prediction (MTP) layer, in place.
+
+    The layer is what DeepSeek-V3/R1 checkpoints carry after the last decoder layer and vLLM serves as the
+    MoE draft ``DeepSeekMTP`` (``vllm/model_executor/models/deepseek_mtp.py``): at decoder index ``n =
+    num_hidden_layers``, ``model.layers.n.{enorm, hnorm, eh_proj}`` (the input norms and the projection
+    of ``[norm(embed(next token)), norm(target hidden)]``), a whole decoder layer with its own MoE (same
+    E, K and groups as the target's, its own router and experts) and ``shared_head.{norm, head}``, the head
+    and ``embed_tokens`` copies of the target's (as in DeepSeek-V3's release; vLLM shares the target's
+    anyway). ``config.json`` states ``num_nextn_predict_layers: 1`` (transformers' DeepSeek-V3 config
+    writes it by default, without the weights). The target's tensors are unchanged
+    (the target model of vLLM and of HF transformers skips the layer), so its outputs and routing are
+    too. The decoder layer is drawn as :func:`write_checkpoint` draws one (transformers' initialisation,
+    then the router and bias draws) from ``seed``; ``eh_proj`` std 0.02; norms 1.
+
+    With ``popularity`` the layer's routing bias is fitted so that its routing follows it, as
+    :func:`fit_routing_bias` fits the target's: the layer runs (as transformers' ``DeepseekV3DecoderLayer``,
+    causal) on what vLLM's MTP layer feeds it from HF transformers' target hidden states of 16 random
+    sequences of 64 tokens (``fit_seed``) and their next tokens; each iteration moves the bias by ``step *
+    log(target share / observed share)``.
+
+    Args:
+        folder: a ``deepseek-v3`` checkpoint of :func:`write_checkpoint` without an MTP layer.
+        seed: torch seed of the layer's weights.
+        popularity: ``(E,)`` non-negative load per logical expert to fit the layer's routing to (e.g. a
+            recorded trace layer's selections); None: the drawn bias.
+        iterations, step, fit_seed: the fit's.
+
+    Returns:
+        ``folder``.
+
+    Raises:
+        ValueError: not a DeepSeek-V3 checkpoint, one with MTP weights already, a sharded one, or
+            ``popularity`` not ``(E,)`` with a positive total.
+    """
+    import tempfile
+
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = Path(folder)
+    info = checkpoint_info(folder)
+    if info.arch != "deepseek-v3":
+        raise ValueError(f"{folder}: only a deepseek-v3 checkpoint has an MTP layer, got {info.arch}")
+    if info.num_mtp_layers:
+        raise ValueError(f"{folder}: holds the weights of {info.num_mtp_layers} MTP layer(s) already")
+    files = sorted(folder.glob("*.safetensors"))
+    if len(files) != 1:
+        raise ValueError(f"{folder}: {len(files)} safetensors files; the tiny checkpoints have one")
+    target = None
+    if popularity is not None:
+        target = torch.as_tensor(popularity, dtype=torch.float64)
+        if target.shape != (info.num_logical_experts,) or float(target.sum()) <= 0:
+            raise ValueError(
+                f"popularity must be (E,) = ({info.num_logical_experts},) with a positive total, got "
+                f"{tuple(target.shape)}"
+            )
+    hf_config = AutoConfig.from_pretrained(str(folder))
+    n = int(hf_config.num_hidden_layers)
+    hf_config.num_hidden_layers = n + 1
+    generator_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        grown = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32, attn_implementation="eager")
+        _draw_weights(grown)
+        eh_proj = torch.randn(info.hidden_size, 2 * info.hidden_size) * _INIT_STD
+    finally:
+        torch.random.set_rng_state(generator_state)
+    block = grown.model.layers[n]
+    if target is not None:
+        _fit_mtp_routing(folder, block, eh_proj, target / target.sum(), iterations, step, fit_seed)
+    prefix = f"model.layers.{n}."
+    with tempfile.TemporaryDirectory() as scratch:
+        grown.save_pretrained(scratch)  # transformers' per-expert keys, as the target's
+        layer = {k: v for k, v in checkpoint_tensors(scratch).items() if k.startswith(prefix)}
+    tensors = checkpoint_tensors(folder)
+    ones = torch.ones(info.hidden_size)
+    layer.update(
+        {
+            prefix + "enorm.weight": ones.clone(),
+            prefix + "hnorm.weight": ones.clone(),
+            prefix + "eh_proj.weight": eh_proj,
+            prefix + "shared_head.norm.weight": ones.clone(),
+            prefix + "shared_head.head.weight": tensors["lm_head.weight"].clone(),
+            prefix + "embed_tokens.weight": tensors["model.embed_tokens.weight"].clone(),
+        }
+    )
+    tensors.update({k: v.contiguous() for k, v in layer.items()})
+    save_file(tensors, str(files[0]), metadata={"format": "pt"})
+    config_file = folder / "config.json"
+    config = json.loads(config_file.read_text())
+    config[MTP_LAYERS_KEY] = 1
+    config_file.write_text(json.dumps(config, indent=2) + "\n")
+    return folder
+
+
+def _fit_mtp_routing(
+    folder: Path,
+    block: Any,
+    eh_proj: torch.Tensor,
+    target: torch.Tensor,
+    iterations: int,
+    step: float,
+    seed: int,
+) -> torch.Tensor:
+    """Fit ``block``'s (an HF ``DeepseekV3DecoderLayer``) routing bias in place to the shares ``target``
+    ``(E,)`` on the inputs vLLM's MTP layer gives it (:func:`add_mtp_layer`); returns the last observed
+    shares, float64 ``(E,)``."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=torch.float32, attn_implementation="eager"
+    )
+    model.eval()
+    block.eval()
+    eps = model.config.rms_norm_eps
+
+    def rms(x: torch.Tensor) -> torch.Tensor:  # the MTP layer's RMSNorms (weight 1)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+    ids = torch.randint(0, model.config.vocab_size, (16, 65), generator=torch.Generator().manual_seed(seed))
+    with torch.inference_mode():
+        hidden = model.model(ids[:, :64]).last_hidden_state  # what vLLM's target hands its draft
+        embeds = model.model.embed_tokens(ids[:, 1:]).clone()
+        embeds[:, 0] = 0  # vLLM's MTP layer masks the embedding at position 0
+        x = F.linear(torch.cat([rms(embeds), rms(hidden)], dim=-1), eh_proj)
+        positions = torch.arange(64).unsqueeze(0).expand(16, -1)
+        rotary = model.model.rotary_emb(x, positions)
+        mask = torch.full((64, 64), float("-inf")).triu(1).view(1, 1, 64, 64)
+    counts: list[torch.Tensor] = []
+    handle = block.mlp.gate.register_forward_hook(
+        lambda module, inputs, output: counts.append(
+            torch.bincount(output[2].reshape(-1), minlength=target.numel())
+        )
+    )
+    shares = target
+    try:
+        for _ in range(iterations):
+            counts.clear()
+            with torch.inference_mode():
+                block(x, attention_mask=mask, position_ids=positions, position_embeddings=rotary)
+            shares = counts[0].double() / counts[0].sum()
+            with torch.no_grad():
+                error = torch.log((target + 1e-4) / (shares + 1e-4))
+                block.mlp.gate.e_score_correction_bias += (step * error).float()
+    finally:
+        handle.remove()
     return shares
 
 

@@ -64,6 +64,7 @@ from ascend_eplb.world.stand_ins import install_model_stand_ins, install_stand_i
 __all__ = [
     "COMPILATION_MODES",
     "COMPILE_BACKENDS",
+    "DraftStep",
     "ParallelLayout",
     "RealModelSpec",
     "ServingWorker",
@@ -72,8 +73,10 @@ __all__ = [
     "compilation_error",
     "compilation_of",
     "forward",
+    "forward_draft",
     "init_world",
     "is_compiled",
+    "load_draft",
     "load_model",
     "moe_layers",
     "parallel_layout",
@@ -223,6 +226,7 @@ def _vllm_config(
     eplb: dict[str, Any] | None,
     data_parallel_size: int = 1,
     compilation: dict[str, Any] | None = None,
+    speculative_tokens: int = 0,
 ) -> Any:
     from vllm.config import (
         AttentionConfig,
@@ -231,6 +235,7 @@ def _vllm_config(
         LoadConfig,
         ModelConfig,
         ParallelConfig,
+        SpeculativeConfig,
         VllmConfig,
     )
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -270,6 +275,17 @@ def _vllm_config(
     attention = (
         AttentionConfig(backend=AttentionBackendEnum.CPU_MLA) if model_config.use_mla else AttentionConfig()
     )
+    # MTP: vLLM derives the draft's config from the target's (DeepSeek-V3: DeepSeekMTPModel).
+    speculative = (
+        SpeculativeConfig(
+            method="mtp",
+            num_speculative_tokens=speculative_tokens,
+            target_model_config=model_config,
+            target_parallel_config=parallel,
+        )
+        if speculative_tokens
+        else None
+    )
     return VllmConfig(
         model_config=model_config,
         # No loading progress bar: tqdm's multiprocessing lock would be a semaphore of each rank.
@@ -277,6 +293,7 @@ def _vllm_config(
         parallel_config=parallel,
         compilation_config=CompilationConfig(**{**(compilation or {}), "custom_ops": ["none"]}),
         attention_config=attention,
+        speculative_config=speculative,
     )
 
 
@@ -325,6 +342,7 @@ def prepare_world(
     data_parallel_size: int = 1,
     dispatch: str = "gather",
     compilation: dict[str, Any] | None = None,
+    speculative_tokens: int = 0,
 ) -> Any:
     """What a worker has before it loads the model of ``folder``: its ``VllmConfig`` and vLLM's world.
 
@@ -345,6 +363,8 @@ def prepare_world(
     ``enforce_eager``): compiled, the model's first forward is TorchDynamo's one trace of it
     (``DYNAMO_TRACE_ONCE``, guards dropped), so everything that must be read fresh each forward has to be
     in place before that forward (the runner's controller binds the routers at registration).
+    ``speculative_tokens`` N >= 1: vLLM's MTP speculative config with N tokens (the draft, DeepSeek-V3's
+    ``DeepSeekMTP``, is built by :func:`load_draft`); 0: none.
 
     Raises:
         ValueError: D does not divide the world (:func:`parallel_layout`), an unknown ``dispatch``,
@@ -381,7 +401,9 @@ def prepare_world(
     _thread_lock_for_tqdm()
     if data_parallel_size > 1:
         _external_launcher_environment(ctx)
-    vllm_config = _vllm_config(folder, ctx.world_size, enable_eplb, eplb, data_parallel_size, compilation)
+    vllm_config = _vllm_config(
+        folder, ctx.world_size, enable_eplb, eplb, data_parallel_size, compilation, speculative_tokens
+    )
     init_world(ctx, vllm_config)
     return vllm_config
 
@@ -399,6 +421,25 @@ def load_model(vllm_config: Any) -> torch.nn.Module:
     return model
 
 
+def load_draft(vllm_config: Any, target_model: torch.nn.Module) -> Any:
+    """The draft of ``vllm_config``'s speculative config, as Model Runner V2 loads it: upstream's
+    ``init_speculator`` (``MTPSpeculator`` for MTP), whose ``load_model`` builds the draft with vLLM's
+    loader from the target's checkpoint (DeepSeek-V3: ``DeepSeekMTP`` from its MTP layer, the target's
+    embedding and head shared), then the stand-ins of the built draft (attention, as the target's).
+
+    Returns:
+        the speculator; its ``model`` is the draft.
+    """
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.worker.gpu.spec_decode import init_speculator
+
+    with set_current_vllm_config(vllm_config):
+        speculator = init_speculator(vllm_config, torch.device("cpu"), None)
+        speculator.load_model(target_model)
+    install_model_stand_ins(speculator.model)
+    return speculator
+
+
 def build_model(
     ctx: Any,
     folder: str | os.PathLike[str],
@@ -408,6 +449,7 @@ def build_model(
     data_parallel_size: int = 1,
     dispatch: str = "gather",
     compilation: dict[str, Any] | None = None,
+    speculative_tokens: int = 0,
 ) -> tuple[torch.nn.Module, Any]:
     """One rank's vLLM model of the checkpoint in ``folder``: :func:`prepare_world`, then
     :func:`load_model`.
@@ -422,13 +464,15 @@ def build_model(
             same one).
         dispatch: the expert method's dispatch (:func:`prepare_world`).
         compilation: vLLM's ``compilation_config`` of the model (:func:`prepare_world`).
+        speculative_tokens: N >= 1: the config's MTP speculative config (:func:`prepare_world`; the draft
+            is :func:`load_draft`'s).
 
     Returns:
         ``(model, vllm_config)``.
     """
     vllm_config = prepare_world(
         ctx, folder, enable_eplb=enable_eplb, eplb=eplb, data_parallel_size=data_parallel_size,
-        dispatch=dispatch, compilation=compilation,
+        dispatch=dispatch, compilation=compilation, speculative_tokens=speculative_tokens,
     )  # fmt: skip
     return load_model(vllm_config), vllm_config
 
@@ -462,23 +506,82 @@ def forward(
     Returns:
         float32 ``(T, vocab_size)`` logits of this rank's batch, on every TP rank (gathered over TP).
     """
-    from vllm.config import set_current_vllm_config
-    from vllm.distributed import tensor_model_parallel_all_gather
+    return _forward(model, vllm_config, input_ids, positions)[1]
+
+
+def _forward_context(vllm_config: Any, num_tokens: int) -> Any:
+    """``set_forward_context`` of one forward of ``num_tokens`` rows on every DP rank (Model Runner V2
+    pads the DP ranks to one token count)."""
     from vllm.forward_context import set_forward_context
 
-    num_tokens = int(input_ids.shape[0])
     dp = int(vllm_config.parallel_config.data_parallel_size)
     across_dp = torch.tensor([num_tokens] * dp, dtype=torch.int32) if dp > 1 else None
+    return set_forward_context(None, vllm_config, num_tokens=num_tokens, num_tokens_across_dp=across_dp)
+
+
+def _logits(hidden: torch.Tensor, head: Any, vocab_size: int) -> torch.Tensor:
+    """float32 ``(T, V)`` logits of ``hidden`` through the vocabulary-parallel ``head``, gathered over TP."""
+    from vllm.distributed import tensor_model_parallel_all_gather
+
+    logits = F.linear(hidden, head.weight)  # (T, vocab_size / TP): this rank's vocabulary shard
+    logits = tensor_model_parallel_all_gather(logits.contiguous(), dim=-1)
+    return logits[:, :vocab_size].float()
+
+
+def _forward(
+    model: torch.nn.Module, vllm_config: Any, input_ids: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`forward`'s ``(hidden (T, H), logits (T, V))``: the model's output hidden states (what Model
+    Runner V2 hands an MTP draft) beside the logits."""
+    from vllm.config import set_current_vllm_config
+
     with (
         torch.inference_mode(),
         set_current_vllm_config(vllm_config),
-        set_forward_context(None, vllm_config, num_tokens=num_tokens, num_tokens_across_dp=across_dp),
+        _forward_context(vllm_config, int(input_ids.shape[0])),
     ):
         hidden = model(input_ids=input_ids, positions=positions)
-        head = model.lm_head
-        logits = F.linear(hidden, head.weight)  # (T, vocab_size / TP): this rank's vocabulary shard
-        logits = tensor_model_parallel_all_gather(logits.contiguous(), dim=-1)
-    return logits[:, : model.config.vocab_size].float()
+        logits = _logits(hidden, model.lm_head, model.config.vocab_size)
+    return hidden, logits
+
+
+def forward_draft(
+    draft: torch.nn.Module,
+    vllm_config: Any,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    hidden_states: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward of an MTP draft (vLLM's ``DeepSeekMTP``, its first MTP layer), as Model Runner V2's
+    ``TargetDependentARSpeculator._run_model`` calls it: ``model(input_ids, positions, hidden_states)``
+    inside the forward context.
+
+    Args:
+        draft: the speculator's ``model`` (:func:`load_draft`).
+        vllm_config: its config.
+        input_ids: int64 ``(T,)``: at row ``t`` the token after the target's token ``t``.
+        positions: int64 ``(T,)``, ``0..T-1`` (the attention stand-ins are causal from position 0).
+        hidden_states: ``(T, H)``: the target's output hidden states (first draft step) or the previous
+            draft step's (the next ones).
+
+    Returns:
+        ``(hidden (T, H), logits (T, V))``: the hidden states the draft feeds its next step (after the
+        shared head's norm, as vLLM recycles them) and its logits through the shared head, float32,
+        gathered over TP.
+    """
+    from vllm.config import set_current_vllm_config
+
+    with (
+        torch.inference_mode(),
+        set_current_vllm_config(vllm_config),
+        _forward_context(vllm_config, int(input_ids.shape[0])),
+    ):
+        logits_hidden, next_hidden = draft(
+            input_ids=input_ids, positions=positions, hidden_states=hidden_states
+        )
+        layer = draft.model.layers[str(draft.model.mtp_start_layer_idx)]
+        logits = _logits(layer.shared_head(logits_hidden), layer.shared_head.head, draft.config.vocab_size)
+    return next_hidden, logits
 
 
 def prompt(seed: int, num_tokens: int = 12, vocab_size: int = VOCAB_SIZE) -> torch.Tensor:
@@ -500,6 +603,7 @@ class WorkerStep:
         load: int64 ``(L, P)``: upstream's ``expert_load_pass`` after the forward (this rank's record).
         physical_ids: per MoE layer, int64 ``(T, K)``: the ids the expert kernel consumed.
         recorded: whether this forward recorded load (the device record flag).
+        draft: the draft's forwards of the step (:class:`DraftStep`), None without a draft.
     """
 
     logits_on: torch.Tensor
@@ -507,6 +611,26 @@ class WorkerStep:
     load: torch.Tensor
     physical_ids: list[torch.Tensor]
     recorded: bool
+    draft: DraftStep | None = None
+
+
+@dataclass
+class DraftStep:
+    """What the draft's forwards of one :meth:`ServingWorker.forward_step` saw (N = the speculative tokens).
+
+    Attributes:
+        logits_on: per draft forward, float32 ``(T, vocab_size)`` of the EPLB-on draft.
+        logits_off: per draft forward, the EPLB-off draft's (fed the EPLB-off target's hidden states), or
+            None without an EPLB-off model.
+        load: int64 ``(L_draft, P)``: upstream's ``expert_load_pass`` of the draft after its N forwards.
+        physical_ids: per draft forward, per draft MoE layer, int64 ``(T, K)``: the ids its expert kernel
+            consumed.
+    """
+
+    logits_on: list[torch.Tensor]
+    logits_off: list[torch.Tensor] | None
+    load: torch.Tensor
+    physical_ids: list[list[torch.Tensor]]
 
 
 class ServingWorker:
@@ -541,6 +665,12 @@ class ServingWorker:
             moe_rows="split")``, as vLLM Ascend names the rows of its MC2 / ALLTOALL batches).
         compilation: vLLM's ``compilation_config`` of both models (:func:`compilation_of`; None:
             eager). Compiled, the first forward (:meth:`profile_run`) is the one trace of each.
+        speculative_tokens: N >= 1: serve with MTP speculative decoding (a DeepSeek-V3 checkpoint with its
+            MTP layer, :func:`~ascend_eplb.tools.world.checkpoints.add_mtp_layer`): the draft is loaded as
+            Model Runner V2 loads it (:func:`load_draft`) and registered by upstream's
+            ``maybe_register_speculator`` beside the target in the one EPLB state (as
+            ``"<model> (draft)"``), and each :meth:`forward_step` runs it N times after the target; 0:
+            no draft.
 
     Attributes:
         info: :func:`checkpoint_info`; ``format``: the experts' quant_views format
@@ -554,7 +684,10 @@ class ServingWorker:
         ``quant_method``'s ``QuantViewsFusedMoEMethod`` for a quantized checkpoint); ``compiled``
         (whether the models run compiled); ``observer`` (compiled with the ``eager`` backend: the
         ``GraphObserver`` the EPLB-on model compiles with, else None) and ``traced`` (its graph, after
-        :meth:`profile_run`).
+        :meth:`profile_run`). With a draft:
+        ``speculator`` (upstream's, its ``model`` the draft), ``draft_model_state`` (upstream's),
+        ``draft_experts`` (:func:`checkpoint_experts` of the MTP layer), ``speculator_off`` (the EPLB-off
+        model's); without: None.
 
     Order as a serving worker: :func:`prepare_world`, the runner's controller (start-up validation, which
     refuses a rejected format before anything loads), :func:`load_model`, ``load_model`` registration.
@@ -575,9 +708,16 @@ class ServingWorker:
         ascend_keys: dict[str, Any] | None = None,
         dispatch: str = "gather",
         compilation: dict[str, Any] | None = None,
+        speculative_tokens: int = 0,
     ) -> None:
         self.layout = parallel_layout(ctx.world_size, data_parallel_size)
         self.compiled = is_compiled(compilation)
+        self.speculative_tokens = speculative_tokens
+        if speculative_tokens and self.compiled:
+            raise ValueError(
+                f"speculative_tokens={speculative_tokens} with compilation {compilation}: the MTP draft is "
+                "served eager in this world (a compiled draft is not run here)"
+            )
         self.moe_rows = "split" if dispatch == "all-to-all" else None
         self.dp_rank, self.tp_rank = self.layout.dp_rank(ctx.rank), self.layout.tp_rank(ctx.rank)
         os.environ["ASCEND_EPLB"] = "1"
@@ -593,6 +733,13 @@ class ServingWorker:
         self.folder = Path(folder)
         self.info = checkpoint_info(self.folder)
         self.format = checkpoint_format(self.folder)
+        if speculative_tokens and (self.format is not None or not self.info.num_mtp_layers):
+            raise ValueError(
+                f"speculative_tokens={speculative_tokens}: the MTP draft needs a float32 DeepSeek-V3 "
+                f"checkpoint with its MTP layer; {self.folder} is {self.format or 'float32'} with "
+                f"{self.info.num_mtp_layers} MTP layer(s)"
+            )
+        self.draft_layers_changed: list[int] = []
         eplb = {
             "num_redundant_experts": num_redundant_experts,
             "window_size": window_size,
@@ -604,7 +751,7 @@ class ServingWorker:
         # As a serving worker: the runner (its controller: start-up validation) before the model loads.
         self.vllm_config = prepare_world(
             ctx, self.folder, enable_eplb=True, eplb=eplb, data_parallel_size=data_parallel_size,
-            dispatch=dispatch, compilation=compilation,
+            dispatch=dispatch, compilation=compilation, speculative_tokens=speculative_tokens,
         )  # fmt: skip
         ascend = {"load_collection_phase": phase, **(ascend_keys or {})}
         if initial_placement is not None:
@@ -631,10 +778,18 @@ class ServingWorker:
         self.expert_storage = (
             None if self.format is None else checkpoint_expert_storage(self.folder, self.format)
         )
+        spec = self.vllm_config.speculative_config
+        self.speculator = load_draft(self.vllm_config, self.model) if speculative_tokens else None
         with set_current_vllm_config(self.vllm_config):
-            self.wiring.load_model(self.model, self.model_config)
+            self.wiring.load_model(
+                self.model, self.model_config, speculator=self.speculator, speculative_config=spec
+            )
         self.state = self.wiring.controller.state
         self.model_state = self.state.model_states[self.model_config.compute_hash()]
+        self.draft_model_state = self.draft_experts = None
+        if self.speculator is not None:
+            self.draft_model_state = self.state.model_states[spec.draft_model_config.compute_hash()]
+            self.draft_experts = checkpoint_experts(self.folder, draft=True) if self.format is None else None
         self.seconds["build_on"] = time.monotonic() - t0
         # Under upstream's initial placement (what vLLM's loader filled), or under the placement the
         # start-up installed from initial_placement (the committed map).
@@ -643,13 +798,16 @@ class ServingWorker:
             if initial_placement is None
             else self.model_state.physical_to_logical_map
         )
-        self.model_off = self.vllm_config_off = None
+        self.draft_initial_slot_mismatches = None if self.speculator is None else self.draft_slot_mismatches()
+        self.model_off = self.vllm_config_off = self.speculator_off = None
         if eplb_off:
             t1 = time.monotonic()
             self.model_off, self.vllm_config_off = build_model(
                 ctx, self.folder, enable_eplb=False, data_parallel_size=data_parallel_size,
-                dispatch=dispatch, compilation=compilation,
+                dispatch=dispatch, compilation=compilation, speculative_tokens=speculative_tokens,
             )  # fmt: skip
+            if speculative_tokens:
+                self.speculator_off = load_draft(self.vllm_config_off, self.model_off)
             self.seconds["build_off"] = time.monotonic() - t1
 
     @property
@@ -658,12 +816,12 @@ class ServingWorker:
         return int(self.model_state.physical_to_logical_map.shape[1])
 
     def profile_run(self, input_ids: torch.Tensor) -> None:
-        """Runner point 5: a dummy forward of ``input_ids``, then upstream's profile step."""
+        """Runner point 5: a dummy forward of ``input_ids`` (the target's, then the draft's), then upstream's
+        profile step."""
         from vllm.config import set_current_vllm_config
 
         with set_current_vllm_config(self.vllm_config):
-            self.wiring.prepare_forward(self.model_config, int(input_ids.shape[0]), moe_rows=self.moe_rows)
-            forward(self.model, self.vllm_config, input_ids, torch.arange(input_ids.shape[0]))
+            self._dummy_forward(input_ids)
             self.wiring.profile_run()
         if self.observer is not None and self.traced is None:
             if len(self.observer.graphs) != 1:
@@ -686,17 +844,38 @@ class ServingWorker:
         module = compiled_module(self.model)
         return self.traced.moved({"self": module}, type(module).forward.__globals__)
 
+    def dummy_run(self, input_ids: torch.Tensor) -> None:
+        """Runner point 6, a warm-up or idle-rank ``_dummy_run``: the dummy forward of ``input_ids`` (the
+        target's, then, as upstream's ``_dummy_run`` proposes with ``dummy_run=True``, the draft's), then a
+        dummy step (upstream zeroes every registered model's load pass: no load reaches a window)."""
+        from vllm.config import set_current_vllm_config
+
+        with set_current_vllm_config(self.vllm_config):
+            self._dummy_forward(input_ids)
+            self.wiring.dummy_run()
+
+    def _dummy_forward(self, input_ids: torch.Tensor) -> None:
+        num_tokens = int(input_ids.shape[0])
+        positions = torch.arange(num_tokens)
+        self.wiring.prepare_forward(self.model_config, num_tokens, moe_rows=self.moe_rows)
+        hidden, _ = _forward(self.model, self.vllm_config, input_ids, positions)
+        for _ in range(self.speculative_tokens):
+            self.speculator._prepare_eplb_forward(num_tokens)
+            hidden, _ = forward_draft(self.speculator.model, self.vllm_config, input_ids, positions, hidden)
+
     def wait_for_transfer(self, deadline_s: float) -> None:
-        """While a rearrangement is in flight, wait until the async worker published its next layer.
+        """While a rearrangement is in flight, wait until the async worker published its next layer (of
+        whichever registered model it moves: upstream's worker moves them one after the other, in
+        registration order).
 
         Raises:
             AssertionError: the worker died, or published nothing within ``deadline_s`` seconds.
         """
-        ms = self.model_state
-        if not ms.rebalanced:
+        in_cycle = [ms for ms in self.state.model_states.values() if ms.rebalanced]
+        if not in_cycle:
             return
         deadline = time.monotonic() + deadline_s
-        while ms.pending_result is None:
+        while all(ms.pending_result is None for ms in in_cycle):
             if not self.state.async_worker.is_alive():
                 raise AssertionError("the async EPLB worker died")
             if time.monotonic() > deadline:
@@ -704,19 +883,37 @@ class ServingWorker:
             time.sleep(0.001)
 
     def forward_step(
-        self, input_ids: torch.Tensor, *, num_unpadded_tokens: int, batch_has_prefill: bool
+        self,
+        input_ids: torch.Tensor,
+        *,
+        num_unpadded_tokens: int,
+        batch_has_prefill: bool,
+        draft_input_ids: Any = (),
     ) -> WorkerStep:
         """Runner points 7-8 and the forward: the batch phase, ``prepare_forward`` with the unpadded
-        count, the EPLB-on forward (the kernel's physical ids captured), then the EPLB-off forward.
+        count, the EPLB-on forward (the kernel's physical ids captured), then the EPLB-off forward; with a
+        draft, then its N forwards as Model Runner V2's MTP speculator runs them after the target
+        (``_prepare_eplb_forward`` with the unpadded count, upstream's own, then the draft on the previous
+        hidden states), EPLB on and off.
 
         Args:
             input_ids: int64 ``(T,)``, one sequence; rows ``>= num_unpadded_tokens`` are padding (the
                 stand-in attention is causal, so they change no real row).
             num_unpadded_tokens: the real rows.
             batch_has_prefill: the batch phase the runner declares.
+            draft_input_ids: with a draft, N int64 ``(T,)``: draft forward ``k``'s ids (row ``t``: the
+                token after the one of row ``t`` of its input hidden states); without, empty.
+
+        Raises:
+            ValueError: ``draft_input_ids`` does not hold one sequence per speculative token.
         """
         from vllm.config import set_current_vllm_config
 
+        if len(draft_input_ids) != self.speculative_tokens:
+            raise ValueError(
+                f"draft_input_ids holds {len(draft_input_ids)} sequences: must be one per speculative token "
+                f"({self.speculative_tokens})"
+            )
         positions = torch.arange(input_ids.shape[0])
         with set_current_vllm_config(self.vllm_config):
             self.wiring.prepare_inputs(batch_has_prefill)
@@ -724,24 +921,41 @@ class ServingWorker:
             recorded = bool(self.state.should_record_tensor)
             logs = [kernel_log(layer) for layer in routed_experts(self.model)]
             before = [int(log.calls) for log in logs]
-            logits_on = forward(self.model, self.vllm_config, input_ids, positions)
-            calls = [int(log.calls) - n for log, n in zip(logs, before, strict=True)]
-            if calls != [1] * len(logs):
-                raise RuntimeError(
-                    f"the EPLB-on forward called the MoE layers' experts {calls} times, not once each"
-                )
-            physical_ids = [log.last_ids() for log in logs]
-        load = self.model_state.expert_load_pass.clone().long()
+            hidden, logits_on = _forward(self.model, self.vllm_config, input_ids, positions)
+            physical_ids = _called_once(logs, before, "the EPLB-on forward")
+            load = self.model_state.expert_load_pass.clone().long()
+            draft = None
+            if self.speculator is not None:
+                draft_logs = [kernel_log(layer) for layer in routed_experts(self.speculator.model)]
+                draft_logits, draft_ids = [], []
+                for k, ids in enumerate(draft_input_ids):
+                    before = [int(log.calls) for log in draft_logs]
+                    self.speculator._prepare_eplb_forward(num_unpadded_tokens)
+                    hidden, logits = forward_draft(
+                        self.speculator.model, self.vllm_config, ids, positions, hidden
+                    )
+                    draft_logits.append(logits)
+                    draft_ids.append(_called_once(draft_logs, before, f"the EPLB-on draft's forward {k}"))
+                draft_load = self.draft_model_state.expert_load_pass.clone().long()
+                draft = DraftStep(draft_logits, None, draft_load, draft_ids)
         logits_off = None
         if self.model_off is not None:
-            logits_off = forward(self.model_off, self.vllm_config_off, input_ids, positions)
-        return WorkerStep(logits_on, logits_off, load, physical_ids, recorded)
+            hidden_off, logits_off = _forward(self.model_off, self.vllm_config_off, input_ids, positions)
+            if draft is not None:
+                draft.logits_off = []
+                for ids in draft_input_ids:
+                    hidden_off, logits = forward_draft(
+                        self.speculator_off.model, self.vllm_config_off, ids, positions, hidden_off
+                    )
+                    draft.logits_off.append(logits)
+        return WorkerStep(logits_on, logits_off, load, physical_ids, recorded, draft)
 
     def end_step(self) -> list[int]:
         """Runner point 9 (upstream's step, then the controller's hooks: watchdog, verifier, events).
 
         Returns:
-            the MoE layers whose committed placement changed in this step.
+            the target's MoE layers whose committed placement changed in this step (the draft's:
+            :attr:`draft_layers_changed`).
 
         Raises:
             whatever the hooks raise (``EplbVerificationError``, ``EplbWorkerFailureError``).
@@ -749,10 +963,13 @@ class ServingWorker:
         from vllm.config import set_current_vllm_config
 
         before = self.model_state.physical_to_logical_map.clone()
+        draft = self.draft_model_state
+        draft_before = None if draft is None else draft.physical_to_logical_map.clone()
         with set_current_vllm_config(self.vllm_config):
             self.wiring.after_sampling()
-        after = self.model_state.physical_to_logical_map
-        return [layer for layer in range(before.shape[0]) if not torch.equal(before[layer], after[layer])]
+        if draft is not None:
+            self.draft_layers_changed = _changed(draft_before, draft.physical_to_logical_map)
+        return _changed(before, self.model_state.physical_to_logical_map)
 
     def describe_experts(self) -> dict[str, Any]:
         """What serves the routed experts: ``methods`` (class name per MoE layer), ``formats``
@@ -778,12 +995,43 @@ class ServingWorker:
         tensor (``quant_method.slot_fingerprint_mismatches``)."""
         return self._mismatches(self.model_state.physical_to_logical_map)
 
+    def draft_slot_mismatches(self) -> list[str]:
+        """The draft's local slots not holding their logical expert (its MTP layer's float weights) under
+        its committed placement (:func:`local_slot_mismatches`).
+
+        Raises:
+            RuntimeError: the worker has no draft.
+        """
+        if self.speculator is None:
+            raise RuntimeError("this ServingWorker serves no draft (speculative_tokens=0)")
+        return local_slot_mismatches(
+            self.speculator.model,
+            self.draft_experts,
+            self.draft_model_state.physical_to_logical_map,
+            self.ep_rank,
+        )
+
     def _mismatches(self, physical_to_logical: torch.Tensor) -> list[str]:
         if self.format is None:
             return local_slot_mismatches(self.model, self.experts, physical_to_logical, self.ep_rank)
         return slot_fingerprint_mismatches(
             self.model, self.expert_storage, physical_to_logical, self.ep_rank, self.format
         )
+
+
+def _called_once(logs: list[Any], before: list[int], what: str) -> list[torch.Tensor]:
+    """The physical ids each MoE layer's experts consumed in one forward (its ``KernelLog``'s last call),
+    after checking that the forward called each layer's experts exactly once (``before``: their call
+    counts before it)."""
+    calls = [int(log.calls) - n for log, n in zip(logs, before, strict=True)]
+    if calls != [1] * len(logs):
+        raise RuntimeError(f"{what} called the MoE layers' experts {calls} times, not once each")
+    return [log.last_ids() for log in logs]
+
+
+def _changed(before: torch.Tensor, after: torch.Tensor) -> list[int]:
+    """The rows (MoE layers) of two ``(L, P)`` placements that differ."""
+    return [layer for layer in range(before.shape[0]) if not torch.equal(before[layer], after[layer])]
 
 
 # --- the serving-path world ------------------------------------------------------------------------
@@ -816,6 +1064,13 @@ class RealModelSpec:
         ascend_keys: more Ascend keys of ``additional_config.eplb_config`` (``policy``, the gate's,
             ``load_estimate``), judged by start-up validation as a server's.
         compilation: vLLM's ``compilation_config`` of both models (:func:`compilation_of`; None: eager).
+        speculative_tokens: N >= 1: serve the checkpoint's MTP draft beside the target
+            (:class:`ServingWorker`), N draft forwards per step; each step's prompt then has
+            ``num_tokens + N`` ids (draft forward ``k`` takes ids ``k + 1 .. k + num_tokens``).
+        draft_idle_steps: steps at which the draft does not run (speculation off for the batch), so a
+            window can hold the target's load and none of the draft's.
+        dummy_steps: steps before whose forward every rank runs a warm-up dummy run (runner point 6:
+            the target's and the draft's dummy forward, then a dummy step).
     """
 
     arch: str
@@ -835,6 +1090,9 @@ class RealModelSpec:
     dispatch: str = "gather"
     ascend_keys: dict[str, Any] = field(default_factory=dict)
     compilation: dict[str, Any] | None = None
+    speculative_tokens: int = 0
+    draft_idle_steps: tuple[int, ...] = ()
+    dummy_steps: tuple[int, ...] = ()
 
     def num_real_tokens(self, dp_rank: int) -> int:
         """The real rows of DP rank ``dp_rank``'s prompts.
@@ -909,6 +1167,7 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
         dispatch=spec.dispatch,
         ascend_keys=spec.ascend_keys or None,
         compilation=spec.compilation,
+        speculative_tokens=spec.speculative_tokens,
     )
     decisions: list[tuple[Any, ...]] = []
     worker.wiring.controller.bus.subscribe(
@@ -929,31 +1188,53 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
             "num_physical_experts": worker.num_physical_experts,
         },
     }
+    n = spec.speculative_tokens
     prompts = [
-        prompt(spec.prompt_seed(s, worker.dp_rank), spec.num_tokens, info.vocab_size)
+        prompt(spec.prompt_seed(s, worker.dp_rank), spec.num_tokens + n, info.vocab_size)
         for s in range(spec.steps)
     ]
-    worker.profile_run(prompts[0])
+    worker.profile_run(prompts[0][: spec.num_tokens])
     logits_on, logits_off, loads, recorded, maps, commits, slot_checks = [], [], [], [], [], [], []
     kernel_rows: list[int] = []
     moved: list[tuple[int, list[str]]] = []
     counters_first: dict[str, Any] | None = None
+    draft: dict[str, list[Any]] = {
+        k: [] for k in ("logits_on", "logits_off", "load", "maps", "commits", "slot_checks", "ran", "dummy")
+    }
     t1 = time.monotonic()
     for step in range(spec.steps):
         worker.wait_for_transfer(spec.worker_deadline_s)
+        if step in spec.dummy_steps:
+            draft["dummy"].append((step, _dummy_run_record(worker, prompts[step][: spec.num_tokens])))
         # Even steps are declared prefill batches, odd steps decode batches (computed = prompt tokens),
         # so a "prefill" or "decode" phase records every other step.
         computed = 0 if step % 2 == 0 else spec.num_tokens
-        seen = worker.forward_step(
-            prompts[step],
-            num_unpadded_tokens=real,
-            batch_has_prefill=batch_has_prefill([computed], [spec.num_tokens]),
-        )
+        runs_draft = n > 0 and step not in spec.draft_idle_steps
+        if n and not runs_draft:
+            worker.speculative_tokens = 0  # speculation off for this batch: the draft does not run
+        try:
+            seen = worker.forward_step(
+                prompts[step][: spec.num_tokens],
+                num_unpadded_tokens=real,
+                batch_has_prefill=batch_has_prefill([computed], [spec.num_tokens]),
+                draft_input_ids=[prompts[step][k + 1 : k + 1 + spec.num_tokens] for k in range(n)]
+                if runs_draft
+                else (),
+            )
+        finally:
+            worker.speculative_tokens = n
         logits_on.append(seen.logits_on)
         logits_off.append(seen.logits_off)
         loads.append(seen.load)
         recorded.append(seen.recorded)
         kernel_rows.append(int(seen.physical_ids[0].shape[0]))
+        if n:
+            draft["ran"].append(runs_draft)
+            draft["logits_on"].append(seen.draft.logits_on if runs_draft else [])
+            draft["logits_off"].append(seen.draft.logits_off if runs_draft else [])
+            draft["load"].append(
+                seen.draft.load if runs_draft else worker.draft_model_state.expert_load_pass.clone().long()
+            )
         changed = worker.end_step()
         maps.append(worker.model_state.physical_to_logical_map.clone().long())
         if changed:
@@ -963,6 +1244,11 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
             moved.append((step, step_moved))
         if step == 0 and worker.compiled:
             counters_first = dynamo_counters()  # both models traced (their first forwards)
+        if n:
+            draft["maps"].append(worker.draft_model_state.physical_to_logical_map.clone().long())
+            if worker.draft_layers_changed:
+                draft["commits"].extend((step, layer) for layer in worker.draft_layers_changed)
+                draft["slot_checks"].append((step, worker.draft_slot_mismatches()))
     report["seconds"] = {**worker.seconds, "steps": time.monotonic() - t1}
     if worker.compiled:
         report["compiled"] = {
@@ -996,4 +1282,27 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
     )
     if spec.run_eplb_off:
         report["logits_off"] = logits_off
+    if n:
+        report["draft"] = {
+            **draft,
+            "model_name": worker.draft_model_state.model_name,
+            "model_names": [ms.model_name for ms in worker.state.model_states.values()],
+            "initial_slot_mismatches": worker.draft_initial_slot_mismatches,
+            "num_moe_layers": int(worker.draft_model_state.physical_to_logical_map.shape[0]),
+            "skipped_rearrangements": dict(worker.state.skipped_rearrangements),
+        }
     return report
+
+
+def _dummy_run_record(worker: ServingWorker, input_ids: torch.Tensor) -> dict[str, Any]:
+    """A warm-up dummy run of ``worker`` (:meth:`ServingWorker.dummy_run`) and, per registered model (by
+    upstream's name), whether its load window is unchanged by it and its load pass zero after it."""
+    before = {ms.model_name: ms.expert_load_window.clone() for ms in worker.state.model_states.values()}
+    worker.dummy_run(input_ids)
+    return {
+        ms.model_name: (
+            torch.equal(before[ms.model_name], ms.expert_load_window),
+            int(ms.expert_load_pass.abs().sum()) == 0,
+        )
+        for ms in worker.state.model_states.values()
+    }
