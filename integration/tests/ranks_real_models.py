@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -438,4 +440,51 @@ def compiled_world(ctx: RankContext, spec: Any, late_binding: bool) -> dict[str,
     traced = int(state.expert_load_view.sum())
     router._apply_eplb_mapping(torch.randint(0, e, (spec.num_tokens, info.top_k)))
     report["late_recorded"] = (traced, int(state.expert_load_view.sum()) - traced)
+    return report
+
+
+def mtp_world(ctx: RankContext, spec: Any, events: str, served_events: str) -> dict[str, Any]:
+    """The MTP draft beside the target: ``real_model_world(ctx, spec)`` (``spec.speculative_tokens``,
+    its events file ``events``), then, on the same ranks, serving restarted from that events file (each
+    model's last committed placement) with events to ``served_events``: ``restart`` holds each model's
+    committed map right after start-up (``target``, ``draft``), the file's placements by model
+    (``file``), both models' slot checks under them and what the verifier checked; ``refused``: the
+    start-up error of a version-1 file of the target's placement alone (each rank writes its own copy):
+    the draft has none.
+    """
+    from ascend_eplb.integration import placement_file as pf
+    from ascend_eplb.integration.serving import guardrails_of
+    from ascend_eplb.integration.validation import EplbConfigError
+    from ascend_eplb.tools import world as rm
+
+    os.environ["ASCEND_EPLB_EVENTS"] = events
+    report = rm.real_model_world(ctx, spec)
+    # Every rank's records of the first run are written (EP rank 0's) before any rank reads the file.
+    torch.distributed.barrier(group=torch.distributed.group.WORLD)
+    os.environ["ASCEND_EPLB_EVENTS"] = served_events
+    os.environ["ASCEND_EPLB_METRICS"] = "0"  # the scrape is the first run's
+    placements = pf.read_placements(events)
+    common = {
+        "num_redundant_experts": spec.num_redundant_experts, "window_size": spec.window_size,
+        "step_interval": spec.step_interval, "eplb_off": False, "data_parallel_size": spec.data_parallel_size,
+        "speculative_tokens": spec.speculative_tokens,
+    }  # fmt: skip
+    worker = rm.ServingWorker(ctx, spec.folder, initial_placement=events, **common)
+    verifier = guardrails_of(worker.wiring.controller).verifier
+    report["restart"] = {
+        "file": {p.model: [list(row) for row in p.physical_to_logical_map] for p in placements},
+        "target": worker.model_state.physical_to_logical_map.tolist(),
+        "draft": worker.draft_model_state.physical_to_logical_map.tolist(),
+        "slot_mismatches": (worker.initial_slot_mismatches, worker.draft_initial_slot_mismatches),
+        "verifier_commits_checked": verifier.commits_checked,
+    }
+    target_only = Path(ctx.tmp_dir) / f"target-only-{ctx.rank}.json"
+    target = next(p for p in placements if p.model == spec.folder)
+    pf.write_placement(target_only, replace(target, model=None))
+    try:
+        rm.ServingWorker(ctx, spec.folder, initial_placement=str(target_only), **common)
+    except EplbConfigError as e:
+        report["refused"] = str(e)
+    else:
+        report["refused"] = "started"
     return report

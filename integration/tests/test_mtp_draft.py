@@ -7,9 +7,10 @@ real rows (12 and 9 of T = 12). The draft is vLLM's ``DeepSeekMTP``, loaded by u
 ``maybe_register_speculator`` beside the target in the one ``EplbState``; each step runs the target,
 then the draft twice (``num_speculative_tokens=2``) on the previous hidden states, as Model Runner V2's
 speculator does, with upstream's own ``_prepare_eplb_forward``. The verifier, the events file and the
-Prometheus metrics are on. No HF transformers oracle of the MTP layer exists (transformers'
-DeepseekV3ForCausalLM drops its weights), so the draft's oracle is the EPLB-off draft; the target's HF
-check is ``test_real_models``'s.
+Prometheus metrics are on. Then serving restarts on the same ranks from the run's events file: each
+model starts from its own last committed placement. No HF transformers oracle of the MTP layer exists
+(transformers' DeepseekV3ForCausalLM drops its weights), so the draft's oracle is the EPLB-off draft; the
+target's HF check is ``test_real_models``'s.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ascend_eplb.testing import run_ranks, stop_fork_server
+from ascend_eplb.testing import load_module, run_ranks, stop_fork_server
 from ascend_eplb.tools import world as rm
+
+ranks = load_module(Path(__file__).with_name("ranks_real_models.py"))
 
 PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.tools.world.serving")
 NUM_TOKENS = 12
@@ -63,14 +66,14 @@ def test_the_mtp_draft_rearranges_beside_the_target_each_model_checked_alone(tmp
     info = rm.checkpoint_info(folder)
     assert info.num_mtp_layers == 1
     redundant = info.redundant_experts_for(4, at_least=2)
-    events_file = tmp_path / "events.jsonl"
+    events_file, served_events = tmp_path / "events.jsonl", tmp_path / "served.jsonl"
     prom = tmp_path / "prometheus"
     prom.mkdir()
     spec = rm.RealModelSpec(
         arch="deepseek-v3", folder=str(folder), num_redundant_experts=redundant, steps=14, window_size=2,
         step_interval=4, data_parallel_size=2, real_tokens=REAL_TOKENS, speculative_tokens=SPECULATIVE_TOKENS,
         draft_idle_steps=DRAFT_IDLE, dummy_steps=DUMMY,
-        environ={"ASCEND_EPLB_EVENTS": str(events_file), "ASCEND_EPLB_METRICS": "1"},
+        environ={"ASCEND_EPLB_METRICS": "1"},
     )  # fmt: skip
     # prometheus_client picks its multiprocess mode when imported, in the fork server that preloads vLLM.
     stop_fork_server()
@@ -78,8 +81,9 @@ def test_the_mtp_draft_rearranges_beside_the_target_each_model_checked_alone(tmp
     start = time.monotonic()
     try:
         reports = run_ranks(
-            rm.real_model_world, world_size=4, tmp_path=tmp_path, args=(spec,), timeout_s=390, preload=PRELOAD
-        )
+            ranks.mtp_world, world_size=4, tmp_path=tmp_path,
+            args=(spec, str(events_file), str(served_events)), timeout_s=390, preload=PRELOAD,
+        )  # fmt: skip
     finally:
         stop_fork_server()
     print(f"\nMTP world DP=2 x TP=2: {time.monotonic() - start:.1f} s, {reports[0]['seconds']}")
@@ -182,3 +186,28 @@ def test_the_mtp_draft_rearranges_beside_the_target_each_model_checked_alone(tmp
         assert value("ascend_eplb_rearrangements_completed_total", model) == len(done[model])
         assert value("ascend_eplb_layers_committed_total", model) == commits[model]
         assert value("ascend_eplb_rearrangements_skipped_total", model, reason="no_load") == (model == draft)
+
+    # Serving restarted from the events file starts each model on its own last committed placement
+    # (installed at its registration through upstream's transaction, each slot then holding its expert,
+    # the verifier checking the install); a file of the target's placement alone is refused at start-up.
+    for r in reports:
+        restart = r["restart"]
+        assert set(restart["file"]) == {draft, target}
+        assert restart["target"] == restart["file"][target] == first["maps"][-1].tolist()
+        assert restart["draft"] == restart["file"][draft] == first["draft"]["maps"][-1].tolist()
+        assert restart["slot_mismatches"] == ([], [])
+        assert restart["verifier_commits_checked"] == info.num_moe_layers + 1
+        assert r["refused"].startswith(
+            "1 EPLB configuration rule(s) violated:\n  - [initial-placement] eplb_config.initial_placement="
+        )
+        assert r["refused"].endswith(
+            f"/target-only-{r['rank']}.json: has no placement for model {draft} (the server balances "
+            f"['{draft}', '{target}']); fix: export a placement of every model the server balances "
+            "(ascend-eplb plan --export-expert-map on an events file that recorded them) or remove "
+            "initial_placement"
+        )
+    started = [json.loads(line) for line in served_events.read_text().splitlines()]
+    assert [(e["event"], e["model"]) for e in started] == [
+        ("initial_placement", draft),
+        ("initial_placement", target),
+    ]

@@ -191,7 +191,13 @@ def test_truncated_non_json_and_other_files_are_refused_naming_the_file(tmp_path
         "num_logical_experts, num_physical_experts, num_ranks); write it with ascend-eplb plan "
         "--export-expert-map"
     )
-    assert _refusal(_file(tmp_path, {**doc, "version": 2})) == "version=2: this ascend-eplb reads version 1"
+    assert (
+        _refusal(_file(tmp_path, {**doc, "version": 3}))
+        == "version=3: this ascend-eplb reads versions 1 and 2"
+    )
+    assert _refusal(_file(tmp_path, {**doc, "version": 2})) == (
+        "models=None: version 2 holds a non-empty list of models"
+    )
     assert _refusal(_file(tmp_path, {**doc, "format": "sglang"})) == (
         "format='sglang': must be 'ascend-eplb-placement'"
     )
@@ -244,7 +250,6 @@ def test_an_events_file_gives_its_last_committed_placement(tmp_path):
         {**WINDOW, "rearrangement": 2},
         {"event": "commit", "model": "m", "rearrangement": 2, "layer": 1, "placement": ROWS[1]},
         {"event": "worker_failure", "kind": "died", "ranks": [1], "model": "m", "layer": 0, "cause": "x"},
-        {"event": "commit", "model": "other", "rearrangement": 1, "layer": 1, "placement": [9]},
     ]  # fmt: skip
     path = _events(tmp_path, records)
     placement = pf.read_placement(path)
@@ -466,3 +471,135 @@ def test_a_stray_record_of_another_model_does_not_make_a_complete_run_that_model
         == f"{path} (the last committed placement of model m: rearrangement 1 layer 1, line 4)"
     )
     assert _judge(path) == []
+
+
+#: The MTP draft's placement (1 MoE layer) beside the target's (:data:`ROWS`).
+DRAFT_ROWS = [[0, 1, 2, 3, 2, 2]]
+
+
+def test_a_file_of_the_target_and_its_draft_names_each_and_start_up_serves_each_or_refuses(tmp_path):
+    # Version 2: one entry per model EPLB balances, named as upstream names it; each entry is a version-1
+    # document's model part (vLLM Ascend's expert_map_path JSON of that model).
+    target = pf.placement_from_map(ROWS, num_logical_experts=4, num_ranks=2, model="m")
+    draft = pf.placement_from_map(DRAFT_ROWS, num_logical_experts=4, num_ranks=2, model="m (draft)")
+    path = tmp_path / "both.json"
+    pf.write_placements(path, [draft, target], {"tool": "test"})
+    doc = json.loads(path.read_text())
+    assert (doc["format"], doc["version"], doc["source"]) == ("ascend-eplb-placement", 2, {"tool": "test"})
+    assert [m["model"] for m in doc["models"]] == ["m (draft)", "m"]
+    assert (
+        doc["models"][1]["layer_list"]
+        == pf.placement_from_map(ROWS, num_logical_experts=4, num_ranks=2).to_json()["layer_list"]
+    )
+    read = pf.read_placements(path)
+    assert [(p.model, p.physical_to_logical_map) for p in read] == [
+        ("m (draft)", tuple(map(tuple, DRAFT_ROWS))),
+        ("m", tuple(map(tuple, ROWS))),
+    ]
+    with pytest.raises(
+        pf.PlacementFileError, match=r"carries the placements of 2 models \['m \(draft\)', 'm'\]"
+    ):
+        pf.read_placement(path)
+    # A server balancing both accepts it; the target's layers are judged, the draft's at its registration.
+    served = ("m (draft)", "m")
+    assert _judge(path, served_models=served) == []
+    # Each served model takes the placement named as it is, else the one of its role (a draft's name ends
+    # as upstream's eplb_draft_model_name ends it): the same model served from another path starts on it.
+    assert pf.assign_placements(read, ("/other/m (draft)", "/other/m")) == (
+        {"/other/m (draft)": read[0], "/other/m": read[1]},
+        [],
+    )
+    assert _judge(path, served_models=("/other/m (draft)", "/other/m")) == []
+    fix = (
+        "; fix: export a placement of every model the server balances (ascend-eplb plan --export-expert-map "
+        "on an events file that recorded them) or remove initial_placement"
+    )
+    assert _judge(path, served_models=("m",)) == [
+        Violation(
+            "initial-placement",
+            f"eplb_config.initial_placement={path}: names model m (draft), which this server does not serve "
+            f"(the server balances ['m']){fix}",
+        )
+    ]
+    only_target = tmp_path / "target.json"
+    pf.write_placements(only_target, [target])
+    assert _judge(only_target, served_models=served) == [
+        Violation(
+            "initial-placement",
+            f"eplb_config.initial_placement={only_target}: has no placement for model m (draft) (the server "
+            f"balances ['m (draft)', 'm']){fix}",
+        )
+    ]
+    unnamed = _file(tmp_path)  # version 1: a target's, the one served model's
+    assert _judge(unnamed, served_models=("m",)) == []
+    assert _judge(unnamed, served_models=served) == [
+        Violation(
+            "initial-placement",
+            f"eplb_config.initial_placement={unnamed}: has no placement for model m (draft) (the server "
+            f"balances ['m (draft)', 'm']){fix}",
+        )
+    ]
+    two_targets = tmp_path / "two.json"
+    pf.write_placements(two_targets, [target, replace(target, model="n")])
+    assert pf.assign_placements(pf.read_placements(two_targets), ("x",))[1] == [
+        "has no placement for model x (2 of a target's placement: which one is ambiguous)",
+        "names model m, which this server does not serve",
+        "names model n, which this server does not serve",
+    ]
+    # Each entry is judged as a version-1 document, its model named; names are unique and present.
+    twice = {**doc, "models": [doc["models"][0], {**doc["models"][1], "model": "m (draft)"}]}
+    assert _refusal(_file(tmp_path, twice, "twice.json")) == (
+        "models names ['m (draft)'] more than once: one placement per model"
+    )
+    broken = {**doc, "models": [{**doc["models"][0], "num_ranks": 4}, {**doc["models"][1], "model": ""}]}
+    assert _refusal(_file(tmp_path, broken, "broken.json")) == (
+        "models[1].model='': must be the model's name (a non-empty string)"
+    )
+    uneven = {**doc, "models": [{**doc["models"][0], "num_ranks": 4}, doc["models"][1]]}
+    assert _refusal(_file(tmp_path, uneven, "uneven.json")) == (
+        "model m (draft): num_physical_experts=6: must be divisible by num_ranks=4 (P / N slots per rank)"
+    )
+    with pytest.raises(ValueError, match=r"names each once"):
+        pf.dumps([target, target])
+
+
+def test_an_events_file_of_the_target_and_its_draft_gives_each_models_last_placement(tmp_path):
+    draft_window = {**WINDOW, "model": "m (draft)", "load": [[1, 2, 3, 4]]}
+    records = [
+        WINDOW,
+        draft_window,
+        {"event": "commit", "model": "m (draft)", "rearrangement": 1, "layer": 0, "placement": DRAFT_ROWS[0]},
+        {"event": "commit", "model": "m", "rearrangement": 1, "layer": 0, "placement": ROWS[0]},
+        {"event": "commit", "model": "m", "rearrangement": 1, "layer": 1, "placement": ROWS[1]},
+    ]
+    path = _events(tmp_path, records)
+    read = pf.read_placements(path)
+    assert [(p.model, p.num_moe_layers, p.physical_to_logical_map) for p in read] == [
+        ("m", 2, tuple(map(tuple, ROWS))),
+        ("m (draft)", 1, tuple(map(tuple, DRAFT_ROWS))),
+    ]
+    assert (
+        read[1].source
+        == f"{path} (the last committed placement of model m (draft): rearrangement 1 layer 0, line 3)"
+    )
+    assert _judge(path, served_models=("m (draft)", "m")) == []
+    # A served model whose layers never committed is named in the refusal, with why it has no placement.
+    partial = _events(tmp_path, records[:2] + records[3:], "partial.jsonl")
+    violations = _judge(partial, served_models=("m (draft)", "m"))
+    assert [v.rule for v in violations] == ["initial-placement"]
+    assert (
+        f"initial_placement={partial}: model m (draft): MoE layer(s) [0] of 1 have no committed placement in "
+        "the file (no rearrangement completed while it was recorded, and the run did not start from a "
+        "placement file); fix:"
+    ) in violations[0].message
+    # A server of the target alone reads the target's (the draft's records are a stray's to it).
+    assert _judge(partial, served_models=("m",)) == []
+    assert [p.model for p in pf.read_placements(partial)] == ["m"]
+
+
+def test_the_draft_suffix_is_upstreams():
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu.eplb_utils import eplb_draft_model_name
+
+    assert eplb_draft_model_name(SimpleNamespace(model="m")) == "m" + pf.DRAFT_SUFFIX

@@ -27,15 +27,31 @@ Format ``ascend-eplb-placement``, version 1 (what ``ascend-eplb plan --export-ex
   Runner V1) and Model Runner V2 EPLB. ``layer_id`` counts MoE layers (dense layers have no entry);
   slot ``r * p + j`` of layer ``l`` holds ``layer_list[l]["device_list"][r]["device_expert"][j]``.
 
+Version 2 carries the placement of each model EPLB balances in one server: the target and an MoE
+draft upstream registers beside it (DeepSeek-V3/R1's MTP draft, ``"<model> (draft)"``), each named as
+upstream's ``EplbModelState.model_name`` names it::
+
+    {
+      "format": "ascend-eplb-placement", "version": 2, "source": {...},
+      "models": [{"model": NAME, <the four facts>, "moe_layer_count": L, "layer_list": [...]}, ...]
+    }
+
+each entry of ``models`` a version-1 document's model part (and vLLM Ascend's ``expert_map_path`` JSON of
+that model). A placement of one model is written as version 1 (no name: it is the served model's); a
+server registering a draft needs a version-2 file naming both (start-up refuses a file that lacks a
+registered model's placement or names a model that is not served).
+
 A plain ``expert_map_path`` JSON (no ``format``) is refused: it does not say how many logical experts it
 was made for, so a dropped expert could not be told from a smaller model.
 
-A serving events file (``ASCEND_EPLB_EVENTS``, :mod:`ascend_eplb.integration.events`) is read as its
-last committed placement: in its last run holding placement records (``read_events``' runs), the
-``initial_placement`` record (when the run started from a file), then each ``commit`` record's
-``placement`` in file order; its ``window`` records give E, L, P and N. The model is the one whose
-placement is complete (``Run.main_model`` among them: a stray record of another model does not count);
-every layer must have a committed row (a run whose first rearrangement never completed has none to give).
+A serving events file (``ASCEND_EPLB_EVENTS``, :mod:`ascend_eplb.integration.events`) is read as each
+model's last committed placement (each model its records': ``model``), in its last run holding
+placement records (``read_events``' runs): the ``initial_placement`` record (when the run started from a
+file), then each ``commit`` record's ``placement`` in file order; its ``window`` records give E, L, P
+and N. Every model whose placement is complete is read (a stray record of a model without one, beside
+models with one, gives none: start-up names a served model the file leaves without a placement); with
+none complete, the problems of ``Run.main_model``'s are reported: every layer must have a committed row
+(a run whose first rearrangement never completed has none to give).
 
 Every refusal is a :class:`PlacementFileError` (a ``ValueError``) naming the file and listing every
 problem found, each with its field, the file's value and the rule (or the model's value); nothing is
@@ -60,26 +76,36 @@ from ascend_eplb.integration.regular_files import read_regular_file
 
 __all__ = [
     "CONFIG_KEY",
+    "DRAFT_SUFFIX",
     "FACTS",
     "FORMAT",
     "VERSION",
+    "VERSION_MODELS",
     "Placement",
     "PlacementFileError",
+    "assign_placements",
     "describe_mismatch",
     "dumps",
     "placement_from_map",
     "read_placement",
+    "read_placements",
     "write_placement",
+    "write_placements",
 ]
 
 #: The ``additional_config.eplb_config`` key naming a placement file.
 CONFIG_KEY = "initial_placement"
 #: The ``format`` value of a placement file.
 FORMAT = "ascend-eplb-placement"
-#: The version this module reads and writes.
+#: The version of a file of one model's placement (no model named).
 VERSION = 1
+#: The version of a file of several models' placements, each named (``models``).
+VERSION_MODELS = 2
 #: The model facts a placement file states, in the order problems are reported.
 FACTS = ("num_moe_layers", "num_logical_experts", "num_physical_experts", "num_ranks")
+#: What upstream appends to the target's name to name its draft (vLLM 0.33.0's ``eplb_draft_model_name``:
+#: ``f"{model_config.model} (draft)"``; tested equal): a placement's role in a server, target or draft.
+DRAFT_SUFFIX = " (draft)"
 #: Problems of one kind listed in a message before the rest are counted ("and 12 more").
 _LISTED = 5
 
@@ -112,12 +138,15 @@ class Placement:
         num_logical_experts: E.
         num_ranks: N (P divisible by N).
         source: where it was read from (a path; for an events file, which commit it ends with).
+        model: the model it is for, as upstream's ``EplbModelState.model_name`` names it (a version-2
+            file's or an events file's); None: a version-1 file's, for the one model served.
     """
 
     physical_to_logical_map: tuple[tuple[int, ...], ...]
     num_logical_experts: int
     num_ranks: int
     source: str = ""
+    model: str | None = None
 
     @property
     def num_moe_layers(self) -> int:
@@ -182,11 +211,19 @@ class Placement:
     def to_json(self, provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The version-1 document of this placement (the module docstring); ``provenance`` becomes
         ``source`` (omitted when None)."""
-        p = self.num_local_physical_experts
         doc: dict[str, Any] = {"format": FORMAT, "version": VERSION, **self.facts()}
         if provenance is not None:
             doc["source"] = dict(provenance)
-        doc["moe_layer_count"] = self.num_moe_layers
+        return {**doc, **self._layers_json()}
+
+    def model_json(self) -> dict[str, Any]:
+        """This placement as an entry of a version-2 file's ``models``: ``model``, the four facts,
+        ``moe_layer_count`` and ``layer_list``."""
+        return {"model": self.model, **self.facts(), **self._layers_json()}
+
+    def _layers_json(self) -> dict[str, Any]:
+        p = self.num_local_physical_experts
+        doc: dict[str, Any] = {"moe_layer_count": self.num_moe_layers}
         doc["layer_list"] = [
             {
                 "layer_id": layer,
@@ -271,8 +308,10 @@ def placement_from_map(
     num_logical_experts: int,
     num_ranks: int,
     source: str = "",
+    model: str | None = None,
 ) -> Placement:
-    """A :class:`Placement` of an ``(L, P)`` map (lists, tuples or anything with ``tolist()``).
+    """A :class:`Placement` of an ``(L, P)`` map (lists, tuples or anything with ``tolist()``), for
+    ``model`` (upstream's name; None: the one model served).
 
     Raises:
         PlacementFileError: every problem of the map (shape, ids, dropped experts) and the facts, under
@@ -294,22 +333,34 @@ def placement_from_map(
         rows, facts, lambda layer, slot: f"layer {layer} slot {slot}"
     )
     if problems:
-        raise PlacementFileError(source or "placement", problems)
-    return Placement(tuple(tuple(int(v) for v in r) for r in rows), num_logical_experts, num_ranks, source)
+        where = f"the placement of model {model}" if model is not None else "placement"
+        raise PlacementFileError(source or where, problems)
+    return Placement(
+        tuple(tuple(int(v) for v in r) for r in rows), num_logical_experts, num_ranks, source, model
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- reading
 
 
-def read_placement(path: str | os.PathLike[str]) -> Placement:
-    """The placement of a placement file (version 1) or of a serving events file (its last committed
-    placement); which one is told by content (an events file's first line is an object with ``event``).
+def read_placements(
+    path: str | os.PathLike[str], served: Sequence[str] | None = None
+) -> tuple[Placement, ...]:
+    """Every model's placement a placement file (version 1: the one, unnamed; version 2: each named) or a
+    serving events file (each model's last committed placement, named) carries, in the file's order;
+    which kind of file is told by content (an events file's first line is an object with ``event``).
+
+    Args:
+        served: the names of the models the server balances, when known (:func:`assign_placements`): an
+            events file's model whose placement is incomplete is then refused with its problems when a
+            served model of its name or role is left without a placement (else such a model's records
+            are a stray's: it gives no placement).
 
     Raises:
         PlacementFileError: the file is missing, unreadable, empty, not UTF-8, not JSON (truncated), of
-            another format or version, or its facts, ``layer_list`` or ids break a rule (every problem
-            listed; an events file: no committed placement for some layers, or no recorded
-            configuration).
+            another format or version, or a model's facts, ``layer_list`` or ids break a rule (every
+            problem listed, each naming its model in a version-2 file; an events file: no committed
+            placement for some layers, or no recorded configuration).
     """
     source = Path(path)
     try:
@@ -323,7 +374,7 @@ def read_placement(path: str | os.PathLike[str]) -> Placement:
     if not text.strip():
         raise PlacementFileError(source, ["empty file, not a placement file"])
     if _is_events_file(text):
-        return _from_events(source)
+        return _from_events(source, served)
     try:
         data = json.loads(text, object_pairs_hook=_unique_keys)
     except _DuplicateKeyError as e:
@@ -356,8 +407,11 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-#: The keys of a version-1 document, of a ``layer_list`` entry and of a ``device_list`` entry.
+#: The keys of a version-1 document, of a version-2 document and of its ``models`` entry, of a
+#: ``layer_list`` entry and of a ``device_list`` entry.
 _DOCUMENT_KEYS = ("format", "version", *FACTS, "source", "moe_layer_count", "layer_list")
+_MODELS_DOCUMENT_KEYS = ("format", "version", "source", "models")
+_MODEL_KEYS = ("model", *FACTS, "moe_layer_count", "layer_list")
 _LAYER_KEYS = ("layer_id", "device_count", "device_list")
 _DEVICE_KEYS = ("device_id", "device_expert")
 
@@ -369,6 +423,23 @@ def _unknown(at: str, data: Mapping[str, Any], known: Sequence[str]) -> list[str
     return [f"{at}unknown key(s) {', '.join(map(repr, extra))}: the keys are {', '.join(known)}"]
 
 
+def read_placement(path: str | os.PathLike[str]) -> Placement:
+    """The placement of a file that carries one model's (:func:`read_placements`).
+
+    Raises:
+        PlacementFileError: as :func:`read_placements`, or the file carries several models' placements
+            (naming them).
+    """
+    placements = read_placements(path)
+    if len(placements) != 1:
+        names = [p.model for p in placements]
+        raise PlacementFileError(
+            path,
+            [f"carries the placements of {len(placements)} models {names}: read them all (read_placements)"],
+        )
+    return placements[0]
+
+
 def _is_events_file(text: str) -> bool:
     first = text.lstrip().split("\n", 1)[0]
     try:
@@ -378,7 +449,7 @@ def _is_events_file(text: str) -> bool:
     return isinstance(record, dict) and isinstance(record.get("event"), str)
 
 
-def _from_document(data: Any, source: Path) -> Placement:
+def _from_document(data: Any, source: Path) -> tuple[Placement, ...]:
     if not isinstance(data, dict):
         raise PlacementFileError(source, [f"a placement file is a JSON object, got {type(data).__name__}"])
     if "format" not in data:
@@ -392,22 +463,61 @@ def _from_document(data: Any, source: Path) -> Placement:
         raise PlacementFileError(source, [why])
     if data["format"] != FORMAT:
         raise PlacementFileError(source, [f"format={data['format']!r}: must be {FORMAT!r}"])
-    if not is_int(data.get("version")) or data["version"] != VERSION:
+    version = data.get("version")
+    if not is_int(version) or version not in (VERSION, VERSION_MODELS):
         raise PlacementFileError(
-            source, [f"version={data.get('version')!r}: this ascend-eplb reads version {VERSION}"]
+            source, [f"version={version!r}: this ascend-eplb reads versions {VERSION} and {VERSION_MODELS}"]
         )
-    facts = {name: data.get(name) for name in FACTS}
-    problems = _unknown("", data, _DOCUMENT_KEYS) + _fact_problems(facts)
+    if version == VERSION:
+        placement, problems = _model_placement(data, source, None)
+        if problems:
+            raise PlacementFileError(source, problems)
+        return (placement,)
+    models = data.get("models")
+    if not isinstance(models, list) or not models or not all(isinstance(m, dict) for m in models):
+        raise PlacementFileError(
+            source, [f"models={_short(models)}: version {VERSION_MODELS} holds a non-empty list of models"]
+        )
+    unknown = _unknown("", data, _MODELS_DOCUMENT_KEYS)
+    if unknown:
+        raise PlacementFileError(source, unknown)
+    names = [m.get("model") for m in models]
+    problems = [
+        f"models[{i}].model={_short(name)}: must be the model's name (a non-empty string)"
+        for i, name in enumerate(names)
+        if not isinstance(name, str) or not name
+    ]
+    repeated = sorted({n for n in names if isinstance(n, str) and names.count(n) > 1})
+    if repeated:
+        problems.append(f"models names {repeated} more than once: one placement per model")
     if problems:
         raise PlacementFileError(source, problems)
+    placements = []
+    for entry in models:
+        placement, found = _model_placement(entry, source, entry["model"])
+        problems += [f"model {entry['model']}: {p}" for p in found]
+        placements.append(placement)
+    if problems:
+        raise PlacementFileError(source, problems)
+    return tuple(placements)
+
+
+def _model_placement(data: Mapping[str, Any], source: Path, model: str | None) -> tuple[Any, list[str]]:
+    """One model's placement of a document (version 1's top level, or an entry of version 2's ``models``)
+    and its problems (the placement is None when there are some)."""
+    facts = {name: data.get(name) for name in FACTS}
+    problems = _unknown("", data, _DOCUMENT_KEYS if model is None else _MODEL_KEYS) + _fact_problems(facts)
+    if problems:
+        return None, problems
     rows, problems = _layer_list_rows(data, facts)
     if not problems:
         problems = _map_problems(rows, facts, lambda layer, slot: _entry(layer, slot, facts))
     if problems:
-        raise PlacementFileError(source, problems)
-    return Placement(
-        tuple(tuple(r) for r in rows), facts["num_logical_experts"], facts["num_ranks"], str(source)
+        return None, problems
+    placement = Placement(
+        tuple(tuple(r) for r in rows), facts["num_logical_experts"], facts["num_ranks"], str(source), model
     )
+    return placement, []
 
 
 def _entry(layer: int, slot: int, facts: Mapping[str, int]) -> str:
@@ -473,8 +583,9 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else f"{text[:57]}..."
 
 
-def _from_events(source: Path) -> Placement:
-    """The last committed placement of a serving events file (the module docstring)."""
+def _from_events(source: Path, served: Sequence[str] | None) -> tuple[Placement, ...]:
+    """Each model's last committed placement of a serving events file (the module docstring), in the
+    order the last run first names them (``served``: :func:`read_placements`)."""
     from ascend_eplb.integration.events import CommitRecord, InitialPlacementRecord, WindowRecord, read_events
 
     try:
@@ -491,19 +602,39 @@ def _from_events(source: Path) -> Placement:
         raise PlacementFileError(
             source, ["the events file records no placement (no window, commit or initial_placement record)"]
         )
-    # Only the last run's placement is served; each model's is built alike, and the one with a
-    # complete placement is taken (a stray record of another model does not make the run that model's).
+    # Only the last run's placements are served; each model's is built alike, and every model with a
+    # complete placement is given (a stray record of a model without one does not make it served).
     found = {model: _committed(run, model, source) for model in run.models(kinds)}
-    complete = [model for model, got in found.items() if isinstance(got, Placement)]
-    model = run.main_model(kinds, among=complete) if complete else run.main_model(kinds)
-    got = found[model]
-    if isinstance(got, Placement):
+    complete = [got for got in found.values() if isinstance(got, Placement)]
+    incomplete = {model: got for model, got in found.items() if not isinstance(got, Placement)}
+    if complete and served is not None and incomplete:
+        # A served model left without a placement, while the file holds incomplete records of a model of
+        # its name or role: those records are its, and their problems say why it has none.
+        assignment, _ = assign_placements(complete, served)
+        left = [name for name in served if name not in assignment]
+        blamed = [
+            model
+            for model in incomplete
+            if any(model == name or _is_draft(model) == _is_draft(name) for name in left)
+        ]
+        if blamed:
+            raise PlacementFileError(
+                source, [f"model {model}: {problem}" for model in blamed for problem in incomplete[model]]
+            )
+    if complete:
         if len(log.runs) == 1:
-            return got
-        which = f"of model {model}, run {run.number} of {len(log.runs)} ({run.lines})"
-        return replace(got, source=got.source.replace(f"of model {model}", which, 1))
+            return tuple(complete)
+        which = f"run {run.number} of {len(log.runs)} ({run.lines})"
+        return tuple(
+            replace(
+                got, source=got.source.replace(f"of model {got.model}", f"of model {got.model}, {which}", 1)
+            )
+            for got in complete
+        )
+    model = run.main_model(kinds)
+    problems = incomplete[model]
     note = log.where(run, model, kinds)
-    raise PlacementFileError(source, [*got[:-1], f"{got[-1]}; {note}" if note else got[-1]])
+    raise PlacementFileError(source, [*problems[:-1], f"{problems[-1]}; {note}" if note else problems[-1]])
 
 
 def _committed(run: Any, model: str | None, source: Path) -> Placement | list[str]:
@@ -568,31 +699,57 @@ def _committed(run: Any, model: str | None, source: Path) -> Placement | list[st
         return problems
     return Placement(
         tuple(ordered), facts["num_logical_experts"], facts["num_ranks"],
-        f"{source} (the last committed placement of model {model}: {last})",
+        f"{source} (the last committed placement of model {model}: {last})", model,
     )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------- writing
 
 
-def dumps(placement: Placement, provenance: Mapping[str, Any] | None = None) -> str:
-    """The version-1 text of ``placement``: indented, each ``device_expert`` list on one line."""
-    text = json.dumps(placement.to_json(provenance), indent=1)
+def dumps(placements: Placement | Sequence[Placement], provenance: Mapping[str, Any] | None = None) -> str:
+    """The text of ``placements``: version 1 of one placement without a model name, version 2 of several
+    (or of a named one), each named; indented, each ``device_expert`` list on one line.
+
+    Raises:
+        ValueError: a placement of several is unnamed, or two name the same model.
+    """
+    placements = [placements] if isinstance(placements, Placement) else list(placements)
+    if len(placements) == 1 and placements[0].model is None:
+        doc = placements[0].to_json(provenance)
+    else:
+        names = [p.model for p in placements]
+        if not placements or None in names or len(set(names)) != len(names):
+            raise ValueError(
+                f"a placement file of several models names each once (version {VERSION_MODELS}), got {names}"
+            )
+        doc = {"format": FORMAT, "version": VERSION_MODELS}
+        if provenance is not None:
+            doc["source"] = dict(provenance)
+        doc["models"] = [p.model_json() for p in placements]
+    text = json.dumps(doc, indent=1)
     return re.sub(r"\[\s+([-0-9,\s]+?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text) + "\n"
 
 
 def write_placement(
     path: str | os.PathLike[str], placement: Placement, provenance: Mapping[str, Any] | None = None
 ) -> None:
-    """Write ``placement`` as a version-1 placement file (:func:`dumps`) at ``path``, whole or not at all:
-    into a temporary file beside it, flushed to disk, then renamed over ``path`` (a crash or a full disk
-    never leaves a truncated file, nor destroys the file a server is configured with).
+    """:func:`write_placements` of one placement."""
+    write_placements(path, [placement], provenance)
+
+
+def write_placements(
+    path: str | os.PathLike[str], placements: Sequence[Placement], provenance: Mapping[str, Any] | None = None
+) -> None:
+    """Write ``placements`` as a placement file (:func:`dumps`) at ``path``, whole or not at all: into a
+    temporary file beside it, flushed to disk, then renamed over ``path`` (a crash or a full disk never
+    leaves a truncated file, nor destroys the file a server is configured with).
 
     Raises:
-        ValueError: the file cannot be written (naming it and why; ``path`` is unchanged then).
+        ValueError: the file cannot be written (naming it and why; ``path`` is unchanged then), or the
+            placements are not one unnamed or several named ones (:func:`dumps`).
     """
     target = Path(path)
-    text = dumps(placement, provenance)
+    text = dumps(placements, provenance)
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         with open(temporary, "w", encoding="utf-8") as f:
@@ -605,14 +762,71 @@ def write_placement(
         raise ValueError(f"{path}: cannot write the placement file ({e.strerror or e})") from None
 
 
+def assign_placements(
+    placements: Sequence[Placement], served: Sequence[str]
+) -> tuple[dict[str, Placement], list[str]]:
+    """Which placement each model of a server starts on, and what does not fit.
+
+    Each served model (``served``: upstream's names, ``EplbModelState.model_name``) takes the placement
+    named as it is; else the one placement of its role, target or draft (a draft's name ends with
+    :data:`DRAFT_SUFFIX`; an unnamed placement, a version-1 file's, is a target's): a run recorded under
+    one path serves the same model under another, or a quantized copy of it (the facts are judged
+    apart).
+
+    Returns:
+        ``(assignment, problems)``: ``{served name: placement}``, and one line per served model without a
+        placement (none of its name, none or several of its role) and per placement no served model
+        takes (it names a model this server does not serve).
+    """
+
+    is_draft = _is_draft
+    assignment: dict[str, Placement] = {}
+    taken: set[int] = set()
+    for name in served:
+        for index, placement in enumerate(placements):
+            if index not in taken and placement.model == name:
+                assignment[name] = placement
+                taken.add(index)
+                break
+    problems = []
+    for name in served:
+        if name in assignment:
+            continue
+        same_role = [
+            i for i, p in enumerate(placements) if i not in taken and is_draft(p.model) == is_draft(name)
+        ]
+        if len(same_role) == 1:
+            assignment[name] = placements[same_role[0]]
+            taken.add(same_role[0])
+        else:
+            role = "a draft's" if is_draft(name) else "a target's"
+            several = f" ({len(same_role)} of {role} placement: which one is ambiguous)" if same_role else ""
+            problems.append(f"has no placement for model {name}{several}")
+    for index, placement in enumerate(placements):
+        if index not in taken:
+            named = "an unnamed model" if placement.model is None else f"model {placement.model}"
+            problems.append(f"names {named}, which this server does not serve")
+    return assignment, problems
+
+
+def _is_draft(name: str | None) -> bool:
+    """Whether ``name`` is a draft's (upstream's ``eplb_draft_model_name`` ends it so)."""
+    return name is not None and name.endswith(DRAFT_SUFFIX)
+
+
 def describe_mismatch(placement: Placement, differ: Sequence[str]) -> str:
     """The ``initial-placement`` rule's message for a placement whose facts differ from the model's."""
     made = (
         f"{placement.num_moe_layers} MoE layers x {placement.num_logical_experts} logical experts, "
         f"{placement.num_physical_experts} slots on {placement.num_ranks} EP ranks"
     )
+    model = (
+        f" (model {placement.model})"
+        if placement.model is not None and placement.model not in placement.source
+        else ""
+    )
     return (
-        f"eplb_config.{CONFIG_KEY}={placement.source}: made for {made}, not this model and layout: "
+        f"eplb_config.{CONFIG_KEY}={placement.source}{model}: made for {made}, not this model and layout: "
         + "; ".join(differ)
         + "; fix: export a placement for this model and layout (ascend-eplb plan --export-expert-map) or "
         f"remove {CONFIG_KEY}"

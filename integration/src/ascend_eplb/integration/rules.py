@@ -170,6 +170,10 @@ class EplbSettings:
     ``speculative_draft_moe_facts``: the draft config's routed-expert facts (None: not read), which must
     equal the target's (upstream balances both with one expert configuration).
 
+    ``served_models``: the names upstream's ``EplbModelState`` gives the models EPLB balances (the
+    target's ``model_config.model``, and ``eplb_draft_model_name`` of an MoE draft), which an
+    ``initial_placement`` file must name each of; None where the model is not known (a config file).
+
     ``num_moe_layers``: L, when known before the model is built (a model folder's ``config.json`` read by
     ``ascend-eplb check``: :attr:`MoeFacts.num_moe_layers`); None at start-up, where the
     ``initial-placement`` rule compares the layers when the model registers
@@ -205,6 +209,7 @@ class EplbSettings:
     speculative_draft_architectures: tuple[str, ...] | Any = None
     speculative_draft_model_type: str | None = None
     speculative_draft_moe_facts: MoeFacts | None = None
+    served_models: tuple[str, ...] | None = None
     unknown_facts: dict[str, str] = field(default_factory=dict)
     moe_facts: MoeFacts | None = None
     model_architectures: tuple[str, ...] | Any = None
@@ -1123,10 +1128,12 @@ def _experts_divisible(s: EplbSettings) -> str | Violation | None:
 
 @_rule("initial-placement")
 def _initial_placement(s: EplbSettings) -> str | Violation | None:
-    """The placement file (``placement_file.read_placement``): readable, valid, and made for this model's
-    logical experts, physical slots (E + ``num_redundant_experts``), EP size and, when known, MoE layers;
-    every problem in one message. Start-up does not know L before the model is built: the layers are
-    compared when it registers (``startup_placement.attach_startup_install``, same rule id)."""
+    """The placement file (``placement_file.read_placements``): readable, valid, a placement of each model
+    the server balances and of no other (``served_models``, when known: one unnamed placement serves
+    the target alone), each made for the model's logical experts, physical slots (E +
+    ``num_redundant_experts``), EP size and, when known, the target's MoE layers; the first problem
+    found. Start-up does not know L before a model is built: each model's layers are compared when it
+    registers (``startup_placement.attach_startup_install``, same rule id)."""
     path = s.initial_placement
     if path is None:
         return None
@@ -1136,24 +1143,42 @@ def _initial_placement(s: EplbSettings) -> str | Violation | None:
             f"{key}={path!r} must be a path (a non-empty string) to a placement file or an events file; "
             "fix: name the file ascend-eplb plan --export-expert-map wrote, or remove initial_placement"
         )
-    from ascend_eplb.integration.placement_file import PlacementFileError, describe_mismatch, read_placement
+    from ascend_eplb.integration.placement_file import (
+        DRAFT_SUFFIX,
+        PlacementFileError,
+        assign_placements,
+        describe_mismatch,
+        read_placements,
+    )
 
     try:
-        placement = read_placement(path)
+        placements = read_placements(path, s.served_models)
     except PlacementFileError as e:
         return (
             f"{key}={path}: {'; '.join(e.problems)}; fix: name a placement file of ascend-eplb plan "
             "--export-expert-map (or an events file with a committed placement)"
         )
+    served = s.served_models
+    if served is not None:
+        _, problems = assign_placements(placements, served)
+        if problems:
+            return (
+                f"{key}={path}: {'; '.join(problems)} (the server balances {list(served)}); fix: export a "
+                "placement of every model the server balances (ascend-eplb plan --export-expert-map on an "
+                "events file that recorded them) or remove initial_placement"
+            )
     known = s.num_logical_experts is not None and _redundant_ok(s)
-    differ = placement.mismatches(
-        num_moe_layers=s.num_moe_layers,
-        num_logical_experts=s.num_logical_experts if known else None,
-        num_physical_experts=s.num_logical_experts + s.num_redundant_experts if known else None,
-        num_ranks=s.num_ranks,
-    )
-    if differ:
-        return describe_mismatch(placement, differ)
+    for placement in placements:
+        # L is the target's: a draft's layers are compared when it registers.
+        is_draft = placement.model is not None and placement.model.endswith(DRAFT_SUFFIX)
+        differ = placement.mismatches(
+            num_moe_layers=None if is_draft else s.num_moe_layers,
+            num_logical_experts=s.num_logical_experts if known else None,
+            num_physical_experts=s.num_logical_experts + s.num_redundant_experts if known else None,
+            num_ranks=s.num_ranks,
+        )
+        if differ:
+            return describe_mismatch(placement, differ)
     for fact in ("num_logical_experts", "num_moe_layers"):
         if fact in s.unknown_facts:
             return Violation.unjudged("initial-placement", s.unknown_facts[fact])

@@ -49,8 +49,10 @@ class ServingSetup:
         events: ``ASCEND_EPLB_EVENTS``, the events file path (str), or None (off).
         metrics: ``ASCEND_EPLB_METRICS`` asks for the Prometheus metrics (prometheus_client is imported
             only then).
-        initial_placement: the placement of ``eplb_config.initial_placement`` (a
-            ``placement_file.Placement``, already judged by the ``initial-placement`` rule), or None.
+        initial_placement: the placement of ``eplb_config.initial_placement`` each model starts on, by
+            upstream's name of the model (``{model_name: placement_file.Placement}``, the file's
+            placements assigned by ``placement_file.assign_placements`` and judged by the
+            ``initial-placement`` rule), or None.
     """
 
     settings: Any
@@ -116,9 +118,10 @@ def read_serving_setup(vllm_config: Any) -> ServingSetup:
     timeout_s, on_failure = values["worker timeout"], values["on worker failure"]
     placement = None
     if settings.initial_placement is not None:
-        from ascend_eplb.integration.placement_file import read_placement
+        from ascend_eplb.integration.placement_file import assign_placements, read_placements
 
-        placement = read_placement(settings.initial_placement)
+        placements = read_placements(settings.initial_placement, settings.served_models)
+        placement, _ = assign_placements(placements, settings.served_models or ())
     return ServingSetup(
         settings, timeout_s, on_failure, values["verify"], values["events"], values["metrics"], placement
     )

@@ -200,6 +200,13 @@ def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | Non
             f"the config of draft model {draft.model}",
             architectures=draft_architectures,
         )
+    served = None
+    if model_config is not None:
+        served = (str(model_config.model),)
+        if draft is not None and (draft_experts > 0 or "mtp" in str(getattr(spec, "method", "") or "")):
+            from vllm.v1.worker.gpu.eplb_utils import eplb_draft_model_name
+
+            served = (eplb_draft_model_name(draft), *served)  # upstream registers the draft first
     env = os.environ if environ is None else environ
     compilation = getattr(vllm_config, "compilation_config", None)
     mode = getattr(getattr(compilation, "cudagraph_mode", None), "name", "NONE")
@@ -232,6 +239,7 @@ def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | Non
         speculative_draft_architectures=draft_architectures,
         speculative_draft_model_type=draft_model_type,
         speculative_draft_moe_facts=draft_facts,
+        served_models=served,
         moe_facts=facts,
         model_architectures=architectures,
     )

@@ -242,6 +242,17 @@ def settings_from_engine_args(
                 "speculative-config model"
             )
         spec_method = spec_method or "unset"
+    served = None
+    if model:
+        served = (model,)
+        if draft_is_moe:
+            from types import SimpleNamespace
+
+            from vllm.v1.worker.gpu.eplb_utils import eplb_draft_model_name
+
+            # vLLM's draft config of an MTP method is the target's model; another draft's is its own.
+            draft_name = eplb_draft_model_name(SimpleNamespace(model=str(spec.get("model") or model)))
+            served = (draft_name, model)  # upstream registers the draft first
 
     layers = facts.num_moe_layers if facts is not None else None
     if layers is None:
@@ -268,6 +279,7 @@ def settings_from_engine_args(
         speculative_draft_architectures=draft_architectures,
         speculative_draft_model_type=draft_model_type,
         speculative_draft_moe_facts=draft_moe,
+        served_models=served,
         unknown_facts=unknown,
         moe_facts=moe,
         model_architectures=facts.architectures if facts is not None else None,
