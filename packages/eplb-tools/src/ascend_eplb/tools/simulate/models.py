@@ -11,7 +11,10 @@ architecture, written by ``world.write_checkpoint`` into the cache (``$ASCEND_EP
   experts, top-6 and 4 MoE layers, the embedded ESFT DeepSeek-V2-Lite trace's shape. Its routing bias
   is fitted (``world.fit_routing_bias``) to the trace's per-layer expert popularity of its first
   4 MoE layers, so that the load is skewed like that real serving load: without EPLB, balancedness of
-  its steps is within 0.05 of the trace's own (``packages/eplb-tools/tests/test_simulate.py``).
+  its steps is within 0.05 of the trace's own (``packages/eplb-tools/tests/test_simulate.py``). It
+  carries DeepSeek-V3's multi-token prediction layer (``world.add_mtp_layer``), the MoE draft vLLM serves
+  as ``DeepSeekMTP`` with ``--speculative-tokens``, its routing fitted to the trace's fifth MoE layer;
+  the target's tensors are those of the recipe without it (v1).
 * ``qwen3-moe``, ``mixtral``: the architectures' defaults of ``write_checkpoint`` (E = 8, top-2,
   2 MoE layers); their routing follows their random router gates (they have no routing bias).
 
@@ -51,7 +54,7 @@ REPLAY_FORMAT = "w8a8_dynamic"
 #: The format of a preset when ``--format`` is not given (exact comparisons on a CPU host).
 PRESET_FORMAT = "float32"
 #: Preset names and the version of their recipe (a new version writes a new folder).
-PRESETS = {"deepseek-v3": "v1", "qwen3-moe": "v1", "mixtral": "v1"}
+PRESETS = {"deepseek-v3": "v2", "qwen3-moe": "v1", "mixtral": "v1"}
 #: The DeepSeek-V3 preset's sizes: the embedded trace's E and top-k, its first MoE layers.
 _DEEPSEEK_PRESET = {"num_experts": 64, "top_k": 6, "num_moe_layers": 4}
 
@@ -127,8 +130,12 @@ def _write_preset(name: str, folder: Path, fmt: str) -> None:
             from ascend_eplb.tools.trace import load_trace
 
             world.write_checkpoint(name, scratch, seed=0, **_DEEPSEEK_PRESET, **sizes)
-            popularity = load_trace().load()[: _DEEPSEEK_PRESET["num_moe_layers"]]
-            world.fit_routing_bias(scratch, popularity)
+            layers = _DEEPSEEK_PRESET["num_moe_layers"]
+            trace = load_trace().load()
+            world.fit_routing_bias(scratch, trace[:layers])
+            # DeepSeek-V3's MTP layer (the draft of --speculative-tokens), routed like the next trace layer;
+            # the target's tensors are unchanged by it.
+            world.add_mtp_layer(scratch, popularity=trace[layers])
         else:
             world.write_checkpoint(name, scratch, seed=0, **sizes)
         to_format(scratch, fmt)
