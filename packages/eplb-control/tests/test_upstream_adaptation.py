@@ -563,3 +563,29 @@ def test_the_acknowledgement_evidence_is_read_before_the_worker_is_released():
     assert recorded == ["stream"]
     assert heard == [CommitEvent("acknowledge", "m", 1, 3, {"pending_result_cleared": True, "checksums": [],
                                                             "data_ptrs": []})]  # fmt: skip
+
+
+def test_an_moe_draft_upstream_does_not_register_is_refused_a_dense_one_passes(control_patches):
+    # Upstream's maybe_register_speculator returns False, silently, for a draft without a
+    # MixtureOfExperts part (draft_model_supports_eplb): its routed experts would be served with EPLB's
+    # redundant slots and no placement. Refused at registration, routers untouched; a dense draft passes.
+    from types import SimpleNamespace
+
+    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+
+    ctrl = AscendEPLBController(_eplb_parallel_config(), torch.device("cpu"))
+    spec = SimpleNamespace(method="draft_model", draft_model_config=SimpleNamespace(model="m"))
+    draft = torch.nn.Module()
+    draft.experts = RoutedExperts.__new__(RoutedExperts)  # a vLLM experts layer, in a class without the part
+    torch.nn.Module.__init__(draft.experts)
+    with pytest.raises(ValueError, match="EPLB is on but the MoE draft Module") as info:
+        ctrl.maybe_register_speculator(SimpleNamespace(model=draft), spec, False)
+    assert str(info.value) == (
+        "EPLB is on but the MoE draft Module is not registered by upstream (draft_model_supports_eplb is "
+        "False for it): its routed experts would be served without a placement of their own; disable "
+        "speculative decoding or use a draft upstream balances"
+    )
+    assert ctrl.maybe_register_speculator(SimpleNamespace(model=torch.nn.Linear(2, 2)), spec, False) is False
+    # Dummy weights (a scaling-up worker) and no draft: upstream's False, nothing checked.
+    assert ctrl.maybe_register_speculator(SimpleNamespace(model=draft), spec, True) is False
+    assert ctrl.maybe_register_speculator(None, spec, False) is False
