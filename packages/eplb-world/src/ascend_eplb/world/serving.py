@@ -902,17 +902,18 @@ class ServingWorker:
             num_unpadded_tokens: the real rows.
             batch_has_prefill: the batch phase the runner declares.
             draft_input_ids: with a draft, N int64 ``(T,)``: draft forward ``k``'s ids (row ``t``: the
-                token after the one of row ``t`` of its input hidden states); without, empty.
+                token after the one of row ``t`` of its input hidden states), or empty: the draft does not
+                run in this step (speculation off for the batch); without a draft, empty.
 
         Raises:
-            ValueError: ``draft_input_ids`` does not hold one sequence per speculative token.
+            ValueError: ``draft_input_ids`` holds neither one sequence per speculative token nor none.
         """
         from vllm.config import set_current_vllm_config
 
-        if len(draft_input_ids) != self.speculative_tokens:
+        if len(draft_input_ids) not in (0, self.speculative_tokens):
             raise ValueError(
                 f"draft_input_ids holds {len(draft_input_ids)} sequences: must be one per speculative token "
-                f"({self.speculative_tokens})"
+                f"({self.speculative_tokens}), or none"
             )
         positions = torch.arange(input_ids.shape[0])
         with set_current_vllm_config(self.vllm_config):
@@ -925,7 +926,7 @@ class ServingWorker:
             physical_ids = _called_once(logs, before, "the EPLB-on forward")
             load = self.model_state.expert_load_pass.clone().long()
             draft = None
-            if self.speculator is not None:
+            if self.speculator is not None and draft_input_ids:
                 draft_logs = [kernel_log(layer) for layer in routed_experts(self.speculator.model)]
                 draft_logits, draft_ids = [], []
                 for k, ids in enumerate(draft_input_ids):
@@ -1209,20 +1210,16 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
         # Even steps are declared prefill batches, odd steps decode batches (computed = prompt tokens),
         # so a "prefill" or "decode" phase records every other step.
         computed = 0 if step % 2 == 0 else spec.num_tokens
+        # speculation off for the batch at an idle step: the draft does not run
         runs_draft = n > 0 and step not in spec.draft_idle_steps
-        if n and not runs_draft:
-            worker.speculative_tokens = 0  # speculation off for this batch: the draft does not run
-        try:
-            seen = worker.forward_step(
-                prompts[step][: spec.num_tokens],
-                num_unpadded_tokens=real,
-                batch_has_prefill=batch_has_prefill([computed], [spec.num_tokens]),
-                draft_input_ids=[prompts[step][k + 1 : k + 1 + spec.num_tokens] for k in range(n)]
-                if runs_draft
-                else (),
-            )
-        finally:
-            worker.speculative_tokens = n
+        seen = worker.forward_step(
+            prompts[step][: spec.num_tokens],
+            num_unpadded_tokens=real,
+            batch_has_prefill=batch_has_prefill([computed], [spec.num_tokens]),
+            draft_input_ids=[prompts[step][k + 1 : k + 1 + spec.num_tokens] for k in range(n)]
+            if runs_draft
+            else (),
+        )
         logits_on.append(seen.logits_on)
         logits_off.append(seen.logits_off)
         loads.append(seen.load)
