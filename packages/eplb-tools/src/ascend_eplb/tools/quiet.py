@@ -9,7 +9,9 @@ backends) and the config's ``Model Runner V2 requires Triton; using the V1 model
 real model class, ``Priority not set for op rms_norm, using native implementation`` (``vllm.ir.op``:
 no kernel priority on this platform, the op's torch form runs) and, per model, the config's notes that
 eager mode disables compilation (``Enforce eager set...``, ``Inductor compilation was disabled...``:
-the real models run eager, as start-up validation requires). :func:`install` adds a
+the real models run eager, as start-up validation requires) and, with ``--speculative-tokens``, the
+config's advice to raise ``max_num_batched_tokens`` for the draft token slots (``max_num_scheduled_tokens is
+set to ...``: about vLLM's scheduler, which the tools do not run). :func:`install` adds a
 ``logging.Filter`` to exactly the vLLM loggers that emit them, dropping only records whose message
 starts with one of :data:`DROPPED`. Every other vLLM record and every ``ascend_eplb`` record
 (watchdog, verifier, controller) passes; vLLM's own logging configuration (``VLLM_LOGGING_LEVEL``,
@@ -41,6 +43,7 @@ DROPPED: dict[str, tuple[str, ...]] = {
         "Model Runner V2 requires Triton",
         "Enforce eager set",
         "Inductor compilation was disabled by user settings",
+        "max_num_scheduled_tokens is set to",
     ),
     "vllm.ir.op": ("Priority not set for op",),
 }

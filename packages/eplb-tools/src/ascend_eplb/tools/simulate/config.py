@@ -148,6 +148,15 @@ class SimulateConfig:
         4, "--redundant-experts", "redundant physical experts per layer, default %(default)s",
         type=non_negative_int,
     )  # fmt: skip
+    speculative_tokens: int = _option(
+        0, "--speculative-tokens",
+        "MTP speculative decoding with N draft tokens: vLLM's DeepSeekMTP draft (the checkpoint's MTP "
+        "layer; the deepseek-v3 preset has one) is served beside the target and balanced by EPLB in the "
+        "same state; each step runs the target, then the draft N times on the previous hidden states, as "
+        "Model Runner V2 does; default 0 (no draft)",
+        metavar="N",
+        type=non_negative_int,
+    )  # fmt: skip
     quant_format: str | None = _option(
         None, "--format",
         "the routed experts' format: a preset is written in it (float32 by default, exact on a CPU "
@@ -378,6 +387,11 @@ class SimulateConfig:
                     f"{option.replace('_', '-')}={getattr(self, option)}: applies to a real model only (the "
                     "replay world runs the toy MoE model eagerly, no vLLM model class to compile)"
                 )
+        if self.speculative_tokens:
+            errors.append(
+                f"speculative tokens={self.speculative_tokens}: the MTP draft is a real model's (--model "
+                "deepseek-v3 or a DeepSeek-V3 folder with its MTP layer); --model replay has none"
+            )
         if self.data_parallel_size != 1 or self.tensor_parallel_size is not None:
             errors.append(
                 f"dp={self.data_parallel_size}, tp={self.tensor_parallel_size}: apply to a real model; "
@@ -512,32 +526,51 @@ class SimulateConfig:
                 f"compile with format={fmt}: a compiled world serves float32 experts (the CPU stand-in of "
                 "the 16-bit and quantized experts computes each selection on its own, with host reads)"
             ]
+        if self.speculative_tokens and is_compiled(self.compilation):
+            return [
+                f"speculative tokens={self.speculative_tokens} with compile: the MTP draft is served eager "
+                "in this world (a compiled draft is not run here); drop one"
+            ]
         return []
 
-    def _placement_errors(self, num_moe_layers: int, num_logical_experts: int) -> list[str]:
+    def _placement_errors(
+        self, num_moe_layers: int, num_logical_experts: int, source: Any = None
+    ) -> list[str]:
         """Start-up's judgement of ``--initial-placement`` (the serving path's rule ``initial-placement``,
-        here before any rank starts): the file readable and valid, and made for these MoE layers, logical
-        experts, physical slots (E + ``--redundant-experts``) and ranks; every problem named."""
+        here before any rank starts): the file readable and valid, a placement for each model served (a
+        real model's ``source``: the target, and its MTP draft with ``--speculative-tokens``) and of no
+        other, each made for these logical experts, physical slots (E + ``--redundant-experts``) and ranks,
+        the target's for these MoE layers (the draft's: one, its MTP layer); every problem named."""
         path = self.initial_placement
         if path is None or not str(path).strip():
             return []
         from ascend_eplb.integration.placement_file import (
+            DRAFT_SUFFIX,
             PlacementFileError,
+            assign_placements,
             describe_mismatch,
-            read_placement,
+            read_placements,
         )
 
         try:
-            placement = read_placement(path)
+            placements = read_placements(path)
         except PlacementFileError as e:
             return [f"initial placement={path}: {'; '.join(e.problems)}"]
-        differ = placement.mismatches(
-            num_moe_layers=num_moe_layers,
-            num_logical_experts=num_logical_experts,
-            num_physical_experts=num_logical_experts + self.num_redundant_experts,
-            num_ranks=self.num_ranks,
-        )
-        return [describe_mismatch(placement, differ)] if differ else []
+        target = str(source.folder) if source is not None else "the model"
+        served = (target + DRAFT_SUFFIX, target) if self.speculative_tokens else (target,)
+        assignment, problems = assign_placements(placements, served)
+        if problems:
+            return [f"initial placement={path}: {'; '.join(problems)} (the run serves {list(served)})"]
+        errors = []
+        for name, placement in assignment.items():
+            differ = placement.mismatches(
+                num_moe_layers=num_moe_layers if name == target else source.num_mtp_layers,
+                num_logical_experts=num_logical_experts,
+                num_physical_experts=num_logical_experts + self.num_redundant_experts,
+                num_ranks=self.num_ranks,
+            )
+            errors += [describe_mismatch(placement, differ)] if differ else []
+        return errors
 
     def validate_model(self, source: Any) -> None:
         """The rules of a run on a real model (``source``: a resolved ``ModelSource``); ``ValueError``
@@ -549,6 +582,7 @@ class SimulateConfig:
         host's available memory.
         """
         from ascend_eplb.tools.simulate import resources
+        from ascend_eplb.tools.simulate.models import PRESET_FORMAT
 
         errors = self._common_errors(source.num_logical_experts)
         errors += self._compilation_errors(source.format)
@@ -566,7 +600,13 @@ class SimulateConfig:
             )
         if reason := self._steps_error(source.num_moe_layers):
             errors.append(reason)
-        errors += self._placement_errors(source.num_moe_layers, source.num_logical_experts)
+        if self.speculative_tokens and (source.num_mtp_layers < 1 or source.format != PRESET_FORMAT):
+            errors.append(
+                f"speculative tokens={self.speculative_tokens}: the MTP draft needs a {PRESET_FORMAT} "
+                f"DeepSeek-V3 checkpoint with its MTP layer; model {source.name} is {source.architecture} in "
+                f"{source.format} with {source.num_mtp_layers} MTP layer(s)"
+            )
+        errors += self._placement_errors(source.num_moe_layers, source.num_logical_experts, source)
         if self.effective_padded_size > source.max_positions:
             errors.append(
                 f"padded size={self.effective_padded_size}: one step is one sequence of that many tokens, "

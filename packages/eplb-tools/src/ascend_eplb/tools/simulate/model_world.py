@@ -19,6 +19,7 @@ from ascend_eplb.tools.simulate import cpu_platform as _cpu_platform  # noqa: F4
 # isort: split
 
 import time
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,7 @@ from vllm.distributed.parallel_state import get_ep_group
 
 from ascend_eplb.control import measures
 from ascend_eplb.launch import RankContext
+from ascend_eplb.tools.simulate.draft import DraftRun, model_step_loads
 from ascend_eplb.tools.simulate.faults import WORKER_FAULTS, inject_stale_lookup, inject_worker_fault
 from ascend_eplb.tools.simulate.stats import RankConfig, RankStats, StepLog
 from ascend_eplb.tools.simulate.steps import (
@@ -99,6 +101,7 @@ def run_model(ctx: RankContext, cfg: RankConfig) -> RankStats:
         ascend_keys=ascend_policy_keys(cfg.options),
         data_parallel_size=cfg.options.data_parallel_size,
         compilation=cfg.compilation,
+        speculative_tokens=cfg.options.speculative_tokens,
     )
     record_resources(ctx, cfg)
     info, state, model_state = worker.info, worker.state, worker.model_state
@@ -112,26 +115,41 @@ def run_model(ctx: RankContext, cfg: RankConfig) -> RankStats:
     if cfg.options.fault == "wrong-lookup-refresh":
         inject_stale_lookup(worker.model.moe_layers[0].eplb_state)
     batch, padded = cfg.options.batch_size, cfg.padded_size
+    n = worker.speculative_tokens
     # each DP rank its own batches (D = 1: the seed's); its TP ranks the same
     g = torch.Generator().manual_seed(cfg.options.seed * worker.layout.data_parallel_size + worker.dp_rank)
     worker.profile_run(torch.randint(0, info.vocab_size, (padded,), generator=g))
     initial_p2l = measures.upstream_initial_placement(num_logical, num_redundant, num_moe_layers)  # EPLB off
-    layer_offsets = torch.arange(num_moe_layers).view(num_moe_layers, 1, 1)
     stats = StepLog(cfg.output_tolerance)
     record_initial_placement(stats, cfg, worker.initial_slot_mismatches)
     violation: CheckViolationError | None = None
-    commits = CommitWatch(worker.wiring.controller.bus)
+    commits = CommitWatch(worker.wiring.controller.bus, model_state.model_name)
+    draft = None
+    if n:
+        # upstream's initial placement of the draft: the target's rows, one per MTP layer
+        num_draft_layers = int(worker.draft_model_state.physical_to_logical_map.shape[0])
+        draft = DraftRun(
+            worker, cfg.output_tolerance, initial_p2l[:num_draft_layers], bool(cfg.options.initial_placement)
+        )
     for step in range(cfg.options.steps):
         t0, c0 = time.perf_counter(), time.process_time()
         hook_seconds[0] = 0.0
-        ids = torch.randint(0, info.vocab_size, (padded,), generator=g)
+        # With a draft, the step's sequence and the N tokens after it: draft forward k takes ids k+1 .. k+T.
+        ids = torch.randint(0, info.vocab_size, (padded + n,), generator=g)
         placement = model_state.physical_to_logical_map.clone()  # in force for this forward
-        seen = worker.forward_step(ids, num_unpadded_tokens=batch, batch_has_prefill=step % 2 == 0)
+        draft_placement = None if draft is None else worker.draft_model_state.physical_to_logical_map.clone()
+        seen = worker.forward_step(
+            ids[:padded], num_unpadded_tokens=batch, batch_has_prefill=step % 2 == 0,
+            draft_input_ids=[ids[k + 1 : k + 1 + padded] for k in range(n)],
+        )  # fmt: skip
         assert seen.logits_off is not None
         kernel = torch.stack(seen.physical_ids)  # [L, rows, K]: the rows this rank's experts received
         rows = worker.wiring.controller.last_row_layout.rows
-        real = real_kernel_rows(rows, kernel.shape[1], padded, batch, worker.layout.tensor_parallel_size)
-        phys = kernel[:, real]  # [L, real rows, K] physical: every real token of the world, once
+
+        def real_rows(num_rows: int, rows: str = rows) -> torch.Tensor:
+            return real_kernel_rows(rows, num_rows, padded, batch, worker.layout.tensor_parallel_size)
+
+        phys = kernel[:, real_rows(kernel.shape[1])]  # [L, real rows, K] physical: every real token, once
         on, off = seen.logits_on[:batch], seen.logits_off[:batch]
         err = float((on - off).abs().max())
         # The driver's tolerance (SimulateConfig.outputs_rtol: the experts' format, 16-bit: its roundoff).
@@ -144,11 +162,11 @@ def run_model(ctx: RankContext, cfg: RankConfig) -> RankStats:
             )
         recorded = seen.load.clone()
         dist.all_reduce(recorded, group=group)  # each real selection must be counted once over the ranks
-        expected = torch.zeros(num_moe_layers, num_physical, dtype=torch.int64)
-        if seen.recorded:
-            expected = torch.bincount(
-                (phys + layer_offsets * num_physical).reshape(-1), minlength=num_moe_layers * num_physical
-            ).view(num_moe_layers, num_physical)  # fmt: skip
+        expected, rank_load, logical_load = model_step_loads(
+            phys, placement, num_physical, num_logical, num_ranks
+        )
+        if not seen.recorded:
+            expected = torch.zeros_like(expected)
         stats.load_steps_recorded += int(seen.recorded)
         stats.load_selections += int(expected.sum())  # the world's (the recorded load is all-reduced)
         if violation is None and not torch.equal(recorded, expected):
@@ -158,23 +176,20 @@ def run_model(ctx: RankContext, cfg: RankConfig) -> RankStats:
                 f"step {step} layer {bad}: the ranks recorded {int(recorded[bad].sum())} selections, the "
                 f"real rows made {int(expected[bad].sum())} (recording {'on' if seen.recorded else 'off'})",
             )
-        rank_load = torch.bincount(
-            ((phys // p) + layer_offsets * num_ranks).reshape(-1), minlength=num_moe_layers * num_ranks
-        ).view(num_moe_layers, num_ranks).float()  # fmt: skip
-        logical = placement.gather(1, phys.reshape(num_moe_layers, -1))
-        logical_load = torch.bincount(
-            (logical + layer_offsets.view(-1, 1) * num_logical).reshape(-1),
-            minlength=num_moe_layers * num_logical,
-        ).view(num_moe_layers, num_logical)  # fmt: skip
+        if draft is not None and seen.draft is not None:
+            violation = draft.check_step(step, seen, batch, real_rows, draft_placement, violation, group)
         record_first_step_plan(stats, step, logical_load, placement, num_ranks)
         violation, stop = close_step(
             ctx, stats, step, (t0, c0), violation, worker.end_step, model_state, state, watchdog,
             hook_seconds, commits, (rank_load, logical_load, initial_p2l),
         )  # fmt: skip
+        if draft is not None:
+            draft.end_step()
         if stop:
             break
     compiled = worker.vllm_config.compilation_config
     mode = f"{compiled.mode.name}, {compiled.backend} backend" if worker.compiled else "eager (enforce_eager)"
-    return end_of_run(
+    result = end_of_run(
         stats, violation, worker.wiring, state, model_state, watchdog, verifier, p, compilation=mode
     )
+    return result if draft is None else replace(result, draft=draft.finish())

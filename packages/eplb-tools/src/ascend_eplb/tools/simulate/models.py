@@ -70,6 +70,8 @@ class ModelSource:
         num_logical_experts: E; ``top_k``: K; ``num_moe_layers``: L.
         max_positions: the model's ``max_position_embeddings`` (the longest sequence of one step).
         format: the routed experts' format (``float32``, ``bf16``, ``fp16`` or a quantized format).
+        num_mtp_layers: DeepSeek-V3's multi-token prediction layers the checkpoint holds (the MoE draft
+            of ``--speculative-tokens``; ``world.CheckpointInfo.num_mtp_layers``).
     """
 
     name: str
@@ -80,6 +82,7 @@ class ModelSource:
     num_moe_layers: int
     max_positions: int
     format: str = PRESET_FORMAT
+    num_mtp_layers: int = 0
 
 
 #: The environment variable of the cache root (the presets go under ``models/``).
@@ -279,4 +282,5 @@ def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
         num_moe_layers=info.num_moe_layers,
         max_positions=max_positions,
         format=fmt,
+        num_mtp_layers=info.num_mtp_layers,
     )

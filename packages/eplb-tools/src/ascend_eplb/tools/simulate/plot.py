@@ -41,6 +41,12 @@ def balancedness_figure(report: SimulateReport):
     ax1.plot(steps, report.balancedness_per_step, lw=1.2, label="EPLB on")
     ax1.plot(steps, report.balancedness_off_per_step, lw=1, ls="--", color="gray",
              label="EPLB off (initial placement, same tokens)")  # fmt: skip
+    draft = report.draft
+    if draft is not None:
+        ax1.plot(steps, draft.balancedness_per_step, lw=1.2, color="tab:olive",
+                 label=f"MTP draft, EPLB on ({draft.forwards_per_step} forward(s) per step)")  # fmt: skip
+        ax1.plot(steps, draft.balancedness_off_per_step, lw=1, ls=":", color="tab:olive",
+                 label="MTP draft, EPLB off")  # fmt: skip
     ax1.set_ylabel("balancedness\n(mean / max rank load)")
     ax1.set_ylim(0, 1.05)
     for i, step in enumerate(report.commit_completed_steps):
@@ -76,9 +82,13 @@ def _bytes_panel(ax, report: SimulateReport, ax_balance) -> None:
     the gate's reason."""
     records = report.rearrangement_records
     done = [r for r in records if r.skipped is None]
+    draft = report.draft
+    drafted = [] if draft is None else [r for r in draft.rearrangement_records if r.skipped is None]
     install = report.initial_placement
     installed = install.bytes_moved if install is not None and install.bytes_moved is not None else None
-    peak = max([r.bytes_moved for r in done] + ([installed] if installed is not None else []), default=0)
+    peak = max(
+        [r.bytes_moved for r in (*done, *drafted)] + ([installed] if installed is not None else []), default=0
+    )
     units = ("B", "KiB", "MiB", "GiB")
     power = max((k for k in range(len(units)) if peak >= 1024**k), default=0)
     unit, scale = units[power], 1024.0**power
@@ -87,6 +97,9 @@ def _bytes_panel(ax, report: SimulateReport, ax_balance) -> None:
     if done:
         ax.bar([r.step for r in done], [r.bytes_moved / scale for r in done], width=0.8,
                color="tab:blue", label="bytes moved (all ranks)")  # fmt: skip
+    if drafted:
+        ax.bar([r.step for r in drafted], [r.bytes_moved / scale for r in drafted], width=0.8,
+               color="tab:olive", label="MTP draft's bytes moved (all ranks)")  # fmt: skip
     for i, r in enumerate(r for r in records if r.skipped is not None):
         ax.plot([r.step], [0], marker="x", color="tab:orange", ls="none",
                 label="skipped (reason)" if i == 0 else None)  # fmt: skip

@@ -26,11 +26,19 @@ from ascend_eplb.integration.events import (
     WindowRecord,
     read_events,
 )
+from ascend_eplb.integration.placement_file import DRAFT_SUFFIX
 from ascend_eplb.tools.simulate.config import SimulateConfig
-from ascend_eplb.tools.simulate.stats import OutputTolerance, RankStats
+from ascend_eplb.tools.simulate.stats import InstallSeen, OutputTolerance, RankStats
 from ascend_eplb.tools.simulate.verdicts import JUDGED, PASSED, check_verdicts, run_verdict
 
-__all__ = ["InstallReport", "RearrangementOutcome", "SimulateReport", "build_report", "events_outcomes"]
+__all__ = [
+    "DraftReport",
+    "InstallReport",
+    "RearrangementOutcome",
+    "SimulateReport",
+    "build_report",
+    "events_outcomes",
+]
 
 
 def _plain(value: Any) -> Any:
@@ -99,6 +107,44 @@ class EventsOutcomes:
     install_received: tuple[int, ...]
     rearrangements_received: tuple[int, ...]
     rearrangement_layer_commits: int
+
+
+@dataclass(frozen=True)
+class DraftReport:
+    """With ``--speculative-tokens N``: the MTP draft's figures (``report.json``'s ``draft``), each as the
+    target's top-level field of the same name: its balancedness with EPLB and without (rank 0's per step,
+    over the N forwards), its rearrangements (the events file's records of its name), what they and its
+    start-up install moved (estimated; totals count the install as the target's do) and what its
+    communicators received (measured), and what its checks compared.
+
+    ``model``: upstream's name (``"<target> (draft)"``); ``architecture``: its vLLM class;
+    ``forwards_per_step``: N; ``layers``: its MoE (MTP) layers.
+    """
+
+    model: str
+    architecture: str
+    forwards_per_step: int
+    layers: int
+    rearrangements_completed: int
+    layers_committed: int
+    balancedness_before: float | None
+    balancedness_after: float | None
+    balancedness_off_after: float | None
+    balancedness_off_mean: float | None
+    balancedness_per_step: tuple[float, ...]
+    balancedness_off_per_step: tuple[float, ...]
+    commit_completed_steps: tuple[int, ...]
+    initial_placement: InstallReport | None
+    bytes_received: int | None
+    bytes_received_per_rank: tuple[int | None, ...]
+    rearrangement_records: tuple[RearrangementOutcome, ...]
+    rearrangements_skipped: dict[str, int]
+    experts_moved: int
+    bytes_moved: int
+    busiest_rank_experts_received: int
+    max_output_error: float
+    load_steps_recorded: int
+    load_selections: int
 
 
 @dataclass(frozen=True)
@@ -174,6 +220,7 @@ class SimulateReport:
     passed: bool
     wall_seconds: float
     config: dict[str, Any]
+    draft: DraftReport | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The report as ``report.json`` holds it."""
@@ -199,13 +246,18 @@ def build_report(
     off_after = bal_off[completed[0] + 1 :] if completed else []
     received = tuple(int(res.bytes_received or 0) for res in results)  # per rank, measured
     violations = [res.violation for res in results if res.violation is not None]
+    # With a draft, the top-level figures are the target's (upstream names its draft "<target> (draft)").
+    target = None if r0.draft is None else r0.draft.model.removesuffix(DRAFT_SUFFIX)
     verdicts = check_verdicts(config, routing, results, violations)
     verdict = run_verdict(verdicts)
     secs = np.array(r0.step_seconds)
     in_flight = np.array(r0.step_in_flight, dtype=bool)
-    outcomes = events_outcomes(Path(config.out_dir) / "events.jsonl", config.num_ranks)
+    outcomes = events_outcomes(Path(config.out_dir) / "events.jsonl", config.num_ranks, model=target)
     done = outcomes.records
-    install = _install(config, results, bal, bal_off, outcomes.install, routing.num_moe_layers)
+    install = _install(
+        config, [res.install for res in results], bal, bal_off, outcomes.install, routing.num_moe_layers,
+        _plan_predicted(config),
+    )  # fmt: skip
     install_layers = 0 if install is None else install.layers_committed
     busiest = [
         a + b for a, b in zip(outcomes.install_received, outcomes.rearrangements_received, strict=True)
@@ -288,6 +340,61 @@ def build_report(
         passed=verdict == PASSED,
         wall_seconds=wall_s,
         config=config.to_json(),
+        draft=_draft(config, results, first_rearr),
+    )
+
+
+def _draft(config: SimulateConfig, results: list[RankStats], first_rearr: int | None) -> DraftReport | None:
+    """With ``--speculative-tokens``: :class:`DraftReport` (None without a draft), its figures computed as
+    the target's are (``first_rearr``: the step the first rearrangement started, both models' alike)."""
+    from ascend_eplb.control.policy_config import SKIP_REASONS
+
+    drafts = [res.draft for res in results]
+    d0 = drafts[0]
+    if d0 is None:
+        return None
+    ranks = [d for d in drafts if d is not None]
+    bal, bal_off = list(d0.balancedness_per_step), list(d0.balancedness_off_per_step)
+    completed = [i for i, c in enumerate(d0.commits_per_step) if d0.num_moe_layers - 1 in c]
+    before = bal[: first_rearr + 1] if first_rearr is not None else bal
+    after = bal[completed[0] + 1 :] if completed else []
+    off_after = bal_off[completed[0] + 1 :] if completed else []
+    received = tuple(None if d is None else d.bytes_received for d in drafts)
+    outcomes = events_outcomes(Path(config.out_dir) / "events.jsonl", config.num_ranks, model=d0.model)
+    done = outcomes.records
+    install = _install(
+        config, [None if d is None else d.install for d in drafts], bal, bal_off, outcomes.install,
+        d0.num_moe_layers, None,
+    )  # fmt: skip
+    busiest = [
+        a + b for a, b in zip(outcomes.install_received, outcomes.rearrangements_received, strict=True)
+    ]
+    return DraftReport(
+        model=d0.model,
+        architecture="DeepSeekMTP",
+        forwards_per_step=d0.forwards_per_step,
+        layers=d0.num_moe_layers,
+        rearrangements_completed=len(completed),
+        layers_committed=sum(len(c) for c in d0.commits_per_step)
+        + (0 if install is None else d0.num_moe_layers),
+        balancedness_before=float(np.mean(before)) if before else None,
+        balancedness_after=float(np.mean(after)) if after else None,
+        balancedness_off_after=float(np.mean(off_after)) if off_after else None,
+        balancedness_off_mean=float(np.mean(bal_off)) if bal_off else None,
+        balancedness_per_step=tuple(bal),
+        balancedness_off_per_step=tuple(bal_off),
+        commit_completed_steps=tuple(completed),
+        initial_placement=install,
+        bytes_received=None if None in received else sum(r or 0 for r in received),
+        bytes_received_per_rank=received,
+        rearrangement_records=done,
+        rearrangements_skipped={r: sum(x.skipped == r for x in done) for r in SKIP_REASONS},
+        experts_moved=sum(x.experts_moved for x in done) + _or0(install and install.experts_moved),
+        bytes_moved=sum(x.bytes_moved for x in done) + _or0(install and install.bytes_moved),
+        busiest_rank_experts_received=max(busiest, default=0),
+        max_output_error=max(d.max_output_error for d in ranks),
+        load_steps_recorded=max(d.load_steps_recorded for d in ranks),
+        load_selections=d0.load_selections,
     )
 
 
@@ -297,23 +404,20 @@ def _or0(value: int | None) -> int:
 
 def _install(
     config: SimulateConfig,
-    results: list[RankStats],
+    seen: list[InstallSeen | None],
     bal: list[float],
     bal_off: list[float],
     record: InitialPlacementRecord | None,
     num_moe_layers: int,
+    predicted: float | None,
 ) -> InstallReport | None:
-    """:class:`InstallReport` of a run with ``--initial-placement`` (None without)."""
+    """:class:`InstallReport` of one model of a run with ``--initial-placement`` (None without): ``seen``
+    what each rank saw of it right after start-up, ``bal`` and ``bal_off`` its balancedness per step,
+    ``record`` its ``initial_placement`` record, ``predicted`` what ``plan`` predicted for it."""
     if config.initial_placement is None:
         return None
-    held = [None if res.install is None else res.install.slot_mismatches for res in results]
-    predicted = None
-    try:
-        provenance = json.loads(Path(config.initial_placement).read_text(encoding="utf-8")).get("source")
-        predicted = provenance.get("balancedness_after") if isinstance(provenance, dict) else None
-    except (OSError, ValueError, AttributeError):
-        pass  # an events file (JSON lines), or a file without provenance
-    r0 = results[0]
+    held = [None if s is None else s.slot_mismatches for s in seen]
+    first = seen[0]
     return InstallReport(
         source=config.initial_placement,
         layers_committed=num_moe_layers,  # the install commits every layer, changed or not
@@ -321,7 +425,7 @@ def _install(
         experts_moved=None if record is None else record.experts_moved,
         bytes_moved=None if record is None else record.bytes_moved,
         first_step_balancedness=bal[0] if bal else None,
-        first_step_planned=None if r0.install is None else r0.install.first_step_planned,
+        first_step_planned=None if first is None else first.first_step_planned,
         first_step_off=bal_off[0] if bal_off else None,
         plan_predicted_on_its_load=predicted,
         slots_hold_their_experts=None if None in held else all(m == [] for m in held),
@@ -329,20 +433,33 @@ def _install(
     )
 
 
-def events_outcomes(events_file: Path, num_ranks: int) -> EventsOutcomes:
-    """What the serving events file (EP rank 0's) says the run did, from its last run: every model's
-    ``rearrangement`` records, oldest first, each with its ``rearrangement_realised`` balancedness; the
-    start-up install's record; and per rank the logical experts it received, replayed from the committed
-    placements (the install's from upstream's initial placement, each ``commit`` from the placement
-    before it: :func:`ascend_eplb.control.measures.received_experts`). A rearrangement still moving when
-    the run ended has no ``rearrangement`` record yet (its committed layers are counted per rank). No
-    events file (a rank on another host wrote it): nothing.
+def _plan_predicted(config: SimulateConfig) -> float | None:
+    """The mean balancedness ``plan`` predicted for the placement of ``--initial-placement`` on the load it
+    was made from (its ``source``'s ``balancedness_after``; None: an events file, or no provenance)."""
+    if config.initial_placement is None:
+        return None
+    try:
+        provenance = json.loads(Path(config.initial_placement).read_text(encoding="utf-8")).get("source")
+        return provenance.get("balancedness_after") if isinstance(provenance, dict) else None
+    except (OSError, ValueError, AttributeError):
+        return None  # an events file (JSON lines), or a file without provenance
+
+
+def events_outcomes(events_file: Path, num_ranks: int, *, model: str | None = None) -> EventsOutcomes:
+    """What the serving events file (EP rank 0's) says the run did, from its last run, for ``model``
+    (upstream's name; None: every model's): its ``rearrangement`` records, oldest first, each with its
+    ``rearrangement_realised`` balancedness; the start-up install's record; and per rank the logical
+    experts it received, replayed from the committed placements (the install's from upstream's initial
+    placement, each ``commit`` from the placement before it:
+    :func:`ascend_eplb.control.measures.received_experts`). A rearrangement still moving when the run
+    ended has no ``rearrangement`` record yet (its committed layers are counted per rank). No events file
+    (a rank on another host wrote it): nothing.
     """
     nothing = (0,) * num_ranks
     if not events_file.is_file():
         return EventsOutcomes((), None, nothing, nothing, 0)
     runs = read_events(events_file).runs
-    last = [record for _, record in runs[-1].records] if runs else []
+    last = [r for _, r in runs[-1].records if model is None or r.model == model] if runs else []
     realised = {
         (r.model, r.rearrangement): r.balancedness_realised
         for r in last

@@ -31,7 +31,7 @@ from ascend_eplb.integration.serving import guardrails_of
 from ascend_eplb.integration.verify import EplbVerificationError, EplbVerifier
 from ascend_eplb.integration.watchdog import EplbWorkerFailureError, WorkerWatchdog
 from ascend_eplb.launch import RankContext
-from ascend_eplb.tools.simulate.stats import InstallSeen, RankConfig, RankStats, StepLog, frozen
+from ascend_eplb.tools.simulate.stats import DraftLog, InstallSeen, RankConfig, RankStats, StepLog, frozen
 
 __all__ = [
     "CheckViolationError",
@@ -82,17 +82,19 @@ def timed_hooks(controller: Any) -> tuple[WorkerWatchdog, EplbVerifier, list[flo
 
 
 class CommitWatch:
-    """The MoE layers whose placement committed, heard on the controller's bus: each ``"commit"``
-    :class:`~ascend_eplb.control.bus.CommitEvent` (upstream's commit of one layer returned), kept until
-    the step's end drains them. Every commit is heard, however many the run has (the state's
-    log of recent commit events keeps only the last ``COMMIT_LOG_MAXLEN``)."""
+    """The MoE layers of one model whose placement committed, heard on the controller's bus: each
+    ``"commit"`` :class:`~ascend_eplb.control.bus.CommitEvent` (upstream's commit of one layer returned)
+    of ``model_name`` (upstream's name; None: every model's), kept until the step's end drains them. Every
+    commit is heard, however many the run has (the state's log of recent commit events keeps only the
+    last ``COMMIT_LOG_MAXLEN``)."""
 
-    def __init__(self, bus: Any) -> None:
+    def __init__(self, bus: Any, model_name: str | None = None) -> None:
         self._layers: set[int] = set()
+        self._model_name = model_name
         bus.subscribe(CommitEvent, self._on_commit)
 
     def _on_commit(self, event: CommitEvent) -> None:
-        if event.kind == "commit":
+        if event.kind == "commit" and self._model_name in (None, event.model_name):
             self._layers.add(event.layer)
 
     def drain(self) -> list[int]:
@@ -149,7 +151,7 @@ def record_initial_placement(stats: StepLog, cfg: RankConfig, slot_mismatches: l
 
 
 def record_first_step_plan(
-    stats: StepLog, step: int, logical_load: torch.Tensor, placement: torch.Tensor, num_ranks: int
+    stats: StepLog | DraftLog, step: int, logical_load: torch.Tensor, placement: torch.Tensor, num_ranks: int
 ) -> None:
     """At step 0 with ``--initial-placement``: the mean balancedness ``plan`` predicts for the installed
     ``placement`` ``(L, P)`` on the step's routed ``logical_load`` ``(L, E)`` (each expert's load split

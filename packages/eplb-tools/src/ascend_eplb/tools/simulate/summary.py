@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from ascend_eplb.tools.simulate.report import SimulateReport
+from ascend_eplb.tools.simulate.report import InstallReport, SimulateReport
 from ascend_eplb.tools.simulate.verdicts import FAILED, NOT_JUDGED, PASSED
 
 __all__ = ["summary_text"]
@@ -86,6 +88,52 @@ def _rearrangement_lines(report: SimulateReport, f) -> list[str]:
     return lines
 
 
+def _draft_lines(report: SimulateReport, f) -> list[str]:
+    """With ``--speculative-tokens``: the MTP draft's own lines (balanced beside the target in the one EPLB
+    state): what it served, its rearrangements (as the target's) and its balancedness."""
+    from ascend_eplb.tools.costs import format_bytes
+
+    d = report.draft
+    if d is None:
+        return []
+    received = "n/a" if d.bytes_received is None else format_bytes(d.bytes_received)
+    # Its rearrangements' lines as the target's, from its own records and its own start-up install.
+    own = replace(
+        report,
+        rearrangement_records=d.rearrangement_records,
+        rearrangements_skipped=d.rearrangements_skipped,
+        experts_moved=d.experts_moved,
+        bytes_moved=d.bytes_moved,
+        initial_placement=d.initial_placement,
+    )
+    return [
+        f"  draft {d.model} (vLLM's {d.architecture}, {d.layers} MoE layer, {d.forwards_per_step} "
+        f"forward(s) per step after the target): rearrangements {d.rearrangements_completed} completed, "
+        f"layers committed {d.layers_committed}, bytes received {received}",
+        *("  " + line for line in _rearrangement_lines(own, f)),
+        f"    draft balancedness before the first rearrangement {f(d.balancedness_before)}; after its "
+        f"first completed, EPLB on {f(d.balancedness_after)} beside EPLB off "
+        f"{f(d.balancedness_off_after)}; EPLB off over the whole run {f(d.balancedness_off_mean)}",
+    ]
+
+
+def _install_line(start: InstallReport, f, head: str) -> str:
+    """A model's start-up install of ``--initial-placement``: its first step measured beside plan's
+    computation for the placement, and whether every slot held its expert."""
+    said = start.plan_predicted_on_its_load
+    held = {
+        True: "; every slot held its logical expert from step 0",
+        False: "; SLOTS DID NOT HOLD THEIR EXPERTS",
+    }
+    return (
+        f"{head} {start.source}: first step balancedness "
+        f"{f(start.first_step_balancedness)} measured, {f(start.first_step_planned)} as plan "
+        f"computes it for the placement on that step's load, EPLB off {f(start.first_step_off)}"
+        + ("" if said is None else f"; plan predicted {f(said)} on the load it was made from")
+        + held.get(start.slots_hold_their_experts, "")
+    )
+
+
 def summary_text(report: SimulateReport) -> str:
     from ascend_eplb.tools.costs import format_bytes
     from ascend_eplb.tools.simulate.config import CHECK_DESCRIPTIONS
@@ -113,6 +161,7 @@ def summary_text(report: SimulateReport) -> str:
         f"({report.rearrangements_completed} completed), layers committed "
         f"{report.layers_committed}, bytes received {report.bytes_received}{_install_note(report)}",
         *_rearrangement_lines(report, f),
+        *_draft_lines(report, f),
         "  balancedness = mean rank load / max rank load of a layer, averaged over layers (1.0 = even)",
         # EPLB on beside EPLB off on the same steps after the first completed rearrangement (the
         # comparison), not "before -> after; without EPLB": that read as a comparison with "before".
@@ -129,20 +178,10 @@ def summary_text(report: SimulateReport) -> str:
         f"{ms(report.step_seconds_p50_without_verifier)} ms)",
         f"  time per commit step mean {ms(commit_mean)} ms; max output error {report.max_output_error:.3g}",
     ]
-    start = report.initial_placement
-    if start:
-        said = start.plan_predicted_on_its_load
-        held = {
-            True: "; every slot held its logical expert from step 0",
-            False: "; SLOTS DID NOT HOLD THEIR EXPERTS",
-        }
-        lines.append(
-            f"  initial placement {start.source}: first step balancedness "
-            f"{f(start.first_step_balancedness)} measured, {f(start.first_step_planned)} as plan "
-            f"computes it for the placement on that step's load, EPLB off {f(start.first_step_off)}"
-            + ("" if said is None else f"; plan predicted {f(said)} on the load it was made from")
-            + held.get(start.slots_hold_their_experts, "")
-        )
+    if report.initial_placement:
+        lines.append(_install_line(report.initial_placement, f, "  initial placement"))
+    if report.draft is not None and report.draft.initial_placement is not None:
+        lines.append(_install_line(report.draft.initial_placement, f, "  the draft's initial placement"))
     c = report.costs
     if c:
         t = "n/a" if c["transfer_seconds"] is None else f"{c['transfer_seconds']:.1f} s"

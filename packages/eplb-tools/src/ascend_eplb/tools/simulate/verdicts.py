@@ -63,10 +63,18 @@ def check_verdicts(
     worst = max(res.max_output_error for res in results)
     tolerance = r0.output_tolerance  # what the world's outputs check compared with
     rtol, atol = tolerance.rtol, tolerance.atol
+    draft = r0.draft
+    drafted = ""
+    if draft is not None:
+        draft_worst = max(res.draft.max_output_error for res in results if res.draft is not None)
+        drafted = (
+            f"; the draft's {_count(draft.forwards_per_step, 'forward')} per step: its real rows' logits "
+            f"equal the EPLB-off draft's (max error {draft_worst:.3g})"
+        )
     out["outputs"] = (
         "pass",
         f"{steps} steps on {n} ranks: {what} equal the EPLB-off model's (max error {worst:.3g}, "
-        f"tolerance {atol:g} + {rtol:g} x max|reference|)",
+        f"tolerance {atol:g} + {rtol:g} x max|reference|){drafted}",
     )
     recorded = max(res.load_steps_recorded for res in results)
     # A real model's ranks check the world's load (all-reduced); replay ranks each check their own rows.
@@ -75,10 +83,16 @@ def check_verdicts(
         rest = (
             "; the other steps recorded nothing, as the window and the phase said" if recorded < steps else ""
         )
+        drafted = (
+            ""
+            if draft is None
+            else f"; the draft ({draft.model}) recorded {draft.load_selections} real selections of its "
+            "forwards, each counted once"
+        )
         out["load"] = (
             "pass",
             f"{recorded} of {steps} steps recorded load: {selections} real selections, each counted once, "
-            f"padding never{rest}",
+            f"padding never{rest}{drafted}",
         )
     else:
         out["load"] = (
@@ -98,10 +112,13 @@ def check_verdicts(
             f"weights ({commits * p * n} slots compared)"
         )
         if r0.install is not None:
+            installed = routing.num_moe_layers + (0 if draft is None else draft.num_moe_layers)
             moved += (
-                f"; the first {routing.num_moe_layers} were the start-up install of the initial placement, "
+                f"; the first {installed} were the start-up install of the initial placement, "
                 "checked before the first step"
             )
+        if draft is not None:
+            moved += f" (both models': the target's and its draft's, {draft.model})"
         tables = (
             f"{checked}: each lookup equals the committed maps, in its own storage; the committed placement "
             f"was equal on the {n} ranks at {boundaries} step boundaries"

@@ -1,0 +1,96 @@
+"""``simulate --speculative-tokens``: DeepSeek-V3's MTP draft (vLLM's ``DeepSeekMTP``, the preset's MTP
+layer) served beside the target, both balanced in the one EPLB state, every check on both."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ascend_eplb.integration.events import RearrangementRecord, WindowRecord, read_events
+from ascend_eplb.tools.simulate.config import SimulateConfig
+from ascend_eplb.tools.simulate.driver import run_simulation
+from ascend_eplb.tools.simulate.models import resolve_model
+
+#: The preset on 2 ranks (TP=2 x EP=2), rearranging every 8 steps: both models complete >= 2.
+MTP = dict(speculative_tokens=1, num_ranks=2, steps=24, window_size=4, step_interval=8, progress=False,
+           timeout_s=280)  # fmt: skip
+
+
+@pytest.mark.multirank
+def test_the_preset_with_its_mtp_draft_balances_both_models_every_check_on_both(tmp_path, capsys):
+    folder = str(resolve_model("deepseek-v3").folder)
+    draft = f"{folder} (draft)"
+    report = run_simulation(SimulateConfig(**MTP, out_dir=str(tmp_path)))
+    assert report.passed, report.first_violation
+    assert report.checks == dict.fromkeys(("outputs", "load", "fingerprints", "lookups", "worker"), True)
+    d = report.draft
+    assert d is not None
+    assert (d.model, d.architecture, d.forwards_per_step, d.layers) == (draft, "DeepSeekMTP", 1, 1)
+    # Both models rearranged, each on its own load, in upstream's one cycle (the draft's layer first).
+    assert d.rearrangements_completed >= 2
+    assert report.rearrangements_completed >= 2
+    # Upstream commits every layer of a completed rearrangement, the draft's one MTP layer included.
+    assert d.layers_committed >= d.rearrangements_completed * d.layers
+    # Measured by its communicators beside estimated from its records (a cycle in flight: received, no
+    # record yet), as the target's.
+    assert d.bytes_received is not None
+    assert d.bytes_received >= d.bytes_moved > 0
+    assert d.experts_moved > 0
+    assert d.max_output_error <= 1e-5
+    assert d.initial_placement is None
+    # Each record is its model's: the target's top-level records and the draft's section share none.
+    runs = read_events(tmp_path / "events.jsonl").runs
+    assert len(runs) == 1
+    records = [r for _, r in runs[0].records]
+    windows = {m: sum(isinstance(r, WindowRecord) and r.model == m for r in records) for m in (folder, draft)}
+    assert windows[folder] == windows[draft] == report.rearrangements
+    done = {
+        m: [r.rearrangement for r in records if isinstance(r, RearrangementRecord) and r.model == m]
+        for m in (folder, draft)
+    }
+    assert [r.rearrangement for r in report.rearrangement_records] == done[folder]
+    assert [r.rearrangement for r in d.rearrangement_records] == done[draft]
+    assert {r.model for r in report.rearrangement_records} == {folder}
+    assert {r.model for r in d.rearrangement_records} == {draft}
+    # The load check counted the draft's real selections of its forwards: the recorded steps' real rows x K.
+    assert d.load_steps_recorded == 12  # window 4 of interval 8, from upstream's 3/4 start
+    assert d.load_selections == 12 * 32 * 6
+    # Its balancedness with EPLB beside EPLB off on the same steps, after its first completed rearrangement.
+    assert len(d.balancedness_per_step) == len(d.balancedness_off_per_step) == 24
+    assert d.balancedness_after > d.balancedness_off_after
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["draft"] == report.to_json()["draft"]
+    assert saved["draft"]["rearrangement_records"][0]["model"] == draft
+    out = capsys.readouterr().out
+    assert f"  draft {draft} (vLLM's DeepSeekMTP, 1 MoE layer, 1 forward(s) per step after the target)" in out
+    assert "the draft's 1 forward per step: its real rows' logits equal the EPLB-off draft's" in out
+    assert (tmp_path / "balancedness.png").stat().st_size > 0
+
+
+def test_a_draft_is_refused_before_any_process_where_there_is_none(tmp_path, capsys):
+    from ascend_eplb.tools.cli import main
+
+    assert (
+        main(["simulate", "--model", "replay", "--speculative-tokens", "1", "--out", str(tmp_path / "o")])
+        == 2
+    )
+    assert (
+        "speculative tokens=1: the MTP draft is a real model's (--model deepseek-v3 or a DeepSeek-V3 folder "
+        "with its MTP layer); --model replay has none"
+    ) in capsys.readouterr().err
+    qwen = str(resolve_model("qwen3-moe").folder)
+    assert (
+        main(["simulate", "--model", "qwen3-moe", "--speculative-tokens", "2", "--out", str(tmp_path / "o")])
+        == 2
+    )
+    assert (
+        "speculative tokens=2: the MTP draft needs a float32 DeepSeek-V3 checkpoint with its MTP layer; "
+        "model qwen3-moe is Qwen3MoeForCausalLM in float32 with 0 MTP layer(s)"
+    ) in capsys.readouterr().err
+    assert qwen  # the preset exists (written once into the cache)
+    with pytest.raises(SystemExit) as exit_info:  # argparse's refusal of the value
+        main(["simulate", "--speculative-tokens", "-1", "--out", str(tmp_path / "o")])
+    assert exit_info.value.code == 2
+    assert "argument --speculative-tokens: -1: must be >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
