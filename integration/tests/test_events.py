@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
@@ -240,6 +241,28 @@ def test_the_load_read_is_one_model_in_the_last_run_and_says_what_else_the_file_
     )
     other = read_events(path).recorded_load(model="other")
     assert [w.tolist() for w in other.windows] == [[[9]]]
+    # A server balancing an MoE draft beside the target records both, window for window, the draft first
+    # (upstream registers it first): the load read is the target's, and the models one server balanced
+    # are the target and its draft; another model's records are named as not read.
+    draft = ((1, 1, 1, 1),)
+    _write(
+        tmp_path / "mtp.jsonl",
+        [
+            _window(3, 1, model="m (draft)", load=draft), _window(3, 1), replace(stray, step=5),
+            _window(11, 2, model="m (draft)", load=draft), _window(11, 2),
+        ],
+    )  # fmt: skip
+    mtp = read_events(tmp_path / "mtp.jsonl")
+    assert mtp.recorded_load().model == "m"
+    both = mtp.recorded_loads()
+    assert [(r.model, len(r.windows), tuple(r.windows[0].shape)) for r in both] == [
+        ("m (draft)", 2, (1, 4)),
+        ("m", 2, (2, 4)),
+    ]
+    assert {r.note for r in both} == {
+        "only models m (draft), m' records are read; the run also records other (1)"
+    }
+    assert [r.model for r in read_events(path).recorded_loads()] == ["m"]  # no draft: the one model
     # Windows of one model of different shapes in one run: refused, naming the line.
     _write(tmp_path / "shapes.jsonl", [_window(1, 1), _window(2, 2, load=((1,),))])
     assert _refusal(lambda: read_events(tmp_path / "shapes.jsonl").recorded_load()) == (

@@ -52,6 +52,7 @@ API = {
                                            "metrics_requested"],
     "ascend_eplb.integration.metrics": ["bytes_moved", "bytes_received", "expert_bytes"],
     "ascend_eplb.integration.regular_files": ["open_for_append", "read_regular_file", "regular_file_problem"],
+    "ascend_eplb.integration.model_names": ["DRAFT_SUFFIX", "is_draft"],
 }  # fmt: skip
 
 

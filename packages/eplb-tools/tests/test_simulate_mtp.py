@@ -4,10 +4,16 @@ layer) served beside the target, both balanced in the one EPLB state, every chec
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
-from ascend_eplb.integration.events import RearrangementRecord, WindowRecord, read_events
+from ascend_eplb.integration.events import (
+    InitialPlacementRecord,
+    RearrangementRecord,
+    WindowRecord,
+    read_events,
+)
 from ascend_eplb.tools.simulate.config import SimulateConfig
 from ascend_eplb.tools.simulate.driver import run_simulation
 from ascend_eplb.tools.simulate.models import resolve_model
@@ -66,6 +72,65 @@ def test_the_preset_with_its_mtp_draft_balances_both_models_every_check_on_both(
     assert f"  draft {draft} (vLLM's DeepSeekMTP, 1 MoE layer, 1 forward(s) per step after the target)" in out
     assert "the draft's 1 forward per step: its real rows' logits equal the EPLB-off draft's" in out
     assert (tmp_path / "balancedness.png").stat().st_size > 0
+
+    # plan reads the events file of both models: each model's sweep on its own windows, one placement
+    # file of both (version 2, each named as upstream names it); simulate starts from it with the draft,
+    # and refuses it without (it names a model that run does not serve).
+    from ascend_eplb.integration.placement_file import read_placements
+    from ascend_eplb.tools.cli import main
+
+    both = tmp_path / "both.json"
+    assert (
+        main(["plan", str(tmp_path / "events.jsonl"), "--ranks", "2", "--export-expert-map", str(both)]) == 0
+    )
+    out = capsys.readouterr().out
+    assert f"model {draft}:" in out
+    assert f"model {folder}:" in out
+    assert f"wrote {both}: the placements of 2 models:" in out
+    placements = read_placements(both)
+    assert [(p.model, p.num_moe_layers, p.num_physical_experts, p.num_ranks) for p in placements] == [
+        (draft, 1, 68, 2),
+        (folder, 4, 68, 2),
+    ]
+    provenance = json.loads(both.read_text())["source"]
+    assert [m["model"] for m in provenance["models"]] == [draft, folder]
+    source = resolve_model("deepseek-v3")
+    with pytest.raises(ValueError, match=re.escape(f"names model {draft}, which this server does not serve")):
+        SimulateConfig(
+            **{**MTP, "speculative_tokens": 0}, initial_placement=str(both), out_dir=str(tmp_path / "o")
+        ).validate_model(source)
+    # Started from it with the draft, each model's start-up install is its own: its record, its totals,
+    # every slot holding its expert from step 0, plan's prediction for it beside its first step.
+    restarted = run_simulation(
+        SimulateConfig(**{**MTP, "steps": 8}, initial_placement=str(both), out_dir=str(tmp_path / "o"))
+    )
+    assert restarted.passed, restarted.first_violation
+    installs = {
+        r.model: r
+        for _, r in read_events(tmp_path / "o" / "events.jsonl").runs[0].records
+        if isinstance(r, InitialPlacementRecord)
+    }
+    for model, install, layers in (
+        (folder, restarted.initial_placement, 4),
+        (draft, restarted.draft.initial_placement, 1),
+    ):
+        assert (
+            installs[model].placement
+            == next(p for p in placements if p.model == model).physical_to_logical_map
+        )
+        assert install.layers_committed == layers
+        assert (install.experts_moved, install.bytes_moved) == (
+            installs[model].experts_moved,
+            installs[model].bytes_moved,
+        )
+        assert install.slots_hold_their_experts is True
+        assert install.plan_predicted_on_its_load == next(
+            m["balancedness_after"] for m in provenance["models"] if m["model"] == model
+        )
+    d = restarted.draft
+    done = [r for r in d.rearrangement_records if r.skipped is None]
+    assert d.experts_moved == installs[draft].experts_moved + sum(r.experts_moved for r in done)
+    assert d.layers_committed == 1 + d.rearrangements_completed  # its one MTP layer each time
 
 
 def test_a_draft_is_refused_before_any_process_where_there_is_none(tmp_path, capsys):

@@ -25,7 +25,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -43,6 +43,7 @@ from ascend_eplb.control.bus import (
 )
 from ascend_eplb.control.values import is_int
 from ascend_eplb.integration import metrics
+from ascend_eplb.integration.model_names import DRAFT_SUFFIX, is_draft
 from ascend_eplb.integration.regular_files import open_for_append, read_regular_file, regular_file_problem
 
 __all__ = [
@@ -728,11 +729,21 @@ class Run:
     def main_model(
         self, kinds: type[Record] | tuple[type[Record], ...], among: list[str | None] | None = None
     ) -> str | None:
-        """The model with the most records of ``kinds`` (the first of them on a tie; only models
+        """The model with the most records of ``kinds`` (on a tie a target before a draft, a draft's name
+        ending in ``model_names.DRAFT_SUFFIX`` as upstream names it, then the first; only models
         ``among`` when given): the one model a reader of this run takes unless told another (a stray
-        record of another model does not make it that model's)."""
+        record of another model does not make it that model's; nor does an MoE draft, recorded window
+        for window beside its target, first in the file because upstream registers it first)."""
         counts = {m: n for m, n in self.models(kinds).items() if among is None or m in among}
-        return max(counts, key=counts.__getitem__) if counts else None
+        return max(counts, key=lambda m: (counts[m], not is_draft(m))) if counts else None
+
+    def served_models(self, kinds: type[Record] | tuple[type[Record], ...]) -> list[str | None]:
+        """The models one server balanced in this run, as far as its records of ``kinds`` tell: the
+        :meth:`main_model` and, when the run records one, its MoE draft (``"<main> (draft)"``,
+        registered by upstream beside it), in the order of their first record. Any other model's records
+        are a stray's."""
+        main = self.main_model(kinds)
+        return [m for m in self.models(kinds) if m == main or (main is not None and m == main + DRAFT_SUFFIX)]
 
 
 @dataclass(frozen=True)
@@ -753,19 +764,44 @@ class EventsFile:
         """The last run holding a record of ``kinds`` (None: none does)."""
         return next((run for run in reversed(self.runs) if run.models(kinds)), None)
 
-    def where(self, run: Run, model: str | None, kinds: type[Record] | tuple[type[Record], ...]) -> str:
-        """What a reader of ``model``'s records in ``run`` read, when the file holds more: the run among
-        the file's runs, the model among the run's models (``""`` when there is nothing else)."""
+    def where(
+        self,
+        run: Run,
+        model: str | None,
+        kinds: type[Record] | tuple[type[Record], ...],
+        *,
+        beside: tuple[str | None, ...] = (),
+    ) -> str:
+        """What a reader of ``model``'s records (and of the models ``beside`` it) in ``run`` read, when
+        the file holds more: the run among the file's runs, the models among the run's models (``""``
+        when there is nothing else)."""
         parts = []
         if len(self.runs) > 1:
             parts.append(
                 f"{self.path} holds {len(self.runs)} runs (a run starts where the step or the rearrangement "
                 f"counter starts again); run {run.number}, {run.lines}, is read"
             )
-        others = [f"{m} ({n})" for m, n in run.models(kinds).items() if m != model]
+        read = (model, *beside)
+        others = [f"{m} ({n})" for m, n in run.models(kinds).items() if m not in read]
         if others:
-            parts.append(f"only model {model}'s records are read; the run also records {', '.join(others)}")
+            whose = f"model {model}'s" if not beside else f"models {', '.join(map(str, read))}'"
+            parts.append(f"only {whose} records are read; the run also records {', '.join(others)}")
         return "; ".join(parts)
+
+    def recorded_loads(self) -> tuple[RecordedLoad, ...]:
+        """The ``window`` records of each model one server balanced in the last run that has any
+        (:meth:`Run.served_models`: the main model and its MoE draft), each as :meth:`recorded_load`
+        gives it, in the order of their first record; each ``note`` says what else the file holds.
+
+        Raises:
+            ValueError: as :meth:`recorded_load`.
+        """
+        run = self.last_run(WindowRecord)
+        if run is None:
+            return (self.recorded_load(),)  # refused: its reason says why there is no window
+        served = tuple(run.served_models(WindowRecord))
+        note = self.where(run, served[0], WindowRecord, beside=served[1:])
+        return tuple(replace(self.recorded_load(model), note=note) for model in served)
 
     def recorded_load(self, model: str | None = None) -> RecordedLoad:
         """The ``window`` records of one model in the last run that has any (:meth:`Run.main_model`, or

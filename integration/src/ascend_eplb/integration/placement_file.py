@@ -72,6 +72,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_eplb.control.values import is_int
+from ascend_eplb.integration.model_names import DRAFT_SUFFIX
 from ascend_eplb.integration.regular_files import read_regular_file
 
 __all__ = [
@@ -103,9 +104,6 @@ VERSION = 1
 VERSION_MODELS = 2
 #: The model facts a placement file states, in the order problems are reported.
 FACTS = ("num_moe_layers", "num_logical_experts", "num_physical_experts", "num_ranks")
-#: What upstream appends to the target's name to name its draft (vLLM 0.33.0's ``eplb_draft_model_name``:
-#: ``f"{model_config.model} (draft)"``; tested equal): a placement's role in a server, target or draft.
-DRAFT_SUFFIX = " (draft)"
 #: Problems of one kind listed in a message before the rest are counted ("and 12 more").
 _LISTED = 5
 

@@ -307,12 +307,38 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
+    """``plan``: the level sweep of each model an events file records (a server balancing an MoE draft
+    beside the target records both; each model planned on its own windows and configuration, its
+    export named as upstream names it), else of the load."""
     from ascend_eplb.quant_views import get_format
 
     # Judged without --model-config too: a misspelt --format (w8a8) was silently accepted there.
     get_format(args.quant_format)
     if _compares_policies(args):
         return _run_compare(args)
+    from ascend_eplb.tools.trace import load_recorded_models
+
+    # An events file, read once: each model one server balanced (the target and its MoE draft), each
+    # planned on its own windows and configuration; () for another load file.
+    models = load_recorded_models(args.load)
+    several = len(models) > 1
+    code, exports = 0, []
+    for recorded in models or (None,):
+        if several:
+            print(f"model {recorded.model}:", file=sys.stderr if args.json else sys.stdout)
+        model_code, export = _plan_model(argparse.Namespace(**vars(args)), recorded, named=several)
+        code = max(code, model_code)
+        exports.append(export)
+    if args.export_expert_map is not None and None not in exports:
+        _export(args, exports, named=several)
+    return code
+
+
+def _plan_model(args: argparse.Namespace, events: Any, *, named: bool) -> tuple[int, Any]:
+    """One model's level sweep (``events``: its windows of an events file, a ``RecordedLoad``; None: the
+    load file itself; ``named``: the output names the model, one of several); returns the exit code and,
+    with ``--export-expert-map``, what to export of it (``(model, result, level, recorded)``), None when
+    nothing is to be written."""
     from ascend_eplb.tools.plan import (
         DEFAULT_MARGIN,
         format_plan,
@@ -320,9 +346,9 @@ def _run_plan(args: argparse.Namespace) -> int:
         recorded_configuration,
         validate_plan_args,
     )
-    from ascend_eplb.tools.trace import load_load_matrix, load_recorded
+    from ascend_eplb.tools.trace import load_load_matrix
 
-    events = load_recorded(args.load)  # an events file, read once (None: another load file)
+    model = None if events is None else events.model
     load = load_load_matrix(args.load, last=args.last, recorded=events)
     args.expert_groups, args.nodes = planned_grouping(
         events, num_ranks=args.ranks, num_expert_groups=args.expert_groups, num_nodes=args.nodes
@@ -348,14 +374,14 @@ def _run_plan(args: argparse.Namespace) -> int:
     margin = DEFAULT_MARGIN if args.margin is None else args.margin
     if not 0 <= margin < 1:
         raise ValueError(f"margin={margin}: must be in [0, 1)")
-    model = None
+    size = None
     if args.model_config is not None:
         from ascend_eplb.tools.costs import read_model_size
 
-        model = read_model_size(args.model_config)
+        size = read_model_size(args.model_config)
         from ascend_eplb.quant_views import get_format
 
-        get_format(args.quant_format).check_sizes(model.hidden_size, model.moe_intermediate_size)
+        get_format(args.quant_format).check_sizes(size.hidden_size, size.moe_intermediate_size)
     if args.export_expert_map is not None:
         inputs = [("the load", args.load), ("--model-config", args.model_config)]
         _check_writable_file("export expert map", args.export_expert_map, inputs)
@@ -377,13 +403,13 @@ def _run_plan(args: argparse.Namespace) -> int:
         num_expert_groups=args.expert_groups,
         margin=margin,
     )
-    if model is not None:
+    if size is not None:
         from ascend_eplb.tools.costs import estimate_costs
 
         costs: dict = {}
         for lv in result.levels:
             costs.setdefault(str(lv.num_redundant_experts), {})[lv.policy] = estimate_costs(
-                model,
+                size,
                 args.quant_format,
                 num_ranks=args.ranks,
                 num_redundant_experts=lv.num_redundant_experts,
@@ -392,9 +418,10 @@ def _run_plan(args: argparse.Namespace) -> int:
             ).to_json()
         result = replace(result, costs=costs)
     if args.json:
-        print(json.dumps(result.to_json()))
+        print(json.dumps({"model": model, **result.to_json()} if named else result.to_json()))
     else:
         print(format_plan(result))
+    export = None
     if args.export_expert_map is not None and result.invalid_levels:
         print(
             f"ascend-eplb plan: {args.export_expert_map} not written: {len(result.invalid_levels)} of the "
@@ -403,55 +430,75 @@ def _run_plan(args: argparse.Namespace) -> int:
         )
     elif args.export_expert_map is not None and result.recommended is not None:
         chosen = result.recommended if export_level is None else export_level
-        _export(args, result, chosen, recorded=export_level is not None)
+        export = (model, result, chosen, export_level is not None)
     if result.invalid_levels:
         for d in result.invalid_levels:
             print(f"ascend-eplb plan: error: {d['error']}", file=sys.stderr)
-        return 2
-    return 0
+        return 2, export
+    return 0, export
 
 
-def _export(args: argparse.Namespace, result: Any, level_r: int, *, recorded: bool) -> None:
-    """Write the placement of level ``level_r`` (the configured policy's; ``recorded``: the events file's
-    configuration) to ``--export-expert-map``."""
-    from ascend_eplb.integration.placement_file import write_placement
+def _export(args: argparse.Namespace, exports: list[Any], *, named: bool) -> None:
+    """Write each model's placement of its chosen level (the configured policy's; the events file's
+    configuration when recorded) to ``--export-expert-map``: one model's as version 1, several models'
+    (``named``: each as the events file names it) as version 2."""
+    from dataclasses import replace
+
+    from ascend_eplb.integration.placement_file import write_placements
     from ascend_eplb.tools.plan import export_placement
 
-    level = result.level(level_r)
-    placement = export_placement(result, level, source=str(args.export_expert_map))
+    placements, lines, chosen = [], [], []
+    for model, result, level_r, recorded in exports:
+        level = result.level(level_r)
+        placement = export_placement(result, level, source=str(args.export_expert_map))
+        if named:
+            placement = replace(placement, model=model)
+        placements.append(placement)
+        chosen.append(
+            {
+                **({"model": model} if named else {}),
+                "num_redundant_experts": level_r,
+                "balancedness_before": level.balancedness_before,
+                "balancedness_after": level.balancedness_after,
+            }
+        )
+        why = "the recorded configuration, " if recorded else ""
+        if recorded and result.recommended is not None and result.recommended != level_r:
+            # The recommendation printed just above names another level: say why this one was written.
+            why = (
+                f"the recorded configuration's level, not the recommended {result.recommended}: a server "
+                "refuses a placement of another num_redundant_experts; --redundant-experts "
+                f"{result.recommended} writes that level's for a server restarted with it; "
+            )
+        kept = (
+            f"; layers {result.layers_excluded} had no load and keep upstream's initial placement"
+            if result.layers_excluded
+            else ""
+        )
+        of = f" of model {model}" if named else ""
+        lines.append(
+            f"num_redundant_experts={level_r}{of} ({why}{result.policy} policy), {placement.num_moe_layers} "
+            f"MoE layers x {args.ranks} devices; balancedness on its load {level.balancedness_after:.4f} "
+            f"(upstream's initial placement: {level.balancedness_before:.4f}){kept}"
+        )
     provenance = {
         "tool": "ascend-eplb plan",
         "load": str(args.load),
         "windows": "all" if args.last is None else f"last {args.last}",
-        "policy": result.policy,
-        "num_redundant_experts": level_r,
-        "balancedness_before": level.balancedness_before,
-        "balancedness_after": level.balancedness_after,
+        "policy": exports[0][1].policy,
+        **(chosen[0] if not named else {"models": chosen}),
     }
     try:
-        write_placement(args.export_expert_map, placement, provenance)
+        write_placements(args.export_expert_map, placements, provenance)
     except ValueError as e:
         raise ValueError(f"export expert map={args.export_expert_map}: cannot write it ({e})") from e
-    why = "the recorded configuration, " if recorded else ""
-    if recorded and result.recommended is not None and result.recommended != level_r:
-        # The recommendation printed just above names another level: say why this one was written.
-        why = (
-            f"the recorded configuration's level, not the recommended {result.recommended}: a server "
-            "refuses a placement of another num_redundant_experts; --redundant-experts "
-            f"{result.recommended} writes that level's for a server restarted with it; "
-        )
-    kept = (
-        f"; layers {result.layers_excluded} had no load and keep upstream's initial placement"
-        if result.layers_excluded
-        else ""
-    )
-    print(
-        f"wrote {args.export_expert_map}: num_redundant_experts={level_r} ({why}{result.policy} policy), "
-        f"{placement.num_moe_layers} MoE layers x {args.ranks} devices; balancedness on its load "
-        f"{level.balancedness_after:.4f} (upstream's initial placement: {level.balancedness_before:.4f})"
-        f"{kept}",
-        file=sys.stderr if args.json else sys.stdout,
-    )
+    out = sys.stderr if args.json else sys.stdout
+    if named:
+        print(f"wrote {args.export_expert_map}: the placements of {len(placements)} models:", file=out)
+        for line in lines:
+            print(f"  {line}", file=out)
+    else:
+        print(f"wrote {args.export_expert_map}: {lines[0]}", file=out)
 
 
 def _run_check(args: argparse.Namespace) -> int:

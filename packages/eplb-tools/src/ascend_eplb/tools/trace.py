@@ -42,6 +42,7 @@ __all__ = [
     "load_esft_expert_weights",
     "load_load_matrix",
     "load_recorded",
+    "load_recorded_models",
     "load_routing_source",
     "load_sampled_load",
     "load_trace",
@@ -265,10 +266,24 @@ def load_recorded(path: str | Path) -> RecordedLoad | None:
     path = Path(path)
     if path.suffix.lower() != ".jsonl":
         return None
-    return read_input(path, "a serving events file (.jsonl)", _read_recorded)
+    return read_input(path, "a serving events file (.jsonl)", lambda p: _read_recorded(p, False)[0])
 
 
-def _read_recorded(path: Path) -> RecordedLoad:
+def load_recorded_models(path: str | Path) -> tuple[RecordedLoad, ...]:
+    """As :func:`load_recorded`, the windows of each model one server balanced
+    (:meth:`ascend_eplb.integration.events.EventsFile.recorded_loads`: the target and, when it recorded
+    one, its MoE draft, each its own windows and configuration); ``()`` for any other file.
+
+    Raises:
+        InputFileError: as :func:`load_recorded`.
+    """
+    path = Path(path)
+    if path.suffix.lower() != ".jsonl":
+        return ()
+    return read_input(path, "a serving events file (.jsonl)", lambda p: _read_recorded(p, True))
+
+
+def _read_recorded(path: Path, every_model: bool) -> tuple[RecordedLoad, ...]:
     import warnings
 
     from ascend_eplb.integration.events import read_events
@@ -276,13 +291,14 @@ def _read_recorded(path: Path) -> RecordedLoad:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         events = read_events(path)
-    recorded = events.recorded_load()  # refused without a window: the skipped line is in its reason
+    # refused without a window: the skipped line is in its reason
+    recorded = events.recorded_loads() if every_model else (events.recorded_load(),)
     for w in caught:
         # What the reader skipped, as the tools' own warning: one line under every command.
         category = InputFileWarning if issubclass(w.category, UserWarning) else w.category
         warnings.warn_explicit(str(w.message), category, w.filename, w.lineno)
-    if recorded.note:
-        warnings.warn(recorded.note, InputFileWarning, stacklevel=4)
+    for note in dict.fromkeys(r.note for r in recorded if r.note):  # the models read together: one note
+        warnings.warn(note, InputFileWarning, stacklevel=5)
     return recorded
 
 

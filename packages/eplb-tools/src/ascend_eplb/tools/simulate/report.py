@@ -256,7 +256,7 @@ def build_report(
     done = outcomes.records
     install = _install(
         config, [res.install for res in results], bal, bal_off, outcomes.install, routing.num_moe_layers,
-        _plan_predicted(config),
+        _plan_predicted(config, draft=False),
     )  # fmt: skip
     install_layers = 0 if install is None else install.layers_committed
     busiest = [
@@ -364,7 +364,7 @@ def _draft(config: SimulateConfig, results: list[RankStats], first_rearr: int | 
     done = outcomes.records
     install = _install(
         config, [None if d is None else d.install for d in drafts], bal, bal_off, outcomes.install,
-        d0.num_moe_layers, None,
+        d0.num_moe_layers, _plan_predicted(config, draft=True),
     )  # fmt: skip
     busiest = [
         a + b for a, b in zip(outcomes.install_received, outcomes.rearrangements_received, strict=True)
@@ -433,16 +433,24 @@ def _install(
     )
 
 
-def _plan_predicted(config: SimulateConfig) -> float | None:
-    """The mean balancedness ``plan`` predicted for the placement of ``--initial-placement`` on the load it
-    was made from (its ``source``'s ``balancedness_after``; None: an events file, or no provenance)."""
+def _plan_predicted(config: SimulateConfig, draft: bool) -> float | None:
+    """The mean balancedness ``plan`` predicted for the target's (``draft``: its draft's) placement of
+    ``--initial-placement`` on the load it was made from: the ``source`` of ``plan``'s file, each model's
+    in a file of several (``source.models``, by role); None: an events file, or no provenance."""
     if config.initial_placement is None:
         return None
     try:
         provenance = json.loads(Path(config.initial_placement).read_text(encoding="utf-8")).get("source")
-        return provenance.get("balancedness_after") if isinstance(provenance, dict) else None
     except (OSError, ValueError, AttributeError):
         return None  # an events file (JSON lines), or a file without provenance
+    if not isinstance(provenance, dict):
+        return None
+    entries = provenance.get("models", [provenance])
+    for entry in entries if isinstance(entries, list) else []:
+        name = entry.get("model") if isinstance(entry, dict) else None
+        if isinstance(entry, dict) and (isinstance(name, str) and name.endswith(DRAFT_SUFFIX)) == draft:
+            return entry.get("balancedness_after")
+    return None
 
 
 def events_outcomes(events_file: Path, num_ranks: int, *, model: str | None = None) -> EventsOutcomes:
