@@ -595,6 +595,32 @@ def test_an_events_file_of_the_target_and_its_draft_gives_each_models_last_place
     # A server of the target alone reads the target's (the draft's records are a stray's to it).
     assert _judge(partial, served_models=("m",)) == []
     assert [p.model for p in pf.read_placements(partial)] == ["m"]
+    # In an events file, records of a model the server does not serve are not read, never a reason to
+    # refuse: the draft's complete placement too (a placement file naming it is refused, above).
+    assert _judge(path, served_models=("m",)) == []
+    assert [p.model for p in pf.read_placements(path, ("m",))] == ["m"]
+    assert _judge(path, served_models=("/other/m",)) == []  # the same model served from another path
+    # A served model the file leaves without a placement is refused naming it, and the records the file
+    # holds instead are said to be of a model not served.
+    other = _events(
+        tmp_path, [{**r, "model": "n"} if r["model"] == "m (draft)" else r for r in records], "n.jsonl"
+    )
+    assert _judge(other, served_models=("m",)) == []
+    violations = _judge(other, served_models=("m (draft)", "m"))
+    assert [v.message for v in violations] == [
+        f"eplb_config.initial_placement={other}: has no placement for model m (draft) (the run records n, "
+        "which this server does not serve: not read); fix: name a placement file of ascend-eplb plan "
+        "--export-expert-map (or an events file with a committed placement)"
+    ]
+    # One stray record of another model beside a complete run: not read (issue 38), whatever is served.
+    stray = _events(
+        tmp_path,
+        [{"event": "window", "model": "x (draft)", "rearrangement": 1, "load": [[1]], "num_ranks": 1,
+          "num_physical_experts": 1}, *records],
+        "stray.jsonl",
+    )  # fmt: skip
+    assert _judge(stray, served_models=("m (draft)", "m")) == []
+    assert _judge(stray, served_models=("m",)) == []
 
 
 def test_the_draft_suffix_is_upstreams():

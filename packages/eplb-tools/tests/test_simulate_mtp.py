@@ -75,7 +75,7 @@ def test_the_preset_with_its_mtp_draft_balances_both_models_every_check_on_both(
 
     # plan reads the events file of both models: each model's sweep on its own windows, one placement
     # file of both (version 2, each named as upstream names it); simulate starts from it with the draft,
-    # and refuses it without (it names a model that run does not serve).
+    # and refuses it without (a placement file naming a model that run does not serve).
     from ascend_eplb.integration.placement_file import read_placements
     from ascend_eplb.tools.cli import main
 
@@ -99,6 +99,14 @@ def test_the_preset_with_its_mtp_draft_balances_both_models_every_check_on_both(
         SimulateConfig(
             **{**MTP, "speculative_tokens": 0}, initial_placement=str(both), out_dir=str(tmp_path / "o")
         ).validate_model(source)
+    # The run's events file starts either run: with the draft each model on its last committed placement,
+    # without it the target (the draft's records are of a model that run does not serve: not read).
+    events = str(tmp_path / "events.jsonl")
+    for tokens in (1, 0):
+        options = {**MTP, "speculative_tokens": tokens}
+        SimulateConfig(**options, initial_placement=events, out_dir=str(tmp_path / "o")).validate_model(
+            source
+        )
     # Started from it with the draft, each model's start-up install is its own: its record, its totals,
     # every slot holding its expert from step 0, plan's prediction for it beside its first step.
     restarted = run_simulation(

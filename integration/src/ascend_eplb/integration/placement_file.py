@@ -38,8 +38,8 @@ upstream's ``EplbModelState.model_name`` names it::
 
 each entry of ``models`` a version-1 document's model part (and vLLM Ascend's ``expert_map_path`` JSON of
 that model). A placement of one model is written as version 1 (no name: it is the served model's); a
-server registering a draft needs a version-2 file naming both (start-up refuses a file that lacks a
-registered model's placement or names a model that is not served).
+server registering a draft needs a version-2 file naming both (start-up refuses a placement file that
+lacks a registered model's placement or names a model that is not served, naming the model).
 
 A plain ``expert_map_path`` JSON (no ``format``) is refused: it does not say how many logical experts it
 was made for, so a dropped expert could not be told from a smaller model.
@@ -48,10 +48,11 @@ A serving events file (``ASCEND_EPLB_EVENTS``, :mod:`ascend_eplb.integration.eve
 model's last committed placement (each model its records': ``model``), in its last run holding
 placement records (``read_events``' runs): the ``initial_placement`` record (when the run started from a
 file), then each ``commit`` record's ``placement`` in file order; its ``window`` records give E, L, P
-and N. Every model whose placement is complete is read (a stray record of a model without one, beside
-models with one, gives none: start-up names a served model the file leaves without a placement); with
-none complete, the problems of ``Run.main_model``'s are reported: every layer must have a committed row
-(a run whose first rearrangement never completed has none to give).
+and N. Every model whose placement is complete is read; told the served models (start-up), only the
+placements they take (by name, else by role), records of any other model being a stray's or another
+server's, not read and never a reason to refuse; a served model the file leaves without a placement is
+refused, naming it. With none complete, the problems of ``Run.main_model``'s are reported: every layer
+must have a committed row (a run whose first rearrangement never completed has none to give).
 
 Every refusal is a :class:`PlacementFileError` (a ``ValueError``) naming the file and listing every
 problem found, each with its field, the file's value and the rule (or the model's value); nothing is
@@ -349,10 +350,11 @@ def read_placements(
     which kind of file is told by content (an events file's first line is an object with ``event``).
 
     Args:
-        served: the names of the models the server balances, when known (:func:`assign_placements`): an
-            events file's model whose placement is incomplete is then refused with its problems when a
-            served model of its name or role is left without a placement (else such a model's records
-            are a stray's: it gives no placement).
+        served: the names of the models the server balances, when known (:func:`assign_placements`). An
+            events file then gives the placements the served models take; records of any other model
+            are a stray's (or another server's): not read, never a reason to refuse. A served model the
+            file leaves without a placement is refused, with the problems of the incomplete records of
+            its name or role when it has some (why they give none).
 
     Raises:
         PlacementFileError: the file is missing, unreadable, empty, not UTF-8, not JSON (truncated), of
@@ -605,20 +607,8 @@ def _from_events(source: Path, served: Sequence[str] | None) -> tuple[Placement,
     found = {model: _committed(run, model, source) for model in run.models(kinds)}
     complete = [got for got in found.values() if isinstance(got, Placement)]
     incomplete = {model: got for model, got in found.items() if not isinstance(got, Placement)}
-    if complete and served is not None and incomplete:
-        # A served model left without a placement, while the file holds incomplete records of a model of
-        # its name or role: those records are its, and their problems say why it has none.
-        assignment, _ = assign_placements(complete, served)
-        left = [name for name in served if name not in assignment]
-        blamed = [
-            model
-            for model in incomplete
-            if any(model == name or _is_draft(model) == _is_draft(name) for name in left)
-        ]
-        if blamed:
-            raise PlacementFileError(
-                source, [f"model {model}: {problem}" for model in blamed for problem in incomplete[model]]
-            )
+    if served is not None:
+        complete = _served_from_events(source, served, complete, incomplete)
     if complete:
         if len(log.runs) == 1:
             return tuple(complete)
@@ -633,6 +623,37 @@ def _from_events(source: Path, served: Sequence[str] | None) -> tuple[Placement,
     problems = incomplete[model]
     note = log.where(run, model, kinds)
     raise PlacementFileError(source, [*problems[:-1], f"{problems[-1]}; {note}" if note else problems[-1]])
+
+
+def _served_from_events(
+    source: Path, served: Sequence[str], complete: list[Placement], incomplete: dict[str | None, list[str]]
+) -> list[Placement]:
+    """The complete placements of an events file's last run that the ``served`` models take
+    (:func:`assign_placements`), in file order. Records of a model no served model takes are a stray's
+    or another server's: not read, never a reason to refuse. A served model left without a placement is
+    refused: with the problems of the incomplete records of its name or role (why they give none), else
+    naming it and what the run records instead."""
+    assignment, missing, _ = _assign(complete, served)
+    left = [name for name in served if name not in assignment]
+    blamed = [
+        model
+        for model in incomplete
+        if any(model == name or _is_draft(model) == _is_draft(name) for name in left)
+    ]
+    if blamed:
+        raise PlacementFileError(
+            source, [f"model {model}: {problem}" for model in blamed for problem in incomplete[model]]
+        )
+    taken = [p for p in complete if any(p is q for q in assignment.values())]
+    if missing:
+        ignored = [p.model for p in complete if p not in taken] + list(incomplete)
+        note = (
+            f" (the run records {', '.join(map(str, ignored))}, which this server does not serve: not read)"
+            if ignored
+            else ""
+        )
+        raise PlacementFileError(source, [f"{line}{note}" for line in missing])
+    return taken
 
 
 def _committed(run: Any, model: str | None, source: Path) -> Placement | list[str]:
@@ -774,9 +795,17 @@ def assign_placements(
     Returns:
         ``(assignment, problems)``: ``{served name: placement}``, and one line per served model without a
         placement (none of its name, none or several of its role) and per placement no served model
-        takes (it names a model this server does not serve).
+        takes (it names a model this server does not serve: a placement file's; an events file read
+        with ``served`` gives none such, :func:`read_placements`).
     """
+    assignment, missing, unserved = _assign(placements, served)
+    return assignment, missing + unserved
 
+
+def _assign(
+    placements: Sequence[Placement], served: Sequence[str]
+) -> tuple[dict[str, Placement], list[str], list[str]]:
+    """:func:`assign_placements`, its problems apart: ``(assignment, missing, unserved)``."""
     is_draft = _is_draft
     assignment: dict[str, Placement] = {}
     taken: set[int] = set()
@@ -786,7 +815,7 @@ def assign_placements(
                 assignment[name] = placement
                 taken.add(index)
                 break
-    problems = []
+    missing = []
     for name in served:
         if name in assignment:
             continue
@@ -799,12 +828,13 @@ def assign_placements(
         else:
             role = "a draft's" if is_draft(name) else "a target's"
             several = f" ({len(same_role)} of {role} placement: which one is ambiguous)" if same_role else ""
-            problems.append(f"has no placement for model {name}{several}")
+            missing.append(f"has no placement for model {name}{several}")
+    unserved = []
     for index, placement in enumerate(placements):
         if index not in taken:
             named = "an unnamed model" if placement.model is None else f"model {placement.model}"
-            problems.append(f"names {named}, which this server does not serve")
-    return assignment, problems
+            unserved.append(f"names {named}, which this server does not serve")
+    return assignment, missing, unserved
 
 
 def _is_draft(name: str | None) -> bool:

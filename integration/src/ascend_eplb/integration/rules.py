@@ -1129,11 +1129,12 @@ def _experts_divisible(s: EplbSettings) -> str | Violation | None:
 @_rule("initial-placement")
 def _initial_placement(s: EplbSettings) -> str | Violation | None:
     """The placement file (``placement_file.read_placements``): readable, valid, a placement of each model
-    the server balances and of no other (``served_models``, when known: one unnamed placement serves
-    the target alone), each made for the model's logical experts, physical slots (E +
-    ``num_redundant_experts``), EP size and, when known, the target's MoE layers; the first problem
-    found. Start-up does not know L before a model is built: each model's layers are compared when it
-    registers (``startup_placement.attach_startup_install``, same rule id)."""
+    the server balances and, in a placement file, of no other (``served_models``, when known: one unnamed
+    placement serves the target alone; an events file's records of another model are not read), each
+    made for the model's logical experts, physical slots (E + ``num_redundant_experts``), EP size and,
+    when known, the target's MoE layers; the first problem found. Start-up does not know L before a
+    model is built: each model's layers are compared when it registers
+    (``startup_placement.attach_startup_install``, same rule id)."""
     path = s.initial_placement
     if path is None:
         return None

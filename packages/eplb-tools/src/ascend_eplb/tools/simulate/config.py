@@ -538,9 +538,10 @@ class SimulateConfig:
     ) -> list[str]:
         """Start-up's judgement of ``--initial-placement`` (the serving path's rule ``initial-placement``,
         here before any rank starts): the file readable and valid, a placement for each model served (a
-        real model's ``source``: the target, and its MTP draft with ``--speculative-tokens``) and of no
-        other, each made for these logical experts, physical slots (E + ``--redundant-experts``) and ranks,
-        the target's for these MoE layers (the draft's: one, its MTP layer); every problem named."""
+        real model's ``source``: the target, and its MTP draft with ``--speculative-tokens``) and, in a
+        placement file, of no other (an events file's records of another model are not read), each made
+        for these logical experts, physical slots (E + ``--redundant-experts``) and ranks, the target's for
+        these MoE layers (the draft's: one, its MTP layer); every problem named."""
         path = self.initial_placement
         if path is None or not str(path).strip():
             return []
@@ -552,12 +553,12 @@ class SimulateConfig:
             read_placements,
         )
 
-        try:
-            placements = read_placements(path)
-        except PlacementFileError as e:
-            return [f"initial placement={path}: {'; '.join(e.problems)}"]
         target = str(source.folder) if source is not None else "the model"
         served = (target + DRAFT_SUFFIX, target) if self.speculative_tokens else (target,)
+        try:
+            placements = read_placements(path, served)
+        except PlacementFileError as e:
+            return [f"initial placement={path}: {'; '.join(e.problems)}"]
         assignment, problems = assign_placements(placements, served)
         if problems:
             return [f"initial placement={path}: {'; '.join(problems)} (the run serves {list(served)})"]
