@@ -162,6 +162,15 @@ def test_a_draft_is_refused_before_any_process_where_there_is_none(tmp_path, cap
         "model qwen3-moe is Qwen3MoeForCausalLM in float32 with 0 MTP layer(s)"
     ) in capsys.readouterr().err
     assert qwen  # the preset exists (written once into the cache)
+    # Upstream's one cycle moves the draft's MTP layer and the target's 4, one layer per step: 7 steps
+    # complete the first rearrangement from step 2, not 6 (the worker check failed such a run).
+    short = ["--steps", "6", "--step-interval", "8", "--window-size", "4", "--ranks", "2"]
+    assert main(["simulate", "--speculative-tokens", "1", *short, "--out", str(tmp_path / "o")]) == 2
+    assert (
+        "steps=6: too few to complete a rearrangement: the first starts at step 2 (upstream starts its "
+        "counter at 3/4 of step interval 8) and upstream commits at most one of the 5 MoE layers (the "
+        "target's 4 and its draft's 1: one cycle moves both) per step, so at least 7 steps"
+    ) in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:  # argparse's refusal of the value
         main(["simulate", "--speculative-tokens", "-1", "--out", str(tmp_path / "o")])
     assert exit_info.value.code == 2

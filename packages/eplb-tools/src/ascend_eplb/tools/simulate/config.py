@@ -353,15 +353,22 @@ class SimulateConfig:
         step (``EplbState.step``'s ``_move_to_workspace`` of the one pending layer)."""
         return self.first_rearrangement_step + num_moe_layers
 
-    def _steps_error(self, num_moe_layers: int) -> str | None:
-        need = self.min_steps(num_moe_layers)
+    def _steps_error(self, num_moe_layers: int, num_draft_layers: int = 0) -> str | None:
+        """``num_draft_layers``: an MoE draft's (``--speculative-tokens``), moved in the same cycle."""
+        need = self.min_steps(num_moe_layers + num_draft_layers)
         if self.steps >= need or self.steps < 1 or self.step_interval < 1:
             return None
+        layers = (
+            f"{num_moe_layers} MoE layers"
+            if not num_draft_layers
+            else f"{num_moe_layers + num_draft_layers} MoE layers (the target's {num_moe_layers} and its "
+            f"draft's {num_draft_layers}: one cycle moves both)"
+        )
         return (
             f"steps={self.steps}: too few to complete a rearrangement: the first starts at step "
             f"{self.first_rearrangement_step} (upstream starts its counter at 3/4 of step interval "
-            f"{self.step_interval}) and upstream commits at most one of the {num_moe_layers} MoE layers per "
-            f"step, so at least {need} steps"
+            f"{self.step_interval}) and upstream commits at most one of the {layers} per step, so at least "
+            f"{need} steps"
         )
 
     def validate(
@@ -599,7 +606,9 @@ class SimulateConfig:
             errors.append(
                 "fault=view-skips-scale: a quantized format's view list; applies to --model replay only"
             )
-        if reason := self._steps_error(source.num_moe_layers):
+        if reason := self._steps_error(
+            source.num_moe_layers, source.num_mtp_layers if self.speculative_tokens else 0
+        ):
             errors.append(reason)
         if self.speculative_tokens and (source.num_mtp_layers < 1 or source.format != PRESET_FORMAT):
             errors.append(

@@ -189,9 +189,10 @@ def _worker_verdict(
                     f"no rearrangement started in {steps} steps: {skipped} skipped on a load window with no "
                     f"load (phase {config.load_collection_phase}); run more steps"
                 )
+        moved = layers + (0 if r0.draft is None else r0.draft.num_moe_layers)  # one cycle moves both
         return "fail", (
             f"no rearrangement completed in {steps} steps; the options complete the first by step "
-            f"{config.min_steps(layers)} at upstream's fastest pace"
+            f"{config.min_steps(moved)} at upstream's fastest pace"
         )
     if slow is not None:
         idle = slow.steps_without_progress
