@@ -452,10 +452,10 @@ def mtp_world(ctx: RankContext, spec: Any, events: str, served_events: str) -> d
     start-up error of a version-1 file of the target's placement alone (each rank writes its own copy):
     the draft has none.
     """
+    from ascend_eplb import world as rm
     from ascend_eplb.integration import placement_file as pf
     from ascend_eplb.integration.serving import guardrails_of
     from ascend_eplb.integration.validation import EplbConfigError
-    from ascend_eplb.tools import world as rm
 
     os.environ["ASCEND_EPLB_EVENTS"] = events
     report = rm.real_model_world(ctx, spec)

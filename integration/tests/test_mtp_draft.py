@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from ascend_eplb import world as rm
 from ascend_eplb.testing import load_module, run_ranks, stop_fork_server
-from ascend_eplb.tools import world as rm
 
 ranks = load_module(Path(__file__).with_name("ranks_real_models.py"))
 
-PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.tools.world.serving")
+PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.world.serving")
 NUM_TOKENS = 12
 REAL_TOKENS = (NUM_TOKENS, NUM_TOKENS - 3)
 SPECULATIVE_TOKENS = 2

@@ -666,7 +666,7 @@ class ServingWorker:
         compilation: vLLM's ``compilation_config`` of both models (:func:`compilation_of`; None:
             eager). Compiled, the first forward (:meth:`profile_run`) is the one trace of each.
         speculative_tokens: N >= 1: serve with MTP speculative decoding (a DeepSeek-V3 checkpoint with its
-            MTP layer, :func:`~ascend_eplb.tools.world.checkpoints.add_mtp_layer`): the draft is loaded as
+            MTP layer, :func:`~ascend_eplb.world.checkpoints.add_mtp_layer`): the draft is loaded as
             Model Runner V2 loads it (:func:`load_draft`) and registered by upstream's
             ``maybe_register_speculator`` beside the target in the one EPLB state (as
             ``"<model> (draft)"``), and each :meth:`forward_step` runs it N times after the target; 0:

@@ -1,9 +1,10 @@
 """The CPU world's upstream surface: every point where this world meets vLLM 0.33.0 and torch 2.13.0 that
 serving does not, declared once, with :mod:`ascend_eplb.control.patching`'s row types.
 
-* :data:`SIGNATURES`: the targets of the stand-in patches, the methods replaced on single instances and
-  the registrations called (vLLM's out-of-tree method and quantization registries), with their
-  parameters.
+* :data:`SIGNATURES`: the targets of the stand-in patches, the methods replaced on single instances,
+  the registrations called (vLLM's out-of-tree method and quantization registries) and Model Runner V2's
+  draft calls the serving worker makes (``init_speculator``, the speculator's ``load_model`` and
+  ``_prepare_eplb_forward``), with their parameters.
 * :data:`STAND_INS`: the module-level replacements (:mod:`~ascend_eplb.world.stand_ins` builds its
   ``PatchSet`` of them with :func:`patches_of`), in installation order.
 * :data:`INSTANCE_BINDINGS`: the upstream methods replaced on single instances of a built model.
@@ -67,6 +68,8 @@ _QUANTIZATION = "vllm.model_executor.layers.quantization"
 _COMPILATION = "vllm.config.compilation"
 _PARALLEL_STATE = "vllm.distributed.parallel_state"
 _MODEL_STATE = "EplbModelState"
+_SPEC_DECODE = "vllm.v1.worker.gpu.spec_decode"
+_SPECULATOR = "vllm.v1.worker.gpu.spec_decode.speculator"
 
 
 def _table(*entries: Signature) -> Mapping[str, Signature]:
@@ -119,6 +122,15 @@ SIGNATURES: Mapping[str, Signature] = _table(
         "CompilationConfig.init_backend",
         ("self", "vllm_config", "prefix=''", "is_encoder=False", "use_aot_compile=True"),
         (WORLD_COMPILED,),
+    ),
+    # The MTP draft as Model Runner V2 loads and runs it (serving.load_draft, ServingWorker.forward_step).
+    Signature(_SPEC_DECODE, "init_speculator", ("vllm_config", "device", "req_states"), (WORLD_SERVING,)),
+    Signature(_SPECULATOR, "DraftModelSpeculator.load_model", ("self", "target_model"), (WORLD_SERVING,)),
+    Signature(
+        _SPECULATOR,
+        "DraftModelSpeculator._prepare_eplb_forward",
+        ("self", "num_unpadded_tokens"),
+        (WORLD_SERVING,),
     ),
 )
 
