@@ -145,6 +145,35 @@ def test_at_shutdown_logs_a_cycle_in_flight_with_how_long_it_went_without_progre
     assert "(layer 0 published, not yet committed), no progress for 0.0 s (0 steps)" in cycle.message()
 
 
+def test_a_model_waiting_behind_the_draft_starts_its_clock_when_its_turn_comes():
+    # Upstream's worker moves the registered models one after the other (the MTP draft, then the target);
+    # both are `rebalanced` from the rearrangement's start. The target's clock starts when the draft's
+    # cycle ends, not at the start: its wait behind the draft is not its stall.
+    clock = _Clock()
+    dog = WorkerWatchdog(timeout_s=2.0, clock=clock)
+    draft, target = _model_state(True), _model_state(True)
+    draft.model_name = "m (draft)"
+    state = SimpleNamespace(model_states={"d": draft, "t": target}, num_rearrangements=1, commit_log=[])
+    row = dog._local_status(state)
+    assert row == [1, 1, 0, 0, 0, 0, 0, 0, 0]  # the draft in its cycle, the target waiting
+    clock.now += 3.0  # the draft's layer takes 3 s, beyond the timeout
+    draft.pending_result = SimpleNamespace(layer_idx=0)
+    assert dog._local_status(state) == [1, 1, 1, 0, 0, 0, 0, 0, 0]
+    draft.rebalanced, draft.pending_result = False, None  # its layer committed: the target's turn
+    row = dog._local_status(state)
+    assert row == [1, 0, 0, 0, 0, 1, 0, 0, 0]
+    assert dog._decide(state, [row, row]) is None  # before the fix: the target 3 s without progress
+    clock.now += 2.5  # now the target's first layer is not published for 2.5 s: stalled, and named
+    row = dog._local_status(state)
+    stalled = dog._decide(state, [row, row])
+    assert (stalled.kind, stalled.model, stalled.layer) == ("stalled", "m", 0)
+    # At shutdown only the model whose turn it is is in flight (a waiting one has no progress to judge).
+    draft.rebalanced = True
+    dog._local_status(state)
+    (cycle,) = dog.at_shutdown(ShutdownEvent(SimpleNamespace(state=state)))
+    assert cycle.model == "m (draft)"
+
+
 def test_a_bad_verify_or_events_switch_is_refused_not_ignored(tmp_path):
     from ascend_eplb.integration.verify import verify_requested
 

@@ -252,22 +252,31 @@ class WorkerWatchdog:
         return seen[1] + 1
 
     def _local_status(self, state: Any) -> list[int]:
-        """``[alive, then per model: in_cycle, has_pending, ms_without_progress, layer_in_flight]``."""
+        """``[alive, then per model: in_cycle, has_pending, ms_without_progress, layer_in_flight]``.
+
+        A model is in its cycle when upstream's worker is moving it: upstream sets every registered
+        model's ``rebalanced`` when a rearrangement starts, then moves them one after the other in
+        registration order (an MoE draft first, then the target), so a model whose predecessors are still
+        in their cycle waits, and its clock starts when it is its turn (not at the rearrangement's start:
+        the draft's transfer is not the target's stall)."""
         worker = getattr(state, "async_worker", None)
         alive = worker is None or worker.is_alive()
         now = self.clock()
         out = [int(alive)]
+        ahead = False  # a model before this one is still in its cycle
         for index, ms in enumerate(state.model_states.values()):
+            in_cycle = bool(ms.rebalanced) and not ahead
+            ahead = ahead or bool(ms.rebalanced)
             pending = ms.pending_result
             layer = pending.layer_idx if pending is not None else self._next_layer(state, ms)
-            key = (bool(ms.rebalanced), layer, pending is not None)
+            key = (in_cycle, layer, pending is not None)
             seen = self._progress.get(index)
             if seen is None or seen[0] != key:
                 self._progress[index] = (key, now, self.steps)
                 idle_ms = 0
             else:
-                idle_ms = int((now - seen[1]) * 1000) if ms.rebalanced else 0
-            out += [int(ms.rebalanced), int(pending is not None), idle_ms, layer]
+                idle_ms = int((now - seen[1]) * 1000) if in_cycle else 0
+            out += [int(in_cycle), int(pending is not None), idle_ms, layer]
         return out
 
     def at_shutdown(self, event: ShutdownEvent) -> list[InFlightAtShutdown]:
@@ -286,8 +295,8 @@ class WorkerWatchdog:
         found = []
         for index, ms in enumerate(state.model_states.values()):
             seen = self._progress.get(index)
-            if not ms.rebalanced or seen is None:
-                continue
+            if not ms.rebalanced or seen is None or not seen[0][0]:
+                continue  # no cycle, or its turn has not come (a model before it is still moved)
             (_, layer, published), since, step = seen
             found.append(
                 InFlightAtShutdown(
