@@ -26,7 +26,10 @@ packages the whole sequence for runners that do not inherit upstream's decorator
 ====  =============================  ==========================================================
 
 Every rank makes calls 5-9 in the same order every step (the upstream step runs collectives); a rank
-whose batch is outside the load-collection phase still steps and records zeros. Point 10 needs nothing
+whose batch is outside the load-collection phase still steps and records zeros. An MoE draft registered
+at point 3 (DeepSeek-V3/R1's MTP) needs no call of the runner's: upstream's speculator calls
+``EplbState.prepare_forward`` with the draft's config and unpadded count before each of its forwards,
+which record under the batch's flag and row layout of point 8. Point 10 needs nothing
 from a runner that keeps upstream's ``shutdown``: the plugin's patch of ``GPUModelRunner.shutdown``
 calls it.
 """
