@@ -19,6 +19,9 @@ import json
 import time
 from pathlib import Path
 
+# Imported before the test sets PROMETHEUS_MULTIPROC_DIR: this process's metrics stay single-process (a
+# later test's would read the unset folder); the scrape reads the ranks' files from the folder it names.
+import prometheus_client  # noqa: F401
 import pytest
 import torch
 
