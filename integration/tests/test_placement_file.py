@@ -17,6 +17,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 from ascend_eplb.integration import placement_file as pf
 from ascend_eplb.integration.events import RECORD_KINDS, EventsWriter
+from ascend_eplb.integration.model_names import DRAFT_SUFFIX
 from ascend_eplb.integration.rules import ASCEND_V2_KEYS, EplbSettings, Violation, check_settings
 
 #: 2 MoE layers, 4 logical experts, 6 slots on 2 ranks (3 per rank).
@@ -628,4 +629,4 @@ def test_the_draft_suffix_is_upstreams():
 
     from vllm.v1.worker.gpu.eplb_utils import eplb_draft_model_name
 
-    assert eplb_draft_model_name(SimpleNamespace(model="m")) == "m" + pf.DRAFT_SUFFIX
+    assert eplb_draft_model_name(SimpleNamespace(model="m")) == "m" + DRAFT_SUFFIX

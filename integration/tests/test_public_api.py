@@ -42,7 +42,7 @@ API = {
                                        "RearrangementRecord", "Record",
                                        "RecordedLoad", "Run", "VerifierViolationRecord", "WindowRecord",
                                        "WorkerFailureRecord", "events_path", "read_events"],
-    "ascend_eplb.integration.placement_file": ["CONFIG_KEY", "DRAFT_SUFFIX", "FACTS", "FORMAT", "VERSION",
+    "ascend_eplb.integration.placement_file": ["CONFIG_KEY", "FACTS", "FORMAT", "VERSION",
                                                "VERSION_MODELS", "Placement", "PlacementFileError",
                                                "assign_placements", "describe_mismatch", "dumps",
                                                "placement_from_map", "read_placement", "read_placements",

@@ -73,12 +73,11 @@ from pathlib import Path
 from typing import Any
 
 from ascend_eplb.control.values import is_int
-from ascend_eplb.integration.model_names import DRAFT_SUFFIX
+from ascend_eplb.integration.model_names import is_draft
 from ascend_eplb.integration.regular_files import read_regular_file
 
 __all__ = [
     "CONFIG_KEY",
-    "DRAFT_SUFFIX",
     "FACTS",
     "FORMAT",
     "VERSION",
@@ -638,7 +637,7 @@ def _served_from_events(
     blamed = [
         model
         for model in incomplete
-        if any(model == name or _is_draft(model) == _is_draft(name) for name in left)
+        if any(model == name or is_draft(model) == is_draft(name) for name in left)
     ]
     if blamed:
         raise PlacementFileError(
@@ -787,10 +786,9 @@ def assign_placements(
     """Which placement each model of a server starts on, and what does not fit.
 
     Each served model (``served``: upstream's names, ``EplbModelState.model_name``) takes the placement
-    named as it is; else the one placement of its role, target or draft (a draft's name ends with
-    :data:`DRAFT_SUFFIX`; an unnamed placement, a version-1 file's, is a target's): a run recorded under
-    one path serves the same model under another, or a quantized copy of it (the facts are judged
-    apart).
+    named as it is; else the one placement of its role, target or draft (``model_names.is_draft``; an
+    unnamed placement, a version-1 file's, is a target's): a run recorded under one path serves the same
+    model under another, or a quantized copy of it (the facts are judged apart).
 
     Returns:
         ``(assignment, problems)``: ``{served name: placement}``, and one line per served model without a
@@ -806,7 +804,6 @@ def _assign(
     placements: Sequence[Placement], served: Sequence[str]
 ) -> tuple[dict[str, Placement], list[str], list[str]]:
     """:func:`assign_placements`, its problems apart: ``(assignment, missing, unserved)``."""
-    is_draft = _is_draft
     assignment: dict[str, Placement] = {}
     taken: set[int] = set()
     for name in served:
@@ -835,11 +832,6 @@ def _assign(
             named = "an unnamed model" if placement.model is None else f"model {placement.model}"
             unserved.append(f"names {named}, which this server does not serve")
     return assignment, missing, unserved
-
-
-def _is_draft(name: str | None) -> bool:
-    """Whether ``name`` is a draft's (upstream's ``eplb_draft_model_name`` ends it so)."""
-    return name is not None and name.endswith(DRAFT_SUFFIX)
 
 
 def describe_mismatch(placement: Placement, differ: Sequence[str]) -> str:

@@ -1144,8 +1144,8 @@ def _initial_placement(s: EplbSettings) -> str | Violation | None:
             f"{key}={path!r} must be a path (a non-empty string) to a placement file or an events file; "
             "fix: name the file ascend-eplb plan --export-expert-map wrote, or remove initial_placement"
         )
+    from ascend_eplb.integration.model_names import is_draft
     from ascend_eplb.integration.placement_file import (
-        DRAFT_SUFFIX,
         PlacementFileError,
         assign_placements,
         describe_mismatch,
@@ -1171,9 +1171,8 @@ def _initial_placement(s: EplbSettings) -> str | Violation | None:
     known = s.num_logical_experts is not None and _redundant_ok(s)
     for placement in placements:
         # L is the target's: a draft's layers are compared when it registers.
-        is_draft = placement.model is not None and placement.model.endswith(DRAFT_SUFFIX)
         differ = placement.mismatches(
-            num_moe_layers=None if is_draft else s.num_moe_layers,
+            num_moe_layers=None if is_draft(placement.model) else s.num_moe_layers,
             num_logical_experts=s.num_logical_experts if known else None,
             num_physical_experts=s.num_logical_experts + s.num_redundant_experts if known else None,
             num_ranks=s.num_ranks,

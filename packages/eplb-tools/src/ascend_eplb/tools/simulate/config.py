@@ -552,8 +552,8 @@ class SimulateConfig:
         path = self.initial_placement
         if path is None or not str(path).strip():
             return []
+        from ascend_eplb.integration.model_names import DRAFT_SUFFIX
         from ascend_eplb.integration.placement_file import (
-            DRAFT_SUFFIX,
             PlacementFileError,
             assign_placements,
             describe_mismatch,

@@ -26,7 +26,7 @@ from ascend_eplb.integration.events import (
     WindowRecord,
     read_events,
 )
-from ascend_eplb.integration.placement_file import DRAFT_SUFFIX
+from ascend_eplb.integration.model_names import DRAFT_SUFFIX, is_draft
 from ascend_eplb.tools.simulate.config import SimulateConfig
 from ascend_eplb.tools.simulate.stats import InstallSeen, OutputTolerance, RankStats
 from ascend_eplb.tools.simulate.verdicts import JUDGED, PASSED, check_verdicts, run_verdict
@@ -448,7 +448,7 @@ def _plan_predicted(config: SimulateConfig, draft: bool) -> float | None:
     entries = provenance.get("models", [provenance])
     for entry in entries if isinstance(entries, list) else []:
         name = entry.get("model") if isinstance(entry, dict) else None
-        if isinstance(entry, dict) and (isinstance(name, str) and name.endswith(DRAFT_SUFFIX)) == draft:
+        if isinstance(entry, dict) and is_draft(name if isinstance(name, str) else None) == draft:
             return entry.get("balancedness_after")
     return None
 
