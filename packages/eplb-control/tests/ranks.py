@@ -482,7 +482,8 @@ def two_model_world(ctx: RankContext) -> dict[str, Any]:
                     assert stopped.wait(DEADLINE_S), "the main thread never stopped the target's cycle"
                 return placement
 
-        state.policy = Watching
+        # What the state selects for every rearrangement (a model without load keeps its placement around it).
+        state.policy = state._selected_policy = Watching
         ctrl.maybe_start_async_loop(True)
         ctrl.step(is_dummy=True, is_profile=True)
 

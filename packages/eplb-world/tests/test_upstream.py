@@ -21,6 +21,13 @@ _STAND_IN_NAMES = [
     "torch._dynamo.config.disable",
 ]
 
+#: The calls the world's serving worker makes to load and run an MTP draft as Model Runner V2 does.
+_DRAFT_CALLS = [
+    "vllm.v1.worker.gpu.spec_decode.init_speculator",
+    "vllm.v1.worker.gpu.spec_decode.speculator.DraftModelSpeculator.load_model",
+    "vllm.v1.worker.gpu.spec_decode.speculator.DraftModelSpeculator._prepare_eplb_forward",
+]
+
 
 def _assert_drift(call, name: str, expected: tuple[str, ...], found: tuple[str, ...]) -> None:
     """``call()`` raises the checker's error naming ``name`` and both parameter lists, exactly."""
@@ -91,6 +98,7 @@ def test_the_cpu_worlds_stand_ins_are_rows_of_its_surface_that_serving_never_ins
         "vllm.model_executor.layers.quantization.get_quantization_config",
         "vllm.model_executor.layers.quantization.register_quantization_config",
         "vllm.config.compilation.CompilationConfig.init_backend",
+        *_DRAFT_CALLS,
     ]
     upstream.check()  # vLLM 0.33.0 / torch 2.13.0 as installed: nothing drifted
 
@@ -109,13 +117,15 @@ def test_every_world_signature_is_listed_once_used_and_taken_from_the_table():
         else:
             assert patch.params == table[patch.name].params, patch.name
     assert all(table[b.name] is b.signature for b in upstream.INSTANCE_BINDINGS)
-    # No entry is dead: each is replaced (a stand-in or an instance binding) or a registration the world
-    # calls (vLLM's out-of-tree method and quantization registries), all checked by install_stand_ins.
+    # No entry is dead: each is replaced (a stand-in or an instance binding), a registration the world
+    # calls (vLLM's out-of-tree method and quantization registries), all checked by install_stand_ins, or
+    # a draft call its serving worker makes.
     replaced = {e.name for e in upstream.STAND_INS} | {b.name for b in upstream.INSTANCE_BINDINGS}
     assert [n for n in table if n not in replaced] == [
         "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method.UnquantizedFusedMoEMethod.register_oot",
         "vllm.model_executor.layers.quantization.get_quantization_config",
         "vllm.model_executor.layers.quantization.register_quantization_config",
+        *_DRAFT_CALLS,
     ]
     with pytest.raises(
         KeyError, match=r"vllm\.nowhere\.f is not in ascend_eplb\.world\.upstream\.SIGNATURES"
