@@ -1,9 +1,7 @@
 """Test support of the ascend-eplb packages: the oracles, tagged expert weights, the launcher's names.
 
-Used by every package's tests; never by product code (the serving planes and the tools). The multi-rank
-launcher is ``ascend_eplb.launch``'s (``ascend-eplb simulate`` runs it too); it is re-exported here, where
-every package's tests import it from (``from ascend_eplb.testing import run_ranks``). This module
-imports only the standard library and torch.
+Used by every package's tests, never by product code. Re-exports ``ascend_eplb.launch``'s multi-rank
+launcher (``from ascend_eplb.testing import run_ranks``). Imports only the standard library and torch.
 """
 
 from ascend_eplb.launch import (

@@ -1,11 +1,9 @@
 """The public-names oracle every package's ``test_public_api.py`` runs (standard library only).
 
-A test pins a module's ``__all__`` itself; :func:`check_public_names` then checks what each pinned name
-really is, which ``hasattr`` or ``getattr(...) is not None`` cannot: the name resolves, a class or
-function is the very object its defining module holds and is defined inside the package (not
-re-exported from upstream vLLM or from the test support), any other value of a package is the object
-one of its (loaded) modules binds, and ``__version__`` is the installed distribution's version. It
-imports nothing beyond the module checked.
+A test pins a module's ``__all__``; :func:`check_public_names` checks what each name really is, which
+``hasattr`` cannot: it resolves, a class or function is defined inside the package (not re-exported from
+vLLM or the test support) and is the object its module holds, any other value is bound by one of the
+package's loaded modules, and ``__version__`` is the installed distribution's.
 """
 
 from __future__ import annotations
@@ -27,14 +25,9 @@ def _submodules(package: str) -> list[ModuleType]:
 def check_public_names(module_name: str, distribution: str) -> None:
     """Check every name of ``module_name.__all__`` against what the module really binds.
 
-    Args:
-        module_name: an importable module or package, e.g. ``"ascend_eplb.control"``.
-        distribution: the distribution that installs it, e.g. ``"ascend-eplb-control"``.
-
-    Raises:
-        AssertionError: naming the first name that is listed twice, does not resolve, is a class or
-            function defined outside the package (or not the object its module holds), is a value of a
-            package that none of its modules binds, or a ``__version__`` other than the installed one.
+    ``module_name``: e.g. ``"ascend_eplb.control"``, installed by ``distribution``
+    (``"ascend-eplb-control"``). Raises ``AssertionError`` naming the first name listed twice or
+    breaking a rule of the module docstring.
     """
     module = importlib.import_module(module_name)
     names = list(module.__all__)

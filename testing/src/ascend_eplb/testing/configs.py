@@ -1,9 +1,8 @@
 """Config files shared by the tests of several packages (one copy each).
 
-:data:`VALID_EPLB_CONFIG` is a config file in the schema ``ascend-eplb check`` reads (integration's
-``check_config_file``) that every start-up rule accepts: Model Runner V2, EPLB with expert parallelism
-at TP 2, a window of 8 steps in an interval of 16, 64 logical experts + 2 redundant (66 over 2 ranks),
-``w8a8_dynamic`` experts, eager execution. Copy it (``copy.deepcopy``) before changing a field.
+:data:`VALID_EPLB_CONFIG`: a config in the schema ``ascend-eplb check`` reads that every start-up rule
+accepts (Model Runner V2, EP at TP 2, window 8 in interval 16, 64 logical + 2 redundant experts over 2
+ranks, ``w8a8_dynamic``, eager). ``copy.deepcopy`` it before changing a field.
 """
 
 from __future__ import annotations

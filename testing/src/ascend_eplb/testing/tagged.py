@@ -1,9 +1,8 @@
 """Expert weights tagged with their logical expert, for exact movement checks on the toy MoE model.
 
-:class:`TaggedExperts` is an ``ExpertWeights`` of :mod:`ascend_eplb.world.toy_moe`: every weight
-element of a slot is the tag (:func:`ascend_eplb.testing.oracles.tag`) of the logical expert it holds,
-so after a rearrangement each slot must read back exactly its new logical expert's tag. Plain torch.
-Shape letters (GLOSSARY.md): p local physical experts.
+Every weight element of a slot of :class:`TaggedExperts` (an ``ExpertWeights`` of
+:mod:`ascend_eplb.world.toy_moe`) is the :func:`~ascend_eplb.testing.oracles.tag` of the logical expert
+it holds, so after a rearrangement each slot reads back exactly its new expert's tag. Plain torch.
 """
 
 from __future__ import annotations
@@ -20,13 +19,8 @@ __all__ = ["TaggedExperts"]
 class TaggedExperts:
     """``p`` local experts whose every weight element is the tag of the logical expert they hold.
 
-    Two tensors of different dtypes (float32 ``(p, 2, 4)`` and bfloat16 ``(p, 4, 2)``), as upstream's
-    movement moves a list of per-expert tensors; tags must be exact in bfloat16.
-
-    Args:
-        layer: the MoE layer index (passed to ``tag``).
-        local_logical: the logical expert of each local slot.
-        tag: ``tag(layer, logical_expert) -> float`` (default: the oracles' ``tag``).
+    Two tensors of two dtypes, float32 ``(p, 2, 4)`` and bfloat16 ``(p, 4, 2)`` (tags exact in bf16);
+    ``local_logical``: each local slot's logical expert; ``tag(layer, logical_expert) -> float``.
     """
 
     def __init__(

@@ -1,11 +1,11 @@
-"""Guarded probe of ``torch_npu``: the only module of this package that may import it.
+"""Guarded probe of ``torch_npu`` (needs the Ascend toolkit; never in CI): the one module that imports it.
 
-``torch_npu`` needs the Ascend toolkit and is never installed in CI; the data plane itself is pure
-torch and runs unchanged on ``npu``, ``cuda`` and ``cpu``. Only device selection (the benchmark)
-asks this module whether an NPU is usable.
+The data plane is pure torch; only device selection asks whether an NPU is usable.
 """
 
 from __future__ import annotations
+
+import torch
 
 try:  # pragma: no cover - depends on the Ascend toolkit being installed
     import torch_npu  # noqa: F401
@@ -19,8 +19,6 @@ __all__ = ["HAS_TORCH_NPU", "default_device"]
 
 def default_device() -> str:
     """The best available torch device type: ``"npu"``, then ``"cuda"``, else ``"cpu"``."""
-    import torch
-
     if HAS_TORCH_NPU and torch.npu.is_available():  # pragma: no cover - needs an Ascend host
         return "npu"
     if torch.cuda.is_available():  # pragma: no cover - needs a CUDA host

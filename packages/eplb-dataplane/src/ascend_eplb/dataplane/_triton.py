@@ -1,28 +1,12 @@
 """The Triton kernel of the map-and-record ops: range check, gather, ``-1`` fill and count in one launch.
 
-Guarded: ``triton`` is the optional extra ``ascend-eplb-dataplane[triton]`` (on Ascend, triton-ascend
-provides the same module). Without it :data:`HAS_TRITON` is false, nothing here is defined beyond the
-flag, and the ops keep their torch form on every device.
-
-One program handles ``block_t`` tokens times ``block_k`` (``K`` padded to a power of two) selections:
-
-* loads the logical ids (any strides), marks those in ``[0, E)`` valid;
-* gathers ``table[(t + replica_offset) % rows, e]`` for valid ids (any table strides; the offset read
-  from the row layout on the device, 0 without one) and stores the physical id, or ``-1``, in the
-  ``topk_ids`` dtype into a contiguous ``(T, K)`` output;
-* when recording, reads the record flag, the unpadded token count and the row layout's recording slice
-  from their device tensors (no host read) and adds 1 with ``tl.atomic_add`` at
-  ``expert_load_view[physical]`` (any stride) for each valid selection of a recorded row (the first
-  ``num_unpadded_tokens`` rows of the recording slice) whose physical id lies in
-  ``[0, len(expert_load_view))``.
-
-The same semantics as the torch form in :mod:`ascend_eplb.dataplane.ops`, which is the reference the
-kernel is tested against (bit-identical ids and counts). Offsets are computed in int64, so ``T * K``
-and table sizes are not limited to 2**31.
-
-Reads ``TRITON_INTERPRET`` when this module is imported (``triton.jit`` decides then): set it to ``1``
-before the first import of :mod:`ascend_eplb.dataplane` to run the kernel on CPU tensors under Triton's
-interpreter, as the tests do in a subprocess.
+``triton`` is the optional extra ``[triton]`` (triton-ascend provides the module on Ascend); without it
+:data:`HAS_TRITON` is false, nothing else is defined, and the ops keep their torch form. One program
+handles ``block_t`` tokens times ``K`` padded to a power of two; the record flag, unpadded count and row
+layout are read on the device, counts added with ``tl.atomic_add``; offsets are int64. Semantics are the
+torch form's (:mod:`ascend_eplb.dataplane.ops`, bit-identical ids and counts in tests).
+``TRITON_INTERPRET=1`` set before the first import runs the kernel on CPU tensors (``triton.jit`` reads it
+at import).
 """
 
 from __future__ import annotations
@@ -92,11 +76,8 @@ if triton is not None:
         ).to(tl.int64)
         tl.store(out_ptr + token_2d * top_k + column_2d, physical.to(out_ptr.dtype.element_ty), mask=in_range)
         if record_counts:
-            # Device scalars read inside the kernel: one launch serves recording and non-recording
-            # steps and any padding, with no host synchronisation.
-            # A non-recording step counts no row: the flag folds into the row limit (a scalar select).
-            # ANDing the loaded flag into the block mask gave an int32 mask under the interpreter,
-            # which Triton 3.9's interpreter rejects in atomic_add.
+            # The record flag folds into the row limit (a scalar select), not the block mask: ANDed there
+            # it made an int32 mask that Triton 3.9's interpreter rejects in atomic_add.
             unpadded = tl.load(unpadded_ptr).to(tl.int64)
             if has_layout:
                 num_slices = tl.maximum(tl.load(layout_ptr + layout_stride).to(tl.int64), 1)

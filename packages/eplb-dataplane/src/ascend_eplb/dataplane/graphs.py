@@ -1,19 +1,11 @@
 """What a TorchDynamo trace reads, and whether each tensor it reads still holds the traced storage.
 
-The graph-replay contract of this plane (the lookup refreshed in place, the record flag and unpadded
-count as device scalars): a traced forward whose guards are dropped (vLLM's ``DYNAMO_TRACE_ONCE``, its
-CPU platform's compilation) loads every tensor again from the path it was traced from, with every
-Python value it read frozen; a CUDA or ACL graph replay reads the very storage it captured. So every
-tensor EPLB changes between forwards must be one the graph reads, written in place.
-
-:class:`GraphObserver` is TorchDynamo's ``eager`` backend with a record: for each graph it is given, the
-source of each tensor input (``L['self'].router.eplb_state.replica_lookup.table``: where the compiled
-code loads it from), its storage then (``data_ptr``, shape, stride) and the ops the graph calls.
-:meth:`TracedGraph.moved` evaluates the sources again and names every input of the traced module's
-state (the forward's own arguments excluded) whose storage is not the traced one: a tensor replaced
-instead of written in place, which a replay would read stale. The inputs come from the graph, not
-from a list kept by hand, so a new one cannot be missed. :func:`trace_once` compiles a function the way
-vLLM's ``DYNAMO_TRACE_ONCE`` does (``fullgraph``, every guard dropped) with an observer.
+A forward traced once with its guards dropped (vLLM's ``DYNAMO_TRACE_ONCE``) or a graph replay reads
+each tensor from the path, or storage, it was traced from; so every tensor EPLB changes between forwards
+must be one the graph reads, written in place (README, "graph-replay contract"). :class:`GraphObserver`
+(TorchDynamo's ``eager`` backend) records each graph's tensor inputs by source with their storage and
+its ops; :meth:`TracedGraph.moved` names the module-state inputs whose storage changed since;
+:func:`trace_once` compiles as ``DYNAMO_TRACE_ONCE`` does, with an observer.
 """
 
 from __future__ import annotations

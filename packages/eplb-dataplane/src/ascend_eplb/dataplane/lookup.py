@@ -1,43 +1,14 @@
 """Device replica lookup: which physical replica serves a (token row, logical expert) pair.
 
-The lookup is a fixed-shape ``int32`` table ``(rows, E)`` on the routing device, derived from one MoE
-layer's committed placement (upstream vLLM's ``logical_to_physical_map (E, M)``, -1 padded, and
-``logical_replica_count (E,)``). A token in batch row ``t`` routed to logical expert ``e`` goes to
-physical expert ``table[t % rows, e]``.
+A fixed-shape ``int32`` table ``(rows, E)`` on the routing device, built from one MoE layer's committed
+placement (upstream's ``logical_to_physical_map (E, M)``, -1 padded, and ``logical_replica_count (E,)``)::
 
-Replica rule (the table of vLLM Ascend ``ops/fused_moe/eplb.py``, ``build_expert_replica_routing_table``,
-with its ``ep_rank`` term taken out of the table)::
+    table[row, e] = logical_to_physical_map[e, (row + phase + e) % logical_replica_count[e]]
 
-    replica(row, e) = (row + phase + e) % logical_replica_count[e]
-    table[row, e]   = logical_to_physical_map[e, replica(row, e)]
-
-and token ``t`` of a forward reads row ``(t + replica_offset) % rows``, where ``replica_offset`` is a
-device scalar of the forward's row layout (:func:`~ascend_eplb.dataplane.map_to_physical_and_record`).
-
-* Agreement (the invariant): every rank that computes a token's expert output must choose the same
-  physical replica for it. In vLLM's TP+EP layout, and in every dispatch that gathers tokens before
-  routing, several ranks route the same rows and each computes only the replicas it holds; a choice
-  that differs between them computes a token's expert twice or not at all. The choice is therefore a
-  pure function of (token row, placement, offset), the table is the same on every rank (a
-  :class:`ReplicaLookup` always builds it with ``phase`` 0), and the offset is equal on every rank that
-  routes the same rows: the control plane chooses it per forward from the parallel layout
-  (``ascend_eplb.control.layout``). vLLM Ascend's rule
-  ``(row + ep_rank + e)`` breaks this wherever EP ranks share rows.
-* Even spread: consecutive token rows walk the replicas of ``e`` round-robin, so ``n`` consecutive
-  tokens routed to ``e`` give each of its ``count`` replicas (``logical_replica_count[e]``)
-  ``floor(n / count)`` or ``ceil(n / count)`` of them (with ``rows`` a multiple of ``count``, exactly;
-  otherwise the wrap at ``rows`` shifts the phase by ``rows % count``, at most one token per ``rows``
-  tokens).
-* Rank spread where it is safe: where each rank routes rows of its own (all-to-all dispatch), the
-  offset is the rank, so small decode batches of different ranks do not all start at replica 0.
-* Expert offset: ``e`` shifts the phase, so the replicas of different experts chosen by one row are
-  spread over ranks too.
-
-Upstream vLLM's CUDA kernel (``router/base_router.py``) hashes the token index instead (also
-rank-independent); this table keeps the hot path a single gather.
-
-The table is refreshed in place (``Tensor.copy_``): its storage, and so every compiled graph or
-long-lived router holding it, stays valid across placements of any shape ``M``.
+vLLM Ascend's ``build_expert_replica_routing_table`` without its ``ep_rank`` term: the table is the same
+on every rank (``phase`` 0) and token ``t`` reads row ``(t + replica_offset) % rows``, the offset being
+the forward's row layout, so ranks routing the same rows choose the same replica (replica agreement,
+README). Refreshed in place (``copy_``): graphs holding the table stay valid across placements.
 """
 
 from __future__ import annotations
@@ -61,29 +32,19 @@ _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
 def is_int(value: object) -> bool:
-    """Whether ``value`` is an integer and not a ``bool``: any ``numbers.Integral`` (numpy integers
-    included); ``True`` is an ``int`` to Python, never a count, rank or row here. The one such check of
-    this package (not a public name of it).
+    """Whether ``value`` is a ``numbers.Integral`` (numpy integers included) and not a ``bool``.
 
-    The same check is written once in each of quant_views, dataplane, movement and control: no package
-    all four may import exists (quant_views and dataplane import torch only, and neither the other:
-    DESIGN.md section 3), so each keeps its copy and ``tests/test_one_home.py`` checks that the four
-    agree on every kind of value.
+    Each of quant_views, dataplane, movement and control keeps one copy (no package all four may
+    import); ``tests/test_one_home.py`` checks that they agree.
     """
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_load_view_metadata(expert_load_view: object) -> torch.Tensor:
-    """The rules every load view obeys wherever one is passed (the lookup and both ops): a 1-D int32
-    or int64 dense tensor ``(P,)``, not a stride-0 (expanded) view. Metadata only (no device data is read);
-    the number of counters and the device are each caller's own rule. The one such check of this
-    package (not a public name of it).
+    """Check a load view's metadata: a dense 1-D int32 or int64 ``(P,)``, not stride-0; return it.
 
-    Returns:
-        ``expert_load_view``, checked.
-
-    Raises:
-        ValueError: naming the view's dtype and shape (or its type), or its stride.
+    Used by the lookup and both ops; the counter count and device are each caller's rule.
+    Raises ``ValueError`` naming the view's dtype and shape (or type), layout or stride.
     """
     if (
         not isinstance(expert_load_view, torch.Tensor)
@@ -122,29 +83,23 @@ def validate_placement(
     num_logical_experts: int | None = None,
     num_physical_experts: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Check one layer's committed placement and return host copies of it.
+    """Check one layer's committed placement and return host copies (reads the maps: commit time only).
 
     Args:
-        logical_to_physical_map: integer ``(E, M)``, any device; row ``e`` lists the physical ids
-            of logical expert ``e``'s replicas in its first ``logical_replica_count[e]`` entries,
-            the rest ``-1`` (upstream ``compute_logical_maps`` layout).
-        logical_replica_count: integer ``(E,)``, any device.
+        logical_to_physical_map: integer ``(E, M)``; row ``e`` holds expert ``e``'s physical ids in
+            its first ``logical_replica_count[e]`` entries, then ``-1`` (upstream's layout).
+        logical_replica_count: integer ``(E,)``.
         num_logical_experts: expected ``E``; ``None`` accepts the map's row count.
-        num_physical_experts: ``P``; replica ids must lie in ``[0, P)``. ``None`` infers
-            ``P = sum(logical_replica_count)``, right whenever every physical slot holds a replica
-            (upstream placements always do, except elastic-EP scale-up; pass ``P`` there).
+        num_physical_experts: ``P``, ids lie in ``[0, P)``; ``None`` infers ``sum(logical_replica_count)``
+            (pass ``P`` where slots may be empty: elastic-EP scale-up).
 
-    Returns:
-        ``(logical_to_physical_map, logical_replica_count, P)`` as ``int64`` CPU tensors.
+    Returns ``(logical_to_physical_map, logical_replica_count, P)``, the maps as ``int64`` CPU tensors.
 
     Raises:
         TypeError: a map is not an integer tensor.
         ValueError: wrong shapes, ``E`` mismatch, an expert with no replica, a count above ``M``,
             a replica id outside ``[0, P)``, padding that is not ``-1``, or one physical id serving
-            two replicas. The message names the offending expert and value.
-
-    Reads the maps on the host, so it synchronises with their device: a commit-time check, never
-    part of a forward.
+            two replicas; the message names the expert and value.
     """
     for name, t in (
         ("logical_to_physical_map", logical_to_physical_map),
@@ -241,16 +196,13 @@ def build_replica_table(
     Args:
         logical_to_physical_map: integer ``(E, M)``, -1 padded (see :func:`validate_placement`).
         logical_replica_count: integer ``(E,)``.
-        phase: a constant replica shift, ``>= 0``. A :class:`ReplicaLookup`'s table is this with
-            ``phase`` 0 (the same on every rank; the per-forward offset is the row layout's); another
-            phase gives the table of a shifted rule (vLLM Ascend's puts the EP rank there), for
-            comparisons.
-        rows: table rows (token rows before the rule repeats), ``>= 1``.
+        phase: a constant replica shift, ``>= 0``; 0 is a :class:`ReplicaLookup`'s table, another
+            phase a shifted rule's (vLLM Ascend's puts the EP rank there), for comparisons.
+        rows: table rows, ``>= 1``.
         num_physical_experts: ``P`` for the id range check; ``None`` infers ``sum(count)``.
 
     Returns:
-        ``int32 (rows, E)`` on the CPU, ``table[row, e] = map[e, (row + phase + e) % count[e]]``
-        (module docstring). Equal to ``ReplicaLookup.table`` after ``refresh_`` with the same maps.
+        ``int32 (rows, E)`` on the CPU (module docstring's rule).
 
     Raises:
         TypeError, ValueError: as :func:`validate_placement`; ``phase < 0`` or ``rows < 1``.
@@ -264,13 +216,10 @@ def build_replica_table(
 
 
 def table_checksum(table: torch.Tensor) -> int:
-    """Deterministic position-weighted checksum of a replica table.
+    """Position-weighted checksum ``sum_i (i + 1) * (table.flatten()[i] + 1)`` of a 2-D table, int64.
 
-    ``sum_i (i + 1) * (table.flatten()[i] + 1)`` in ``int64``, computed on the table's device
-    (one host read of the result). Equal tables give equal checksums; a change of entries is
-    detected unless it happens to preserve the weighted sum. The checksum of
-    ``build_replica_table(...)`` is what every rank's forward must observe after a commit.
-    Exact for ``rows * E <= 2**20`` and ids below ``2**20`` (no ``int64`` overflow).
+    Computed on the table's device, one host read. Exact (no int64 overflow) for ``rows * E <= 2**20``
+    and ids below ``2**20``. Raises ``ValueError`` for a non-2-D table.
     """
     if not isinstance(table, torch.Tensor) or table.dim() != 2:
         raise ValueError(f"table must be a 2-D tensor (rows, E), got {table!r}")
@@ -282,28 +231,17 @@ def table_checksum(table: torch.Tensor) -> int:
 class ReplicaLookup:
     """One MoE layer's device replica table, fixed in shape and storage, refreshed in place.
 
-    The table of a placement is :func:`build_replica_table` of it (``phase`` 0): the same on every rank.
-    The replica a token starts on is shifted per forward by the row layout's ``replica_offset``, never by
-    the table (module docstring).
-
-    Args:
-        num_logical_experts: ``E``, ``>= 1``.
-        device: the routing device (``npu``, ``cuda`` or ``cpu``).
-        rows: table rows, ``>= 1`` (default :data:`DEFAULT_ROWS` = 1024, as vLLM Ascend).
-        num_physical_experts: ``P``, keyword-only. When given, every refresh checks replica ids
-            against ``[0, P)``; ``None`` infers ``P = sum(logical_replica_count)`` at each refresh.
+    Args: ``num_logical_experts`` ``E >= 1``; ``device`` the routing device; ``rows >= 1``
+    (:data:`DEFAULT_ROWS`); ``num_physical_experts`` ``P`` checked at each refresh, ``None`` infers it.
 
     Attributes:
-        table: ``int32 (rows, E)`` on ``device``. The same tensor object and storage (``data_ptr``)
-            for the lookup's whole life. Until the first :meth:`refresh_` it is the identity
-            placement (``table[row, e] = e``, upstream's initial placement before redundant slots),
-            so every entry is always a valid physical id.
-        physical_id_bound: every entry of :attr:`table` is ``< physical_id_bound``: the given ``P``,
-            else the ``P`` inferred by the last refresh (``E`` before the first). A load view for
-            this lookup needs at least that many counters (:meth:`check_load_view`).
+        table: ``int32 (rows, E)`` on ``device``, one storage for the lookup's life; the identity
+            placement (``table[row, e] = e``) until the first :meth:`refresh_`, then
+            :func:`build_replica_table` of the placement (``phase`` 0).
+        physical_id_bound: every entry is below it: the given ``P``, else the last refresh's (``E``
+            before the first); a load view needs that many counters.
 
-    Raises:
-        TypeError, ValueError: an argument of the wrong type or out of range.
+    Raises ``TypeError`` / ``ValueError`` for an argument of the wrong type or out of range.
     """
 
     def __init__(
@@ -341,11 +279,8 @@ class ReplicaLookup:
                 ``P`` before the table is touched.
 
         Raises:
-            TypeError, ValueError: as :func:`validate_placement` or :meth:`check_load_view`, raised
-            before the table is touched (a rejected placement leaves the previous one in force).
-
-        Synchronises with the maps' device (validation reads them on the host): call it at commit
-        time, outside any captured graph.
+            TypeError, ValueError: as :func:`validate_placement` or :meth:`check_load_view`, before
+            the table is touched. Reads the maps on the host: call at commit time, outside a graph.
         """
         l2p, count, num_physical = validate_placement(
             logical_to_physical_map,
@@ -365,12 +300,8 @@ class ReplicaLookup:
             expert_load_view: the layer's load counters, int32 or int64 ``(P,)`` on :attr:`device`.
 
         Raises:
-            ValueError: not a 1-D int32/int64 tensor, on another device, stride-0, or with fewer
-                than :attr:`physical_id_bound` counters (the ops would map table entries beyond the
-                view and never count them: a silently partial record).
-
-        No device data is read. ``bind_router`` calls it when it binds a layer state whose lookup
-        and load view are set; pass the view to :meth:`refresh_` to check it at every commit.
+            ValueError: not a dense 1-D int32/int64 tensor, on another device, stride-0, or with fewer
+                than :attr:`physical_id_bound` counters (ids beyond the view would go uncounted).
         """
         self._check_load_view(expert_load_view, self.physical_id_bound)
 

@@ -1,26 +1,12 @@
 """Graph-safe logical-to-physical mapping, fused with load recording, and post-compute recording.
 
-Both mapping functions are ops of the ``torch.library`` namespace ``ascend_eplb`` (defined with
-``Library.define``, one schema each), with
-
-* a Triton kernel (:mod:`ascend_eplb.dataplane._triton`) for the devices Triton serves, registered for
-  the ``CUDA`` dispatch key when ``triton`` imports (the optional extra
-  ``ascend-eplb-dataplane[triton]``) and for ``PrivateUse1`` (``npu``) when ``torch_npu`` and
-  triton-ascend are installed: one launch that range-checks, gathers, fills ``-1`` and counts, reading
-  the record flag and the unpadded token count on the device;
-* a device-neutral torch form (``CompositeExplicitAutograd``): the fallback on every other device
-  (``cpu`` included) and the reference the kernel is tested against: a fixed sequence of kernels whose
-  shapes depend only on ``T``, ``K``, ``E`` and the load view's length, the counts scattered into a
-  scratch whose last bin takes every selection that is not counted;
-* a fake implementation for tracing and ``torch.compile``.
-
-Every implementation runs the same metadata checks first (:func:`_check_map_args`,
-:func:`_check_record_args`), so a bad argument raises the same ``ValueError`` on each path before
-anything is written, without reading device data. No implementation synchronises with the host,
-branches on device values in Python, or produces a data-dependent shape; the record flag and the
-unpadded token count are device scalars, so one captured or compiled graph serves recording and
-non-recording steps and padded batches (the design of vLLM Ascend's ``map_to_physical_and_record``
-in ``ops/fused_moe/eplb.py``, whose NPU path is a Triton kernel of the same schema).
+The two mapping functions are ops of the ``torch.library`` namespace ``ascend_eplb``, each with a Triton
+kernel (``CUDA`` with the ``[triton]`` extra; ``PrivateUse1`` with torch_npu and triton-ascend), a
+device-neutral torch form (``CompositeExplicitAutograd``: every other device, and the reference) and a
+fake for tracing. Every path runs the same metadata checks first (same ``ValueError``, nothing
+written, no device read); none syncs with the host or has a data-dependent shape: the record flag and
+unpadded token count are device scalars, so one captured graph serves every step (the design of vLLM
+Ascend's ``map_to_physical_and_record``, ``ops/fused_moe/eplb.py``).
 """
 
 from __future__ import annotations
@@ -55,11 +41,7 @@ ROW_LAYOUT_SIZE = 4
 
 
 def _check_map_args(topk_ids: torch.Tensor, table: torch.Tensor) -> None:
-    """The metadata rules of both ops' ``topk_ids`` and ``table``; ``ValueError`` naming value and rule.
-
-    Reads only dtypes, shapes, strides and devices (no device data): the torch form, the Triton path
-    and the fake implementation call it first, so each rejects the same input with the same message.
-    """
+    """The metadata rules of both ops' ``topk_ids`` and ``table``; ``ValueError`` naming value and rule."""
     if topk_ids.dim() != 2 or topk_ids.dtype not in _ID_DTYPES:
         raise ValueError(
             f"topk_ids must be int32 or int64 (T, K), got {topk_ids.dtype} {tuple(topk_ids.shape)}"
@@ -82,12 +64,8 @@ def _check_record_args(
 ) -> None:
     """The metadata rules of the recording arguments (after :func:`_check_map_args`); ``ValueError``.
 
-    ``expert_load_view`` needs one counter per physical expert, ``P`` of them, and ``P >= E`` for any
-    placement (each logical expert has a replica in a slot of its own), so a view shorter than the
-    table's ``E`` is rejected here. ``P`` itself is not visible in metadata (the table holds physical
-    ids as data): :meth:`ReplicaLookup.check_load_view` checks the view against the lookup's ``P``
-    where both are known (``bind_router``, ``refresh_``); inside the op a table entry outside
-    ``[0, len(expert_load_view))`` is mapped but never counted, on every path.
+    A view shorter than ``E`` is rejected (``P >= E``); ``P`` itself is data of the table, checked by
+    :meth:`ReplicaLookup.check_load_view` where it is known.
     """
     check_load_view_metadata(expert_load_view)
     num_experts = table.shape[1]
@@ -127,8 +105,7 @@ def _check_record_args(
 def _gather_rows(table: torch.Tensor, expert_ids: torch.Tensor) -> torch.Tensor:
     """``table[t % rows, expert_ids[t, k]]`` as int32 (T, K); ``expert_ids`` must be in ``[0, E)``.
 
-    Whole blocks of ``rows`` tokens gather from the table broadcast over blocks (a stride-0 view,
-    no copy), the tail from its first rows: one or two gathers, no index arithmetic per element.
+    One or two gathers: whole blocks of ``rows`` tokens from the table broadcast (stride 0), the tail.
     """
     num_tokens, top_k = expert_ids.shape
     rows, num_experts = table.shape
@@ -184,12 +161,9 @@ def _map_generic(
 def _recorded_rows(
     token: torch.Tensor, num_tokens: int, row_layout: torch.Tensor, num_unpadded_tokens: torch.Tensor
 ) -> torch.Tensor:
-    """Bool ``(T,)``: the rows a rank records under ``row_layout`` (see :func:`map_to_physical_and_record`).
+    """Bool ``(T,)``: the rows a rank records under ``row_layout`` (:func:`map_to_physical_and_record`).
 
-    Slice ``s`` of ``n`` spans rows ``[s * (T // n), (s + 1) * (T // n))``; it is chunk ``c`` of this
-    rank's own batch, whose first ``num_unpadded_tokens`` rows are real, so its first
-    ``clamp(num_unpadded_tokens - c * (T // n), 0, T // n)`` rows are. A negative ``recording_slice``
-    records no row; ``n`` below 1 counts as 1. Device arithmetic only (no host read).
+    ``num_slices`` below 1 counts as 1. Device arithmetic only (no host read).
     """
     num_slices = row_layout[1].clamp_min(1)
     recording_slice = row_layout[2]
@@ -224,9 +198,7 @@ def _map_to_physical_and_record_generic(
         out = _map_generic(topk_ids, table, replica_offset=row_layout[0])
         counted_row = _recorded_rows(token, num_tokens, row_layout, num_unpadded_tokens)
     num_counters = expert_load_view.shape[0]
-    # A (len + 1) scratch: bins 0..len-1 take the counted selections; bin len every other one
-    # (invalid id, a table entry outside [0, len), a padded row, another slice's row, a non-recording
-    # step). One scatter, no branch on device values.
+    # Bin len of the scratch takes every selection not counted: one scatter, no branch on device values.
     skipped = ~counted_row | ~record_enabled
     uncounted = (out < 0) | (out >= num_counters) | skipped.unsqueeze(1)
     bins = out.masked_fill(uncounted, num_counters)
@@ -315,20 +287,15 @@ def map_to_physical(topk_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor
 
     Args:
         topk_ids: int32 or int64 ``(T, K)`` logical expert ids, on the table's device (any strides).
-        table: int32 ``(rows, E)`` replica table (``ReplicaLookup.table``; any strides); entries are
-            physical ids.
+        table: int32 ``(rows, E)`` replica table of physical ids (``ReplicaLookup.table``).
 
     Returns:
-        A new contiguous ``(T, K)`` tensor of ``topk_ids``'s dtype on the same device:
-        ``table[t % rows, id]`` for ids in ``[0, E)``, ``-1`` for any other id.
+        A new contiguous ``(T, K)`` tensor of ``topk_ids``' dtype: ``table[t % rows, id]`` for ids in
+        ``[0, E)``, ``-1`` for any other id.
 
     Raises:
         ValueError: ``topk_ids`` not int32/int64 2-D, ``table`` not int32 2-D or empty, or the two on
-            different devices. Checked from metadata only (no device read), with the same message on
-            the Triton path, the torch form and the fake implementation.
-
-    Runs the Triton kernel on ``cuda`` (and ``npu`` with triton-ascend) when triton is installed,
-    the torch form elsewhere; both give the same ids.
+            different devices (metadata only, the same message on every path).
     """
     return torch.ops.ascend_eplb.map_to_physical(topk_ids, table)
 
@@ -341,55 +308,24 @@ def map_to_physical_and_record(
     num_unpadded_tokens: torch.Tensor,
     row_layout: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Map logical ids to physical ids and count the selections of unpadded tokens, in one op.
-
-    Op ``ascend_eplb::map_to_physical_and_record`` (mutates ``expert_load_view``). The design of
-    vLLM Ascend's ``map_to_physical_and_record`` (``ops/fused_moe/eplb.py``): the record flag and the
-    unpadded count are device scalars, so nothing is read on the host.
+    """Map logical ids to physical ids and count the recorded selections (mutates ``expert_load_view``).
 
     Args:
-        topk_ids: int32 or int64 ``(T, K)`` logical expert ids; rows ``>= num_unpadded_tokens``
-            are padding.
-        table: int32 ``(rows, E)`` replica table whose entries lie in ``[0, P)``
-            (``ReplicaLookup`` guarantees it).
-        expert_load_view: int32 or int64 ``(P,)``, this layer's load counters in global physical
-            id space (upstream ``EplbLayerState.expert_load_view``); updated in place; any nonzero
-            stride.
-        record_enabled: 0-d bool tensor on the device (upstream ``should_record_tensor``).
-        num_unpadded_tokens: 0-d int32/int64 tensor on the device: the count of real rows (of this
-            rank's slice, with ``row_layout``; negative counts nothing, above the slice counts all of it).
-        row_layout: optional int32/int64 ``(4,)`` tensor on the device,
-            ``(replica_offset, num_slices, recording_slice, local_chunk)``, written once per forward by
-            the control plane from the parallel layout (``ascend_eplb.control.layout``), read only on
-            the device:
+        topk_ids, table: as :func:`map_to_physical`; the table's ids lie in ``[0, P)``.
+        expert_load_view: int32/int64 ``(P,)``, the layer's counters in global physical id space
+            (upstream ``EplbLayerState.expert_load_view``), not stride-0.
+        record_enabled: 0-d bool device tensor (upstream ``should_record_tensor``).
+        num_unpadded_tokens: 0-d int32/int64 device tensor: the real rows (of the recorded slice).
+        row_layout: optional int32/int64 ``(4,)`` device tensor ``(replica_offset, num_slices,
+            recording_slice, local_chunk)`` from ``ascend_eplb.control.layout``: token ``t`` reads row
+            ``(t + replica_offset) % rows``; of ``num_slices`` equal slices only ``recording_slice`` is
+            recorded (none when negative), its real rows being its first ``clamp(num_unpadded_tokens -
+            local_chunk * (T // num_slices), 0, T // num_slices)``. ``None`` is ``(0, 1, 0, 0)``.
 
-            * ``replica_offset``: token ``t`` reads table row ``(t + replica_offset) % rows``. Ranks that
-              route the same rows must hold the same offset (GLOSSARY.md "replica agreement");
-            * ``num_slices``, ``recording_slice``: the batch is ``num_slices`` equal slices of
-              ``T // num_slices`` rows (a gathered batch: one slice per contributing rank); this rank
-              records slice ``recording_slice`` only, and no row when it is negative (another rank
-              that routes the same rows records them);
-            * ``local_chunk``: the recorded slice is chunk ``local_chunk`` of this rank's own batch of
-              which the first ``num_unpadded_tokens`` rows are real (sequence-parallel MoE splits a
-              batch into equal chunks over the TP ranks; 0 otherwise), so the slice's real rows are its
-              first ``clamp(num_unpadded_tokens - local_chunk * (T // num_slices), 0, T // num_slices)``.
-
-            ``None`` is ``(0, 1, 0, 0)``: rows ``t % rows``, the first ``num_unpadded_tokens`` rows
-            recorded.
-
-    Returns:
-        The physical ids, as :func:`map_to_physical` (with the offset). When ``record_enabled`` is
-        true, adds 1 to ``expert_load_view[physical]`` for every selection with a valid id (in
-        ``[0, E)``) in the recorded rows; when false, adds nothing. A table entry outside
-        ``[0, len(expert_load_view))`` (impossible for a ``ReplicaLookup`` table whose ``P`` the view
-        matches, see :meth:`ReplicaLookup.check_load_view`) is mapped but not counted, on every path.
-
-    Raises:
-        ValueError: as :func:`map_to_physical`; ``expert_load_view`` not int32/int64 1-D, shorter than
-            ``E`` (``P >= E`` always) or stride-0; ``record_enabled`` not a 0-d bool tensor;
-            ``num_unpadded_tokens`` not a 0-d int32/int64 tensor; ``row_layout`` not int32/int64
-            ``(4,)``; any of them on another device than ``topk_ids``. Checked from metadata only,
-            before anything is written, with the same message on every path (Triton, torch form, fake).
+    Returns the physical ids and, when ``record_enabled``, adds 1 at each recorded selection with an id
+    in ``[0, E)`` (a table entry beyond the view is mapped, never counted). Raises ``ValueError`` as
+    :func:`map_to_physical`, or for a recording argument of the wrong dtype, shape, stride or device
+    (a view shorter than ``E``), before anything is written.
     """
     return torch.ops.ascend_eplb.map_to_physical_and_record(
         topk_ids, table, expert_load_view, record_enabled, num_unpadded_tokens, row_layout
@@ -405,28 +341,21 @@ def record_expert_tokens(
     *,
     record_enabled: torch.Tensor | None = None,
 ) -> None:
-    """Add a grouped matmul's per-local-expert token counts to the global load, after compute.
+    """Add a grouped matmul's per-local-expert token counts at this rank's slots of the global load.
 
-    The Ascend fused MoE path reports how many tokens each of this rank's ``p`` physical experts
-    executed as the ``group_list`` of ``npu_grouped_matmul``; this records them at this rank's
-    slots ``[ep_rank * p, (ep_rank + 1) * p)`` of the global physical id space (vLLM Ascend
-    ``record_local_expert_load``).
+    Records ``npu_grouped_matmul``'s ``group_list`` at slots ``[ep_rank * p, (ep_rank + 1) * p)``
+    (vLLM Ascend ``record_local_expert_load``).
 
     Args:
-        expert_tokens: integer ``(p,)`` on the device. With ``group_list_type ==
-            GROUP_LIST_COUNTS`` (1) entry ``i`` is the token count of local expert ``i``; with
-            ``GROUP_LIST_CUMSUM`` (0) it is the running total up to and including ``i``.
-        group_list_type: ``0`` (cumulative sums) or ``1`` (counts), as ``npu_grouped_matmul``.
-        expert_load_view: int32 or int64 ``(P,)`` with ``P = p * num_ranks``; updated in place.
-        ep_rank: this rank, ``0 <= ep_rank < num_ranks``.
-        num_ranks: EP group size ``N``.
-        record_enabled: optional 0-d bool device tensor; when false nothing is added (no host read).
+        expert_tokens: int32/int64 ``(p,)`` device tensor: counts (``group_list_type`` 1,
+            ``GROUP_LIST_COUNTS``) or running totals (0, ``GROUP_LIST_CUMSUM``).
+        expert_load_view: int32/int64 ``(P,)``, ``P = p * num_ranks``; updated in place.
+        ep_rank, num_ranks: this rank in the EP group of ``N = num_ranks``.
+        record_enabled: optional 0-d bool device tensor; false adds nothing (no host read).
 
     Raises:
-        ValueError: unknown ``group_list_type``, ranks out of range, shapes/dtypes that do not
-            satisfy ``P == p * num_ranks``, or a stride-0 ``expert_load_view`` (the load-view rules of
-            :func:`~ascend_eplb.dataplane.lookup.check_load_view_metadata`; all checked before anything
-            is written).
+        ValueError: a ``group_list_type`` other than 0 or 1, a rank out of range, a non-tensor or
+            wrong-shaped argument, ``P != p * num_ranks`` or a stride-0 view, before any write.
     """
     if isinstance(group_list_type, bool) or group_list_type not in (GROUP_LIST_CUMSUM, GROUP_LIST_COUNTS):
         raise ValueError(

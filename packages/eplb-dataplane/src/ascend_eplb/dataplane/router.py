@@ -1,18 +1,11 @@
 """Per-instance router adapter: route a vLLM router's EPLB mapping through the replica lookup.
 
-Upstream vLLM 0.33.0 (``BaseRouter`` in ``model_executor/layers/fused_moe/router/base_router.py``) maps
-logical to physical ids in ``BaseRouter._apply_eplb_mapping(self, topk_ids)``, called once per
-``_select_experts`` after ``_compute_routing`` (and after ``capture_fn`` saw the logical ids).
-Off CUDA its ``eplb_map_to_physical_and_record`` is the identity. :func:`bind_router` replaces that
-method on one router instance (``types.MethodType``; the class is never touched) with
-:func:`~ascend_eplb.dataplane.ops.map_to_physical_and_record` over the layer's
-:class:`~ascend_eplb.dataplane.lookup.ReplicaLookup`, so the mapping stays the single mapping step.
-
-This module never imports vLLM: the router and the layer state are duck-typed, and the replaced
-method's signature is checked against the one of vLLM 0.33.0, :data:`UPSTREAM_MAPPING_SIGNATURE` (this
-plane's declaration of the binding; the one table of upstream signatures,
-``ascend_eplb.control.upstream.SIGNATURES``, lists it by reference, and the registry of the process,
-``ascend_eplb.integration.patches.INSTANCE_BINDINGS``, lists the binding).
+vLLM 0.33.0's ``BaseRouter._apply_eplb_mapping(self, topk_ids)`` (``fused_moe/router/base_router.py``)
+maps logical to physical ids once per ``_select_experts``; off CUDA it is the identity.
+:func:`bind_router` replaces it on one instance (``types.MethodType``, the class untouched) with
+:func:`~ascend_eplb.dataplane.ops.map_to_physical_and_record` over the layer's ``ReplicaLookup``.
+vLLM is never imported: router and layer state are duck-typed, the method's signature checked against
+:data:`UPSTREAM_MAPPING_SIGNATURE` (listed by ``ascend_eplb.control.upstream.SIGNATURES``).
 """
 
 from __future__ import annotations
@@ -116,34 +109,19 @@ def bind_router(
     *,
     ubatch_id: Callable[[], int] | None = None,
 ) -> None:
-    """Install the replica-lookup mapping on one router instance in place of upstream's.
+    """Set ``router.eplb_state = layer_state`` and bind the replica-lookup mapping on the instance.
 
-    Sets ``router.eplb_state = layer_state`` and binds ``router._apply_eplb_mapping`` (instance
-    attribute). At each call the bound method reads ``self.eplb_state`` (as upstream does): ``None``
-    returns the ids unchanged; otherwise it returns ``map_to_physical_and_record(topk_ids,
-    state.replica_lookup.table, state.expert_load_view, state.should_record_tensor,
-    state.num_unpadded_tokens_tensors[ubatch_id()], state.row_layout)`` (``row_layout`` may be
-    ``None``: offset 0, the first unpadded rows recorded).
+    The bound ``_apply_eplb_mapping`` reads ``self.eplb_state`` at each call: ``None`` returns the ids
+    unchanged, else ``map_to_physical_and_record(topk_ids, state.replica_lookup.table,
+    state.expert_load_view, state.should_record_tensor, state.num_unpadded_tokens_tensors[ubatch_id()],
+    state.row_layout)``. ``layer_state`` has :data:`LAYER_STATE_FIELDS` (set before the first forward);
+    ``ubatch_id`` is vLLM's ``dbo_current_ubatch_id`` (default: always 0). Idempotent.
 
-    Args:
-        router: a vLLM router (``BaseRouter`` subclass instance) with an instance ``__dict__``.
-        layer_state: duck-typed layer state with the attributes :data:`LAYER_STATE_FIELDS`
-            (values may still be ``None`` at bind time; they must be set before the first forward).
-        ubatch_id: returns the current DBO micro-batch index (pass vLLM's
-            ``dbo_current_ubatch_id``; this package cannot import it). Default: always 0.
-
-    Idempotent: binding an already bound router replaces the previous binding (same effect).
-
-    Raises:
-        RuntimeError: the router's class lacks ``_apply_eplb_mapping`` or its parameters are not
-            ``(self, topk_ids)`` (upstream drift; the message names the method), or the instance
-            already carries a foreign override of it.
-        TypeError: ``layer_state`` lacks a required attribute, ``ubatch_id`` is not callable, or
-            the router has no instance ``__dict__``.
-        ValueError: the state's ``expert_load_view`` and ``replica_lookup`` are both set and the view
-            cannot count every id of the lookup's table (``ReplicaLookup.check_load_view``: fewer
-            counters than the lookup's ``P``, wrong dtype, rank or device).
-        All checks run before anything is changed.
+    Raises (before anything changes):
+        RuntimeError: the class's ``_apply_eplb_mapping`` is missing or its parameters are not
+            ``(self, topk_ids)`` (upstream drift), or the instance carries a foreign override.
+        TypeError: ``layer_state`` lacks a field, ``ubatch_id`` is not callable, or no ``__dict__``.
+        ValueError: the state's load view fails ``replica_lookup.check_load_view``.
     """
     _class_method(router)
     if not hasattr(router, "__dict__"):

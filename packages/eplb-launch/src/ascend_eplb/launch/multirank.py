@@ -1,36 +1,13 @@
 """Run one function on N real rank processes over Gloo on CPU, and surface every rank's failure.
 
-This is the single multi-rank launcher of the repository (DESIGN.md section 6): every package whose
-tests need ranks and ``ascend-eplb simulate`` call :func:`run_ranks`; none keeps a copy. Under
-``torchrun`` the same rank functions run with :meth:`RankContext.from_torchrun` instead.
-
-* Ranks are started with ``multiprocessing``'s ``forkserver`` method. Modules named in ``preload``
-  (vLLM, typically: importing it costs about 12 s) are imported once in the fork server of the test
-  process, so every later world of that process starts in well under a second.
-* The rendezvous is a ``file://`` URL in the test's own tmp dir, never a fixed port, so worlds of
-  parallel pytest-xdist workers cannot collide.
-* Each rank runs with one torch thread, ``GLOO_SOCKET_IFNAME=lo`` and ``VLLM_TARGET_DEVICE=cpu`` (the
-  last must be set before vLLM is imported on a host without an accelerator).
-* A rank first moves every object it inherited from the fork server (the preloaded modules) into the
-  garbage collector's permanent generation (``gc.freeze()``, as the ``gc`` documentation advises for
-  processes forked without exec): its collections then never traverse vLLM's and torch's millions of
-  module objects nor write to their pages. vLLM's loader calls ``gc.collect()`` twice per model load,
-  each about 3 s of CPU in a rank forked from a fork server holding vLLM before (py-spy, the main job).
-* The whole world has a deadline, counted from the call (fork-server start-up and preloads
-  included). When a rank fails, the others get ``grace_s`` to finish (they may be blocked in a
-  collective with the failed rank) and are then killed. :class:`RankFailureError` lists the exit code and
-  the traceback (or "killed after the deadline") of every rank.
-* Nothing outlives the launcher: every rank dies with the fork server (``PR_SET_PDEATHSIG``), which
-  exits with the launcher, and a rank also exits when it sees the launcher gone. SIGTERM and SIGHUP of
-  the launcher during :func:`run_ranks` raise :class:`LauncherInterruptedError` after every rank was
-  killed (as Ctrl-C raises ``KeyboardInterrupt`` after the same clean-up).
-* A rank may send picklable messages to the launcher with :meth:`RankContext.send` (progress);
-  ``on_message`` receives them in the launcher.
-
-Rank functions are module-level functions ``fn(ctx: RankContext, *args)``. They may live in an
-installed module or in a plain file next to the tests, loaded with :func:`load_module` (the child loads
-it the same way), but never in a test file: pytest's import mode gives test modules names no child can
-import.
+The repository's one multi-rank launcher (DESIGN.md section 6): tests and ``ascend-eplb simulate`` call
+:func:`run_ranks`; under ``torchrun`` the same rank functions take :meth:`RankContext.from_torchrun`.
+Ranks come from a ``forkserver`` that imports ``preload`` once, rendezvous through a ``file://`` URL in
+the caller's folder, run with :data:`RANK_ENV`, and freeze what they inherited (``gc.freeze()``). One
+deadline covers the world; after a failure the others get ``grace_s``, then are killed, and
+:class:`RankFailureError` reports every rank. Nothing outlives the launcher. Rank functions are
+module-level ``fn(ctx: RankContext, *args)``, in an installed module or a plain file loaded with
+:func:`load_module`, never in a test file (pytest's module names do not import in a child). README.
 """
 
 from __future__ import annotations
@@ -55,6 +32,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from multiprocessing import forkserver, util
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -136,7 +114,7 @@ class RankContext:
 
     def init_gloo(self, timeout_s: float | None = None) -> None:
         """Initialise the default ``torch.distributed`` process group over Gloo for this world."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # torch only in a rank, once RANK_ENV is set
 
         dist.init_process_group(
             backend="gloo",
@@ -253,11 +231,11 @@ def _rank_main(
     result_file: str,
     launcher_pid: int,
 ) -> None:
-    gc.freeze()  # what the fork server imported: never collected, never traversed (module docstring)
+    gc.freeze()  # what the fork server imported is never traversed by this rank's collections
     _die_with(launcher_pid)
     os.environ.update({k: v for k, v in RANK_ENV.items() if k not in os.environ})
     try:
-        import torch
+        import torch  # after RANK_ENV: OMP_NUM_THREADS and TORCH_DEVICE_BACKEND_AUTOLOAD act at import
 
         torch.set_num_threads(1)
         fn = _load_function(*fn_spec)
@@ -316,21 +294,16 @@ def run_ranks(
     preload: Sequence[str] = (),
     on_message: Callable[[int, Any], None] | None = None,
 ) -> list[Any]:
-    """Run ``fn(ctx, *args)`` on ``world_size`` rank processes and return each rank's result.
+    """Run ``fn(ctx, *args)`` on ``world_size`` rank processes; return ``[result of rank 0, ...]``.
 
     Args:
-        fn: module-level function taking a :class:`RankContext` first; its return value must pickle.
-        world_size: number of ranks, 1 to 8 (DESIGN.md keeps tests at 4 or fewer).
-        tmp_path: a folder; the rendezvous file and per-rank results go in a fresh folder there.
-        args: extra positional arguments for ``fn``, pickled to every rank.
-        timeout_s: deadline for the whole world in seconds, counted from this call.
-        grace_s: after a rank fails, how long the others may still run before they are killed.
-        preload: modules imported once in this process's fork server (for example ``"vllm"``).
-        on_message: ``on_message(rank, message)`` for each :meth:`RankContext.send`, called in this
-            thread while the ranks run.
-
-    Returns:
-        ``[result of rank 0, ..., result of rank world_size-1]``.
+        fn: module-level function taking a :class:`RankContext` first; its result must pickle.
+        world_size: 1 to 8 ranks; ``args``: pickled to every rank.
+        tmp_path: a folder; the world's rendezvous file and results go in a fresh folder there.
+        timeout_s: the world's deadline in seconds from this call; ``grace_s``: how long the others
+            may run after a rank fails.
+        preload: modules imported once in this process's fork server (``"vllm"``).
+        on_message: ``on_message(rank, message)`` per :meth:`RankContext.send`, in this thread.
 
     Raises:
         ValueError: ``world_size`` outside ``[1, 8]``, ``timeout_s`` not a finite positive number, or
@@ -466,8 +439,6 @@ def stop_fork_server(*, kill: bool = False, wait_s: float = 5.0) -> None:
     SIGKILL (after a failure, or while it may still be importing the preloads); otherwise it is asked to
     stop and killed if it has not within ``wait_s``. The next :func:`run_ranks` starts a fresh one.
     """
-    from multiprocessing import forkserver, util
-
     server = forkserver._forkserver
     with server._lock:
         pid = server._forkserver_pid

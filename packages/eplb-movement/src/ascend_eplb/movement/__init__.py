@@ -1,14 +1,7 @@
 """Ascend EPLB movement plane: expert weight transfers for vLLM's EPLB over Gloo with CPU staging.
 
-Public names:
-
-* :class:`AscendGlooEplbCommunicator` — upstream ``EplbCommunicator`` over the EPLB group's Gloo
-  group; group-local peers translated to global ranks; D2H into staging, per pair a handshake and
-  the Gloo payload, H2D, pipelined expert by expert.
-* :class:`EplbTransferError` — a failed ``execute``, naming peers, expert ids and silent ranks.
-* :class:`StagingPool`, :class:`StagingPoolError` — bounded, reused (pinned where supported) CPU
-  staging buffers keyed by ``(dtype, numel)``.
-* :class:`TransferStats` — per-``execute`` and cumulative bytes and phase timings.
+:class:`AscendGlooEplbCommunicator` (upstream ``EplbCommunicator``) and its :class:`EplbTransferError`;
+:class:`StagingPool` (bounded, reused CPU buffers); :class:`TransferStats` (bytes and phase timings).
 """
 
 from ascend_eplb.movement.__about__ import __version__

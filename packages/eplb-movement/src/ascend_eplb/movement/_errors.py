@@ -15,15 +15,11 @@ class EplbTransferError(RuntimeError):
 
     Attributes:
         layer_idx: MoE layer given to ``set_transfer_context`` for this batch, or None.
-        sequence: number of this ``execute`` call on this communicator (1-based; equal on all ranks of
-            the group, it is the Gloo tag of the batch).
-        phase: ``"staging"`` (this rank's staging failed: before the handshake, announced to its
-            peers; or, on an accelerator, an asynchronous fault seen only when an expert's
-            device-to-host copy was waited for after the handshake, when this rank's sends from that
-            expert on are not posted), ``"handshake"`` (a peer's plan disagreed with this rank's, a
-            peer reported its own failure, or a header did not arrive: no payload moved with those
-            peers and no destination row was written), ``"gloo"`` (a payload request failed) or
-            ``"h2d"``.
+        sequence: 1-based count of this ``execute`` (equal on all ranks: the batch's Gloo tag).
+        phase: ``"staging"`` (this rank's staging failed, announced to peers; or an accelerator fault
+            seen when an expert's D2H copy was waited for, its sends then not posted), ``"handshake"``
+            (a plan disagreed, a peer failed, or a header never came: no payload with those peers,
+            no row written), ``"gloo"`` (a payload request failed) or ``"h2d"``.
         sends: global peer rank -> logical expert ids this rank was sending it.
         recvs: global peer rank -> logical expert ids this rank was receiving from it.
         unanswered_ranks: global ranks whose requests did not complete (timed out or connection lost),

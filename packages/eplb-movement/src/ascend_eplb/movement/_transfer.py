@@ -1,20 +1,14 @@
 """One ``execute`` of :class:`~ascend_eplb.movement.AscendGlooEplbCommunicator`, start to finish.
 
-1. Staging: the pool's buffers are taken and every device-to-host copy is issued at once, in queue
-   order, on the transfer stream; an event after each expert's copies tells when that expert can be
-   sent. A failure here is announced to the peers in the header.
-2. Headers to and from every peer are posted together (on an accelerator the copies run meanwhile).
-3. Per peer, in ascending global rank: wait for its header and decide, as the peer does from the
-   same two headers. A pair that agrees starts its payload at once, without waiting for the other
-   pairs' verdicts: this rank's sends to the peer (each once its expert's copies landed, so the
-   copy of the next expert overlaps the transfer of this one) and, when every receive from the peer
-   lands in staging, those receives. A pair that disagrees exchanges its full descriptions.
-4. After every verdict: the receives that land directly in destination rows (host tensors), into
-   scratch when any pair failed, since no destination row may be written then.
-5. The receives are waited for in posting order; when every pair agreed, each staged one is copied
-   into its destination row as soon as it landed, while the later ones are still arriving.
-6. The sends, headers and descriptions are waited for. Every wait of the execute is bounded by one
-   deadline, ``timeout_s`` after the start.
+1. Staging: every device-to-host copy issued at once on the transfer stream, an event per expert; a
+   failure is announced to the peers in the header.
+2. Headers to and from every peer posted together.
+3. Per peer, by ascending global rank: its header decided as the peer decides it; an agreeing pair
+   starts its payload at once (each send once its expert's copy landed, staged receives), a
+   disagreeing pair exchanges full descriptions.
+4. After every verdict: receives straight into destination rows (host tensors), into scratch if any
+   pair failed; staged receives copied into their rows as they land when all agreed.
+5. Sends, headers and descriptions waited for; every wait bounded by one deadline ``timeout_s``.
 """
 
 from __future__ import annotations

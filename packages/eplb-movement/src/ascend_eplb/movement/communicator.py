@@ -1,37 +1,13 @@
 """``AscendGlooEplbCommunicator``: upstream's EPLB communicator contract over Gloo, with CPU staging.
 
-vLLM's async EPLB worker moves one MoE layer at a time (``transfer_layer`` -> ``move_to_buffer``):
-it queues one ``add_send`` per (expert, destination rank) and one ``add_recv`` per expert it needs,
-then calls ``execute`` once (once per batch with migration batching), on every rank of the EPLB
-group. The worker must not issue device collectives next to the foreground MoE communication, so
-this communicator moves expert tensors through CPU memory over the EPLB group's Gloo (CPU) process
-group, pipelined (``_transfer.py``):
-
-1. device-to-host copies of every distinct send tensor into :class:`StagingPool` buffers, all
-   issued at once on the worker's stream, an event after each expert's;
-2. a handshake with every peer of the batch, before any payload moves between the two: each side
-   sends a fixed 48-byte header (its local status and digests of what it will send to and expects
-   from that peer: expert ids, tensor counts, dtypes, element counts); the two sides of a pair
-   reach the same verdict from the same two headers, and only a pair that disagrees exchanges its
-   full descriptions (``_wire.py``), so every Gloo operation on the group stays paired even when
-   the plans differ;
-3. per pair, as soon as its verdict is in: the payload with that peer (peers translated from
-   EPLB-group ranks to global ranks; tags per ``execute`` keep a failed layer's stragglers from
-   matching a later layer's operations), each send posted once its expert's copy landed, so the
-   copy of the next expert overlaps the Gloo transfer of the current one;
-4. a wait on every request, all bounded by one deadline ``timeout_s`` after the start;
-5. host-to-device copies from staging into the destination rows, each issued as soon as its
-   receive landed (while later ones are still arriving), once every pair agreed.
-
-On a host without an accelerator (CPU tensors) every copy is synchronous and no stream, event or
-``torch.accelerator`` call is made, so it runs on CPU-only CI without any adaptation of torch.
-
-Its overrides of upstream's ``EplbCommunicator`` (``add_send``, ``add_recv``, ``execute``,
-``set_stream``, ``set_transfer_context``, ``needs_profile_buffer_reservation``) and the upstream
-helper it calls (``_log_initialized``) are rows of the one upstream surface,
-``ascend_eplb.control.upstream`` (``OVERRIDES``, ``SIGNATURES``; this plane cannot import control):
-the integration's ``check_upstream()`` checks, before the first patch, that upstream's signatures are
-still vLLM 0.33.0's and that each method here still extends upstream's parameters.
+vLLM's async EPLB worker queues one ``add_send`` per (expert, destination rank) and one ``add_recv`` per
+expert it needs, then calls ``execute`` on every rank of the EPLB group, once per layer or migration
+batch. Expert tensors move through CPU staging over the group's Gloo process group, never by device
+collectives next to the foreground MoE traffic, pipelined (``_transfer.py``): D2H copies, a per-pair plan
+handshake (``_wire.py``), each pair's payload once it agrees, H2D copies as receives land, all under one
+deadline (README "Behaviour worth knowing"). CPU tensors take no stream, event or ``torch.accelerator``
+call. The overridden methods are rows of ``ascend_eplb.control.upstream`` (``OVERRIDES``, ``SIGNATURES``),
+checked against vLLM 0.33.0 before the first patch.
 """
 
 from __future__ import annotations
@@ -71,30 +47,19 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
     Args:
         cpu_group: the EPLB group's CPU (Gloo) process group, ``GroupCoordinator.cpu_group`` of
             ``vllm.distributed.parallel_state.get_eplb_group()``. This process must be a member.
-        stream: stream the staging copies run on (the async worker's stream, normally set later with
-            :meth:`set_stream`). ``None``: the device's current stream. Ignored for CPU tensors.
-        staging_pool: where staging buffers come from; default a new :class:`StagingPool` (2 GiB
-            bound, pinned if the platform supports it). May be shared by communicators that are
-            used one after another (main and draft model).
-        timeout_s: bound, in seconds, on waiting for all Gloo requests of one ``execute`` (headers
-            and payload: one deadline, this long after the start). A rank that never posts its side
-            makes the others raise :class:`EplbTransferError` naming it after this long. Gloo then
-            closes every connection of this rank in the group (measured with torch 2.13: later
-            requests raise "Application timeout caused pair closure", and the peers see "Connection
-            closed by peer"), so later transfers over the group fail at once, naming the ranks,
-            instead of hanging.
-        stage_host_tensors: also stage tensors that are already contiguous host (CPU) memory. By
-            default Gloo reads and writes those directly, as upstream's Gloo communicator does
-            (staging them is a pure extra copy); device tensors and non-contiguous host views are
-            always staged. Tests set it to run the device path's staging on CPU.
+        stream: stream of the staging copies (the async worker's, usually via :meth:`set_stream`);
+            ``None``: the current stream.
+        staging_pool: default a new :class:`StagingPool`; may be shared by communicators used one
+            after another (main and draft model).
+        timeout_s: one deadline, in seconds after ``execute``'s start, on all its Gloo requests; a
+            rank that never posts its side is named in :class:`EplbTransferError` (Gloo then closes
+            its connections, so later transfers fail at once instead of hanging: README).
+        stage_host_tensors: also stage contiguous host tensors (Gloo reads them directly by default,
+            as upstream's); tests set it to run the device path's staging on CPU.
 
-    Raises:
-        TypeError: ``cpu_group`` is not a ``ProcessGroup`` of which this process is a member.
-        ValueError: ``timeout_s`` is not positive.
-
-    Peer ranks given to :meth:`add_send` / :meth:`add_recv` are EPLB-group ranks (what upstream
-    passes); they are translated to global ranks with ``torch.distributed.get_global_rank``, so a
-    group that is not ranks ``0..N-1`` of the world (a later pipeline stage, say) works.
+    Peer ranks are EPLB-group ranks, translated with ``torch.distributed.get_global_rank``.
+    Raises ``TypeError`` for a ``cpu_group`` that is not a ``ProcessGroup`` this process belongs to,
+    ``ValueError`` for a ``timeout_s`` that is not positive.
     """
 
     def __init__(
@@ -150,72 +115,45 @@ class AscendGlooEplbCommunicator(EplbCommunicator):
         """Queue sending one expert's tensors to EPLB-group rank ``dst_rank``.
 
         Args:
-            tensors: a list (or tuple) of the expert's row of every weight view of the layer, one
-                ``torch.Tensor`` per view (any device, dtype, shape and strides); read during
-                ``execute``. The receiver's tensors for this expert must match them in count, order,
-                dtype and element count (checked in ``execute``'s handshake).
-            dst_rank: EPLB-group rank, in ``[0, group_size)`` and not this rank.
-            expert_id: logical expert id; the receiver must queue the same id at the same position
-                of its receives from this rank.
+            tensors: list (or tuple) of the expert's row of every weight view, any device, dtype and
+                strides, read during ``execute``; the receiver's must match in count, order, dtype
+                and element count (the handshake checks).
+            dst_rank: EPLB-group rank in ``[0, group_size)``, not this rank.
+            expert_id: logical expert id, queued by the receiver at the same position.
 
-        Raises:
-            TypeError: ``tensors`` is not a list/tuple (a bare tensor included: it is never split
-                into its rows), an element is not a ``torch.Tensor``, or ``dst_rank``/``expert_id``
-                is not an int (``bool`` rejected).
-            ValueError: ``dst_rank`` outside the group or this rank itself, or ``tensors`` empty.
-
-        Nothing is queued when it raises.
+        Raises (nothing queued):
+            TypeError: ``tensors`` not a list/tuple (a bare tensor included), a non-tensor element,
+                or a ``dst_rank``/``expert_id`` that is not an int (``bool`` rejected).
+            ValueError: ``dst_rank`` outside the group or this rank, or ``tensors`` empty.
         """
         self._queue.append(self._validated(True, tensors, dst_rank, expert_id))
 
     def add_recv(self, tensors: list[torch.Tensor], src_rank: int, expert_id: int) -> None:
         """Queue receiving one expert's tensors from EPLB-group rank ``src_rank``.
 
-        Args:
-            tensors: a list (or tuple) of destination rows (rows of upstream's ``expert_buffer``),
-                written by ``execute`` only if every peer's plan agrees with this rank's; same count,
-                dtypes and element counts as the sender's tensors, in the same order (shapes may
-                differ: elements land in row-major order).
-            src_rank: EPLB-group rank, in ``[0, group_size)`` and not this rank.
-            expert_id: logical expert id; must equal the sender's at the same position.
-
-        Raises:
-            TypeError, ValueError: as :meth:`add_send`. Nothing is queued when it raises.
+        ``tensors``: destination rows (of upstream's ``expert_buffer``), written only if every peer's plan
+        agrees; the sender's count, order, dtypes and element counts (shapes may differ: row-major).
+        ``src_rank``, ``expert_id`` and errors as :meth:`add_send`.
         """
         self._queue.append(self._validated(False, tensors, src_rank, expert_id))
 
     def execute(self) -> None:
-        """Move every queued tensor; on return all received data is in the destination rows (on an
-        accelerator: enqueued on the transfer stream, ordered before later work on it).
+        """Move every queued tensor; on return the received data is in the destination rows (on an
+        accelerator: enqueued on the transfer stream). Every rank calls it equally often (the call
+        count makes the Gloo tags).
 
-        Every rank of the group must call it the same number of times (upstream calls it once per
-        layer, or once per migration batch, on every rank), since its call count makes the Gloo tags.
-
-        Before any payload moves between two ranks, they exchange a header (the handshake). Per pair
-        and direction, the sender's ``add_send`` calls to the receiver and the receiver's ``add_recv``
-        calls from the sender, in queue order, must agree: the same number of experts, the same
-        expert ids, and per expert the same number of tensors with equal dtypes and element counts.
-        Where they disagree, both ranks of the pair raise :class:`EplbTransferError` with the same
-        description of the difference; where a rank failed before the handshake (staging), its peers
-        raise at once naming it. Either way no payload moves between the ranks concerned and *no
-        destination row of this rank is written* (payload from peers whose plans agreed is still
-        exchanged, so they complete, and is dropped here). Peers with no queued transfer are not
-        contacted: a peer that queued nothing for this rank while this rank expects data from it is
-        reported after ``timeout_s``.
-
-        The handshake is per pair: a pair that agrees starts its payload at once, without waiting
-        for this rank's other pairs. Sends are posted as their expert's device-to-host copy lands and
-        staged receives are copied into their destination rows as they land; receives into
-        destination rows (host tensors read directly), and every copy into one, wait until every
-        pair has agreed. A peer lost after that, mid-payload, leaves this execute's destination rows
-        partly written (upstream never commits a layer whose transfer raised).
+        Per pair and direction the sender's ``add_send`` and the receiver's ``add_recv`` calls, in
+        queue order, must agree in expert ids and, per expert, tensor count, dtypes and element
+        counts. A pair that disagrees, or a peer that failed before the handshake, raises on both
+        sides with the same description, and no destination row of this rank is written; payload of
+        agreeing peers still moves (and is dropped here). A peer lost mid-payload leaves rows partly
+        written (upstream never commits a layer whose transfer raised). Peers with nothing queued
+        are not contacted.
 
         Raises:
-            EplbTransferError: staging failed, a peer's plan disagreed or it failed, a Gloo request
-                failed or did not complete within ``timeout_s``, or a copy failed. It names the
-                peers (global ranks), the expert ids of the batch, the disagreements and the ranks
-                that did not answer. The queue is empty afterwards, and staging buffers a posted
-                request may still touch are dropped from the pool.
+            EplbTransferError: staging, a plan, a peer, a Gloo request (or ``timeout_s``) or a copy
+                failed; it names the global peer ranks, expert ids, disagreements and silent ranks.
+                The queue is empty afterwards; buffers a posted request may still touch leave the pool.
         """
         queue, self._queue = self._queue, []
         layer_idx, self._layer_idx = self._layer_idx, None

@@ -1,12 +1,9 @@
 """CPU staging buffers for expert transfers over Gloo, reused by ``(dtype, numel)``.
 
-Gloo moves host memory only, so every expert tensor that crosses ranks is copied into a CPU staging
-buffer first (device-to-host) and out of one afterwards (host-to-device). Allocating those buffers per
-transfer (what upstream ``TorchDistGlooStagedEplbCommunicator`` does) costs a pinned allocation per
-expert tensor per layer; this pool keeps them instead. Buffers are flat (1-D), keyed by
-``(dtype, numel)``, and handed out all at once for one ``execute`` (:meth:`StagingPool.take`): the
-``i``-th request of a key always gets the ``i``-th buffer of that key, so a rearrangement whose layers
-have the same shapes allocates nothing after its first layer.
+Gloo moves host memory only, so every expert tensor crossing ranks passes through a flat CPU buffer.
+Upstream's ``TorchDistGlooStagedEplbCommunicator`` allocates them per transfer; this pool keeps them:
+the ``i``-th request of a key in one :meth:`StagingPool.take` always gets that key's ``i``-th buffer, so
+a rearrangement whose layers share shapes allocates nothing after its first layer.
 """
 
 from __future__ import annotations
@@ -17,15 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from vllm.utils.torch_utils import PIN_MEMORY
 
 from ascend_eplb.movement._values import is_int
 
 __all__ = ["DEFAULT_STAGING_MAX_BYTES", "StagingKey", "StagingPool", "StagingPoolError"]
 
-#: Default bound of a pool, in bytes (2 GiB). One ``execute`` needs staging for every expert tensor
-#: this rank sends (once per distinct source tensor) plus every one it receives, in that layer:
-#: ``(experts sent + experts received) x bytes per expert``. A DeepSeek-V3 W8A8 expert is about 44 MB
-#: (3 x 7168 x 2048 int8 plus scales), so 2 GiB covers about 48 moved experts per layer per rank.
+#: Default bound of a pool, in bytes (2 GiB): one ``execute`` stages ``(experts sent + received) x
+#: bytes per expert``; a DeepSeek-V3 W8A8 expert is ~44 MB, so ~48 moved experts per layer per rank.
 DEFAULT_STAGING_MAX_BYTES = 2 << 30
 
 
@@ -46,32 +42,19 @@ def _key(dtype: torch.dtype, numel: int) -> StagingKey:
     return StagingKey(str(dtype).removeprefix("torch."), int(numel))
 
 
-def _default_pin_memory() -> bool:
-    # The same decision as upstream (vllm.utils.torch_utils.PIN_MEMORY, i.e. the platform's
-    # is_pin_memory_available()): False on CpuPlatform, True on CUDA and on vLLM Ascend's NPU platform.
-    from vllm.utils.torch_utils import PIN_MEMORY
-
-    return bool(PIN_MEMORY)
-
-
 class StagingPool:
     """Bounded pool of flat CPU staging buffers, pinned where the platform supports pinned memory.
 
     Args:
         max_bytes: upper bound of :attr:`size_bytes`, in bytes (default
             :data:`DEFAULT_STAGING_MAX_BYTES`). Must be positive.
-        pin_memory: allocate page-locked buffers (needed for asynchronous device-to-host and
-            host-to-device copies). ``None`` follows vLLM's platform decision
-            (``vllm.utils.torch_utils.PIN_MEMORY``: False on CPU-only hosts).
+        pin_memory: page-locked buffers (for asynchronous copies); ``None`` follows vLLM's
+            ``PIN_MEMORY`` (False on CPU-only hosts).
 
-    Raises:
-        ValueError: ``max_bytes`` is not a positive integer, or ``pin_memory`` is not a bool or None.
-
-    The pool is used by one thread at a time (the EPLB worker that owns the communicator, or the main
-    thread in synchronous mode); a lock guards it against accidental sharing anyway. Buffers handed out
-    by :meth:`take` stay valid until the next :meth:`take` or :meth:`discard`; asynchronous
-    host-to-device copies out of them must be registered with :meth:`fence` so the next :meth:`take`
-    waits for them before the buffers are written again.
+    Raises ``ValueError`` for a ``max_bytes`` that is not a positive int or a ``pin_memory`` that is
+    not a bool or None. Buffers from :meth:`take` stay valid until the next :meth:`take` or
+    :meth:`discard`; asynchronous copies out of them are registered with :meth:`fence`, which the
+    next :meth:`take` waits for. One user thread at a time; a lock guards against sharing anyway.
     """
 
     def __init__(self, max_bytes: int = DEFAULT_STAGING_MAX_BYTES, *, pin_memory: bool | None = None):
@@ -80,7 +63,7 @@ class StagingPool:
         if pin_memory is not None and not isinstance(pin_memory, bool):
             raise ValueError(f"pin_memory={pin_memory!r} must be True, False or None (vLLM's PIN_MEMORY)")
         self.max_bytes = int(max_bytes)
-        self.pinned = _default_pin_memory() if pin_memory is None else bool(pin_memory)
+        self.pinned = bool(PIN_MEMORY) if pin_memory is None else bool(pin_memory)
         # key -> buffers, least recently used key first.
         self._buffers: OrderedDict[StagingKey, list[torch.Tensor]] = OrderedDict()
         self._size_bytes = 0
@@ -113,23 +96,17 @@ class StagingPool:
     def take(self, requests: Sequence[tuple[torch.dtype, int]]) -> list[torch.Tensor]:
         """Hand out one flat CPU buffer per request, for one ``execute``.
 
-        Args:
-            requests: ``(dtype, numel)`` per staging buffer needed. The ``i``-th request of a key
-                gets that key's ``i``-th buffer; missing buffers are allocated.
-
-        Returns:
-            One 1-D CPU tensor per request, of that dtype and exactly ``numel`` elements, pinned if
-            :attr:`pinned`; distinct requests never share storage. Contents are undefined.
+        ``requests``: ``(dtype, numel)`` per buffer; the ``i``-th request of a key gets its ``i``-th
+        buffer, allocated if missing. Returns one 1-D CPU tensor of exactly ``numel`` elements per
+        request (pinned if :attr:`pinned`, none sharing storage, contents undefined), after waiting
+        for the copies registered with :meth:`fence`.
 
         Raises:
             ValueError: a request that is not a ``(torch.dtype, numel)`` pair with ``numel`` an int
-                ``>= 0`` (not a bool); nothing is waited for, allocated or evicted.
-            StagingPoolError: the buffers these requests need exceed ``max_bytes`` (the pool evicts
-                every other buffer before it refuses: keys these requests do not use, least recently
-                used first, then the surplus buffers of the keys they use). Nothing is allocated or
-                evicted in that case.
-
-        Waits first for the host-to-device copies registered with :meth:`fence`.
+                ``>= 0``; nothing waited for, allocated or evicted.
+            StagingPoolError: the buffers needed exceed ``max_bytes`` even after evicting every other
+                buffer (unused keys least recently used first, then surplus buffers of used keys);
+                nothing allocated or evicted then.
         """
         requests = list(requests)
         for i, request in enumerate(requests):

@@ -11,28 +11,21 @@ __all__ = ["TransferStats"]
 class TransferStats:
     """What one ``execute`` (or a sum of them) moved and how long each phase took.
 
-    Counts are per rank (this process). Bytes are payload bytes (``numel x element_size``); seconds are
-    host wall-clock (``time.perf_counter``).
+    Per rank; bytes are payload (``numel x element_size``), seconds host wall-clock
+    (``time.perf_counter``); the four phases add up to the execute's time from taking staging on.
 
     Attributes:
-        num_executes: ``execute`` calls (1 for one call's stats), including those with nothing queued.
-        num_failed: of those, calls that raised.
-        num_send_experts / num_recv_experts: ``add_send`` / ``add_recv`` calls (one per expert and
-            peer).
+        num_executes, num_failed: ``execute`` calls (empty ones included) and those that raised.
+        num_send_experts / num_recv_experts: ``add_send`` / ``add_recv`` calls (expert x peer).
         num_send_tensors / num_recv_tensors: Gloo send / receive operations (one per tensor).
-        bytes_sent / bytes_received: payload bytes sent to / received from peers.
-        staging_bytes: bytes of staging buffers the call used (a source tensor sent to several peers
-            is staged once).
-        d2h_s: taking the staging buffers and copying send tensors into them: issuing the copies
-            (on CPU: the copies themselves) and, on an accelerator, waiting for each expert's copy
-            before its sends are posted.
-        handshake_s: waiting for the peers' plan headers and comparing them with this rank's.
-        gloo_s: the rest of the execute's wall time: posting the payload (and, on a disagreement, the
-            full descriptions) and waiting for every request.
-        h2d_s: issuing the copies from staging into the destination rows, each as soon as its
-            receive landed (on an accelerator these are asynchronous on the transfer stream; on CPU
-            they are complete). The four phases add up to the wall time of the execute from taking
-            the staging buffers on.
+        bytes_sent / bytes_received: payload bytes; staging_bytes: staging used (a source tensor
+            sent to several peers is staged once).
+        d2h_s: taking staging and copying send tensors into it (on an accelerator: issuing, then
+            waiting for each expert's copy before its sends).
+        handshake_s: waiting for the peers' plan headers and comparing them.
+        gloo_s: the rest: posting the payload (or descriptions) and waiting for every request.
+        h2d_s: issuing the copies into destination rows as receives land (asynchronous on an
+            accelerator).
     """
 
     num_executes: int = 0

@@ -1,19 +1,10 @@
-"""The pieces of the batched reference kernel: the selections of one `ExpertWeightFormat.apply` call
-and the GEMM the formats' ``_forward_batched`` run over them.
+"""The pieces of the batched reference kernel behind `ExpertWeightFormat.apply`; it imports no format.
 
-`Selection` sorts a call's (token, k) selections by local row (stable, so the order of the per-expert
-loop of `ascend_eplb.quant_views.per_expert` is kept), so each present row's selections form one
-segment; `grouped_mm` multiplies each segment by its row's weights. `formats.base.batched_apply` (the
-body of `apply`) lets the format compute every selection in one ``_forward_batched`` call per chunk of
-experts (each kernel tensor of the experts present read once per call) and adds the weighted results
-with one ``index_add_``. The result is bit-identical to
-`ascend_eplb.quant_views.per_expert.per_expert_apply` (tested over every format, storage mode and odd
-shapes); README "Reference kernel speed" explains why. This module knows no format: the formats import
-it, never the reverse.
-
-Shape names: ``selections`` counts the ``(token, k)`` pairs routed to a local row, ``rows`` the
-distinct local rows present in a call (at most p), ``in_features`` / ``out_features`` the reduction /
-output dimension of a GEMM. The GLOSSARY.md letters keep their meaning (T tokens, K top-k, H, I).
+`Selection` sorts a call's (token, k) selections by local row, stably (the per-expert loop's order), so
+each present row's selections form one segment; `grouped_mm` multiplies each segment by its row's
+weights. Results are bit-identical to `per_expert.per_expert_apply` (tested; README "Reference kernel
+speed"). ``selections``: the (token, k) pairs routed to a local row; ``rows``: the distinct local rows
+present (at most p); ``in_features`` / ``out_features``: a GEMM's reduction / output dimension.
 """
 
 from __future__ import annotations
@@ -102,16 +93,10 @@ def grouped_mm(
     ``a`` (selections, in_features) in ``sel`` order, ``w`` (rows, in_features, out_features); returns
     float64 (selections, out_features), in ``sel`` order.
 
-    Float operands (``int_bound=None``; a and w float64): one ``torch.mm`` per present row over exactly
-    its selections, the GEMM the per-expert reference runs. CPU BLAS rounding depends on the number of
-    GEMM rows (MKL: measured), so batching other experts' selections into one padded GEMM would change
-    the bits.
-
-    Integer-valued operands (W8A8/W4A8; ``int_bound`` bounds ``|a_ij * w_jn|``): every partial sum is an
-    integer below ``in_features * int_bound``, so no summation order rounds. One ``torch.bmm`` over
-    zero-padded segments then gives exactly the same values, in float32 when
-    ``in_features * int_bound <= 2**24`` (every integer up to 2**24 is a float32) and in float64 (exact up
-    to 2**53) otherwise.
+    Float operands (``int_bound=None``, float64): one ``torch.mm`` per present row, the per-expert
+    GEMM (BLAS rounding depends on the row count, so no padded batch). Integer-valued operands
+    (``int_bound`` bounds ``|a_ij * w_jn|``): one exact ``torch.bmm`` over zero-padded segments, in
+    float32 when ``in_features * int_bound <= 2**24``, else float64.
 
     Raises:
         ValueError: ``in_features * int_bound > 2**53`` (no exact float GEMM exists).

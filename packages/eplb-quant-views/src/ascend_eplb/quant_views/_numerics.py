@@ -1,22 +1,12 @@
-"""Quantization arithmetic shared by the formats (pure torch, any device).
+"""Quantization arithmetic shared by the formats (pure torch, any device); conventions in the README.
 
-Shape names: ``in_features`` is the reduction dimension of a GEMM and ``out_features`` its output
-dimension (for ``w13``: H and 2I; for ``w2``: I and H); ``rows`` counts independent rows (tokens,
-channels). The GLOSSARY.md letters (p, T, H, I ...) keep their one meaning and are never reused for these.
-
-Conventions (all documented in the package README):
-
-- int4 (W4A8): two signed two's-complement nibbles per int8 along the last dimension, element ``2j`` in
-  the low nibble, element ``2j + 1`` in the high nibble (vllm-ascend ``w4a8.py`` ``_pack_int4_to_int8``).
-- fp4 e2m1 (MXFP4): the same packing, two codes per uint8, element ``2j`` in the low nibble; a code is
-  ``sign << 3 | exponent << 1 | mantissa`` (OCP MX v1.0 FP4), magnitudes ``0, .5, 1, 1.5, 2, 3, 4, 6``.
-- MX block scales: one e8m0 power of two per 32 consecutive elements along ``in_features``,
-  ``2 ** ceil(log2(amax / max_elem))`` with ``max_elem`` 448 for e4m3 and 6 for e2m1, so the block's
-  largest magnitude never saturates (the "round scale up" choice of NVIDIA's and torchao's MX casts; the
-  OCP MX v1.0 section 6.3 example ``floor(log2(amax)) - emax_elem`` clips up to 12.5 % of e4m3's range).
-  Elements are divided by the scale and rounded to nearest.
-- 64-bit scale words (W4A8 ``weight_scale``, W8A8 fused ``fused_w*_scale``): the float32 bit pattern
-  zero-extended into an int64 (vllm-ascend ``w4a8.py`` ``_process_scale``).
+``in_features`` / ``out_features``: a GEMM's reduction / output dimension (``w13``: H, 2I; ``w2``: I, H);
+``rows``: independent rows (tokens, channels). int4 and fp4 e2m1 pack two per byte along the last
+dimension, element ``2j`` in the low nibble (vllm-ascend ``_pack_int4_to_int8``); an fp4 code is
+``sign << 3 | exponent << 1 | mantissa`` (OCP MX v1.0). MX scales: one e8m0 per 32 elements along
+``in_features``, ``2 ** ceil(log2(amax / max_elem))`` (``max_elem`` 448 for e4m3, 6 for e2m1), so nothing
+saturates (NVIDIA's and torchao's "round scale up"; OCP's section 6.3 example clips up to 12.5 % of
+e4m3's range). 64-bit scale words: the float32 bits zero-extended (vllm-ascend ``_process_scale``).
 """
 
 from __future__ import annotations
@@ -34,9 +24,6 @@ E8M0_MAX_EXP = 127
 
 _FP4_MAGNITUDES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
 _FP4_MIDPOINTS = (_FP4_MAGNITUDES[1:] + _FP4_MAGNITUDES[:-1]) / 2
-
-
-# ----------------------------------------------------------------------------- int8 / int4 per-channel
 
 
 def quantize_per_channel(w: torch.Tensor, qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,9 +83,6 @@ def scale_word_to_float(word: torch.Tensor) -> torch.Tensor:
     low = word & 0xFFFFFFFF
     low = torch.where(low >= 2**31, low - 2**32, low)
     return low.to(torch.int32).contiguous().view(torch.float32)
-
-
-# ----------------------------------------------------------------------------- MX (e8m0 block scales)
 
 
 def _mx_block_exponents(x64: torch.Tensor, max_elem: float) -> torch.Tensor:
@@ -214,9 +198,6 @@ def fake_quantize_mxfp4(x: torch.Tensor) -> torch.Tensor:
     return dequantize_mxfp4(*quantize_mxfp4(x))
 
 
-# ----------------------------------------------------------------------------- SwiGLU
-
-
 #: Elements below which a TensorIterator kernel runs on one thread (ATen ``internal::GRAIN_SIZE``).
 _SERIAL_NUMEL = 32768
 
@@ -224,11 +205,9 @@ _SERIAL_NUMEL = 32768
 def silu_and_mul(h: torch.Tensor, inter: int) -> torch.Tensor:
     """``SiLU(h[:, :I]) * h[:, I:]`` for ``h`` (rows, 2I), each row computed alone.
 
-    ATen's SiLU runs SIMD over whole vectors and a scalar ``std::exp`` on a loop's tail, which round
-    differently. ``h[:, :I]`` cannot be coalesced, so each row is its own inner loop (same SIMD/tail
-    split for every row); calls are cut into row chunks under ATen's grain size so no thread boundary
-    falls inside a row. A row's result therefore never depends on the other rows, which is what makes
-    the batched and the per-expert reference kernels agree bit for bit.
+    Row chunks under ATen's grain size keep every row one inner loop (ATen's SIMD body and scalar tail
+    round differently), so a row's result never depends on the others: the batched and per-expert
+    kernels agree bit for bit (README "Reference kernel speed").
     """
     rows = max(1, _SERIAL_NUMEL // max(inter, 1) - 1)
     if h.shape[0] <= rows:

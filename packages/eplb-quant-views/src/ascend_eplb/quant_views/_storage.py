@@ -24,19 +24,15 @@ class ExpertStorage:
         num_local_experts: ``p``, the local physical experts (rows) of this rank.
         hidden_size: ``H``.
         intermediate_size: ``I`` (per partition).
-        per_expert_lists: True when every kernel tensor is an `ExpertTensorList` of ``p`` tensors
-            (vllm-ascend ``*_list`` attributes), False when each is one stacked ``(p, ...)`` tensor.
-        kernel_tensors: every per-expert tensor the Ascend kernel reads, by its vllm-ascend parameter
-            name (without the ``_list`` suffix), in the order `ExpertWeightFormat.weight_views` returns
-            them, each in the kernel's own layout (which may be a strided, transposed view: MXFP).
-            `expert_fingerprint` and `ExpertWeightFormat.apply` read these and nothing else.
-        unread_tensors: per-expert tensors the checkpoint provides but the kernel never reads (W8A8
-            ``w13_weight_offset`` / ``w2_weight_offset``): kept like vllm-ascend keeps them, never
-            moved, never read by `apply`.
-        options: the format options the storage was built with (``fused_scales``, ``has_bias`` ...).
+        per_expert_lists: every kernel tensor an `ExpertTensorList` of ``p`` tensors (vllm-ascend
+            ``*_list``), else one stacked ``(p, ...)`` tensor.
+        kernel_tensors: every per-expert tensor the kernel reads, by vllm-ascend parameter name (no
+            ``_list`` suffix), in `weight_views` order and the kernel's layout (MXFP: transposed views);
+            all that `expert_fingerprint` and `apply` read.
+        unread_tensors: checkpoint tensors the kernel never reads (W8A8 offsets): kept, never moved.
+        options: the format options it was built with (``fused_scales``, ``has_bias`` ...).
 
-    The dataclass is frozen (the set of tensors never changes); the tensor contents are what EPLB
-    rewrites in place through the weight views.
+    Frozen: the set of tensors never changes; EPLB rewrites their contents through the weight views.
     """
 
     format_name: str

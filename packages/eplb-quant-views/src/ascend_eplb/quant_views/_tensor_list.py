@@ -13,22 +13,12 @@ __all__ = ["ExpertTensorList"]
 class ExpertTensorList(list[torch.Tensor]):
     """A weight view stored as ``p`` separate per-expert tensors instead of one stacked tensor.
 
-    On NPU the Ascend grouped-matmul kernels read NZ-formatted (``ACL_FORMAT_FRACTAL_NZ``) weights
-    only as per-expert lists, so vllm-ascend unbinds the stacked parameters into cloned lists
-    (``w13_weight_list`` ...) when EPLB is on (vllm-ascend ``routed_experts.py``
-    ``EplbExpertTensorList``). This class lets upstream vLLM's EPLB treat such a list like a stacked
-    ``(p, ...)`` tensor:
-
-    - ``view[row]`` is the tensor of local row ``row`` (plain list indexing), so upstream
-      ``rebalance_execute.move_to_buffer`` / ``move_from_buffer`` (``w[src]``, ``b[dst].copy_(...)``)
-      move one expert at a time through it;
-    - ``.shape`` is ``(p, *self[0].shape)``, so ``expert_weights[0][0].shape[0]`` is ``p``;
-    - ``.dtype`` / ``.device`` are those of the elements;
-    - ``torch.empty_like(view)`` (dispatched through ``__torch_function__``) returns a new
-      ``ExpertTensorList`` of per-expert buffers, which is how upstream ``EplbState`` allocates its
-      one-layer ``expert_buffer``.
-
-    Every element must have the same shape, dtype and device; `validate_weight_views` checks that.
+    vllm-ascend's NZ weights on NPU (``EplbExpertTensorList``, ``routed_experts.py``). Upstream EPLB
+    treats it as a stacked ``(p, ...)`` tensor: ``view[row]`` is local row ``row`` (what
+    ``move_to_buffer`` / ``move_from_buffer`` index), ``.shape`` is ``(p, *self[0].shape)``,
+    ``.dtype`` / ``.device`` the elements', and ``torch.empty_like(view)`` a new list of per-expert
+    buffers (how ``EplbState`` allocates ``expert_buffer``). Elements share shape, dtype and device
+    (`validate_weight_views`).
     """
 
     __slots__ = ()

@@ -20,14 +20,10 @@ BOTH_OR_NEITHER: tuple[tuple[str, str], ...] = (
 
 
 def is_int(value: object) -> bool:
-    """Whether ``value`` is an integer and not a ``bool``: any ``numbers.Integral`` (numpy integers
-    included); ``True`` is an ``int`` to Python, never a count or a row here. The one such check of this
-    package.
+    """Whether ``value`` is a ``numbers.Integral`` (numpy integers included) and not a ``bool``.
 
-    The same check is written once in each of quant_views, dataplane, movement and control: no package
-    all four may import exists (quant_views and dataplane import torch only, and neither the other:
-    DESIGN.md section 3), so each keeps its copy and ``tests/test_one_home.py`` checks that the four
-    agree on every kind of value.
+    Each of quant_views, dataplane, movement and control keeps one copy (no package all four may
+    import); ``tests/test_one_home.py`` checks that they agree.
     """
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
@@ -50,25 +46,15 @@ def validate_weight_views(
 ) -> None:
     """Check that ``views`` can be moved expert by expert by upstream EPLB without a copy.
 
-    Args:
-        views: the list `ExpertWeightFormat.weight_views` returns: each entry a stacked tensor whose
-            first dimension is ``p`` (expert rows) or an `ExpertTensorList` / list of ``p`` tensors.
-        num_local_experts: ``p``.
-        names: optional parameter names of the entries (vllm-ascend names, e.g. ``w13_weight_scale_list``);
-            they name the offending tensor in errors and enable the both-or-neither pair check
-            (`BOTH_OR_NEITHER`).
+    ``views``: `weight_views`' entries, each a stacked tensor of first dimension ``p`` or a list of
+    ``p`` tensors; ``names``: their vllm-ascend names, for errors and the `BOTH_OR_NEITHER` pairs.
+    Rules (vllm-ascend ``get_expert_weights``, fixes #13414/#16806): at least one view, ``p >= 1``; a
+    stacked tensor is at least 1-D with ``shape[0] == p`` and contiguous non-overlapping expert rows
+    (``view(p, -1)`` copies nothing); a list has exactly ``p`` contiguous tensors of one shape, dtype
+    and device, none sharing memory (a shorter scale list is the #16806 crash); one device for all;
+    with ``names``, no name twice and each pair complete or absent.
 
-    Rules (vllm-ascend ``AscendRoutedExperts.get_expert_weights`` and the fixes of #13414/#16806):
-        - at least one view; ``p >= 1``;
-        - stacked tensor: at least 1-D, ``shape[0] == p``, every expert row one contiguous block
-          (row ``e`` is contiguous and rows do not overlap), so ``view(p, -1)`` needs no copy;
-        - list: exactly ``p`` tensors (a per-expert scale list shorter than the weight list is the
-          #16806 crash), each contiguous, all of one shape, dtype and device, no two sharing memory;
-        - all views on one device;
-        - with ``names``: no name twice, and each `BOTH_OR_NEITHER` pair complete or absent.
-
-    Raises:
-        ValueError: naming the first offending view (index and name) and the rule it breaks.
+    Raises ``ValueError`` naming the first offending view (index and name) and the rule.
     """
     if not is_int(num_local_experts) or num_local_experts < 1:
         raise ValueError(f"num_local_experts must be a positive int, got {num_local_experts!r}")

@@ -16,23 +16,11 @@ __all__ = ["expert_fingerprint"]
 def expert_fingerprint(storage: ExpertStorage, local_row: int) -> str:
     """BLAKE2b-128 hex digest of local row ``local_row`` of every kernel tensor of ``storage``.
 
-    Reads ``storage.kernel_tensors`` (the tensors `ExpertWeightFormat.apply` and the Ascend kernel read),
-    never the weight views: a weight-view list that forgets a tensor leaves that tensor's row unmoved,
-    and the slot's fingerprint then differs from its logical expert's. For each kernel tensor, in order,
-    the digest covers its name and the bytes of the row in logical element order of the kernel layout
-    (strided rows are read element by element). dtype and shape are not hashed, so the stacked int32 and
-    per-expert int8 W4A8 storages of the same expert agree. Unread tensors (offsets) are excluded.
-
-    Args:
-        storage: any `ExpertStorage`.
-        local_row: ``0 <= local_row < p``.
-
-    Returns:
-        32 hex characters. Two rows have equal fingerprints iff (up to hash collisions) every kernel
-        tensor row is byte-identical.
-
-    Raises:
-        IndexError: ``local_row`` outside ``[0, p)``.
+    Reads the kernel tensors, never the weight views (a tensor the views forget then shows as unmoved):
+    per tensor, in order, its name and the row's bytes in logical element order. dtype and shape are not
+    hashed (stacked int32 and per-expert int8 W4A8 storages agree); unread tensors are excluded.
+    Returns 32 hex characters, equal iff every row is byte-identical (up to collisions); ``IndexError``
+    for ``local_row`` outside ``[0, p)``.
     """
     if not is_int(local_row):
         raise IndexError(f"local_row must be an int, got {local_row!r}")

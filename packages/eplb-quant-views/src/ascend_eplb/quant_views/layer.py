@@ -1,17 +1,11 @@
 """A FusedMoE layer's expert storage read from its parameters by their vllm-ascend names.
 
-In vLLM Ascend the kernel tensors of a format belong to the MoE layer: its quantization method
-registers them in ``create_weights``, lays them out in ``process_weights_after_loading`` and answers
-``get_eplb_weight_views(layer)``, which ``AscendRoutedExperts.get_expert_weights`` hands to upstream's
-``EplbState``. `layer_weight_views` is what that method calls: it reads the layer's attributes (no
-vLLM import: any object with them works), checks them against the format's layout and returns the
-views `ExpertWeightFormat.weight_views` returns for the same tensors, with the same validation.
-
-A layer holds each kernel tensor of the format either stacked, as attribute ``name`` ``(p, ...)``, or
-as per-expert lists, as attribute ``name + "_list"`` (an `ExpertTensorList` or list of ``p``
-tensors: vllm-ascend's NZ layout with EPLB); one mode for every tensor. Sizes come from the layer's
-``local_num_experts`` (p), ``hidden_size`` (H) and ``intermediate_size_per_partition`` (I), as vLLM's
-``RoutedExperts`` sets them.
+`layer_weight_views` is what a vllm-ascend quantization method's ``get_eplb_weight_views(layer)`` returns
+to upstream's ``EplbState``: the layer's attributes (duck-typed, no vLLM import), checked against the
+format's layout, viewed as `ExpertWeightFormat.weight_views` views them. A layer holds every kernel
+tensor either stacked, attribute ``name`` ``(p, ...)``, or as a per-expert list, ``name + "_list"``
+(vllm-ascend's NZ layout with EPLB); sizes come from ``local_num_experts`` (p), ``hidden_size`` (H) and
+``intermediate_size_per_partition`` (I).
 """
 
 from __future__ import annotations
@@ -75,18 +69,10 @@ def _read(layer: Any, name: str) -> tuple[Any, bool] | None:
 def layer_storage(layer: Any, fmt: ExpertWeightFormat | str) -> ExpertStorage:
     """The `ExpertStorage` over ``layer``'s own kernel tensors of format ``fmt`` (no copy).
 
-    Options are read from what the layer holds: ``fused_w1_scale`` and ``fused_w2_scale`` present means
-    ``fused_scales=True`` (``w8a8_dynamic``; one without the other is an error), ``w13_bias``/``w2_bias``
-    present means biases (``bf16``/``fp16``). Unread tensors (W8A8 offsets) are included when the layer
-    has them.
-
-    Args:
-        layer: a FusedMoE layer (vLLM ``RoutedExperts``) after ``process_weights_after_loading``.
-        fmt: a format or its name (`get_format`).
-
-    Returns:
-        an `ExpertStorage` whose kernel tensors are the layer's attributes themselves, so
-        `expert_fingerprint` and `ExpertWeightFormat.apply` read exactly what the layer's kernel reads.
+    ``layer``: a FusedMoE layer after ``process_weights_after_loading``; ``fmt``: a format or its name.
+    Options follow what the layer holds (both ``fused_w*_scale``: ``fused_scales=True``; ``w13_bias`` /
+    ``w2_bias``: biases); unread tensors (W8A8 offsets) are included when present. The kernel tensors are
+    the layer's attributes themselves, so `expert_fingerprint` and `apply` read what its kernel reads.
 
     Raises:
         UnsupportedFormatError: ``fmt`` is a rejected or unknown format name.
@@ -184,13 +170,8 @@ def _check_layout(where: str, fmt: ExpertWeightFormat, t: torch.Tensor, meta_t: 
 def layer_weight_views(layer: Any, fmt: ExpertWeightFormat | str) -> list[torch.Tensor | ExpertTensorList]:
     """What a vllm-ascend quantization method's ``get_eplb_weight_views(layer)`` returns.
 
-    ``fmt.weight_views(layer_storage(layer, fmt))``: every kernel tensor of the layer, expert-first
-    ``(p, -1)`` over the layer's own memory (lists: `ExpertTensorList` of 1-D views), in the order of
-    `layer_view_names`, validated by `validate_weight_views`.
-
-    Raises:
-        as `layer_storage` (which refuses a tensor in another memory layout than the format's), and
-        ``ValueError`` from `validate_weight_views` (e.g. a list whose tensors share memory).
+    ``fmt.weight_views(layer_storage(layer, fmt))``: the layer's kernel tensors expert-first over its
+    own memory, in `layer_view_names` order. Raises as `layer_storage` and `validate_weight_views`.
     """
     fmt = _resolve(fmt)
     return fmt.weight_views(layer_storage(layer, fmt))

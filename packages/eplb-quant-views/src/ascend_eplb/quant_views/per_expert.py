@@ -1,10 +1,7 @@
 """The per-expert reference kernel: the plainly readable form of `ExpertWeightFormat.apply`.
 
-One Python iteration per local row: find the (token, k) selections routed to it, run that row's
-dequantize-and-matmul (the format's ``_forward_expert``), add the weighted result. `apply` computes the
-same thing batched (`ascend_eplb.quant_views._batched`); the tests require both to agree bit for bit over
-every format, storage mode and odd shapes, and `benchmarks/bench_apply.py` times one against the other.
-A test and benchmark helper, not part of the package's public names (``__all__``).
+One Python iteration per local row (the format's ``_forward_expert``); `apply` computes the same batched,
+bit for bit (tested; timed by ``benchmarks/bench_apply.py``). A test and benchmark helper, not in ``__all__``.
 """
 
 from __future__ import annotations
@@ -28,12 +25,7 @@ def per_expert_apply(
 ) -> torch.Tensor:
     """``fmt.apply(storage, hidden_TH, topk_weights_TK, local_ids_TK, comm_path=...)``, one expert at a time.
 
-    Same arguments, checks, errors and result as `ExpertWeightFormat.apply`: ``(T, H)`` in
-    ``hidden_TH.dtype``, on ``hidden_TH.device``; ``local_ids_TK == -1`` contributes 0.
-
-    Raises:
-        ValueError: as `ExpertWeightFormat.apply` (storage of another format, bad shapes, dtypes,
-            devices, ids outside ``[-1, p)``, unknown ``comm_path``).
+    Same arguments, checks, ``ValueError`` and ``(T, H)`` result as `ExpertWeightFormat.apply`.
     """
     fmt._check_storage(storage)
     check_apply_inputs(storage, hidden_TH, topk_weights_TK, local_ids_TK)

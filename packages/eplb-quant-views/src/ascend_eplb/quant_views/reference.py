@@ -1,8 +1,6 @@
 """Deterministic expert weights, a float64 fused-MoE reference and the quantization-error measure.
 
-Used by this package's tests and benchmark and by the EPLB simulator, which builds each rank's slots
-from the logical expert ids they hold and checks after every commit that each slot's `expert_fingerprint`
-equals that of its logical expert's original storage.
+Used by this package's tests and benchmark and by the EPLB simulator (slot fingerprints after commits).
 """
 
 from __future__ import annotations
@@ -34,13 +32,10 @@ LAYER_SEED_STRIDE = 1009
 
 
 def expert_seed(seed: int, expert: int, *, layer: int = 0) -> int:
-    """The ``torch.Generator`` seed of logical expert ``expert``'s deterministic weights in MoE layer
-    ``layer``: ``seed * 1_000_003 + layer * 1009 + expert``, the project's one weight seed scheme
-    (`reference_expert_weights` uses layer 0; ``ascend-eplb simulate``'s replay world one per layer).
+    """``seed * 1_000_003 + layer * 1009 + expert``: the project's one weight seed scheme, per MoE layer.
 
-    Distinct for every expert id below 1_000_003 at layer 0, and for every ``(layer, expert)`` with
-    ``expert < 1009`` and ``layer < 991``. Python ints: the caller keeps the result within torch's seed
-    range (the simulator checks it before starting).
+    Distinct for every expert below 1_000_003 at layer 0, and for every ``(layer, expert)`` with
+    ``expert < 1009`` and ``layer < 991``. A Python int: the caller keeps it within torch's seed range.
     """
     return seed * SEED_STRIDE + layer * LAYER_SEED_STRIDE + expert
 
@@ -55,11 +50,9 @@ def reference_expert_weights(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Float32 checkpoint-layout weights, one row per entry of ``logical_expert_ids`` (CPU).
 
-    Expert ``e``'s weights depend only on ``(seed, e, H, I)``: a ``torch.Generator`` seeded with
-    ``expert_seed(seed, e)`` = ``seed * 1_000_003 + e`` draws ``w13 (2I, H) ~ N(0, 1/H)``,
-    ``w2 (H, I) ~ N(0, 1/I)`` and, with ``with_bias``, ``w13_bias (2I,) ~ N(0, 0.01)`` and
-    ``w2_bias (H,) ~ N(0, 0.01)``. The same expert id therefore gives bit-identical rows in any slot, on
-    any rank.
+    A generator seeded with ``expert_seed(seed, e)`` draws ``w13 (2I, H) ~ N(0, 1/H)``, ``w2 (H, I) ~
+    N(0, 1/I)`` and, with ``with_bias``, biases ``~ N(0, 0.01)``: an expert id gives bit-identical rows
+    in any slot, on any rank.
 
     Returns:
         ``(w13 (n, 2I, H), w2 (n, H, I), w13_bias (n, 2I) | None, w2_bias (n, H) | None)``,

@@ -108,11 +108,7 @@ def supported_formats() -> tuple[str, ...]:
 def get_format(name: str, *, group_size: int | None = None) -> ExpertWeightFormat:
     """The `ExpertWeightFormat` called ``name`` (case-insensitive).
 
-    Args:
-        name: one of `supported_formats` (``bf16``, ``fp16``, ``w8a8_dynamic``, ``w4a8_dynamic``,
-            ``mxfp8``, ``mxfp4``).
-        group_size: quantization group size of ``w4a8_dynamic`` (None or 0: per-channel). Any other
-            value is per-group W4A8 and is rejected.
+    ``name``: one of `supported_formats`; ``group_size``: ``w4a8_dynamic``'s, None or 0 per-channel.
 
     Raises:
         UnsupportedFormatError: a known format EPLB rejects (``w4a16``, ``w4a16_mxfp4``,

@@ -1,18 +1,10 @@
-"""The expert weight formats, one module per format family.
+"""The expert weight formats, one module per format family; instances come from `get_format`.
 
-Every supported format turns float checkpoint-layout weights ``w13 (p, 2I, H)`` (gate rows, then up rows)
-and ``w2 (p, H, I)`` into the tensors vllm-ascend's fused MoE kernel reads after
-``process_weights_after_loading``, exposes exactly those tensors expert-first through
-`ExpertWeightFormat.weight_views`, and computes a fused MoE from exactly those tensors in
-`ExpertWeightFormat.apply`.
-
-- `base`: `ExpertWeightFormat` (storage, views, the checked ``apply``), `UnsupportedFormatError`;
-- `unquantized`: ``bf16``, ``fp16``;
-- `w8a8`: ``w8a8_dynamic``;
-- `w4a8`: ``w4a8_dynamic`` (per-channel);
-- `mx`: ``mxfp8``, ``mxfp4``.
-
-Get instances through `ascend_eplb.quant_views.get_format` (module `ascend_eplb.quant_views.registry`).
+Each turns float checkpoint weights ``w13 (p, 2I, H)`` (gate rows, then up rows) and ``w2 (p, H, I)`` into
+the tensors vllm-ascend's fused MoE kernel reads after ``process_weights_after_loading``, exposes them
+expert-first (`ExpertWeightFormat.weight_views`) and computes a fused MoE from them
+(`ExpertWeightFormat.apply`): `unquantized` (``bf16``, ``fp16``), `w8a8`, `w4a8` (per-channel), `mx`
+(``mxfp8``, ``mxfp4``); `base` holds what they share.
 """
 
 from ascend_eplb.quant_views.formats.base import ExpertWeightFormat, UnsupportedFormatError

@@ -1,13 +1,10 @@
 """`ExpertWeightFormat`: what every format shares (storage checks, weight views, the reference kernel).
 
-A format module (`unquantized`, `w8a8`, `w4a8`, `mx`) subclasses it with its two layouts (``_checkpoint``:
-the tensors an msModelSlim checkpoint holds, as vllm-ascend's ``create_weights`` registers them;
-``_after_loading``: the kernel tensors its ``process_weights_after_loading`` makes of them) and its
-expert math twice:
-``_forward_expert``, the plain per-expert form (`ascend_eplb.quant_views.per_expert`), and
-``_forward_batched``, the form `apply` runs over every selection of a call at once
-(`batched_apply`, over the selections and GEMM of `ascend_eplb.quant_views._batched`). The two are
-tested bit-identical.
+A format module (`unquantized`, `w8a8`, `w4a8`, `mx`) subclasses it with its two layouts
+(``_checkpoint``: the msModelSlim tensors vllm-ascend's ``create_weights`` registers; ``_after_loading``:
+what its ``process_weights_after_loading`` makes of them) and its expert math twice, tested
+bit-identical: ``_forward_expert`` (per expert, `ascend_eplb.quant_views.per_expert`) and
+``_forward_batched`` (every selection of a call at once, `batched_apply`).
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ __all__ = [
     "check_apply_metadata",
 ]
 
-#: Dequantized weights computed at once by `batched_apply` (bytes, float64): beyond this, experts go in
-#: several chunks (one Python iteration each), which keeps large layers cache-friendly.
+#: Bytes of float64 dequantized weights `batched_apply` computes at once; more go in chunks.
 CHUNK_BYTES = 8 << 20
 
 
@@ -49,16 +45,14 @@ class UnsupportedFormatError(ValueError):
 class ExpertWeightFormat(abc.ABC):
     """One quantization format's expert storage, weight views and reference fused MoE kernel.
 
-    Subclasses set ``name``, ``ascend_source``, ``error_bound``, the names of their kernel tensors and
-    how each expert row is computed. Instances are stateless; get them with `get_format`.
+    Stateless; instances come from `get_format`.
 
     Attributes:
         name: format name (``bf16``, ``fp16``, ``w8a8_dynamic``, ``w4a8_dynamic``, ``mxfp8``, ``mxfp4``).
         supports_eplb: always True for a format `get_format` returns (rejected formats raise there).
         ascend_source: the vllm-ascend method whose post-loading layout `create_storage` reproduces.
-        error_bound: documented bound on the relative Frobenius error of `apply` against a float64
-            fused MoE on the unquantized weights (see `ascend_eplb.quant_views.reference.quantization_error`;
-            measured values in the README).
+        error_bound: bound on `apply`'s relative Frobenius error against a float64 fused MoE on the
+            unquantized weights (`reference.quantization_error`; measured values in the README).
     """
 
     name: ClassVar[str]
@@ -75,8 +69,6 @@ class ExpertWeightFormat(abc.ABC):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
 
-    # ------------------------------------------------------------------ storage
-
     def create_storage(
         self,
         w13: torch.Tensor,
@@ -88,23 +80,17 @@ class ExpertWeightFormat(abc.ABC):
         """Quantize float checkpoint-layout weights into the tensors the Ascend kernel reads.
 
         Args:
-            w13: floating ``(p, 2I, H)``: per expert the gate projection rows ``[:I]`` then the up
-                projection rows ``[I:]`` (vLLM's ``w13_weight`` checkpoint layout).
-            w2: floating ``(p, H, I)``: the down projection (vLLM's ``w2_weight``).
-            per_expert_lists: False: each kernel tensor is one stacked ``(p, ...)`` tensor; True: each is
-                an `ExpertTensorList` of ``p`` separately allocated tensors (vllm-ascend's ``*_list``
-                attributes; what NZ-formatted weights need on NPU).
-            **options: format options (see the subclass docstring), e.g. ``fused_scales`` for
-                ``w8a8_dynamic``, ``w13_bias``/``w2_bias`` for ``bf16``/``fp16``.
+            w13: floating ``(p, 2I, H)``, gate rows ``[:I]`` then up rows ``[I:]`` (vLLM's ``w13_weight``).
+            w2: floating ``(p, H, I)``, the down projection (vLLM's ``w2_weight``).
+            per_expert_lists: each kernel tensor an `ExpertTensorList` of ``p`` separate tensors
+                (vllm-ascend's ``*_list``, what NZ weights need) instead of one stacked ``(p, ...)``.
+            **options: the subclass's options (``fused_scales``, ``w13_bias``/``w2_bias``, ...).
 
-        Returns:
-            An `ExpertStorage` on ``w13.device``. Quantization is per expert (per channel or per block
-            inside one expert), so an expert's storage rows do not depend on the other experts.
+        Returns an `ExpertStorage` on ``w13.device``; an expert's rows depend on its weights only.
 
         Raises:
-            ValueError: shapes, dtypes or devices inconsistent, ``H``/``I`` not a multiple the layout
-                needs, non-finite weights.
-            TypeError: an unknown option.
+            ValueError: inconsistent shapes, dtypes or devices, ``H``/``I`` breaking `check_sizes`,
+                non-finite weights. TypeError: an unknown option.
             UnsupportedFormatError: an option value EPLB cannot support (per-group ``w4a8_dynamic``).
         """
         p, hidden, inter = check_float_weights(w13, w2)
@@ -118,18 +104,10 @@ class ExpertWeightFormat(abc.ABC):
     ) -> dict[str, torch.Tensor]:
         """Quantize float weights into the tensors a checkpoint of this format holds (msModelSlim layout).
 
-        The names are the layer parameters vllm-ascend's ``create_weights`` registers (``w13_weight``,
-        ``w13_weight_scale``, ...; see the format's docstring), stacked ``(p, ...)``; expert ``e``'s
-        gate rows ``[:I]`` and up rows ``[I:]`` of a ``w13_*`` tensor are the checkpoint's
-        ``experts.e.gate_proj.*`` / ``up_proj.*``, ``w2_*`` its ``down_proj.*``.
-        `storage_from_checkpoint` of the result equals `create_storage` of the same weights, bit for bit.
-
-        Args:
-            w13, w2: as `create_storage`; ``options``: as `create_storage` (only the bias options of
-                ``bf16``/``fp16`` and ``group_size`` of ``w4a8_dynamic`` change the checkpoint).
-
-        Raises:
-            as `create_storage`.
+        Stacked ``(p, ...)`` tensors by the parameter names vllm-ascend's ``create_weights`` registers
+        (``w13_*``: ``experts.e.gate_proj.*`` rows ``[:I]``, ``up_proj.*`` rows ``[I:]``; ``w2_*``:
+        ``down_proj.*``). `storage_from_checkpoint` of the result equals `create_storage`, bit for bit.
+        Arguments and errors as `create_storage`.
         """
         p, hidden, inter = check_float_weights(w13, w2)
         self.check_sizes(hidden, inter)
@@ -138,10 +116,8 @@ class ExpertWeightFormat(abc.ABC):
     def checkpoint_layout(
         self, num_local_experts: int, hidden_size: int, intermediate_size: int, *, with_bias: bool = False
     ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        """Shape ``(p, ...)`` and dtype of every checkpoint tensor `quantize_checkpoint` returns, by name
-        (what a quantization method's ``create_weights`` registers), computed on the meta device.
-
-        ``with_bias``: include ``w13_bias`` / ``w2_bias`` (``bf16``/``fp16`` only).
+        """Shape ``(p, ...)`` and dtype of every checkpoint tensor `quantize_checkpoint` returns, by name,
+        computed on the meta device; ``with_bias`` adds ``w13_bias`` / ``w2_bias`` (``bf16``/``fp16``).
 
         Raises:
             ValueError: a count or size is not a positive int or breaks `check_sizes`; ``with_bias`` for
@@ -172,22 +148,16 @@ class ExpertWeightFormat(abc.ABC):
         **options: Any,
     ) -> ExpertStorage:
         """Lay loaded checkpoint tensors out as the kernel reads them (vllm-ascend's
-        ``process_weights_after_loading``): transposes, scale words, packing, fused scales.
+        ``process_weights_after_loading``) in a new `ExpertStorage` (fresh memory).
 
         Args:
-            tensors: stacked ``(p, ...)`` tensors by the names and layout of `checkpoint_layout`
-                (``w13_bias``/``w2_bias`` optional for ``bf16``/``fp16``), all on one device; not modified.
-            hidden_size, intermediate_size: ``H``, ``I``.
-            per_expert_lists, options: as `create_storage` (``fused_scales`` for ``w8a8_dynamic``;
-                the bias options are given as tensors here, not as options).
-
-        Returns:
-            New `ExpertStorage` (fresh tensors; ``tensors`` can be freed).
+            tensors: stacked ``(p, ...)`` tensors as `checkpoint_layout` names them (biases optional for
+                ``bf16``/``fp16``, given here as tensors), on one device; not modified.
+            hidden_size, intermediate_size: ``H``, ``I``; ``per_expert_lists``, options: as `create_storage`.
 
         Raises:
             ValueError: a tensor missing, unexpected, or of another shape or dtype than
-                `checkpoint_layout` (naming it and both), tensors on several devices, sizes breaking
-                `check_sizes`.
+                `checkpoint_layout` (naming it and both), several devices, sizes breaking `check_sizes`.
             TypeError: an unknown option or a bias given as an option.
             UnsupportedFormatError: an option value EPLB rejects.
         """
@@ -258,10 +228,7 @@ class ExpertWeightFormat(abc.ABC):
         )
 
     def check_sizes(self, hidden_size: int, intermediate_size: int) -> None:
-        """Check ``H`` and ``I`` against this format's layout, without building any storage.
-
-        `create_storage` applies the same rules; callers that size weights up front (a simulator, a
-        config check) call this before starting any work.
+        """Check ``H`` and ``I`` against this format's layout (`create_storage`'s rules), building nothing.
 
         Raises:
             ValueError: ``H`` or ``I`` is not a positive int, or not a multiple the layout needs
@@ -276,10 +243,8 @@ class ExpertWeightFormat(abc.ABC):
                 raise ValueError(f"{self.name}: {letter}={value} must be a multiple of {multiple} ({why})")
 
     def expert_nbytes(self, hidden_size: int, intermediate_size: int, **options: Any) -> int:
-        """Bytes of one expert's kernel storage at ``H``, ``I`` (what `weight_views` cover: the bytes
-        EPLB moves per expert and a physical slot occupies), computed on the meta device: nothing of
-        that size is allocated. ``options``: as `create_storage` (e.g. ``fused_scales=True`` for
-        ``w8a8_dynamic``). Unread tensors (W8A8 offsets) are excluded.
+        """Bytes of one expert's kernel storage at ``H``, ``I`` (what `weight_views` cover and EPLB moves),
+        computed on the meta device; unread tensors (W8A8 offsets) excluded; ``options`` as `create_storage`.
 
         Raises:
             ValueError: ``H`` or ``I`` breaks `check_sizes`.
@@ -290,9 +255,8 @@ class ExpertWeightFormat(abc.ABC):
         return sum(t.numel() * t.element_size() for t in kernel.values())
 
     def storage_nbytes(self, num_local_experts: int, hidden_size: int, intermediate_size: int) -> int:
-        """Bytes `create_storage` allocates for ``num_local_experts`` experts of sizes ``H``, ``I``
-        (kernel and unread tensors, default options), computed on the meta device: nothing is
-        allocated, so a caller can size a run before building anything.
+        """Bytes `create_storage` allocates for ``num_local_experts`` experts at ``H``, ``I`` (kernel and
+        unread tensors, default options), computed on the meta device.
 
         Raises:
             ValueError: a count or size is not a positive int, or ``H``/``I`` breaks this layout's rules
@@ -365,8 +329,6 @@ class ExpertWeightFormat(abc.ABC):
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """Kernel tensors (view order) and unread tensors made from checkpoint tensors (fresh memory)."""
 
-    # ------------------------------------------------------------------ views
-
     def view_names(self, storage: ExpertStorage) -> list[str]:
         """vllm-ascend parameter names of `weight_views` entries (``*_list`` in per-expert-list mode)."""
         self._check_storage(storage)
@@ -376,11 +338,9 @@ class ExpertWeightFormat(abc.ABC):
     def weight_views(self, storage: ExpertStorage) -> list[torch.Tensor | ExpertTensorList]:
         """Every per-expert tensor the kernel reads, expert-first, over the very same memory.
 
-        Stacked mode: each entry is a ``(p, -1)`` view (``Tensor.view``, never a copy) of a kernel tensor,
-        with any internal transpose undone first so each expert row is one contiguous block (MXFP:
-        vllm-ascend ``w.transpose(1, 2)``). Per-expert-list mode: each entry is an `ExpertTensorList`
-        of ``p`` 1-D views, element ``e`` over expert ``e``'s tensor. Order and names: `view_names`.
-        Tensors the kernel does not read (W8A8 offsets) are not included.
+        Stacked: each entry a ``(p, -1)`` view of a kernel tensor, any internal transpose undone first
+        (MXFP's ``w.transpose(1, 2)``); per-expert lists: an `ExpertTensorList` of ``p`` 1-D views.
+        Order and names: `view_names`; unread tensors (W8A8 offsets) are left out.
 
         Raises:
             ValueError: ``storage`` was built by another format, or the views break the contract
@@ -408,8 +368,6 @@ class ExpertWeightFormat(abc.ABC):
         if storage.format_name != self.name:
             raise ValueError(f"storage was built by format {storage.format_name!r}, not {self.name!r}")
 
-    # ------------------------------------------------------------------ reference kernel
-
     def apply(
         self,
         storage: ExpertStorage,
@@ -419,28 +377,19 @@ class ExpertWeightFormat(abc.ABC):
         *,
         comm_path: str = "standard",
     ) -> torch.Tensor:
-        """CPU reference fused MoE reading only ``storage.kernel_tensors``.
+        """CPU reference fused MoE reading only ``storage.kernel_tensors``; ``(T, H)`` in ``hidden_TH.dtype``.
 
         ``out[t] = sum_k topk_weights[t, k] * down(silu(gate(x_t)) * up(x_t))`` with the expert of local
-        row ``local_ids[t, k]``; entries with ``local_ids == -1`` (expert not on this rank) contribute 0.
-        Weights are dequantized from the kernel tensors exactly as the format's docstring says;
-        activations are quantized at run time where the kernel does (per-token int8 for W8A8/W4A8,
-        MX blocks for MXFP). Arithmetic is float64 (integer GEMMs run exactly, in float32 where every
-        partial sum fits); the same inputs give bit-identical outputs, and an expert's result depends
-        only on its storage rows and the tokens routed to it (not on other experts or its row index).
-        All selections are computed together: kernel tensors of the experts present are read once per
-        call (README "Reference kernel speed").
+        row ``local_ids[t, k]`` (``-1``: not on this rank, contributes 0). Weights are dequantized as the
+        format's docstring says; activations are quantized where the kernel does (per-token int8 for
+        W8A8/W4A8, MX blocks for MXFP). float64 arithmetic (integer GEMMs exact): bit-identical for the
+        same inputs, and an expert's result depends only on its rows and its tokens.
 
         Args:
-            storage: built by this format.
-            hidden_TH: floating ``(T, H)``.
-            topk_weights_TK: floating ``(T, K)``.
-            local_ids_TK: integer ``(T, K)``, values in ``[-1, p)``.
-            comm_path: ``"standard"`` (grouped-matmul path) or, for ``w8a8_dynamic`` storage built with
-                ``fused_scales=True``, ``"fused_mc2"`` (reads ``fused_w1_scale``/``fused_w2_scale``).
-
-        Returns:
-            ``(T, H)`` in ``hidden_TH.dtype``.
+            hidden_TH: floating ``(T, H)``; topk_weights_TK: floating ``(T, K)``; local_ids_TK: integer
+                ``(T, K)`` in ``[-1, p)``; storage: built by this format.
+            comm_path: ``"standard"``, or ``"fused_mc2"`` for ``w8a8_dynamic`` built with
+                ``fused_scales=True`` (reads ``fused_w1_scale``/``fused_w2_scale``).
 
         Raises:
             ValueError: wrong shapes/dtypes/devices, ids outside ``[-1, p)``, unknown ``comm_path``.
@@ -461,27 +410,14 @@ class ExpertWeightFormat(abc.ABC):
         *,
         comm_path: str = "standard",
     ) -> torch.Tensor:
-        """`apply` in fixed shapes with no host read: what a captured graph (CUDA or ACL graph) or a
-        traced forward can hold.
+        """`apply` in fixed shapes with no host read: what a captured graph or a traced forward can hold.
 
-        Every local row computes its expert on every token (the plain per-expert form, reading that
-        row of every kernel tensor); a token's output is the sum over rows in ascending order, and over
-        its ``K`` selections in order, of the row's output times the selection's weight where the
-        selection is that row (0 elsewhere): `apply`'s order of addition.
-        So the kernel tensors are read through their fixed storage on every call, and a row moved in
-        place is what the next call computes with. Ids outside ``[-1, p)`` select no row (not checked:
-        that is a data read). Cost: ``p`` times `apply`'s GEMM rows; a reference, not a kernel.
-
-        Equal to `apply` bit for bit where the format's GEMMs are integer (``w8a8_dynamic``,
-        ``w4a8_dynamic``: exact in float64 whatever the row count) and the selections are summed in the
-        same order; for the float formats the float64 GEMMs of T rows may round differently from those
-        of a row's selections before the cast to the activation dtype.
-
-        Args and returns: as `apply`.
-
-        Raises:
-            ValueError: `apply`'s rules that read no data (`check_apply_metadata`), a ``storage`` of
-                another format, an unknown ``comm_path``.
+        Every local row computes its expert on every token (``p`` times `apply`'s GEMM rows), masked
+        and added in `apply`'s order (by row, then ``k``), reading the kernel tensors through their
+        fixed storage. Ids outside ``[-1, p)`` select no row (unchecked: a data read). Bit-equal to
+        `apply` on the integer formats; on the float formats the float64 GEMMs of ``T`` rows may round
+        differently. Arguments as `apply`; ``ValueError`` for `check_apply_metadata`'s rules, a
+        storage of another format or an unknown ``comm_path``.
         """
         self._check_storage(storage)
         check_apply_metadata(storage, hidden_TH, topk_weights_TK, local_ids_TK)
@@ -508,9 +444,7 @@ class ExpertWeightFormat(abc.ABC):
     def _selected_rows(self, storage: ExpertStorage, name: str, sel: Selection) -> torch.Tensor:
         """Kernel tensor ``name`` of the rows present in ``sel``, ``(num_rows, ...)`` in ``sel.rows`` order.
 
-        Read from the kernel tensors themselves (one ``index_select`` of the stacked tensor, or one
-        ``torch.stack`` of the list elements), with any internal transpose undone: a fresh copy of the
-        current bytes, so moves through the views are seen by the next call.
+        A fresh copy of the current bytes (transpose undone), so moves through the views are seen.
         """
         t = storage.kernel_tensors[name]
         if isinstance(t, ExpertTensorList):
@@ -535,9 +469,6 @@ class ExpertWeightFormat(abc.ABC):
         """
 
 
-# ====================================================================== the batched kernel
-
-
 def batched_apply(
     fmt: ExpertWeightFormat,
     storage: ExpertStorage,
@@ -549,11 +480,9 @@ def batched_apply(
 ) -> torch.Tensor:
     """The body of `ExpertWeightFormat.apply` once its inputs are checked: float64 ``(T, H)``.
 
-    ``x`` is the float64 ``(T, H)`` hidden states, ``sel`` the call's selections (`Selection.of` its
-    local ids and top-k weights; None when no id is on this rank: the result is zeros); each selection's
-    expert output is weighted and added to its token's row. ``fused`` selects the W8A8 fused-scale path.
-    Experts go in chunks whose dequantized float64 weights (``3 * H * I * 8`` bytes each) stay under
-    ``chunk_bytes``; chunking changes no bit (tested).
+    ``x``: float64 ``(T, H)``; ``sel``: `Selection.of` the call's ids and weights (None: zeros);
+    ``fused``: the W8A8 fused-scale path. Experts go in chunks whose float64 weights (``24 * H * I``
+    bytes each) stay under ``chunk_bytes``; chunking changes no bit (tested).
     """
     out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
     if sel is not None:
@@ -561,9 +490,6 @@ def batched_apply(
         y = torch.cat([fmt._forward_batched(storage, x, part, fused) for part in sel.split(per_chunk)])
         out.index_add_(0, sel.token, y * sel.weight.unsqueeze(1))
     return out
-
-
-# ====================================================================== input checks
 
 
 def check_float_weights(w13: torch.Tensor, w2: torch.Tensor) -> tuple[int, int, int]:

@@ -17,28 +17,19 @@ __all__ = ["Mxfp4Format", "Mxfp8Format"]
 class _MxFormat(ExpertWeightFormat):
     """Shared MX layout (vllm-ascend ``w8a8_mxfp8.py`` / ``w4a4_mxfp4.py``, Ascend 950).
 
-    The checkpoint layout ``(p, out_features, in_features)`` stays in memory;
-    ``process_weights_after_loading`` reshapes the e8m0 block scales ``(p, out_features, in_features/32)``
-    to ``(p, out_features, in_features/64, 2)`` and replaces all four parameters by ``transpose(1, 2)``
-    strided views, which the kernel reads through their strides:
+    The checkpoint layout ``(p, out_features, in_features)`` stays in memory; after loading the e8m0
+    block scales ``(p, out_features, in_features/32)`` become ``(p, out_features, in_features/64, 2)`` and
+    all four parameters ``transpose(1, 2)`` strided views (``*``: halved for packed fp4):
 
-    ================ ==================== ============================ ==========================
-    name             kernel shape         memory (contiguous)          dtype
-    ================ ==================== ============================ ==========================
-    w13_weight       (p, H*, 2I)          (p, 2I, H*)                  see subclass
-    w2_weight        (p, I*, H)           (p, H, I*)
-    w13_weight_scale (p, H/64, 2I, 2)     (p, 2I, H/64, 2)             torch.float8_e8m0fnu
-    w2_weight_scale  (p, I/64, H, 2)      (p, H, I/64, 2)
-    ================ ==================== ============================ ==========================
+    - ``w13_weight`` (p, H*, 2I) over (p, 2I, H*), ``w2_weight`` (p, I*, H) over (p, H, I*): subclass dtype;
+    - ``w13_weight_scale`` (p, H/64, 2I, 2) over (p, 2I, H/64, 2), ``w2_weight_scale`` (p, I/64, H, 2)
+      over (p, H, I/64, 2): torch.float8_e8m0fnu.
 
-    (``*``: halved for packed fp4.) Checkpoint (msModelSlim ``W8A8_MXFP8`` / ``W4A4_MXFP4``, the parameters
-    ``create_weights`` registers): ``w13_weight`` (p, 2I, H*), ``w2_weight`` (p, H, I*), ``w13_weight_scale``
-    (p, 2I, H/32) and ``w2_weight_scale`` (p, H, I/32) torch.float8_e8m0fnu. Views: the four
-    ``transpose(1, 2)`` (undoing the kernel transpose,
-    giving contiguous expert rows), flattened to ``(p, -1)``. Needs ``H % 64 == 0`` and ``I % 64 == 0``.
-    Reference: weights dequantized block-wise (value * 2 ** (byte - 127)); activations MX-quantized at
-    run time in blocks of 32 along ``in_features`` with the same element type (``npu_dynamic_mx_quant``),
-    also between the GEMMs.
+    Checkpoint (msModelSlim ``W8A8_MXFP8`` / ``W4A4_MXFP4``): ``w13_weight`` (p, 2I, H*), ``w2_weight``
+    (p, H, I*), ``w13_weight_scale`` (p, 2I, H/32), ``w2_weight_scale`` (p, H, I/32). Views: the four with
+    the transpose undone, ``(p, -1)``. Needs ``H % 64 == 0``, ``I % 64 == 0``. Reference: weights
+    dequantized block-wise (value * 2 ** (byte - 127)); activations MX-quantized in blocks of 32 along
+    ``in_features`` (``npu_dynamic_mx_quant``), also between the GEMMs.
     """
 
     _transposed = frozenset({"w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"})

@@ -19,21 +19,10 @@ __all__ = ["Bf16Format", "Fp16Format"]
 class _UnquantizedFormat(ExpertWeightFormat):
     """Unquantized experts (vllm-ascend ``routed_experts.py`` ``AscendUnquantizedFusedMoEMethod``).
 
-    Kernel tensors (``process_weights_after_loading``: ``transpose(1, 2).contiguous()`` for the grouped
-    matmul, then optionally NZ on NPU):
-
-    ============ =========== ===========
-    name         shape       dtype
-    ============ =========== ===========
-    w13_weight   (p, H, 2I)  bf16 / fp16
-    w2_weight    (p, I, H)   bf16 / fp16
-    w13_bias     (p, 2I)     bf16 / fp16, only with option ``w13_bias`` (float (p, 2I))
-    w2_bias      (p, H)      bf16 / fp16, only with option ``w2_bias`` (float (p, H))
-    ============ =========== ===========
-
-    Views: all of them (``get_eplb_weight_views``: ``[w13_weight, w2_weight] (+ w13_bias, w2_bias)``).
-    Checkpoint (the parameters ``create_weights`` registers): ``w13_weight`` (p, 2I, H), ``w2_weight``
-    (p, H, I) (+ ``w13_bias`` (p, 2I), ``w2_bias`` (p, H)) in the format's dtype.
+    Kernel tensors = views, in the weight dtype (after loading ``transpose(1, 2).contiguous()``):
+    ``w13_weight`` (p, H, 2I), ``w2_weight`` (p, I, H), and with the options ``w13_bias`` (float (p, 2I))
+    / ``w2_bias`` (float (p, H)) the biases ``w13_bias`` (p, 2I), ``w2_bias`` (p, H).
+    Checkpoint: ``w13_weight`` (p, 2I, H), ``w2_weight`` (p, H, I) (+ the biases).
     Reference: ``h = x @ w13_weight[e] + w13_bias[e]``, SiLU(gate) * up rounded to the weight dtype,
     ``y = a @ w2_weight[e] + w2_bias[e]``; activations rounded to the weight dtype first.
     """

@@ -22,34 +22,22 @@ __all__ = ["W4A8DynamicFormat", "check_w4a8_group_size"]
 class W4A8DynamicFormat(ExpertWeightFormat):
     """W4A8 dynamic, per-channel (vllm-ascend ``w4a8.py`` ``AscendW4A8DynamicFusedMoEMethod``).
 
-    Int4 weights, symmetric per output channel (values -8..7), packed two per int8 along the output
-    dimension (element 2j low nibble, ``_pack_int4_to_int8``), read by the kernel as int32
-    (``_pack_to_int32``; list mode keeps int8 tensors and views them as int32 per call).
+    Int4 weights (-8..7), symmetric per output channel, packed two per int8 along the output dimension
+    (element 2j in the low nibble, ``_pack_int4_to_int8``), read as int32 (``_pack_to_int32``; lists
+    keep int8, viewed as int32 per call). Kernel tensors = views, in order (scale_bias: both or neither):
 
-    ================ ================================= ======= ===============================================
-    name             shape (stacked)                   dtype   note
-    ================ ================================= ======= ===============================================
-    w13_weight       (p, H, I/4)  [list: (H, I) int8]  int32   packed (p, H, 2I) int4
-    w2_weight        (p, I, H/8)  [list: (I, H/2)]     int32   packed (p, I, H) int4
-    w13_weight_scale (p, 2I)                           int64   float32 bits zero-extended (``_process_scale``)
-    w2_weight_scale  (p, 1, H)                         int64   kept unsqueezed for npu_grouped_matmul
-    w13_scale_bias   (p, 2I)                           float32 ``8 * sum_j w[j, n] * scale[n]`` (j: H)
-    w2_scale_bias    (p, H)                            float32 (``update_bias_compressed_tensors``)
-    ================ ================================= ======= ===============================================
+    - ``w13_weight`` int32 (p, H, I/4) [list: int8 (H, I)], ``w2_weight`` int32 (p, I, H/8) [list: (I, H/2)];
+    - ``w13_weight_scale`` int64 (p, 2I), ``w2_weight_scale`` int64 (p, 1, H): float32 bits zero-extended
+      (``_process_scale``), w2's unsqueezed for ``npu_grouped_matmul``;
+    - ``w13_scale_bias`` float32 (p, 2I) ``= 8 * sum_j w[j, n] * scale[n]`` (j over H), ``w2_scale_bias``
+      float32 (p, H) (``update_bias_compressed_tensors``).
 
-    Views: all six (``get_eplb_weight_views``; the scale_bias pair is both-or-neither).
-    Checkpoint (msModelSlim ``W4A8_DYNAMIC`` per channel, the parameters ``create_weights`` registers):
-    ``w13_weight`` (p, 2I, H) and ``w2_weight`` (p, H, I) int8 holding int4 values, ``w13_weight_scale``
-    (p, 2I, 1) and ``w2_weight_scale`` (p, H, 1) float32; packing, scale words and ``scale_bias`` are
-    computed after loading.
-    Needs ``I % 4 == 0`` and ``H % 8 == 0`` (int32 view of packed int8). Per-group quantization
-    (option ``group_size > 0``) raises `UnsupportedFormatError` (vllm-ascend rejects it for EPLB).
-    Reference: activations int8 per token; the int8 x int4 GEMM is modelled as the split
-    ``x = 16 * hi + (lo - 8) + 8`` (``hi = x >> 4``, ``lo = x & 15``) into two int4 GEMMs plus the
-    constant term, which is exactly ``scale_bias``:
-    ``h = s_x * (scale * (16 * hi @ w + (lo - 8) @ w) + scale_bias)``; likewise for w2. (That the kernel's
-    ``weight_assist_matrix`` corrects for this offset is our reading of the bias formula; the kernel
-    internals are not public.)
+    Checkpoint (msModelSlim ``W4A8_DYNAMIC``): ``w13_weight`` (p, 2I, H), ``w2_weight`` (p, H, I) int8 of
+    int4, ``w13_weight_scale`` (p, 2I, 1), ``w2_weight_scale`` (p, H, 1) float32. Needs ``I % 4 == 0``,
+    ``H % 8 == 0``; option ``group_size > 0`` raises `UnsupportedFormatError`. Reference: int8 activations
+    per token, the GEMM split as ``x = 16 * hi + (lo - 8) + 8`` whose constant term is ``scale_bias``:
+    ``h = s_x * (scale * (16 * hi @ w + (lo - 8) @ w) + scale_bias)`` (our reading of the kernel's
+    ``weight_assist_matrix``; its internals are not public).
     """
 
     name = "w4a8_dynamic"

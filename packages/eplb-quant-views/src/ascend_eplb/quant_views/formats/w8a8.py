@@ -17,29 +17,19 @@ __all__ = ["W8A8DynamicFormat"]
 class W8A8DynamicFormat(ExpertWeightFormat):
     """W8A8 dynamic (vllm-ascend ``w8a8_dynamic.py`` ``AscendW8A8DynamicFusedMoEMethod``).
 
-    Int8 weights, symmetric per output channel; activations quantized per token at run time
-    (``npu_dynamic_quant``), also between the two GEMMs.
+    Int8 weights, symmetric per output channel; activations int8 per token at run time
+    (``npu_dynamic_quant``), also between the GEMMs. Kernel tensors = views, in order:
 
-    ===================== =========== ========= =========================================
-    name                  shape       dtype     note
-    ===================== =========== ========= =========================================
-    w13_weight            (p, H, 2I)  int8      transposed for the grouped matmul
-    w2_weight             (p, I, H)   int8
-    w13_weight_scale_fp32 (p, 2I)     float32   per output channel
-    w2_weight_scale       (p, H)      float32   per output channel
-    fused_w1_scale        (p, 2I)     int64     option ``fused_scales=True``: float32 bits, zero-extended
-    fused_w2_scale        (p, H)      int64     (``scale_from_float_to_int64``; fused MC2 / MegaMoE path)
-    ===================== =========== ========= =========================================
+    - ``w13_weight`` int8 (p, H, 2I) (transposed for the grouped matmul), ``w2_weight`` int8 (p, I, H);
+    - ``w13_weight_scale_fp32`` float32 (p, 2I), ``w2_weight_scale`` float32 (p, H), per output channel;
+    - with option ``fused_scales=True``, ``fused_w1_scale`` int64 (p, 2I), ``fused_w2_scale`` int64 (p, H):
+      float32 bits zero-extended (``scale_from_float_to_int64``; fused MC2 / MegaMoE), both or neither.
 
-    Unread (not views): ``w13_weight_offset`` (p, 2I) and ``w2_weight_offset`` (p, H) float32 zeros.
-
-    Checkpoint (msModelSlim ``W8A8_DYNAMIC``, the parameters ``create_weights`` registers): ``w13_weight``
-    (p, 2I, H) and ``w2_weight`` (p, H, I) int8, ``w13_weight_scale`` / ``w13_weight_offset`` (p, 2I, 1)
-    and ``w2_weight_scale`` / ``w2_weight_offset`` (p, H, 1) float32 (per output channel; offsets 0).
-    Views: ``[w13_weight, w2_weight, w13_weight_scale_fp32, w2_weight_scale] (+ fused_w1_scale,
-    fused_w2_scale)``; the fused pair is both-or-neither.
-    Reference: ``h = (q(x) @ w13_weight[e]) * s_x * scale13``; SiLU(gate) * up; ``y = (q(a) @ w2_weight[e])
-    * s_a * scale2``; ``comm_path="fused_mc2"`` takes the scales from the fused int64 words instead.
+    Unread, not views: ``w13_weight_offset`` (p, 2I), ``w2_weight_offset`` (p, H), float32 zeros.
+    Checkpoint (msModelSlim ``W8A8_DYNAMIC``): ``w13_weight`` (p, 2I, H), ``w2_weight`` (p, H, I) int8;
+    ``w13_weight_scale``/``_offset`` (p, 2I, 1), ``w2_weight_scale``/``_offset`` (p, H, 1) float32.
+    Reference: ``h = (q(x) @ w13_weight[e]) * s_x * scale13``; SiLU(gate) * up;
+    ``y = (q(a) @ w2_weight[e]) * s_a * scale2``; ``comm_path="fused_mc2"`` reads the fused words.
     """
 
     name = "w8a8_dynamic"
