@@ -206,7 +206,8 @@ def test_inductor_freezing_reads_weights_moved_in_place_stale_so_start_up_refuse
     follows it. About 10 s (two inductor compiles of one linear)."""
     import torch._inductor.config as inductor_config
 
-    from ascend_eplb.integration.rules import EplbSettings, check_settings
+    from ascend_eplb.integration.rules import check_settings
+    from ascend_eplb.integration.settings import EplbSettings
 
     torch.manual_seed(0)
     x = torch.randn(8, 64)

@@ -18,7 +18,8 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 from ascend_eplb.integration import placement_file as pf
 from ascend_eplb.integration.events import RECORD_KINDS, EventsWriter
 from ascend_eplb.integration.model_names import DRAFT_SUFFIX
-from ascend_eplb.integration.rules import ASCEND_V2_KEYS, EplbSettings, Violation, check_settings
+from ascend_eplb.integration.rules import Violation, check_settings
+from ascend_eplb.integration.settings import ASCEND_V2_KEYS, EplbSettings
 
 #: 2 MoE layers, 4 logical experts, 6 slots on 2 ranks (3 per rank).
 ROWS = [[3, 1, 0, 2, 3, 3], [0, 1, 2, 3, 1, 0]]

@@ -16,7 +16,9 @@ PLANES = [
     "ascend_eplb.movement",
     "ascend_eplb.quant_views",
     "ascend_eplb.integration.patches",
+    "ascend_eplb.integration.model_facts",
     "ascend_eplb.integration.rules",
+    "ascend_eplb.integration.settings",
     "ascend_eplb.integration.validation",
 ]
 

@@ -14,16 +14,16 @@ import pytest
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before anything imports vllm
 
+from ascend_eplb.integration.model_facts import MoeFacts
 from ascend_eplb.integration.rules import (
-    CUDAGRAPH_MODES,
     EPLB_OFF_RULES,
     MOE_FACT_RULES,
     RULES,
-    EplbSettings,
-    MoeFacts,
     Violation,
     check_settings,
+    moe_fact_errors,
 )
+from ascend_eplb.integration.settings import CUDAGRAPH_MODES, EplbSettings
 from ascend_eplb.integration.validation import EplbConfigError, validate_eplb_config
 
 #: A supported configuration: EP over TP 2 x DP 2 = 4 ranks, 64 logical + 4 redundant experts, eager.
@@ -460,7 +460,7 @@ def test_start_up_refuses_a_model_class_without_a_mixture_of_experts_part(tmp_pa
     with the part passes, and architectures vLLM's registry does not hold are left to the registration."""
     import json
 
-    from ascend_eplb.integration.rules import read_model_class
+    from ascend_eplb.integration.model_facts import read_model_class
 
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     from vllm.config import EPLBConfig, ModelConfig, ParallelConfig, VllmConfig
@@ -602,7 +602,7 @@ def test_start_up_refuses_a_config_without_a_moe_layer_naming_the_fields(tmp_pat
 
 
 def test_the_moe_layers_are_counted_as_vllms_model_classes_build_them(tmp_path, monkeypatch):
-    from ascend_eplb.integration.rules import read_moe_facts
+    from ascend_eplb.integration.model_facts import read_moe_facts
 
     # By the model class vLLM builds (the first architecture), only the fields that class reads: DeepSeek's
     # first first_k_dense_replace layers are dense; Qwen-MoE's mlp_only_layers are dense and layer i is MoE
@@ -672,7 +672,7 @@ def test_the_moe_layers_are_counted_as_vllms_model_classes_build_them(tmp_path, 
     )  # fmt: skip
     assert (facts.architectures, facts.num_moe_layers) == (qwen, 2)
     # the one reading of a text_config over the top level (read_moe_facts, check's formats, the cost estimate)
-    from ascend_eplb.integration.rules import text_config
+    from ascend_eplb.integration.model_facts import text_config
 
     nested = {"hidden_size": 8, "text_config": {"hidden_size": 16, "num_hidden_layers": 2}}
     assert text_config(nested) == {**nested, "hidden_size": 16, "num_hidden_layers": 2}
@@ -693,7 +693,7 @@ def test_the_moe_layers_are_counted_as_vllms_model_classes_build_them(tmp_path, 
     )
     judged = check_settings(replace(GOOD, moe_facts=bad))
     assert [v.rule for v in judged] == list(MOE_FACT_RULES)
-    assert bad.errors() == [v.message for v in judged]
+    assert moe_fact_errors(bad) == [v.message for v in judged]
     assert judged[-1].message == (
         "c.json: num_hidden_layers=0 must be an integer in [1, 2147483647] (the decoder layers; EPLB "
         "balances the routed experts of their MoE layers); fix: correct num_hidden_layers"

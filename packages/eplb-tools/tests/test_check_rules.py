@@ -12,7 +12,8 @@ import pytest
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before anything imports vllm
 
-from ascend_eplb.integration.rules import LOAD_COLLECTION_PHASES
+from ascend_eplb.integration.rules import moe_fact_errors
+from ascend_eplb.integration.settings import LOAD_COLLECTION_PHASES
 from ascend_eplb.tools.check import check_config_file
 
 #: The ``compiled-forward`` rule's message for vLLM's STOCK_TORCH_COMPILE mode.
@@ -356,7 +357,7 @@ def test_a_config_file_without_eplb_settings_gets_upstreams_defaults(tmp_path):
 
     from vllm.config import EPLBConfig
 
-    from ascend_eplb.integration.rules import EplbSettings
+    from ascend_eplb.integration.settings import EplbSettings
     from ascend_eplb.tools.check.schema import settings_from_file_dict
 
     upstream = EPLBConfig()
@@ -776,7 +777,7 @@ def test_check_config_file_never_raises_on_garbage(tmp_path, name, data):
 def test_model_folder_facts_as_vllm_reads_them(tmp_path):
     from vllm.transformers_utils.config import CONFIG_FIELD_ALIASES
 
-    from ascend_eplb.integration.rules import EXPERT_COUNT_KEYS, TOP_K_KEYS
+    from ascend_eplb.integration.model_facts import EXPERT_COUNT_KEYS, TOP_K_KEYS
     from ascend_eplb.tools.check.model_folder import model_folder_facts
 
     # The names and their order are vLLM's own (get_num_experts, get_num_experts_per_token).
@@ -794,7 +795,7 @@ def test_model_folder_facts_as_vllm_reads_them(tmp_path):
         json.dumps({"text_config": {"num_local_experts": 8, "num_experts_per_tok": [2, 1]}})
     )
     facts = model_folder_facts(folder)
-    assert (facts.num_logical_experts, facts.moe.top_k, facts.moe.errors()) == (8, 2, [])
+    assert (facts.num_logical_experts, facts.moe.top_k, moe_fact_errors(facts.moe)) == (8, 2, [])
     (folder / "config.json").write_text(
         json.dumps(
             {"architectures": ["DeepseekV3ForCausalLM"], "n_routed_experts": "many", "num_experts_per_tok": 2}
@@ -860,7 +861,8 @@ def test_a_non_object_ascend_eplb_config_is_refused_even_when_falsy(tmp_path, va
 
 
 def test_the_graph_capture_rule_names_a_mode_that_is_not_a_string():
-    from ascend_eplb.integration.rules import EplbSettings, check_settings
+    from ascend_eplb.integration.rules import check_settings
+    from ascend_eplb.integration.settings import EplbSettings
 
     judgement = check_settings(EplbSettings(enable_eplb=True, cudagraph_mode=None))
     assert [(v.rule, v.message) for v in judgement if v.rule == "graph-capture"] == [

@@ -338,7 +338,8 @@ def test_export_from_an_events_file_is_for_its_recorded_configuration(tmp_path, 
     the recorded server's (not the sweep's recommendation), every MoE layer of the load is in the file
     (one without load keeps upstream's initial placement), and the file is one that server accepts."""
     from ascend_eplb.integration.placement_file import read_placement
-    from ascend_eplb.integration.rules import EplbSettings, check_settings
+    from ascend_eplb.integration.rules import check_settings
+    from ascend_eplb.integration.settings import EplbSettings
 
     load = trace.load_load_matrix(task_shares_path("law"))[:3] * 1000
     load[1] = 0  # a layer without load

@@ -20,11 +20,11 @@ Where each setting is read from (``validate_eplb_config``):
   at the top level of ``additional_config``. The V1 environment switches ``DYNAMIC_EPLB`` and
   ``EXPERT_MAP_RECORD`` are read from ``os.environ``.
 * The routed experts (E, top-k, DeepSeek's expert groups): ``model_config.hf_text_config`` read by
-  :func:`~ascend_eplb.integration.rules.read_moe_facts` as vLLM's ``get_num_experts`` reads it, the
+  :func:`~ascend_eplb.integration.model_facts.read_moe_facts` as vLLM's ``get_num_experts`` reads it, the
   function ``ascend-eplb check`` and ``simulate`` read a model folder's ``config.json`` with (skipped when
   there is no model config).
 * The model class: ``model_config.architectures``, resolved through vLLM's model registry by the
-  ``moe-model-class`` rule (:func:`~ascend_eplb.integration.rules.read_model_class`, which imports it
+  ``moe-model-class`` rule (:func:`~ascend_eplb.integration.model_facts.read_model_class`, which imports it
   when it runs): EPLB on refuses a class without a ``MixtureOfExperts`` part, which upstream would serve
   without EPLB.
 * Quantization format (a name of the quant_views support table, see :func:`quantization_format_name`):
@@ -42,14 +42,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ascend_eplb.integration.rules import (
-    V1_EPLB_ENV_SWITCHES,
-    V1_EPLB_KEYS,
-    EplbSettings,
-    Violation,
-    check_settings,
-    read_moe_facts,
-)
+from ascend_eplb.integration.model_facts import read_moe_facts
+from ascend_eplb.integration.rules import Violation, check_settings
+from ascend_eplb.integration.settings import V1_EPLB_ENV_SWITCHES, V1_EPLB_KEYS, EplbSettings
 
 __all__ = [
     "ASCEND_QUANT_TYPES",

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ascend_eplb.control.values import is_int
-from ascend_eplb.integration.rules import EXPERT_COUNT_KEYS, read_moe_facts, text_config
+from ascend_eplb.integration.model_facts import EXPERT_COUNT_KEYS, read_moe_facts, text_config
+from ascend_eplb.integration.rules import moe_fact_errors
 
 __all__ = [
     "CostEstimate",
@@ -32,10 +33,8 @@ _INTERMEDIATE_KEYS = ("moe_intermediate_size", "intermediate_size")  # Mixtral: 
 
 @dataclass(frozen=True)
 class ModelSize:
-    """The sizes EPLB costs depend on. ``num_moe_layers``: decoder layers with routed experts, counted by
-    start-up's reader (:attr:`ascend_eplb.integration.rules.MoeFacts.num_moe_layers`: ``num_hidden_layers``
-    minus DeepSeek's ``first_k_dense_replace`` dense layers, minus Qwen-MoE's ``mlp_only_layers``, every
-    ``decoder_sparse_step``-th layer otherwise)."""
+    """The sizes EPLB costs depend on. ``num_moe_layers``: L, counted by start-up's reader
+    (:attr:`ascend_eplb.integration.model_facts.MoeFacts.num_moe_layers`)."""
 
     source: str
     hidden_size: int
@@ -58,7 +57,7 @@ def read_model_size(path: str | Path) -> ModelSize:
 
     Multimodal configs nest the language model under ``text_config`` (read when present). The routed
     experts, top-k and MoE layers are read and judged as start-up judges them
-    (:func:`ascend_eplb.integration.rules.read_moe_facts`, the rules of ``MOE_FACT_RULES``). Raises
+    (:func:`ascend_eplb.integration.model_facts.read_moe_facts`, the rules of ``MOE_FACT_RULES``). Raises
     ``ValueError`` naming the file and the missing or bad key (a dense model has no routed experts), every
     bad MoE fact at once.
     """
@@ -81,7 +80,7 @@ def read_model_size(path: str | Path) -> ModelSize:
             f"{source}: no routed experts count (a dense model has none): looked for "
             f"{', '.join(EXPERT_COUNT_KEYS)}"
         )
-    if errors := facts.errors():
+    if errors := moe_fact_errors(facts):
         raise ValueError("; ".join(errors))
     if facts.num_moe_layers is None:  # the rules hold: L is not stated or not counted here
         raise ValueError(

@@ -150,7 +150,7 @@ MAX_REDUNDANT_PER_EXPERT = 1023
 
 def level_error(num_logical_experts: int, num_redundant_experts: int, num_ranks: int) -> str | None:
     """Why one redundancy level cannot be planned, or None."""
-    from ascend_eplb.integration.rules import experts_divisibility_error
+    from ascend_eplb.integration.model_facts import experts_divisibility_error
 
     if num_redundant_experts < 0:
         return f"redundant experts={num_redundant_experts}: must be >= 0"

@@ -30,6 +30,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ascend_eplb.integration.model_facts import architectures_error, read_moe_facts
+from ascend_eplb.integration.rules import moe_fact_errors
+
 __all__ = [
     "ARCHITECTURES",
     "DESCRIPTION_FILE",
@@ -80,7 +83,7 @@ EXPERT_KEYS = {
 @dataclass(frozen=True)
 class CheckpointInfo:
     """The sizes of a checkpoint :func:`write_checkpoint` wrote (read
-    back from its ``config.json`` by start-up's reader, ``rules.read_moe_facts``).
+    back from its ``config.json`` by start-up's reader, ``model_facts.read_moe_facts``).
 
     Attributes:
         arch: an :data:`ARCHITECTURES` key.
@@ -127,8 +130,6 @@ def checkpoint_info(folder: str | os.PathLike[str]) -> CheckpointInfo:
         ValueError: the checkpoint's architecture is none of :data:`ARCHITECTURES`, or its MoE facts break
             start-up's rules or leave its MoE layers uncounted (every problem named).
     """
-    from ascend_eplb.integration.rules import architectures_error, read_moe_facts
-
     folder = Path(folder)
     file = folder / "config.json"
     config = json.loads(file.read_text())
@@ -138,7 +139,7 @@ def checkpoint_info(folder: str | os.PathLike[str]) -> CheckpointInfo:
     if cls not in _ARCH_BY_CLASS:
         raise ValueError(f"{folder}: architecture {cls} is none of {sorted(ARCHITECTURES.values())}")
     moe = read_moe_facts(config, str(file))
-    problems = moe.errors() + [f"{file} states no {fact}" for fact in moe.unstated()]
+    problems = moe_fact_errors(moe) + [f"{file} states no {fact}" for fact in moe.unstated()]
     if not problems and moe.num_moe_layers is None:
         problems.append(moe.layers_not_counted() or f"{file}: no MoE layer")
     if problems:

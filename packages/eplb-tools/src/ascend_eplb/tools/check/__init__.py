@@ -2,7 +2,7 @@
 
 :func:`check_config_file` (this package's JSON schema, or a ``vllm serve --config`` YAML/JSON) and
 :func:`check_serve_command` (a ``vllm serve`` command line) read their input into the rules'
-:class:`~ascend_eplb.integration.rules.EplbSettings` and judge it with the integration's one rules
+:class:`~ascend_eplb.integration.settings.EplbSettings` and judge it with the integration's one rules
 function, :func:`ascend_eplb.integration.rules.check_settings`, the one start-up validation runs.
 
 Modules: ``schema`` (this package's config-file schema), ``engine_args`` (vLLM's ``vllm serve`` parser
@@ -20,15 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from ascend_eplb.control.values import is_int
-from ascend_eplb.integration.rules import (
-    INT32_MAX,
-    EplbSettings,
-    Judgement,
-    Violation,
-    check_settings,
-    shown,
-)
+from ascend_eplb.integration.model_facts import shown
+from ascend_eplb.integration.rules import Judgement, Violation, check_settings
 from ascend_eplb.integration.serving import serving_switch_errors
+from ascend_eplb.integration.settings import INT32_MAX, EplbSettings
 from ascend_eplb.integration.validation import EplbConfigError, ascend_format_name
 from ascend_eplb.tools.check.engine_args import parse_serve_command, settings_from_engine_args
 from ascend_eplb.tools.check.report import CheckResult, refused, result

@@ -1,5 +1,5 @@
 """Engine arguments (a ``vllm serve`` command line, a ``vllm serve --config`` file): parsed by vLLM's own
-parser and read into the rules' :class:`~ascend_eplb.integration.rules.EplbSettings` as vLLM resolves
+parser and read into the rules' :class:`~ascend_eplb.integration.settings.EplbSettings` as vLLM resolves
 each setting, with no ``VllmConfig`` built."""
 
 from __future__ import annotations
@@ -10,13 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ascend_eplb.integration.rules import (
-    EXPERT_COUNT_KEYS,
-    TOP_K_KEYS,
-    EplbSettings,
-    MoeFacts,
-    read_moe_facts,
-)
+from ascend_eplb.integration.model_facts import EXPERT_COUNT_KEYS, TOP_K_KEYS, MoeFacts, read_moe_facts
+from ascend_eplb.integration.settings import EplbSettings
 from ascend_eplb.integration.validation import (
     DTYPE_FORMATS,
     as_dict,

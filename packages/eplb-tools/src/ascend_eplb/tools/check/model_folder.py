@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ascend_eplb.integration.rules import MoeFacts, read_moe_facts, text_config
+from ascend_eplb.integration.model_facts import MoeFacts, read_moe_facts, text_config
 from ascend_eplb.integration.validation import DTYPE_FORMATS, experts_format
 
 __all__ = ["ModelFacts", "folder_formats", "model_folder_facts"]
@@ -23,7 +23,7 @@ class ModelFacts:
     Attributes:
         folder: the folder as given.
         moe: its ``config.json``'s routed-expert facts, as written (E, top-k, expert groups), read by
-            start-up validation's own reader (:func:`ascend_eplb.integration.rules.read_moe_facts`) and
+            start-up validation's own reader (:func:`ascend_eplb.integration.model_facts.read_moe_facts`) and
             judged by its rules ``routed-experts``, ``top-k``, ``expert-groups``.
         quantization: the routed experts' format from an msModelSlim ``quant_model_description*.json``
             (None: no description).
@@ -72,7 +72,7 @@ def _json_object(file: Path) -> dict[str, Any]:
 def model_folder_facts(folder: str | os.PathLike[str]) -> ModelFacts:
     """Read a local model folder's ``config.json`` and msModelSlim description (no vLLM imported).
 
-    Routed experts: :func:`~ascend_eplb.integration.rules.read_moe_facts` of the text config (a
+    Routed experts: :func:`~ascend_eplb.integration.model_facts.read_moe_facts` of the text config (a
     ``text_config`` merged over the top level), the names and order of vLLM's ``CONFIG_FIELD_ALIASES``;
     a bad value is not raised here but judged by the rules. Format: the quant type of the description's
     ``.experts.`` weights mapped by :data:`ASCEND_QUANT_TYPES`.

@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ascend_eplb.integration.rules import EplbSettings, Violation, shown
+from ascend_eplb.integration.model_facts import shown
+from ascend_eplb.integration.rules import Violation
+from ascend_eplb.integration.settings import EplbSettings
 from ascend_eplb.integration.validation import EplbConfigError
 
 __all__ = ["CheckResult", "refused", "result", "short"]

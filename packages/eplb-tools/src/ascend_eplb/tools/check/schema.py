@@ -1,5 +1,5 @@
 """This package's config-file schema (``ascend-eplb check CONFIG.json``; the integration README
-shows it) read into the rules' :class:`~ascend_eplb.integration.rules.EplbSettings`, each key that breaks
+shows it) read into the rules' :class:`~ascend_eplb.integration.settings.EplbSettings`, each key that breaks
 the schema a ``schema`` violation naming it."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from ascend_eplb.control.values import is_int
-from ascend_eplb.integration.rules import (
+from ascend_eplb.integration.rules import Violation
+from ascend_eplb.integration.settings import (
     COMPILATION_MODES,
     INT32_MAX,
     V1_EPLB_ENV_SWITCHES,
     V1_EPLB_KEYS,
     EplbSettings,
-    Violation,
 )
 from ascend_eplb.tools.check.engine_args import default_cudagraph_mode
 from ascend_eplb.tools.check.report import short

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES as PHASES
-from ascend_eplb.integration.rules import experts_divisibility_error
+from ascend_eplb.integration.model_facts import experts_divisibility_error
 from ascend_eplb.integration.verify import CHECKS as VERIFIER_CHECKS
 from ascend_eplb.integration.watchdog import CHECK as WATCHDOG_CHECK
 from ascend_eplb.tools.options import non_negative_int, number, path_text, positive_int

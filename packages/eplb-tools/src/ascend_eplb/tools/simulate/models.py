@@ -35,6 +35,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ascend_eplb.integration.model_facts import EXPERT_COUNT_KEYS, TOP_K_KEYS, architectures_error
+from ascend_eplb.integration.rules import moe_fact_errors
+
 __all__ = [
     "CACHE_ENV",
     "PRESETS",
@@ -166,17 +169,13 @@ def folder_format(folder: str | os.PathLike[str]) -> str:
 
 
 def moe_problems(folder: str | os.PathLike[str]) -> list[str]:
-    """What breaks the rules in a model folder's MoE facts (``config.json``: routed experts, top-k,
-    expert groups, MoE layers), read by start-up's reader
-    (:func:`ascend_eplb.integration.rules.read_moe_facts`) and judged by start-up's rule functions
-    (``MoeFacts.errors``: those of ``rules.MOE_FACT_RULES``; no vLLM imported), plus its ``architectures``
-    as the ``moe-model-class`` rule reads them (``rules.architectures_error``), a fact the file does not
-    state and MoE layers not counted here: the world reads ``config.json`` as written.
+    """What breaks the rules in a model folder's MoE facts (``config.json``: routed experts, top-k, expert
+    groups, MoE layers; ``rules.moe_fact_errors``, no vLLM imported), its ``architectures``
+    (``model_facts.architectures_error``), a fact the file does not state and MoE layers not counted.
 
     Raises:
         ValueError: ``config.json`` cannot be read (naming the file).
     """
-    from ascend_eplb.integration.rules import EXPERT_COUNT_KEYS, TOP_K_KEYS, architectures_error
     from ascend_eplb.tools.check.model_folder import model_folder_facts
 
     facts = model_folder_facts(folder)
@@ -191,7 +190,7 @@ def moe_problems(folder: str | os.PathLike[str]) -> list[str]:
         for fact, (what, keys) in names.items()
         if fact in moe.unstated()
     ]
-    problems = [*moe.errors(), *unstated]
+    problems = [*moe_fact_errors(moe), *unstated]
     if (named := architectures_error(facts.architectures)) is not None:
         problems.append(f"{moe.source}: {named}")
     elif (not_counted := moe.layers_not_counted()) is not None:
