@@ -14,7 +14,7 @@ API = {
     "ascend_eplb.integration.patches": ["INSTANCE_BINDINGS", "PATCHES", "applied_bindings", "apply_patches",
                                         "check_upstream", "patches_applied", "remove_patches"],
     "ascend_eplb.integration.settings": ["ASCEND_V2_KEYS", "COMPILATION_MODES", "CUDAGRAPH_MODES",
-                                         "INT32_MAX", "LOAD_COLLECTION_PHASES", "POLICY_KEYS",
+                                         "LOAD_COLLECTION_PHASES", "POLICY_KEYS",
                                          "SUPPORTED_COMMUNICATORS", "V1_EPLB_ENV_SWITCHES", "V1_EPLB_KEYS",
                                          "EplbSettings"],
     "ascend_eplb.integration.model_facts": ["EXPERT_COUNT_KEYS", "GROUP_KEYS", "LAYER_KEYS", "LAYER_SCHEMES",

@@ -8,8 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ascend_eplb.control.values import is_int
-from ascend_eplb.integration.settings import INT32_MAX
+from ascend_eplb.control.values import INT32_MAX, is_int
 
 __all__ = [
     "EXPERT_COUNT_KEYS",

@@ -22,7 +22,7 @@ from ascend_eplb.control.policy_config import (
     policy_error,
     target_balancedness_error,
 )
-from ascend_eplb.control.values import is_int
+from ascend_eplb.control.values import INT32_MAX, is_int
 from ascend_eplb.integration.model_facts import (
     MoeFacts,
     architectures_error,
@@ -34,7 +34,6 @@ from ascend_eplb.integration.settings import (
     ASCEND_V2_KEYS,
     COMPILATION_MODES,
     CUDAGRAPH_MODES,
-    INT32_MAX,
     LOAD_COLLECTION_PHASES,
     POLICY_KEYS,
     SUPPORTED_COMMUNICATORS,

@@ -16,7 +16,6 @@ __all__ = [
     "ASCEND_V2_KEYS",
     "COMPILATION_MODES",
     "CUDAGRAPH_MODES",
-    "INT32_MAX",
     "LOAD_COLLECTION_PHASES",
     "POLICY_KEYS",
     "SUPPORTED_COMMUNICATORS",
@@ -58,10 +57,6 @@ COMPILATION_MODES = ("NONE", "STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE", "VLLM_C
 #: vLLM 0.33.0's ``CUDAGraphMode`` names (``vllm/config/compilation.py``); vLLM Ascend's ACL graph modes
 #: take the same names.
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
-#: Largest integer a setting may hold (``2**31 - 1``): the sizes and counts feed int32 device tables
-#: (the dataplane's replica lookup) and upstream's int32 load counters. The one statement of the
-#: limit, also read by ``ascend-eplb simulate``'s integer rules.
-INT32_MAX = 2**31 - 1
 
 
 @dataclass

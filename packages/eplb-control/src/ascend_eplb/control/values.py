@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import numbers
 
-__all__ = ["is_int"]
+__all__ = ["INT32_MAX", "is_int"]
+
+#: Largest integer a setting may hold (``2**31 - 1``): the sizes and counts feed int32 device tables
+#: (the dataplane's replica lookup) and upstream's int32 load counters. The one statement of the
+#: limit, read by the start-up rules and the tools' integer checks.
+INT32_MAX = 2**31 - 1
 
 
 def is_int(value: object) -> bool:

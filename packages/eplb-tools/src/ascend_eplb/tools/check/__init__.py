@@ -19,11 +19,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ascend_eplb.control.values import is_int
+from ascend_eplb.control.values import INT32_MAX, is_int
 from ascend_eplb.integration.model_facts import shown
 from ascend_eplb.integration.rules import Judgement, Violation, check_settings
 from ascend_eplb.integration.serving import serving_switch_errors
-from ascend_eplb.integration.settings import INT32_MAX, EplbSettings
+from ascend_eplb.integration.settings import EplbSettings
 from ascend_eplb.integration.validation import EplbConfigError, ascend_format_name
 from ascend_eplb.tools.check.engine_args import parse_serve_command, settings_from_engine_args
 from ascend_eplb.tools.check.report import CheckResult, refused, result

@@ -8,11 +8,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ascend_eplb.control.values import is_int
+from ascend_eplb.control.values import INT32_MAX, is_int
 from ascend_eplb.integration.rules import Violation
 from ascend_eplb.integration.settings import (
     COMPILATION_MODES,
-    INT32_MAX,
     V1_EPLB_ENV_SWITCHES,
     V1_EPLB_KEYS,
     EplbSettings,

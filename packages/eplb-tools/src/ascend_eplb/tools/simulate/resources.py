@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ascend_eplb.integration.settings import INT32_MAX as _INT32_MAX
+from ascend_eplb.control.values import INT32_MAX as _INT32_MAX
 from ascend_eplb.quant_views.reference import LAYER_SEED_STRIDE as _LAYER_STRIDE
 from ascend_eplb.quant_views.reference import SEED_STRIDE as _SEED_STRIDE
 from ascend_eplb.tools.host_memory import available_bytes, gib, sampling_bytes
