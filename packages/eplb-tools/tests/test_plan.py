@@ -446,7 +446,9 @@ def test_plan_on_an_events_file_uses_its_recorded_expert_groups_and_nodes(tmp_pa
     assert cli.main(["plan", str(events), "--ranks", "4", "--policies", "default", "--json"]) == 0
     compared = json.loads(capsys.readouterr().out)
     direct = plan.compare_policies(
-        [load], num_ranks=4, num_redundant_experts=4, num_nodes=2, num_expert_groups=2, policies=["default"]
+        plan.Windows((load,)),
+        plan.Deployment(4, 4, num_nodes=2, num_expert_groups=2),
+        plan.Candidates(("default",)),
     ).to_json()
     assert (compared["num_expert_groups"], compared["num_nodes"]) == (2, 2)
     assert compared["runs"] == json.loads(json.dumps(direct["runs"]))
@@ -654,11 +656,11 @@ def _hand_trace(path):
 
 def test_a_routing_trace_compares_policies_on_windows_of_sequences(tmp_path, capsys):
     path = _hand_trace(tmp_path / "trace.npz")
-    windows, what = plan.load_windows(path, window_sequences=2)
-    assert [w.tolist() for w in windows] == [[[2, 1, 0, 0]], [[0, 0, 1, 2]]]
-    assert what == "2 sequences (of 3)"
-    windows, what = plan.load_windows(path)  # default 4 sequences: the whole trace is one window
-    assert ([w.tolist() for w in windows], what) == ([[[2, 1, 1, 2]]], "4 sequences (of 3)")
+    windows = plan.load_windows(path, window_sequences=2)
+    assert [w.tolist() for w in windows.loads] == [[[2, 1, 0, 0]], [[0, 0, 1, 2]]]
+    assert (windows.window, windows.source) == ("2 sequences (of 3)", str(path))
+    windows = plan.load_windows(path)  # default 4 sequences: the whole trace is one window
+    assert ([w.tolist() for w in windows.loads], windows.window) == ([[[2, 1, 1, 2]]], "4 sequences (of 3)")
     argv = [
         "plan",
         str(path),
@@ -682,12 +684,12 @@ def test_a_routing_trace_compares_policies_on_windows_of_sequences(tmp_path, cap
     assert [w["experts_moved"] for w in ours["windows"]] == [2, 0]
     # ESFT's own text files give the windows of the embedded trace, their compact conversion (on the two
     # MoE layers whose text the repository ships).
-    esft, what = plan.load_windows(ESFT_TEXT)
-    embedded, _ = plan.load_windows(embedded_trace_path())
-    assert what == "4 sequences (of 40)"
-    assert len(esft) == 10
-    assert all(a.shape == (2, 64) for a in esft)
-    assert all(np.array_equal(a, b[:2]) for a, b in zip(esft, embedded, strict=True))
+    esft = plan.load_windows(ESFT_TEXT)
+    embedded = plan.load_windows(embedded_trace_path()).loads
+    assert esft.window == "4 sequences (of 40)"
+    assert len(esft.loads) == 10
+    assert all(a.shape == (2, 64) for a in esft.loads)
+    assert all(np.array_equal(a, b[:2]) for a, b in zip(esft.loads, embedded, strict=True))
 
 
 def test_the_policy_comparison_refuses_what_it_cannot_compare(tmp_path, capsys):

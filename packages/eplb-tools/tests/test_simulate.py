@@ -803,10 +803,10 @@ def _assert_records_are_the_events_and_plans_decisions(report, out, policy, gain
     recorded = plan.planned_grouping(loaded, num_ranks=report["ranks"])
     assert recorded == (groups, 1)
     offline = plan.compare_policies(
-        windows, num_ranks=report["ranks"], num_redundant_experts=report["num_redundant_experts"],
-        num_expert_groups=recorded[0], num_nodes=recorded[1], policies=[policy], min_balancedness_gain=gain,
-        target_balancedness=target,
-    ).run(policy, "given" if gain or target is not None else "off")  # fmt: skip
+        plan.Windows(tuple(windows)),
+        plan.Deployment(report["ranks"], report["num_redundant_experts"], recorded[1], recorded[0]),
+        plan.Candidates((policy,), gain, target),
+    ).run(policy, "given" if gain or target is not None else "off")
     for record, window in zip(records, offline.windows, strict=False):  # the last window may be in flight
         assert record["rearrangement"] == window.window
         assert (record["skipped"], record["experts_moved"]) == (window.skipped, window.experts_moved)

@@ -67,12 +67,16 @@ from ascend_eplb.integration.events import RecordedLoad
 __all__ = [
     "DEFAULT_MARGIN",
     "DEFAULT_WINDOW_SEQUENCES",
+    "Candidates",
+    "Deployment",
+    "ExpertBytes",
     "GateRecommendation",
     "PlanLevel",
     "PlanResult",
     "PolicyComparison",
     "PolicyRun",
     "WindowOutcome",
+    "Windows",
     "compare_policies",
     "export_placement",
     "format_comparison",
@@ -594,6 +598,51 @@ class PolicyComparison:
         raise KeyError(f"no run of the {policy} policy with the gate {gate}")
 
 
+@dataclass(frozen=True)
+class Windows:
+    """Closed load windows, oldest first (:func:`load_windows` reads them from a file).
+
+    Attributes:
+        loads: ``[L, E]`` each, >= 0 (int64 counts or float64).
+        source: where they come from (a file), for messages and the report.
+        window: what one window is (``"4 sequences (of 40)"``, ``"an events-file window ..."``).
+    """
+
+    loads: tuple[np.ndarray, ...]
+    source: str = ""
+    window: str = ""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What upstream's ``EplbState.rearrange`` passes its policy beside the load: EP ranks N, the
+    redundancy level (P = E + ``num_redundant_experts``), nodes and the model's expert groups."""
+
+    num_ranks: int
+    num_redundant_experts: int
+    num_nodes: int = 1
+    num_expert_groups: int = 1
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """What :func:`compare_policies` runs: each policy (``additional_config.eplb_config.policy``) with the
+    gate off, and with the given gate (``min_balancedness_gain`` > 0 or ``target_balancedness`` set)."""
+
+    policies: tuple[str, ...] = ("default", "migration_aware")
+    min_balancedness_gain: float = 0.0
+    target_balancedness: float | None = None
+
+
+@dataclass(frozen=True)
+class ExpertBytes:
+    """One expert's bytes (:func:`ascend_eplb.quant_views.get_format`'s ``expert_nbytes`` at the model's
+    size; None: not computed) and where they come from, or why not (``note``)."""
+
+    nbytes: int | None = None
+    note: str = ""
+
+
 def trace_windows(routing: Any, window_sequences: int) -> list[np.ndarray]:
     """int64 ``[L, E]`` per window of ``window_sequences`` consecutive sequences of a routing trace
     (:class:`~ascend_eplb.tools.trace.RoutingTrace`; the last window may hold fewer): each layer's
@@ -618,7 +667,7 @@ def load_windows(
     window_sequences: int | None = None,
     last: int | None = None,
     recorded: RecordedLoad | None = None,
-) -> tuple[list[np.ndarray], str]:
+) -> Windows:
     """The closed windows of a load file, oldest first (each ``[L, E]``, int64 when the file holds
     counts, else float64), and what one window is.
 
@@ -650,8 +699,10 @@ def load_windows(
         recorded = trace.load_recorded(path) if recorded is None else recorded
         trace.load_load_matrix(path, last=last, recorded=recorded)  # its checks of the values
         windows = [w.numpy() for w in recorded.windows]
-        return windows[-last:] if last is not None else windows, (
-            "an events-file window (one rearrangement of the server that recorded it)"
+        return Windows(
+            tuple(windows[-last:] if last is not None else windows),
+            str(path),
+            "an events-file window (one rearrangement of the server that recorded it)",
         )
     if last is not None:
         raise ValueError(f"last={last}: is only for an events file (.jsonl)")
@@ -665,43 +716,46 @@ def load_windows(
             with tempfile.TemporaryDirectory() as scratch:
                 routing = trace.load_trace(trace.convert(path, Path(scratch) / "trace.npz"))
         sequences = int(len(routing.seq_offsets) - 1)
-        return trace_windows(routing, window_sequences), f"{window_sequences} sequences (of {sequences})"
+        return Windows(
+            tuple(trace_windows(routing, window_sequences)),
+            str(path),
+            f"{window_sequences} sequences (of {sequences})",
+        )
     load = trace.load_load_matrix(path)
     if np.array_equal(load, np.round(load)) and load.max() < 2**53:
         load = load.astype(np.int64)
-    return [load], "the whole load (one window)"
+    return Windows((load,), str(path), "the whole load (one window)")
 
 
 def _run_policy(
-    windows: Sequence[torch.Tensor],
+    loads: Sequence[torch.Tensor],
+    deployment: Deployment,
     settings: Any,
+    expert_bytes: ExpertBytes,
     *,
     label: str,
     gate: str,
-    num_ranks: int,
-    num_redundant_experts: int,
-    num_nodes: int,
-    num_expert_groups: int,
-    expert_nbytes: int | None,
 ) -> PolicyRun:
     from ascend_eplb.control.gate import decide
     from ascend_eplb.control.policy_config import SKIP_REASONS
 
-    num_moe_layers, num_experts = windows[0].shape
-    placement = measures.upstream_initial_placement(num_experts, num_redundant_experts, num_moe_layers)
+    d = deployment
+    num_moe_layers, num_experts = loads[0].shape
+    placement = measures.upstream_initial_placement(num_experts, d.num_redundant_experts, num_moe_layers)
+    expert_nbytes = expert_bytes.nbytes
 
     def mean_balancedness(load: torch.Tensor, p: torch.Tensor) -> float:
-        return measures.mean_balancedness(measures.rank_loads(load, p, num_ranks))
+        return measures.mean_balancedness(measures.rank_loads(load, p, d.num_ranks))
 
     outcomes = []
-    for i, load in enumerate(windows):
+    for i, load in enumerate(loads):
         before = mean_balancedness(load, placement)
         new, decision = decide(
-            settings, load, num_experts + num_redundant_experts, num_expert_groups, num_nodes, num_ranks,
-            placement,
+            settings, load, num_experts + d.num_redundant_experts, d.num_expert_groups, d.num_nodes,
+            d.num_ranks, placement,
         )  # fmt: skip
         moved = int(decision.experts_moved or 0)
-        served = mean_balancedness(windows[i + 1], new) if i + 1 < len(windows) else None
+        served = mean_balancedness(loads[i + 1], new) if i + 1 < len(loads) else None
         outcomes.append(
             WindowOutcome(
                 window=i + 1,
@@ -765,29 +819,19 @@ def recommend_gate(run: PolicyRun) -> GateRecommendation | None:
 
 
 def compare_policies(
-    windows: Sequence[np.ndarray],
-    *,
-    num_ranks: int,
-    num_redundant_experts: int,
-    num_nodes: int = 1,
-    num_expert_groups: int = 1,
-    policies: Sequence[str] = ("default", "migration_aware"),
-    min_balancedness_gain: float = 0.0,
-    target_balancedness: float | None = None,
-    expert_nbytes: int | None = None,
-    bytes_note: str = "",
-    source: str = "",
-    window: str = "",
+    windows: Windows,
+    deployment: Deployment,
+    candidates: Candidates = Candidates(),
+    expert_bytes: ExpertBytes = ExpertBytes(),
 ) -> PolicyComparison:
-    """Each policy through ``windows`` (each ``[L, E]``, >= 0, oldest first) from upstream's initial
-    placement (``measures.upstream_initial_placement``), each window decided by serving's own gate function
+    """Each policy of ``candidates`` through ``windows`` from upstream's initial placement
+    (``measures.upstream_initial_placement``), each window decided by serving's own gate function
     (:func:`ascend_eplb.control.gate.decide`: upstream's ``DefaultEplbPolicy`` for ``"default"``,
     :class:`ascend_eplb.control.policy.MigrationAwarePolicy` for ``"migration_aware"``, the all-zero
     window skipped as ``"no_load"``) and given the placement the previous decision left in force.
 
-    Runs, in order: every policy with the gate off; with the given gate (``min_balancedness_gain`` > 0
-    or ``target_balancedness`` set); with the gate :func:`recommend_gate` gives for it (unless no
-    window has a next one).
+    Runs, in order: every policy with the gate off; with the given gate (if any); with the gate
+    :func:`recommend_gate` gives for it (unless no window has a next one).
 
     Raises:
         ValueError: naming the value and the rule: no window, windows of different shapes, a policy or
@@ -796,32 +840,29 @@ def compare_policies(
     """
     from ascend_eplb.control.policy_config import PolicySettings
 
-    if not windows:
-        raise ValueError(f"{source or 'load'}: no window to rearrange on")
-    arrays = [np.asarray(w) for w in windows]
+    d, c = deployment, candidates
+    if not windows.loads:
+        raise ValueError(f"{windows.source or 'load'}: no window to rearrange on")
+    arrays = [np.asarray(w) for w in windows.loads]
     shape = arrays[0].shape
     for i, w in enumerate(arrays):
         if w.shape != shape:
             raise ValueError(f"window {i + 1} has shape {w.shape}: every window must be {shape} [L, E]")
         if w.size and (not np.isfinite(w).all() or w.min() < 0):
             raise ValueError(f"window {i + 1}: load must be finite and >= 0")
-    validate_plan_args(shape, num_ranks, num_nodes, num_expert_groups, [num_redundant_experts])
-    if not policies:
+    validate_plan_args(shape, d.num_ranks, d.num_nodes, d.num_expert_groups, [d.num_redundant_experts])
+    if not c.policies:
         raise ValueError("policies: give at least one of default, migration_aware")
-    gate_given = PolicySettings(policies[0], min_balancedness_gain, target_balancedness).gate_on
+    gate_given = PolicySettings(c.policies[0], c.min_balancedness_gain, c.target_balancedness).gate_on
     loads = [torch.from_numpy(w) for w in arrays]
-    facts = dict(
-        num_ranks=num_ranks, num_redundant_experts=num_redundant_experts, num_nodes=num_nodes,
-        num_expert_groups=num_expert_groups, expert_nbytes=expert_nbytes,
-    )  # fmt: skip
     runs, recommended = [], []
-    for name in dict.fromkeys(policies):
-        runs.append(_run_policy(loads, PolicySettings(name), label=name, gate="off", **facts))
-    for name in dict.fromkeys(policies):
+    for name in dict.fromkeys(c.policies):
+        runs.append(_run_policy(loads, d, PolicySettings(name), expert_bytes, label=name, gate="off"))
+    for name in dict.fromkeys(c.policies):
         if gate_given:
-            settings = PolicySettings(name, min_balancedness_gain, target_balancedness)
-            runs.append(_run_policy(loads, settings, label=f"{name} + gate", gate="given", **facts))
-    for name in dict.fromkeys(policies):
+            settings = PolicySettings(name, c.min_balancedness_gain, c.target_balancedness)
+            runs.append(_run_policy(loads, d, settings, expert_bytes, label=f"{name} + gate", gate="given"))
+    for name in dict.fromkeys(c.policies):
         rec = recommend_gate(next(r for r in runs if r.policy == name and r.gate == "off"))
         if rec is None:
             continue
@@ -829,13 +870,16 @@ def compare_policies(
         settings = PolicySettings(name, rec.min_balancedness_gain, rec.target_balancedness)
         if settings.gate_on:
             runs.append(
-                _run_policy(loads, settings, label=f"{name} + recommended gate", gate="recommended", **facts)
+                _run_policy(
+                    loads, d, settings, expert_bytes, label=f"{name} + recommended gate", gate="recommended"
+                )
             )
     return PolicyComparison(
-        source=source, window=window, num_windows=len(loads), num_ranks=num_ranks, num_nodes=num_nodes,
-        num_expert_groups=num_expert_groups, num_moe_layers=int(shape[0]), num_logical_experts=int(shape[1]),
-        num_redundant_experts=num_redundant_experts, expert_nbytes=expert_nbytes, bytes_note=bytes_note,
-        runs=runs, recommended_gates=recommended,
+        source=windows.source, window=windows.window, num_windows=len(loads), num_ranks=d.num_ranks,
+        num_nodes=d.num_nodes, num_expert_groups=d.num_expert_groups, num_moe_layers=int(shape[0]),
+        num_logical_experts=int(shape[1]), num_redundant_experts=d.num_redundant_experts,
+        expert_nbytes=expert_bytes.nbytes, bytes_note=expert_bytes.note, runs=runs,
+        recommended_gates=recommended,
         recommendation_note=None if recommended else "one window: no placement was seen serving a next one",
     )  # fmt: skip
 
