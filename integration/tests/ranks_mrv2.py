@@ -348,8 +348,14 @@ def mrv2_world(ctx: RankContext) -> dict[str, Any]:
     return report
 
 
-#: The Ascend keys of :func:`gate_events_world`: the migration-aware policy behind the gain gate.
-GATE_KEYS = {"policy": "migration_aware", "min_balancedness_gain": 0.01, "target_balancedness": 0.99}
+#: The Ascend keys of :func:`gate_events_world`: the migration-aware policy behind the gain gate, both
+#: on the load estimate.
+GATE_KEYS = {
+    "policy": "migration_aware",
+    "min_balancedness_gain": 0.01,
+    "target_balancedness": 0.99,
+    "load_estimate": "pooled",
+}
 #: :func:`gate_events_world`'s windows: even global load, load on rank 0's experts, prefill only (no
 #: load recorded under phase decode), even again.
 GATE_WINDOWS = ("split", "hot", "idle", "split")

@@ -227,7 +227,8 @@ def metrics_world(
     ctx: RankContext, folder: str, num_redundant_experts: int, events_file: str, steps: int
 ) -> dict[str, Any]:
     """The serving path with the events file, the Prometheus metrics and the verifier on
-    (``PROMETHEUS_MULTIPROC_DIR`` comes from the launcher's environment), through every kind of record.
+    (``PROMETHEUS_MULTIPROC_DIR`` comes from the launcher's environment), upstream's policy planning on
+    the load estimate (``load_estimate="pooled"``), through every kind of record.
 
     Phase ``decode``, window 2, interval 4: steps 0-3 are declared prefill batches, so the first window
     holds no load and is skipped; decode batches follow, and rearrangements complete. From step 12 on,
@@ -249,7 +250,7 @@ def metrics_world(
 
     worker = rm.ServingWorker(
         ctx, folder, num_redundant_experts=num_redundant_experts, window_size=2, step_interval=4,
-        phase="decode", eplb_off=False,
+        phase="decode", eplb_off=False, ascend_keys={"load_estimate": "pooled"},
     )  # fmt: skip
     controller = worker.wiring.controller
     assert isinstance(guardrails_of(controller).recorder, EventsRecorder)

@@ -34,6 +34,7 @@ def _window(
     return WindowRecord(
         time=1.5, step=step, model=model, rearrangement=rearrangement, load=load, balancedness=0.5,
         balancedness_eplb_off=0.25, num_ranks=2, num_physical_experts=6, num_expert_groups=1, num_nodes=1,
+        new_selections=load,
     )  # fmt: skip
 
 
@@ -54,11 +55,14 @@ EVERY_KIND = [
     _commit(4, 1, 0),
     RearrangementRecord(
         time=3.0, step=5, model="m", rearrangement=1, policy="default", skipped=None, balancedness_before=0.5,
-        balancedness_planned=0.9, experts_moved=4, bytes_moved=4 * 4096, layers_changed=2,
+        balancedness_planned=0.9, load_estimate="pooled", estimate_balancedness_before=0.625,
+        estimate_balancedness_planned=0.96875, experts_moved=4, bytes_moved=4 * 4096, layers_changed=2,
     ),
     RearrangementRealisedRecord(
         time=4.0, step=7, model="m", rearrangement=1, skipped=None, balancedness_before=0.5,
-        balancedness_planned=0.9, balancedness_realised=0.875,
+        balancedness_planned=0.9, load_estimate="pooled", estimate_balancedness_before=0.625,
+        estimate_balancedness_planned=0.96875, balancedness_realised=0.875, placed_by=1, windows_realised=1,
+        balancedness_realised_mean=0.875,
     ),
     WorkerFailureRecord(time=5.0, step=8, model=None, kind="died", ranks=(1,), layer=None, cause="boom"),
     VerifierViolationRecord(
@@ -136,6 +140,24 @@ def test_a_record_breaking_its_schema_is_refused_naming_the_file_the_line_and_th
     path.write_text(json.dumps({**legacy, "experts_crossing_ranks": 3}) + "\n")
     ((_, read),) = read_events(path).runs[0].records
     assert (read.experts_moved, read.bytes_moved) == (3, None)
+    # A file recorded before planned and realised were complete: the window's figures, the estimate off.
+    added = ("load_estimate", "estimate_balancedness_before", "estimate_balancedness_planned", "placed_by",
+             "windows_realised", "balancedness_realised_mean", "new_selections")  # fmt: skip
+    path.write_text("".join(
+        json.dumps({k: v for k, v in r.to_json().items() if k not in added}) + "\n" for r in EVERY_KIND[1:5]
+    ))  # fmt: skip
+    window, _, done, realised = (r for _, r in read_events(path).runs[0].records)
+    assert window.new_selections is None
+    assert (done.load_estimate, done.estimate_balancedness_before, done.estimate_balancedness_planned) == (
+        "window", None, None,
+    )  # fmt: skip
+    assert (realised.load_estimate, realised.placed_by, realised.windows_realised) == ("window", None, None)
+    assert realised.balancedness_realised_mean is None
+    # New selections of another shape than the window's load: refused where the load is read.
+    bad = {**_window(1, 1).to_json(), "new_selections": [[1, 2, 3, 4]]}
+    path.write_text(json.dumps(bad) + "\n")
+    refused = _refusal(lambda: read_events(path).recorded_load())
+    assert refused == f"{path}:1: window new_selections shape (1, 4) differs from its load's (2, 4)"
     # A kind this reader does not know (a later writer's) is skipped.
     path.write_text(
         json.dumps({"event": "future", "x": 1}) + "\n" + json.dumps(EVERY_KIND[1].to_json()) + "\n"

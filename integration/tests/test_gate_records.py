@@ -1,6 +1,7 @@
-"""The events file of a serving worker with the migration-aware policy behind the gain gate, on 2 ranks
-over Gloo (``ranks_mrv2.gate_events_world``): every window's ``rearrangement`` record with exact figures,
-skipped ones with their reason, the realised balancedness of the next window, 0-based steps."""
+"""The events file of a serving worker with the migration-aware policy behind the gain gate, both on the
+load estimate, on 2 ranks over Gloo (``ranks_mrv2.gate_events_world``): every window's ``rearrangement``
+record with exact figures on its window and on the estimate, skipped ones with their reason, the realised
+balancedness of the windows each placement served, 0-based steps."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ascend_eplb.control.estimate import LoadEstimate
 from ascend_eplb.control.measures import mean_balancedness, moved_experts, rank_loads
 from ascend_eplb.testing import load_module, run_ranks
 
@@ -27,7 +29,8 @@ MODEL = "toy/gate-moe"
 
 
 def _bal(load: list[list[int]], placement: list[list[int]]) -> float:
-    return mean_balancedness(rank_loads(torch.tensor(load, dtype=torch.float64), torch.tensor(placement), 2))
+    load = torch.as_tensor(load, dtype=torch.float64)
+    return mean_balancedness(rank_loads(load, torch.tensor(placement), 2))
 
 
 @pytest.mark.multirank
@@ -81,25 +84,47 @@ def test_each_window_is_recorded_with_its_decision_figures_and_the_next_window_r
     assert [w["rearrangement"] for w in windows] == [1, 2, 3]
     # What upstream passed its policy: the toy model's one expert group, one node (plan reads them back).
     assert [(w["num_expert_groups"], w["num_nodes"]) for w in windows] == [(1, 1)] * 3
+    # The load estimate the policy planned on and the gate judged, replayed from what each window record
+    # says it took in (window 2 <= interval 6: upstream recorded only the window's steps, so the
+    # window's load): window 1 even, window 2 a shift to rank 0's experts (restarted).
+    assert [w["new_selections"] for w in windows] == [w["load"] for w in windows]
+    estimate = LoadEstimate()
+    estimate.update(torch.tensor(windows[0]["new_selections"]))
+    on_estimate_1 = _bal(estimate.load, maps[0]["before"])
+    estimate.update(torch.tensor(windows[1]["new_selections"]))
+    assert estimate.restarted.tolist() == [True, True]
+    on_estimate_2 = (_bal(estimate.load, old), _bal(estimate.load, new))
+    assert on_estimate_1 == 1.0
+    assert on_estimate_2[1] - on_estimate_2[0] >= ranks.GATE_KEYS["min_balancedness_gain"]
     assert rearrangements[:3] == [
         {"event": "rearrangement", "model": MODEL, "rearrangement": 1, "policy": "migration_aware",
-         "skipped": "balanced", "balancedness_before": 1.0, "balancedness_planned": None, "experts_moved": 0,
-         "bytes_moved": 0, "layers_changed": 0},
+         "skipped": "balanced", "balancedness_before": 1.0, "balancedness_planned": None,
+         "load_estimate": "pooled", "estimate_balancedness_before": pytest.approx(on_estimate_1, abs=1e-12),
+         "estimate_balancedness_planned": None, "experts_moved": 0, "bytes_moved": 0, "layers_changed": 0},
         {"event": "rearrangement", "model": MODEL, "rearrangement": 2, "policy": "migration_aware",
          "skipped": None, "balancedness_before": before, "balancedness_planned": planned,
+         "load_estimate": "pooled",
+         "estimate_balancedness_before": pytest.approx(on_estimate_2[0], abs=1e-12),
+         "estimate_balancedness_planned": pytest.approx(on_estimate_2[1], abs=1e-12),
          "experts_moved": moved, "bytes_moved": moved * per_expert, "layers_changed": changed},
         {"event": "rearrangement", "model": MODEL, "rearrangement": None, "policy": "migration_aware",
-         "skipped": "no_load", "balancedness_before": None, "balancedness_planned": None, "experts_moved": 0,
-         "bytes_moved": 0, "layers_changed": 0},
+         "skipped": "no_load", "balancedness_before": None, "balancedness_planned": None,
+         "load_estimate": "pooled", "estimate_balancedness_before": None,
+         "estimate_balancedness_planned": None, "experts_moved": 0, "bytes_moved": 0, "layers_changed": 0},
     ]  # fmt: skip
     assert moved > 0
+    # Realised: each window with load under the placement in force, and their mean since it committed
+    # (rearrangement 1 kept the start placement: windows 1 and 2 closed under it; 2's served window 3).
+    copied = ("skipped", "balancedness_before", "balancedness_planned", "load_estimate",
+              "estimate_balancedness_before", "estimate_balancedness_planned")  # fmt: skip
     assert realised[:2] == [
-        {"event": "rearrangement_realised", "model": MODEL, "rearrangement": 1, "skipped": "balanced",
-         "balancedness_before": 1.0, "balancedness_planned": None,
-         "balancedness_realised": windows[1]["balancedness"]},
-        {"event": "rearrangement_realised", "model": MODEL, "rearrangement": 2, "skipped": None,
-         "balancedness_before": before, "balancedness_planned": planned,
-         "balancedness_realised": _bal(windows[2]["load"], new)},
+        {"event": "rearrangement_realised", "model": MODEL, "rearrangement": 1,
+         **{k: rearrangements[0][k] for k in copied}, "balancedness_realised": windows[1]["balancedness"],
+         "placed_by": None, "windows_realised": 2,
+         "balancedness_realised_mean": (windows[0]["balancedness"] + windows[1]["balancedness"]) / 2},
+        {"event": "rearrangement_realised", "model": MODEL, "rearrangement": 2,
+         **{k: rearrangements[1][k] for k in copied}, "balancedness_realised": _bal(windows[2]["load"], new),
+         "placed_by": 2, "windows_realised": 1, "balancedness_realised_mean": _bal(windows[2]["load"], new)},
     ]  # fmt: skip
     # Order: a window's realised record comes just before the next window's record.
     kinds = [x["event"] for x in records if x["event"] != "commit"]

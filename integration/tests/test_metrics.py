@@ -4,6 +4,7 @@ serving world in prometheus_client's multiprocess mode whose values equal the ev
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,27 @@ def test_a_scrape_of_a_serving_world_equals_its_events_file(tmp_path, monkeypatc
     assert value("ascend_eplb_verifier_violations_total", check="fingerprints") == 0
 
     windows = [e for e in events if e["event"] == "window"]
+    # Planned and realised: the last rearrangement that moved, on its window and on the load estimate
+    # it was planned on; the mean balancedness of the windows closed under its placement since.
+    done = [e for e in events if e["event"] == "rearrangement" and e["skipped"] is None]
+    assert all(e["load_estimate"] == "pooled" and e["estimate_balancedness_planned"] for e in done)
+    assert value("ascend_eplb_rearrangement_balancedness_planned") == done[-1]["balancedness_planned"]
+    assert (
+        value("ascend_eplb_rearrangement_balancedness_planned_on_estimate")
+        == (done[-1]["estimate_balancedness_planned"])
+    )
+    realised = [e for e in events if e["event"] == "rearrangement_realised"]
+    last = realised[-1]
+    assert value("ascend_eplb_rearrangement_balancedness_realised") == last["balancedness_realised_mean"]
+    placed = next(i for i, e in enumerate(events) if e["event"] == "rearrangement"
+                  and e["rearrangement"] == last["placed_by"])  # fmt: skip
+    under = [e["balancedness"] for e in events[placed:] if e["event"] == "window"]
+    assert last["windows_realised"] == len(under) >= 1
+    assert last["balancedness_realised_mean"] == math.fsum(under) / len(under)
+    assert last["balancedness_realised"] == under[-1]
+    # The estimate took in the selections recorded since the last rearrangement: upstream records only
+    # the window's steps (window_size 2 <= step_interval 4), so they are the window's load, exactly.
+    assert all(w["new_selections"] == w["load"] for w in windows)
     assert value("ascend_eplb_window_balancedness") == windows[-1]["balancedness"]
     assert value("ascend_eplb_window_balancedness_eplb_off") == windows[-1]["balancedness_eplb_off"]
     # The window's figures, recomputed here: under the placement in force when it closed (the one the
@@ -176,11 +198,14 @@ def test_each_rearrangement_record_counts_once_by_its_skip_reason_or_as_complete
         ]
 
     start = values()
-    for skipped, moved in (("balanced", 0), ("min_gain", 0), ("min_gain", 0), (None, 7), ("no_load", 0)):
+    for skipped, moved in (("balanced", 0), ("min_gain", 0), (None, 7), ("min_gain", 0), ("no_load", 0)):
         record = RearrangementRecord(
             time=0.0, step=1, model=model, rearrangement=None if skipped == "no_load" else 1,
-            policy="default", skipped=skipped, balancedness_before=None, balancedness_planned=None,
+            policy="default", skipped=skipped, balancedness_before=None if skipped == "no_load" else 0.5,
+            balancedness_planned={None: 0.75, "min_gain": 0.625}.get(skipped),
             experts_moved=moved, bytes_moved=moved * 64, layers_changed=int(moved > 0),
         )  # fmt: skip
         metrics._on_record(EventsRecord(record))
     assert [b - a for a, b in zip(start, values(), strict=True)] == [1, 2, 1, 1, 7]
+    # Only the completed one sets the planned balancedness (a min_gain skip's plan did not serve).
+    assert series["ascend_eplb_rearrangement_balancedness_planned"].labels(model)._value.get() == 0.75

@@ -277,6 +277,10 @@ class WindowRecord(Record):
         num_ranks, num_physical_experts: N and P served; ``num_expert_groups``, ``num_nodes``: what
             upstream passed its policy (``EplbStats``; None when upstream kept none). The four are None
             in a file recorded before they were.
+        new_selections: ``(L, E)`` integers, the global selections recorded since the previous
+            rearrangement: what the load estimate took in for this window (upstream's windows overlap
+            when ``window_size`` exceeds ``step_interval``); None when the estimate is off
+            (``load_estimate="window"``) or in a file recorded before it was.
     """
 
     event: ClassVar[str] = "window"
@@ -288,6 +292,7 @@ class WindowRecord(Record):
     num_physical_experts: int | None = _f(_optional(_int), None)
     num_expert_groups: int | None = _f(_optional(_int), None)
     num_nodes: int | None = _f(_optional(_int), None)
+    new_selections: tuple[tuple[int, ...], ...] | None = _f(_optional(_load), None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -301,6 +306,10 @@ class RearrangementRecord(Record):
         balancedness_before: mean balancedness of the window under the placement committed when it
             closed; ``balancedness_planned``: under the policy's placement (None when the policy did not
             run).
+        load_estimate: what the policy planned on and the gate judged (``window`` or ``pooled``;
+            ``window`` in a file recorded before it was).
+        estimate_balancedness_before, estimate_balancedness_planned: the same two on the load estimate
+            (None on the window, where the policy did not run, or in a file recorded before).
         experts_moved: experts that crossed ranks, over the layers; ``bytes_moved``: those experts x one
             expert's bytes in their layer (estimated: what the ranks received together);
             ``layers_changed``. A skipped one moved nothing.
@@ -312,6 +321,9 @@ class RearrangementRecord(Record):
     skipped: str | None = _f(_optional(_str))
     balancedness_before: float | None = _f(_optional(_number))
     balancedness_planned: float | None = _f(_optional(_number))
+    load_estimate: str = _f(_str, "window")
+    estimate_balancedness_before: float | None = _f(_optional(_number), None)
+    estimate_balancedness_planned: float | None = _f(_optional(_number), None)
     experts_moved: int = _f(_int)
     bytes_moved: int = _f(_int)
     layers_changed: int = _f(_int)
@@ -319,16 +331,30 @@ class RearrangementRecord(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class RearrangementRealisedRecord(Record):
-    """The next window with load closed, for the last ``rearrangement`` with an index: the balance its
-    placement really served (``balancedness_realised``: the new window's load under it) beside the
-    figures copied from that record."""
+    """A window with load closed: the balance the placement in force really served, for the last
+    ``rearrangement`` with an index (done or skipped), beside that record's figures (copied).
+
+    Attributes:
+        balancedness_realised: the new window's load under the placement in force (the one the
+            ``rearrangement`` left: its own, or the one it kept).
+        placed_by: the rearrangement that made that placement (None: serving's start placement);
+            ``windows_realised``: the windows with load closed under it, this one included;
+            ``balancedness_realised_mean``: their mean balancedness under it (the realised balance over the
+            windows it served so far). The three are None in a file recorded before they were.
+    """
 
     event: ClassVar[str] = "rearrangement_realised"
     rearrangement: int = _f(_int)
     skipped: str | None = _f(_optional(_str))
     balancedness_before: float | None = _f(_optional(_number))
     balancedness_planned: float | None = _f(_optional(_number))
+    load_estimate: str = _f(_str, "window")
+    estimate_balancedness_before: float | None = _f(_optional(_number), None)
+    estimate_balancedness_planned: float | None = _f(_optional(_number), None)
     balancedness_realised: float = _f(_number)
+    placed_by: int | None = _f(_optional(_int), None)
+    windows_realised: int | None = _f(_optional(_int), None)
+    balancedness_realised_mean: float | None = _f(_optional(_number), None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -377,6 +403,16 @@ class VerifierViolationRecord(Record):
     slot: int | None = _f(_optional(_int))
     message: str = _f(_str)
 
+
+#: The fields a ``rearrangement_realised`` record copies from its ``rearrangement`` record.
+_REALISED_COPIES = (
+    "skipped",
+    "balancedness_before",
+    "balancedness_planned",
+    "load_estimate",
+    "estimate_balancedness_before",
+    "estimate_balancedness_planned",
+)
 
 #: Every record kind by its ``event`` name: the schema of the file.
 RECORD_KINDS: dict[str, type[Record]] = {
@@ -436,6 +472,7 @@ class _Cycle:
     old: torch.Tensor  # int64 (L, P)
     num_ranks: int
     policy: str
+    load_estimate: str
     decision: Any = None
 
     def balancedness_of(self, placement: torch.Tensor) -> float:
@@ -468,6 +505,9 @@ class EventsRecorder:
         self._bytes_seen: dict[str, int] = {}
         # Per model: the last rearrangement with an index, until the next window realises it.
         self._unrealised: dict[str, RearrangementRecord] = {}
+        # Per model: the rearrangement whose placement is in force (None: the start placement) and the
+        # balancedness of each window with load closed under it.
+        self._in_force: dict[str, tuple[int | None, list[float]]] = {}
         self._rank: int | None = None
 
     def attach(self, bus: EventBus) -> None:
@@ -527,7 +567,7 @@ class EventsRecorder:
 
         state = event.state
         num_ranks = get_ep_group().world_size
-        for ms in state.model_states.values():
+        for key, ms in state.model_states.items():
             load = ms.last_expert_load
             if load is None or not bool((load > 0).any()):
                 # A model without load in the window kept its placement: its rearrangement record
@@ -535,20 +575,25 @@ class EventsRecorder:
                 continue
             name, old = ms.model_name, ms.physical_to_logical_map.detach().cpu().clone()
             window = load.detach().cpu()
+            settings = state.policy_settings
             cycle = _Cycle(
                 state.num_rearrangements,
                 window.to(torch.float64),
                 old,
                 num_ranks,
-                state.policy_settings.policy,
+                settings.policy,
+                settings.load_estimate,
             )
+            realised = cycle.balancedness_of(old)
+            placed_by, served = self._in_force.setdefault(name, (None, []))
+            served.append(realised)
             done = self._unrealised.pop(name, None)
             if done is not None:
-                before, planned = done.balancedness_before, done.balancedness_planned
                 self._emit(RearrangementRealisedRecord(
-                    **self._stamp(), model=name, rearrangement=done.rearrangement, skipped=done.skipped,
-                    balancedness_before=before, balancedness_planned=planned,
-                    balancedness_realised=cycle.balancedness_of(old),
+                    **self._stamp(), model=name, rearrangement=done.rearrangement,
+                    **{f: getattr(done, f) for f in _REALISED_COPIES}, balancedness_realised=realised,
+                    placed_by=placed_by, windows_realised=len(served),
+                    balancedness_realised_mean=math.fsum(served) / len(served),
                 ))  # fmt: skip
             self._cycles[name] = cycle
             self._bytes_seen[name] = _bytes_received(ms)
@@ -557,6 +602,7 @@ class EventsRecorder:
             num_logical, (num_layers, num_physical) = int(window.shape[1]), (int(d) for d in old.shape)
             # EPLB off: upstream's initial placement (its redundant slots replicate experts 0..R-1).
             initial = measures.upstream_initial_placement(num_logical, num_physical - num_logical, num_layers)
+            selections = event.new_selections.get(key)  # the load estimate's evidence (None: it is off)
             self._emit(WindowRecord(
                 **self._stamp(), model=name, rearrangement=state.num_rearrangements,
                 load=tuple(map(tuple, window.to(torch.int64).tolist())),
@@ -564,6 +610,7 @@ class EventsRecorder:
                 num_ranks=num_ranks,
                 num_physical_experts=num_physical, num_expert_groups=int(groups) if is_int(groups) else None,
                 num_nodes=int(nodes) if is_int(nodes) else None,
+                new_selections=None if selections is None else tuple(map(tuple, selections.tolist())),
             ))  # fmt: skip
 
     def _on_commit_event(self, event: CommitEvent) -> None:
@@ -606,8 +653,9 @@ class EventsRecorder:
             **self._stamp(), model=name, rearrangement=event.rearrangement, policy=decision.policy,
             skipped=decision.skipped,
             balancedness_before=None if cycle is None else cycle.balancedness_of(cycle.old),
-            balancedness_planned=None if cycle is None else decision.balancedness_planned, experts_moved=0,
-            bytes_moved=0, layers_changed=0,
+            balancedness_planned=None if cycle is None else decision.window_balancedness_planned,
+            **_on_estimate(decision if cycle is not None else None), load_estimate=decision.load_estimate,
+            experts_moved=0, bytes_moved=0, layers_changed=0,
         ))  # fmt: skip
 
     def _finish_cycle(self, model_state: Any) -> None:
@@ -620,7 +668,8 @@ class EventsRecorder:
         self._record_rearrangement(RearrangementRecord(
             **self._stamp(), model=model_state.model_name, rearrangement=cycle.index, policy=cycle.policy,
             skipped=None, balancedness_before=cycle.balancedness_of(cycle.old),
-            balancedness_planned=cycle.balancedness_of(new), experts_moved=int(moved.sum()),
+            balancedness_planned=cycle.balancedness_of(new), load_estimate=cycle.load_estimate,
+            **_on_estimate(cycle.decision), experts_moved=int(moved.sum()),
             bytes_moved=metrics.bytes_moved(moved, nbytes),
             layers_changed=int((cycle.old != new).any(dim=1).sum()),
         ))  # fmt: skip
@@ -629,25 +678,33 @@ class EventsRecorder:
         self._emit(r)
         if r.rearrangement is not None:
             self._unrealised[r.model] = r
+        if r.rearrangement is not None and r.skipped is None:
+            self._in_force[r.model] = (r.rearrangement, [])
         if self._rank != 0 or r.skipped == "no_load":  # the state logs a run of windows without load
             return
         from vllm.logger import init_logger
 
         log = init_logger(__name__)
+        estimate = ""
+        if r.estimate_balancedness_before is not None:
+            planned = r.estimate_balancedness_planned
+            estimate = f" (on the {r.load_estimate} load estimate {r.estimate_balancedness_before:.4f}" + (
+                ")" if planned is None else f" -> {planned:.4f})"
+            )
         if r.skipped is None:
             log.info(
                 "EPLB rearrangement %d of %s committed (policy %s): balancedness of its window %.4f -> "
-                "planned %.4f, %d experts moved (%d bytes), %d layers changed",
-                r.rearrangement, r.model, r.policy, r.balancedness_before, r.balancedness_planned,
+                "planned %.4f%s, %d experts moved (%d bytes), %d layers changed",
+                r.rearrangement, r.model, r.policy, r.balancedness_before, r.balancedness_planned, estimate,
                 r.experts_moved, r.bytes_moved, r.layers_changed,
             )  # fmt: skip
         else:
             planned = r.balancedness_planned
             log.info(
-                "EPLB rearrangement %d of %s skipped (%s, policy %s): balancedness of its window %.4f%s; "
+                "EPLB rearrangement %d of %s skipped (%s, policy %s): balancedness of its window %.4f%s%s; "
                 "no expert moved",
                 r.rearrangement, r.model, r.skipped, r.policy, r.balancedness_before,
-                "" if planned is None else f", the policy's placement {planned:.4f}",
+                "" if planned is None else f", the policy's placement {planned:.4f}", estimate,
             )  # fmt: skip
 
     def _on_initial_placement(self, event: Any) -> None:
@@ -686,6 +743,18 @@ class EventsRecorder:
                 **self._stamp(), model=violation.model, check=violation.check, layer=violation.layer,
                 rank=violation.rank, slot=violation.slot, message=violation.message(),
             ))  # fmt: skip
+
+
+def _on_estimate(decision: Any) -> dict[str, float | None]:
+    """A record's figures on the load estimate from the policy's ``PlacementDecision`` (its own figures
+    are on the load it planned on): None where it planned on the window, or made no decision (upstream's
+    policy unwrapped)."""
+    if decision is None or decision.load_estimate == "window":
+        return {"estimate_balancedness_before": None, "estimate_balancedness_planned": None}
+    return {
+        "estimate_balancedness_before": decision.balancedness_before,
+        "estimate_balancedness_planned": decision.balancedness_planned,
+    }
 
 
 def _bytes_received(model_state: Any) -> int:
@@ -830,9 +899,16 @@ class EventsFile:
                 raise ValueError(
                     f"{self.path}:{number}: window load shape {got} differs from the earlier {shape}"
                 )
+            new = record.new_selections
+            if new is not None and (len(new), len(new[0])) != shape:
+                raise ValueError(
+                    f"{self.path}:{number}: window new_selections shape {(len(new), len(new[0]))} differs "
+                    f"from its load's {shape}"
+                )
         stated = [r for _, r in windows if r.num_physical_experts is not None and r.num_ranks is not None]
         groups = [r.num_expert_groups for _, r in windows if r.num_expert_groups is not None]
         nodes = [r.num_nodes for _, r in windows if r.num_nodes is not None]
+        evidence = [r.new_selections for _, r in windows]
         return RecordedLoad(
             source=str(self.path),
             model=model,
@@ -841,6 +917,9 @@ class EventsFile:
             num_ranks=stated[-1].num_ranks if stated else None,
             num_expert_groups=groups[-1] if groups else None,
             num_nodes=nodes[-1] if nodes else None,
+            new_selections=None
+            if None in evidence
+            else tuple(torch.tensor(e, dtype=torch.int64) for e in evidence),
             note=self.where(run, model, WindowRecord),
         )
 
@@ -856,6 +935,8 @@ class RecordedLoad:
         num_physical_experts, num_ranks: P and N of the last window stating both (None: recorded before
             they were).
         num_expert_groups, num_nodes: of the last window stating each (None: not recorded).
+        new_selections: int64 ``(L, E)`` per window, the load estimate's evidence (the selections since
+            the previous rearrangement), when every window records it (None otherwise).
         note: what else the file holds that was not read (other runs, other models), or ``""``.
     """
 
@@ -866,6 +947,7 @@ class RecordedLoad:
     num_ranks: int | None
     num_expert_groups: int | None
     num_nodes: int | None
+    new_selections: tuple[torch.Tensor, ...] | None = None
     note: str = ""
 
 

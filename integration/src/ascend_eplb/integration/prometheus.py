@@ -18,7 +18,8 @@ and, where the value differs per rank, ``rank`` (the EP rank); ``kind``, ``check
 the few values of the watchdog, the verifier and the gain gate (control's ``SKIP_REASONS``). Nothing else
 is a label: the series are bounded by models x EP ranks.
 Values the same on every rank (they come from collectives) are written by EP rank 0 only. Every series
-of a registered model exists from registration on (counters at 0); gauges keep the most recent value
+of a registered model exists from registration on (counters at 0; the planned balancedness on the load
+estimate only where the estimate is on); gauges keep the most recent value
 (``multiprocess_mode="mostrecent"``: no ``pid`` label).
 
 vLLM warns that a ``PROMETHEUS_MULTIPROC_DIR`` it did not create must be emptied between runs; counters
@@ -47,6 +48,15 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
      "load window under the placement in force when it closed"),
     ("ascend_eplb_window_balancedness_eplb_off", "gauge", ("model",),
      "Balancedness of the same window's load under upstream's initial placement (EPLB off)"),
+    ("ascend_eplb_rearrangement_balancedness_planned", "gauge", ("model",),
+     "Balancedness the last rearrangement that moved experts planned: its window's load under the policy's "
+     "placement"),
+    ("ascend_eplb_rearrangement_balancedness_planned_on_estimate", "gauge", ("model",),
+     "The same placement's balancedness on the load estimate it was planned on (only with "
+     "load_estimate=pooled)"),
+    ("ascend_eplb_rearrangement_balancedness_realised", "gauge", ("model",),
+     "Balancedness the placement in force realised: the mean, over the windows closed under it since it "
+     "was committed, of each window's load under it"),
     ("ascend_eplb_rearrangements_started_total", "counter", ("model",),
      "Rearrangements started: load windows handed to upstream's policy"),
     ("ascend_eplb_rearrangements_completed_total", "counter", ("model",),
@@ -69,6 +79,8 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
      "Serving verifier violations (ASCEND_EPLB_VERIFY=1) by check (fingerprints, lookups)"),
 )  # fmt: skip
 _FAILURE_KINDS = ("died", "stalled")
+#: The one series that exists only where the load estimate is on (a gauge at 0 would read as a plan).
+_PLANNED_ON_ESTIMATE = "ascend_eplb_rearrangement_balancedness_planned_on_estimate"
 
 
 def metrics_requested(environ: Mapping[str, str] | None = None, *, serving_process: bool = True) -> bool:
@@ -171,8 +183,9 @@ class PrometheusMetrics:
         s["ascend_eplb_commit_publish_to_acknowledge_seconds"].labels(name, rank)
         if self._rank != 0:
             return
+        estimating = event.controller.state.policy_settings.estimating
         for metric, _, labels, _ in METRICS:
-            if labels == ("model",):
+            if labels == ("model",) and (estimating or metric != _PLANNED_ON_ESTIMATE):
                 s[metric].labels(name)
         for kind in _FAILURE_KINDS:
             s["ascend_eplb_worker_failures_total"].labels(name, kind)
@@ -208,6 +221,13 @@ class PrometheusMetrics:
         elif event == "rearrangement":
             s["ascend_eplb_rearrangements_completed_total"].labels(model).inc()
             s["ascend_eplb_experts_moved_total"].labels(model).inc(record.experts_moved)
+            s["ascend_eplb_rearrangement_balancedness_planned"].labels(model).set(record.balancedness_planned)
+            if record.estimate_balancedness_planned is not None:
+                s[_PLANNED_ON_ESTIMATE].labels(model).set(record.estimate_balancedness_planned)
+        elif event == "rearrangement_realised":
+            s["ascend_eplb_rearrangement_balancedness_realised"].labels(model).set(
+                record.balancedness_realised_mean
+            )
         elif event == "worker_failure":
             for name in self._models:  # it stops EPLB for every model of the worker
                 s["ascend_eplb_worker_failures_total"].labels(name, record.kind).inc()

@@ -104,9 +104,13 @@ class RearrangementEvent(Event):
 
     Attributes:
         state: the ``AscendEplbState`` (its ``num_rearrangements`` is this rearrangement's 1-based index).
+        new_selections: per model with the load estimate on (``state.model_states`` key), int64 ``(L, E)``
+            CPU: the global logical selections recorded since the previous regular rearrangement, the
+            estimate's evidence this time (``AscendEplbState.new_selections``); empty when it is off.
     """
 
     state: Any
+    new_selections: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

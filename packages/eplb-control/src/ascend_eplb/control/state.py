@@ -605,6 +605,7 @@ class AscendEplbState(EplbState):
         """
         regular = not is_profile and rank_mapping is None and not use_last_expert_load
         unloaded: list[str] = []
+        selections: dict[str, torch.Tensor] = {}
         if regular and self.model_states:
             loaded = self.models_with_load()
             if not any(loaded.values()):
@@ -629,10 +630,11 @@ class AscendEplbState(EplbState):
                 return None
             self._consecutive_skips = 0
             if self._new_load:
-                for key, selections in self.new_selections().items():
+                selections = self.new_selections()
+                for key, new in selections.items():
                     estimate = self.channels[key].estimate
                     assert estimate is not None
-                    estimate.update(selections)
+                    estimate.update(new)
             unloaded = [key for key, has_load in loaded.items() if not has_load]
         # The policy upstream runs for this rearrangement's models (add_model set the selected one): a model
         # without load keeps its placement (no policy call, no gate decision), decided here at once.
@@ -653,5 +655,5 @@ class AscendEplbState(EplbState):
             self._awaiting_decision = set(loaded_keys) if regular else set()
         result = super().rearrange(is_profile, rank_mapping, use_last_expert_load)
         if not is_profile:
-            self.bus.publish(RearrangementEvent(self))
+            self.bus.publish(RearrangementEvent(self, selections))
         return result

@@ -118,19 +118,30 @@ def build_parser() -> argparse.ArgumentParser:
         "num_redundant_experts; otherwise the recommended level (or the one --redundant-experts level)",
     )
     pl.add_argument("--json", action="store_true", help="machine-readable output")
-    from ascend_eplb.tools.options import min_balancedness_gain, policy_list, target_balancedness
+    from ascend_eplb.tools.options import (
+        load_estimate_list,
+        min_balancedness_gain,
+        policy_list,
+        target_balancedness,
+    )
 
     compare = pl.add_argument_group(
-        "policies compared per rearrangement (any of these options; one redundancy level: "
-        "--redundant-experts R, or an events file's recorded one)"
+        "policies and load estimates compared per rearrangement (any of these options; one redundancy "
+        "level: --redundant-experts R, or an events file's recorded one)"
     )
     compare.add_argument(
         "--policies",
         type=policy_list,
         default=None,
         help="compare these placement policies (additional_config.eplb_config.policy: default, "
-        "migration_aware; default both) window by window: balancedness after, experts and bytes moved, "
-        "the gate's skips, recommended gate values",
+        "migration_aware; default both) window by window: balancedness after and realised on the next "
+        "window, experts and bytes moved, the gate's skips, recommended gate values, the run to choose",
+    )
+    compare.add_argument(
+        "--load-estimates",
+        type=load_estimate_list,
+        default=None,
+        help="on these loads (additional_config.eplb_config.load_estimate: window, pooled; default both)",
     )
     compare.add_argument(
         "--min-balancedness-gain",

@@ -11,6 +11,8 @@ from pathlib import Path
 __all__ = [
     "file_path",
     "int_list",
+    "load_estimate_list",
+    "load_estimate_name",
     "min_balancedness_gain",
     "non_negative_int",
     "path",
@@ -120,6 +122,21 @@ def policy_list(value: str) -> list[str]:
     """Comma-separated placement policy names (each :func:`policy_name`), at least one; an empty entry is
     refused (:func:`_entries`)."""
     return [policy_name(v) for v in _entries(value, "default,migration_aware")]
+
+
+def load_estimate_name(value: str) -> str:
+    """A load estimate name (``additional_config.eplb_config.load_estimate``: ``window``, ``pooled``)."""
+    from ascend_eplb.control.policy_config import load_estimate_error
+
+    if (reason := load_estimate_error(value)) is not None:
+        raise argparse.ArgumentTypeError(f"{value!r}: {reason}")
+    return value
+
+
+def load_estimate_list(value: str) -> list[str]:
+    """Comma-separated load estimate names (each :func:`load_estimate_name`), at least one; an empty entry
+    is refused (:func:`_entries`)."""
+    return [load_estimate_name(v) for v in _entries(value, "window,pooled")]
 
 
 def number(value: str) -> float:

@@ -50,6 +50,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import itertools
+import json
 import sys
 import types
 from collections.abc import Sequence
@@ -68,6 +69,7 @@ __all__ = [
     "DEFAULT_MARGIN",
     "DEFAULT_WINDOW_SEQUENCES",
     "Candidates",
+    "Choice",
     "Deployment",
     "ExpertBytes",
     "GateRecommendation",
@@ -77,6 +79,7 @@ __all__ = [
     "PolicyRun",
     "WindowOutcome",
     "Windows",
+    "choose",
     "compare_policies",
     "export_placement",
     "format_comparison",
@@ -512,12 +515,14 @@ class WindowOutcome:
 
     ``balancedness_before``: the window under the placement in force when it closed;
     ``balancedness_after``: the window under the placement in force after the rearrangement (the kept one
-    when skipped); ``balancedness_planned``: under the policy's placement (None when the policy did not
-    run: ``"balanced"``, ``"no_load"``); ``balancedness_served``: the next window under the placement
-    in force after this one (what it served until the next rearrangement; None for the last window);
-    ``experts_moved``: :func:`ascend_eplb.control.measures.moved_experts` summed over layers (0 when
-    skipped); ``bytes_moved``: ``experts_moved`` x one expert's bytes, estimated (None without a model
-    size);
+    when skipped); ``balancedness_planned``: the window under the policy's placement (None when the
+    policy did not run: ``"balanced"``, ``"no_load"``); ``estimate_balancedness_before`` and
+    ``estimate_balancedness_planned``: the load estimate the policy planned on under the committed and
+    the policy's placement (what the gate judged; None on the window, or where the policy did not run);
+    ``balancedness_realised``: the next window under the placement in force after this one (what it
+    served until the next rearrangement; None for the last window); ``experts_moved``:
+    :func:`ascend_eplb.control.measures.moved_experts` summed over layers (0 when skipped);
+    ``bytes_moved``: ``experts_moved`` x one expert's bytes, estimated (None without a model size);
     ``skipped``: None or the gate's reason (:data:`ascend_eplb.control.policy_config.SKIP_REASONS`).
     """
 
@@ -526,25 +531,30 @@ class WindowOutcome:
     balancedness_before: float
     balancedness_after: float
     balancedness_planned: float | None
-    balancedness_served: float | None
+    estimate_balancedness_before: float | None
+    estimate_balancedness_planned: float | None
+    balancedness_realised: float | None
     experts_moved: int
     bytes_moved: int | None
 
 
 @dataclass(frozen=True)
 class PolicyRun:
-    """One policy (and gate) through every window, each decision :func:`ascend_eplb.control.gate.decide`'s.
+    """One policy on one load estimate (and a gate) through every window, each decision
+    :func:`ascend_eplb.control.gate.decide`'s.
 
+    ``load_estimate``: what the policy planned on (``additional_config.eplb_config.load_estimate``).
     ``gate``: ``"off"``, ``"given"`` (the command's ``--min-balancedness-gain`` /
-    ``--target-balancedness``) or ``"recommended"`` (:func:`recommend_gate` on the same policy's run with
-    the gate off). Totals: ``rearranged`` (windows that moved to the policy's placement),
-    ``skipped`` (by reason, every reason listed), ``experts_moved`` and ``bytes_moved`` (sums),
-    ``mean_balancedness_after`` and ``mean_balancedness_served`` (means over the windows that have the
-    figure).
+    ``--target-balancedness``) or ``"recommended"`` (:func:`recommend_gate` on the same policy and
+    estimate's run with the gate off). Totals: ``rearranged`` (windows that moved to the policy's
+    placement), ``skipped`` (by reason, every reason listed), ``experts_moved`` and ``bytes_moved``
+    (sums), ``mean_balancedness_after`` and ``mean_balancedness_realised`` (means over the windows that
+    have the figure).
     """
 
     label: str
     policy: str
+    load_estimate: str
     gate: str
     min_balancedness_gain: float
     target_balancedness: float | None
@@ -554,26 +564,55 @@ class PolicyRun:
     experts_moved: int
     bytes_moved: int | None
     mean_balancedness_after: float
-    mean_balancedness_served: float | None
+    mean_balancedness_realised: float | None
+
+    def ascend_keys(self) -> dict[str, Any]:
+        """The ``additional_config.eplb_config`` keys that serve this run, each only where it differs
+        from its default (upstream's policy, on the window, gate off)."""
+        keys: dict[str, Any] = {}
+        if self.policy != "default":
+            keys["policy"] = self.policy
+        if self.load_estimate != "window":
+            keys["load_estimate"] = self.load_estimate
+        if self.min_balancedness_gain > 0:
+            keys["min_balancedness_gain"] = self.min_balancedness_gain
+        if self.target_balancedness is not None:
+            keys["target_balancedness"] = self.target_balancedness
+        return keys
 
 
 @dataclass(frozen=True)
 class GateRecommendation:
-    """Gate values for one policy on the windows (:func:`recommend_gate` gives the rule)."""
+    """Gate values for one policy on one load estimate (:func:`recommend_gate` gives the rule)."""
 
     policy: str
+    load_estimate: str
     min_balancedness_gain: float
     target_balancedness: float
-    mean_served: float  # the figure target_balancedness is rounded from
+    mean_in_force: float  # the figure target_balancedness is rounded from
     mean_drift: float  # the figure min_balancedness_gain is rounded from
 
 
 @dataclass(frozen=True)
+class Choice:
+    """The run to serve with (:func:`choose`): its label, its ``additional_config.eplb_config`` keys
+    (``ascend_keys``: the differences from the defaults), its mean realised balancedness and experts
+    moved, and the margin of the rule."""
+
+    label: str
+    ascend_keys: dict[str, Any]
+    mean_balancedness_realised: float
+    experts_moved: int
+    margin: float
+
+
+@dataclass(frozen=True)
 class PolicyComparison:
-    """The policies of :func:`compare_policies` side by side on one sequence of windows."""
+    """The runs of :func:`compare_policies` side by side on one sequence of windows."""
 
     source: str
     window: str  # what one window is ("4 sequences", "an events-file window", "the whole load")
+    evidence: str  # what the load estimate took in per window
     num_windows: int
     num_ranks: int
     num_nodes: int
@@ -583,19 +622,22 @@ class PolicyComparison:
     num_redundant_experts: int
     expert_nbytes: int | None
     bytes_note: str  # where expert_nbytes comes from, or why bytes are not given
+    load_estimates: list[str]
     runs: list[PolicyRun]
     recommended_gates: list[GateRecommendation]
     recommendation_note: str | None = None  # why no gate is recommended
+    choice: Choice | None = None  # None: one window, no placement was seen serving a next one
 
     def to_json(self) -> dict:
         return asdict(self)
 
-    def run(self, policy: str, gate: str = "off") -> PolicyRun:
-        """The run of ``policy`` with ``gate`` (``"off"``, ``"given"``, ``"recommended"``)."""
+    def run(self, policy: str, gate: str = "off", load_estimate: str = "window") -> PolicyRun:
+        """The run of ``policy`` on ``load_estimate`` with ``gate`` (``"off"``, ``"given"``,
+        ``"recommended"``)."""
         for r in self.runs:
-            if r.policy == policy and r.gate == gate:
+            if r.policy == policy and r.gate == gate and r.load_estimate == load_estimate:
                 return r
-        raise KeyError(f"no run of the {policy} policy with the gate {gate}")
+        raise KeyError(f"no run of the {policy} policy on the {load_estimate} load with the gate {gate}")
 
 
 @dataclass(frozen=True)
@@ -606,11 +648,17 @@ class Windows:
         loads: ``[L, E]`` each, >= 0 (int64 counts or float64).
         source: where they come from (a file), for messages and the report.
         window: what one window is (``"4 sequences (of 40)"``, ``"an events-file window ..."``).
+        new_selections: ``[L, E]`` per window, the selections recorded since the previous window that
+            serving's load estimate took in (an events file recorded with the estimate on); None: each
+            window's own load is its new evidence (a trace's windows do not overlap).
+        evidence: what the load estimate takes in per window, in words.
     """
 
     loads: tuple[np.ndarray, ...]
     source: str = ""
     window: str = ""
+    new_selections: tuple[np.ndarray, ...] | None = None
+    evidence: str = "each window's load"
 
 
 @dataclass(frozen=True)
@@ -626,12 +674,14 @@ class Deployment:
 
 @dataclass(frozen=True)
 class Candidates:
-    """What :func:`compare_policies` runs: each policy (``additional_config.eplb_config.policy``) with the
-    gate off, and with the given gate (``min_balancedness_gain`` > 0 or ``target_balancedness`` set)."""
+    """What :func:`compare_policies` runs: each policy (``additional_config.eplb_config.policy``) on each
+    load estimate (``load_estimate``) with the gate off, and with the given gate
+    (``min_balancedness_gain`` > 0 or ``target_balancedness`` set)."""
 
     policies: tuple[str, ...] = ("default", "migration_aware")
     min_balancedness_gain: float = 0.0
     target_balancedness: float | None = None
+    load_estimates: tuple[str, ...] = ("window", "pooled")
 
 
 @dataclass(frozen=True)
@@ -680,6 +730,11 @@ def load_windows(
       None: :data:`DEFAULT_WINDOW_SEQUENCES`);
     - any other load matrix (:func:`~ascend_eplb.tools.trace.load_load_matrix`): one window.
 
+    The load estimate's evidence (:attr:`Windows.new_selections`, what serving's estimate takes in: the
+    selections since the previous rearrangement, not the overlapping window) is an events file's
+    recorded ``new_selections`` when every window holds them (recorded with the estimate on), else each
+    window's load (a trace's windows do not overlap; :attr:`Windows.evidence` says which).
+
     ``window_sequences`` is for a routing trace only, ``last`` for an events file only.
 
     Raises:
@@ -698,11 +753,25 @@ def load_windows(
     if suffix == ".jsonl":
         recorded = trace.load_recorded(path) if recorded is None else recorded
         trace.load_load_matrix(path, last=last, recorded=recorded)  # its checks of the values
-        windows = [w.numpy() for w in recorded.windows]
+        chosen = slice(-last, None) if last is not None else slice(None)
+        windows = tuple(w.numpy() for w in recorded.windows[chosen])
+        what = "an events-file window (one rearrangement of the server that recorded it)"
+        if recorded.new_selections is not None:
+            return Windows(
+                windows,
+                str(path),
+                what,
+                tuple(w.numpy() for w in recorded.new_selections[chosen]),
+                "the selections each window record holds since the previous one, as serving's estimate "
+                "took them in",
+            )
         return Windows(
-            tuple(windows[-last:] if last is not None else windows),
+            windows,
             str(path),
-            "an events-file window (one rearrangement of the server that recorded it)",
+            what,
+            evidence="each window's load (the file records no selections since each rearrangement: it "
+            "was served with load_estimate=window; where upstream's windows overlapped, window_size > "
+            "step_interval, their tokens count more than once)",
         )
     if last is not None:
         raise ValueError(f"last={last}: is only for an events file (.jsonl)")
@@ -720,6 +789,7 @@ def load_windows(
             tuple(trace_windows(routing, window_sequences)),
             str(path),
             f"{window_sequences} sequences (of {sequences})",
+            evidence="each window's tokens (a trace's windows do not overlap)",
         )
     load = trace.load_load_matrix(path)
     if np.array_equal(load, np.round(load)) and load.max() < 2**53:
@@ -728,7 +798,7 @@ def load_windows(
 
 
 def _run_policy(
-    loads: Sequence[torch.Tensor],
+    windows: Windows,
     deployment: Deployment,
     settings: Any,
     expert_bytes: ExpertBytes,
@@ -736,13 +806,23 @@ def _run_policy(
     label: str,
     gate: str,
 ) -> PolicyRun:
+    """``settings`` through ``windows`` as serving runs them: with a load estimate, a
+    :class:`~ascend_eplb.control.estimate.LoadEstimate` takes in each window's new selections before
+    its decision (``AscendEplbState.rearrange``), and :func:`ascend_eplb.control.gate.decide` plans and
+    judges on its load (the gated policy's call)."""
+    from ascend_eplb.control.estimate import LoadEstimate
     from ascend_eplb.control.gate import decide
     from ascend_eplb.control.policy_config import SKIP_REASONS
 
     d = deployment
+    loads = [torch.from_numpy(np.asarray(w)) for w in windows.loads]
+    evidence = (
+        loads if windows.new_selections is None else [torch.from_numpy(w) for w in windows.new_selections]
+    )
     num_moe_layers, num_experts = loads[0].shape
     placement = measures.upstream_initial_placement(num_experts, d.num_redundant_experts, num_moe_layers)
     expert_nbytes = expert_bytes.nbytes
+    estimate = LoadEstimate() if settings.estimating else None
 
     def mean_balancedness(load: torch.Tensor, p: torch.Tensor) -> float:
         return measures.mean_balancedness(measures.rank_loads(load, p, d.num_ranks))
@@ -750,29 +830,35 @@ def _run_policy(
     outcomes = []
     for i, load in enumerate(loads):
         before = mean_balancedness(load, placement)
+        if estimate is not None:
+            estimate.update(evidence[i])
         new, decision = decide(
             settings, load, num_experts + d.num_redundant_experts, d.num_expert_groups, d.num_nodes,
-            d.num_ranks, placement,
+            d.num_ranks, placement, estimate=None if estimate is None else estimate.load,
         )  # fmt: skip
         moved = int(decision.experts_moved or 0)
-        served = mean_balancedness(loads[i + 1], new) if i + 1 < len(loads) else None
+        realised = mean_balancedness(loads[i + 1], new) if i + 1 < len(loads) else None
+        on_estimate = estimate is not None
         outcomes.append(
             WindowOutcome(
                 window=i + 1,
                 skipped=decision.skipped,
                 balancedness_before=before,
                 balancedness_after=mean_balancedness(load, new),
-                balancedness_planned=decision.balancedness_planned,
-                balancedness_served=served,
+                balancedness_planned=decision.window_balancedness_planned,
+                estimate_balancedness_before=decision.balancedness_before if on_estimate else None,
+                estimate_balancedness_planned=decision.balancedness_planned if on_estimate else None,
+                balancedness_realised=realised,
                 experts_moved=moved,
                 bytes_moved=None if expert_nbytes is None else metrics.bytes_moved(moved, expert_nbytes),
             )
         )
         placement = new
-    served = [o.balancedness_served for o in outcomes if o.balancedness_served is not None]
+    realised = [o.balancedness_realised for o in outcomes if o.balancedness_realised is not None]
     return PolicyRun(
         label=label,
         policy=settings.policy,
+        load_estimate=settings.load_estimate,
         gate=gate,
         min_balancedness_gain=float(settings.min_balancedness_gain),
         target_balancedness=settings.target_balancedness,
@@ -782,40 +868,78 @@ def _run_policy(
         experts_moved=sum(o.experts_moved for o in outcomes),
         bytes_moved=None if expert_nbytes is None else sum(o.bytes_moved or 0 for o in outcomes),
         mean_balancedness_after=float(np.mean([o.balancedness_after for o in outcomes])),
-        mean_balancedness_served=float(np.mean(served)) if served else None,
+        mean_balancedness_realised=float(np.mean(realised)) if realised else None,
     )
 
 
 def recommend_gate(run: PolicyRun) -> GateRecommendation | None:
-    """Gate values for ``run``'s policy from its run with the gate off (None: fewer than 2 windows, so
-    no placement was seen serving a next window).
+    """Gate values for ``run``'s policy and load estimate from its run with the gate off (None: fewer
+    than 2 windows, so no placement was seen serving a next one).
 
-    The rule, both figures over the windows that have a next one, rounded to :data:`GATE_DECIMALS`:
+    The rule, in the gate's own measure (the balancedness of the load it judges: the window, or the load
+    estimate), both figures over the windows that have a next one, rounded to :data:`GATE_DECIMALS`:
 
-    - ``target_balancedness`` = the mean balancedness the placements of the ungated run serve on the
-      next window: what rearranging at every window delivers on average. A window the placement in
-      force already serves at least this well has, on average, nothing to gain (skip ``"balanced"``).
-    - ``min_balancedness_gain`` = the mean drop of a fresh placement from the window it was planned on
-      to the next window (``after - served`` of each rearranged window, the mean clipped at 0): how much
-      of a placement's fit the load's drift takes away before it serves. A planned gain below it does
-      not survive into the window the placement serves (skip ``"min_gain"``).
+    - ``target_balancedness`` = the mean balancedness of the placement in force at each next window
+      (on the window: what the run's placements realise on the next window): what rearranging at every
+      window keeps on average. A window whose placement in force is at least this balanced has, on
+      average, nothing to gain (skip ``"balanced"``).
+    - ``min_balancedness_gain`` = the mean drop of a fresh placement from its planned figure to the next
+      window's judgement of it (``planned - before`` of the next window for each rearranged window, the
+      mean clipped at 0): how much of a placement's fit the load's drift takes away before it serves.
+      A planned gain below it does not survive into the window the placement serves (skip
+      ``"min_gain"``).
 
     The values are clipped into the keys' ranges (``[0, 0.999]``, ``[0.001, 1]``).
     """
-    seen = [o for o in run.windows if o.balancedness_served is not None]
-    if not seen:
+    windows = run.windows
+    if len(windows) < 2:
         return None
-    served = float(np.mean([o.balancedness_served for o in seen]))
-    rearranged = [o.balancedness_after - o.balancedness_served for o in seen if o.skipped is None]
-    drift = max(0.0, float(np.mean(rearranged))) if rearranged else 0.0
+    if run.load_estimate == "window":
+        # The next window under the placement in force after this one; bit for bit the decision's
+        # figures (after = planned where the policy's placement was taken).
+        judged = [(o.balancedness_realised, o.balancedness_after) for o in windows[:-1]]
+    else:
+        judged = [
+            (nxt.estimate_balancedness_before, o.estimate_balancedness_planned)
+            for o, nxt in itertools.pairwise(windows)
+        ]
+    kept = [before for before, _ in judged if before is not None]  # None: the next window had no load
+    in_force = float(np.mean(kept)) if kept else 1.0
+    drops = [
+        planned - before
+        for o, (before, planned) in zip(windows, judged, strict=False)
+        if o.skipped is None and before is not None and planned is not None
+    ]
+    drift = max(0.0, float(np.mean(drops))) if drops else 0.0
     step = 10.0**-GATE_DECIMALS
     return GateRecommendation(
         policy=run.policy,
+        load_estimate=run.load_estimate,
         min_balancedness_gain=min(round(drift, GATE_DECIMALS), 1 - step),
-        target_balancedness=min(max(round(served, GATE_DECIMALS), step), 1.0),
-        mean_served=served,
+        target_balancedness=min(max(round(in_force, GATE_DECIMALS), step), 1.0),
+        mean_in_force=in_force,
         mean_drift=drift,
     )
+
+
+def choose(runs: Sequence[PolicyRun], margin: float) -> Choice | None:
+    """The run to serve with: the highest mean realised balancedness (the next window under each
+    placement: what serving sees); among the runs within ``margin`` of it, the one that moves the fewest
+    experts (the first in ``runs`` on a tie). None: no run has a realised figure (one window)."""
+    judged = [r for r in runs if r.mean_balancedness_realised is not None]
+    if not judged:
+        return None
+    best = max(r.mean_balancedness_realised for r in judged)  # type: ignore[type-var]
+    near = [r for r in judged if r.mean_balancedness_realised >= best - margin]  # type: ignore[operator]
+    chosen = min(near, key=lambda r: r.experts_moved)
+    assert chosen.mean_balancedness_realised is not None
+    return Choice(chosen.label, chosen.ascend_keys(), chosen.mean_balancedness_realised, chosen.experts_moved,
+                  margin)  # fmt: skip
+
+
+def _label(policy: str, load_estimate: str, estimates: Sequence[str]) -> str:
+    """A run's name: its policy, and its load estimate where more than one is compared."""
+    return policy if len(estimates) == 1 else f"{policy} ({load_estimate})"
 
 
 def compare_policies(
@@ -824,20 +948,25 @@ def compare_policies(
     candidates: Candidates = Candidates(),
     expert_bytes: ExpertBytes = ExpertBytes(),
 ) -> PolicyComparison:
-    """Each policy of ``candidates`` through ``windows`` from upstream's initial placement
-    (``measures.upstream_initial_placement``), each window decided by serving's own gate function
-    (:func:`ascend_eplb.control.gate.decide`: upstream's ``DefaultEplbPolicy`` for ``"default"``,
-    :class:`ascend_eplb.control.policy.MigrationAwarePolicy` for ``"migration_aware"``, the all-zero
-    window skipped as ``"no_load"``) and given the placement the previous decision left in force.
+    """Each policy of ``candidates`` on each of its load estimates through ``windows`` from upstream's
+    initial placement (``measures.upstream_initial_placement``), each window decided by serving's own
+    gate function (:func:`ascend_eplb.control.gate.decide`: upstream's ``DefaultEplbPolicy`` for
+    ``"default"``, :class:`ascend_eplb.control.policy.MigrationAwarePolicy` for ``"migration_aware"``,
+    the all-zero window skipped as ``"no_load"``; with the load estimate, serving's
+    :class:`~ascend_eplb.control.estimate.LoadEstimate` fed each window's new selections) and given the
+    placement the previous decision left in force.
 
-    Runs, in order: every policy with the gate off; with the given gate (if any); with the gate
-    :func:`recommend_gate` gives for it (unless no window has a next one).
+    Runs, in order: every policy and estimate with the gate off; with the given gate (if any); with the
+    gate :func:`recommend_gate` gives for it (unless no window has a next one). The choice
+    (:func:`choose`) takes the margin of the migration-aware policy's own tolerance
+    (``MigrationAwarePolicy.balancedness_tolerance``: the balance it counts as upstream's).
 
     Raises:
-        ValueError: naming the value and the rule: no window, windows of different shapes, a policy or
-            gate value breaking start-up's rules (``ascend_eplb.control.policy_config``), an invalid
-            redundancy level or ranks, nodes and expert groups (:func:`validate_plan_args`).
+        ValueError: naming the value and the rule: no window, windows of different shapes, a policy,
+            load estimate or gate value breaking start-up's rules (``ascend_eplb.control.policy_config``),
+            an invalid redundancy level or ranks, nodes and expert groups (:func:`validate_plan_args`).
     """
+    from ascend_eplb.control.policy import MigrationAwarePolicy
     from ascend_eplb.control.policy_config import PolicySettings
 
     d, c = deployment, candidates
@@ -850,37 +979,46 @@ def compare_policies(
             raise ValueError(f"window {i + 1} has shape {w.shape}: every window must be {shape} [L, E]")
         if w.size and (not np.isfinite(w).all() or w.min() < 0):
             raise ValueError(f"window {i + 1}: load must be finite and >= 0")
+    if windows.new_selections is not None and len(windows.new_selections) != len(arrays):
+        raise ValueError(
+            f"new selections: {len(windows.new_selections)} given for {len(arrays)} windows: one per window"
+        )
     validate_plan_args(shape, d.num_ranks, d.num_nodes, d.num_expert_groups, [d.num_redundant_experts])
     if not c.policies:
         raise ValueError("policies: give at least one of default, migration_aware")
+    if not c.load_estimates:
+        raise ValueError("load estimates: give at least one of window, pooled")
+    for estimate in c.load_estimates:
+        PolicySettings(load_estimate=estimate)  # start-up's rule, naming the value
     gate_given = PolicySettings(c.policies[0], c.min_balancedness_gain, c.target_balancedness).gate_on
-    loads = [torch.from_numpy(w) for w in arrays]
-    runs, recommended = [], []
-    for name in dict.fromkeys(c.policies):
-        runs.append(_run_policy(loads, d, PolicySettings(name), expert_bytes, label=name, gate="off"))
-    for name in dict.fromkeys(c.policies):
-        if gate_given:
-            settings = PolicySettings(name, c.min_balancedness_gain, c.target_balancedness)
-            runs.append(_run_policy(loads, d, settings, expert_bytes, label=f"{name} + gate", gate="given"))
-    for name in dict.fromkeys(c.policies):
-        rec = recommend_gate(next(r for r in runs if r.policy == name and r.gate == "off"))
+    estimates = list(dict.fromkeys(c.load_estimates))
+    combos = [(p, e) for e in estimates for p in dict.fromkeys(c.policies)]
+
+    def run(policy: str, estimate: str, gain: float, target: float | None, gate: str) -> PolicyRun:
+        settings = PolicySettings(policy, gain, target, estimate)
+        suffix = {"off": "", "given": " + gate", "recommended": " + recommended gate"}[gate]
+        label = _label(policy, estimate, estimates) + suffix
+        return _run_policy(windows, d, settings, expert_bytes, label=label, gate=gate)
+
+    runs = [run(p, e, 0.0, None, "off") for p, e in combos]
+    if gate_given:
+        runs += [run(p, e, c.min_balancedness_gain, c.target_balancedness, "given") for p, e in combos]
+    recommended = []
+    for p, e in combos:
+        rec = recommend_gate(next(r for r in runs if (r.policy, r.load_estimate, r.gate) == (p, e, "off")))
         if rec is None:
             continue
         recommended.append(rec)
-        settings = PolicySettings(name, rec.min_balancedness_gain, rec.target_balancedness)
-        if settings.gate_on:
-            runs.append(
-                _run_policy(
-                    loads, d, settings, expert_bytes, label=f"{name} + recommended gate", gate="recommended"
-                )
-            )
+        if PolicySettings(p, rec.min_balancedness_gain, rec.target_balancedness).gate_on:
+            runs.append(run(p, e, rec.min_balancedness_gain, rec.target_balancedness, "recommended"))
     return PolicyComparison(
-        source=windows.source, window=windows.window, num_windows=len(loads), num_ranks=d.num_ranks,
-        num_nodes=d.num_nodes, num_expert_groups=d.num_expert_groups, num_moe_layers=int(shape[0]),
-        num_logical_experts=int(shape[1]), num_redundant_experts=d.num_redundant_experts,
-        expert_nbytes=expert_bytes.nbytes, bytes_note=expert_bytes.note, runs=runs,
-        recommended_gates=recommended,
+        source=windows.source, window=windows.window, evidence=windows.evidence, num_windows=len(arrays),
+        num_ranks=d.num_ranks, num_nodes=d.num_nodes, num_expert_groups=d.num_expert_groups,
+        num_moe_layers=int(shape[0]), num_logical_experts=int(shape[1]),
+        num_redundant_experts=d.num_redundant_experts, expert_nbytes=expert_bytes.nbytes,
+        bytes_note=expert_bytes.note, load_estimates=estimates, runs=runs, recommended_gates=recommended,
         recommendation_note=None if recommended else "one window: no placement was seen serving a next one",
+        choice=choose(runs, MigrationAwarePolicy.balancedness_tolerance),
     )  # fmt: skip
 
 
@@ -890,34 +1028,123 @@ def _gate_text(min_gain: float, target: float | None) -> str:
 
 
 def format_comparison(result: PolicyComparison) -> str:
-    """Human-readable :class:`PolicyComparison`: per window the runs side by side (the gate-off runs and
-    the gated ones: the given gate, else the recommended one), the totals of every run, and the
-    recommended gate values with their rule and their effect."""
+    """Human-readable :class:`PolicyComparison`: per load estimate, per window the runs side by side (the
+    gate-off runs and the gated ones: the given gate, else the recommended one), the totals of every run,
+    the recommended gate values with their rule and their effect, and the run to choose."""
     from ascend_eplb.tools.costs import format_bytes
 
     with_bytes = result.expert_nbytes is not None
+    several = len(result.load_estimates) > 1
+    compared = f"policies and load estimates ({', '.join(result.load_estimates)})" if several else "policies"
+    on = "" if result.load_estimates == ["window"] else f" on the load estimate {result.load_estimates[0]}"
     lines = [
-        f"policies compared on {result.num_windows} window(s) of {result.source} "
+        f"{compared} compared{'' if several else on} on {result.num_windows} window(s) of {result.source} "
         f"(a window: {result.window}): "
         f"{result.num_moe_layers} layers x {result.num_logical_experts} logical experts, ranks="
         f"{result.num_ranks} nodes={result.num_nodes} expert groups={result.num_expert_groups}, "
         f"num_redundant_experts={result.num_redundant_experts}; every run starts from upstream's initial "
         "placement, each window decided by serving's gate (ascend_eplb.control.gate.decide)",
+    ]
+    if result.load_estimates != ["window"]:
+        lines.append(
+            "load estimate: window = the closed window (upstream's); pooled = serving's "
+            f"ascend_eplb.control.estimate.LoadEstimate, taking in {result.evidence}"
+        )
+    lines += [
         "balancedness = mean rank load / max rank load per layer, averaged over layers (1.0 = even); after: "
-        "the window under the placement in force after its rearrangement; served: the next window under it",
+        "the window under the placement in force after its rearrangement; realised: the next window under "
+        "it (what serving sees)",
         "moved = experts a rank receives that it did not hold, summed over ranks and layers; "
         + (f"bytes = moved x {result.bytes_note}" if with_bytes else f"bytes: {result.bytes_note}"),
     ]
     gated = "given" if any(r.gate == "given" for r in result.runs) else "recommended"
-    shown = [r for r in result.runs if r.gate in ("off", gated)]
-    # A cell: balancedness after, then experts moved (and bytes), or the skip reason in their place.
+    for estimate in result.load_estimates:
+        shown = [r for r in result.runs if r.gate in ("off", gated) and r.load_estimate == estimate]
+        if several:
+            lines.append(f"load estimate {estimate}:")
+        lines += _window_table(result, shown, with_bytes)
+    lines.append("totals:")
+    label_w = max(len(r.label) for r in result.runs)
+    lines.append(
+        f"  {'run':<{label_w}} {'rearranged':>10} {'skipped (balanced/min_gain/no_load)':>36} "
+        f"{'experts moved':>13} {'bytes moved':>11} {'mean after':>10} {'mean realised':>13}"
+    )
+    for r in result.runs:
+        skipped = "/".join(str(r.skipped[k]) for k in ("balanced", "min_gain", "no_load"))
+        realised = "n/a" if r.mean_balancedness_realised is None else f"{r.mean_balancedness_realised:.4f}"
+        lines.append(
+            f"  {r.label:<{label_w}} {r.rearranged:>10} {skipped:>36} {r.experts_moved:>13} "
+            f"{format_bytes(r.bytes_moved):>11} {r.mean_balancedness_after:>10.4f} {realised:>13}"
+        )
+    for r in result.runs:
+        if r.gate == "given":
+            lines.append(f"  {r.label}: {_gate_text(r.min_balancedness_gain, r.target_balancedness)}")
+    if not result.recommended_gates:
+        lines.append(f"recommended gate: none ({result.recommendation_note})")
+    for rec in result.recommended_gates:
+        off = result.run(rec.policy, load_estimate=rec.load_estimate)
+        lines.append(
+            f"recommended gate for {_label(rec.policy, rec.load_estimate, result.load_estimates)}: "
+            f"{_gate_text(rec.min_balancedness_gain, rec.target_balancedness)}"
+        )
+        if rec.load_estimate == "window":
+            kept = "its gate-off placements realise on the next window"
+            drop = "its window to the next"
+        else:
+            kept = "of the load estimate under its gate-off run's placement in force at each next window"
+            drop = "the estimate it was planned on to the next window's estimate"
+        lines.append(
+            f"  rule: target_balancedness = the mean balancedness {kept} ({rec.mean_in_force:.4f}): a window "
+            "the placement in force already serves that well has nothing to gain on average; "
+            f"min_balancedness_gain = the mean drop of a fresh placement from {drop} ({rec.mean_drift:.4f}): "
+            "a planned gain below it does not survive into the window it serves (both rounded to "
+            f"{GATE_DECIMALS} decimals)"
+        )
+        gated_run = next(
+            (
+                r
+                for r in result.runs
+                if (r.policy, r.load_estimate, r.gate) == (rec.policy, rec.load_estimate, "recommended")
+            ),
+            None,
+        )
+        if gated_run is None:
+            lines.append("  with it: the gate is off (both values 0 / unset)")
+            continue
+        skips = ", ".join(f"{k} {v}" for k, v in gated_run.skipped.items() if v) or "none"
+        saved = ""
+        if with_bytes:
+            saved = (
+                f", bytes {format_bytes(gated_run.bytes_moved)} (gate off: {format_bytes(off.bytes_moved)})"
+            )
+        realised = (
+            ""
+            if gated_run.mean_balancedness_realised is None
+            else f"; mean realised {gated_run.mean_balancedness_realised:.4f} (gate off: "
+            f"{off.mean_balancedness_realised:.4f})"
+        )
+        lines.append(
+            f"  with it: {result.num_windows - gated_run.rearranged} of {result.num_windows} windows skipped "
+            f"({skips}); experts moved {gated_run.experts_moved} (gate off: {off.experts_moved}){saved}"
+            f"{realised}"
+        )
+    lines += _choice_lines(result)
+    return "\n".join(lines)
+
+
+def _window_table(result: PolicyComparison, shown: list[PolicyRun], with_bytes: bool) -> list[str]:
+    """Per window, each run of ``shown`` side by side: balancedness after, then experts moved (and
+    bytes), or the skip reason in their place."""
+    from ascend_eplb.tools.costs import format_bytes
+
     rest_w = 18 if with_bytes else 13  # "skip min_gain"; "  moved      bytes"
     sub = f"{'after':>6} " + (f"{'moved':>7} {'bytes':>10}" if with_bytes else f"{'moved':>{rest_w}}")
     widths = [max(len(sub), len(r.label)) for r in shown]
-    lines.append(
-        f"{'window':>6} " + " ".join(f"| {r.label:<{w}}" for r, w in zip(shown, widths, strict=True)).rstrip()
-    )
-    lines.append((f"{'':>6} " + " ".join(f"| {sub:<{w}}" for w in widths)).rstrip())
+    lines = [
+        f"{'window':>6} "
+        + " ".join(f"| {r.label:<{w}}" for r, w in zip(shown, widths, strict=True)).rstrip(),
+        (f"{'':>6} " + " ".join(f"| {sub:<{w}}" for w in widths)).rstrip(),
+    ]
     for i in range(result.num_windows):
         cells = []
         for r, width in zip(shown, widths, strict=True):
@@ -930,56 +1157,29 @@ def format_comparison(result: PolicyComparison) -> str:
                 rest = str(o.experts_moved)
             cells.append(f"| {f'{o.balancedness_after:>6.4f} {rest:>{rest_w}}':<{width}}")
         lines.append((f"{i + 1:>6} " + " ".join(cells)).rstrip())
-    lines.append("totals:")
-    label_w = max(len(r.label) for r in result.runs)
-    lines.append(
-        f"  {'run':<{label_w}} {'rearranged':>10} {'skipped (balanced/min_gain/no_load)':>36} "
-        f"{'experts moved':>13} {'bytes moved':>11} {'mean after':>10} {'mean served':>11}"
+    return lines
+
+
+def _choice_lines(result: PolicyComparison) -> list[str]:
+    """The run to choose, its keys, beside upstream's default on the window with the gate off (when it
+    ran), and the rule."""
+    choice = result.choice
+    if choice is None:
+        return ["choose: nothing to judge (one window: no placement was seen serving a next one)"]
+    keys = json.dumps(choice.ascend_keys) if choice.ascend_keys else "{} (upstream's defaults)"
+    upstream = next(
+        (r for r in result.runs if (r.policy, r.load_estimate, r.gate) == ("default", "window", "off")), None
     )
-    for r in result.runs:
-        skipped = "/".join(str(r.skipped[k]) for k in ("balanced", "min_gain", "no_load"))
-        served = "n/a" if r.mean_balancedness_served is None else f"{r.mean_balancedness_served:.4f}"
-        lines.append(
-            f"  {r.label:<{label_w}} {r.rearranged:>10} {skipped:>36} {r.experts_moved:>13} "
-            f"{format_bytes(r.bytes_moved):>11} {r.mean_balancedness_after:>10.4f} {served:>11}"
+    beside = ""
+    if upstream is not None and upstream.label != choice.label:
+        beside = (
+            f" (upstream's default on the window, gate off: {upstream.mean_balancedness_realised:.4f}, "
+            f"{upstream.experts_moved} experts moved)"
         )
-    for r in result.runs:
-        if r.gate == "given":
-            lines.append(f"  {r.label}: {_gate_text(r.min_balancedness_gain, r.target_balancedness)}")
-    if not result.recommended_gates:
-        lines.append(f"recommended gate: none ({result.recommendation_note})")
-    for rec in result.recommended_gates:
-        off = result.run(rec.policy)
-        lines.append(
-            f"recommended gate for {rec.policy}: "
-            f"{_gate_text(rec.min_balancedness_gain, rec.target_balancedness)}"
-        )
-        lines.append(
-            f"  rule: target_balancedness = the mean balancedness its gate-off placements serve on the next "
-            f"window ({rec.mean_served:.4f}): a window the placement in force already serves that well has "
-            "nothing to gain on average; min_balancedness_gain = the mean drop of a fresh placement from its "
-            f"window to the next ({rec.mean_drift:.4f}): a planned gain below it does not survive into the "
-            f"window it serves (both rounded to {GATE_DECIMALS} decimals)"
-        )
-        gated_run = next((r for r in result.runs if r.policy == rec.policy and r.gate == "recommended"), None)
-        if gated_run is None:
-            lines.append("  with it: the gate is off (both values 0 / unset)")
-            continue
-        skips = ", ".join(f"{k} {v}" for k, v in gated_run.skipped.items() if v) or "none"
-        saved = ""
-        if with_bytes:
-            saved = (
-                f", bytes {format_bytes(gated_run.bytes_moved)} (gate off: {format_bytes(off.bytes_moved)})"
-            )
-        served = (
-            ""
-            if gated_run.mean_balancedness_served is None
-            else f"; mean served {gated_run.mean_balancedness_served:.4f} (gate off: "
-            f"{off.mean_balancedness_served:.4f})"
-        )
-        lines.append(
-            f"  with it: {result.num_windows - gated_run.rearranged} of {result.num_windows} windows skipped "
-            f"({skips}); experts moved {gated_run.experts_moved} (gate off: {off.experts_moved}){saved}"
-            f"{served}"
-        )
-    return "\n".join(lines)
+    return [
+        f"choose: {choice.label}: additional_config.eplb_config {keys}; mean realised "
+        f"{choice.mean_balancedness_realised:.4f}, {choice.experts_moved} experts moved{beside}",
+        "  rule: the highest mean realised balancedness (the next window under each placement: what serving "
+        f"sees); of the runs within {choice.margin:g} of it (the migration-aware policy's tolerance of "
+        "upstream's balance), the one that moves the fewest experts",
+    ]

@@ -117,6 +117,7 @@ class ComparisonRequest:
 def _compares_policies(args: argparse.Namespace) -> bool:
     return (
         args.policies is not None
+        or args.load_estimates is not None
         or args.min_balancedness_gain > 0
         or args.target_balancedness is not None
         or args.window_sequences is not None
@@ -141,8 +142,8 @@ def _comparison_request(args: argparse.Namespace) -> ComparisonRequest:
     if args.export_expert_map is not None:
         raise ValueError(
             f"export expert map={args.export_expert_map}: writes one level's placement from the level sweep; "
-            "not with the policy comparison (--policies, --min-balancedness-gain, --target-balancedness, "
-            "--window-sequences)"
+            "not with the policy comparison (--policies, --load-estimates, --min-balancedness-gain, "
+            "--target-balancedness, --window-sequences)"
         )
     events = load_recorded(args.load)  # an events file, read once (None: another load file)
     windows = load_windows(args.load, window_sequences=args.window_sequences, last=args.last, recorded=events)
@@ -194,6 +195,7 @@ def _comparison_request(args: argparse.Namespace) -> ComparisonRequest:
             tuple(args.policies or ("default", "migration_aware")),
             args.min_balancedness_gain,
             args.target_balancedness,
+            tuple(args.load_estimates or ("window", "pooled")),
         ),
         expert_bytes=expert_bytes,
         json=args.json,
