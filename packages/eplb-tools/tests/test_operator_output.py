@@ -22,7 +22,7 @@ def _report(**changes) -> SimulateReport:
         balancedness_per_step=(0.7, 0.8, 0.9), balancedness_off_per_step=(0.7, 0.7, 0.7),
         rank_load_share_per_step=((0.4, 0.2, 0.2, 0.2),) * 3, commit_completed_steps=(1,),
         initial_placement=None, bytes_received=0, bytes_received_per_rank=(0, 0, 0, 0), policy="default",
-        min_balancedness_gain=0.0, target_balancedness=None, rearrangement_records=(),
+        min_balancedness_gain=0.0, target_balancedness=None, load_estimate="window", rearrangement_records=(),
         rearrangements_skipped={}, experts_moved=0, bytes_moved=0, busiest_rank_experts_received=0,
         costs=None, out_dir="/o", commit_seconds=(), step_seconds_p50=1.0, step_seconds_p99=1.0,
         step_seconds_p50_in_flight=1.0, step_seconds_p50_idle=1.0, world_cpu_seconds_per_step_p50=1.0,
@@ -94,8 +94,10 @@ def test_a_rearrangement_names_the_step_it_committed_at_and_a_worse_realised_say
         return RearrangementOutcome(
             model="m", rearrangement=index, step=step, policy="default", skipped=skipped,
             balancedness_before=before, balancedness_planned=None if skipped else 0.9987,
-            balancedness_realised=realised, experts_moved=0 if skipped else 189,
-            bytes_moved=0 if skipped else 4644864, layers_changed=0 if skipped else 4,
+            load_estimate="window", estimate_balancedness_before=None, estimate_balancedness_planned=None,
+            balancedness_realised=realised, windows_realised=0 if realised is None else 1,
+            experts_moved=0 if skipped else 189, bytes_moved=0 if skipped else 4644864,
+            layers_changed=0 if skipped else 4,
         )  # fmt: skip
 
     report = _report(
@@ -112,7 +114,7 @@ def test_a_rearrangement_names_the_step_it_committed_at_and_a_worse_realised_say
         "    rearrangement 2 (committed at step 23): balancedness 0.9114 -> planned 0.9987, realised 0.9338; "
         "189 experts, 4.43 MiB moved",
         "    rearrangement 3 (skipped at step 39): balancedness 0.9612; skipped (balanced), nothing moved",
-        f"    realised below before (rearrangement 1): {REALISED_BELOW_BEFORE}",
+        f"    realised below before (rearrangement 1): {REALISED_BELOW_BEFORE['window']}",
     ]
     report = replace(report, rearrangement_records=(record(1, 7, 0.9, 0.95),))
     assert not any("realised below before" in ln for ln in summary_text(report).splitlines())
@@ -130,8 +132,9 @@ def test_every_total_counts_the_start_up_install_as_a_rearrangement_and_says_so(
     )  # fmt: skip
     done = RearrangementOutcome(
         model="m", rearrangement=1, step=7, policy="default", skipped=None, balancedness_before=0.5,
-        balancedness_planned=0.9, balancedness_realised=0.8, experts_moved=3, bytes_moved=3 * 1024,
-        layers_changed=2,
+        balancedness_planned=0.9, load_estimate="window", estimate_balancedness_before=None,
+        estimate_balancedness_planned=None, balancedness_realised=0.8, windows_realised=1, experts_moved=3,
+        bytes_moved=3 * 1024, layers_changed=2,
     )  # fmt: skip
     lines = summary_text(
         _report(
@@ -200,3 +203,86 @@ def test_the_events_file_gives_each_ranks_received_experts_install_and_rearrange
     assert out.install.experts_moved == 2
     assert [(r.model, r.rearrangement, r.step, r.experts_moved) for r in out.records] == [("m", 1, 5, 4)]
     assert events_outcomes(tmp_path / "absent.jsonl", 2).records == ()
+
+
+def test_planned_on_the_estimate_and_realised_over_the_windows_a_placement_served(tmp_path):
+    """Issue 37: a rearrangement planned on the load estimate shows both plans; one followed by a skipped
+    one realises over every window its placement served (the events file's realised records), the
+    skipped one over the next window under the placement it kept; the summary, report and plot say so."""
+    from ascend_eplb.integration.events import (
+        EventsWriter,
+        RearrangementRealisedRecord,
+        RearrangementRecord,
+        WindowRecord,
+    )
+    from ascend_eplb.tools.simulate.plot import balancedness_figure
+    from ascend_eplb.tools.simulate.report import events_outcomes
+    from ascend_eplb.tools.simulate.summary import REALISED_BELOW_BEFORE, summary_text
+    from ascend_eplb.tools.simulate.verdicts import PASSED
+
+    path = tmp_path / "events.jsonl"
+    writer = EventsWriter(path)
+    load = ((1, 1, 1, 1),)
+    plans = {"load_estimate": "pooled", "estimate_balancedness_before": 0.75}
+
+    def window(step, index, balancedness):
+        writer.write(WindowRecord(
+            time=0.0, step=step, model="m", rearrangement=index, load=load, balancedness=balancedness,
+            balancedness_eplb_off=0.5, new_selections=load,
+        ))  # fmt: skip
+
+    def realised(step, index, skipped, balancedness, placed_by, served):
+        copied = {"balancedness_before": 0.875, "balancedness_planned": 0.9375,
+                  "estimate_balancedness_planned": 0.96875 if index == 1 else 0.8125, **plans}  # fmt: skip
+        writer.write(RearrangementRealisedRecord(
+            time=0.0, step=step, model="m", rearrangement=index, skipped=skipped, **copied,
+            balancedness_realised=balancedness, placed_by=placed_by, windows_realised=len(served),
+            balancedness_realised_mean=sum(served) / len(served),
+        ))  # fmt: skip
+
+    window(3, 1, 0.875)
+    writer.write(RearrangementRecord(
+        time=0.0, step=5, model="m", rearrangement=1, policy="migration_aware", skipped=None,
+        balancedness_before=0.875, balancedness_planned=0.9375, estimate_balancedness_planned=0.96875,
+        **plans, experts_moved=3, bytes_moved=3 * 1024, layers_changed=1,
+    ))  # fmt: skip
+    realised(7, 1, None, 0.875, 1, [0.875])
+    window(7, 2, 0.875)
+    writer.write(RearrangementRecord(
+        time=0.0, step=8, model="m", rearrangement=2, policy="migration_aware", skipped="min_gain",
+        balancedness_before=0.875, balancedness_planned=0.9375, estimate_balancedness_planned=0.8125, **plans,
+        experts_moved=0, bytes_moved=0, layers_changed=0,
+    ))  # fmt: skip
+    realised(11, 2, "min_gain", 0.625, 1, [0.875, 0.625])
+    window(11, 3, 0.625)
+    writer.close()
+    records = events_outcomes(path, 2).records
+    # Rearrangement 1's placement served windows 2 and 3 (2 skipped): their mean; 2's own: window 3.
+    assert [(r.balancedness_realised, r.windows_realised) for r in records] == [(0.75, 2), (0.625, 1)]
+    assert [(r.estimate_balancedness_before, r.estimate_balancedness_planned) for r in records] == [
+        (0.75, 0.96875), (0.75, 0.8125),
+    ]  # fmt: skip
+    report = _report(
+        verdict=PASSED, policy="migration_aware", min_balancedness_gain=0.125, load_estimate="pooled",
+        rearrangement_records=records, rearrangements_skipped={"balanced": 0, "min_gain": 1, "no_load": 0},
+        experts_moved=3, bytes_moved=3 * 1024,
+    )  # fmt: skip
+    lines = summary_text(report).splitlines()
+    start = lines.index(next(ln for ln in lines if ln.startswith("  policy=migration_aware")))
+    assert lines[start : start + 4] == [
+        "  policy=migration_aware, gate min_balancedness_gain=0.125 target_balancedness=off, "
+        "load_estimate=pooled: 1 rearrangements moved 3 experts (3.00 KiB); skipped: min_gain 1",
+        "    rearrangement 1 (committed at step 5): balancedness 0.8750 -> planned 0.9375 (on the pooled "
+        "load estimate 0.7500 -> 0.9688), realised 0.7500 over the 2 windows it served; 3 experts, 3.00 KiB "
+        "moved",
+        "    rearrangement 2 (skipped at step 8): balancedness 0.8750, planned 0.9375 (on the pooled load "
+        "estimate 0.7500 -> 0.8125); skipped (min_gain), nothing moved; the placement kept realised 0.6250 "
+        "on the next window",
+        "    realised below before (rearrangement 1): " + REALISED_BELOW_BEFORE["pooled"],
+    ]
+    figure = balancedness_figure(report)
+    labels = figure.axes[0].get_legend_handles_labels()[1]
+    assert [x for x in labels if x.startswith(("planned", "realised"))] == [
+        "planned (its window)", "planned (the load estimate)", "realised (the windows it served)",
+    ]  # fmt: skip
+    assert figure._suptitle.get_text().endswith("policy migration_aware on the pooled load estimate")

@@ -1,6 +1,7 @@
 """`ascend-eplb simulate` end to end: a short real run passes every check; each fault fires its check."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -767,23 +768,42 @@ def _events(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _assert_records_are_the_events_and_plans_decisions(report, out, policy, gain, target, groups=1):
+ESTIMATE_FIELDS = ("load_estimate", "estimate_balancedness_before", "estimate_balancedness_planned")
+
+
+def _assert_records_are_the_events_and_plans_decisions(
+    report, out, policy, gain, target, groups=1, load_estimate="window"
+):
     """``groups``: the model's expert groups, which upstream passes its policy (``num_expert_groups``: the
     DeepSeek-V3 preset's ``n_group`` is 4; the replay world's toy model has 1): every window record says
-    so (and one node), and plan takes them from the file."""
+    so (and one node), and plan takes them from the file; on the ``load_estimate`` too, fed what each
+    window record says serving's estimate took in."""
     from ascend_eplb.integration.events import read_events
     from ascend_eplb.tools import plan
 
     events = _events(out / "events.jsonl")
-    realised = {e["rearrangement"]: e["balancedness_realised"] for e in events
-                if e["event"] == "rearrangement_realised"}  # fmt: skip
+
+    def realised(i: int) -> tuple[float | None, int]:
+        """From the window records after rearrangement record ``events[i]``: a placement that moved serves
+        every window that closes until the next one that moves; a skipped one's kept placement, the next."""
+        served = []
+        for e in events[i + 1 :]:
+            if e["event"] == "window":
+                served.append(e["balancedness"])
+            moved = e["event"] == "rearrangement" and e["skipped"] is None
+            if (events[i]["skipped"] and served) or moved:
+                break
+        return (math.fsum(served) / len(served) if served else None), len(served)
+
     expected = [
         {"model": e["model"], "rearrangement": e["rearrangement"], "step": e["step"], "policy": policy,
          "skipped": e["skipped"],
          "balancedness_before": e["balancedness_before"], "balancedness_planned": e["balancedness_planned"],
-         "balancedness_realised": realised.get(e["rearrangement"]), "experts_moved": e["experts_moved"],
-         "bytes_moved": e["bytes_moved"], "layers_changed": e["layers_changed"]}
-        for e in events if e["event"] == "rearrangement"
+         **{k: e[k] for k in ESTIMATE_FIELDS},
+         "balancedness_realised": realised(i)[0], "windows_realised": realised(i)[1],
+         "experts_moved": e["experts_moved"], "bytes_moved": e["bytes_moved"],
+         "layers_changed": e["layers_changed"]}
+        for i, e in enumerate(events) if e["event"] == "rearrangement"
     ]  # fmt: skip
     records = report["rearrangement_records"]
     assert records == expected
@@ -796,63 +816,79 @@ def _assert_records_are_the_events_and_plans_decisions(report, out, policy, gain
     assert (report["policy"], report["min_balancedness_gain"], report["target_balancedness"]) == (
         policy, gain, target,
     )  # fmt: skip
+    assert report["load_estimate"] == load_estimate
+    assert all(r["load_estimate"] == load_estimate for r in records)
+    assert all((r["estimate_balancedness_before"] is None) == (load_estimate == "window") for r in records)
     loaded = read_events(out / "events.jsonl").recorded_load()
-    windows = [w.numpy() for w in loaded.windows]
     grouping = {(e["num_expert_groups"], e["num_nodes"]) for e in events if e["event"] == "window"}
     assert grouping == {(groups, 1)}
     recorded = plan.planned_grouping(loaded, num_ranks=report["ranks"])
     assert recorded == (groups, 1)
+    windows = plan.load_windows(out / "events.jsonl")
+    assert (windows.new_selections is None) == (load_estimate == "window")
     offline = plan.compare_policies(
-        plan.Windows(tuple(windows)),
+        windows,
         plan.Deployment(report["ranks"], report["num_redundant_experts"], recorded[1], recorded[0]),
-        plan.Candidates((policy,), gain, target),
-    ).run(policy, "given" if gain or target is not None else "off")
+        plan.Candidates((policy,), gain, target, (load_estimate,)),
+    ).run(policy, "given" if gain or target is not None else "off", load_estimate)
+
+    def near(x):
+        return None if x is None else pytest.approx(x, abs=1e-12)
+
     for record, window in zip(records, offline.windows, strict=False):  # the last window may be in flight
         assert record["rearrangement"] == window.window
         assert (record["skipped"], record["experts_moved"]) == (window.skipped, window.experts_moved)
-        assert record["balancedness_before"] == pytest.approx(window.balancedness_before, abs=1e-12)
-        planned = window.balancedness_planned
-        assert record["balancedness_planned"] == (
-            None if planned is None else pytest.approx(planned, abs=1e-12)
-        )
+        assert record["balancedness_before"] == near(window.balancedness_before)
+        assert record["balancedness_planned"] == near(window.balancedness_planned)
+        assert record["estimate_balancedness_before"] == near(window.estimate_balancedness_before)
+        assert record["estimate_balancedness_planned"] == near(window.estimate_balancedness_planned)
     return records
 
 
 @pytest.mark.multirank
 def test_the_gate_and_the_migration_aware_policy_in_the_report_summary_and_plot(tmp_path, capsys):
     config = SimulateConfig(**{**SHORT, "steps": 32, "step_interval": 8}, policy="migration_aware",
-                            min_balancedness_gain=0.05, out_dir=str(tmp_path))  # fmt: skip
+                            min_balancedness_gain=0.05, load_estimate="pooled",
+                            out_dir=str(tmp_path))  # fmt: skip
     result = run_simulation(config)
     report = result.to_json()
     assert report["passed"], report["first_violation"]
     assert report["checks"] == dict.fromkeys(("outputs", "fingerprints", "lookups", "load", "worker"), True)
     records = _assert_records_are_the_events_and_plans_decisions(
-        report, tmp_path, "migration_aware", 0.05, None
+        report, tmp_path, "migration_aware", 0.05, None, load_estimate="pooled"
     )
     assert len(records) >= 3
     # The first window (upstream's initial placement, 0.92 on the trace) gains 0.08: it moves; later ones,
-    # from a placement fitted to the trace, gain less than 0.05 and are skipped.
+    # from a placement fitted to the trace, gain less than 0.05 on the estimate and are skipped.
     assert records[0]["skipped"] is None
     assert records[0]["experts_moved"] > 0
     assert report["rearrangements_skipped"]["min_gain"] >= 1
     printed = capsys.readouterr().out.splitlines()
     done = [r for r in records if r["skipped"] is None]
     assert (
-        f"  policy=migration_aware, gate min_balancedness_gain=0.05 target_balancedness=off: {len(done)} "
-        f"rearrangements moved {report['experts_moved']} experts"
+        f"  policy=migration_aware, gate min_balancedness_gain=0.05 target_balancedness=off, "
+        f"load_estimate=pooled: {len(done)} rearrangements moved {report['experts_moved']} experts"
     ) in "\n".join(printed)
     first = records[0]
+    # The later windows are skipped: the first placement serves several, its realised is their mean.
+    assert first["windows_realised"] >= 2
     assert (
         f"    rearrangement 1 (committed at step {first['step']}): balancedness "
         f"{first['balancedness_before']:.4f} -> "
-        f"planned {first['balancedness_planned']:.4f}, realised {first['balancedness_realised']:.4f}; "
-        f"{first['experts_moved']} experts,"
+        f"planned {first['balancedness_planned']:.4f} (on the pooled load estimate "
+        f"{first['estimate_balancedness_before']:.4f} -> {first['estimate_balancedness_planned']:.4f}), "
+        f"realised {first['balancedness_realised']:.4f} over the {first['windows_realised']} windows it "
+        f"served; {first['experts_moved']} experts,"
     ) in "\n".join(printed)
-    skipped = next(r for r in records if r["skipped"] == "min_gain")
+    skipped = next(
+        r for r in records if r["skipped"] == "min_gain" and r["balancedness_realised"] is not None
+    )
     assert (
         f"    rearrangement {skipped['rearrangement']} (skipped at step {skipped['step']}): balancedness "
-        f"{skipped['balancedness_before']:.4f}, planned {skipped['balancedness_planned']:.4f}; skipped "
-        "(min_gain), nothing moved"
+        f"{skipped['balancedness_before']:.4f}, planned {skipped['balancedness_planned']:.4f} (on the "
+        f"pooled load estimate {skipped['estimate_balancedness_before']:.4f} -> "
+        f"{skipped['estimate_balancedness_planned']:.4f}); skipped (min_gain), nothing moved; the placement "
+        f"kept realised {skipped['balancedness_realised']:.4f} on the next window"
     ) in printed
     assert (tmp_path / "balancedness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     from ascend_eplb.tools.simulate.plot import balancedness_figure

@@ -212,6 +212,13 @@ class SimulateConfig:
         metavar="X",
         type=number,
     )  # fmt: skip
+    load_estimate: str = _option(
+        "window", "--load-estimate",
+        "what the policy plans on and the gain gate judges (additional_config.eplb_config.load_estimate): "
+        "window (the closed window, upstream's) or pooled (the windows since the load's last shift); "
+        "default %(default)s",
+        metavar="window|pooled",
+    )  # fmt: skip
     trace: str | None = _option(
         None, "--trace",
         "routing: a compact trace (.npz), or load to sample from: a serving events file (.jsonl), a "
@@ -636,6 +643,7 @@ def _policy_errors(config: SimulateConfig) -> list[str]:
     """Start-up's rules of the policy and the gain gate (``ascend_eplb.control.policy_config``, the
     functions integration's rules call), each message naming the value and the rule."""
     from ascend_eplb.control.policy_config import (
+        load_estimate_error,
         min_balancedness_gain_error,
         policy_error,
         target_balancedness_error,
@@ -645,15 +653,22 @@ def _policy_errors(config: SimulateConfig) -> list[str]:
         ("policy", policy_error(config.policy)),
         ("min balancedness gain", min_balancedness_gain_error(config.min_balancedness_gain)),
         ("target balancedness", target_balancedness_error(config.target_balancedness)),
+        ("load estimate", load_estimate_error(config.load_estimate)),
     )
     return [f"{name}: {reason}" for name, reason in checks if reason is not None]
 
 
 def ascend_policy_keys(config: SimulateConfig) -> dict[str, Any]:
-    """The Ascend keys of ``additional_config.eplb_config`` a run sets for its policy and gain gate
-    (``policy``, ``min_balancedness_gain``, ``target_balancedness``), each only when it differs from its
-    default, so that a run with the defaults serves the configuration of a server that sets none."""
-    defaults = {"policy": "default", "min_balancedness_gain": 0.0, "target_balancedness": None}
+    """The Ascend keys of ``additional_config.eplb_config`` a run sets for its policy, gain gate and load
+    estimate (``policy``, ``min_balancedness_gain``, ``target_balancedness``, ``load_estimate``), each only
+    when it differs from its default, so that a run with the defaults serves the configuration of a
+    server that sets none."""
+    defaults = {
+        "policy": "default",
+        "min_balancedness_gain": 0.0,
+        "target_balancedness": None,
+        "load_estimate": "window",
+    }
     return {k: getattr(config, k) for k, default in defaults.items() if getattr(config, k) != default}
 
 

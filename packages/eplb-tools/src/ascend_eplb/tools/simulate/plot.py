@@ -1,4 +1,5 @@
-"""``balancedness.png``: balancedness per step (EPLB on beside off), the bytes each rearrangement (and the
+"""``balancedness.png``: balancedness per step (EPLB on beside off) with each rearrangement's planned and
+realised balancedness (the MTP draft's beside the target's), the bytes each rearrangement (and the
 start-up install) moved (skipped ones marked with the gate's reason) and each rank's share of the load."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ascend_eplb.tools.simulate.report import SimulateReport
+from ascend_eplb.tools.simulate.report import RearrangementOutcome, SimulateReport
 
 __all__ = ["balancedness_figure", "plot_balancedness"]
 
@@ -22,9 +23,10 @@ def plot_balancedness(report: SimulateReport, path: Path) -> None:
 
 
 def balancedness_figure(report: SimulateReport):
-    """The figure of ``balancedness.png``: balancedness per step on top; below it, the bytes each
-    rearrangement moved (``report.rearrangement_records``, at the step its record was made; a skipped
-    one is a marker at 0 with its reason); each rank's load share at the bottom.
+    """The figure of ``balancedness.png``: balancedness per step on top, with each rearrangement's
+    planned and realised balancedness (with ``--speculative-tokens``, the MTP draft's too); below it,
+    the bytes each rearrangement moved (``report.rearrangement_records``, at the step its record was
+    made; a skipped one is a marker at 0 with its reason); each rank's load share at the bottom.
 
     The y-axis labels are two short lines each, aligned: one line each ran past its panel's height, so
     the two labels overlapped between the panels.
@@ -58,6 +60,9 @@ def balancedness_figure(report: SimulateReport):
                 alpha=0.6,
                 label="rearrangement committed" if i == 0 and ax is ax1 else None,
             )
+    _planned_and_realised(ax1, report.rearrangement_records)
+    if draft is not None:
+        _planned_and_realised(ax1, draft.rearrangement_records, draft=True)
     _bytes_panel(ax_bytes, report, ax1)
     ax1.legend(loc="lower right", fontsize=7)
     shares = np.array(report.rank_load_share_per_step)
@@ -67,13 +72,33 @@ def balancedness_figure(report: SimulateReport):
     ax2.set_ylabel("rank's share\nof a layer's load")
     ax2.set_xlabel("step")
     ax2.legend(loc="upper right", fontsize=7, ncol=2)
-    gate = report.policy
+    estimate = "" if report.load_estimate == "window" else f" on the {report.load_estimate} load estimate"
     fig.suptitle(
-        f"ascend-eplb simulate: {report.ranks} ranks, {report.format}, {report.trace}, policy {gate}"
+        f"ascend-eplb simulate: {report.ranks} ranks, {report.format}, {report.trace}, policy "
+        f"{report.policy}{estimate}"
     )
     fig.align_ylabels((ax1, ax_bytes, ax2))
     fig.tight_layout()
     return fig
+
+
+def _planned_and_realised(ax, records: tuple[RearrangementOutcome, ...], *, draft: bool = False) -> None:
+    """Each of a model's rearrangements that moved experts, at the step its record was made: the
+    balancedness it planned on its window, on the load estimate (when it planned on one), and the one it
+    realised over the windows its placement served (``draft``: the MTP draft's, hollow markers)."""
+    done = [r for r in records if r.skipped is None]
+    marks = (
+        ("balancedness_planned", "^", "tab:green", "planned (its window)"),
+        ("estimate_balancedness_planned", "D", "tab:brown", "planned (the load estimate)"),
+        ("balancedness_realised", "o", "tab:purple", "realised (the windows it served)"),
+    )
+    for name, marker, color, label in marks:
+        shown = [(r.step, getattr(r, name)) for r in done if getattr(r, name) is not None]
+        if shown:
+            ax.plot(
+                *zip(*shown, strict=True), marker=marker, color=color, ls="none", ms=5,
+                mfc="none" if draft else color, label=f"MTP draft {label}" if draft else label,
+            )  # fmt: skip
 
 
 def _bytes_panel(ax, report: SimulateReport, ax_balance) -> None:

@@ -54,12 +54,17 @@ def _plain(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class RearrangementOutcome:
-    """What one closed window became (the events file's ``rearrangement`` record and, once the next
-    window closed, its ``rearrangement_realised`` one).
+    """What one closed window became (the events file's ``rearrangement`` record and the
+    ``rearrangement_realised`` ones of the windows after it).
 
     ``rearrangement``: the 1-based window index (None for a window without load); ``step``: the step the
-    record was made in; ``balancedness_realised``: the next window with load under the placement in
-    force after it (None until one closed); ``bytes_moved``: estimated (experts x one expert's bytes).
+    record was made in; ``balancedness_before`` and ``balancedness_planned``: its window under the
+    placement in force and under the policy's; ``estimate_balancedness_before`` and
+    ``estimate_balancedness_planned``: the same on the load estimate it was planned on (None on the
+    window); ``balancedness_realised``: the mean balancedness of the windows with load that closed under
+    the placement it left (one that moved: every window until the next that moved; a skipped one: the
+    next window, under the placement it kept), ``windows_realised`` of them (None and 0 until one
+    closed); ``bytes_moved``: estimated (experts x one expert's bytes).
     """
 
     model: str | None
@@ -69,7 +74,11 @@ class RearrangementOutcome:
     skipped: str | None
     balancedness_before: float | None
     balancedness_planned: float | None
+    load_estimate: str
+    estimate_balancedness_before: float | None
+    estimate_balancedness_planned: float | None
     balancedness_realised: float | None
+    windows_realised: int
     experts_moved: int
     bytes_moved: int
     layers_changed: int
@@ -193,6 +202,7 @@ class SimulateReport:
     policy: str
     min_balancedness_gain: float
     target_balancedness: float | None
+    load_estimate: str
     rearrangement_records: tuple[RearrangementOutcome, ...]
     rearrangements_skipped: dict[str, int]
     experts_moved: int
@@ -306,6 +316,7 @@ def build_report(
         policy=config.policy,
         min_balancedness_gain=config.min_balancedness_gain,
         target_balancedness=config.target_balancedness,
+        load_estimate=config.load_estimate,
         rearrangement_records=done,
         rearrangements_skipped={r: sum(x.skipped == r for x in done) for r in SKIP_REASONS},
         experts_moved=sum(x.experts_moved for x in done) + _or0(install and install.experts_moved),
@@ -468,11 +479,17 @@ def events_outcomes(events_file: Path, num_ranks: int, *, model: str | None = No
         return EventsOutcomes((), None, nothing, nothing, 0)
     runs = read_events(events_file).runs
     last = [r for _, r in runs[-1].records if model is None or r.model == model] if runs else []
-    realised = {
-        (r.model, r.rearrangement): r.balancedness_realised
-        for r in last
-        if isinstance(r, RearrangementRealisedRecord)
-    }
+    realised: dict[tuple[str | None, int | None], tuple[float, int]] = {}
+    for r in last:
+        if not isinstance(r, RearrangementRealisedRecord):
+            continue
+        # A skipped one's own window; one that moved, every window under its placement so far (the
+        # last record naming it placed_by; a file recorded before that field: its next window).
+        if r.placed_by is None or r.windows_realised is None or r.balancedness_realised_mean is None:
+            realised[r.model, r.rearrangement] = (r.balancedness_realised, 1)
+        else:
+            realised.setdefault((r.model, r.rearrangement), (r.balancedness_realised, 1))
+            realised[r.model, r.placed_by] = (r.balancedness_realised_mean, r.windows_realised)
     records = tuple(_outcome(r, realised) for r in last if isinstance(r, RearrangementRecord))
     installs = [r for r in last if isinstance(r, InitialPlacementRecord)]
     install_received = torch.zeros(num_ranks, dtype=torch.int64)
@@ -502,12 +519,17 @@ def events_outcomes(events_file: Path, num_ranks: int, *, model: str | None = No
     )
 
 
-def _outcome(r: RearrangementRecord, realised: dict[tuple[str | None, int], float]) -> RearrangementOutcome:
+def _outcome(
+    r: RearrangementRecord, realised: dict[tuple[str | None, int | None], tuple[float, int]]
+) -> RearrangementOutcome:
+    mean, windows = realised.get((r.model, r.rearrangement), (None, 0))  # a window without load: none
     return RearrangementOutcome(
         model=r.model, rearrangement=r.rearrangement, step=r.step, policy=r.policy, skipped=r.skipped,
         balancedness_before=r.balancedness_before, balancedness_planned=r.balancedness_planned,
-        balancedness_realised=None if r.rearrangement is None else realised.get((r.model, r.rearrangement)),
-        experts_moved=r.experts_moved, bytes_moved=r.bytes_moved, layers_changed=r.layers_changed,
+        load_estimate=r.load_estimate, estimate_balancedness_before=r.estimate_balancedness_before,
+        estimate_balancedness_planned=r.estimate_balancedness_planned, balancedness_realised=mean,
+        windows_realised=windows, experts_moved=r.experts_moved, bytes_moved=r.bytes_moved,
+        layers_changed=r.layers_changed,
     )  # fmt: skip
 
 

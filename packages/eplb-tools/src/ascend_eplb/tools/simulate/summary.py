@@ -24,15 +24,24 @@ def _install_note(report: SimulateReport) -> str:
 
 #: Rearrangements the summary lists one per line (report.json has all of them).
 SHOWN_REARRANGEMENTS = 12
-#: Why a rearrangement can serve the next window worse than the placement it replaced served its own
-#: (SIMULATE.md, "Realised below before", has the measured case).
-REALISED_BELOW_BEFORE = (
-    "the policy fit its placement to one window's load, a small and bursty sample; the next window's load "
-    "differs, and the placement it replaced (an --initial-placement from `plan` was fit to a whole "
-    "recording's summed windows) can serve it better; the gain gate skips a window whose planned gain is "
-    "below that drift (--min-balancedness-gain; `ascend-eplb plan events.jsonl --policies default` "
-    "measures the drift and recommends values)"
-)
+#: Why a rearrangement can serve the next windows worse than the placement it replaced served its own,
+#: by what the policy planned on (SIMULATE.md, "Realised below before", has the measured case).
+REALISED_BELOW_BEFORE = {
+    "window": (
+        "the policy fit its placement to one window's load, a small and bursty sample; the next window's "
+        "load differs, and the placement it replaced (an --initial-placement from `plan` was fit to a whole "
+        "recording's summed windows) can serve it better; the gain gate skips a window whose planned gain "
+        "is below that drift (--min-balancedness-gain; `ascend-eplb plan events.jsonl --policies default` "
+        "measures the drift and recommends values)"
+    ),
+    "pooled": (
+        "the policy planned on the load estimate (every window since the load's last shift), and the next "
+        "windows are small, bursty samples of that load, or a shift the estimate follows only once it is "
+        "seen; the placement it replaced can serve such a sample better; the gain gate skips a window "
+        "whose planned gain on the estimate is below that drift (--min-balancedness-gain; `ascend-eplb plan "
+        "events.jsonl --load-estimates window,pooled` measures the drift and recommends values)"
+    ),
+}
 
 
 def _rearrangement_lines(report: SimulateReport, f) -> list[str]:
@@ -43,7 +52,7 @@ def _rearrangement_lines(report: SimulateReport, f) -> list[str]:
     from ascend_eplb.tools.costs import format_bytes
 
     settings = PolicySettings(
-        report.policy, report.min_balancedness_gain, report.target_balancedness
+        report.policy, report.min_balancedness_gain, report.target_balancedness, report.load_estimate
     ).describe()
     records = report.rearrangement_records
     done = [r for r in records if r.skipped is None]
@@ -66,15 +75,27 @@ def _rearrangement_lines(report: SimulateReport, f) -> list[str]:
         # committed per step after), a skipped one's decision.
         when = "committed at" if r.skipped is None else "skipped at"
         head = f"    {name} ({when} step {r.step}): balancedness {f(r.balancedness_before)}"
+        estimate = ""
+        if r.estimate_balancedness_before is not None:  # planned on the load estimate: its figures too
+            planned = r.estimate_balancedness_planned
+            estimate = f" (on the {r.load_estimate} load estimate {f(r.estimate_balancedness_before)}" + (
+                ")" if planned is None else f" -> {f(planned)})"
+            )
         if r.skipped is None:
+            over = f" over the {r.windows_realised} windows it served" if r.windows_realised > 1 else ""
             lines.append(
-                f"{head} -> planned {f(r.balancedness_planned)}, realised "
-                f"{f(r.balancedness_realised)}; {r.experts_moved} experts, "
+                f"{head} -> planned {f(r.balancedness_planned)}{estimate}, realised "
+                f"{f(r.balancedness_realised)}{over}; {r.experts_moved} experts, "
                 f"{format_bytes(r.bytes_moved)} moved"
             )
         else:
             planned = "" if r.balancedness_planned is None else f", planned {f(r.balancedness_planned)}"
-            lines.append(f"{head}{planned}; skipped ({r.skipped}), nothing moved")
+            kept = (
+                ""
+                if r.balancedness_realised is None
+                else f"; the placement kept realised {f(r.balancedness_realised)} on the next window"
+            )
+            lines.append(f"{head}{planned}{estimate}; skipped ({r.skipped}), nothing moved{kept}")
     if len(records) > SHOWN_REARRANGEMENTS:
         lines.append(f"    ... {len(records) - SHOWN_REARRANGEMENTS} more in report.json")
     worse = [
@@ -84,7 +105,7 @@ def _rearrangement_lines(report: SimulateReport, f) -> list[str]:
     ]
     if worse:
         lines.append(f"    realised below before ({'rearrangement' if len(worse) == 1 else 'rearrangements'} "
-                     f"{', '.join(worse)}): {REALISED_BELOW_BEFORE}")  # fmt: skip
+                     f"{', '.join(worse)}): {REALISED_BELOW_BEFORE[report.load_estimate]}")  # fmt: skip
     return lines
 
 
