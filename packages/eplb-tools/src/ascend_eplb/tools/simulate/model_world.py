@@ -33,6 +33,8 @@ from ascend_eplb.tools.simulate.stats import RankConfig, RankStats, StepLog
 from ascend_eplb.tools.simulate.steps import (
     CheckViolationError,
     CommitWatch,
+    RankLoop,
+    StepSeen,
     close_step,
     end_of_run,
     record_first_step_plan,
@@ -123,7 +125,6 @@ def run_model(ctx: RankContext, cfg: RankConfig) -> RankStats:
     stats = StepLog(cfg.output_tolerance)
     record_initial_placement(stats, cfg, worker.initial_slot_mismatches)
     violation: CheckViolationError | None = None
-    commits = CommitWatch(worker.wiring.controller.bus, model_state.model_name)
     draft = None
     if n:
         # upstream's initial placement of the draft: the target's rows, one per MTP layer
@@ -131,6 +132,10 @@ def run_model(ctx: RankContext, cfg: RankConfig) -> RankStats:
         draft = DraftRun(
             worker, cfg.output_tolerance, initial_p2l[:num_draft_layers], bool(cfg.options.initial_placement)
         )
+    loop = RankLoop(
+        ctx, stats, worker.wiring, state, model_state, worker.end_step, watchdog, verifier, hook_seconds,
+        CommitWatch(worker.wiring.controller.bus, model_state.model_name), initial_p2l, p,
+    )  # fmt: skip
     for step in range(cfg.options.steps):
         t0, c0 = time.perf_counter(), time.process_time()
         hook_seconds[0] = 0.0
@@ -179,17 +184,12 @@ def run_model(ctx: RankContext, cfg: RankConfig) -> RankStats:
         if draft is not None and seen.draft is not None:
             violation = draft.check_step(step, seen, batch, real_rows, draft_placement, violation, group)
         record_first_step_plan(stats, step, logical_load, placement, num_ranks)
-        violation, stop = close_step(
-            ctx, stats, step, (t0, c0), violation, worker.end_step, model_state, state, watchdog,
-            hook_seconds, commits, (rank_load, logical_load, initial_p2l),
-        )  # fmt: skip
+        violation, stop = close_step(loop, StepSeen(step, (t0, c0), rank_load, logical_load), violation)
         if draft is not None:
             draft.end_step()
         if stop:
             break
     compiled = worker.vllm_config.compilation_config
     mode = f"{compiled.mode.name}, {compiled.backend} backend" if worker.compiled else "eager (enforce_eager)"
-    result = end_of_run(
-        stats, violation, worker.wiring, state, model_state, watchdog, verifier, p, compilation=mode
-    )
+    result = end_of_run(loop, violation, compilation=mode)
     return result if draft is None else replace(result, draft=draft.finish())

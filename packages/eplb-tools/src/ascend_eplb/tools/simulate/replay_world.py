@@ -53,6 +53,8 @@ from ascend_eplb.tools.simulate.stats import RankConfig, RankStats, StepLog
 from ascend_eplb.tools.simulate.steps import (
     CheckViolationError,
     CommitWatch,
+    RankLoop,
+    StepSeen,
     close_step,
     end_of_run,
     record_first_step_plan,
@@ -204,7 +206,11 @@ def _run_replay(ctx: RankContext, cfg: RankConfig, routing: dict, vc: VllmConfig
     record_initial_placement(stats, cfg, None)  # the verifier's fingerprints checked the install
     violation: CheckViolationError | None = None
     cursor = 0
-    commits = CommitWatch(world.wiring.controller.bus)
+    loop = RankLoop(
+        ctx, stats, world.wiring, world.state, world.model_state, world.wiring.after_sampling, world.watchdog,
+        world.verifier, world.verifier_time, CommitWatch(world.wiring.controller.bus), world.initial_p2l,
+        world.p,
+    )  # fmt: skip
     for step in range(cfg.options.steps):
         t0, c0 = time.perf_counter(), time.process_time()
         world.verifier_time[0] = 0.0
@@ -225,23 +231,10 @@ def _run_replay(ctx: RankContext, cfg: RankConfig, routing: dict, vc: VllmConfig
             minlength=world.num_moe_layers * world.num_logical,
         ).view(world.num_moe_layers, world.num_logical)  # fmt: skip
         record_first_step_plan(stats, step, logical_load, placement, ctx.world_size)
-        violation, stop = close_step(
-            ctx, stats, step, (t0, c0), violation, world.wiring.after_sampling, world.model_state,
-            world.state, world.watchdog, world.verifier_time, commits,
-            (rank_load, logical_load, world.initial_p2l),
-        )  # fmt: skip
+        violation, stop = close_step(loop, StepSeen(step, (t0, c0), rank_load, logical_load), violation)
         if stop:
             break
-    return end_of_run(
-        stats,
-        violation,
-        world.wiring,
-        world.state,
-        world.model_state,
-        world.watchdog,
-        world.verifier,
-        world.p,
-    )
+    return end_of_run(loop, violation)
 
 
 def _build_replay_world(ctx: RankContext, cfg: RankConfig, routing: dict, vc: VllmConfig) -> _ReplayWorld:

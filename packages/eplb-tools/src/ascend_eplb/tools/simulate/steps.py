@@ -3,7 +3,8 @@
 :func:`end_of_run` freezes what a rank accumulated while it ran (``stats.StepLog``) into its
 ``stats.RankStats`` (what the driver's report reads); :func:`timed_hooks` times the serving verifier's
 subscribers; :class:`CommitWatch` hears every layer commit on the controller's bus; :func:`close_step` is
-the end of one step the same in both worlds (runner point 9, the watchdog and the verifier, the commits,
+the end of one step (:class:`StepSeen`) the same in both worlds, each of which gives its rank's parts once
+(:class:`RankLoop`) (runner point 9, the watchdog and the verifier, the commits,
 balancedness and rank shares, the progress message, whether every rank stops). Shape letters (DESIGN.md
 section 2): L MoE layers, E logical experts, P physical experts, N EP ranks.
 """
@@ -15,7 +16,8 @@ from ascend_eplb.tools.simulate import cpu_platform as _cpu_platform  # noqa: F4
 # isort: split
 
 import time
-from dataclasses import fields
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -36,6 +38,8 @@ from ascend_eplb.tools.simulate.stats import DraftLog, InstallSeen, RankConfig, 
 __all__ = [
     "CheckViolationError",
     "CommitWatch",
+    "RankLoop",
+    "StepSeen",
     "close_step",
     "end_of_run",
     "end_of_step",
@@ -103,38 +107,81 @@ class CommitWatch:
         return layers
 
 
-def close_step(
-    ctx: RankContext, stats: StepLog, step: int, started: tuple[float, float], violation: Any,
-    after_sampling: Any, model_state: Any, state: Any, watchdog: WorkerWatchdog, hook_seconds: list[float],
-    commits: CommitWatch, loads: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-) -> tuple[Any, bool]:  # fmt: skip
-    """The end of one step, the same in both worlds: runner point 9 (``after_sampling``: upstream's step,
-    then the watchdog and the verifier, which may raise the same error on every rank), the step's
+@dataclass(frozen=True)
+class RankLoop:
+    """What the end of each step and of the run read of one rank's world, the same for the whole run.
+
+    Attributes:
+        ctx: the rank's launcher context (its progress messages, the world size N).
+        stats: what the rank accumulates while it runs.
+        wiring: the rank's ``Mrv2EplbWiring``; ``state``, ``model_state``: its ``AscendEplbState`` and
+            the served (target) model's upstream ``EplbModelState`` (a draft's: ``draft.DraftRun``).
+        after_sampling: runner point 9 of the world (upstream's step, then the watchdog and verifier).
+        watchdog, verifier: the controller's serving guardrails; ``verifier_seconds``: the one-element
+            list :func:`timed_hooks` adds each step's verifier seconds to (reset by the world per step).
+        commits: the layers of ``model_state``'s model committed, heard on the bus.
+        initial_p2l: int64 ``(L, P)``, upstream's initial placement (EPLB off).
+        slots_per_rank: p.
+    """
+
+    ctx: RankContext
+    stats: StepLog
+    wiring: Mrv2EplbWiring
+    state: Any
+    model_state: Any
+    after_sampling: Callable[[], Any]
+    watchdog: WorkerWatchdog
+    verifier: EplbVerifier
+    verifier_seconds: list[float]
+    commits: CommitWatch
+    initial_p2l: torch.Tensor
+    slots_per_rank: int
+
+
+@dataclass(frozen=True)
+class StepSeen:
+    """What one step saw before its end: its index, ``started`` (``time.perf_counter()`` and
+    ``time.process_time()`` at its start), ``rank_load`` float ``(L, N)`` (the ranks' routed selections)
+    and ``logical_load`` int ``(L, E)`` (the routed logical selections)."""
+
+    step: int
+    started: tuple[float, float]
+    rank_load: torch.Tensor
+    logical_load: torch.Tensor
+
+
+def close_step(loop: RankLoop, seen: StepSeen, violation: Any) -> tuple[Any, bool]:
+    """The end of one step, the same in both worlds: runner point 9 (``loop.after_sampling``: upstream's
+    step, then the watchdog and the verifier, which may raise the same error on every rank), the step's
     timings, a worker failure the watchdog decided, the commits, balancedness and rank shares
-    (:func:`end_of_step` with ``loads`` = ``(rank_load, logical_load, initial_p2l)``), the progress
-    message, and whether every rank stops now (one flag all-reduced over the EP group).
+    (:func:`end_of_step`), the progress message, and whether every rank stops now (one flag all-reduced
+    over the EP group).
 
     Returns:
         ``(violation, stop)``: the first violation so far, and whether the ranks leave the loop.
     """
-    in_flight = bool(model_state.rebalanced)
+    stats, state, watchdog = loop.stats, loop.state, loop.watchdog
+    in_flight = bool(loop.model_state.rebalanced)
     verified = None
     try:
-        after_sampling()
+        loop.after_sampling()
     except EplbVerificationError as e:
         verified = CheckViolationError(e.check, str(e))
     except EplbWorkerFailureError as e:  # ASCEND_EPLB_ON_WORKER_FAILURE=raise, on every rank
         verified = CheckViolationError("worker", str(e))
-    stats.step_seconds.append(time.perf_counter() - started[0])
-    stats.step_cpu_seconds.append(time.process_time() - started[1])  # this process, all its threads
-    stats.verifier_seconds.append(hook_seconds[0])
+    stats.step_seconds.append(time.perf_counter() - seen.started[0])
+    stats.step_cpu_seconds.append(time.process_time() - seen.started[1])  # this process, all its threads
+    stats.verifier_seconds.append(loop.verifier_seconds[0])
     stats.step_in_flight.append(in_flight)
     if watchdog.failure is not None and stats.worker_failure is None:
         # EPLB stopped on every rank at this step; serving (and every other check) goes on.
-        stats.worker_failure = (watchdog.failure.message(), step)
+        stats.worker_failure = (watchdog.failure.message(), seen.step)
         violation = violation or CheckViolationError("worker", watchdog.failure.message())
-    end_of_step(stats, state, commits.drain(), *loads, ctx.world_size)
-    ctx.send(("step", step, state.num_rearrangements, stats.balancedness_per_step[-1]))
+    end_of_step(
+        stats, state, loop.commits.drain(), seen.rank_load, seen.logical_load, loop.initial_p2l,
+        loop.ctx.world_size,
+    )  # fmt: skip
+    loop.ctx.send(("step", seen.step, state.num_rearrangements, stats.balancedness_per_step[-1]))
     if verified is not None:
         # Raised on every rank at this same step boundary: all ranks stop here together.
         return violation or verified, True
@@ -183,18 +230,15 @@ def end_of_step(
     )
 
 
-def end_of_run(
-    stats: StepLog, violation: Any, wiring: Mrv2EplbWiring, state: Any, model_state: Any,
-    watchdog: WorkerWatchdog, verifier: EplbVerifier, slots_per_rank: int, *,
-    compilation: str | None = None,
-) -> RankStats:  # fmt: skip
+def end_of_run(loop: RankLoop, violation: Any, *, compilation: str | None = None) -> RankStats:
     """The end of a run, the same in both worlds: the runner's shutdown point (the watchdog logs a cycle
     in flight, :meth:`WorkerWatchdog.at_shutdown`), then this rank's :class:`RankStats` (``compilation``:
     how vLLM ran the model, :attr:`RankStats.compilation`)."""
-    wiring.shutdown()
-    layout = getattr(wiring.controller, "last_row_layout", None)
+    loop.wiring.shutdown()
+    layout = getattr(loop.wiring.controller, "last_row_layout", None)
+    state, model_state = loop.state, loop.model_state
     return RankStats(
-        **{f.name: frozen(getattr(stats, f.name)) for f in fields(StepLog)},
+        **{f.name: frozen(getattr(loop.stats, f.name)) for f in fields(StepLog)},
         moe_rows=None if layout is None else layout.rows,
         compilation=compilation,
         violation=None if violation is None else (violation.check, str(violation)),
@@ -204,8 +248,8 @@ def end_of_run(
         # One expert's bytes as the transaction moves them (the first MoE layer's weight views, scales
         # included): integration.metrics' count, the one the events file and the metrics use.
         expert_nbytes=metrics.expert_bytes(model_state.model.expert_weights)[0],
-        verifier_commits_checked=verifier.commits_checked,
-        verifier_steps=verifier.steps,
-        slots_per_rank=slots_per_rank,
-        in_flight_at_end=tuple(watchdog.in_flight_at_shutdown),
+        verifier_commits_checked=loop.verifier.commits_checked,
+        verifier_steps=loop.verifier.steps,
+        slots_per_rank=loop.slots_per_rank,
+        in_flight_at_end=tuple(loop.watchdog.in_flight_at_shutdown),
     )
