@@ -394,6 +394,42 @@ def test_export_from_an_events_file_is_for_its_recorded_configuration(tmp_path, 
     assert f"num_redundant_experts={result.recommended} (global policy)" in capsys.readouterr().out
 
 
+def test_an_events_file_of_a_target_and_its_draft_is_one_request_of_a_sweep_per_model(tmp_path, capsys):
+    """An events file of the target and its MoE draft (the draft's windows first, as upstream registers
+    it) is read into one request before anything is planned: each model its own sweep on its own windows
+    (--json: one line per model, named), and an option a model's records refuse is refused naming the
+    model, nothing printed. E = 4 in 2 groups, 4 ranks, 4 redundant."""
+    from ascend_eplb.integration.events import EventsWriter, WindowRecord
+
+    loads = {"m (draft)": [[1, 1, 6, 2]], "m": [[9, 1, 3, 3], [1, 1, 8, 2]]}
+    path = tmp_path / "events.jsonl"
+    writer = EventsWriter(path)
+    for i in (1, 2):
+        for model, load in loads.items():
+            writer.write(WindowRecord(
+                time=0.0, step=4 * i, model=model, rearrangement=i, load=tuple(map(tuple, load)),
+                balancedness=0.5, balancedness_eplb_off=0.5, num_ranks=4, num_physical_experts=8,
+                num_expert_groups=2, num_nodes=1,
+            ))  # fmt: skip
+    writer.close()
+    assert cli.main(["plan", str(path), "--ranks", "4", "--redundant-experts", "4", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "model m (draft):\nmodel m:\n"
+    printed = [json.loads(line) for line in captured.out.splitlines()]
+    assert [p["model"] for p in printed] == ["m (draft)", "m"]
+    for p in printed:
+        load = np.array(loads[p["model"]], dtype=np.float64) * 2  # its two windows summed
+        alone = plan.plan(load, num_ranks=4, redundancy=[4], num_expert_groups=2).to_json()
+        assert {k: v for k, v in p.items() if k != "model"} == json.loads(json.dumps(alone))
+    assert cli.main(["plan", str(path), "--ranks", "4", "--expert-groups", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip().splitlines()[0] == (
+        f"ascend-eplb plan: error: model m (draft): expert groups=1: {path} records num_expert_groups=2 (the "
+        "model's, which upstream passed its policy); give --expert-groups 2 or leave it out"
+    )
+
+
 def test_plan_on_an_events_file_uses_its_recorded_expert_groups_and_nodes(tmp_path, capsys):
     """The events file records the expert groups and nodes upstream passed its policy: plan uses them
     without --expert-groups/--nodes; a --expert-groups that differs is refused naming both values, an

@@ -10,6 +10,7 @@ import pytest
 
 from ascend_eplb.integration.events import (
     InitialPlacementRecord,
+    RearrangementRealisedRecord,
     RearrangementRecord,
     WindowRecord,
     read_events,
@@ -17,6 +18,7 @@ from ascend_eplb.integration.events import (
 from ascend_eplb.tools.simulate.config import SimulateConfig
 from ascend_eplb.tools.simulate.driver import run_simulation
 from ascend_eplb.tools.simulate.models import resolve_model
+from ascend_eplb.tools.simulate.plot import balancedness_figure
 
 #: The preset on 2 ranks (TP=2 x EP=2), rearranging every 8 steps: both models complete >= 2.
 MTP = dict(speculative_tokens=1, num_ranks=2, steps=24, window_size=4, step_interval=8, progress=False,
@@ -59,6 +61,25 @@ def test_the_preset_with_its_mtp_draft_balances_both_models_every_check_on_both(
     assert [r.rearrangement for r in d.rearrangement_records] == done[draft]
     assert {r.model for r in report.rearrangement_records} == {folder}
     assert {r.model for r in d.rearrangement_records} == {draft}
+    # Planned and realised per model: each section's figures are its own model's records' (realised: the
+    # mean over the windows a placement served, from that model's rearrangement_realised records).
+    for m, outcomes in ((folder, report.rearrangement_records), (draft, d.rearrangement_records)):
+        planned = [
+            (r.balancedness_before, r.balancedness_planned)
+            for r in records
+            if isinstance(r, RearrangementRecord) and r.model == m
+        ]
+        assert [(o.balancedness_before, o.balancedness_planned) for o in outcomes] == planned
+        served = {
+            r.placed_by: (r.balancedness_realised_mean, r.windows_realised)
+            for r in records
+            if isinstance(r, RearrangementRealisedRecord) and r.model == m and r.placed_by is not None
+        }
+        moved = [o for o in outcomes if o.skipped is None and o.rearrangement in served]
+        assert moved  # its first completed rearrangement's placement served a window
+        assert [(o.balancedness_realised, o.windows_realised) for o in moved] == [
+            served[o.rearrangement] for o in moved
+        ]
     # The load check counted the draft's real selections of its forwards: the recorded steps' real rows x K.
     assert d.load_steps_recorded == 12  # window 4 of interval 8, from upstream's 3/4 start
     assert d.load_selections == 12 * 32 * 6
@@ -72,6 +93,13 @@ def test_the_preset_with_its_mtp_draft_balances_both_models_every_check_on_both(
     assert f"  draft {draft} (vLLM's DeepSeekMTP, 1 MoE layer, 1 forward(s) per step after the target)" in out
     assert "the draft's 1 forward per step: its real rows' logits equal the EPLB-off draft's" in out
     assert (tmp_path / "balancedness.png").stat().st_size > 0
+    # The plot marks each model's planned and realised (the draft's hollow, its labels its own).
+    labels = balancedness_figure(report).axes[0].get_legend_handles_labels()[1]
+    marks = ("planned", "realised", "MTP draft planned", "MTP draft realised")
+    assert [x for x in labels if x.startswith(marks)] == [
+        "planned (its window)", "realised (the windows it served)", "MTP draft planned (its window)",
+        "MTP draft realised (the windows it served)",
+    ]  # fmt: skip
 
     # plan reads the events file of both models: each model's sweep on its own windows, one placement
     # file of both (version 2, each named as upstream names it); simulate starts from it with the draft,
