@@ -408,13 +408,11 @@ def test_the_upstream_tables_are_rendered_from_the_rows():
     rendering of the rows, and every row kind is in it."""
     from pathlib import Path
 
-    from ascend_eplb.integration.upstream import render
+    from ascend_eplb.integration.surface import render
 
     doc = Path(__file__).resolve().parents[1] / "UPSTREAM.md"
     text = render()
-    assert doc.read_text() == text, (
-        "run: python -m ascend_eplb.integration.upstream > integration/UPSTREAM.md"
-    )
+    assert doc.read_text() == text, "run: python -m ascend_eplb.integration.surface > integration/UPSTREAM.md"
     rows = [
         *(p.name for p in patches.PATCHES),
         *(b.name for b in upstream.INSTANCE_BINDINGS),

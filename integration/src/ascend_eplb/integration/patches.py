@@ -5,7 +5,7 @@ of upstream vLLM 0.33.0 and torch and checks every upstream row the process reli
 Each module-level replacement is declared on its replacement factory, in its owner module
 (``@ascend_eplb.control.upstream.replaces``); the other rows are tables of the one upstream surface,
 :mod:`ascend_eplb.control.upstream` (in control, whose constructors check their rows; control cannot import
-this package). :mod:`ascend_eplb.integration.upstream` renders them all (``integration/UPSTREAM.md``).
+this package). :mod:`ascend_eplb.integration.surface` renders them all (``integration/UPSTREAM.md``).
 This module collects:
 
 * :data:`PATCHES`: every module-level replacement (module globals, class attributes, torch functions),

@@ -17,9 +17,8 @@ Its rows (the types are :mod:`ascend_eplb.control.patching`'s), each declared on
   digest.
 
 These are the serving product's rows; a package above it that meets upstream too declares its own rows
-with the same types, beside its code, and checks them itself. Integration's registry
-(``ascend_eplb.integration.patches``, which sees every owner) renders them all in
-``integration/UPSTREAM.md``.
+with the same types, beside its code, and checks them itself. Integration, which sees every owner,
+renders them all (``ascend_eplb.integration.surface``, ``integration/UPSTREAM.md``).
 
 Each user checks its rows with :func:`check_used_by` (the controller and the state when they are
 constructed, the commit hooks before they are installed); integration's ``check_upstream()`` checks every

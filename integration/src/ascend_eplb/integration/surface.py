@@ -6,7 +6,7 @@ The rows are declared beside their code: each module-level replacement on its re
 this package's ``patches`` and ``watchdog``), collected in installation order by
 :data:`ascend_eplb.integration.patches.PATCHES`; the signatures, instance bindings, overrides,
 attributes and pinned bodies in :mod:`ascend_eplb.control.upstream`. :func:`render` writes their tables
-(``integration/UPSTREAM.md``; a test keeps them equal: ``python -m ascend_eplb.integration.upstream``
+(``integration/UPSTREAM.md``; a test keeps them equal: ``python -m ascend_eplb.integration.surface``
 prints it). Nothing here imports vLLM.
 """
 
@@ -34,7 +34,7 @@ def render() -> str:
         "",
         "Every point where the ascend_eplb serving product meets upstream vLLM 0.33.0 and torch 2.13.0. "
         "Generated from the rows (each replacement's on its replacement factory, `@upstream.replaces`; "
-        "the tables of `ascend_eplb.control.upstream`) by `python -m ascend_eplb.integration.upstream > "
+        "the tables of `ascend_eplb.control.upstream`) by `python -m ascend_eplb.integration.surface > "
         "integration/UPSTREAM.md`; a test keeps this file equal to them. Integration's `check_upstream()` "
         "checks every row before the first patch (`RuntimeError` naming the one that drifted); the "
         "controller and the state check theirs when they are constructed.",
