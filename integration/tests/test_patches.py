@@ -92,13 +92,56 @@ def test_every_patch_of_the_process_is_in_the_one_registry():
 
 def test_a_patch_claimed_by_two_owners_is_refused_naming_it():
     # The registry keyed its patches by name: a second owner's patch of the same name silently replaced the
-    # first, which was then never installed.
+    # first, which was then never installed. The registry is a PatchSet built at import: a binding listed
+    # twice fails there, named.
     from ascend_eplb.control import host_adaptation
+    from ascend_eplb.control.patching import PatchSet
 
     first = host_adaptation.PATCHES[0]
-    with pytest.raises(RuntimeError, match=rf"patches claimed twice \['{first.name}'\]$"):
-        patches._in_surface_order(patches.PATCHES, (first,))
-    assert patches._in_surface_order(patches.PATCHES) == patches.PATCHES
+    with pytest.raises(ValueError, match="listed more than once") as info:
+        PatchSet((*patches.PATCHES, first))
+    assert str(info.value) == f"a binding may be patched once; listed more than once: ['{first.name}']"
+    assert patches._REGISTRY.patches == patches.PATCHES
+
+
+def test_each_patch_is_declared_on_its_replacement_and_every_declared_one_is_in_the_registry():
+    """Issue 39: the rows named their replacement functions by string, 800 lines away, and each owner
+    turned them into patches from its ``globals()``. Each row now decorates its factory: the patch's
+    ``replace`` carries it, and no factory of the serving product declares a replacement the registry
+    does not install."""
+    from ascend_eplb.control.patching import DECLARED_ATTR, patches_of
+
+    assert all(patch in patches_of(patch.replace) for patch in patches.PATCHES)
+    assert all(patch.owner == patch.replace.__module__ for patch in patches.PATCHES)
+    declared = [
+        patch
+        for module in _product_modules()
+        for value in vars(module).values()
+        if getattr(value, "__module__", None) == module.__name__
+        and DECLARED_ATTR in getattr(value, "__dict__", {})
+        for patch in patches_of(value)
+    ]
+    assert sorted(p.name for p in declared) == sorted(p.name for p in patches.PATCHES)
+    # One factory, two bindings: the communicator factory and its import by name, in the order written.
+    assert [p.name for p in patches_of(patches._wrap_factory)] == [
+        "vllm.distributed.eplb.eplb_communicator.create_eplb_communicator",
+        "vllm.distributed.eplb.eplb_state.create_eplb_communicator",
+    ]
+    with pytest.raises(TypeError) as info:
+        patches_of(patches.check_upstream)
+    assert str(info.value) == (
+        "ascend_eplb.integration.patches.check_upstream declares no replacement of upstream (decorate it "
+        "with its row: replaces(...))"
+    )
+    with pytest.raises(KeyError, match=r"vllm\.nowhere\.f is not in ascend_eplb\.control\.upstream"):
+        upstream.replaces("vllm.nowhere.f", "nothing")
+
+    def _as_stream(original):
+        return original
+
+    _as_stream.__module__ = "ascend_eplb.tests"
+    with pytest.raises(ValueError, match=r"unknown user\(s\) \['tests'\] of the upstream table"):
+        upstream.replaces("torch.accelerator.set_stream", "nothing")(_as_stream)
 
 
 def test_the_registry_is_what_the_process_really_replaces(clean):
@@ -365,13 +408,13 @@ def test_the_upstream_tables_are_rendered_from_the_rows():
     rendering of the rows, and every row kind is in it."""
     from pathlib import Path
 
-    doc = Path(__file__).resolve().parents[2] / "packages/eplb-control/UPSTREAM.md"
-    text = upstream.render()
-    assert doc.read_text() == text, (
-        "run: python -m ascend_eplb.control.upstream > packages/eplb-control/UPSTREAM.md"
-    )
+    from ascend_eplb.integration.surface import render
+
+    doc = Path(__file__).resolve().parents[1] / "UPSTREAM.md"
+    text = render()
+    assert doc.read_text() == text, "run: python -m ascend_eplb.integration.surface > integration/UPSTREAM.md"
     rows = [
-        *(p.name for p in upstream.PATCHES),
+        *(p.name for p in patches.PATCHES),
         *(b.name for b in upstream.INSTANCE_BINDINGS),
         *(o.name.removeprefix("ascend_eplb.") for o in upstream.OVERRIDES),
         *(f"{a.cls}.{a.attr}" for a in upstream.ATTRIBUTES),

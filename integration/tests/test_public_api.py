@@ -13,6 +13,7 @@ API = {
                                          "is_true"],
     "ascend_eplb.integration.patches": ["INSTANCE_BINDINGS", "PATCHES", "applied_bindings", "apply_patches",
                                         "check_upstream", "patches_applied", "remove_patches"],
+    "ascend_eplb.integration.surface": ["render"],
     "ascend_eplb.integration.settings": ["ASCEND_V2_KEYS", "COMPILATION_MODES", "CUDAGRAPH_MODES",
                                          "LOAD_COLLECTION_PHASES", "POLICY_KEYS",
                                          "SUPPORTED_COMMUNICATORS", "V1_EPLB_ENV_SWITCHES", "V1_EPLB_KEYS",

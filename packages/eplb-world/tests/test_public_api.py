@@ -66,6 +66,7 @@ def test_all_is_the_documented_api():
         "slot_fingerprint_mismatches",
         # stand_ins
         "MOE_DISPATCHES",
+        "STAND_INS",
         "cpu_all_gatherv",
         "cpu_reduce_scatterv",
         "grouped_expert_compute",

@@ -12,7 +12,7 @@ import torch
 
 from ascend_eplb.control.patching import Signature
 from ascend_eplb.integration import patches
-from ascend_eplb.world import stand_ins, upstream
+from ascend_eplb.world import stand_ins, surface, upstream
 
 _STAND_IN_NAMES = [
     "vllm.model_executor.layers.utils.check_cpu_sgl_kernel",
@@ -49,10 +49,11 @@ def clean():
 def test_the_cpu_worlds_stand_ins_are_rows_of_its_surface_that_serving_never_installs():
     """Issue 30 item 2: the CPU world built its own PatchSet of three vLLM bindings (and switched TorchDynamo
     off, and bound methods per instance) in no row. Its stand-ins are the rows of its surface's
-    ``STAND_INS``, built by the world from the rows (issue 39: the world's own table, not control's);
-    serving's registry holds none of them."""
+    ``STAND_INS``, built by the world from the rows (issue 39: the world's own table, not control's; each
+    declared on its factory); serving's registry holds none of them."""
     world = stand_ins.stand_in_patches()
-    assert [p.name for p in world.patches] == [e.name for e in upstream.STAND_INS] == _STAND_IN_NAMES
+    assert world.patches == stand_ins.STAND_INS
+    assert [p.name for p in world.patches] == _STAND_IN_NAMES
     assert {p.owner for p in world.patches} == {"ascend_eplb.world.stand_ins"}
     assert [p.replace for p in world.patches] == [
         stand_ins._without_absent_sgl_kernel,
@@ -66,6 +67,11 @@ def test_the_cpu_worlds_stand_ins_are_rows_of_its_surface_that_serving_never_ins
         stand_ins._check_cpu_communicator_lacks_reduce_scatterv,
         stand_ins._check_dynamo_switch,
     ]
+    # Every factory of the world that declares a stand-in is listed (none declared and never installed).
+    from ascend_eplb.control.patching import DECLARED_ATTR, patches_of
+
+    declared = [v for v in vars(stand_ins).values() if DECLARED_ATTR in getattr(v, "__dict__", {})]
+    assert [p for v in declared for p in patches_of(v)] == list(stand_ins.STAND_INS)
     source = inspect.getsource(stand_ins)
     assert "Patch(" not in source  # the rows are the one spelling of the bindings and parameters
     assert '"input_", "dim=0"' not in source
@@ -120,7 +126,7 @@ def test_every_world_signature_is_listed_once_used_and_taken_from_the_table():
     # No entry is dead: each is replaced (a stand-in or an instance binding), a registration the world
     # calls (vLLM's out-of-tree method and quantization registries), all checked by install_stand_ins, or
     # a draft call its serving worker makes.
-    replaced = {e.name for e in upstream.STAND_INS} | {b.name for b in upstream.INSTANCE_BINDINGS}
+    replaced = {p.name for p in stand_ins.STAND_INS} | {b.name for b in upstream.INSTANCE_BINDINGS}
     assert [n for n in table if n not in replaced] == [
         "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method.UnquantizedFusedMoEMethod.register_oot",
         "vllm.model_executor.layers.quantization.get_quantization_config",
@@ -138,7 +144,7 @@ def test_the_stand_ins_install_from_their_rows_refuse_a_cpu_communicator_of_its_
 
     from ascend_eplb.control.patching import PatchSet
 
-    fresh = PatchSet(upstream.patches_of(vars(stand_ins)))
+    fresh = PatchSet(stand_ins.STAND_INS)
     was = torch._dynamo.config.disable
     assert fresh.apply() is True
     try:
@@ -150,7 +156,7 @@ def test_the_stand_ins_install_from_their_rows_refuse_a_cpu_communicator_of_its_
     # A compiled world (install_stand_ins(compiled=True)) keeps TorchDynamo on: stand-in 6 does not apply.
     mode, stand_ins._COMPILED = stand_ins._COMPILED, True
     try:
-        compiled = PatchSet(upstream.patches_of(vars(stand_ins)))
+        compiled = PatchSet(stand_ins.STAND_INS)
         assert compiled.apply() is True
         assert compiled.applied_names() == _STAND_IN_NAMES[:3]
         assert torch._dynamo.config.disable is was
@@ -162,7 +168,7 @@ def test_the_stand_ins_install_from_their_rows_refuse_a_cpu_communicator_of_its_
     try:
         CpuCommunicator.reduce_scatterv = lambda self, input_, dim=-1, sizes=None: input_
         with pytest.raises(RuntimeError) as info:
-            PatchSet(upstream.patches_of(vars(stand_ins))).apply()
+            PatchSet(stand_ins.STAND_INS).apply()
     finally:
         del CpuCommunicator.reduce_scatterv
     assert str(info.value) == (
@@ -217,18 +223,18 @@ def test_the_world_tables_are_rendered_from_the_rows():
     """Issue 39: the CPU world's rows are rendered in this package's ``UPSTREAM.md`` (they were a section of
     control's), every row kind in it."""
     doc = Path(__file__).resolve().parents[1] / "UPSTREAM.md"
-    text = upstream.render()
+    text = surface.render()
     assert doc.read_text() == text, (
-        "run: python -m ascend_eplb.world.upstream > packages/eplb-world/UPSTREAM.md"
+        "run: python -m ascend_eplb.world.surface > packages/eplb-world/UPSTREAM.md"
     )
     rows = [
-        *(p.name for p in upstream.STAND_INS),
+        *(p.name for p in stand_ins.STAND_INS),
         *(b.name for b in upstream.INSTANCE_BINDINGS),
         *(f"{a.cls}.{a.attr}" for a in upstream.ATTRIBUTES),
         *upstream.SIGNATURES,
     ]
     assert [r for r in rows if f"`{r}`" not in text] == []
-    assert [p.name for p in upstream.STAND_INS if f"| `{p.name}` | {p.does} |" not in text] == []
+    assert [p.name for p in stand_ins.STAND_INS if f"| `{p.name}` | {p.does} |" not in text] == []
     assert (
         "| `vllm.model_executor.layers.attention.attention.Attention.forward` | `world.stand_ins` | "
         "install_attention_stand_ins, on each Attention of a model the CPU world built: prefill-only causal "

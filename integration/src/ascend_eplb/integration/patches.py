@@ -2,14 +2,16 @@
 of upstream vLLM 0.33.0 and torch and checks every upstream row the process relies on
 (:func:`check_upstream`).
 
-The rows themselves are declared once, in the one upstream surface, :mod:`ascend_eplb.control.upstream`
-(in control, whose constructors check their rows; control cannot import this package); its tables are
-``packages/eplb-control/UPSTREAM.md``, generated from the rows. This module collects:
+Each module-level replacement is declared on its replacement factory, in its owner module
+(``@ascend_eplb.control.upstream.replaces``); the other rows are tables of the one upstream surface,
+:mod:`ascend_eplb.control.upstream` (in control, whose constructors check their rows; control cannot import
+this package). :mod:`ascend_eplb.integration.surface` renders them all (``integration/UPSTREAM.md``).
+This module collects:
 
 * :data:`PATCHES`: every module-level replacement (module globals, class attributes, torch functions),
-  as the :class:`~ascend_eplb.control.patching.Patch` es their owners built from their rows
-  (``host_adaptation``, ``commit_hooks``, ``watchdog`` and this module), in the surface's order; a row
-  no owner implements fails at import. This module owns the single
+  the :class:`~ascend_eplb.control.patching.Patch` es of ``host_adaptation``, ``commit_hooks``,
+  ``watchdog`` and this module, in the one installation order declared here; a binding claimed twice
+  fails at import. This module owns the single
   :class:`~ascend_eplb.control.patching.PatchSet` of the process (:func:`apply_patches`), which checks
   every signature before the first change (``RuntimeError`` naming the drifted binding; nothing
   half-applied).
@@ -35,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ascend_eplb.control import commit_hooks, host_adaptation, upstream
-from ascend_eplb.control.patching import InstanceBinding, Patch, PatchSet, check_signatures
+from ascend_eplb.control.patching import InstanceBinding, Patch, PatchSet, check_signatures, patches_of
 from ascend_eplb.integration import watchdog
 
 __all__ = [
@@ -49,6 +51,10 @@ __all__ = [
 ]
 
 
+@upstream.replaces(
+    "vllm.config.parallel.ParallelConfig.__post_init__",
+    'communicator unset -> `"torch_gloo"` before upstream probes NIXL/XCCL, then upstream\'s',
+)
 def _wrap_post_init(original: Callable[[Any], None]) -> Callable[[Any], None]:
     @functools.wraps(original)
     def __post_init__(self: Any) -> None:  # noqa: N807 (the name upstream calls)
@@ -59,6 +65,13 @@ def _wrap_post_init(original: Callable[[Any], None]) -> Callable[[Any], None]:
     return __post_init__
 
 
+@upstream.replaces(
+    "vllm.distributed.eplb.eplb_communicator.create_eplb_communicator",
+    "`\"torch_gloo\"` -> movement's `AscendGlooEplbCommunicator(cpu_group)`; other backends upstream's",
+)
+@upstream.replaces(
+    "vllm.distributed.eplb.eplb_state.create_eplb_communicator", "the same (imported there by name)"
+)
 def _wrap_factory(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def create_eplb_communicator(
@@ -73,6 +86,12 @@ def _wrap_factory(original: Callable[..., Any]) -> Callable[..., Any]:
     return create_eplb_communicator
 
 
+@upstream.replaces(
+    "vllm.model_executor.models.deepseek_mtp.fused_moe_make_expert_params_mapping",
+    "upstream's, with the draft's `num_redundant_experts` when `DeepSeekMTP.load_weights` leaves it out "
+    "(vLLM 0.33.0 does: the draft's redundant slots were never loaded, and EPLB routed tokens to them; the "
+    "verifier's `fingerprints` check at registration named it)",
+)
 def _wrap_mtp_expert_mapping(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def fused_moe_make_expert_params_mapping(
@@ -99,6 +118,10 @@ def _wrap_mtp_expert_mapping(original: Callable[..., Any]) -> Callable[..., Any]
     return fused_moe_make_expert_params_mapping
 
 
+@upstream.replaces(
+    "vllm.v1.worker.gpu.model_runner.EPLBController",
+    "EPLB on: `create_eplb_controller`'s controller for the current vLLM config; off: upstream's class",
+)
 def _wrap_runner_controller(original: type) -> Callable[[Any, Any], Any]:
     def EPLBController(parallel_config: Any, device: Any) -> Any:  # noqa: N802 (the name upstream calls)
         """Upstream ``GPUModelRunner.__init__``'s ``EPLBController(self.parallel_config, self.device)``:
@@ -127,6 +150,10 @@ def _wrap_runner_controller(original: type) -> Callable[[Any, Any], Any]:
     return EPLBController
 
 
+@upstream.replaces(
+    "vllm.v1.worker.gpu.model_runner.GPUModelRunner.shutdown",
+    "the controller's `shutdown()` first, when it has one (the watchdog's end of life), then upstream's",
+)
 def _wrap_runner_shutdown(original: Callable[[Any], None]) -> Callable[[Any], None]:
     @functools.wraps(original)
     def shutdown(self: Any) -> None:
@@ -142,33 +169,15 @@ def _wrap_runner_shutdown(original: Callable[[Any], None]) -> Callable[[Any], No
     return shutdown
 
 
-def _in_surface_order(*owned: tuple[Patch, ...]) -> tuple[Patch, ...]:
-    """The owners' patches in the order of :data:`ascend_eplb.control.upstream.PATCHES`.
-
-    Raises:
-        RuntimeError: a row of the surface has no patch among ``owned``, a patch has no row, or two
-            patches claim one name (the second would silently replace the first).
-    """
-    names = [patch.name for group in owned for patch in group]
-    by_name = {patch.name: patch for group in owned for patch in group}
-    rows = [entry.name for entry in upstream.PATCHES]
-    missing = [name for name in rows if name not in by_name]
-    extra = sorted(set(by_name) - set(rows))
-    twice = sorted({name for name in names if names.count(name) > 1})
-    if missing or extra or twice:
-        raise RuntimeError(
-            f"the registry's patches and the rows of ascend_eplb.control.upstream.PATCHES differ: rows "
-            f"without a patch {missing}, patches without a row {extra}, patches claimed twice {twice}"
-        )
-    return tuple(by_name[name] for name in rows)
-
-
-#: Every patch of the process, in installation order (the surface's).
-PATCHES: tuple[Patch, ...] = _in_surface_order(
-    host_adaptation.PATCHES,
-    upstream.patches_of(upstream.INTEGRATION, globals()),
-    commit_hooks.PATCHES,
-    watchdog.PATCHES,
+#: Every patch of the process, in installation order: the platform and host adaptation first (vLLM's
+#: config and EPLB state are built on them), then the config's communicator choice and factory, the commit
+#: hooks, the worker loop, and the model runner's draft mapping, controller and shutdown.
+PATCHES: tuple[Patch, ...] = (
+    *host_adaptation.PATCHES,
+    *patches_of(_wrap_post_init, _wrap_factory),
+    *commit_hooks.PATCHES,
+    *watchdog.PATCHES,
+    *patches_of(_wrap_mtp_expert_mapping, _wrap_runner_controller, _wrap_runner_shutdown),
 )
 
 #: Every upstream method the serving process replaces on single instances (the classes keep theirs): the

@@ -49,7 +49,7 @@ import torch
 
 from ascend_eplb.control import upstream
 from ascend_eplb.control.bus import CommitEvent, Event, EventBus, ShutdownEvent, StepEvent
-from ascend_eplb.control.patching import Patch
+from ascend_eplb.control.patching import Patch, patches_of
 
 __all__ = [
     "CHECK",
@@ -102,6 +102,11 @@ def watchdog_settings(environ: Mapping[str, str] | None = None) -> tuple[float, 
     return timeout, policy
 
 
+@upstream.replaces(
+    "vllm.distributed.eplb.async_worker.transfer_run_periodically",
+    f"upstream's loop; its exception and traceback recorded on the state (`{_ERROR_ATTR}`) before the "
+    "thread ends",
+)
 def _wrap_worker_loop(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def transfer_run_periodically(state: Any, stream: Any, is_profile: bool = False) -> None:
@@ -114,9 +119,8 @@ def _wrap_worker_loop(original: Callable[..., None]) -> Callable[..., None]:
     return transfer_run_periodically
 
 
-#: Records the async worker's exception on its ``EplbState`` (upstream only logs it): this module's row of
-#: the one upstream surface, :data:`ascend_eplb.control.upstream.PATCHES`.
-PATCHES: tuple[Patch, ...] = upstream.patches_of(upstream.WATCHDOG, globals())
+#: Records the async worker's exception on its ``EplbState`` (upstream only logs it).
+PATCHES: tuple[Patch, ...] = patches_of(_wrap_worker_loop)
 
 
 @dataclass(frozen=True)

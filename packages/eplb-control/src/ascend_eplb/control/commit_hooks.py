@@ -11,8 +11,8 @@ Upstream vLLM 0.33.0 commits a new placement in two module functions of
   called by ``EplbState.rearrange`` after ``rearrange_expert_weights_inplace``.
 
 Both are looked up as module globals at call time, so replacing the module attributes is the smallest
-point that sees every commit. The one upstream surface (:mod:`ascend_eplb.control.upstream`) declares
-the two replacements, :data:`PATCHES` holds them (integration's ``apply_patches()`` installs them).
+point that sees every commit. Each wrapper carries its row of the one upstream surface
+(``@upstream.replaces``), :data:`PATCHES` lists them (integration's ``apply_patches()`` installs them).
 The wrappers run upstream's commit unchanged and tell the :class:`CommitObserver` attached to that
 model state (by :func:`attach_observer`; the :class:`~ascend_eplb.control.state.AscendEplbState` that
 owns it) before and after, so per layer: move, commit, refresh, acknowledge. A model state without an
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ascend_eplb.control import upstream
-from ascend_eplb.control.patching import Patch, patch_owner
+from ascend_eplb.control.patching import Patch, patch_owner, patches_of
 
 __all__ = [
     "PATCHES",
@@ -78,6 +78,12 @@ def _check_order(_original: Any) -> None:
     check_hooked_signatures()
 
 
+@upstream.replaces(
+    "vllm.distributed.eplb.eplb_state._commit_eplb_maps_for_layer",
+    "the per-layer commit hook: the observer's move, upstream's commit, the observer's refresh (before "
+    "`_move_to_workspace` acknowledges)",
+    check=_check_order,
+)
 def _wrap_commit_for_layer(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def _commit_eplb_maps_for_layer(model_state: Any, new_physical_to_logical_map: Any, layer: int) -> None:
@@ -94,6 +100,10 @@ def _wrap_commit_for_layer(original: Callable[..., None]) -> Callable[..., None]
 
 # Serving refuses synchronous EPLB (start-up rule ``async-only``); this hook stays so that control used
 # alone (upstream's default is ``use_async=False``) never routes on a stale lookup. See the README.
+@upstream.replaces(
+    "vllm.distributed.eplb.eplb_state._commit_eplb_maps",
+    "the synchronous whole-model commit hook (move, commit, refresh of every layer)",
+)
 def _wrap_commit(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def _commit_eplb_maps(model_state: Any, new_physical_to_logical_map: Any) -> None:
@@ -109,9 +119,8 @@ def _wrap_commit(original: Callable[..., None]) -> Callable[..., None]:
     return _commit_eplb_maps
 
 
-#: The two commit hooks (installed by integration's ``apply_patches()``): this module's rows of the one
-#: upstream surface, :data:`ascend_eplb.control.upstream.PATCHES`, with the functions they name.
-PATCHES: tuple[Patch, ...] = upstream.patches_of(upstream.COMMIT_HOOKS, globals())
+#: The two commit hooks, in installation order (installed by integration's ``apply_patches()``).
+PATCHES: tuple[Patch, ...] = patches_of(_wrap_commit_for_layer, _wrap_commit)
 
 
 def commit_hooks_installed() -> bool:

@@ -3,8 +3,8 @@
 vLLM 0.33.0's ``EplbState``, its asynchronous worker and ``EPLBController`` run unmodified on a CPU
 host, except at exactly four points (measured: ``notes/upstream-on-cpu.md``; DESIGN.md section 6);
 vLLM's model loader needs a fifth (``notes/real-models-on-cpu.md``).
-This module implements the adaptation of each; its rows in the one upstream surface
-(:data:`ascend_eplb.control.upstream.PATCHES`) declare them, and :data:`PATCHES` holds them as
+This module implements the adaptation of each; each replacement factory carries its row of the one
+upstream surface (``@upstream.replaces``), and :data:`PATCHES` lists them as
 :class:`~ascend_eplb.control.patching.Patch` es. It installs nothing itself (integration's
 ``apply_patches()`` does):
 
@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from ascend_eplb.control import upstream
-from ascend_eplb.control.patching import Patch
+from ascend_eplb.control.patching import Patch, patches_of
 
 __all__ = ["PATCHES", "EplbCapablePlatform", "HostEvent", "has_accelerator"]
 
@@ -56,6 +56,41 @@ _TorchEvent = torch.Event
 #: vLLM 0.33.0 text of the single ``is_cuda_alike()`` use in ``vllm.config.parallel`` (the EPLB check).
 _EPLB_PLATFORM_CHECK = "if not current_platform.is_cuda_alike() and not current_platform.is_xpu():"
 _EPLB_PLATFORM_ERROR = "Expert parallelism load balancing is only supported on"
+_NO_ACCELERATOR = "no accelerator (`torch.accelerator.is_available()` is False)"
+
+
+def has_accelerator() -> bool:
+    """Whether torch sees an accelerator (npu, cuda, xpu) in this process."""
+    return bool(torch.accelerator.is_available())
+
+
+def _no_accelerator() -> bool:
+    return not has_accelerator()
+
+
+def _platform_not_cuda_alike() -> bool:
+    import vllm.config.parallel as parallel_module
+
+    return not parallel_module.current_platform.is_cuda_alike()
+
+
+def _check_parallel_module(_platform: Any) -> None:
+    import vllm.config.parallel as parallel_module
+
+    source = inspect.getsource(parallel_module)
+    uses = source.count("current_platform.is_cuda_alike()")
+    if uses != 1 or _EPLB_PLATFORM_CHECK not in source or _EPLB_PLATFORM_ERROR not in source:
+        raise RuntimeError(
+            "upstream ParallelConfig._validate_parallel_config changed: vllm.config.parallel must consult "
+            f"current_platform.is_cuda_alike() exactly once, in the EPLB check (found {uses} uses); the "
+            "host platform proxy of ascend_eplb.control.host_adaptation must be reviewed"
+        )
+
+
+def _check_platform(platform: Any) -> None:
+    if not callable(getattr(platform, "is_cuda_alike", None)):
+        raise RuntimeError("upstream vllm.config.parallel.current_platform has no is_cuda_alike()")
+    _check_parallel_module(platform)
 
 
 class HostEvent(_TorchEvent):
@@ -92,6 +127,14 @@ class HostEvent(_TorchEvent):
         return (end_event._recorded_at - self._recorded_at) * 1000.0
 
 
+@upstream.replaces(
+    ("vllm.config.parallel", "current_platform"),
+    "`EplbCapablePlatform`: `is_cuda_alike()` is True, everything else the real platform's (the module "
+    "must consult it exactly once, in the EPLB check)",
+    when=_platform_not_cuda_alike,
+    applies="the platform is not CUDA-alike",
+    check=_check_platform,
+)
 class EplbCapablePlatform:
     """The platform as ``vllm.config.parallel`` sees it: EPLB-capable, everything else unchanged."""
 
@@ -106,6 +149,16 @@ class EplbCapablePlatform:
 
     def __repr__(self) -> str:
         return f"EplbCapablePlatform({object.__getattribute__(self, '_platform')!r})"
+
+
+@upstream.replaces(
+    ("torch", "Event"),
+    "`HostEvent`: a `torch.Event` that records a host timestamp",
+    when=_no_accelerator,
+    applies=_NO_ACCELERATOR,
+)
+def _as_host_event(_original: Any) -> type[HostEvent]:
+    return HostEvent
 
 
 def _set_device_index(device: Any, /) -> None:
@@ -124,19 +177,41 @@ def _empty_cache() -> None:
     return None
 
 
-def _check_parallel_module(_platform: Any) -> None:
-    import vllm.config.parallel as parallel_module
-
-    source = inspect.getsource(parallel_module)
-    uses = source.count("current_platform.is_cuda_alike()")
-    if uses != 1 or _EPLB_PLATFORM_CHECK not in source or _EPLB_PLATFORM_ERROR not in source:
-        raise RuntimeError(
-            "upstream ParallelConfig._validate_parallel_config changed: vllm.config.parallel must consult "
-            f"current_platform.is_cuda_alike() exactly once, in the EPLB check (found {uses} uses); the "
-            "host platform proxy of ascend_eplb.control.host_adaptation must be reviewed"
-        )
+@upstream.replaces(
+    "torch.accelerator.set_device_index", "a no-op", when=_no_accelerator, applies=_NO_ACCELERATOR
+)
+def _as_set_device_index(_original: Any) -> Any:
+    return _set_device_index
 
 
+@upstream.replaces(
+    "torch.accelerator.current_stream", "the CPU stream", when=_no_accelerator, applies=_NO_ACCELERATOR
+)
+def _as_current_stream(_original: Any) -> Any:
+    return _current_stream
+
+
+@upstream.replaces("torch.accelerator.set_stream", "a no-op", when=_no_accelerator, applies=_NO_ACCELERATOR)
+def _as_set_stream(_original: Any) -> Any:
+    return _set_stream
+
+
+@upstream.replaces(
+    "torch.accelerator.empty_cache",
+    "a no-op (vLLM's model loader calls it)",
+    when=_no_accelerator,
+    applies=_NO_ACCELERATOR,
+)
+def _as_empty_cache(_original: Any) -> Any:
+    return _empty_cache
+
+
+@upstream.replaces(
+    "vllm.distributed.eplb.eplb_state.EplbState.__init__",
+    "upstream's, then `device_index = 0` on a CPU device (the async worker asserts it)",
+    when=_no_accelerator,
+    applies=_NO_ACCELERATOR,
+)
 def _wrap_eplb_state_init(original: Any) -> Any:
     @functools.wraps(original)
     def init(self: Any, parallel_config: Any, device: torch.device) -> None:
@@ -147,47 +222,13 @@ def _wrap_eplb_state_init(original: Any) -> Any:
     return init
 
 
-def has_accelerator() -> bool:
-    """Whether torch sees an accelerator (npu, cuda, xpu) in this process."""
-    return bool(torch.accelerator.is_available())
-
-
-def _no_accelerator() -> bool:
-    return not has_accelerator()
-
-
-def _platform_not_cuda_alike() -> bool:
-    import vllm.config.parallel as parallel_module
-
-    return not parallel_module.current_platform.is_cuda_alike()
-
-
-def _check_platform(platform: Any) -> None:
-    if not callable(getattr(platform, "is_cuda_alike", None)):
-        raise RuntimeError("upstream vllm.config.parallel.current_platform has no is_cuda_alike()")
-    _check_parallel_module(platform)
-
-
-def _as_host_event(_original: Any) -> type[HostEvent]:
-    return HostEvent
-
-
-def _as_set_device_index(_original: Any) -> Any:
-    return _set_device_index
-
-
-def _as_current_stream(_original: Any) -> Any:
-    return _current_stream
-
-
-def _as_set_stream(_original: Any) -> Any:
-    return _set_stream
-
-
-def _as_empty_cache(_original: Any) -> Any:
-    return _empty_cache
-
-
-#: The adaptation, in installation order (see the module docstring for each point): this module's rows
-#: of the one upstream surface, :data:`ascend_eplb.control.upstream.PATCHES`, with the functions they name.
-PATCHES: tuple[Patch, ...] = upstream.patches_of(upstream.HOST_ADAPTATION, globals())
+#: The adaptation, in installation order (see the module docstring for each point).
+PATCHES: tuple[Patch, ...] = patches_of(
+    EplbCapablePlatform,
+    _as_host_event,
+    _as_set_device_index,
+    _as_current_stream,
+    _as_set_stream,
+    _as_empty_cache,
+    _wrap_eplb_state_init,
+)

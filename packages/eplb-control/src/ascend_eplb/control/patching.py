@@ -1,18 +1,19 @@
 """The declaration types of the upstream surface, one applier, and the one checker of each kind.
 
 The serving product's rows (every point where it meets upstream vLLM 0.33.0 and torch 2.13.0) are
-declared once, in :mod:`ascend_eplb.control.upstream`; this module holds what a row is, how it is
-checked and how a table of rows is written (:func:`markdown_table` and one table per kind of row):
+declared once: the tables in :mod:`ascend_eplb.control.upstream`, each module-level patch on its
+replacement factory (:func:`replaces`); this module holds what a row is, how it is checked and how a
+table of rows is written (:func:`markdown_table` and one table per kind of row):
 
 * :class:`Signature`: an upstream callable ascend_eplb relies on, with its parameters (names, kinds and
   defaults) in vLLM 0.33.0 / torch 2.13.0, checked by :func:`check_signature`, the one checker of
   upstream signatures (patches, instance bindings and the subclass overrides all use it).
-* :class:`PatchEntry`: the replacement of one module-level binding that upstream does not expose as an
-  extension point (a module global, a class attribute, a torch function); its replacement factory is
-  named in the owner module, which turns its entries into :class:`Patch` es
-  (:meth:`PatchEntry.patch`). Nothing in this package installs them: the integration's
-  ``apply_patches()`` owns the single :class:`PatchSet` of the serving process and installs every one at
-  once (a package outside serving that declares rows of its own installs them with its own).
+* :class:`Patch`: the replacement of one module-level binding that upstream does not expose as an
+  extension point (a module global, a class attribute, a torch function), declared on its replacement
+  factory in the owner module (:func:`replaces`) and read from there (:func:`patches_of`). Nothing in
+  this package installs them: the integration's ``apply_patches()`` owns the single :class:`PatchSet` of
+  the serving process and installs every one at once (a package outside serving that declares rows of
+  its own installs them with its own).
 * :class:`InstanceBinding`: the replacement of an upstream method on single instances (the class keeps
   its method), installed by the code that owns those instances.
 * :class:`Override`: a method of an upstream class that a subclass of ascend_eplb overrides; it must
@@ -32,18 +33,18 @@ import importlib
 import inspect
 import textwrap
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 __all__ = [
+    "DECLARED_ATTR",
     "PATCH_MARKER",
     "Attribute",
     "Body",
     "InstanceBinding",
     "Override",
     "Patch",
-    "PatchEntry",
     "PatchSet",
     "Signature",
     "attribute_table",
@@ -59,6 +60,8 @@ __all__ = [
     "parameter_spec",
     "patch_owner",
     "patch_table",
+    "patches_of",
+    "replaces",
     "signature_table",
     "source_digest",
 ]
@@ -451,6 +454,8 @@ class Patch:
             asked at installation, before the checks.
         check: an extra drift check of the original (e.g. of a module's source), raising
             ``RuntimeError``.
+        does: what the replacement does (for the table).
+        applies: ``when`` in words (for the table).
     """
 
     module: str
@@ -460,6 +465,8 @@ class Patch:
     owner: str
     when: Callable[[], bool] = field(default=_always)
     check: Callable[[Any], None] | None = None
+    does: str = ""
+    applies: str = "always"
 
     @classmethod
     def on(
@@ -517,68 +524,64 @@ class Patch:
             self.check(original)
 
 
-@dataclass(frozen=True)
-class PatchEntry:
-    """The declaration of one module-level replacement: what is replaced, by whom, how (for the table),
-    and the names, in the owner module, of the functions that do it.
+#: Attribute of a replacement factory holding the :class:`Patch` es declared on it by :func:`replaces`.
+DECLARED_ATTR = "_ascend_eplb_replaces"
 
-    Attributes:
-        module: import path of the module holding the binding (or the class that holds it).
-        qualname: attribute path inside ``module``.
-        signature: the function replaced (its entry of the signature table); None for a binding that
-            is not a function (a module global, a class), which ``check`` must validate.
-        owner: the user id of the owner module (``"control.host_adaptation"``).
-        replace: name, in the owner module, of ``original -> replacement``.
+
+def replaces(
+    target: Signature | tuple[str, str],
+    does: str,
+    *,
+    when: Callable[[], bool] | None = None,
+    applies: str = "always",
+    check: Callable[[Any], None] | None = None,
+) -> Callable[[Any], Any]:
+    """Declare the decorated ``original -> replacement`` factory (a function, or a class called with the
+    original) as the replacement of ``target``; the factory is returned unchanged.
+
+    Args:
+        target: the function replaced (its :class:`Signature`: binding and parameters from the table),
+            or ``(module, qualname)`` of a binding that is not a function (a module global, a class),
+            which ``check`` must then validate.
         does: what the replacement does (for the table).
-        when: name, in the owner module, of ``() -> bool``: whether the patch applies in this process;
-            None: always.
+        when: ``() -> bool``, whether the patch applies in this process; None: always.
         applies: ``when`` in words (for the table).
-        check: name, in the owner module, of an extra drift check ``original -> None`` raising
-            ``RuntimeError``; None: none.
+        check: an extra drift check ``original -> None`` raising ``RuntimeError``; None: none.
+
+    The row is a :class:`Patch` owned by the factory's module. Stacked decorators declare one row each,
+    in the order they are written; :func:`patches_of` reads them.
     """
 
-    module: str
-    qualname: str
-    signature: Signature | None
-    owner: str
-    replace: str
-    does: str
-    when: str | None = None
-    applies: str = "always"
-    check: str | None = None
-
-    @property
-    def name(self) -> str:
-        return f"{self.module}.{self.qualname}"
-
-    def patch(self, namespace: Mapping[str, Any]) -> Patch:
-        """The :class:`Patch` of this entry, its functions taken from ``namespace`` (the owner module's
-        ``globals()``).
-
-        Raises:
-            KeyError: a named function is not in ``namespace`` (the message names the entry).
-        """
-
-        def named(attr: str | None) -> Any:
-            if attr is None:
-                return None
-            try:
-                return namespace[attr]
-            except KeyError:
-                raise KeyError(
-                    f"{self.name}: ascend_eplb.{self.owner} defines no {attr!r}, which the upstream table "
-                    "names for this patch"
-                ) from None
-
-        return Patch(
-            self.module,
-            self.qualname,
-            self.signature.params if self.signature is not None else None,
-            named(self.replace),
-            f"ascend_eplb.{self.owner}",
-            when=named(self.when) or _always,
-            check=named(self.check),
+    def declare(factory: Any) -> Any:
+        if isinstance(target, Signature):
+            module, qualname, params = target.module, target.qualname, target.params
+        else:
+            (module, qualname), params = target, None
+        patch = Patch(
+            module, qualname, params, factory, factory.__module__, when or _always, check, does, applies
         )
+        setattr(factory, DECLARED_ATTR, (patch, *vars(factory).get(DECLARED_ATTR, ())))
+        return factory
+
+    return declare
+
+
+def patches_of(*factories: Any) -> tuple[Patch, ...]:
+    """The :class:`Patch` es declared (:func:`replaces`) on ``factories``, in order.
+
+    Raises:
+        TypeError: a factory declares no replacement (the message names it).
+    """
+    out: list[Patch] = []
+    for factory in factories:
+        declared = vars(factory).get(DECLARED_ATTR)
+        if not declared:
+            raise TypeError(
+                f"{factory.__module__}.{factory.__qualname__} declares no replacement of upstream "
+                "(decorate it with its row: replaces(...))"
+            )
+        out += declared
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -713,11 +716,11 @@ def _users(users: Iterable[str]) -> str:
     return ", ".join(_code(u) for u in users)
 
 
-def patch_table(entries: Iterable[PatchEntry]) -> list[str]:
+def patch_table(patches: Iterable[Patch]) -> list[str]:
     """The Markdown table of module-level replacements: binding, replacement, owner, when it applies."""
     return markdown_table(
         ("binding", "replacement", "owner", "applies"),
-        ((_code(p.name), p.does, _code(p.owner), p.applies) for p in entries),
+        ((_code(p.name), p.does, _code(p.owner.removeprefix("ascend_eplb.")), p.applies) for p in patches),
     )
 
 

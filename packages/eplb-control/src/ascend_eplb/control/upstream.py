@@ -1,15 +1,13 @@
 """The upstream surface: every point where ascend_eplb meets vLLM 0.33.0 and torch 2.13.0, declared once.
 
-Six kinds of row (the types are :mod:`ascend_eplb.control.patching`'s), each listed here and nowhere
-else:
+Its rows (the types are :mod:`ascend_eplb.control.patching`'s), each declared once:
 
 * :data:`SIGNATURES`: every upstream callable patched, bound per instance, overridden or whose body is
   pinned, and those called with arguments we build (the start-up install's transaction and commit;
   accessors such as ``get_ep_group()`` are not listed), with its parameters: names, kinds and defaults.
-* :data:`PATCHES`: every module-level binding the process replaces. Each row names, in its owner
-  module, the replacement factory (and the applicability predicate and extra check); the owner turns
-  its rows into :class:`~ascend_eplb.control.patching.Patch` es with :func:`patches_of`, and
-  integration's ``apply_patches()`` installs them all, in this order, in the one ``PatchSet``.
+* the module-level replacements: each declared on its replacement factory, in its owner module, with
+  :func:`replaces` (the signature taken from :data:`SIGNATURES`); each owner lists its own as
+  ``PATCHES``, and integration's registry installs them all, in one declared order, in one ``PatchSet``.
 * :data:`INSTANCE_BINDINGS`: the upstream methods replaced on single instances (the class keeps its
   method).
 * :data:`OVERRIDES`: the upstream methods our subclasses override; each stays call-compatible.
@@ -19,39 +17,29 @@ else:
   digest.
 
 These are the serving product's rows; a package above it that meets upstream too declares its own rows
-with the same types, beside its code, and checks them itself.
+with the same types, beside its code, and checks them itself. Integration, which sees every owner,
+renders them all (``ascend_eplb.integration.surface``, ``integration/UPSTREAM.md``).
 
-:func:`render` writes the human-readable tables from these rows (``UPSTREAM.md`` of this package is
-that text; a test keeps them equal: ``python -m ascend_eplb.control.upstream`` prints it). Each user
-checks its rows with :func:`check_used_by` (the controller and the state when they are constructed,
-the commit hooks before they are installed); integration's ``check_upstream()`` checks every row
-(:func:`check_rows`) before the first patch. Dataplane's router adapter cannot import this package, so
+Each user checks its rows with :func:`check_used_by` (the controller and the state when they are
+constructed, the commit hooks before they are installed); integration's ``check_upstream()`` checks every
+row (:func:`check_rows`) before the first patch. Dataplane's router adapter cannot import this package, so
 the signature of the method it binds is its own export (``UPSTREAM_MAPPING_SIGNATURE``), listed here by
 reference: ``ascend_eplb.dataplane.router`` (torch only) is the one module of another ascend_eplb
-package imported here. Nothing here imports vLLM: a row
-is resolved when it is checked.
-"""
+package imported here. Nothing here imports vLLM: a row is resolved when it is checked."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from ascend_eplb.control import patching
 from ascend_eplb.control.patching import (
     Attribute,
     Body,
     InstanceBinding,
     Override,
-    Patch,
-    PatchEntry,
     Signature,
-    attribute_table,
-    body_table,
     check_signatures,
-    instance_binding_table,
-    override_table,
-    patch_table,
-    signature_table,
 )
 from ascend_eplb.dataplane.router import UPSTREAM_MAPPING_SIGNATURE
 
@@ -61,15 +49,13 @@ __all__ = [
     "COMMIT_OBSERVER_ATTR",
     "INSTANCE_BINDINGS",
     "OVERRIDES",
-    "PATCHES",
     "SIGNATURES",
     "USERS",
     "WORKER_ERROR_ATTR",
     "check_rows",
     "check_used_by",
     "instance_binding",
-    "patches_of",
-    "render",
+    "replaces",
     "signature",
     "used_by",
 ]
@@ -314,123 +300,24 @@ def signature(name: str) -> Signature:
         raise KeyError(f"{name} is not in ascend_eplb.control.upstream.SIGNATURES; list it there") from None
 
 
-_NO_ACCELERATOR = "no accelerator (`torch.accelerator.is_available()` is False)"
+def replaces(target: str | tuple[str, str], does: str, **options: Any) -> Callable[[Any], Any]:
+    """Declare the decorated factory as a module-level replacement of upstream
+    (:func:`ascend_eplb.control.patching.replaces`, whose keywords ``when``, ``applies`` and ``check`` it
+    takes): ``target`` is ``module.qualname`` of a function of :data:`SIGNATURES` (binding and parameters
+    from its entry), or ``(module, qualname)`` of a binding that is not a function.
 
+    Raises:
+        KeyError: a function ``target`` is not in :data:`SIGNATURES`.
+        ValueError: the factory's module is not one of :data:`USERS`.
+    """
+    declare = patching.replaces(signature(target) if isinstance(target, str) else target, does, **options)
 
-def _host(name: str, replace: str, does: str) -> PatchEntry:
-    return PatchEntry(
-        _ACCELERATOR,
-        name,
-        signature(f"{_ACCELERATOR}.{name}"),
-        HOST_ADAPTATION,
-        replace,
-        does,
-        when="_no_accelerator",
-        applies=_NO_ACCELERATOR,
-    )
+    def declared(factory: Any) -> Any:
+        _known((factory.__module__.removeprefix("ascend_eplb."),))
+        return declare(factory)
 
+    return declared
 
-def _function(name: str, owner: str, replace: str, does: str, **options: Any) -> PatchEntry:
-    entry = signature(name)
-    return PatchEntry(entry.module, entry.qualname, entry, owner, replace, does, **options)
-
-
-#: Every module-level replacement of the process, in installation order.
-PATCHES: tuple[PatchEntry, ...] = (
-    PatchEntry(
-        _PARALLEL,
-        "current_platform",
-        None,
-        HOST_ADAPTATION,
-        "EplbCapablePlatform",
-        "`EplbCapablePlatform`: `is_cuda_alike()` is True, everything else the real platform's (the "
-        "module must consult it exactly once, in the EPLB check)",
-        when="_platform_not_cuda_alike",
-        applies="the platform is not CUDA-alike",
-        check="_check_platform",
-    ),
-    PatchEntry(
-        "torch",
-        "Event",
-        None,
-        HOST_ADAPTATION,
-        "_as_host_event",
-        "`HostEvent`: a `torch.Event` that records a host timestamp",
-        when="_no_accelerator",
-        applies=_NO_ACCELERATOR,
-    ),
-    _host("set_device_index", "_as_set_device_index", "a no-op"),
-    _host("current_stream", "_as_current_stream", "the CPU stream"),
-    _host("set_stream", "_as_set_stream", "a no-op"),
-    _host("empty_cache", "_as_empty_cache", "a no-op (vLLM's model loader calls it)"),
-    _function(
-        f"{_STATE}.EplbState.__init__",
-        HOST_ADAPTATION,
-        "_wrap_eplb_state_init",
-        "upstream's, then `device_index = 0` on a CPU device (the async worker asserts it)",
-        when="_no_accelerator",
-        applies=_NO_ACCELERATOR,
-    ),
-    _function(
-        f"{_PARALLEL}.ParallelConfig.__post_init__",
-        INTEGRATION,
-        "_wrap_post_init",
-        'communicator unset -> `"torch_gloo"` before upstream probes NIXL/XCCL, then upstream\'s',
-    ),
-    _function(
-        f"{_COMMUNICATOR}.create_eplb_communicator",
-        INTEGRATION,
-        "_wrap_factory",
-        "`\"torch_gloo\"` -> movement's `AscendGlooEplbCommunicator(cpu_group)`; other backends upstream's",
-    ),
-    _function(
-        f"{_STATE}.create_eplb_communicator",
-        INTEGRATION,
-        "_wrap_factory",
-        "the same (imported there by name)",
-    ),
-    _function(
-        f"{_STATE}._commit_eplb_maps_for_layer",
-        COMMIT_HOOKS,
-        "_wrap_commit_for_layer",
-        "the per-layer commit hook: the observer's move, upstream's commit, the observer's refresh "
-        "(before `_move_to_workspace` acknowledges)",
-        check="_check_order",
-    ),
-    _function(
-        f"{_STATE}._commit_eplb_maps",
-        COMMIT_HOOKS,
-        "_wrap_commit",
-        "the synchronous whole-model commit hook (move, commit, refresh of every layer)",
-    ),
-    _function(
-        f"{_WORKER}.transfer_run_periodically",
-        WATCHDOG,
-        "_wrap_worker_loop",
-        f"upstream's loop; its exception and traceback recorded on the state (`{WORKER_ERROR_ATTR}`) "
-        "before the thread ends",
-    ),
-    _function(
-        f"{_DEEPSEEK_MTP}.fused_moe_make_expert_params_mapping",
-        INTEGRATION,
-        "_wrap_mtp_expert_mapping",
-        "upstream's, with the draft's `num_redundant_experts` when `DeepSeekMTP.load_weights` leaves it out "
-        "(vLLM 0.33.0 does: the draft's redundant slots were never loaded, and EPLB routed tokens to "
-        "them; the verifier's `fingerprints` check at registration named it)",
-    ),
-    _function(
-        f"{_RUNNER}.EPLBController",
-        INTEGRATION,
-        "_wrap_runner_controller",
-        "EPLB on: `create_eplb_controller`'s controller for the current vLLM config; off: upstream's class",
-    ),
-    _function(
-        f"{_RUNNER}.GPUModelRunner.shutdown",
-        INTEGRATION,
-        "_wrap_runner_shutdown",
-        "the controller's `shutdown()` first, when it has one (the watchdog's end of life), then upstream's",
-    ),
-)
 
 #: Every upstream method the process replaces on single instances (the classes keep theirs).
 INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = (
@@ -940,18 +827,6 @@ BODIES: tuple[Body, ...] = (
 )
 
 
-def patches_of(owner: str, namespace: Mapping[str, Any]) -> tuple[Patch, ...]:
-    """The :class:`~ascend_eplb.control.patching.Patch` es of ``owner``'s rows of :data:`PATCHES`, in
-    order, their functions taken from ``namespace`` (the owner module's ``globals()``).
-
-    Raises:
-        ValueError: ``owner`` is not one of :data:`USERS`.
-        KeyError: a function a row names is not in ``namespace``.
-    """
-    _known((owner,))
-    return tuple(entry.patch(namespace) for entry in PATCHES if entry.owner == owner)
-
-
 def _known(users: tuple[object, ...]) -> set[str]:
     unknown = [u for u in users if u not in USERS]
     if unknown:
@@ -994,35 +869,3 @@ def check_rows(users: Iterable[str] | None = None) -> None:
     for row in (*BODIES, *ATTRIBUTES, *OVERRIDES):
         if set(row.users) & wanted:
             row.check()
-
-
-def render() -> str:
-    """The tables of every row, as Markdown (what ``UPSTREAM.md`` of this package holds)."""
-    lines = [
-        "# The upstream surface",
-        "",
-        "Every point where the ascend_eplb serving product meets upstream vLLM 0.33.0 and torch 2.13.0. "
-        "Generated from the rows of `ascend_eplb.control.upstream` (`python -m ascend_eplb.control.upstream "
-        "> packages/eplb-control/UPSTREAM.md`); a test keeps this file equal to them. Integration's "
-        "`check_upstream()` checks every row before the first patch (`RuntimeError` naming the one that "
-        "drifted); the controller and the state check theirs when they are constructed.",
-        "",
-        "## Module-level replacements (`PATCHES`, in installation order)",
-        "",
-    ]
-    lines += patch_table(PATCHES)
-    lines += ["", "## Methods replaced on single instances (`INSTANCE_BINDINGS`)", ""]
-    lines += instance_binding_table(INSTANCE_BINDINGS)
-    lines += ["", "## Methods our subclasses override (`OVERRIDES`)", ""]
-    lines += override_table(OVERRIDES)
-    lines += ["", "## Attributes of upstream objects (`ATTRIBUTES`)", ""]
-    lines += attribute_table(ATTRIBUTES)
-    lines += ["", "## Upstream bodies our code depends on (`BODIES`, source digests)", ""]
-    lines += body_table(BODIES)
-    lines += ["", "## Signatures relied on (`SIGNATURES`: names, kinds, defaults)", ""]
-    lines += signature_table(SIGNATURES.values())
-    return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    print(render(), end="")

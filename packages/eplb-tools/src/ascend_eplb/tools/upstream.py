@@ -81,7 +81,7 @@ def render() -> str:
         "# The tools' upstream surface",
         "",
         "What `ascend-eplb simulate` and `plan` rely on of upstream vLLM 0.33.0 beyond the serving "
-        "product's rows (`packages/eplb-control/UPSTREAM.md`) and the CPU world's "
+        "product's rows (`integration/UPSTREAM.md`) and the CPU world's "
         "(`packages/eplb-world/UPSTREAM.md`). Generated from the rows of `ascend_eplb.tools.upstream` "
         "(`python -m ascend_eplb.tools.upstream > packages/eplb-tools/UPSTREAM.md`); a test keeps this file "
         "equal to them. Never checked by serving: each `simulate` rank checks the rows of "

@@ -73,8 +73,9 @@ facts measured in ``notes/real-models-on-cpu.md``), each checked against HF tran
    model inlines those helpers.
 
 Every point where these stand-ins meet vLLM is a row of the CPU world's upstream surface,
-:mod:`ascend_eplb.world.upstream` (the patches are its ``STAND_INS``, built here with ``patches_of``;
-the per-instance ``forward`` s are ``INSTANCE_BINDINGS`` rows); serving never installs or checks them.
+:mod:`ascend_eplb.world.upstream` (each patch declared on its factory here, ``@upstream.replaces``, and
+listed in :data:`STAND_INS`; the per-instance ``forward`` s are ``INSTANCE_BINDINGS`` rows); serving never
+installs or checks them.
 :func:`install_stand_ins` checks the CPU world's rows (``upstream.check``) before it installs every
 process-wide stand-in (before a model is built);
 :func:`install_model_stand_ins` installs those of one built model. This module imports vLLM inside its
@@ -90,10 +91,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ascend_eplb.control.patching import Patch, PatchSet, patches_of
+from ascend_eplb.world import upstream
 from ascend_eplb.world.kernel_logs import attach_kernel_log, kernel_log
 
 __all__ = [
     "MOE_DISPATCHES",
+    "STAND_INS",
     "cpu_all_gatherv",
     "cpu_reduce_scatterv",
     "grouped_expert_compute",
@@ -305,6 +309,12 @@ def _has_packed_linear() -> bool:
         return False
 
 
+@upstream.replaces(
+    "vllm.model_executor.layers.utils.check_cpu_sgl_kernel",
+    "False while `torch.ops._C` lacks `convert_weight_packed` (16-bit linear layers take vLLM's `F.linear` "
+    "fallback), else upstream's",
+    applies="always (float32 layers and hosts with that op unaffected)",
+)
 def _without_absent_sgl_kernel(original: Any) -> Any:
     import functools
 
@@ -315,22 +325,15 @@ def _without_absent_sgl_kernel(original: Any) -> Any:
     return check_cpu_sgl_kernel
 
 
-def _stand_in_patches() -> Any:
-    from ascend_eplb.control.patching import PatchSet
-    from ascend_eplb.world import upstream
-
-    return PatchSet(upstream.patches_of(globals()))
+_STAND_IN_PATCHES: PatchSet | None = None
 
 
-_STAND_IN_PATCHES: Any = None
-
-
-def stand_in_patches() -> Any:
+def stand_in_patches() -> PatchSet:
     """The ``PatchSet`` of this harness's upstream replacements (stand-ins 3, 5 and 6), built once from
-    the CPU world's ``STAND_INS`` rows (their bindings, parameters and the functions named here)."""
+    :data:`STAND_INS`."""
     global _STAND_IN_PATCHES
     if _STAND_IN_PATCHES is None:
-        _STAND_IN_PATCHES = _stand_in_patches()
+        _STAND_IN_PATCHES = PatchSet(STAND_INS)
     return _STAND_IN_PATCHES
 
 
@@ -480,39 +483,6 @@ def _(x: torch.Tensor, dim: int, sizes: list[int], group_name: str) -> torch.Ten
     return x.new_empty(shape)
 
 
-def _cpu_all_gatherv(original: Any) -> Any:
-    import functools
-
-    @functools.wraps(original)
-    def all_gatherv(self, input_, dim=0, sizes=None):
-        if not _is_cpu_communicator(self):
-            return original(self, input_, dim, sizes)
-        if dim != 0:
-            raise NotImplementedError(f"all_gatherv stand-in: dim={dim}, only dim 0 is supported")
-        tensors = [input_] if isinstance(input_, torch.Tensor) else list(input_)
-        counts = [t.shape[0] for t in tensors[:1]] * self.world_size if sizes is None else list(sizes)
-        out = [_all_gatherv_op(t, counts, self.unique_name) for t in tensors]
-        return out[0] if isinstance(input_, torch.Tensor) else out
-
-    return all_gatherv
-
-
-def _cpu_reduce_scatterv(original: Any) -> Any:
-    import functools
-
-    @functools.wraps(original)
-    def reduce_scatterv(self, input_, dim=-1, sizes=None):
-        if not _is_cpu_communicator(self):
-            return original(self, input_, dim, sizes)
-        world, rows = self.world_size, input_.shape[dim]
-        counts = [rows // world] * world if sizes is None else list(sizes)
-        if sizes is None and rows % world:
-            raise ValueError(f"reduce_scatterv: {rows} rows do not divide by the group's {world} ranks")
-        return _reduce_scatterv_op(input_, dim, counts, self.unique_name)
-
-    return reduce_scatterv
-
-
 def _cpu_communicator_lacks(name: str) -> None:
     from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
 
@@ -531,6 +501,56 @@ def _check_cpu_communicator_lacks_reduce_scatterv(original: Any) -> None:
     _cpu_communicator_lacks("reduce_scatterv")
 
 
+_CPU_COMMUNICATOR_ONLY = "always (only a `CpuCommunicator` gets the stand-in; any other upstream's method)"
+
+
+@upstream.replaces(
+    "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase.all_gatherv",
+    "a `CpuCommunicator`'s over `torch.distributed` (rows padded to the largest, gathered, concatenated in "
+    "rank order); refused if `CpuCommunicator` defines its own",
+    applies=_CPU_COMMUNICATOR_ONLY,
+    check=_check_cpu_communicator_lacks_all_gatherv,
+)
+def _cpu_all_gatherv(original: Any) -> Any:
+    import functools
+
+    @functools.wraps(original)
+    def all_gatherv(self, input_, dim=0, sizes=None):
+        if not _is_cpu_communicator(self):
+            return original(self, input_, dim, sizes)
+        if dim != 0:
+            raise NotImplementedError(f"all_gatherv stand-in: dim={dim}, only dim 0 is supported")
+        tensors = [input_] if isinstance(input_, torch.Tensor) else list(input_)
+        counts = [t.shape[0] for t in tensors[:1]] * self.world_size if sizes is None else list(sizes)
+        out = [_all_gatherv_op(t, counts, self.unique_name) for t in tensors]
+        return out[0] if isinstance(input_, torch.Tensor) else out
+
+    return all_gatherv
+
+
+@upstream.replaces(
+    "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase.reduce_scatterv",
+    "a `CpuCommunicator`'s over `torch.distributed` (all-reduce, then this rank's rows); refused if "
+    "`CpuCommunicator` defines its own",
+    applies=_CPU_COMMUNICATOR_ONLY,
+    check=_check_cpu_communicator_lacks_reduce_scatterv,
+)
+def _cpu_reduce_scatterv(original: Any) -> Any:
+    import functools
+
+    @functools.wraps(original)
+    def reduce_scatterv(self, input_, dim=-1, sizes=None):
+        if not _is_cpu_communicator(self):
+            return original(self, input_, dim, sizes)
+        world, rows = self.world_size, input_.shape[dim]
+        counts = [rows // world] * world if sizes is None else list(sizes)
+        if sizes is None and rows % world:
+            raise ValueError(f"reduce_scatterv: {rows} rows do not divide by the group's {world} ranks")
+        return _reduce_scatterv_op(input_, dim, counts, self.unique_name)
+
+    return reduce_scatterv
+
+
 # --- stand-in 6: no compilation of vLLM's helper functions -------------------------------------------
 
 
@@ -544,16 +564,30 @@ def _eager_world() -> bool:
     return _COMPILED is not True
 
 
-def _dynamo_disabled(original: bool) -> bool:
-    return True  # vLLM Ascend's simple_compile_backend = "eager"
-
-
 def _check_dynamo_switch(original: Any) -> None:
     if not isinstance(original, bool):
         raise RuntimeError(
             f"upstream torch._dynamo.config.disable is {original!r}, not a bool: the switch stand-in 6 "
             "sets is gone (ascend_eplb.world.stand_ins)"
         )
+
+
+@upstream.replaces(
+    ("torch._dynamo.config", "disable"),
+    "True: TorchDynamo off for the process, so vLLM's `torch.compile`d helpers run eagerly (vLLM Ascend's "
+    '`simple_compile_backend = "eager"`)',
+    when=_eager_world,
+    applies="in an eager world (a compiled world keeps TorchDynamo on, as vLLM's CPU platform does)",
+    check=_check_dynamo_switch,
+)
+def _dynamo_disabled(original: bool) -> bool:
+    return True  # vLLM Ascend's simple_compile_backend = "eager"
+
+
+#: The module-level stand-ins (3, 5 and 6), in installation order; never serving's.
+STAND_INS: tuple[Patch, ...] = patches_of(
+    _without_absent_sgl_kernel, _cpu_all_gatherv, _cpu_reduce_scatterv, _dynamo_disabled
+)
 
 
 # --- stand-in 2: attention ------------------------------------------------------------------------
@@ -660,8 +694,6 @@ def install_stand_ins(*, quantized: bool = False, dispatch: str = "gather", comp
             f"this process's CPU stand-ins serve {'compiled' if _COMPILED else 'eager'} models; one process "
             "serves one execution mode (TorchDynamo's switch is process-wide)"
         )
-    from ascend_eplb.world import upstream
-
     upstream.check()
     _COMPILED = compiled
     stand_in_patches().apply()

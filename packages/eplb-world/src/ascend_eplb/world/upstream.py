@@ -5,44 +5,32 @@ serving does not, declared once, with :mod:`ascend_eplb.control.patching`'s row 
   the registrations called (vLLM's out-of-tree method and quantization registries) and Model Runner V2's
   draft calls the serving worker makes (``init_speculator``, the speculator's ``load_model`` and
   ``_prepare_eplb_forward``), with their parameters.
-* :data:`STAND_INS`: the module-level replacements (:mod:`~ascend_eplb.world.stand_ins` builds its
-  ``PatchSet`` of them with :func:`patches_of`), in installation order.
+* the module-level stand-ins: each declared on its factory in :mod:`~ascend_eplb.world.stand_ins` with
+  :func:`replaces` (the signature taken from :data:`SIGNATURES`), listed there as ``STAND_INS``.
 * :data:`INSTANCE_BINDINGS`: the upstream methods replaced on single instances of a built model.
 * :data:`ATTRIBUTES`: the attributes of upstream objects the stand-ins and the serving worker read.
 
 Serving neither installs nor checks these rows (a vLLM change here must not stop a serving process):
 ``stand_ins.install_stand_ins`` checks them all (:func:`check`) before it installs anything.
-:func:`render` writes their tables (``UPSTREAM.md`` of this package; a test keeps them equal:
-``python -m ascend_eplb.world.upstream`` prints it). Nothing here imports vLLM.
+:mod:`ascend_eplb.world.surface` renders every row (``UPSTREAM.md`` of this package). Nothing here
+imports vLLM.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from ascend_eplb.control.patching import (
-    Attribute,
-    InstanceBinding,
-    Patch,
-    PatchEntry,
-    Signature,
-    attribute_table,
-    check_signatures,
-    instance_binding_table,
-    patch_table,
-    signature_table,
-)
+from ascend_eplb.control import patching
+from ascend_eplb.control.patching import Attribute, InstanceBinding, Signature, check_signatures
 
 __all__ = [
     "ATTRIBUTES",
     "INSTANCE_BINDINGS",
     "SIGNATURES",
-    "STAND_INS",
     "USERS",
     "check",
-    "patches_of",
-    "render",
+    "replaces",
     "signature",
 ]
 
@@ -147,51 +135,28 @@ def signature(name: str) -> Signature:
         raise KeyError(f"{name} is not in ascend_eplb.world.upstream.SIGNATURES; list it there") from None
 
 
-def _function(name: str, replace: str, does: str, **options: Any) -> PatchEntry:
-    entry = signature(name)
-    return PatchEntry(entry.module, entry.qualname, entry, WORLD_STAND_INS, replace, does, **options)
+def replaces(target: str | tuple[str, str], does: str, **options: Any) -> Callable[[Any], Any]:
+    """Declare the decorated factory a stand-in of the CPU world
+    (:func:`ascend_eplb.control.patching.replaces`, whose keywords ``when``, ``applies`` and ``check`` it
+    takes): ``target`` is ``module.qualname`` of a function of :data:`SIGNATURES`, or
+    ``(module, qualname)`` of a binding that is not a function.
 
+    Raises:
+        KeyError: a function ``target`` is not in :data:`SIGNATURES`.
+        ValueError: the factory's module is not one of :data:`USERS`.
+    """
+    declare = patching.replaces(signature(target) if isinstance(target, str) else target, does, **options)
 
-_CPU_COMMUNICATOR_ONLY = "always (only a `CpuCommunicator` gets the stand-in; any other upstream's method)"
+    def declared(factory: Any) -> Any:
+        owner = factory.__module__.removeprefix("ascend_eplb.")
+        if owner not in USERS:
+            raise ValueError(
+                f"unknown user {owner!r} of the CPU world's upstream table; the users are {USERS!r}"
+            )
+        return declare(factory)
 
-#: The module-level replacements of the CPU world, in installation order (never serving's).
-STAND_INS: tuple[PatchEntry, ...] = (
-    _function(
-        f"{_LAYER_UTILS}.check_cpu_sgl_kernel",
-        "_without_absent_sgl_kernel",
-        "False while `torch.ops._C` lacks `convert_weight_packed` (16-bit linear layers take vLLM's "
-        "`F.linear` fallback), else upstream's",
-        applies="always (float32 layers and hosts with that op unaffected)",
-    ),
-    _function(
-        f"{_DEVICE_COMMUNICATOR}.DeviceCommunicatorBase.all_gatherv",
-        "_cpu_all_gatherv",
-        "a `CpuCommunicator`'s over `torch.distributed` (rows padded to the largest, gathered, concatenated "
-        "in rank order); refused if `CpuCommunicator` defines its own",
-        applies=_CPU_COMMUNICATOR_ONLY,
-        check="_check_cpu_communicator_lacks_all_gatherv",
-    ),
-    _function(
-        f"{_DEVICE_COMMUNICATOR}.DeviceCommunicatorBase.reduce_scatterv",
-        "_cpu_reduce_scatterv",
-        "a `CpuCommunicator`'s over `torch.distributed` (all-reduce, then this rank's rows); refused if "
-        "`CpuCommunicator` defines its own",
-        applies=_CPU_COMMUNICATOR_ONLY,
-        check="_check_cpu_communicator_lacks_reduce_scatterv",
-    ),
-    PatchEntry(
-        "torch._dynamo.config",
-        "disable",
-        None,
-        WORLD_STAND_INS,
-        "_dynamo_disabled",
-        "True: TorchDynamo off for the process, so vLLM's `torch.compile`d helpers run eagerly (vLLM "
-        'Ascend\'s `simple_compile_backend = "eager"`)',
-        when="_eager_world",
-        applies="in an eager world (a compiled world keeps TorchDynamo on, as vLLM's CPU platform does)",
-        check="_check_dynamo_switch",
-    ),
-)
+    return declared
+
 
 #: The upstream methods the CPU world replaces on single instances of a model it built.
 INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = (
@@ -310,16 +275,6 @@ ATTRIBUTES: tuple[Attribute, ...] = (
 )
 
 
-def patches_of(namespace: Mapping[str, Any]) -> tuple[Patch, ...]:
-    """The :class:`~ascend_eplb.control.patching.Patch` es of :data:`STAND_INS`, in order, their functions
-    taken from ``namespace`` (``stand_ins``' ``globals()``).
-
-    Raises:
-        KeyError: a function a row names is not in ``namespace``.
-    """
-    return tuple(entry.patch(namespace) for entry in STAND_INS)
-
-
 def check() -> None:
     """Check every row of the CPU world: the signatures (in table order), then the attributes.
 
@@ -330,31 +285,3 @@ def check() -> None:
     check_signatures(SIGNATURES.values())
     for row in ATTRIBUTES:
         row.check()
-
-
-def render() -> str:
-    """The tables of every row, as Markdown (what ``UPSTREAM.md`` of this package holds)."""
-    lines = [
-        "# The CPU world's upstream surface",
-        "",
-        "What the CPU world (`ascend_eplb.world`) meets of upstream vLLM 0.33.0 and torch 2.13.0 where this "
-        "CPU build of vLLM lacks a device kernel or collective, and what its serving worker reads. Generated "
-        "from the rows of `ascend_eplb.world.upstream` (`python -m ascend_eplb.world.upstream > "
-        "packages/eplb-world/UPSTREAM.md`); a test keeps this file equal to them. Never installed or checked "
-        "by serving: `world.stand_ins.install_stand_ins` checks every row before it installs anything.",
-        "",
-        "## Module-level stand-ins (`STAND_INS`, in installation order)",
-        "",
-    ]
-    lines += patch_table(STAND_INS)
-    lines += ["", "## Methods replaced on single instances (`INSTANCE_BINDINGS`)", ""]
-    lines += instance_binding_table(INSTANCE_BINDINGS)
-    lines += ["", "## Attributes of upstream objects (`ATTRIBUTES`)", ""]
-    lines += attribute_table(ATTRIBUTES)
-    lines += ["", "## Signatures relied on (`SIGNATURES`: names, kinds, defaults)", ""]
-    lines += signature_table(SIGNATURES.values())
-    return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    print(render(), end="")
