@@ -24,29 +24,32 @@ from ascend_eplb.control.bus import (
     ShutdownEvent,
     StepEvent,
 )
-from ascend_eplb.control.commit_hooks import commit_hooks_installed
-from ascend_eplb.control.measures import (
-    balancedness,
-    hottest_rank_share,
-    layer_balancedness,
-    mean_balancedness,
-    moved_experts,
-    rank_loads,
-    received_experts,
-    upstream_initial_placement,
-)
 from ascend_eplb.control.patching import Patch, PatchSet, check_signature
 from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES, LoadCollectionPhase, is_phase_matched
 from ascend_eplb.control.policy_config import PlacementDecision, PolicySettings
 
-# These import vLLM; loaded on first use so that `plan`, `check` and `simulate`'s readers import
-# measures, phase and policy_config without vLLM (tests/test_public_api.py, tools' test_plan).
-_VLLM_EXPORTS = {
+# Names whose modules import torch or vLLM, loaded on first use: the standard-library modules above
+# (settings read by `ascend-eplb check` and start-up's rules) import without torch (2 s) or vLLM.
+_LAZY_EXPORTS = {
     "AscendEPLBController": "controller",
     "AscendEplbLayerState": "state",
     "AscendEplbState": "state",
     "MigrationAwarePolicy": "policy",
     "adapt_layer_routers": "router_adaptation",
+    "commit_hooks_installed": "commit_hooks",
+    **dict.fromkeys(
+        [
+            "balancedness",
+            "hottest_rank_share",
+            "layer_balancedness",
+            "mean_balancedness",
+            "moved_experts",
+            "rank_loads",
+            "received_experts",
+            "upstream_initial_placement",
+        ],
+        "measures",
+    ),
 }
 
 __all__ = [
@@ -86,7 +89,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    module = _VLLM_EXPORTS.get(name)
+    module = _LAZY_EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'ascend_eplb.control' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"ascend_eplb.control.{module}"), name)
