@@ -48,11 +48,8 @@ class MigrationAwarePolicy(AbstractEplbPolicy):
     with the largest reduction of the excess over the peak ``mean / (b_up - balancedness_tolerance)`` per
     move; a layer more than ``fallback_margin`` short is searched again by gain alone, then takes
     upstream's layer aligned to the old placement. Hierarchical placement (``num_groups % num_nodes ==
-    0``, more than one node) keeps every replica on its group's node, as upstream does.
-
-    Returns int64 CPU ``(L, P)``, every logical expert placed in every layer, no empty slot.
-    Deterministic (ties to the lowest index, float64 in a fixed order): every rank gets the same answer.
-    ``ValueError`` naming the value and the rule for bad input, before anything is computed.
+    0``, more than one node) keeps every replica on its group's node, as upstream does. Deterministic
+    (ties to the lowest index, float64 in a fixed order): every rank gets the same answer.
     """
 
     #: The search stops a layer at ``b_up - balancedness_tolerance`` (per layer; the layers' mean ends
@@ -71,7 +68,7 @@ class MigrationAwarePolicy(AbstractEplbPolicy):
         num_ranks: int,
         old_global_expert_indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The new placement: int64 ``(L, P)`` on CPU, every logical expert placed in every layer.
+        """The new placement: int64 ``(L, P)`` on CPU, every logical expert placed, no empty slot.
 
         Args:
             weight: ``(L, E)`` global load per logical expert (int or float, any device), the closed
