@@ -58,3 +58,17 @@ def test_phase_patching_and_measures_import_without_vllm():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_standard_library_modules_import_without_torch():
+    # ascend-eplb check and start-up's rules read the settings through these before torch is needed.
+    code = (
+        "import sys; import ascend_eplb.control as c; "
+        "from ascend_eplb.control import bus, patching, phase, policy_config; "
+        "assert c.PolicySettings().is_upstream_default; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vllm')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"

@@ -95,32 +95,26 @@ def _count_error(key: str, value: Any, rule: str) -> str | None:
 class MoeFacts:
     """What a model config states about its routed experts, as vLLM reads it, and the rules it must meet.
 
-    The one reading of these facts (:func:`read_moe_facts`): of a model folder's ``config.json`` by
-    ``ascend-eplb check`` and ``ascend-eplb simulate`` before anything starts, of vLLM's
-    ``model_config.hf_text_config`` by start-up validation. The rules of :data:`MOE_FACT_RULES`,
-    ``routed-experts``, ``top-k``, ``expert-groups`` and ``moe-layers``, judge them (:meth:`experts_error`,
-    :meth:`top_k_error`, :meth:`groups_error`, :meth:`layers_error`), so a bad value is refused with the
-    field, the value and the rule before a rank starts, never met as a ``TypeError`` or an out-of-range
-    index inside the model, nor as a model served without EPLB. :attr:`num_moe_layers` is the one count of
-    a config's MoE layers (L), which the tools read too.
-
-    Attributes:
-        source: what was read (``/path/config.json``, ``the hf_config of MODEL``), for messages.
-        stated: every field of :data:`EXPERT_COUNT_KEYS`, :data:`TOP_K_KEYS`, :data:`GROUP_KEYS` and
-            :data:`LAYER_KEYS` the config has, by name, with its value as written (any type);
-            ``block_configs_experts``: the largest ``n_routed_experts`` of its MoE ``block_configs``
-            (vLLM's fallback for heterogeneous models; None without any). ``complete``: every field vLLM
-            reads is readable (an ``hf_config``: a field the file omits has its config class's default);
-            False for a ``config.json`` mapping, where an omitted field takes a default this reading does
-            not know, so the rule that needs it is not judged (:meth:`unstated`). ``architectures``: the
-            config's ``architectures`` as written (the top level's, as vLLM reads it), whose first entry
-            selects the :data:`LAYER_SCHEMES` entry the MoE layers are counted by.
+    The one reading of these facts (:func:`read_moe_facts`: a ``config.json`` for ``check`` and
+    ``simulate``, vLLM's ``hf_text_config`` at start-up). The rules of :data:`MOE_FACT_RULES` judge them
+    (:meth:`experts_error`, :meth:`top_k_error`, :meth:`groups_error`, :meth:`layers_error`), so a bad
+    value is refused with field, value and rule before a rank starts. :attr:`num_moe_layers` is the one
+    count of a config's MoE layers (L).
     """
 
+    #: What was read (``/path/config.json``, ``the hf_config of MODEL``), for messages.
     source: str
+    #: Every field of :data:`EXPERT_COUNT_KEYS`, :data:`TOP_K_KEYS`, :data:`GROUP_KEYS` and
+    #: :data:`LAYER_KEYS` the config has, with its value as written (any type).
     stated: dict[str, Any]
+    #: The largest ``n_routed_experts`` of the MoE ``block_configs`` (vLLM's fallback for heterogeneous
+    #: models; None without any).
     block_configs_experts: Any = None
+    #: Every field vLLM reads is readable (an ``hf_config``); False for a ``config.json`` mapping, where an
+    #: omitted field's default is unknown here, so the rule that needs it is not judged (:meth:`unstated`).
     complete: bool = True
+    #: The top level's ``architectures`` as written; the first entry selects the :data:`LAYER_SCHEMES`
+    #: entry the MoE layers are counted by.
     architectures: Any = None
 
     @property

@@ -1,65 +1,19 @@
 """The placement file: the placement a server starts from, read, validated and written in one format.
 
-A placement is upstream's ``physical_to_logical_map``, int ``(L, P)``: for each MoE layer, the logical
-expert each physical slot holds; slot ``s`` lives on EP rank ``s // p``, row ``s % p`` (``p = P / N``
-local physical experts per rank; DESIGN.md's letters). ``additional_config.eplb_config.initial_placement:
-PATH`` names one; serving then starts on it (:mod:`ascend_eplb.integration.startup_placement`).
+A placement is upstream's ``physical_to_logical_map``, int ``(L, P)``. Format ``ascend-eplb-placement``
+(README "Serving from a placement file"; what ``ascend-eplb plan --export-expert-map`` writes)::
 
-Format ``ascend-eplb-placement``, version 1 (what ``ascend-eplb plan --export-expert-map`` writes)::
+    version 1: {"format": "ascend-eplb-placement", "version": 1, "num_moe_layers": L,
+                "num_logical_experts": E, "num_physical_experts": P, "num_ranks": N, "source": {...},
+                "moe_layer_count": L, "layer_list": [{"layer_id": l, "device_count": N,
+                    "device_list": [{"device_id": r, "device_expert": [p logical ids, slot order]}]}]}
+    version 2: {"format": ..., "version": 2, "source": {...}, "models": [{"model": NAME, <version 1's
+                facts>, "moe_layer_count": L, "layer_list": [...]}, ...]}
 
-    {
-      "format": "ascend-eplb-placement", "version": 1,
-      "num_moe_layers": L, "num_logical_experts": E, "num_physical_experts": P, "num_ranks": N,
-      "source": {...},
-      "moe_layer_count": L,
-      "layer_list": [{"layer_id": l, "device_count": N,
-                      "device_list": [{"device_id": r, "device_expert": [p logical ids, slot order]}]}]
-    }
-
-* the four model facts are what the file was made for; start-up refuses a file whose facts differ from
-  the model's and the parallel configuration's (the MoE layers of the model, its routed experts, E + its
-  ``num_redundant_experts``, the EP size);
-* ``source`` is optional, free-form provenance (the command and input that made it); readers ignore it;
-* ``moe_layer_count`` and ``layer_list`` are vLLM Ascend's ``expert_map_path`` JSON as its reader
-  reads it (``vllm_ascend/eplb/core/eplb_utils.py`` ``expert_file_to_tensor``: ``moe_layer_count``,
-  ``layer_list[l]["device_list"][r]["device_expert"]``, nothing else; notes/vllm-ascend-eplb.md 2.2):
-  the format is a superset of that JSON, so one file serves vLLM Ascend's static placement (Model
-  Runner V1) and Model Runner V2 EPLB. ``layer_id`` counts MoE layers (dense layers have no entry);
-  slot ``r * p + j`` of layer ``l`` holds ``layer_list[l]["device_list"][r]["device_expert"][j]``.
-
-Version 2 carries the placement of each model EPLB balances in one server: the target and an MoE
-draft upstream registers beside it (DeepSeek-V3/R1's MTP draft, ``"<model> (draft)"``), each named as
-upstream's ``EplbModelState.model_name`` names it::
-
-    {
-      "format": "ascend-eplb-placement", "version": 2, "source": {...},
-      "models": [{"model": NAME, <the four facts>, "moe_layer_count": L, "layer_list": [...]}, ...]
-    }
-
-each entry of ``models`` a version-1 document's model part (and vLLM Ascend's ``expert_map_path`` JSON of
-that model). A placement of one model is written as version 1 (no name: it is the served model's); a
-server registering a draft needs a version-2 file naming both (start-up refuses a placement file that
-lacks a registered model's placement or names a model that is not served, naming the model).
-
-A plain ``expert_map_path`` JSON (no ``format``) is refused: it does not say how many logical experts it
-was made for, so a dropped expert could not be told from a smaller model.
-
-A serving events file (``ASCEND_EPLB_EVENTS``, :mod:`ascend_eplb.integration.events`) is read as each
-model's last committed placement (each model its records': ``model``), in its last run holding
-placement records (``read_events``' runs): the ``initial_placement`` record (when the run started from a
-file), then each ``commit`` record's ``placement`` in file order; its ``window`` records give E, L, P
-and N. Every model whose placement is complete is read; told the served models (start-up), only the
-placements they take (by name, else by role), records of any other model being a stray's or another
-server's, not read and never a reason to refuse; a served model the file leaves without a placement is
-refused, naming it. With none complete, the problems of ``Run.main_model``'s are reported: every layer
-must have a committed row (a run whose first rearrangement never completed has none to give).
-
-Every refusal is a :class:`PlacementFileError` (a ``ValueError``) naming the file and listing every
-problem found, each with its field, the file's value and the rule (or the model's value); nothing is
-returned half-read: a FIFO or another non-regular file is refused before it is opened, a value of the
-wrong JSON type (``layer_id: false``, ``1.0``), an unknown key and a key given twice are refused. Standard
-library only at import (start-up's rules read files through it before anything is built); the events
-reader is imported when an events file is read.
+``moe_layer_count`` and ``layer_list`` are vLLM Ascend's ``expert_map_path`` JSON as its
+``expert_file_to_tensor`` reads it, so one file serves both. A serving events file is read as each
+model's last committed placement. Every refusal is one :class:`PlacementFileError` (``ValueError``)
+naming the file and every problem; standard library only at import.
 """
 
 from __future__ import annotations
@@ -585,6 +539,7 @@ def _short(value: Any) -> str:
 def _from_events(source: Path, served: Sequence[str] | None) -> tuple[Placement, ...]:
     """Each model's last committed placement of a serving events file (the module docstring), in the
     order the last run first names them (``served``: :func:`read_placements`)."""
+    # Here, not at the top: events imports torch, and start-up's rules read placement files before that.
     from ascend_eplb.integration.events import CommitRecord, InitialPlacementRecord, WindowRecord, read_events
 
     try:
@@ -657,6 +612,7 @@ def _served_from_events(
 
 def _committed(run: Any, model: str | None, source: Path) -> Placement | list[str]:
     """``model``'s last committed placement in ``run``, or the problems that leave it without one."""
+    # Not at the top: see _from_events.
     from ascend_eplb.integration.events import CommitRecord, InitialPlacementRecord, WindowRecord
 
     facts: dict[str, Any] = dict.fromkeys(FACTS)

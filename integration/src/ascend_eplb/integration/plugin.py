@@ -1,19 +1,10 @@
 """The ``vllm.general_plugins`` entry point of the Ascend EPLB integration.
 
-vLLM calls :func:`register` once per process (front-end, engine core, every worker) before it builds
-its configs, with no arguments. Whether EPLB is requested is therefore read from the process at that
-time, never from a config object:
-
-* the environment variable ``ASCEND_EPLB`` (``1``/``true``/``yes``/``on``; inherited by the engine and
-  worker processes), or
-* the ``--enable-eplb`` flag of the command line that started vLLM (``vllm serve ... --enable-eplb``).
-
-With neither, :func:`register` returns at once: it imports nothing beyond this module and
-:mod:`~ascend_eplb.integration.switches` (both import only the standard library), patches nothing and
-allocates nothing, so EPLB-off serving and the Model Runner V1 path are untouched. With EPLB requested
-it applies :func:`ascend_eplb.integration.patches.apply_patches` (idempotent). The Model Runner V2 wiring
-(:mod:`ascend_eplb.integration.runner`) applies the same patches again, lazily, when a runner is created
-with ``enable_eplb=True`` (a no-op if register already did), and validates the configuration there.
+vLLM calls :func:`register` once per process before it builds its configs, so whether EPLB is requested
+is read from the process: ``ASCEND_EPLB`` (``1``/``true``/``yes``/``on``, inherited by engine and
+workers) or ``--enable-eplb`` on the command line. Without either it returns at once, having imported
+only this module and :mod:`.switches` (standard library), patched and allocated nothing. With it,
+:func:`ascend_eplb.integration.patches.apply_patches` (idempotent; ``runner`` applies it again).
 """
 
 from __future__ import annotations
@@ -54,6 +45,7 @@ def register() -> bool:
     """
     if not eplb_requested():
         return False
+    # Only when requested: the patches import torch, vLLM and the planes.
     from ascend_eplb.integration.patches import apply_patches, patches_applied
 
     apply_patches()

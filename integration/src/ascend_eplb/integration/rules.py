@@ -30,6 +30,13 @@ from ascend_eplb.integration.model_facts import (
     read_model_class,
     shown,
 )
+from ascend_eplb.integration.model_names import is_draft
+from ascend_eplb.integration.placement_file import (
+    PlacementFileError,
+    assign_placements,
+    describe_mismatch,
+    read_placements,
+)
 from ascend_eplb.integration.settings import (
     ASCEND_V2_KEYS,
     COMPILATION_MODES,
@@ -456,14 +463,6 @@ def _initial_placement(s: EplbSettings) -> str | Violation | None:
             f"{key}={path!r} must be a path (a non-empty string) to a placement file or an events file; "
             "fix: name the file ascend-eplb plan --export-expert-map wrote, or remove initial_placement"
         )
-    from ascend_eplb.integration.model_names import is_draft
-    from ascend_eplb.integration.placement_file import (
-        PlacementFileError,
-        assign_placements,
-        describe_mismatch,
-        read_placements,
-    )
-
     try:
         placements = read_placements(path, s.served_models)
     except PlacementFileError as e:
@@ -507,7 +506,7 @@ def _quantization(s: EplbSettings) -> str | Violation | None:
     if name == "float32":
         # Unquantized float32 experts: what exact comparisons on a CPU host need (the test suite, the
         # simulator on real models); no Ascend kernel serves them.
-        from vllm.platforms import current_platform
+        from vllm.platforms import current_platform  # only when judged: check runs without vLLM
 
         if current_platform.is_cpu():
             return None
@@ -515,7 +514,7 @@ def _quantization(s: EplbSettings) -> str | Violation | None:
             "float32 expert weights are accepted on a CPU host only (exact comparisons); fix: serve "
             "--dtype bfloat16 or float16"
         )
-    from ascend_eplb.quant_views import UnsupportedFormatError, get_format
+    from ascend_eplb.quant_views import UnsupportedFormatError, get_format  # torch: only when judged
 
     try:
         fmt = get_format(name)

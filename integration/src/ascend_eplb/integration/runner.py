@@ -1,37 +1,12 @@
 """Model Runner V2 wiring: the calls an Ascend MRv2 runner makes, in the order it makes them.
 
-vLLM's ``GPUModelRunner`` (``vllm/v1/worker/gpu/model_runner.py``, 0.33.0) already drives its
-``self.eplb`` controller at every point but one. An Ascend runner subclassing it adopts this module with
-two lines: ``self.eplb = create_eplb_controller(vllm_config, device)`` in ``__init__`` and
+vLLM 0.33.0's ``GPUModelRunner`` already drives its ``self.eplb`` controller at every point but one. An
+Ascend runner subclassing it adopts this module with two lines: ``self.eplb =
+create_eplb_controller(vllm_config, device)`` in ``__init__`` and
 ``self.eplb.set_batch_phase(batch_has_prefill(...))`` in ``prepare_inputs``. :class:`Mrv2EplbWiring`
-packages the whole sequence for runners that do not inherit upstream's decorators (and for tests):
-
-====  =============================  ==========================================================
- #    runner point                   call
-====  =============================  ==========================================================
- 1    ``__init__``                   :func:`create_eplb_controller` (validate, patch, construct)
- 2    ``load_model`` start           ``controller.prepare_load()``
- 3    ``load_model`` after the draft ``controller.maybe_register_speculator(spec, spec_cfg, dummy)``
- 4    ``load_model`` end             ``controller.maybe_register_model(model, model_config)`` then
-                                     ``controller.maybe_start_async_loop(added, dummy)``
- 5    ``profile_run``                ``_dummy_run(is_profile=True)`` then
-                                     ``controller.step(is_dummy=True, is_profile=True)``
- 6    ``_dummy_run`` (warm-up/idle)  ``controller.step(is_dummy=True)`` unless ``skip_eplb``
- 7    ``prepare_inputs``             ``controller.set_batch_phase(batch_has_prefill)``
- 8    ``execute_model`` pre-forward  ``controller.prepare_forward(model_config, num_unpadded, ubatch)``
-                                     (unpadded token count, never the padded one)
- 9    ``sample_tokens`` / ``pool``   ``controller.step()`` after sampling, every step, every rank
-10    ``shutdown``                   ``controller.shutdown()`` (Ascend's controller only: the
-                                     watchdog logs a cycle in flight; no collective)
-====  =============================  ==========================================================
-
-Every rank makes calls 5-9 in the same order every step (the upstream step runs collectives); a rank
-whose batch is outside the load-collection phase still steps and records zeros. An MoE draft registered
-at point 3 (DeepSeek-V3/R1's MTP) needs no call of the runner's: upstream's speculator calls
-``EplbState.prepare_forward`` with the draft's config and unpadded count before each of its forwards,
-which record under the batch's flag and row layout of point 8. Point 10 needs nothing
-from a runner that keeps upstream's ``shutdown``: the plugin's patch of ``GPUModelRunner.shutdown``
-calls it.
+makes the whole sequence (README "MRv2 call order") as methods named after the runner points, for
+runners that do not inherit upstream's decorators and for tests. Every rank makes the per-step calls in
+the same order every step: upstream's step runs collectives.
 """
 
 from __future__ import annotations
@@ -83,6 +58,7 @@ def create_eplb_controller(vllm_config: Any, device: torch.device) -> Any:
         RuntimeError: an upstream callable changed signature (from ``apply_patches``).
     """
     parallel_config = vllm_config.parallel_config
+    # Imported here: EPLB off imports no plane, and the tools import this module without vLLM.
     if not parallel_config.enable_eplb:
         from vllm.v1.worker.gpu.eplb_utils import EPLBController
 

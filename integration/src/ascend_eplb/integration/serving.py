@@ -1,30 +1,28 @@
 """The Ascend controller of a serving worker: its start-up validation, switches and guardrails.
 
-Building the controller with EPLB on takes two steps with the patches applied between them:
-
-1. :func:`read_serving_setup` validates the ``VllmConfig`` against the support matrix and reads every
-   ``ASCEND_EPLB_*`` switch, refusing a bad value before anything is patched or built;
-2. :func:`build_serving_controller` builds control's ``AscendEPLBController`` with the configured
-   ``load_collection_phase``, placement policy and gain gate, subscribes the serving guardrails to its
-   event bus (the worker watchdog always, the runtime verifier, the events file and the Prometheus
-   metrics when switched on; each once, here) and logs the one :func:`active_line`.
-   :func:`guardrails_of` hands them out later (the simulator reads the watchdog's and the verifier's
-   findings there).
-
-Two callers make these calls: :func:`ascend_eplb.integration.runner.create_eplb_controller` (read,
-``apply_patches()``, build) and the patched ``EPLBController`` of upstream's runner in
-:mod:`ascend_eplb.integration.patches` (read, build: that wrapper is one of the patches, so they are in
-effect whenever it runs). This module imports neither of them, which keeps the integration free of import
-cycles. At import it loads only the standard library; the guardrails and control load when a
-controller is built, so EPLB-off serving imports none of them.
+Building it with EPLB on takes two steps, the patches applied between them: :func:`read_serving_setup`
+validates the ``VllmConfig`` and reads every ``ASCEND_EPLB_*`` switch, refusing a bad value before
+anything is patched or built; :func:`build_serving_controller` builds control's ``AscendEPLBController``
+and subscribes the guardrails to its bus, each once (watchdog always; verifier, events file, Prometheus
+metrics when switched on), and logs :func:`active_line`. :func:`guardrails_of` hands them out later.
+Callers: ``runner.create_eplb_controller`` and the patched ``EPLBController`` of ``patches``; this
+module imports neither (no cycle).
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from ascend_eplb.integration.placement_file import assign_placements, read_placements
+from ascend_eplb.integration.switches import PLUGIN_SWITCH, env_flag
+from ascend_eplb.integration.validation import validate_eplb_config
+
+# The guardrails (torch) and control's controller (vLLM) are imported where they are used: ``ascend-eplb
+# check`` imports this module for serving_switch_errors without torch or vLLM.
 
 __all__ = [
     "Guardrails",
@@ -109,8 +107,6 @@ def read_serving_setup(vllm_config: Any) -> ServingSetup:
             ``ASCEND_EPLB_ON_WORKER_FAILURE``, ``ASCEND_EPLB_VERIFY``, ``ASCEND_EPLB_EVENTS`` or
             ``ASCEND_EPLB_METRICS`` is invalid (one line per bad switch, each naming it and the rule).
     """
-    from ascend_eplb.integration.validation import validate_eplb_config
-
     settings = validate_eplb_config(vllm_config)
     values, errors = _read_switches(None, serving_process=True)
     if errors:
@@ -118,8 +114,6 @@ def read_serving_setup(vllm_config: Any) -> ServingSetup:
     timeout_s, on_failure = values["worker timeout"], values["on worker failure"]
     placement = None
     if settings.initial_placement is not None:
-        from ascend_eplb.integration.placement_file import assign_placements, read_placements
-
         placements = read_placements(settings.initial_placement, settings.served_models)
         placement, _ = assign_placements(placements, settings.served_models or ())
     return ServingSetup(
@@ -141,11 +135,8 @@ def _read_switches(
     """Every serving switch read by its own reader, in a fixed order; each refusal collected (the
     watchdog's two switches each alone: ``ASCEND_EPLB_WORKER_TIMEOUT_S=-5`` with
     ``ASCEND_EPLB_ON_WORKER_FAILURE=explode`` names both)."""
-    import os
-
     from ascend_eplb.integration.events import events_path
     from ascend_eplb.integration.prometheus import metrics_requested
-    from ascend_eplb.integration.switches import PLUGIN_SWITCH, env_flag
     from ascend_eplb.integration.verify import verify_requested
     from ascend_eplb.integration.watchdog import ENV_ON_FAILURE, ENV_TIMEOUT, watchdog_settings
 

@@ -4,13 +4,11 @@ config file, command line and model folder (``ascend-eplb check``), and the key 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES as _CONTROL_PHASES
 from ascend_eplb.control.policy_config import PolicySettings
-
-if TYPE_CHECKING:
-    from ascend_eplb.integration.model_facts import MoeFacts
+from ascend_eplb.integration.model_facts import MoeFacts
 
 __all__ = [
     "ASCEND_V2_KEYS",
@@ -63,41 +61,10 @@ CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PI
 class EplbSettings:
     """The settings the rules read, extracted from a ``VllmConfig`` or a config file.
 
-    ``num_ranks`` is the EP size: TP x PCP x DP (the EP group of vLLM's ``ParallelConfig``).
-    ``unknown_facts`` maps a fact's field (``num_logical_experts``, ``top_k``, ``quantization``,
-    ``speculative_draft_is_moe``) to why it is unknown and how to give it; the rule that needs it is
-    then reported as unjudged (:meth:`Violation.unjudged`) instead of passing (``ascend-eplb check``
-    without the model folder). Start-up validation knows every fact and leaves it empty.
-    ``moe_facts``: the model config's routed-expert facts as written (:func:`read_moe_facts`), judged by
-    the ``routed-experts``, ``top-k`` and ``expert-groups`` rules; None where no model config is read (a
-    config file of this package's schema, a ``VllmConfig`` without a model), and then those rules pass.
-    ``num_logical_experts`` is E once it meets them (None otherwise).
-
     The EPLB fields' defaults (``window_size`` to ``communicator``, ``log_balancedness``) are upstream
-    vLLM 0.33.0 ``EPLBConfig``'s (tested equal); a config file that omits one reads them from here.
-
-    ``model_architectures``: the model config's ``architectures`` (start-up: vLLM's
-    ``model_config.architectures``; ``ascend-eplb check``: a model folder's ``config.json``), whose vLLM
-    model class the ``moe-model-class`` rule judges (:func:`read_model_class`): a tuple of class names, or
-    the value as written when it is not a list of them (a string: vLLM's ``ModelConfig`` refuses it, and so
-    does the rule); None where no model config is read or it names none, and then that rule passes.
-
-    ``speculative_method``, ``speculative_draft_is_moe``: the speculative config's method (None: no
-    speculative decoding) and whether its draft has routed experts; ``speculative_draft_architectures``
-    and ``speculative_draft_model_type``: the draft's ``architectures`` and HF ``model_type`` as vLLM
-    derives them (an MTP method: ``SpeculativeConfig.hf_config_override`` of the target's config, e.g.
-    DeepSeek-V3's ``DeepSeekMTPModel``), whose vLLM class the ``speculative-moe-draft`` rule judges;
-    ``speculative_draft_moe_facts``: the draft config's routed-expert facts (None: not read), which must
-    equal the target's (upstream balances both with one expert configuration).
-
-    ``served_models``: the names upstream's ``EplbModelState`` gives the models EPLB balances (the
-    target's ``model_config.model``, and ``eplb_draft_model_name`` of an MoE draft), which an
-    ``initial_placement`` file must name each of; None where the model is not known (a config file).
-
-    ``num_moe_layers``: L, when known before the model is built (a model folder's ``config.json`` read by
-    ``ascend-eplb check``: :attr:`MoeFacts.num_moe_layers`); None at start-up, where the
-    ``initial-placement`` rule compares the layers when the model registers
-    (``startup_placement.attach_startup_install``).
+    vLLM 0.33.0 ``EPLBConfig``'s (tested equal); a config file that omits one reads them from here. A
+    fact ``ascend-eplb check`` cannot know is None and named in ``unknown_facts``: the rule that needs it
+    is reported unjudged (:meth:`Violation.unjudged`) instead of passing.
     """
 
     enable_eplb: bool = False
@@ -118,24 +85,45 @@ class EplbSettings:
     ascend_eplb_config: dict[str, Any] = field(default_factory=dict)
     legacy_top_level_keys: dict[str, Any] = field(default_factory=dict)
     environment: dict[str, str] = field(default_factory=dict)
+    #: E, once it meets the ``routed-experts`` rule's facts (None otherwise).
     num_logical_experts: int | None = None
+    #: L when known before the model is built (``check``: :attr:`MoeFacts.num_moe_layers`); None at
+    #: start-up, where ``initial-placement`` compares the layers at registration (``startup_placement``).
     num_moe_layers: int | None = None
     quantization: str | None = "bf16"
     cudagraph_mode: str = "NONE"
     compilation_mode: str = "NONE"
     inductor_freezing: bool = False
+    #: The speculative config's method (None: no speculative decoding).
     speculative_method: str | None = None
+    #: Whether the draft has routed experts.
     speculative_draft_is_moe: bool = False
+    #: The draft's ``architectures`` and HF ``model_type`` as vLLM derives them (an MTP method:
+    #: ``SpeculativeConfig.hf_config_override``, e.g. ``DeepSeekMTPModel``), judged by
+    #: ``speculative-moe-draft``.
     speculative_draft_architectures: tuple[str, ...] | Any = None
     speculative_draft_model_type: str | None = None
+    #: The draft config's routed-expert facts (None: not read); must equal the target's (upstream
+    #: balances both with one expert configuration).
     speculative_draft_moe_facts: MoeFacts | None = None
+    #: The names upstream's ``EplbModelState`` gives the balanced models (target, and
+    #: ``eplb_draft_model_name`` of an MoE draft), each of which an ``initial_placement`` file must name;
+    #: None where the model is not known (a config file).
     served_models: tuple[str, ...] | None = None
+    #: An unknown fact's field (``num_logical_experts``, ``top_k``, ``quantization``,
+    #: ``speculative_draft_is_moe``) -> why and how to give it; empty at start-up.
     unknown_facts: dict[str, str] = field(default_factory=dict)
+    #: The model config's routed-expert facts as written (:func:`read_moe_facts`), judged by
+    #: ``routed-experts``, ``top-k`` and ``expert-groups``; None (those rules pass) with no model config.
     moe_facts: MoeFacts | None = None
+    #: The model config's ``architectures``, judged by ``moe-model-class`` (:func:`read_model_class`): a
+    #: tuple of class names, or the value as written when not a list of them (a string, which vLLM's
+    #: ``ModelConfig`` and the rule refuse); None (the rule passes) where no model config names one.
     model_architectures: tuple[str, ...] | Any = None
 
     @property
     def num_ranks(self) -> int:
+        """The EP size: TP x PCP x DP (the EP group of vLLM's ``ParallelConfig``)."""
         return self.tensor_parallel_size * self.prefill_context_parallel_size * self.data_parallel_size
 
     @property

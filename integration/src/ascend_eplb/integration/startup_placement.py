@@ -1,14 +1,10 @@
 """Serving starts on ``eplb_config.initial_placement``: the start-up install of a placement file.
 
 :func:`attach_startup_install` is what ``serving.build_serving_controller`` subscribes (after the
-guardrails) when start-up validation read a placement file (``placement_file.read_placements``, each
-served model's placement assigned by ``placement_file.assign_placements`` and judged by the rule
-``initial-placement``): at each model's registration (the target's, and an MoE draft's upstream registers
-beside it), the facts of upstream's state are compared with its placement's (the MoE layers are first
-known there), then
-``ascend_eplb.control.initial_placement.install_initial_placement`` moves every slot's weights and commits
-the maps through upstream's transaction, before the async worker starts. See ``integration/README.md``,
-"Serving from a placement file". Imports control, torch and vLLM only when a model registers.
+guardrails) when start-up validation read a placement file: at each model's registration it compares
+upstream's state with the model's placement and installs it through upstream's transaction
+(:func:`ascend_eplb.control.initial_placement.install_initial_placement`), before the async worker
+starts. README "Serving from a placement file".
 """
 
 from __future__ import annotations
@@ -17,6 +13,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from vllm.distributed.parallel_state import get_ep_group
+from vllm.logger import init_logger
+
+from ascend_eplb.control import measures
+from ascend_eplb.control.bus import RegistrationEvent
+from ascend_eplb.control.initial_placement import check_ranks_agree, install_initial_placement
+from ascend_eplb.integration import metrics
 from ascend_eplb.integration.placement_file import describe_mismatch
 from ascend_eplb.integration.rules import Violation
 from ascend_eplb.integration.validation import EplbConfigError
@@ -25,39 +28,23 @@ __all__ = ["attach_startup_install"]
 
 
 def attach_startup_install(bus: Any, placements: Mapping[str, Any]) -> None:
-    """Install each model's placement when it registers: subscribe to ``bus`` (a controller's
-    :class:`~ascend_eplb.control.bus.EventBus`; subscribe it after the guardrails, so that the verifier
-    has fingerprinted the loaded slots and checks the install's commit, and the events recorder writes
-    its ``initial_placement`` record).
+    """Install each model's placement when it registers: subscribe to ``bus``, a controller's
+    :class:`~ascend_eplb.control.bus.EventBus`, after the guardrails (the verifier then checks the
+    install's commit and the events recorder writes its ``initial_placement`` record).
 
-    At each :class:`~ascend_eplb.control.bus.RegistrationEvent` (every rank, same order: an MoE draft
-    upstream registers beside the target first, then the target), before anything moves: the model's
-    placement is ``placements[name]`` (``name``: upstream's ``EplbModelState.model_name``; start-up's rule
-    ``initial-placement`` refused a file that leaves a served model without one or names a model not
-    served); every EP rank must have read the same placement (each reads its own copy of the file:
-    ``check_ranks_agree``, one collective); the facts of upstream's state (L and P of
-    ``physical_to_logical_map``, E, the EP size) are compared with the placement's; then
-    :func:`ascend_eplb.control.initial_placement.install_initial_placement` moves the weights and commits
-    the maps through upstream's transaction.
-
-    Args:
-        bus: the controller's event bus.
-        placements: ``{model name: placement_file.Placement}`` (``placement_file.assign_placements``).
+    At each ``RegistrationEvent`` (every rank, same order; an MoE draft before its target), before
+    anything moves: the placement is ``placements[model_name]``; every EP rank must hold the same one
+    (``check_ranks_agree``, one collective); L, P, E and the EP size of upstream's state must equal the
+    placement's; then the install moves the weights and commits the maps. ``placements`` is
+    ``{model name: placement_file.Placement}`` (``placement_file.assign_placements``).
 
     Raises (from the registration, on every rank alike):
-        EplbConfigError: no placement for the registering model, the EP ranks read different placements,
-            or the placement was made for another model or layout (every differing fact with the file's
-            value and the model's); rule ``initial-placement``.
+        EplbConfigError: rule ``initial-placement``: no placement for the model, the EP ranks read
+            different ones, or it was made for another model or layout (every differing fact named).
     """
-    from ascend_eplb.control.bus import RegistrationEvent
-
     installed: set[str] = set()
 
     def on_registered(event: RegistrationEvent) -> None:
-        from vllm.distributed.parallel_state import get_ep_group
-
-        from ascend_eplb.control.initial_placement import check_ranks_agree, install_initial_placement
-
         state = event.controller.state
         model_state = state.model_states[event.model_config.compute_hash()]
         name = model_state.model_name
@@ -102,11 +89,6 @@ def attach_startup_install(bus: Any, placements: Mapping[str, Any]) -> None:
 
 def _log_install(event: Any, model_state: Any, num_ranks: int, seconds: float) -> None:
     """EP rank 0's one INFO line of the start-up install: what changed, what rank 0 received, how long."""
-    from vllm.logger import init_logger
-
-    from ascend_eplb.control import measures
-    from ascend_eplb.integration import metrics
-
     new = model_state.physical_to_logical_map.detach().cpu()
     nbytes = metrics.bytes_received(model_state)
     received = "" if nbytes is None else f", {nbytes} bytes"

@@ -1,39 +1,11 @@
 """Start-up validation of Model Runner V2 EPLB on Ascend: a ``VllmConfig`` read and judged.
 
 Runs before any weight or buffer is allocated (vLLM Ascend calls it from its platform's
-``check_and_update_config``): :func:`validate_eplb_config` reads the settings the rules need from the
-``VllmConfig`` (:func:`settings_from_vllm_config`), judges them by the support matrix's one rules
-function (:func:`ascend_eplb.integration.rules.check_settings`, the one ``ascend-eplb check`` calls too)
-and raises one :class:`EplbConfigError` that lists every violated rule with the offending value and the
-fix. Nothing here imports vLLM, YAML or an argument parser, or allocates (standard library and
-:mod:`ascend_eplb.integration.rules`); reading a config file, a ``vllm serve`` command line or a model
-folder is the tools' ``check`` (``ascend_eplb.tools.check``).
-
-Where each setting is read from (``validate_eplb_config``):
-
-* vLLM's EPLB and parallel settings: ``vllm_config.parallel_config`` (``enable_eplb``, ``eplb_config``,
-  ``enable_expert_parallel``, ``enable_elastic_ep``, ``tensor_parallel_size``,
-  ``prefill_context_parallel_size``, ``data_parallel_size``, ``enable_dbo``).
-* Runner: ``vllm_config.use_v2_model_runner``.
-* The Ascend ``eplb_config``: ``vllm_config.additional_config["eplb_config"]`` (a dict, or an object with
-  ``__dict__``), the way vLLM Ascend's ``AscendConfig`` reads it; the historical V1 keys are also looked for
-  at the top level of ``additional_config``. The V1 environment switches ``DYNAMIC_EPLB`` and
-  ``EXPERT_MAP_RECORD`` are read from ``os.environ``.
-* The routed experts (E, top-k, DeepSeek's expert groups): ``model_config.hf_text_config`` read by
-  :func:`~ascend_eplb.integration.model_facts.read_moe_facts` as vLLM's ``get_num_experts`` reads it, the
-  function ``ascend-eplb check`` and ``simulate`` read a model folder's ``config.json`` with (skipped when
-  there is no model config).
-* The model class: ``model_config.architectures``, resolved through vLLM's model registry by the
-  ``moe-model-class`` rule (:func:`~ascend_eplb.integration.model_facts.read_model_class`, which imports it
-  when it runs): EPLB on refuses a class without a ``MixtureOfExperts`` part, which upstream would serve
-  without EPLB.
-* Quantization format (a name of the quant_views support table, see :func:`quantization_format_name`):
-  ``model_config.quantization`` is None -> the model dtype (``bf16``/``fp16``); an Ascend msModelSlim
-  config (``vllm_config.quant_config.quant_description``) -> the quant type of its routed-expert weights
-  mapped through :data:`ASCEND_QUANT_TYPES`; any other quantization method -> its name, lower-cased.
-* Execution features: ``compilation_config.cudagraph_mode`` and ``compilation_config.mode`` (both
-  ``NONE`` with ``model_config.enforce_eager``), inductor freezing (``inductor_compile_config``'s
-  ``freezing``, or ``TORCHINDUCTOR_FREEZING=1``), ``speculative_config``.
+``check_and_update_config``): :func:`validate_eplb_config` reads the settings from the ``VllmConfig``
+(:func:`settings_from_vllm_config`; where each comes from: README "Where start-up reads each setting"),
+judges them by :func:`ascend_eplb.integration.rules.check_settings` (the one ``ascend-eplb check`` calls)
+and raises one :class:`EplbConfigError` listing every violated rule with the value and the fix. Imports
+no vLLM, YAML or argument parser at module level and allocates nothing.
 """
 
 from __future__ import annotations
@@ -199,6 +171,7 @@ def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | Non
     if model_config is not None:
         served = (str(model_config.model),)
         if draft is not None and (draft_experts > 0 or "mtp" in str(getattr(spec, "method", "") or "")):
+            # vLLM only with a VllmConfig in hand: ascend-eplb check imports this module without it.
             from vllm.v1.worker.gpu.eplb_utils import eplb_draft_model_name
 
             served = (eplb_draft_model_name(draft), *served)  # upstream registers the draft first
@@ -258,7 +231,7 @@ def validate_eplb_config(vllm_config: Any) -> EplbSettings:
     if violations:
         raise EplbConfigError(violations)
     if violations.unjudged:
-        from vllm.logger import init_logger
+        from vllm.logger import init_logger  # see settings_from_vllm_config
 
         for finding in violations.unjudged:
             init_logger(__name__).warning("EPLB start-up validation: %s", finding)

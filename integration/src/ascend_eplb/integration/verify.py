@@ -1,37 +1,12 @@
-"""Runtime verifier of a serving worker: invariants 3 and 5 checked at every commit.
+"""Runtime verifier of a serving worker: invariants 3 and 5 checked at every commit (README "Verifier").
 
-Switched on by ``ASCEND_EPLB_VERIFY=1`` (off by default). Off, nothing is allocated, hooked or
-imported. On, :func:`ascend_eplb.integration.runner.create_eplb_controller` attaches an
-:class:`EplbVerifier` to the controller it builds, which
-
-* at model registration (every rank, same order): takes the fingerprint of every local slot from the
-  exact kernel storage (the layer's quant_views ``expert_storage`` when it has one, else its weight
-  views), gathers them over the EP CPU group and keeps, per MoE layer, the fingerprint of each logical
-  expert (replicas of one logical expert must agree);
-* at each layer commit (the ``refresh`` event of control's commit log, on the runner thread):
-  ``fingerprints``: every local slot's fingerprint equals the one of the logical expert the committed
-  ``physical_to_logical_map`` assigns to it; ``lookups``: the layer's lookup table equals
-  ``build_replica_table`` of the committed upstream maps and keeps its storage (``data_ptr``);
-* at the step boundary after a step in which layers committed, on every rank: ``lookups``: the
-  committed maps' checksums are equal on every rank; and replica agreement (GLOSSARY.md): a probe
-  batch (:data:`PROBE_ROWS` rows routing every logical expert) mapped through each committed layer's
-  lookup with the rank's row layout of the last forward gives the same physical ids on every rank that
-  routes the same rows (equal ``RowLayout.sharing_group``). One ``all_gather`` of a small int64 tensor
-  on the EP CPU group (plus one ``all_gather_object`` only when some rank found a violation), in the
-  same order on every rank. (Whether the async worker is alive and progressing is the always-on
-  watchdog's check, :mod:`ascend_eplb.integration.watchdog`, named ``worker``.)
-
-A step boundary after a step without a commit costs one comparison and no collective: the committed
-maps change only in upstream's commits (which the commit hooks report), and upstream commits a layer
-on every EP rank at the same step (``EplbState.step`` moves a layer only once its
-``_all_ranks_result_ready`` all_reduce says every rank has it; the synchronous commit runs in the
-same step everywhere), so every rank takes the collective at the same boundaries.
-
-A violation found at a commit is raised at the next step boundary, on every rank alike, as
-:class:`EplbVerificationError` naming the check, step, layer, rank and slot: never silently, and
-never on one rank only (the others would wait in the next collective). Each violation is published first
-on the controller's event bus as a :class:`VerifierViolation` (the events file and the Prometheus
-metrics count them).
+Switched on by ``ASCEND_EPLB_VERIFY=1``; off, nothing is allocated, hooked or imported. On,
+:class:`EplbVerifier` fingerprints every slot's kernel storage at registration, checks at each layer
+commit that every local slot holds its committed logical expert (``fingerprints``) and that the lookup
+equals the committed maps (``lookups``), and after a step with commits checks on every rank that the
+maps' checksums and a probe batch's replicas agree (one ``all_gather`` on the EP CPU group). A violation
+is published as :class:`VerifierViolation`, then raised at the next step boundary on every rank alike
+as :class:`EplbVerificationError` naming the check, step, layer, rank and slot.
 """
 
 from __future__ import annotations
@@ -43,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ascend_eplb.control.bus import CommitEvent, Event, EventBus, RegistrationEvent, StepEvent
 from ascend_eplb.integration.switches import env_flag
@@ -183,7 +159,7 @@ class EplbVerifier:
     # ------------------------------------------------------------------ registration
     def on_model_registered(self, event: RegistrationEvent) -> None:
         """Fingerprint every logical expert from the ranks' initial slots (one gather, every rank)."""
-        import torch.distributed as dist
+        # vLLM, dataplane and quant_views load when the verifier runs: the tools import CHECKS without them.
         from vllm.distributed.parallel_state import get_ep_group
         from vllm.model_executor.models.interfaces import get_mixture_of_experts_model
 
@@ -327,8 +303,6 @@ class EplbVerifier:
         self._check_boundary(event.controller, committed)
 
     def _check_boundary(self, controller: Any, committed: dict[str, set[int]]) -> None:
-        import torch.distributed as dist
-
         from ascend_eplb.dataplane import table_checksum
 
         self.boundaries_checked += 1

@@ -1,18 +1,11 @@
 """``AscendEPLBController``: upstream ``EPLBController`` with a batch load-collection phase.
 
-The model runner calls, per batch: :meth:`AscendEPLBController.set_batch_phase`, then
-:meth:`AscendEPLBController.prepare_forward`, the forward, and upstream's ``step`` (through
-``step_eplb_after``). ``prepare_forward`` writes the shared device record flag once, as
-(upstream's record decision for this step) and (the batch matches the phase). A rank whose batch is
-filtered out records nothing, so it contributes zeros to that window slot, while its upstream
-``step`` runs exactly like every other rank's: the step counters, window position and the collectives
-of the rearrangement stay identical across ranks whatever their phases. (vLLM Ascend's MRv2 design of
-PR #14099; its earlier version turned filtered batches into dummy steps instead.)
-
-``prepare_forward`` also writes the forward's row layout (:mod:`ascend_eplb.control.layout`): which
-replica offset this rank uses and which rows it records, from the rows the MoE dispatch of this
-forward routes (the configuration's, or the ones the runner names), so that ranks routing the same
-rows choose the same replicas and each real selection is counted once.
+Per batch the runner calls :meth:`~AscendEPLBController.set_batch_phase`, then
+:meth:`~AscendEPLBController.prepare_forward`, the forward and upstream's ``step``. ``prepare_forward``
+fills the device record flag once, as (upstream's record decision) and (the batch matches the phase),
+and writes the forward's row layout (:mod:`.layout`). A filtered-out rank records zeros while its
+``step`` runs like every other rank's, so counters, window and collectives stay identical across ranks
+(vLLM Ascend's MRv2 design, PR #14099).
 """
 
 from __future__ import annotations
@@ -23,7 +16,9 @@ from typing import Any
 
 import torch
 from vllm.logger import init_logger
-from vllm.v1.worker.gpu.eplb_utils import EPLBController
+from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
+from vllm.model_executor.models.interfaces import get_mixture_of_experts_model
+from vllm.v1.worker.gpu.eplb_utils import EPLBController, draft_model_supports_eplb
 
 from ascend_eplb.control import upstream
 from ascend_eplb.control.bus import EventBus, RegistrationEvent, ShutdownEvent, StepEvent
@@ -55,8 +50,6 @@ def check_upstream_controller_signatures() -> None:
 
 def _has_routed_experts(model: Any) -> bool:
     """Whether ``model`` holds a vLLM ``RoutedExperts`` layer (an MoE layer's experts)."""
-    from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
-
     return any(isinstance(module, RoutedExperts) for module in model.modules())
 
 
@@ -67,28 +60,18 @@ class AscendEPLBController(EPLBController):
     Args:
         parallel_config: vLLM ``ParallelConfig`` (EPLB is active when ``enable_eplb``).
         device: the device of the EPLB state and lookups.
-        load_collection_phase: ``"all"`` (default), ``"prefill"`` or ``"decode"``; see
-            :func:`~ascend_eplb.control.phase.is_phase_matched`.
-        policy_settings: the placement policy and the gain gate its state selects
-            (:class:`~ascend_eplb.control.policy_config.PolicySettings`); None: upstream's default
-            policy, gate off.
+        load_collection_phase: ``"all"`` (default), ``"prefill"`` or ``"decode"`` (:func:`.is_phase_matched`).
+        policy_settings: a :class:`.PolicySettings`; None: upstream's default policy, gate off.
 
     Attributes:
-        bus: the controller's :class:`~ascend_eplb.control.bus.EventBus`, also its state's. The controller
-            publishes :class:`~ascend_eplb.control.bus.StepEvent` after every upstream step that ran
-            (same condition as upstream's: EPLB on, not suppressed, a model registered) on every rank
-            alike, so a subscriber may run collectives on the EP CPU group (the integration's watchdog
-            and verifier do); :class:`~ascend_eplb.control.bus.RegistrationEvent` after each successful
-            registration of a model or draft with the state, on every rank (collectives allowed, as
-            above); :class:`~ascend_eplb.control.bus.ShutdownEvent` once, from :meth:`shutdown`
-            (rank-local).
+        bus: the controller's and its state's :class:`.EventBus`. ``StepEvent`` after each upstream step
+            that ran and ``RegistrationEvent`` after each registration come on every rank alike
+            (subscribers may run collectives on the EP CPU group); ``ShutdownEvent`` once (rank-local).
         eplb_stopped: why :meth:`stop_eplb` stopped EPLB rearrangement (None while it runs).
 
     Raises:
-        ValueError: ``load_collection_phase`` is not an allowed phase (the message lists them).
-        TypeError: ``policy_settings`` is not a ``PolicySettings`` or None.
-        RuntimeError: an upstream method this class overrides or relies on changed signature since
-            vLLM 0.33.0 (the message names it).
+        ValueError: a ``load_collection_phase`` not allowed; TypeError: ``policy_settings`` of another type;
+        RuntimeError: an upstream method this class overrides or relies on drifted from vLLM 0.33.0.
     """
 
     state: AscendEplbState | None
@@ -140,9 +123,6 @@ class AscendEPLBController(EPLBController):
                 upstream does not register (start-up's rule ``speculative-moe-draft`` refuses it before
                 anything loads; this is the check on the built draft).
         """
-        from vllm.model_executor.models.interfaces import get_mixture_of_experts_model
-        from vllm.v1.worker.gpu.eplb_utils import draft_model_supports_eplb
-
         draft = getattr(speculator, "model", None) if speculator is not None else None
         considered = self.parallel_config.enable_eplb and draft is not None and not load_dummy_weights
         if considered and draft_model_supports_eplb(speculative_config, get_mixture_of_experts_model(draft)):
@@ -203,31 +183,14 @@ class AscendEPLBController(EPLBController):
     def stop_eplb(self, reason: str) -> bool:
         """Stop EPLB rearrangement on this rank for good; serving keeps the last committed placement.
 
-        The one place that writes upstream's fields to stop EPLB (the integration's watchdog calls it on
-        every rank after deciding a worker failure):
-
-        * ``EPLBController.suppressed = True``: upstream's own switch (what its ``suppress()`` sets for
-          warm-up), so upstream's ``step`` and the record decision of :meth:`prepare_forward` do nothing
-          from now on (no window closes, no rearrangement starts, no load is recorded);
-        * ``EplbState.should_record_tensor`` filled with False: the device record flag the forwards
-          already prepared read, so no load is recorded before the next fill either;
-        * per model state ``EplbModelState.rebalanced = False`` and ``pending_result = None``: the
-          unfinished cycle is dropped, its staged layer (if any) is never moved into the weights, so
-          every layer stays wholly committed, old or new (upstream's ``step`` would otherwise go on
-          moving published layers).
-
-        Idempotent: a second call changes nothing and keeps the first reason. A stop inside upstream's
-        ``suppress()`` (which restores both switches when it exits) outlives it: :meth:`suppress` puts
-        them back to stopped. The async worker thread, if it waits for the dropped layer's
-        acknowledgement, keeps waiting (with its staging buffer): upstream's ``drain_async`` would
-        release it but needs every rank in lockstep, which a failure cannot promise.
-
-        Args:
-            reason: why, a non-empty ``str`` (kept in :attr:`eplb_stopped`, e.g. the watchdog's failure
-                message).
+        The one writer of upstream's fields for it (the watchdog calls it on every rank): sets
+        ``EPLBController.suppressed``, fills ``EplbState.should_record_tensor`` with False, and drops the
+        unfinished cycle (``rebalanced = False``, ``pending_result = None`` per model state), so every
+        layer stays wholly old or new. A stop inside :meth:`suppress` outlives it. A worker thread waiting
+        on the dropped layer keeps waiting (upstream's ``drain_async`` needs every rank in lockstep).
 
         Returns:
-            True if this call stopped EPLB, False if it was stopped already.
+            True if this call stopped EPLB; False (nothing changed, first reason kept) if already stopped.
 
         Raises:
             ValueError: ``reason`` is not a non-empty ``str`` (nothing changed).

@@ -1,23 +1,13 @@
 """The load the policy plans on: the expected load of the next windows, from the windows seen so far.
 
-Per MoE layer, a window's selections of the E logical experts are a sample of the layer's routing. The
-estimate pools (adds) every layer's selections since that layer's last shift, and restarts from the new
-evidence when the data shows a shift: the new selections ``c`` and the pooled ones ``a`` form a 2 x E
-table whose Pearson X^2 (over the experts with a selection), divided by the layer's dispersion ``phi``,
-is compared with the chi-square distribution of ``E' - 1`` degrees of freedom: a p-value below
-``FALSE_ALARM / L`` (a steady window restarts some layer of the model with probability at most
-:data:`FALSE_ALARM`) is a shift. How noisy a window is comes from its own counts (the test's null
-distribution scales with them: 64k tokens say far more than 400) and from ``phi``, the quasi-likelihood
-dispersion (McCullagh and Nelder, *Generalized Linear Models*, 2nd ed., 1989, section 4.5.2: Pearson
-X^2 / df) of the layer's last :data:`DISPERSION_HISTORY` comparisons, their median (so that one shift
-does not inflate it), at least 1: real routing is overdispersed against a multinomial (tokens of a
-sequence route alike), and a layer's top-k selections without replacement are underdispersed.
-
-Only evidence that is new counts: the caller hands over the selections recorded since its last update
-(upstream's windows overlap when ``window_size`` exceeds ``step_interval``;
-:meth:`ascend_eplb.control.state.AscendEplbState.rearrange` reads the passes recorded since the last
-rearrangement). float64 host arithmetic in a fixed order: the same evidence in the same order gives
-bit-identical estimates on every rank. Costs O(L E) a window (58 x 256: well under a millisecond).
+Per layer, the estimate pools every window's selections since the layer's last shift and restarts when
+the data shows one: the new selections and the pooled ones form a 2 x E table whose Pearson X^2, over
+the dispersion ``phi``, is tested against chi-square with ``E' - 1`` degrees of freedom at
+``FALSE_ALARM / L``. ``phi`` is the quasi-likelihood dispersion (McCullagh and Nelder, *Generalized
+Linear Models*, 2nd ed., 1989, section 4.5.2), the median of the last :data:`DISPERSION_HISTORY`
+comparisons, at least 1. Only new evidence counts: the caller hands over the selections recorded since
+its last update. float64 in a fixed order: bit-identical on every rank. O(L E) a window (README "Load
+estimate").
 """
 
 from __future__ import annotations

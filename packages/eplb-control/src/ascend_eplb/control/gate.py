@@ -1,41 +1,14 @@
-"""The gain gate: the selected placement policy, wrapped so that a rearrangement buying too little moves
-nothing.
+"""The gain gate: the selected placement policy, wrapped so that a rearrangement buying too little
+moves nothing (README "Gain gate").
 
-Upstream vLLM 0.33.0 runs ``EplbState.policy.rebalance_experts(weight, num_replicas, num_groups, num_nodes,
-num_ranks, old_global_expert_indices)`` where a closed window is decided: in asynchronous mode in its
-async worker thread (``async_worker.run_rebalance_experts``), in synchronous mode inside
-``EplbState.rearrange``. ``weight`` is the window's global logical load ``(L, E)``, all-reduced on the
-main thread before, so equal on every EP rank. :func:`gated_policy` builds, for one
-:class:`~ascend_eplb.control.state.AscendEplbState`, an upstream :class:`AbstractEplbPolicy` subclass
-that the state puts in ``EplbState.policy`` (after upstream's ``add_model`` set it). Its
-``rebalance_experts`` calls :func:`decide` on the load the settings plan on (the window, or the
-model's estimate of the load to come, ``PolicySettings.load_estimate``):
-
-1. the committed placement's balancedness on that load at or above ``target_balancedness``: the
-   committed placement is returned unchanged, the policy does not run (reason ``"balanced"``);
-2. otherwise the selected policy (:data:`POLICIES`) runs; if its placement gains less than
-   ``min_balancedness_gain`` over the committed one, the committed placement is returned (reason
-   ``"min_gain"``);
-3. otherwise the policy's placement is returned, exactly.
-
-An unchanged placement moves nothing through upstream's transaction: ``transfer_layer`` posts no send
-or receive for a slot whose expert stays (``move_to_buffer``: ``is_unchanged``), and the per-layer
-commits write the same maps. The decision is a pure function of the window, the estimate, the
-committed placement and the settings (float64 host arithmetic in a fixed order), so every rank decides
-alike with no collective. The gate runs where upstream runs the policy: in asynchronous mode (the only
-mode serving accepts) in the worker thread; in synchronous mode inside ``EplbState.rearrange`` on the
-runner thread, beside the policy.
-
-Each registered model has its own :class:`DecisionChannel`: the load estimate the state feeds on the
-runner thread before a rearrangement (``PolicySettings.load_estimate="pooled"``), on which the policy
-plans and the gate judges the expected gain, and the decision the policy leaves for the runner thread
-(the state takes it at the first commit of that model's rearrangement and publishes it on the
-controller's bus, :class:`~ascend_eplb.control.bus.DecisionEvent`). Upstream's call names no model:
-:class:`ModelChannels` routes each call to its model's channel by upstream's call order, checked on the
-call's shapes, so that a cycle stopped for one model never hands its decision to the next.
-
-Balancedness and expert moves are :mod:`ascend_eplb.control.policy`'s (the project's one definition of
-each; ``notes/placement-cost.md``); a decision's figures are their means / sums over the L layers.
+:func:`gated_policy` builds the :class:`AbstractEplbPolicy` subclass an
+:class:`~ascend_eplb.control.state.AscendEplbState` puts in ``EplbState.policy``; its
+``rebalance_experts`` calls :func:`decide` on the window's global load ``(L, E)`` (or the model's
+estimate): ``balanced`` (committed placement at or above ``target_balancedness``, the policy does not
+run), ``min_gain`` (the policy gains less than ``min_balancedness_gain``), else the policy's placement.
+A pure function in float64 in a fixed order, so every rank decides alike with no collective. Each model
+has a :class:`DecisionChannel`; :class:`ModelChannels` routes upstream's calls, which name no model, by
+call order, checked on the call's shapes.
 """
 
 from __future__ import annotations
@@ -76,19 +49,14 @@ def decide(
     """The placement to move to and why: the gate of the module docstring around ``settings.policy``.
 
     Args:
-        settings: the policy, the gate and the load they work on.
-        weight: ``(L, E)`` global load per logical expert of the closed window (int or float, CPU).
-        num_replicas, num_groups, num_nodes, num_ranks: upstream's policy arguments (P, groups, nodes,
-            N).
-        old_global_expert_indices: int64 ``(L, P)``, the committed placement; None (no placement in
-            force): the policy runs with no gate.
-        estimate: float ``(L, E)``, the load to plan on and judge by in place of the window (None: the
-            window).
+        weight: ``(L, E)`` global load of the closed window (int or float, CPU).
+        num_replicas, num_groups, num_nodes, num_ranks: upstream's policy arguments (P, groups, nodes, N).
+        old_global_expert_indices: int64 ``(L, P)``, the committed placement; None: no gate.
+        estimate: float ``(L, E)``, the load to plan on and judge by instead of the window (None: the window).
 
     Returns:
         ``(placement, decision)``: int64 ``(L, P)`` on CPU, a copy of the committed placement when
-        skipped (``decision.skipped`` names why), else the policy's result itself. The decision's
-        figures are on the planned-on load and on the window.
+        skipped (``decision.skipped`` names why), else the policy's result itself.
 
     Raises:
         ValueError: from the policy or the measures, naming the value and the rule.

@@ -1,29 +1,13 @@
 """Start serving on a given placement: one rearrangement through upstream's own transaction at start-up.
 
-Upstream vLLM 0.33.0 starts every model on its initial placement (``EplbState.add_model``: slots ``0..E-1``
-hold the logical experts in order, redundant slot ``E + i`` holds ``i % E``; vLLM's weight loader fills
-the slots the same way, ``RoutedExperts.build_expert_params_mapping``). To start on another placement,
-:func:`install_initial_placement` runs, once, after the model is registered and before the async worker
-starts, exactly the two steps upstream's synchronous ``EplbState.rearrange`` runs after its policy:
-
-1. ``rebalance_execute.rearrange_expert_weights_inplace(old, new, model.expert_weights, expert_buffer,
-   ep_group, communicator)``: every rank's slots receive their new logical expert's weights through the
-   model state's communicator (the Ascend Gloo-staged one), layer by layer, through the registered expert
-   weight views (every kernel tensor of the format, scales included) and upstream's one-layer
-   ``expert_buffer``; slots whose expert is already on the rank are local copies;
-2. ``eplb_state._commit_eplb_maps(model_state, new)`` (looked up in upstream's module at call time, so
-   control's commit hooks run around it): upstream's ``physical_to_logical_map``,
-   ``logical_to_physical_map`` and ``logical_replica_count`` hold the placement, and every layer's
-   replica lookup is refreshed from them (move, commit, refresh for each layer, as any commit).
-
-Upstream's state stays the one placement state: nothing here keeps a copy. The policy, the load window
-and the rearrangement counters are untouched, so the first rearrangement starts from this placement (its
-``old_global_expert_indices``) and, with ``step_interval`` beyond the run, the placement stays.
-
-Why not load each slot's expert at weight-load time instead: vLLM builds the expert-parameter mapping of
-every MoE layer from one global initial map (``build_expert_params_mapping`` is a static method each
-model's ``load_weights`` calls), so a per-layer placement would need a patch of every model's loader;
-the rearrangement needs none and moves each expert the same way the first rearrangement would.
+Upstream starts every model on its initial placement (slot ``i < E`` holds expert ``i``, redundant slot
+``E + i`` holds ``i % E``). :func:`install_initial_placement` runs, once, after registration and before
+the async worker starts, the two steps upstream's synchronous ``EplbState.rearrange`` runs after its
+policy: ``rebalance_execute.rearrange_expert_weights_inplace`` (through the model state's communicator
+and expert weight views) and ``eplb_state._commit_eplb_maps`` (looked up at call time, so the commit
+hooks refresh each layer's lookup). Upstream's state stays the one holder of the placement; policy,
+window and counters are untouched. Why not at weight-load time: integration README "Serving from a
+placement file".
 """
 
 from __future__ import annotations
@@ -34,6 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed import all_gather
+from vllm.distributed.eplb import eplb_state as upstream_state
+from vllm.distributed.eplb import rebalance_execute
+from vllm.distributed.parallel_state import get_ep_group
 
 from ascend_eplb.control import upstream
 from ascend_eplb.control.bus import Event
@@ -81,33 +69,22 @@ def install_initial_placement(
 ) -> InitialPlacementEvent:
     """Make ``physical_to_logical_map`` the placement of a registered model (module docstring).
 
-    Call it on every EP rank alike, after ``add_model`` registered the model and before the async worker
-    starts (``AscendEPLBController.maybe_start_async_loop``): the transfer runs collectives (Gloo P2P) on
-    the EP group.
-
-    Args:
-        state: the ``AscendEplbState`` (or upstream ``EplbState``) the model is registered with.
-        model_config: the model's ``ModelConfig`` (its ``compute_hash()`` keys the model state).
-        physical_to_logical_map: int ``(L, P)``, the logical expert of each physical slot per MoE layer
-            (host memory; every id in ``[0, E)``, every logical expert in every layer).
-        source: where it came from, for the event and the log.
+    Call it on every EP rank alike, after ``add_model`` and before the async worker starts: the transfer
+    runs collectives (Gloo P2P) on the EP group. ``state`` is the ``AscendEplbState`` (or upstream
+    ``EplbState``), ``model_config`` keys the model state (``compute_hash()``), the map is int ``(L, P)``
+    in host memory, ``source`` names its origin for the event and the log.
 
     Returns:
         the :class:`InitialPlacementEvent`, also published on ``state.bus`` when the state has one.
 
     Raises:
-        ValueError: the EP ranks were given different maps (:func:`check_ranks_agree`, on every rank
-            alike); the map is not of integers, its shape is not upstream's ``(L, P)``, an id is outside
-            ``[0, E)``, or a layer drops a logical expert (naming the layer and the values; checked before
-            anything moves).
-        RuntimeError: the async worker already started or a rearrangement is in flight (nothing moved);
-            an upstream function called here changed signature.
+        ValueError: the ranks were given different maps (:func:`check_ranks_agree`); the map is not of
+            integers, not upstream's ``(L, P)``, has an id outside ``[0, E)`` or a layer missing a logical
+            expert (naming layer and values; checked before anything moves).
+        RuntimeError: the async worker started or a rearrangement is in flight (nothing moved); an
+            upstream function called here changed signature.
     """
     check_upstream_install_signatures()
-    from vllm.distributed.eplb import eplb_state as upstream_state
-    from vllm.distributed.eplb import rebalance_execute
-    from vllm.distributed.parallel_state import get_ep_group
-
     check_ranks_agree(physical_to_logical_map)
     model_state = state.model_states[model_config.compute_hash()]
     old = model_state.physical_to_logical_map
@@ -139,20 +116,16 @@ def install_initial_placement(
 
 
 def check_ranks_agree(physical_to_logical_map: Sequence[Sequence[int]] | torch.Tensor) -> None:
-    """Raise on every EP rank alike unless every EP rank holds the same placement (each reads its own
-    copy of the file: a stale copy on one node would install another placement there, and the transfer
-    would hang or serve maps that differ per rank).
+    """Raise on every EP rank alike unless every EP rank holds the same placement (each rank reads its own
+    copy of the file; a stale copy would hang the transfer or serve different maps).
 
-    One ``all_gather`` over the EP CPU group (Gloo) of a 4-int64 digest per rank: the map's two
-    dimensions and a CRC-32 of its int64 values, or ``(-1, -1, -1, kind)`` for a map that is not a 2-D
-    integer one (so a rank whose copy is malformed still takes part). Nothing when the EP group has one
-    rank. Call it on every EP rank alike, before any rank-local refusal of the same map.
+    One ``all_gather`` over the EP CPU group of an int64 ``(4,)`` digest per rank: the map's two
+    dimensions and a CRC-32 of its int64 values, or ``(-1, -1, -1, kind)`` for a malformed map (that rank
+    still takes part). Nothing with one EP rank. Call it on every EP rank before any rank-local refusal.
 
     Raises:
         ValueError: the digests differ, naming which EP ranks hold which shape.
     """
-    from torch.distributed import all_gather
-    from vllm.distributed.parallel_state import get_ep_group
 
     group = get_ep_group()
     if group.world_size == 1:

@@ -1,40 +1,11 @@
 """Which rows each rank routes, per forward: the replica offset and the recorded rows of a parallel layout.
 
-Every rank that computes a token's expert output must choose the same physical replica for it
-(GLOSSARY.md "replica agreement"), and every real token's selection must be counted once in the global
-load window. Both depend on which ranks route the same rows, which the MoE dispatch decides. This
-module names the four row layouts of vLLM 0.33.0 and vLLM Ascend and turns one, with the rank's
-coordinates, into the dataplane's row layout ``(replica_offset, num_slices, recording_slice,
-local_chunk)`` (:func:`ascend_eplb.dataplane.map_to_physical_and_record`):
-
-============  =================================================  ===============  =====================
-rows          who routes what (examples)                         replica offset   recorded rows
-============  =================================================  ===============  =====================
-replicated    each DP rank's batch, TP-replicated: every TP      DP rank (equal   TP rank 0 of each DP
-              rank routes the same rows (vLLM TP+EP without DP;  on TP peers)     rank: its unpadded
-              route-first all-to-all kernels without sequence                     rows
-              parallel, e.g. DeepEP without SP)
-split         every EP rank routes rows of its own (vLLM Ascend  EP rank          every rank: its
-              MC2, FUSED_MC2, ALLTOALL; all-to-all kernels with                   unpadded rows
-              sequence-parallel MoE; TP = 1 with all-to-all)
-gathered      the DP ranks' batches gathered before routing;     0 (every EP      slice ``dp_rank`` of
-              every EP rank routes the whole gathered batch      rank routes      ``dp_size`` equal
-              (vLLM's naive / allgather-reducescatter dispatch   the same rows)   slices, on TP rank 0
-              with DP > 1; vLLM Ascend ALLGATHER without SP)
-gathered-sp   each rank's chunk of its DP batch gathered over    0                slice ``ep_rank`` of
-              the EP group before routing (vLLM's naive                           ``ep_size``: chunk
-              dispatch with sequence-parallel MoE; vLLM Ascend                    ``tp_rank`` of the
-              ALLGATHER with sequence parallel)                                   rank's own batch
-============  =================================================  ===============  =====================
-
-A gathered batch is assumed to consist of equal slices, one per contributing rank: Model Runner V2
-pads every DP rank to the same token count (``dp_utils``: ``num_tokens_across_dp[:] = synced``) and
-sequence-parallel MoE splits each into ``ceil(T / tp)`` chunks (``forward_context._compute_sp_num_tokens``).
-
-The layout a forward takes is the configuration's (:func:`default_moe_rows`, vLLM 0.33.0's FusedMoE
-rule) unless the runner names it for that forward (vLLM Ascend chooses its communication method per
-batch): ``AscendEPLBController.prepare_forward(..., moe_rows=...)``. Layouts this module cannot place
-(prefill context parallel > 1) are refused at start-up by :func:`unplaceable_layout`.
+Ranks that compute a token's expert output must choose the same replica (GLOSSARY "replica agreement")
+and each real selection must be recorded once; both depend on which ranks route the same rows. This
+module names vLLM 0.33.0's and vLLM Ascend's four row layouts (``MOE_ROWS``; the table: README "Row
+layouts") and turns one, with the rank's coordinates, into the dataplane's ``(replica_offset,
+num_slices, recording_slice, local_chunk)``. The configuration's layout is :func:`default_moe_rows`
+unless the runner names one per forward; :func:`unplaceable_layout` refuses PCP > 1 at start-up.
 """
 
 from __future__ import annotations
@@ -194,6 +165,7 @@ def current_rank_coordinates() -> RankCoordinates:
     Raises:
         ValueError: the groups do not form vLLM's DP x TP EP group (see :class:`RankCoordinates`).
     """
+    # Here, not at the top: integration's rules (``ascend-eplb check``) import this module without vLLM.
     from vllm.distributed.parallel_state import get_dp_group, get_ep_group, get_tp_group
 
     ep, tp, dp = get_ep_group(), get_tp_group(), get_dp_group()

@@ -1,23 +1,13 @@
-"""The placement measures, each defined once (``shared/notes/placement-cost.md``).
+"""The placement measures, each defined once (``shared/notes/placement-cost.md``; GLOSSARY's letters).
 
-Shape letters (DESIGN.md section 2): L MoE layers, E logical experts, P physical experts (slots) per
-layer, N EP ranks, p = P / N. A *placement* is ``physical_to_logical`` ``(L, P)`` (int64, ``-1`` = an
-empty slot of elastic padding); slot ``s`` lives on rank ``s // p``.
-
-* :func:`upstream_initial_placement` ``(L, P)``: upstream's initial placement, every layer;
-* :func:`rank_loads` ``(L, N)``: each logical expert's load split evenly over its replicas, summed over
-  each rank's slots (upstream ``DefaultEplbPolicy``'s model, ``tokens_per_mlog / mlogcnt``);
-* :func:`layer_balancedness` ``(L,)``: per layer mean rank load / max rank load (1.0 = even; a layer
-  without load is 1.0); :func:`mean_balancedness`: its mean over the layers (every layer counts
-  equally), the one float the events file, ``plan`` and ``simulate`` report;
-* :func:`hottest_rank_share`: the largest rank load of a layer as a share of that layer's load;
-* :func:`received_experts` ``(L, N)``: the logical experts a rank holds after a rearrangement that it did
-  not hold before (an expert already on the rank is a local copy; upstream's ``move_to_buffer`` receives
-  one copy per expert and rank); :func:`moved_experts` ``(L,)`` sums them over the ranks.
-
-numpy and torch only (no vLLM), so the tools read them without importing vLLM. Every function takes torch
-tensors (host or device), returns CPU torch tensors or Python floats and does not modify its inputs; bad
-input raises ``ValueError`` naming the value and the rule.
+A placement is ``physical_to_logical`` int64 ``(L, P)`` (``-1``: an empty slot of elastic padding); slot
+``s`` lives on rank ``s // p``. :func:`rank_loads` ``(L, N)`` splits each logical expert's load evenly
+over its replicas (upstream ``DefaultEplbPolicy``'s model); :func:`layer_balancedness` ``(L,)`` and
+:func:`mean_balancedness` (the one float the events file, ``plan`` and ``simulate`` report) are read from
+it; :func:`received_experts` ``(L, N)`` and :func:`moved_experts` ``(L,)`` count transfers as upstream's
+``move_to_buffer`` receives them. numpy and torch only, so the tools import it without vLLM. Torch
+tensors in (host or device, never modified), CPU tensors or floats out; ``ValueError`` naming the value
+and the rule for bad input.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """Migration-aware EPLB policy: the fewest expert moves for the balancedness upstream's default reaches.
 
-Glossary (DESIGN.md section 2). A *logical expert* is an expert of the model definition; a *physical
-expert* (slot) is one installed copy of a logical expert's weights; slots beyond the logical count are
-*redundant experts*. A *placement* is ``physical_to_logical`` ``(L, P)`` (int64, ``-1`` = an empty slot
-of elastic padding); slot ``s`` lives on rank ``s // p`` with ``p = P / N`` slots per rank, and rank
-``r`` on node ``r // (N / num_nodes)``.
-
-The two measures it is judged by, re-exported from :mod:`ascend_eplb.control.measures` (the one
-definition of each for the whole project, ``shared/notes/placement-cost.md``):
-
-* :func:`balancedness` ``(L,)``: each logical expert's load split evenly over its replicas, a rank's
-  load the sum over its slots, and per layer mean rank load / max rank load (1.0 = even);
-* :func:`moved_experts` ``(L,)``: per layer, over ranks, the logical experts a rank holds after a
-  rearrangement that it did not hold before (an expert already on the rank is a local copy, not a
-  transfer; upstream's ``rearrange_expert_weights_inplace`` counts it the same way).
-
-:class:`MigrationAwarePolicy` is an upstream :class:`AbstractEplbPolicy`, run by upstream's worker, its
-result moved by upstream's transaction. Upstream's :class:`DefaultEplbPolicy` recomputes every placement
-from scratch and re-places 80-90 % of the slots per rearrangement on real load
-(``shared/notes/placement-cost.md``); this policy starts from the placement in force and changes only
-what buys the balance upstream's default reaches on the same load (its result computes the target).
+Upstream's :class:`DefaultEplbPolicy` recomputes every placement and re-places 80-90 % of the slots a
+rearrangement on real load (``shared/notes/placement-cost.md``); :class:`MigrationAwarePolicy` starts
+from the placement in force and changes only what buys upstream's balance on the same load. It is judged
+by :func:`balancedness` and :func:`moved_experts` (re-exported from :mod:`ascend_eplb.control.measures`,
+their one definition). Placements are int64 ``(L, P)``, ``-1`` an empty slot of elastic padding.
 """
 
 from __future__ import annotations
@@ -57,43 +42,14 @@ __all__ = ["MigrationAwarePolicy", "balancedness", "moved_experts"]
 class MigrationAwarePolicy(AbstractEplbPolicy):
     """Upstream's policy interface; from the placement in force, the fewest moves for upstream's balance.
 
-    Per call (``rebalance_experts``, vLLM's classmethod signature):
-
-    1. Upstream's ``DefaultEplbPolicy.rebalance_experts`` on the same input gives, per layer, the
-       balancedness to reach (``b_up``). Without an old placement its result is returned as it is.
-    2. A local search from the old placement (:mod:`ascend_eplb.control._search`: candidates, score,
-       apply), all layers in lockstep (one change per layer and iteration; numpy over whole tensors, no
-       loop over slots or layers). The donor is the heaviest rank ``h``; the candidates are (a)
-       re-point a slot whose expert keeps another replica (or an empty slot) to one of ``h``'s experts:
-       every rank holding it gets lighter, at most 1 move; and (b) swap a slot of ``h`` with a slot of
-       one of the 8 lightest ranks of its node, at most 2 moves. The objective is the excess over the
-       target peak ``T = mean rank load / (b_up - balancedness_tolerance)``, summed over ranks; the change
-       with the largest excess reduction per move is applied (moves counted exactly as
-       :func:`moved_experts` does; a local copy or a change undoing an earlier move counts as half a
-       move). A layer stops when its peak is at most ``T`` or no change reduces the excess; every applied
-       change reduces it, so the search ends (capped at ``5 P`` iterations). Empty slots left then take
-       their node's expert with the largest load per replica (upstream's ``replicate_experts`` rule), on
-       the lightest rank first, and the search resumes.
-    3. A layer left more than ``fallback_margin`` below ``b_up`` (a greedy dead end: a cheap change that
-       blocks the way) is searched again with the largest excess reduction first, fewer moves only on a
-       tie; still short, it takes upstream's layer, its nodes, ranks and slots aligned to the old
-       placement (greedy overlap) to keep what it can.
-
-    Hierarchical placement (``num_groups % num_nodes == 0`` and ``num_nodes > 1``): upstream packs expert
-    groups (``E / num_groups`` consecutive experts) onto nodes and keeps every replica of an expert on
-    its group's node; so does this policy. The search changes only slots of the donor's node, for
-    experts of that node's groups (a node whose groups carry more than ``T`` per rank aims at its own
-    mean). A layer whose old placement breaks the grouping (upstream's initial placement, experts in
-    order then the redundant slots appended), or whose groups' nodes cannot carry ``b_up -
-    balancedness_tolerance``, starts from upstream's group-to-node packing, its nodes renamed to keep
-    the most of the old placement: slots whose expert's group stays on their node keep it, the
-    experts a node lacks fill its other slots, the rest are emptied for the search. A layer whose old
-    placement already reaches ``b_up - balancedness_tolerance`` is kept as it is, grouped or not.
-
-    ``-1`` slots of the old placement (elastic scale-up) are empty slots to fill. Deterministic (ties go
-    to the lowest index; float64 host arithmetic in a fixed order, so every rank's worker gets the same
-    answer), valid (every logical expert placed in every layer, no empty slot, int64 CPU ``(L, P)``).
-    Its CPU time per call and its cost to a serving thread beside upstream's: the control README.
+    Per ``rebalance_experts`` call (README "Migration-aware policy"): upstream's default on the same input
+    gives each layer's target balancedness ``b_up`` (without an old placement its result is returned);
+    a local search (:mod:`._search`) from the old placement, all layers in lockstep, applies the change
+    with the largest reduction of the excess over the peak ``mean / (b_up - balancedness_tolerance)`` per
+    move; a layer more than ``fallback_margin`` short is searched again by gain alone, then takes
+    upstream's layer aligned to the old placement. Hierarchical placement (``num_groups % num_nodes ==
+    0``, more than one node) keeps every replica on its group's node, as upstream does. Deterministic
+    (ties to the lowest index, float64 in a fixed order): every rank gets the same answer.
     """
 
     #: The search stops a layer at ``b_up - balancedness_tolerance`` (per layer; the layers' mean ends
@@ -112,7 +68,7 @@ class MigrationAwarePolicy(AbstractEplbPolicy):
         num_ranks: int,
         old_global_expert_indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """The new placement: int64 ``(L, P)`` on CPU, every logical expert placed in every layer.
+        """The new placement: int64 ``(L, P)`` on CPU, every logical expert placed, no empty slot.
 
         Args:
             weight: ``(L, E)`` global load per logical expert (int or float, any device), the closed

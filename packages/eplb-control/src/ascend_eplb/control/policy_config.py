@@ -1,36 +1,14 @@
 """Which placement policy upstream's EPLB runs, and when the gain gate skips a rearrangement.
 
 Standard library only, so start-up validation and ``ascend-eplb check`` judge these settings without
-importing torch or vLLM; :mod:`ascend_eplb.control.gate` runs them.
-
-Four Ascend keys of ``additional_config.eplb_config`` (validated by integration's rules, one rule id
-each) make one :class:`PolicySettings`:
-
-* ``policy``: ``"default"`` (upstream vLLM's ``DefaultEplbPolicy``, the default) or
-  ``"migration_aware"`` (:class:`ascend_eplb.control.policy.MigrationAwarePolicy`, which starts from the
-  placement in force and moves the fewest experts). Upstream's own ``eplb_config.policy`` stays
-  ``"default"`` (its asynchronous mode requires it); the Ascend state selects the policy.
-* ``min_balancedness_gain``: a float in ``[0, 1)``, default ``0.0`` (off). A rearrangement whose planned
-  placement improves the balancedness of its window by less than this is skipped (reason
-  ``"min_gain"``).
-* ``target_balancedness``: a float in ``(0, 1]`` or None, default None (off). A rearrangement whose
-  window is already at least this balanced under the committed placement is skipped before the policy
-  runs (reason ``"balanced"``); ``1.0`` skips only a perfectly balanced window.
-* ``load_estimate``: the load the policy plans on and the gate judges: ``"window"`` (the closed window,
-  upstream's behaviour, the default) or ``"pooled"`` (:class:`ascend_eplb.control.estimate.
-  LoadEstimate`: per layer, every window since the last shift the data shows).
-
-Balancedness (``notes/placement-cost.md``; :func:`ascend_eplb.control.policy.balancedness`): per MoE
-layer, mean rank load / max rank load, each logical expert's load split evenly over its replicas; a
-layer without load counts 1.0; averaged over the layers. It lies in ``(0, 1]``, so a gain lies in
-``(-1, 1)``: a ``min_balancedness_gain`` of 1 or more would skip every rearrangement and is refused.
-
-The third skip reason, ``"no_load"``, needs no setting: a window in which no EP rank recorded load is
-never handed to the policy (``AscendEplbState.rearrange``).
-
-With ``policy="default"``, both gate keys off and ``load_estimate="window"``
-(:attr:`PolicySettings.is_upstream_default`), nothing of this runs: upstream's ``EplbState.policy``
-stays upstream's ``DefaultEplbPolicy`` itself.
+torch or vLLM; :mod:`ascend_eplb.control.gate` runs them. Four keys of ``eplb_config`` make one
+:class:`PolicySettings`: ``policy`` (``"default"``, upstream's ``DefaultEplbPolicy``, or
+``"migration_aware"``; upstream's own ``eplb_config.policy`` stays ``"default"``, as its asynchronous
+mode requires), ``min_balancedness_gain`` in ``[0, 1)`` (skip reason ``"min_gain"``; a gain lies in
+``(-1, 1)``, so 1 or more would skip everything), ``target_balancedness`` in ``(0, 1]`` or None (skip
+reason ``"balanced"``; 1.0 skips only an even window) and ``load_estimate`` (``"window"``, upstream's,
+or ``"pooled"``). The third reason, ``"no_load"``, needs no setting. With every key at its default
+(:attr:`PolicySettings.is_upstream_default`) upstream's ``DefaultEplbPolicy`` runs itself.
 """
 
 from __future__ import annotations
@@ -212,24 +190,18 @@ class PolicySettings:
 class PlacementDecision:
     """What the policy (and the gate around it) decided for one model's closed window.
 
-    The figures are means over the layers of a global logical load ``(L, E)`` (equal on every EP rank,
-    so every rank decides alike): the load the policy planned on and the gate judged (``load_estimate``:
-    the window itself, or the estimate of the load to come), and the closed window upstream handed over.
+    Figures are means over the layers of a global load ``(L, E)``: first on the load planned on
+    (``load_estimate``: the window or the estimate), then, ``window_``, on the closed window.
 
     Attributes:
-        policy: the policy name (:data:`POLICY_NAMES`).
-        skipped: None (the placement the policy planned is returned and moved), or a reason of
-            :data:`SKIP_REASONS` (the committed placement is returned unchanged: no expert moves).
-        balancedness_before: of the planned-on load under the committed placement (None for
-            ``"no_load"``).
-        balancedness_planned: of the planned-on load under the policy's placement (None when the policy
-            did not run: ``"balanced"``, ``"no_load"``); minus ``balancedness_before``, the expected gain
-            the gate judges.
-        experts_moved: experts the returned placement moves (``moved_experts`` summed over layers; 0
-            when skipped; None when no placement was in force to move from).
-        load_estimate: the load planned on (:data:`LOAD_ESTIMATES`).
-        window_balancedness_before, window_balancedness_planned: the same two figures on the closed
-            window (equal to the first two under ``"window"``; None where those are).
+        policy: a name of :data:`POLICY_NAMES`.
+        skipped: None (the policy's placement is moved) or a reason of :data:`SKIP_REASONS` (none moves).
+        balancedness_before: the committed placement's (None for ``"no_load"``).
+        balancedness_planned: the policy's placement's (None when it did not run); the gain the gate
+            judges is this minus ``balancedness_before``.
+        experts_moved: ``moved_experts`` summed over layers (0 when skipped; None with no placement in force).
+        load_estimate: a name of :data:`LOAD_ESTIMATES`.
+        window_balancedness_before, window_balancedness_planned: the same on the closed window.
     """
 
     policy: str

@@ -1,24 +1,24 @@
 """Give each MoE layer's router an :class:`AscendEplbLayerState` and bind dataplane's mapping on it.
 
-vLLM 0.33.0 builds every ``MoERunner`` with a plain upstream ``EplbLayerState`` on its router
-(``router.eplb_state``) and maps logical to physical ids in ``BaseRouter._apply_eplb_mapping``, with a
-CUDA-only kernel. Before the model is registered with the EPLB state, each router's layer state is
-converted (same tensors, by reference) and dataplane's :func:`~ascend_eplb.dataplane.bind_router` binds
-the graph-safe map-and-record op on that router instance; the router class is never touched. The
-attribute written (``BaseRouter.eplb_state``) and the method bound are rows of the one upstream surface,
-:mod:`ascend_eplb.control.upstream` (``ATTRIBUTES``, ``INSTANCE_BINDINGS``).
-
-The binding must precede the model's first forward, and this is enforced: under vLLM's
-``DYNAMO_TRACE_ONCE`` (``VLLM_COMPILE`` on CPU, vLLM's default) that forward is the model's one
-TorchDynamo trace, guards dropped, and every Python value the router path read is frozen in it: a
-router bound afterwards would never map or record in the compiled model (measured: it keeps upstream's
-mapping; an unbind afterwards keeps ours). :func:`adapt_layer_routers` refuses a model vLLM has
-compiled already (:func:`traced_modules`).
+vLLM 0.33.0 builds every ``MoERunner`` with an upstream ``EplbLayerState`` on its router and maps ids
+with a CUDA-only kernel (``BaseRouter._apply_eplb_mapping``). Before the model is registered, each
+router's layer state is converted (same tensors, by reference) and :func:`ascend_eplb.dataplane.bind_router`
+binds the graph-safe map-and-record op on that instance (rows of :mod:`.upstream`: ``ATTRIBUTES``,
+``INSTANCE_BINDINGS``). It must precede the first forward: under vLLM's ``DYNAMO_TRACE_ONCE`` that
+forward is the one trace, guards dropped, and a router bound later never maps or records (measured), so
+a model already compiled is refused (:func:`traced_modules`).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from vllm.compilation.wrapper import TorchCompileWithNoGuardsWrapper
+from vllm.model_executor.models.interfaces import get_mixture_of_experts_model
+from vllm.v1.worker.ubatching import dbo_current_ubatch_id
+
+from ascend_eplb.control.state import AscendEplbLayerState
+from ascend_eplb.dataplane import bind_router
 
 __all__ = ["adapt_layer_routers", "traced_modules"]
 
@@ -27,8 +27,6 @@ def traced_modules(model: Any) -> list[str]:
     """The modules of ``model`` that vLLM's compile wrapper has traced already (its first forward ran
     compiled: ``TorchCompileWithNoGuardsWrapper.compiled``, or an AOT-compiled function in place), by
     their names in ``model``; [] for a model that has not run a compiled forward (or runs eagerly)."""
-    from vllm.compilation.wrapper import TorchCompileWithNoGuardsWrapper
-
     return [
         name or type(module).__name__
         for name, module in model.named_modules()
@@ -55,12 +53,6 @@ def adapt_layer_routers(model: Any) -> int:
             with an ``eplb_state`` attribute (both raised before any layer is changed), or dataplane's
             ``bind_router`` found an upstream signature drift.
     """
-    from vllm.model_executor.models.interfaces import get_mixture_of_experts_model
-    from vllm.v1.worker.ubatching import dbo_current_ubatch_id
-
-    from ascend_eplb.control.state import AscendEplbLayerState
-    from ascend_eplb.dataplane import bind_router
-
     moe_model = get_mixture_of_experts_model(model)
     if moe_model is None:
         return 0
