@@ -337,11 +337,12 @@ def _repoint_gains(state: SearchState, d: Donors, c: Candidates) -> tuple[np.nda
     gain += both
     # The other ranks r holding both x and y, each put right in rank order: the donor (every x is
     # there) where y has a replica there, and the ranks of x's other replicas (rare) before and after.
-    donor = d.donor[:, None]
     h_yh = np.take(held, row_y + d.heaviest[:, None])  # (n, K): y's slots on the donor
-    on_donor = (h_yh > 0) & (s != donor)
-    row, i, r = np.nonzero((h_x > 0) & (np.arange(num_ranks) != donor[:, :, None]) & (x > 0)[:, :, None])
-    if row.size:  # (A,) x's replicas off the donor; (H,) those of y's ranks other than the slot's
+    row_h, k_h = np.nonzero((h_yh > 0) & (s != d.donor[:, None]))  # (M,)
+    row, i = np.nonzero((c_x >= 2) & (x > 0))  # x with other replicas: on other ranks?
+    a, r = np.nonzero((h_x[row, i] > 0) & (np.arange(num_ranks) != d.donor[row, None]))
+    row, i = row[a], i[a]
+    if row.size:  # (A,) x's replicas off the donor; (H,) those on y's ranks other than the slot's
         h_yr = np.take(held, row_y[row] + d.node_ranks[row, r][:, None])  # (A, K)
         a, k = np.nonzero((h_yr > 0) & (s[row] != r[:, None]))
         row, i, r, dy = row[a], i[a], r[a], h_yr[a, k] * d_y[row[a], k]
@@ -353,15 +354,15 @@ def _repoint_gains(state: SearchState, d: Donors, c: Candidates) -> tuple[np.nda
         )
         before = r < d.donor[row]
         np.add.at(gain, (row[before], i[before], k[before]), fix[before])
-    if on_donor.any():
-        b_h, e_h = _along(base, donor), _along(excess, donor)  # (n, 1)
-        dx_h, dy_h = _along(dx_r, donor[:, :, None])[:, :, 0], h_yh * d_y  # (n, X), (n, K)
-        fix_h = (
-            _reduction(b_h[:, :, None], e_h[:, :, None], cap[:, :, None], dx_h[:, :, None] + dy_h[:, None, :])
-            - _reduction(b_h, e_h, cap, dx_h)[:, :, None]
-            - _reduction(b_h, e_h, cap, dy_h)[:, None, :]
+    if row_h.size:  # (M, X): each (layer, k) once
+        donor = d.donor[row_h]
+        b_h, e_h, cap_h = base[row_h, donor, None], excess[row_h, donor, None], d.cap[row_h, None]
+        dx_h, dy_h = dx_r[row_h, :, donor], (h_yh[row_h, k_h] * d_y[row_h, k_h])[:, None]
+        gain[row_h, :, k_h] += (
+            _reduction(b_h, e_h, cap_h, dx_h + dy_h)
+            - _reduction(b_h, e_h, cap_h, dx_h)
+            - _reduction(b_h, e_h, cap_h, dy_h)
         )
-        np.add(gain, fix_h, out=gain, where=on_donor[:, None, :])
     if row.size:
         np.add.at(gain, (row[~before], i[~before], k[~before]), fix[~before])
     gain = np.where(c.repointable, gain, -np.inf)
@@ -420,8 +421,12 @@ def best_change(
     or undoing change counts :data:`FREE_CHANGE_COST` moves; ``by_gain``: the largest reduction, fewer
     moves only on a tie), the lowest column among equal ones; ``stuck`` where no change reduces the
     excess by more than ``1e-9 cap``."""
-    per_move = gain * (1 - 1e-9 * cost) if by_gain else gain / np.maximum(cost, FREE_CHANGE_COST)
-    ranked = np.where(gain > 1e-9 * cap[:, None], per_move, -np.inf)
+    if by_gain:
+        ranked = gain * (1 - 1e-9 * cost)
+    else:
+        ranked = np.maximum(cost, FREE_CHANGE_COST)
+        np.divide(gain, ranked, out=ranked)
+    np.copyto(ranked, -np.inf, where=~(gain > 1e-9 * cap[:, None]))
     best = ranked.argmax(axis=1)
     return best, ~np.isfinite(ranked[np.arange(best.size), best])
 
