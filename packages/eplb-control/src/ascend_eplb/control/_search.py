@@ -151,8 +151,8 @@ def _along(values: np.ndarray, index: np.ndarray) -> np.ndarray:
     """``values`` at ``index`` along the last axis, the leading axes broadcast (``np.take_along_axis``
     without its index building: one ``np.take`` of the flat array)."""
     *lead, last = values.shape
-    offsets = np.arange(0, math.prod(lead) * last, last, dtype=np.int64).reshape(lead)
-    return values.reshape(-1).take(index + offsets[..., None])
+    offsets = np.arange(0, math.prod(lead) * last, last).reshape(*lead, 1)
+    return values.reshape(-1).take(index + offsets)
 
 
 def _with_empty(values: np.ndarray, fill: float) -> np.ndarray:
@@ -246,7 +246,12 @@ def candidates(d: Donors, *, partner_ranks: int = PARTNER_RANKS) -> Candidates:
     slot_rank = np.arange(d.experts.shape[1]) // p
     cnt_s = _along(d.cnt, d.experts)
     free = (cnt_s >= 2) | (d.experts == 0)
-    slot = np.argsort(~free, axis=1, kind="stable")[:, : max(int(free.sum(axis=1).max()), 1)]
+    # The free slots, then the others, each in slot order (a sort of distinct keys: a stable sort by
+    # freedom without its cost), as many columns as the layer with the most free slots needs.
+    num_slots = free.shape[1]
+    key = np.where(free, np.int32(0), np.int32(num_slots)) + np.arange(num_slots, dtype=np.int32)
+    key.sort(axis=1)
+    slot = np.remainder(key[:, : max(int(free.sum(axis=1).max()), 1)], num_slots, dtype=np.int64)
     y = _along(d.experts, slot)
     is_free = _along(free, slot)
     x = d.donor_experts
@@ -280,8 +285,10 @@ def _reduction_in(base: np.ndarray, excess: np.ndarray, cap: np.ndarray, delta: 
     return np.subtract(excess, delta, out=delta)
 
 
-def _repoint_gains(state: SearchState, d: Donors, c: Candidates) -> tuple[np.ndarray, np.ndarray]:
-    """``(gain, cost)`` ``(n, X, K)`` of the re-points (:func:`score`).
+def _repoint_gains(
+    state: SearchState, d: Donors, c: Candidates, gain_out: np.ndarray, cost_out: np.ndarray
+) -> None:
+    """Writes ``gain_out`` and ``cost_out`` ``(n, X, K)`` of the re-points (:func:`score`).
 
     Re-pointing slot ``s`` from ``y`` to ``x`` makes the ranks holding ``x`` lighter, those holding
     ``y`` heavier and changes the slot's own rank by both and by the slot's load; the reduction is
@@ -312,13 +319,11 @@ def _repoint_gains(state: SearchState, d: Donors, c: Candidates) -> tuple[np.nda
     dy_s = h_y * d_y
     b_s, e_s = _along(base, s), _along(excess, s)
     num_ranks, num_experts = d.node_ranks.shape[1], d.w.shape[1]
-    pair = y * num_ranks + s
-    order = np.argsort(pair, axis=1, kind="stable")
-    ordered = _along(pair, order)
-    first = np.ones_like(ordered, dtype=bool)
-    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
-    once = np.empty_like(first)
-    np.put_along_axis(once, order, first, axis=1)
+    once = h_y == 1  # y's one slot on the slot's rank; of two or more there, the first counts
+    row, k = np.nonzero(h_y > 1)
+    if row.size:
+        _, first = np.unique((row * num_experts + y[row, k]) * num_ranks + s[row, k], return_index=True)
+        once[row[first], k[first]] = True
     groups = np.arange(n)[:, None] * num_experts + y  # (n, K): the layer's expert y
     per_expert = np.bincount(
         groups.ravel(), weights=(_reduction(b_s, e_s, cap, dy_s) * once).ravel(), minlength=n * num_experts
@@ -334,7 +339,7 @@ def _repoint_gains(state: SearchState, d: Donors, c: Candidates) -> tuple[np.nda
     both = _reduction_in(b_s, e_s, cap[:, None], both)
     both -= _reduction_in(b_s, e_s, cap[:, None], dx_s)
     both -= _reduction(b_s, e_s, cap[:, None], dy_s)
-    gain += both
+    gain = np.add(gain, both, out=gain_out)
     # The other ranks r holding both x and y, each put right in rank order: the donor (every x is
     # there) where y has a replica there, and the ranks of x's other replicas (rare) before and after.
     h_yh = np.take(held, row_y + d.heaviest[:, None])  # (n, K): y's slots on the donor
@@ -365,16 +370,18 @@ def _repoint_gains(state: SearchState, d: Donors, c: Candidates) -> tuple[np.nda
         )
     if row.size:
         np.add.at(gain, (row[~before], i[~before], k[~before]), fix[~before])
-    gain = np.where(c.repointable, gain, -np.inf)
+    np.copyto(gain, -np.inf, where=~c.repointable)
     held_before = state.held_before.reshape(-1)
     x_there = (h_xs > 0) | np.take(held_before, at_s)  # (n, X, K)
     y_leaves = ~np.take(held_before, row_y + slot_rank) & (h_y == 1)
-    return gain, (~x_there).astype(np.int64) - y_leaves[:, None, :]
+    np.subtract(~x_there, y_leaves[:, None, :], dtype=np.int64, out=cost_out)
 
 
-def _swap_gains(state: SearchState, d: Donors, c: Candidates) -> tuple[np.ndarray, np.ndarray]:
-    """``(gain, cost)`` ``(n, p, T)`` of the swaps (:func:`score`): only the donor and the other slot's
-    rank change, by the difference of the two experts' loads per replica."""
+def _swap_gains(
+    state: SearchState, d: Donors, c: Candidates, gain_out: np.ndarray, cost_out: np.ndarray
+) -> None:
+    """Writes ``gain_out`` and ``cost_out`` ``(n, p, T)`` of the swaps (:func:`score`): only the donor
+    and the other slot's rank change, by the difference of the two experts' loads per replica."""
     p = d.donor_slots.shape[1]
     cap = d.cap[:, None, None]
     a, b = d.donor_experts, _along(d.experts, c.partner)
@@ -387,7 +394,7 @@ def _swap_gains(state: SearchState, d: Donors, c: Candidates) -> tuple[np.ndarra
     gain = np.subtract(gain, np.maximum(drop, 0.0, out=drop), out=drop)
     rise = np.add(other, moved, out=moved)
     rise -= cap
-    gain -= np.maximum(rise, 0.0, out=rise)
+    gain = np.subtract(gain, np.maximum(rise, 0.0, out=rise), out=gain_out)
     np.copyto(gain, -np.inf, where=~c.swappable)
     held, held_before = state.held.reshape(-1), state.held_before.reshape(-1)
     row_a, row_b = state.row(d.layer[:, None], a), state.row(d.layer[:, None], b)  # (n, p), (n, T)
@@ -398,7 +405,7 @@ def _swap_gains(state: SearchState, d: Donors, c: Candidates) -> tuple[np.ndarra
     a_there = (np.take(held, at) > 0) | np.take(held_before, at)
     y_leaves = state.leaves(row_b + other_rank)
     cost = (~b_there).astype(np.int8)[:, None, :] - a_leaves[:, :, None] + ~a_there - y_leaves[:, None, :]
-    return gain, cost.astype(np.int64)
+    np.copyto(cost_out, cost)
 
 
 def score(state: SearchState, d: Donors, c: Candidates) -> tuple[np.ndarray, np.ndarray]:
@@ -406,11 +413,12 @@ def score(state: SearchState, d: Donors, c: Candidates) -> tuple[np.ndarray, np.
     reduction of the summed excess of the node's ranks over the cap (float64, ``-inf`` where it is no
     candidate) and its moves (int64, as :func:`~ascend_eplb.control.measures.moved_experts` counts them;
     -1 for a change that undoes one)."""
-    gain_a, cost_a = _repoint_gains(state, d, c)
-    gain_b, cost_b = _swap_gains(state, d, c)
-    n = d.layer.size
-    gain = np.concatenate([gain_a.reshape(n, -1), gain_b.reshape(n, -1)], axis=1)
-    cost = np.concatenate([cost_a.reshape(n, -1), cost_b.reshape(n, -1)], axis=1)
+    n, (num_x, k), (p, t) = d.layer.size, c.repointable.shape[1:], c.swappable.shape[1:]
+    gain = np.empty((n, num_x * k + p * t))
+    cost = np.empty(gain.shape, dtype=np.int64)
+    split = num_x * k
+    _repoint_gains(state, d, c, gain[:, :split].reshape(n, num_x, k), cost[:, :split].reshape(n, num_x, k))
+    _swap_gains(state, d, c, gain[:, split:].reshape(n, p, t), cost[:, split:].reshape(n, p, t))
     return gain, cost
 
 
