@@ -344,7 +344,7 @@ def _repoint_gains(
     # there) where y has a replica there, and the ranks of x's other replicas (rare) before and after.
     h_yh = np.take(held, row_y + d.heaviest[:, None])  # (n, K): y's slots on the donor
     row_h, k_h = np.nonzero((h_yh > 0) & (s != d.donor[:, None]))  # (M,)
-    row, i = np.nonzero((c_x >= 2) & (x > 0))  # x with other replicas: on other ranks?
+    row, i = np.nonzero((c_x >= 2) & (x > 0))  # x with another replica: where?
     a, r = np.nonzero((h_x[row, i] > 0) & (np.arange(num_ranks) != d.donor[row, None]))
     row, i = row[a], i[a]
     if row.size:  # (A,) x's replicas off the donor; (H,) those on y's ranks other than the slot's
