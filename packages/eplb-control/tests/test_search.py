@@ -1,17 +1,19 @@
-"""The migration-aware policy's local search, part by part, on one hand-made layer with exact values.
+"""The migration-aware policy's local search, part by part, on hand-made layers with exact values.
 
-One layer, 4 logical experts, 2 ranks of 3 slots (one node): rank 0 holds experts 0, 1, 2 and rank 1
-holds 3, 1, 2 (experts 1 and 2 have two replicas each). Load 6, 3, 3, 2: per replica 6, 1.5, 1.5, 2;
-rank loads 9 and 5, mean 7; the target balancedness 1.0 caps each rank at 7, so rank 0 (the donor)
-is 2 above it. Inside the search, ids are shifted by one (0 = an empty slot).
+The layer most tests use: 4 logical experts, 2 ranks of 3 slots (one node): rank 0 holds experts 0,
+1, 2 and rank 1 holds 3, 1, 2 (experts 1 and 2 have two replicas each). Load 6, 3, 3, 2: per replica 6,
+1.5, 1.5, 2; rank loads 9 and 5, mean 7; the target balancedness 1.0 caps each rank at 7, so rank 0
+(the donor) is 2 above it. Inside the search, ids are shifted by one (0 = an empty slot).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from ascend_eplb.control import _search as search
+from ascend_eplb.control.measures import rank_loads
 
 PLACEMENT = np.array([[0, 1, 2, 3, 1, 2]])
 LOAD = np.array([[6.0, 3.0, 3.0, 2.0]])
@@ -81,6 +83,71 @@ def test_score_is_each_changes_excess_reduction_and_moves():
         [INF, INF, INF, -0.5, 0.0, INF],
     ]
     assert cost[0, 12:].reshape(3, 6)[:, 3:].tolist() == [[2, 1, 1], [1, 0, 0], [1, 0, 0]]
+
+
+def test_the_mirrored_layer_scores_each_change_as_its_mirror_image():
+    # The two ranks exchanged: rank 1 is the donor, and the other rank holding both experts of a
+    # re-point (x and y on rank 0) comes before it; each correction is still made, in rank order.
+    mirrored = np.array([[3, 1, 2, 0, 1, 2]])
+    state = _state(placement=mirrored, old=mirrored)
+    d, c = _round(state)
+    assert d.heaviest.tolist() == [1]
+    assert c.x.tolist() == [[1, 2, 3]]
+    assert c.slot.tolist() == [[1, 2, 4, 5]]  # now slots 1, 2 of rank 0 and 4, 5 of the donor
+    gain, cost = search.score(state, d, c)
+    assert gain[0, :12].reshape(3, 4).tolist() == [
+        [1.5, 1.5, 1.5, 1.5],
+        [INF, -1.0, INF, 1.0],
+        [-1.0, INF, 1.0, INF],
+    ]
+    assert cost[0, :12].tolist() == [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    assert gain[0, 12:].reshape(3, 6).tolist() == [
+        [0.0, -0.5, -0.5, INF, INF, INF],
+        [-0.5, INF, 0.0, INF, INF, INF],
+        [-0.5, 0.0, INF, INF, INF, INF],
+    ]
+    assert cost[0, 12:].reshape(3, 6)[:, :3].tolist() == [[2, 1, 1], [1, 0, 0], [1, 0, 0]]
+
+
+def _excess(load: np.ndarray, placement: np.ndarray, cap: float) -> float:
+    """The ranks' summed load over ``cap`` (2 ranks), recomputed from the placement."""
+    loads = rank_loads(torch.from_numpy(load), torch.from_numpy(placement), 2).numpy()
+    return float(np.maximum(loads - cap, 0.0).sum())
+
+
+@pytest.mark.parametrize(
+    ("placement", "load"),
+    [
+        # The module's layer: rank 1 holds both experts of some re-points (after the donor).
+        ([[0, 1, 2, 3, 1, 2]], [[6.0, 3.0, 3.0, 2.0]]),
+        # Rank 1 is the donor; rank 0, before it, holds both experts of a re-point and goes over the cap.
+        ([[3, 1, 2, 1, 3, 0]], [[6.0, 2.0, 1.0, 6.0]]),
+        # The same after the donor (rank 0): rank 1 holds both experts 0 and 2 of a re-point.
+        ([[1, 0, 2, 2, 2, 0]], [[6.0, 1.0, 1.0]]),
+        # Expert 1 twice on the donor: the donor's load with it counts once, not once per slot.
+        ([[0, 1, 1, 2, 3, 1]], [[6.0, 3.0, 3.0, 2.0]]),
+    ],
+)
+def test_each_change_scores_the_excess_reduction_it_makes(placement, load):
+    placement, load = np.array(placement), np.array(load)
+    state = _state(placement=placement, old=placement, load=load)
+    d, c = _round(state)
+    gain, _ = search.score(state, d, c)
+    cap, before = float(d.cap[0]), _excess(load, placement, float(d.cap[0]))
+    num_x, k = c.repointable.shape[1:]
+    changes = []
+    for i, col in zip(*np.nonzero(c.repointable[0]), strict=True):  # slot col takes donor expert i
+        new = placement.copy()
+        new[0, c.slot[0, col]] = c.x[0, i] - 1
+        changes.append((i * k + col, new))
+    for i, t in zip(*np.nonzero(c.swappable[0]), strict=True):  # donor slot i <-> node slot partner[t]
+        new = placement.copy()
+        a, b = d.donor_slots[0, i], c.partner[0, t]
+        new[0, [a, b]] = new[0, [b, a]]
+        changes.append((num_x * k + i * c.partner.shape[1] + t, new))
+    assert len(changes) == np.isfinite(gain[0]).sum() > 0
+    for column, new in changes:
+        assert gain[0, column] == pytest.approx(before - _excess(load, new, cap), abs=1e-12)
 
 
 def test_a_change_that_undoes_an_earlier_move_costs_one_less():

@@ -13,6 +13,7 @@ scored (their donor slot and node slot).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,24 +101,20 @@ class SearchState:
     def slots_per_node(self) -> int:
         return self.placement.shape[1] // self.num_nodes
 
-    def held_on(self, layer: np.ndarray, expert: np.ndarray, rank: np.ndarray) -> np.ndarray:
-        """``held`` at broadcast ``(layer, expert, rank)`` index arrays."""
-        return np.take(self.held.reshape(-1), self._flat(layer, expert, rank))
-
-    def _flat(self, layer: np.ndarray, expert: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    def row(self, layer: np.ndarray, expert: np.ndarray) -> np.ndarray:
+        """The flat index of ``(layer, expert, rank 0)`` in ``held`` and ``held_before`` (broadcast index
+        arrays): add a rank."""
         _, num_experts, num_ranks = self.held.shape
-        return (layer * num_experts + expert) * num_ranks + rank
+        return (layer * num_experts + expert) * num_ranks
 
-    def leaves(self, layer: np.ndarray, expert: np.ndarray, rank: np.ndarray) -> np.ndarray:
-        """Whether ``expert`` was not on ``rank`` before and is there once: taking it away undoes a move
-        (broadcast index arrays)."""
-        flat = self._flat(layer, expert, rank)
+    def leaves(self, flat: np.ndarray) -> np.ndarray:
+        """Whether the expert was not on the rank before and is there once, at ``flat`` (:meth:`row` plus
+        the rank): taking it away undoes a move."""
         return ~np.take(self.held_before.reshape(-1), flat) & (np.take(self.held.reshape(-1), flat) == 1)
 
-    def there(self, layer: np.ndarray, expert: np.ndarray, rank: np.ndarray) -> np.ndarray:
-        """Whether ``expert`` is on ``rank`` now or was there before: bringing it costs no move
-        (broadcast index arrays)."""
-        flat = self._flat(layer, expert, rank)
+    def there(self, flat: np.ndarray) -> np.ndarray:
+        """Whether the expert is on the rank now or was there before, at ``flat`` (:meth:`row` plus the
+        rank): bringing it costs no move."""
         return (np.take(self.held.reshape(-1), flat) > 0) | np.take(self.held_before.reshape(-1), flat)
 
 
@@ -153,9 +150,9 @@ class Donors:
 def _along(values: np.ndarray, index: np.ndarray) -> np.ndarray:
     """``values`` at ``index`` along the last axis, the leading axes broadcast (``np.take_along_axis``
     without its index building: one ``np.take`` of the flat array)."""
-    lead = values.shape[:-1]
-    offsets = (np.arange(int(np.prod(lead)), dtype=np.int64) * values.shape[-1]).reshape(lead)
-    return np.take(values.reshape(-1), index + offsets[..., None])
+    *lead, last = values.shape
+    offsets = np.arange(0, math.prod(lead) * last, last).reshape(*lead, 1)
+    return values.reshape(-1).take(index + offsets)
 
 
 def _with_empty(values: np.ndarray, fill: float) -> np.ndarray:
@@ -249,7 +246,12 @@ def candidates(d: Donors, *, partner_ranks: int = PARTNER_RANKS) -> Candidates:
     slot_rank = np.arange(d.experts.shape[1]) // p
     cnt_s = _along(d.cnt, d.experts)
     free = (cnt_s >= 2) | (d.experts == 0)
-    slot = np.argsort(~free, axis=1, kind="stable")[:, : max(int(free.sum(axis=1).max()), 1)]
+    # The free slots, then the others, each in slot order (a sort of distinct keys: a stable sort by
+    # freedom without its cost), as many columns as the layer with the most free slots needs.
+    num_slots = free.shape[1]
+    key = np.where(free, np.int32(0), np.int32(num_slots)) + np.arange(num_slots, dtype=np.int32)
+    key.sort(axis=1)
+    slot = np.remainder(key[:, : max(int(free.sum(axis=1).max()), 1)], num_slots, dtype=np.int64)
     y = _along(d.experts, slot)
     is_free = _along(free, slot)
     x = d.donor_experts
@@ -274,16 +276,28 @@ def _reduction(base: np.ndarray, excess: np.ndarray, cap: np.ndarray, delta: np.
     return excess - np.maximum(base + delta - cap, 0.0)
 
 
-def _repoint_gains(state: SearchState, d: Donors, c: Candidates) -> tuple[np.ndarray, np.ndarray]:
-    """``(gain, cost)`` ``(n, X, K)`` of the re-points (:func:`score`).
+def _reduction_in(base: np.ndarray, excess: np.ndarray, cap: np.ndarray, delta: np.ndarray) -> np.ndarray:
+    """:func:`_reduction` written over ``delta`` (a new array of the result's shape): the same
+    operations in the same order, without temporaries."""
+    np.add(base, delta, out=delta)
+    np.subtract(delta, cap, out=delta)
+    np.maximum(delta, 0.0, out=delta)
+    return np.subtract(excess, delta, out=delta)
+
+
+def _repoint_gains(
+    state: SearchState, d: Donors, c: Candidates, gain_out: np.ndarray, cost_out: np.ndarray
+) -> None:
+    """Writes ``gain_out`` and ``cost_out`` ``(n, X, K)`` of the re-points (:func:`score`).
 
     Re-pointing slot ``s`` from ``y`` to ``x`` makes the ranks holding ``x`` lighter, those holding
     ``y`` heavier and changes the slot's own rank by both and by the slot's load; the reduction is
     summed per expert over its ranks (``y``'s: over the candidate slots, each rank once), then put right
-    on the slot's rank and on the (rare) ranks holding both, so that no ``(n, X, K, R)`` array is formed.
+    on the slot's rank and on the other ranks holding both (the donor, where ``y`` has a replica there,
+    and the rare other ranks of ``x``), so that no ``(n, X, K, R)`` array is formed. The corrections
+    of one change are added in rank order.
     """
     n = d.layer.size
-    lay2, lay3 = d.layer[:, None], d.layer[:, None, None]
     base, cap = d.node_loads, d.cap[:, None]
     excess = np.maximum(base - cap, 0.0)  # (n, R)
     x, y = c.x, c.y
@@ -292,89 +306,106 @@ def _repoint_gains(state: SearchState, d: Donors, c: Candidates) -> tuple[np.nda
     d_x = w_x / (c_x + 1) - w_x / c_x  # each replica of x gets lighter
     d_y = w_y / (c_y - 1) - w_y / c_y  # each other replica of y gets heavier
     own = (w_x / (c_x + 1))[:, :, None] - (w_y / (c_y - 1))[:, None, :]  # (n, X, K): the slot, x in, y out
-    h_x = state.held[lay2, x]  # (n, X, N)
-    if state.num_nodes > 1:
-        h_x = _along(h_x, d.node_ranks[:, None, :])
+    held = state.held.reshape(-1)
+    row_x, row_y = state.row(d.layer[:, None], x), state.row(d.layer[:, None], y)  # (n, X), (n, K)
+    h_x = np.take(held, row_x[:, :, None] + d.node_ranks[:, None, :])  # (n, X, R)
     dx_r = h_x * d_x[:, :, None]  # (n, X, R)
     gain_x = _reduction(base[:, None], excess[:, None], cap[:, None], dx_r).sum(axis=2)  # (n, X)
     # y: its ranks are those of the candidate slots of y (every slot of an expert with another replica
     # is a candidate), each counted once.
     slot_rank = _along(d.slot_ranks, c.slot)  # (n, K)
     s = slot_rank - d.node_ranks[:, :1]  # the slot's rank in the node
-    h_y = state.held_on(lay2, y, slot_rank)  # (n, K): y's slots on the slot's rank
+    h_y = np.take(held, row_y + slot_rank)  # (n, K): y's slots on the slot's rank
     dy_s = h_y * d_y
     b_s, e_s = _along(base, s), _along(excess, s)
     num_ranks, num_experts = d.node_ranks.shape[1], d.w.shape[1]
-    pair = y * num_ranks + s
-    order = np.argsort(pair, axis=1, kind="stable")
-    ordered = _along(pair, order)
-    first = np.ones_like(ordered, dtype=bool)
-    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
-    once = np.empty_like(first)
-    np.put_along_axis(once, order, first, axis=1)
+    once = h_y == 1  # y's one slot on the slot's rank; of two or more there, the first counts
+    row, k = np.nonzero(h_y > 1)
+    if row.size:
+        _, first = np.unique((row * num_experts + y[row, k]) * num_ranks + s[row, k], return_index=True)
+        once[row[first], k[first]] = True
     groups = np.arange(n)[:, None] * num_experts + y  # (n, K): the layer's expert y
     per_expert = np.bincount(
         groups.ravel(), weights=(_reduction(b_s, e_s, cap, dy_s) * once).ravel(), minlength=n * num_experts
     )
     gain = gain_x[:, :, None] + np.take(per_expert, groups)[:, None, :]
     # The slot's rank s: its true reduction in place of the two counted.
-    dx_s = _along(dx_r, s[:, None, :])  # (n, X, K)
+    at_s = row_x[:, :, None] + slot_rank[:, None, :]  # (n, X, K): x on the slot's rank
+    h_xs = np.take(held, at_s)
+    dx_s = h_xs * d_x[:, :, None]
     b_s, e_s, dy_s = b_s[:, None], e_s[:, None], dy_s[:, None]
-    gain += (
-        _reduction(b_s, e_s, cap[:, None], dx_s + dy_s + own)
-        - _reduction(b_s, e_s, cap[:, None], dx_s)
-        - _reduction(b_s, e_s, cap[:, None], dy_s)
-    )
-    # The other ranks holding both x and y (rare): counted per (x, y) over y's candidate slots, each
-    # rank once, less the slot's own rank, then put right one by one.
-    num_x = x.shape[1]
-    x_on_slot = _along(h_x, s[:, None, :]) > 0  # (n, X, K): x on slot k's rank
-    x_on = x_on_slot & once[:, None, :]  # the same, each rank once per y
-    keys = (np.arange(n)[:, None, None] * num_x + np.arange(num_x)[None, :, None]) * num_experts
-    keys = keys + y[:, None, :]
-    shared = np.bincount(keys.ravel(), weights=x_on.ravel(), minlength=n * num_x * num_experts)
-    row, i, k = np.nonzero(np.take(shared, keys) - x_on_slot > 0.5)
-    if row.size:
-        others = (y[row] == y[row, k][:, None]) & x_on[row, i] & (s[row] != s[row, k][:, None])  # (H, K)
-        hit, other = np.nonzero(others)
-        row, i, k, r = row[hit], i[hit], k[hit], s[row[hit], other]
-        b_r, e_r, cap_r = base[row, r], excess[row, r], d.cap[row]
-        dx, dy = dx_r[row, i, r], h_y[row, other] * d_y[row, k]
+    both = dx_s + dy_s
+    both += own
+    both = _reduction_in(b_s, e_s, cap[:, None], both)
+    both -= _reduction_in(b_s, e_s, cap[:, None], dx_s)
+    both -= _reduction(b_s, e_s, cap[:, None], dy_s)
+    gain = np.add(gain, both, out=gain_out)
+    # The other ranks r holding both x and y, each put right in rank order: the donor (every x is
+    # there) where y has a replica there, and the ranks of x's other replicas (rare) before and after.
+    h_yh = np.take(held, row_y + d.heaviest[:, None])  # (n, K): y's slots on the donor
+    row_h, k_h = np.nonzero((h_yh > 0) & (s != d.donor[:, None]))  # (M,)
+    row, i = np.nonzero((c_x >= 2) & (x > 0))  # x with another replica: where?
+    a, r = np.nonzero((h_x[row, i] > 0) & (np.arange(num_ranks) != d.donor[row, None]))
+    row, i = row[a], i[a]
+    if row.size:  # (A,) x's replicas off the donor; (H,) those on y's ranks other than the slot's
+        h_yr = np.take(held, row_y[row] + d.node_ranks[row, r][:, None])  # (A, K)
+        a, k = np.nonzero((h_yr > 0) & (s[row] != r[:, None]))
+        row, i, r, dy = row[a], i[a], r[a], h_yr[a, k] * d_y[row[a], k]
+        b_r, e_r, cap_r, dx = base[row, r], excess[row, r], d.cap[row], dx_r[row, i, r]
         fix = (
             _reduction(b_r, e_r, cap_r, dx + dy)
             - _reduction(b_r, e_r, cap_r, dx)
             - _reduction(b_r, e_r, cap_r, dy)
         )
-        np.add.at(gain, (row, i, k), fix)
-    gain = np.where(c.repointable, gain, -np.inf)
-    x_there = state.there(lay3, x[:, :, None], d.node_ranks[:, None, :])  # (n, X, R)
-    x_there = _along(x_there, s[:, None, :])
-    y_leaves = state.leaves(lay2, y, slot_rank)
-    return gain, (~x_there).astype(np.int64) - y_leaves[:, None, :]
+        before = r < d.donor[row]
+        np.add.at(gain, (row[before], i[before], k[before]), fix[before])
+    if row_h.size:  # (M, X): each (layer, k) once
+        donor = d.donor[row_h]
+        b_h, e_h, cap_h = base[row_h, donor, None], excess[row_h, donor, None], d.cap[row_h, None]
+        dx_h, dy_h = dx_r[row_h, :, donor], (h_yh[row_h, k_h] * d_y[row_h, k_h])[:, None]
+        gain[row_h, :, k_h] += (
+            _reduction(b_h, e_h, cap_h, dx_h + dy_h)
+            - _reduction(b_h, e_h, cap_h, dx_h)
+            - _reduction(b_h, e_h, cap_h, dy_h)
+        )
+    if row.size:
+        np.add.at(gain, (row[~before], i[~before], k[~before]), fix[~before])
+    np.copyto(gain, -np.inf, where=~c.repointable)
+    held_before = state.held_before.reshape(-1)
+    x_there = (h_xs > 0) | np.take(held_before, at_s)  # (n, X, K)
+    y_leaves = ~np.take(held_before, row_y + slot_rank) & (h_y == 1)
+    np.subtract(~x_there, y_leaves[:, None, :], dtype=np.int64, out=cost_out)
 
 
-def _swap_gains(state: SearchState, d: Donors, c: Candidates) -> tuple[np.ndarray, np.ndarray]:
-    """``(gain, cost)`` ``(n, p, T)`` of the swaps (:func:`score`): only the donor and the other slot's
-    rank change, by the difference of the two experts' loads per replica."""
+def _swap_gains(
+    state: SearchState, d: Donors, c: Candidates, gain_out: np.ndarray, cost_out: np.ndarray
+) -> None:
+    """Writes ``gain_out`` and ``cost_out`` ``(n, p, T)`` of the swaps (:func:`score`): only the donor
+    and the other slot's rank change, by the difference of the two experts' loads per replica."""
     p = d.donor_slots.shape[1]
-    lay2, lay3 = d.layer[:, None], d.layer[:, None, None]
     cap = d.cap[:, None, None]
     a, b = d.donor_experts, _along(d.experts, c.partner)
     moved = _along(d.per_replica, a)[:, :, None] - _along(d.per_replica, b)[:, None, :]
     rank = c.partner // p  # (n, T): the other slot's rank in the node
     other = _along(d.node_loads, rank)[:, None, :]  # (n, 1, T)
     gain = (d.peak - d.cap)[:, None, None] + np.maximum(other - cap, 0.0)
-    gain = gain - np.maximum(d.peak[:, None, None] - moved - cap, 0.0)
-    gain -= np.maximum(other + moved - cap, 0.0)
-    gain[~c.swappable] = -np.inf
-    heaviest = d.heaviest[:, None]
-    b_there = state.there(lay2, b, heaviest)
-    a_leaves = state.leaves(lay2, a, heaviest)
-    a_there = state.there(lay3, a[:, :, None], d.node_ranks[:, None, :])  # (n, p, R)
-    a_there = _along(a_there, rank[:, None, :])
-    y_leaves = state.leaves(lay2, b, _along(d.slot_ranks, c.partner))
-    cost = (~b_there).astype(np.int64)[:, None, :] - a_leaves[:, :, None] + ~a_there - y_leaves[:, None, :]
-    return gain, cost
+    drop = np.subtract(d.peak[:, None, None], moved)  # (n, p, T), then the gain, in place
+    drop -= cap
+    gain = np.subtract(gain, np.maximum(drop, 0.0, out=drop), out=drop)
+    rise = np.add(other, moved, out=moved)
+    rise -= cap
+    gain = np.subtract(gain, np.maximum(rise, 0.0, out=rise), out=gain_out)
+    np.copyto(gain, -np.inf, where=~c.swappable)
+    held, held_before = state.held.reshape(-1), state.held_before.reshape(-1)
+    row_a, row_b = state.row(d.layer[:, None], a), state.row(d.layer[:, None], b)  # (n, p), (n, T)
+    heaviest, other_rank = d.heaviest[:, None], _along(d.slot_ranks, c.partner)  # (n, 1), (n, T)
+    b_there = state.there(row_b + heaviest)
+    a_leaves = state.leaves(row_a + heaviest)
+    at = row_a[:, :, None] + other_rank[:, None, :]  # (n, p, T): a on the other slot's rank
+    a_there = (np.take(held, at) > 0) | np.take(held_before, at)
+    y_leaves = state.leaves(row_b + other_rank)
+    cost = (~b_there).astype(np.int8)[:, None, :] - a_leaves[:, :, None] + ~a_there - y_leaves[:, None, :]
+    np.copyto(cost_out, cost)
 
 
 def score(state: SearchState, d: Donors, c: Candidates) -> tuple[np.ndarray, np.ndarray]:
@@ -382,11 +413,12 @@ def score(state: SearchState, d: Donors, c: Candidates) -> tuple[np.ndarray, np.
     reduction of the summed excess of the node's ranks over the cap (float64, ``-inf`` where it is no
     candidate) and its moves (int64, as :func:`~ascend_eplb.control.measures.moved_experts` counts them;
     -1 for a change that undoes one)."""
-    gain_a, cost_a = _repoint_gains(state, d, c)
-    gain_b, cost_b = _swap_gains(state, d, c)
-    n = d.layer.size
-    gain = np.concatenate([gain_a.reshape(n, -1), gain_b.reshape(n, -1)], axis=1)
-    cost = np.concatenate([cost_a.reshape(n, -1), cost_b.reshape(n, -1)], axis=1)
+    n, (num_x, k), (p, t) = d.layer.size, c.repointable.shape[1:], c.swappable.shape[1:]
+    gain = np.empty((n, num_x * k + p * t))
+    cost = np.empty(gain.shape, dtype=np.int64)
+    split = num_x * k
+    _repoint_gains(state, d, c, gain[:, :split].reshape(n, num_x, k), cost[:, :split].reshape(n, num_x, k))
+    _swap_gains(state, d, c, gain[:, split:].reshape(n, p, t), cost[:, split:].reshape(n, p, t))
     return gain, cost
 
 
@@ -397,8 +429,12 @@ def best_change(
     or undoing change counts :data:`FREE_CHANGE_COST` moves; ``by_gain``: the largest reduction, fewer
     moves only on a tie), the lowest column among equal ones; ``stuck`` where no change reduces the
     excess by more than ``1e-9 cap``."""
-    per_move = gain * (1 - 1e-9 * cost) if by_gain else gain / np.maximum(cost, FREE_CHANGE_COST)
-    ranked = np.where(gain > 1e-9 * cap[:, None], per_move, -np.inf)
+    if by_gain:
+        ranked = gain * (1 - 1e-9 * cost)
+    else:
+        ranked = np.maximum(cost, FREE_CHANGE_COST)
+        np.divide(gain, ranked, out=ranked)
+    np.copyto(ranked, -np.inf, where=~(gain > 1e-9 * cap[:, None]))
     best = ranked.argmax(axis=1)
     return best, ~np.isfinite(ranked[np.arange(best.size), best])
 
