@@ -1,20 +1,14 @@
 """The events file of a serving worker: what EPLB saw, decided, moved and what each commit cost.
 
-``ASCEND_EPLB_EVENTS=/path/events.jsonl`` makes EP rank 0 append one JSON object per line, each written
-and flushed at once (a crash loses at most the line being written). Each line is one :class:`Record`
-kind's :meth:`~Record.to_json` (the schema is those classes: :data:`RECORD_KINDS`); every record names its
-``event``, ``time`` (Unix seconds), ``step`` (0-based index of the serving step it was made in, as in
-``ascend-eplb simulate``'s ``report.json``) and ``model`` (upstream ``EplbModelState.model_name``: one file
-holds every registered model's records).
-
-The same records, made once, are published on the controller's event bus as :class:`EventsRecord` on
-every EP rank (each with that rank's own ``bytes_received`` and ``publish_to_acknowledge_s``): the
-Prometheus metrics subscribe to them, so the file and the scrape hold the same values.
-
-:func:`read_events` is the one reading of a file (``plan``, ``simulate --trace``, the placement reader):
-every line through its record class, split into :class:`Run` s (several servers may append to one file;
-a run starts where the step counter or a model's rearrangement counter starts again, or a start-up
-install is recorded again).
+``ASCEND_EPLB_EVENTS=/path/events.jsonl`` makes EP rank 0 append one JSON object per line, flushed at
+once (a crash loses at most the line being written): a :class:`Record` kind's :meth:`~Record.to_json`
+(the schema: :data:`RECORD_KINDS`), each naming its ``event``, ``time`` (Unix seconds), ``step`` (0-based
+serving step, as in ``simulate``'s ``report.json``) and ``model`` (``EplbModelState.model_name``). The
+same records go on the controller's bus as :class:`EventsRecord` on every EP rank (with that rank's
+``bytes_received`` and ``publish_to_acknowledge_s``) for the Prometheus metrics. :func:`read_events` is
+the one reader (``plan``, ``simulate --trace``, the placement reader); several servers may append to one
+file, so it splits runs (:class:`Run`) where the step counter or a model's rearrangement counter starts
+again, or a start-up install is recorded again.
 """
 
 from __future__ import annotations
@@ -45,6 +39,10 @@ from ascend_eplb.control.values import is_int
 from ascend_eplb.integration import metrics
 from ascend_eplb.integration.model_names import DRAFT_SUFFIX, is_draft
 from ascend_eplb.integration.regular_files import open_for_append, read_regular_file, regular_file_problem
+from ascend_eplb.integration.verify import VerifierViolation
+from ascend_eplb.integration.watchdog import WorkerFailure
+
+# vLLM is imported where used: ``plan`` and ``simulate --trace`` read events files without it.
 
 __all__ = [
     "ENV_EVENTS",
@@ -514,9 +512,7 @@ class EventsRecorder:
         """Subscribe to a controller's event bus (control's ``AscendEPLBController.bus``, once, when the
         controller is built): its models' registration, steps, rearrangements and commits, and the
         ``worker_failure`` and ``verifier_violation`` events of the watchdog and the verifier."""
-        from ascend_eplb.control.initial_placement import InitialPlacementEvent
-        from ascend_eplb.integration.verify import VerifierViolation
-        from ascend_eplb.integration.watchdog import WorkerFailure
+        from ascend_eplb.control.initial_placement import InitialPlacementEvent  # imports vLLM
 
         self._bus = bus
         bus.subscribe(RegistrationEvent, self._on_registered)

@@ -1,33 +1,14 @@
-"""Where upstream is touched: the registry of the process, which installs every module-level replacement
-of upstream vLLM 0.33.0 and torch and checks every upstream row the process relies on
-(:func:`check_upstream`).
+"""Where upstream is touched: the registry that installs every module-level replacement of upstream vLLM
+0.33.0 and torch in this process, and checks every upstream row it relies on (:func:`check_upstream`).
 
-Each module-level replacement is declared on its replacement factory, in its owner module
-(``@ascend_eplb.control.upstream.replaces``); the other rows are tables of the one upstream surface,
-:mod:`ascend_eplb.control.upstream` (in control, whose constructors check their rows; control cannot import
-this package). :mod:`ascend_eplb.integration.surface` renders them all (``integration/UPSTREAM.md``).
-This module collects:
-
-* :data:`PATCHES`: every module-level replacement (module globals, class attributes, torch functions),
-  the :class:`~ascend_eplb.control.patching.Patch` es of ``host_adaptation``, ``commit_hooks``,
-  ``watchdog`` and this module, in the one installation order declared here; a binding claimed twice
-  fails at import. This module owns the single
-  :class:`~ascend_eplb.control.patching.PatchSet` of the process (:func:`apply_patches`), which checks
-  every signature before the first change (``RuntimeError`` naming the drifted binding; nothing
-  half-applied).
-* :data:`INSTANCE_BINDINGS`: the surface's upstream methods replaced on single instances
-  (:class:`~ascend_eplb.control.patching.InstanceBinding`) while serving; the class keeps its method.
-  Their owners bind them while serving (at model registration, at each async commit).
-
-The CPU world's stand-ins and rows (``ascend-eplb-world``'s own surface) are no part of this registry:
-serving neither installs nor checks them (the world checks its own).
-
-Each replacement rebinds one binding that vLLM does not expose as an extension point and calls the
-plane that owns the behaviour; nothing here re-implements EPLB state, policy, routing or movement.
-:func:`check_upstream`, run first by :func:`apply_patches`, checks every signature (names, kinds,
-defaults), pinned body, attribute and override of the surface. Control's ``AscendEPLBController``
-builds the Ascend state and adapts the routers itself (a subclass, not a patch); a runner gets it from
-:func:`ascend_eplb.integration.runner.create_eplb_controller`.
+:data:`PATCHES`: the :class:`~ascend_eplb.control.patching.Patch` es of ``host_adaptation``,
+``commit_hooks``, ``watchdog`` and this module (each declared on its factory with
+``@ascend_eplb.control.upstream.replaces``), in the one installation order declared here (a binding
+claimed twice fails at import), installed by the process's single ``PatchSet`` (:func:`apply_patches`:
+every check before the first change). :data:`INSTANCE_BINDINGS`: the upstream methods their owners replace
+on single instances while serving. Each replacement calls the plane that owns the behaviour; the CPU
+world's rows are not installed or checked here. ``integration/UPSTREAM.md`` renders every row
+(:mod:`ascend_eplb.integration.surface`).
 """
 
 from __future__ import annotations
@@ -39,6 +20,10 @@ from typing import Any
 from ascend_eplb.control import commit_hooks, host_adaptation, upstream
 from ascend_eplb.control.patching import InstanceBinding, Patch, PatchSet, check_signatures, patches_of
 from ascend_eplb.integration import watchdog
+from ascend_eplb.integration.serving import build_serving_controller, read_serving_setup
+
+# vLLM and movement (which imports it) are imported where used: this module imports without vLLM (the
+# plugin imports it while vLLM loads its plugins; ``surface`` renders its rows).
 
 __all__ = [
     "INSTANCE_BINDINGS",
@@ -89,8 +74,7 @@ def _wrap_factory(original: Callable[..., Any]) -> Callable[..., Any]:
 @upstream.replaces(
     "vllm.model_executor.models.deepseek_mtp.fused_moe_make_expert_params_mapping",
     "upstream's, with the draft's `num_redundant_experts` when `DeepSeekMTP.load_weights` leaves it out "
-    "(vLLM 0.33.0 does: the draft's redundant slots were never loaded, and EPLB routed tokens to them; the "
-    "verifier's `fingerprints` check at registration named it)",
+    "(vLLM 0.33.0 does: the draft's redundant slots got no weight, and EPLB routed tokens to them)",
 )
 def _wrap_mtp_expert_mapping(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
@@ -133,8 +117,6 @@ def _wrap_runner_controller(original: type) -> Callable[[Any, Any], Any]:
         if not parallel_config.enable_eplb:
             return original(parallel_config, device)
         from vllm.config import get_current_vllm_config_or_none
-
-        from ascend_eplb.integration.serving import build_serving_controller, read_serving_setup
 
         vllm_config = get_current_vllm_config_or_none()
         if vllm_config is None or vllm_config.parallel_config is not parallel_config:

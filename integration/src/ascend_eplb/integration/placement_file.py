@@ -1,19 +1,17 @@
 """The placement file: the placement a server starts from, read, validated and written in one format.
 
 A placement is upstream's ``physical_to_logical_map``, int ``(L, P)``. Format ``ascend-eplb-placement``
-(README "Serving from a placement file"; what ``ascend-eplb plan --export-expert-map`` writes)::
+(README "Serving from a placement file"; ``ascend-eplb plan --export-expert-map`` writes it)::
 
-    version 1: {"format": "ascend-eplb-placement", "version": 1, "num_moe_layers": L,
-                "num_logical_experts": E, "num_physical_experts": P, "num_ranks": N, "source": {...},
-                "moe_layer_count": L, "layer_list": [{"layer_id": l, "device_count": N,
-                    "device_list": [{"device_id": r, "device_expert": [p logical ids, slot order]}]}]}
-    version 2: {"format": ..., "version": 2, "source": {...}, "models": [{"model": NAME, <version 1's
-                facts>, "moe_layer_count": L, "layer_list": [...]}, ...]}
+    {"format": "ascend-eplb-placement", "version": 1, "num_moe_layers": L, "num_logical_experts": E,
+     "num_physical_experts": P, "num_ranks": N, "source": {...}, "moe_layer_count": L, "layer_list":
+     [{"layer_id": l, "device_count": N, "device_list": [{"device_id": r, "device_expert": [ids]}]}]}
 
-``moe_layer_count`` and ``layer_list`` are vLLM Ascend's ``expert_map_path`` JSON as its
-``expert_file_to_tensor`` reads it, so one file serves both. A serving events file is read as each
-model's last committed placement. Every refusal is one :class:`PlacementFileError` (``ValueError``)
-naming the file and every problem; standard library only at import.
+``device_expert``: a rank's logical ids in slot order; version 2 holds ``"models": [{"model": NAME, <the
+rest of version 1>}]`` beside ``source``. ``moe_layer_count`` and ``layer_list`` are vLLM Ascend's
+``expert_map_path`` JSON (its ``expert_file_to_tensor``), so one file serves both. A serving events file
+is read as each model's last committed placement. Every refusal is one :class:`PlacementFileError`
+(``ValueError``) naming the file and every problem; standard library only at import.
 """
 
 from __future__ import annotations

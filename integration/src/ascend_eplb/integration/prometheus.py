@@ -1,29 +1,15 @@
 """Prometheus metrics of a serving worker: the events file's facts as series on vLLM's ``/metrics``.
 
-Switched on by ``ASCEND_EPLB_METRICS=1`` (``1``/``true``/``yes``/``on``, the verifier's parser,
-:func:`ascend_eplb.integration.switches.env_flag`; off by default). Off, :func:`metrics_requested` (the
-standard library only) is all that runs: prometheus_client is not imported here, no recorder or
-subscriber is attached. On, it needs prometheus_client's multiprocess mode: ``PROMETHEUS_MULTIPROC_DIR``
-names a writable folder in the environment vLLM starts with (vLLM's API server then serves every process's
-values from that folder on its own ``/metrics``, through ``MultiProcessCollector``; a server started
-with ``--api-server-count`` > 1 sets one itself). Each worker process writes its values to its own files
-there, so the series reach the API server's registry without any code in the API server.
-
-:func:`ascend_eplb.integration.runner.create_eplb_controller` attaches a :class:`PrometheusMetrics` to
-the controller's event bus, where it follows the records of the controller's
-:class:`~ascend_eplb.integration.events.EventsRecorder` (created for it when no events file is
-configured): every value comes from the same record as the events file's line, so a scrape and the
-file agree. Series (:data:`METRICS`), labelled ``model`` (upstream ``EplbModelState.model_name``)
-and, where the value differs per rank, ``rank`` (the EP rank); ``kind``, ``check`` and ``reason`` take
-the few values of the watchdog, the verifier and the gain gate (control's ``SKIP_REASONS``). Nothing else
-is a label: the series are bounded by models x EP ranks.
-Values the same on every rank (they come from collectives) are written by EP rank 0 only. Every series
-of a registered model exists from registration on (counters at 0; the planned balancedness on the load
-estimate only where the estimate is on); gauges keep the most recent value
-(``multiprocess_mode="mostrecent"``: no ``pid`` label).
-
-vLLM warns that a ``PROMETHEUS_MULTIPROC_DIR`` it did not create must be emptied between runs; counters
-of an earlier run would otherwise add up.
+Switched on by ``ASCEND_EPLB_METRICS=1`` (:func:`~ascend_eplb.integration.switches.env_flag`; off by
+default: only :func:`metrics_requested`, standard library, runs). On, prometheus_client's multiprocess
+mode: each worker writes to ``PROMETHEUS_MULTIPROC_DIR`` (a writable folder in vLLM's environment; vLLM
+sets one itself with ``--api-server-count`` > 1; one it did not create must be emptied between runs or
+counters add up), which vLLM's API server serves through ``MultiProcessCollector``. A
+:class:`PrometheusMetrics` follows the records of the controller's ``EventsRecorder``, so a scrape and the
+events file agree. Series (:data:`METRICS`) are labelled ``model`` and, where the value differs per rank,
+``rank``; ``kind``, ``check`` and ``reason`` take the watchdog's, verifier's and gate's few values (bounded
+by models x EP ranks). Rank-equal values are written by EP rank 0; every series exists from registration
+(counters at 0); gauges keep the most recent value (``multiprocess_mode="mostrecent"``, no ``pid`` label).
 """
 
 from __future__ import annotations
@@ -32,6 +18,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ascend_eplb.control.bus import RegistrationEvent
+from ascend_eplb.control.policy_config import SKIP_REASONS
 from ascend_eplb.integration.switches import env_flag
 
 __all__ = ["ENV_METRICS", "ENV_MULTIPROC_DIR", "METRICS", "PrometheusMetrics", "metrics_requested"]
@@ -86,15 +74,13 @@ _PLANNED_ON_ESTIMATE = "ascend_eplb_rearrangement_balancedness_planned_on_estima
 def metrics_requested(environ: Mapping[str, str] | None = None, *, serving_process: bool = True) -> bool:
     """Whether ``ASCEND_EPLB_METRICS`` asks for the metrics, checked for what they need.
 
-    ``serving_process=False`` (``ascend-eplb check``, judging another process's environment): the
+    ``serving_process=False`` (``ascend-eplb check``, judging another process's environment) checks the
     switch and the folder only, not this process's prometheus_client import.
 
     Raises:
-        ValueError: the switch has another value than the accepted words; or it is on and
-            ``PROMETHEUS_MULTIPROC_DIR`` is unset, names no folder, a file or a folder that is not
-            writable, or was not set yet when this
-            process imported prometheus_client (its values would stay in this process, never reaching
-            the API server). Each message names the variable and the rule.
+        ValueError: the switch is not one of the accepted words; or it is on and ``PROMETHEUS_MULTIPROC_DIR``
+            is unset, missing, not a folder or not writable, or was set after this process imported
+            prometheus_client (its values would never reach the API server). Names the variable and rule.
     """
     env = os.environ if environ is None else environ
     if not env_flag(ENV_METRICS, env):
@@ -117,6 +103,7 @@ def metrics_requested(environ: Mapping[str, str] | None = None, *, serving_proce
         raise ValueError(f"{ENV_MULTIPROC_DIR}={folder}: the folder is not writable ({ENV_METRICS} is on)")
     if not serving_process:
         return True
+    # Here: prometheus_client picks its value class when imported, so it is imported only when asked for.
     from prometheus_client import values
 
     if values.ValueClass is values.MutexValue:
@@ -165,7 +152,7 @@ class PrometheusMetrics:
         controller is built, after its events recorder): create each registered model's series at its
         registration and follow the recorder's records
         (:class:`~ascend_eplb.integration.events.EventsRecord`)."""
-        from ascend_eplb.control.bus import RegistrationEvent
+        # Here: start-up's read (``serving``, ``ascend-eplb check``) imports this module without torch.
         from ascend_eplb.integration.events import EventsRecord
 
         bus.subscribe(RegistrationEvent, self._on_registered)
@@ -189,11 +176,9 @@ class PrometheusMetrics:
                 s[metric].labels(name)
         for kind in _FAILURE_KINDS:
             s["ascend_eplb_worker_failures_total"].labels(name, kind)
-        from ascend_eplb.control.policy_config import SKIP_REASONS
-
         for reason in SKIP_REASONS:
             s["ascend_eplb_rearrangements_skipped_total"].labels(name, reason)
-        from ascend_eplb.integration.verify import CHECKS
+        from ascend_eplb.integration.verify import CHECKS  # torch, as above
 
         for check in CHECKS:
             s["ascend_eplb_verifier_violations_total"].labels(name, check)

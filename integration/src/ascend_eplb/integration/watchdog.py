@@ -1,37 +1,16 @@
 """Worker watchdog of a serving worker: a dead or stalled asynchronous EPLB worker is caught and named.
 
-Upstream's asynchronous EPLB worker (``vllm.distributed.eplb.async_worker``) runs in a daemon thread
-that logs an exception and ends; the runner thread then keeps stepping, every rank waits forever for
-the dead rank's next layer, and EPLB silently never rearranges again. A cycle can also stall (a peer's
-transfer never completes). The watchdog, on by default (attached by
-:func:`ascend_eplb.integration.runner.create_eplb_controller`), decides at every EPLB step boundary, on
-every EP rank alike:
-
-* ``worker``: each rank's async worker thread is alive, and a rearrangement cycle that began has made
-  progress (a layer published by this rank's worker, or committed) within
-  ``ASCEND_EPLB_WORKER_TIMEOUT_S`` seconds (default 600).
-
-A stalled cycle is upstream's silent stop of vllm-project/vllm#57883: ``EplbState.step`` returns early
-while a cycle is in flight, before it resets ``expert_rearrangement_step``, so the counter runs past
-``expert_rearrangement_step_interval`` ("steps until the next rearrangement" goes negative) and no
-rearrangement ever starts again, with nothing logged. The decision names that counter and which ranks
-published the layer in flight (their workers wait for it to be consumed) and which did not.
-
-The decision is one ``all_gather`` of a small int64 vector on the EP CPU group per step, taken from
-the gathered values, so every rank reaches the same verdict at the same step and no rank's collectives
-diverge from the others'. On a failure EP rank 0 logs an error naming the model, the layer in flight,
-the rank(s) whose worker failed and the cause (the worker's exception and traceback when it died,
-recorded by the :data:`PATCHES` wrapper of upstream's worker loop); every rank then stops EPLB
-rearrangement (control's ``AscendEPLBController.stop_eplb``: the controller is suppressed and the
-unfinished cycle dropped: layers committed so far keep the new placement, the others the old one, each
-layer wholly old or wholly new), publishes the :class:`WorkerFailure` on the controller's event bus, and
-serving goes on, or, with ``ASCEND_EPLB_ON_WORKER_FAILURE=raise``, the step raises
-:class:`EplbWorkerFailureError` on every rank.
-
-At the runner's shutdown (:meth:`WorkerWatchdog.at_shutdown`, subscribed to the controller's
-``ShutdownEvent``) a cycle still in flight is logged on its rank with how long, in seconds and steps, it
-went without progress: a cycle that stalled for less than the timeout was never judged, and the log
-says so.
+Upstream's async worker thread logs an exception and ends; the ranks then wait forever for the next layer
+and EPLB never rearranges again. A cycle can also stall (a transfer never completes; ``EplbState.step``
+then returns early and ``expert_rearrangement_step`` runs past its interval, vllm-project/vllm#57883).
+At every EPLB step boundary (check ``worker``: each rank's worker alive, a started cycle progressing, a
+layer published or committed, within ``ASCEND_EPLB_WORKER_TIMEOUT_S``, default 600 s) one ``all_gather``
+of a small int64 vector on the EP CPU group gives every rank the same verdict at the same step. On a
+failure EP rank 0 logs the model, layer in flight, failed rank(s) and cause (the worker's traceback,
+recorded by the :data:`PATCHES` wrapper of its loop); every rank calls ``stop_eplb`` (each layer wholly
+old or new), publishes the :class:`WorkerFailure` and serves on (``ASCEND_EPLB_ON_WORKER_FAILURE=raise``:
+raises :class:`EplbWorkerFailureError`). At shutdown a cycle in flight is logged with its time without
+progress.
 """
 
 from __future__ import annotations
@@ -46,10 +25,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ascend_eplb.control import upstream
 from ascend_eplb.control.bus import CommitEvent, Event, EventBus, ShutdownEvent, StepEvent
 from ascend_eplb.control.patching import Patch, patches_of
+
+# vLLM is imported where used: the simulator's configuration imports this module without vLLM.
 
 __all__ = [
     "CHECK",
@@ -331,7 +313,6 @@ class WorkerWatchdog:
         Raises:
             EplbWorkerFailureError: a worker failed and the policy is ``raise``.
         """
-        import torch.distributed as dist
         from vllm.distributed.parallel_state import get_ep_group
 
         self.steps += 1
@@ -372,7 +353,6 @@ class WorkerWatchdog:
     def _name_stalled(state: Any, group: Any, failure: WorkerFailure) -> WorkerFailure:
         """Name the rank(s) a stalled cycle waits for: ranks whose worker others wait on (movement's
         communicator tells the peer it is blocked on) while waiting on nobody themselves."""
-        import torch.distributed as dist
 
         waiting = None
         for ms in state.model_states.values():

@@ -1,37 +1,15 @@
 """The one event bus of EPLB control: what happened, typed, delivered to whoever subscribed.
 
-Each :class:`~ascend_eplb.control.controller.AscendEPLBController` owns one :class:`EventBus`
-(``controller.bus``); its :class:`~ascend_eplb.control.state.AscendEplbState` publishes to the same bus.
-The serving guardrails of ``ascend_eplb.integration`` (watchdog, verifier, events file, metrics)
-subscribe to it once, when the controller is built, never from inside a subscriber.
-
-Events are frozen dataclasses, subclasses of :class:`Event`:
-
-===========================  ==================================================  ===================
-event                        published                                           by
-===========================  ==================================================  ===================
-:class:`RegistrationEvent`   a model (or draft) was registered with the state    controller
-:class:`StepEvent`           after every upstream step that ran                  controller
-:class:`RearrangementEvent`  upstream's ``rearrange`` handed a closed window to  state
-                             the policy (not for profile or skipped ones)
-:class:`DecisionEvent`       what the policy and the gain gate decided for one    state
-                             model's window (at its first commit; at once for a
-                             window without load)
-:class:`CommitEvent`         each phase of a layer's commit: move, commit,       state
-                             refresh, acknowledge
-:class:`ShutdownEvent`       the runner's end of life, once                      controller
-``WorkerFailure``            the watchdog decided a worker failure               integration
-``VerifierViolation``        a serving verifier check failed                     integration
-``EventsRecord``             one record of the events file                       integration
-===========================  ==================================================  ===================
-
-Delivery (:meth:`EventBus.publish`) is synchronous, on the thread that publishes (the runner thread for
-every event above), to the subscribers of the event's exact type in subscription order. A subscriber's
-exception propagates out of :meth:`~EventBus.publish` at once: the later subscribers of that event do
-not hear it, and the publisher stops where it published (a commit event's exception stops upstream's
-commit and the step; a step event's stops the step on that rank). Step, registration and the
-guardrails' events are published on every EP rank at the same point, so a subscriber may run
-collectives on the EP CPU group; shutdown is rank-local (no collectives).
+Each ``AscendEPLBController`` owns one :class:`EventBus` (``controller.bus``), its ``AscendEplbState``
+publishes to it, and integration's guardrails (watchdog, verifier, events file, metrics; their events
+``WorkerFailure``, ``VerifierViolation``, ``EventsRecord``) subscribe once, when the controller is built.
+Events are frozen dataclasses: :class:`RegistrationEvent`, :class:`StepEvent`, :class:`ShutdownEvent`
+(controller), :class:`RearrangementEvent`, :class:`DecisionEvent`, :class:`CommitEvent` (state).
+:meth:`EventBus.publish` is synchronous, on the publishing (runner) thread, to the subscribers of the
+exact type in order; a subscriber's exception propagates at once (later subscribers are not called, the
+publisher stops there: upstream's commit, or the step). Registration, step and the guardrails' events are
+published on every EP rank at the same point (a subscriber may run collectives on the EP CPU group);
+shutdown is rank-local.
 """
 
 from __future__ import annotations
@@ -115,22 +93,17 @@ class RearrangementEvent(Event):
 
 @dataclass(frozen=True)
 class DecisionEvent(Event):
-    """What the placement policy and the gain gate decided for one model's closed window
-    (``ascend_eplb.control.gate``), on the runner thread, on every EP rank alike.
+    """What the placement policy and the gain gate decided for one model's closed window, on every EP rank.
 
-    Published by the state when the policy is wrapped (a policy other than upstream's default, or the
-    gate on) just before the first commit event of that model's rearrangement (the decision was made
-    by the thread that runs the policy; the state takes it from its ``DecisionChannel`` there); and, for
-    every registered model, at once for a window in which no EP rank recorded load (reason
-    ``"no_load"``, whatever the settings: upstream's ``rearrange`` is not called then). A skipped
-    decision is still followed by upstream's per-layer commits of the unchanged placement (nothing
-    moves).
+    Published by the state, when the policy is wrapped (not upstream's default, or the gate on), just before
+    the first commit event of that model's rearrangement; and for every model at once, whatever the
+    settings, for a window in which no EP rank recorded load (reason ``"no_load"``). A skipped decision is
+    still followed by upstream's per-layer commits of the unchanged placement (nothing moves).
 
     Attributes:
         state: the ``AscendEplbState``.
         model_name: upstream ``EplbModelState.model_name``.
-        rearrangement: 1-based index of the rearrangement (``state.num_rearrangements``), None for
-            ``"no_load"`` (no rearrangement started).
+        rearrangement: 1-based index (``state.num_rearrangements``); None for ``"no_load"``.
         decision: the ``ascend_eplb.control.policy_config.PlacementDecision``.
         model_state: upstream's ``EplbModelState`` (not compared, not in the repr).
     """
@@ -147,24 +120,20 @@ CommitEventKind = Literal["move", "commit", "refresh", "acknowledge"]
 
 @dataclass(frozen=True)
 class CommitEvent(Event):
-    """One observed step of a layer's placement change (kept in ``AscendEplbState.commit_log`` and
-    published on the bus as it happens).
+    """One observed step of a layer's placement change (kept in ``AscendEplbState.commit_log``, published).
 
     Attributes:
-        kind: ``"move"`` (observed at the start of upstream's commit: the layer's weights already hold
-            the new placement), ``"commit"`` (upstream's commit returned), ``"refresh"`` (the layer's
-            lookups were refreshed in place), ``"acknowledge"`` (the async worker's staging buffer was
-            released: ``consumed_event.record()`` returned).
+        kind: ``"move"`` (upstream's commit starts; the weights hold the new placement), ``"commit"``
+            (upstream's commit returned), ``"refresh"`` (the layer's lookups refreshed in place),
+            ``"acknowledge"`` (``consumed_event.record()`` released the async worker's staging buffer).
         model_name: upstream ``EplbModelState.model_name``.
         layer: MoE layer index.
-        rearrangement: 1-based index of the rearrangement this commit belongs to (0: ``update_mapping``
-            before any rearrangement).
-        evidence: what was observed (empty unless ``AscendEplbState.collect_commit_evidence``):
-            ``move``: ``map_before`` (the committed row, list of P ints, still the old placement) and
-            ``probe`` (the return of ``AscendEplbState.commit_probe``); ``commit``: ``map`` (the
-            committed row); ``refresh``: ``checksums`` and ``data_ptrs`` of the layer's lookups;
-            ``acknowledge``: ``pending_result_cleared`` and ``checksums`` at that moment.
-        model_state: upstream's ``EplbModelState`` the layer belongs to (not compared, not in the repr).
+        rearrangement: 1-based index of its rearrangement (0: ``update_mapping`` before any).
+        evidence: empty unless ``AscendEplbState.collect_commit_evidence``; ``move``: ``map_before`` (the
+            old committed row, P ints) and ``probe`` (``commit_probe``'s return); ``commit``: ``map``;
+            ``refresh``: the lookups' ``checksums`` and ``data_ptrs``; ``acknowledge``:
+            ``pending_result_cleared`` and ``checksums``.
+        model_state: upstream's ``EplbModelState`` of the layer (not compared, not in the repr).
     """
 
     kind: CommitEventKind

@@ -1,23 +1,13 @@
 """Narrow hooks on upstream's placement commit, so each layer's replica lookup refreshes with it.
 
-Upstream vLLM 0.33.0 commits a new placement in two module functions of
-``vllm.distributed.eplb.eplb_state``:
-
-* ``_commit_eplb_maps_for_layer(model_state, new_physical_to_logical_map, layer)``: the asynchronous
-  per-layer commit, called by ``_move_to_workspace`` after ``move_from_buffer`` copied the staging
-  buffer into the layer's weights and before ``result.consumed_event.record()`` acknowledges the
-  staging buffer to the async worker (which then overwrites it with the next layer);
-* ``_commit_eplb_maps(model_state, new_physical_to_logical_map)``: the synchronous whole-model commit,
-  called by ``EplbState.rearrange`` after ``rearrange_expert_weights_inplace``.
-
-Both are looked up as module globals at call time, so replacing the module attributes is the smallest
-point that sees every commit. Each wrapper carries its row of the one upstream surface
-(``@upstream.replaces``), :data:`PATCHES` lists them (integration's ``apply_patches()`` installs them).
-The wrappers run upstream's commit unchanged and tell the :class:`CommitObserver` attached to that
-model state (by :func:`attach_observer`; the :class:`~ascend_eplb.control.state.AscendEplbState` that
-owns it) before and after, so per layer: move, commit, refresh, acknowledge. A model state without an
-observer (a plain upstream ``EplbState``'s) passes through untouched. This module imports nothing of
-the state module: the dependency is one-way.
+vLLM 0.33.0 commits in two module functions of ``vllm.distributed.eplb.eplb_state``, looked up as module
+globals at call time (the smallest point that sees every commit): ``_commit_eplb_maps_for_layer``, the
+async per-layer commit that ``_move_to_workspace`` calls after ``move_from_buffer`` and before
+``result.consumed_event.record()`` acknowledges the staging buffer, and ``_commit_eplb_maps``, the sync
+whole-model commit after ``rearrange_expert_weights_inplace``. Each wrapper (its row declared with
+``@upstream.replaces``; :data:`PATCHES`, installed by integration's ``apply_patches()``) runs upstream's
+commit unchanged and tells the :class:`CommitObserver` attached to the model state (:func:`attach_observer`)
+before and after; a model state without one passes through. Imports nothing of the state module.
 """
 
 from __future__ import annotations
@@ -125,7 +115,7 @@ PATCHES: tuple[Patch, ...] = patches_of(_wrap_commit_for_layer, _wrap_commit)
 
 def commit_hooks_installed() -> bool:
     """Whether both commit hooks are bound in ``vllm.distributed.eplb.eplb_state`` now."""
-    from vllm.distributed.eplb import eplb_state
+    from vllm.distributed.eplb import eplb_state  # here: integration's ``patches`` imports us without vLLM
 
     return all(
         patch_owner(getattr(eplb_state, name, None)) == _OWNER

@@ -1,40 +1,17 @@
 """Upstream EPLB on hosts without an accelerator, and on platforms vLLM does not call CUDA-alike.
 
-vLLM 0.33.0's ``EplbState``, its asynchronous worker and ``EPLBController`` run unmodified on a CPU
-host, except at exactly four points (measured: ``notes/upstream-on-cpu.md``; DESIGN.md section 6);
-vLLM's model loader needs a fifth (``notes/real-models-on-cpu.md``).
-This module implements the adaptation of each; each replacement factory carries its row of the one
-upstream surface (``@upstream.replaces``), and :data:`PATCHES` lists them as
-:class:`~ascend_eplb.control.patching.Patch` es. It installs nothing itself (integration's
-``apply_patches()`` does):
+vLLM 0.33.0's EPLB runs unmodified on a CPU host but at five points (measured: ``notes/upstream-on-cpu.md``,
+``notes/real-models-on-cpu.md``; README "Host adaptation"), each declared on its factory
+(``@upstream.replaces``), listed in :data:`PATCHES`, installed by integration's ``apply_patches()``;
+points 2-5 apply only where ``torch.accelerator.is_available()`` is False:
 
-1. **platform check**: ``ParallelConfig._validate_parallel_config`` refuses ``enable_eplb`` unless
-   ``current_platform.is_cuda_alike()`` or ``is_xpu()``; that refuses the Ascend platform as well as
-   the CPU one. Adapted by the one platform proxy of the project, :class:`EplbCapablePlatform`, bound
-   to ``vllm.config.parallel.current_platform`` only: it answers ``is_cuda_alike() -> True`` and
-   forwards everything else to the real platform. In vLLM 0.33.0 that module consults
-   ``is_cuda_alike()`` for the EPLB check and nowhere else (checked from the module's source at
-   installation, so a new use fails loudly instead of being silently answered). The proxy also keeps
-   ``ParallelConfig.__post_init__``'s communicator choice working, since ``enable_eplb`` can be set at
-   construction. Applies wherever the platform is not CUDA-alike.
-2. **events**: ``torch.Event().record()`` / ``elapsed_time()`` raise "cpu backend doesn't support
-   events" (``EplbState.rearrange``, ``eplb_utils.CpuGpuEvent.record``). ``torch.Event`` is replaced by
-   :class:`HostEvent`, a subclass whose ``record`` takes a host timestamp (CPU work is synchronous, so
-   "recorded" is "done").
-3. **streams**: ``torch.accelerator.set_device_index`` / ``current_stream`` / ``set_stream`` raise
-   "Cannot access accelerator device when none is available" (the async worker's thread set-up,
-   ``eplb_utils.device_stream``, the communicators' ``set_stream``). They become a no-op, the CPU stream
-   and a no-op. ``device_stream`` is imported by name into three upstream modules, so the torch functions
-   are the single narrow point.
-4. **device index**: ``EplbState.__init__`` sets ``device_index`` only for cuda/xpu devices, and the
-   async worker asserts it. The wrapped ``__init__`` sets it to 0 for a CPU device.
-5. **cache release**: vLLM's model loader (``BaseModelLoader.load_model``,
-   ``model_executor/model_loader/base_loader.py``) calls ``torch.accelerator.empty_cache()``, which
-   raises "Cannot access accelerator device when none is available". There is no device cache to
-   release on the host, so it becomes a no-op.
-
-Points 2-5 apply only where ``torch.accelerator.is_available()`` is False (npu, cuda and xpu hosts are
-untouched).
+1. ``ParallelConfig`` refuses ``enable_eplb`` unless CUDA-alike or XPU (Ascend's platform too): the proxy
+   :class:`EplbCapablePlatform`, bound to ``vllm.config.parallel.current_platform`` only.
+2. ``torch.Event`` ("cpu backend doesn't support events") -> :class:`HostEvent`.
+3. ``torch.accelerator.set_device_index`` / ``current_stream`` / ``set_stream`` -> no-op / CPU stream /
+   no-op (upstream imports ``device_stream`` by name in three modules: these are the narrow point).
+4. ``EplbState.__init__`` sets ``device_index = 0`` on a CPU device (the async worker asserts it).
+5. ``torch.accelerator.empty_cache`` (vLLM's model loader) -> no-op.
 """
 
 from __future__ import annotations
@@ -68,6 +45,7 @@ def _no_accelerator() -> bool:
     return not has_accelerator()
 
 
+# ``vllm.config.parallel`` is imported where used: integration's ``patches`` imports this module without vLLM.
 def _platform_not_cuda_alike() -> bool:
     import vllm.config.parallel as parallel_module
 
@@ -136,7 +114,11 @@ class HostEvent(_TorchEvent):
     check=_check_platform,
 )
 class EplbCapablePlatform:
-    """The platform as ``vllm.config.parallel`` sees it: EPLB-capable, everything else unchanged."""
+    """The platform as ``vllm.config.parallel`` sees it: ``is_cuda_alike()`` True, everything else forwarded.
+
+    That module consults ``is_cuda_alike()`` only in the EPLB check (its source is checked at installation, so
+    a new use fails loudly), and ``ParallelConfig.__post_init__``'s communicator choice still runs.
+    """
 
     def __init__(self, platform: Any) -> None:
         object.__setattr__(self, "_platform", platform)

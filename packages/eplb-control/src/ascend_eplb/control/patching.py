@@ -1,27 +1,15 @@
-"""The declaration types of the upstream surface, one applier, and the one checker of each kind.
+"""The row types of the upstream surface, one applier, and the one checker of each kind.
 
-The serving product's rows (every point where it meets upstream vLLM 0.33.0 and torch 2.13.0) are
-declared once: the tables in :mod:`ascend_eplb.control.upstream`, each module-level patch on its
-replacement factory (:func:`replaces`); this module holds what a row is, how it is checked and how a
-table of rows is written (:func:`markdown_table` and one table per kind of row):
-
-* :class:`Signature`: an upstream callable ascend_eplb relies on, with its parameters (names, kinds and
-  defaults) in vLLM 0.33.0 / torch 2.13.0, checked by :func:`check_signature`, the one checker of
-  upstream signatures (patches, instance bindings and the subclass overrides all use it).
-* :class:`Patch`: the replacement of one module-level binding that upstream does not expose as an
-  extension point (a module global, a class attribute, a torch function), declared on its replacement
-  factory in the owner module (:func:`replaces`) and read from there (:func:`patches_of`). Nothing in
-  this package installs them: the integration's ``apply_patches()`` owns the single :class:`PatchSet` of
-  the serving process and installs every one at once (a package outside serving that declares rows of
-  its own installs them with its own).
-* :class:`InstanceBinding`: the replacement of an upstream method on single instances (the class keeps
-  its method), installed by the code that owns those instances.
-* :class:`Override`: a method of an upstream class that a subclass of ascend_eplb overrides; it must
-  stay call-compatible with upstream's (:func:`extends`).
-* :class:`Attribute`: an attribute of an upstream object that ascend_eplb writes or reads (it must exist
-  upstream), or adds (it must not).
-* :class:`Body`: an upstream function whose body ascend_eplb copies or restates, pinned by
-  :func:`source_digest`.
+The serving product's rows (every point where it meets vLLM 0.33.0 and torch 2.13.0) are declared once:
+the tables of :mod:`ascend_eplb.control.upstream`, and each module-level patch on its factory
+(:func:`replaces`, read by :func:`patches_of`). Kinds: :class:`Signature` (an upstream callable's
+parameters, checked by :func:`check_signature`, the one checker every row uses); :class:`Patch` (one
+module-level binding that upstream does not expose as an extension point; installed only by integration's
+single :class:`PatchSet`, or by a package outside serving for its own rows); :class:`InstanceBinding`
+(an upstream method replaced on single instances by their owner); :class:`Override` (a subclass method
+that stays call-compatible, :func:`extends`); :class:`Attribute` (written or read: must exist upstream;
+added: must not); :class:`Body` (an upstream body we copy or restate, pinned by :func:`source_digest`).
+:func:`markdown_table` and one table writer per kind render them.
 """
 
 from __future__ import annotations

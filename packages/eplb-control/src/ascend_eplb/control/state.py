@@ -1,39 +1,15 @@
 """``AscendEplbState`` / ``AscendEplbLayerState``: upstream EPLB state plus a stable device lookup per layer.
 
-Upstream ``EplbState`` (vLLM 0.33.0) stays the only placement state: its ``physical_to_logical_map``
-``(L, P)``, ``logical_to_physical_map`` ``(L, E, 1024)`` and ``logical_replica_count`` ``(L, E)``
-are the truth. Each MoE layer's :class:`AscendEplbLayerState` additionally owns a dataplane
-:class:`~ascend_eplb.dataplane.ReplicaLookup` (int32 ``(rows, E)``, fixed ``data_ptr``; what the
-graph-safe router op gathers from), derived from that layer's committed maps and refreshed in place
-exactly when the layer's placement commits (see :mod:`ascend_eplb.control.commit_hooks`, whose
-:class:`~ascend_eplb.control.commit_hooks.CommitObserver` this state implements).
-
-:class:`AscendEplbState` adds, and only adds:
-
-* the refresh of a layer's lookup right after upstream commits that layer (asynchronous per-layer
-  commit) or all layers (synchronous commit, ``update_mapping``), before the async worker's staging
-  buffer is acknowledged;
-* a decision per registered model (the target and a draft upstream registers beside it) on a window
-  that holds no load on any rank: one collective on the EP CPU group says which models recorded load;
-  with none, the rearrangement is skipped (upstream would hand all-zero windows to the policy); with
-  some, the models without load keep their committed placement (:func:`keeping_unloaded_placement`
-  around the policy: no placement is decided from no evidence, vLLM Ascend #12154) while the others
-  rearrange (gate reason ``"no_load"`` for each model without load, at once);
-* the selection of the placement policy, the gain gate and the load they work on
-  (:class:`~ascend_eplb.control.policy_config.PolicySettings`): unless they are upstream's default
-  policy with the gate off on the window, ``EplbState.policy`` becomes the
-  :func:`~ascend_eplb.control.gate.gated_policy` class of this state (set after each upstream
-  ``add_model``, which sets upstream's), run by upstream where it runs the policy; each registered
-  model has its own :class:`~ascend_eplb.control.gate.DecisionChannel` (and, with
-  ``load_estimate="pooled"``, its own :class:`~ascend_eplb.control.estimate.LoadEstimate`, fed before
-  each regular rearrangement with the selections recorded since the last one, each pass mapped by the
-  placement it was recorded under, all-reduced: one more collective); its decisions are published on
-  the bus at the first commit of its rearrangement;
-* an inspectable :attr:`AscendEplbState.commit_log` of the per-layer order move, commit, refresh,
-  acknowledge, each :class:`~ascend_eplb.control.bus.CommitEvent` also published on the controller's
-  :class:`~ascend_eplb.control.bus.EventBus` as it happens, and a
-  :class:`~ascend_eplb.control.bus.RearrangementEvent` when a rearrangement starts;
-* signature checks of every upstream method it overrides or relies on, at construction.
+Upstream ``EplbState`` stays the only placement state (``physical_to_logical_map`` ``(L, P)``,
+``logical_to_physical_map`` ``(L, E, 1024)``, ``logical_replica_count`` ``(L, E)``). Each MoE layer's
+:class:`AscendEplbLayerState` also owns a dataplane ``ReplicaLookup`` (int32 ``(rows, E)``, fixed
+``data_ptr``: what the router op gathers from), refreshed in place right after upstream commits the
+layer (asynchronous commit) or all layers (synchronous commit, ``update_mapping``), before the async
+worker's staging buffer is acknowledged (the :class:`~ascend_eplb.control.commit_hooks.CommitObserver`
+this state implements). :class:`AscendEplbState` adds only: a per-model decision on windows without load
+(:meth:`~AscendEplbState.rearrange`), the policy, gain gate and load estimate of
+:class:`~ascend_eplb.control.policy_config.PolicySettings`, a commit log and the bus events, and
+signature checks of what it overrides or relies on (README "Gain gate", "Load estimate").
 """
 
 from __future__ import annotations
@@ -100,12 +76,10 @@ class UnloadedModelsKeepPlacement(AbstractEplbPolicy):
     """The base of the classes :func:`keeping_unloaded_placement` builds; not used itself.
 
     Upstream's worker calls ``EplbState.policy`` once per registered model with that model's window
-    (``weight``, the global logical load ``(L, E)``, equal on every EP rank); the policy does not know
-    which model it serves. A window without any load (a model that ran no forward while the others
-    did, e.g. a draft) gives no evidence for a placement: upstream's default policy would still plan one
-    from it (every expert equally cold) and move experts for nothing. This policy returns that model's
-    committed placement unchanged (nothing moves through upstream's transaction) and hands every other
-    window to :attr:`policy`.
+    (``weight``, the global logical load ``(L, E)``, equal on every EP rank). A window without any load (a
+    model that ran no forward while the others did, e.g. a draft) is no evidence for a placement (vLLM
+    Ascend #12154), yet upstream's default policy would plan one and move experts for nothing. This policy
+    returns that model's committed placement unchanged and hands every other window to :attr:`policy`.
     """
 
     policy: ClassVar[type[AbstractEplbPolicy]]
@@ -142,23 +116,20 @@ def keeping_unloaded_placement(policy: type[AbstractEplbPolicy]) -> type[Unloade
 class AscendEplbLayerState(EplbLayerState):
     """Upstream ``EplbLayerState`` of one MoE layer plus the layer's device replica lookup.
 
-    Besides the upstream fields (``expert_load_view`` int32 ``(P,)``, ``logical_to_physical_map``
-    ``(E, 1024)``, ``logical_replica_count`` ``(E,)``, the shared 0-d bool ``should_record_tensor`` and
-    ``num_unpadded_tokens_tensors``, all views or references of the owning ``EplbModelState``), it owns
-    ``replica_lookup``, built on the device of the maps by the first :meth:`set_layer_state` and only
-    refreshed in place afterwards (the table's ``data_ptr`` never changes, so captured graphs stay valid).
-    The table is the same on every rank (phase 0): which replica a rank picks for a token also depends
-    on the forward's ``row_layout`` (shared by the model's layers, written by the controller's
-    ``prepare_forward`` from the parallel layout, :mod:`ascend_eplb.control.layout`).
+    The upstream fields (``expert_load_view`` int32 ``(P,)``, ``logical_to_physical_map`` ``(E, 1024)``,
+    ``logical_replica_count`` ``(E,)``, the shared 0-d bool ``should_record_tensor``,
+    ``num_unpadded_tokens_tensors``) are views or references of the owning ``EplbModelState``.
+    ``replica_lookup`` is built by the first :meth:`set_layer_state`, then only refreshed in place (its
+    ``data_ptr`` never changes, so captured graphs stay valid); it is the same on every rank.
 
     Attributes:
         replica_lookup: the layer's lookup; None until :meth:`set_layer_state`.
         moe_layer_idx: the layer index upstream registered this state under.
-        row_layout: int64 ``(4,)`` on the maps' device, the model's row layout
-            ``(replica_offset, num_slices, recording_slice, local_chunk)``; set by
-            ``AscendEplbState.add_model`` (None before: offset 0, first unpadded rows recorded).
-        lookup_rows: rows of the lookup table (default dataplane's ``DEFAULT_ROWS``, 1024: vLLM Ascend's
-            routing-table rows).
+        row_layout: int64 ``(4,)`` on the maps' device, the model's ``(replica_offset, num_slices,
+            recording_slice, local_chunk)`` (:mod:`ascend_eplb.control.layout`), set by
+            ``AscendEplbState.add_model``, written by the controller's ``prepare_forward`` (None: offset 0,
+            first unpadded rows recorded); with the table, it decides which replica a rank picks.
+        lookup_rows: rows of the table (dataplane's ``DEFAULT_ROWS``, 1024: vLLM Ascend's routing table).
     """
 
     replica_lookup: ReplicaLookup | None = None
@@ -256,40 +227,22 @@ class AscendEplbLayerState(EplbLayerState):
 class AscendEplbState(EplbState):
     """Upstream ``EplbState`` whose layers' replica lookups follow every placement commit.
 
-    Construct it like upstream (``AscendEPLBController.prepare_load`` does), after the commit hooks
-    are installed (integration's ``apply_patches()``); construction installs nothing. It checks the
-    upstream signatures (``RuntimeError`` naming the drifted method) and that the hooks are in place
-    (``RuntimeError`` otherwise: without them lookups would never follow a commit). Every MoE layer of
-    a registered model must carry an :class:`AscendEplbLayerState`.
+    Built like upstream's (as ``AscendEPLBController.prepare_load`` does) once integration's
+    ``apply_patches()`` installed the commit hooks (else ``RuntimeError``, as for a drifted upstream
+    signature); every MoE layer of a registered model carries an :class:`AscendEplbLayerState`. ``bus``
+    (None: its own) gets each :class:`CommitEvent` as logged (on the runner thread: a subscriber's exception
+    stops upstream's commit), a ``RearrangementEvent`` per window handed to the policy and the
+    ``DecisionEvent``\\ s; ``policy_settings`` None: upstream's default policy, gate off.
 
     Attributes:
         commit_log: the recent :class:`CommitEvent`\\ s, oldest first (at most :data:`COMMIT_LOG_MAXLEN`).
-        collect_commit_evidence: when True, events carry evidence (device reads; for tests and
-            debugging, off by default).
-        commit_probe: optional ``fn(model_state, layer) -> Any`` called at each ``move`` event while
-            collecting evidence (e.g. to read the layer's weight tags).
-        num_rearrangements: rearrangements started (profile rearrangements excluded): windows upstream's
-            ``rearrange`` handed to the policy, the ones the gain gate skipped included.
-        num_skipped_rearrangements: windows skipped because no rank recorded load (never handed to
-            upstream's ``rearrange``; not in ``num_rearrangements``).
-        skipped_rearrangements: ``collections.Counter`` of skipped windows by reason
-            (``"balanced"``, ``"min_gain"``, ``"no_load"``), counted when the decision is published.
-        policy_settings: the :class:`~ascend_eplb.control.policy_config.PolicySettings` in force.
-        channels: the :class:`~ascend_eplb.control.gate.ModelChannels` of the registered models (each
-            model's decision and load estimate).
-        bus: the :class:`~ascend_eplb.control.bus.EventBus` this state publishes to (the
-            controller's): every :class:`CommitEvent` right after it is logged, on the runner thread (a
-            subscriber's exception propagates out of upstream's commit and stops the step); a
-            :class:`~ascend_eplb.control.bus.RearrangementEvent` right after upstream's ``rearrange``
-            handed a closed window to the policy (not for profile or skipped ones); a
-            :class:`~ascend_eplb.control.bus.DecisionEvent` per model and window decided (module
-            docstring).
-
-    Args:
-        parallel_config, device: upstream's.
-        bus: the event bus (None: a bus of its own).
-        policy_settings: the placement policy and the gain gate (None: upstream's default policy, gate
-            off).
+        collect_commit_evidence, commit_probe: events carry device reads (tests; off by default), and
+            ``commit_probe(model_state, layer)``'s return at each ``move`` while collecting.
+        num_rearrangements / num_skipped_rearrangements: windows handed to the policy (gate skips
+            included, profile ones not) / windows without load on any rank (never handed over).
+        skipped_rearrangements: ``Counter`` of skipped windows by reason (``"balanced"``, ``"min_gain"``,
+            ``"no_load"``), counted when the decision is published.
+        policy_settings, channels: the settings in force; the registered models' ``ModelChannels``.
     """
 
     def __init__(

@@ -1,31 +1,16 @@
 """The upstream surface: every point where ascend_eplb meets vLLM 0.33.0 and torch 2.13.0, declared once.
 
-Its rows (the types are :mod:`ascend_eplb.control.patching`'s), each declared once:
-
-* :data:`SIGNATURES`: every upstream callable patched, bound per instance, overridden or whose body is
-  pinned, and those called with arguments we build (the start-up install's transaction and commit;
-  accessors such as ``get_ep_group()`` are not listed), with its parameters: names, kinds and defaults.
-* the module-level replacements: each declared on its replacement factory, in its owner module, with
-  :func:`replaces` (the signature taken from :data:`SIGNATURES`); each owner lists its own as
-  ``PATCHES``, and integration's registry installs them all, in one declared order, in one ``PatchSet``.
-* :data:`INSTANCE_BINDINGS`: the upstream methods replaced on single instances (the class keeps its
-  method).
-* :data:`OVERRIDES`: the upstream methods our subclasses override; each stays call-compatible.
-* :data:`ATTRIBUTES`: the attributes of upstream objects we write or read (upstream must still declare
-  them), and the ones we add (upstream must not).
-* :data:`BODIES`: the upstream functions whose body our code copies or restates, pinned by a source
-  digest.
-
-These are the serving product's rows; a package above it that meets upstream too declares its own rows
-with the same types, beside its code, and checks them itself. Integration, which sees every owner,
-renders them all (``ascend_eplb.integration.surface``, ``integration/UPSTREAM.md``).
-
-Each user checks its rows with :func:`check_used_by` (the controller and the state when they are
-constructed, the commit hooks before they are installed); integration's ``check_upstream()`` checks every
-row (:func:`check_rows`) before the first patch. Dataplane's router adapter cannot import this package, so
-the signature of the method it binds is its own export (``UPSTREAM_MAPPING_SIGNATURE``), listed here by
-reference: ``ascend_eplb.dataplane.router`` (torch only) is the one module of another ascend_eplb
-package imported here. Nothing here imports vLLM: a row is resolved when it is checked."""
+Rows (types of :mod:`ascend_eplb.control.patching`): :data:`SIGNATURES` (every upstream callable patched,
+bound per instance, overridden, body-pinned or called with arguments we build; not accessors such as
+``get_ep_group()``), module-level replacements (each on its factory with :func:`replaces`, listed by its
+owner's ``PATCHES``, installed by integration in one ``PatchSet``), :data:`INSTANCE_BINDINGS`,
+:data:`OVERRIDES`, :data:`ATTRIBUTES` (written or read: upstream must declare them; added: it must not)
+and :data:`BODIES` (source digests). A package above serving declares its own rows beside its code;
+integration renders them all (``integration/UPSTREAM.md``). Users check theirs with :func:`check_used_by`
+at construction or installation; integration's ``check_upstream()`` checks every row (:func:`check_rows`).
+Nothing here imports vLLM (a row resolves when checked); dataplane's ``UPSTREAM_MAPPING_SIGNATURE`` is
+listed by reference (``ascend_eplb.dataplane.router``, torch only, the one other package imported).
+"""
 
 from __future__ import annotations
 
