@@ -428,3 +428,28 @@ def test_an_import_cycle_in_any_package_breaks_its_contract(tmp_path):
     assert f"Contracts: {15 - len(CYCLES)} kept, {len(CYCLES)} broken." in result.stdout
     for _, _, _, contract in CYCLES:
         assert f"{contract} BROKEN" in result.stdout
+
+
+def _conflict_markers(root: Path, files: list[str]) -> list[str]:
+    """``file:line`` of every line a merge left unresolved (git's ``<<<<<<<`` / ``>>>>>>>`` markers)."""
+    found = []
+    for name in files:
+        path = root / name
+        if path.suffix not in {".py", ".md", ".toml", ".txt", ".yaml", ".cfg", ""} or not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if line.startswith(("<<<<<<< ", ">>>>>>> ")):
+                found.append(f"{name}:{number}")
+    return found
+
+
+def test_no_file_holds_an_unresolved_merge(tmp_path):
+    files = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert _conflict_markers(ROOT, files) == []
+    # the markers a merge of two CHANGELOG entries once left in integration/CHANGELOG.md are seen
+    (tmp_path / "CHANGELOG.md").write_text(
+        "# Changelog\n<<<<<<< HEAD\n- ours\n=======\n- theirs\n>>>>>>> b\n"
+    )
+    assert _conflict_markers(tmp_path, ["CHANGELOG.md"]) == ["CHANGELOG.md:2", "CHANGELOG.md:6"]
