@@ -4,21 +4,34 @@ Every option is validated before anything heavy is imported or any process start
 with status 2 and names the value and the rule. ``simulate`` prints what each check saw and exits 0 when
 every check passed, 1 when one failed or a rank crashed, raised or missed the deadline (each rank's
 state is printed), and 3 when none failed but one could not be judged (it says why); ``check`` exits 0
-for a valid config and 2 otherwise. A command stopped by
-SIGTERM, SIGHUP or Ctrl-C prints one line and exits ``128 + signal`` (143, 129, 130).
+for a valid config and 2 otherwise. A command stopped by SIGTERM, SIGHUP or Ctrl-C prints one line and
+exits ``128 + signal`` (143, 129, 130). Each subcommand's modules are imported inside the function that
+runs it, after the signal handlers are set (the parser imports ``simulate``'s options, and torch with them).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from ascend_eplb.tools.options import file_path, int_list, path, positive_float, positive_int
+from ascend_eplb.tools.options import (
+    file_path,
+    int_list,
+    load_estimate_list,
+    min_balancedness_gain,
+    path,
+    policy_list,
+    positive_float,
+    positive_int,
+    target_balancedness,
+)
 
 __all__ = ["Parser", "build_parser", "main"]
 
@@ -118,12 +131,6 @@ def build_parser() -> argparse.ArgumentParser:
         "num_redundant_experts; otherwise the recommended level (or the one --redundant-experts level)",
     )
     pl.add_argument("--json", action="store_true", help="machine-readable output")
-    from ascend_eplb.tools.options import (
-        load_estimate_list,
-        min_balancedness_gain,
-        policy_list,
-        target_balancedness,
-    )
 
     compare = pl.add_argument_group(
         "policies and load estimates compared per rearrangement (any of these options; one redundancy "
@@ -203,8 +210,6 @@ def _run_check(args: argparse.Namespace) -> int:
             "MODEL ...), " + ("not both" if args.config is not None else "got neither")
         )
     if serve_argv is not None:
-        import shlex
-
         if serve_argv[:1] == ["vllm"]:  # the whole command pasted: `check -- vllm serve MODEL ...`
             serve_argv = serve_argv[1:]
         if serve_argv[:1] != ["serve"]:
@@ -266,11 +271,10 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 def _exit_on_signals(word: str) -> dict[int, Any]:
     """From the command's first line until its own handling, SIGTERM, SIGHUP and Ctrl-C print
-    ``WORD: stopped by SIG...`` and end the process at once with ``128 + signal``. Building the parser
-    imports torch (about 5 s of a 10 s ``check``), where a CI timeout met Python's defaults (a silent
-    death; Ctrl-C's 18-line traceback). Nothing has started or been written there, so nothing is left to
-    clean; and no exception is raised into an import, where a C extension that clears errors could
-    swallow it and leave a half-imported library behind (numpy without ``matrix``). Ctrl-C is given back
+    ``WORD: stopped by SIG...`` and end the process at once with ``128 + signal``: building the parser
+    imports torch, where nothing has started or been written, so nothing is left to clean, and no
+    exception is raised into an import (a C extension that clears errors could swallow it and leave a
+    half-imported library behind: numpy without ``matrix``). Ctrl-C is given back
     just before ``command_scope``, which takes SIGTERM and SIGHUP inside and gives them back after. A
     signal the caller ignores (``nohup``: SIGHUP) stays ignored. Returns the handlers replaced (none off
     the main thread)."""
@@ -315,7 +319,6 @@ def _main(argv: list[str], previous: dict[int, Any]) -> int:
     if args.command == "check":
         args.serve_argv = serve_argv
     quiet.install()
-    import warnings
 
     from ascend_eplb.tools.files import InputFileWarning
     from ascend_eplb.tools.simulate.lifecycle import command_scope

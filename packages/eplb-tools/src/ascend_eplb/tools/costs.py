@@ -19,6 +19,7 @@ from typing import Any
 from ascend_eplb.control.values import is_int
 from ascend_eplb.integration.model_facts import EXPERT_COUNT_KEYS, read_moe_facts, text_config
 from ascend_eplb.integration.rules import moe_fact_errors
+from ascend_eplb.quant_views import get_format
 
 __all__ = [
     "CostEstimate",
@@ -130,7 +131,6 @@ def estimate_costs(
 
     Raises ``ValueError`` for a format EPLB does not support or sizes its layout cannot hold.
     """
-    from ascend_eplb.quant_views import get_format
 
     fmt = get_format(quant_format)
     nbytes = fmt.expert_nbytes(model.hidden_size, model.moe_intermediate_size)

@@ -1,16 +1,12 @@
 """The one loading layer of every file the tools read.
 
-Every reader (the compact trace ``.npz``, load matrices ``.npy``/``.csv``/``.json``, an ESFT
+Every reader (a compact trace ``.npz``, load matrices ``.npy``/``.csv``/``.json``, an ESFT
 ``summary.json``, a serving events file ``.jsonl``) parses through :func:`read_input`: whatever goes
-wrong inside (a truncated or corrupt archive, an empty file, bytes that are not UTF-8, JSON of another
-structure, a number too large for its type, a file too large for memory) becomes one
-:class:`InputFileError` whose message starts with the file's path and says what is wrong. The command
-turns it into one line on stderr and exit status 2; no reader lets a library's own exception
-(``zlib.error``, ``EOFError``, ``KeyError``, ``TypeError``, ...) out as a traceback.
-
-:func:`check_load_values` is the rule every load matrix meets, so that what is computed from it stays
-finite: values finite and >= 0, and their sum at most the largest float32 (upstream's policy reads the
-load as float32; every sum it or the metrics form is at most that total).
+wrong inside (a truncated archive, an empty file, bytes that are not UTF-8, JSON of another structure, a
+number too large for its type, a file too large for memory) becomes one :class:`InputFileError` whose
+message starts with the file's path; the command prints it as one line, exit status 2, never a library's
+traceback. :func:`check_load_values`: values finite and >= 0 with a sum at most the largest float32
+(upstream's policy reads the load as float32), so every sum computed from a load stays finite.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ whose arrays (:func:`sampling_bytes`) do not fit. ``simulate.resources`` sizes w
 
 from __future__ import annotations
 
+import psutil
+
 __all__ = ["available_bytes", "check_sampling", "gib", "sampling_bytes"]
 
 
@@ -17,7 +19,6 @@ def gib(n: float) -> str:
 
 def available_bytes() -> int:
     """Memory the host can give a new workload now (``psutil.virtual_memory().available``), bytes."""
-    import psutil
 
     return int(psutil.virtual_memory().available)
 

@@ -104,8 +104,9 @@ def file_path(value: str) -> Path:
     return Path(value)
 
 
-# The placement policy and the gain gate (issue 27): judged by start-up's own rules, the functions of
-# ascend_eplb.control.policy_config (standard library only) that integration's rules call.
+# The placement policy and the gain gate: judged by start-up's own rules, the functions of
+# ascend_eplb.control.policy_config that integration's rules call. Imported in each function: the CLI
+# imports this module before its signal handlers are set, and ascend_eplb.control's package is not light.
 
 
 def policy_name(value: str) -> str:

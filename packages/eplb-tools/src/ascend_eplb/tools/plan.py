@@ -1,48 +1,15 @@
 """``ascend-eplb plan``: offline what-if of upstream vLLM's default EPLB policy on recorded load.
 
-For each redundancy level the placement comes from one call of upstream
-``vllm.distributed.eplb.policy.default.DefaultEplbPolicy.rebalance_experts`` (vLLM 0.33.0, see
-:func:`upstream_policy`), with upstream's initial placement
-(:func:`ascend_eplb.control.measures.upstream_initial_placement`) as the "before" and as
-``old_global_expert_indices``, exactly as ``EplbState.rearrange`` passes the current map.
-
-Measures (:mod:`ascend_eplb.control.measures`, the one definition of each, on torch tensors: a load file's
-array becomes one float64 tensor when planning starts): rank load, mean balancedness, hottest rank share
-and experts moved (crossing ranks; per rank: experts received); bytes moved is estimated
-(``integration.metrics.bytes_moved``: experts moved x one expert's bytes).
-
-Export (:func:`export_placement`): one level's placement as a placement file
-(:mod:`ascend_eplb.integration.placement_file`, version 1: vLLM Ascend's ``expert_map_path`` JSON plus
-the model facts), every MoE layer of the load included (a layer without load keeps upstream's initial
-placement), for ``additional_config.eplb_config.initial_placement``. On a serving events file that
-records its configuration (:func:`recorded_configuration`), the level exported without
-``--redundant-experts`` is the recorded ``num_redundant_experts``: the file fits the server that
-recorded it.
-
-Levels: by default a sweep (:func:`sweep_levels`): every ``R`` in ``[0, E]`` with ``(E + R)`` divisible by
-the ranks, i.e. 0 and the multiples of ``N`` when ``N`` divides ``E``. Policies: the one upstream runs for
-the given nodes and expert groups (hierarchical when the groups divide over the nodes, otherwise global)
-and, whenever ``nodes > 1``, the global policy beside it (``rebalance_experts(..., num_groups=1,
-num_nodes=1, ...)``, the branch upstream takes when the groups do not divide): node-local placement
-limits the balance it can reach, and the operator sees that trade. Recommendation
-(:func:`recommend`): the smallest level whose balancedness after is within ``margin`` of the best level's.
-
-Policies compared per rearrangement (issue 27; :func:`compare_policies`, ``plan --policies``): one
-redundancy level, a sequence of windows (:func:`load_windows`: an events file's, a routing trace's windows
-of sequences), each policy run from upstream's initial placement through every window, each window
-decided by serving's own gate function (:func:`ascend_eplb.control.gate.decide`, which runs upstream's
-``DefaultEplbPolicy`` or :class:`~ascend_eplb.control.policy.MigrationAwarePolicy`; the measures are
-:mod:`ascend_eplb.control.policy`'s), gate off, with the given gate, and with the gate
-:func:`recommend_gate` derives from the run. This imports vLLM (control's policy module subclasses
-upstream's): about 7 s more than the level sweep.
-
-Grouping (:func:`planned_grouping`): upstream passes its policy the model's expert groups
-(``num_expert_groups``: DeepSeek's ``n_group``) and the node count (``EplbState.rearrange``), which a
-serving events file records in each ``window`` record (:func:`recorded_grouping`); ``plan`` on such a
-file plans with them, so a grouped model's decisions are reproduced without ``--expert-groups``. A given
-``--expert-groups`` that differs from the recorded one is refused (a model fact, not a what-if); a given
-``--nodes`` is a what-if (a warning names the recorded count). A file recorded before these fields, and
-any other load, plan with the given values, else 1.
+Per redundancy level (:func:`sweep_levels`: every ``R`` in ``[0, E]`` with ``E + R`` divisible by the
+ranks) and policy, one call of upstream's ``DefaultEplbPolicy.rebalance_experts`` (vLLM 0.33.0,
+:func:`upstream_policy`) from upstream's initial placement, passed as ``old_global_expert_indices`` as
+``EplbState.rearrange`` does; with ``nodes > 1`` the global policy beside the hierarchical one.
+:func:`recommend` picks the smallest level within ``margin`` of the best balancedness after;
+:func:`export_placement` writes a placement file (:mod:`ascend_eplb.integration.placement_file`).
+:func:`compare_policies` runs serving's gate (:func:`ascend_eplb.control.gate.decide`) window by window
+and imports vLLM. Measures are :mod:`ascend_eplb.control.measures`' on one float64 tensor; grouping
+comes from an events file's ``window`` records (:func:`planned_grouping`). The operator's view, with
+figures: ``SIMULATE.md``, section "plan".
 """
 
 from __future__ import annotations
@@ -52,7 +19,9 @@ import importlib.util
 import itertools
 import json
 import sys
+import tempfile
 import types
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -62,8 +31,15 @@ import numpy as np
 import torch
 
 from ascend_eplb.control import measures
+from ascend_eplb.control.estimate import LoadEstimate
+from ascend_eplb.control.policy_config import SKIP_REASONS, PolicySettings
+from ascend_eplb.control.values import is_int
 from ascend_eplb.integration import metrics
 from ascend_eplb.integration.events import RecordedLoad
+from ascend_eplb.integration.model_facts import experts_divisibility_error
+from ascend_eplb.integration.placement_file import placement_from_map
+from ascend_eplb.tools import trace
+from ascend_eplb.tools.costs import format_bytes
 
 __all__ = [
     "DEFAULT_MARGIN",
@@ -105,7 +81,8 @@ DEFAULT_MARGIN = 0.01
 
 @dataclass(frozen=True)
 class PlanLevel:
-    """Result of one redundancy level under one policy (see the module docstring for each metric).
+    """Result of one redundancy level under one policy, each measure :mod:`ascend_eplb.control.measures`'
+    (balancedness: mean over layers; ``experts_moved``: experts ranks receive, summed over ranks, layers).
 
     ``policy``: ``"hierarchical"`` or ``"global"``; ``busiest_rank_experts_received``: the most experts
     one rank receives over all loaded layers when moving from the initial placement to this one.
@@ -157,7 +134,6 @@ MAX_REDUNDANT_PER_EXPERT = 1023
 
 def level_error(num_logical_experts: int, num_redundant_experts: int, num_ranks: int) -> str | None:
     """Why one redundancy level cannot be planned, or None."""
-    from ascend_eplb.integration.model_facts import experts_divisibility_error
 
     if num_redundant_experts < 0:
         return f"redundant experts={num_redundant_experts}: must be >= 0"
@@ -347,7 +323,6 @@ def export_placement(result: PlanResult, level: PlanLevel, *, source: str = "") 
     Raises:
         PlacementFileError: the placement breaks a rule of the format (not for a policy's result).
     """
-    from ascend_eplb.integration.placement_file import placement_from_map
 
     e, r = result.num_logical_experts, level.num_redundant_experts
     rows = measures.upstream_initial_placement(e, r, result.num_moe_layers).tolist()
@@ -411,8 +386,6 @@ def planned_grouping(
             )
         return num_expert_groups, 1 if recorded_nodes is None else recorded_nodes
     if recorded_nodes is not None and num_nodes != recorded_nodes:
-        import warnings
-
         warnings.warn(
             f"{path} records {recorded_nodes} node(s); planned for --nodes {num_nodes}", stacklevel=2
         )
@@ -422,7 +395,6 @@ def planned_grouping(
 def format_plan(result: PlanResult) -> str:
     """Human-readable table of a :class:`PlanResult`: one row per level and policy, invalid levels with
     their reason, the recommendation and, with costs, each level's memory and rearrangement cost."""
-    from ascend_eplb.tools.costs import format_bytes
 
     lines = [
         f"upstream DefaultEplbPolicy: {result.num_moe_layers} layers x {result.num_logical_experts} "
@@ -500,9 +472,9 @@ def format_plan(result: PlanResult) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Policies compared on a sequence of windows (issue 27)
+# Policies compared on a sequence of windows
 
-#: Sequences per window when the load is a routing trace: issue 27's ESFT windows (and the policy
+#: Sequences per window when the load is a routing trace: the ESFT windows of SIMULATE.md (and the policy
 #: benchmark's, ``packages/eplb-control/benchmarks/bench_policy.py``).
 DEFAULT_WINDOW_SEQUENCES = 4
 #: Decimals of the recommended gate values.
@@ -697,7 +669,6 @@ def trace_windows(routing: Any, window_sequences: int) -> list[np.ndarray]:
     """int64 ``[L, E]`` per window of ``window_sequences`` consecutive sequences of a routing trace
     (:class:`~ascend_eplb.tools.trace.RoutingTrace`; the last window may hold fewer): each layer's
     top-k selections per logical expert over the window's tokens."""
-    from ascend_eplb.control.values import is_int
 
     if not is_int(window_sequences) or window_sequences < 1:
         raise ValueError(f"window sequences={window_sequences!r}: must be an integer >= 1")
@@ -719,28 +690,23 @@ def load_windows(
     recorded: RecordedLoad | None = None,
 ) -> Windows:
     """The closed windows of a load file, oldest first (each ``[L, E]``, int64 when the file holds
-    counts, else float64), and what one window is.
+    counts, else float64):
 
-    - a serving events file (``.jsonl``): the ``window`` records of one model in its last run
-      (``recorded``, when it was read already: :func:`ascend_eplb.tools.trace.load_recorded`), or the
-      ``last`` ones: each is one rearrangement serving made;
-    - a routing trace: a compact ``.npz`` (:func:`~ascend_eplb.tools.trace.load_trace`) or ESFT's
-      ``expert_weights_<layer>.txt`` folder (converted as :func:`~ascend_eplb.tools.trace.convert`
-      does: ESFT's 64 experts, top-6): windows of ``window_sequences`` sequences (:func:`trace_windows`;
-      None: :data:`DEFAULT_WINDOW_SEQUENCES`);
+    - a serving events file (``.jsonl``): the ``window`` records of one model in its last run (the
+      ``last`` ones; ``recorded``: the file as :func:`~ascend_eplb.tools.trace.load_recorded` read it);
+    - a routing trace (a compact ``.npz`` or ESFT's ``expert_weights_<layer>.txt`` folder, ESFT's 64
+      experts, top-6): windows of ``window_sequences`` sequences (:func:`trace_windows`; None:
+      :data:`DEFAULT_WINDOW_SEQUENCES`);
     - any other load matrix (:func:`~ascend_eplb.tools.trace.load_load_matrix`): one window.
 
-    The load estimate's evidence (:attr:`Windows.new_selections`, what serving's estimate takes in: the
-    selections since the previous rearrangement, not the overlapping window) is an events file's
-    recorded ``new_selections`` when every window holds them (recorded with the estimate on), else each
-    window's load (a trace's windows do not overlap; :attr:`Windows.evidence` says which).
-
-    ``window_sequences`` is for a routing trace only, ``last`` for an events file only.
+    :attr:`Windows.new_selections` (the load estimate's evidence: selections since the previous
+    rearrangement) is an events file's recorded ``new_selections`` when every window holds them, else
+    each window's load; :attr:`Windows.evidence` says which.
 
     Raises:
-        ValueError: the file cannot be read as such (naming it and the rule).
+        ValueError: the file cannot be read as such, or ``window_sequences`` given for a file other than
+            a trace or ``last`` for a file other than an events file (naming it and the rule).
     """
-    from ascend_eplb.tools import trace
 
     path = Path(path)
     suffix = path.suffix.lower()
@@ -780,8 +746,6 @@ def load_windows(
         if suffix == ".npz":
             routing = trace.load_trace(path)
         else:
-            import tempfile
-
             with tempfile.TemporaryDirectory() as scratch:
                 routing = trace.load_trace(trace.convert(path, Path(scratch) / "trace.npz"))
         sequences = int(len(routing.seq_offsets) - 1)
@@ -810,9 +774,7 @@ def _run_policy(
     :class:`~ascend_eplb.control.estimate.LoadEstimate` takes in each window's new selections before
     its decision (``AscendEplbState.rearrange``), and :func:`ascend_eplb.control.gate.decide` plans and
     judges on its load (the gated policy's call)."""
-    from ascend_eplb.control.estimate import LoadEstimate
-    from ascend_eplb.control.gate import decide
-    from ascend_eplb.control.policy_config import SKIP_REASONS
+    from ascend_eplb.control.gate import decide  # imports vLLM: only plan --policies needs it
 
     d = deployment
     loads = [torch.from_numpy(np.asarray(w)) for w in windows.loads]
@@ -966,8 +928,7 @@ def compare_policies(
             load estimate or gate value breaking start-up's rules (``ascend_eplb.control.policy_config``),
             an invalid redundancy level or ranks, nodes and expert groups (:func:`validate_plan_args`).
     """
-    from ascend_eplb.control.policy import MigrationAwarePolicy
-    from ascend_eplb.control.policy_config import PolicySettings
+    from ascend_eplb.control.policy import MigrationAwarePolicy  # imports vLLM: only plan --policies
 
     d, c = deployment, candidates
     if not windows.loads:
@@ -1031,7 +992,6 @@ def format_comparison(result: PolicyComparison) -> str:
     """Human-readable :class:`PolicyComparison`: per load estimate, per window the runs side by side (the
     gate-off runs and the gated ones: the given gate, else the recommended one), the totals of every run,
     the recommended gate values with their rule and their effect, and the run to choose."""
-    from ascend_eplb.tools.costs import format_bytes
 
     with_bytes = result.expert_nbytes is not None
     several = len(result.load_estimates) > 1
@@ -1135,7 +1095,6 @@ def format_comparison(result: PolicyComparison) -> str:
 def _window_table(result: PolicyComparison, shown: list[PolicyRun], with_bytes: bool) -> list[str]:
     """Per window, each run of ``shown`` side by side: balancedness after, then experts moved (and
     bytes), or the skip reason in their place."""
-    from ascend_eplb.tools.costs import format_bytes
 
     rest_w = 18 if with_bytes else 13  # "skip min_gain"; "  moved      bytes"
     sub = f"{'after':>6} " + (f"{'moved':>7} {'bytes':>10}" if with_bytes else f"{'moved':>{rest_w}}")

@@ -1,36 +1,30 @@
 """Real routing traces for the simulator: the compact trace format, its converter, and load matrices.
 
-The embedded default is the world's (:func:`ascend_eplb.world.esft.embedded_trace_path`): the per-token
-top-6 routing of deepseek-ai/ESFT-vanilla-lite (DeepSeek-V2-Lite architecture: 26 MoE layers, 64 routed
-experts, top-6) over the 40 sequences (8,251 tokens) of the ESFT "translation" task, recorded by ESFT's
-``scripts/expert/get_expert_scores.py`` (MIT, see the world's ``data/LICENSE-ESFT`` and
-``data/ORIGIN.md``). :func:`convert` turns the 26 raw text files (``expert_weights_<layer>.txt``, one
-line per sequence, ``<ids>\\t\\t<gate weights>``) into one compact ``.npz``; :func:`load_trace` reads
-it back.
-
-Compact file (``numpy.savez_compressed``), lossless with respect to the text files:
-
-- ``topk_ids``: uint8 ``[L, trace_tokens, K]``, logical expert ids, tokens in processing order;
-- ``topk_weights_e4``: uint16 ``[L, trace_tokens, K]``, gate weights times 10,000 (the text has 4
-  decimals);
-- ``seq_offsets``: int64 ``[sequences + 1]``, token offset of each sequence (``seq_offsets[-1] ==
-  trace_tokens``);
-- ``layer_ids``: int64 ``[L]``, the model's layer number of each MoE layer (1..26);
-- ``num_logical_experts``: int64 scalar (64).
+The embedded default is the world's (:func:`ascend_eplb.world.esft.embedded_trace_path`: ESFT's
+"translation" task on DeepSeek-V2-Lite, 26 MoE layers, 64 experts, top-6; provenance in the world's
+``data/ORIGIN.md``). :func:`convert` turns ESFT's ``expert_weights_<layer>.txt`` files (one line per
+sequence, ``<ids>\t\t<gate weights>``) into one compact ``.npz`` (``numpy.savez_compressed``, lossless);
+:func:`load_trace` reads it back. Its arrays: ``topk_ids`` uint8 ``[L, trace_tokens, K]`` (logical ids,
+tokens in processing order); ``topk_weights_e4`` uint16 ``[L, trace_tokens, K]`` (gate weights x 10,000:
+the text has 4 decimals); ``seq_offsets`` int64 ``[sequences + 1]`` (``seq_offsets[-1] ==
+trace_tokens``); ``layer_ids`` int64 ``[L]`` (the model's layer number of each MoE layer);
+``num_logical_experts`` int64 scalar.
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import json
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ascend_eplb.integration.events import RecordedLoad
+from ascend_eplb.integration.events import RecordedLoad, read_events
 from ascend_eplb.tools.files import InputFileWarning, check_load_values, read_input
 from ascend_eplb.tools.host_memory import check_sampling
 from ascend_eplb.world.esft import embedded_trace_path
@@ -284,10 +278,6 @@ def load_recorded_models(path: str | Path) -> tuple[RecordedLoad, ...]:
 
 
 def _read_recorded(path: Path, every_model: bool) -> tuple[RecordedLoad, ...]:
-    import warnings
-
-    from ascend_eplb.integration.events import read_events
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         events = read_events(path)
@@ -489,7 +479,6 @@ def load_routing_source(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m ascend_eplb.tools.trace SOURCE_DIR OUT.npz``: rebuild the embedded trace."""
-    import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("source_dir", type=Path)

@@ -13,11 +13,16 @@ serving package.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from ascend_eplb.control.values import INT32_MAX, is_int
 from ascend_eplb.integration.model_facts import shown
@@ -46,25 +51,20 @@ def check_config_file(
 ) -> CheckResult:
     """Validate a config file: this package's JSON schema, or a ``vllm serve --config`` YAML/JSON.
 
-    The form is told by content: the schema (README) has a nested ``parallel_config`` (or a ``model``
-    object, or only schema keys); anything else is a flat mapping of vLLM engine arguments (dashes or
-    underscores), read by vLLM's own ``--config`` handling and parser (:func:`parse_serve_command`) and
-    turned into settings by :func:`settings_from_engine_args` (``model:`` a local folder gives the model
-    facts). ``.yaml``/``.yml`` files are read as YAML, anything else as JSON. ``environ`` (default
-    ``os.environ``) supplies the V1 switches and ``VLLM_USE_V2_MODEL_RUNNER``; ``num_experts`` and
-    ``quantization`` (a format name) give model facts the file lacks (they win over the file's).
+    The form is told by content: the schema (README) has a nested ``parallel_config``, a ``model`` object
+    or only schema keys; anything else is a flat mapping of vLLM engine arguments, read by vLLM's own
+    ``--config`` handling and parser (:func:`parse_serve_command`, :func:`settings_from_engine_args`).
+    ``.yaml``/``.yml`` is read as YAML, anything else as JSON. ``environ`` (default ``os.environ``)
+    supplies the V1 switches and ``VLLM_USE_V2_MODEL_RUNNER``; ``num_experts`` and ``quantization`` (a
+    format name) win over the file's model facts. Returns ``CheckResult(ok, report, violations,
+    resolved, unjudged)``, which unpacks as ``ok, report``.
 
-    Returns:
-        ``CheckResult(ok, report, violations, resolved, unjudged)``, which unpacks as ``ok, report``.
-
-    Never raises on the file: an unreadable, empty, malformed or hostile file, a non-object, an argument
-    vLLM's parser rejects, an unreadable model folder, anything the rules did not foresee, is a violation
-    (``schema``, ``engine-args`` or ``model-folder``) naming the file and the cause. Only an interrupt
-    (``KeyboardInterrupt``) passes through.
+    Never raises on the file: whatever is wrong with it (unreadable, malformed, an argument vLLM's parser
+    rejects, an unreadable model folder, anything unforeseen) is a violation (``schema``, ``engine-args``
+    or ``model-folder``) naming the file and the cause; only ``KeyboardInterrupt`` passes through.
 
     Raises:
-        ValueError: the caller's ``num_experts`` is not an int in ``[1, INT32_MAX]`` or ``quantization``
-            is not a str (before the file is read).
+        ValueError: ``num_experts`` is not an int in ``[1, INT32_MAX]`` or ``quantization`` is not a str.
     """
     _check_fact_options(num_experts, quantization)
     name = os.fspath(path)
@@ -77,8 +77,6 @@ def check_config_file(
         if not raw.strip():
             data = None
         elif is_yaml:
-            import yaml
-
             data = yaml.safe_load(text)
         else:
             data = json.loads(text)
@@ -135,9 +133,6 @@ def _check_engine_args_file(
     num_experts: int | None,
     quantization: str | None,
 ) -> CheckResult:
-    import tempfile
-
-    import yaml
 
     with tempfile.TemporaryDirectory(prefix="ascend-eplb-check-") as tmp:
         # vLLM's --config reads YAML files only: a JSON file's values (as JSON read them; its text as
@@ -182,8 +177,6 @@ def check_serve_command(
         ValueError: ``num_experts`` or ``quantization`` as for :func:`check_config_file`.
     """
     _check_fact_options(num_experts, quantization)
-    import contextlib
-    import io
 
     where = source or "the command line"
     err = io.StringIO()

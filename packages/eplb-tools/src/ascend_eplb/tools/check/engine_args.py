@@ -1,6 +1,7 @@
 """Engine arguments (a ``vllm serve`` command line, a ``vllm serve --config`` file): parsed by vLLM's own
 parser and read into the rules' :class:`~ascend_eplb.integration.settings.EplbSettings` as vLLM resolves
-each setting, with no ``VllmConfig`` built."""
+each setting, with no ``VllmConfig`` built. vLLM is imported inside the functions that call it: ``check`` on
+this package's config-file schema imports no vLLM."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, get_args
 
 from ascend_eplb.integration.model_facts import EXPERT_COUNT_KEYS, TOP_K_KEYS, MoeFacts, read_moe_facts
 from ascend_eplb.integration.settings import EplbSettings
@@ -98,24 +100,19 @@ def settings_from_engine_args(
 
     No ``VllmConfig`` is built (that needs the model from a hub); each setting is read as vLLM resolves
     it: the parallel and EPLB fields as given; ``use_v2_model_runner`` from ``VLLM_USE_V2_MODEL_RUNNER``
-    (unset: True, vLLM's default); ``cudagraph_mode`` NONE with ``enforce_eager``, else the compilation
-    config's, else the optimization level's default (graph capture); the compilation mode NONE with
-    ``enforce_eager``, else the compilation config's, else ``VLLM_COMPILE`` (vLLM's default), and inductor
-    freezing from its ``inductor_compile_config`` or ``TORCHINDUCTOR_FREEZING``; the draft of an MTP
-    method is MoE, as at start-up. Model facts come from ``num_experts``/``quantization`` (a format
-    name), else from ``model`` when it is a local folder (:func:`model_folder_facts`: its routed-expert
-    facts, judged by the rules ``routed-experts``, ``top-k`` and ``expert-groups`` as start-up judges the
-    model's ``hf_config``); a fact neither gives is recorded in ``unknown_facts`` (its rule is then not
-    judged): the expert count (also a folder's ``config.json`` that states none), its top-k (a folder that
-    states none); the format of ``quantization ascend`` without an msModelSlim description, or of
-    ``dtype auto`` without the checkpoint's dtype;
-    whether a non-MTP draft has experts when its ``model`` is not a local folder.
+    (unset: True); ``cudagraph_mode`` and the compilation mode NONE with ``enforce_eager``, else the
+    compilation config's, else vLLM's default (the optimization level's graph capture; ``VLLM_COMPILE``),
+    inductor freezing from ``inductor_compile_config`` or ``TORCHINDUCTOR_FREEZING``; an MTP draft is
+    MoE. Model facts come from ``num_experts``/``quantization`` (a format name), else from a local
+    folder ``model`` (:func:`model_folder_facts`, judged as start-up judges ``hf_config``). A fact
+    neither gives is in ``unknown_facts`` (its rule not judged): the expert count or top-k a folder does
+    not state, the format of ``quantization ascend`` without a description or of ``dtype auto``, whether
+    a non-MTP draft whose ``model`` is not a local folder has experts.
 
     Raises:
         ValueError: a model folder's ``config.json`` or description cannot be read (naming the file).
         EplbConfigError: the description's routed experts mix quant types.
     """
-    from typing import get_args
 
     from vllm.config.speculative import MTPModelTypes
     from vllm.envs import maybe_convert_bool
@@ -241,8 +238,6 @@ def settings_from_engine_args(
     if model:
         served = (model,)
         if draft_is_moe:
-            from types import SimpleNamespace
-
             from vllm.v1.worker.gpu.eplb_utils import eplb_draft_model_name
 
             # vLLM's draft config of an MTP method is the target's model; another draft's is its own.

@@ -3,16 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES as PHASES
+from ascend_eplb.control.policy_config import (
+    load_estimate_error,
+    min_balancedness_gain_error,
+    policy_error,
+    target_balancedness_error,
+)
 from ascend_eplb.integration.model_facts import experts_divisibility_error
+from ascend_eplb.integration.model_names import DRAFT_SUFFIX
+from ascend_eplb.integration.placement_file import (
+    PlacementFileError,
+    assign_placements,
+    describe_mismatch,
+    read_placements,
+)
 from ascend_eplb.integration.verify import CHECKS as VERIFIER_CHECKS
 from ascend_eplb.integration.watchdog import CHECK as WATCHDOG_CHECK
+from ascend_eplb.quant_views import get_format
+from ascend_eplb.tools.costs import read_model_size
 from ascend_eplb.tools.options import non_negative_int, number, path_text, positive_int
+from ascend_eplb.tools.simulate import resources
+from ascend_eplb.tools.simulate.models import PRESET_FORMAT, REPLAY, REPLAY_FORMAT
 from ascend_eplb.world.serving import COMPILE_BACKENDS, compilation_error, compilation_of, is_compiled
 
 __all__ = [
@@ -298,7 +316,6 @@ class SimulateConfig:
     )  # fmt: skip
 
     def __post_init__(self) -> None:
-        from ascend_eplb.tools.simulate.models import REPLAY, REPLAY_FORMAT
 
         # The replay world's format default; a real model's comes from its checkpoint (models.resolve_model).
         if self.model == REPLAY and self.quant_format is None:
@@ -307,7 +324,6 @@ class SimulateConfig:
     @property
     def replays(self) -> bool:
         """Whether this run is the trace-replay world (``--model replay``), not a real model."""
-        from ascend_eplb.tools.simulate.models import REPLAY
 
         return self.model == REPLAY
 
@@ -323,7 +339,6 @@ class SimulateConfig:
         """vLLM's ``compilation_config`` of the served model: ``--compile``'s (``world.compilation_of``),
         else ``--compilation-config``'s JSON, else None (eager). Valid options are assumed
         (:meth:`validate_model` judges them)."""
-        import json
 
         if self.compile is not None:
             return compilation_of(self.compile)
@@ -391,8 +406,6 @@ class SimulateConfig:
         token count (default ``sample_tokens``; ``sampled``: routing is still to be sampled from a load
         matrix). Last, when every other rule holds, the memory the run needs against the memory the
         host has available (:mod:`ascend_eplb.tools.simulate.resources`)."""
-        from ascend_eplb.quant_views import get_format
-        from ascend_eplb.tools.simulate import resources
 
         errors = self._common_errors(num_logical_experts)
         for option in ("compile", "compilation_config"):
@@ -445,8 +458,6 @@ class SimulateConfig:
                 "sampling a load matrix"
             )
         if self.model_config is not None:
-            from ascend_eplb.tools.costs import read_model_size
-
             try:  # read at validation, so a bad file is refused before anything runs
                 model = read_model_size(self.model_config)
                 get_format(self.quant_format).check_sizes(model.hidden_size, model.moe_intermediate_size)
@@ -522,7 +533,6 @@ class SimulateConfig:
 
     def _compilation_errors(self, fmt: str) -> list[str]:
         """The rules of ``--compile`` / ``--compilation-config`` on a real model whose experts are ``fmt``."""
-        import json
 
         if self.compile is None and self.compilation_config is None:
             return []
@@ -559,13 +569,6 @@ class SimulateConfig:
         path = self.initial_placement
         if path is None or not str(path).strip():
             return []
-        from ascend_eplb.integration.model_names import DRAFT_SUFFIX
-        from ascend_eplb.integration.placement_file import (
-            PlacementFileError,
-            assign_placements,
-            describe_mismatch,
-            read_placements,
-        )
 
         target = str(source.folder) if source is not None else "the model"
         served = (target + DRAFT_SUFFIX, target) if self.speculative_tokens else (target,)
@@ -596,8 +599,6 @@ class SimulateConfig:
         weights, at most the whole checkpoint each, plus a process with vLLM imported) against the
         host's available memory.
         """
-        from ascend_eplb.tools.simulate import resources
-        from ascend_eplb.tools.simulate.models import PRESET_FORMAT
 
         errors = self._common_errors(source.num_logical_experts)
         errors += self._compilation_errors(source.format)
@@ -642,12 +643,6 @@ class SimulateConfig:
 def _policy_errors(config: SimulateConfig) -> list[str]:
     """Start-up's rules of the policy and the gain gate (``ascend_eplb.control.policy_config``, the
     functions integration's rules call), each message naming the value and the rule."""
-    from ascend_eplb.control.policy_config import (
-        load_estimate_error,
-        min_balancedness_gain_error,
-        policy_error,
-        target_balancedness_error,
-    )
 
     checks = (
         ("policy", policy_error(config.policy)),

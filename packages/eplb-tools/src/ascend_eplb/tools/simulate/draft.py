@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ascend_eplb.control import measures
 from ascend_eplb.integration import metrics
 from ascend_eplb.tools.simulate.stats import DraftLog, DraftStats, InstallSeen, OutputTolerance, frozen
 from ascend_eplb.tools.simulate.steps import CheckViolationError, CommitWatch, record_first_step_plan
@@ -114,7 +115,6 @@ class DraftRun:
             violation: the first violation so far (None: none).
             group: the EP group's CPU group (the load is all-reduced over it).
         """
-        from ascend_eplb.control import measures
 
         draft, rank, log = seen.draft, self.worker.ep_rank, self.stats
         for k, (on, off) in enumerate(zip(draft.logits_on, draft.logits_off, strict=True)):

@@ -24,6 +24,8 @@ from typing import Any
 
 from ascend_eplb.tools.simulate.config import SimulateConfig
 from ascend_eplb.tools.simulate.launching import SimulationError, launch_ranks, run_torchrun_rank
+from ascend_eplb.tools.simulate.lifecycle import DeadlineExceededError, deadline_alarm, own_output_folder
+from ascend_eplb.tools.simulate.models import resolve_model
 from ascend_eplb.tools.simulate.plot import plot_balancedness
 from ascend_eplb.tools.simulate.report import SimulateReport, build_report
 from ascend_eplb.tools.simulate.stats import RankStats
@@ -44,7 +46,6 @@ def _prepare(config: SimulateConfig) -> tuple[SimulateConfig, Any]:
     against it; or, for ``--model replay``, read the routing and validate every option, before anything
     is sampled or started: load to sample from is read, the options (the memory of the sampling and of
     the run included) checked, and only then is the routing sampled from it."""
-    from ascend_eplb.tools.simulate.models import resolve_model
 
     if not config.replays:
         try:
@@ -67,31 +68,26 @@ def _prepare(config: SimulateConfig) -> tuple[SimulateConfig, Any]:
 
 
 def run_simulation(config: SimulateConfig, *, stream=None) -> SimulateReport:
-    """Validate ``config``, run the world, write ``report.json`` and ``balancedness.png`` to
-    ``config.out_dir``, print the summary to ``stream`` (default stdout) and return the report
-    (``report.json`` is its ``to_json()``).
+    """Validate ``config``, run the world, write ``report.json`` (the report's ``to_json()``) and
+    ``balancedness.png`` to ``config.out_dir``, print the summary to ``stream`` (default stdout) and return
+    the report. Under ``torchrun`` every process returns it; rank 0 alone writes and prints it.
 
-    Under ``torchrun`` every process calls this and returns the report; rank 0 alone writes and prints
-    it.
+    The run owns the output folder (:func:`~ascend_eplb.tools.simulate.lifecycle.own_output_folder`) from
+    validation to the report: an earlier run's files there are removed before the ranks start, and a run
+    that ends without its report removes what it wrote, so the folder holds one run's files or none.
 
-    One run owns the output folder at a time (:func:`~ascend_eplb.tools.simulate.lifecycle.own_output_folder`,
-    from the end of validation to the report): an earlier run's ``report.json``, ``balancedness.png``,
-    ``events.jsonl`` and ``metrics.prom`` there are removed before the ranks start, and a run that ends
-    without its report (a crashed rank, the deadline, a refusal on the ranks, a signal) removes what it
-    wrote: the folder holds one run's report and files, or none.
+    Raises:
+        ValueError: every bad option (before any process starts or the folder changes), the live run
+            owning the folder, or the serving path's refusal on the ranks
+            (:class:`~ascend_eplb.tools.simulate.launching.StartupRefusedError`).
+        SimulationError: a rank crashed or the deadline passed (``timeout_s`` counts from this call).
 
-    Raises ``ValueError`` listing every bad option (before any process starts or anything in the
-    output folder changes), naming the live run that owns the output folder, or with the serving
-    path's refusal on the ranks (:class:`~ascend_eplb.tools.simulate.launching.StartupRefusedError`), and
-    :class:`SimulationError` when a rank crashed or the deadline passed (``timeout_s`` counts from this
-    call: reading the routing, importing vLLM and starting ranks included). A failed check is not an
-    exception: the report has ``passed == False`` and names the first violation.
+    A failed check is not an exception: the report has ``passed == False`` and names the first violation.
     """
     t0 = time.perf_counter()
     deadline = time.monotonic() + config.timeout_s
     if under_torchrun():
         return _run_under_torchrun(config, t0, stream)
-    from ascend_eplb.tools.simulate.lifecycle import DeadlineExceededError, deadline_alarm, own_output_folder
 
     phase = ["reading the routing"]
     with contextlib.ExitStack() as owned:
@@ -159,7 +155,6 @@ def _run_under_torchrun(config: SimulateConfig, t0: float, stream: Any) -> Simul
             "invalid simulate options:\n  - metrics: not under torchrun (set ASCEND_EPLB_METRICS=1 and "
             "PROMETHEUS_MULTIPROC_DIR in torchrun's environment instead)"
         )
-    from ascend_eplb.tools.simulate.lifecycle import own_output_folder
 
     config, routing = _prepare(config)
     out = _output_folder(config)

@@ -2,9 +2,7 @@
 
 The launcher only needs the function's module and name to start it in each rank; the rank module itself
 (:mod:`ascend_eplb.tools.simulate.rank`, which imports vLLM) is imported once, by the fork server
-(``preload``), and every rank forked from it has it already. Handing the launcher
-``rank.simulate_rank`` itself made the launcher import vLLM too, before the fork server imported it
-again: seconds of start-up for nothing (issue 30, item 6).
+(``preload``), and every rank forked from it has it already: the launcher never imports vLLM.
 """
 
 from __future__ import annotations

@@ -17,7 +17,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ascend_eplb.launch import (
+    LauncherInterruptedError,
+    RankContext,
+    RankFailureError,
+    run_ranks,
+    stop_fork_server,
+)
 from ascend_eplb.tools.simulate.config import OUTPUT_ATOL, SimulateConfig
+from ascend_eplb.tools.simulate.entry import simulate_rank  # imports vLLM only when a rank calls it
+from ascend_eplb.tools.simulate.lifecycle import (
+    SCRATCH_PREFIX,
+    DeadlineExceededError,
+    read_refusals,
+    release_world_resources,
+)
+from ascend_eplb.tools.simulate.progress import Progress
 from ascend_eplb.tools.simulate.stats import OutputTolerance, RankConfig, RankStats
 
 __all__ = ["SimulationError", "StartupRefusedError", "launch_ranks", "run_torchrun_rank"]
@@ -86,14 +101,6 @@ def _rank_args(
 
 
 def launch_ranks(config: SimulateConfig, routing: Any, deadline: float, phase: list[str]) -> list[RankStats]:
-    from ascend_eplb.launch import LauncherInterruptedError, RankFailureError, run_ranks, stop_fork_server
-    from ascend_eplb.tools.simulate.lifecycle import (
-        SCRATCH_PREFIX,
-        DeadlineExceededError,
-        read_refusals,
-        release_world_resources,
-    )
-
     # Scratch of this world (rendezvous file, per-rank results and resource records): removed after the
     # run, whatever ends it, with whatever a killed rank left.
     world = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
@@ -106,13 +113,8 @@ def launch_ranks(config: SimulateConfig, routing: Any, deadline: float, phase: l
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(world / "prometheus")
         (world / "prometheus").mkdir()
     try:
-        # The rank function by reference: the fork server imports its module (vLLM) once, not the launcher.
-        from ascend_eplb.tools.simulate.entry import simulate_rank
-
         cfg, arrays = _rank_args(config, routing, record_resources=True)
         if config.progress:
-            from ascend_eplb.tools.simulate.progress import Progress
-
             bar = Progress(config.steps)  # start-up its own phase, then the steps
 
         def on_message(rank: int, message: Any) -> None:
@@ -173,6 +175,7 @@ def launch_ranks(config: SimulateConfig, routing: Any, deadline: float, phase: l
 def _write_scrape(folder: Path, path: Path) -> None:
     """What vLLM's API server's ``/metrics`` serves from ``folder`` (prometheus_client's
     ``MultiProcessCollector``), in the Prometheus text format."""
+    # prometheus_client fixes its value class from PROMETHEUS_MULTIPROC_DIR when first imported, set above
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -183,9 +186,6 @@ def _write_scrape(folder: Path, path: Path) -> None:
 
 def run_torchrun_rank(config: SimulateConfig, routing: Any) -> tuple[list[RankStats], bool]:
     """This process's rank under torchrun: every rank's statistics, and whether this is rank 0."""
-    from ascend_eplb.launch import RankContext
-    from ascend_eplb.tools.simulate.rank import simulate_rank
-
     ctx = RankContext.from_torchrun(Path(config.out_dir), config.timeout_s)
     if ctx.world_size != config.num_ranks:
         raise ValueError(

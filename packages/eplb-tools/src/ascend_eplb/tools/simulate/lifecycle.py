@@ -1,29 +1,13 @@
 """How an ``ascend-eplb`` command ends: signals, the whole-run deadline, and nothing left behind.
 
-- :func:`command_scope` wraps a whole command. SIGTERM and SIGHUP raise :class:`StoppedBySignal`
-  wherever the command is (reading a file, importing vLLM, vLLM's parser, starting ranks; while ranks
-  run, the launcher's :class:`~ascend_eplb.launch.LauncherInterruptedError` after it stopped them), as
-  Ctrl-C raises ``KeyboardInterrupt``; the command prints one line and exits ``128 + signal``.
-  :class:`StoppedBySignal` is a ``KeyboardInterrupt``, so no ``except Exception`` on the way (a file
-  reader's, ``check``'s, which turns any error of a file into a violation) takes a stop for bad input:
-  ``check`` stopped by SIGTERM printed ``INVALID`` with a violation about stopped ranks. For every
-  command it also gives torch's compile cache (which importing vLLM creates in ``$TMPDIR``) a scratch
-  folder of the command and removes it on the way out; for ``simulate`` it first stops the fork server
-  (so its ranks) and the resource tracker.
-- :func:`deadline_alarm`: ``--timeout`` is the deadline of the whole run; a SIGALRM just after it ends
-  whatever is still starting (the routing's reading, the fork server's preload of vLLM, a stalled rank
-  start), which the launcher's own deadline (counted while ranks run) cannot interrupt.
-- :func:`record_rank_resources` (in each rank, once vLLM's groups exist, and again when the rank
-  fails) writes the names of the shared-memory segments and message-queue sockets vLLM created into
-  the world's folder; :func:`release_world_resources` (in the launcher, after the world, whatever ended
-  it) removes those a crashed or killed rank left, so no socket file stays in ``$TMPDIR`` and the
-  resource tracker has no leaked segment to warn about.
-- :func:`own_output_folder`: one run owns its ``--out`` folder at a time (a lock file there, held with
-  ``flock`` while the run lives); a second run on the folder is refused naming the first.
-- :func:`record_refusal` (in a rank whose start-up refused the configuration) and
-  :func:`read_refusals` (in the launcher): a refusal that only the ranks can make (vLLM's model class,
-  which the launcher does not import) reaches the command as one message, not as each rank's
-  traceback.
+- :func:`command_scope`: SIGTERM and SIGHUP stop a command as Ctrl-C does (one line, exit
+  ``128 + signal``); its scratch compile cache and, for ``simulate``, the fork server go with it.
+- :func:`deadline_alarm`: ``--timeout`` ends whatever is still starting when the run's deadline passes.
+- :func:`record_rank_resources` (in a rank) and :func:`release_world_resources` (in the launcher): the
+  shared-memory segments and socket files a crashed or killed rank left are removed.
+- :func:`own_output_folder`: one run owns its ``--out`` folder at a time.
+- :func:`record_refusal` and :func:`read_refusals`: a refusal only the ranks can make (vLLM's model
+  class, which the launcher does not import) reaches the command as one message, not as tracebacks.
 """
 
 from __future__ import annotations
@@ -43,6 +27,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
 from ascend_eplb.launch import reap_child, stop_fork_server
@@ -144,7 +129,6 @@ def _signals_ignored() -> Iterator[None]:
 def _stop_resource_tracker(wait_s: float = 5.0) -> None:
     """End this process's multiprocessing resource tracker (it exits once every user closed its pipe:
     the fork server and the ranks are gone by now), waiting at most ``wait_s``."""
-    from multiprocessing import resource_tracker
 
     tracker = resource_tracker._resource_tracker
     with tracker._lock:
@@ -158,7 +142,11 @@ def _stop_resource_tracker(wait_s: float = 5.0) -> None:
 
 @contextlib.contextmanager
 def command_scope(command: str) -> Iterator[None]:
-    """The whole of one ``ascend-eplb`` command (see the module docstring).
+    """The whole of one ``ascend-eplb`` command: SIGTERM and SIGHUP raise :class:`StoppedBySignal`
+    wherever the command is (reading a file, importing vLLM, starting ranks; while ranks run, the
+    launcher raises its ``LauncherInterruptedError`` after stopping them). It is a ``KeyboardInterrupt``,
+    so no ``except Exception`` on the way (``check`` turns any error of a file into a violation) takes a
+    stop for bad input.
 
     Every command gets a scratch folder (``$TMPDIR/ascend-eplb-<command>-*``) for torch's compile cache:
     importing vLLM imports ``torch._dynamo``, whose module-level ``DiskDynamoCache`` creates
@@ -218,7 +206,7 @@ def deadline_alarm(deadline: float, timeout_s: float, phase: list[str]) -> Itera
 
     previous = signal.signal(signal.SIGALRM, handler)
     previous_hook, sys.unraisablehook = sys.unraisablehook, swallowed
-    from ascend_eplb.tools.simulate.resources import MAX_TIMEOUT_S
+    from ascend_eplb.tools.simulate.resources import MAX_TIMEOUT_S  # imports torch; check does not
 
     # Capped: a timeout beyond the limit, or not > 0 (--timeout -1: a deadline already past), is refused
     # by the options' validation, inside this scope; no alarm may end the run before that refusal.
@@ -243,6 +231,7 @@ def deadline_alarm(deadline: float, timeout_s: float, phase: list[str]) -> Itera
 def record_rank_resources(world_dir: str | os.PathLike[str], rank: int) -> None:
     """In a rank, once vLLM's groups exist: write ``resources-rank<r>.json`` (shared-memory segment
     names and message-queue socket paths this rank's vLLM groups created) into the world's folder."""
+    # Every command imports this module; only a rank, where vLLM is loaded already, calls this.
     from vllm.distributed import parallel_state
 
     shm, sockets = [], []
@@ -271,7 +260,6 @@ def record_rank_resources(world_dir: str | os.PathLike[str], rank: int) -> None:
 def release_world_resources(scratch: str | os.PathLike[str]) -> None:
     """In the launcher, after a world ended: remove what its ranks recorded and left (a rank that ended
     cleanly removed its own; a crashed or killed one could not)."""
-    from multiprocessing import shared_memory
 
     for record in sorted(Path(scratch).glob("*/resources-rank*.json")):
         try:

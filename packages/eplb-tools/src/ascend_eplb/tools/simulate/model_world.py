@@ -1,15 +1,12 @@
 """The real-model world of ``simulate`` (``--model`` a preset or a folder): one serving worker per rank.
 
-A :class:`~ascend_eplb.world.serving.ServingWorker`: vLLM's plugin loader runs the integration's
-entry point (the patches), vLLM's loader builds vLLM's own model class with its real routers (TP = EP =
-the ranks), the controller comes from :class:`~ascend_eplb.integration.runner.Mrv2EplbWiring` (so from
-``create_eplb_controller``: start-up validation, Ascend controller, the watchdog, the runtime verifier
-with ``ASCEND_EPLB_VERIFY=1``) and every runner point is driven through that wiring in MRv2 order,
-beside the EPLB-off model of the same checkpoint. Its own checks, every step, on every rank:
-``outputs`` (logits of the real rows equal the EPLB-off model's) and ``load`` (the load recorded over
-all ranks equals the real rows' selections of the physical ids the expert kernel consumed, once).
-Shape letters (DESIGN.md section 2): L MoE layers, E logical experts, P physical experts, N EP ranks,
-K top-k.
+A :class:`~ascend_eplb.world.serving.ServingWorker`: vLLM's plugin loader applies the integration's
+patches, vLLM's loader builds vLLM's model class with its real routers (TP = EP = the ranks), the
+controller comes from :class:`~ascend_eplb.integration.runner.Mrv2EplbWiring` (start-up validation, the
+watchdog, the runtime verifier) and every runner point is driven through that wiring in MRv2 order,
+beside the EPLB-off model of the same checkpoint. Checks every step on every rank: ``outputs`` (logits
+of the real rows equal the EPLB-off model's) and ``load`` (the load recorded over all ranks equals the
+real rows' selections of the physical ids the expert kernel consumed, once). Shape letters: GLOSSARY.md.
 """
 
 from __future__ import annotations
@@ -27,6 +24,7 @@ from vllm.distributed.parallel_state import get_ep_group
 
 from ascend_eplb.control import measures
 from ascend_eplb.launch import RankContext
+from ascend_eplb.tools.simulate.config import ascend_policy_keys
 from ascend_eplb.tools.simulate.draft import DraftRun, model_step_loads
 from ascend_eplb.tools.simulate.faults import WORKER_FAULTS, inject_stale_lookup, inject_worker_fault
 from ascend_eplb.tools.simulate.stats import RankConfig, RankStats, StepLog
@@ -42,6 +40,7 @@ from ascend_eplb.tools.simulate.steps import (
     record_resources,
     timed_hooks,
 )
+from ascend_eplb.world.serving import ServingWorker
 
 __all__ = ["real_kernel_rows", "run_model"]
 
@@ -87,8 +86,6 @@ def run_model(ctx: RankContext, cfg: RankConfig) -> RankStats:
     when the step records; nothing when it does not; the real rows of the batch the experts received:
     :func:`real_kernel_rows`).
     """
-    from ascend_eplb.tools.simulate.config import ascend_policy_keys
-    from ascend_eplb.world.serving import ServingWorker
 
     rank, num_ranks = ctx.rank, ctx.world_size
     num_redundant = cfg.options.num_redundant_experts

@@ -1,29 +1,14 @@
 """The model ``ascend-eplb simulate`` serves: a local checkpoint folder, or a preset written once.
 
-A folder holds ``config.json`` and safetensors of a supported architecture (vLLM 0.33.0's
-``Qwen3MoeForCausalLM``, ``DeepseekV3ForCausalLM`` or ``MixtralForCausalLM``; what
-``ascend_eplb.world`` can run on a CPU host). A preset is a tiny random checkpoint of that
-architecture, written by ``world.write_checkpoint`` into the cache (``$ASCEND_EPLB_CACHE``, default
-``~/.cache/ascend-eplb``, under ``models/``) the first time it is asked for:
-
-* ``deepseek-v3`` (the main job's default): DeepSeek-V3's architecture (grouped top-k over 4 groups,
-  sigmoid scores with a correction bias, a shared expert, a dense first layer, MLA) at E = 64 routed
-  experts, top-6 and 4 MoE layers, the embedded ESFT DeepSeek-V2-Lite trace's shape. Its routing bias
-  is fitted (``world.fit_routing_bias``) to the trace's per-layer expert popularity of its first
-  4 MoE layers, so that the load is skewed like that real serving load: without EPLB, balancedness of
-  its steps is within 0.05 of the trace's own (``packages/eplb-tools/tests/test_simulate.py``). It
-  carries DeepSeek-V3's multi-token prediction layer (``world.add_mtp_layer``), the MoE draft vLLM serves
-  as ``DeepSeekMTP`` with ``--speculative-tokens``, its routing fitted to the trace's fifth MoE layer;
-  the target's tensors are those of the recipe without it (v1).
-* ``qwen3-moe``, ``mixtral``: the architectures' defaults of ``write_checkpoint`` (E = 8, top-2,
-  2 MoE layers); their routing follows their random router gates (they have no routing bias).
-
-The experts' format (``--format``): a preset is written in it, once per format (float32 by default, the
-exact CPU-host case; ``bf16``/``fp16`` checkpoints; a quantized format's experts in msModelSlim's
-layout with ``quant_model_description.json``, served with ``--quantization ascend``; the MX formats
-with I = 64, a multiple of their block pairs). A folder's format is what start-up reads of it
-(``ascend_eplb.tools.check.model_folder.model_folder_facts``: the description's quant type, else the
-checkpoint's dtype); ``--format`` must match it.
+A folder holds ``config.json`` and safetensors of ``Qwen3MoeForCausalLM``, ``DeepseekV3ForCausalLM`` or
+``MixtralForCausalLM`` (what ``ascend_eplb.world`` runs on a CPU host); its format is what start-up reads
+of it (``check.model_folder.model_folder_facts``) and ``--format`` must match it. A preset
+(:data:`PRESETS`) is a tiny random checkpoint written by ``world.write_checkpoint`` into
+``$ASCEND_EPLB_CACHE/models`` (default ``~/.cache/ascend-eplb``) once per recipe version and format:
+``deepseek-v3`` (the main job's default) at the embedded ESFT trace's shape (E = 64, top-6, 4 MoE layers,
+routing bias fitted to the trace, with DeepSeek-V3's MTP layer), ``qwen3-moe`` and ``mixtral`` at
+``write_checkpoint``'s defaults (E = 8, top-2, 2 MoE layers; routed by their random gates). The
+recipes and formats: ``SIMULATE.md``, section "simulate".
 """
 
 from __future__ import annotations
@@ -35,8 +20,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ascend_eplb import world
 from ascend_eplb.integration.model_facts import EXPERT_COUNT_KEYS, TOP_K_KEYS, architectures_error
 from ascend_eplb.integration.rules import moe_fact_errors
+from ascend_eplb.quant_views import FORMAT_SUPPORT
+from ascend_eplb.tools.check.model_folder import folder_formats, model_folder_facts
+from ascend_eplb.tools.trace import load_trace
+from ascend_eplb.world.checkpoints import to_format
 
 __all__ = [
     "CACHE_ENV",
@@ -125,16 +115,12 @@ def _cache_error(folder: Path, error: OSError) -> str:
 def _write_preset(name: str, folder: Path, fmt: str) -> None:
     """Write preset ``name`` in format ``fmt`` into ``folder`` atomically (a scratch folder renamed into
     place): the float32 checkpoint (routing fitted first), then converted (``checkpoints.to_format``)."""
-    from ascend_eplb import world
-    from ascend_eplb.world.checkpoints import to_format
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         sizes = {"moe_intermediate_size": 64} if fmt.startswith("mx") else {}
         if name == "deepseek-v3":
-            from ascend_eplb.tools.trace import load_trace
-
             world.write_checkpoint(name, scratch, seed=0, **_DEEPSEEK_PRESET, **sizes)
             layers = _DEEPSEEK_PRESET["num_moe_layers"]
             trace = load_trace().load()
@@ -162,7 +148,6 @@ def folder_format(folder: str | os.PathLike[str]) -> str:
     Raises:
         ValueError: ``config.json`` or the description cannot be read (naming the file).
     """
-    from ascend_eplb.tools.check.model_folder import folder_formats
 
     quantization, dtype = folder_formats(folder)
     return quantization or dtype or PRESET_FORMAT
@@ -176,7 +161,6 @@ def moe_problems(folder: str | os.PathLike[str]) -> list[str]:
     Raises:
         ValueError: ``config.json`` cannot be read (naming the file).
     """
-    from ascend_eplb.tools.check.model_folder import model_folder_facts
 
     facts = model_folder_facts(folder)
     moe = facts.moe
@@ -200,7 +184,6 @@ def moe_problems(folder: str | os.PathLike[str]) -> list[str]:
 
 def _format_error(fmt: str) -> str | None:
     """Why the experts' format ``fmt`` cannot be served, or None."""
-    from ascend_eplb.quant_views import FORMAT_SUPPORT
 
     if fmt != PRESET_FORMAT and fmt not in FORMAT_SUPPORT:
         served = sorted(name for name, support in FORMAT_SUPPORT.items() if support.supports_eplb)
@@ -221,7 +204,6 @@ def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
             ``float32``); a folder's format is not ``fmt`` (each message names the value and what is
             accepted).
     """
-    from ascend_eplb import world
 
     if model in PRESETS:
         fmt = fmt or PRESET_FORMAT

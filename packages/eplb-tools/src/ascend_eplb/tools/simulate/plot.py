@@ -31,7 +31,7 @@ def balancedness_figure(report: SimulateReport):
     The y-axis labels are two short lines each, aligned: one line each ran past its panel's height, so
     the two labels overlapped between the panels.
     """
-    import matplotlib
+    import matplotlib  # only when a plot is drawn, its backend chosen before pyplot loads
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
+from tqdm import tqdm
+
 __all__ = ["START_UP", "Progress"]
 
 #: The start-up phase's label.
@@ -26,8 +28,6 @@ class Progress:
     """
 
     def __init__(self, steps: int, file: TextIO | None = None) -> None:
-        from tqdm import tqdm
-
         self._tqdm = tqdm
         self._steps = steps
         self._file = sys.stderr if file is None else file

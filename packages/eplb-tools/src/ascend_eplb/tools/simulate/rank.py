@@ -1,24 +1,13 @@
 """One EP rank of ``ascend-eplb simulate``: a Model Runner V2 worker built the way a serving worker is.
 
-:func:`simulate_rank` is the rank's entry point (under the launcher or ``torchrun``): the serving
-switches, vLLM's plugin loading (the integration's entry point must apply its patches), then one of the
-two worlds, each in its module:
-
-* a real model (``--model`` a preset or a folder): :mod:`~ascend_eplb.tools.simulate.model_world`, one
-  :class:`~ascend_eplb.world.serving.ServingWorker` beside its EPLB-off twin;
-* the trace replay (``--model replay``): :mod:`~ascend_eplb.tools.simulate.replay_world`, the toy MoE
-  model on a quantized format's storage.
-
-In both worlds ``fingerprints`` and ``lookups`` are the serving verifier's
-(:mod:`ascend_eplb.integration.verify`), raised from the controller's step on every rank alike;
-``worker`` is the serving watchdog's (:mod:`ascend_eplb.integration.watchdog`): a dead or stalled async
-worker stops EPLB on every rank and the run goes on, so the ``outputs`` check shows serving continue on
-the last committed placement. At the end of the run the runner's shutdown point runs (the watchdog's end
-of life), and each rank reports what its checks saw (steps, selections, commits checked, the cycle in
-flight at shutdown) for the driver's verdicts: :mod:`~ascend_eplb.tools.simulate.steps`, the same in
-both worlds (the faults ``--fault`` injects: :mod:`~ascend_eplb.tools.simulate.faults`). The events file
-(``ASCEND_EPLB_EVENTS``) is written by EP rank 0 into the output folder. What the steps read of
-upstream's state are the tools' rows (:mod:`ascend_eplb.tools.upstream`), checked before a world starts.
+:func:`simulate_rank` (under the launcher or ``torchrun``) sets the serving switches, runs vLLM's plugin
+loading (the integration's entry point must apply its patches), checks the tools' upstream rows
+(:mod:`ascend_eplb.tools.upstream`), then runs one world: a real model
+(:mod:`~ascend_eplb.tools.simulate.model_world`) or the trace replay
+(:mod:`~ascend_eplb.tools.simulate.replay_world`). In both, ``fingerprints`` and ``lookups`` are the
+serving verifier's and ``worker`` the serving watchdog's (a dead async worker stops EPLB on every rank
+and serving goes on); each rank returns what its checks saw (:mod:`~ascend_eplb.tools.simulate.steps`)
+for the driver's verdicts. EP rank 0 writes the events file (``ASCEND_EPLB_EVENTS``).
 """
 
 from __future__ import annotations
@@ -37,7 +26,9 @@ from vllm.distributed.parallel_state import (
     destroy_model_parallel,
     get_ep_group,
 )
+from vllm.plugins import load_general_plugins
 
+from ascend_eplb.integration.patches import patches_applied
 from ascend_eplb.integration.placement_file import PlacementFileError
 from ascend_eplb.integration.validation import EplbConfigError
 from ascend_eplb.launch import RankContext
@@ -52,10 +43,6 @@ __all__ = ["STARTUP_REFUSALS", "QuantExperts", "simulate_rank"]
 
 def _load_plugins() -> None:
     """vLLM's plugin loading, as every vLLM process does it; the integration's entry point must apply."""
-    from vllm.plugins import load_general_plugins
-
-    from ascend_eplb.integration.patches import patches_applied
-
     os.environ["ASCEND_EPLB"] = "1"
     load_general_plugins()
     if not patches_applied():

@@ -1,22 +1,13 @@
 """The trace-replay world of ``simulate --model replay``: a recorded trace's routing on a quantized
 format's storage, through the serving wiring.
 
-The repository's toy MoE model (:mod:`ascend_eplb.world.toy_moe`) for the quantized formats: each MoE
-layer routes the replayed trace through upstream's real router, on which the integration bound
-dataplane's map-and-record op, and holds its local experts in the format's exact kernel storage
-(quant_views); each rank routes rows of its own (the ``split`` row layout). The simulator adds what a
-real runner gets from vLLM: padding rows, the all-gather dispatch and the all-reduce combine, plus the
-EPLB-off reference world (the same tokens' logical experts computed from one storage of all ``E``
-experts in identity placement). Its checks:
-
-- ``outputs``: each layer's output for the real tokens equals the EPLB-off reference within
-  ``atol + rtol * max|reference|`` (the rank's reported ``output_tolerance``, the driver's
-  ``SimulateConfig.outputs_rtol``: ``steps.OutputTolerance.bound``);
-- ``load``: the recorded ``expert_load_pass`` equals the bincount of the real (unpadded) tokens'
-  physical ids when recording was on, and is zero when it was off.
-
-Shape letters (DESIGN.md section 2): L MoE layers, E logical experts, P physical experts, p local
-physical experts, N EP ranks, T tokens (padded), K top-k, H hidden size, I MoE intermediate size.
+The toy MoE model (:mod:`ascend_eplb.world.toy_moe`): each MoE layer routes the replayed trace through
+upstream's real router (with dataplane's map-and-record op bound) and holds its local experts in the
+format's kernel storage (quant_views); each rank routes rows of its own. The simulator adds the padding
+rows, the all-gather dispatch and all-reduce combine, and the EPLB-off reference (the same tokens on one
+storage of all ``E`` experts in identity placement). Checks: ``outputs`` (each layer's output within
+``steps.OutputTolerance.bound`` of the reference) and ``load`` (the recorded ``expert_load_pass`` equals
+the bincount of the real tokens' physical ids, zero with recording off). Shape letters: GLOSSARY.md.
 """
 
 from __future__ import annotations

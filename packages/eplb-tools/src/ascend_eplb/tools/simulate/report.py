@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ascend_eplb.control import measures
+from ascend_eplb.control.policy_config import SKIP_REASONS
 from ascend_eplb.integration.events import (
     CommitRecord,
     InitialPlacementRecord,
@@ -27,7 +28,8 @@ from ascend_eplb.integration.events import (
     read_events,
 )
 from ascend_eplb.integration.model_names import DRAFT_SUFFIX, is_draft
-from ascend_eplb.tools.simulate.config import SimulateConfig
+from ascend_eplb.tools.costs import estimate_costs, read_model_size
+from ascend_eplb.tools.simulate.config import CHECKS, SimulateConfig
 from ascend_eplb.tools.simulate.stats import InstallSeen, OutputTolerance, RankStats
 from ascend_eplb.tools.simulate.verdicts import JUDGED, PASSED, check_verdicts, run_verdict
 
@@ -240,7 +242,6 @@ class SimulateReport:
 def build_report(
     config: SimulateConfig, routing: Any, results: list[RankStats], wall_s: float
 ) -> SimulateReport:
-    from ascend_eplb.tools.simulate.config import CHECKS
 
     r0 = results[0]
     bal = list(r0.balancedness_per_step)
@@ -272,7 +273,6 @@ def build_report(
     busiest = [
         a + b for a, b in zip(outcomes.install_received, outcomes.rearrangements_received, strict=True)
     ]
-    from ascend_eplb.control.policy_config import SKIP_REASONS
 
     return SimulateReport(
         ranks=config.num_ranks,
@@ -358,7 +358,6 @@ def build_report(
 def _draft(config: SimulateConfig, results: list[RankStats], first_rearr: int | None) -> DraftReport | None:
     """With ``--speculative-tokens``: :class:`DraftReport` (None without a draft), its figures computed as
     the target's are (``first_rearr``: the step the first rearrangement started, both models' alike)."""
-    from ascend_eplb.control.policy_config import SKIP_REASONS
 
     drafts = [res.draft for res in results]
     d0 = drafts[0]
@@ -540,7 +539,6 @@ def _costs(config: SimulateConfig, busiest_experts: int, layer_commits: int) -> 
     cost), per layer committed."""
     if config.model_config is None:
         return None
-    from ascend_eplb.tools.costs import estimate_costs, read_model_size
 
     model = read_model_size(config.model_config)
     per_layer = busiest_experts / layer_commits if busiest_experts and layer_commits else None

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ascend_eplb.control.values import INT32_MAX as _INT32_MAX
+from ascend_eplb.dataplane import DEFAULT_ROWS as LOOKUP_ROWS
+from ascend_eplb.quant_views import get_format
 from ascend_eplb.quant_views.reference import LAYER_SEED_STRIDE as _LAYER_STRIDE
 from ascend_eplb.quant_views.reference import SEED_STRIDE as _SEED_STRIDE
 from ascend_eplb.tools.host_memory import available_bytes, gib, sampling_bytes
@@ -80,8 +83,6 @@ def estimate(
     sampled: bool,
 ) -> ResourceEstimate:
     """Bytes the run of ``config`` (a valid ``SimulateConfig``) needs on this host."""
-    from ascend_eplb.dataplane import DEFAULT_ROWS as LOOKUP_ROWS
-    from ascend_eplb.quant_views import get_format
 
     fmt = get_format(config.quant_format)
     n, L, E, K = config.num_ranks, num_moe_layers, num_logical_experts, top_k  # noqa: N806 (DESIGN letters)
@@ -184,7 +185,6 @@ def model_memory_rule(num_ranks: int, folder: Any) -> list[str]:
     """A run on the real model in ``folder``: per rank a process with vLLM imported plus the EPLB-on and
     EPLB-off models' weights (each at most the checkpoint's safetensors bytes), plus the launcher and
     its fork server, against :func:`available_bytes`. Returns the rule's message, or nothing."""
-    from pathlib import Path
 
     weights = sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
     need = num_ranks * (PROCESS_BASE_BYTES + 2 * weights) + 2 * PROCESS_BASE_BYTES

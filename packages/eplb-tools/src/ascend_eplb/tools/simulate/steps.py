@@ -33,6 +33,7 @@ from ascend_eplb.integration.serving import guardrails_of
 from ascend_eplb.integration.verify import EplbVerificationError, EplbVerifier
 from ascend_eplb.integration.watchdog import EplbWorkerFailureError, WorkerWatchdog
 from ascend_eplb.launch import RankContext
+from ascend_eplb.tools.simulate.lifecycle import record_rank_resources
 from ascend_eplb.tools.simulate.stats import DraftLog, InstallSeen, RankConfig, RankStats, StepLog, frozen
 
 __all__ = [
@@ -56,8 +57,6 @@ class CheckViolationError(Exception):
 
 def record_resources(ctx: RankContext, cfg: RankConfig) -> None:
     if cfg.record_resources:
-        from ascend_eplb.tools.simulate.lifecycle import record_rank_resources
-
         record_rank_resources(ctx.tmp_dir, ctx.rank)  # the launcher removes what a killed rank left
 
 

@@ -6,6 +6,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from ascend_eplb.control.policy_config import PolicySettings
+from ascend_eplb.tools import quiet
+from ascend_eplb.tools.costs import format_bytes
+from ascend_eplb.tools.simulate.config import CHECK_DESCRIPTIONS
 from ascend_eplb.tools.simulate.report import InstallReport, SimulateReport
 from ascend_eplb.tools.simulate.verdicts import FAILED, NOT_JUDGED, PASSED
 
@@ -48,8 +52,6 @@ def _rearrangement_lines(report: SimulateReport, f) -> list[str]:
     """The policy and the gain gate of the run, what the rearrangements (and the start-up install) moved
     and skipped, and one line per rearrangement: its balancedness before, planned and realised beside the
     experts and bytes it moved, or the gate's reason."""
-    from ascend_eplb.control.policy_config import PolicySettings
-    from ascend_eplb.tools.costs import format_bytes
 
     settings = PolicySettings(
         report.policy, report.min_balancedness_gain, report.target_balancedness, report.load_estimate
@@ -112,7 +114,6 @@ def _rearrangement_lines(report: SimulateReport, f) -> list[str]:
 def _draft_lines(report: SimulateReport, f) -> list[str]:
     """With ``--speculative-tokens``: the MTP draft's own lines (balanced beside the target in the one EPLB
     state): what it served, its rearrangements (as the target's) and its balancedness."""
-    from ascend_eplb.tools.costs import format_bytes
 
     d = report.draft
     if d is None:
@@ -156,9 +157,6 @@ def _install_line(start: InstallReport, f, head: str) -> str:
 
 
 def summary_text(report: SimulateReport) -> str:
-    from ascend_eplb.tools.costs import format_bytes
-    from ascend_eplb.tools.simulate.config import CHECK_DESCRIPTIONS
-
     def f(x: float | None, spec: str = ".4f") -> str:
         return "n/a" if x is None else format(x, spec)
 
@@ -219,7 +217,6 @@ def summary_text(report: SimulateReport) -> str:
         lines.append(f"        {'':<12} saw: {report.check_evidence[name]}")
     scrape = ", metrics.prom" if report.config.get("metrics") else ""
     lines.append(f"  report.json, balancedness.png, events.jsonl{scrape} in {report.out_dir}")
-    from ascend_eplb.tools import quiet
 
     if quiet.install():
         lines.append(f"  {quiet.NOTE}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from ascend_eplb.tools.simulate.config import SimulateConfig
+from ascend_eplb.tools.simulate.config import CHECKS, SimulateConfig
 from ascend_eplb.tools.simulate.stats import RankStats
 
 __all__ = ["FAILED", "JUDGED", "NOT_JUDGED", "PASSED", "check_verdicts", "run_verdict"]
@@ -51,7 +51,6 @@ def check_verdicts(
 ) -> dict[str, tuple[str, str]]:
     """``check -> (outcome, what it saw)``, outcome ``pass``, ``fail`` or ``not judged``: a check passes
     only on what it compared, and says what that was."""
-    from ascend_eplb.tools.simulate.config import CHECKS
 
     r0, n = results[0], len(results)
     steps = r0.steps_run
