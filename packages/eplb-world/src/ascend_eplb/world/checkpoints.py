@@ -23,15 +23,20 @@ from __future__ import annotations
 import functools
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from ascend_eplb.integration.model_facts import architectures_error, read_moe_facts
 from ascend_eplb.integration.rules import moe_fact_errors
+from ascend_eplb.integration.validation import ASCEND_QUANT_TYPES
+from ascend_eplb.quant_views import FORMAT_SUPPORT, get_format
 
 __all__ = [
     "ARCHITECTURES",
@@ -165,7 +170,6 @@ def _mtp_layers(folder: Path, config: dict[str, Any]) -> int:
     layers = config.get("num_hidden_layers")
     if not isinstance(declared, int) or declared < 1 or not isinstance(layers, int):
         return 0
-    from safetensors import safe_open
 
     prefix = f"model.layers.{layers}."
     for file in sorted(folder.glob("*.safetensors")):
@@ -177,7 +181,6 @@ def _mtp_layers(folder: Path, config: dict[str, Any]) -> int:
 
 def checkpoint_tensors(folder: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """Every tensor of the folder's ``*.safetensors`` files (in file-name order), by checkpoint key."""
-    from safetensors.torch import load_file
 
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(Path(folder).glob("*.safetensors")):
@@ -515,9 +518,6 @@ def add_mtp_layer(
         ValueError: not a DeepSeek-V3 checkpoint, one with MTP weights already, a sharded one, or
             ``popularity`` not ``(E,)`` with a positive total.
     """
-    import tempfile
-
-    from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = Path(folder)
@@ -642,7 +642,6 @@ def msmodelslim_quant_type(fmt: str) -> str:
     Raises:
         ValueError: no msModelSlim type maps to ``fmt``.
     """
-    from ascend_eplb.integration.validation import ASCEND_QUANT_TYPES
 
     for quant_type, name in ASCEND_QUANT_TYPES.items():
         if name == fmt:
@@ -658,7 +657,6 @@ def format_of_quant_type(quant_type: str) -> str:
     Raises:
         ValueError: ``quant_type`` is none of ``ASCEND_QUANT_TYPES``.
     """
-    from ascend_eplb.integration.validation import ASCEND_QUANT_TYPES
 
     name = ASCEND_QUANT_TYPES.get(str(quant_type).upper())
     if name is None:
@@ -683,9 +681,6 @@ def write_quantized_experts(folder: str | os.PathLike[str], fmt: str) -> Path:
     Raises:
         ValueError: ``fmt`` has no msModelSlim type, or the checkpoint is not one of :func:`write_checkpoint`.
     """
-    from safetensors.torch import save_file
-
-    from ascend_eplb.quant_views import FORMAT_SUPPORT, get_format
 
     quant_type = msmodelslim_quant_type(fmt)
     folder = Path(folder)
@@ -737,7 +732,6 @@ def to_format(folder: str | os.PathLike[str], fmt: str | None) -> Path:
     Raises:
         ValueError: ``fmt`` is none of these (as :func:`msmodelslim_quant_type`).
     """
-    from safetensors.torch import load_file, save_file
 
     folder = Path(folder)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(fmt or "")

@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from ascend_eplb.quant_views import FORMAT_SUPPORT, get_format, layer_storage, layer_weight_views
 from ascend_eplb.world.checkpoints import (
     DESCRIPTION_FILE,
     format_of_quant_type,
@@ -141,8 +142,6 @@ def _method_class() -> type:
     from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
     from vllm.model_executor.utils import set_weight_attrs
 
-    from ascend_eplb.quant_views import FORMAT_SUPPORT, get_format
-
     class QuantViewsFusedMoEMethod(FusedMoEMethodBase):
         """A format's FusedMoE method: checkpoint parameters, Ascend layout, quant_views kernel.
 
@@ -204,7 +203,6 @@ def _method_class() -> type:
 
         def get_eplb_weight_views(self, layer) -> list[Any]:
             """vllm-ascend's contract: every kernel tensor, expert-first (``layer_weight_views``)."""
-            from ascend_eplb.quant_views import layer_weight_views
 
             return layer_weight_views(layer, self.format)
 
@@ -228,7 +226,6 @@ def lay_out_experts(
     Raises:
         ValueError: the loaded tensors do not match the format's checkpoint layout (quant_views' message).
     """
-    from ascend_eplb.quant_views import get_format
 
     loaded = {n: getattr(layer, n).data for n in names if getattr(layer, n, None) is not None}
     storage = get_format(fmt).storage_from_checkpoint(
@@ -256,7 +253,6 @@ def _keep_layer_storage(layer: torch.nn.Module, fmt: str) -> None:
     """Validate the layer's kernel tensors once (quant_views ``layer_storage``) and keep the storage,
     with the attribute objects it reads (and, for per-expert lists, their elements), for
     :func:`apply_layer`."""
-    from ascend_eplb.quant_views import layer_storage
 
     storage = layer_storage(layer, fmt)
     suffix = "_list" if storage.per_expert_lists else ""
@@ -326,7 +322,6 @@ def apply_layer(
         RuntimeError: the layer was not laid out by :func:`lay_out_experts` for ``fmt``, or a kernel
             tensor of it was replaced (rebound) since.
     """
-    from ascend_eplb.quant_views import get_format
 
     fmt_ = get_format(fmt)
     storage = _kept_layer_storage(layer, fmt)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,8 +40,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
+from ascend_eplb.control.bus import DecisionEvent
 from ascend_eplb.dataplane.graphs import TracedGraph
+from ascend_eplb.integration.patches import apply_patches
+from ascend_eplb.integration.runner import Mrv2EplbWiring, batch_has_prefill
+from ascend_eplb.quant_views import layer_storage, layer_view_names
 from ascend_eplb.world.checkpoints import (
     VOCAB_SIZE,
     checkpoint_experts,
@@ -325,9 +331,6 @@ def _thread_lock_for_tqdm() -> None:
     process and never released: one leaked semaphore per rank at shutdown (the resource tracker warns).
     A rank has no child process to share the lock with.
     """
-    import threading
-
-    from tqdm import tqdm
 
     if getattr(tqdm, "_lock", None) is None:
         tqdm.set_lock(threading.RLock())
@@ -372,7 +375,6 @@ def prepare_world(
             serve (:func:`compilation_error`), or a compiled world of a checkpoint whose experts are not
             float32.
     """
-    from ascend_eplb.integration.patches import apply_patches
 
     layout = parallel_layout(ctx.world_size, data_parallel_size)  # refused before anything changes
     if dispatch == "all-to-all" and layout.tensor_parallel_size != 1:
@@ -728,8 +730,6 @@ class ServingWorker:
         from vllm.config import set_current_vllm_config
         from vllm.distributed.parallel_state import get_ep_group
 
-        from ascend_eplb.integration.runner import Mrv2EplbWiring
-
         self.folder = Path(folder)
         self.info = checkpoint_info(self.folder)
         self.format = checkpoint_format(self.folder)
@@ -976,7 +976,6 @@ class ServingWorker:
         """What serves the routed experts: ``methods`` (class name per MoE layer), ``formats``
         (quant_views format per layer, None for float32), ``kernel_names`` (layer 0's kernel tensors,
         [] for float32) and ``view_names`` (per layer, the weight views' attribute names)."""
-        from ascend_eplb.quant_views import layer_storage, layer_view_names
 
         layers = routed_experts(self.model)
         formats = [getattr(layer.quant_method, "format_name", None) for layer in layers]
@@ -1153,8 +1152,6 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
     """
     os.environ["ASCEND_EPLB_VERIFY"] = "1"  # the serving verifier checks every commit and step
     os.environ.update(spec.environ)
-    from ascend_eplb.control.bus import DecisionEvent
-    from ascend_eplb.integration.runner import batch_has_prefill
 
     worker = ServingWorker(
         ctx,
