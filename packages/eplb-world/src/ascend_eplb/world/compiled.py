@@ -79,7 +79,6 @@ def compiled_module(model: torch.nn.Module) -> torch.nn.Module:
 def dynamo_counters() -> dict[str, Any]:
     """TorchDynamo's counters of this process: ``unique_graphs`` (graphs compiled) and
     ``graph_breaks`` (reason -> count; empty when none)."""
-
     return {
         "unique_graphs": int(counters["stats"]["unique_graphs"]),
         "graph_breaks": dict(counters["graph_break"]),

@@ -1,16 +1,14 @@
 """CPU stand-ins for the device features vLLM 0.33.0 lacks on this host, and their installation.
 
-Six stand-ins, each the narrowest for what this build lacks (no ``vllm._C``), each checked against
-HF transformers by ``integration/tests/test_real_models.py``: 1 expert compute
-(:func:`register_torch_moe_method`, dispatches :data:`MOE_DISPATCHES`), 2 attention
-(:func:`install_attention_stand_ins`), 3 16-bit linear layers, 5 variable-size collectives and 6
-TorchDynamo off in an eager world (:func:`stand_in_patches`); 4, the cache release, is the integration's
-host adaptation. What each replaces and why: the package README, "The stand-ins". Each patch is declared
-on its factory (``@upstream.replaces``, listed in :data:`STAND_INS`); :func:`install_stand_ins` checks
-the world's upstream rows, then installs the process-wide ones; :func:`install_model_stand_ins` those of
-one built model. vLLM is imported inside functions (``TorchFusedMoEMethod`` built on first access): the
-tools' option parsing and ``plan`` import this package. Shapes: p local physical experts, T tokens, K
-top-k, H hidden size, I MoE intermediate size.
+Six, each the narrowest for what this build lacks (no ``vllm._C``), each checked against HF transformers
+(``integration/tests/test_real_models.py``): 1 expert compute (:func:`register_torch_moe_method`,
+:data:`MOE_DISPATCHES`), 2 attention (:func:`install_attention_stand_ins`), 3 16-bit linear layers, 5
+variable-size collectives, 6 TorchDynamo off in an eager world (:func:`stand_in_patches`); 4, the cache
+release, is the integration's host adaptation. What each replaces and why: the package README. Patches
+are declared on their factories (``@upstream.replaces``, :data:`STAND_INS`); :func:`install_stand_ins`
+checks the world's upstream rows, then installs; :func:`install_model_stand_ins` those of one built
+model. vLLM is imported inside functions (``TorchFusedMoEMethod`` built on first access; see
+:mod:`~ascend_eplb.world`). Shapes: p local physical experts, T tokens, K top-k, H hidden, I intermediate.
 """
 
 from __future__ import annotations
@@ -64,23 +62,18 @@ def _expert(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tenso
 def grouped_expert_compute(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, local_ids: torch.Tensor
 ) -> torch.Tensor:
-    """This rank's routed-expert output, every local slot computed on every row and weighted by the
-    row's selections of it: fixed shapes, no host read (TorchDynamo traces it whole, a CUDA graph could
-    capture it).
+    """This rank's routed-expert output, every local slot computed on every row and weighted by the row's
+    selections of it: fixed shapes, no host read (TorchDynamo traces it whole).
 
     Args:
-        x: ``(T, H)`` activations.
-        w13: ``(p, 2I, H)`` gate rows then up rows per local slot; w2: ``(p, H, I)``.
-        topk_weights: ``(T, K)`` router weights.
-        local_ids: integer ``(T, K)``: each selection's local slot, -1 for a slot on another rank.
+        x: ``(T, H)``; w13: ``(p, 2I, H)`` gate rows then up rows per local slot; w2: ``(p, H, I)``;
+        topk_weights: ``(T, K)``; local_ids: integer ``(T, K)``, each selection's local slot or -1.
 
     Returns:
-        ``(T, H)`` in ``x``'s dtype: the sum over slots ``s`` (ascending) of ``expert_s(x_t)`` times the
-        row's weight of ``s`` (a router selects distinct experts, so a row selects a slot at most once),
-        zero for a row without a local selection: the order of addition of the earlier per-slot loop.
-        A slot's GEMM runs over all T rows, so where CPU BLAS rounds a GEMM of 1-3 rows differently
-        (MKL, measured) the result differs from that loop's by float32 rounding (``test_stand_ins``
-        bounds it).
+        ``(T, H)`` in ``x``'s dtype: the sum over slots ``s`` (ascending) of ``expert_s(x_t)`` times the row's
+        weight of ``s`` (a row selects a slot at most once), zero without a local selection. Each GEMM runs
+        over all T rows, so it differs from a per-slot loop by float32 rounding (CPU BLAS rounds 1-3-row
+        GEMMs differently; ``test_stand_ins`` bounds it).
     """
     weights = topk_weights.to(x.dtype)
     out = torch.zeros_like(x)
@@ -175,7 +168,6 @@ def _torch_moe_method_class() -> type:
 
         def get_eplb_weight_views(self, layer: Any) -> list[Any]:
             """vllm-ascend's contract (bf16/fp16 layers): quant_views ``layer_weight_views``."""
-
             return layer_weight_views(layer, self.format_name)
 
         def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
@@ -304,11 +296,9 @@ def cpu_all_gatherv(
     """``all_gatherv`` of a ``CpuCommunicator`` over ``torch.distributed`` (stand-in 5).
 
     Args:
-        communicator: the group's ``CpuCommunicator`` (its ``device_group``, ``world_size``,
-            ``rank_in_group``).
+        communicator: the group's ``CpuCommunicator`` (``device_group``, ``world_size``, ``rank_in_group``).
         input_: this rank's rows ``(sizes[rank], ...)``, or a list of such tensors (each gathered alike).
-        dim: 0 (the only dimension upstream gathers on; vLLM's CUDA communicator has the same limit).
-        sizes: the rows of every rank of the group, in group order; None: every rank has this rank's.
+        dim: 0 only (as vLLM's CUDA communicator); sizes: every rank's rows in group order, None: this rank's.
 
     Returns:
         ``(sum(sizes), ...)`` per input, same dtype and device: rank 0's rows, then rank 1's, ...
@@ -317,7 +307,6 @@ def cpu_all_gatherv(
         NotImplementedError: ``dim`` is not 0.
         ValueError: ``sizes`` does not hold one count per rank, or this rank's tensor has other rows.
     """
-
     if dim != 0:
         raise NotImplementedError(f"all_gatherv stand-in: dim={dim}, only dim 0 is supported")
     tensors = [input_] if isinstance(input_, torch.Tensor) else list(input_)
@@ -343,20 +332,17 @@ def cpu_reduce_scatterv(
     """``reduce_scatterv`` of a ``CpuCommunicator`` over ``torch.distributed`` (stand-in 5).
 
     Args:
-        communicator: the group's ``CpuCommunicator``.
-        input_: ``(sum(sizes), ...)`` along ``dim`` on every rank (the input is not modified).
-        dim: the dimension scattered (upstream passes 0).
-        sizes: the rows each rank of the group keeps, in group order; None: equal shares.
+        communicator: the group's ``CpuCommunicator``; input_: ``(sum(sizes), ...)`` along ``dim`` on every
+            rank (not modified); dim: the dimension scattered (upstream passes 0); sizes: each rank's rows in
+            group order, None: equal shares.
 
     Returns:
-        the sum over the group of the input's rows ``[sum(sizes[:rank]), sum(sizes[:rank + 1]))`` along
-        ``dim``, same dtype and device.
+        the group's sum of the input's rows ``[sum(sizes[:rank]), sum(sizes[:rank + 1]))`` along ``dim``.
 
     Raises:
-        ValueError: ``sizes`` does not hold one count per rank or does not add up to the input's rows,
-            or (None) the rows do not divide by the group size.
+        ValueError: ``sizes`` does not hold one count per rank or add up to the input's rows, or (None) the
+            rows do not divide by the group size.
     """
-
     dim = dim % input_.dim()
     total = int(input_.shape[dim])
     world, rank = communicator.world_size, communicator.rank_in_group
@@ -582,24 +568,16 @@ def install_attention_stand_ins(model: torch.nn.Module) -> dict[str, int]:
 def install_stand_ins(*, quantized: bool = False, dispatch: str = "gather", compiled: bool = False) -> None:
     """Install every process-wide stand-in, before a model is built (idempotent).
 
-    First the CPU world's rows of its upstream surface (:func:`ascend_eplb.world.upstream.check`:
-    signatures, instance bindings' targets, attributes). Then the 16-bit linear patch, the variable-size
-    collectives and no compilation of vLLM's helper functions (:func:`stand_in_patches`), the torch
-    expert method (:func:`register_torch_moe_method`) and, for a checkpoint with an msModelSlim description
-    (``quantized``), the ``"ascend"`` quantization stand-in
-    (``quant_method.register_ascend_quantization``). ``dispatch`` (:data:`MOE_DISPATCHES`) is the torch
-    expert method's for every model of this process built or run afterwards. ``compiled``: the models
-    of this process run compiled (vLLM's TorchDynamo trace), so stand-in 6 (TorchDynamo off) is not
-    installed.
+    Checks the world's upstream rows first (:func:`ascend_eplb.world.upstream.check`), then applies
+    :func:`stand_in_patches` (3, 5 and 6; 6 not when ``compiled``: vLLM's TorchDynamo trace), registers the
+    torch expert method with ``dispatch`` (:data:`MOE_DISPATCHES`) for every model built afterwards and, with
+    ``quantized`` (an msModelSlim description), the ``"ascend"`` quantization stand-in.
 
     Raises:
-        ValueError: ``dispatch`` is not one of :data:`MOE_DISPATCHES`; ``all-to-all`` with ``quantized``
-            (the quantized method has no all-to-all dispatch) or with ``compiled`` (its counts go to the
-            host); ``compiled`` with ``quantized`` (the quantized method computes each selection on its
-            own, with host reads: eager only; so do 16-bit experts, which the world refuses compiled).
-        RuntimeError: an upstream row of the CPU world drifted (named; nothing installed), another
-            out-of-tree method or ``"ascend"`` quantization is registered already, or this process's
-            stand-ins were installed for the other execution mode.
+        ValueError: an unknown ``dispatch``; ``all-to-all`` with ``quantized`` or ``compiled`` (its counts go
+            to the host); ``compiled`` with ``quantized`` (that method reads the host: eager only).
+        RuntimeError: an upstream row drifted (named; nothing installed), another out-of-tree method or
+            ``"ascend"`` quantization is registered, or the stand-ins serve the other execution mode.
     """
     global _COMPILED
     if dispatch not in MOE_DISPATCHES:
