@@ -1,21 +1,14 @@
 """The tiny checkpoints of vLLM's real MoE architectures: writing them, fitting their routing, reading them.
 
-* :func:`write_checkpoint` writes a tiny random checkpoint (``config.json`` + safetensors, float32) of
-  ``"qwen3-moe"`` (``Qwen3MoeForCausalLM``), ``"deepseek-v3"`` (``DeepseekV3ForCausalLM``: grouped
-  top-k, sigmoid scoring with a nonzero ``e_score_correction_bias``, a shared expert, a dense first
-  layer, MLA) or ``"mixtral"`` (``MixtralForCausalLM``) with transformers' own config and model classes;
-  never a hub. ``"qwen2-moe"`` (``Qwen2MoeForCausalLM``, whose vLLM 0.33.0 class has no
-  ``MixtureOfExperts`` part) is the model EPLB start-up refuses. :func:`to_format` converts a
-  checkpoint to a 16-bit dtype or, with :func:`write_quantized_experts`, to msModelSlim's layout of a
-  quantized format (what vLLM Ascend serves with ``--quantization ascend``).
-* :func:`fit_routing_bias` fits a DeepSeek-V3 checkpoint's routing bias to a recorded popularity.
-* :func:`checkpoint_info`, :func:`checkpoint_tensors`, :func:`checkpoint_experts` and
-  :func:`checkpoint_format` read such a checkpoint back (sizes, tensors, routed experts, format).
-
-Imports torch and the standard library (transformers and safetensors inside the functions that write or
-read weights; ``ascend_eplb.quant_views`` and ``ascend_eplb.integration.validation`` for the formats); no
-vLLM. Shape letters (DESIGN.md section 2): E logical experts, H hidden size, I MoE intermediate size, L
-MoE layers, K top-k; V is the vocabulary size.
+:func:`write_checkpoint` writes ``"qwen3-moe"``, ``"deepseek-v3"`` (grouped top-k, sigmoid scoring with a
+nonzero correction bias, a shared expert, a dense first layer, MLA), ``"mixtral"`` or ``"qwen2-moe"``
+(the model EPLB start-up refuses: no ``MixtureOfExperts`` part in vLLM 0.33.0) with transformers' own
+classes, never a hub; :func:`to_format` converts one to a 16-bit dtype or msModelSlim's quantized layout
+(:func:`write_quantized_experts`); :func:`fit_routing_bias` fits a routing to a recorded popularity;
+:func:`checkpoint_info`, :func:`checkpoint_tensors`, :func:`checkpoint_experts` and
+:func:`checkpoint_format` read one back. transformers is imported inside functions (see
+:mod:`~ascend_eplb.world`); no vLLM. Shapes: E logical experts, H hidden, I MoE intermediate, L MoE
+layers, K top-k, V vocabulary.
 """
 
 from __future__ import annotations
@@ -23,15 +16,20 @@ from __future__ import annotations
 import functools
 import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from ascend_eplb.integration.model_facts import architectures_error, read_moe_facts
 from ascend_eplb.integration.rules import moe_fact_errors
+from ascend_eplb.integration.validation import ASCEND_QUANT_TYPES
+from ascend_eplb.quant_views import FORMAT_SUPPORT, get_format
 
 __all__ = [
     "ARCHITECTURES",
@@ -82,21 +80,12 @@ EXPERT_KEYS = {
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """The sizes of a checkpoint :func:`write_checkpoint` wrote (read
-    back from its ``config.json`` by start-up's reader, ``model_facts.read_moe_facts``).
-
-    Attributes:
-        arch: an :data:`ARCHITECTURES` key.
-        folder: the checkpoint folder.
-        num_logical_experts: E (routed experts per MoE layer).
-        top_k: K.
-        num_moe_layers: L, as vLLM's model class builds them (``MoeFacts.num_moe_layers``).
-        vocab_size: V.
-        hidden_size: H.
-        moe: the config's MoE facts.
-        num_mtp_layers: DeepSeek-V3's multi-token prediction layers (``num_nextn_predict_layers``; each an
-            MoE layer of the draft vLLM builds as ``DeepSeekMTP``, at decoder-layer index
-            ``num_hidden_layers + i``), 0 when the checkpoint holds no MTP weights.
+    """The sizes of a checkpoint :func:`write_checkpoint` wrote, read back from its ``config.json`` by
+    start-up's reader (``model_facts.read_moe_facts``): ``arch`` (an :data:`ARCHITECTURES` key), ``folder``,
+    ``num_logical_experts`` E, ``top_k`` K, ``num_moe_layers`` L (as vLLM's model class builds them),
+    ``vocab_size`` V, ``hidden_size`` H, ``moe`` (the config's MoE facts) and ``num_mtp_layers``
+    (DeepSeek-V3's MTP layers, ``num_nextn_predict_layers``, each an MoE layer of vLLM's ``DeepSeekMTP`` at
+    decoder index ``num_hidden_layers + i``; 0 when the checkpoint holds no MTP weights).
     """
 
     arch: str
@@ -165,7 +154,6 @@ def _mtp_layers(folder: Path, config: dict[str, Any]) -> int:
     layers = config.get("num_hidden_layers")
     if not isinstance(declared, int) or declared < 1 or not isinstance(layers, int):
         return 0
-    from safetensors import safe_open
 
     prefix = f"model.layers.{layers}."
     for file in sorted(folder.glob("*.safetensors")):
@@ -177,8 +165,6 @@ def _mtp_layers(folder: Path, config: dict[str, Any]) -> int:
 
 def checkpoint_tensors(folder: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     """Every tensor of the folder's ``*.safetensors`` files (in file-name order), by checkpoint key."""
-    from safetensors.torch import load_file
-
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(Path(folder).glob("*.safetensors")):
         tensors.update(load_file(str(file)))
@@ -327,32 +313,20 @@ def write_checkpoint(
     moe_intermediate_size: int | None = None,
     mtp_layers: int = 0,
 ) -> Path:
-    """Write a tiny random checkpoint of ``arch`` into ``folder`` and return the folder.
+    """Write a tiny random checkpoint of ``arch`` (an :data:`ARCHITECTURES` key) into ``folder`` (created;
+    files overwritten) with transformers' config class, ``from_config`` and ``save_pretrained`` (per-expert
+    keys); return the folder. Sizes: :func:`checkpoint_info`.
 
-    Hidden size 64, vocabulary 128, 4 attention heads; ``qwen3-moe``, ``qwen2-moe`` (with a shared
-    expert) and ``mixtral``: 2 layers, both MoE, E=8, K=2; ``deepseek-v3``: 3 layers (the first dense),
-    E=16 in 4 groups (2 chosen), K=4, one shared expert, MLA (q LoRA 48, kv LoRA 32). Weights are drawn
-    from ``seed`` with std 0.02, token embeddings std 1, router gates std 0.5, LM head std 0.3 (routing
-    is not degenerate in any layer); DeepSeek's ``e_score_correction_bias`` is nonzero (std 0.05).
-    Written with transformers' config class, ``AutoModelForCausalLM.from_config`` and
-    ``save_pretrained`` (per-expert keys); about 0.1 s. Sizes: :func:`checkpoint_info`.
-
-    Args:
-        arch: an :data:`ARCHITECTURES` key.
-        folder: created if missing; its files are overwritten.
-        seed: torch seed of the weights.
-        num_experts: E instead of the default (DeepSeek: a multiple of its 4 groups).
-        top_k: K instead of the default.
-        num_moe_layers: L instead of the default 2 (DeepSeek-V3 keeps its dense first layer).
-        fmt: the experts' quant_views format (:func:`to_format`): None or ``"float32"``
-            (float32 everywhere, a CPU-host-only dtype), ``"bf16"``/``"fp16"`` (the whole checkpoint in
-            that dtype), or a quantized format: float32 non-expert weights and the routed experts in
-            msModelSlim's layout with its ``quant_model_description.json`` (served with
-            ``--quantization ascend``).
-        moe_intermediate_size: I instead of the default 32 (the MX formats need a multiple of 64).
-        mtp_layers: ``deepseek-v3`` only: 1 adds DeepSeek-V3's multi-token prediction layer
-            (:func:`add_mtp_layer`, weights from ``seed + 1``), the MoE draft vLLM serves as
-            ``DeepSeekMTP``; 0 (default): none.
+    Hidden 64, vocabulary 128, 4 heads; ``qwen3-moe``, ``qwen2-moe`` (a shared expert) and ``mixtral``: 2
+    MoE layers, E=8, K=2; ``deepseek-v3``: 3 layers (the first dense), E=16 in 4 groups (2 chosen), K=4, one
+    shared expert, MLA (q LoRA 48, kv LoRA 32). Drawn from torch seed ``seed``: std 0.02, embeddings 1,
+    router gates 0.5, LM head 0.3 (no layer routes degenerately), DeepSeek's ``e_score_correction_bias``
+    0.05. ``num_experts`` E (DeepSeek: a multiple of 4), ``top_k`` K, ``num_moe_layers`` L (DeepSeek keeps its
+    dense first layer) and ``moe_intermediate_size`` I (default 32; MX formats need a multiple of 64) override
+    the defaults. ``fmt`` (:func:`to_format`): None / ``"float32"`` (a CPU-host-only dtype), ``"bf16"`` /
+    ``"fp16"`` (the whole checkpoint), or a quantized format (float32 elsewhere, the routed experts in
+    msModelSlim's layout with its description, served with ``--quantization ascend``). ``mtp_layers`` 1
+    (``deepseek-v3`` only) adds the MTP layer (:func:`add_mtp_layer`, weights from ``seed + 1``).
 
     Raises:
         ValueError: unknown ``arch`` or ``fmt``; ``mtp_layers`` other than 0, or 1 for ``deepseek-v3``.
@@ -405,24 +379,18 @@ def fit_routing_bias(
 ) -> torch.Tensor:
     """Fit a DeepSeek-V3 checkpoint's ``e_score_correction_bias`` so its routing follows ``popularity``.
 
-    The bias shifts expert selection only (upstream ``noaux_tc``: it is added to the scores for the
-    top-k choice, not to the routing weights), so this skews which experts tokens pick without changing
-    what an expert computes. Each iteration runs HF transformers on 16 random sequences of 64 tokens,
-    counts each MoE layer's selections and moves the layer's bias by
-    ``step * log(target share / observed share)``; the fitted bias is written back into the checkpoint.
+    The bias shifts selection only (upstream's ``noaux_tc`` adds it to the scores for the top-k choice, not
+    to the weights). Each of ``iterations`` runs HF transformers on 16 random sequences of 64 tokens (seed
+    ``seed``), counts each MoE layer's selections and moves its bias by ``step * log(target share / observed
+    share)``; the fitted bias is written back. 60 iterations fit the ESFT trace's first 4 MoE layers to an
+    L1 distance of 0.14-0.17 (64-expert preset; balancedness without EPLB within 0.01 of the trace's).
 
     Args:
         folder: a ``"deepseek-v3"`` checkpoint of :func:`write_checkpoint`.
-        popularity: ``(L, E)`` non-negative load per logical expert (e.g. a recorded trace's per-layer
-            selections); each layer is normalised to shares.
-        iterations: fitting iterations (60 fit the embedded ESFT trace's first 4 MoE layers to an L1
-            distance of 0.14-0.17 between target and observed shares, measured on the 64-expert
-            preset; balancedness without EPLB then within 0.01 of the trace's).
-        step: the bias step per unit of log-share error.
-        seed: seed of the fitting tokens.
+        popularity: ``(L, E)`` non-negative load per logical expert; each layer normalised to shares.
 
     Returns:
-        float64 ``(L, E)``: the selection shares the fitted checkpoint gave in the last iteration.
+        float64 ``(L, E)``: the selection shares of the last iteration.
 
     Raises:
         ValueError: not a DeepSeek-V3 checkpoint, or ``popularity`` not ``(L, E)`` with positive rows.
@@ -481,43 +449,22 @@ def add_mtp_layer(
     step: float = 0.02,
     fit_seed: int = 0,
 ) -> Path:
-    """Give a DeepSeek-V3 checkpoint DeepSeek-V3's multi-token prediction (MTP) layer, in place.
+    """Give a DeepSeek-V3 checkpoint its multi-token prediction (MTP) layer, in place; return ``folder``.
 
-    The layer is what DeepSeek-V3/R1 checkpoints carry after the last decoder layer and vLLM serves as the
-    MoE draft ``DeepSeekMTP`` (``vllm/model_executor/models/deepseek_mtp.py``): at decoder index ``n =
-    num_hidden_layers``, ``model.layers.n.{enorm, hnorm, eh_proj}`` (the input norms and the projection
-    of ``[norm(embed(next token)), norm(target hidden)]``), a whole decoder layer with its own MoE (same
-    E, K and groups as the target's, its own router and experts) and ``shared_head.{norm, head}``, the head
-    and ``embed_tokens`` copies of the target's (as in DeepSeek-V3's release; vLLM shares the target's
-    anyway). ``config.json`` states ``num_nextn_predict_layers: 1`` (transformers' DeepSeek-V3 config
-    writes it by default, without the weights). The target's tensors are unchanged
-    (the target model of vLLM and of HF transformers skips the layer), so its outputs and routing are
-    too. The decoder layer is drawn as :func:`write_checkpoint` draws one (transformers' initialisation,
-    then the router and bias draws) from ``seed``; ``eh_proj`` std 0.02; norms 1.
-
-    With ``popularity`` the layer's routing bias is fitted so that its routing follows it, as
-    :func:`fit_routing_bias` fits the target's: the layer runs (as transformers' ``DeepseekV3DecoderLayer``,
-    causal) on what vLLM's MTP layer feeds it from HF transformers' target hidden states of 16 random
-    sequences of 64 tokens (``fit_seed``) and their next tokens; each iteration moves the bias by ``step *
-    log(target share / observed share)``.
-
-    Args:
-        folder: a ``deepseek-v3`` checkpoint of :func:`write_checkpoint` without an MTP layer.
-        seed: torch seed of the layer's weights.
-        popularity: ``(E,)`` non-negative load per logical expert to fit the layer's routing to (e.g. a
-            recorded trace layer's selections); None: the drawn bias.
-        iterations, step, fit_seed: the fit's.
-
-    Returns:
-        ``folder``.
+    The layer vLLM serves as the MoE draft ``DeepSeekMTP`` (``vllm/model_executor/models/deepseek_mtp.py``):
+    at decoder index ``n = num_hidden_layers``, ``model.layers.n.{enorm, hnorm, eh_proj}``, a whole decoder
+    layer with its own MoE (the target's E, K and groups) and ``shared_head.{norm, head}``, head and
+    ``embed_tokens`` copies of the target's (as DeepSeek-V3's release); ``config.json`` already states
+    ``num_nextn_predict_layers: 1``. The target's tensors, outputs and routing are unchanged. Drawn from
+    ``seed`` as :func:`write_checkpoint` draws a layer; ``eh_proj`` std 0.02, norms 1. With ``popularity``
+    (``(E,)`` non-negative) its routing bias is fitted as :func:`fit_routing_bias` does (``iterations``,
+    ``step``), the layer run as transformers' ``DeepseekV3DecoderLayer`` on HF's target hidden states of 16
+    random sequences of 64 tokens (``fit_seed``) and their next tokens.
 
     Raises:
         ValueError: not a DeepSeek-V3 checkpoint, one with MTP weights already, a sharded one, or
             ``popularity`` not ``(E,)`` with a positive total.
     """
-    import tempfile
-
-    from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = Path(folder)
@@ -642,8 +589,6 @@ def msmodelslim_quant_type(fmt: str) -> str:
     Raises:
         ValueError: no msModelSlim type maps to ``fmt``.
     """
-    from ascend_eplb.integration.validation import ASCEND_QUANT_TYPES
-
     for quant_type, name in ASCEND_QUANT_TYPES.items():
         if name == fmt:
             return quant_type
@@ -658,8 +603,6 @@ def format_of_quant_type(quant_type: str) -> str:
     Raises:
         ValueError: ``quant_type`` is none of ``ASCEND_QUANT_TYPES``.
     """
-    from ascend_eplb.integration.validation import ASCEND_QUANT_TYPES
-
     name = ASCEND_QUANT_TYPES.get(str(quant_type).upper())
     if name is None:
         raise ValueError(f"msModelSlim quant type {quant_type!r} is none of {sorted(ASCEND_QUANT_TYPES)}")
@@ -667,26 +610,18 @@ def format_of_quant_type(quant_type: str) -> str:
 
 
 def write_quantized_experts(folder: str | os.PathLike[str], fmt: str) -> Path:
-    """Rewrite the routed experts of a float checkpoint in ``folder`` in msModelSlim's layout of ``fmt``.
+    """Rewrite the routed experts of a float checkpoint in ``folder`` in msModelSlim's layout of ``fmt``;
+    return the description file's path.
 
-    Per MoE layer, the E experts' float weights are quantized together by quant_views'
-    ``quantize_checkpoint`` (per expert, so an expert's tensors do not depend on the others) and
-    written per expert under the checkpoint's own keys: ``w13_<suffix>`` rows ``[:I]`` as
-    ``experts.<e>.gate_proj.<suffix>``, rows ``[I:]`` as ``up_proj``, ``w2_<suffix>`` as ``down_proj``
-    (Mixtral: ``w1``/``w3``/``w2``). The description maps every tensor name to its quant type
-    (``FLOAT`` for non-expert weights) plus ``model_quant_type``. A rejected format (``w4a16`` ...)
-    writes only the description, over the float experts: start-up must refuse it before loading.
-
-    Returns:
-        the description file's path.
+    Per MoE layer quant_views' ``quantize_checkpoint`` quantizes each expert on its own, written under the
+    checkpoint's keys: ``w13_<suffix>`` rows ``[:I]`` as ``experts.<e>.gate_proj.<suffix>``, rows ``[I:]``
+    as ``up_proj``, ``w2_<suffix>`` as ``down_proj`` (Mixtral: ``w1``/``w3``/``w2``). The description maps
+    every tensor to its quant type (``FLOAT`` elsewhere) plus ``model_quant_type``. A rejected format
+    (``w4a16`` ...) writes only the description, over the float experts: start-up must refuse it.
 
     Raises:
         ValueError: ``fmt`` has no msModelSlim type, or the checkpoint is not one of :func:`write_checkpoint`.
     """
-    from safetensors.torch import save_file
-
-    from ascend_eplb.quant_views import FORMAT_SUPPORT, get_format
-
     quant_type = msmodelslim_quant_type(fmt)
     folder = Path(folder)
     info = checkpoint_info(folder)
@@ -737,8 +672,6 @@ def to_format(folder: str | os.PathLike[str], fmt: str | None) -> Path:
     Raises:
         ValueError: ``fmt`` is none of these (as :func:`msmodelslim_quant_type`).
     """
-    from safetensors.torch import load_file, save_file
-
     folder = Path(folder)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(fmt or "")
     if fmt in (None, "float32"):

@@ -1,16 +1,12 @@
 """The world's real load: ESFT's DeepSeek-V2-Lite routing, shipped in this package (``data/``, MIT).
 
-* The embedded trace, :func:`embedded_trace_path` (``data/esft_translation_top6.npz``): the per-token
-  top-6 routing of the 40 sequences (8,251 tokens) of ESFT's "translation" task over the 26 MoE layers,
-  a lossless conversion of ESFT's ``expert_weights_<layer>.txt`` (keys and conversion:
-  ``data/ORIGIN.md``; ``ascend_eplb.tools.trace`` reads and writes the format). :func:`esft_sequences`
-  gives one layer's sequences, as the multi-rank tests feed them to routers.
-* The four tasks' per-(layer, expert) token shares, :func:`task_shares_path` (ESFT's
-  ``results/expert_scores/<task>/summary.json``, byte-identical: ``{"token_scores": {layer: {expert:
-  share}}, ...}``, layers "1".."26", experts "0".."63").
-
-Read with ``importlib.resources`` (a wheel install finds them too). Shape letters (GLOSSARY.md): E
-logical experts, K top-k.
+:func:`embedded_trace_path` (``data/esft_translation_top6.npz``): the per-token top-6 routing of the 40
+sequences (8,251 tokens) of ESFT's "translation" task over 26 MoE layers, a lossless conversion of
+ESFT's ``expert_weights_<layer>.txt`` (``data/ORIGIN.md``; ``ascend_eplb.tools.trace`` reads the format);
+:func:`esft_sequences` gives one layer's sequences as the multi-rank tests route them.
+:func:`task_shares_path`: the four tasks' per-(layer, expert) token shares (ESFT's
+``results/expert_scores/<task>/summary.json``, byte-identical: ``{"token_scores": {layer: {expert:
+share}}, ...}``, layers "1".."26", experts "0".."63"). Read with ``importlib.resources``. Shapes: E, K.
 """
 
 from __future__ import annotations

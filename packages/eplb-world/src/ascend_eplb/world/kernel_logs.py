@@ -1,12 +1,9 @@
 """What the CPU world's expert methods consumed, logged where a compiled forward can log it.
 
-A compiled forward (vLLM's ``DYNAMO_TRACE_ONCE``) freezes every Python value its one trace read, so an
-expert method cannot count its calls in a Python int or append the ids it was given to a list (the
-trace would run that once). :class:`KernelLog` keeps them in device tensors allocated after loading,
-before any forward, and written in place by each call: what a traced or captured graph can do. The
-world reads them after the forward (the ids the kernel consumed, the calls per layer).
-
-Shape letters (DESIGN.md section 2): T rows of the kernel's batch, K top-k.
+A compiled forward (vLLM's ``DYNAMO_TRACE_ONCE``) freezes every Python value its one trace read, so a
+method cannot count calls in an int or append ids to a list; :class:`KernelLog` keeps them in device
+tensors written in place, which the world reads after the forward. Shapes: T rows of the kernel's
+batch, K top-k.
 """
 
 from __future__ import annotations
@@ -19,11 +16,8 @@ __all__ = ["KernelLog", "attach_kernel_log", "kernel_log"]
 
 
 class KernelLog:
-    """What an expert method's ``apply`` consumed, kept in device tensors written in place.
-
-    Allocated once per MoE layer after loading (before any forward), so a compiled forward, whose trace
-    froze every Python value it read, still records each call: ``record`` is a copy into a fixed
-    buffer, a fill and an add, no host read.
+    """What an expert method's ``apply`` consumed, in device tensors allocated once per MoE layer after
+    loading, before any forward; ``record`` is a copy into a fixed buffer, a fill and an add, no host read.
 
     Attributes:
         capacity: the most rows one call may log.

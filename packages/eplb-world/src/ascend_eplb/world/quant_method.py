@@ -1,41 +1,14 @@
-"""vLLM Ascend's quantized experts on a CPU host: msModelSlim checkpoints and a FusedMoE method per format.
+"""vLLM Ascend's quantized experts on a CPU host: the ``"ascend"`` quantization, a FusedMoE method per format.
 
-vLLM Ascend reaches quantized experts through ``--quantization ascend``: its ``AscendQuantConfig`` reads
-the checkpoint's msModelSlim ``quant_model_description.json`` and gives every FusedMoE layer the
-method of its quant type, whose ``create_weights`` registers the format's parameters, vLLM's loader
-fills them, ``process_weights_after_loading`` lays them out for the Ascend kernel and
-``get_eplb_weight_views(layer)`` answers ``AscendRoutedExperts.get_expert_weights()``. Without Ascend
-kernels this module stands in for exactly those pieces, each the narrowest for what this host lacks:
-
-* The checkpoint: :func:`ascend_eplb.world.checkpoints.write_quantized_experts` writes the
-  routed experts in msModelSlim's layout with its description (quant_views' ``quantize_checkpoint``).
-* :class:`AscendQuantConfig` (registered as vLLM quantization ``"ascend"`` by
-  :func:`register_ascend_quantization`, only where vLLM Ascend has not registered it) reads the
-  description with vLLM's own
-  ``get_quant_config`` (``get_config_filenames``), exposes it as ``quant_description`` (what start-up
-  validation reads) and gives each ``RoutedExperts`` a :class:`QuantViewsFusedMoEMethod` of its
-  experts' format; linear layers stay unquantized (the description says ``FLOAT``).
-* :class:`QuantViewsFusedMoEMethod` registers the checkpoint tensors (quant_views
-  ``checkpoint_layout``: per-channel scales and offsets load as ``"channel"``, MX block scales as
-  ``"block"`` through vLLM's ``RoutedExperts.weight_loader``), lays them out with quant_views
-  ``storage_from_checkpoint`` after loading (stacked, or per-expert lists when ``VLLM_ASCEND_ENABLE_NZ``
-  is on, as NZ weights need with EPLB; W8A8's fused MC2 scales when ``VLLM_ASCEND_ENABLE_FUSED_MC2`` is on),
-  computes with quant_views' reference kernel from the layer's own tensors (``layer_storage``) and
-  answers ``get_eplb_weight_views`` with ``layer_weight_views``. ``supports_eplb`` follows
-  ``FORMAT_SUPPORT``.
-* :func:`install_ascend_routed_experts` gives each such layer the ``get_expert_weights`` of vLLM Ascend's
-  ``AscendRoutedExperts`` (the method's views), per instance, before EPLB registers the model.
-
-Exactness (root README, "Quantized experts on real layers"): the method computes every (token, k)
-selection on its own (one ``apply`` of one row, so no GEMM's row count depends on the batch or on
-which replica served it) and sums a token's selections in ``k`` order in the activation dtype. With 2
-EP ranks and top-2 routing a token's output is then the sum of at most two nonzero partials, which
-vLLM's TP all-reduce adds commutatively, so EPLB-on logits equal EPLB-off's bit for bit whatever the
-placement.
-
-This module imports vLLM inside its functions only.
-Shape letters (DESIGN.md section 2): E logical experts, p local physical experts, T tokens, K top-k,
-H hidden size, I MoE intermediate size.
+Stands in for what vLLM Ascend's ``--quantization ascend`` needs and this host lacks:
+:class:`AscendQuantConfig` (registered by :func:`register_ascend_quantization` unless vLLM Ascend's is)
+reads the msModelSlim description with vLLM's ``get_quant_config`` and gives each ``RoutedExperts`` a
+:class:`QuantViewsFusedMoEMethod` of its format, which registers quant_views' ``checkpoint_layout``,
+lays it out (:func:`lay_out_experts`, :data:`FORMAT_SWITCHES`), computes with quant_views' reference
+kernel (:func:`apply_layer`) and answers ``get_eplb_weight_views``; :func:`install_ascend_routed_experts`
+gives each such layer vLLM Ascend's ``get_expert_weights``. How, and why EPLB-on logits are exact: the
+package README. The classes subclass vLLM's, so they are built on first access (``__getattr__``): the package
+imports no vLLM. Shapes: E logical experts, p local physical experts, T tokens, K top-k, H, I.
 """
 
 from __future__ import annotations
@@ -45,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ascend_eplb.quant_views import FORMAT_SUPPORT, get_format, layer_storage, layer_weight_views
 from ascend_eplb.world.checkpoints import (
     DESCRIPTION_FILE,
     format_of_quant_type,
@@ -141,8 +115,6 @@ def _method_class() -> type:
     from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
     from vllm.model_executor.utils import set_weight_attrs
 
-    from ascend_eplb.quant_views import FORMAT_SUPPORT, get_format
-
     class QuantViewsFusedMoEMethod(FusedMoEMethodBase):
         """A format's FusedMoE method: checkpoint parameters, Ascend layout, quant_views kernel.
 
@@ -204,8 +176,6 @@ def _method_class() -> type:
 
         def get_eplb_weight_views(self, layer) -> list[Any]:
             """vllm-ascend's contract: every kernel tensor, expert-first (``layer_weight_views``)."""
-            from ascend_eplb.quant_views import layer_weight_views
-
             return layer_weight_views(layer, self.format)
 
         def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
@@ -228,8 +198,6 @@ def lay_out_experts(
     Raises:
         ValueError: the loaded tensors do not match the format's checkpoint layout (quant_views' message).
     """
-    from ascend_eplb.quant_views import get_format
-
     loaded = {n: getattr(layer, n).data for n in names if getattr(layer, n, None) is not None}
     storage = get_format(fmt).storage_from_checkpoint(
         loaded,
@@ -256,8 +224,6 @@ def _keep_layer_storage(layer: torch.nn.Module, fmt: str) -> None:
     """Validate the layer's kernel tensors once (quant_views ``layer_storage``) and keep the storage,
     with the attribute objects it reads (and, for per-expert lists, their elements), for
     :func:`apply_layer`."""
-    from ascend_eplb.quant_views import layer_storage
-
     storage = layer_storage(layer, fmt)
     suffix = "_list" if storage.per_expert_lists else ""
     held = []
@@ -305,29 +271,23 @@ def apply_layer(
     comm_path: str = "standard",
 ) -> torch.Tensor:
     """The routed experts' output of this rank from the layer's own kernel tensors, each (token, k)
-    selection computed on its own.
-
-    The quant_views ``layer_storage`` over those tensors is validated once, when :func:`lay_out_experts`
-    lays the layer out (``process_weights_after_loading``); each call only checks that the layer still
-    holds the very tensor objects it validated (identity, no data read).
+    selection computed on its own. The ``layer_storage`` over those tensors was validated when
+    :func:`lay_out_experts` laid the layer out; a call only checks the layer still holds those very tensor
+    objects (identity, no data read).
 
     Args:
-        layer: a ``RoutedExperts`` laid out by :func:`lay_out_experts` (its ``expert_map``: int ``(P,)``
-            global physical id -> local row, -1 elsewhere, or None when every expert is local).
-        fmt: its quant_views format name.
-        x: ``(T, H)`` activations; topk_weights: float32 ``(T, K)``; topk_ids: int64 ``(T, K)`` physical ids.
-        comm_path: passed to ``apply``.
+        layer: a ``RoutedExperts`` laid out by :func:`lay_out_experts` (``expert_map``: int ``(P,)`` global
+            physical id -> local row, -1 elsewhere, or None when every expert is local).
+        fmt: its quant_views format name; comm_path: passed to ``apply``.
+        x: ``(T, H)``; topk_weights: float32 ``(T, K)``; topk_ids: int64 ``(T, K)`` physical ids.
 
     Returns:
-        ``(T, H)`` in ``x``'s dtype: per token, the outputs of its local selections added in ``k`` order
-        (zero for a token with none).
+        ``(T, H)`` in ``x``'s dtype: per token its local selections' outputs added in ``k`` order (zero
+        if none).
 
     Raises:
-        RuntimeError: the layer was not laid out by :func:`lay_out_experts` for ``fmt``, or a kernel
-            tensor of it was replaced (rebound) since.
+        RuntimeError: the layer was not laid out for ``fmt``, or a kernel tensor of it was rebound since.
     """
-    from ascend_eplb.quant_views import get_format
-
     fmt_ = get_format(fmt)
     storage = _kept_layer_storage(layer, fmt)
     expert_map = layer.expert_map

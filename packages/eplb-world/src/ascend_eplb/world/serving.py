@@ -1,37 +1,21 @@
 """vLLM 0.33.0's real MoE model classes on a CPU host: a rank's model and the serving worker.
 
-DESIGN.md section 5 asks for the invariants to be proven on vLLM's real model classes; this module is
-what lets a rank build and run them (facts measured in ``notes/real-models-on-cpu.md``) on the tiny
-checkpoints of :mod:`ascend_eplb.world.checkpoints`:
-
-* :func:`build_model` builds one rank's model with vLLM's own ``get_model`` (safetensors loader) under
-  DP x TP with EP over Gloo (every DP rank in one world, as vLLM's external launcher builds them:
-  :func:`parallel_layout`); :func:`forward` runs one prefill forward (the HF transformers oracle on the
-  same checkpoint is the test support's, ``ascend_eplb.testing.hf``).
-* :class:`ServingWorker` is one Model Runner V2 worker with EPLB on, built and driven as serving does,
-  beside the EPLB-off model of the same checkpoint (``simulate`` runs it).
-* :func:`real_model_world` is a rank function that drives the serving path with EPLB on
-  (``Mrv2EplbWiring``) for N steps, and the EPLB-off run of the same checkpoint and prompts.
-
-The CPU stand-ins for what this host lacks are :mod:`ascend_eplb.world.stand_ins`'s;
-:func:`prepare_world` and :func:`load_model` install them, and the project's patches with
-``apply_patches()`` as the plugin does.
-
-With ``CompilationConfig(custom_ops=["none"])`` RMSNorm, rotary, SiluAndMul, embeddings and the logits
-run their native torch forms; linear layers fall back to ``F.linear``. A world runs the models eagerly
-(``enforce_eager``) or compiled as vLLM's CPU platform compiles them (:func:`compilation_of`:
-``DYNAMO_TRACE_ONCE``, one TorchDynamo trace at each model's first forward).
-
-This module imports vLLM, transformers and ``ascend_eplb.integration`` inside its functions only. Shape
-letters (DESIGN.md section 2): E logical experts, P physical experts, p local physical experts, N EP
-ranks, T tokens, K top-k, H hidden size, I MoE intermediate size, L MoE layers; V here is the
-vocabulary size.
+DESIGN.md section 5 asks for the invariants to be proven on vLLM's real model classes, here on the
+tiny checkpoints of :mod:`~ascend_eplb.world.checkpoints`: :func:`build_model` builds one rank's model
+with vLLM's ``get_model`` under DP x TP with EP over Gloo (:func:`parallel_layout`, every DP rank in one
+world as vLLM's external launcher runs them) and :func:`forward` runs a prefill forward (the HF oracle
+is ``ascend_eplb.testing.hf``); :class:`ServingWorker` is one Model Runner V2 worker with EPLB on beside
+the EPLB-off model; :func:`real_model_world` drives it for N steps. :func:`prepare_world` installs the
+project's patches (as the plugin does) and the CPU stand-ins. ``custom_ops=["none"]``: RMSNorm, rotary,
+SiluAndMul, embeddings and logits run native torch; eager or compiled as vLLM's CPU platform compiles
+(:func:`compilation_of`). vLLM and transformers are imported inside functions (see :mod:`~ascend_eplb.world`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,8 +23,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
+from ascend_eplb.control.bus import DecisionEvent
 from ascend_eplb.dataplane.graphs import TracedGraph
+from ascend_eplb.integration.patches import apply_patches
+from ascend_eplb.integration.runner import Mrv2EplbWiring, batch_has_prefill
+from ascend_eplb.quant_views import layer_storage, layer_view_names
 from ascend_eplb.world.checkpoints import (
     VOCAB_SIZE,
     checkpoint_experts,
@@ -325,10 +314,6 @@ def _thread_lock_for_tqdm() -> None:
     process and never released: one leaked semaphore per rank at shutdown (the resource tracker warns).
     A rank has no child process to share the lock with.
     """
-    import threading
-
-    from tqdm import tqdm
-
     if getattr(tqdm, "_lock", None) is None:
         tqdm.set_lock(threading.RLock())
 
@@ -346,34 +331,22 @@ def prepare_world(
 ) -> Any:
     """What a worker has before it loads the model of ``folder``: its ``VllmConfig`` and vLLM's world.
 
-    Installs the project's patches (``ascend_eplb.integration.patches.apply_patches``: the host
-    adaptation, as the plugin does), the process-wide CPU stand-ins (``stand_ins.install_stand_ins``:
-    the torch expert method and, for a checkpoint with an msModelSlim description, the ``"ascend"``
-    quantization stand-in), builds the ``VllmConfig`` (the checkpoint's dtype,
-    ``quantization="ascend"`` with a description, eager unless ``compilation`` compiles,
-    ``custom_ops=["none"]``, ``enable_expert_parallel``, ``enable_eplb``; with ``data_parallel_size``
-    D > 1 the external launcher's DP fields and environment; compiled, vLLM's compile caches under
-    ``ctx.tmp_dir`` unless ``VLLM_CACHE_ROOT`` is set) and initialises vLLM's distributed environment once
-    per process (D x TP = ``ctx.world_size`` ranks over Gloo, EP over all of them). Arguments as
-    :func:`build_model`.
-
-    ``dispatch`` is the expert method's (``stand_ins.MOE_DISPATCHES``): ``gather`` (vLLM's, the
-    runner's) or ``all-to-all`` (route-first, vLLM Ascend's MC2 / ALLTOALL stood in; TP = 1).
-    ``compilation``: vLLM's ``compilation_config`` of the model (:func:`compilation_of`; None: eager,
-    ``enforce_eager``): compiled, the model's first forward is TorchDynamo's one trace of it
-    (``DYNAMO_TRACE_ONCE``, guards dropped), so everything that must be read fresh each forward has to be
-    in place before that forward (the runner's controller binds the routers at registration).
-    ``speculative_tokens`` N >= 1: vLLM's MTP speculative config with N tokens (the draft, DeepSeek-V3's
-    ``DeepSeekMTP``, is built by :func:`load_draft`); 0: none.
+    Installs the project's patches (``apply_patches``, as the plugin does) and the CPU stand-ins
+    (:func:`~ascend_eplb.world.stand_ins.install_stand_ins`), builds the ``VllmConfig`` (the checkpoint's
+    dtype, ``quantization="ascend"`` with an msModelSlim description, ``custom_ops=["none"]``, expert
+    parallel, ``enable_eplb``; D > 1: the external launcher's DP fields and environment; compiled: vLLM's
+    compile caches under ``ctx.tmp_dir`` unless ``VLLM_CACHE_ROOT`` is set) and initialises vLLM's
+    distributed environment once per process (D x TP = ``ctx.world_size`` ranks over Gloo, EP over all).
+    ``dispatch``: ``gather`` (vLLM's) or ``all-to-all`` (route-first, vLLM Ascend's MC2 stood in; TP = 1).
+    ``compilation`` (:func:`compilation_of`; None: eager): the first forward is TorchDynamo's one trace
+    (guards dropped), so what each forward must read fresh is in place before it. ``speculative_tokens``
+    N >= 1: vLLM's MTP speculative config (the draft: :func:`load_draft`). Others as :func:`build_model`.
 
     Raises:
-        ValueError: D does not divide the world (:func:`parallel_layout`), an unknown ``dispatch``,
-            ``all-to-all`` with TP > 1 or a quantized checkpoint, a ``compilation`` the world cannot
-            serve (:func:`compilation_error`), or a compiled world of a checkpoint whose experts are not
-            float32.
+        ValueError: D does not divide the world, an unknown ``dispatch``, ``all-to-all`` with TP > 1 or a
+            quantized checkpoint, a ``compilation`` the world cannot serve (:func:`compilation_error`), or a
+            compiled world of experts that are not float32.
     """
-    from ascend_eplb.integration.patches import apply_patches
-
     layout = parallel_layout(ctx.world_size, data_parallel_size)  # refused before anything changes
     if dispatch == "all-to-all" and layout.tensor_parallel_size != 1:
         raise ValueError(
@@ -451,24 +424,10 @@ def build_model(
     compilation: dict[str, Any] | None = None,
     speculative_tokens: int = 0,
 ) -> tuple[torch.nn.Module, Any]:
-    """One rank's vLLM model of the checkpoint in ``folder``: :func:`prepare_world`, then
-    :func:`load_model`.
-
-    Args:
-        ctx: the rank's ``RankContext``.
-        folder: a checkpoint of :func:`write_checkpoint`.
-        enable_eplb: ``ParallelConfig.enable_eplb``.
-        eplb: ``EPLBConfig`` fields (``num_redundant_experts``, ``window_size``, ``step_interval``,
-            ``use_async``, ...).
-        data_parallel_size: D (the world is D x TP; each DP rank feeds its own batch, its TP ranks the
-            same one).
-        dispatch: the expert method's dispatch (:func:`prepare_world`).
-        compilation: vLLM's ``compilation_config`` of the model (:func:`prepare_world`).
-        speculative_tokens: N >= 1: the config's MTP speculative config (:func:`prepare_world`; the draft
-            is :func:`load_draft`'s).
-
-    Returns:
-        ``(model, vllm_config)``.
+    """One rank's vLLM model of the checkpoint in ``folder`` (:func:`write_checkpoint`): :func:`prepare_world`
+    (the arguments are its: ``enable_eplb`` ``ParallelConfig.enable_eplb``, ``eplb`` ``EPLBConfig`` fields,
+    ``data_parallel_size`` D, each DP rank feeding its own batch and its TP ranks the same one), then
+    :func:`load_model`. Returns ``(model, vllm_config)``.
     """
     vllm_config = prepare_world(
         ctx, folder, enable_eplb=enable_eplb, eplb=eplb, data_parallel_size=data_parallel_size,
@@ -491,20 +450,16 @@ def routed_experts(model: torch.nn.Module) -> list[Any]:
 def forward(
     model: torch.nn.Module, vllm_config: Any, input_ids: torch.Tensor, positions: torch.Tensor
 ) -> torch.Tensor:
-    """One prefill forward of one sequence inside ``set_forward_context``.
-
-    With D > 1 every DP rank calls it together (the MoE layers gather over the DP or EP group), each on
-    its own batch of the same T, as Model Runner V2 pads every DP rank to one token count
-    (``num_tokens_across_dp`` is ``[T] * D``).
+    """One prefill forward of one sequence inside ``set_forward_context``. With D > 1 every DP rank calls it
+    together, each on its own batch of the same T (Model Runner V2 pads every DP rank to one count).
 
     Args:
-        model: from :func:`build_model`.
-        vllm_config: its config.
-        input_ids: int64 ``(T,)`` token ids.
-        positions: int64 ``(T,)``, ``0..T-1`` (the attention stand-ins are causal from position 0).
+        model, vllm_config: from :func:`build_model`.
+        input_ids: int64 ``(T,)``; positions: int64 ``(T,)``, ``0..T-1`` (the attention stand-ins are
+            causal from position 0).
 
     Returns:
-        float32 ``(T, vocab_size)`` logits of this rank's batch, on every TP rank (gathered over TP).
+        float32 ``(T, V)`` logits of this rank's batch, on every TP rank (gathered over TP).
     """
     return _forward(model, vllm_config, input_ids, positions)[1]
 
@@ -552,22 +507,18 @@ def forward_draft(
     positions: torch.Tensor,
     hidden_states: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward of an MTP draft (vLLM's ``DeepSeekMTP``, its first MTP layer), as Model Runner V2's
-    ``TargetDependentARSpeculator._run_model`` calls it: ``model(input_ids, positions, hidden_states)``
-    inside the forward context.
+    """One forward of an MTP draft (vLLM's ``DeepSeekMTP``), as Model Runner V2's
+    ``TargetDependentARSpeculator._run_model`` calls it inside the forward context.
 
     Args:
-        draft: the speculator's ``model`` (:func:`load_draft`).
-        vllm_config: its config.
-        input_ids: int64 ``(T,)``: at row ``t`` the token after the target's token ``t``.
-        positions: int64 ``(T,)``, ``0..T-1`` (the attention stand-ins are causal from position 0).
-        hidden_states: ``(T, H)``: the target's output hidden states (first draft step) or the previous
-            draft step's (the next ones).
+        draft: the speculator's ``model`` (:func:`load_draft`); vllm_config: its config.
+        input_ids: int64 ``(T,)``, at row ``t`` the token after the target's token ``t``; positions: int64
+            ``(T,)``, ``0..T-1``.
+        hidden_states: ``(T, H)``: the target's output (first draft step) or the previous draft step's.
 
     Returns:
-        ``(hidden (T, H), logits (T, V))``: the hidden states the draft feeds its next step (after the
-        shared head's norm, as vLLM recycles them) and its logits through the shared head, float32,
-        gathered over TP.
+        ``(hidden (T, H), logits (T, V))``: the hidden states of the next step (after the shared head's
+        norm, as vLLM recycles them) and float32 logits through the shared head, gathered over TP.
     """
     from vllm.config import set_current_vllm_config
 
@@ -637,60 +588,21 @@ class ServingWorker:
     """One Model Runner V2 worker on a real vLLM model with EPLB on, built and driven as serving does,
     beside the EPLB-off model of the same checkpoint (the oracle).
 
-    Construction: ``ASCEND_EPLB=1`` and ``VLLM_USE_V2_MODEL_RUNNER=1`` (as the README's serving command;
-    without the latter vLLM picks V1 on a host without Triton), ``vllm.plugins.load_general_plugins()``
-    (the plugin applies the patches), the model through :func:`build_model` (vLLM's loader fills every
-    slot), the runner's controller from ``Mrv2EplbWiring`` (start-up validation, watchdog, verifier with
-    ``ASCEND_EPLB_VERIFY=1``, events with ``ASCEND_EPLB_EVENTS``: set them before), ``load_model``
-    registration, then the EPLB-off model. Per step the caller runs :meth:`forward_step` (runner points
-    7-8 and the forward of both models) and :meth:`end_step` (point 9, upstream's step: hooks and the
-    verifier run there and may raise).
-
-    Args:
-        ctx: the rank's ``RankContext``.
-        folder: a checkpoint of :func:`write_checkpoint` (or any local folder of these architectures).
-        num_redundant_experts: R; ``E + R`` must divide by the ranks.
-        window_size, step_interval: upstream ``EPLBConfig`` fields (``use_async`` is on).
-        phase: ``load_collection_phase``.
-        eplb_off: also build the EPLB-off model.
-        initial_placement: ``eplb_config.initial_placement`` (a placement file or an events file to start
-            serving on), or None (upstream's initial placement).
-        ascend_keys: more Ascend keys of ``additional_config.eplb_config`` (the placement policy and the
-            gain gate: ``policy``, ``min_balancedness_gain``, ``target_balancedness``), judged by
-            start-up validation as a server's; None: none.
-        data_parallel_size: D; the world is D x TP (:func:`parallel_layout`), and every DP rank's worker
-            steps together, each forward on its own batch of one T.
-        dispatch: the expert method's dispatch (:func:`prepare_world`); with ``all-to-all`` the runner
-            names every forward's MoE rows ``split`` to the controller (``prepare_forward(...,
-            moe_rows="split")``, as vLLM Ascend names the rows of its MC2 / ALLTOALL batches).
-        compilation: vLLM's ``compilation_config`` of both models (:func:`compilation_of`; None:
-            eager). Compiled, the first forward (:meth:`profile_run`) is the one trace of each.
-        speculative_tokens: N >= 1: serve with MTP speculative decoding (a DeepSeek-V3 checkpoint with its
-            MTP layer, :func:`~ascend_eplb.world.checkpoints.add_mtp_layer`): the draft is loaded as
-            Model Runner V2 loads it (:func:`load_draft`) and registered by upstream's
-            ``maybe_register_speculator`` beside the target in the one EPLB state (as
-            ``"<model> (draft)"``), and each :meth:`forward_step` runs it N times after the target; 0:
-            no draft.
-
-    Attributes:
-        info: :func:`checkpoint_info`; ``format``: the experts' quant_views format
-        (``checkpoints.checkpoint_format``, None for float32); ``experts``: :func:`checkpoint_experts`
-        (float32) or ``expert_storage``: ``quant_method.checkpoint_expert_storage`` (a format), the truth
-        slots are checked against; ``model``, ``vllm_config``, ``wiring``, ``state`` (the
-        ``AscendEplbState``), ``model_state`` (upstream's), ``ep_rank``, ``layout`` (the
-        :class:`ParallelLayout`), ``dp_rank``, ``tp_rank``, ``moe_rows`` (the rows named to the
-        controller per forward, None: the configuration's), ``seconds`` (``build_on``,
-        ``build_off``), ``method`` (the expert method's class: ``stand_ins.TorchFusedMoEMethod``, or
-        ``quant_method``'s ``QuantViewsFusedMoEMethod`` for a quantized checkpoint); ``compiled``
-        (whether the models run compiled); ``observer`` (compiled with the ``eager`` backend: the
-        ``GraphObserver`` the EPLB-on model compiles with, else None) and ``traced`` (its graph, after
-        :meth:`profile_run`). With a draft:
-        ``speculator`` (upstream's, its ``model`` the draft), ``draft_model_state`` (upstream's),
-        ``draft_experts`` (:func:`checkpoint_experts` of the MTP layer), ``speculator_off`` (the EPLB-off
-        model's); without: None.
-
-    Order as a serving worker: :func:`prepare_world`, the runner's controller (start-up validation, which
-    refuses a rejected format before anything loads), :func:`load_model`, ``load_model`` registration.
+    Built in a serving worker's order: ``ASCEND_EPLB=1``, ``VLLM_USE_V2_MODEL_RUNNER=1`` (else vLLM picks V1
+    without Triton), vLLM's plugins (they apply the patches), :func:`prepare_world`, the runner's controller
+    from ``Mrv2EplbWiring`` (start-up validation refuses a rejected format before anything loads; set
+    ``ASCEND_EPLB_VERIFY`` / ``ASCEND_EPLB_EVENTS`` before), :func:`load_model`, its registration, then the
+    EPLB-off model. Per step: :meth:`forward_step` (runner points 7-8) and :meth:`end_step` (point 9,
+    upstream's step, where hooks and the verifier may raise). Args: ``num_redundant_experts`` R (``E + R``
+    divides by the ranks); ``window_size``, ``step_interval``, ``phase``: ``EPLBConfig``'s (``use_async``
+    on); ``initial_placement``: ``eplb_config.initial_placement`` or None (upstream's); ``ascend_keys``: more
+    ``additional_config.eplb_config`` keys, judged by start-up validation; ``data_parallel_size`` D, every DP
+    rank stepping on its own batch; ``dispatch``: :func:`prepare_world`'s (``all-to-all`` names the rows
+    ``split``, as vLLM Ascend's MC2); ``compilation``: :func:`compilation_of`, None eager (compiled,
+    :meth:`profile_run` is each model's one trace); ``speculative_tokens`` N >= 1: the MTP draft
+    (:func:`load_draft`), registered by upstream as ``"<model> (draft)"``, run N times after the target.
+    Attributes: ``experts`` / ``expert_storage`` (the truth slots are checked against), ``model``, ``state``,
+    ``speculator`` and ``draft_*`` (None without a draft), ``observer`` / ``traced`` (``eager`` backend).
     """
 
     def __init__(
@@ -727,8 +639,6 @@ class ServingWorker:
         vllm.plugins.load_general_plugins()
         from vllm.config import set_current_vllm_config
         from vllm.distributed.parallel_state import get_ep_group
-
-        from ascend_eplb.integration.runner import Mrv2EplbWiring
 
         self.folder = Path(folder)
         self.info = checkpoint_info(self.folder)
@@ -890,20 +800,16 @@ class ServingWorker:
         batch_has_prefill: bool,
         draft_input_ids: Any = (),
     ) -> WorkerStep:
-        """Runner points 7-8 and the forward: the batch phase, ``prepare_forward`` with the unpadded
-        count, the EPLB-on forward (the kernel's physical ids captured), then the EPLB-off forward; with a
-        draft, then its N forwards as Model Runner V2's MTP speculator runs them after the target
-        (``_prepare_eplb_forward`` with the unpadded count, upstream's own, then the draft on the previous
-        hidden states), EPLB on and off.
+        """Runner points 7-8 and the forward: the batch phase, ``prepare_forward`` with the unpadded count,
+        the EPLB-on forward (the kernel's physical ids captured), the EPLB-off forward; with a draft, its N
+        forwards after the target as Model Runner V2's MTP speculator runs them (upstream's
+        ``_prepare_eplb_forward``, then the draft on the previous hidden states), EPLB on and off.
 
         Args:
-            input_ids: int64 ``(T,)``, one sequence; rows ``>= num_unpadded_tokens`` are padding (the
-                stand-in attention is causal, so they change no real row).
-            num_unpadded_tokens: the real rows.
-            batch_has_prefill: the batch phase the runner declares.
-            draft_input_ids: with a draft, N int64 ``(T,)``: draft forward ``k``'s ids (row ``t``: the
-                token after the one of row ``t`` of its input hidden states), or empty: the draft does not
-                run in this step (speculation off for the batch); without a draft, empty.
+            input_ids: int64 ``(T,)``, one sequence; rows ``>= num_unpadded_tokens`` are padding (causal
+                attention: they change no real row). batch_has_prefill: the phase the runner declares.
+            draft_input_ids: N int64 ``(T,)``, draft forward ``k``'s ids (row ``t``: the token after row ``t``
+                of its input hidden states), or empty: no draft forward this step (speculation off).
 
         Raises:
             ValueError: ``draft_input_ids`` holds neither one sequence per speculative token nor none.
@@ -976,8 +882,6 @@ class ServingWorker:
         """What serves the routed experts: ``methods`` (class name per MoE layer), ``formats``
         (quant_views format per layer, None for float32), ``kernel_names`` (layer 0's kernel tensors,
         [] for float32) and ``view_names`` (per layer, the weight views' attribute names)."""
-        from ascend_eplb.quant_views import layer_storage, layer_view_names
-
         layers = routed_experts(self.model)
         formats = [getattr(layer.quant_method, "format_name", None) for layer in layers]
         return {
@@ -1042,36 +946,21 @@ def _changed(before: torch.Tensor, after: torch.Tensor) -> list[int]:
 class RealModelSpec:
     """Parameters of :func:`real_model_world` (picklable; every rank gets the same).
 
-    Attributes:
-        arch: an :data:`ARCHITECTURES` key.
-        folder: the checkpoint (:func:`write_checkpoint`, written before the world starts).
-        num_redundant_experts: R; ``E + R`` must divide by the number of ranks.
-        steps: engine steps of the EPLB-on run (each one prefill forward of one prompt).
-        phase: ``load_collection_phase`` (``"all"``, ``"prefill"``, ``"decode"``); even steps are
-            declared prefill batches and odd steps decode batches (each is one forward of its prompt).
-        window_size, step_interval: upstream ``EPLBConfig`` fields.
-        num_tokens: T per prompt.
-        seed: prompt seed.
-        run_eplb_off: also build the EPLB-off model and run the same prompts (the comparison run).
-        worker_deadline_s: how long a step waits for the async worker to hand over a layer.
-        environ: environment set in each rank before anything is built (e.g. vllm-ascend's
-            ``VLLM_ASCEND_ENABLE_NZ``, see ``quant_method.FORMAT_SWITCHES``).
-        data_parallel_size: D; the world is D x TP (:func:`parallel_layout`). Each DP rank serves its own
-            prompts (DP rank 0's are those of D = 1), its TP ranks the same ones.
-        real_tokens: per DP rank, the real (unpadded) rows of each prompt, the rest padding (Model
-            Runner V2 pads every DP rank to one T); empty: every row is real.
-        dispatch: the expert method's dispatch (``stand_ins.MOE_DISPATCHES``): ``gather`` (vLLM's) or
-            ``all-to-all`` (route-first, the ``split`` rows; TP = 1).
-        ascend_keys: more Ascend keys of ``additional_config.eplb_config`` (``policy``, the gate's,
-            ``load_estimate``), judged by start-up validation as a server's.
-        compilation: vLLM's ``compilation_config`` of both models (:func:`compilation_of`; None: eager).
-        speculative_tokens: N >= 1: serve the checkpoint's MTP draft beside the target
-            (:class:`ServingWorker`), N draft forwards per step; each step's prompt then has
-            ``num_tokens + N`` ids (draft forward ``k`` takes ids ``k + 1 .. k + num_tokens``).
-        draft_idle_steps: steps at which the draft does not run (speculation off for the batch), so a
-            window can hold the target's load and none of the draft's.
-        dummy_steps: steps before whose forward every rank runs a warm-up dummy run (runner point 6:
-            the target's and the draft's dummy forward, then a dummy step).
+    ``arch`` an :data:`ARCHITECTURES` key; ``folder`` the checkpoint, written before the world starts;
+    ``num_redundant_experts`` R (``E + R`` divides by the ranks); ``steps`` EPLB-on engine steps, each one
+    forward of one prompt of ``num_tokens`` T (seeded by ``seed``); ``phase`` ``load_collection_phase``
+    (even steps are declared prefill batches, odd steps decode); ``window_size``, ``step_interval``
+    upstream's ``EPLBConfig`` fields; ``run_eplb_off`` also run the EPLB-off model on the same prompts;
+    ``worker_deadline_s`` how long a step waits for the async worker's layer; ``environ`` set in each rank
+    before anything is built (e.g. ``VLLM_ASCEND_ENABLE_NZ``, ``quant_method.FORMAT_SWITCHES``);
+    ``data_parallel_size`` D (each DP rank its own prompts, DP rank 0's those of D = 1; its TP ranks the
+    same); ``real_tokens`` per DP rank the unpadded rows (Model Runner V2 pads every DP rank to one T;
+    empty: all real); ``dispatch`` ``gather`` or ``all-to-all`` (``split`` rows, TP = 1); ``ascend_keys``
+    more ``additional_config.eplb_config`` keys (``policy``, the gate's, ``load_estimate``);
+    ``compilation`` both models' (:func:`compilation_of`, None eager); ``speculative_tokens`` N >= 1 the MTP
+    draft, N forwards per step, each prompt ``num_tokens + N`` ids (draft forward ``k`` takes ids
+    ``k + 1 .. k + num_tokens``); ``draft_idle_steps`` steps without the draft (a window with the target's
+    load only); ``dummy_steps`` steps before which every rank runs a warm-up dummy run (runner point 6).
     """
 
     arch: str
@@ -1118,43 +1007,27 @@ class RealModelSpec:
 
 
 def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
-    """One :class:`ServingWorker` per rank (verifier on) for ``spec.steps`` steps, each step's EPLB-off
-    logits beside, in the world's DP x TP layout (``spec.data_parallel_size``).
+    """One :class:`ServingWorker` per rank (verifier on) for ``spec.steps`` steps beside the EPLB-off logits,
+    in the world's DP x TP layout. Before a step a pending layer transfer is awaited
+    (:meth:`ServingWorker.wait_for_transfer`, ``worker_deadline_s``), so commits come at the same steps in
+    every run; after each step with commits every local slot is checked against the checkpoint's expert
+    under upstream's committed ``physical_to_logical_map``.
 
-    The profile step, then per step :meth:`ServingWorker.forward_step` and
-    :meth:`ServingWorker.end_step`. The async worker rearranges every ``step_interval`` steps; before a
-    step, a pending layer transfer is awaited (:meth:`ServingWorker.wait_for_transfer`, deadline
-    ``worker_deadline_s``), so that commits come at the same steps in every run. After each step in
-    which layers committed, every local slot is compared with the checkpoint's logical expert under upstream's
-    committed ``physical_to_logical_map``.
-
-    Returns (every rank), a dict:
-        ``rank``; ``dp_rank``, ``tp_rank``, ``moe_rows`` (the row layout the controller used for the
-        forwards, ``RowLayout.rows``); ``num_real_tokens`` (this DP rank's real rows per prompt);
-        ``info`` (``num_logical_experts``, ``top_k``, ``num_moe_layers``,
-        ``num_physical_experts``); ``prompts``: list of int64 ``(T,)`` per step (this DP rank's);
-        ``logits_on``: float32 ``(T, vocab_size)`` per step (EPLB on); ``logits_off``: same prompts, EPLB off
-        (absent when ``run_eplb_off`` is False); ``load``: per step int64 ``(L, P)``, upstream's
-        ``expert_load_pass`` after the forward (this rank's recorded load, physical id space);
-        ``recorded``: per step, whether the step recorded; ``kernel_rows``: per step, the rows the
-        expert method of the first MoE layer received (this rank's T when each rank routes its own rows,
-        the gathered batch's rows otherwise); ``maps``: per step int64 ``(L, P)`` committed
-        ``physical_to_logical_map`` after the step; ``commits``: list of ``(step, layer)`` of each
-        completed layer commit (seen as a changed map row or a moved layer); ``slot_checks``: list of
-        ``(step, mismatches)`` after each commit (``mismatches`` from :func:`local_slot_mismatches`,
-        empty when every slot holds its expert); ``initial_slot_mismatches``: the same check right after
-        loading under the initial placement; ``num_rearrangements``; ``worker_alive``;
-        ``seconds``: wall time of ``build_on``, ``build_off`` and ``steps`` (both models);
-        ``moe_calls``: the expert method's applies on this rank (the EPLB-on model's); ``methods``: the
-        expert method's class name per MoE layer; ``formats``: the quant_views format per layer (None:
-        float32);
-        ``kernel_names``: layer 0's kernel tensors (quant_views ``layer_storage``, [] for float32);
-        ``view_names``: per layer, the attribute names of the weight views EPLB moves.
+    Returns (every rank) a dict: ``rank``, ``dp_rank``, ``tp_rank``, ``moe_rows`` (``RowLayout.rows``),
+    ``num_real_tokens``, ``info`` (E, K, L, P); per step: ``prompts`` int64 ``(T,)``, ``logits_on`` /
+    ``logits_off`` float32 ``(T, V)`` (off absent without ``run_eplb_off``), ``load`` int64 ``(L, P)``
+    (upstream's ``expert_load_pass``, this rank's), ``recorded``, ``kernel_rows`` (rows the first MoE
+    layer's method received), ``maps`` int64 ``(L, P)`` committed; ``commits`` ``[(step, layer)]`` (a changed
+    map row or a moved layer); ``slot_checks`` ``[(step, mismatches)]`` (:func:`local_slot_mismatches`) and
+    ``initial_slot_mismatches`` (after loading); ``num_rearrangements``; ``worker_alive``; ``seconds``
+    (``build_on``, ``build_off``, ``steps``); ``moe_calls`` (EPLB-on applies); ``methods`` and ``formats``
+    per MoE layer (format None: float32); ``kernel_names`` (layer 0's kernel tensors, [] for float32);
+    ``view_names`` per layer; ``decisions`` (every ``DecisionEvent``), ``estimates`` (each model's load
+    estimate, when on); compiled: ``compiled`` (TorchDynamo's counters, the observed graph, moved inputs);
+    with a draft: ``draft`` (the draft's per-step records and its registration).
     """
     os.environ["ASCEND_EPLB_VERIFY"] = "1"  # the serving verifier checks every commit and step
     os.environ.update(spec.environ)
-    from ascend_eplb.control.bus import DecisionEvent
-    from ascend_eplb.integration.runner import batch_has_prefill
 
     worker = ServingWorker(
         ctx,

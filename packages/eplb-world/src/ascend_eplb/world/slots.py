@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ascend_eplb.control import measures
+from ascend_eplb.quant_views import expert_fingerprint, get_format, layer_storage
 from ascend_eplb.world.checkpoints import (
     EXPERT_KEYS,
     CheckpointInfo,
@@ -87,8 +88,6 @@ def checkpoint_expert_storage(folder: str | os.PathLike[str], fmt: str) -> list[
     slot is a movement error, never a requantization), with the runtime options the method uses
     (W8A8 fused scales when ``VLLM_ASCEND_ENABLE_FUSED_MC2`` is on); stacked.
     """
-    from ascend_eplb.quant_views import get_format
-
     info = checkpoint_info(folder)
     tensors = checkpoint_tensors(folder)
     gate_t, up_t, down_t = EXPERT_KEYS[info.arch]
@@ -144,8 +143,6 @@ def slot_fingerprint_mismatches(
         one line per mismatching ``(layer, slot)``: quant_views ``expert_fingerprint`` over every kernel
         tensor of the layer (read from the layer's own parameters) against the truth's.
     """
-    from ascend_eplb.quant_views import expert_fingerprint, layer_storage
-
     out = []
     layers = [layer.routed_experts for layer in model.moe_layers]
     for index, (experts, reference) in enumerate(zip(layers, truth, strict=True)):

@@ -1,99 +1,36 @@
 """CPU stand-ins for the device features vLLM 0.33.0 lacks on this host, and their installation.
 
-Each the narrowest for what this CPU build lacks (``VLLM_TARGET_DEVICE=empty`` has no ``vllm._C``;
-facts measured in ``notes/real-models-on-cpu.md``), each checked against HF transformers by
-``integration/tests/test_real_models.py``:
-
-1. **Expert compute** (:class:`TorchFusedMoEMethod`): vLLM's CPU backend prepacks expert weights with
-   ``torch.ops._C.prepack_moe_weight`` and runs ``torch.ops._C.cpu_fused_moe``, both absent. The
-   stand-in subclasses ``UnquantizedFusedMoEMethod`` and is registered through vLLM's out-of-tree
-   CustomOp registry (``UnquantizedFusedMoEMethod.register_oot``, :func:`register_torch_moe_method`),
-   so every ``FusedMoE`` built afterwards gets it. It keeps the layer's ``w13_weight`` ``(p, 2I, H)``
-   and ``w2_weight`` ``(p, H, I)`` as loaded (no kernel layout, so EPLB's weight views are the very
-   tensors it reads) and consumes the ids the router returned (physical ids, the router is called once,
-   experts are never re-selected): ``layer.expert_map`` (global physical id -> local slot, -1 elsewhere)
-   gives each selection's local slot, and only selections of local slots contribute on this rank
-   (:func:`grouped_expert_compute`: every local slot on every row, weighted by the row's selections of
-   it; fixed shapes, no host read, so TorchDynamo traces it whole). Every apply logs the ids it
-   consumed in the layer's :class:`KernelLog` (device tensors written in place, allocated after loading,
-   before any forward: what a compiled forward can record).
-   vLLM's runner then all-reduces over TP, summing the ranks; shared experts run in the runner (no
-   modular kernel). Quantized experts have their own method (:mod:`ascend_eplb.world.quant_method`).
-   Its dispatch (:data:`MOE_DISPATCHES`, set by :func:`install_stand_ins`) is vLLM's on this host,
-   ``gather`` (the runner gathers the DP ranks' rows before routing, ``AgRsAll2AllManager``), or
-   ``all-to-all``: a route-first dispatch standing in for vLLM Ascend's MC2 / ALLTOALL, which this host
-   lacks. Then the method reports ``supports_internal_mk`` (so vLLM's runner neither gathers nor
-   reduce-scatters), each rank routes only its own rows, and ``apply`` is an all-to-all prepare/finalize
-   over the EP group's Gloo group: every selection's hidden row goes to the rank holding its physical
-   slot (slot ``p`` on rank ``p // p_local``), is computed there, comes back, and is summed into its
-   token with its weight (``torch.distributed.all_to_all_single`` with the selections' counts). TP = 1
-   only (each rank's rows are its own: the ``split`` row layout), float32 experts only, eager only (its
-   counts go to the host).
-2. **Attention** (:func:`install_attention_stand_ins`): the CPU platform picks ``CPU_ATTN`` /
-   ``CPU_MLA``, which need ``_C`` and KV-cache metadata; without metadata MLA returns zeros and raises
-   nothing. After the model is built, each ``Attention`` and ``MLAAttention`` instance of *this model*
-   gets a prefill-only causal SDPA ``forward`` (no KV cache, one sequence per forward, positions
-   ``0..T-1``): ``Attention`` with GQA, MLA by expanding ``kv_c`` through the layer's ``kv_b_proj``
-   weight into per-head ``k_nope`` and ``v`` and appending the shared rotary key. Nothing global changes.
-   MLA models are configured with the reference ``CPU_MLA`` backend (``serving``): on a CPU with AMX
-   tiles vLLM would pick ``AMX_MLA``, whose weight processing after loading needs ``_C``
-   (``convert_weight_packed``).
-3. **16-bit linear layers** (:func:`stand_in_patches`): on a CPU with AMX tiles vLLM packs bf16/fp16
-   linear and embedding weights for the sgl kernel (``check_cpu_sgl_kernel`` ->
-   ``torch.ops._C.convert_weight_packed``), absent here. The one patched binding,
-   ``vllm.model_executor.layers.utils.check_cpu_sgl_kernel`` (signature-checked), answers False while
-   ``torch.ops._C`` lacks that op, so the layers take vLLM's own ``F.linear`` fallback; float32 and
-   hosts with ``_C`` are unaffected.
-4. **Cache release**: vLLM's loader calls ``torch.accelerator.empty_cache()``, which raises without an
-   accelerator: adapted by the project's host adaptation (``ascend_eplb.control.host_adaptation``, in
-   the integration's one patch registry, installed with ``apply_patches()`` as the plugin does);
-   nothing here patches it.
-5. **Variable-size collectives** (:func:`stand_in_patches`): with ``data_parallel_size > 1`` vLLM's
-   gather-before-route dispatch (``AgRsAll2AllManager``, the ``allgather_reducescatter`` backend, the
-   CPU default) calls ``all_gatherv`` and ``reduce_scatterv`` on the DP or EP group; vLLM 0.33.0's
-   ``CpuCommunicator`` does not implement them (``DeviceCommunicatorBase``'s raise
-   ``NotImplementedError``) and Gloo has no reduce-scatter. The two patched bindings,
-   ``DeviceCommunicatorBase.all_gatherv`` / ``reduce_scatterv`` (signature-checked; refused if
-   ``CpuCommunicator`` ever defines its own), serve a ``CpuCommunicator`` over ``torch.distributed`` on
-   its group: ``all_gather`` of the rows padded to the largest size, then the real rows of each rank
-   concatenated in rank order; ``all_reduce`` (sum) of the whole tensor, then this rank's rows. Any
-   other communicator gets upstream's method unchanged.
-6. **No compilation of vLLM's helper functions** (:func:`stand_in_patches`): vLLM decorates a few
-   standalone functions with ``torch.compile(backend=current_platform.simple_compile_backend)``, among
-   them ``VocabParallelEmbedding``'s ``get_masked_input_and_mask`` (every forward at TP > 1) and the
-   grouped top-k router. The CPU platform's backend is ``"inductor"``: its first call generated and
-   built C++ on every rank (about 6 s of CPU per rank and model world, profiled with py-spy on the
-   main job). vLLM Ascend's ``NPUPlatform`` sets ``simple_compile_backend = "eager"`` ("Disable
-   torch.compile()"), so on an NPU these functions run their eager ops. The decorators took the backend
-   when vLLM was imported (in the launcher's fork server, before any stand-in), so the stand-in switches
-   TorchDynamo off for the process (``torch._dynamo.config.disable``, read at every call; a patch of
-   :func:`stand_in_patches`): the same eager ops, without the trace. It applies to an eager world only
-   (``enforce_eager=True``, :func:`install_stand_ins` ``compiled=False``); a compiled world
-   (:data:`COMPILE_BACKENDS`) keeps TorchDynamo on, as vLLM's CPU platform does, and its one trace of the
-   model inlines those helpers.
-
-Every point where these stand-ins meet vLLM is a row of the CPU world's upstream surface,
-:mod:`ascend_eplb.world.upstream` (each patch declared on its factory here, ``@upstream.replaces``, and
-listed in :data:`STAND_INS`; the per-instance ``forward`` s are ``INSTANCE_BINDINGS`` rows); serving never
-installs or checks them.
-:func:`install_stand_ins` checks the CPU world's rows (``upstream.check``) before it installs every
-process-wide stand-in (before a model is built);
-:func:`install_model_stand_ins` installs those of one built model. This module imports vLLM inside its
-functions only. Shape letters (DESIGN.md section 2): p local physical experts, T tokens, K top-k, H
-hidden size, I MoE intermediate size.
+Six, each the narrowest for what this build lacks (no ``vllm._C``), each checked against HF transformers
+(``integration/tests/test_real_models.py``): 1 expert compute (:func:`register_torch_moe_method`,
+:data:`MOE_DISPATCHES`), 2 attention (:func:`install_attention_stand_ins`), 3 16-bit linear layers, 5
+variable-size collectives, 6 TorchDynamo off in an eager world (:func:`stand_in_patches`); 4, the cache
+release, is the integration's host adaptation. What each replaces and why: the package README. Patches
+are declared on their factories (``@upstream.replaces``, :data:`STAND_INS`); :func:`install_stand_ins`
+checks the world's upstream rows, then installs; :func:`install_model_stand_ins` those of one built
+model. vLLM is imported inside functions (``TorchFusedMoEMethod`` built on first access; see
+:mod:`~ascend_eplb.world`). Shapes: p local physical experts, T tokens, K top-k, H hidden, I intermediate.
 """
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from ascend_eplb.control.patching import Patch, PatchSet, patches_of
+from ascend_eplb.quant_views import layer_weight_views
 from ascend_eplb.world import upstream
 from ascend_eplb.world.kernel_logs import attach_kernel_log, kernel_log
+from ascend_eplb.world.quant_method import (
+    apply_layer,
+    install_ascend_routed_experts,
+    lay_out_experts,
+    register_ascend_quantization,
+)
 
 __all__ = [
     "MOE_DISPATCHES",
@@ -125,23 +62,18 @@ def _expert(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tenso
 def grouped_expert_compute(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, local_ids: torch.Tensor
 ) -> torch.Tensor:
-    """This rank's routed-expert output, every local slot computed on every row and weighted by the
-    row's selections of it: fixed shapes, no host read (TorchDynamo traces it whole, a CUDA graph could
-    capture it).
+    """This rank's routed-expert output, every local slot computed on every row and weighted by the row's
+    selections of it: fixed shapes, no host read (TorchDynamo traces it whole).
 
     Args:
-        x: ``(T, H)`` activations.
-        w13: ``(p, 2I, H)`` gate rows then up rows per local slot; w2: ``(p, H, I)``.
-        topk_weights: ``(T, K)`` router weights.
-        local_ids: integer ``(T, K)``: each selection's local slot, -1 for a slot on another rank.
+        x: ``(T, H)``; w13: ``(p, 2I, H)`` gate rows then up rows per local slot; w2: ``(p, H, I)``;
+        topk_weights: ``(T, K)``; local_ids: integer ``(T, K)``, each selection's local slot or -1.
 
     Returns:
-        ``(T, H)`` in ``x``'s dtype: the sum over slots ``s`` (ascending) of ``expert_s(x_t)`` times the
-        row's weight of ``s`` (a router selects distinct experts, so a row selects a slot at most once),
-        zero for a row without a local selection: the order of addition of the earlier per-slot loop.
-        A slot's GEMM runs over all T rows, so where CPU BLAS rounds a GEMM of 1-3 rows differently
-        (MKL, measured) the result differs from that loop's by float32 rounding (``test_stand_ins``
-        bounds it).
+        ``(T, H)`` in ``x``'s dtype: the sum over slots ``s`` (ascending) of ``expert_s(x_t)`` times the row's
+        weight of ``s`` (a row selects a slot at most once), zero without a local selection. Each GEMM runs
+        over all T rows, so it differs from a per-slot loop by float32 rounding (CPU BLAS rounds 1-3-row
+        GEMMs differently; ``test_stand_ins`` bounds it).
     """
     weights = topk_weights.to(x.dtype)
     out = torch.zeros_like(x)
@@ -161,7 +93,6 @@ def _all_to_all_experts(
     Raises:
         RuntimeError: a selection reached a rank whose ``expert_map`` does not hold its slot.
     """
-    import torch.distributed as dist
     from vllm.distributed.parallel_state import get_ep_group
 
     group = get_ep_group()
@@ -231,16 +162,12 @@ def _torch_moe_method_class() -> type:
             # bf16/fp16: vllm-ascend's AscendUnquantizedFusedMoEMethod layout through quant_views.
             fmt = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(layer.w13_weight.dtype)
             if fmt is not None:
-                from ascend_eplb.world.quant_method import lay_out_experts
-
                 self.format_name = fmt
                 lay_out_experts(layer, fmt, ("w13_weight", "w2_weight", "w13_bias", "w2_bias"))
             attach_kernel_log(layer)
 
         def get_eplb_weight_views(self, layer: Any) -> list[Any]:
             """vllm-ascend's contract (bf16/fp16 layers): quant_views ``layer_weight_views``."""
-            from ascend_eplb.quant_views import layer_weight_views
-
             return layer_weight_views(layer, self.format_name)
 
         def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
@@ -255,8 +182,6 @@ def _torch_moe_method_class() -> type:
                     raise NotImplementedError(f"the all-to-all dispatch stand-in: {self.format_name} experts")
                 return _all_to_all_experts(layer, x, topk_weights, ids)
             if self.format_name is not None:
-                from ascend_eplb.world.quant_method import apply_layer
-
                 return apply_layer(layer, self.format_name, x, topk_weights, ids)
             expert_map = layer.expert_map
             local = (
@@ -316,8 +241,6 @@ def _has_packed_linear() -> bool:
     applies="always (float32 layers and hosts with that op unaffected)",
 )
 def _without_absent_sgl_kernel(original: Any) -> Any:
-    import functools
-
     @functools.wraps(original)
     def check_cpu_sgl_kernel(n: int, k: int, dtype: torch.dtype) -> bool:
         return _has_packed_linear() and original(n, k, dtype)
@@ -373,11 +296,9 @@ def cpu_all_gatherv(
     """``all_gatherv`` of a ``CpuCommunicator`` over ``torch.distributed`` (stand-in 5).
 
     Args:
-        communicator: the group's ``CpuCommunicator`` (its ``device_group``, ``world_size``,
-            ``rank_in_group``).
+        communicator: the group's ``CpuCommunicator`` (``device_group``, ``world_size``, ``rank_in_group``).
         input_: this rank's rows ``(sizes[rank], ...)``, or a list of such tensors (each gathered alike).
-        dim: 0 (the only dimension upstream gathers on; vLLM's CUDA communicator has the same limit).
-        sizes: the rows of every rank of the group, in group order; None: every rank has this rank's.
+        dim: 0 only (as vLLM's CUDA communicator); sizes: every rank's rows in group order, None: this rank's.
 
     Returns:
         ``(sum(sizes), ...)`` per input, same dtype and device: rank 0's rows, then rank 1's, ...
@@ -386,8 +307,6 @@ def cpu_all_gatherv(
         NotImplementedError: ``dim`` is not 0.
         ValueError: ``sizes`` does not hold one count per rank, or this rank's tensor has other rows.
     """
-    import torch.distributed as dist
-
     if dim != 0:
         raise NotImplementedError(f"all_gatherv stand-in: dim={dim}, only dim 0 is supported")
     tensors = [input_] if isinstance(input_, torch.Tensor) else list(input_)
@@ -413,21 +332,17 @@ def cpu_reduce_scatterv(
     """``reduce_scatterv`` of a ``CpuCommunicator`` over ``torch.distributed`` (stand-in 5).
 
     Args:
-        communicator: the group's ``CpuCommunicator``.
-        input_: ``(sum(sizes), ...)`` along ``dim`` on every rank (the input is not modified).
-        dim: the dimension scattered (upstream passes 0).
-        sizes: the rows each rank of the group keeps, in group order; None: equal shares.
+        communicator: the group's ``CpuCommunicator``; input_: ``(sum(sizes), ...)`` along ``dim`` on every
+            rank (not modified); dim: the dimension scattered (upstream passes 0); sizes: each rank's rows in
+            group order, None: equal shares.
 
     Returns:
-        the sum over the group of the input's rows ``[sum(sizes[:rank]), sum(sizes[:rank + 1]))`` along
-        ``dim``, same dtype and device.
+        the group's sum of the input's rows ``[sum(sizes[:rank]), sum(sizes[:rank + 1]))`` along ``dim``.
 
     Raises:
-        ValueError: ``sizes`` does not hold one count per rank or does not add up to the input's rows,
-            or (None) the rows do not divide by the group size.
+        ValueError: ``sizes`` does not hold one count per rank or add up to the input's rows, or (None) the
+            rows do not divide by the group size.
     """
-    import torch.distributed as dist
-
     dim = dim % input_.dim()
     total = int(input_.shape[dim])
     world, rank = communicator.world_size, communicator.rank_in_group
@@ -512,8 +427,6 @@ _CPU_COMMUNICATOR_ONLY = "always (only a `CpuCommunicator` gets the stand-in; an
     check=_check_cpu_communicator_lacks_all_gatherv,
 )
 def _cpu_all_gatherv(original: Any) -> Any:
-    import functools
-
     @functools.wraps(original)
     def all_gatherv(self, input_, dim=0, sizes=None):
         if not _is_cpu_communicator(self):
@@ -536,8 +449,6 @@ def _cpu_all_gatherv(original: Any) -> Any:
     check=_check_cpu_communicator_lacks_reduce_scatterv,
 )
 def _cpu_reduce_scatterv(original: Any) -> Any:
-    import functools
-
     @functools.wraps(original)
     def reduce_scatterv(self, input_, dim=-1, sizes=None):
         if not _is_cpu_communicator(self):
@@ -657,24 +568,16 @@ def install_attention_stand_ins(model: torch.nn.Module) -> dict[str, int]:
 def install_stand_ins(*, quantized: bool = False, dispatch: str = "gather", compiled: bool = False) -> None:
     """Install every process-wide stand-in, before a model is built (idempotent).
 
-    First the CPU world's rows of its upstream surface (:func:`ascend_eplb.world.upstream.check`:
-    signatures, instance bindings' targets, attributes). Then the 16-bit linear patch, the variable-size
-    collectives and no compilation of vLLM's helper functions (:func:`stand_in_patches`), the torch
-    expert method (:func:`register_torch_moe_method`) and, for a checkpoint with an msModelSlim description
-    (``quantized``), the ``"ascend"`` quantization stand-in
-    (``quant_method.register_ascend_quantization``). ``dispatch`` (:data:`MOE_DISPATCHES`) is the torch
-    expert method's for every model of this process built or run afterwards. ``compiled``: the models
-    of this process run compiled (vLLM's TorchDynamo trace), so stand-in 6 (TorchDynamo off) is not
-    installed.
+    Checks the world's upstream rows first (:func:`ascend_eplb.world.upstream.check`), then applies
+    :func:`stand_in_patches` (3, 5 and 6; 6 not when ``compiled``: vLLM's TorchDynamo trace), registers the
+    torch expert method with ``dispatch`` (:data:`MOE_DISPATCHES`) for every model built afterwards and, with
+    ``quantized`` (an msModelSlim description), the ``"ascend"`` quantization stand-in.
 
     Raises:
-        ValueError: ``dispatch`` is not one of :data:`MOE_DISPATCHES`; ``all-to-all`` with ``quantized``
-            (the quantized method has no all-to-all dispatch) or with ``compiled`` (its counts go to the
-            host); ``compiled`` with ``quantized`` (the quantized method computes each selection on its
-            own, with host reads: eager only; so do 16-bit experts, which the world refuses compiled).
-        RuntimeError: an upstream row of the CPU world drifted (named; nothing installed), another
-            out-of-tree method or ``"ascend"`` quantization is registered already, or this process's
-            stand-ins were installed for the other execution mode.
+        ValueError: an unknown ``dispatch``; ``all-to-all`` with ``quantized`` or ``compiled`` (its counts go
+            to the host); ``compiled`` with ``quantized`` (that method reads the host: eager only).
+        RuntimeError: an upstream row drifted (named; nothing installed), another out-of-tree method or
+            ``"ascend"`` quantization is registered, or the stand-ins serve the other execution mode.
     """
     global _COMPILED
     if dispatch not in MOE_DISPATCHES:
@@ -699,8 +602,6 @@ def install_stand_ins(*, quantized: bool = False, dispatch: str = "gather", comp
     stand_in_patches().apply()
     register_torch_moe_method().dispatch = dispatch
     if quantized:
-        from ascend_eplb.world.quant_method import register_ascend_quantization
-
         register_ascend_quantization()
 
 
@@ -712,7 +613,5 @@ def install_model_stand_ins(model: torch.nn.Module) -> None:
     Raises:
         RuntimeError: the model has an attention layer of a class without a stand-in.
     """
-    from ascend_eplb.world.quant_method import install_ascend_routed_experts
-
     install_attention_stand_ins(model)
     install_ascend_routed_experts(model)

@@ -1,19 +1,13 @@
 """The one toy MoE model of the repository: ``simulate --model replay`` and multi-rank tests run it.
 
-It has exactly what upstream vLLM 0.33.0's EPLB reads from a model and nothing of a real model's
-compute: a ``MixtureOfExperts`` model whose MoE layers are shaped like upstream's ``MoERunner``
-(``router``, ``eplb_state`` read through the router, ``get_expert_weights``, ``set_eplb_state``). Each
-router is upstream's real ``CustomRoutingRouter`` built with a plain upstream ``EplbLayerState``, as
-``FusedMoE`` builds it with EPLB on; its routing function returns the top-k the caller replays (a
-recorded trace's selections), so expert selection runs once per layer per forward through upstream's
-``select_experts`` and whatever the integration bound on the router instance maps the ids.
-
-Expert weights are pluggable: any object with ``weight_views()`` (:class:`ExpertWeights`): the
-simulator's quantized storage, or the test support's ``ascend_eplb.testing.tagged.TaggedExperts`` (each
-row filled with a tag of its logical expert, for exact movement checks). This module imports vLLM.
-
-Shape letters (GLOSSARY.md): E logical experts, P physical experts, p local physical experts,
-N ranks, T tokens, K top-k.
+Exactly what upstream vLLM 0.33.0's EPLB reads from a model, none of a real model's compute: a
+``MixtureOfExperts`` model whose MoE layers are shaped like upstream's ``MoERunner`` (``router``,
+``eplb_state`` read through it, ``get_expert_weights``, ``set_eplb_state``). Each router is upstream's
+real ``CustomRoutingRouter`` with a plain ``EplbLayerState``, as ``FusedMoE`` builds it with EPLB on;
+its routing function returns the top-k the caller replays, so selection runs once per layer per forward
+through upstream's ``select_experts`` and whatever the integration bound on the router maps the ids.
+Expert weights are pluggable (:class:`ExpertWeights`): the simulator's quantized storage or the test
+support's ``TaggedExperts``. Imports vLLM. Shapes (GLOSSARY.md): E, P, p, N ranks, T, K.
 """
 
 from __future__ import annotations

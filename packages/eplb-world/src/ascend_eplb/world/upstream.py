@@ -1,19 +1,13 @@
 """The CPU world's upstream surface: every point where this world meets vLLM 0.33.0 and torch 2.13.0 that
-serving does not, declared once, with :mod:`ascend_eplb.control.patching`'s row types.
+serving does not, declared once with :mod:`ascend_eplb.control.patching`'s row types.
 
-* :data:`SIGNATURES`: the targets of the stand-in patches, the methods replaced on single instances,
-  the registrations called (vLLM's out-of-tree method and quantization registries) and Model Runner V2's
-  draft calls the serving worker makes (``init_speculator``, the speculator's ``load_model`` and
-  ``_prepare_eplb_forward``), with their parameters.
-* the module-level stand-ins: each declared on its factory in :mod:`~ascend_eplb.world.stand_ins` with
-  :func:`replaces` (the signature taken from :data:`SIGNATURES`), listed there as ``STAND_INS``.
-* :data:`INSTANCE_BINDINGS`: the upstream methods replaced on single instances of a built model.
-* :data:`ATTRIBUTES`: the attributes of upstream objects the stand-ins and the serving worker read.
-
-Serving neither installs nor checks these rows (a vLLM change here must not stop a serving process):
-``stand_ins.install_stand_ins`` checks them all (:func:`check`) before it installs anything.
-:mod:`ascend_eplb.world.surface` renders every row (``UPSTREAM.md`` of this package). Nothing here
-imports vLLM.
+:data:`SIGNATURES` (the stand-ins' targets, the methods replaced on single instances, the registrations
+called and Model Runner V2's draft calls the serving worker makes), the module-level stand-ins (each
+declared on its factory in :mod:`~ascend_eplb.world.stand_ins` with :func:`replaces`),
+:data:`INSTANCE_BINDINGS` and :data:`ATTRIBUTES` (what the stand-ins and the serving worker read).
+Serving neither installs nor checks them (a vLLM change here must not stop a serving process):
+``install_stand_ins`` checks them all (:func:`check`) before it installs anything;
+:mod:`~ascend_eplb.world.surface` renders them in ``UPSTREAM.md``. Imports no vLLM.
 """
 
 from __future__ import annotations
