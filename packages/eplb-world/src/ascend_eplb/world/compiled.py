@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._dynamo.utils import counters
 
 from ascend_eplb.dataplane.graphs import GraphObserver
 
@@ -79,6 +78,10 @@ def compiled_module(model: torch.nn.Module) -> torch.nn.Module:
 def dynamo_counters() -> dict[str, Any]:
     """TorchDynamo's counters of this process: ``unique_graphs`` (graphs compiled) and
     ``graph_breaks`` (reason -> count; empty when none)."""
+    # TorchDynamo is imported when counted: importing it creates torch's compile cache, before
+    # `ascend-eplb` (whose option parser imports this module) gives that cache a scratch folder.
+    from torch._dynamo.utils import counters
+
     return {
         "unique_graphs": int(counters["stats"]["unique_graphs"]),
         "graph_breaks": dict(counters["graph_break"]),
