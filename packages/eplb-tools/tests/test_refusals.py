@@ -145,6 +145,18 @@ def test_every_bad_option_of_every_subcommand_is_refused_before_anything_with_it
         (["simulate", "--model", good, "--compilation-config", "{mode", "--out", out],
          _options("compilation-config='{mode': not JSON (Expecting property name enclosed in double "
                   "quotes: line 1 column 2 (char 1))")),
+        # found by a breaker: each reached the ranks and came back as one traceback per rank from vLLM's
+        # config (a dict of inductor options; num_lookahead_tokens below max_num_batched_tokens)
+        (["simulate", "--model", good, "--compilation-config",
+          '{"mode": 2, "backend": "eager", "inductor_compile_config": 5}', "--out", out],
+         _options("compilation-config: compilation_config inductor_compile_config=5 must be a mapping "
+                  "(vLLM's CompilationConfig reads it as a dict of inductor options)")),
+        (["simulate", "--model", good, "--speculative-tokens", "2048", "--out", out],
+         _options("speculative tokens=2048: must be below vLLM's max_num_batched_tokens (2048, its "
+                  "scheduler's default, which the world serves with): a step schedules each token with its N "
+                  "draft tokens",
+                  "speculative tokens=2048: the MTP draft needs a float32 DeepSeek-V3 checkpoint with its "
+                  f"MTP layer; model {good} is Qwen3MoeForCausalLM in float32 with 0 MTP layer(s)")),
         (["simulate", "--compile", "aot"],
          _hint("simulate", "argument --compile: invalid choice: 'aot' (choose from 'eager', 'inductor')")),
         # argparse's own errors: one line and the pointer, named by the subcommand

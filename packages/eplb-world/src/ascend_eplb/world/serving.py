@@ -186,6 +186,12 @@ def compilation_error(compilation: Any) -> str | None:
             f"compilation_config keys {extra}: the CPU world takes mode, backend and "
             "inductor_compile_config (custom_ops stays ['none']: vLLM's CPU kernels are absent here)"
         )
+    inductor = compilation.get("inductor_compile_config", {})
+    if not isinstance(inductor, dict):
+        return (
+            f"compilation_config inductor_compile_config={inductor!r} must be a mapping (vLLM's "
+            "CompilationConfig reads it as a dict of inductor options)"
+        )
     mode = compilation.get("mode", COMPILATION_MODES["VLLM_COMPILE"])
     mode = COMPILATION_MODES.get(mode, mode) if isinstance(mode, str) else mode
     if isinstance(mode, bool) or mode not in (0, 2, 3):

@@ -114,6 +114,11 @@ LINK_GBPS_HELP = (
 )
 
 
+#: vLLM 0.33.0's ``SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS`` (vllm/config/scheduler.py), which the
+#: world's ``VllmConfig`` keeps: vLLM refuses ``num_speculative_tokens`` at or above it.
+MAX_NUM_BATCHED_TOKENS = 2048
+
+
 def _option(default: Any, flag: str, help: str, **argparse_kwargs: Any) -> Any:
     """A :class:`SimulateConfig` field that is also a command-line option: the one place an option is
     spelled. ``flag`` and ``help`` (and any ``argparse`` keyword: ``type``, ``choices``, ``action``,
@@ -618,6 +623,12 @@ class SimulateConfig:
             source.num_moe_layers, source.num_mtp_layers if self.speculative_tokens else 0
         ):
             errors.append(reason)
+        if self.speculative_tokens >= MAX_NUM_BATCHED_TOKENS:
+            errors.append(
+                f"speculative tokens={self.speculative_tokens}: must be below vLLM's max_num_batched_tokens "
+                f"({MAX_NUM_BATCHED_TOKENS}, its scheduler's default, which the world serves with): a step "
+                "schedules each token with its N draft tokens"
+            )
         if self.speculative_tokens and (source.num_mtp_layers < 1 or source.format != PRESET_FORMAT):
             errors.append(
                 f"speculative tokens={self.speculative_tokens}: the MTP draft needs a {PRESET_FORMAT} "
