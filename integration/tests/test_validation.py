@@ -103,6 +103,18 @@ def test_the_supported_settings_break_no_rule():
     assert (list(judged), judged.unjudged) == ([], [])
 
 
+def test_a_redundancy_the_rules_refuse_is_refused_once_never_judged_again():
+    """A breaker's case: R above INT32_MAX was refused by ``redundant-experts`` and then judged by
+    ``experts-divisible``, whose fix proposed another R above the limit."""
+    for value in (2**31 + 1, 10**23 - 1, -1, "4"):
+        judged = check_settings(replace(GOOD, num_redundant_experts=value))
+        assert [v.rule for v in judged] == ["redundant-experts"], value
+    assert judged[0].message == (
+        "eplb_config.num_redundant_experts='4' must be an integer >= 0; fix: set "
+        "--eplb-config.num_redundant_experts to 0 or more"
+    )
+
+
 def test_one_function_per_rule_id_in_report_order():
     assert list(RULES) == list(BREAKS)
     # the model config's own rules (what simulate refuses a folder by) are rules of the registry, in order

@@ -350,12 +350,15 @@ def _step_interval(s: EplbSettings) -> str | None:
 
 
 def _redundant_ok(s: EplbSettings) -> bool:
-    return is_int(s.num_redundant_experts) and s.num_redundant_experts >= 0
+    """The rules that read R judge only an R the ``redundant-experts`` rule accepts."""
+    return is_int(s.num_redundant_experts) and 0 <= s.num_redundant_experts <= INT32_MAX
 
 
 @_rule("redundant-experts")
 def _redundant_experts(s: EplbSettings) -> str | None:
     if _redundant_ok(s):
+        return None
+    if is_int(s.num_redundant_experts) and s.num_redundant_experts > INT32_MAX:
         return _too_large("num_redundant_experts", s.num_redundant_experts)
     return (
         f"eplb_config.num_redundant_experts={s.num_redundant_experts!r} must be an integer >= 0; fix: set "
