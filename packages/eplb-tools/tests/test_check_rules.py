@@ -575,6 +575,17 @@ def test_an_mtp_draft_is_judged_by_check_as_start_up_judges_it(tmp_path, monkeyp
         tmp_path, _with(speculative_config={"method": "mtp", "draft_architectures": ["DeepSeekMTPModel"]})
     )
     assert (named.violations, named.unjudged) == ((), ())
+    # Given but invalid (a breaker's case): refused by the schema, and the rule says it was given.
+    bad = _check(
+        tmp_path, _with(speculative_config={"method": "mtp", "draft_architectures": "DeepSeekMTPModel"})
+    )
+    assert [v.rule for v in bad.violations] == ["schema"]
+    assert [str(v) for v in bad.unjudged] == [
+        "cannot judge: speculative-moe-draft: the MoE draft's model class is unknown "
+        "(speculative_config.draft_architectures='DeepSeekMTPModel' is invalid, see [schema]; vLLM derives "
+        "an MTP draft's from the target's config, e.g. DeepSeek-V3's DeepSeekMTPModel); give "
+        "speculative_config.draft_architectures, or check a vllm serve command line with a local model folder"
+    ]
     # Start-up validation on vLLM's own SpeculativeConfig of that folder: the same facts, the same verdict.
     from ascend_eplb.integration.rules import check_settings
     from ascend_eplb.integration.validation import settings_from_vllm_config

@@ -229,6 +229,7 @@ def settings_from_file_dict(
         spec.get("method") or ""
     )
     draft_architectures = spec.get("draft_architectures")
+    said = " is not given"
     if draft_architectures is not None and not (
         isinstance(draft_architectures, list)
         and draft_architectures
@@ -241,10 +242,11 @@ def settings_from_file_dict(
                 'list of model class names (the draft config\'s architectures, e.g. ["DeepSeekMTPModel"])',
             )
         )
+        said = f"={short(draft_architectures)} is invalid, see [schema]"
         draft_architectures = None
     if spec and draft_is_moe and draft_architectures is None:
         unknown["speculative_draft_architectures"] = (
-            "the MoE draft's model class is unknown (speculative_config.draft_architectures is not given; "
+            f"the MoE draft's model class is unknown (speculative_config.draft_architectures{said}; "
             "vLLM derives an MTP draft's from the target's config, e.g. DeepSeek-V3's DeepSeekMTPModel); "
             "give speculative_config.draft_architectures, or check a vllm serve command line with a local "
             "model folder"
