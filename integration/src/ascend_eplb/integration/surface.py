@@ -20,6 +20,7 @@ from ascend_eplb.control.patching import (
     override_table,
     patch_table,
     signature_table,
+    surface_document,
 )
 from ascend_eplb.integration import patches
 
@@ -29,31 +30,29 @@ __all__ = ["render"]
 def render() -> str:
     """The tables of every row of the serving product, as Markdown (what ``integration/UPSTREAM.md``
     holds)."""
-    lines = [
-        "# The upstream surface",
-        "",
+    return surface_document(
+        "The upstream surface",
         "Every point where the ascend_eplb serving product meets upstream vLLM 0.33.0 and torch 2.13.0. "
         "Generated from the rows (each replacement's on its replacement factory, `@upstream.replaces`; "
         "the tables of `ascend_eplb.control.upstream`) by `python -m ascend_eplb.integration.surface > "
         "integration/UPSTREAM.md`; a test keeps this file equal to them. Integration's `check_upstream()` "
         "checks every row before the first patch (`RuntimeError` naming the one that drifted); the "
         "controller and the state check theirs when they are constructed.",
-        "",
-        "## Module-level replacements (`PATCHES`, in installation order)",
-        "",
-    ]
-    lines += patch_table(patches.PATCHES)
-    lines += ["", "## Methods replaced on single instances (`INSTANCE_BINDINGS`)", ""]
-    lines += instance_binding_table(upstream.INSTANCE_BINDINGS)
-    lines += ["", "## Methods our subclasses override (`OVERRIDES`)", ""]
-    lines += override_table(upstream.OVERRIDES)
-    lines += ["", "## Attributes of upstream objects (`ATTRIBUTES`)", ""]
-    lines += attribute_table(upstream.ATTRIBUTES)
-    lines += ["", "## Upstream bodies our code depends on (`BODIES`, source digests)", ""]
-    lines += body_table(upstream.BODIES)
-    lines += ["", "## Signatures relied on (`SIGNATURES`: names, kinds, defaults)", ""]
-    lines += signature_table(upstream.SIGNATURES.values())
-    return "\n".join(lines) + "\n"
+        [
+            ("Module-level replacements (`PATCHES`, in installation order)", patch_table(patches.PATCHES)),
+            (
+                "Methods replaced on single instances (`INSTANCE_BINDINGS`)",
+                instance_binding_table(upstream.INSTANCE_BINDINGS),
+            ),
+            ("Methods our subclasses override (`OVERRIDES`)", override_table(upstream.OVERRIDES)),
+            ("Attributes of upstream objects (`ATTRIBUTES`)", attribute_table(upstream.ATTRIBUTES)),
+            ("Upstream bodies our code depends on (`BODIES`, source digests)", body_table(upstream.BODIES)),
+            (
+                "Signatures relied on (`SIGNATURES`: names, kinds, defaults)",
+                signature_table(upstream.SIGNATURES.values()),
+            ),
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ __all__ = [
     "replaces",
     "signature_table",
     "source_digest",
+    "surface_document",
 ]
 
 #: Attribute set on every replacement a :class:`PatchSet` installs (its value: the patch's name).
@@ -694,6 +695,15 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
     return lines
+
+
+def surface_document(title: str, intro: str, sections: Sequence[tuple[str, list[str]]]) -> str:
+    """An ``UPSTREAM.md`` document: ``# title``, the ``intro`` paragraph, then each ``(heading, table
+    lines)`` of ``sections`` as a ``##`` section, in order."""
+    lines = [f"# {title}", "", intro]
+    for heading, table in sections:
+        lines += ["", f"## {heading}", "", *table]
+    return "\n".join(lines) + "\n"
 
 
 def _code(text: str) -> str:

@@ -14,7 +14,14 @@ test keeps them equal: ``python -m ascend_eplb.tools.upstream`` prints it). Noth
 from __future__ import annotations
 
 from ascend_eplb.control import upstream as serving_surface
-from ascend_eplb.control.patching import Attribute, Body, attribute_table, body_table, check_signatures
+from ascend_eplb.control.patching import (
+    Attribute,
+    Body,
+    attribute_table,
+    body_table,
+    check_signatures,
+    surface_document,
+)
 
 __all__ = ["ATTRIBUTES", "BODIES", "PLAN", "SIMULATE", "USERS", "check", "render"]
 
@@ -77,9 +84,8 @@ def check(*users: str) -> None:
 
 def render() -> str:
     """The tables of every row, as Markdown (what ``UPSTREAM.md`` of this package holds)."""
-    lines = [
-        "# The tools' upstream surface",
-        "",
+    return surface_document(
+        "The tools' upstream surface",
         "What `ascend-eplb simulate` and `plan` rely on of upstream vLLM 0.33.0 beyond the serving "
         "product's rows (`integration/UPSTREAM.md`) and the CPU world's "
         "(`packages/eplb-world/UPSTREAM.md`). Generated from the rows of `ascend_eplb.tools.upstream` "
@@ -87,14 +93,11 @@ def render() -> str:
         "equal to them. Never checked by serving: each `simulate` rank checks the rows of "
         f"`{SIMULATE}` before its world starts; `plan` runs without vLLM, its tests check the rows of "
         f"`{PLAN}`.",
-        "",
-        "## Attributes of upstream objects (`ATTRIBUTES`)",
-        "",
-    ]
-    lines += attribute_table(ATTRIBUTES)
-    lines += ["", "## Upstream bodies the tools depend on (`BODIES`, source digests)", ""]
-    lines += body_table(BODIES)
-    return "\n".join(lines) + "\n"
+        [
+            ("Attributes of upstream objects (`ATTRIBUTES`)", attribute_table(ATTRIBUTES)),
+            ("Upstream bodies the tools depend on (`BODIES`, source digests)", body_table(BODIES)),
+        ],
+    )
 
 
 if __name__ == "__main__":

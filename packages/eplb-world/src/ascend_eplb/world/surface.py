@@ -10,7 +10,13 @@ imports vLLM.
 
 from __future__ import annotations
 
-from ascend_eplb.control.patching import attribute_table, instance_binding_table, patch_table, signature_table
+from ascend_eplb.control.patching import (
+    attribute_table,
+    instance_binding_table,
+    patch_table,
+    signature_table,
+    surface_document,
+)
 from ascend_eplb.world import stand_ins, upstream
 
 __all__ = ["render"]
@@ -18,27 +24,27 @@ __all__ = ["render"]
 
 def render() -> str:
     """The tables of every row of the CPU world, as Markdown (what ``UPSTREAM.md`` of this package holds)."""
-    lines = [
-        "# The CPU world's upstream surface",
-        "",
+    return surface_document(
+        "The CPU world's upstream surface",
         "What the CPU world (`ascend_eplb.world`) meets of upstream vLLM 0.33.0 and torch 2.13.0 where this "
         "CPU build of vLLM lacks a device kernel or collective, and what its serving worker reads. Generated "
         "from the rows (each stand-in's on its factory in `ascend_eplb.world.stand_ins`, the tables of "
         "`ascend_eplb.world.upstream`) by `python -m ascend_eplb.world.surface > "
         "packages/eplb-world/UPSTREAM.md`; a test keeps this file equal to them. Never installed or checked "
         "by serving: `world.stand_ins.install_stand_ins` checks every row before it installs anything.",
-        "",
-        "## Module-level stand-ins (`STAND_INS`, in installation order)",
-        "",
-    ]
-    lines += patch_table(stand_ins.STAND_INS)
-    lines += ["", "## Methods replaced on single instances (`INSTANCE_BINDINGS`)", ""]
-    lines += instance_binding_table(upstream.INSTANCE_BINDINGS)
-    lines += ["", "## Attributes of upstream objects (`ATTRIBUTES`)", ""]
-    lines += attribute_table(upstream.ATTRIBUTES)
-    lines += ["", "## Signatures relied on (`SIGNATURES`: names, kinds, defaults)", ""]
-    lines += signature_table(upstream.SIGNATURES.values())
-    return "\n".join(lines) + "\n"
+        [
+            ("Module-level stand-ins (`STAND_INS`, in installation order)", patch_table(stand_ins.STAND_INS)),
+            (
+                "Methods replaced on single instances (`INSTANCE_BINDINGS`)",
+                instance_binding_table(upstream.INSTANCE_BINDINGS),
+            ),
+            ("Attributes of upstream objects (`ATTRIBUTES`)", attribute_table(upstream.ATTRIBUTES)),
+            (
+                "Signatures relied on (`SIGNATURES`: names, kinds, defaults)",
+                signature_table(upstream.SIGNATURES.values()),
+            ),
+        ],
+    )
 
 
 if __name__ == "__main__":
