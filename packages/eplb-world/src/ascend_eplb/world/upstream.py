@@ -33,8 +33,10 @@ WORLD_STAND_INS = "world.stand_ins"
 WORLD_QUANT = "world.quant_method"
 WORLD_SERVING = "world.serving"
 WORLD_COMPILED = "world.compiled"
+ENGINE_KERNELS = "world.engine.kernels"
+ENGINE_PATCHES = "world.engine.patches"
 #: Every user id a row of this surface names.
-USERS = (WORLD_STAND_INS, WORLD_QUANT, WORLD_SERVING, WORLD_COMPILED)
+USERS = (WORLD_STAND_INS, WORLD_QUANT, WORLD_SERVING, WORLD_COMPILED, ENGINE_KERNELS, ENGINE_PATCHES)
 
 _STATE = "vllm.distributed.eplb.eplb_state"
 _CONTROLLER = "vllm.v1.worker.gpu.eplb_utils"
@@ -52,6 +54,8 @@ _PARALLEL_STATE = "vllm.distributed.parallel_state"
 _MODEL_STATE = "EplbModelState"
 _SPEC_DECODE = "vllm.v1.worker.gpu.spec_decode"
 _SPECULATOR = "vllm.v1.worker.gpu.spec_decode.speculator"
+_CUSTOM_OPS = "vllm._custom_ops"
+_CPU_MOE = "vllm.model_executor.layers.fused_moe.experts.cpu_moe"
 
 
 def _table(*entries: Signature) -> Mapping[str, Signature]:
@@ -114,6 +118,70 @@ SIGNATURES: Mapping[str, Signature] = _table(
         ("self", "num_unpadded_tokens"),
         (WORLD_SERVING,),
     ),
+    # The engine world: the callers of each `_C` op it defines (engine.kernels.KERNELS), which pass the
+    # arguments in the order of its schema, and what its platform plugin and patches replace.
+    Signature(
+        "vllm.v1.worker.cpu_worker",
+        "CPUWorker.__init__",
+        ("self", "vllm_config", "local_rank", "rank", "distributed_init_method", "is_driver_worker=False"),
+        (ENGINE_KERNELS,),
+    ),
+    Signature(_CUSTOM_OPS, "cpu_prepack_moe_weight", ("weight", "isa"), (ENGINE_KERNELS,)),
+    Signature(
+        _CUSTOM_OPS,
+        "cpu_fused_moe",
+        (
+            "out", "input", "w13", "w2", "w13_bias", "w2_bias", "topk_weights", "topk_ids", "act", "isa",
+            "skip_weighted=False",
+        ),
+        (ENGINE_KERNELS,),
+    ),  # fmt: skip
+    Signature(
+        _CUSTOM_OPS,
+        "cpu_attn_get_scheduler_metadata",
+        (
+            "num_reqs", "num_heads", "num_kv_heads", "head_dim", "seq_lens", "dtype", "query_start_loc",
+            "causal", "sliding_window_size", "isa", "enable_kv_split", "dynamic_causal=None",
+            "kv_cache_dtype='auto'",
+        ),
+        (ENGINE_KERNELS,),
+    ),  # fmt: skip
+    Signature(
+        _CUSTOM_OPS,
+        "cpu_attn_reshape_and_cache",
+        (
+            "key", "value", "key_cache", "value_cache", "slot_mapping", "isa", "k_scale=1.0", "v_scale=1.0",
+            "kv_cache_dtype='auto'",
+        ),
+        (ENGINE_KERNELS,),
+    ),  # fmt: skip
+    Signature(
+        _CUSTOM_OPS,
+        "cpu_attention_with_kv_cache",
+        (
+            "query", "key_cache", "value_cache", "output", "query_start_loc", "seq_lens", "scale", "causal",
+            "alibi_slopes", "sliding_window", "block_table", "softcap", "scheduler_metadata", "s_aux",
+            "dynamic_causal=None", "k_scale=1.0", "v_scale=1.0", "kv_cache_dtype='auto'",
+        ),
+        (ENGINE_KERNELS,),
+    ),  # fmt: skip
+    Signature(
+        _CUSTOM_OPS,
+        "mla_decode_kvcache_cpu",
+        ("out", "query", "kv_cache", "scale", "block_tables", "seq_lens"),
+        (ENGINE_KERNELS,),
+    ),
+    Signature("vllm.platforms", "vllm_version_matches_substr", ("substr",), (ENGINE_PATCHES,)),
+    Signature(
+        _CPU_MOE,
+        "CPUUnquantizedExperts.apply",
+        (
+            "self", "output", "hidden_states", "w1", "w2", "topk_weights", "topk_ids", "activation",
+            "global_num_experts", "expert_map", "a1q_scale", "a2_scale", "workspace13", "workspace2",
+            "expert_tokens_meta", "apply_router_weight_on_input",
+        ),
+        (ENGINE_PATCHES,),
+    ),  # fmt: skip
 )
 
 

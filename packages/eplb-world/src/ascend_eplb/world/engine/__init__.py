@@ -1,0 +1,7 @@
+"""The engine world: vLLM 0.33.0's own engine (``LLM``, ``vllm serve``, Model Runner V2's CPU runner) on a
+CPU host whose vLLM build has no device kernels, opted in per process (``ASCEND_EPLB_ENGINE_WORLD=1``).
+
+:mod:`.environment` (the engine processes' environment, written once), :mod:`.kernels` (torch forms of the
+``_C`` ops vLLM's CPU platform calls), :mod:`.patches` (what else it needs, each a declared row) and
+:mod:`.plugin` (the two vLLM entry points that install them, inert without the opt-in).
+"""

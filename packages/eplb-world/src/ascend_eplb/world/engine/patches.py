@@ -1,0 +1,119 @@
+"""The engine world's patches of vLLM 0.33.0 and Triton: what its engine needs on a CPU host beyond the
+``_C`` kernels (:mod:`.kernels`).
+
+:data:`PLATFORM_PATCHES` are installed by the platform plugin, while vLLM resolves its platform and before
+it checks for Triton; :data:`ENGINE_PATCHES` by the general plugin in every engine process. Each is declared
+on its factory (``@ascend_eplb.world.upstream.replaces``) and checked against vLLM's signature before
+anything changes (``PatchSet``). Imports no vLLM at import time.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from ascend_eplb.control.patching import Patch, PatchSet, patches_of
+from ascend_eplb.world import stand_ins, upstream
+
+__all__ = ["ENGINE_PATCHES", "PLATFORM_PATCHES", "install_engine_patches", "install_platform_patches"]
+
+
+@upstream.replaces(
+    "vllm.platforms.vllm_version_matches_substr",
+    '`"cpu"` -> True (this `empty` build serves as vLLM\'s CPU build: its Triton check then takes the '
+    "`cpu` backend below); every other substring upstream's",
+)
+def _cpu_build(original: Any) -> Any:
+    @functools.wraps(original)
+    def vllm_version_matches_substr(substr: str) -> bool:
+        return substr == "cpu" or original(substr)
+
+    return vllm_version_matches_substr
+
+
+def _check_backends(original: Any) -> None:
+    if not isinstance(original, dict) or "cpu" in original:
+        raise RuntimeError(
+            "triton.backends.backends is not a dict without a `cpu` entry: this Triton has a CPU backend "
+            "(or another layout), and the engine world's entry must go (ascend_eplb.world.engine.patches)"
+        )
+
+
+def _active() -> bool:
+    return True
+
+
+@upstream.replaces(
+    ("triton.backends", "backends"),
+    "upstream's backends and a `cpu` entry whose driver is active: vLLM's Triton check on a CPU build "
+    "asks for one; every kernel runs in Triton's interpreter (`TRITON_INTERPRET=1`), which needs no driver",
+    check=_check_backends,
+)
+def _cpu_backend(original: dict[str, Any]) -> dict[str, Any]:
+    from triton.backends import Backend
+    from triton.backends.driver import DriverBase
+
+    class InterpreterDriver(DriverBase):
+        """The `cpu` backend's driver: active, and nothing else (the interpreter compiles nothing)."""
+
+        is_active = staticmethod(_active)
+
+        def get_active_torch_device(self) -> torch.device:
+            return torch.device("cpu")
+
+        def get_current_target(self) -> Any:
+            raise NotImplementedError("kernels run in Triton's interpreter (TRITON_INTERPRET=1)")
+
+        def get_benchmarker(self) -> Any:
+            raise NotImplementedError("kernels run in Triton's interpreter (TRITON_INTERPRET=1)")
+
+        def map_python_to_cpp_type(self, ty: str) -> str:
+            raise NotImplementedError("kernels run in Triton's interpreter (TRITON_INTERPRET=1)")
+
+    return {**original, "cpu": Backend(compiler=None, driver=InterpreterDriver)}
+
+
+@upstream.replaces(
+    "vllm.model_executor.layers.fused_moe.experts.cpu_moe.CPUUnquantizedExperts.apply",
+    "with an `expert_map` (expert parallelism), each selection's global physical id -> its local slot, -1 "
+    "for another rank's, before upstream's (vLLM 0.33.0 passes the map but its CPU kernel reads global ids "
+    "as local slots: outputs on EP ranks > 0 were wrong; vllm-project/vllm#57837)",
+)
+def _local_expert_ids(original: Any) -> Any:
+    @functools.wraps(original)
+    def apply(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts,
+              expert_map, *args, **kwargs):  # fmt: skip
+        if expert_map is not None:
+            local = expert_map[topk_ids.clamp(min=0).long()]
+            topk_ids = torch.where(topk_ids >= 0, local, -1).to(topk_ids.dtype)
+        return original(
+            self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation, global_num_experts,
+            expert_map, *args, **kwargs,
+        )  # fmt: skip
+
+    return apply
+
+
+#: Installed while vLLM resolves its platform (before ``vllm.triton_utils`` checks for Triton).
+PLATFORM_PATCHES: tuple[Patch, ...] = patches_of(_cpu_build, _cpu_backend)
+#: Installed in every engine process by the general plugin: the EP ids above and the world's variable-size
+#: collectives (data parallelism's gather before routing; ``ascend_eplb.world.stand_ins``, stand-in 5).
+ENGINE_PATCHES: tuple[Patch, ...] = (
+    *patches_of(_local_expert_ids),
+    *(p for p in stand_ins.STAND_INS if p.qualname.endswith(("all_gatherv", "reduce_scatterv"))),
+)
+
+_PLATFORM = PatchSet(PLATFORM_PATCHES)
+_ENGINE = PatchSet(ENGINE_PATCHES)
+
+
+def install_platform_patches() -> bool:
+    """Install :data:`PLATFORM_PATCHES`; idempotent. True if this call installed them."""
+    return _PLATFORM.apply()
+
+
+def install_engine_patches() -> bool:
+    """Install :data:`ENGINE_PATCHES`; idempotent. True if this call installed them."""
+    return _ENGINE.apply()
