@@ -48,6 +48,7 @@ __all__ = [
     "msmodelslim_quant_type",
     "to_format",
     "write_checkpoint",
+    "write_tokenizer",
     "write_quantized_experts",
 ]
 
@@ -346,9 +347,40 @@ def write_checkpoint(
         model.save_pretrained(folder)
     finally:
         torch.random.set_rng_state(generator_state)
+    write_tokenizer(folder, config.vocab_size)
     if mtp_layers:
         add_mtp_layer(folder, seed=seed + 1)
     return to_format(folder, fmt)
+
+
+def tokenizer_words(vocab_size: int) -> list[str]:
+    """The word of each token id of :func:`write_tokenizer`'s tokenizer: two lowercase letters, in order
+    (``aa``, ``ab``, ...; no word is a prefix of another, no digits for a pre-tokenizer to split).
+
+    Raises:
+        ValueError: ``vocab_size`` above 676 (26 x 26 words).
+    """
+    if not 0 < vocab_size <= 26 * 26:
+        raise ValueError(f"vocab_size={vocab_size}: the tokenizer's words cover 1 to {26 * 26} ids")
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return [a + b for a in letters for b in letters][:vocab_size]
+
+
+def write_tokenizer(folder: str | os.PathLike[str], vocab_size: int = VOCAB_SIZE) -> None:
+    """Write a word-level tokenizer of ``vocab_size`` ids beside a checkpoint (``tokenizer.json``,
+    ``tokenizer_config.json``), so that vLLM's serving front end and ``vllm bench serve`` (which detokenize
+    random token ids into prompts and tokenize them back) serve it: id ``i`` is the word
+    ``tokenizer_words(vocab_size)[i]``, whitespace-separated, every id round-trips; id 1 is the end of
+    sequence (requests that must run their length set ``ignore_eos``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = tokenizer_words(vocab_size)
+    tokenizer = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token=words[0]))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with one space
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token=words[0], eos_token=words[1])
+    fast.save_pretrained(str(folder))
 
 
 def _draw_weights(model: Any) -> None:

@@ -35,6 +35,9 @@ ENGINE_ENVIRONMENT: Mapping[str, str] = {
     # Loopback only: vLLM's own sockets and Gloo.
     "VLLM_HOST_IP": "127.0.0.1",
     "GLOO_SOCKET_IFNAME": "lo",
+    # The world observes the workers by sending them functions (vLLM's collective_rpc with a callable),
+    # which vLLM pickles only with this switch.
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
     # One torch thread per process: several ranks share the host's cores.
     "OMP_NUM_THREADS": "1",
 }

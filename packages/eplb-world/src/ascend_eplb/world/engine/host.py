@@ -1,0 +1,297 @@
+"""An engine of the engine world in a process of its own, and the client that drives it.
+
+vLLM's engine must start in a process whose environment is the engine world's from its first instruction
+(:mod:`.environment`); a test or a tool that has imported torch or vLLM already cannot host it. So
+:class:`EngineWorld` starts ``python -m ascend_eplb.world.engine.host`` with that environment, and the host
+builds ``vllm.LLM`` from an :class:`~.spec.EngineSpec` and answers requests over a Unix socket in the
+world's folder: generate (vLLM's ``LLM.generate``), run a function on every worker (vLLM's
+``LLM.collective_rpc``), close (vLLM's shutdown). The host's output goes to ``engine.log`` in the folder.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Client, Connection, Listener
+from pathlib import Path
+from typing import Any
+
+from ascend_eplb.world.engine.environment import engine_environment
+from ascend_eplb.world.engine.spec import EngineSpec, EplbSpec
+
+__all__ = ["Completion", "EngineError", "EngineWorld"]
+
+_SOCKET = "engine.sock"
+_LOG = "engine.log"
+
+
+class EngineError(RuntimeError):
+    """The engine host failed: it did not start, a request raised, it died or missed its deadline. The
+    message carries the host's traceback (or exit status) and the tail of its log."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One request's output: the generated ``token_ids`` and, per generated token, its ``logprobs``
+    (token id -> logprob of the top candidates vLLM returned, the chosen token among them)."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[Mapping[int, float], ...]
+
+
+def _function_name(fn: Callable[..., Any]) -> str:
+    name = f"{fn.__module__}:{fn.__qualname__}"
+    if "<" in name or fn.__module__ == "__main__":
+        raise ValueError(f"{name}: run a module-level function of an importable module on the workers")
+    return name
+
+
+def _resolve(name: str) -> Callable[..., Any]:
+    import importlib
+
+    module, qualname = name.split(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class EngineWorld:
+    """One engine host: ``with EngineWorld(spec, folder) as engine: engine.generate(...)``.
+
+    Args:
+        spec: what the engine serves.
+        folder: the world's own folder (socket, log, the host's ``TMPDIR``); created.
+        env: variables set in the host's environment after the engine world's (e.g. ``ASCEND_EPLB_VERIFY``).
+        start_timeout: seconds for vLLM's start-up (importing vLLM in each process, loading, profiling).
+
+    Attributes:
+        pid: the host's process id (its children are vLLM's engine core and workers).
+        ready: what the host reported once the engine was built (``{"seconds": start-up wall time}``).
+    """
+
+    def __init__(
+        self,
+        spec: EngineSpec,
+        folder: str | os.PathLike[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        start_timeout: float = 300.0,
+    ) -> None:
+        self.spec = spec
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._env = dict(env or {})
+        self._start_timeout = start_timeout
+        self._process: subprocess.Popen[bytes] | None = None
+        self._conn: Connection | None = None
+        self.ready: dict[str, Any] = {}
+
+    @property
+    def pid(self) -> int:
+        assert self._process is not None, "the engine host is not started"
+        return self._process.pid
+
+    @property
+    def log_path(self) -> Path:
+        return self.folder / _LOG
+
+    def __enter__(self) -> EngineWorld:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Start the host and wait until its engine is built.
+
+        Raises:
+            EngineError: the host exited or did not report ready within ``start_timeout``.
+        """
+        address = str(self.folder / _SOCKET)
+        authkey = secrets.token_hex(16)
+        tmp = self.folder / "tmp"
+        tmp.mkdir(exist_ok=True)
+        extra = {"TMPDIR": str(tmp), **self._env}
+        if self.spec.eplb is not None:
+            extra.setdefault("ASCEND_EPLB", "1")
+        if self.spec.eager:
+            extra.setdefault("TORCHDYNAMO_DISABLE", "1")
+        env = engine_environment(**extra)
+        with open(self.log_path, "ab") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "ascend_eplb.world.engine.host", address, authkey],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.folder,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + self._start_timeout
+        while not Path(address).exists():
+            self._check_alive("while starting")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise EngineError(f"the engine host did not listen within {self._start_timeout:.0f} s{self._tail()}")
+            time.sleep(0.1)
+        self._conn = Client(address, authkey=authkey.encode())
+        self.ready = self._request(("start", _spec_dict(self.spec)), deadline - time.monotonic())
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_tokens: int,
+        logprobs: int = 5,
+        timeout: float = 600.0,
+    ) -> list[Completion]:
+        """Greedy completions of ``prompts`` (token ids) through vLLM's ``LLM.generate``, in order."""
+        raw = self._request(("generate", [list(p) for p in prompts], max_tokens, logprobs), timeout)
+        return [Completion(tuple(ids), tuple(dict(step) for step in lps)) for ids, lps in raw]
+
+    def run_on_workers(self, fn: Callable[..., Any], *args: Any, timeout: float = 300.0) -> list[Any]:
+        """``fn(worker, *args)`` on every worker (vLLM's ``collective_rpc``), one result per worker in rank
+        order; ``fn`` a module-level function of an importable module, ``args`` and results picklable."""
+        return self._request(("rpc", _function_name(fn), args), timeout)
+
+    def close(self, timeout: float = 120.0) -> int | None:
+        """Shut the engine down as vLLM does and wait for the host to exit; idempotent.
+
+        Returns:
+            the host's exit status (None if it was never started).
+        """
+        if self._process is None:
+            return None
+        try:
+            if self._conn is not None and self._process.poll() is None:
+                self._request(("close",), timeout)
+        except EngineError:
+            self.kill()
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+        try:
+            return self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self._process.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the host's whole session (the host, vLLM's engine core and workers)."""
+        if self._process is not None and self._process.poll() is None:
+            try:
+                os.killpg(self._process.pid, 9)
+            except ProcessLookupError:
+                pass
+            self._process.wait()
+
+    def _check_alive(self, when: str) -> None:
+        assert self._process is not None
+        status = self._process.poll()
+        if status is not None:
+            raise EngineError(f"the engine host exited with status {status} {when}{self._tail()}")
+
+    def _tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return ""
+        return "\n--- the last lines of " + str(self.log_path) + " ---\n" + "\n".join(text)
+
+    def _request(self, message: tuple[Any, ...], timeout: float) -> Any:
+        if self._conn is None:
+            raise EngineError("the engine host is not connected")
+        self._conn.send(message)
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while not self._conn.poll(0.2):
+            self._check_alive(f"during {message[0]!r}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise EngineError(f"{message[0]!r} did not answer within {timeout:.0f} s{self._tail()}")
+        try:
+            status, value = self._conn.recv()
+        except EOFError:
+            self._check_alive(f"during {message[0]!r}")
+            raise EngineError(f"the engine host closed its connection during {message[0]!r}") from None
+        if status != "ok":
+            raise EngineError(f"{message[0]!r} raised in the engine host:\n{value}{self._tail(15)}")
+        return value
+
+
+def _spec_dict(spec: EngineSpec) -> dict[str, Any]:
+    out = asdict(spec)
+    out["compilation"] = None if spec.compilation is None else dict(spec.compilation)
+    return out
+
+
+def _spec_of(data: dict[str, Any]) -> EngineSpec:
+    eplb = data.pop("eplb")
+    return EngineSpec(**data, eplb=None if eplb is None else EplbSpec(**eplb))
+
+
+def _serve(conn: Connection) -> None:
+    """The host's loop: build the engine on ``start``, answer until ``close``."""
+    llm: Any = None
+    while True:
+        message = conn.recv()
+        kind = message[0]
+        try:
+            if kind == "start":
+                started = time.monotonic()
+                from vllm import LLM
+
+                llm = LLM(**_spec_of(message[1]).engine_kwargs())
+                value: Any = {"seconds": time.monotonic() - started}
+            elif kind == "generate":
+                _, prompts, max_tokens, logprobs = message
+                value = _generate(llm, prompts, max_tokens, logprobs)
+            elif kind == "rpc":
+                _, name, args = message
+                value = llm.collective_rpc(_resolve(name), args=tuple(args))
+            elif kind == "close":
+                if llm is not None:
+                    llm.llm_engine.engine_core.shutdown()
+                conn.send(("ok", None))
+                return
+            else:
+                raise ValueError(f"unknown request {kind!r}")
+        except BaseException:
+            conn.send(("error", traceback.format_exc()))
+            if kind == "start":
+                return
+            continue
+        conn.send(("ok", value))
+
+
+def _generate(llm: Any, prompts: list[list[int]], max_tokens: int, logprobs: int) -> list[Any]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [
+        (
+            list(out.outputs[0].token_ids),
+            [{int(t): float(lp.logprob) for t, lp in step.items()} for step in out.outputs[0].logprobs],
+        )
+        for out in outputs
+    ]
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python -m ascend_eplb.world.engine.host ADDRESS AUTHKEY``: listen, serve one client, exit."""
+    address, authkey = argv
+    with Listener(address, family="AF_UNIX", authkey=authkey.encode()) as listener, listener.accept() as conn:
+        _serve(conn)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

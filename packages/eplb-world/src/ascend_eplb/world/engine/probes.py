@@ -1,0 +1,174 @@
+"""What the engine world observes inside vLLM's workers, through the engine's own RPC.
+
+Each function here takes vLLM's worker first and runs on every worker when passed to
+:meth:`~.host.EngineWorld.run_on_workers` (vLLM's ``collective_rpc``); its result is plain data. The
+observer installed by :func:`observe` watches the real runner's calls on its EPLB controller: every step
+(:class:`StepRecord`: dummy or not, the real tokens the runner declared for the forward, the record flag,
+the selections each model recorded on this rank) and every layer commit (:class:`CommitRecord`: each local
+slot of the committed layer compared with its logical expert's checkpoint weights, the independent
+oracle). It wraps two methods of the controller instance and subscribes to its bus: it never calls EPLB
+itself. Shapes: L MoE layers, P physical experts, p local slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ascend_eplb.control.bus import CommitEvent
+from ascend_eplb.world.checkpoints import checkpoint_experts
+from ascend_eplb.world.slots import local_slot_mismatches
+
+__all__ = [
+    "CommitRecord",
+    "StepRecord",
+    "eplb_state",
+    "observe",
+    "observed",
+    "slot_mismatches",
+]
+
+
+@dataclass
+class StepRecord:
+    """One ``step`` of the runner's EPLB controller on one rank: upstream's ``is_dummy`` / ``is_profile``,
+    the ``num_unpadded_tokens`` of the forward's ``prepare_forward`` (None: no forward was prepared since
+    the last step), the record flag it set, and per model the selections recorded on this rank (the sum of
+    its load pass before upstream's step folds it into the window)."""
+
+    is_dummy: bool
+    is_profile: bool
+    num_unpadded_tokens: int | None
+    recorded: bool | None
+    selections: dict[str, int]
+
+
+@dataclass
+class CommitRecord:
+    """One layer's commit on one rank, at its acknowledgement: the rearrangement, the committed row of
+    ``physical_to_logical_map`` (P ints) and the local slots of every layer that differ then from their
+    logical expert's checkpoint weights under the committed placement (empty: every slot holds its expert
+    exactly)."""
+
+    model_name: str
+    layer: int
+    rearrangement: int
+    placement: list[int]
+    mismatches: list[str]
+
+
+@dataclass
+class _Observer:
+    checkpoint: str
+    steps: list[StepRecord] = field(default_factory=list)
+    commits: list[CommitRecord] = field(default_factory=list)
+    prepared: list[tuple[int, bool | None]] = field(default_factory=list)
+    experts: dict[str, Any] = field(default_factory=dict)
+
+
+def _ep_rank() -> int:
+    from vllm.distributed.parallel_state import get_ep_group
+
+    return get_ep_group().rank_in_group
+
+
+def _experts_of(observer: _Observer, model_state: Any) -> Any:
+    draft = model_state.model_name.endswith(" (draft)")
+    key = "draft" if draft else "target"
+    if key not in observer.experts:
+        observer.experts[key] = checkpoint_experts(observer.checkpoint, draft=draft)
+    return observer.experts[key]
+
+
+def observe(worker: Any, checkpoint: str) -> bool:
+    """Install the observer on this worker's runner (idempotent); ``checkpoint`` is the model folder whose
+    expert weights every committed slot is compared with. Returns whether this call installed it."""
+    runner = worker.model_runner
+    if getattr(runner, "_ascend_eplb_observer", None) is not None:
+        return False
+    controller = runner.eplb
+    observer = _Observer(checkpoint)
+    runner._ascend_eplb_observer = observer
+    prepare_forward, step = controller.prepare_forward, controller.step
+
+    def observed_prepare_forward(model_config: Any, num_unpadded_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        result = prepare_forward(model_config, num_unpadded_tokens, *args, **kwargs)
+        observer.prepared.append((int(num_unpadded_tokens), getattr(controller, "last_record_decision", None)))
+        return result
+
+    def observed_step(is_dummy: bool = False, is_profile: bool = False) -> None:
+        state = controller.state
+        selections = (
+            {}
+            if state is None
+            else {ms.model_name: int(ms.expert_load_pass.sum()) for ms in state.model_states.values()}
+        )
+        # The target's forward is prepared first; a draft's forwards follow it in the same step.
+        tokens, recorded = observer.prepared[0] if observer.prepared else (None, None)
+        observer.prepared.clear()
+        observer.steps.append(StepRecord(is_dummy, is_profile, tokens, recorded, selections))
+        step(is_dummy=is_dummy, is_profile=is_profile)
+
+    controller.prepare_forward = observed_prepare_forward
+    controller.step = observed_step
+
+    def on_commit(event: CommitEvent) -> None:
+        if event.kind != "acknowledge":
+            return
+        ms = event.model_state
+        placement = ms.physical_to_logical_map.cpu()
+        # Every layer: those not yet committed in this rearrangement still hold their old row and weights.
+        mismatches = local_slot_mismatches(ms.model, _experts_of(observer, ms), placement, _ep_rank())
+        observer.commits.append(
+            CommitRecord(
+                ms.model_name, event.layer, event.rearrangement, placement[event.layer].tolist(), mismatches
+            )
+        )
+
+    controller.bus.subscribe(CommitEvent, on_commit)
+    return True
+
+
+def observed(worker: Any) -> dict[str, Any]:
+    """What the observer saw on this worker so far: ``{"ep_rank", "steps": [StepRecord as dict], "commits":
+    [CommitRecord as dict]}``.
+
+    Raises:
+        RuntimeError: :func:`observe` was not called on this worker.
+    """
+    observer = getattr(worker.model_runner, "_ascend_eplb_observer", None)
+    if observer is None:
+        raise RuntimeError("no observer on this worker: run observe first")
+    return {
+        "ep_rank": _ep_rank(),
+        "steps": [asdict(s) for s in observer.steps],
+        "commits": [asdict(c) for c in observer.commits],
+    }
+
+
+def slot_mismatches(worker: Any, checkpoint: str) -> dict[str, list[str]]:
+    """Per registered model (upstream's model name), the local slots that differ now from their logical
+    expert's checkpoint weights under the committed placement (empty lists: every slot holds its expert)."""
+    state = worker.model_runner.eplb.state
+    out = {}
+    for ms in state.model_states.values():
+        experts = checkpoint_experts(checkpoint, draft=ms.model_name.endswith(" (draft)"))
+        out[ms.model_name] = local_slot_mismatches(ms.model, experts, ms.physical_to_logical_map.cpu(), _ep_rank())
+    return out
+
+
+def eplb_state(worker: Any) -> dict[str, Any]:
+    """The EPLB state of this worker: the controller's class, the async worker thread alive, the number of
+    rearrangements, and per model the committed ``physical_to_logical_map`` (L x P ints)."""
+    controller = worker.model_runner.eplb
+    state = controller.state
+    thread = getattr(state, "async_worker", None) if state is not None else None
+    return {
+        "controller": type(controller).__name__,
+        "ep_rank": _ep_rank(),
+        "async_worker_alive": None if thread is None else bool(thread.is_alive()),
+        "num_rearrangements": None if state is None else getattr(state, "num_rearrangements", None),
+        "placements": {}
+        if state is None
+        else {ms.model_name: ms.physical_to_logical_map.tolist() for ms in state.model_states.values()},
+    }

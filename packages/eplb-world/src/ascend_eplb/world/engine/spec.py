@@ -1,0 +1,115 @@
+"""What one engine of the engine world serves, as vLLM's own engine arguments: one source for ``vllm.LLM``
+(:meth:`EngineSpec.engine_kwargs`) and ``vllm serve`` (:meth:`EngineSpec.serve_argv`).
+
+The settings every engine of the world takes, and why: float32 (this host's CPU kernels are torch forms),
+``compilation_config.custom_ops = ["none"]`` (vLLM's native torch forms of RMSNorm, rotary embedding and the
+activations: their ``_C`` kernels are absent), a KV cache of a few MiB (the automatic size is most of the
+host's memory), and MLA checkpoints on ``CPU_MLA`` (vLLM's reference MLA backend; an AMX host would pick
+``AMX_MLA``, whose weight packing is a ``_C`` op). Nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["EngineSpec", "EplbSpec"]
+
+
+@dataclass(frozen=True)
+class EplbSpec:
+    """EPLB of an engine: upstream's ``--eplb-config`` keys and the project's Ascend keys
+    (``additional_config.eplb_config``). The async worker always (the only mode the integration serves)."""
+
+    window_size: int = 4
+    step_interval: int = 4
+    num_redundant_experts: int = 2
+    ascend: Mapping[str, Any] = field(default_factory=dict)
+
+    def eplb_config(self) -> dict[str, Any]:
+        """Upstream's ``EPLBConfig`` keys."""
+        return {
+            "window_size": self.window_size,
+            "step_interval": self.step_interval,
+            "num_redundant_experts": self.num_redundant_experts,
+            "use_async": True,
+        }
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine: the checkpoint ``model`` (a local folder), its parallel layout (EP on whenever more than
+    one rank serves), EPLB (None: off, upstream's engine exactly), the MTP draft's ``speculative_tokens``
+    (0: none), ``compilation`` (vLLM's ``compilation_config`` mode and backend; None: eager) and the
+    scheduler's sizes."""
+
+    model: str
+    tensor_parallel_size: int = 2
+    data_parallel_size: int = 1
+    eplb: EplbSpec | None = None
+    speculative_tokens: int = 0
+    compilation: Mapping[str, Any] | None = None
+    max_num_seqs: int = 8
+    max_model_len: int = 256
+    kv_cache_memory_bytes: int = 16 << 20
+    seed: int = 0
+
+    @property
+    def num_ranks(self) -> int:
+        """DP x TP: the EP ranks."""
+        return self.tensor_parallel_size * self.data_parallel_size
+
+    @property
+    def eager(self) -> bool:
+        return self.compilation is None
+
+    def _uses_mla(self) -> bool:
+        config = json.loads((Path(self.model) / "config.json").read_text())
+        return bool(config.get("kv_lora_rank"))
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``vllm.LLM`` / ``EngineArgs``."""
+        compilation = {"custom_ops": ["none"], **(self.compilation or {})}
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "dtype": "float32",
+            "seed": self.seed,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "data_parallel_size": self.data_parallel_size,
+            "enable_expert_parallel": self.num_ranks > 1,
+            "enforce_eager": self.eager,
+            "compilation_config": compilation,
+            "max_num_seqs": self.max_num_seqs,
+            "max_model_len": self.max_model_len,
+            "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+        }
+        if self._uses_mla():
+            kwargs["attention_backend"] = "CPU_MLA"
+        if self.speculative_tokens:
+            kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": self.speculative_tokens}
+        if self.eplb is not None:
+            kwargs["enable_eplb"] = True
+            kwargs["eplb_config"] = self.eplb.eplb_config()
+            if self.eplb.ascend:
+                kwargs["additional_config"] = {"eplb_config": dict(self.eplb.ascend)}
+        return kwargs
+
+    def serve_argv(self) -> list[str]:
+        """The same engine as ``vllm serve`` arguments (the model folder first, then one flag per keyword:
+        True -> the bare flag, a mapping -> its JSON)."""
+        kwargs = self.engine_kwargs()
+        argv = [kwargs.pop("model")]
+        for key, value in kwargs.items():
+            flag = "--" + key.replace("_", "-")
+            if value is True:
+                argv.append(flag)
+            elif value is False:
+                continue
+            elif isinstance(value, Mapping):
+                argv += [flag, json.dumps(value)]
+            else:
+                argv += [flag, str(value)]
+        return argv
