@@ -290,9 +290,10 @@ def _hf_config(
             topk_group=2,
             routed_scaling_factor=2.5,
             first_k_dense_replace=1,
-            kv_lora_rank=32,
+            # vLLM's CPU MLA backend serves DeepSeek's latent width only: L + R = 512 + 64 = 576.
+            kv_lora_rank=512,
             q_lora_rank=48,
-            qk_rope_head_dim=8,
+            qk_rope_head_dim=64,
             qk_nope_head_dim=16,
             v_head_dim=16,
             topk_method="noaux_tc",  # else vLLM creates no e_score_correction_bias
@@ -320,7 +321,7 @@ def write_checkpoint(
 
     Hidden 64, vocabulary 128, 4 heads; ``qwen3-moe``, ``qwen2-moe`` (a shared expert) and ``mixtral``: 2
     MoE layers, E=8, K=2; ``deepseek-v3``: 3 layers (the first dense), E=16 in 4 groups (2 chosen), K=4, one
-    shared expert, MLA (q LoRA 48, kv LoRA 32). Drawn from torch seed ``seed``: std 0.02, embeddings 1,
+    shared expert, MLA (q LoRA 48, kv LoRA 512, RoPE 64: the 576-wide latent vLLM's CPU MLA serves). Drawn from torch seed ``seed``: std 0.02, embeddings 1,
     router gates 0.5, LM head 0.3 (no layer routes degenerately), DeepSeek's ``e_score_correction_bias``
     0.05. ``num_experts`` E (DeepSeek: a multiple of 4), ``top_k`` K, ``num_moe_layers`` L (DeepSeek keeps its
     dense first layer) and ``moe_intermediate_size`` I (default 32; MX formats need a multiple of 64) override

@@ -47,7 +47,7 @@ REPLAY_FORMAT = "w8a8_dynamic"
 #: The format of a preset when ``--format`` is not given (exact comparisons on a CPU host).
 PRESET_FORMAT = "float32"
 #: Preset names and the version of their recipe (a new version writes a new folder).
-PRESETS = {"deepseek-v3": "v2", "qwen3-moe": "v1", "mixtral": "v1"}
+PRESETS = {"deepseek-v3": "v3", "qwen3-moe": "v2", "mixtral": "v2"}
 #: The DeepSeek-V3 preset's sizes: the embedded trace's E and top-k, its first MoE layers.
 _DEEPSEEK_PRESET = {"num_experts": 64, "top_k": 6, "num_moe_layers": 4}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ from typing import Any
 from ascend_eplb.world.engine.environment import engine_environment
 from ascend_eplb.world.engine.spec import EngineSpec, EplbSpec
 
-__all__ = ["Completion", "EngineError", "EngineWorld"]
+__all__ = ["Completion", "EngineError", "EngineWorld", "Shutdown"]
 
 _SOCKET = "engine.sock"
 _LOG = "engine.log"
@@ -43,6 +44,18 @@ class Completion:
 
     token_ids: tuple[int, ...]
     logprobs: tuple[Mapping[int, float], ...]
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """How an engine host ended (:meth:`EngineWorld.close`): its exit ``status``, the ``lingering``
+    processes of its session (vLLM's engine core, workers, resource tracker) still alive 10 s after it
+    exited (then killed), and the ``scratch`` entries vLLM left in the host's own ``TMPDIR`` (removed with
+    it)."""
+
+    status: int | None
+    lingering: tuple[str, ...]
+    scratch: tuple[str, ...]
 
 
 def _function_name(fn: Callable[..., Any]) -> str:
@@ -91,7 +104,9 @@ class EngineWorld:
         self._start_timeout = start_timeout
         self._process: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
+        self._descendants: list[Any] = []
         self.ready: dict[str, Any] = {}
+        self.shutdown: Shutdown | None = None
 
     @property
     def pid(self) -> int:
@@ -143,6 +158,7 @@ class EngineWorld:
             time.sleep(0.1)
         self._conn = Client(address, authkey=authkey.encode())
         self.ready = self._request(("start", _spec_dict(self.spec)), deadline - time.monotonic())
+        self._descendants = _descendants(self._process.pid)
 
     def generate(
         self,
@@ -161,14 +177,15 @@ class EngineWorld:
         order; ``fn`` a module-level function of an importable module, ``args`` and results picklable."""
         return self._request(("rpc", _function_name(fn), args), timeout)
 
-    def close(self, timeout: float = 120.0) -> int | None:
-        """Shut the engine down as vLLM does and wait for the host to exit; idempotent.
+    def close(self, timeout: float = 120.0) -> Shutdown | None:
+        """Shut the engine down as vLLM does, wait for the host and every process of its session to exit,
+        then remove the host's ``TMPDIR``; idempotent (a second call returns the first's record).
 
         Returns:
-            the host's exit status (None if it was never started).
+            the :class:`Shutdown` record (also :attr:`shutdown`); None if the host was never started.
         """
-        if self._process is None:
-            return None
+        if self._process is None or self.shutdown is not None:
+            return self.shutdown
         try:
             if self._conn is not None and self._process.poll() is None:
                 self._request(("close",), timeout)
@@ -179,10 +196,17 @@ class EngineWorld:
                 self._conn.close()
                 self._conn = None
         try:
-            return self._process.wait(timeout)
+            status = self._process.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            return self._process.wait()
+            status = self._process.wait()
+        lingering = _reap(self._descendants, 10.0)
+        tmp = self.folder / "tmp"
+        scratch = tuple(sorted(p.name for p in tmp.iterdir())) if tmp.is_dir() else ()
+        shutil.rmtree(tmp, ignore_errors=True)
+        Path(self.folder / _SOCKET).unlink(missing_ok=True)
+        self.shutdown = Shutdown(status, lingering, scratch)
+        return self.shutdown
 
     def kill(self) -> None:
         """SIGKILL the host's whole session (the host, vLLM's engine core and workers)."""
@@ -224,6 +248,30 @@ class EngineWorld:
         if status != "ok":
             raise EngineError(f"{message[0]!r} raised in the engine host:\n{value}{self._tail(15)}")
         return value
+
+
+def _descendants(pid: int) -> list[Any]:
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _reap(processes: list[Any], timeout: float) -> tuple[str, ...]:
+    """Wait up to ``timeout`` s for ``processes`` (psutil) to exit; kill those still alive and name them."""
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    names = []
+    for process in alive:
+        try:
+            names.append(f"{process.pid} {process.name()}")
+            process.kill()
+        except psutil.NoSuchProcess:
+            continue
+    return tuple(names)
 
 
 def _spec_dict(spec: EngineSpec) -> dict[str, Any]:
