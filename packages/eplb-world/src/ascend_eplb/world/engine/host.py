@@ -50,11 +50,12 @@ class Completion:
 class Shutdown:
     """How an engine host ended (:meth:`EngineWorld.close`): its exit ``status``, the ``lingering``
     processes of its session (vLLM's engine core, workers, resource tracker) still alive 10 s after it
-    exited (then killed), and the ``scratch`` entries vLLM left in the host's own ``TMPDIR`` (removed with
-    it)."""
+    exited (then killed), the ``shared_memory`` segments its processes had mapped that still exist, and the
+    ``scratch`` entries vLLM left in the host's own ``TMPDIR`` (removed with it)."""
 
     status: int | None
     lingering: tuple[str, ...]
+    shared_memory: tuple[str, ...]
     scratch: tuple[str, ...]
 
 
@@ -150,13 +151,15 @@ class EngineWorld:
                 start_new_session=True,
             )
         deadline = time.monotonic() + self._start_timeout
-        while not Path(address).exists():
+        while self._conn is None:
             self._check_alive("while starting")
             if time.monotonic() > deadline:
                 self.kill()
                 raise EngineError(f"the engine host did not listen within {self._start_timeout:.0f} s{self._tail()}")
-            time.sleep(0.1)
-        self._conn = Client(address, authkey=authkey.encode())
+            try:  # the socket file appears at bind(), before listen(): refused until then
+                self._conn = Client(address, authkey=authkey.encode())
+            except (FileNotFoundError, ConnectionRefusedError):
+                time.sleep(0.1)
         self.ready = self._request(("start", _spec_dict(self.spec)), deadline - time.monotonic())
         self._descendants = _descendants(self._process.pid)
 
@@ -186,6 +189,7 @@ class EngineWorld:
         """
         if self._process is None or self.shutdown is not None:
             return self.shutdown
+        mapped = _shared_memory([*_descendants(self._process.pid), *self._descendants])
         try:
             if self._conn is not None and self._process.poll() is None:
                 self._request(("close",), timeout)
@@ -205,7 +209,8 @@ class EngineWorld:
         scratch = tuple(sorted(p.name for p in tmp.iterdir())) if tmp.is_dir() else ()
         shutil.rmtree(tmp, ignore_errors=True)
         Path(self.folder / _SOCKET).unlink(missing_ok=True)
-        self.shutdown = Shutdown(status, lingering, scratch)
+        left = tuple(sorted(name for name in mapped if Path(name).exists()))
+        self.shutdown = Shutdown(status, lingering, left, scratch)
         return self.shutdown
 
     def kill(self) -> None:
@@ -257,6 +262,19 @@ def _descendants(pid: int) -> list[Any]:
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
+
+
+def _shared_memory(processes: list[Any]) -> set[str]:
+    """The ``/dev/shm`` segments ``processes`` (psutil) have mapped now."""
+    import psutil
+
+    out = set()
+    for process in processes:
+        try:
+            out |= {m.path for m in process.memory_maps() if m.path.startswith("/dev/shm/")}
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
 
 
 def _reap(processes: list[Any], timeout: float) -> tuple[str, ...]:
