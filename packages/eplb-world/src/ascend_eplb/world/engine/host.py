@@ -39,11 +39,15 @@ class EngineError(RuntimeError):
 
 @dataclass(frozen=True)
 class Completion:
-    """One request's output: the generated ``token_ids`` and, per generated token, its ``logprobs``
-    (token id -> logprob of the top candidates vLLM returned, the chosen token among them)."""
+    """One request's output: the generated ``token_ids``, per generated token its ``logprobs`` (token id ->
+    logprob of the top candidates vLLM returned, the chosen token among them), and vLLM's own timing of
+    the request (seconds; None when vLLM kept none): ``ttft_s`` from scheduling to the first token,
+    ``tpot_s`` per output token after it."""
 
     token_ids: tuple[int, ...]
     logprobs: tuple[Mapping[int, float], ...]
+    ttft_s: float | None = None
+    tpot_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -173,7 +177,7 @@ class EngineWorld:
     ) -> list[Completion]:
         """Greedy completions of ``prompts`` (token ids) through vLLM's ``LLM.generate``, in order."""
         raw = self._request(("generate", [list(p) for p in prompts], max_tokens, logprobs), timeout)
-        return [Completion(tuple(ids), tuple(dict(step) for step in lps)) for ids, lps in raw]
+        return [Completion(tuple(ids), tuple(dict(step) for step in lps), ttft, tpot) for ids, lps, ttft, tpot in raw]
 
     def run_on_workers(self, fn: Callable[..., Any], *args: Any, timeout: float = 300.0) -> list[Any]:
         """``fn(worker, *args)`` on every worker (vLLM's ``collective_rpc``), one result per worker in rank
@@ -346,9 +350,19 @@ def _generate(llm: Any, prompts: list[list[int]], max_tokens: int, logprobs: int
         (
             list(out.outputs[0].token_ids),
             [{int(t): float(lp.logprob) for t, lp in step.items()} for step in out.outputs[0].logprobs],
+            *_timing(out.metrics),
         )
         for out in outputs
     ]
+
+
+def _timing(stats: Any) -> tuple[float | None, float | None]:
+    """(time to first token, time per output token) of vLLM's ``RequestStateStats``, in seconds."""
+    if stats is None or not stats.first_token_ts:
+        return None, None
+    ttft = stats.first_token_ts - stats.scheduled_ts
+    n = stats.num_generation_tokens
+    return ttft, (stats.last_token_ts - stats.first_token_ts) / (n - 1) if n > 1 else None
 
 
 def main(argv: Sequence[str]) -> int:

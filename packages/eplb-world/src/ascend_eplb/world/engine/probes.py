@@ -12,6 +12,7 @@ itself. Shapes: L MoE layers, P physical experts, p local slots.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "eplb_state",
     "observe",
     "observed",
+    "run_summary",
     "slot_mismatches",
 ]
 
@@ -33,28 +35,38 @@ __all__ = [
 class StepRecord:
     """One ``step`` of the runner's EPLB controller on one rank: upstream's ``is_dummy`` / ``is_profile``,
     the ``num_unpadded_tokens`` of the forward's ``prepare_forward`` (None: no forward was prepared since
-    the last step), the record flag it set, and per model the selections recorded on this rank (the sum of
-    its load pass before upstream's step folds it into the window)."""
+    the last step), the record flag it set, per model the selections recorded on this rank (the sum of its
+    load pass before upstream's step folds it into the window) and, for a step that recorded, that load
+    pass itself (``load``: per model L x P ints, physical ids, this rank's share); ``in_flight``: a
+    rearrangement was moving when the step began; ``rearrangements``: the state's count after it;
+    ``seconds`` / ``cpu_seconds``: this process's wall and CPU time since the previous step ended."""
 
     is_dummy: bool
     is_profile: bool
     num_unpadded_tokens: int | None
     recorded: bool | None
     selections: dict[str, int]
+    load: dict[str, list[list[int]]] = field(default_factory=dict)
+    in_flight: bool = False
+    rearrangements: int = 0
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
 
 
 @dataclass
 class CommitRecord:
     """One layer's commit on one rank, at its acknowledgement: the rearrangement, the committed row of
-    ``physical_to_logical_map`` (P ints) and the local slots of every layer that differ then from their
+    ``physical_to_logical_map`` (P ints), the local slots of every layer that differ then from their
     logical expert's checkpoint weights under the committed placement (empty: every slot holds its expert
-    exactly)."""
+    exactly) and the ``step`` (index into the steps) during which it committed: the steps after it route
+    with it."""
 
     model_name: str
     layer: int
     rearrangement: int
     placement: list[int]
     mismatches: list[str]
+    step: int = 0
 
 
 @dataclass
@@ -64,6 +76,7 @@ class _Observer:
     commits: list[CommitRecord] = field(default_factory=list)
     prepared: list[tuple[int, bool | None]] = field(default_factory=list)
     experts: dict[str, Any] = field(default_factory=dict)
+    clock: tuple[float, float] = (0.0, 0.0)
 
 
 def _ep_rank() -> int:
@@ -98,17 +111,29 @@ def observe(worker: Any, checkpoint: str) -> bool:
 
     def observed_step(is_dummy: bool = False, is_profile: bool = False) -> None:
         state = controller.state
-        selections = (
-            {}
-            if state is None
-            else {ms.model_name: int(ms.expert_load_pass.sum()) for ms in state.model_states.values()}
-        )
+        models = [] if state is None else list(state.model_states.values())
+        selections = {ms.model_name: int(ms.expert_load_pass.sum()) for ms in models}
         # The target's forward is prepared first; a draft's forwards follow it in the same step.
         tokens, recorded = observer.prepared[0] if observer.prepared else (None, None)
         observer.prepared.clear()
-        observer.steps.append(StepRecord(is_dummy, is_profile, tokens, recorded, selections))
+        load = (
+            {ms.model_name: ms.expert_load_pass.tolist() for ms in models}
+            if recorded and not is_dummy
+            else {}
+        )
+        in_flight = any(ms.rebalanced for ms in models)
         step(is_dummy=is_dummy, is_profile=is_profile)
+        wall, cpu = time.perf_counter(), time.process_time()
+        observer.steps.append(
+            StepRecord(
+                is_dummy, is_profile, tokens, recorded, selections, load, in_flight,
+                0 if state is None else int(state.num_rearrangements),
+                wall - observer.clock[0], cpu - observer.clock[1],
+            )
+        )  # fmt: skip
+        observer.clock = (wall, cpu)
 
+    observer.clock = (time.perf_counter(), time.process_time())
     controller.prepare_forward = observed_prepare_forward
     controller.step = observed_step
 
@@ -121,9 +146,10 @@ def observe(worker: Any, checkpoint: str) -> bool:
         mismatches = local_slot_mismatches(ms.model, _experts_of(observer, ms), placement, _ep_rank())
         observer.commits.append(
             CommitRecord(
-                ms.model_name, event.layer, event.rearrangement, placement[event.layer].tolist(), mismatches
+                ms.model_name, event.layer, event.rearrangement, placement[event.layer].tolist(), mismatches,
+                len(observer.steps),
             )
-        )
+        )  # fmt: skip
 
     controller.bus.subscribe(CommitEvent, on_commit)
     return True
@@ -172,3 +198,41 @@ def eplb_state(worker: Any) -> dict[str, Any]:
         if state is None
         else {ms.model_name: ms.physical_to_logical_map.tolist() for ms in state.model_states.values()},
     }
+
+
+def run_summary(worker: Any) -> dict[str, Any]:
+    """What this worker's serving path holds at the end of a run, per rank: the MoE row layout of its
+    last forward, how vLLM ran the model (``"eager (enforce_eager)"`` or ``"<mode>, <backend> backend"``),
+    the state's rearrangement counters, per model the bytes its communicator received (None: not
+    counted) and one expert's bytes, the serving verifier's counters (None: verifier off), p, and the
+    models with a rearrangement still in flight."""
+    from ascend_eplb.integration import metrics
+    from ascend_eplb.integration.serving import guardrails_of
+
+    runner = worker.model_runner
+    controller = runner.eplb
+    state = controller.state
+    layout = getattr(controller, "last_row_layout", None)
+    compilation = runner.vllm_config.compilation_config
+    eager = compilation.mode.name == "NONE"
+    verifier = guardrails_of(controller).verifier
+    models = list(state.model_states.values())
+    return {
+        "ep_rank": _ep_rank(),
+        "moe_rows": None if layout is None else layout.rows,
+        "compilation": "eager (enforce_eager)" if eager else f"{compilation.mode.name}, {compilation.backend} backend",
+        "num_rearrangements": int(state.num_rearrangements),
+        "num_skipped_rearrangements": int(state.num_skipped_rearrangements),
+        "bytes_received": {ms.model_name: metrics.bytes_received(ms) for ms in models},
+        "expert_nbytes": {ms.model_name: metrics.expert_bytes(ms.model.expert_weights)[0] for ms in models},
+        "verifier_commits_checked": None if verifier is None else verifier.commits_checked,
+        "verifier_steps": None if verifier is None else verifier.steps,
+        "slots_per_rank": int(models[0].physical_to_logical_map.shape[1]) // _ep_size() if models else 0,
+        "in_flight": [ms.model_name for ms in models if ms.rebalanced],
+    }
+
+
+def _ep_size() -> int:
+    from vllm.distributed.parallel_state import get_ep_group
+
+    return get_ep_group().world_size

@@ -85,6 +85,8 @@ class EngineSpec:
             "max_num_seqs": self.max_num_seqs,
             "max_model_len": self.max_model_len,
             "kv_cache_memory_bytes": self.kv_cache_memory_bytes,
+            # vLLM's per-request timing (time to first token, per output token) and its periodic log.
+            "disable_log_stats": False,
         }
         if self._uses_mla():
             kwargs["attention_backend"] = "CPU_MLA"
