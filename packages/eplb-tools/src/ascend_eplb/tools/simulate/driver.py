@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_eplb.tools.simulate.config import SimulateConfig
+from ascend_eplb.tools.simulate.engine_run import EngineRun, run_engines
 from ascend_eplb.tools.simulate.launching import SimulationError, launch_ranks, run_torchrun_rank
 from ascend_eplb.tools.simulate.lifecycle import DeadlineExceededError, deadline_alarm, own_output_folder
 from ascend_eplb.tools.simulate.models import resolve_model
@@ -31,6 +32,7 @@ from ascend_eplb.tools.simulate.report import SimulateReport, build_report
 from ascend_eplb.tools.simulate.stats import RankStats
 from ascend_eplb.tools.simulate.summary import summary_text
 from ascend_eplb.tools.trace import load_routing_source
+from ascend_eplb.world.engine.host import EngineError
 
 __all__ = ["SimulationError", "run_simulation", "under_torchrun"]
 
@@ -97,11 +99,15 @@ def run_simulation(config: SimulateConfig, *, stream=None) -> SimulateReport:
                 out = _output_folder(config)
                 owned.enter_context(own_output_folder(out))
                 with _one_runs_outputs(out):
-                    results = launch_ranks(config, routing, deadline, phase)
+                    if config.replays:
+                        results, engines = launch_ranks(config, routing, deadline, phase), None
+                    else:
+                        run = _run_engines(config, routing, deadline, phase)
+                        results, engines = run.results, run
         except DeadlineExceededError as e:  # before the launch (reading or sampling the routing)
             raise SimulationError(str(e)) from None
         with _one_runs_outputs(out, remove_earlier=False):
-            report = _write(config, routing, results, t0, out)
+            report = _write(config, routing, results, t0, out, engines)
     print(summary_text(report), file=stream or sys.stdout)
     return report
 
@@ -168,10 +174,24 @@ def _run_under_torchrun(config: SimulateConfig, t0: float, stream: Any) -> Simul
     return report
 
 
+def _run_engines(config: SimulateConfig, source: Any, deadline: float, phase: list[str]) -> EngineRun:
+    """The real model on vLLM's engine (:mod:`~ascend_eplb.tools.simulate.engine_run`); an engine's failure
+    is the run's (:class:`SimulationError`, naming the cause)."""
+    try:
+        return run_engines(config, source.folder, source.vocab_size, deadline, phase)
+    except EngineError as e:
+        raise SimulationError(f"simulation failed: {e}") from None
+
+
 def _write(
-    config: SimulateConfig, routing: Any, results: list[RankStats], t0: float, out: Path
+    config: SimulateConfig,
+    routing: Any,
+    results: list[RankStats],
+    t0: float,
+    out: Path,
+    engines: EngineRun | None = None,
 ) -> SimulateReport:
-    report = build_report(config, routing, results, time.perf_counter() - t0)
+    report = build_report(config, routing, results, time.perf_counter() - t0, engines)
     (out / "report.json").write_text(json.dumps(report.to_json(), indent=1))
     plot_balancedness(report, out / "balancedness.png")
     return report

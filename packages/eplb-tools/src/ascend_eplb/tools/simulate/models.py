@@ -65,6 +65,7 @@ class ModelSource:
         format: the routed experts' format (``float32``, ``bf16``, ``fp16`` or a quantized format).
         num_mtp_layers: DeepSeek-V3's multi-token prediction layers the checkpoint holds (the MoE draft
             of ``--speculative-tokens``; ``world.CheckpointInfo.num_mtp_layers``).
+        vocab_size: V, the ids the workload's prompts are drawn from.
     """
 
     name: str
@@ -76,6 +77,7 @@ class ModelSource:
     max_positions: int
     format: str = PRESET_FORMAT
     num_mtp_layers: int = 0
+    vocab_size: int = world.VOCAB_SIZE
 
 
 #: The environment variable of the cache root (the presets go under ``models/``).
@@ -264,4 +266,5 @@ def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
         max_positions=max_positions,
         format=fmt,
         num_mtp_layers=info.num_mtp_layers,
+        vocab_size=info.vocab_size,
     )

@@ -233,6 +233,10 @@ class SimulateReport:
     wall_seconds: float
     config: dict[str, Any]
     draft: DraftReport | None = None
+    #: vLLM's engine serving the workload EPLB off and on (a real model): each engine's figures
+    #: (``engine_run.EngineFigures``: start-up, workload seconds, tokens, TTFT and TPOT medians).
+    engine_off: Any | None = None
+    engine_on: Any | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The report as ``report.json`` holds it."""
@@ -240,7 +244,7 @@ class SimulateReport:
 
 
 def build_report(
-    config: SimulateConfig, routing: Any, results: list[RankStats], wall_s: float
+    config: SimulateConfig, routing: Any, results: list[RankStats], wall_s: float, engines: Any | None = None
 ) -> SimulateReport:
 
     r0 = results[0]
@@ -300,10 +304,10 @@ def build_report(
         rearrangements=r0.num_rearrangements,
         rearrangements_completed=len(completed),
         layers_committed=sum(len(c) for c in r0.commits_per_step) + install_layers,
-        balancedness_before=float(np.mean(before)) if before else None,
-        balancedness_after=float(np.mean(after)) if after else None,
-        balancedness_off_after=float(np.mean(off_after)) if off_after else None,
-        balancedness_off_mean=float(np.mean(bal_off)) if bal_off else None,
+        balancedness_before=_mean(before),
+        balancedness_after=_mean(after),
+        balancedness_off_after=_mean(off_after),
+        balancedness_off_mean=_mean(bal_off),
         balancedness_per_step=tuple(bal),
         balancedness_off_per_step=tuple(bal_off),
         rank_load_share_per_step=r0.rank_load_share_per_step,
@@ -352,6 +356,8 @@ def build_report(
         wall_seconds=wall_s,
         config=config.to_json(),
         draft=_draft(config, results, first_rearr),
+        engine_off=None if engines is None else engines.off,
+        engine_on=None if engines is None else engines.on,
     )
 
 
@@ -387,10 +393,10 @@ def _draft(config: SimulateConfig, results: list[RankStats], first_rearr: int | 
         rearrangements_completed=len(completed),
         layers_committed=sum(len(c) for c in d0.commits_per_step)
         + (0 if install is None else d0.num_moe_layers),
-        balancedness_before=float(np.mean(before)) if before else None,
-        balancedness_after=float(np.mean(after)) if after else None,
-        balancedness_off_after=float(np.mean(off_after)) if off_after else None,
-        balancedness_off_mean=float(np.mean(bal_off)) if bal_off else None,
+        balancedness_before=_mean(before),
+        balancedness_after=_mean(after),
+        balancedness_off_after=_mean(off_after),
+        balancedness_off_mean=_mean(bal_off),
         balancedness_per_step=tuple(bal),
         balancedness_off_per_step=tuple(bal_off),
         commit_completed_steps=tuple(completed),
@@ -406,6 +412,12 @@ def _draft(config: SimulateConfig, results: list[RankStats], first_rearr: int | 
         load_steps_recorded=max(d.load_steps_recorded for d in ranks),
         load_selections=d0.load_selections,
     )
+
+
+def _mean(values: list[float | None]) -> float | None:
+    """The mean of the steps' figures that exist (None: a step that recorded no load), or None."""
+    known = [v for v in values if v is not None]
+    return float(np.mean(known)) if known else None
 
 
 def _or0(value: int | None) -> int:

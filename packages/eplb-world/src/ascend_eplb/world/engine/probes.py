@@ -205,7 +205,9 @@ def run_summary(worker: Any) -> dict[str, Any]:
     last forward, how vLLM ran the model (``"eager (enforce_eager)"`` or ``"<mode>, <backend> backend"``),
     the state's rearrangement counters, per model the bytes its communicator received (None: not
     counted) and one expert's bytes, the serving verifier's counters (None: verifier off), p, and the
-    models with a rearrangement still in flight."""
+    cycles in flight as the watchdog names them at the runner's end of life (``InFlightAtShutdown`` as
+    dicts; asking changes nothing)."""
+    from ascend_eplb.control.bus import ShutdownEvent
     from ascend_eplb.integration import metrics
     from ascend_eplb.integration.serving import guardrails_of
 
@@ -215,7 +217,9 @@ def run_summary(worker: Any) -> dict[str, Any]:
     layout = getattr(controller, "last_row_layout", None)
     compilation = runner.vllm_config.compilation_config
     eager = compilation.mode.name == "NONE"
-    verifier = guardrails_of(controller).verifier
+    guardrails = guardrails_of(controller)
+    verifier = guardrails.verifier
+    in_flight = guardrails.watchdog.at_shutdown(ShutdownEvent(controller))
     models = list(state.model_states.values())
     return {
         "ep_rank": _ep_rank(),
@@ -228,7 +232,7 @@ def run_summary(worker: Any) -> dict[str, Any]:
         "verifier_commits_checked": None if verifier is None else verifier.commits_checked,
         "verifier_steps": None if verifier is None else verifier.steps,
         "slots_per_rank": int(models[0].physical_to_logical_map.shape[1]) // _ep_size() if models else 0,
-        "in_flight": [ms.model_name for ms in models if ms.rebalanced],
+        "in_flight": [asdict(cycle) for cycle in in_flight],
     }
 
 

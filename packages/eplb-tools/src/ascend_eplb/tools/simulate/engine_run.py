@@ -1,0 +1,338 @@
+"""``simulate`` on a real model: vLLM's own engine serves the workload twice, EPLB off then on.
+
+Each engine is an :class:`~ascend_eplb.world.engine.host.EngineWorld` (``vllm.LLM`` with Model Runner V2's
+CPU runner, TP x EP ranks as vLLM's workers, the project's plugin with the verifier, the watchdog and the
+events file on). The workload: ``--batch-size`` requests of :data:`PROMPT_TOKENS` random token ids (from
+``--seed``), each generating ``--steps`` tokens greedily, served together. The EPLB-off engine's
+completions are the ``outputs`` check's reference; the EPLB-on engine's workers are observed through
+vLLM's RPC (``world.engine.probes``): every step's recorded load with the placement it routed with, every
+commit's slots against the checkpoint. :func:`run_engines` turns both into the ranks' ``RankStats`` the
+report reads and :class:`EngineFigures` (throughput and TPOT of each engine: EPLB's overhead on this host).
+Shape letters: GLOSSARY.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ascend_eplb.control import measures
+from ascend_eplb.integration.watchdog import InFlightAtShutdown
+from ascend_eplb.tools.simulate.config import SimulateConfig, ascend_policy_keys
+from ascend_eplb.tools.simulate.faults import WORKER_FAULTS, inject_stale_lookup, inject_worker_fault
+from ascend_eplb.tools.simulate.stats import OutputTolerance, RankStats
+from ascend_eplb.world.engine import probes
+from ascend_eplb.world.engine.host import Completion, EngineError, EngineWorld
+from ascend_eplb.world.engine.spec import EngineSpec, EplbSpec
+
+__all__ = ["PROMPT_TOKENS", "EngineFigures", "EngineRun", "inject_fault", "run_engines", "workload"]
+
+#: Prompt length of every request of the workload.
+PROMPT_TOKENS = 16
+#: Top candidates vLLM returns per generated token (the ``outputs`` check compares them all).
+LOGPROBS = 5
+
+
+@dataclass(frozen=True)
+class EngineFigures:
+    """What one engine took (seconds): ``start_s`` vLLM's start-up (imports, load, profile, KV cache),
+    ``generate_s`` the workload, ``tokens`` generated, and vLLM's own per-request TTFT and TPOT medians."""
+
+    start_s: float
+    generate_s: float
+    tokens: int
+    ttft_s: float | None
+    tpot_s: float | None
+
+    @property
+    def throughput(self) -> float:
+        """Generated tokens per second of the workload."""
+        return self.tokens / self.generate_s if self.generate_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """Both engines of a run: the ranks' statistics of the EPLB-on engine and each engine's figures."""
+
+    results: list[RankStats]
+    off: EngineFigures
+    on: EngineFigures
+
+
+def workload(config: SimulateConfig, vocab_size: int) -> list[list[int]]:
+    """``--batch-size`` prompts of :data:`PROMPT_TOKENS` token ids drawn from ``--seed``."""
+    g = torch.Generator().manual_seed(config.seed)
+    return torch.randint(0, vocab_size, (config.batch_size, PROMPT_TOKENS), generator=g).tolist()
+
+
+def _specs(config: SimulateConfig, folder: Path) -> tuple[EngineSpec, EngineSpec]:
+    ascend: dict[str, Any] = {"load_collection_phase": config.load_collection_phase, **ascend_policy_keys(config)}
+    if config.initial_placement is not None:
+        ascend["initial_placement"] = str(Path(config.initial_placement).resolve())
+    off = EngineSpec(
+        model=str(folder),
+        tensor_parallel_size=config.tp_size,
+        data_parallel_size=config.data_parallel_size,
+        speculative_tokens=config.speculative_tokens,
+        compilation=config.compilation,
+        max_num_seqs=config.batch_size,
+        max_model_len=PROMPT_TOKENS + config.steps + config.speculative_tokens + 16,
+        seed=config.seed,
+    )
+    eplb = EplbSpec(config.window_size, config.step_interval, config.num_redundant_experts, ascend)
+    return off, EngineSpec(**{**off.__dict__, "eplb": eplb})
+
+
+def _figures(engine: EngineWorld, completions: list[Completion], generate_s: float) -> EngineFigures:
+    ttft = [c.ttft_s for c in completions if c.ttft_s is not None]
+    tpot = [c.tpot_s for c in completions if c.tpot_s is not None]
+    return EngineFigures(
+        float(engine.ready.get("seconds", 0.0)),
+        generate_s,
+        sum(len(c.token_ids) for c in completions),
+        float(np.median(ttft)) if ttft else None,
+        float(np.median(tpot)) if tpot else None,
+    )
+
+
+def inject_fault(worker: Any, fault: str) -> None:
+    """``--fault`` in this worker (run on every worker through vLLM's RPC): an async-worker fault on the
+    last EP rank, or layer 0's stale lookup refresh on every rank."""
+    from vllm.distributed.parallel_state import get_ep_group
+
+    state = worker.model_runner.eplb.state
+    (model_state, *_) = state.model_states.values()
+    group = get_ep_group()
+    if fault in WORKER_FAULTS and group.rank_in_group == group.world_size - 1:
+        inject_worker_fault(model_state.communicator, fault, group.rank_in_group)
+    if fault == "wrong-lookup-refresh":
+        inject_stale_lookup(model_state.model.moe_layers[0].eplb_state)
+
+
+def run_engines(config: SimulateConfig, folder: Path, vocab_size: int, deadline: float, phase: list[str]) -> EngineRun:
+    """Serve the workload on the EPLB-off engine, then on the EPLB-on engine (``config``'s EPLB settings,
+    verifier and watchdog on, ``events.jsonl`` in ``--out``), each in a scratch folder of its own removed
+    after it; returns the ranks' statistics and both engines' figures.
+
+    Raises:
+        EngineError: an engine failed to start or to serve (the message names the cause).
+    """
+    prompts = workload(config, vocab_size)
+    off_spec, on_spec = _specs(config, folder)
+    out = Path(config.out_dir)
+    scratch = Path(tempfile.mkdtemp(prefix="ascend-eplb-simulate-"))
+    try:
+        phase[0] = "starting the EPLB-off engine"
+        with EngineWorld(off_spec, scratch / "off", start_timeout=_left(deadline)) as engine:
+            phase[0] = "serving the workload, EPLB off"
+            t = time.perf_counter()
+            reference = engine.generate(prompts, max_tokens=config.steps, logprobs=LOGPROBS, timeout=_left(deadline))
+            off = _figures(engine, reference, time.perf_counter() - t)
+        env = {
+            "ASCEND_EPLB_VERIFY": "1",
+            "ASCEND_EPLB_EVENTS": str((out / "events.jsonl").resolve()),
+            "ASCEND_EPLB_WORKER_TIMEOUT_S": str(config.worker_timeout_s),
+            "ASCEND_EPLB_ON_WORKER_FAILURE": config.on_worker_failure,
+        }
+        if config.metrics:
+            (scratch / "prometheus").mkdir()
+            env |= {"ASCEND_EPLB_METRICS": "1", "PROMETHEUS_MULTIPROC_DIR": str(scratch / "prometheus")}
+        phase[0] = "starting the EPLB-on engine"
+        with EngineWorld(on_spec, scratch / "on", env=env, start_timeout=_left(deadline)) as engine:
+            engine.run_on_workers(probes.observe, str(folder))
+            if config.fault is not None:
+                engine.run_on_workers(inject_fault, config.fault)
+            phase[0] = "serving the workload, EPLB on"
+            t = time.perf_counter()
+            failure = None
+            try:
+                completions = engine.generate(
+                    prompts, max_tokens=config.steps, logprobs=LOGPROBS, timeout=_left(deadline)
+                )
+            except EngineError as e:
+                completions, failure = [], _check_of(e)
+                if failure is None:
+                    raise
+            on = _figures(engine, completions, time.perf_counter() - t)
+            observed = engine.run_on_workers(probes.observed) if failure is None else None
+            summaries = engine.run_on_workers(probes.run_summary) if failure is None else None
+        if config.metrics:
+            from ascend_eplb.tools.simulate.launching import write_scrape
+
+            write_scrape(scratch / "prometheus", out / "metrics.prom")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    tolerance = OutputTolerance(config.outputs_rtol, 1e-6)
+    if failure is not None:
+        return EngineRun(_failed_ranks(config, tolerance, failure), off, on)
+    results = _rank_stats(config, folder, observed, summaries, completions, reference, tolerance)
+    return EngineRun(results, off, on)
+
+
+def _left(deadline: float) -> float:
+    return max(deadline - time.monotonic(), 1.0)
+
+
+#: The serving guardrails' errors as vLLM's engine reports them: (check, pattern of the message).
+_GUARDRAIL_ERRORS = (
+    ("worker", re.compile(r"EplbWorkerFailureError: (.*)")),
+    ("fingerprints", re.compile(r"EplbVerificationError: (fingerprints.*)")),
+    ("lookups", re.compile(r"EplbVerificationError: (.*)")),
+)
+
+
+def _check_of(error: EngineError) -> tuple[str, str] | None:
+    """``(check, message)`` of a serving guardrail that stopped the engine (the verifier's or the
+    watchdog's error in its report or log), or None (another failure)."""
+    text = str(error)
+    for check, pattern in _GUARDRAIL_ERRORS:
+        match = pattern.search(text)
+        if match:
+            return check, match.group(1).strip()
+    return None
+
+
+def _outputs_error(
+    completions: list[Completion], reference: list[Completion], tolerance: OutputTolerance
+) -> tuple[float, str | None]:
+    """The worst |logprob - EPLB-off logprob| over every generated token's candidates, and the first
+    violation (a greedy token that differs, or an error above ``tolerance``), or None."""
+    worst, violation = 0.0, None
+    for i, (got, want) in enumerate(zip(completions, reference, strict=True)):
+        if got.token_ids != want.token_ids and violation is None:
+            at = next(k for k, (a, b) in enumerate(zip(got.token_ids, want.token_ids, strict=False)) if a != b)
+            violation = f"request {i} token {at}: {got.token_ids[at]} generated, EPLB off {want.token_ids[at]}"
+        for k, (a, b) in enumerate(zip(got.logprobs, want.logprobs, strict=False)):
+            bound = tolerance.bound(max(abs(v) for v in b.values()))
+            for token in a.keys() & b.keys():
+                err = abs(a[token] - b[token])
+                worst = max(worst, err)
+                if err > bound and violation is None:
+                    violation = f"request {i} token {k}: |logprob - EPLB-off logprob| = {err:.3g} > {bound:.3g}"
+    return worst, violation
+
+
+def _placements(initial: torch.Tensor, commits: list[dict[str, Any]], steps: int) -> list[torch.Tensor]:
+    """The placement each of ``steps`` steps routed with: ``initial``, changed by each commit after the
+    step it committed in."""
+    current, out = initial.clone(), []
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for c in commits:
+        by_step.setdefault(c["step"], []).append(c)
+    for step in range(steps):
+        out.append(current.clone())
+        for c in by_step.get(step, []):
+            current[c["layer"]] = torch.tensor(c["placement"])
+    return out
+
+
+def _rank_stats(
+    config: SimulateConfig,
+    folder: Path,
+    observed: list[dict[str, Any]],
+    summaries: list[dict[str, Any]],
+    completions: list[Completion],
+    reference: list[Completion],
+    tolerance: OutputTolerance,
+) -> list[RankStats]:
+    """Each rank's ``RankStats`` from what the observer saw on the EPLB-on engine's workers."""
+    from ascend_eplb.world.checkpoints import checkpoint_info
+
+    info = checkpoint_info(folder)
+    num_ranks = len(observed)
+    target = str(folder)
+    max_error, output_violation = _outputs_error(completions, reference, tolerance)
+    serving = [[s for s in rank["steps"] if not s["is_dummy"]] for rank in observed]
+    steps = len(serving[0])
+    commits = [c for c in observed[0]["commits"] if c["model_name"] == target]
+    # The install of --initial-placement commits before any serving step: it is the starting placement.
+    initial = measures.upstream_initial_placement(info.num_logical_experts, config.num_redundant_experts, info.num_moe_layers)
+    placements = _placements(initial, commits, len(observed[0]["steps"]))
+    serving_index = [i for i, s in enumerate(observed[0]["steps"]) if not s["is_dummy"]]
+    bal, bal_off, shares = [], [], []
+    off_placement = initial
+    load_violation, recorded_steps, selections = None, 0, 0
+    for k, i in enumerate(serving_index):
+        step = [rank["steps"][i] for rank in observed]
+        recorded = bool(step[0]["recorded"])
+        total = sum(s["selections"].get(target, 0) for s in step)
+        want = (step[0]["num_unpadded_tokens"] or 0) * info.top_k * info.num_moe_layers if recorded else 0
+        if total != want and load_violation is None:
+            load_violation = f"step {k}: the ranks recorded {total} selections, the real tokens made {want}"
+        if not recorded:  # the step's load is not known: upstream's window did not record it
+            bal.append(None)
+            bal_off.append(None)
+            shares.append([None] * num_ranks)
+            continue
+        recorded_steps += 1
+        selections += want
+        physical = torch.tensor(sum(np.asarray(s["load"][target]) for s in step))  # (L, P)
+        rank_load = physical.view(info.num_moe_layers, num_ranks, -1).sum(dim=-1).double()  # (L, N)
+        bal.append(measures.mean_balancedness(rank_load))
+        logical = torch.zeros(info.num_moe_layers, info.num_logical_experts, dtype=torch.float64)
+        logical.scatter_add_(1, placements[i].long(), physical.double())
+        bal_off.append(measures.mean_balancedness(measures.rank_loads(logical, off_placement, num_ranks)))
+        shares.append((rank_load / rank_load.sum(dim=1, keepdim=True)).mean(dim=0).tolist())
+    commits_per_step = [[] for _ in serving_index]
+    position = {i: k for k, i in enumerate(serving_index)}
+    for c in commits:
+        k = position.get(c["step"], position.get(min((i for i in serving_index if i > c["step"]), default=-1)))
+        if k is not None:
+            commits_per_step[k].append(c["layer"])
+    violation = None
+    if output_violation is not None:
+        violation = ("outputs", output_violation)
+    elif load_violation is not None:
+        violation = ("load", load_violation)
+    else:
+        mismatched = [c for rank in observed for c in rank["commits"] if c["mismatches"]]
+        if mismatched:
+            c = mismatched[0]
+            violation = ("fingerprints", f"layer {c['layer']} commit of rearrangement {c['rearrangement']}: {c['mismatches'][0]}")
+    out = []
+    for rank, summary in zip(observed, summaries, strict=True):
+        mine = [rank["steps"][i] for i in serving_index]
+        out.append(
+            RankStats(
+                output_tolerance=tolerance,
+                balancedness_per_step=tuple(bal),
+                balancedness_off_per_step=tuple(bal_off),
+                rank_load_share_per_step=tuple(tuple(s) for s in shares),
+                step_seconds=tuple(s["seconds"] for s in mine),
+                step_cpu_seconds=tuple(s["cpu_seconds"] for s in mine),
+                verifier_seconds=tuple(0.0 for _ in mine),
+                step_in_flight=tuple(s["in_flight"] for s in mine),
+                commits_per_step=tuple(tuple(sorted(c)) for c in commits_per_step),
+                rearrangements_per_step=tuple(s["rearrangements"] for s in mine),
+                max_output_error=max_error,
+                worker_failure=None,
+                load_steps_recorded=recorded_steps,
+                load_selections=selections,
+                install=None,
+                moe_rows=summary["moe_rows"],
+                compilation=summary["compilation"],
+                violation=violation,
+                num_rearrangements=summary["num_rearrangements"],
+                num_skipped_rearrangements=summary["num_skipped_rearrangements"],
+                bytes_received=summary["bytes_received"].get(target),
+                expert_nbytes=summary["expert_nbytes"][target],
+                verifier_commits_checked=summary["verifier_commits_checked"] or 0,
+                verifier_steps=summary["verifier_steps"] or 0,
+                slots_per_rank=summary["slots_per_rank"],
+                in_flight_at_end=tuple(InFlightAtShutdown(**cycle) for cycle in summary["in_flight"]),
+            )
+        )
+    return out
+
+
+def _failed_ranks(config: SimulateConfig, tolerance: OutputTolerance, failure: tuple[str, str]) -> list[RankStats]:
+    raise NotImplementedError(failure)
