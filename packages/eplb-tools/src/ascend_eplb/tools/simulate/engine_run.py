@@ -29,7 +29,7 @@ from ascend_eplb.control import measures
 from ascend_eplb.integration.watchdog import InFlightAtShutdown
 from ascend_eplb.tools.simulate.config import SimulateConfig, ascend_policy_keys
 from ascend_eplb.tools.simulate.faults import WORKER_FAULTS, inject_stale_lookup, inject_worker_fault
-from ascend_eplb.tools.simulate.stats import OutputTolerance, RankStats
+from ascend_eplb.tools.simulate.stats import DraftStats, OutputTolerance, RankStats
 from ascend_eplb.world.engine import probes
 from ascend_eplb.world.engine.host import Completion, EngineError, EngineWorld
 from ascend_eplb.world.engine.spec import EngineSpec, EplbSpec
@@ -235,6 +235,67 @@ def _placements(initial: torch.Tensor, commits: list[dict[str, Any]], steps: int
     return out
 
 
+@dataclass
+class _Series:
+    """One model's figures per serving step, over the ranks (the target's, or its MTP draft's)."""
+
+    balancedness: list[float | None]
+    balancedness_off: list[float | None]
+    rank_shares: list[list[float | None]]
+    commits: list[list[int]]
+    recorded_steps: int
+    selections: int
+    violation: str | None
+
+
+def _series(
+    observed: list[dict[str, Any]],
+    serving: list[int],
+    model: str,
+    initial: torch.Tensor,
+    num_logical: int,
+    top_k: int,
+) -> _Series:
+    """``model``'s figures at each serving step (``serving``: indices into the observer's steps): the
+    executed balancedness of its recorded load (``None`` for a step without), the same load on upstream's
+    initial placement, each rank's share, the layers committed, and the ``load`` check: per step the
+    selections recorded over the ranks equal its real tokens (every forward the runner prepared for it)
+    x K x L once, nothing when the step did not record."""
+    num_layers, num_ranks = initial.shape[0], len(observed)
+    commits = [c for c in observed[0]["commits"] if c["model_name"] == model]
+    placements = _placements(initial, commits, len(observed[0]["steps"]))
+    out = _Series([], [], [], [[] for _ in serving], 0, 0, None)
+    for k, i in enumerate(serving):
+        step = [rank["steps"][i] for rank in observed]
+        recorded = bool(step[0]["recorded"])
+        total = sum(s["selections"].get(model, 0) for s in step)
+        tokens = sum(step[0]["forwards"].get(model, []))
+        want = tokens * top_k * num_layers if recorded else 0
+        if total != want and out.violation is None:
+            out.violation = f"{model} step {k}: the ranks recorded {total} selections, its real tokens made {want}"
+        if not recorded or model not in step[0]["load"]:
+            out.balancedness.append(None)
+            out.balancedness_off.append(None)
+            out.rank_shares.append([None] * num_ranks)
+            continue
+        out.recorded_steps += 1
+        out.selections += want
+        physical = torch.tensor(sum(np.asarray(s["load"][model]) for s in step), dtype=torch.float64)  # (L, P)
+        rank_load = physical.view(num_layers, num_ranks, -1).sum(dim=-1)  # (L, N)
+        out.balancedness.append(measures.mean_balancedness(rank_load))
+        logical = torch.zeros(num_layers, num_logical, dtype=torch.float64)
+        logical.scatter_add_(1, placements[i].long(), physical)
+        out.balancedness_off.append(measures.mean_balancedness(measures.rank_loads(logical, initial, num_ranks)))
+        total_per_layer = rank_load.sum(dim=1, keepdim=True).clamp(min=1)
+        out.rank_shares.append((rank_load / total_per_layer).mean(dim=0).tolist())
+    position = {i: k for k, i in enumerate(serving)}
+    for c in commits:  # a commit during a step without a forward counts at the next serving step
+        k = position.get(c["step"], position.get(min((i for i in serving if i > c["step"]), default=-1)))
+        if k is not None:
+            out.commits[k].append(c["layer"])
+    return out
+
+
 def _rank_stats(
     config: SimulateConfig,
     folder: Path,
@@ -245,78 +306,69 @@ def _rank_stats(
     tolerance: OutputTolerance,
 ) -> list[RankStats]:
     """Each rank's ``RankStats`` from what the observer saw on the EPLB-on engine's workers."""
+    from ascend_eplb.integration.model_names import DRAFT_SUFFIX
     from ascend_eplb.world.checkpoints import checkpoint_info
 
     info = checkpoint_info(folder)
-    num_ranks = len(observed)
-    target = str(folder)
+    target, draft = str(folder), str(folder) + DRAFT_SUFFIX
     max_error, output_violation = _outputs_error(completions, reference, tolerance)
-    serving = [[s for s in rank["steps"] if not s["is_dummy"]] for rank in observed]
-    steps = len(serving[0])
-    commits = [c for c in observed[0]["commits"] if c["model_name"] == target]
-    # The install of --initial-placement commits before any serving step: it is the starting placement.
-    initial = measures.upstream_initial_placement(info.num_logical_experts, config.num_redundant_experts, info.num_moe_layers)
-    placements = _placements(initial, commits, len(observed[0]["steps"]))
-    serving_index = [i for i, s in enumerate(observed[0]["steps"]) if not s["is_dummy"]]
-    bal, bal_off, shares = [], [], []
-    off_placement = initial
-    load_violation, recorded_steps, selections = None, 0, 0
-    for k, i in enumerate(serving_index):
-        step = [rank["steps"][i] for rank in observed]
-        recorded = bool(step[0]["recorded"])
-        total = sum(s["selections"].get(target, 0) for s in step)
-        want = (step[0]["num_unpadded_tokens"] or 0) * info.top_k * info.num_moe_layers if recorded else 0
-        if total != want and load_violation is None:
-            load_violation = f"step {k}: the ranks recorded {total} selections, the real tokens made {want}"
-        if not recorded:  # the step's load is not known: upstream's window did not record it
-            bal.append(None)
-            bal_off.append(None)
-            shares.append([None] * num_ranks)
-            continue
-        recorded_steps += 1
-        selections += want
-        physical = torch.tensor(sum(np.asarray(s["load"][target]) for s in step))  # (L, P)
-        rank_load = physical.view(info.num_moe_layers, num_ranks, -1).sum(dim=-1).double()  # (L, N)
-        bal.append(measures.mean_balancedness(rank_load))
-        logical = torch.zeros(info.num_moe_layers, info.num_logical_experts, dtype=torch.float64)
-        logical.scatter_add_(1, placements[i].long(), physical.double())
-        bal_off.append(measures.mean_balancedness(measures.rank_loads(logical, off_placement, num_ranks)))
-        shares.append((rank_load / rank_load.sum(dim=1, keepdim=True)).mean(dim=0).tolist())
-    commits_per_step = [[] for _ in serving_index]
-    position = {i: k for k, i in enumerate(serving_index)}
-    for c in commits:
-        k = position.get(c["step"], position.get(min((i for i in serving_index if i > c["step"]), default=-1)))
-        if k is not None:
-            commits_per_step[k].append(c["layer"])
+    serving = [i for i, s in enumerate(observed[0]["steps"]) if not s["is_dummy"]]
+    initial = measures.upstream_initial_placement(
+        info.num_logical_experts, config.num_redundant_experts, info.num_moe_layers
+    )
+    main = _series(observed, serving, target, initial, info.num_logical_experts, info.top_k)
+    drafted = None
+    if config.speculative_tokens:
+        # upstream's initial placement of the draft: the target's rows, one per MTP layer
+        drafted = _series(
+            observed, serving, draft, initial[: info.num_mtp_layers], info.num_logical_experts, info.top_k
+        )
+    mismatched = [c for rank in observed for c in rank["commits"] if c["mismatches"]]
     violation = None
     if output_violation is not None:
         violation = ("outputs", output_violation)
-    elif load_violation is not None:
-        violation = ("load", load_violation)
-    else:
-        mismatched = [c for rank in observed for c in rank["commits"] if c["mismatches"]]
-        if mismatched:
-            c = mismatched[0]
-            violation = ("fingerprints", f"layer {c['layer']} commit of rearrangement {c['rearrangement']}: {c['mismatches'][0]}")
+    elif main.violation is not None or (drafted is not None and drafted.violation is not None):
+        violation = ("load", main.violation or drafted.violation)
+    elif mismatched:
+        c = mismatched[0]
+        violation = (
+            "fingerprints",
+            f"{c['model_name']} layer {c['layer']}, rearrangement {c['rearrangement']}: {c['mismatches'][0]}",
+        )
     out = []
     for rank, summary in zip(observed, summaries, strict=True):
-        mine = [rank["steps"][i] for i in serving_index]
+        mine = [rank["steps"][i] for i in serving]
+        draft_stats = None
+        if drafted is not None:
+            draft_stats = DraftStats(
+                model=draft,
+                forwards_per_step=config.speculative_tokens,
+                num_moe_layers=info.num_mtp_layers,
+                balancedness_per_step=tuple(drafted.balancedness),
+                balancedness_off_per_step=tuple(drafted.balancedness_off),
+                commits_per_step=tuple(tuple(sorted(c)) for c in drafted.commits),
+                max_output_error=max_error,  # the draft proposes, the target's outputs decide
+                load_steps_recorded=drafted.recorded_steps,
+                load_selections=drafted.selections,
+                install=None,
+                bytes_received=summary["bytes_received"].get(draft),
+            )
         out.append(
             RankStats(
                 output_tolerance=tolerance,
-                balancedness_per_step=tuple(bal),
-                balancedness_off_per_step=tuple(bal_off),
-                rank_load_share_per_step=tuple(tuple(s) for s in shares),
+                balancedness_per_step=tuple(main.balancedness),
+                balancedness_off_per_step=tuple(main.balancedness_off),
+                rank_load_share_per_step=tuple(tuple(s) for s in main.rank_shares),
                 step_seconds=tuple(s["seconds"] for s in mine),
                 step_cpu_seconds=tuple(s["cpu_seconds"] for s in mine),
-                verifier_seconds=tuple(0.0 for _ in mine),
+                verifier_seconds=tuple(s["verifier_seconds"] for s in mine),
                 step_in_flight=tuple(s["in_flight"] for s in mine),
-                commits_per_step=tuple(tuple(sorted(c)) for c in commits_per_step),
+                commits_per_step=tuple(tuple(sorted(c)) for c in main.commits),
                 rearrangements_per_step=tuple(s["rearrangements"] for s in mine),
                 max_output_error=max_error,
                 worker_failure=None,
-                load_steps_recorded=recorded_steps,
-                load_selections=selections,
+                load_steps_recorded=main.recorded_steps,
+                load_selections=main.selections,
                 install=None,
                 moe_rows=summary["moe_rows"],
                 compilation=summary["compilation"],
@@ -329,6 +381,7 @@ def _rank_stats(
                 verifier_steps=summary["verifier_steps"] or 0,
                 slots_per_rank=summary["slots_per_rank"],
                 in_flight_at_end=tuple(InFlightAtShutdown(**cycle) for cycle in summary["in_flight"]),
+                draft=draft_stats,
             )
         )
     return out

@@ -156,6 +156,26 @@ def _install_line(start: InstallReport, f, head: str) -> str:
     )
 
 
+def _engine_lines(report: SimulateReport) -> list[str]:
+    """vLLM's engine EPLB on beside off (a real model): throughput, TPOT and TTFT, and where the time went."""
+    on, off = report.engine_on, report.engine_off
+    if on is None or off is None:
+        return []
+
+    def ms(x: float | None) -> str:
+        return "n/a" if x is None else f"{x * 1000.0:.1f} ms"
+
+    ratio = f"{on.throughput / off.throughput:.2f}x" if off.throughput else "n/a"
+    return [
+        f"  vLLM's engine, EPLB on beside off (EPLB's overhead on this host, whose kernels are torch "
+        f"stand-ins: not a speed figure): throughput {on.throughput:.1f} beside {off.throughput:.1f} "
+        f"tokens/s ({ratio}), TPOT p50 {ms(on.tpot_s)} beside {ms(off.tpot_s)}, TTFT p50 {ms(on.ttft_s)} "
+        f"beside {ms(off.ttft_s)}",
+        f"  where the time went: EPLB-off engine start-up {off.start_s:.1f} s, workload {off.generate_s:.1f} s; "
+        f"EPLB-on engine start-up {on.start_s:.1f} s, workload {on.generate_s:.1f} s ({on.tokens} tokens each)",
+    ]
+
+
 def summary_text(report: SimulateReport) -> str:
     def f(x: float | None, spec: str = ".4f") -> str:
         return "n/a" if x is None else format(x, spec)
@@ -196,6 +216,7 @@ def summary_text(report: SimulateReport) -> str:
         f"{ms(report.verifier_seconds_per_step_mean)} ms (step p50 without it "
         f"{ms(report.step_seconds_p50_without_verifier)} ms)",
         f"  time per commit step mean {ms(commit_mean)} ms; max output error {report.max_output_error:.3g}",
+        *_engine_lines(report),
     ]
     if report.initial_placement:
         lines.append(_install_line(report.initial_placement, f, "  initial placement"))

@@ -39,7 +39,8 @@ class StepRecord:
     load pass before upstream's step folds it into the window) and, for a step that recorded, that load
     pass itself (``load``: per model L x P ints, physical ids, this rank's share); ``in_flight``: a
     rearrangement was moving when the step began; ``rearrangements``: the state's count after it;
-    ``seconds`` / ``cpu_seconds``: this process's wall and CPU time since the previous step ended."""
+    ``seconds`` / ``cpu_seconds``: this process's wall and CPU time since the previous step ended, of
+    which ``verifier_seconds`` in the serving verifier's hooks (0 with the verifier off)."""
 
     is_dummy: bool
     is_profile: bool
@@ -47,10 +48,12 @@ class StepRecord:
     recorded: bool | None
     selections: dict[str, int]
     load: dict[str, list[list[int]]] = field(default_factory=dict)
+    forwards: dict[str, list[int]] = field(default_factory=dict)
     in_flight: bool = False
     rearrangements: int = 0
     seconds: float = 0.0
     cpu_seconds: float = 0.0
+    verifier_seconds: float = 0.0
 
 
 @dataclass
@@ -75,8 +78,10 @@ class _Observer:
     steps: list[StepRecord] = field(default_factory=list)
     commits: list[CommitRecord] = field(default_factory=list)
     prepared: list[tuple[int, bool | None]] = field(default_factory=list)
+    forwards: dict[str, list[int]] = field(default_factory=dict)
     experts: dict[str, Any] = field(default_factory=dict)
     clock: tuple[float, float] = (0.0, 0.0)
+    verifier_seconds: float = 0.0
 
 
 def _ep_rank() -> int:
@@ -109,13 +114,24 @@ def observe(worker: Any, checkpoint: str) -> bool:
         observer.prepared.append((int(num_unpadded_tokens), getattr(controller, "last_record_decision", None)))
         return result
 
+    state_prepare_forward = controller.state.prepare_forward
+
+    def observed_state_prepare_forward(model_config: Any, num_unpadded_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        result = state_prepare_forward(model_config, num_unpadded_tokens, *args, **kwargs)
+        name = _name_of(model_config, controller.state)
+        if name is not None:
+            observer.forwards.setdefault(name, []).append(int(num_unpadded_tokens))
+        return result
+
     def observed_step(is_dummy: bool = False, is_profile: bool = False) -> None:
         state = controller.state
         models = [] if state is None else list(state.model_states.values())
         selections = {ms.model_name: int(ms.expert_load_pass.sum()) for ms in models}
         # The target's forward is prepared first; a draft's forwards follow it in the same step.
         tokens, recorded = observer.prepared[0] if observer.prepared else (None, None)
+        forwards = observer.forwards
         observer.prepared.clear()
+        observer.forwards = {}
         load = (
             {ms.model_name: ms.expert_load_pass.tolist() for ms in models}
             if recorded and not is_dummy
@@ -126,15 +142,16 @@ def observe(worker: Any, checkpoint: str) -> bool:
         wall, cpu = time.perf_counter(), time.process_time()
         observer.steps.append(
             StepRecord(
-                is_dummy, is_profile, tokens, recorded, selections, load, in_flight,
+                is_dummy, is_profile, tokens, recorded, selections, load, forwards, in_flight,
                 0 if state is None else int(state.num_rearrangements),
-                wall - observer.clock[0], cpu - observer.clock[1],
+                wall - observer.clock[0], cpu - observer.clock[1], observer.verifier_seconds,
             )
         )  # fmt: skip
-        observer.clock = (wall, cpu)
+        observer.clock, observer.verifier_seconds = (wall, cpu), 0.0
 
     observer.clock = (time.perf_counter(), time.process_time())
     controller.prepare_forward = observed_prepare_forward
+    controller.state.prepare_forward = observed_state_prepare_forward
     controller.step = observed_step
 
     def on_commit(event: CommitEvent) -> None:
@@ -152,7 +169,38 @@ def observe(worker: Any, checkpoint: str) -> bool:
         )  # fmt: skip
 
     controller.bus.subscribe(CommitEvent, on_commit)
+    _time_verifier(controller, observer)
     return True
+
+
+def _name_of(model_config: Any, state: Any) -> str | None:
+    """Upstream's name of the model ``state`` keys by ``model_config`` (upstream's own key), or None."""
+    from vllm.config.utils import compute_hash_cached
+
+    model_state = state.model_states.get(compute_hash_cached(model_config))
+    return None if model_state is None else model_state.model_name
+
+
+def _time_verifier(controller: Any, observer: _Observer) -> None:
+    """Add the time the serving verifier's step and commit hooks take to ``observer.verifier_seconds``."""
+    from ascend_eplb.integration.serving import guardrails_of
+
+    verifier = guardrails_of(controller).verifier
+    if verifier is None:
+        return
+
+    def timed(hook: Any) -> Any:
+        def run(event: Any) -> None:
+            started = time.perf_counter()
+            try:
+                hook(event)
+            finally:
+                observer.verifier_seconds += time.perf_counter() - started
+
+        return run
+
+    controller.bus.wrap(verifier.on_step, timed)
+    controller.bus.wrap(verifier.on_commit, timed)
 
 
 def observed(worker: Any) -> dict[str, Any]:
