@@ -9,7 +9,6 @@ deadline, and every assertion holds whichever step each commit landed on.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from ascend_eplb.testing.hf import hf_logits
 from ascend_eplb.world.checkpoints import checkpoint_info, write_checkpoint
 from ascend_eplb.world.engine import probes
@@ -82,7 +82,10 @@ def served(request, tmp_path_factory) -> Served:
     with engine:
         engine.run_on_workers(probes.observe, str(folder))
         on, deadline = [], time.monotonic() + 300
-        while len(on) < ROUNDS or _completed(engine.run_on_workers(probes.observed), info.num_moe_layers) < REARRANGEMENTS:
+        while (
+            len(on) < ROUNDS
+            or _completed(engine.run_on_workers(probes.observed), info.num_moe_layers) < REARRANGEMENTS
+        ):
             assert time.monotonic() < deadline, "3 rearrangements did not complete within 300 s"
             on.append(engine.generate(PROMPTS, max_tokens=MAX_TOKENS))
         observed = engine.run_on_workers(probes.observed)
@@ -114,8 +117,9 @@ def test_greedy_outputs_equal_the_eplb_off_engine_and_hf_through_three_rearrange
         ids = torch.tensor(prompt + list(completion.token_ids))
         logprobs = torch.log_softmax(hf_logits(served.folder, ids), dim=-1)[len(prompt) - 1 : -1]
         assert logprobs.argmax(dim=-1).tolist() == list(completion.token_ids)
+        steps = zip(logprobs, completion.logprobs, strict=True)
         reference = Completion(
-            completion.token_ids, tuple({t: float(row[t]) for t in step} for row, step in zip(logprobs, completion.logprobs))
+            completion.token_ids, tuple({t: float(row[t]) for t in step} for row, step in steps)
         )
         assert _judge(completion, reference) <= 1.0
 
@@ -125,7 +129,8 @@ def test_every_commit_leaves_each_local_slot_holding_its_logical_expert(served):
         assert rank["commits"], "no layer committed on this rank"
         assert [c["mismatches"] for c in rank["commits"]] == [[] for _ in rank["commits"]]
     for rank in served.slots:
-        assert rank == dict.fromkeys(rank, []) and rank
+        assert rank
+        assert all(mismatches == [] for mismatches in rank.values())
     placements = [s["placements"] for s in served.states]
     assert all(p == placements[0] for p in placements)
 

@@ -48,8 +48,8 @@ __all__ = [
     "msmodelslim_quant_type",
     "to_format",
     "write_checkpoint",
-    "write_tokenizer",
     "write_quantized_experts",
+    "write_tokenizer",
 ]
 
 #: The architectures :func:`write_checkpoint` writes, with their HF
@@ -321,7 +321,8 @@ def write_checkpoint(
 
     Hidden 64, vocabulary 128, 4 heads; ``qwen3-moe``, ``qwen2-moe`` (a shared expert) and ``mixtral``: 2
     MoE layers, E=8, K=2; ``deepseek-v3``: 3 layers (the first dense), E=16 in 4 groups (2 chosen), K=4, one
-    shared expert, MLA (q LoRA 48, kv LoRA 512, RoPE 64: the 576-wide latent vLLM's CPU MLA serves). Drawn from torch seed ``seed``: std 0.02, embeddings 1,
+    shared expert, MLA (q LoRA 48, kv LoRA 512, RoPE 64: the 576-wide latent vLLM's CPU MLA serves). Drawn
+    from torch seed ``seed``: std 0.02, embeddings 1,
     router gates 0.5, LM head 0.3 (no layer routes degenerately), DeepSeek's ``e_score_correction_bias``
     0.05. ``num_experts`` E (DeepSeek: a multiple of 4), ``top_k`` K, ``num_moe_layers`` L (DeepSeek keeps its
     dense first layer) and ``moe_intermediate_size`` I (default 32; MX formats need a multiple of 64) override

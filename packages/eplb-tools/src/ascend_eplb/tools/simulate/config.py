@@ -150,7 +150,7 @@ class SimulateConfig:
         type=path_text,
     )  # fmt: skip
     num_ranks: int = _option(
-        4, "--ranks", "EP ranks (processes): --dp x --tp; default 4, or --dp x --tp when --tp is given",
+        2, "--ranks", "EP ranks (vLLM's workers): --dp x --tp; default 2, or --dp x --tp when --tp is given",
         type=positive_int,
     )  # fmt: skip
     data_parallel_size: int = _option(

@@ -156,6 +156,11 @@ def _output_folder(config: SimulateConfig) -> Path:
 
 
 def _run_under_torchrun(config: SimulateConfig, t0: float, stream: Any) -> SimulateReport:
+    if not config.replays:
+        raise ValueError(
+            "invalid simulate options:\n  - model: a real model runs on vLLM's engine, which starts its own "
+            "worker processes: run simulate without torchrun (torchrun runs --model replay)"
+        )
     if config.metrics:
         raise ValueError(
             "invalid simulate options:\n  - metrics: not under torchrun (set ASCEND_EPLB_METRICS=1 and "

@@ -13,7 +13,6 @@ Shape letters: GLOSSARY.md.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import tempfile
@@ -29,7 +28,7 @@ from ascend_eplb.control import measures
 from ascend_eplb.integration.watchdog import InFlightAtShutdown
 from ascend_eplb.tools.simulate.config import SimulateConfig, ascend_policy_keys
 from ascend_eplb.tools.simulate.faults import WORKER_FAULTS, inject_stale_lookup, inject_worker_fault
-from ascend_eplb.tools.simulate.stats import DraftStats, OutputTolerance, RankStats
+from ascend_eplb.tools.simulate.stats import DraftStats, InstallSeen, OutputTolerance, RankStats
 from ascend_eplb.world.engine import probes
 from ascend_eplb.world.engine.host import Completion, EngineError, EngineWorld
 from ascend_eplb.world.engine.spec import EngineSpec, EplbSpec
@@ -75,7 +74,10 @@ def workload(config: SimulateConfig, vocab_size: int) -> list[list[int]]:
 
 
 def _specs(config: SimulateConfig, folder: Path) -> tuple[EngineSpec, EngineSpec]:
-    ascend: dict[str, Any] = {"load_collection_phase": config.load_collection_phase, **ascend_policy_keys(config)}
+    ascend: dict[str, Any] = {
+        "load_collection_phase": config.load_collection_phase,
+        **ascend_policy_keys(config),
+    }
     if config.initial_placement is not None:
         ascend["initial_placement"] = str(Path(config.initial_placement).resolve())
     off = EngineSpec(
@@ -118,7 +120,9 @@ def inject_fault(worker: Any, fault: str) -> None:
         inject_stale_lookup(model_state.model.moe_layers[0].eplb_state)
 
 
-def run_engines(config: SimulateConfig, folder: Path, vocab_size: int, deadline: float, phase: list[str]) -> EngineRun:
+def run_engines(
+    config: SimulateConfig, folder: Path, vocab_size: int, deadline: float, phase: list[str]
+) -> EngineRun:
     """Serve the workload on the EPLB-off engine, then on the EPLB-on engine (``config``'s EPLB settings,
     verifier and watchdog on, ``events.jsonl`` in ``--out``), each in a scratch folder of its own removed
     after it; returns the ranks' statistics and both engines' figures.
@@ -135,7 +139,9 @@ def run_engines(config: SimulateConfig, folder: Path, vocab_size: int, deadline:
         with EngineWorld(off_spec, scratch / "off", start_timeout=_left(deadline)) as engine:
             phase[0] = "serving the workload, EPLB off"
             t = time.perf_counter()
-            reference = engine.generate(prompts, max_tokens=config.steps, logprobs=LOGPROBS, timeout=_left(deadline))
+            reference = engine.generate(
+                prompts, max_tokens=config.steps, logprobs=LOGPROBS, timeout=_left(deadline)
+            )
             off = _figures(engine, reference, time.perf_counter() - t)
         env = {
             "ASCEND_EPLB_VERIFY": "1",
@@ -148,6 +154,13 @@ def run_engines(config: SimulateConfig, folder: Path, vocab_size: int, deadline:
             env |= {"ASCEND_EPLB_METRICS": "1", "PROMETHEUS_MULTIPROC_DIR": str(scratch / "prometheus")}
         phase[0] = "starting the EPLB-on engine"
         with EngineWorld(on_spec, scratch / "on", env=env, start_timeout=_left(deadline)) as engine:
+            # What serving starts on: upstream's initial placement, or the --initial-placement installed.
+            start = engine.run_on_workers(probes.eplb_state)[0]["placements"]
+            installed = (
+                engine.run_on_workers(probes.slot_mismatches, str(folder))
+                if config.initial_placement
+                else None
+            )
             engine.run_on_workers(probes.observe, str(folder))
             if config.fault is not None:
                 engine.run_on_workers(inject_fault, config.fault)
@@ -174,7 +187,9 @@ def run_engines(config: SimulateConfig, folder: Path, vocab_size: int, deadline:
     tolerance = OutputTolerance(config.outputs_rtol, 1e-6)
     if failure is not None:
         return EngineRun(_failed_ranks(config, tolerance, failure), off, on)
-    results = _rank_stats(config, folder, observed, summaries, completions, reference, tolerance)
+    results = _rank_stats(
+        config, folder, observed, summaries, completions, reference, tolerance, start, installed
+    )
     return EngineRun(results, off, on)
 
 
@@ -209,15 +224,21 @@ def _outputs_error(
     worst, violation = 0.0, None
     for i, (got, want) in enumerate(zip(completions, reference, strict=True)):
         if got.token_ids != want.token_ids and violation is None:
-            at = next(k for k, (a, b) in enumerate(zip(got.token_ids, want.token_ids, strict=False)) if a != b)
-            violation = f"request {i} token {at}: {got.token_ids[at]} generated, EPLB off {want.token_ids[at]}"
+            at = next(
+                k for k, (a, b) in enumerate(zip(got.token_ids, want.token_ids, strict=False)) if a != b
+            )
+            violation = (
+                f"request {i} token {at}: {got.token_ids[at]} generated, EPLB off {want.token_ids[at]}"
+            )
         for k, (a, b) in enumerate(zip(got.logprobs, want.logprobs, strict=False)):
             bound = tolerance.bound(max(abs(v) for v in b.values()))
             for token in a.keys() & b.keys():
                 err = abs(a[token] - b[token])
                 worst = max(worst, err)
                 if err > bound and violation is None:
-                    violation = f"request {i} token {k}: |logprob - EPLB-off logprob| = {err:.3g} > {bound:.3g}"
+                    violation = (
+                        f"request {i} token {k}: |logprob - EPLB-off logprob| = {err:.3g} > {bound:.3g}"
+                    )
     return worst, violation
 
 
@@ -246,24 +267,28 @@ class _Series:
     recorded_steps: int
     selections: int
     violation: str | None
+    first_planned: float | None = None
 
 
 def _series(
     observed: list[dict[str, Any]],
     serving: list[int],
     model: str,
+    start: torch.Tensor,
     initial: torch.Tensor,
     num_logical: int,
     top_k: int,
 ) -> _Series:
-    """``model``'s figures at each serving step (``serving``: indices into the observer's steps): the
-    executed balancedness of its recorded load (``None`` for a step without), the same load on upstream's
-    initial placement, each rank's share, the layers committed, and the ``load`` check: per step the
-    selections recorded over the ranks equal its real tokens (every forward the runner prepared for it)
-    x K x L once, nothing when the step did not record."""
+    """``model``'s figures at each serving step (``serving``: indices into the observer's steps; ``start``
+    the placement serving began on): the executed balancedness of its recorded load (``None`` for a step
+    without), the same load on upstream's ``initial`` placement (EPLB off), each rank's share, the layers
+    committed, the balancedness the first step's load has on ``start`` split evenly over replicas (what
+    ``plan`` predicts for a placement), and the ``load`` check: per step the selections recorded over the
+    ranks equal its real tokens (every forward the runner prepared for it) x K x L once, nothing when the
+    step did not record."""
     num_layers, num_ranks = initial.shape[0], len(observed)
     commits = [c for c in observed[0]["commits"] if c["model_name"] == model]
-    placements = _placements(initial, commits, len(observed[0]["steps"]))
+    placements = _placements(start, commits, len(observed[0]["steps"]))
     out = _Series([], [], [], [[] for _ in serving], 0, 0, None)
     for k, i in enumerate(serving):
         step = [rank["steps"][i] for rank in observed]
@@ -272,7 +297,9 @@ def _series(
         tokens = sum(step[0]["forwards"].get(model, []))
         want = tokens * top_k * num_layers if recorded else 0
         if total != want and out.violation is None:
-            out.violation = f"{model} step {k}: the ranks recorded {total} selections, its real tokens made {want}"
+            out.violation = (
+                f"{model} step {k}: the ranks recorded {total} selections, its real tokens made {want}"
+            )
         if not recorded or model not in step[0]["load"]:
             out.balancedness.append(None)
             out.balancedness_off.append(None)
@@ -280,12 +307,18 @@ def _series(
             continue
         out.recorded_steps += 1
         out.selections += want
-        physical = torch.tensor(sum(np.asarray(s["load"][model]) for s in step), dtype=torch.float64)  # (L, P)
+        physical = torch.tensor(
+            sum(np.asarray(s["load"][model]) for s in step), dtype=torch.float64
+        )  # (L, P)
         rank_load = physical.view(num_layers, num_ranks, -1).sum(dim=-1)  # (L, N)
         out.balancedness.append(measures.mean_balancedness(rank_load))
         logical = torch.zeros(num_layers, num_logical, dtype=torch.float64)
         logical.scatter_add_(1, placements[i].long(), physical)
-        out.balancedness_off.append(measures.mean_balancedness(measures.rank_loads(logical, initial, num_ranks)))
+        out.balancedness_off.append(
+            measures.mean_balancedness(measures.rank_loads(logical, initial, num_ranks))
+        )
+        if out.first_planned is None:
+            out.first_planned = measures.mean_balancedness(measures.rank_loads(logical, start, num_ranks))
         total_per_layer = rank_load.sum(dim=1, keepdim=True).clamp(min=1)
         out.rank_shares.append((rank_load / total_per_layer).mean(dim=0).tolist())
     position = {i: k for k, i in enumerate(serving)}
@@ -304,8 +337,12 @@ def _rank_stats(
     completions: list[Completion],
     reference: list[Completion],
     tolerance: OutputTolerance,
+    start: dict[str, list[list[int]]],
+    installed: list[dict[str, list[str]]] | None,
 ) -> list[RankStats]:
-    """Each rank's ``RankStats`` from what the observer saw on the EPLB-on engine's workers."""
+    """Each rank's ``RankStats`` from what the observer saw on the EPLB-on engine's workers (``start``:
+    each model's placement when serving began; ``installed``: with ``--initial-placement``, each rank's
+    slots not holding their expert right after start-up)."""
     from ascend_eplb.integration.model_names import DRAFT_SUFFIX
     from ascend_eplb.world.checkpoints import checkpoint_info
 
@@ -316,13 +353,16 @@ def _rank_stats(
     initial = measures.upstream_initial_placement(
         info.num_logical_experts, config.num_redundant_experts, info.num_moe_layers
     )
-    main = _series(observed, serving, target, initial, info.num_logical_experts, info.top_k)
+    main = _series(
+        observed, serving, target, torch.tensor(start[target]), initial, info.num_logical_experts, info.top_k
+    )
     drafted = None
     if config.speculative_tokens:
         # upstream's initial placement of the draft: the target's rows, one per MTP layer
         drafted = _series(
-            observed, serving, draft, initial[: info.num_mtp_layers], info.num_logical_experts, info.top_k
-        )
+            observed, serving, draft, torch.tensor(start[draft]), initial[: info.num_mtp_layers],
+            info.num_logical_experts, info.top_k,
+        )  # fmt: skip
     mismatched = [c for rank in observed for c in rank["commits"] if c["mismatches"]]
     violation = None
     if output_violation is not None:
@@ -335,8 +375,16 @@ def _rank_stats(
             "fingerprints",
             f"{c['model_name']} layer {c['layer']}, rearrangement {c['rearrangement']}: {c['mismatches'][0]}",
         )
+    if violation is None and summaries[0]["worker_failure"] is not None:
+        violation = ("worker", summaries[0]["worker_failure"][0])
+
+    def seen(rank: int, model: str, series: _Series) -> InstallSeen | None:
+        if installed is None:
+            return None
+        return InstallSeen(installed[rank].get(model), series.first_planned)
+
     out = []
-    for rank, summary in zip(observed, summaries, strict=True):
+    for index, (rank, summary) in enumerate(zip(observed, summaries, strict=True)):
         mine = [rank["steps"][i] for i in serving]
         draft_stats = None
         if drafted is not None:
@@ -350,7 +398,7 @@ def _rank_stats(
                 max_output_error=max_error,  # the draft proposes, the target's outputs decide
                 load_steps_recorded=drafted.recorded_steps,
                 load_selections=drafted.selections,
-                install=None,
+                install=seen(index, draft, drafted),
                 bytes_received=summary["bytes_received"].get(draft),
             )
         out.append(
@@ -366,10 +414,12 @@ def _rank_stats(
                 commits_per_step=tuple(tuple(sorted(c)) for c in main.commits),
                 rearrangements_per_step=tuple(s["rearrangements"] for s in mine),
                 max_output_error=max_error,
-                worker_failure=None,
+                worker_failure=None
+                if summary["worker_failure"] is None
+                else tuple(summary["worker_failure"]),
                 load_steps_recorded=main.recorded_steps,
                 load_selections=main.selections,
-                install=None,
+                install=seen(index, target, main),
                 moe_rows=summary["moe_rows"],
                 compilation=summary["compilation"],
                 violation=violation,
@@ -387,5 +437,20 @@ def _rank_stats(
     return out
 
 
-def _failed_ranks(config: SimulateConfig, tolerance: OutputTolerance, failure: tuple[str, str]) -> list[RankStats]:
-    raise NotImplementedError(failure)
+def _failed_ranks(
+    config: SimulateConfig, tolerance: OutputTolerance, failure: tuple[str, str]
+) -> list[RankStats]:
+    """The ranks of an EPLB-on engine a serving guardrail stopped (the verifier, or the watchdog with
+    ``--on-worker-failure raise``): vLLM's engine ends with its workers, so nothing more of the run can be
+    read; each rank carries the guardrail's check and message."""
+    check, message = failure
+    stopped = RankStats(
+        output_tolerance=tolerance, balancedness_per_step=(), balancedness_off_per_step=(),
+        rank_load_share_per_step=(), step_seconds=(), step_cpu_seconds=(), verifier_seconds=(),
+        step_in_flight=(), commits_per_step=(), rearrangements_per_step=(), max_output_error=0.0,
+        worker_failure=(message, 0) if check == "worker" else None, load_steps_recorded=0,
+        load_selections=0, install=None, moe_rows=None, compilation=None, violation=failure,
+        num_rearrangements=0, num_skipped_rearrangements=0, bytes_received=None, expert_nbytes=0,
+        verifier_commits_checked=0, verifier_steps=0, slots_per_rank=0, in_flight_at_end=(),
+    )  # fmt: skip
+    return [stopped] * config.num_ranks

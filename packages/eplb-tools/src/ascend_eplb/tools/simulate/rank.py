@@ -1,10 +1,10 @@
-"""One EP rank of ``ascend-eplb simulate``: a Model Runner V2 worker built the way a serving worker is.
+"""One EP rank of ``ascend-eplb simulate --model replay``: a Model Runner V2 worker built the way a serving
+worker is (a real model runs on vLLM's engine instead: :mod:`~ascend_eplb.tools.simulate.engine_run`).
 
 :func:`simulate_rank` (under the launcher or ``torchrun``) sets the serving switches, runs vLLM's plugin
 loading (the integration's entry point must apply its patches), checks the tools' upstream rows
-(:mod:`ascend_eplb.tools.upstream`), then runs one world: a real model
-(:mod:`~ascend_eplb.tools.simulate.model_world`) or the trace replay
-(:mod:`~ascend_eplb.tools.simulate.replay_world`). In both, ``fingerprints`` and ``lookups`` are the
+(:mod:`ascend_eplb.tools.upstream`), then runs the trace replay
+(:mod:`~ascend_eplb.tools.simulate.replay_world`). ``fingerprints`` and ``lookups`` are the
 serving verifier's and ``worker`` the serving watchdog's (a dead async worker stops EPLB on every rank
 and serving goes on); each rank returns what its checks saw (:mod:`~ascend_eplb.tools.simulate.steps`)
 for the driver's verdicts. EP rank 0 writes the events file (``ASCEND_EPLB_EVENTS``).
@@ -34,7 +34,6 @@ from ascend_eplb.integration.validation import EplbConfigError
 from ascend_eplb.launch import RankContext
 from ascend_eplb.tools import upstream
 from ascend_eplb.tools.simulate.lifecycle import record_rank_resources, record_refusal
-from ascend_eplb.tools.simulate.model_world import run_model
 from ascend_eplb.tools.simulate.replay_world import QuantExperts, run_replay
 from ascend_eplb.tools.simulate.stats import RankConfig, RankStats
 
@@ -78,8 +77,7 @@ def simulate_rank(ctx: RankContext, cfg: RankConfig, routing: dict, gather: bool
     _load_plugins()
     upstream.check(upstream.SIMULATE)  # what the steps read of upstream's state, before a world starts
     try:
-        # A real model's worker initialises vLLM's world with the model's config; the replay world its own.
-        stats = run_model(ctx, cfg) if cfg.model_folder else run_replay(ctx, cfg, routing)
+        stats = run_replay(ctx, cfg, routing)
     except BaseException as e:
         _on_failure(ctx, cfg, e)
         raise

@@ -213,14 +213,14 @@ class SimulateReport:
     costs: dict[str, Any] | None
     out_dir: str
     commit_seconds: tuple[float, ...]
-    step_seconds_p50: float
-    step_seconds_p99: float
+    step_seconds_p50: float | None
+    step_seconds_p99: float | None
     step_seconds_p50_in_flight: float | None
     step_seconds_p50_idle: float | None
-    world_cpu_seconds_per_step_p50: float
-    verifier_seconds_per_step_p50: float
-    verifier_seconds_per_step_mean: float
-    step_seconds_p50_without_verifier: float
+    world_cpu_seconds_per_step_p50: float | None
+    verifier_seconds_per_step_p50: float | None
+    verifier_seconds_per_step_mean: float | None
+    step_seconds_p50_without_verifier: float | None
     max_output_error: float
     output_tolerance: OutputTolerance
     checks: dict[str, bool | None]
@@ -331,18 +331,18 @@ def build_report(
         ),
         out_dir=str(Path(config.out_dir).resolve()),
         commit_seconds=tuple(float(secs[i]) for i in commit_steps),
-        step_seconds_p50=float(np.percentile(secs, 50)),
-        step_seconds_p99=float(np.percentile(secs, 99)),
+        step_seconds_p50=_percentile(secs, 50),
+        step_seconds_p99=_percentile(secs, 99),
         step_seconds_p50_in_flight=float(np.percentile(secs[in_flight], 50)) if in_flight.any() else None,
         step_seconds_p50_idle=float(np.percentile(secs[~in_flight], 50)) if (~in_flight).any() else None,
         # CPU seconds one step costs the whole world (sum over ranks of each rank's median): what the
         # step needs from the machine whatever else runs on it; wall / this = cores the world got.
-        world_cpu_seconds_per_step_p50=float(sum(np.percentile(res.step_cpu_seconds, 50) for res in results)),
+        world_cpu_seconds_per_step_p50=_sum_or_none(_percentile(res.step_cpu_seconds, 50) for res in results),
         # The serving verifier's own time per step (its checks at each commit and its collective at the
         # step boundary after one), measured inside the same steps: the cost of ASCEND_EPLB_VERIFY=1.
-        verifier_seconds_per_step_p50=float(np.percentile(r0.verifier_seconds, 50)),
-        verifier_seconds_per_step_mean=float(np.mean(r0.verifier_seconds)),
-        step_seconds_p50_without_verifier=float(np.percentile(secs - np.array(r0.verifier_seconds), 50)),
+        verifier_seconds_per_step_p50=_percentile(r0.verifier_seconds, 50),
+        verifier_seconds_per_step_mean=_mean(list(r0.verifier_seconds)),
+        step_seconds_p50_without_verifier=_percentile(secs - np.array(r0.verifier_seconds), 50),
         max_output_error=max(res.max_output_error for res in results),
         output_tolerance=r0.output_tolerance,  # what the world's outputs check compared with
         # True passed, False failed, None not judged; ``check_evidence``: what each check saw, or why not.
@@ -418,6 +418,16 @@ def _mean(values: list[float | None]) -> float | None:
     """The mean of the steps' figures that exist (None: a step that recorded no load), or None."""
     known = [v for v in values if v is not None]
     return float(np.mean(known)) if known else None
+
+
+def _percentile(values: Any, q: float) -> float | None:
+    """The ``q``-th percentile of ``values``, or None when there are none (a run that served no step)."""
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def _sum_or_none(values: Any) -> float | None:
+    known = list(values)
+    return None if None in known else float(sum(known))
 
 
 def _or0(value: int | None) -> int:

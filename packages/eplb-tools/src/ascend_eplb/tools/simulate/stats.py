@@ -11,7 +11,6 @@ from ascend_eplb.integration.watchdog import InFlightAtShutdown
 from ascend_eplb.tools.simulate.config import SimulateConfig
 
 __all__ = [
-    "DraftLog",
     "DraftStats",
     "InstallSeen",
     "OutputTolerance",
@@ -80,40 +79,18 @@ class StepLog:
     install: InstallSeen | None = None
 
 
-@dataclass
-class DraftLog:
-    """What a rank accumulates about the MTP draft while it runs (``--speculative-tokens N``), one entry
-    per step in each list, as :class:`StepLog` for the target.
+@dataclass(frozen=True)
+class DraftStats:
+    """The MTP draft's statistics at the end of a run on one rank (``--speculative-tokens N``), one entry
+    per step in each sequence, as :class:`RankStats` has them for the target.
 
     Attributes:
         model: upstream's name of the draft (``"<model> (draft)"``).
         forwards_per_step: N.
         num_moe_layers: the draft's MoE layers (its MTP layers).
-        balancedness_per_step, balancedness_off_per_step, commits_per_step: as the target's, over the N
-            forwards of the step.
-        max_output_error, load_steps_recorded, load_selections: what the draft's ``outputs`` and
-            ``load`` checks compared.
-        install: with ``--initial-placement``, what the draft held right after start-up (its own
-            :class:`InstallSeen`: the file carries its placement beside the target's).
-    """
-
-    model: str
-    forwards_per_step: int
-    num_moe_layers: int
-    balancedness_per_step: list[float] = field(default_factory=list)
-    balancedness_off_per_step: list[float] = field(default_factory=list)
-    commits_per_step: list[list[int]] = field(default_factory=list)
-    max_output_error: float = 0.0
-    load_steps_recorded: int = 0
-    load_selections: int = 0
-    install: InstallSeen | None = None
-
-
-@dataclass(frozen=True)
-class DraftStats:
-    """The draft's statistics at the end of a rank's run: its :class:`DraftLog`, frozen, and its bytes.
-
-    Attributes:
+        max_output_error, load_steps_recorded, load_selections: what the ``outputs`` and ``load`` checks
+            compared.
+        install: with ``--initial-placement``, what the draft held right after start-up.
         bytes_received: what this rank's communicator measured receiving for the draft over the run, its
             start-up install included (None: not counted).
     """

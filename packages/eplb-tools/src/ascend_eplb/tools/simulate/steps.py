@@ -34,7 +34,7 @@ from ascend_eplb.integration.verify import EplbVerificationError, EplbVerifier
 from ascend_eplb.integration.watchdog import EplbWorkerFailureError, WorkerWatchdog
 from ascend_eplb.launch import RankContext
 from ascend_eplb.tools.simulate.lifecycle import record_rank_resources
-from ascend_eplb.tools.simulate.stats import DraftLog, InstallSeen, RankConfig, RankStats, StepLog, frozen
+from ascend_eplb.tools.simulate.stats import InstallSeen, RankConfig, RankStats, StepLog, frozen
 
 __all__ = [
     "CheckViolationError",
@@ -197,7 +197,7 @@ def record_initial_placement(stats: StepLog, cfg: RankConfig, slot_mismatches: l
 
 
 def record_first_step_plan(
-    stats: StepLog | DraftLog, step: int, logical_load: torch.Tensor, placement: torch.Tensor, num_ranks: int
+    stats: StepLog, step: int, logical_load: torch.Tensor, placement: torch.Tensor, num_ranks: int
 ) -> None:
     """At step 0 with ``--initial-placement``: the mean balancedness ``plan`` predicts for the installed
     ``placement`` ``(L, P)`` on the step's routed ``logical_load`` ``(L, E)`` (each expert's load split

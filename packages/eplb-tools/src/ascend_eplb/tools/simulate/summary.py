@@ -171,8 +171,9 @@ def _engine_lines(report: SimulateReport) -> list[str]:
         f"stand-ins: not a speed figure): throughput {on.throughput:.1f} beside {off.throughput:.1f} "
         f"tokens/s ({ratio}), TPOT p50 {ms(on.tpot_s)} beside {ms(off.tpot_s)}, TTFT p50 {ms(on.ttft_s)} "
         f"beside {ms(off.ttft_s)}",
-        f"  where the time went: EPLB-off engine start-up {off.start_s:.1f} s, workload {off.generate_s:.1f} s; "
-        f"EPLB-on engine start-up {on.start_s:.1f} s, workload {on.generate_s:.1f} s ({on.tokens} tokens each)",
+        f"  where the time went: EPLB-off engine start-up {off.start_s:.1f} s, workload "
+        f"{off.generate_s:.1f} s; EPLB-on engine start-up {on.start_s:.1f} s, workload {on.generate_s:.1f} s "
+        f"({on.tokens} tokens each)",
     ]
 
 

@@ -58,10 +58,10 @@ def check_verdicts(
     for check, message in violations:
         failed.setdefault(check, message.split(": ", 1)[-1].splitlines()[0])
     out: dict[str, tuple[str, str]] = {}
-    what = (
-        "every request's greedy tokens and their top candidates' logprobs on vLLM's engine"
-        if not config.replays
-        else "every layer's outputs for the real tokens"
+    what, reference = (
+        ("every layer's outputs for the real tokens", "model")
+        if config.replays
+        else ("every request's greedy tokens and their top candidates' logprobs on vLLM's engine", "engine")
     )
     worst = max(res.max_output_error for res in results)
     tolerance = r0.output_tolerance  # what the world's outputs check compared with
@@ -77,7 +77,7 @@ def check_verdicts(
         )
     out["outputs"] = (
         "pass",
-        f"{steps} steps on {n} ranks: {what} equal the EPLB-off {'engine' if not config.replays else 'model'}'s (max error {worst:.3g}, "
+        f"{steps} steps on {n} ranks: {what} equal the EPLB-off {reference}'s (max error {worst:.3g}, "
         f"tolerance {atol:g} + {rtol:g} x max|reference|){drafted}",
     )
     recorded = max(res.load_steps_recorded for res in results)

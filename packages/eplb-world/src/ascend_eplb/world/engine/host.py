@@ -10,6 +10,7 @@ world's folder: generate (vLLM's ``LLM.generate``), run a function on every work
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -159,7 +160,9 @@ class EngineWorld:
             self._check_alive("while starting")
             if time.monotonic() > deadline:
                 self.kill()
-                raise EngineError(f"the engine host did not listen within {self._start_timeout:.0f} s{self._tail()}")
+                raise EngineError(
+                    f"the engine host did not listen within {self._start_timeout:.0f} s{self._tail()}"
+                )
             try:  # the socket file appears at bind(), before listen(): refused until then
                 self._conn = Client(address, authkey=authkey.encode())
             except (FileNotFoundError, ConnectionRefusedError):
@@ -177,7 +180,10 @@ class EngineWorld:
     ) -> list[Completion]:
         """Greedy completions of ``prompts`` (token ids) through vLLM's ``LLM.generate``, in order."""
         raw = self._request(("generate", [list(p) for p in prompts], max_tokens, logprobs), timeout)
-        return [Completion(tuple(ids), tuple(dict(step) for step in lps), ttft, tpot) for ids, lps, ttft, tpot in raw]
+        return [
+            Completion(tuple(ids), tuple(dict(step) for step in lps), ttft, tpot)
+            for ids, lps, ttft, tpot in raw
+        ]
 
     def run_on_workers(self, fn: Callable[..., Any], *args: Any, timeout: float = 300.0) -> list[Any]:
         """``fn(worker, *args)`` on every worker (vLLM's ``collective_rpc``), one result per worker in rank
@@ -220,10 +226,8 @@ class EngineWorld:
     def kill(self) -> None:
         """SIGKILL the host's whole session (the host, vLLM's engine core and workers)."""
         if self._process is not None and self._process.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._process.pid, 9)
-            except ProcessLookupError:
-                pass
             self._process.wait()
 
     def _check_alive(self, when: str) -> None:

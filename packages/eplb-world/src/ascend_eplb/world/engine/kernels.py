@@ -177,7 +177,9 @@ def cpu_attention_with_kv_cache(
             (none of the engine world's models uses them).
     """
     if alibi_slopes is not None or sliding_window not in (-1, 0) or softcap or s_aux is not None:
-        raise NotImplementedError("the engine world's attention has no ALiBi, sliding window, soft cap or sinks")
+        raise NotImplementedError(
+            "the engine world's attention has no ALiBi, sliding window, soft cap or sinks"
+        )
     if dynamic_causal is not None:
         raise NotImplementedError("the engine world's attention has no dynamic causal mask")
     starts = query_start_loc.tolist()
@@ -191,7 +193,9 @@ def cpu_attention_with_kv_cache(
         k = key_cache[blocks, :, offsets].repeat_interleave(repeat, dim=1)
         v = value_cache[blocks, :, offsets].repeat_interleave(repeat, dim=1)
         out = _attend(query[starts[r] : starts[r + 1]], k, v, scale, causal)
-        output[starts[r] : starts[r + 1]] = out.reshape(output[starts[r] : starts[r + 1]].shape).to(output.dtype)
+        output[starts[r] : starts[r + 1]] = out.reshape(output[starts[r] : starts[r + 1]].shape).to(
+            output.dtype
+        )
 
 
 def mla_decode_kvcache(

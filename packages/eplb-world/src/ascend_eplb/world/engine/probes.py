@@ -109,14 +109,20 @@ def observe(worker: Any, checkpoint: str) -> bool:
     runner._ascend_eplb_observer = observer
     prepare_forward, step = controller.prepare_forward, controller.step
 
-    def observed_prepare_forward(model_config: Any, num_unpadded_tokens: int, *args: Any, **kwargs: Any) -> Any:
+    def observed_prepare_forward(
+        model_config: Any, num_unpadded_tokens: int, *args: Any, **kwargs: Any
+    ) -> Any:
         result = prepare_forward(model_config, num_unpadded_tokens, *args, **kwargs)
-        observer.prepared.append((int(num_unpadded_tokens), getattr(controller, "last_record_decision", None)))
+        observer.prepared.append(
+            (int(num_unpadded_tokens), getattr(controller, "last_record_decision", None))
+        )
         return result
 
     state_prepare_forward = controller.state.prepare_forward
 
-    def observed_state_prepare_forward(model_config: Any, num_unpadded_tokens: int, *args: Any, **kwargs: Any) -> Any:
+    def observed_state_prepare_forward(
+        model_config: Any, num_unpadded_tokens: int, *args: Any, **kwargs: Any
+    ) -> Any:
         result = state_prepare_forward(model_config, num_unpadded_tokens, *args, **kwargs)
         name = _name_of(model_config, controller.state)
         if name is not None:
@@ -227,7 +233,9 @@ def slot_mismatches(worker: Any, checkpoint: str) -> dict[str, list[str]]:
     out = {}
     for ms in state.model_states.values():
         experts = checkpoint_experts(checkpoint, draft=ms.model_name.endswith(" (draft)"))
-        out[ms.model_name] = local_slot_mismatches(ms.model, experts, ms.physical_to_logical_map.cpu(), _ep_rank())
+        out[ms.model_name] = local_slot_mismatches(
+            ms.model, experts, ms.physical_to_logical_map.cpu(), _ep_rank()
+        )
     return out
 
 
@@ -254,7 +262,7 @@ def run_summary(worker: Any) -> dict[str, Any]:
     the state's rearrangement counters, per model the bytes its communicator received (None: not
     counted) and one expert's bytes, the serving verifier's counters (None: verifier off), p, and the
     cycles in flight as the watchdog names them at the runner's end of life (``InFlightAtShutdown`` as
-    dicts; asking changes nothing)."""
+    dicts; asking changes nothing) and the watchdog's failure (``(message, step)``, or None)."""
     from ascend_eplb.control.bus import ShutdownEvent
     from ascend_eplb.integration import metrics
     from ascend_eplb.integration.serving import guardrails_of
@@ -272,7 +280,9 @@ def run_summary(worker: Any) -> dict[str, Any]:
     return {
         "ep_rank": _ep_rank(),
         "moe_rows": None if layout is None else layout.rows,
-        "compilation": "eager (enforce_eager)" if eager else f"{compilation.mode.name}, {compilation.backend} backend",
+        "compilation": "eager (enforce_eager)"
+        if eager
+        else f"{compilation.mode.name}, {compilation.backend} backend",
         "num_rearrangements": int(state.num_rearrangements),
         "num_skipped_rearrangements": int(state.num_skipped_rearrangements),
         "bytes_received": {ms.model_name: metrics.bytes_received(ms) for ms in models},
@@ -281,6 +291,9 @@ def run_summary(worker: Any) -> dict[str, Any]:
         "verifier_steps": None if verifier is None else verifier.steps,
         "slots_per_rank": int(models[0].physical_to_logical_map.shape[1]) // _ep_size() if models else 0,
         "in_flight": [asdict(cycle) for cycle in in_flight],
+        "worker_failure": None
+        if guardrails.watchdog.failure is None
+        else (guardrails.watchdog.failure.message(), guardrails.watchdog.failure.step),
     }
 
 

@@ -91,7 +91,10 @@ class EngineSpec:
         if self._uses_mla():
             kwargs["attention_backend"] = "CPU_MLA"
         if self.speculative_tokens:
-            kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": self.speculative_tokens}
+            kwargs["speculative_config"] = {
+                "method": "mtp",
+                "num_speculative_tokens": self.speculative_tokens,
+            }
         if self.eplb is not None:
             kwargs["enable_eplb"] = True
             kwargs["eplb_config"] = self.eplb.eplb_config()
