@@ -28,6 +28,7 @@ def test_all_is_the_documented_api():
         "to_format",
         "write_checkpoint",
         "write_quantized_experts",
+        "write_tokenizer",
         # compiled
         "compiled_module",
         "dynamo_counters",

@@ -29,6 +29,22 @@ _DRAFT_CALLS = [
 ]
 
 
+#: The callers of the engine world's `_C` kernels (checked by `engine.kernels.register`).
+_KERNEL_CALLERS = [
+    "vllm._custom_ops.cpu_prepack_moe_weight",
+    "vllm._custom_ops.cpu_fused_moe",
+    "vllm._custom_ops.cpu_attn_get_scheduler_metadata",
+    "vllm._custom_ops.cpu_attn_reshape_and_cache",
+    "vllm._custom_ops.cpu_attention_with_kv_cache",
+    "vllm._custom_ops.mla_decode_kvcache_cpu",
+]
+#: What the engine world's patches replace (`engine.patches`).
+_ENGINE_PATCHED = [
+    "vllm.platforms.vllm_version_matches_substr",
+    "vllm.model_executor.layers.fused_moe.experts.cpu_moe.CPUUnquantizedExperts.apply",
+]
+
+
 def _assert_drift(call, name: str, expected: tuple[str, ...], found: tuple[str, ...]) -> None:
     """``call()`` raises the checker's error naming ``name`` and both parameter lists, exactly."""
     with pytest.raises(RuntimeError) as info:
@@ -105,6 +121,8 @@ def test_the_cpu_worlds_stand_ins_are_rows_of_its_surface_that_serving_never_ins
         "vllm.model_executor.layers.quantization.register_quantization_config",
         "vllm.config.compilation.CompilationConfig.init_backend",
         *_DRAFT_CALLS,
+        *_KERNEL_CALLERS,
+        *_ENGINE_PATCHED,
     ]
     upstream.check()  # vLLM 0.33.0 / torch 2.13.0 as installed: nothing drifted
 
@@ -126,12 +144,19 @@ def test_every_world_signature_is_listed_once_used_and_taken_from_the_table():
     # No entry is dead: each is replaced (a stand-in or an instance binding), a registration the world
     # calls (vLLM's out-of-tree method and quantization registries), all checked by install_stand_ins, or
     # a draft call its serving worker makes.
-    replaced = {p.name for p in stand_ins.STAND_INS} | {b.name for b in upstream.INSTANCE_BINDINGS}
+    from ascend_eplb.world.engine import patches as engine_patches
+
+    replaced = {
+        p.name
+        for p in (*stand_ins.STAND_INS, *engine_patches.ENGINE_PATCHES, *engine_patches.PLATFORM_PATCHES)
+    }
+    replaced |= {b.name for b in upstream.INSTANCE_BINDINGS}
     assert [n for n in table if n not in replaced] == [
         "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method.UnquantizedFusedMoEMethod.register_oot",
         "vllm.model_executor.layers.quantization.get_quantization_config",
         "vllm.model_executor.layers.quantization.register_quantization_config",
         *_DRAFT_CALLS,
+        *_KERNEL_CALLERS,
     ]
     with pytest.raises(
         KeyError, match=r"vllm\.nowhere\.f is not in ascend_eplb\.world\.upstream\.SIGNATURES"

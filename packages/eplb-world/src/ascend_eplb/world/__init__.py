@@ -1,31 +1,42 @@
 """The serving world on a CPU host: what ``ascend-eplb simulate`` runs and the tests of the packages under
 the tools run too (one world, one path). Nothing of the serving path imports it.
 
-Re-exports its modules' names: :mod:`~ascend_eplb.world.checkpoints` (tiny checkpoints of vLLM's real
-MoE architectures), :mod:`~ascend_eplb.world.stand_ins` (the CPU stand-ins for what this host lacks),
+:mod:`~ascend_eplb.world.engine` runs vLLM's own engine on this host (opted in per process); the modules
+below serve the cases that engine cannot (``README.md``, "What runs where"). Their names are this
+package's, loaded on first use: importing the package imports neither torch, vLLM nor Triton (vLLM loads
+the engine world's plugin entry points, inside this package, in every process of an environment that
+installs it). :mod:`~ascend_eplb.world.checkpoints` (tiny checkpoints of vLLM's real MoE architectures),
+:mod:`~ascend_eplb.world.stand_ins` (the CPU stand-ins for what this host lacks),
 :mod:`~ascend_eplb.world.kernel_logs` (what the expert methods consumed), :mod:`~ascend_eplb.world.compiled`
 (a compiled world observed), :mod:`~ascend_eplb.world.slots` (what each physical slot must hold) and
 :mod:`~ascend_eplb.world.serving` (a rank's model and the :class:`~ascend_eplb.world.serving.ServingWorker`).
 :mod:`~ascend_eplb.world.quant_method` (vLLM Ascend's quantized experts) and
-:mod:`~ascend_eplb.world.toy_moe` (the toy MoE model) are imported by name. Importing the package imports
-no vLLM or transformers (each function imports them): the tools' option parsing and ``plan`` import it.
+:mod:`~ascend_eplb.world.toy_moe` (the toy MoE model) are imported by name.
 """
 
-from ascend_eplb.world import checkpoints, compiled, kernel_logs, serving, slots, stand_ins
-from ascend_eplb.world.__about__ import __version__
-from ascend_eplb.world.checkpoints import *  # noqa: F403
-from ascend_eplb.world.compiled import *  # noqa: F403
-from ascend_eplb.world.kernel_logs import *  # noqa: F403
-from ascend_eplb.world.serving import *  # noqa: F403
-from ascend_eplb.world.slots import *  # noqa: F403
-from ascend_eplb.world.stand_ins import *  # noqa: F403
+import importlib
+import importlib.util
+from typing import Any
 
-__all__ = [
-    "__version__",
-    *checkpoints.__all__,
-    *compiled.__all__,
-    *kernel_logs.__all__,
-    *serving.__all__,
-    *slots.__all__,
-    *stand_ins.__all__,
-]
+from ascend_eplb.world.__about__ import __version__
+
+#: The modules whose public names this package offers, in the order a name is looked up.
+_MODULES = ("checkpoints", "compiled", "kernel_logs", "serving", "slots", "stand_ins")
+
+
+def _module(name: str) -> Any:
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__all__":
+        return ["__version__", *(n for m in _MODULES for n in _module(m).__all__)]
+    if name.startswith("_"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a module of the package
+        return _module(name)
+    for module_name in _MODULES:
+        module = _module(module_name)
+        if name in module.__all__:
+            return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

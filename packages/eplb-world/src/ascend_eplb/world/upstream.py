@@ -119,13 +119,9 @@ SIGNATURES: Mapping[str, Signature] = _table(
         (WORLD_SERVING,),
     ),
     # The engine world: the callers of each `_C` op it defines (engine.kernels.KERNELS), which pass the
-    # arguments in the order of its schema, and what its platform plugin and patches replace.
-    Signature(
-        "vllm.v1.worker.cpu_worker",
-        "CPUWorker.__init__",
-        ("self", "vllm_config", "local_rank", "rank", "distributed_init_method", "is_driver_worker=False"),
-        (ENGINE_KERNELS,),
-    ),
+    # arguments in the order of its schema, and what its platform plugin and patches replace. (The caller
+    # of init_cpu_memory_env, CPUWorker.__init__, is not a row: importing its module replaces
+    # torch.accelerator.empty_cache, which only an engine process may do.)
     Signature(_CUSTOM_OPS, "cpu_prepack_moe_weight", ("weight", "isa"), (ENGINE_KERNELS,)),
     Signature(
         _CUSTOM_OPS,

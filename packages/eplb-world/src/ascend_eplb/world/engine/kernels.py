@@ -17,13 +17,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ascend_eplb.control.patching import check_signatures
+from ascend_eplb.world import upstream
+
 __all__ = ["KERNELS", "Kernel", "register", "registered"]
 
 
 @dataclass(frozen=True)
 class Kernel:
     """One ``_C`` op: its ``schema`` (as vLLM's caller passes the arguments), the ``caller`` in vLLM whose
-    call it serves (``module.qualname``) and its torch form ``impl``."""
+    call it serves (``module.qualname``; a row of ``world.upstream.SIGNATURES`` checked before the op is
+    registered, but for ``CPUWorker.__init__``, whose module an engine process alone may import) and its
+    torch form ``impl``."""
 
     schema: str
     caller: str
@@ -280,12 +285,15 @@ def register() -> None:
     """Define every op of :data:`KERNELS` in torch's ``_C`` namespace; idempotent.
 
     Raises:
-        RuntimeError: ``_C`` already defines one of them (a ``vllm._C`` is loaded: this build has its
-            kernels, so the engine world must not run here).
+        RuntimeError: a caller of :data:`KERNELS` changed signature since vLLM 0.33.0 (its arguments no
+            longer match the op's schema), or ``_C`` already defines one of them (a ``vllm._C`` is
+            loaded: this build has its kernels, so the engine world must not run here); nothing is
+            registered then.
     """
     global _LIBRARY
     if _LIBRARY is not None:
         return
+    check_signatures(upstream.SIGNATURES[k.caller] for k in KERNELS if k.caller in upstream.SIGNATURES)
     present = [k.name for k in KERNELS if hasattr(torch.ops._C, k.name)]
     if present:
         raise RuntimeError(

@@ -1,0 +1,191 @@
+"""The engine world without an engine: its plugins are inert without the opt-in (vLLM untouched), its
+settings have one source, and its ``_C`` torch forms compute what the compiled kernels compute (dense
+references on hand-made inputs). The engine itself runs in ``integration/tests/test_engine*.py``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ascend_eplb.world.engine import environment, kernels
+from ascend_eplb.world.engine.spec import EngineSpec, EplbSpec
+
+_UNTOUCHED = r"""
+import json, os, sys
+from importlib.metadata import entry_points
+from ascend_eplb.world.engine import plugin
+ours = {ep.name for ep in entry_points(group="vllm.platform_plugins")} | {
+    ep.name for ep in entry_points(group="vllm.general_plugins") if ep.name.startswith("ascend_eplb")}
+inert = (plugin.platform_plugin(), plugin.general_plugin())
+heavy = sorted(m for m in ("torch", "vllm", "triton") if m in sys.modules)
+from vllm.platforms import current_platform
+import torch, triton.backends
+from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+print(json.dumps({
+    "ours": sorted(ours), "inert": list(inert), "heavy_after_plugins": heavy,
+    "platform": type(current_platform).__name__,
+    "kernels": [k for k in ("cpu_fused_moe", "prepack_moe_weight", "cpu_attention_with_kv_cache")
+                if hasattr(torch.ops._C, k)],
+    "triton_cpu": "cpu" in triton.backends.backends,
+    "apply": CPUUnquantizedExperts.apply.__module__,
+}))
+"""
+
+
+def test_without_the_opt_in_the_plugins_change_nothing_and_vllm_runs_as_if_they_were_absent():
+    """Installing the world registers both entry points; without ``ASCEND_EPLB_ENGINE_WORLD=1`` they return
+    at once having imported neither torch, vLLM nor Triton, and vLLM's own detection runs: this empty build
+    resolves no platform, ``_C`` has none of the world's kernels, Triton no CPU backend, and vLLM's CPU
+    experts keep their own ``apply``."""
+    env = environment.engine_environment()
+    del env[environment.SWITCH]
+    out = subprocess.run(
+        [sys.executable, "-c", _UNTOUCHED], env=env, capture_output=True, text=True, timeout=240, check=True
+    )
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "ours": ["ascend_eplb", "ascend_eplb_engine_world"],
+        "inert": [None, None],
+        "heavy_after_plugins": [],
+        "platform": "UnspecifiedPlatform",
+        "kernels": [],
+        "triton_cpu": False,
+        "apply": "vllm.model_executor.layers.fused_moe.experts.cpu_moe",
+    }
+
+
+def test_the_environment_is_written_once_and_removes_the_target_device():
+    env = environment.engine_environment({"VLLM_TARGET_DEVICE": "cpu", "KEEP": "1"}, EXTRA="2")
+    assert "VLLM_TARGET_DEVICE" not in env
+    assert env["KEEP"] == "1"
+    assert env["EXTRA"] == "2"
+    assert env["TRITON_INTERPRET"] == "1"
+    assert environment.opted_in(env)
+    assert not environment.opted_in({})
+
+
+def test_one_spec_gives_the_llm_keywords_and_the_same_engine_as_vllm_serve_flags(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"kv_lora_rank": 512}))
+    spec = EngineSpec(
+        str(tmp_path), eplb=EplbSpec(4, 8, 2, {"load_collection_phase": "decode"}), speculative_tokens=1
+    )
+    kwargs = spec.engine_kwargs()
+    assert kwargs["attention_backend"] == "CPU_MLA"
+    assert kwargs["eplb_config"] == {
+        "window_size": 4, "step_interval": 8, "num_redundant_experts": 2, "use_async": True
+    }  # fmt: skip
+    assert kwargs["additional_config"] == {"eplb_config": {"load_collection_phase": "decode"}}
+    argv = spec.serve_argv()
+    assert argv[0] == str(tmp_path)
+    assert argv[argv.index("--eplb-config") + 1] == json.dumps(kwargs["eplb_config"])
+    assert "--enable-eplb" in argv
+    assert "--enable-expert-parallel" in argv
+    assert "--enforce-eager" in argv
+    assert argv[argv.index("--speculative-config") + 1] == json.dumps(kwargs["speculative_config"])
+    assert "--disable-log-stats" not in argv  # False: vLLM keeps its per-request timing
+
+
+def _dense_moe(x, w13, w2, weights, ids):
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for k in range(ids.shape[1]):
+            e = int(ids[t, k])
+            if 0 <= e < w13.shape[0]:
+                gate, up = (w13[e] @ x[t]).chunk(2)
+                out[t] += weights[t, k] * (w2[e] @ (F.silu(gate) * up))
+    return out
+
+
+def test_the_fused_moe_form_sums_each_local_selection_and_skips_other_ranks_ids():
+    g = torch.Generator().manual_seed(0)
+    x, w13, w2 = (
+        torch.randn(5, 8, generator=g),
+        torch.randn(3, 12, 8, generator=g),
+        torch.randn(3, 8, 6, generator=g),
+    )
+    weights = torch.rand(5, 2, generator=g)
+    ids = torch.tensor([[0, 2], [1, -1], [-1, -1], [2, 2], [1, 0]], dtype=torch.int32)
+    out = torch.empty_like(x)
+    kernels.cpu_fused_moe(out, x, w13, w2, None, None, weights, ids, False, "silu", "amx")
+    torch.testing.assert_close(out, _dense_moe(x, w13, w2, weights, ids), rtol=1e-5, atol=1e-6)
+    assert torch.equal(out[2], torch.zeros(8))  # a row with no local selection
+    with pytest.raises(NotImplementedError, match="gelu"):
+        kernels.cpu_fused_moe(out, x, w13, w2, None, None, weights, ids, False, "gelu", "amx")
+
+
+def test_paged_attention_equals_causal_sdpa_over_each_requests_tokens():
+    """Two requests (a prefill of 5 tokens, a decode of 1 over 6 cached): written into a paged cache through
+    shuffled blocks, then attended; each request's output equals SDPA over its own keys (GQA 4 heads over
+    2 KV heads)."""
+    g = torch.Generator().manual_seed(1)
+    heads, kv_heads, d, block = 4, 2, 8, 4
+    lens = [5, 6]
+    keys = [torch.randn(n, kv_heads, d, generator=g) for n in lens]
+    values = [torch.randn(n, kv_heads, d, generator=g) for n in lens]
+    cache = torch.zeros(6, kv_heads, block * 2, d)
+    key_cache, value_cache = cache.chunk(2, dim=2)
+    tables = torch.tensor([[3, 0], [5, 1]], dtype=torch.int32)
+    for r, n in enumerate(lens):
+        slots = torch.tensor([int(tables[r, i // block]) * block + i % block for i in range(n)])
+        kernels.cpu_attn_reshape_and_cache(
+            keys[r].reshape(n, -1),
+            values[r].reshape(n, -1),
+            key_cache,
+            value_cache,
+            slots,
+            "vec",
+            1.0,
+            1.0,
+            "auto",
+        )
+    queries = [torch.randn(5, heads, d, generator=g), torch.randn(1, heads, d, generator=g)]
+    query = torch.cat(queries)
+    output = torch.zeros_like(query)
+    kernels.cpu_attention_with_kv_cache(
+        query, key_cache, value_cache, output, torch.tensor([0, 5, 6]), torch.tensor(lens), 0.5, True, None, -1,
+        tables, 0.0, torch.empty(0), None, None, 1.0, 1.0, "auto",
+    )  # fmt: skip
+    for r, (q, n) in enumerate(zip(queries, lens, strict=True)):
+        k = keys[r].repeat_interleave(2, dim=1).transpose(0, 1)
+        v = values[r].repeat_interleave(2, dim=1).transpose(0, 1)
+        mask = torch.ones(q.shape[0], n, dtype=torch.bool).tril(n - q.shape[0])
+        want = F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, scale=0.5).transpose(
+            0, 1
+        )
+        got = output[:5] if r == 0 else output[5:]
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_mla_decode_attends_each_requests_latent_rows_and_returns_their_first_l_columns():
+    g = torch.Generator().manual_seed(2)
+    heads, latent, rope, block = 3, 6, 2, 4
+    cache = torch.randn(4, block, latent + rope, generator=g)
+    tables = torch.tensor([[2, 0], [1, 3]], dtype=torch.int32)
+    lens = torch.tensor([5, 3], dtype=torch.int32)
+    query = torch.randn(2, heads, latent + rope, generator=g)
+    out = torch.zeros(2, heads, latent)
+    kernels.mla_decode_kvcache(out, query, cache, 0.7, tables, lens)
+    for r in range(2):
+        rows = torch.stack([cache[int(tables[r, i // block]), i % block] for i in range(int(lens[r]))])
+        want = torch.softmax(query[r] @ rows.T * 0.7, dim=-1) @ rows[:, :latent]
+        torch.testing.assert_close(out[r], want, rtol=1e-5, atol=1e-6)
+
+
+def test_every_kernel_is_declared_with_the_caller_whose_signature_it_serves():
+    from ascend_eplb.world import upstream
+
+    assert [k.name for k in kernels.KERNELS] == [
+        "init_cpu_memory_env", "prepack_moe_weight", "cpu_fused_moe", "get_scheduler_metadata",
+        "cpu_attn_reshape_and_cache", "cpu_attention_with_kv_cache", "mla_decode_kvcache",
+    ]  # fmt: skip
+    for kernel in kernels.KERNELS[1:]:
+        assert upstream.SIGNATURES[kernel.caller].users == ("world.engine.kernels",)
+    # Importing CPUWorker's module replaces torch.accelerator.empty_cache: no check may import it outside
+    # an engine process, so its call of init_cpu_memory_env (a list of NUMA nodes) is not a checked row.
+    assert kernels.KERNELS[0].caller == "vllm.v1.worker.cpu_worker.CPUWorker.__init__"
+    assert kernels.KERNELS[0].caller not in upstream.SIGNATURES
