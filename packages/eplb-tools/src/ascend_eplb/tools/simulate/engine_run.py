@@ -28,6 +28,7 @@ from ascend_eplb.control import measures
 from ascend_eplb.integration.watchdog import InFlightAtShutdown
 from ascend_eplb.tools.simulate.config import SimulateConfig, ascend_policy_keys
 from ascend_eplb.tools.simulate.faults import WORKER_FAULTS, inject_stale_lookup, inject_worker_fault
+from ascend_eplb.tools.simulate.launching import write_scrape
 from ascend_eplb.tools.simulate.stats import DraftStats, InstallSeen, OutputTolerance, RankStats
 from ascend_eplb.world.engine import probes
 from ascend_eplb.world.engine.host import Completion, EngineError, EngineWorld
@@ -37,6 +38,9 @@ __all__ = ["PROMPT_TOKENS", "EngineFigures", "EngineRun", "inject_fault", "run_e
 
 #: Prompt length of every request of the workload.
 PROMPT_TOKENS = 16
+#: Tokens one request generates at most: a longer run serves its ``--steps`` in rounds of requests (the
+#: presets' context is 256 positions).
+ROUND_TOKENS = 128
 #: Top candidates vLLM returns per generated token (the ``outputs`` check compares them all).
 LOGPROBS = 5
 
@@ -67,10 +71,29 @@ class EngineRun:
     on: EngineFigures
 
 
-def workload(config: SimulateConfig, vocab_size: int) -> list[list[int]]:
-    """``--batch-size`` prompts of :data:`PROMPT_TOKENS` token ids drawn from ``--seed``."""
+def workload(config: SimulateConfig, vocab_size: int) -> list[tuple[list[list[int]], int]]:
+    """The rounds of the workload: each ``--batch-size`` prompts of :data:`PROMPT_TOKENS` token ids drawn
+    from ``--seed``, and the tokens each generates; ``--steps`` tokens per request in all, at most
+    :data:`ROUND_TOKENS` per round (served one round after the other)."""
     g = torch.Generator().manual_seed(config.seed)
-    return torch.randint(0, vocab_size, (config.batch_size, PROMPT_TOKENS), generator=g).tolist()
+    rounds, left = [], config.steps
+    while left > 0:
+        tokens = min(left, ROUND_TOKENS)
+        rounds.append(
+            (torch.randint(0, vocab_size, (config.batch_size, PROMPT_TOKENS), generator=g).tolist(), tokens)
+        )
+        left -= tokens
+    return rounds
+
+
+def _serve(
+    engine: EngineWorld, rounds: list[tuple[list[list[int]], int]], deadline: float
+) -> tuple[list[Completion], float]:
+    """The workload's rounds through ``engine`` (greedy, :data:`LOGPROBS` candidates), and its seconds."""
+    started, out = time.perf_counter(), []
+    for prompts, tokens in rounds:
+        out += engine.generate(prompts, max_tokens=tokens, logprobs=LOGPROBS, timeout=_left(deadline))
+    return out, time.perf_counter() - started
 
 
 def _specs(config: SimulateConfig, folder: Path) -> tuple[EngineSpec, EngineSpec]:
@@ -87,7 +110,7 @@ def _specs(config: SimulateConfig, folder: Path) -> tuple[EngineSpec, EngineSpec
         speculative_tokens=config.speculative_tokens,
         compilation=config.compilation,
         max_num_seqs=config.batch_size,
-        max_model_len=PROMPT_TOKENS + config.steps + config.speculative_tokens + 16,
+        max_model_len=PROMPT_TOKENS + min(config.steps, ROUND_TOKENS) + config.speculative_tokens + 16,
         seed=config.seed,
     )
     eplb = EplbSpec(config.window_size, config.step_interval, config.num_redundant_experts, ascend)
@@ -130,7 +153,7 @@ def run_engines(
     Raises:
         EngineError: an engine failed to start or to serve (the message names the cause).
     """
-    prompts = workload(config, vocab_size)
+    rounds = workload(config, vocab_size)
     off_spec, on_spec = _specs(config, folder)
     out = Path(config.out_dir)
     scratch = Path(tempfile.mkdtemp(prefix="ascend-eplb-simulate-"))
@@ -138,11 +161,8 @@ def run_engines(
         phase[0] = "starting the EPLB-off engine"
         with EngineWorld(off_spec, scratch / "off", start_timeout=_left(deadline)) as engine:
             phase[0] = "serving the workload, EPLB off"
-            t = time.perf_counter()
-            reference = engine.generate(
-                prompts, max_tokens=config.steps, logprobs=LOGPROBS, timeout=_left(deadline)
-            )
-            off = _figures(engine, reference, time.perf_counter() - t)
+            reference, seconds = _serve(engine, rounds, deadline)
+            off = _figures(engine, reference, seconds)
         env = {
             "ASCEND_EPLB_VERIFY": "1",
             "ASCEND_EPLB_EVENTS": str((out / "events.jsonl").resolve()),
@@ -165,22 +185,17 @@ def run_engines(
             if config.fault is not None:
                 engine.run_on_workers(inject_fault, config.fault)
             phase[0] = "serving the workload, EPLB on"
-            t = time.perf_counter()
-            failure = None
+            started, failure = time.perf_counter(), None
             try:
-                completions = engine.generate(
-                    prompts, max_tokens=config.steps, logprobs=LOGPROBS, timeout=_left(deadline)
-                )
+                completions, seconds = _serve(engine, rounds, deadline)
             except EngineError as e:
-                completions, failure = [], _check_of(e)
+                completions, seconds, failure = [], time.perf_counter() - started, _check_of(e)
                 if failure is None:
                     raise
-            on = _figures(engine, completions, time.perf_counter() - t)
+            on = _figures(engine, completions, seconds)
             observed = engine.run_on_workers(probes.observed) if failure is None else None
             summaries = engine.run_on_workers(probes.run_summary) if failure is None else None
         if config.metrics:
-            from ascend_eplb.tools.simulate.launching import write_scrape
-
             write_scrape(scratch / "prometheus", out / "metrics.prom")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

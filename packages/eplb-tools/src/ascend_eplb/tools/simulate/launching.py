@@ -35,7 +35,7 @@ from ascend_eplb.tools.simulate.lifecycle import (
 from ascend_eplb.tools.simulate.progress import Progress
 from ascend_eplb.tools.simulate.stats import OutputTolerance, RankConfig, RankStats
 
-__all__ = ["SimulationError", "StartupRefusedError", "launch_ranks", "run_torchrun_rank"]
+__all__ = ["SimulationError", "StartupRefusedError", "launch_ranks", "run_torchrun_rank", "write_scrape"]
 
 _GRACE_S = 15.0
 
@@ -135,7 +135,7 @@ def launch_ranks(config: SimulateConfig, routing: Any, deadline: float, phase: l
             on_message=on_message,
         )
         if config.metrics:
-            _write_scrape(world / "prometheus", Path(config.out_dir) / "metrics.prom")
+            write_scrape(world / "prometheus", Path(config.out_dir) / "metrics.prom")
         return results
     except RankFailureError as e:
         if refusals := read_refusals(world):
@@ -172,7 +172,7 @@ def launch_ranks(config: SimulateConfig, routing: Any, deadline: float, phase: l
         shutil.rmtree(world, ignore_errors=True)
 
 
-def _write_scrape(folder: Path, path: Path) -> None:
+def write_scrape(folder: Path, path: Path) -> None:
     """What vLLM's API server's ``/metrics`` serves from ``folder`` (prometheus_client's
     ``MultiProcessCollector``), in the Prometheus text format."""
     # prometheus_client fixes its value class from PROMETHEUS_MULTIPROC_DIR when first imported, set above
