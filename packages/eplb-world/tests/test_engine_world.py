@@ -147,8 +147,8 @@ def test_paged_attention_equals_causal_sdpa_over_each_requests_tokens():
     query = torch.cat(queries)
     output = torch.zeros_like(query)
     kernels.cpu_attention_with_kv_cache(
-        query, key_cache, value_cache, output, torch.tensor([0, 5, 6]), torch.tensor(lens), 0.5, True, None, -1,
-        tables, 0.0, torch.empty(0), None, None, 1.0, 1.0, "auto",
+        query, key_cache, value_cache, output, torch.tensor([0, 5, 6]), torch.tensor(lens), 0.5, True, None,
+        -1, tables, 0.0, torch.empty(0), None, None, 1.0, 1.0, "auto",
     )  # fmt: skip
     for r, (q, n) in enumerate(zip(queries, lens, strict=True)):
         k = keys[r].repeat_interleave(2, dim=1).transpose(0, 1)

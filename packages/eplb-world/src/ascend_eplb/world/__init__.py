@@ -18,7 +18,7 @@ import importlib
 import importlib.util
 from typing import Any
 
-from ascend_eplb.world.__about__ import __version__
+from ascend_eplb.world.__about__ import __version__ as __version__
 
 #: The modules whose public names this package offers, in the order a name is looked up.
 _MODULES = ("checkpoints", "compiled", "kernel_logs", "serving", "slots", "stand_ins")

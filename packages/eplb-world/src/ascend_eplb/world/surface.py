@@ -28,8 +28,8 @@ def render() -> str:
     """The tables of every row of the CPU world, as Markdown (what ``UPSTREAM.md`` of this package holds)."""
     return surface_document(
         "The CPU world's upstream surface",
-        "What the CPU world (`ascend_eplb.world`: vLLM's own engine on this host, and the world's serving worker) "
-        "meets of upstream vLLM 0.33.0, torch 2.13.0 and Triton where this CPU build of vLLM lacks a device "
+        "What the CPU world (`ascend_eplb.world`: vLLM's own engine on this host, and the world's serving "
+        "worker) meets of upstream vLLM 0.33.0, torch 2.13.0 and Triton where this CPU build of vLLM lacks a device "
         "kernel or collective, and what the world reads. Generated "
         "from the rows (each stand-in's on its factory in `ascend_eplb.world.stand_ins`, the tables of "
         "`ascend_eplb.world.upstream`) by `python -m ascend_eplb.world.surface > "
@@ -47,8 +47,8 @@ def render() -> str:
                 patch_table(patches.ENGINE_PATCHES),
             ),
             (
-                "The engine world's `_C` kernels (`engine.kernels.KERNELS`: torch forms, registered in torch's "
-                "`_C` namespace)",
+                "The engine world's `_C` kernels (`engine.kernels.KERNELS`: torch forms, registered in "
+                "torch's `_C` namespace)",
                 markdown_table(
                     ("op schema", "called by"), ((f"`{k.schema}`", f"`{k.caller}`") for k in kernels.KERNELS)
                 ),
