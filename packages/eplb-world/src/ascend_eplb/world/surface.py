@@ -29,8 +29,8 @@ def render() -> str:
     return surface_document(
         "The CPU world's upstream surface",
         "What the CPU world (`ascend_eplb.world`: vLLM's own engine on this host, and the world's serving "
-        "worker) meets of upstream vLLM 0.33.0, torch 2.13.0 and Triton where this CPU build of vLLM lacks a device "
-        "kernel or collective, and what the world reads. Generated "
+        "worker) meets of upstream vLLM 0.33.0, torch 2.13.0 and Triton where this CPU build of vLLM lacks "
+        "a device kernel or collective, and what the world reads. Generated "
         "from the rows (each stand-in's on its factory in `ascend_eplb.world.stand_ins`, the tables of "
         "`ascend_eplb.world.upstream`) by `python -m ascend_eplb.world.surface > "
         "packages/eplb-world/UPSTREAM.md`; a test keeps this file equal to them. Never installed or checked "
