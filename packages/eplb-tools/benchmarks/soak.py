@@ -1,16 +1,17 @@
-"""Soak: at least 100 consecutive completed rearrangements per row layout, 4 ranks, the verifier on.
+"""Soak: consecutive completed rearrangements per row layout, the verifier on (1,000: ``--rearrangements``).
 
 Each layout is one ``ascend-eplb simulate`` run (:func:`soak_args` are its options; the run is the main
-job's path, :func:`ascend_eplb.tools.simulate.driver.run_simulation`, with every check on every rank
-every step and the serving verifier on) with back-to-back rearrangements: window = interval = the MoE
-layers, so upstream starts the next rearrangement at the step its last layer commits. A run passes when
-every check passed (no failure between two rearrangements: they are consecutive) and at least
-``--rearrangements`` completed.
+job's path, :func:`ascend_eplb.tools.simulate.driver.run_simulation`: a real model on vLLM's own engine,
+EPLB off then on, every check on every step) with back-to-back rearrangements: window = interval = the
+MoE layers (the MTP draft's included), so upstream starts the next rearrangement at the step its last
+layer commits. A run passes when every check passed (no failure between two rearrangements: they are
+consecutive) and at least ``--rearrangements`` completed.
 
 Layouts (which rows each rank routes, ``ascend_eplb.control.layout``):
 
-* ``replicated``: vLLM 0.33.0's own ``DeepseekV3ForCausalLM`` (the ``deepseek-v3`` preset, 4 MoE
-  layers, 64 experts, top-6) at TP = EP = the ranks: every rank routes the same TP-replicated rows.
+* ``replicated``: vLLM's engine serving vLLM 0.33.0's own ``DeepseekV3ForCausalLM`` (the ``deepseek-v3``
+  preset, 4 MoE layers, 64 experts, top-6; ``--mtp``: its ``DeepSeekMTP`` draft beside it) at TP = EP =
+  the ranks: every rank routes the same TP-replicated rows.
 * ``gathered``: the same model at DP = the ranks x TP = 1 (``simulate --dp N``): each DP rank's batch,
   gathered before routing by vLLM's dispatch (every rank routes the whole gathered batch).
 * ``gathered-sp``: the same model at DP = 2 x TP = the ranks / 2: vLLM's sequence-parallel MoE, each
@@ -26,8 +27,9 @@ backend). The replay world (``split``) runs eagerly only.
 
 Usage (from the repository root)::
 
-    hatch run python packages/eplb-tools/benchmarks/soak.py [--rearrangements 100] [--ranks 4]
-        [--layouts replicated gathered gathered-sp split] [--compile none eager inductor] [--out eplb-soak]
+    hatch run python packages/eplb-tools/benchmarks/soak.py [--rearrangements 100] [--ranks 2]
+        [--layouts replicated gathered gathered-sp split] [--compile none eager inductor] [--mtp]
+        [--policy migration_aware] [--batch-size 8] [--out eplb-soak]
 
 Prints one row per layout and mode (steps, wall time, step time p50, rearrangements completed, max
 output error against the EPLB-off model, bytes received (measured), verdict), so the modes' step times
@@ -65,10 +67,21 @@ def _num_moe_layers(layout: str) -> int:
     return resolve_model(LAYOUTS[layout][1]).num_moe_layers
 
 
-def soak_args(layout: str, rearrangements: int, num_ranks: int = 4, mode: str = "none") -> list[str]:
+def soak_args(
+    layout: str,
+    rearrangements: int,
+    num_ranks: int = 2,
+    mode: str = "none",
+    *,
+    mtp: bool = False,
+    policy: tuple[str, ...] = (),
+    batch_size: int = 8,
+) -> list[str]:
     """``ascend-eplb simulate`` options of one soak run: ``rearrangements`` back-to-back rearrangements
     of ``layout`` on ``num_ranks`` ranks (redundant experts: one per rank), with steps for them at
-    upstream's fastest pace times :data:`SLACK`, in execution ``mode`` (:data:`MODES`).
+    upstream's fastest pace times :data:`SLACK`, in execution ``mode`` (:data:`MODES`); ``mtp``: the
+    real model's MTP draft beside it (its one MoE layer commits in the same cycle); ``policy``: more
+    simulate options (the placement policy, the load estimate); ``batch_size`` requests served together.
 
     Raises:
         ValueError: ``layout`` is not one of :data:`LAYOUTS`, ``rearrangements`` < 1, or ``mode`` is not
@@ -82,27 +95,29 @@ def soak_args(layout: str, rearrangements: int, num_ranks: int = 4, mode: str = 
         raise ValueError(f"mode={mode!r}: must be one of {', '.join(MODES)}")
     if mode != "none" and layout == "split":
         raise ValueError(f"mode={mode!r} with layout split: the replay world (a toy model) runs eagerly only")
-    layers = _num_moe_layers(layout)
+    if mtp and layout == "split":
+        raise ValueError("mtp with layout split: the replay world (a toy model) has no MTP draft")
+    layers = _num_moe_layers(layout) + int(mtp)
     # Window = interval = L: upstream's first rearrangement starts at step max(L // 4, 1), each takes L
-    # steps, and the next starts at the step the last layer commits.
+    # steps (the draft's layer after the target's), and the next starts at the step the last layer commits.
     steps = math.ceil((max(layers // 4, 1) + rearrangements * layers) * SLACK)
     data_parallel = ["--dp", str(num_ranks)] if layout == "gathered" else []
     compiled = [] if mode == "none" else ["--compile", mode]
     return [
         *LAYOUTS[layout], *data_parallel, "--ranks", str(num_ranks), "--redundant-experts", str(num_ranks),
         "--window-size", str(layers), "--step-interval", str(layers), "--steps", str(steps), "--no-progress",
-        *compiled,
+        "--batch-size", str(batch_size), *compiled, *(["--speculative-tokens", "1"] if mtp else []), *policy,
     ]  # fmt: skip
 
 
-def run_layout(layout: str, rearrangements: int, num_ranks: int, out: Path, mode: str = "none") -> dict:
-    """One soak run through ``simulate``'s own parser and driver; returns its report (its summary is in
-    ``out/summary.txt``)."""
+def run_layout(args: list[str], out: Path) -> dict:
+    """One soak run of :func:`soak_args`' ``args`` through ``simulate``'s own parser and driver; returns its
+    report (its summary is in ``out/summary.txt``)."""
     from ascend_eplb.tools.cli import build_parser
     from ascend_eplb.tools.simulate.config import config_from_args
     from ascend_eplb.tools.simulate.driver import run_simulation
 
-    args = [*soak_args(layout, rearrangements, num_ranks, mode), "--out", str(out), "--timeout", "3600"]
+    args = [*args, "--out", str(out), "--timeout", "14400"]
     config = config_from_args(build_parser().parse_args(["simulate", *args]))
     summary = io.StringIO()
     report = run_simulation(config, stream=summary).to_json()
@@ -113,7 +128,17 @@ def run_layout(layout: str, rearrangements: int, num_ranks: int, out: Path, mode
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rearrangements", type=int, default=100, help="completed per layout, default 100")
-    parser.add_argument("--ranks", type=int, default=4, help="EP ranks, default 4")
+    parser.add_argument("--ranks", type=int, default=2, help="EP ranks, default 2")
+    parser.add_argument("--batch-size", type=int, default=8, help="requests served together, default 8")
+    parser.add_argument(
+        "--mtp",
+        action="store_true",
+        help="the real model's MTP draft beside it (simulate --speculative-tokens 1)",
+    )
+    parser.add_argument(
+        "--policy", default="default", choices=("default", "migration_aware"),
+        help="placement policy; migration_aware plans on the pooled load estimate",
+    )  # fmt: skip
     parser.add_argument("--layouts", nargs="+", choices=tuple(LAYOUTS), default=list(LAYOUTS))
     parser.add_argument(
         "--compile", nargs="+", choices=MODES, default=["none"], dest="modes",
@@ -121,22 +146,27 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("eplb-soak"))
     args = parser.parse_args(argv)
-    runs = [(layout, mode) for layout in args.layouts for mode in args.modes]
-    for layout, mode in runs:
-        try:
-            soak_args(layout, args.rearrangements, args.ranks, mode)  # every run refused before the first
-        except ValueError as error:
-            parser.error(str(error))
+    policy = () if args.policy == "default" else ("--policy", args.policy, "--load-estimate", "pooled")
+    runs = {}
+    for layout in args.layouts:
+        for mode in args.modes:
+            try:  # every run refused before the first starts
+                runs[layout, mode] = soak_args(
+                    layout, args.rearrangements, args.ranks, mode, mtp=args.mtp and layout != "split",
+                    policy=policy, batch_size=args.batch_size,
+                )  # fmt: skip
+            except ValueError as error:
+                parser.error(str(error))
     rows, ok = [], True
-    for layout, mode in runs:
+    for (layout, mode), options in runs.items():
         out = args.out / (layout if mode == "none" else f"{layout}-{mode}")
-        report = run_layout(layout, args.rearrangements, args.ranks, out, mode)
+        report = run_layout(options, out)
         enough = report["rearrangements_completed"] >= args.rearrangements
         ok &= report["passed"] and enough
         served = report["model"] if layout != "split" else f"replay ({report['format']}, toy MoE)"
         rows.append(
             f"{layout:<11} {mode:<8} {served:<30} {report['ranks']:>5} {report['steps']:>6} "
-            f"{report['wall_seconds']:>8.1f} {report['step_seconds_p50'] * 1000:>11.1f} "
+            f"{report['wall_seconds']:>8.1f} {(report['step_seconds_p50'] or 0) * 1000:>11.1f} "
             f"{report['rearrangements_completed']:>9} {report['max_output_error']:>10.3g} "
             f"{report['bytes_received']:>12} {report['verdict']}"
             + ("" if enough else f" (fewer than {args.rearrangements} completed)")
