@@ -270,7 +270,7 @@ class SimulateConfig:
         "eplb-simulate", "--out", "output folder, default %(default)s", metavar="DIR", type=path_text
     )
     timeout_s: float = _option(
-        300.0, "--timeout", "deadline of the whole run in seconds, default %(default)s", type=float
+        900.0, "--timeout", "deadline of the whole run in seconds, default %(default)s", type=float
     )
     progress: bool = _option(True, "--no-progress", "no progress bar", action="store_false")
     fault: str | None = _option(
