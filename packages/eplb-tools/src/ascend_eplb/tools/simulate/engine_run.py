@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -155,12 +156,20 @@ def run_engines(
     """
     rounds = workload(config, vocab_size)
     off_spec, on_spec = _specs(config, folder)
+
+    def say(what: str) -> None:
+        phase[0] = what
+        if config.progress:
+            print(f"ascend-eplb simulate: {what}", file=sys.stderr, flush=True)
+
     out = Path(config.out_dir)
     scratch = Path(tempfile.mkdtemp(prefix="ascend-eplb-simulate-"))
     try:
-        phase[0] = "starting the EPLB-off engine"
+        say(f"starting vLLM's engine, EPLB off ({off_spec.num_ranks} workers)")
         with EngineWorld(off_spec, scratch / "off", start_timeout=_left(deadline)) as engine:
-            phase[0] = "serving the workload, EPLB off"
+            say(
+                f"serving {config.batch_size} requests x {config.steps} tokens, EPLB off (engine ready in {engine.ready['seconds']:.0f} s)"
+            )
             reference, seconds = _serve(engine, rounds, deadline)
             off = _figures(engine, reference, seconds)
         env = {
@@ -172,7 +181,7 @@ def run_engines(
         if config.metrics:
             (scratch / "prometheus").mkdir()
             env |= {"ASCEND_EPLB_METRICS": "1", "PROMETHEUS_MULTIPROC_DIR": str(scratch / "prometheus")}
-        phase[0] = "starting the EPLB-on engine"
+        say(f"starting vLLM's engine, EPLB on ({on_spec.num_ranks} workers)")
         with EngineWorld(on_spec, scratch / "on", env=env, start_timeout=_left(deadline)) as engine:
             # What serving starts on: upstream's initial placement, or the --initial-placement installed.
             start = engine.run_on_workers(probes.eplb_state)[0]["placements"]
@@ -184,7 +193,7 @@ def run_engines(
             engine.run_on_workers(probes.observe, str(folder))
             if config.fault is not None:
                 engine.run_on_workers(inject_fault, config.fault)
-            phase[0] = "serving the workload, EPLB on"
+            say(f"serving the same requests, EPLB on (engine ready in {engine.ready['seconds']:.0f} s)")
             started, failure = time.perf_counter(), None
             try:
                 completions, seconds = _serve(engine, rounds, deadline)
