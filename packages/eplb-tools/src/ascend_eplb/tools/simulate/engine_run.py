@@ -193,7 +193,7 @@ def run_engines(
             engine.run_on_workers(probes.observe, str(folder))
             if config.fault is not None:
                 engine.run_on_workers(inject_fault, config.fault)
-            say(f"serving the same requests, EPLB on (engine ready in {engine.ready['seconds']:.0f} s)")
+            say(f"serving the same requests, EPLB on (ready in {engine.ready['seconds']:.0f} s)")
             started, failure = time.perf_counter(), None
             try:
                 completions, seconds = _serve(engine, rounds, deadline)
