@@ -167,8 +167,9 @@ def run_engines(
     try:
         say(f"starting vLLM's engine, EPLB off ({off_spec.num_ranks} workers)")
         with EngineWorld(off_spec, scratch / "off", start_timeout=_left(deadline)) as engine:
+            ready = engine.ready["seconds"]
             say(
-                f"serving {config.batch_size} requests x {config.steps} tokens, EPLB off (engine ready in {engine.ready['seconds']:.0f} s)"
+                f"serving {config.batch_size} requests x {config.steps} tokens, EPLB off (ready in {ready:.0f} s)"
             )
             reference, seconds = _serve(engine, rounds, deadline)
             off = _figures(engine, reference, seconds)
