@@ -168,9 +168,8 @@ def run_engines(
         say(f"starting vLLM's engine, EPLB off ({off_spec.num_ranks} workers)")
         with EngineWorld(off_spec, scratch / "off", start_timeout=_left(deadline)) as engine:
             ready = engine.ready["seconds"]
-            say(
-                f"serving {config.batch_size} requests x {config.steps} tokens, EPLB off (ready in {ready:.0f} s)"
-            )
+            requests = f"{config.batch_size} requests x {config.steps} tokens"
+            say(f"serving {requests}, EPLB off (ready in {ready:.0f} s)")
             reference, seconds = _serve(engine, rounds, deadline)
             off = _figures(engine, reference, seconds)
         env = {
