@@ -132,7 +132,7 @@ class EngineWorld:
                 return False
             return True
 
-        host.wait_until(connected, deadline, "the engine host's listening")
+        host.wait_until(connected, self._start_timeout, "listening engine host")
         self.ready = self._request(("start", _spec_dict(self.spec)), deadline - time.monotonic())
         host.ready()
 

@@ -12,6 +12,7 @@ SIGTERM (vLLM's graceful shutdown) and returns the :class:`~.session.Shutdown` r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -124,7 +125,7 @@ class ServedEngine:
         self._server = server = EngineProcess(self.spec, self.folder, argv, env=env, log_name=_LOG)
         started = time.monotonic()
         server.start()
-        server.wait_until(self._healthy, started + self._start_timeout, f"{self.url}/health answering 200")
+        server.wait_until(self._healthy, self._start_timeout, f"200 from {self.url}/health")
         self.ready_s = time.monotonic() - started
         server.ready()
 
@@ -234,6 +235,11 @@ class ServedEngine:
         if self._server is None:
             return None
         server = self._server
-        shutdown = server.close(lambda: os.kill(server.pid, signal.SIGTERM), timeout)
+
+        def terminate() -> None:
+            with contextlib.suppress(ProcessLookupError):  # it exited since close looked
+                os.kill(server.pid, signal.SIGTERM)
+
+        shutdown = server.close(terminate, timeout)
         shutil.rmtree(self.prometheus_folder, ignore_errors=True)
         return shutdown

@@ -148,14 +148,15 @@ class EngineProcess:
         self.shutdown = Shutdown(status, lingering, left, scratch)
         return self.shutdown
 
-    def wait_until(self, ready: Callable[[], bool], deadline: float, what: str) -> None:
-        """Poll ``ready()`` every 0.2 s until it is true; :class:`EngineError` (the session killed) if the
-        process exits first or ``time.monotonic()`` passes ``deadline``."""
+    def wait_until(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
+        """Poll ``ready()`` every 0.2 s until it is true; :class:`EngineError` naming ``what`` (the session
+        killed) if the process exits first or ``timeout`` seconds pass."""
+        deadline = time.monotonic() + timeout
         while not ready():
             self.check_alive(f"while waiting for {what}")
             if time.monotonic() > deadline:
                 self.kill()
-                raise EngineError(f"{what} did not happen within the deadline{self.tail()}")
+                raise EngineError(f"no {what} within {timeout:.0f} s{self.tail()}")
             time.sleep(0.2)
 
 
