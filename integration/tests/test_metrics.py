@@ -77,12 +77,12 @@ def test_a_scrape_of_a_serving_world_equals_its_events_file(tmp_path, monkeypatc
     model = reports[0]["model"]
 
     def value(name: str, **labels: str) -> float:
-        return scrape[(name, tuple(sorted({"model": model, **labels}.items())))]
+        return scrape[(name, tuple(sorted({"model_name": model, **labels}.items())))]
 
     # Every series of METRICS, no other, exists for this model (ranks 0 and 1 where labelled by rank).
     want = set()
     for name, _, labels, _ in METRICS:
-        values = {"model": [model], "rank": ["0", "1"], "kind": ["died", "stalled"],
+        values = {"model_name": [model], "rank": ["0", "1"], "kind": ["died", "stalled"],
                   "check": ["fingerprints", "lookups"],
                   "reason": ["balanced", "min_gain", "no_load"]}  # fmt: skip
         combos = [{}]
@@ -209,3 +209,29 @@ def test_each_rearrangement_record_counts_once_by_its_skip_reason_or_as_complete
     assert [b - a for a, b in zip(start, values(), strict=True)] == [1, 2, 1, 1, 7]
     # Only the completed one sets the planned balancedness (a min_gain skip's plan did not serve).
     assert series["ascend_eplb_rearrangement_balancedness_planned"].labels(model)._value.get() == 0.75
+
+
+def test_series_carry_the_served_name_as_model_name_and_a_draft_its_suffix(tmp_path, monkeypatch):
+    """vLLM's own series label the served name (``--served-model-name``) ``model_name``; ours follow, the
+    draft upstream registers beside the target (``"<model> (draft)"``) with the suffix kept."""
+    from prometheus_client import values as prometheus_values
+
+    from ascend_eplb.integration.events import CommitRecord, EventsRecord
+    from ascend_eplb.integration.prometheus import PrometheusMetrics, _families
+
+    if prometheus_values.ValueClass is not prometheus_values.MutexValue:
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))  # as in the test above
+    metrics = PrometheusMetrics("unit-served")
+    metrics._rank = 1
+    received = _families()["ascend_eplb_bytes_received_total"]
+    before = [received.labels(name, "1")._value.get() for name in ("unit-served", "unit-served (draft)")]
+    for model, nbytes in (("/ckpt/unit", 64), ("/ckpt/unit (draft)", 8), ("/ckpt/unit", 1)):
+        record = CommitRecord(
+            time=0.0, step=1, model=model, rearrangement=1, layer=0, publish_to_acknowledge_s=None,
+            bytes_received=nbytes,
+        )  # fmt: skip
+        metrics._on_record(EventsRecord(record))
+    after = [received.labels(name, "1")._value.get() for name in ("unit-served", "unit-served (draft)")]
+    assert [b - a for a, b in zip(before, after, strict=True)] == [65, 8]
+    # The checkpoint path labels nothing.
+    assert received.labels("/ckpt/unit", "1")._value.get() == 0

@@ -99,14 +99,15 @@ def test_metrics_writes_the_scrape_of_the_run_beside_the_report(tmp_path, capsys
     # One rearrangement record per closed window; the skipped ones (a window without load) say so.
     done = sum(e["event"] == "rearrangement" and e["skipped"] is None for e in events)
     assert done == report["rearrangements_completed"] >= 2
-    by_model = (("model", model),)
+    by_model = (("model_name", model),)
     assert scrape[("ascend_eplb_rearrangements_started_total", by_model)] == kinds.count("window")
     assert scrape[("ascend_eplb_rearrangements_completed_total", by_model)] == done
     assert scrape[("ascend_eplb_layers_committed_total", by_model)] == report["layers_committed"]
     last_window = [e for e in events if e["event"] == "window"][-1]
     assert scrape[("ascend_eplb_window_balancedness", by_model)] == last_window["balancedness"]
     per_rank = [
-        scrape[("ascend_eplb_bytes_received_total", (("model", model), ("rank", str(r))))] for r in (0, 1)
+        scrape[("ascend_eplb_bytes_received_total", (("model_name", model), ("rank", str(r))))]
+        for r in (0, 1)
     ]
     assert per_rank[0] == sum(e["bytes_received"] for e in events if e["event"] == "commit")
     assert 0 < sum(per_rank) <= report["bytes_received"]

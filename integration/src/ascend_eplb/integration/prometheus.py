@@ -6,10 +6,12 @@ mode: each worker writes to ``PROMETHEUS_MULTIPROC_DIR`` (a writable folder in v
 sets one itself with ``--api-server-count`` > 1; one it did not create must be emptied between runs or
 counters add up), which vLLM's API server serves through ``MultiProcessCollector``. A
 :class:`PrometheusMetrics` follows the records of the controller's ``EventsRecorder``, so a scrape and the
-events file agree. Series (:data:`METRICS`) are labelled ``model`` and, where the value differs per rank,
-``rank``; ``kind``, ``check`` and ``reason`` take the watchdog's, verifier's and gate's few values (bounded
-by models x EP ranks). Rank-equal values are written by EP rank 0; every series exists from registration
-(counters at 0); gauges keep the most recent value (``multiprocess_mode="mostrecent"``, no ``pid`` label).
+events file agree. Series (:data:`METRICS`) are labelled ``model_name`` as vLLM's own series are (the
+served name, ``--served-model-name``; a draft's with upstream's `` (draft)`` suffix) and, where the value
+differs per rank, ``rank``; ``kind``, ``check`` and ``reason`` take the watchdog's, verifier's and gate's few
+values (bounded by models x EP ranks). Rank-equal values are written by EP rank 0; every series exists from
+registration (counters at 0); gauges keep the most recent value (``multiprocess_mode="mostrecent"``, no
+``pid`` label).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from ascend_eplb.control.bus import RegistrationEvent
 from ascend_eplb.control.policy_config import SKIP_REASONS
+from ascend_eplb.integration.model_names import DRAFT_SUFFIX, is_draft
 from ascend_eplb.integration.switches import env_flag
 
 __all__ = ["ENV_METRICS", "ENV_MULTIPROC_DIR", "METRICS", "PrometheusMetrics", "metrics_requested"]
@@ -31,39 +34,39 @@ ENV_MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 #: Every series: ``(name as scraped, type, labels, what it counts)``.
 METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
-    ("ascend_eplb_window_balancedness", "gauge", ("model",),
+    ("ascend_eplb_window_balancedness", "gauge", ("model_name",),
      "Balancedness (mean rank load / max rank load per MoE layer, averaged over layers) of the last closed "
      "load window under the placement in force when it closed"),
-    ("ascend_eplb_window_balancedness_eplb_off", "gauge", ("model",),
+    ("ascend_eplb_window_balancedness_eplb_off", "gauge", ("model_name",),
      "Balancedness of the same window's load under upstream's initial placement (EPLB off)"),
-    ("ascend_eplb_rearrangement_balancedness_planned", "gauge", ("model",),
+    ("ascend_eplb_rearrangement_balancedness_planned", "gauge", ("model_name",),
      "Balancedness the last rearrangement that moved experts planned: its window's load under the policy's "
      "placement"),
-    ("ascend_eplb_rearrangement_balancedness_planned_on_estimate", "gauge", ("model",),
+    ("ascend_eplb_rearrangement_balancedness_planned_on_estimate", "gauge", ("model_name",),
      "The same placement's balancedness on the load estimate it was planned on (only with "
      "load_estimate=pooled)"),
-    ("ascend_eplb_rearrangement_balancedness_realised", "gauge", ("model",),
+    ("ascend_eplb_rearrangement_balancedness_realised", "gauge", ("model_name",),
      "Balancedness the placement in force realised: the mean, over the windows closed under it since it "
      "was committed, of each window's load under it"),
-    ("ascend_eplb_rearrangements_started_total", "counter", ("model",),
+    ("ascend_eplb_rearrangements_started_total", "counter", ("model_name",),
      "Rearrangements started: load windows handed to upstream's policy"),
-    ("ascend_eplb_rearrangements_completed_total", "counter", ("model",),
+    ("ascend_eplb_rearrangements_completed_total", "counter", ("model_name",),
      "Rearrangements whose last MoE layer committed a planned placement (not skipped)"),
-    ("ascend_eplb_rearrangements_skipped_total", "counter", ("model", "reason"),
+    ("ascend_eplb_rearrangements_skipped_total", "counter", ("model_name", "reason"),
      "Windows closed without moving an expert, by reason: balanced (target_balancedness reached), min_gain "
      "(the policy's placement gains less than min_balancedness_gain), no_load (no EP rank recorded load)"),
-    ("ascend_eplb_layers_committed_total", "counter", ("model",), "MoE layer placements committed"),
-    ("ascend_eplb_experts_moved_total", "counter", ("model",),
+    ("ascend_eplb_layers_committed_total", "counter", ("model_name",), "MoE layer placements committed"),
+    ("ascend_eplb_experts_moved_total", "counter", ("model_name",),
      "Expert weights that crossed ranks, over completed rearrangements"),
-    ("ascend_eplb_bytes_received_total", "counter", ("model", "rank"),
+    ("ascend_eplb_bytes_received_total", "counter", ("model_name", "rank"),
      "Expert weight bytes this EP rank received in rearrangements"),
-    ("ascend_eplb_commit_publish_to_acknowledge_seconds", "gauge", ("model", "rank"),
+    ("ascend_eplb_commit_publish_to_acknowledge_seconds", "gauge", ("model_name", "rank"),
      "Last layer commit on this EP rank: seconds from the step boundary that saw the layer published (or "
      "its move) to the acknowledgement of the staging buffer"),
-    ("ascend_eplb_worker_failures_total", "counter", ("model", "kind"),
+    ("ascend_eplb_worker_failures_total", "counter", ("model_name", "kind"),
      "Async EPLB worker failures the watchdog decided (kind: died, stalled), each counted for every model "
      "of the worker: it stops EPLB for all of them"),
-    ("ascend_eplb_verifier_violations_total", "counter", ("model", "check"),
+    ("ascend_eplb_verifier_violations_total", "counter", ("model_name", "check"),
      "Serving verifier violations (ASCEND_EPLB_VERIFY=1) by check (fingerprints, lookups)"),
 )  # fmt: skip
 _FAILURE_KINDS = ("died", "stalled")
@@ -139,13 +142,25 @@ def _families() -> dict[str, Any]:
 class PrometheusMetrics:
     """The series of :data:`METRICS` for one controller's models, from its events recorder's records.
 
+    Args:
+        served_model_name: vLLM's ``model_config.served_model_name`` (what vLLM's own series carry as
+            ``model_name``): the target's ``model_name`` label, a draft's with `` (draft)`` appended; None
+            (a world without a model config): upstream's name of each model (``EplbModelState.model_name``).
+
     Use :meth:`attach` (``create_eplb_controller`` does when :func:`metrics_requested`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, served_model_name: str | None = None) -> None:
         self._rank: int | None = None
-        self._models: list[str] = []
+        self._served = served_model_name
+        self._labels: dict[str, str] = {}  # upstream's model name -> its model_name label
         self._series = _families()
+
+    def _label(self, model: str) -> str:
+        """The ``model_name`` label of the model upstream names ``model``."""
+        if self._served is None:
+            return model
+        return self._served + DRAFT_SUFFIX if is_draft(model) else self._served
 
     def attach(self, bus: Any) -> None:
         """Subscribe to a controller's event bus (control's ``AscendEPLBController.bus``, once, when the
@@ -162,8 +177,8 @@ class PrometheusMetrics:
         from vllm.distributed.parallel_state import get_ep_group
 
         self._rank = get_ep_group().rank_in_group
-        name = event.controller.state.model_states[event.model_config.compute_hash()].model_name
-        self._models.append(name)
+        upstream_name = event.controller.state.model_states[event.model_config.compute_hash()].model_name
+        self._labels[upstream_name] = name = self._label(upstream_name)
         s = self._series
         rank = str(self._rank)
         s["ascend_eplb_bytes_received_total"].labels(name, rank)
@@ -172,7 +187,7 @@ class PrometheusMetrics:
             return
         estimating = event.controller.state.policy_settings.estimating
         for metric, _, labels, _ in METRICS:
-            if labels == ("model",) and (estimating or metric != _PLANNED_ON_ESTIMATE):
+            if labels == ("model_name",) and (estimating or metric != _PLANNED_ON_ESTIMATE):
                 s[metric].labels(name)
         for kind in _FAILURE_KINDS:
             s["ascend_eplb_worker_failures_total"].labels(name, kind)
@@ -185,7 +200,8 @@ class PrometheusMetrics:
 
     def _on_record(self, published: Any) -> None:
         record = published.record  # an ascend_eplb.integration.events.Record
-        s, event, model = self._series, record.event, record.model
+        s, event = self._series, record.event
+        model = None if record.model is None else self._label(record.model)
         if event == "commit":
             rank = str(self._rank)
             s["ascend_eplb_bytes_received_total"].labels(model, rank).inc(record.bytes_received)
@@ -214,8 +230,8 @@ class PrometheusMetrics:
                 record.balancedness_realised_mean
             )
         elif event == "worker_failure":
-            for name in self._models:  # it stops EPLB for every model of the worker
+            for name in self._labels.values():  # it stops EPLB for every model of the worker
                 s["ascend_eplb_worker_failures_total"].labels(name, record.kind).inc()
         elif event == "verifier_violation":
-            for name in [model] if model is not None else self._models:
+            for name in [model] if model is not None else self._labels.values():
                 s["ascend_eplb_verifier_violations_total"].labels(name, record.check).inc()

@@ -51,6 +51,9 @@ class ServingSetup:
             upstream's name of the model (``{model_name: placement_file.Placement}``, the file's
             placements assigned by ``placement_file.assign_placements`` and judged by the
             ``initial-placement`` rule), or None.
+        served_model_name: vLLM's ``model_config.served_model_name`` (``--served-model-name``, else the
+            model), the ``model_name`` label of the metrics as of vLLM's own series; None without a model
+            config.
     """
 
     settings: Any
@@ -60,6 +63,7 @@ class ServingSetup:
     events: str | None
     metrics: bool = False
     initial_placement: Any = None
+    served_model_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -116,8 +120,16 @@ def read_serving_setup(vllm_config: Any) -> ServingSetup:
     if settings.initial_placement is not None:
         placements = read_placements(settings.initial_placement, settings.served_models)
         placement, _ = assign_placements(placements, settings.served_models or ())
+    served = getattr(getattr(vllm_config, "model_config", None), "served_model_name", None)
     return ServingSetup(
-        settings, timeout_s, on_failure, values["verify"], values["events"], values["metrics"], placement
+        settings,
+        timeout_s,
+        on_failure,
+        values["verify"],
+        values["events"],
+        values["metrics"],
+        placement,
+        served,
     )
 
 
@@ -210,7 +222,7 @@ def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSe
         if setup.metrics:
             from ascend_eplb.integration.prometheus import PrometheusMetrics
 
-            metrics = PrometheusMetrics()
+            metrics = PrometheusMetrics(setup.served_model_name)
             metrics.attach(bus)
     if setup.initial_placement is not None:
         # After the guardrails: the verifier fingerprints the loaded slots first and checks the install.

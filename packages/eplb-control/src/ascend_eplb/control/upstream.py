@@ -761,7 +761,22 @@ ATTRIBUTES: tuple[Attribute, ...] = (
             ("communicator", "movement's `cumulative_stats`: the bytes the install received (its log line)"),
         )
     ),
-    Attribute(_STATE, _MODEL_STATE, "model_name", "reads", (PROMETHEUS,), "the `model` label"),
+    Attribute(
+        _STATE,
+        _MODEL_STATE,
+        "model_name",
+        "reads",
+        (PROMETHEUS,),
+        "whose series a record is (a draft's: suffixed)",
+    ),
+    Attribute(
+        "vllm.config.model",
+        "ModelConfig",
+        "served_model_name",
+        "reads",
+        (PROMETHEUS,),
+        "the `model_name` label (vLLM's own series carry it)",
+    ),
     Attribute(
         _STATE,
         _MODEL_STATE,

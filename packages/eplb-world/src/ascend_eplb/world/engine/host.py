@@ -10,11 +10,8 @@ world's folder: generate (vLLM's ``LLM.generate``), run a function on every work
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
-import shutil
-import subprocess
 import sys
 import time
 import traceback
@@ -24,18 +21,13 @@ from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import Any
 
-from ascend_eplb.world.engine.environment import engine_environment
+from ascend_eplb.world.engine.session import EngineError, EngineProcess, Shutdown
 from ascend_eplb.world.engine.spec import EngineSpec, EplbSpec
 
 __all__ = ["Completion", "EngineError", "EngineWorld", "Shutdown"]
 
 _SOCKET = "engine.sock"
 _LOG = "engine.log"
-
-
-class EngineError(RuntimeError):
-    """The engine host failed: it did not start, a request raised, it died or missed its deadline. The
-    message carries the host's traceback (or exit status) and the tail of its log."""
 
 
 @dataclass(frozen=True)
@@ -49,19 +41,6 @@ class Completion:
     logprobs: tuple[Mapping[int, float], ...]
     ttft_s: float | None = None
     tpot_s: float | None = None
-
-
-@dataclass(frozen=True)
-class Shutdown:
-    """How an engine host ended (:meth:`EngineWorld.close`): its exit ``status``, the ``lingering``
-    processes of its session (vLLM's engine core, workers, resource tracker) still alive 10 s after it
-    exited (then killed), the ``shared_memory`` segments its processes had mapped that still exist, and the
-    ``scratch`` entries vLLM left in the host's own ``TMPDIR`` (removed with it)."""
-
-    status: int | None
-    lingering: tuple[str, ...]
-    shared_memory: tuple[str, ...]
-    scratch: tuple[str, ...]
 
 
 def _function_name(fn: Callable[..., Any]) -> str:
@@ -108,20 +87,23 @@ class EngineWorld:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._env = dict(env or {})
         self._start_timeout = start_timeout
-        self._process: subprocess.Popen[bytes] | None = None
+        self._host: EngineProcess | None = None
         self._conn: Connection | None = None
-        self._descendants: list[Any] = []
         self.ready: dict[str, Any] = {}
-        self.shutdown: Shutdown | None = None
 
     @property
     def pid(self) -> int:
-        assert self._process is not None, "the engine host is not started"
-        return self._process.pid
+        assert self._host is not None, "the engine host is not started"
+        return self._host.pid
 
     @property
     def log_path(self) -> Path:
         return self.folder / _LOG
+
+    @property
+    def shutdown(self) -> Shutdown | None:
+        """The :class:`Shutdown` record once :meth:`close` ran."""
+        return None if self._host is None else self._host.shutdown
 
     def __enter__(self) -> EngineWorld:
         self.start()
@@ -138,37 +120,21 @@ class EngineWorld:
         """
         address = str(self.folder / _SOCKET)
         authkey = secrets.token_hex(16)
-        tmp = self.folder / "tmp"
-        tmp.mkdir(exist_ok=True)
-        extra = {"TMPDIR": str(tmp), **self._env}
-        if self.spec.eplb is not None:
-            extra.setdefault("ASCEND_EPLB", "1")
-        if self.spec.eager:
-            extra.setdefault("TORCHDYNAMO_DISABLE", "1")
-        env = engine_environment(**extra)
-        with open(self.log_path, "ab") as log:
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "ascend_eplb.world.engine.host", address, authkey],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.folder,
-                start_new_session=True,
-            )
+        argv = [sys.executable, "-m", "ascend_eplb.world.engine.host", address, authkey]
+        self._host = host = EngineProcess(self.spec, self.folder, argv, env=self._env, log_name=_LOG)
+        host.start()
         deadline = time.monotonic() + self._start_timeout
-        while self._conn is None:
-            self._check_alive("while starting")
-            if time.monotonic() > deadline:
-                self.kill()
-                raise EngineError(
-                    f"the engine host did not listen within {self._start_timeout:.0f} s{self._tail()}"
-                )
+
+        def connected() -> bool:
             try:  # the socket file appears at bind(), before listen(): refused until then
                 self._conn = Client(address, authkey=authkey.encode())
             except (FileNotFoundError, ConnectionRefusedError):
-                time.sleep(0.1)
+                return False
+            return True
+
+        host.wait_until(connected, self._start_timeout, "listening engine host")
         self.ready = self._request(("start", _spec_dict(self.spec)), deadline - time.monotonic())
-        self._descendants = _descendants(self._process.pid)
+        host.ready()
 
     def generate(
         self,
@@ -180,10 +146,7 @@ class EngineWorld:
     ) -> list[Completion]:
         """Greedy completions of ``prompts`` (token ids) through vLLM's ``LLM.generate``, in order."""
         raw = self._request(("generate", [list(p) for p in prompts], max_tokens, logprobs), timeout)
-        return [
-            Completion(tuple(ids), tuple(dict(step) for step in lps), ttft, tpot)
-            for ids, lps, ttft, tpot in raw
-        ]
+        return [Completion(tuple(ids), tuple(map(dict, lps)), ttft, tpot) for ids, lps, ttft, tpot in raw]
 
     def run_on_workers(self, fn: Callable[..., Any], *args: Any, timeout: float = 300.0) -> list[Any]:
         """``fn(worker, *args)`` on every worker (vLLM's ``collective_rpc``), one result per worker in rank
@@ -197,51 +160,26 @@ class EngineWorld:
         Returns:
             the :class:`Shutdown` record (also :attr:`shutdown`); None if the host was never started.
         """
-        if self._process is None or self.shutdown is not None:
-            return self.shutdown
-        mapped = _shared_memory([*_descendants(self._process.pid), *self._descendants])
-        try:
-            if self._conn is not None and self._process.poll() is None:
-                self._request(("close",), timeout)
-        except EngineError:
-            self.kill()
-        finally:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-        try:
-            status = self._process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            status = self._process.wait()
-        lingering = _reap(self._descendants, 10.0)
-        tmp = self.folder / "tmp"
-        scratch = tuple(sorted(p.name for p in tmp.iterdir())) if tmp.is_dir() else ()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if self._host is None:
+            return None
+
+        def stop() -> None:
+            try:
+                if self._conn is not None:
+                    self._request(("close",), timeout)
+            finally:
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+
+        shutdown = self._host.close(stop, timeout)
         Path(self.folder / _SOCKET).unlink(missing_ok=True)
-        left = tuple(sorted(name for name in mapped if Path(name).exists()))
-        self.shutdown = Shutdown(status, lingering, left, scratch)
-        return self.shutdown
+        return shutdown
 
     def kill(self) -> None:
         """SIGKILL the host's whole session (the host, vLLM's engine core and workers)."""
-        if self._process is not None and self._process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self._process.pid, 9)
-            self._process.wait()
-
-    def _check_alive(self, when: str) -> None:
-        assert self._process is not None
-        status = self._process.poll()
-        if status is not None:
-            raise EngineError(f"the engine host exited with status {status} {when}{self._tail()}")
-
-    def _tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
-        except OSError:
-            return ""
-        return "\n--- the last lines of " + str(self.log_path) + " ---\n" + "\n".join(text)
+        if self._host is not None:
+            self._host.kill()
 
     def _request(self, message: tuple[Any, ...], timeout: float) -> Any:
         if self._conn is None:
@@ -249,55 +187,18 @@ class EngineWorld:
         self._conn.send(message)
         deadline = time.monotonic() + max(timeout, 0.0)
         while not self._conn.poll(0.2):
-            self._check_alive(f"during {message[0]!r}")
+            self._host.check_alive(f"during {message[0]!r}")
             if time.monotonic() > deadline:
                 self.kill()
-                raise EngineError(f"{message[0]!r} did not answer within {timeout:.0f} s{self._tail()}")
+                raise EngineError(f"{message[0]!r} did not answer within {timeout:.0f} s{self._host.tail()}")
         try:
             status, value = self._conn.recv()
         except EOFError:
-            self._check_alive(f"during {message[0]!r}")
+            self._host.check_alive(f"during {message[0]!r}")
             raise EngineError(f"the engine host closed its connection during {message[0]!r}") from None
         if status != "ok":
-            raise EngineError(f"{message[0]!r} raised in the engine host:\n{value}{self._tail(15)}")
+            raise EngineError(f"{message[0]!r} raised in the engine host:\n{value}{self._host.tail(15)}")
         return value
-
-
-def _descendants(pid: int) -> list[Any]:
-    import psutil
-
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
-def _shared_memory(processes: list[Any]) -> set[str]:
-    """The ``/dev/shm`` segments ``processes`` (psutil) have mapped now."""
-    import psutil
-
-    out = set()
-    for process in processes:
-        try:
-            out |= {m.path for m in process.memory_maps() if m.path.startswith("/dev/shm/")}
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return out
-
-
-def _reap(processes: list[Any], timeout: float) -> tuple[str, ...]:
-    """Wait up to ``timeout`` s for ``processes`` (psutil) to exit; kill those still alive and name them."""
-    import psutil
-
-    _, alive = psutil.wait_procs(processes, timeout=timeout)
-    names = []
-    for process in alive:
-        try:
-            names.append(f"{process.pid} {process.name()}")
-            process.kill()
-        except psutil.NoSuchProcess:
-            continue
-    return tuple(names)
 
 
 def _spec_dict(spec: EngineSpec) -> dict[str, Any]:
