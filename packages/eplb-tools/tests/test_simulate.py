@@ -94,7 +94,8 @@ def test_metrics_writes_the_scrape_of_the_run_beside_the_report(tmp_path, capsys
         for sample in family.samples
     }
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
-    (model,) = {e["model"] for e in events}
+    assert events[0]["event"] == "run_start"  # the server's first record
+    (model,) = {e["model"] for e in events[1:]}
     kinds = [e["event"] for e in events]
     # One rearrangement record per closed window; the skipped ones (a window without load) say so.
     done = sum(e["event"] == "rearrangement" and e["skipped"] is None for e in events)
