@@ -197,7 +197,7 @@ def test_a_bad_verify_or_events_switch_is_refused_not_ignored(tmp_path):
     # Issue 43 case 11: permission bits say nothing of /sys and /proc, where root "may write" but nothing
     # can be created; judged with os.access, both passed check as root.
     for path, folder in (("/sys/ev.jsonl", "/sys"), ("/proc/nope/ev.jsonl", "/proc")):
-        with pytest.raises(ValueError) as info:
+        with pytest.raises(ValueError, match="nothing can be created") as info:
             events_path({"ASCEND_EPLB_EVENTS": path})
         said = str(info.value)
         assert said.startswith(f"ASCEND_EPLB_EVENTS={path}: nothing can be created in {folder} ("), said

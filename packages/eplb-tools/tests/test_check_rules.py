@@ -1091,7 +1091,8 @@ def test_a_typo_of_the_plugin_switch_and_odd_events_paths_are_refused_with_the_o
     ]
     under_a_file = {"ASCEND_EPLB_EVENTS": f"{a_file}/events.jsonl"}
     assert [v.message for v in _check(tmp_path, BASE, environ=under_a_file).violations] == [
-        f"ASCEND_EPLB_EVENTS={a_file}/events.jsonl: {a_file} is not a writable folder (it is a file)"
+        f"ASCEND_EPLB_EVENTS={a_file}/events.jsonl: {a_file} is a file, not a folder; name an events file in "
+        "a writable folder"
     ]
     from ascend_eplb.integration import plugin, switches
     from ascend_eplb.integration.events import events_path

@@ -551,8 +551,11 @@ def test_plan_refuses_what_it_cannot_plan_or_write_before_planning(tmp_path, cap
     assert cli.main(["plan", str(load), "--ranks", "2", "--redundant-experts", "100000000"]) == 2
     assert "redundant experts=100000000: must be <= 1023 x E = 4092" in capsys.readouterr().err
     for target, why in [
-        (tmp_path / "missing" / "map.json", f"the folder {tmp_path / 'missing'} does not exist"),
-        (tmp_path, "is a folder, give a .json file path"),
+        (
+            tmp_path / "missing" / "map.json",
+            f"the folder {tmp_path / 'missing'} does not exist; fix: create it first",
+        ),
+        (tmp_path, "is a folder, not a file to write; fix: name the file, not its folder"),
     ]:
         assert cli.main(["plan", str(load), "--ranks", "2", "--export-expert-map", str(target)]) == 2
         assert f"export expert map={target}: {why}" in capsys.readouterr().err

@@ -249,7 +249,7 @@ def test_plan_never_writes_over_what_it_reads_and_judges_every_option_it_is_give
     model.mkdir()
     (model / "config.json").write_text(json.dumps({**QWEN, "moe_intermediate_size": 32}))
     plan = ["plan", str(load), "--ranks", "2"]
-    overwrite = "writing the placement would destroy it: give another file"
+    overwrite = "writing it would destroy that input; fix: write to another file"
     formats = (
         "supported: bf16, fp16, w8a8_dynamic, w4a8_dynamic, mxfp8, mxfp4; known but rejected: w4a16, "
         "w4a16_mxfp4, w4a8_mxfp4"
@@ -257,11 +257,11 @@ def test_plan_never_writes_over_what_it_reads_and_judges_every_option_it_is_give
     after_dashes = "after -- comes a vllm serve command line (serve MODEL [options], as after 'vllm'), got"
     cases = [
         ([*plan, "--export-expert-map", str(load)],
-         [f"ascend-eplb plan: error: export expert map={load}: is the file the load reads ({load}); "
+         [f"ascend-eplb plan: error: export expert map={load}: is the file the load reads ({load}): "
           f"{overwrite}"]),
         ([*plan, "--model-config", str(model), "--export-expert-map", str(model / "config.json")],
          [f"ascend-eplb plan: error: export expert map={model / 'config.json'}: is the file --model-config "
-          f"reads ({model / 'config.json'}); {overwrite}"]),
+          f"reads ({model / 'config.json'}): {overwrite}"]),
         ([*plan, "--export-expert-map", f"{tmp_path}/out/"],
          _hint("plan", f"argument --export-expert-map: '{tmp_path}/out/': ends with '/', a folder; name the "
                        "file to write")),
@@ -407,7 +407,7 @@ def test_a_stray_comma_a_file_in_the_way_and_a_folders_own_format_are_named_as_w
           "nothing can be written under it"]),
         ([*plan, "--export-expert-map", f"{tmp_path}/missing/map.json"],
          [f"ascend-eplb plan: error: export expert map={tmp_path}/missing/map.json: the folder "
-          f"{tmp_path}/missing does not exist"]),
+          f"{tmp_path}/missing does not exist; fix: create it first"]),
         (["simulate", "--model", f64, "--out", out],
          _options(f"model={f64}: its experts are float64 (its quant_model_description.json or dtype, as "
                   "start-up reads it), a format simulate cannot serve: it must be float32 or a format EPLB "
@@ -445,3 +445,42 @@ def test_the_cache_variable_empty_is_unset_and_a_file_or_unreachable_path_is_ref
         )) + "\n"]]  # fmt: skip
         assert probed["vllm"] is False
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing written
+
+
+def test_simulate_never_starts_from_an_output_it_would_remove_first(tmp_path):
+    """Issue 43 case 3: ``simulate --initial-placement OUT/events.jsonl --out OUT`` (starting from the last
+    run's recording): validation read it, the run emptied OUT, the ranks refused "no such file", and the
+    recording was gone. Any input that is one of the run's outputs (or a link to one) is refused before
+    anything changes, the file and the folder as they were."""
+    from ascend_eplb.tools.simulate import driver
+    from ascend_eplb.tools.simulate.config import RUN_OUTPUTS
+
+    assert driver._OUTPUTS == RUN_OUTPUTS  # the driver's outputs are the ones judged here
+    out = tmp_path / "out"
+    out.mkdir()
+    recorded = out / "events.jsonl"
+    window = {"event": "window", "time": 0.0, "step": 3, "model": "m", "rearrangement": 1,
+              "load": [[5, 1, 1, 1]], "balancedness": 1.0, "balancedness_eplb_off": 1.0}  # fmt: skip
+    recorded.write_text(json.dumps(window) + "\n")
+    (out / "report.json").write_text("{}")
+    link = tmp_path / "last.jsonl"
+    link.symlink_to(recorded)
+    for given, flag in (
+        (recorded, "--initial-placement"),
+        (link, "--initial-placement"),
+        (recorded, "--trace"),
+    ):
+        code, err = _probe([["simulate", "--model", "replay", flag, str(given), "--out", str(out)]])[
+            "results"
+        ][0]
+        name = flag.removeprefix("--").replace("-", " ")
+        copy = tmp_path / "last-events.jsonl"
+        line = (
+            f"  - {name}={given}: is {recorded}, an output of this run, which removes it before its ranks "
+            f"start and writes its own; fix: copy it out of --out first (e.g. cp {recorded} {copy}) and name "
+            "the copy, or give another --out"
+        )
+        assert code == 2
+        assert line in err.splitlines(), err
+    assert recorded.read_text() == json.dumps(window) + "\n"
+    assert sorted(p.name for p in out.iterdir()) == ["events.jsonl", "report.json"]

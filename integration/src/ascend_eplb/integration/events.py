@@ -1080,7 +1080,9 @@ class RecordedLoad:
     note: str = ""
 
 
-def read_events(path: str | os.PathLike[str], *, stacklevel: int = 2, text: str | None = None) -> EventsFile:
+def read_events(
+    path: str | os.PathLike[str], *, stacklevel: int = 2, text: str | bytes | None = None
+) -> EventsFile:
     """Every record of an events file, each through its :data:`RECORD_KINDS` class, split into runs.
 
     A run starts at each ``run_start`` record (:class:`RunStartRecord`: a server's first). The records
@@ -1091,8 +1093,9 @@ def read_events(path: str | os.PathLike[str], *, stacklevel: int = 2, text: str 
     (a later writer's kinds) are skipped.
 
     Args:
-        text: the file's text when read already (the placement reader's); else it is read
-            (:func:`~ascend_eplb.integration.regular_files.read_regular_file`, up to an events file's cap).
+        text: the file's text or bytes when read already (the placement reader's, the tools'); else it is
+            read (:func:`~ascend_eplb.integration.regular_files.read_regular_file`, up to an events file's
+            cap).
 
     Raises:
         ValueError: naming the file (and the line): missing, not a regular file (a FIFO is refused
@@ -1105,11 +1108,12 @@ def read_events(path: str | os.PathLike[str], *, stacklevel: int = 2, text: str 
     source = Path(path)
     if text is None:
         try:
-            raw = read_regular_file(source, EVENTS_FILE)
+            text = read_regular_file(source, EVENTS_FILE)
         except RegularFileError as e:
             raise ValueError(f"{source}: cannot read the events file: {e.reason}") from None
+    if isinstance(text, bytes):
         try:
-            text = raw.decode("utf-8")
+            text = text.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ValueError(f"{source}: not UTF-8 text (byte {e.start}); not an events file") from None
     lines = text.split("\n")

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_eplb.control.values import is_int
+from ascend_eplb.integration import json_text
 from ascend_eplb.integration.model_names import is_draft
 from ascend_eplb.integration.regular_files import (
     EVENTS_FILE,
@@ -325,7 +326,8 @@ def read_placements(
     try:
         raw = read_regular_file(source, _PLACEMENT_OR_EVENTS)
     except RegularFileError as e:
-        raise PlacementFileError(source, [f"cannot read the placement file: {e.reason}"]) from None
+        # The problem alone: every caller names its own fix (the rule's, simulate's option).
+        raise PlacementFileError(source, [f"cannot read the placement file: {e.problem}"]) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -335,8 +337,8 @@ def read_placements(
     if _is_events_file(text):
         return _from_events(source, text, served)
     try:
-        data = json.loads(text, object_pairs_hook=_unique_keys)
-    except _DuplicateKeyError as e:
+        data = json_text.loads(text)
+    except json_text.DuplicateKeyError as e:
         raise PlacementFileError(source, [f"the key {e.key!r} is given twice in one JSON object"]) from None
     except json.JSONDecodeError as e:
         # The decoder stopped at the end of the text, or in a string that runs to it: the file ends early.
@@ -348,22 +350,6 @@ def read_placements(
     except RecursionError:
         raise PlacementFileError(source, ["not a placement file (JSON nested too deeply)"]) from None
     return _from_document(data, source)
-
-
-class _DuplicateKeyError(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json.loads``' object hook: the object, refusing a key given twice (the last would win)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKeyError(key)
-        out[key] = value
-    return out
 
 
 #: The keys of a version-1 document, of a version-2 document and of its ``models`` entry, of a

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 __all__ = [
+    "MAX_INPUT_MIB_HELP",
     "file_path",
     "int_list",
     "load_estimate_list",
@@ -23,6 +24,14 @@ __all__ = [
     "positive_int",
     "target_balancedness",
 ]
+
+
+#: ``--max-input-mib``'s help (``plan``, ``check``, ``simulate``).
+MAX_INPUT_MIB_HELP = (
+    "read input files of up to N MiB (default: each kind's own cap: config files 16, placement files 64, "
+    "events files and load matrices 256, routing traces 1024; a soak's events file may need more); sets "
+    "ASCEND_EPLB_MAX_INPUT_MIB for the processes the command starts"
+)
 
 
 def _int_at_least(minimum: int, value: str) -> int:

@@ -24,6 +24,7 @@ import torch
 
 from ascend_eplb.integration.events import RecordedLoad
 from ascend_eplb.integration.placement_file import write_placements
+from ascend_eplb.integration.regular_files import writable_file_problem
 from ascend_eplb.quant_views import get_format
 from ascend_eplb.tools.costs import ModelSize, estimate_costs, format_bytes, read_model_size
 from ascend_eplb.tools.plan import (
@@ -83,6 +84,7 @@ class SweepRequest:
         num_ranks: planned for; ``margin``: of the recommendation.
         size: the model's sizes for the costs (None: no costs); quant_format, link_gbps: of the costs.
         export: the placement file to write, of every model (None: none); json: print JSON.
+        inputs: ``(option, path)`` of the files the command reads, which the export never writes.
     """
 
     source: Path
@@ -95,6 +97,7 @@ class SweepRequest:
     link_gbps: float
     export: Path | None
     json: bool
+    inputs: tuple[tuple[str, Path | None], ...] = ()
 
     @property
     def named(self) -> bool:
@@ -221,12 +224,14 @@ def _sweep_request(args: argparse.Namespace) -> SweepRequest:
         size = read_model_size(args.model_config)
         get_format(args.quant_format).check_sizes(size.hidden_size, size.moe_intermediate_size)
     if args.export_expert_map is not None:
-        inputs = [("the load", args.load), ("--model-config", args.model_config)]
-        _check_writable_file("export expert map", args.export_expert_map, inputs)
+        # Judged now, by the one writer's rules, before anything is planned; judged again as it writes.
+        problem = writable_file_problem(args.export_expert_map, _inputs(args))
+        if problem is not None:
+            raise ValueError(f"export expert map={problem.path}: {problem.reason}")
     return SweepRequest(
         source=args.load, models=tuple(models), last=args.last, num_ranks=args.ranks, margin=margin,
         size=size, quant_format=args.quant_format, link_gbps=args.link_gbps, export=args.export_expert_map,
-        json=args.json,
+        json=args.json, inputs=_inputs(args),
     )  # fmt: skip
 
 
@@ -254,32 +259,10 @@ def _model_sweep(args: argparse.Namespace, events: RecordedLoad | None) -> Model
     return ModelSweep(model, load, nodes, groups, levels, export_level)
 
 
-def _check_writable_file(what: str, path: Path, inputs: list[tuple[str, Path | None]]) -> None:
-    """``ValueError`` unless ``path`` names a file that can be written in an existing folder and is none
-    of ``inputs`` (``(option, path)`` of the files the command reads; a folder stands for its
-    ``config.json``): ``plan events.jsonl --export-expert-map events.jsonl`` overwrote the recorded
-    events with the placement."""
-    if str(path) in ("", ".") or path.is_dir():
-        raise ValueError(f"{what}={path}: is a folder, give a .json file path")
-    for option, given in inputs:
-        if given is None:
-            continue
-        read = given / "config.json" if given.is_dir() else given
-        if path.exists() and read.exists() and os.path.samefile(path, read):
-            raise ValueError(
-                f"{what}={path}: is the file {option} reads ({read}); writing the placement would destroy "
-                "it: give another file"
-            )
-    parent = path.parent
-    if not parent.is_dir():
-        # The nearest part of the path that exists: a file there is in the way, not a missing folder.
-        blocker = next((p for p in path.parents if p.exists()), None)
-        if blocker is not None and not blocker.is_dir():
-            kind = "is a file, not a folder" if blocker.is_file() else "is not a folder"
-            raise ValueError(f"{what}={path}: {blocker} {kind}: nothing can be written under it")
-        raise ValueError(f"{what}={path}: the folder {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ValueError(f"{what}={path}: not writable")
+def _inputs(args: argparse.Namespace) -> tuple[tuple[str, Path | None], ...]:
+    """``(option, path)`` of the files ``plan`` reads (a folder stands for its ``config.json``):
+    ``plan events.jsonl --export-expert-map events.jsonl`` overwrote the recorded events."""
+    return (("the load", args.load), ("--model-config", args.model_config))
 
 
 def run_plan(request: SweepRequest | ComparisonRequest) -> int:
@@ -409,9 +392,9 @@ def _export(request: SweepRequest, exports: list[tuple[PlanResult, int]]) -> Non
         **(chosen[0] if not named else {"models": chosen}),
     }
     try:
-        write_placements(request.export, placements, provenance)
+        write_placements(request.export, placements, provenance, request.inputs)
     except ValueError as e:
-        raise ValueError(f"export expert map={request.export}: cannot write it ({e})") from e
+        raise ValueError(f"export expert map={e}") from None
     out = sys.stderr if request.json else sys.stdout
     if named:
         print(f"wrote {request.export}: the placements of {len(placements)} models:", file=out)

@@ -28,7 +28,7 @@ from ascend_eplb.integration.verify import CHECKS as VERIFIER_CHECKS
 from ascend_eplb.integration.watchdog import CHECK as WATCHDOG_CHECK
 from ascend_eplb.quant_views import get_format
 from ascend_eplb.tools.costs import read_model_size
-from ascend_eplb.tools.options import non_negative_int, number, path_text, positive_int
+from ascend_eplb.tools.options import MAX_INPUT_MIB_HELP, non_negative_int, number, path_text, positive_int
 from ascend_eplb.tools.simulate import resources
 from ascend_eplb.tools.simulate.models import PRESET_FORMAT, REPLAY, REPLAY_FORMAT
 from ascend_eplb.world.serving import COMPILE_BACKENDS, compilation_error, compilation_of, is_compiled
@@ -44,6 +44,7 @@ __all__ = [
     "OUTPUT_RTOL_16BIT",
     "PHASES",
     "REPLAY_ONLY",
+    "RUN_OUTPUTS",
     "SIMULATOR_CHECKS",
     "SimulateConfig",
     "add_simulate_arguments",
@@ -112,6 +113,11 @@ LINK_GBPS_HELP = (
     "link speed in Gbit/s for the time a rearrangement's transfer takes; default %(default)s (one 25GE "
     "host port per rank: the Gloo-staged movement goes through host memory and TCP)"
 )
+
+
+#: What a run writes into ``--out`` (and removes, an earlier run's, before its ranks start): the driver's
+#: outputs, which no input of the run may be (:meth:`SimulateConfig._inputs_among_outputs`).
+RUN_OUTPUTS = ("report.json", "balancedness.png", "events.jsonl", "metrics.prom")
 
 
 #: vLLM 0.33.0's ``SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS`` (vllm/config/scheduler.py), which the
@@ -313,6 +319,9 @@ class SimulateConfig:
         "inductor_compile_config; instead of --compile",
         metavar="JSON",
     )  # fmt: skip
+    max_input_mib: int | None = _option(
+        None, "--max-input-mib", MAX_INPUT_MIB_HELP, metavar="N", type=positive_int
+    )
     metrics: bool = _option(
         False, "--metrics",
         "also export the serving Prometheus metrics (ASCEND_EPLB_METRICS=1, multiprocess mode) and write "
@@ -523,6 +532,7 @@ class SimulateConfig:
         out_error = _unwritable(Path(self.out_dir)) if str(self.out_dir).strip() else None
         if out_error:
             errors.append(f"out={self.out_dir}: {out_error}")
+        errors += self._inputs_among_outputs()
         if not self.timeout_s > 0 or self.timeout_s == float("inf"):
             errors.append(f"timeout={self.timeout_s}: must be a finite number of seconds > 0")
         if not (0 < self.worker_timeout_s < float("inf")):
@@ -534,6 +544,33 @@ class SimulateConfig:
         if self.fault is not None and self.fault not in FAULTS:
             errors.append(f"fault={self.fault!r}: must be one of {FAULTS}")
         errors += _policy_errors(self)
+        return errors
+
+    def _inputs_among_outputs(self) -> list[str]:
+        """An input file that is one of the run's outputs (:data:`RUN_OUTPUTS` in ``--out``, or a link to
+        one): the run removes those before its ranks start and writes its own, so the input would be lost
+        before the ranks read it (``--initial-placement OUT/events.jsonl --out OUT``: starting from the
+        last run's recording deleted it). Refused: an input is never replaced or deleted."""
+        if not str(self.out_dir).strip():
+            return []
+        out = Path(os.path.realpath(self.out_dir))
+        errors = []
+        for name, flag in (
+            ("initial_placement", "initial placement"),
+            ("trace", "trace"),
+            ("model_config", "model config"),
+        ):
+            given = getattr(self, name)
+            if given is None or not str(given).strip():
+                continue
+            read = Path(os.path.realpath(given))  # a link to an output is that output
+            output = next((out / o for o in RUN_OUTPUTS if read == out / o), None)
+            if output is not None:
+                errors.append(
+                    f"{flag}={given}: is {output}, an output of this run, which removes it before its ranks "
+                    f"start and writes its own; fix: copy it out of --out first (e.g. cp {output} "
+                    f"{out.parent / ('last-' + output.name)}) and name the copy, or give another --out"
+                )
         return errors
 
     def _compilation_errors(self, fmt: str) -> list[str]:

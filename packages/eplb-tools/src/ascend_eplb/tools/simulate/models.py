@@ -13,7 +13,6 @@ recipes and formats: ``SIMULATE.md``, section "simulate".
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -25,6 +24,7 @@ from ascend_eplb.integration.model_facts import EXPERT_COUNT_KEYS, TOP_K_KEYS, a
 from ascend_eplb.integration.rules import moe_fact_errors
 from ascend_eplb.quant_views import FORMAT_SUPPORT
 from ascend_eplb.tools.check.model_folder import folder_formats, model_folder_facts
+from ascend_eplb.tools.files import json_object
 from ascend_eplb.tools.trace import load_trace
 from ascend_eplb.world.checkpoints import to_format
 
@@ -253,7 +253,7 @@ def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
         fmt = own
     try:
         info = world.checkpoint_info(folder)
-        max_positions = int(json.loads((folder / "config.json").read_text())["max_position_embeddings"])
+        max_positions = int(json_object(folder / "config.json")["max_position_embeddings"])
     except (ValueError, KeyError, TypeError, OSError) as e:
         raise ValueError(f"model={model}: {type(e).__name__}: {e}") from None
     return ModelSource(

@@ -28,6 +28,7 @@ from ascend_eplb.integration.events import (
     read_events,
 )
 from ascend_eplb.integration.model_names import DRAFT_SUFFIX, is_draft
+from ascend_eplb.integration.regular_files import EVENTS_FILE, read_regular_file
 from ascend_eplb.tools.costs import estimate_costs, read_model_size
 from ascend_eplb.tools.simulate.config import CHECKS, SimulateConfig
 from ascend_eplb.tools.simulate.stats import InstallSeen, OutputTolerance, RankStats
@@ -472,8 +473,9 @@ def _plan_predicted(config: SimulateConfig, draft: bool) -> float | None:
     if config.initial_placement is None:
         return None
     try:
-        provenance = json.loads(Path(config.initial_placement).read_text(encoding="utf-8")).get("source")
-    except (OSError, ValueError, AttributeError):
+        raw = read_regular_file(config.initial_placement, EVENTS_FILE)
+        provenance = json.loads(raw.decode("utf-8")).get("source")
+    except (ValueError, AttributeError):
         return None  # an events file (JSON lines), or a file without provenance
     if not isinstance(provenance, dict):
         return None
