@@ -38,6 +38,11 @@ QWEN = {
 }  # fmt: skip
 
 
+#: A whole safetensors file of no tensor (what ``safetensors.torch.save_file({})`` writes): its header
+#: alone, which the library opens.
+NO_TENSORS = b"\x08\x00\x00\x00\x00\x00\x00\x00{}      "
+
+
 def _probe(argvs: list[list[str]], **environ: str) -> dict:
     env = os.environ | {"VLLM_TARGET_DEVICE": "cpu", **environ}
     done = subprocess.run(
@@ -51,7 +56,7 @@ def _folder(root, name, **config):
     folder = root / name
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({**QWEN, **config}))
-    (folder / "model.safetensors").write_bytes(b"")  # never read: every case is refused before
+    (folder / "model.safetensors").write_bytes(NO_TENSORS)  # its tensors never read: refused before
     return str(folder)
 
 
@@ -304,7 +309,7 @@ def test_simulate_lists_a_folders_missing_weights_with_every_bad_moe_fact_at_onc
     unstated = tmp_path / "unstated"
     unstated.mkdir()
     (unstated / "config.json").write_text(json.dumps({"architectures": ["Qwen3MoeForCausalLM"]}))
-    (unstated / "model.safetensors").write_bytes(b"")
+    (unstated / "model.safetensors").write_bytes(NO_TENSORS)
     out = str(tmp_path / "out")
     probed = _probe([["simulate", "--model", str(folder), "--out", out],
                      ["simulate", "--model", str(unstated), "--out", out]])  # fmt: skip
@@ -351,7 +356,7 @@ def test_simulate_refuses_a_folder_whose_layers_or_class_it_cannot_read_naming_t
     for name, config in folders.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(config))
-        (tmp_path / name / "model.safetensors").write_bytes(b"")
+        (tmp_path / name / "model.safetensors").write_bytes(NO_TENSORS)
         argv.append(["simulate", "--model", str(tmp_path / name), "--out", str(tmp_path / "out")])
     probed = _probe(argv)
     c = {name: tmp_path / name / "config.json" for name in folders}
@@ -484,3 +489,68 @@ def test_simulate_never_starts_from_an_output_it_would_remove_first(tmp_path):
         assert line in err.splitlines(), err
     assert recorded.read_text() == json.dumps(window) + "\n"
     assert sorted(p.name for p in out.iterdir()) == ["events.jsonl", "report.json"]
+
+
+def test_simulate_judges_a_compilation_config_by_vllms_config_and_start_ups_rule_before_any_rank(tmp_path):
+    """Issue 43 case 8: these passed option validation and every rank then crashed with a traceback, 48-64 s
+    in (a pydantic error, an inductor RuntimeError); inductor freezing was refused by the ranks after 63 s
+    though ``check`` refuses it at once. vLLM's own ``CompilationConfig`` and start-up's ``compiled-forward``
+    rule (the function every rank runs) judge them now, before anything starts."""
+    good = _folder(tmp_path, "good")
+    out = str(tmp_path / "out")
+    sim = ["simulate", "--model", good, "--out", out, "--compilation-config"]
+    freezing = (
+        "[compiled-forward] inductor freezing (compilation_config.inductor_compile_config freezing, or "
+        "TORCHINDUCTOR_FREEZING=1) folds the expert weights into the compiled code as constants, so the "
+        "weights EPLB moves in place would never be read again; fix: turn freezing off"
+    )
+    cases = [
+        ([*sim, '{"mode": 3, "backend": "foo"}'],
+         _options("compilation-config: vLLM's CompilationConfig refuses {\"mode\": 3, \"backend\": \"foo\"}: "
+                  "Value error, Invalid backend for piecewise compilation: foo")),
+        ([*sim, '{"mode": 3, "inductor_compile_config": {"max_autotune_nope": true}}'],
+         _options("compilation-config: [compiled-forward] compilation_config.inductor_compile_config names "
+                  "'max_autotune_nope', which torch's inductor has no option of (torch._inductor.config): "
+                  "every rank's first compile would fail; fix: correct or remove them")),
+        ([*sim, '{"mode": 2, "backend": "inductor", "inductor_compile_config": {"freezing": true}}'],
+         _options(f"compilation-config: {freezing}")),
+    ]  # fmt: skip
+    probed = _probe([argv for argv, _ in cases])
+    for (argv, lines), (code, err) in zip(cases, probed["results"], strict=True):
+        assert (code, err.splitlines()) == (2, lines), argv
+    # The environment's switch, which the ranks inherit, as start-up reads it.
+    probed = _probe(
+        [["simulate", "--model", good, "--out", out, "--compile", "inductor"]], TORCHINDUCTOR_FREEZING="1"
+    )
+    assert probed["results"] == [[2, "\n".join(_options(f"compile: {freezing}")) + "\n"]]
+    assert not (tmp_path / "out").exists()
+
+
+def test_simulate_refuses_an_empty_or_truncated_safetensors_file_in_one_line(tmp_path):
+    """Issue 43 case 10: a truncated or empty ``model.safetensors`` in a ``--model`` folder: each rank's
+    127-line traceback, exit 1 (the README promises one line and exit 2 for a corrupt input)."""
+    import torch
+    from safetensors.torch import save_file
+
+    whole = tmp_path / "whole.safetensors"
+    save_file({"w": torch.zeros(64)}, str(whole))
+    data = whole.read_bytes()
+    argv = []
+    for name, content in (("empty", b""), ("truncated", data[:-10])):
+        folder = _folder(tmp_path, name)
+        (Path(folder) / "model.safetensors").write_bytes(content)
+        argv.append(["simulate", "--model", folder, "--out", str(tmp_path / "out")])
+    probed = _probe(argv)
+    said = {
+        "empty": "Error while deserializing header: header too small; 0 bytes",
+        "truncated": f"Error while deserializing header: incomplete metadata, file not fully covered; "
+        f"{len(data) - 10} bytes",
+    }
+    assert probed["results"] == [
+        [2, "\n".join(_options(
+            f"model={tmp_path / name}: model.safetensors is not a whole safetensors file ({said[name]}: "
+            "empty or truncated?); fix: copy the checkpoint again"
+        )) + "\n"]
+        for name in ("empty", "truncated")
+    ]  # fmt: skip
+    assert not (tmp_path / "out").exists()

@@ -551,7 +551,31 @@ def _compiled_forward(s: EplbSettings) -> str | Violation | None:
             "TORCHINDUCTOR_FREEZING=1) folds the expert weights into the compiled code as constants, so "
             "the weights EPLB moves in place would never be read again; fix: turn freezing off"
         )
+    unknown = _unknown_inductor_options(s.inductor_compile_config) if mode != "NONE" else []
+    if unknown:
+        return (
+            f"compilation_config.inductor_compile_config names {', '.join(map(repr, unknown))}, which "
+            "torch's inductor has no option of (torch._inductor.config): every rank's first compile would "
+            "fail; fix: correct or remove them"
+        )
     return None
+
+
+def _unknown_inductor_options(options: Any) -> list[str]:
+    """The keys of ``options`` that torch's inductor refuses, judged by its own ``config.patch`` (what
+    vLLM's compile hands them to); torch is imported only when there are options to judge."""
+    if not isinstance(options, dict) or not options:
+        return []
+    import torch._inductor.config as inductor_config
+
+    unknown = []
+    for key, value in options.items():
+        try:
+            with inductor_config.patch({key: value}):
+                pass
+        except (AttributeError, TypeError, AssertionError):
+            unknown.append(str(key))
+    return unknown
 
 
 @_rule("graph-capture")

@@ -33,7 +33,11 @@ from ascend_eplb.integration.serving import serving_switch_errors
 from ascend_eplb.integration.settings import EplbSettings
 from ascend_eplb.integration.validation import EplbConfigError, ascend_format_name
 from ascend_eplb.tools.check.config_text import load_yaml
-from ascend_eplb.tools.check.engine_args import parse_serve_command, settings_from_engine_args
+from ascend_eplb.tools.check.engine_args import (
+    engine_args_problems,
+    parse_serve_command,
+    settings_from_engine_args,
+)
 from ascend_eplb.tools.check.report import CheckResult, refused, result
 from ascend_eplb.tools.check.schema import (
     V2_RUNNER_SWITCH,
@@ -201,6 +205,9 @@ def check_serve_command(
         return refused(
             "engine-args", f"{where}: vLLM's parser rejects the engine arguments: {type(exc).__name__}: {exc}"
         )
+    found = [Violation("engine-args", f"{where}: {p}") for p in engine_args_problems(engine_args)]
+    if found:  # vLLM would refuse them before building anything: nothing else is judged on them
+        return CheckResult(False, str(EplbConfigError(found)), tuple(found))
     env = dict(os.environ if environ is None else environ)
     violations = _additional_config_violations(engine_args, where)
     _, v2_error = v2_runner_switch(env)

@@ -637,9 +637,10 @@ class SimulateConfig:
         listing every violated rule, as :meth:`validate`.
 
         Options of the trace-replay world must keep their defaults; the padded batch must fit the
-        model's positions; and, last, the memory of the run (per rank the EPLB-on and EPLB-off models'
-        weights, at most the whole checkpoint each, plus a process with vLLM imported) against the
-        host's available memory.
+        model's positions; once every other rule holds, a compilation config as vLLM's
+        ``CompilationConfig`` and start-up's ``compiled-forward`` rule judge it; and, last, the memory of
+        the run (per rank the EPLB-on and EPLB-off models' weights, at most the whole checkpoint each,
+        plus a process with vLLM imported) against the host's available memory.
         """
 
         errors = self._common_errors(source.num_logical_experts)
@@ -682,10 +683,47 @@ class SimulateConfig:
             self, num_moe_layers=source.num_moe_layers, num_logical_experts=source.num_logical_experts,
             top_k=source.top_k,
         )  # fmt: skip
+        if not errors and self.compilation is not None:
+            # Last, once every other rule holds: these import vLLM (the other refusals come without it).
+            reason = _vllm_compilation_error(self.compilation)
+            flag = "compile" if self.compile is not None else "compilation-config"
+            errors += [] if reason is None else [f"{flag}: {reason}"]
         if not errors:
             errors += resources.model_memory_rule(self.num_ranks, source.folder)
         if errors:
             raise ValueError("invalid simulate options:\n  - " + "\n  - ".join(errors))
+
+
+def _vllm_compilation_error(compilation: dict[str, Any]) -> str | None:
+    """What vLLM and start-up would refuse in a ``compilation_config`` the world serves (``compilation``,
+    valid by ``world.compilation_error``), before any rank starts: vLLM's own ``CompilationConfig``
+    (pydantic: the backend, the mode, each field), then the serving path's rule ``compiled-forward``
+    (inductor freezing, ``TORCHINDUCTOR_FREEZING=1`` included; an option torch's inductor does not have),
+    the very function start-up runs on every rank."""
+    from pydantic import ValidationError
+    from vllm.config import CompilationConfig
+
+    from ascend_eplb.integration.rules import RULES
+    from ascend_eplb.integration.settings import EplbSettings
+
+    try:
+        built = CompilationConfig(**compilation)
+    except ValidationError as e:
+        said = "; ".join(err["msg"] for err in e.errors())
+        return f"vLLM's CompilationConfig refuses {json.dumps(compilation)}: {said}"
+    except (TypeError, ValueError) as e:
+        return f"vLLM's CompilationConfig refuses {json.dumps(compilation)}: {e}"
+    mode = "VLLM_COMPILE" if built.mode is None else built.mode.name
+    inductor = compilation.get("inductor_compile_config") or {}
+    settings = EplbSettings(
+        enable_eplb=True,
+        compilation_mode=mode,
+        inductor_freezing=bool(inductor.get("freezing"))
+        or os.environ.get("TORCHINDUCTOR_FREEZING", "0") == "1",
+        inductor_compile_config=dict(inductor),
+    )
+    found = RULES["compiled-forward"](settings)
+    return None if found is None else f"[compiled-forward] {found}"
 
 
 def _policy_errors(config: SimulateConfig) -> list[str]:
