@@ -169,7 +169,10 @@ def test_every_bad_option_of_every_subcommand_is_refused_before_anything_with_it
         (["simulate", "--ranks", "x"], _hint("simulate", "argument --ranks: 'x': must be an integer >= 1")),
         (["check", "--num-experts", "0", "x.json"],
          _hint("check", "argument --num-experts: 0: must be >= 1")),
-        (["plan", str(load)], _hint("plan", "the following arguments are required: --ranks")),
+        # the ranks an events file records are its own; a matrix records none
+        (["plan", str(load)],
+         [f"ascend-eplb plan: error: ranks: give --ranks N, the EP ranks to plan for ({load} records none: a "
+          "serving events file records the ranks it was served on)"]),
     ]  # fmt: skip
     probed = _probe([argv for argv, _ in cases])
     for (argv, lines), (code, err) in zip(cases, probed["results"], strict=True):
@@ -252,7 +255,9 @@ def test_plan_never_writes_over_what_it_reads_and_judges_every_option_it_is_give
     load.write_text("[[1, 2, 3, 4], [4, 3, 2, 1]]")
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({**QWEN, "moe_intermediate_size": 32}))
+    (model / "config.json").write_text(
+        json.dumps({**QWEN, "moe_intermediate_size": 32, "num_local_experts": 4})
+    )
     plan = ["plan", str(load), "--ranks", "2"]
     overwrite = "writing it would destroy that input; fix: write to another file"
     formats = (

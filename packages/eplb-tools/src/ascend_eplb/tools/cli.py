@@ -75,11 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument(
         "load",
         type=path,
-        help="[L, E] load: a serving events file (.jsonl, ASCEND_EPLB_EVENTS), a .json/.npy/.csv matrix, "
+        help="[L, E] load: a serving events file (.jsonl, ASCEND_EPLB_EVENTS), a routing trace (.npz), a "
+        ".json/.npy/.csv matrix, "
         "an ESFT summary.json, ESFT expert_weights_*.txt (a folder of them or one file) or an SGLang "
         "{'logical_count': ...}",
     )
-    pl.add_argument("--ranks", type=positive_int, required=True, help="EP ranks")
+    pl.add_argument(
+        "--ranks",
+        type=positive_int,
+        default=None,
+        help="EP ranks; default: the ranks a serving events file records (another load file: required)",
+    )
     pl.add_argument(
         "--redundant-experts",
         type=int_list,

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -149,6 +150,7 @@ def _comparison_request(args: argparse.Namespace) -> ComparisonRequest:
             "--target-balancedness, --window-sequences)"
         )
     events = load_recorded(args.load)  # an events file, read once (None: another load file)
+    args = _with_ranks(args, [events])
     windows = load_windows(args.load, window_sequences=args.window_sequences, last=args.last, recorded=events)
     groups, nodes = planned_grouping(
         events, num_ranks=args.ranks, num_expert_groups=args.expert_groups, num_nodes=args.nodes
@@ -183,6 +185,7 @@ def _comparison_request(args: argparse.Namespace) -> ComparisonRequest:
     )
     if args.model_config is not None:
         model = read_model_size(args.model_config)
+        _same_model(args, model, windows.loads[0])
         fmt = get_format(args.quant_format)
         fmt.check_sizes(model.hidden_size, model.moe_intermediate_size)
         nbytes = fmt.expert_nbytes(model.hidden_size, model.moe_intermediate_size)
@@ -209,6 +212,7 @@ def _sweep_request(args: argparse.Namespace) -> SweepRequest:
     # An events file, read once: each model one server balanced (the target and its MoE draft), each
     # planned on its own windows and configuration; () for another load file.
     recorded_models = load_recorded_models(args.load)
+    args = _with_ranks(args, recorded_models)
     named = len(recorded_models) > 1
     models = []
     for events in recorded_models or (None,):
@@ -222,6 +226,8 @@ def _sweep_request(args: argparse.Namespace) -> SweepRequest:
     size = None
     if args.model_config is not None:
         size = read_model_size(args.model_config)
+        for sweep in models:
+            _same_model(args, size, sweep.load)
         get_format(args.quant_format).check_sizes(size.hidden_size, size.moe_intermediate_size)
     if args.export_expert_map is not None:
         # Judged now, by the one writer's rules, before anything is planned; judged again as it writes.
@@ -257,6 +263,39 @@ def _model_sweep(args: argparse.Namespace, events: RecordedLoad | None) -> Model
     validate_plan_args(load.shape, args.ranks, nodes, groups, levels)
     model = None if events is None else events.model
     return ModelSweep(model, load, nodes, groups, levels, export_level)
+
+
+def _same_model(args: argparse.Namespace, size: ModelSize, load: np.ndarray) -> None:
+    """``ValueError`` unless ``size`` (``--model-config``) can be the model that made ``load`` (``[L, E]``):
+    its routed experts are E, and the layers that carry load are at most its MoE layers (a load file may
+    list dense layers too, without load). A config of another model was costed silently."""
+    loaded = int((np.asarray(load).sum(axis=1) > 0).sum())
+    experts = int(load.shape[1])
+    if size.num_logical_experts != experts or loaded > size.num_moe_layers:
+        raise ValueError(
+            f"model config={args.model_config}: {size.source} is a model of {size.num_logical_experts} "
+            f"routed experts in {size.num_moe_layers} MoE layers, the load {args.load} one of {experts} in "
+            f"{loaded} loaded layers: a config of another model (its costs would be another model's); fix: "
+            "give the config.json of the model that served the load"
+        )
+
+
+def _with_ranks(args: argparse.Namespace, recorded: Sequence[RecordedLoad | None]) -> argparse.Namespace:
+    """``args`` with ``ranks``: as given, else the EP ranks the events file records (``recorded``: its
+    models' windows, read once).
+
+    Raises:
+        ValueError: no ``--ranks`` and the load file records none (naming the file).
+    """
+    if args.ranks is not None:
+        return args
+    stated = [r.num_ranks for r in recorded if r is not None and r.num_ranks is not None]
+    if not stated:
+        raise ValueError(
+            f"ranks: give --ranks N, the EP ranks to plan for ({args.load} records none: a serving events "
+            "file records the ranks it was served on)"
+        )
+    return argparse.Namespace(**{**vars(args), "ranks": stated[0]})
 
 
 def _inputs(args: argparse.Namespace) -> tuple[tuple[str, Path | None], ...]:

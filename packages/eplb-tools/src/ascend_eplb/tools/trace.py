@@ -329,7 +329,8 @@ def load_load_matrix(
     """Read recorded expert load as float64 ``[L, E]`` (any non-negative unit: counts or shares).
 
     Accepted: ESFT per-token routing (a folder of ``expert_weights_*.txt`` or one such ``.txt``:
-    :func:`load_esft_expert_weights`); a serving events file ``.jsonl`` (``ASCEND_EPLB_EVENTS``): the
+    :func:`load_esft_expert_weights`); a compact routing trace ``.npz`` (:func:`load_trace`: its
+    selections); a serving events file ``.jsonl`` (``ASCEND_EPLB_EVENTS``): the
     sum of the ``window`` loads :func:`load_recorded` reads (``recorded``, when read already), or of the
     ``last`` ones; ``.npy``; ``.csv`` (one row per layer, no
     header); ``.json`` holding a ``[L, E]`` list, an
@@ -345,9 +346,12 @@ def load_load_matrix(
         return load_esft_expert_weights(path)
     if last is not None and (last < 1 or suffix != ".jsonl"):
         raise ValueError(f"last={last}: must be >= 1 and is only for an events file (.jsonl)")
+    if suffix == ".npz":  # a routing trace: its selections per (layer, logical expert)
+        return load_trace(path).load().astype(np.float64)
     if suffix not in (".jsonl", ".npy", ".csv", ".json"):
         raise ValueError(
-            f"{path}: unsupported load file type {suffix!r}; use .jsonl (events), .json, .npy or .csv"
+            f"{path}: unsupported load file type {suffix!r}; use .jsonl (events), .npz (a routing trace), "
+            ".json, .npy or .csv"
         )
     if suffix == ".jsonl":
         recorded = load_recorded(path) if recorded is None else recorded
