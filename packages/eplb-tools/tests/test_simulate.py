@@ -759,6 +759,19 @@ def test_the_worker_verdict_from_what_the_ranks_saw():
     verdicts = _verdicts(config, routing, _results(12, [1], {}, in_flight=[(10, 0.1)]), [])
     assert verdicts["fingerprints"] == ("not judged", "no layer committed, so no moved weights were compared")
     assert verdicts["lookups"][0] == "not judged"
+    # Issue 43: layers committed, but no expert moved (a gate that skipped every window: upstream commits
+    # the unchanged layers): the fingerprints of each moved expert have nothing to check, and say so.
+    verdicts = _verdicts(config, routing, _results(12, [1, 5], done), [], experts_moved=0)
+    assert verdicts["fingerprints"] == (
+        "not judged",
+        "no expert moved: nothing to check (4 layer commits, each of an unchanged placement; the slots held "
+        "their logical experts after each)",
+    )
+    assert verdicts["lookups"][0] == "pass"
+    assert (
+        _verdicts(config, routing, _results(12, [1, 5], done), [], experts_moved=3)["fingerprints"][0]
+        == "pass"
+    )
 
 
 # Issue 27: the placement policy and the gain gate through simulate. The rearrangement records of
