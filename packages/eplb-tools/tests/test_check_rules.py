@@ -201,8 +201,9 @@ RULES = [
     (
         "redundant-experts",
         {"parallel_config__eplb_config__num_redundant_experts": 2**32},
-        "eplb_config.num_redundant_experts=4294967296 exceeds 2147483647 (int32 device tables and load "
-        "counters); fix: set --eplb-config.num_redundant_experts to at most 2147483647",
+        "eplb_config.num_redundant_experts=4294967296 is more than 1023, the most upstream's EplbState takes "
+        "(its add_model asserts num_redundant_experts <= 1023 on every rank); fix: set "
+        "--eplb-config.num_redundant_experts to at most 1023",
     ),
     (
         "compiled-forward",

@@ -549,7 +549,10 @@ def test_plan_refuses_what_it_cannot_plan_or_write_before_planning(tmp_path, cap
         in capsys.readouterr().err
     )
     assert cli.main(["plan", str(load), "--ranks", "2", "--redundant-experts", "100000000"]) == 2
-    assert "redundant experts=100000000: must be <= 1023 x E = 4092" in capsys.readouterr().err
+    assert (
+        "redundant experts=100000000: must be <= 1023 (upstream's EplbState.add_model asserts "
+        "num_redundant_experts <= 1023)"
+    ) in capsys.readouterr().err
     for target, why in [
         (
             tmp_path / "missing" / "map.json",

@@ -559,3 +559,14 @@ def test_simulate_refuses_an_empty_or_truncated_safetensors_file_in_one_line(tmp
         for name in ("empty", "truncated")
     ]  # fmt: skip
     assert not (tmp_path / "out").exists()
+
+
+def test_simulate_refuses_more_redundant_experts_than_upstream_takes(tmp_path):
+    """Issue 43: ``--redundant-experts 1024`` passed every rule and upstream's ``EplbState.add_model``
+    asserted on every rank (it takes at most 1023)."""
+    out = str(tmp_path / "out")
+    probed = _probe([["simulate", "--model", "replay", "--redundant-experts", "1024", "--out", out]])
+    assert probed["results"] == [[2, "\n".join(_options(
+        "redundant experts=1024: must be <= 1023 (upstream's EplbState.add_model asserts "
+        "num_redundant_experts <= 1023)"
+    )) + "\n"]]  # fmt: skip

@@ -24,6 +24,7 @@ from ascend_eplb.control.policy_config import (
 )
 from ascend_eplb.control.values import INT32_MAX, is_int
 from ascend_eplb.integration.model_facts import (
+    MAX_REDUNDANT_EXPERTS,
     MoeFacts,
     architectures_error,
     experts_divisibility_error,
@@ -351,15 +352,20 @@ def _step_interval(s: EplbSettings) -> str | None:
 
 def _redundant_ok(s: EplbSettings) -> bool:
     """The rules that read R judge only an R the ``redundant-experts`` rule accepts."""
-    return is_int(s.num_redundant_experts) and 0 <= s.num_redundant_experts <= INT32_MAX
+    return is_int(s.num_redundant_experts) and 0 <= s.num_redundant_experts <= MAX_REDUNDANT_EXPERTS
 
 
 @_rule("redundant-experts")
 def _redundant_experts(s: EplbSettings) -> str | None:
     if _redundant_ok(s):
         return None
-    if is_int(s.num_redundant_experts) and s.num_redundant_experts > INT32_MAX:
-        return _too_large("num_redundant_experts", s.num_redundant_experts)
+    if is_int(s.num_redundant_experts) and s.num_redundant_experts > MAX_REDUNDANT_EXPERTS:
+        return (
+            f"eplb_config.num_redundant_experts={shown(s.num_redundant_experts)} is more than "
+            f"{MAX_REDUNDANT_EXPERTS}, the most upstream's EplbState takes (its add_model asserts "
+            f"num_redundant_experts <= {MAX_REDUNDANT_EXPERTS} on every rank); fix: set "
+            f"--eplb-config.num_redundant_experts to at most {MAX_REDUNDANT_EXPERTS}"
+        )
     return (
         f"eplb_config.num_redundant_experts={s.num_redundant_experts!r} must be an integer >= 0; fix: set "
         "--eplb-config.num_redundant_experts to 0 or more"

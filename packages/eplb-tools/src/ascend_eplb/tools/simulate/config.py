@@ -16,7 +16,7 @@ from ascend_eplb.control.policy_config import (
     policy_error,
     target_balancedness_error,
 )
-from ascend_eplb.integration.model_facts import experts_divisibility_error
+from ascend_eplb.integration.model_facts import MAX_REDUNDANT_EXPERTS, experts_divisibility_error
 from ascend_eplb.integration.model_names import DRAFT_SUFFIX
 from ascend_eplb.integration.placement_file import (
     PlacementFileError,
@@ -500,6 +500,11 @@ class SimulateConfig:
             errors.append("ranks=1: EPLB needs an expert-parallel world of at least 2 ranks")
         if self.num_redundant_experts < 0:
             errors.append(f"redundant experts={self.num_redundant_experts}: must be >= 0")
+        elif self.num_redundant_experts > MAX_REDUNDANT_EXPERTS:
+            errors.append(
+                f"redundant experts={self.num_redundant_experts}: must be <= {MAX_REDUNDANT_EXPERTS} "
+                f"(upstream's EplbState.add_model asserts num_redundant_experts <= {MAX_REDUNDANT_EXPERTS})"
+            )
         reason = experts_divisibility_error(num_logical_experts, self.num_redundant_experts, self.num_ranks)
         if self.num_redundant_experts >= 0 and reason is not None:
             errors.append(f"redundant experts={self.num_redundant_experts}: {reason}")
