@@ -430,7 +430,7 @@ def test_a_bad_model_config_or_an_output_name_taken_by_a_folder_is_refused_befor
     assert (
         main(["simulate", "--model", "replay", "--model-config", str(bad), "--out", str(tmp_path / "o")]) == 2
     )
-    assert f"model config={bad}: {bad}: cannot read the model config as JSON" in capsys.readouterr().err
+    assert f"model config={bad}: {bad}: cannot read as JSON (UnicodeDecodeError: " in capsys.readouterr().err
     (tmp_path / "o2" / "events.jsonl").mkdir(parents=True)
     assert main(["simulate", "--out", str(tmp_path / "o2")]) == 2
     assert (
