@@ -400,3 +400,22 @@ def test_a_compilation_config_of_mode_0_is_titled_by_its_mode():
     compiled = "DYNAMO_TRACE_ONCE, eager backend"
     assert _compilation_title(SimulateConfig(compile="eager"), compiled) == compiled
     assert _compilation_title(SimulateConfig(model="replay"), None) is None
+
+
+def test_the_plot_is_written_by_the_one_writer(tmp_path):
+    """``balancedness.png`` replaces only a regular file (issue 43: one writer for every file written)."""
+    import os
+
+    import pytest
+
+    from ascend_eplb.integration.regular_files import RegularFileError
+    from ascend_eplb.tools.simulate.plot import plot_balancedness
+
+    png = tmp_path / "balancedness.png"
+    plot_balancedness(_report(format="float32"), png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fifo = tmp_path / "fifo.png"
+    os.mkfifo(fifo)
+    with pytest.raises(RegularFileError, match="is a FIFO, not a regular file"):
+        plot_balancedness(_report(format="float32"), fifo)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["balancedness.png", "fifo.png"]

@@ -5,22 +5,28 @@ load."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 
+from ascend_eplb.integration.regular_files import write_regular_file
 from ascend_eplb.tools.simulate.report import RearrangementOutcome, SimulateReport
 
 __all__ = ["balancedness_figure", "plot_balancedness"]
 
 
 def plot_balancedness(report: SimulateReport, path: Path) -> None:
-    """Write :func:`balancedness_figure` of ``report`` to ``path`` (PNG)."""
+    """Write :func:`balancedness_figure` of ``report`` to ``path`` (PNG) by the one writer
+    (:func:`ascend_eplb.integration.regular_files.write_regular_file`: whole, beside it then renamed;
+    only a regular file replaced)."""
     import matplotlib.pyplot as plt
 
     fig = balancedness_figure(report)
-    fig.savefig(path, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
+    write_regular_file(path, png.getvalue())
 
 
 def balancedness_figure(report: SimulateReport):
