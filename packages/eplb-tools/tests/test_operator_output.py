@@ -349,8 +349,8 @@ def test_realised_below_before_names_the_initial_placement_only_in_a_run_that_st
         "  initial placement p.json: first step balancedness 0.9490 measured (each token's selection served "
         "by one replica of its expert), 0.9538 on plan's measure of that step's load (each expert's load "
         "split evenly over its replicas: the two differ by how the replicas shared the step's tokens), EPLB "
-        "off 0.5000; plan predicted 0.9897 on the load it was made from (its recording, not this run's); "
-        "every slot held its logical expert from step 0"
+        "off 0.5000; plan predicted 0.9897 on the load it was made from; every slot held its logical expert "
+        "from step 0"
     )
 
 

@@ -107,9 +107,11 @@ def test_record_plan_and_simulate_from_the_placement_on_the_real_model_class(tmp
     assert start["first_step_off"] == pytest.approx(recorded["balancedness_off_per_step"][0], abs=1e-12)
     assert (
         f"initial placement {placement}: first step balancedness {start['first_step_balancedness']:.4f} "
-        f"measured, {start['first_step_planned']:.4f} as plan computes it for the placement on that step's "
-        f"load, EPLB off {start['first_step_off']:.4f}; plan predicted {predicted:.4f} on the load it was "
-        "made from; every slot held its logical expert from step 0"
+        "measured (each token's selection served by one replica of its expert), "
+        f"{start['first_step_planned']:.4f} on plan's measure of that step's load (each expert's load split "
+        "evenly over its replicas: the two differ by how the replicas shared the step's tokens), EPLB off "
+        f"{start['first_step_off']:.4f}; plan predicted {predicted:.4f} on the load it was made from; every "
+        "slot held its logical expert from step 0"
     ) in summary
     assert (
         "the first 2 were the start-up install of the initial placement, checked before the first step"

@@ -168,11 +168,7 @@ def _install_line(start: InstallReport, f, head: str) -> str:
         f"token's selection served by one replica of its expert), {f(start.first_step_planned)} on plan's "
         "measure of that step's load (each expert's load split evenly over its replicas: the two differ by "
         f"how the replicas shared the step's tokens), EPLB off {f(start.first_step_off)}"
-        + (
-            ""
-            if said is None
-            else f"; plan predicted {f(said)} on the load it was made from (its recording, not this run's)"
-        )
+        + ("" if said is None else f"; plan predicted {f(said)} on the load it was made from")
         + held.get(start.slots_hold_their_experts, "")
     )
 
