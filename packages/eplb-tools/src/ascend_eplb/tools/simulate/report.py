@@ -266,14 +266,15 @@ def build_report(
     # With a draft, the top-level figures are the target's (upstream names its draft "<target> (draft)").
     target = None if r0.draft is None else r0.draft.model.removesuffix(DRAFT_SUFFIX)
     events_file = Path(config.out_dir) / "events.jsonl"
+    outcomes = events_outcomes(events_file, config.num_ranks, model=target)
+    done = outcomes.records
     verdicts = check_verdicts(
-        config, routing, results, violations, experts_moved=_experts_moved(config, events_file)
-    )
+        config, routing, results, violations, experts_moved=_experts_moved(config, events_file),
+        gate_skipped=sum(r.rearrangement is not None and r.skipped is not None for r in done),
+    )  # fmt: skip
     verdict = run_verdict(verdicts)
     secs = np.array(r0.step_seconds)
     in_flight = np.array(r0.step_in_flight, dtype=bool)
-    outcomes = events_outcomes(events_file, config.num_ranks, model=target)
-    done = outcomes.records
     install = _install(
         config, [res.install for res in results], bal, bal_off, outcomes.install, routing.num_moe_layers,
         _plan_predicted(config, draft=False),
