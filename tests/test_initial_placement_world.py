@@ -166,5 +166,5 @@ def test_record_plan_and_serve_from_the_placement(tmp_path, capsys):
         assert all(torch.equal(m, s["map"]) for m in s["maps"])
         assert s["unequal_steps"] == []  # bit-equal to the EPLB-off model every step
     static_records = _records(static_events)
-    assert [r["event"] for r in static_records] == ["initial_placement"]
-    assert static_records[0]["source"].startswith(f"{served} (the last committed placement of model ")
+    assert [r["event"] for r in static_records] == ["run_start", "initial_placement"]
+    assert static_records[1]["source"].startswith(f"{served} (the last committed placement of model ")

@@ -19,6 +19,7 @@ from ascend_eplb.integration.events import (
     InitialPlacementRecord,
     RearrangementRealisedRecord,
     RearrangementRecord,
+    RunStartRecord,
     VerifierViolationRecord,
     WindowRecord,
     WorkerFailureRecord,
@@ -45,7 +46,9 @@ def _commit(step: int, rearrangement: int, layer: int, model: str | None = "m", 
     )  # fmt: skip
 
 
-#: One record of every kind, as the recorder makes them.
+#: A server's first record.
+RUN_START = RunStartRecord(time=0.5, step=0, model=None, run_id="0" * 32, pid=4242)
+#: One record of every other kind, as the recorder makes them.
 EVERY_KIND = [
     InitialPlacementRecord(
         time=1.0, step=0, model="m", source="p.json", num_logical_experts=4, num_ranks=2,
@@ -82,21 +85,25 @@ def _write(path, records, tail: str = "") -> None:
 
 
 def test_every_record_kind_is_written_and_read_back_equal(tmp_path):
-    assert {type(r) for r in EVERY_KIND} == set(RECORD_KINDS.values())  # the test covers the schema
+    every = [RUN_START, *EVERY_KIND]
+    assert {type(r) for r in every} == set(RECORD_KINDS.values())  # the test covers the schema
     path = tmp_path / "events.jsonl"
-    _write(path, EVERY_KIND)
+    _write(path, every)
     lines = path.read_text().splitlines()
     # Each line is the record's JSON form: its event name first, then every field, tuples as lists.
-    assert json.loads(lines[2]) == {
+    assert json.loads(lines[3]) == {
         "event": "commit", "time": 2.0, "step": 4, "model": "m", "rearrangement": 1, "layer": 0,
         "publish_to_acknowledge_s": 0.125, "bytes_received": 4096, "placement": [0, 1, 2, 3, 0, 1],
     }  # fmt: skip
-    assert lines[2].startswith('{"event":"commit","time":2.0,"step":4,"model":"m",')
+    assert lines[3].startswith('{"event":"commit","time":2.0,"step":4,"model":"m",')
+    assert json.loads(lines[0]) == {
+        "event": "run_start", "time": 0.5, "step": 0, "model": None, "run_id": "0" * 32, "pid": 4242,
+    }  # fmt: skip
     read = read_events(path)
-    assert [record for _, record in read.runs[0].records] == EVERY_KIND
-    assert [number for number, _ in read.runs[0].records] == list(range(1, 8))
+    assert [record for _, record in read.runs[0].records] == every
+    assert [number for number, _ in read.runs[0].records] == list(range(1, 9))
     assert (len(read.runs), read.truncated_line) == (1, None)
-    for record in EVERY_KIND:
+    for record in every:
         assert type(record).from_json(record.to_json()) == record
 
 
@@ -179,7 +186,7 @@ def test_a_truncated_last_line_is_skipped_with_one_warning(tmp_path):
 
 def test_unreadable_non_utf8_and_non_regular_files_are_refused_before_reading(tmp_path):
     refused = _refusal(lambda: read_events(tmp_path / "missing.jsonl"))
-    assert refused == f"{tmp_path / 'missing.jsonl'}: cannot read the events file (no such file)"
+    assert refused == f"{tmp_path / 'missing.jsonl'}: cannot read the events file: no such file"
     path = tmp_path / "binary.jsonl"
     path.write_bytes(b'{"event": "window"}\n\xff\xfe\n')
     with pytest.raises(ValueError, match=r"binary\.jsonl: not UTF-8 text \(byte 20\); not an events file"):
@@ -188,9 +195,15 @@ def test_unreadable_non_utf8_and_non_regular_files_are_refused_before_reading(tm
     fifo = tmp_path / "events.jsonl.fifo"
     os.mkfifo(fifo)
     refused = _refusal(lambda: read_events(fifo))
-    assert refused == f"{fifo}: cannot read the events file (not a regular file but a FIFO)"
+    assert refused == (
+        f"{fifo}: cannot read the events file: is a FIFO, not a regular file (reading it would block or "
+        "never end); fix: name a regular file; copy what it holds into one first"
+    )
     refused = _refusal(lambda: read_events(tmp_path))
-    assert refused == f"{tmp_path}: cannot read the events file (not a regular file but a folder)"
+    assert refused == (
+        f"{tmp_path}: cannot read the events file: is a folder, not a file to read; fix: name the file, not "
+        "its folder"
+    )
 
 
 def test_the_writer_appends_flushed_lines_and_refuses_what_it_cannot_append_to(tmp_path):
@@ -202,7 +215,8 @@ def test_the_writer_appends_flushed_lines_and_refuses_what_it_cannot_append_to(t
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert _refusal(lambda: EventsWriter(blocker / "events.jsonl")) == (
-        f"ASCEND_EPLB_EVENTS={blocker / 'events.jsonl'}: cannot append there (Not a directory)"
+        f"ASCEND_EPLB_EVENTS={blocker / 'events.jsonl'}: {blocker} is a file, not a folder: nothing can be "
+        "created under it"
     )
     # A FIFO: serving's recorder on EP rank 0 would block opening it (no reader); refused, in no time.
     fifo = tmp_path / "events.fifo"
@@ -211,7 +225,10 @@ def test_the_writer_appends_flushed_lines_and_refuses_what_it_cannot_append_to(t
     opener = threading.Thread(target=lambda: done.append(_refusal(lambda: EventsWriter(fifo))), daemon=True)
     opener.start()
     opener.join(10)
-    assert done == [f"ASCEND_EPLB_EVENTS={fifo}: not a regular file but a FIFO"]
+    assert done == [
+        f"ASCEND_EPLB_EVENTS={fifo}: is a FIFO, not a regular file (appending to it would block or never "
+        "end); fix: name a regular file"
+    ]
     assert ev.events_path({"ASCEND_EPLB_EVENTS": " "}) is None
     assert ev.events_path({"ASCEND_EPLB_EVENTS": "/x/e.jsonl"}) == "/x/e.jsonl"
 
@@ -295,3 +312,51 @@ def test_the_load_read_is_one_model_in_the_last_run_and_says_what_else_the_file_
     assert refused == (
         f"{tmp_path / 'none.jsonl'}: the events file holds no complete 'window' record (no load was recorded)"
     )
+
+
+def test_records_whose_facts_cannot_be_true_are_refused_naming_the_line(tmp_path):
+    """Issue 43 case 12: ``num_ranks`` 0 or -2, ``num_physical_experts`` 0 or 10**9, a negative step were
+    read (plan warned about the ranks, then exported; 10**9 was blamed on redundancy nobody asked for)."""
+    path = tmp_path / "events.jsonl"
+    window = _window(1, 1).to_json()  # E = 4
+    start = EVERY_KIND[0].to_json()  # E = 4, P = 6, N = 2
+    cases = [
+        ({**window, "num_ranks": 0}, "a window's 'num_ranks' must be an integer >= 1, got 0"),
+        ({**window, "num_ranks": -2}, "a window's 'num_ranks' must be an integer >= 1, got -2"),
+        ({**window, "num_physical_experts": 0},
+         "a window's 'num_physical_experts' must be an integer >= 1, got 0"),
+        ({**window, "num_physical_experts": 3},
+         "a window's num_physical_experts=3: below its 4 logical experts (every logical expert has a slot)"),
+        ({**window, "num_physical_experts": 10**9},
+         "a window's num_physical_experts=1000000000: more than its 4 logical experts + 1023 (upstream's "
+         "EplbState takes at most that many redundant experts)"),
+        ({**window, "num_physical_experts": 7},
+         "a window's num_physical_experts=7: not divisible by num_ranks=2 (P / N slots per rank)"),
+        ({**window, "step": -3}, "a window's 'step' must be an integer >= 0, got -3"),
+        ({**window, "rearrangement": 0}, "a window's 'rearrangement' must be an integer >= 1, got 0"),
+        ({**start, "num_ranks": 4},
+         "an initial_placement's num_physical_experts=6: not divisible by num_ranks=4 (P / N slots per "
+         "rank)"),
+        ({**_commit(1, 1, 0).to_json(), "layer": -1}, "a commit's 'layer' must be an integer >= 0, got -1"),
+    ]  # fmt: skip
+    for record, message in cases:
+        path.write_text(json.dumps(window) + "\n" + json.dumps(record) + "\n")
+        assert _refusal(lambda: read_events(path)) == f"{path}:2: {message}"
+
+
+def test_windows_of_one_run_stating_two_layouts_are_refused_not_the_last_taken(tmp_path):
+    """Issue 43 case 14: one run's windows with different ``num_physical_experts`` were read, the last
+    winning; one server serves one layout."""
+    path = tmp_path / "events.jsonl"
+    other = WindowRecord(**{**_window(5, 2).__dict__, "num_physical_experts": 8})
+    _write(path, [RUN_START, _window(1, 1), other])
+    assert _refusal(lambda: read_events(path).recorded_load()) == (
+        f"{path}:3: model m's window record states num_physical_experts=8 on num_ranks=2, line 2 of its run "
+        "num_physical_experts=6 on num_ranks=2: one server serves one layout (records of two servers "
+        "without a run_start between them?)"
+    )
+    # Each server's own run: read apart, the last one's layout.
+    apart = tmp_path / "apart.jsonl"
+    _write(apart, [RUN_START, _window(1, 1), RUN_START, other])
+    loaded = read_events(apart).recorded_load()
+    assert (loaded.num_physical_experts, len(loaded.windows)) == (8, 1)

@@ -186,18 +186,30 @@ def test_a_bad_verify_or_events_switch_is_refused_not_ignored(tmp_path):
         events_path({"ASCEND_EPLB_EVENTS": str(tmp_path)})
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(ValueError, match=r"is not a writable folder"):
+    with pytest.raises(ValueError, match=rf"{blocker} is a file, not a folder; name an events file in a "):
         events_path({"ASCEND_EPLB_EVENTS": str(blocker / "sub" / "events.jsonl")})
     assert events_path({"ASCEND_EPLB_EVENTS": str(tmp_path / "new" / "e.jsonl")}) == str(
         tmp_path / "new" / "e.jsonl"
     )
+    assert events_path({"ASCEND_EPLB_EVENTS": str(blocker)}) == str(blocker)  # an existing file: appended to
+    # Judged by creating (a probe beside it, removed): nothing was left, no folder made.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+    # Issue 43 case 11: permission bits say nothing of /sys and /proc, where root "may write" but nothing
+    # can be created; judged with os.access, both passed check as root.
+    for path, folder in (("/sys/ev.jsonl", "/sys"), ("/proc/nope/ev.jsonl", "/proc")):
+        with pytest.raises(ValueError, match="nothing can be created") as info:
+            events_path({"ASCEND_EPLB_EVENTS": path})
+        said = str(info.value)
+        assert said.startswith(f"ASCEND_EPLB_EVENTS={path}: nothing can be created in {folder} ("), said
+        assert said.endswith("); name an events file in a writable folder"), said
     # A FIFO would block the recorder of EP rank 0 when it opens it: refused on every rank at start-up.
     fifo = tmp_path / "events.fifo"
     os.mkfifo(fifo)
     with pytest.raises(ValueError, match="FIFO") as info:
         events_path({"ASCEND_EPLB_EVENTS": str(fifo)})
     assert str(info.value) == (
-        f"ASCEND_EPLB_EVENTS={fifo}: not a regular file but a FIFO; name an events file (e.g. events.jsonl)"
+        f"ASCEND_EPLB_EVENTS={fifo}: is a FIFO, not a regular file (appending to it would block or never "
+        "end); name an events file (e.g. events.jsonl)"
     )
 
 

@@ -211,6 +211,7 @@ def test_the_mtp_draft_rearranges_beside_the_target_each_model_checked_alone(tmp
         )
     started = [json.loads(line) for line in served_events.read_text().splitlines()]
     assert [(e["event"], e["model"]) for e in started] == [
+        ("run_start", None),
         ("initial_placement", draft),
         ("initial_placement", target),
     ]

@@ -185,7 +185,7 @@ def test_truncated_non_json_and_other_files_are_refused_naming_the_file(tmp_path
     empty = tmp_path / "empty.json"
     empty.write_text("  \n")
     assert _refusal(empty) == "empty file, not a placement file"
-    assert _refusal(tmp_path / "absent.json") == "cannot read the placement file (no such file)"
+    assert _refusal(tmp_path / "absent.json") == "cannot read the placement file: no such file"
     doc = _doc(tmp_path)
     plain = {k: doc[k] for k in ("moe_layer_count", "layer_list")}  # vLLM Ascend's expert_map_path alone
     assert _refusal(_file(tmp_path, plain)) == (
@@ -222,6 +222,7 @@ FILLED = {
     "commit": {"rearrangement": 1, "publish_to_acknowledge_s": None, "bytes_received": 0},
     "initial_placement": {"layers_changed": 0, "experts_moved": 0, "bytes_moved": 0, "bytes_received": 0},
     "worker_failure": {},
+    "run_start": {"model": None, "run_id": "0" * 32, "pid": 1},
 }
 
 
@@ -351,7 +352,7 @@ def test_a_placement_file_is_written_whole_or_not_at_all(tmp_path):
     folder = tmp_path / "taken"
     folder.mkdir()
     (folder / "x").write_text("kept")
-    with pytest.raises(ValueError, match=rf"^{folder}: cannot write the placement file \("):
+    with pytest.raises(ValueError, match=rf"^{folder}: cannot write the placement file: is a folder"):
         pf.write_placement(folder, placement)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["placement.json", "taken"]
     assert (folder / "x").read_text() == "kept"
@@ -388,6 +389,34 @@ def test_an_events_file_appended_by_two_runs_gives_the_last_runs_placement_only(
     assert pf.read_placement(both).physical_to_logical_map == (tuple(ROWS[1]), tuple(ROWS[0]))
 
 
+def test_two_servers_records_are_never_joined_into_one_placement(tmp_path):
+    """Issue 43 case 4: server A served statically (its only record the start-up install, step 0), server B
+    appended after it and its steps did not start again below A's: read as one run, A's layer 1 joined B's
+    layer 0, a placement nobody served. Each server's run_start record ends the join."""
+    first = [[0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 0, 1]]
+    a = [
+        {"event": "run_start", "run_id": "a" * 32},
+        {"event": "initial_placement", "model": "m", "source": "p.json", "num_logical_experts": 4,
+         "num_ranks": 2, "placement": first},
+    ]  # fmt: skip
+    b = [
+        {"event": "run_start", "run_id": "b" * 32},
+        {**WINDOW, "step": 12},
+        {"event": "commit", "model": "m", "rearrangement": 1, "layer": 0, "placement": ROWS[1], "step": 13},
+    ]
+    two = _events(tmp_path, a + b)
+    assert _refusal(two) == (
+        "MoE layer(s) [1] of 2 have no committed placement in the file (no rearrangement completed while it "
+        f"was recorded, and the run did not start from a placement file); {two} holds 2 runs (each starts at "
+        "a server's run_start record); run 2, lines 3-5, is read"
+    )
+    # B's placement once it committed every layer; A's alone when B recorded nothing to serve from.
+    done = _events(tmp_path, [*a, *b, {**b[2], "layer": 1, "placement": ROWS[0], "step": 14}], "done.jsonl")
+    assert pf.read_placement(done).physical_to_logical_map == (tuple(ROWS[1]), tuple(ROWS[0]))
+    idle = _events(tmp_path, [*a, b[0]], "idle.jsonl")
+    assert pf.read_placement(idle).physical_to_logical_map == tuple(map(tuple, first))
+
+
 def test_values_of_the_wrong_json_type_unknown_keys_and_a_key_given_twice_are_refused(tmp_path):
     # layer_id false == 0 and 1.0 == 1 in Python: the file was accepted as if they were the integers.
     for change, message in [
@@ -419,8 +448,10 @@ def test_values_of_the_wrong_json_type_unknown_keys_and_a_key_given_twice_are_re
 def test_a_fifo_is_refused_before_it_is_opened(tmp_path):
     fifo = tmp_path / "placement.json"
     os.mkfifo(fifo)  # opening it to read would block until a writer came: check and simulate hung
-    assert _refusal(fifo) == "cannot read the placement file (not a regular file but a FIFO)"
-    assert _refusal(tmp_path) == "cannot read the placement file (not a regular file but a folder)"
+    assert _refusal(fifo) == (
+        "cannot read the placement file: is a FIFO, not a regular file (reading it would block or never end)"
+    )
+    assert _refusal(tmp_path) == "cannot read the placement file: is a folder, not a file to read"
 
 
 def test_a_malformed_events_file_is_refused_naming_the_events_file_and_its_line(tmp_path):

@@ -14,7 +14,7 @@ import pytest
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # before anything imports vllm
 
-from ascend_eplb.integration.model_facts import MoeFacts
+from ascend_eplb.integration.model_facts import MAX_REDUNDANT_EXPERTS, MoeFacts
 from ascend_eplb.integration.rules import (
     EPLB_OFF_RULES,
     MOE_FACT_RULES,
@@ -106,12 +106,29 @@ def test_the_supported_settings_break_no_rule():
 def test_a_redundancy_the_rules_refuse_is_refused_once_never_judged_again():
     """A breaker's case: R above INT32_MAX was refused by ``redundant-experts`` and then judged by
     ``experts-divisible``, whose fix proposed another R above the limit."""
-    for value in (2**31 + 1, 10**23 - 1, -1, "4"):
+    for value in (1024, 2**31 + 1, 10**23 - 1, -1, "4"):
         judged = check_settings(replace(GOOD, num_redundant_experts=value))
         assert [v.rule for v in judged] == ["redundant-experts"], value
     assert judged[0].message == (
         "eplb_config.num_redundant_experts='4' must be an integer >= 0; fix: set "
         "--eplb-config.num_redundant_experts to 0 or more"
+    )
+
+
+def test_the_most_redundant_experts_is_upstreams_and_refused_above_it():
+    """Issue 43: the rule took R up to INT32_MAX; upstream's EplbState.add_model asserts R <= 1023 on every
+    rank, after start-up had accepted it."""
+    import inspect
+
+    from vllm.distributed.eplb.eplb_state import EplbState
+
+    assert f"MAX_EXPERT_REDUNDANCY = {MAX_REDUNDANT_EXPERTS}" in inspect.getsource(EplbState.add_model)
+    assert check_settings(replace(GOOD, num_redundant_experts=1020)) == []  # 64 + 1020 on 4 ranks
+    (violation,) = check_settings(replace(GOOD, num_redundant_experts=1024))
+    assert str(violation) == (
+        "[redundant-experts] eplb_config.num_redundant_experts=1024 is more than 1023, the most upstream's "
+        "EplbState takes (its add_model asserts num_redundant_experts <= 1023 on every rank); fix: set "
+        "--eplb-config.num_redundant_experts to at most 1023"
     )
 
 

@@ -410,3 +410,56 @@ def test_check_reads_architectures_where_vllm_does_and_names_what_it_cannot_judg
         "cannot judge: moe-model-class: vLLM's model class for architectures "
         "['Llama4ForConditionalGeneration'] does not import here (ModuleNotFoundError: "
     )
+
+
+def test_every_optimization_level_vllm_takes_is_read_as_vllm_reads_it(tmp_path, capsys):
+    """Issue 43 case 9: ``-O3`` (also ``-O0``, ``-O2``, ``--optimization-level 2``, all vLLM's) was refused
+    as ``[model-folder] the command line: '3'`` (a KeyError's text): vLLM's parser keeps the text, its
+    ``VllmConfig`` field reads it. -O0 also turns compilation off, as vLLM's default mode there."""
+    folder = _model(tmp_path)
+    serve = ["check", "--", "serve", str(folder), *ARGS, "--quantization", "ascend"]
+    modes = {}
+    for level in (["-O0"], ["-O2"], ["-O3"], ["--optimization-level", "2"], ["-O", "1"]):
+        assert main([*serve, *level]) == 0, capsys.readouterr().out
+        lines = capsys.readouterr().out.splitlines()
+        modes[" ".join(level)] = [
+            ln.strip() for ln in lines if ln.strip().startswith(("compilation_mode", "cudagraph_mode"))
+        ]
+    assert modes == {
+        "-O0": ["compilation_mode: NONE", "cudagraph_mode: NONE"],
+        "-O2": ["compilation_mode: VLLM_COMPILE", "cudagraph_mode: FULL_AND_PIECEWISE"],
+        "-O3": ["compilation_mode: VLLM_COMPILE", "cudagraph_mode: FULL_AND_PIECEWISE"],
+        "--optimization-level 2": ["compilation_mode: VLLM_COMPILE", "cudagraph_mode: FULL_AND_PIECEWISE"],
+        "-O 1": ["compilation_mode: VLLM_COMPILE", "cudagraph_mode: PIECEWISE"],
+    }  # fmt: skip
+    assert main([*serve, "-O9"]) == 2
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "1 EPLB configuration rule(s) violated:",
+        "  - [engine-args] the command line: optimization level '9': Input should be 0, 1, 2 or 3; fix: -O0, "
+        "-O1, -O2 or -O3",
+    ]
+
+
+def test_what_vllms_configs_refuse_is_refused_by_check_before_anything_starts(tmp_path, capsys):
+    """Issue 43 cases 8 and 14: ``num_speculative_tokens: -1`` passed check (vLLM's SpeculativeConfig
+    requires > 0); an inductor option torch does not have passed check, and every rank's compile failed."""
+    folder = _model(tmp_path)
+    serve = ["check", "--", "serve", str(folder), *ARGS, "--quantization", "ascend"]
+    assert main([*serve, "--speculative-config", '{"method": "mtp", "num_speculative_tokens": -1}']) == 2
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "1 EPLB configuration rule(s) violated:",
+        "  - [engine-args] the command line: speculative_config num_speculative_tokens=-1: vLLM's "
+        "SpeculativeConfig refuses it (Input should be greater than 0)",
+    ]
+    assert (
+        main([*serve, "-cc", '{"mode": 3, "inductor_compile_config": {"nope": 1, "freezing": false}}']) == 2
+    )
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "1 EPLB configuration rule(s) violated:",
+        "  - [compiled-forward] compilation_config.inductor_compile_config names 'nope', which torch's "
+        "inductor has no option of (torch._inductor.config): every rank's first compile would fail; fix: "
+        "correct or remove them",
+    ]
+    # Eager (mode 0, or --enforce-eager): nothing is compiled, the options are never read.
+    assert main([*serve, "-cc", '{"mode": 0, "inductor_compile_config": {"nope": 1}}']) == 0
+    capsys.readouterr()

@@ -201,8 +201,9 @@ RULES = [
     (
         "redundant-experts",
         {"parallel_config__eplb_config__num_redundant_experts": 2**32},
-        "eplb_config.num_redundant_experts=4294967296 exceeds 2147483647 (int32 device tables and load "
-        "counters); fix: set --eplb-config.num_redundant_experts to at most 2147483647",
+        "eplb_config.num_redundant_experts=4294967296 is more than 1023, the most upstream's EplbState takes "
+        "(its add_model asserts num_redundant_experts <= 1023 on every rank); fix: set "
+        "--eplb-config.num_redundant_experts to at most 1023",
     ),
     (
         "compiled-forward",
@@ -1091,7 +1092,8 @@ def test_a_typo_of_the_plugin_switch_and_odd_events_paths_are_refused_with_the_o
     ]
     under_a_file = {"ASCEND_EPLB_EVENTS": f"{a_file}/events.jsonl"}
     assert [v.message for v in _check(tmp_path, BASE, environ=under_a_file).violations] == [
-        f"ASCEND_EPLB_EVENTS={a_file}/events.jsonl: {a_file} is not a writable folder (it is a file)"
+        f"ASCEND_EPLB_EVENTS={a_file}/events.jsonl: {a_file} is a file, not a folder; name an events file in "
+        "a writable folder"
     ]
     from ascend_eplb.integration import plugin, switches
     from ascend_eplb.integration.events import events_path

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 import zipfile
 from pathlib import Path
 
@@ -202,13 +203,15 @@ def test_a_fifo_is_refused_by_every_reader_of_placements_and_events_before_it_is
     os.mkfifo(fifo)
     assert main(["plan", str(fifo), "--ranks", "2"]) == 2
     assert capsys.readouterr().err == (
-        f"ascend-eplb plan: error: {fifo}: not a regular file but a FIFO (a serving events file (.jsonl))\n"
+        f"ascend-eplb plan: error: {fifo}: is a FIFO, not a regular file (reading it would block or never "
+        "end) (a serving events file (.jsonl)); fix: name a regular file; copy what it holds into one first\n"
     )
     out = tmp_path / "out"
     assert main(["simulate", "--model", "replay", "--initial-placement", str(fifo), "--out", str(out)]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "ascend-eplb simulate: error: invalid simulate options:",
-        f"  - initial placement={fifo}: cannot read the placement file (not a regular file but a FIFO)",
+        f"  - initial placement={fifo}: cannot read the placement file: is a FIFO, not a regular file "
+        "(reading it would block or never end)",
     ]
     assert not out.exists()
     folder = tmp_path / "Qwen3-MoE-tiny"
@@ -225,9 +228,9 @@ def test_a_fifo_is_refused_by_every_reader_of_placements_and_events_before_it_is
     assert [(v.rule, v.message) for v in served.violations] == [
         (
             "initial-placement",
-            f"eplb_config.initial_placement={fifo}: cannot read the placement file (not a regular file but "
-            "a FIFO); fix: name a placement file of ascend-eplb plan --export-expert-map (or an events file "
-            "with a committed placement)",
+            f"eplb_config.initial_placement={fifo}: cannot read the placement file: is a FIFO, not a regular "
+            "file (reading it would block or never end); fix: name a placement file of ascend-eplb plan "
+            "--export-expert-map (or an events file with a committed placement)",
         )
     ]
     good = tmp_path / "config.json"
@@ -236,7 +239,128 @@ def test_a_fifo_is_refused_by_every_reader_of_placements_and_events_before_it_is
     assert [(v.rule, v.message) for v in events.violations] == [
         (
             "serving-switches",
-            f"ASCEND_EPLB_EVENTS={fifo}: not a regular file but a FIFO; name an events file (e.g. "
-            "events.jsonl)",
+            f"ASCEND_EPLB_EVENTS={fifo}: is a FIFO, not a regular file (appending to it would block or never "
+            "end); name an events file (e.g. events.jsonl)",
         )
     ]
+
+
+def _load_file(tmp_path: Path) -> Path:
+    load = tmp_path / "load.json"
+    load.write_text("[[1, 2, 3, 4], [4, 3, 2, 1]]")
+    return load
+
+
+def test_the_export_replaces_only_a_regular_file_or_a_links_regular_target(tmp_path, capsys):
+    """Issue 43 case 1: ``plan --export-expert-map`` onto a FIFO (or a device node: on a copy of
+    ``/dev/null``, as root on the real one) replaced it with a regular JSON file and exited 0."""
+    load = _load_file(tmp_path)
+    plan = ["plan", str(load), "--ranks", "2", "--export-expert-map"]
+    fifo = tmp_path / "map.fifo"
+    os.mkfifo(fifo)
+    to_fifo = tmp_path / "to-fifo.json"
+    to_fifo.symlink_to(fifo)
+    for target, said in (
+        (fifo, f"{fifo}: is a FIFO"),
+        (to_fifo, f"{to_fifo}: is a symbolic link to {fifo}, a FIFO"),
+    ):
+        assert main([*plan, str(target)]) == 2
+        out, err = capsys.readouterr()
+        assert err == (
+            f"ascend-eplb plan: error: export expert map={said}, not a regular file (only a regular file is "
+            "replaced); fix: name a regular file\n"
+        )
+        assert out == ""  # refused before anything was planned
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert to_fifo.is_symlink()
+    # A link to a regular file: the file it points to is replaced, the link stays.
+    real = tmp_path / "real.json"
+    real.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    assert main([*plan, str(link)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"wrote {link}: num_redundant_experts=")
+    assert link.is_symlink()
+    assert json.loads(real.read_text())["format"] == "ascend-eplb-placement"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "load.json", "map.fifo", "real.json",
+                                                         "to-fifo.json"]  # fmt: skip
+
+
+def test_check_never_blocks_on_a_fifo_nor_reads_past_a_config_files_cap(tmp_path, capsys):
+    """Issue 43 case 2: ``check`` opened any path: a FIFO config blocked forever, ``check /dev/zero`` read
+    until the OOM killer stopped it (exit 137). A file past the cap (here a sparse one: nothing on disk)
+    is refused unread; ``--max-input-mib`` raises the cap."""
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(17 * 2**20)
+    results = {}
+
+    def run(name: str, argv: list[str]) -> None:
+        results[name] = (main(argv), capsys.readouterr())
+
+    import threading
+
+    for name, argv in (
+        ("fifo", ["check", str(fifo)]),
+        ("serve --config fifo", ["check", "--", "serve", "m", "--config", str(fifo)]),
+        ("big", ["check", str(big)]),
+        ("big raised", ["check", "--max-input-mib", "17", str(big)]),
+    ):
+        t = threading.Thread(target=run, args=(name, argv), daemon=True)
+        t.start()
+        t.join(60)
+        assert name in results, f"check {name} blocked"
+    fifo_said = (
+        "is a FIFO, not a regular file (reading it would block or never end); fix: name a regular file"
+    )
+    assert results["fifo"][0] == 2
+    assert f"[schema] cannot read '{fifo}' as a config file: {fifo_said}" in results["fifo"][1].out
+    assert results["serve --config fifo"][0] == 2
+    assert (
+        f"[engine-args] the command line: --config {fifo}: {fifo_said}"
+        in results["serve --config fifo"][1].out
+    )
+    assert results["big"][0] == 2
+    assert (
+        f"[schema] cannot read '{big}' as a config file: 17.0 MiB, more than the 16 MiB a config file is "
+        "read up to (not read); fix: name the right file, or raise the limit: ascend-eplb's "
+        "--max-input-mib 17"
+    ) in results["big"][1].out
+    # Read with the cap raised: 17 MiB of zero bytes, which are not JSON.
+    assert results["big raised"][0] == 2
+    assert f"[schema] cannot read '{big}' as JSON: JSONDecodeError: " in results["big raised"][1].out
+    assert "ASCEND_EPLB_MAX_INPUT_MIB" not in os.environ  # the command's, given back
+
+
+def test_a_config_key_given_twice_a_null_config_and_an_alias_bomb_are_refused_at_once(tmp_path):
+    """Issue 43 case 14 and the YAML alias bomb (refused after 75 s)."""
+    cases = {
+        "twice.json": (b'{"parallel_config": {"tensor_parallel_size": 2, "tensor_parallel_size": 4}}',
+                       "cannot read '{}' as JSON: DuplicateKeyError: the key 'tensor_parallel_size' is given "
+                       "twice in one object (which value is meant?)"),
+        "twice.yaml": (b"enable_eplb: true\ntensor_parallel_size: 2\ntensor_parallel_size: 4\n",
+                       "cannot read '{}' as YAML: DuplicateKeyError: the key 'tensor_parallel_size' is given "
+                       "twice in one object (which value is meant?)"),
+        "null.json": (b"null", "'{}': holds JSON null, not a config (a mapping of settings: the schema's or "
+                               "vLLM's engine arguments)"),
+        "null.yaml": (b"~\n", "'{}': holds YAML null, not a config (a mapping of settings: the schema's or "
+                              "vLLM's engine arguments)"),
+        "bomb.yaml": (b"a: &a [x, x, x, x, x, x, x, x, x]\n"
+                      + b"".join(f"{chr(98 + i)}: &{chr(98 + i)} [{(('*' + chr(97 + i) + ', ') * 9)[:-2]}]\n"
+                                 .encode() for i in range(8)),
+                      "cannot read '{}' as YAML: ValueError: its aliases expand it to more than 100000 "
+                      "values (an alias bomb?); a config file holds a few hundred: write the values out"),
+    }  # fmt: skip
+    for name, (data, message) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        result = check_config_file(path)
+        assert [(v.rule, v.message) for v in result.violations] == [("schema", message.format(path))], name
+    # A merge key may still override (YAML's own way of giving a key again).
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("base: &b {tensor_parallel_size: 2}\nother:\n  <<: *b\n  tensor_parallel_size: 4\n")
+    from ascend_eplb.tools.check.config_text import load_yaml
+
+    assert load_yaml(merged.read_text())["other"] == {"tensor_parallel_size": 4}

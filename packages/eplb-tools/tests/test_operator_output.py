@@ -114,7 +114,7 @@ def test_a_rearrangement_names_the_step_it_committed_at_and_a_worse_realised_say
         "    rearrangement 2 (committed at step 23): balancedness 0.9114 -> planned 0.9987, realised 0.9338; "
         "189 experts, 4.43 MiB moved",
         "    rearrangement 3 (skipped at step 39): balancedness 0.9612; skipped (balanced), nothing moved",
-        f"    realised below before (rearrangement 1): {REALISED_BELOW_BEFORE['window']}",
+        f"    realised below before (rearrangement 1): {REALISED_BELOW_BEFORE['window'].format(initial='')}",
     ]
     report = replace(report, rearrangement_records=(record(1, 7, 0.9, 0.95),))
     assert not any("realised below before" in ln for ln in summary_text(report).splitlines())
@@ -143,7 +143,7 @@ def test_every_total_counts_the_start_up_install_as_a_rearrangement_and_says_so(
         )
     ).splitlines()  # fmt: skip
     assert lines[1:5] == [
-        "  steps 3, rearrangements 1 (1 completed), layers committed 4, bytes received 8192 (every total "
+        "  steps 3, rearrangements 1 (1 completed), layers committed 4, bytes received 8.00 KiB (every total "
         "counts the start-up install of 2 layers as a rearrangement)",
         "  policy=default, gate off: 1 rearrangements and the start-up install moved 8 experts (8.00 KiB); "
         "skipped: none",
@@ -155,7 +155,7 @@ def test_every_total_counts_the_start_up_install_as_a_rearrangement_and_says_so(
     plain = summary_text(_report(rearrangement_records=(done,), layers_committed=2, experts_moved=3,
                                  bytes_moved=3 * 1024, bytes_received=3 * 1024)).splitlines()  # fmt: skip
     assert plain[1:3] == [
-        "  steps 3, rearrangements 1 (1 completed), layers committed 2, bytes received 3072",
+        "  steps 3, rearrangements 1 (1 completed), layers committed 2, bytes received 3.00 KiB",
         "  policy=default, gate off: 1 rearrangements moved 3 experts (3.00 KiB); skipped: none",
     ]
 
@@ -278,7 +278,7 @@ def test_planned_on_the_estimate_and_realised_over_the_windows_a_placement_serve
         "    rearrangement 2 (skipped at step 8): balancedness 0.8750, planned 0.9375 (on the pooled load "
         "estimate 0.7500 -> 0.8125); skipped (min_gain), nothing moved; the placement kept realised 0.6250 "
         "on the next window",
-        "    realised below before (rearrangement 1): " + REALISED_BELOW_BEFORE["pooled"],
+        "    realised below before (rearrangement 1): " + REALISED_BELOW_BEFORE["pooled"].format(initial=""),
     ]
     figure = balancedness_figure(report)
     labels = figure.axes[0].get_legend_handles_labels()[1]
@@ -286,3 +286,136 @@ def test_planned_on_the_estimate_and_realised_over_the_windows_a_placement_serve
         "planned (its window)", "planned (the load estimate)", "realised (the windows it served)",
     ]  # fmt: skip
     assert figure._suptitle.get_text().endswith("policy migration_aware on the pooled load estimate")
+
+
+def _outcome(index, skipped=None, *, before=0.9, realised=0.95, moved=4) -> RearrangementOutcome:
+    return RearrangementOutcome(
+        model="m", rearrangement=index, step=4 * index, policy="default", skipped=skipped,
+        balancedness_before=before, balancedness_planned=None if skipped else 0.99, load_estimate="window",
+        estimate_balancedness_before=None, estimate_balancedness_planned=None, balancedness_realised=realised,
+        windows_realised=1, experts_moved=0 if skipped else moved, bytes_moved=0 if skipped else 1024,
+        layers_changed=0 if skipped else 2,
+    )  # fmt: skip
+
+
+def test_a_gate_that_skips_every_window_reads_as_none_completed_and_nothing_to_check():
+    """Issue 43 confusion: a gate that skipped every window reported "2 completed" (upstream commits the
+    unchanged layers) and a fingerprints PASS "for each moved expert" when none moved."""
+    from ascend_eplb.tools.simulate.report import _completed
+    from ascend_eplb.tools.simulate.summary import summary_text
+
+    skipped = (_outcome(1, "min_gain"), _outcome(2, "min_gain"))
+    assert _completed(skipped, cycles=2) == 0  # the two commit cycles were the skipped windows'
+    assert _completed((_outcome(1), *skipped), cycles=3) == 1
+    assert _completed((), cycles=2) == 2  # no records here (another host wrote them): the cycles
+    lines = summary_text(
+        _report(rearrangements=2, rearrangements_completed=0, rearrangement_records=skipped,
+                rearrangements_skipped={"balanced": 0, "min_gain": 2, "no_load": 0})
+    ).splitlines()  # fmt: skip
+    assert (
+        lines[1]
+        == "  steps 3, rearrangements 2 (0 completed, 2 skipped), layers committed 2, bytes received 0 B"
+    )
+
+
+def test_realised_below_before_names_the_initial_placement_only_in_a_run_that_started_from_one():
+    """Issue 43 confusion: "realised below before" cited an ``--initial-placement`` in runs without one."""
+    from ascend_eplb.tools.simulate.summary import summary_text
+
+    worse = (_outcome(1, before=0.93, realised=0.91), _outcome(2, before=0.91, realised=0.90))
+
+    def cause(report) -> str:
+        (line,) = [ln for ln in summary_text(report).splitlines() if "realised below before" in ln]
+        return line
+
+    plain = cause(_report(rearrangement_records=worse))
+    assert plain.startswith("    realised below before (rearrangements 1, 2): the policy fit its placement")
+    assert "initial-placement" not in plain
+    assert "the placement it replaced can serve it better" in plain
+    install = InstallReport(
+        source="p.json", layers_committed=2, layers_changed=2, experts_moved=5, bytes_moved=5 * 1024,
+        first_step_balancedness=0.9490, first_step_planned=0.9538, first_step_off=0.5,
+        plan_predicted_on_its_load=0.9897, slots_hold_their_experts=True, slot_mismatches=(),
+    )  # fmt: skip
+    started = cause(_report(rearrangement_records=worse, initial_placement=install))
+    assert (
+        "the placement it replaced (for rearrangement 1: the --initial-placement from `plan`, fit to a whole "
+        "recording's summed windows) can serve it better"
+    ) in started
+    # The install's line: both first-step figures, and why they differ; plan's prediction of another load.
+    (line,) = [ln for ln in summary_text(_report(initial_placement=install)).splitlines()
+               if ln.startswith("  initial placement")]  # fmt: skip
+    assert line == (
+        "  initial placement p.json: first step balancedness 0.9490 measured (each token's selection served "
+        "by one replica of its expert), 0.9538 on plan's measure of that step's load (each expert's load "
+        "split evenly over its replicas: the two differ by how the replicas shared the step's tokens), EPLB "
+        "off 0.5000; plan predicted 0.9897 on the load it was made from; every slot held its logical expert "
+        "from step 0"
+    )
+
+
+def test_the_plot_draws_the_mtp_drafts_start_up_install_the_summary_lists(tmp_path):
+    """Issue 43 case 13: the plot left out the MTP draft's start-up install that the summary and
+    ``report.json`` list."""
+    from ascend_eplb.tools.simulate.plot import balancedness_figure
+    from ascend_eplb.tools.simulate.report import DraftReport
+
+    def install(nbytes):
+        return InstallReport(
+            source="p.json", layers_committed=1, layers_changed=1, experts_moved=1, bytes_moved=nbytes,
+            first_step_balancedness=0.9, first_step_planned=0.9, first_step_off=0.5,
+            plan_predicted_on_its_load=None, slots_hold_their_experts=True, slot_mismatches=(),
+        )  # fmt: skip
+
+    draft = DraftReport(
+        model="m (draft)", architecture="DeepSeekMTP", forwards_per_step=1, layers=1,
+        rearrangements_completed=0, layers_committed=1, balancedness_before=None, balancedness_after=None,
+        balancedness_off_after=None, balancedness_off_mean=None, balancedness_per_step=(0.7, 0.8, 0.9),
+        balancedness_off_per_step=(0.7, 0.7, 0.7), commit_completed_steps=(),
+        initial_placement=install(3 * 1024),
+        bytes_received=None, bytes_received_per_rank=(None,) * 4, rearrangement_records=(),
+        rearrangements_skipped={}, experts_moved=1, bytes_moved=3 * 1024, busiest_rank_experts_received=0,
+        max_output_error=0.0, load_steps_recorded=0, load_selections=0,
+    )  # fmt: skip
+    fig = balancedness_figure(_report(format="float32", initial_placement=install(5 * 1024), draft=draft))
+    ax_bytes = fig.axes[1]
+    bars = {b.get_label(): (b.patches[0].get_y(), b.patches[0].get_height()) for b in ax_bytes.containers}
+    assert bars == {
+        "start-up install (all ranks)": (0.0, 5.0),  # KiB: the panel's unit
+        "MTP draft's start-up install (all ranks)": (5.0, 3.0),  # stacked on the target's
+    }
+    assert ax_bytes.get_ylabel() == "moved per\nrearrangement (KiB)"
+
+
+def test_a_compilation_config_of_mode_0_is_titled_by_its_mode():
+    """Issue 43 confusion: ``--compilation-config '{"mode": 0}'`` was titled "eager (enforce_eager)"."""
+    from ascend_eplb.tools.simulate.config import SimulateConfig
+    from ascend_eplb.tools.simulate.report import _compilation_title
+
+    eager = "eager (enforce_eager)"
+    assert _compilation_title(SimulateConfig(compilation_config='{"mode": 0}'), eager) == (
+        "NONE (compilation_config mode 0: eager execution)"
+    )
+    assert _compilation_title(SimulateConfig(), eager) == eager  # no option: vLLM's enforce_eager
+    compiled = "DYNAMO_TRACE_ONCE, eager backend"
+    assert _compilation_title(SimulateConfig(compile="eager"), compiled) == compiled
+    assert _compilation_title(SimulateConfig(model="replay"), None) is None
+
+
+def test_the_plot_is_written_by_the_one_writer(tmp_path):
+    """``balancedness.png`` replaces only a regular file (issue 43: one writer for every file written)."""
+    import os
+
+    import pytest
+
+    from ascend_eplb.integration.regular_files import RegularFileError
+    from ascend_eplb.tools.simulate.plot import plot_balancedness
+
+    png = tmp_path / "balancedness.png"
+    plot_balancedness(_report(format="float32"), png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fifo = tmp_path / "fifo.png"
+    os.mkfifo(fifo)
+    with pytest.raises(RegularFileError, match="is a FIFO, not a regular file"):
+        plot_balancedness(_report(format="float32"), fifo)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["balancedness.png", "fifo.png"]

@@ -549,10 +549,16 @@ def test_plan_refuses_what_it_cannot_plan_or_write_before_planning(tmp_path, cap
         in capsys.readouterr().err
     )
     assert cli.main(["plan", str(load), "--ranks", "2", "--redundant-experts", "100000000"]) == 2
-    assert "redundant experts=100000000: must be <= 1023 x E = 4092" in capsys.readouterr().err
+    assert (
+        "redundant experts=100000000: must be <= 1023 (upstream's EplbState.add_model asserts "
+        "num_redundant_experts <= 1023)"
+    ) in capsys.readouterr().err
     for target, why in [
-        (tmp_path / "missing" / "map.json", f"the folder {tmp_path / 'missing'} does not exist"),
-        (tmp_path, "is a folder, give a .json file path"),
+        (
+            tmp_path / "missing" / "map.json",
+            f"the folder {tmp_path / 'missing'} does not exist; fix: create it first",
+        ),
+        (tmp_path, "is a folder, not a file to write; fix: name the file, not its folder"),
     ]:
         assert cli.main(["plan", str(load), "--ranks", "2", "--export-expert-map", str(target)]) == 2
         assert f"export expert map={target}: {why}" in capsys.readouterr().err
@@ -961,3 +967,73 @@ def test_plan_reads_the_last_run_of_an_appended_events_file_and_says_so(tmp_path
     with pytest.warns(InputFileWarning, match="run 2, lines 3-3, is read"):
         assert cli.main(["plan", str(path), "--ranks", "2", "--export-expert-map", str(placement)]) == 0
     assert "num_redundant_experts=2 (the recorded configuration" in capsys.readouterr().out  # run 2's P = 6
+
+
+def _recorded(path: Path, *, num_ranks=2, num_physical_experts=6) -> Path:
+    """An events file of one server: its run_start and two windows of E = 4 on the given layout."""
+    records = [{"event": "run_start", "time": 0.0, "step": 0, "model": None, "run_id": "0" * 32, "pid": 1}]
+    for i, load in enumerate(([[9, 1, 1, 1]], [[8, 2, 1, 1]]), start=1):
+        records.append({"event": "window", "time": 0.0, "step": 4 * i, "model": "m", "rearrangement": i,
+                        "load": load, "balancedness": 0.5, "balancedness_eplb_off": 0.5,
+                        "num_ranks": num_ranks, "num_physical_experts": num_physical_experts})  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_plan_takes_the_ranks_an_events_file_records_and_reads_a_trace_in_both_modes(tmp_path, capsys):
+    """Issue 43 confusions: ``plan`` asked for ``--ranks`` that the events file records; ``plan X.npz
+    --ranks 4`` refused the ``.npz`` its ``--policies`` mode reads."""
+    events = _recorded(tmp_path / "events.jsonl")
+    assert cli.main(["plan", str(events), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_ranks"] == 2
+    assert cli.main(["plan", str(events), "--ranks", "4", "--json"]) == 0  # given: it wins
+    assert json.loads(capsys.readouterr().out)["num_ranks"] == 4
+    npz = tmp_path / "trace.npz"
+    np.savez_compressed(
+        npz, topk_ids=np.array([[[0, 1], [2, 3], [1, 2], [3, 0]]], dtype=np.uint8),
+        topk_weights_e4=np.full((1, 4, 2), 5000, dtype=np.uint16), seq_offsets=np.array([0, 2, 4]),
+        layer_ids=np.array([1]), num_logical_experts=np.array(4),
+    )  # fmt: skip
+    assert trace.load_load_matrix(npz).tolist() == [[2.0, 2.0, 2.0, 2.0]]  # its selections
+    assert cli.main(["plan", str(npz), "--ranks", "2", "--json"]) == 0
+    swept = json.loads(capsys.readouterr().out)
+    assert (swept["num_moe_layers"], swept["num_logical_experts"]) == (1, 4)
+    assert (
+        cli.main(["plan", str(npz), "--ranks", "2", "--policies", "default", "--redundant-experts", "0"]) == 0
+    )
+    capsys.readouterr()
+
+
+def test_plan_refuses_a_repeated_level_another_models_config_and_impossible_recorded_ranks(tmp_path, capsys):
+    """Issue 43 cases 12 and 14: ``--redundant-experts 2,2,2`` printed the row three times; a
+    ``--model-config`` of another model was costed silently; ``num_ranks`` 0 or -2 in the events file
+    was warned about, then exported."""
+    events = _recorded(tmp_path / "events.jsonl")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV3ForCausalLM"], "n_routed_experts": 256, "num_experts_per_tok": 8,
+        "num_hidden_layers": 61, "first_k_dense_replace": 3, "hidden_size": 7168,
+        "moe_intermediate_size": 2048,
+    }))  # fmt: skip
+    zero = _recorded(tmp_path / "zero.jsonl", num_ranks=0)
+    cases = [
+        (["plan", str(events), "--redundant-experts", "2,2,2"],
+         "argument --redundant-experts: '2,2,2': lists 2 3 times; give each once"),
+        (["plan", str(events), "--policies", "default,default"],
+         "argument --policies: 'default,default': lists default 2 times; give each once"),
+        (["plan", str(events), "--model-config", str(other)],
+         f"model config={other}: {other / 'config.json'} is a model of 256 routed experts in 58 MoE layers, "
+         f"the load {events} one of 4 in 1 loaded layers: a config of another model (its costs would be "
+         "another model's); fix: give the config.json of the model that served the load"),
+        (["plan", str(zero), "--export-expert-map", str(tmp_path / "map.json")],
+         f"{zero}:2: a window's 'num_ranks' must be an integer >= 1, got 0"),
+    ]  # fmt: skip
+    for argv, line in cases:
+        try:
+            code = cli.main(argv)
+        except SystemExit as e:  # argparse's refusal of an option's value
+            code = e.code
+        assert code == 2, argv
+        assert capsys.readouterr().err.splitlines()[0] == f"ascend-eplb plan: error: {line}", argv
+    assert not (tmp_path / "map.json").exists()

@@ -38,6 +38,11 @@ QWEN = {
 }  # fmt: skip
 
 
+#: A whole safetensors file of no tensor (what ``safetensors.torch.save_file({})`` writes): its header
+#: alone, which the library opens.
+NO_TENSORS = b"\x08\x00\x00\x00\x00\x00\x00\x00{}      "
+
+
 def _probe(argvs: list[list[str]], **environ: str) -> dict:
     env = os.environ | {"VLLM_TARGET_DEVICE": "cpu", **environ}
     done = subprocess.run(
@@ -51,7 +56,7 @@ def _folder(root, name, **config):
     folder = root / name
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({**QWEN, **config}))
-    (folder / "model.safetensors").write_bytes(b"")  # never read: every case is refused before
+    (folder / "model.safetensors").write_bytes(NO_TENSORS)  # its tensors never read: refused before
     return str(folder)
 
 
@@ -164,7 +169,10 @@ def test_every_bad_option_of_every_subcommand_is_refused_before_anything_with_it
         (["simulate", "--ranks", "x"], _hint("simulate", "argument --ranks: 'x': must be an integer >= 1")),
         (["check", "--num-experts", "0", "x.json"],
          _hint("check", "argument --num-experts: 0: must be >= 1")),
-        (["plan", str(load)], _hint("plan", "the following arguments are required: --ranks")),
+        # the ranks an events file records are its own; a matrix records none
+        (["plan", str(load)],
+         [f"ascend-eplb plan: error: ranks: give --ranks N, the EP ranks to plan for ({load} records none: a "
+          "serving events file records the ranks it was served on)"]),
     ]  # fmt: skip
     probed = _probe([argv for argv, _ in cases])
     for (argv, lines), (code, err) in zip(cases, probed["results"], strict=True):
@@ -247,9 +255,11 @@ def test_plan_never_writes_over_what_it_reads_and_judges_every_option_it_is_give
     load.write_text("[[1, 2, 3, 4], [4, 3, 2, 1]]")
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({**QWEN, "moe_intermediate_size": 32}))
+    (model / "config.json").write_text(
+        json.dumps({**QWEN, "moe_intermediate_size": 32, "num_local_experts": 4})
+    )
     plan = ["plan", str(load), "--ranks", "2"]
-    overwrite = "writing the placement would destroy it: give another file"
+    overwrite = "writing it would destroy that input; fix: write to another file"
     formats = (
         "supported: bf16, fp16, w8a8_dynamic, w4a8_dynamic, mxfp8, mxfp4; known but rejected: w4a16, "
         "w4a16_mxfp4, w4a8_mxfp4"
@@ -257,11 +267,11 @@ def test_plan_never_writes_over_what_it_reads_and_judges_every_option_it_is_give
     after_dashes = "after -- comes a vllm serve command line (serve MODEL [options], as after 'vllm'), got"
     cases = [
         ([*plan, "--export-expert-map", str(load)],
-         [f"ascend-eplb plan: error: export expert map={load}: is the file the load reads ({load}); "
+         [f"ascend-eplb plan: error: export expert map={load}: is the file the load reads ({load}): "
           f"{overwrite}"]),
         ([*plan, "--model-config", str(model), "--export-expert-map", str(model / "config.json")],
          [f"ascend-eplb plan: error: export expert map={model / 'config.json'}: is the file --model-config "
-          f"reads ({model / 'config.json'}); {overwrite}"]),
+          f"reads ({model / 'config.json'}): {overwrite}"]),
         ([*plan, "--export-expert-map", f"{tmp_path}/out/"],
          _hint("plan", f"argument --export-expert-map: '{tmp_path}/out/': ends with '/', a folder; name the "
                        "file to write")),
@@ -304,7 +314,7 @@ def test_simulate_lists_a_folders_missing_weights_with_every_bad_moe_fact_at_onc
     unstated = tmp_path / "unstated"
     unstated.mkdir()
     (unstated / "config.json").write_text(json.dumps({"architectures": ["Qwen3MoeForCausalLM"]}))
-    (unstated / "model.safetensors").write_bytes(b"")
+    (unstated / "model.safetensors").write_bytes(NO_TENSORS)
     out = str(tmp_path / "out")
     probed = _probe([["simulate", "--model", str(folder), "--out", out],
                      ["simulate", "--model", str(unstated), "--out", out]])  # fmt: skip
@@ -351,7 +361,7 @@ def test_simulate_refuses_a_folder_whose_layers_or_class_it_cannot_read_naming_t
     for name, config in folders.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(config))
-        (tmp_path / name / "model.safetensors").write_bytes(b"")
+        (tmp_path / name / "model.safetensors").write_bytes(NO_TENSORS)
         argv.append(["simulate", "--model", str(tmp_path / name), "--out", str(tmp_path / "out")])
     probed = _probe(argv)
     c = {name: tmp_path / name / "config.json" for name in folders}
@@ -407,7 +417,7 @@ def test_a_stray_comma_a_file_in_the_way_and_a_folders_own_format_are_named_as_w
           "nothing can be written under it"]),
         ([*plan, "--export-expert-map", f"{tmp_path}/missing/map.json"],
          [f"ascend-eplb plan: error: export expert map={tmp_path}/missing/map.json: the folder "
-          f"{tmp_path}/missing does not exist"]),
+          f"{tmp_path}/missing does not exist; fix: create it first"]),
         (["simulate", "--model", f64, "--out", out],
          _options(f"model={f64}: its experts are float64 (its quant_model_description.json or dtype, as "
                   "start-up reads it), a format simulate cannot serve: it must be float32 or a format EPLB "
@@ -445,3 +455,118 @@ def test_the_cache_variable_empty_is_unset_and_a_file_or_unreachable_path_is_ref
         )) + "\n"]]  # fmt: skip
         assert probed["vllm"] is False
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing written
+
+
+def test_simulate_never_starts_from_an_output_it_would_remove_first(tmp_path):
+    """Issue 43 case 3: ``simulate --initial-placement OUT/events.jsonl --out OUT`` (starting from the last
+    run's recording): validation read it, the run emptied OUT, the ranks refused "no such file", and the
+    recording was gone. Any input that is one of the run's outputs (or a link to one) is refused before
+    anything changes, the file and the folder as they were."""
+    from ascend_eplb.tools.simulate import driver
+    from ascend_eplb.tools.simulate.config import RUN_OUTPUTS
+
+    assert driver._OUTPUTS == RUN_OUTPUTS  # the driver's outputs are the ones judged here
+    out = tmp_path / "out"
+    out.mkdir()
+    recorded = out / "events.jsonl"
+    window = {"event": "window", "time": 0.0, "step": 3, "model": "m", "rearrangement": 1,
+              "load": [[5, 1, 1, 1]], "balancedness": 1.0, "balancedness_eplb_off": 1.0}  # fmt: skip
+    recorded.write_text(json.dumps(window) + "\n")
+    (out / "report.json").write_text("{}")
+    link = tmp_path / "last.jsonl"
+    link.symlink_to(recorded)
+    for given, flag in (
+        (recorded, "--initial-placement"),
+        (link, "--initial-placement"),
+        (recorded, "--trace"),
+    ):
+        code, err = _probe([["simulate", "--model", "replay", flag, str(given), "--out", str(out)]])[
+            "results"
+        ][0]
+        name = flag.removeprefix("--").replace("-", " ")
+        copy = tmp_path / "last-events.jsonl"
+        line = (
+            f"  - {name}={given}: is {recorded}, an output of this run, which removes it before its ranks "
+            f"start and writes its own; fix: copy it out of --out first (e.g. cp {recorded} {copy}) and name "
+            "the copy, or give another --out"
+        )
+        assert code == 2
+        assert line in err.splitlines(), err
+    assert recorded.read_text() == json.dumps(window) + "\n"
+    assert sorted(p.name for p in out.iterdir()) == ["events.jsonl", "report.json"]
+
+
+def test_simulate_judges_a_compilation_config_by_vllms_config_and_start_ups_rule_before_any_rank(tmp_path):
+    """Issue 43 case 8: these passed option validation and every rank then crashed with a traceback, 48-64 s
+    in (a pydantic error, an inductor RuntimeError); inductor freezing was refused by the ranks after 63 s
+    though ``check`` refuses it at once. vLLM's own ``CompilationConfig`` and start-up's ``compiled-forward``
+    rule (the function every rank runs) judge them now, before anything starts."""
+    good = _folder(tmp_path, "good")
+    out = str(tmp_path / "out")
+    sim = ["simulate", "--model", good, "--out", out, "--compilation-config"]
+    freezing = (
+        "[compiled-forward] inductor freezing (compilation_config.inductor_compile_config freezing, or "
+        "TORCHINDUCTOR_FREEZING=1) folds the expert weights into the compiled code as constants, so the "
+        "weights EPLB moves in place would never be read again; fix: turn freezing off"
+    )
+    cases = [
+        ([*sim, '{"mode": 3, "backend": "foo"}'],
+         _options("compilation-config: vLLM's CompilationConfig refuses {\"mode\": 3, \"backend\": \"foo\"}: "
+                  "Value error, Invalid backend for piecewise compilation: foo")),
+        ([*sim, '{"mode": 3, "inductor_compile_config": {"max_autotune_nope": true}}'],
+         _options("compilation-config: [compiled-forward] compilation_config.inductor_compile_config names "
+                  "'max_autotune_nope', which torch's inductor has no option of (torch._inductor.config): "
+                  "every rank's first compile would fail; fix: correct or remove them")),
+        ([*sim, '{"mode": 2, "backend": "inductor", "inductor_compile_config": {"freezing": true}}'],
+         _options(f"compilation-config: {freezing}")),
+    ]  # fmt: skip
+    probed = _probe([argv for argv, _ in cases])
+    for (argv, lines), (code, err) in zip(cases, probed["results"], strict=True):
+        assert (code, err.splitlines()) == (2, lines), argv
+    # The environment's switch, which the ranks inherit, as start-up reads it.
+    probed = _probe(
+        [["simulate", "--model", good, "--out", out, "--compile", "inductor"]], TORCHINDUCTOR_FREEZING="1"
+    )
+    assert probed["results"] == [[2, "\n".join(_options(f"compile: {freezing}")) + "\n"]]
+    assert not (tmp_path / "out").exists()
+
+
+def test_simulate_refuses_an_empty_or_truncated_safetensors_file_in_one_line(tmp_path):
+    """Issue 43 case 10: a truncated or empty ``model.safetensors`` in a ``--model`` folder: each rank's
+    127-line traceback, exit 1 (the README promises one line and exit 2 for a corrupt input)."""
+    import torch
+    from safetensors.torch import save_file
+
+    whole = tmp_path / "whole.safetensors"
+    save_file({"w": torch.zeros(64)}, str(whole))
+    data = whole.read_bytes()
+    argv = []
+    for name, content in (("empty", b""), ("truncated", data[:-10])):
+        folder = _folder(tmp_path, name)
+        (Path(folder) / "model.safetensors").write_bytes(content)
+        argv.append(["simulate", "--model", folder, "--out", str(tmp_path / "out")])
+    probed = _probe(argv)
+    said = {
+        "empty": "Error while deserializing header: header too small; 0 bytes",
+        "truncated": f"Error while deserializing header: incomplete metadata, file not fully covered; "
+        f"{len(data) - 10} bytes",
+    }
+    assert probed["results"] == [
+        [2, "\n".join(_options(
+            f"model={tmp_path / name}: model.safetensors is not a whole safetensors file ({said[name]}: "
+            "empty or truncated?); fix: copy the checkpoint again"
+        )) + "\n"]
+        for name in ("empty", "truncated")
+    ]  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
+def test_simulate_refuses_more_redundant_experts_than_upstream_takes(tmp_path):
+    """Issue 43: ``--redundant-experts 1024`` passed every rule and upstream's ``EplbState.add_model``
+    asserted on every rank (it takes at most 1023)."""
+    out = str(tmp_path / "out")
+    probed = _probe([["simulate", "--model", "replay", "--redundant-experts", "1024", "--out", out]])
+    assert probed["results"] == [[2, "\n".join(_options(
+        "redundant experts=1024: must be <= 1023 (upstream's EplbState.add_model asserts "
+        "num_redundant_experts <= 1023)"
+    )) + "\n"]]  # fmt: skip

@@ -107,9 +107,11 @@ def test_record_plan_and_simulate_from_the_placement_on_the_real_model_class(tmp
     assert start["first_step_off"] == pytest.approx(recorded["balancedness_off_per_step"][0], abs=1e-12)
     assert (
         f"initial placement {placement}: first step balancedness {start['first_step_balancedness']:.4f} "
-        f"measured, {start['first_step_planned']:.4f} as plan computes it for the placement on that step's "
-        f"load, EPLB off {start['first_step_off']:.4f}; plan predicted {predicted:.4f} on the load it was "
-        "made from; every slot held its logical expert from step 0"
+        "measured (each token's selection served by one replica of its expert), "
+        f"{start['first_step_planned']:.4f} on plan's measure of that step's load (each expert's load split "
+        "evenly over its replicas: the two differ by how the replicas shared the step's tokens), EPLB off "
+        f"{start['first_step_off']:.4f}; plan predicted {predicted:.4f} on the load it was made from; every "
+        "slot held its logical expert from step 0"
     ) in summary
     assert (
         "the first 2 were the start-up install of the initial placement, checked before the first step"
@@ -117,10 +119,10 @@ def test_record_plan_and_simulate_from_the_placement_on_the_real_model_class(tmp
     )
     assert served["rearrangements_completed"] >= 1  # and it rearranged on from it
     records = [json.loads(line) for line in (tmp_path / "served" / "events.jsonl").read_text().splitlines()]
-    assert records[0]["event"] == "initial_placement"
-    assert records[0]["placement"] == [list(r) for r in pf.read_placement(placement).physical_to_logical_map]
+    assert [r["event"] for r in records[:2]] == ["run_start", "initial_placement"]
+    assert records[1]["placement"] == [list(r) for r in pf.read_placement(placement).physical_to_logical_map]
     # Every total counts the install as a rearrangement (issue 38 defect 6): its layers, experts and bytes.
-    install = records[0]
+    install = records[1]
     counted = (
         start["layers_committed"],
         start["layers_changed"],

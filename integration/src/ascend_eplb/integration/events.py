@@ -6,9 +6,11 @@ once (a crash loses at most the line being written): a :class:`Record` kind's :m
 serving step, as in ``simulate``'s ``report.json``) and ``model`` (``EplbModelState.model_name``). The
 same records go on the controller's bus as :class:`EventsRecord` on every EP rank (with that rank's
 ``bytes_received`` and ``publish_to_acknowledge_s``) for the Prometheus metrics. :func:`read_events` is
-the one reader (``plan``, ``simulate --trace``, the placement reader); several servers may append to one
-file, so it splits runs (:class:`Run`) where the step counter or a model's rearrangement counter starts
-again, or a start-up install is recorded again.
+the one reader (``plan``, ``simulate --trace``, the placement reader). Several servers may append to one
+file: each server's first record is a ``run_start`` (:class:`RunStartRecord`), and every reader splits the
+file's runs (:class:`Run`) there, so that no reader joins two servers' records. A file recorded before
+(no ``run_start``) is split where the step counter or a model's rearrangement counter starts again, or a
+start-up install is recorded again.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
@@ -37,8 +41,15 @@ from ascend_eplb.control.bus import (
 )
 from ascend_eplb.control.values import is_int
 from ascend_eplb.integration import metrics
+from ascend_eplb.integration.model_facts import MAX_REDUNDANT_EXPERTS
 from ascend_eplb.integration.model_names import DRAFT_SUFFIX, is_draft
-from ascend_eplb.integration.regular_files import open_for_append, read_regular_file, regular_file_problem
+from ascend_eplb.integration.regular_files import (
+    EVENTS_FILE,
+    RegularFileError,
+    open_for_append,
+    read_regular_file,
+    regular_file_problem,
+)
 from ascend_eplb.integration.verify import VerifierViolation
 from ascend_eplb.integration.watchdog import WorkerFailure
 
@@ -58,6 +69,7 @@ __all__ = [
     "Record",
     "RecordedLoad",
     "Run",
+    "RunStartRecord",
     "VerifierViolationRecord",
     "WindowRecord",
     "WorkerFailureRecord",
@@ -72,7 +84,9 @@ def events_path(environ: Mapping[str, str] | None = None) -> str | None:
     """The path ``ASCEND_EPLB_EVENTS`` names (a leading ``~`` expanded), or None (unset or empty).
 
     Checked on every rank at start-up, though only EP rank 0 writes: a path that is a folder, a FIFO or
-    another non-regular file, or whose folder cannot be created or written, is refused everywhere alike.
+    another non-regular file, or where no file can be created or appended to, is refused everywhere
+    alike. Whether it can be is judged by doing it (:func:`_creatable`): permission bits say nothing of
+    ``/proc`` or ``/sys``, where root may "write" but nothing can be created.
 
     Raises:
         ValueError: the path cannot be appended to (the message names it and why).
@@ -87,18 +101,39 @@ def events_path(environ: Mapping[str, str] | None = None) -> str | None:
     path = Path(raw)
     if path.is_dir() or raw.endswith(("/", os.sep)):  # Path("out/") is "out": a file where a folder was meant
         raise ValueError(f"{ENV_EVENTS}={raw}: is a folder; name the events file (e.g. events.jsonl)")
-    problem = regular_file_problem(path, missing_ok=True)
+    problem = regular_file_problem(path, missing_ok=True, verb="append to")
     if problem is not None:
-        raise ValueError(f"{ENV_EVENTS}={raw}: {problem}; name an events file (e.g. events.jsonl)")
-    folder = path.parent
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        kind = "" if folder.is_dir() else " (it is a file)"
-        raise ValueError(f"{ENV_EVENTS}={raw}: {folder} is not a writable folder{kind}")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise ValueError(f"{ENV_EVENTS}={raw}: the file is not writable")
+        raise ValueError(f"{ENV_EVENTS}={raw}: {problem.problem}; name an events file (e.g. events.jsonl)")
+    if (why := _creatable(path)) is not None:
+        raise ValueError(f"{ENV_EVENTS}={raw}: {why}; name an events file in a writable folder")
     return raw
+
+
+def _creatable(path: Path) -> str | None:
+    """Why the events file ``path`` cannot be appended to, or None. An existing file is opened for
+    appending (nothing written); a missing one is judged by creating and removing a file beside it (a
+    folder, in the nearest folder that exists, when its own is still to be made)."""
+    if path.exists():
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_NOCTTY))
+        except OSError as e:
+            return f"the file cannot be appended to ({e.strerror or e})"
+        return None
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    try:
+        if folder == path.parent:
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".probe")
+            os.close(fd)
+            os.unlink(probe)
+        else:
+            os.rmdir(tempfile.mkdtemp(dir=folder, prefix=".ascend-eplb-probe-"))
+    except OSError as e:
+        return f"nothing can be created in {folder} ({e.strerror or e})"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------- records
@@ -108,10 +143,23 @@ class _FieldError(ValueError):
     """A field value breaking its rule (the rule's text)."""
 
 
-def _int(value: Any) -> int:
-    if not is_int(value):
-        raise _FieldError("must be an integer")
+def _count(value: Any) -> int:
+    """An integer >= 0 (a step, a layer, a rank, bytes, experts)."""
+    if not is_int(value) or value < 0:
+        raise _FieldError(f"must be an integer >= 0, got {_shown(value)}")
     return int(value)
+
+
+def _positive(value: Any) -> int:
+    """An integer >= 1 (ranks, experts, a 1-based rearrangement index)."""
+    if not is_int(value) or value < 1:
+        raise _FieldError(f"must be an integer >= 1, got {_shown(value)}")
+    return int(value)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def _number(value: Any) -> float:
@@ -190,7 +238,7 @@ class Record:
     #: Fields a file recorded before took under an earlier name (old name -> field).
     renamed: ClassVar[dict[str, str]] = {}
     time: float = _f(_number)
-    step: int = _f(_int)
+    step: int = _f(_count)
     model: str | None = _f(_optional(_str))
 
     def to_json(self) -> dict[str, Any]:
@@ -222,13 +270,52 @@ class Record:
                 values[f.name] = f.metadata["check"](data[f.name])
             except _FieldError as e:
                 raise ValueError(f"{article} {cls.event}'s '{f.name}' {e}") from None
-        return cls(**values)
+        record = cls(**values)
+        if (problem := record.facts_problem()) is not None:
+            raise ValueError(f"{article} {cls.event}'s {problem}")
+        return record
+
+    def facts_problem(self) -> str | None:
+        """Why the record's fields cannot be true together (one server's facts), or None."""
+        return None
 
 
 def _plain(value: Any) -> Any:
     if isinstance(value, tuple):
         return [_plain(v) for v in value]
     return value
+
+
+def _layout_problem(num_logical: int, num_physical: int | None, num_ranks: int | None) -> str | None:
+    """Why ``P`` physical experts of ``E`` logical ones on ``N`` ranks cannot be a server's layout, or
+    None: P >= E, P <= E + upstream's ``MAX_EXPERT_REDUNDANCY``, N divides P (each None: not judged)."""
+    p, e, n = num_physical, num_logical, num_ranks
+    if p is not None and p < e:
+        return f"num_physical_experts={p}: below its {e} logical experts (every logical expert has a slot)"
+    if p is not None and p > e + MAX_REDUNDANT_EXPERTS:
+        return (
+            f"num_physical_experts={p}: more than its {e} logical experts + {MAX_REDUNDANT_EXPERTS} "
+            "(upstream's EplbState takes at most that many redundant experts)"
+        )
+    if p is not None and n is not None and p % n:
+        return f"num_physical_experts={p}: not divisible by num_ranks={n} (P / N slots per rank)"
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunStartRecord(Record):
+    """A server started recording: the first record of each server (``step`` 0, ``model`` None), before
+    any other of its own. Every reader starts a run (:class:`Run`) here, so no reader joins the records of
+    two servers appended to one file.
+
+    Attributes:
+        run_id: the server's run, a random 32-hex-digit id (``uuid4``).
+        pid: the recording process (EP rank 0's).
+    """
+
+    event: ClassVar[str] = "run_start"
+    run_id: str = _f(_str)
+    pid: int = _f(_count)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,13 +338,16 @@ class InitialPlacementRecord(Record):
     event: ClassVar[str] = "initial_placement"
     renamed: ClassVar[dict[str, str]] = {"experts_crossing_ranks": "experts_moved"}
     source: str = _f(_str)
-    num_logical_experts: int = _f(_int)
-    num_ranks: int = _f(_int)
+    num_logical_experts: int = _f(_positive)
+    num_ranks: int = _f(_positive)
     placement: tuple[tuple[int, ...], ...] = _f(_placement)
-    layers_changed: int = _f(_int)
-    experts_moved: int = _f(_int)
-    bytes_moved: int | None = _f(_optional(_int), None)
-    bytes_received: int = _f(_int)
+    layers_changed: int = _f(_count)
+    experts_moved: int = _f(_count)
+    bytes_moved: int | None = _f(_optional(_count), None)
+    bytes_received: int = _f(_count)
+
+    def facts_problem(self) -> str | None:
+        return _layout_problem(self.num_logical_experts, len(self.placement[0]), self.num_ranks)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,15 +372,18 @@ class WindowRecord(Record):
     """
 
     event: ClassVar[str] = "window"
-    rearrangement: int = _f(_int)
+    rearrangement: int = _f(_positive)
     load: tuple[tuple[int, ...], ...] = _f(_load)
     balancedness: float = _f(_number)
     balancedness_eplb_off: float = _f(_number)
-    num_ranks: int | None = _f(_optional(_int), None)
-    num_physical_experts: int | None = _f(_optional(_int), None)
-    num_expert_groups: int | None = _f(_optional(_int), None)
-    num_nodes: int | None = _f(_optional(_int), None)
+    num_ranks: int | None = _f(_optional(_positive), None)
+    num_physical_experts: int | None = _f(_optional(_positive), None)
+    num_expert_groups: int | None = _f(_optional(_positive), None)
+    num_nodes: int | None = _f(_optional(_positive), None)
     new_selections: tuple[tuple[int, ...], ...] | None = _f(_optional(_load), None)
+
+    def facts_problem(self) -> str | None:
+        return _layout_problem(len(self.load[0]), self.num_physical_experts, self.num_ranks)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -314,7 +407,7 @@ class RearrangementRecord(Record):
     """
 
     event: ClassVar[str] = "rearrangement"
-    rearrangement: int | None = _f(_optional(_int))
+    rearrangement: int | None = _f(_optional(_positive))
     policy: str = _f(_str)
     skipped: str | None = _f(_optional(_str))
     balancedness_before: float | None = _f(_optional(_number))
@@ -322,9 +415,9 @@ class RearrangementRecord(Record):
     load_estimate: str = _f(_str, "window")
     estimate_balancedness_before: float | None = _f(_optional(_number), None)
     estimate_balancedness_planned: float | None = _f(_optional(_number), None)
-    experts_moved: int = _f(_int)
-    bytes_moved: int = _f(_int)
-    layers_changed: int = _f(_int)
+    experts_moved: int = _f(_count)
+    bytes_moved: int = _f(_count)
+    layers_changed: int = _f(_count)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -342,7 +435,7 @@ class RearrangementRealisedRecord(Record):
     """
 
     event: ClassVar[str] = "rearrangement_realised"
-    rearrangement: int = _f(_int)
+    rearrangement: int = _f(_positive)
     skipped: str | None = _f(_optional(_str))
     balancedness_before: float | None = _f(_optional(_number))
     balancedness_planned: float | None = _f(_optional(_number))
@@ -350,8 +443,8 @@ class RearrangementRealisedRecord(Record):
     estimate_balancedness_before: float | None = _f(_optional(_number), None)
     estimate_balancedness_planned: float | None = _f(_optional(_number), None)
     balancedness_realised: float = _f(_number)
-    placed_by: int | None = _f(_optional(_int), None)
-    windows_realised: int | None = _f(_optional(_int), None)
+    placed_by: int | None = _f(_optional(_positive), None)
+    windows_realised: int | None = _f(_optional(_positive), None)
     balancedness_realised_mean: float | None = _f(_optional(_number), None)
 
 
@@ -370,10 +463,10 @@ class CommitRecord(Record):
     """
 
     event: ClassVar[str] = "commit"
-    rearrangement: int = _f(_int)
-    layer: int = _f(_int)
+    rearrangement: int = _f(_positive)
+    layer: int = _f(_count)
     publish_to_acknowledge_s: float | None = _f(_optional(_number))
-    bytes_received: int = _f(_int)
+    bytes_received: int = _f(_count)
     placement: tuple[int, ...] | None = _f(_optional(_row), None)
 
 
@@ -385,7 +478,7 @@ class WorkerFailureRecord(Record):
     event: ClassVar[str] = "worker_failure"
     kind: str = _f(_str)
     ranks: tuple[int, ...] = _f(_ints)
-    layer: int | None = _f(_optional(_int))
+    layer: int | None = _f(_optional(_count))
     cause: str = _f(_str)
 
 
@@ -396,9 +489,9 @@ class VerifierViolationRecord(Record):
 
     event: ClassVar[str] = "verifier_violation"
     check: str = _f(_str)
-    layer: int | None = _f(_optional(_int))
-    rank: int = _f(_int)
-    slot: int | None = _f(_optional(_int))
+    layer: int | None = _f(_optional(_count))
+    rank: int = _f(_count)
+    slot: int | None = _f(_optional(_count))
     message: str = _f(_str)
 
 
@@ -416,6 +509,7 @@ _REALISED_COPIES = (
 RECORD_KINDS: dict[str, type[Record]] = {
     kind.event: kind
     for kind in (
+        RunStartRecord,
         InitialPlacementRecord,
         WindowRecord,
         RearrangementRecord,
@@ -442,8 +536,8 @@ class EventsWriter:
         self.path = Path(path)
         try:
             self._file = open_for_append(self.path)
-        except ValueError as e:
-            raise ValueError(f"{ENV_EVENTS}={self.path}: {e}") from None
+        except RegularFileError as e:
+            raise ValueError(f"{ENV_EVENTS}={self.path}: {e.reason}") from None
 
     def write(self, record: Record) -> None:
         self._file.write(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
@@ -531,6 +625,10 @@ class EventsRecorder:
         self._rank = get_ep_group().rank_in_group
         if self._rank == 0 and self.path is not None and self._writer is None:
             self._writer = EventsWriter(self.path)
+            # This server's first record: every reader starts its run here.
+            self._writer.write(
+                RunStartRecord(**self._stamp(), model=None, run_id=uuid.uuid4().hex, pid=os.getpid())
+            )
         if self._writer is None and not (self._bus is not None and self._bus.subscribers(EventsRecord)):
             return
         self._active = True
@@ -802,6 +900,33 @@ class Run:
         counts = {m: n for m, n in self.models(kinds).items() if among is None or m in among}
         return max(counts, key=lambda m: (counts[m], not is_draft(m))) if counts else None
 
+    def layout(self, model: str | None, path: Path) -> tuple[int | None, int | None]:
+        """``(num_physical_experts, num_ranks)`` ``model`` was served with in this run, as its ``window``
+        and ``initial_placement`` records state them (None: none states it).
+
+        Raises:
+            ValueError: two records state different ones (one server serves one layout), naming the file,
+                both lines and both values.
+        """
+        first: tuple[int, int | None, int | None] | None = None
+        for number, record in self.of((WindowRecord, InitialPlacementRecord), model):
+            if isinstance(record, WindowRecord):
+                stated = (record.num_physical_experts, record.num_ranks)
+            else:
+                stated = (len(record.placement[0]), record.num_ranks)
+            if None in stated:
+                continue
+            if first is None:
+                first = (number, *stated)
+            elif stated != first[1:]:
+                raise ValueError(
+                    f"{path}:{number}: model {model}'s {record.event} record states num_physical_experts="
+                    f"{stated[0]} on num_ranks={stated[1]}, line {first[0]} of its run num_physical_experts="
+                    f"{first[1]} on num_ranks={first[2]}: one server serves one layout (records of two "
+                    "servers without a run_start between them?)"
+                )
+        return (None, None) if first is None else first[1:]
+
     def served_models(self, kinds: type[Record] | tuple[type[Record], ...]) -> list[str | None]:
         """The models one server balanced in this run, as far as its records of ``kinds`` tell: the
         :meth:`main_model` and, when the run records one, its MoE draft (``"<main> (draft)"``,
@@ -842,9 +967,17 @@ class EventsFile:
         when there is nothing else)."""
         parts = []
         if len(self.runs) > 1:
+            explicit = [isinstance(r.records[0][1], RunStartRecord) for r in self.runs]
+            how = (
+                "each starts at a server's run_start record"
+                if all(explicit)
+                else "a run starts where the step or the rearrangement counter starts again"
+                if not any(explicit)
+                else "a run starts at a server's run_start record; in records without one (an earlier "
+                "ascend-eplb-integration's), where the step or the rearrangement counter starts again"
+            )
             parts.append(
-                f"{self.path} holds {len(self.runs)} runs (a run starts where the step or the rearrangement "
-                f"counter starts again); run {run.number}, {run.lines}, is read"
+                f"{self.path} holds {len(self.runs)} runs ({how}); run {run.number}, {run.lines}, is read"
             )
         read = (model, *beside)
         others = [f"{m} ({n})" for m, n in run.models(kinds).items() if m not in read]
@@ -901,7 +1034,7 @@ class EventsFile:
                     f"{self.path}:{number}: window new_selections shape {(len(new), len(new[0]))} differs "
                     f"from its load's {shape}"
                 )
-        stated = [r for _, r in windows if r.num_physical_experts is not None and r.num_ranks is not None]
+        num_physical, num_ranks = run.layout(model, self.path)
         groups = [r.num_expert_groups for _, r in windows if r.num_expert_groups is not None]
         nodes = [r.num_nodes for _, r in windows if r.num_nodes is not None]
         evidence = [r.new_selections for _, r in windows]
@@ -909,8 +1042,8 @@ class EventsFile:
             source=str(self.path),
             model=model,
             windows=tuple(torch.tensor(r.load, dtype=torch.int64) for _, r in windows),
-            num_physical_experts=stated[-1].num_physical_experts if stated else None,
-            num_ranks=stated[-1].num_ranks if stated else None,
+            num_physical_experts=num_physical,
+            num_ranks=num_ranks,
             num_expert_groups=groups[-1] if groups else None,
             num_nodes=nodes[-1] if nodes else None,
             new_selections=None
@@ -947,29 +1080,42 @@ class RecordedLoad:
     note: str = ""
 
 
-def read_events(path: str | os.PathLike[str], *, stacklevel: int = 2) -> EventsFile:
+def read_events(
+    path: str | os.PathLike[str], *, stacklevel: int = 2, text: str | bytes | None = None
+) -> EventsFile:
     """Every record of an events file, each through its :data:`RECORD_KINDS` class, split into runs.
 
-    A run starts at the first record, at a record whose ``step`` is below the one before, at a ``window``
-    whose ``rearrangement`` is not above the model's previous window's in the run, and at an
+    A run starts at each ``run_start`` record (:class:`RunStartRecord`: a server's first). The records
+    before the first one (a file recorded by an earlier ascend-eplb-integration) are split as they were:
+    at the first record, at a record whose ``step`` is below the one before, at a ``window`` whose
+    ``rearrangement`` is not above the model's previous window's in the run, and at an
     ``initial_placement`` record after any other record of its model. Lines of an unknown ``event``
     (a later writer's kinds) are skipped.
 
+    Args:
+        text: the file's text or bytes when read already (the placement reader's, the tools'); else it is
+            read (:func:`~ascend_eplb.integration.regular_files.read_regular_file`, up to an events file's
+            cap).
+
     Raises:
         ValueError: naming the file (and the line): missing, not a regular file (a FIFO is refused
-            before it is opened), unreadable, not UTF-8, or a line other than a truncated last one that is
-            not a JSON object with an ``event`` name, nests too deeply, or is a record breaking its kind's
-            schema. A truncated last line (a crash while writing) is skipped with one ``UserWarning``.
+            before it is opened), unreadable, larger than the cap, not UTF-8, or a line other than a
+            truncated last one that is not a JSON object with an ``event`` name, nests too deeply, or is a
+            record breaking its kind's schema or whose facts cannot be true together (``num_ranks`` 0, more
+            physical experts than upstream takes). A truncated last line (a crash while writing) is
+            skipped with one ``UserWarning``.
     """
     source = Path(path)
-    try:
-        raw = read_regular_file(source)
-    except ValueError as e:
-        raise ValueError(f"{source}: cannot read the events file ({e})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{source}: not UTF-8 text (byte {e.start}); not an events file") from None
+    if text is None:
+        try:
+            text = read_regular_file(source, EVENTS_FILE)
+        except RegularFileError as e:
+            raise ValueError(f"{source}: cannot read the events file: {e.reason}") from None
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{source}: not UTF-8 text (byte {e.start}); not an events file") from None
     lines = text.split("\n")
     complete_end = text.endswith("\n")
     records: list[tuple[int, Record]] = []
@@ -1002,17 +1148,25 @@ def read_events(path: str | os.PathLike[str], *, stacklevel: int = 2) -> EventsF
 
 
 def _runs(records: list[tuple[int, Record]]) -> tuple[Run, ...]:
-    """``records`` split where a run starts (:func:`read_events`)."""
+    """``records`` split where a run starts (:func:`read_events`): at each ``run_start``; before the first
+    one, where the counters start again."""
     groups: list[list[tuple[int, Record]]] = []
     step = -1
     windows: dict[str | None, int] = {}  # per model, the last window's rearrangement in the current run
     kinds: set[tuple[str | None, str]] = set()  # (model, event) seen in the current run
+    explicit = False  # the current run started at a run_start record: only the next one ends it
     for number, record in records:
-        restart = not groups or record.step < step
-        if isinstance(record, WindowRecord):
-            restart = restart or record.rearrangement <= windows.get(record.model, 0)
-        if isinstance(record, InitialPlacementRecord):
-            restart = restart or any(model == record.model for model, _ in kinds)
+        if isinstance(record, RunStartRecord):
+            explicit = True
+            restart = True
+        elif explicit:
+            restart = False
+        else:
+            restart = not groups or record.step < step
+            if isinstance(record, WindowRecord):
+                restart = restart or record.rearrangement <= windows.get(record.model, 0)
+            if isinstance(record, InitialPlacementRecord):
+                restart = restart or any(model == record.model for model, _ in kinds)
         if restart:
             groups.append([])
             windows.clear()

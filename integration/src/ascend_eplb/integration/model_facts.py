@@ -15,6 +15,7 @@ __all__ = [
     "GROUP_KEYS",
     "LAYER_KEYS",
     "LAYER_SCHEMES",
+    "MAX_REDUNDANT_EXPERTS",
     "TOP_K_KEYS",
     "ModelClass",
     "MoeFacts",
@@ -479,6 +480,12 @@ def read_model_class(architectures: Any) -> ModelClass | None:
         has_part = True if MixtureOfExperts in cls.__mro__ else (None if supports_multimodal(cls) else False)
         return ModelClass(arch, cls.__qualname__, has_part)
     return None
+
+
+#: The most redundant experts upstream's ``EplbState.add_model`` takes (its ``MAX_EXPERT_REDUNDANCY``,
+#: vLLM 0.33.0 ``vllm/distributed/eplb/eplb_state.py``; it asserts ``num_redundant_experts <=`` it): P is
+#: at most E + 1023.
+MAX_REDUNDANT_EXPERTS = 1023
 
 
 def experts_divisibility_error(

@@ -25,8 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from ascend_eplb.control.values import is_int
+from ascend_eplb.integration import json_text
 from ascend_eplb.integration.model_names import is_draft
-from ascend_eplb.integration.regular_files import read_regular_file
+from ascend_eplb.integration.regular_files import (
+    EVENTS_FILE,
+    FileKind,
+    RegularFileError,
+    read_regular_file,
+    write_regular_file,
+)
 
 __all__ = [
     "CONFIG_KEY",
@@ -58,6 +65,8 @@ VERSION_MODELS = 2
 FACTS = ("num_moe_layers", "num_logical_experts", "num_physical_experts", "num_ranks")
 #: Problems of one kind listed in a message before the rest are counted ("and 12 more").
 _LISTED = 5
+#: What :func:`read_placements` reads, up to an events file's cap (either may be named).
+_PLACEMENT_OR_EVENTS = FileKind("a placement or events file", EVENTS_FILE.max_mib)
 
 
 class PlacementFileError(ValueError):
@@ -315,9 +324,10 @@ def read_placements(
     """
     source = Path(path)
     try:
-        raw = read_regular_file(source)
-    except ValueError as e:
-        raise PlacementFileError(source, [f"cannot read the placement file ({e})"]) from None
+        raw = read_regular_file(source, _PLACEMENT_OR_EVENTS)
+    except RegularFileError as e:
+        # The problem alone: every caller names its own fix (the rule's, simulate's option).
+        raise PlacementFileError(source, [f"cannot read the placement file: {e.problem}"]) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -325,10 +335,10 @@ def read_placements(
     if not text.strip():
         raise PlacementFileError(source, ["empty file, not a placement file"])
     if _is_events_file(text):
-        return _from_events(source, served)
+        return _from_events(source, text, served)
     try:
-        data = json.loads(text, object_pairs_hook=_unique_keys)
-    except _DuplicateKeyError as e:
+        data = json_text.loads(text)
+    except json_text.DuplicateKeyError as e:
         raise PlacementFileError(source, [f"the key {e.key!r} is given twice in one JSON object"]) from None
     except json.JSONDecodeError as e:
         # The decoder stopped at the end of the text, or in a string that runs to it: the file ends early.
@@ -340,22 +350,6 @@ def read_placements(
     except RecursionError:
         raise PlacementFileError(source, ["not a placement file (JSON nested too deeply)"]) from None
     return _from_document(data, source)
-
-
-class _DuplicateKeyError(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json.loads``' object hook: the object, refusing a key given twice (the last would win)."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKeyError(key)
-        out[key] = value
-    return out
 
 
 #: The keys of a version-1 document, of a version-2 document and of its ``models`` entry, of a
@@ -534,14 +528,14 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else f"{text[:57]}..."
 
 
-def _from_events(source: Path, served: Sequence[str] | None) -> tuple[Placement, ...]:
+def _from_events(source: Path, text: str, served: Sequence[str] | None) -> tuple[Placement, ...]:
     """Each model's last committed placement of a serving events file (the module docstring), in the
     order the last run first names them (``served``: :func:`read_placements`)."""
     # Here, not at the top: events imports torch, and start-up's rules read placement files before that.
     from ascend_eplb.integration.events import CommitRecord, InitialPlacementRecord, WindowRecord, read_events
 
     try:
-        log = read_events(source, stacklevel=4)
+        log = read_events(source, stacklevel=4, text=text)
     except ValueError as e:
         problem = str(e).removeprefix(str(source)).lstrip(":").strip()
         line, colon, rest = problem.partition(": ")
@@ -613,6 +607,11 @@ def _committed(run: Any, model: str | None, source: Path) -> Placement | list[st
     # Not at the top: see _from_events.
     from ascend_eplb.integration.events import CommitRecord, InitialPlacementRecord, WindowRecord
 
+    try:
+        run.layout(model, source)
+    except ValueError as e:
+        line, _, rest = str(e).removeprefix(f"{source}:").partition(": ")
+        return [f"line {line}: {rest}"]
     facts: dict[str, Any] = dict.fromkeys(FACTS)
     rows: dict[int, tuple[int, ...]] = {}
     last = "no commit"
@@ -710,28 +709,25 @@ def write_placement(
 
 
 def write_placements(
-    path: str | os.PathLike[str], placements: Sequence[Placement], provenance: Mapping[str, Any] | None = None
+    path: str | os.PathLike[str],
+    placements: Sequence[Placement],
+    provenance: Mapping[str, Any] | None = None,
+    inputs: Sequence[tuple[str, str | os.PathLike[str] | None]] = (),
 ) -> None:
-    """Write ``placements`` as a placement file (:func:`dumps`) at ``path``, whole or not at all: into a
-    temporary file beside it, flushed to disk, then renamed over ``path`` (a crash or a full disk never
-    leaves a truncated file, nor destroys the file a server is configured with).
+    """Write ``placements`` as a placement file (:func:`dumps`) at ``path`` by the one writer
+    (:func:`ascend_eplb.integration.regular_files.write_regular_file`): whole or not at all, beside it then
+    renamed; only a regular file (or a link to one) is replaced, never ``inputs`` (``(option, path)`` of
+    the files the run read).
 
     Raises:
-        ValueError: the file cannot be written (naming it and why; ``path`` is unchanged then), or the
-            placements are not one unnamed or several named ones (:func:`dumps`).
+        ValueError: the file cannot be written (naming it, why and the fix; ``path`` is unchanged then),
+            or the placements are not one unnamed or several named ones (:func:`dumps`).
     """
-    target = Path(path)
     text = dumps(placements, provenance)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        with open(temporary, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, target)
-    except OSError as e:
-        temporary.unlink(missing_ok=True)
-        raise ValueError(f"{path}: cannot write the placement file ({e.strerror or e})") from None
+        write_regular_file(path, text, inputs)
+    except RegularFileError as e:
+        raise ValueError(f"{path}: cannot write the placement file: {e.reason}") from None
 
 
 def assign_placements(

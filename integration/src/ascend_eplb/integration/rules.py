@@ -24,6 +24,7 @@ from ascend_eplb.control.policy_config import (
 )
 from ascend_eplb.control.values import INT32_MAX, is_int
 from ascend_eplb.integration.model_facts import (
+    MAX_REDUNDANT_EXPERTS,
     MoeFacts,
     architectures_error,
     experts_divisibility_error,
@@ -351,15 +352,20 @@ def _step_interval(s: EplbSettings) -> str | None:
 
 def _redundant_ok(s: EplbSettings) -> bool:
     """The rules that read R judge only an R the ``redundant-experts`` rule accepts."""
-    return is_int(s.num_redundant_experts) and 0 <= s.num_redundant_experts <= INT32_MAX
+    return is_int(s.num_redundant_experts) and 0 <= s.num_redundant_experts <= MAX_REDUNDANT_EXPERTS
 
 
 @_rule("redundant-experts")
 def _redundant_experts(s: EplbSettings) -> str | None:
     if _redundant_ok(s):
         return None
-    if is_int(s.num_redundant_experts) and s.num_redundant_experts > INT32_MAX:
-        return _too_large("num_redundant_experts", s.num_redundant_experts)
+    if is_int(s.num_redundant_experts) and s.num_redundant_experts > MAX_REDUNDANT_EXPERTS:
+        return (
+            f"eplb_config.num_redundant_experts={shown(s.num_redundant_experts)} is more than "
+            f"{MAX_REDUNDANT_EXPERTS}, the most upstream's EplbState takes (its add_model asserts "
+            f"num_redundant_experts <= {MAX_REDUNDANT_EXPERTS} on every rank); fix: set "
+            f"--eplb-config.num_redundant_experts to at most {MAX_REDUNDANT_EXPERTS}"
+        )
     return (
         f"eplb_config.num_redundant_experts={s.num_redundant_experts!r} must be an integer >= 0; fix: set "
         "--eplb-config.num_redundant_experts to 0 or more"
@@ -551,7 +557,31 @@ def _compiled_forward(s: EplbSettings) -> str | Violation | None:
             "TORCHINDUCTOR_FREEZING=1) folds the expert weights into the compiled code as constants, so "
             "the weights EPLB moves in place would never be read again; fix: turn freezing off"
         )
+    unknown = _unknown_inductor_options(s.inductor_compile_config) if mode != "NONE" else []
+    if unknown:
+        return (
+            f"compilation_config.inductor_compile_config names {', '.join(map(repr, unknown))}, which "
+            "torch's inductor has no option of (torch._inductor.config): every rank's first compile would "
+            "fail; fix: correct or remove them"
+        )
     return None
+
+
+def _unknown_inductor_options(options: Any) -> list[str]:
+    """The keys of ``options`` that torch's inductor refuses, judged by its own ``config.patch`` (what
+    vLLM's compile hands them to); torch is imported only when there are options to judge."""
+    if not isinstance(options, dict) or not options:
+        return []
+    import torch._inductor.config as inductor_config
+
+    unknown = []
+    for key, value in options.items():
+        try:
+            with inductor_config.patch({key: value}):
+                pass
+        except (AttributeError, TypeError, AssertionError):
+            unknown.append(str(key))
+    return unknown
 
 
 @_rule("graph-capture")

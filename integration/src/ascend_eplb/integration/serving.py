@@ -108,8 +108,9 @@ def read_serving_setup(vllm_config: Any) -> ServingSetup:
     Raises:
         EplbConfigError: the configuration violates the support matrix (every violated rule listed).
         ValueError: ``ASCEND_EPLB`` (a word other than the on and off ones), ``ASCEND_EPLB_WORKER_TIMEOUT_S``,
-            ``ASCEND_EPLB_ON_WORKER_FAILURE``, ``ASCEND_EPLB_VERIFY``, ``ASCEND_EPLB_EVENTS`` or
-            ``ASCEND_EPLB_METRICS`` is invalid (one line per bad switch, each naming it and the rule).
+            ``ASCEND_EPLB_ON_WORKER_FAILURE``, ``ASCEND_EPLB_VERIFY``, ``ASCEND_EPLB_EVENTS``,
+            ``ASCEND_EPLB_METRICS`` or ``ASCEND_EPLB_MAX_INPUT_MIB`` is invalid (one line per bad switch,
+            each naming it and the rule).
     """
     settings = validate_eplb_config(vllm_config)
     values, errors = _read_switches(None, serving_process=True)
@@ -149,6 +150,7 @@ def _read_switches(
     ``ASCEND_EPLB_ON_WORKER_FAILURE=explode`` names both)."""
     from ascend_eplb.integration.events import events_path
     from ascend_eplb.integration.prometheus import metrics_requested
+    from ascend_eplb.integration.regular_files import max_input_mib
     from ascend_eplb.integration.verify import verify_requested
     from ascend_eplb.integration.watchdog import ENV_ON_FAILURE, ENV_TIMEOUT, watchdog_settings
 
@@ -175,6 +177,7 @@ def _read_switches(
         "verify": lambda: verify_requested(environ),
         "events": lambda: events_path(environ),
         "metrics": lambda: metrics_requested(environ, serving_process=serving_process),
+        "max input": lambda: max_input_mib(environ),
     }
     values: dict[str, Any] = {}
     errors: list[str] = []

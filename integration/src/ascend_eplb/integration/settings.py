@@ -94,6 +94,9 @@ class EplbSettings:
     cudagraph_mode: str = "NONE"
     compilation_mode: str = "NONE"
     inductor_freezing: bool = False
+    #: ``compilation_config.inductor_compile_config``: the options a compiled forward hands torch's
+    #: inductor, each judged by ``compiled-forward`` against torch's own option table.
+    inductor_compile_config: dict[str, Any] = field(default_factory=dict)
     #: The speculative config's method (None: no speculative decoding).
     speculative_method: str | None = None
     #: Whether the draft has routed experts.

@@ -202,6 +202,7 @@ def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | Non
         cudagraph_mode=mode,
         compilation_mode=compilation_mode,
         inductor_freezing=freezing,
+        inductor_compile_config=dict(inductor),
         speculative_method=getattr(spec, "method", None) if spec is not None else None,
         speculative_draft_is_moe=draft_experts > 0 or "mtp" in str(getattr(spec, "method", "") or ""),
         speculative_draft_architectures=draft_architectures,

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ascend_eplb.tools.options import (
+    MAX_INPUT_MIB_HELP,
     file_path,
     int_list,
     load_estimate_list,
@@ -74,11 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument(
         "load",
         type=path,
-        help="[L, E] load: a serving events file (.jsonl, ASCEND_EPLB_EVENTS), a .json/.npy/.csv matrix, "
+        help="[L, E] load: a serving events file (.jsonl, ASCEND_EPLB_EVENTS), a routing trace (.npz), a "
+        ".json/.npy/.csv matrix, "
         "an ESFT summary.json, ESFT expert_weights_*.txt (a folder of them or one file) or an SGLang "
         "{'logical_count': ...}",
     )
-    pl.add_argument("--ranks", type=positive_int, required=True, help="EP ranks")
+    pl.add_argument(
+        "--ranks",
+        type=positive_int,
+        default=None,
+        help="EP ranks; default: the ranks a serving events file records (another load file: required)",
+    )
     pl.add_argument(
         "--redundant-experts",
         type=int_list,
@@ -131,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         "num_redundant_experts; otherwise the recommended level (or the one --redundant-experts level)",
     )
     pl.add_argument("--json", action="store_true", help="machine-readable output")
+    pl.add_argument("--max-input-mib", type=positive_int, default=None, metavar="N", help=MAX_INPUT_MIB_HELP)
 
     compare = pl.add_argument_group(
         "policies and load estimates compared per rearrangement (any of these options; one redundancy "
@@ -172,8 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     ck = sub.add_parser(
         "check",
         help="validate an EPLB configuration: a config file or a vllm serve command line after --",
-        usage="ascend-eplb check [--num-experts N] [--quantization FORMAT] (CONFIG | -- serve MODEL [vllm "
-        "serve options])",
+        usage="ascend-eplb check [--num-experts N] [--quantization FORMAT] [--max-input-mib N] (CONFIG | -- "
+        "serve MODEL [vllm serve options])",
         description="Judge a configuration by start-up validation's rules: this package's JSON schema, a "
         "vllm serve --config YAML/JSON of engine arguments, or a vllm serve command line after -- (parsed "
         "by vLLM's own parser). A local model folder (MODEL, or model: of the YAML) gives the routed-expert "
@@ -191,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FORMAT",
         help="routed experts' format (quant_views name, e.g. w8a8_dynamic, or an msModelSlim quant type)",
     )
+    ck.add_argument("--max-input-mib", type=positive_int, default=None, metavar="N", help=MAX_INPUT_MIB_HELP)
     parser.subcommands = {"simulate": sim, "plan": pl, "check": ck}
     return parser
 
@@ -320,6 +329,7 @@ def _main(argv: list[str], previous: dict[int, Any]) -> int:
         args.serve_argv = serve_argv
     quiet.install()
 
+    from ascend_eplb.integration.regular_files import input_limit
     from ascend_eplb.tools.files import InputFileWarning
     from ascend_eplb.tools.simulate.lifecycle import command_scope
 
@@ -342,7 +352,7 @@ def _main(argv: list[str], previous: dict[int, Any]) -> int:
     if signal.SIGINT in previous:
         signal.signal(signal.SIGINT, previous[signal.SIGINT])
     try:
-        with command_scope(args.command):
+        with command_scope(args.command), input_limit(args.max_input_mib):
             return _dispatch(args)
     finally:
         warnings.formatwarning = formatwarning

@@ -10,7 +10,6 @@ Units: bytes (int), seconds (float), Gbit/s (``link_gbps``, 1 Gbit = 1e9 bit).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from ascend_eplb.control.values import is_int
 from ascend_eplb.integration.model_facts import EXPERT_COUNT_KEYS, read_moe_facts, text_config
 from ascend_eplb.integration.rules import moe_fact_errors
 from ascend_eplb.quant_views import get_format
+from ascend_eplb.tools.files import json_object
 
 __all__ = [
     "CostEstimate",
@@ -65,12 +65,7 @@ def read_model_size(path: str | Path) -> ModelSize:
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
     source = str(file)
-    try:
-        cfg = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{source}: cannot read the model config as JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{source}: a model config must be a JSON object")
+    cfg = json_object(file)
     # E, K and L as start-up reads and judges them (vLLM's names and order), every bad one at once.
     facts = read_moe_facts(cfg, source)
     cfg = text_config(cfg)

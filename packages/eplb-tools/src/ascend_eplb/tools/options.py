@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 __all__ = [
+    "MAX_INPUT_MIB_HELP",
     "file_path",
     "int_list",
     "load_estimate_list",
@@ -23,6 +24,14 @@ __all__ = [
     "positive_int",
     "target_balancedness",
 ]
+
+
+#: ``--max-input-mib``'s help (``plan``, ``check``, ``simulate``).
+MAX_INPUT_MIB_HELP = (
+    "read input files of up to N MiB (default: each kind's own cap: config files 16, placement files 64, "
+    "events files and load matrices 256, routing traces 1024; a soak's events file may need more); sets "
+    "ASCEND_EPLB_MAX_INPUT_MIB for the processes the command starts"
+)
 
 
 def _int_at_least(minimum: int, value: str) -> int:
@@ -58,7 +67,8 @@ def positive_float(value: str) -> float:
 
 def _entries(value: str, example: str) -> list[str]:
     """The comma-separated entries of ``value``, stripped; an empty one (``,default``, ``0,,8``, a
-    trailing comma) is refused naming its position, not dropped: a list the operator did not write."""
+    trailing comma) is refused naming its position, not dropped: a list the operator did not write; so
+    is an entry given twice (``2,2,2`` printed its row three times)."""
     entries = [v.strip() for v in value.split(",")]
     if not any(entries):
         raise argparse.ArgumentTypeError(f"{value!r}: lists nothing; give e.g. {example}")
@@ -68,19 +78,32 @@ def _entries(value: str, example: str) -> list[str]:
             f"entries {', '.join(empty[:-1])} and {empty[-1]} of {len(entries)} are"
         )  # fmt: skip
         raise argparse.ArgumentTypeError(f"{value!r}: {which} empty (a stray comma); give e.g. {example}")
+    return _once(value, entries, entries)
+
+
+def _once(value: str, entries: list[str], keys: list) -> list[str]:
+    """``entries`` when each of ``keys`` (their values) is given once; else refused naming the first
+    repeated one and how often it is given."""
+    repeated = next((e for e, k in zip(entries, keys, strict=True) if keys.count(k) > 1), None)
+    if repeated is not None:
+        times = keys.count(keys[entries.index(repeated)])
+        raise argparse.ArgumentTypeError(f"{value!r}: lists {repeated} {times} times; give each once")
     return entries
 
 
 def int_list(value: str) -> list[int]:
     """Comma-separated integers (each checked by the command's own rules, so that one bad level is
     reported beside the valid ones); an empty entry is refused (:func:`_entries`)."""
-    entries = _entries(value, "0,8,16")
+    entries = [v.strip() for v in value.split(",")]
     try:
-        return [int(v) for v in entries]
+        numbers = [int(v) for v in entries]
     except ValueError:
+        _entries(value, "0,8,16")  # an empty entry is named as such
         raise argparse.ArgumentTypeError(
             f"{value!r}: must be comma-separated integers, e.g. 0,8,16"
         ) from None
+    _once(value, entries, numbers)  # 8,08 is 8 twice
+    return numbers
 
 
 def path_text(value: str) -> str:

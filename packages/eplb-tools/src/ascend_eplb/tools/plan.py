@@ -36,7 +36,7 @@ from ascend_eplb.control.policy_config import SKIP_REASONS, PolicySettings
 from ascend_eplb.control.values import is_int
 from ascend_eplb.integration import metrics
 from ascend_eplb.integration.events import RecordedLoad
-from ascend_eplb.integration.model_facts import experts_divisibility_error
+from ascend_eplb.integration.model_facts import MAX_REDUNDANT_EXPERTS, experts_divisibility_error
 from ascend_eplb.integration.placement_file import placement_from_map
 from ascend_eplb.tools import trace
 from ascend_eplb.tools.costs import format_bytes
@@ -127,21 +127,15 @@ class PlanResult:
         raise KeyError(f"no valid level {num_redundant_experts} under the {want} policy")
 
 
-#: Upstream ``EplbState.add_model``'s ``MAX_EXPERT_REDUNDANCY``: replicas beyond the first per logical
-#: expert its maps can hold.
-MAX_REDUNDANT_PER_EXPERT = 1023
-
-
 def level_error(num_logical_experts: int, num_redundant_experts: int, num_ranks: int) -> str | None:
     """Why one redundancy level cannot be planned, or None."""
 
     if num_redundant_experts < 0:
         return f"redundant experts={num_redundant_experts}: must be >= 0"
-    if num_redundant_experts > MAX_REDUNDANT_PER_EXPERT * num_logical_experts:
+    if num_redundant_experts > MAX_REDUNDANT_EXPERTS:
         return (
-            f"redundant experts={num_redundant_experts}: must be <= {MAX_REDUNDANT_PER_EXPERT} x E = "
-            f"{MAX_REDUNDANT_PER_EXPERT * num_logical_experts} (upstream EplbState keeps at most "
-            f"{MAX_REDUNDANT_PER_EXPERT} + 1 replicas of a logical expert)"
+            f"redundant experts={num_redundant_experts}: must be <= {MAX_REDUNDANT_EXPERTS} (upstream's "
+            f"EplbState.add_model asserts num_redundant_experts <= {MAX_REDUNDANT_EXPERTS})"
         )
     reason = experts_divisibility_error(num_logical_experts, num_redundant_experts, num_ranks)
     return None if reason is None else f"redundant experts={num_redundant_experts}: {reason}"

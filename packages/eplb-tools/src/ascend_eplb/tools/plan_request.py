@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import torch
 
 from ascend_eplb.integration.events import RecordedLoad
 from ascend_eplb.integration.placement_file import write_placements
+from ascend_eplb.integration.regular_files import writable_file_problem
 from ascend_eplb.quant_views import get_format
 from ascend_eplb.tools.costs import ModelSize, estimate_costs, format_bytes, read_model_size
 from ascend_eplb.tools.plan import (
@@ -83,6 +85,7 @@ class SweepRequest:
         num_ranks: planned for; ``margin``: of the recommendation.
         size: the model's sizes for the costs (None: no costs); quant_format, link_gbps: of the costs.
         export: the placement file to write, of every model (None: none); json: print JSON.
+        inputs: ``(option, path)`` of the files the command reads, which the export never writes.
     """
 
     source: Path
@@ -95,6 +98,7 @@ class SweepRequest:
     link_gbps: float
     export: Path | None
     json: bool
+    inputs: tuple[tuple[str, Path | None], ...] = ()
 
     @property
     def named(self) -> bool:
@@ -146,6 +150,7 @@ def _comparison_request(args: argparse.Namespace) -> ComparisonRequest:
             "--target-balancedness, --window-sequences)"
         )
     events = load_recorded(args.load)  # an events file, read once (None: another load file)
+    args = _with_ranks(args, [events])
     windows = load_windows(args.load, window_sequences=args.window_sequences, last=args.last, recorded=events)
     groups, nodes = planned_grouping(
         events, num_ranks=args.ranks, num_expert_groups=args.expert_groups, num_nodes=args.nodes
@@ -180,6 +185,7 @@ def _comparison_request(args: argparse.Namespace) -> ComparisonRequest:
     )
     if args.model_config is not None:
         model = read_model_size(args.model_config)
+        _same_model(args, model, windows.loads[0])
         fmt = get_format(args.quant_format)
         fmt.check_sizes(model.hidden_size, model.moe_intermediate_size)
         nbytes = fmt.expert_nbytes(model.hidden_size, model.moe_intermediate_size)
@@ -206,6 +212,7 @@ def _sweep_request(args: argparse.Namespace) -> SweepRequest:
     # An events file, read once: each model one server balanced (the target and its MoE draft), each
     # planned on its own windows and configuration; () for another load file.
     recorded_models = load_recorded_models(args.load)
+    args = _with_ranks(args, recorded_models)
     named = len(recorded_models) > 1
     models = []
     for events in recorded_models or (None,):
@@ -219,14 +226,18 @@ def _sweep_request(args: argparse.Namespace) -> SweepRequest:
     size = None
     if args.model_config is not None:
         size = read_model_size(args.model_config)
+        for sweep in models:
+            _same_model(args, size, sweep.load)
         get_format(args.quant_format).check_sizes(size.hidden_size, size.moe_intermediate_size)
     if args.export_expert_map is not None:
-        inputs = [("the load", args.load), ("--model-config", args.model_config)]
-        _check_writable_file("export expert map", args.export_expert_map, inputs)
+        # Judged now, by the one writer's rules, before anything is planned; judged again as it writes.
+        problem = writable_file_problem(args.export_expert_map, _inputs(args))
+        if problem is not None:
+            raise ValueError(f"export expert map={problem.path}: {problem.reason}")
     return SweepRequest(
         source=args.load, models=tuple(models), last=args.last, num_ranks=args.ranks, margin=margin,
         size=size, quant_format=args.quant_format, link_gbps=args.link_gbps, export=args.export_expert_map,
-        json=args.json,
+        json=args.json, inputs=_inputs(args),
     )  # fmt: skip
 
 
@@ -254,32 +265,43 @@ def _model_sweep(args: argparse.Namespace, events: RecordedLoad | None) -> Model
     return ModelSweep(model, load, nodes, groups, levels, export_level)
 
 
-def _check_writable_file(what: str, path: Path, inputs: list[tuple[str, Path | None]]) -> None:
-    """``ValueError`` unless ``path`` names a file that can be written in an existing folder and is none
-    of ``inputs`` (``(option, path)`` of the files the command reads; a folder stands for its
-    ``config.json``): ``plan events.jsonl --export-expert-map events.jsonl`` overwrote the recorded
-    events with the placement."""
-    if str(path) in ("", ".") or path.is_dir():
-        raise ValueError(f"{what}={path}: is a folder, give a .json file path")
-    for option, given in inputs:
-        if given is None:
-            continue
-        read = given / "config.json" if given.is_dir() else given
-        if path.exists() and read.exists() and os.path.samefile(path, read):
-            raise ValueError(
-                f"{what}={path}: is the file {option} reads ({read}); writing the placement would destroy "
-                "it: give another file"
-            )
-    parent = path.parent
-    if not parent.is_dir():
-        # The nearest part of the path that exists: a file there is in the way, not a missing folder.
-        blocker = next((p for p in path.parents if p.exists()), None)
-        if blocker is not None and not blocker.is_dir():
-            kind = "is a file, not a folder" if blocker.is_file() else "is not a folder"
-            raise ValueError(f"{what}={path}: {blocker} {kind}: nothing can be written under it")
-        raise ValueError(f"{what}={path}: the folder {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ValueError(f"{what}={path}: not writable")
+def _same_model(args: argparse.Namespace, size: ModelSize, load: np.ndarray) -> None:
+    """``ValueError`` unless ``size`` (``--model-config``) can be the model that made ``load`` (``[L, E]``):
+    its routed experts are E, and the layers that carry load are at most its MoE layers (a load file may
+    list dense layers too, without load). A config of another model was costed silently."""
+    loaded = int((np.asarray(load).sum(axis=1) > 0).sum())
+    experts = int(load.shape[1])
+    if size.num_logical_experts != experts or loaded > size.num_moe_layers:
+        raise ValueError(
+            f"model config={args.model_config}: {size.source} is a model of {size.num_logical_experts} "
+            f"routed experts in {size.num_moe_layers} MoE layers, the load {args.load} one of {experts} in "
+            f"{loaded} loaded layers: a config of another model (its costs would be another model's); fix: "
+            "give the config.json of the model that served the load"
+        )
+
+
+def _with_ranks(args: argparse.Namespace, recorded: Sequence[RecordedLoad | None]) -> argparse.Namespace:
+    """``args`` with ``ranks``: as given, else the EP ranks the events file records (``recorded``: its
+    models' windows, read once).
+
+    Raises:
+        ValueError: no ``--ranks`` and the load file records none (naming the file).
+    """
+    if args.ranks is not None:
+        return args
+    stated = [r.num_ranks for r in recorded if r is not None and r.num_ranks is not None]
+    if not stated:
+        raise ValueError(
+            f"ranks: give --ranks N, the EP ranks to plan for ({args.load} records none: a serving events "
+            "file records the ranks it was served on)"
+        )
+    return argparse.Namespace(**{**vars(args), "ranks": stated[0]})
+
+
+def _inputs(args: argparse.Namespace) -> tuple[tuple[str, Path | None], ...]:
+    """``(option, path)`` of the files ``plan`` reads (a folder stands for its ``config.json``):
+    ``plan events.jsonl --export-expert-map events.jsonl`` overwrote the recorded events."""
+    return (("the load", args.load), ("--model-config", args.model_config))
 
 
 def run_plan(request: SweepRequest | ComparisonRequest) -> int:
@@ -409,9 +431,9 @@ def _export(request: SweepRequest, exports: list[tuple[PlanResult, int]]) -> Non
         **(chosen[0] if not named else {"models": chosen}),
     }
     try:
-        write_placements(request.export, placements, provenance)
+        write_placements(request.export, placements, provenance, request.inputs)
     except ValueError as e:
-        raise ValueError(f"export expert map={request.export}: cannot write it ({e})") from e
+        raise ValueError(f"export expert map={e}") from None
     out = sys.stderr if request.json else sys.stdout
     if named:
         print(f"wrote {request.export}: the placements of {len(placements)} models:", file=out)

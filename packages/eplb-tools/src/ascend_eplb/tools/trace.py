@@ -25,7 +25,15 @@ from pathlib import Path
 import numpy as np
 
 from ascend_eplb.integration.events import RecordedLoad, read_events
-from ascend_eplb.tools.files import InputFileWarning, check_load_values, read_input
+from ascend_eplb.integration.regular_files import (
+    EVENTS_FILE,
+    LOAD_FILE,
+    ROUTING_TRACE,
+    RegularFileError,
+    read_regular_file,
+    write_regular_file,
+)
+from ascend_eplb.tools.files import InputFileError, InputFileWarning, check_load_values, read_input
 from ascend_eplb.tools.host_memory import check_sampling
 from ascend_eplb.world.esft import embedded_trace_path
 
@@ -130,14 +138,13 @@ def convert(
     all_ids, all_weights, offsets = [], [], None
     for path in files:
         seq_ids, seq_weights, lengths = [], [], []
-        with path.open() as f:
-            for lineno, line in enumerate(f, 1):
-                ids, weights = _parse_line(line, path, lineno, top_k)
-                if ids.size and (ids.min() < 0 or ids.max() >= num_logical_experts):
-                    raise ValueError(f"{path}:{lineno}: expert id outside [0, {num_logical_experts})")
-                seq_ids.append(ids)
-                seq_weights.append(weights)
-                lengths.append(ids.shape[0])
+        for lineno, line in enumerate(_text_lines(path), 1):
+            ids, weights = _parse_line(line, path, lineno, top_k)
+            if ids.size and (ids.min() < 0 or ids.max() >= num_logical_experts):
+                raise ValueError(f"{path}:{lineno}: expert id outside [0, {num_logical_experts})")
+            seq_ids.append(ids)
+            seq_weights.append(weights)
+            lengths.append(ids.shape[0])
         layer_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         if offsets is None:
             offsets = layer_offsets
@@ -153,15 +160,36 @@ def convert(
         raise ValueError(f"{source_dir}: gate weights outside [0, 6.5535]")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    archive = io.BytesIO()
     np.savez_compressed(
-        out_path,
+        archive,
         topk_ids=np.stack(all_ids).astype(np.uint8),
         topk_weights_e4=weights_e4.astype(np.uint16),
         seq_offsets=offsets,
         layer_ids=np.array(layer_ids, dtype=np.int64),
         num_logical_experts=np.array(num_logical_experts, dtype=np.int64),
     )
+    write_regular_file(out_path, archive.getvalue(), [(f"the source file {f.name}", f) for f in files])
     return out_path
+
+
+def _text_lines(file: Path) -> list[str]:
+    """The lines of the text file ``file`` (an ESFT ``expert_weights_<layer>.txt``), read by the one reader
+    (up to a load file's cap), each with its newline.
+
+    Raises:
+        ValueError: the file cannot be read, or is not UTF-8 (naming it).
+    """
+    try:
+        raw = read_regular_file(file, LOAD_FILE)
+    except RegularFileError as e:
+        raise InputFileError(f"{file}: {e.reason} (ESFT expert_weights text)") from None
+    try:
+        return raw.decode("utf-8").splitlines(keepends=True)
+    except UnicodeDecodeError as e:
+        raise InputFileError(
+            f"{file}: not UTF-8 text (byte {e.start}), not ESFT expert_weights text"
+        ) from None
 
 
 def load_trace(path: str | Path | None = None) -> RoutingTrace:
@@ -173,14 +201,13 @@ def load_trace(path: str | Path | None = None) -> RoutingTrace:
     disagree.
     """
     path = embedded_trace_path() if path is None else Path(path)
-    return read_input(path, "a compact routing trace .npz", _read_trace)
+    return read_input(path, "a compact routing trace .npz", _read_trace, ROUTING_TRACE)
 
 
-def _read_trace(path: Path) -> RoutingTrace:
-    with path.open("rb") as f:
-        if f.read(4) != b"PK\x03\x04":
-            raise ValueError(f"{path}: not a compact routing trace .npz (no zip archive signature)")
-    with np.load(path, allow_pickle=False) as z:
+def _read_trace(path: Path, data: bytes) -> RoutingTrace:
+    if data[:4] != b"PK\x03\x04":
+        raise ValueError(f"{path}: not a compact routing trace .npz (no zip archive signature)")
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
         missing = {"topk_ids", "topk_weights_e4", "seq_offsets", "num_logical_experts"} - set(z.files)
         if missing:
             raise ValueError(f"{path}: not a readable routing trace .npz (missing keys {sorted(missing)})")
@@ -234,8 +261,8 @@ def load_esft_expert_weights(path: str | Path, *, top_k: int = 6) -> np.ndarray:
         files = [path]
     per_layer = []
     for file in files:
-        with file.open() as f:
-            ids = [_parse_line(line, file, n, top_k)[0] for n, line in enumerate(f, 1) if line.strip()]
+        lines = _text_lines(file)
+        ids = [_parse_line(line, file, n, top_k)[0] for n, line in enumerate(lines, 1) if line.strip()]
         flat = np.concatenate(ids).ravel() if ids else np.zeros(0, dtype=np.int64)
         if flat.size and flat.min() < 0:
             raise ValueError(f"{file}: negative expert id {flat.min()}")
@@ -260,7 +287,9 @@ def load_recorded(path: str | Path) -> RecordedLoad | None:
     path = Path(path)
     if path.suffix.lower() != ".jsonl":
         return None
-    return read_input(path, "a serving events file (.jsonl)", lambda p: _read_recorded(p, False)[0])
+    return read_input(
+        path, "a serving events file (.jsonl)", lambda p, data: _read_recorded(p, data, False)[0], EVENTS_FILE
+    )
 
 
 def load_recorded_models(path: str | Path) -> tuple[RecordedLoad, ...]:
@@ -274,13 +303,15 @@ def load_recorded_models(path: str | Path) -> tuple[RecordedLoad, ...]:
     path = Path(path)
     if path.suffix.lower() != ".jsonl":
         return ()
-    return read_input(path, "a serving events file (.jsonl)", lambda p: _read_recorded(p, True))
+    return read_input(
+        path, "a serving events file (.jsonl)", lambda p, data: _read_recorded(p, data, True), EVENTS_FILE
+    )
 
 
-def _read_recorded(path: Path, every_model: bool) -> tuple[RecordedLoad, ...]:
+def _read_recorded(path: Path, data: bytes, every_model: bool) -> tuple[RecordedLoad, ...]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        events = read_events(path)
+        events = read_events(path, text=data)
     # refused without a window: the skipped line is in its reason
     recorded = events.recorded_loads() if every_model else (events.recorded_load(),)
     for w in caught:
@@ -298,7 +329,8 @@ def load_load_matrix(
     """Read recorded expert load as float64 ``[L, E]`` (any non-negative unit: counts or shares).
 
     Accepted: ESFT per-token routing (a folder of ``expert_weights_*.txt`` or one such ``.txt``:
-    :func:`load_esft_expert_weights`); a serving events file ``.jsonl`` (``ASCEND_EPLB_EVENTS``): the
+    :func:`load_esft_expert_weights`); a compact routing trace ``.npz`` (:func:`load_trace`: its
+    selections); a serving events file ``.jsonl`` (``ASCEND_EPLB_EVENTS``): the
     sum of the ``window`` loads :func:`load_recorded` reads (``recorded``, when read already), or of the
     ``last`` ones; ``.npy``; ``.csv`` (one row per layer, no
     header); ``.json`` holding a ``[L, E]`` list, an
@@ -314,9 +346,12 @@ def load_load_matrix(
         return load_esft_expert_weights(path)
     if last is not None and (last < 1 or suffix != ".jsonl"):
         raise ValueError(f"last={last}: must be >= 1 and is only for an events file (.jsonl)")
+    if suffix == ".npz":  # a routing trace: its selections per (layer, logical expert)
+        return load_trace(path).load().astype(np.float64)
     if suffix not in (".jsonl", ".npy", ".csv", ".json"):
         raise ValueError(
-            f"{path}: unsupported load file type {suffix!r}; use .jsonl (events), .json, .npy or .csv"
+            f"{path}: unsupported load file type {suffix!r}; use .jsonl (events), .npz (a routing trace), "
+            ".json, .npy or .csv"
         )
     if suffix == ".jsonl":
         recorded = load_recorded(path) if recorded is None else recorded
@@ -324,23 +359,25 @@ def load_load_matrix(
         total = np.zeros(tuple(chosen[0].shape), dtype=np.float64)
         for window in chosen:
             total += window.numpy()
-        return read_input(path, "a serving events file (.jsonl)", lambda p: _matrix(total, str(p)))
-    return read_input(path, "an [L, E] load matrix", lambda p: _read_load(p, suffix))
+        try:
+            return _matrix(total, str(path))
+        except ValueError as e:
+            raise InputFileError(str(e)) from None
+    return read_input(path, "an [L, E] load matrix", lambda p, data: _read_load(p, data, suffix), LOAD_FILE)
 
 
-def _read_load(path: Path, suffix: str) -> np.ndarray:
+def _read_load(path: Path, raw: bytes, suffix: str) -> np.ndarray:
     source = str(path)
     if suffix == ".npy":
-        with path.open("rb") as f:
-            if f.read(6) != b"\x93NUMPY":
-                raise ValueError(f"{source}: not an [L, E] load matrix (no .npy signature)")
-        return _matrix(np.load(path, allow_pickle=False), source)
+        if raw[:6] != b"\x93NUMPY":
+            raise ValueError(f"{source}: not an [L, E] load matrix (no .npy signature)")
+        return _matrix(np.load(io.BytesIO(raw), allow_pickle=False), source)
     if suffix == ".csv":
-        text = path.read_bytes().decode("utf-8")
+        text = raw.decode("utf-8")
         rows = [row for row in csv.reader(io.StringIO(text, newline="")) if row]
         return _matrix(rows, source, text=True)
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
+        data = json.loads(raw.decode("utf-8"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{source}: not valid JSON ({e})") from None
     if isinstance(data, dict) and "token_scores" in data:

@@ -25,12 +25,19 @@ from typing import Any
 import yaml
 
 from ascend_eplb.control.values import INT32_MAX, is_int
+from ascend_eplb.integration import json_text
 from ascend_eplb.integration.model_facts import shown
+from ascend_eplb.integration.regular_files import CONFIG_FILE, RegularFileError, read_regular_file
 from ascend_eplb.integration.rules import Judgement, Violation, check_settings
 from ascend_eplb.integration.serving import serving_switch_errors
 from ascend_eplb.integration.settings import EplbSettings
 from ascend_eplb.integration.validation import EplbConfigError, ascend_format_name
-from ascend_eplb.tools.check.engine_args import parse_serve_command, settings_from_engine_args
+from ascend_eplb.tools.check.config_text import load_yaml
+from ascend_eplb.tools.check.engine_args import (
+    engine_args_problems,
+    parse_serve_command,
+    settings_from_engine_args,
+)
 from ascend_eplb.tools.check.report import CheckResult, refused, result
 from ascend_eplb.tools.check.schema import (
     V2_RUNNER_SWITCH,
@@ -68,23 +75,24 @@ def check_config_file(
     """
     _check_fact_options(num_experts, quantization)
     name = os.fspath(path)
-    if Path(path).is_dir():
-        return refused("schema", f"{name!r} is a folder, not a config file (JSON or YAML)")
+    form = "YAML" if str(name).lower().endswith((".yaml", ".yml")) else "JSON"
     try:
-        raw = Path(path).read_bytes()
+        raw = read_regular_file(path, CONFIG_FILE)
+    except RegularFileError as exc:
+        return refused("schema", f"cannot read {name!r} as a config file: {exc.reason}")
+    try:
         text = raw.decode("utf-8")
-        is_yaml = str(name).lower().endswith((".yaml", ".yml"))
         if not raw.strip():
-            data = None
-        elif is_yaml:
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
+            return refused("schema", f"{name!r}: empty file, not a config")
+        data = load_yaml(text) if form == "YAML" else json_text.loads(text)
     except (Exception, RecursionError, MemoryError) as exc:
-        form = "YAML" if str(name).lower().endswith((".yaml", ".yml")) else "JSON"
         return refused("schema", f"cannot read {name!r} as {form}: {type(exc).__name__}: {exc}")
     if data is None:
-        return refused("schema", f"{name!r}: empty file, not a config")
+        return refused(
+            "schema",
+            f"{name!r}: holds {form} null, not a config (a mapping of settings: the schema's or vLLM's "
+            "engine arguments)",
+        )
     try:
         if is_engine_args(data):
             return _check_engine_args_file(name, data, environ, num_experts, quantization)
@@ -135,11 +143,11 @@ def _check_engine_args_file(
 ) -> CheckResult:
 
     with tempfile.TemporaryDirectory(prefix="ascend-eplb-check-") as tmp:
-        # vLLM's --config reads YAML files only: a JSON file's values (as JSON read them; its text as
-        # YAML 1.1 would differ, e.g. tabs, 1e3) go as YAML.
-        config = name if name.lower().endswith((".yaml", ".yml")) else os.path.join(tmp, "engine_args.yaml")
-        if config != name:
-            Path(config).write_text(yaml.safe_dump(dict(data)), encoding="utf-8")
+        # vLLM's --config reads YAML files only, and reads the file again: the values read here (a JSON
+        # file's as JSON read them; its text as YAML 1.1 would differ, e.g. tabs, 1e3) go as YAML in a copy,
+        # so that vLLM opens no file the one reader did not judge.
+        config = os.path.join(tmp, "engine_args.yaml")
+        Path(config).write_text(yaml.safe_dump(dict(data)), encoding="utf-8")
         # Without model: in the file, the model is unknown (vLLM's --config wants one: an empty one).
         argv = ["serve", "--config", config] if "model" in data else ["serve", "", "--config", config]
         return check_serve_command(
@@ -179,6 +187,13 @@ def check_serve_command(
     _check_fact_options(num_experts, quantization)
 
     where = source or "the command line"
+    for config in _config_files(argv):
+        try:
+            load_yaml(read_regular_file(config, CONFIG_FILE).decode("utf-8"))
+        except RegularFileError as exc:
+            return refused("engine-args", f"{where}: --config {config}: {exc.reason}")
+        except (Exception, RecursionError) as exc:
+            return refused("engine-args", f"{where}: --config {config}: cannot read it as YAML: {exc}")
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
@@ -190,6 +205,9 @@ def check_serve_command(
         return refused(
             "engine-args", f"{where}: vLLM's parser rejects the engine arguments: {type(exc).__name__}: {exc}"
         )
+    found = [Violation("engine-args", f"{where}: {p}") for p in engine_args_problems(engine_args)]
+    if found:  # vLLM would refuse them before building anything: nothing else is judged on them
+        return CheckResult(False, str(EplbConfigError(found)), tuple(found))
     env = dict(os.environ if environ is None else environ)
     violations = _additional_config_violations(engine_args, where)
     _, v2_error = v2_runner_switch(env)
@@ -205,6 +223,18 @@ def check_serve_command(
     except Exception as exc:
         return refused("model-folder", f"{where}: {exc}")
     return result(settings, _judge(settings, env, violations))
+
+
+def _config_files(argv: Sequence[str]) -> list[str]:
+    """The files a ``vllm serve`` command line names with ``--config`` (``--config F``, ``--config=F``),
+    which vLLM's parser opens and reads: judged by the one reader before it does."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            out.append(argv[i + 1])
+        elif arg.startswith("--config="):
+            out.append(arg.split("=", 1)[1])
+    return out
 
 
 def _additional_config_violations(engine_args: Any, where: str) -> list[Violation]:

@@ -22,7 +22,14 @@ from ascend_eplb.integration.validation import (
 )
 from ascend_eplb.tools.check.model_folder import model_folder_facts
 
-__all__ = ["default_cudagraph_mode", "mtp_draft_facts", "parse_serve_command", "settings_from_engine_args"]
+__all__ = [
+    "default_cudagraph_mode",
+    "engine_args_problems",
+    "mtp_draft_facts",
+    "optimization_level",
+    "parse_serve_command",
+    "settings_from_engine_args",
+]
 
 
 def parse_serve_command(argv: Sequence[str]) -> Any:
@@ -53,14 +60,70 @@ def parse_serve_command(argv: Sequence[str]) -> Any:
     return EngineArgs.from_cli_args(args)
 
 
-def default_cudagraph_mode(optimization_level: Any = None) -> str:
-    """vLLM's ``cudagraph_mode`` when none is set: its optimization level's default (``O2``: graphs)."""
+def optimization_level(value: Any = None) -> Any:
+    """``value`` (``-O3``, ``--optimization-level 2``: vLLM's parser keeps the text ``"3"``) as vLLM's
+    ``VllmConfig`` reads it: its field's own validator (pydantic, ``OptimizationLevel``); None: vLLM's
+    default (``O2``).
+
+    Raises:
+        ValueError: vLLM refuses the value (its message).
+    """
+    from pydantic import TypeAdapter, ValidationError
     from vllm.config import VllmConfig
+    from vllm.config.vllm import OptimizationLevel
+
+    if value is None:
+        return VllmConfig.optimization_level
+    try:
+        return TypeAdapter(OptimizationLevel).validate_python(value)
+    except ValidationError as e:
+        raise ValueError(f"optimization level {value!r}: {e.errors()[0]['msg']}") from None
+
+
+def default_cudagraph_mode(level: Any = None) -> str:
+    """vLLM's ``cudagraph_mode`` when none is set: its optimization level's default (``O2``: graphs)."""
     from vllm.config.vllm import OPTIMIZATION_LEVEL_TO_CONFIG
 
-    level = VllmConfig.optimization_level if optimization_level is None else optimization_level
-    mode = OPTIMIZATION_LEVEL_TO_CONFIG[level]["compilation_config"]["cudagraph_mode"]
+    mode = OPTIMIZATION_LEVEL_TO_CONFIG[optimization_level(level)]["compilation_config"]["cudagraph_mode"]
     return mode.name
+
+
+def engine_args_problems(engine_args: Any) -> list[str]:
+    """What vLLM would refuse in parsed ``EngineArgs`` that its parser let through, judged by vLLM's own
+    validators before anything is built: the optimization level (``VllmConfig``'s field), each key of
+    ``speculative_config`` (``SpeculativeConfig``'s field of that name, its type and constraints:
+    ``num_speculative_tokens`` > 0; a key of no field: vLLM's config forbids extra keys). One message per
+    problem, naming the value and vLLM's rule."""
+    from typing import Annotated
+
+    from pydantic import TypeAdapter, ValidationError
+    from vllm.config import SpeculativeConfig
+
+    problems = []
+    try:
+        optimization_level(engine_args.optimization_level)
+    except ValueError as e:
+        problems.append(f"{e}; fix: -O0, -O1, -O2 or -O3")
+    spec = engine_args.speculative_config
+    if isinstance(spec, dict):
+        fields = SpeculativeConfig.__pydantic_fields__
+        for key, value in spec.items():
+            field = fields.get(key)
+            if field is None:
+                problems.append(
+                    f"speculative_config key {key!r} is no field of vLLM's SpeculativeConfig (it refuses "
+                    "extra keys)"
+                )
+                continue
+            judged = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+            try:
+                TypeAdapter(judged).validate_python(value)
+            except ValidationError as e:
+                problems.append(
+                    f"speculative_config {key}={value!r}: vLLM's SpeculativeConfig refuses it "
+                    f"({e.errors()[0]['msg']})"
+                )
+    return problems
 
 
 def mtp_draft_facts(folder: str, engine_args: Any) -> tuple[tuple[str, ...] | None, str | None, MoeFacts]:
@@ -184,22 +247,25 @@ def settings_from_engine_args(
 
     compilation = ea.compilation_config
     configured_mode = getattr(compilation, "mode", None)
+    level = optimization_level(ea.optimization_level)
     if ea.enforce_eager:
         compilation_mode = "NONE"
     elif configured_mode is None:
-        compilation_mode = "VLLM_COMPILE"  # vLLM's default (its CPU platform: DYNAMO_TRACE_ONCE)
+        # vLLM's default (VllmConfig.__post_init__): VLLM_COMPILE above O0 (its CPU platform:
+        # DYNAMO_TRACE_ONCE), NONE at O0.
+        compilation_mode = "VLLM_COMPILE" if level > 0 else "NONE"
     else:
         from vllm.config import CompilationMode
 
         compilation_mode = CompilationMode(int(configured_mode)).name
-    inductor = getattr(compilation, "inductor_compile_config", None) or {}
+    inductor = dict(getattr(compilation, "inductor_compile_config", None) or {})
     freezing = bool(inductor.get("freezing")) or env.get("TORCHINDUCTOR_FREEZING", "0") == "1"
     if ea.enforce_eager:
         mode = "NONE"
     else:
         configured = getattr(ea.compilation_config, "cudagraph_mode", None)
         if configured is None:
-            mode = default_cudagraph_mode(ea.optimization_level)
+            mode = default_cudagraph_mode(level)
         else:
             mode = str(getattr(configured, "name", configured)).upper()
 
@@ -264,6 +330,7 @@ def settings_from_engine_args(
         cudagraph_mode=mode,
         compilation_mode=compilation_mode,
         inductor_freezing=freezing,
+        inductor_compile_config=inductor,
         speculative_method=spec_method,
         speculative_draft_is_moe=draft_is_moe,
         speculative_draft_architectures=draft_architectures,

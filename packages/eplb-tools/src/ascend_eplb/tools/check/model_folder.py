@@ -4,7 +4,6 @@ a folder before the heavy import."""
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 from ascend_eplb.integration.model_facts import MoeFacts, read_moe_facts, text_config
 from ascend_eplb.integration.validation import DTYPE_FORMATS, experts_format
+from ascend_eplb.tools.files import json_object
 
 __all__ = ["ModelFacts", "folder_formats", "model_folder_facts"]
 
@@ -59,16 +59,6 @@ class ModelFacts:
         return self.moe.num_moe_layers
 
 
-def _json_object(file: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(file.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ValueError(f"{file}: cannot read as JSON ({type(exc).__name__}: {exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{file}: must be a JSON object, got {type(data).__name__}")
-    return data
-
-
 def model_folder_facts(folder: str | os.PathLike[str]) -> ModelFacts:
     """Read a local model folder's ``config.json`` and msModelSlim description (no vLLM imported).
 
@@ -84,7 +74,7 @@ def model_folder_facts(folder: str | os.PathLike[str]) -> ModelFacts:
     """
     root = Path(folder)
     config_file = root / "config.json"
-    raw = _json_object(config_file)
+    raw = json_object(config_file)
     return ModelFacts(
         str(root),
         read_moe_facts(raw, str(config_file)),
@@ -119,7 +109,7 @@ def _formats(root: Path, cfg: dict[str, Any]) -> tuple[str | None, str | None, s
     """The description's routed-expert format, the checkpoint's dtype as a format, the description."""
     dtype = cfg.get("torch_dtype") or cfg.get("dtype")
     descriptions = sorted(root.glob("quant_model_description*.json"))
-    quant = experts_format(_json_object(descriptions[0])) if descriptions else None
+    quant = experts_format(json_object(descriptions[0])) if descriptions else None
     return (
         quant,
         # As start-up reads a dtype (validation.quantization_format_name): float32 stays float32.

@@ -57,7 +57,14 @@ def _resolved(s: EplbSettings) -> dict[str, Any]:
     if s.num_logical_experts is not None:
         d["num_physical_experts"] = s.num_logical_experts + s.num_redundant_experts
         d["num_local_physical_experts"] = d["num_physical_experts"] // s.num_ranks
-    for k in ("ascend_eplb_config", "legacy_top_level_keys", "environment", "unknown_facts", "moe_facts"):
+    for k in (
+        "ascend_eplb_config",
+        "legacy_top_level_keys",
+        "environment",
+        "unknown_facts",
+        "moe_facts",
+        "inductor_compile_config",
+    ):
         d.pop(k)
     return d
 

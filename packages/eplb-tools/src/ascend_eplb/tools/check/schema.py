@@ -281,6 +281,7 @@ def settings_from_file_dict(
         cudagraph_mode=cudagraph_mode(compilation.get("cudagraph_mode", None)),
         compilation_mode=compilation_mode(compilation.get("mode", None)),
         inductor_freezing=bool(inductor.get("freezing")) or env.get("TORCHINDUCTOR_FREEZING", "0") == "1",
+        inductor_compile_config=dict(inductor),
         speculative_method=spec.get("method") if spec else None,
         speculative_draft_is_moe=draft_is_moe,
         speculative_draft_architectures=tuple(draft_architectures) if draft_architectures else None,

@@ -16,7 +16,7 @@ from ascend_eplb.control.policy_config import (
     policy_error,
     target_balancedness_error,
 )
-from ascend_eplb.integration.model_facts import experts_divisibility_error
+from ascend_eplb.integration.model_facts import MAX_REDUNDANT_EXPERTS, experts_divisibility_error
 from ascend_eplb.integration.model_names import DRAFT_SUFFIX
 from ascend_eplb.integration.placement_file import (
     PlacementFileError,
@@ -28,7 +28,7 @@ from ascend_eplb.integration.verify import CHECKS as VERIFIER_CHECKS
 from ascend_eplb.integration.watchdog import CHECK as WATCHDOG_CHECK
 from ascend_eplb.quant_views import get_format
 from ascend_eplb.tools.costs import read_model_size
-from ascend_eplb.tools.options import non_negative_int, number, path_text, positive_int
+from ascend_eplb.tools.options import MAX_INPUT_MIB_HELP, non_negative_int, number, path_text, positive_int
 from ascend_eplb.tools.simulate import resources
 from ascend_eplb.tools.simulate.models import PRESET_FORMAT, REPLAY, REPLAY_FORMAT
 from ascend_eplb.world.serving import COMPILE_BACKENDS, compilation_error, compilation_of, is_compiled
@@ -44,6 +44,7 @@ __all__ = [
     "OUTPUT_RTOL_16BIT",
     "PHASES",
     "REPLAY_ONLY",
+    "RUN_OUTPUTS",
     "SIMULATOR_CHECKS",
     "SimulateConfig",
     "add_simulate_arguments",
@@ -112,6 +113,11 @@ LINK_GBPS_HELP = (
     "link speed in Gbit/s for the time a rearrangement's transfer takes; default %(default)s (one 25GE "
     "host port per rank: the Gloo-staged movement goes through host memory and TCP)"
 )
+
+
+#: What a run writes into ``--out`` (and removes, an earlier run's, before its ranks start): the driver's
+#: outputs, which no input of the run may be (:meth:`SimulateConfig._inputs_among_outputs`).
+RUN_OUTPUTS = ("report.json", "balancedness.png", "events.jsonl", "metrics.prom")
 
 
 #: vLLM 0.33.0's ``SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS`` (vllm/config/scheduler.py), which the
@@ -313,6 +319,9 @@ class SimulateConfig:
         "inductor_compile_config; instead of --compile",
         metavar="JSON",
     )  # fmt: skip
+    max_input_mib: int | None = _option(
+        None, "--max-input-mib", MAX_INPUT_MIB_HELP, metavar="N", type=positive_int
+    )
     metrics: bool = _option(
         False, "--metrics",
         "also export the serving Prometheus metrics (ASCEND_EPLB_METRICS=1, multiprocess mode) and write "
@@ -491,6 +500,11 @@ class SimulateConfig:
             errors.append("ranks=1: EPLB needs an expert-parallel world of at least 2 ranks")
         if self.num_redundant_experts < 0:
             errors.append(f"redundant experts={self.num_redundant_experts}: must be >= 0")
+        elif self.num_redundant_experts > MAX_REDUNDANT_EXPERTS:
+            errors.append(
+                f"redundant experts={self.num_redundant_experts}: must be <= {MAX_REDUNDANT_EXPERTS} "
+                f"(upstream's EplbState.add_model asserts num_redundant_experts <= {MAX_REDUNDANT_EXPERTS})"
+            )
         reason = experts_divisibility_error(num_logical_experts, self.num_redundant_experts, self.num_ranks)
         if self.num_redundant_experts >= 0 and reason is not None:
             errors.append(f"redundant experts={self.num_redundant_experts}: {reason}")
@@ -523,6 +537,7 @@ class SimulateConfig:
         out_error = _unwritable(Path(self.out_dir)) if str(self.out_dir).strip() else None
         if out_error:
             errors.append(f"out={self.out_dir}: {out_error}")
+        errors += self._inputs_among_outputs()
         if not self.timeout_s > 0 or self.timeout_s == float("inf"):
             errors.append(f"timeout={self.timeout_s}: must be a finite number of seconds > 0")
         if not (0 < self.worker_timeout_s < float("inf")):
@@ -534,6 +549,33 @@ class SimulateConfig:
         if self.fault is not None and self.fault not in FAULTS:
             errors.append(f"fault={self.fault!r}: must be one of {FAULTS}")
         errors += _policy_errors(self)
+        return errors
+
+    def _inputs_among_outputs(self) -> list[str]:
+        """An input file that is one of the run's outputs (:data:`RUN_OUTPUTS` in ``--out``, or a link to
+        one): the run removes those before its ranks start and writes its own, so the input would be lost
+        before the ranks read it (``--initial-placement OUT/events.jsonl --out OUT``: starting from the
+        last run's recording deleted it). Refused: an input is never replaced or deleted."""
+        if not str(self.out_dir).strip():
+            return []
+        out = Path(os.path.realpath(self.out_dir))
+        errors = []
+        for name, flag in (
+            ("initial_placement", "initial placement"),
+            ("trace", "trace"),
+            ("model_config", "model config"),
+        ):
+            given = getattr(self, name)
+            if given is None or not str(given).strip():
+                continue
+            read = Path(os.path.realpath(given))  # a link to an output is that output
+            output = next((out / o for o in RUN_OUTPUTS if read == out / o), None)
+            if output is not None:
+                errors.append(
+                    f"{flag}={given}: is {output}, an output of this run, which removes it before its ranks "
+                    f"start and writes its own; fix: copy it out of --out first (e.g. cp {output} "
+                    f"{out.parent / ('last-' + output.name)}) and name the copy, or give another --out"
+                )
         return errors
 
     def _compilation_errors(self, fmt: str) -> list[str]:
@@ -600,9 +642,10 @@ class SimulateConfig:
         listing every violated rule, as :meth:`validate`.
 
         Options of the trace-replay world must keep their defaults; the padded batch must fit the
-        model's positions; and, last, the memory of the run (per rank the EPLB-on and EPLB-off models'
-        weights, at most the whole checkpoint each, plus a process with vLLM imported) against the
-        host's available memory.
+        model's positions; once every other rule holds, a compilation config as vLLM's
+        ``CompilationConfig`` and start-up's ``compiled-forward`` rule judge it; and, last, the memory of
+        the run (per rank the EPLB-on and EPLB-off models' weights, at most the whole checkpoint each,
+        plus a process with vLLM imported) against the host's available memory.
         """
 
         errors = self._common_errors(source.num_logical_experts)
@@ -645,10 +688,47 @@ class SimulateConfig:
             self, num_moe_layers=source.num_moe_layers, num_logical_experts=source.num_logical_experts,
             top_k=source.top_k,
         )  # fmt: skip
+        if not errors and self.compilation is not None:
+            # Last, once every other rule holds: these import vLLM (the other refusals come without it).
+            reason = _vllm_compilation_error(self.compilation)
+            flag = "compile" if self.compile is not None else "compilation-config"
+            errors += [] if reason is None else [f"{flag}: {reason}"]
         if not errors:
             errors += resources.model_memory_rule(self.num_ranks, source.folder)
         if errors:
             raise ValueError("invalid simulate options:\n  - " + "\n  - ".join(errors))
+
+
+def _vllm_compilation_error(compilation: dict[str, Any]) -> str | None:
+    """What vLLM and start-up would refuse in a ``compilation_config`` the world serves (``compilation``,
+    valid by ``world.compilation_error``), before any rank starts: vLLM's own ``CompilationConfig``
+    (pydantic: the backend, the mode, each field), then the serving path's rule ``compiled-forward``
+    (inductor freezing, ``TORCHINDUCTOR_FREEZING=1`` included; an option torch's inductor does not have),
+    the very function start-up runs on every rank."""
+    from pydantic import ValidationError
+    from vllm.config import CompilationConfig
+
+    from ascend_eplb.integration.rules import RULES
+    from ascend_eplb.integration.settings import EplbSettings
+
+    try:
+        built = CompilationConfig(**compilation)
+    except ValidationError as e:
+        said = "; ".join(err["msg"] for err in e.errors())
+        return f"vLLM's CompilationConfig refuses {json.dumps(compilation)}: {said}"
+    except (TypeError, ValueError) as e:
+        return f"vLLM's CompilationConfig refuses {json.dumps(compilation)}: {e}"
+    mode = "VLLM_COMPILE" if built.mode is None else built.mode.name
+    inductor = compilation.get("inductor_compile_config") or {}
+    settings = EplbSettings(
+        enable_eplb=True,
+        compilation_mode=mode,
+        inductor_freezing=bool(inductor.get("freezing"))
+        or os.environ.get("TORCHINDUCTOR_FREEZING", "0") == "1",
+        inductor_compile_config=dict(inductor),
+    )
+    found = RULES["compiled-forward"](settings)
+    return None if found is None else f"[compiled-forward] {found}"
 
 
 def _policy_errors(config: SimulateConfig) -> list[str]:

@@ -13,18 +13,21 @@ recipes and formats: ``SIMULATE.md``, section "simulate".
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from safetensors import safe_open
+
 from ascend_eplb import world
 from ascend_eplb.integration.model_facts import EXPERT_COUNT_KEYS, TOP_K_KEYS, architectures_error
+from ascend_eplb.integration.regular_files import regular_file_problem
 from ascend_eplb.integration.rules import moe_fact_errors
 from ascend_eplb.quant_views import FORMAT_SUPPORT
 from ascend_eplb.tools.check.model_folder import folder_formats, model_folder_facts
+from ascend_eplb.tools.files import json_object
 from ascend_eplb.tools.trace import load_trace
 from ascend_eplb.world.checkpoints import to_format
 
@@ -184,6 +187,31 @@ def moe_problems(folder: str | os.PathLike[str]) -> list[str]:
     return problems
 
 
+def weights_problems(folder: Path) -> list[str]:
+    """Why the ``*.safetensors`` files of ``folder`` cannot be loaded (each rank's load raised a
+    127-line traceback): none there, one that is not a regular file, or one the safetensors library
+    refuses to open (empty, truncated, a header that lies about its tensors' bytes), each naming the file.
+    Only the headers are read."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return [f"model={folder}: the folder has no *.safetensors weights"]
+    problems = []
+    for file in files:
+        if (problem := regular_file_problem(file)) is not None:
+            problems.append(f"model={folder}: {problem}")
+            continue
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except Exception as e:  # SafetensorError (a Rust panic's message), OSError
+            said = str(e) or type(e).__name__
+            problems.append(
+                f"model={folder}: {file.name} is not a whole safetensors file ({said}; {file.stat().st_size} "
+                "bytes: empty or truncated?); fix: copy the checkpoint again"
+            )
+    return problems
+
+
 def _format_error(fmt: str) -> str | None:
     """Why the experts' format ``fmt`` cannot be served, or None."""
 
@@ -228,11 +256,7 @@ def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
                 "config.json"
             )
         # The weights, then its MoE facts as start-up reads them: every problem at once, before a rank starts.
-        problems = (
-            []
-            if any(folder.glob("*.safetensors"))
-            else [f"model={model}: the folder has no *.safetensors weights"]
-        )
+        problems = weights_problems(folder)
         problems += moe_problems(folder)  # each names the folder's config.json
         own = folder_format(folder)
         if fmt is not None and fmt != own:
@@ -253,7 +277,7 @@ def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
         fmt = own
     try:
         info = world.checkpoint_info(folder)
-        max_positions = int(json.loads((folder / "config.json").read_text())["max_position_embeddings"])
+        max_positions = int(json_object(folder / "config.json")["max_position_embeddings"])
     except (ValueError, KeyError, TypeError, OSError) as e:
         raise ValueError(f"model={model}: {type(e).__name__}: {e}") from None
     return ModelSource(

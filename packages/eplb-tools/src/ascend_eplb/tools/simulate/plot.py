@@ -1,25 +1,32 @@
 """``balancedness.png``: balancedness per step (EPLB on beside off) with each rearrangement's planned and
-realised balancedness (the MTP draft's beside the target's), the bytes each rearrangement (and the
-start-up install) moved (skipped ones marked with the gate's reason) and each rank's share of the load."""
+realised balancedness (the MTP draft's beside the target's), the bytes each rearrangement (and each
+model's start-up install) moved (skipped ones marked with the gate's reason) and each rank's share of the
+load."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import numpy as np
 
+from ascend_eplb.integration.regular_files import write_regular_file
 from ascend_eplb.tools.simulate.report import RearrangementOutcome, SimulateReport
 
 __all__ = ["balancedness_figure", "plot_balancedness"]
 
 
 def plot_balancedness(report: SimulateReport, path: Path) -> None:
-    """Write :func:`balancedness_figure` of ``report`` to ``path`` (PNG)."""
+    """Write :func:`balancedness_figure` of ``report`` to ``path`` (PNG) by the one writer
+    (:func:`ascend_eplb.integration.regular_files.write_regular_file`: whole, beside it then renamed;
+    only a regular file replaced)."""
     import matplotlib.pyplot as plt
 
     fig = balancedness_figure(report)
-    fig.savefig(path, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
+    write_regular_file(path, png.getvalue())
 
 
 def balancedness_figure(report: SimulateReport):
@@ -109,16 +116,20 @@ def _bytes_panel(ax, report: SimulateReport, ax_balance) -> None:
     done = [r for r in records if r.skipped is None]
     draft = report.draft
     drafted = [] if draft is None else [r for r in draft.rearrangement_records if r.skipped is None]
-    install = report.initial_placement
-    installed = install.bytes_moved if install is not None and install.bytes_moved is not None else None
-    peak = max(
-        [r.bytes_moved for r in (*done, *drafted)] + ([installed] if installed is not None else []), default=0
-    )
+    installed = _install_bytes(report.initial_placement)
+    # The draft's own start-up install (--speculative-tokens with --initial-placement), as the summary and
+    # report.json list it.
+    draft_installed = None if draft is None else _install_bytes(draft.initial_placement)
+    installs = [b for b in (installed, draft_installed) if b is not None]
+    peak = max([r.bytes_moved for r in (*done, *drafted)] + installs, default=0)
     units = ("B", "KiB", "MiB", "GiB")
     power = max((k for k in range(len(units)) if peak >= 1024**k), default=0)
     unit, scale = units[power], 1024.0**power
     if installed is not None:  # before step 0: its bar at step 0, beside nothing (no record is made then)
         ax.bar([0], [installed / scale], width=0.8, color="tab:green", label="start-up install (all ranks)")
+    if draft_installed is not None:  # on top of the target's: both installed before step 0
+        ax.bar([0], [draft_installed / scale], width=0.8, bottom=[(installed or 0) / scale],
+               color="yellowgreen", label="MTP draft's start-up install (all ranks)")  # fmt: skip
     if done:
         ax.bar([r.step for r in done], [r.bytes_moved / scale for r in done], width=0.8,
                color="tab:blue", label="bytes moved (all ranks)")  # fmt: skip
@@ -134,5 +145,10 @@ def _bytes_panel(ax, report: SimulateReport, ax_balance) -> None:
                            label="rearrangement skipped" if i == 0 else None)  # fmt: skip
     ax.set_ylabel(f"moved per\nrearrangement ({unit})")
     ax.set_ylim(bottom=0)
-    if records or installed is not None:
+    if records or installs:
         ax.legend(loc="upper right", fontsize=7)
+
+
+def _install_bytes(install) -> int | None:
+    """The bytes a start-up install moved (None: no install, or not recorded)."""
+    return None if install is None or install.bytes_moved is None else install.bytes_moved

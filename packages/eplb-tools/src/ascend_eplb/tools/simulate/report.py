@@ -28,10 +28,12 @@ from ascend_eplb.integration.events import (
     read_events,
 )
 from ascend_eplb.integration.model_names import DRAFT_SUFFIX, is_draft
+from ascend_eplb.integration.regular_files import EVENTS_FILE, read_regular_file
 from ascend_eplb.tools.costs import estimate_costs, read_model_size
 from ascend_eplb.tools.simulate.config import CHECKS, SimulateConfig
 from ascend_eplb.tools.simulate.stats import InstallSeen, OutputTolerance, RankStats
 from ascend_eplb.tools.simulate.verdicts import JUDGED, PASSED, check_verdicts, run_verdict
+from ascend_eplb.world.serving import is_compiled
 
 __all__ = [
     "DraftReport",
@@ -263,12 +265,16 @@ def build_report(
     violations = [res.violation for res in results if res.violation is not None]
     # With a draft, the top-level figures are the target's (upstream names its draft "<target> (draft)").
     target = None if r0.draft is None else r0.draft.model.removesuffix(DRAFT_SUFFIX)
-    verdicts = check_verdicts(config, routing, results, violations)
+    events_file = Path(config.out_dir) / "events.jsonl"
+    outcomes = events_outcomes(events_file, config.num_ranks, model=target)
+    done = outcomes.records
+    verdicts = check_verdicts(
+        config, routing, results, violations, experts_moved=_experts_moved(config, events_file),
+        gate_skipped=sum(r.rearrangement is not None and r.skipped is not None for r in done),
+    )  # fmt: skip
     verdict = run_verdict(verdicts)
     secs = np.array(r0.step_seconds)
     in_flight = np.array(r0.step_in_flight, dtype=bool)
-    outcomes = events_outcomes(Path(config.out_dir) / "events.jsonl", config.num_ranks, model=target)
-    done = outcomes.records
     install = _install(
         config, [res.install for res in results], bal, bal_off, outcomes.install, routing.num_moe_layers,
         _plan_predicted(config, draft=False),
@@ -287,7 +293,7 @@ def build_report(
         moe_rows=r0.moe_rows,
         # How vLLM ran the model (the real-model world): "eager (enforce_eager)" or the compilation mode
         # and backend vLLM's CPU platform resolved (DYNAMO_TRACE_ONCE, eager|inductor).
-        compilation=r0.compilation,
+        compilation=_compilation_title(config, r0.compilation),
         model=routing.architecture if not config.replays else "replay",
         format=config.quant_format,
         trace=routing.name,
@@ -302,7 +308,7 @@ def build_report(
         load_collection_phase=config.load_collection_phase,
         steps=r0.steps_run,
         rearrangements=r0.num_rearrangements,
-        rearrangements_completed=len(completed),
+        rearrangements_completed=_completed(done, len(completed)),
         layers_committed=sum(len(c) for c in r0.commits_per_step) + install_layers,
         balancedness_before=_mean(before),
         balancedness_after=_mean(after),
@@ -390,7 +396,7 @@ def _draft(config: SimulateConfig, results: list[RankStats], first_rearr: int | 
         architecture="DeepSeekMTP",
         forwards_per_step=d0.forwards_per_step,
         layers=d0.num_moe_layers,
-        rearrangements_completed=len(completed),
+        rearrangements_completed=_completed(done, len(completed)),
         layers_committed=sum(len(c) for c in d0.commits_per_step)
         + (0 if install is None else d0.num_moe_layers),
         balancedness_before=_mean(before),
@@ -428,6 +434,34 @@ def _percentile(values: Any, q: float) -> float | None:
 def _sum_or_none(values: Any) -> float | None:
     known = list(values)
     return None if None in known else float(sum(known))
+
+
+def _completed(records: tuple[RearrangementOutcome, ...], cycles: int) -> int:
+    """The rearrangements that completed: one ``rearrangement`` record each, made at its last commit; a
+    window the gain gate skipped is not one, though upstream commits its unchanged layers (``cycles``,
+    the commit cycles that reached the last layer, counted them: "2 completed" when the gate skipped
+    both). ``cycles`` where the events file records nothing (a rank on another host wrote it)."""
+    if not records:
+        return cycles
+    return sum(r.skipped is None and r.rearrangement is not None for r in records)
+
+
+def _experts_moved(config: SimulateConfig, events_file: Path) -> int | None:
+    """The experts every model's rearrangements and start-up installs moved, as the events file's commits
+    and installs say (None: no events file here)."""
+    if not events_file.is_file():
+        return None
+    everything = events_outcomes(events_file, config.num_ranks)
+    return sum(everything.install_received) + sum(everything.rearrangements_received)
+
+
+def _compilation_title(config: SimulateConfig, seen: str | None) -> str | None:
+    """How the world ran the model, named by what the run asked: a ``--compilation-config`` of mode 0
+    (NONE) runs eager, and is titled by its mode, not as ``enforce_eager``."""
+    compilation = config.compilation
+    if seen is None or compilation is None or is_compiled(compilation):
+        return seen
+    return "NONE (compilation_config mode 0: eager execution)"
 
 
 def _or0(value: int | None) -> int:
@@ -472,8 +506,9 @@ def _plan_predicted(config: SimulateConfig, draft: bool) -> float | None:
     if config.initial_placement is None:
         return None
     try:
-        provenance = json.loads(Path(config.initial_placement).read_text(encoding="utf-8")).get("source")
-    except (OSError, ValueError, AttributeError):
+        raw = read_regular_file(config.initial_placement, EVENTS_FILE)
+        provenance = json.loads(raw.decode("utf-8")).get("source")
+    except (ValueError, AttributeError):
         return None  # an events file (JSON lines), or a file without provenance
     if not isinstance(provenance, dict):
         return None

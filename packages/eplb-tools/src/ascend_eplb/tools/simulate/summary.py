@@ -26,6 +26,12 @@ def _install_note(report: SimulateReport) -> str:
     )
 
 
+def _gate_skips(skipped: dict[str, int]) -> str:
+    """``", N skipped"``: the windows the gain gate skipped (a window without load is none), or ``""``."""
+    n = sum(v for k, v in skipped.items() if k != "no_load")
+    return f", {n} skipped" if n else ""
+
+
 #: Rearrangements the summary lists one per line (report.json has all of them).
 SHOWN_REARRANGEMENTS = 12
 #: Why a rearrangement can serve the next windows worse than the placement it replaced served its own,
@@ -33,17 +39,17 @@ SHOWN_REARRANGEMENTS = 12
 REALISED_BELOW_BEFORE = {
     "window": (
         "the policy fit its placement to one window's load, a small and bursty sample; the next window's "
-        "load differs, and the placement it replaced (an --initial-placement from `plan` was fit to a whole "
-        "recording's summed windows) can serve it better; the gain gate skips a window whose planned gain "
-        "is below that drift (--min-balancedness-gain; `ascend-eplb plan events.jsonl --policies default` "
-        "measures the drift and recommends values)"
+        "load differs, and the placement it replaced{initial} can serve it better; the gain gate skips a "
+        "window whose planned gain is below that drift (--min-balancedness-gain; `ascend-eplb plan "
+        "events.jsonl --policies default` measures the drift and recommends values)"
     ),
     "pooled": (
         "the policy planned on the load estimate (every window since the load's last shift), and the next "
         "windows are small, bursty samples of that load, or a shift the estimate follows only once it is "
-        "seen; the placement it replaced can serve such a sample better; the gain gate skips a window "
-        "whose planned gain on the estimate is below that drift (--min-balancedness-gain; `ascend-eplb plan "
-        "events.jsonl --load-estimates window,pooled` measures the drift and recommends values)"
+        "seen; the placement it replaced{initial} can serve such a sample better; the gain gate skips a "
+        "window whose planned gain on the estimate is below that drift (--min-balancedness-gain; "
+        "`ascend-eplb plan events.jsonl --load-estimates window,pooled` measures the drift and recommends "
+        "values)"
     ),
 }
 
@@ -106,8 +112,17 @@ def _rearrangement_lines(report: SimulateReport, f) -> list[str]:
         if r.balancedness_realised is not None and r.balancedness_realised < r.balancedness_before
     ]
     if worse:
+        # The placement each replaced: the --initial-placement's, fit to a whole recording, only for the
+        # first one of a run that started from one.
+        initial = (
+            f" (for rearrangement {worse[0]}: the --initial-placement from `plan`, fit to a whole "
+            "recording's summed windows)"
+            if install is not None and worse[0] == str(done[0].rearrangement)
+            else ""
+        )
+        cause = REALISED_BELOW_BEFORE[report.load_estimate].format(initial=initial)
         lines.append(f"    realised below before ({'rearrangement' if len(worse) == 1 else 'rearrangements'} "
-                     f"{', '.join(worse)}): {REALISED_BELOW_BEFORE[report.load_estimate]}")  # fmt: skip
+                     f"{', '.join(worse)}): {cause}")  # fmt: skip
     return lines
 
 
@@ -130,7 +145,8 @@ def _draft_lines(report: SimulateReport, f) -> list[str]:
     )
     return [
         f"  draft {d.model} (vLLM's {d.architecture}, {d.layers} MoE layer, {d.forwards_per_step} "
-        f"forward(s) per step after the target): rearrangements {d.rearrangements_completed} completed, "
+        f"forward(s) per step after the target): rearrangements {d.rearrangements_completed} completed"
+        f"{_gate_skips(d.rearrangements_skipped)}, "
         f"layers committed {d.layers_committed}, bytes received {received}",
         *("  " + line for line in _rearrangement_lines(own, f)),
         f"    draft balancedness before the first rearrangement {f(d.balancedness_before)}; after its "
@@ -148,9 +164,10 @@ def _install_line(start: InstallReport, f, head: str) -> str:
         False: "; SLOTS DID NOT HOLD THEIR EXPERTS",
     }
     return (
-        f"{head} {start.source}: first step balancedness "
-        f"{f(start.first_step_balancedness)} measured, {f(start.first_step_planned)} as plan "
-        f"computes it for the placement on that step's load, EPLB off {f(start.first_step_off)}"
+        f"{head} {start.source}: first step balancedness {f(start.first_step_balancedness)} measured (each "
+        f"token's selection served by one replica of its expert), {f(start.first_step_planned)} on plan's "
+        "measure of that step's load (each expert's load split evenly over its replicas: the two differ by "
+        f"how the replicas shared the step's tokens), EPLB off {f(start.first_step_off)}"
         + ("" if said is None else f"; plan predicted {f(said)} on the load it was made from")
         + held.get(start.slots_hold_their_experts, "")
     )
@@ -198,8 +215,9 @@ def summary_text(report: SimulateReport) -> str:
         f"{report.num_logical_experts} experts (+{report.num_redundant_experts} redundant), top-"
         f"{report.top_k}, {served}",
         f"  steps {report.steps}, rearrangements {report.rearrangements} "
-        f"({report.rearrangements_completed} completed), layers committed "
-        f"{report.layers_committed}, bytes received {report.bytes_received}{_install_note(report)}",
+        f"({report.rearrangements_completed} completed{_gate_skips(report.rearrangements_skipped)}), layers "
+        f"committed {report.layers_committed}, bytes received {format_bytes(report.bytes_received)}"
+        f"{_install_note(report)}",
         *_rearrangement_lines(report, f),
         *_draft_lines(report, f),
         "  balancedness = mean rank load / max rank load of a layer, averaged over layers (1.0 = even)",

@@ -47,10 +47,20 @@ def _cycles(results: list[RankStats], num_moe_layers: int) -> list[list[int]]:
 
 
 def check_verdicts(
-    config: SimulateConfig, routing: Any, results: list[RankStats], violations: list[tuple[str, str]]
+    config: SimulateConfig,
+    routing: Any,
+    results: list[RankStats],
+    violations: list[tuple[str, str]],
+    *,
+    experts_moved: int | None = None,
+    gate_skipped: int = 0,
 ) -> dict[str, tuple[str, str]]:
     """``check -> (outcome, what it saw)``, outcome ``pass``, ``fail`` or ``not judged``: a check passes
-    only on what it compared, and says what that was."""
+    only on what it compared, and says what that was. ``experts_moved``: what every rearrangement and
+    start-up install moved, from the events file (None: not known); 0 leaves ``fingerprints`` (each moved
+    expert's weights) with nothing to check, though layers committed unchanged (a gate that skips every
+    window). ``gate_skipped``: the target's windows the gain gate skipped, whose unchanged layers upstream
+    committed all the same (``worker`` counts them apart from the rearrangements that completed)."""
 
     r0, n = results[0], len(results)
     steps = r0.steps_run
@@ -109,7 +119,19 @@ def check_verdicts(
     commits = min(res.verifier_commits_checked for res in results)
     boundaries = min(res.verifier_steps for res in results)
     p = r0.slots_per_rank
-    if commits:
+    if commits and experts_moved == 0:
+        checked = _count(commits, "layer commit")
+        out["fingerprints"] = (
+            "not judged",
+            f"no expert moved: nothing to check ({checked}, each of an unchanged placement; the slots held "
+            "their logical experts after each)",
+        )
+        out["lookups"] = (
+            "pass",
+            f"{checked}: each lookup equals the committed maps, in its own storage; the committed placement "
+            f"was equal on the {n} ranks at {boundaries} step boundaries",
+        )
+    elif commits:
         checked = _count(commits, "layer commit")
         moved = (
             f"{checked} on each of {n} ranks: after each, all {p} local slots hold their logical expert's "
@@ -137,7 +159,7 @@ def check_verdicts(
                 f"({boundaries} step boundaries)"
             ),
         )
-    out["worker"] = _worker_verdict(config, routing, results, violations)
+    out["worker"] = _worker_verdict(config, routing, results, violations, gate_skipped)
     for check, message in failed.items():
         out[check] = ("fail", message)
     assert set(out) == set(CHECKS)
@@ -145,7 +167,11 @@ def check_verdicts(
 
 
 def _worker_verdict(
-    config: SimulateConfig, routing: Any, results: list[RankStats], violations: list[tuple[str, str]]
+    config: SimulateConfig,
+    routing: Any,
+    results: list[RankStats],
+    violations: list[tuple[str, str]],
+    gate_skipped: int = 0,
 ) -> tuple[str, str]:
     """The ``worker`` check: the watchdog's decision, then whether EPLB rearranged as the options allow
     and a cycle in flight at the end kept making progress (its last progress, a layer published or
@@ -161,8 +187,10 @@ def _worker_verdict(
     cycles = _cycles(results, layers)
     gaps = [b - a for cycle in cycles for a, b in itertools.pairwise(cycle)]
     normal = max(gaps, default=1)
+    # A window the gate skipped still commits its layers (unchanged): a cycle, not a rearrangement.
+    cycled = "commit cycles" if gate_skipped else "completed"
     pace = (
-        f"a layer took at most {_count(normal, 'step')} in the {len(cycles)} completed"
+        f"a layer took at most {_count(normal, 'step')} in the {len(cycles)} {cycled}"
         if cycles
         else "upstream commits at most one layer per step"
     )
@@ -204,8 +232,10 @@ def _worker_verdict(
         tail = f"rearrangement {slow.rearrangement} in flight at the end progressed {progressed}"
     else:
         tail = "none in flight at the end"
-    done = _count(len(cycles), "rearrangement")
-    return "pass", f"alive on {n} ranks for {steps} steps; {done} completed ({pace}); {tail}"
+    skipped = min(gate_skipped, len(cycles))
+    done = _count(len(cycles) - skipped, "rearrangement")
+    also = f" and {skipped} skipped by the gate (their unchanged layers committed)" if skipped else ""
+    return "pass", f"alive on {n} ranks for {steps} steps; {done} completed{also} ({pace}); {tail}"
 
 
 def _count(count: int, noun: str) -> str:
