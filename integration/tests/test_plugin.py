@@ -41,7 +41,10 @@ def patched():
     }
 
 def planes():
-    return sorted(m for m in sys.modules if m.startswith("ascend_eplb."))
+    return sorted(m for m in sys.modules if m.startswith("ascend_eplb.") and not m.startswith("ascend_eplb.world"))
+
+def world():
+    return sorted(m for m in sys.modules if m.startswith("ascend_eplb.world"))
 
 # Phase 1, EPLB not requested: the entry point as vLLM finds it, called by hand and by vLLM's loader.
 (ep,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "ascend_eplb"]
@@ -59,6 +62,7 @@ controller = create_eplb_controller(VllmConfig(parallel_config=ParallelConfig())
 off["controller"] = [type(controller).__module__, type(controller).__qualname__, controller.state]
 off["patched"] = patched()
 off["planes"] = planes()
+off["world"] = world()
 # Phase 2, same process, EPLB requested (as an engine or worker started with ASCEND_EPLB=1).
 os.environ["ASCEND_EPLB"] = "1"
 on = {"first": register(), "second": register()}
@@ -140,6 +144,15 @@ def test_eplb_off_isolation_then_register_with_eplb_on_patches_once_and_is_idemp
         "ascend_eplb.integration.switches",
     ]
     assert not [m for m in result["planes"] if m.startswith(tuple(PLANES))]
+    # The test world's own entry point (installed in this environment, not in a serving image), which
+    # vLLM's loader calls too: without its opt-in it loads its light modules and returns.
+    assert result["world"] == [
+        "ascend_eplb.world",
+        "ascend_eplb.world.__about__",
+        "ascend_eplb.world.engine",
+        "ascend_eplb.world.engine.environment",
+        "ascend_eplb.world.engine.plugin",
+    ]
 
     result = probe["on"]
     assert result["first"] is True

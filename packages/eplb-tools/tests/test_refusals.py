@@ -450,7 +450,7 @@ def test_the_cache_variable_empty_is_unset_and_a_file_or_unreachable_path_is_ref
     for cache in (a_file, a_file / "below"):
         probed = _probe([["simulate", "--out", out]], ASCEND_EPLB_CACHE=str(cache))
         assert probed["results"] == [[2, "\n".join(_options(
-            f"ASCEND_EPLB_CACHE={cache}: cannot write the preset deepseek-v3-v2 under {cache}/models "
+            f"ASCEND_EPLB_CACHE={cache}: cannot write the preset deepseek-v3-v3 under {cache}/models "
             f"({a_file} is a file, not a folder); {fix}"
         )) + "\n"]]  # fmt: skip
         assert probed["vllm"] is False

@@ -29,7 +29,7 @@ def _allocated(fmt, num_local: int, hidden: int, inter: int) -> int:
 
 
 def test_the_default_run_estimate_counts_the_real_storage_and_fits_this_host():
-    config = SimulateConfig(model="replay")
+    config = SimulateConfig(model="replay", num_ranks=4)
     est = resources.estimate(
         config, num_moe_layers=26, num_logical_experts=64, top_k=6, num_trace_tokens=8251, sampled=False
     )
@@ -62,7 +62,7 @@ def test_the_default_run_estimate_counts_the_real_storage_and_fits_this_host():
 
 def _refused(argv, tmp_path, capsys) -> str:
     t0 = time.monotonic()
-    code = main(["simulate", "--model", "replay", *argv, "--out", str(tmp_path / "out")])
+    code = main(["simulate", "--model", "replay", "--ranks", "4", *argv, "--out", str(tmp_path / "out")])
     elapsed = time.monotonic() - t0
     err = capsys.readouterr().err
     assert code == 2, err

@@ -8,13 +8,11 @@ every check on.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from ascend_eplb import world as rm
 from ascend_eplb.tools.cli import build_parser, main
 from ascend_eplb.tools.simulate.config import SimulateConfig, config_from_args
 from ascend_eplb.tools.simulate.driver import run_simulation
-from ascend_eplb.tools.simulate.model_world import real_kernel_rows
 
 
 def _config(*argv: str) -> SimulateConfig:
@@ -26,16 +24,16 @@ def test_the_ranks_are_dp_x_tp_and_a_layout_that_does_not_fit_is_refused_before_
         4,
         2,
     )
-    default = _config("--dp", "2")  # --ranks' default 4, TP = 4 / 2
-    assert (default.num_ranks, default.data_parallel_size, default.tp_size) == (4, 2, 2)
-    assert (_config().tp_size, _config().data_parallel_size) == (4, 1)
+    default = _config("--dp", "2")  # --ranks' default 2, TP = 2 / 2
+    assert (default.num_ranks, default.data_parallel_size, default.tp_size) == (2, 2, 1)
+    assert (_config().tp_size, _config().data_parallel_size) == (2, 1)
     out = str(tmp_path / "o")
     cases = [
         (
             ["--dp", "2", "--tp", "1", "--ranks", "4"],
             "ranks=4 with dp=2 x tp=1: the ranks must be dp x tp = 2",
         ),
-        (["--dp", "3"], "dp=3: must divide ranks=4 (ranks = dp x tp)"),
+        (["--dp", "3", "--ranks", "4"], "dp=3: must divide ranks=4 (ranks = dp x tp)"),
         (
             ["--model", "replay", "--dp", "2"],
             "dp=2, tp=None: apply to a real model; --model replay runs the split layout (each rank routes "
@@ -46,22 +44,6 @@ def test_the_ranks_are_dp_x_tp_and_a_layout_that_does_not_fit_is_refused_before_
         assert main(["simulate", *argv, "--out", out]) == 2, argv
         assert f"  - {message}" in capsys.readouterr().err.splitlines()
     assert not (tmp_path / "o").exists()
-
-
-def test_the_real_rows_of_each_layouts_batch_are_each_dp_ranks_first_rows():
-    """T = 6 rows per DP rank, 4 real; D = 2."""
-    # replicated: the rank's own batch
-    assert real_kernel_rows("replicated", 6, 6, 4, 2).tolist() == [1, 1, 1, 1, 0, 0]
-    # gathered: DP rank 0's rows, then DP rank 1's
-    assert real_kernel_rows("gathered", 12, 6, 4, 1).tolist() == [1, 1, 1, 1, 0, 0] * 2
-    # gathered-sp, TP = 2: chunks of 3 in EP order (dp 0 tp 0, dp 0 tp 1, dp 1 tp 0, dp 1 tp 1)
-    assert real_kernel_rows("gathered-sp", 12, 6, 4, 2).tolist() == [1, 1, 1, 1, 0, 0] * 2
-    # gathered-sp, T = 5 over TP = 2: chunks of 3, the second padded (rows 3, 4 and a pad row)
-    assert real_kernel_rows("gathered-sp", 12, 5, 4, 2).tolist() == [1, 1, 1, 1, 0, 0] * 2
-    assert real_kernel_rows("gathered-sp", 12, 5, 2, 2).tolist() == [1, 1, 0, 0, 0, 0] * 2
-    with pytest.raises(ValueError, match="rows='split': the real-model world runs replicated, gathered"):
-        real_kernel_rows("split", 6, 6, 4, 1)
-    assert real_kernel_rows("gathered", 12, 6, 4, 1).dtype == torch.bool
 
 
 @pytest.mark.multirank

@@ -182,18 +182,22 @@ def memory_rule(
 
 
 def model_memory_rule(num_ranks: int, folder: Any) -> list[str]:
-    """A run on the real model in ``folder``: per rank a process with vLLM imported plus the EPLB-on and
-    EPLB-off models' weights (each at most the checkpoint's safetensors bytes), plus the launcher and
-    its fork server, against :func:`available_bytes`. Returns the rule's message, or nothing."""
+    """A run on the real model in ``folder``: one vLLM engine at a time (EPLB off, then on), each a host
+    process, vLLM's engine core and ``num_ranks`` workers, each with vLLM imported, every worker holding
+    the checkpoint's weights once (at most its safetensors bytes) and its KV cache, plus this process,
+    against :func:`available_bytes`. Returns the rule's message, or nothing."""
+
+    from ascend_eplb.world.engine.spec import EngineSpec
 
     weights = sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
-    need = num_ranks * (PROCESS_BASE_BYTES + 2 * weights) + 2 * PROCESS_BASE_BYTES
+    kv_cache = EngineSpec.kv_cache_memory_bytes
+    need = (num_ranks + 3) * PROCESS_BASE_BYTES + num_ranks * (weights + kv_cache)
     have = available_bytes()
     if need > have:
         return [
-            f"memory: the run needs about {gib(need)} ({num_ranks} ranks x (a process "
-            f"{gib(PROCESS_BASE_BYTES)} + 2 x the checkpoint's {gib(weights)}) + launcher and fork "
-            "server), this host has "
+            f"memory: the run needs about {gib(need)} (vLLM's engine: {num_ranks} workers x (a process "
+            f"{gib(PROCESS_BASE_BYTES)} + the checkpoint's {gib(weights)} + a KV cache of {gib(kv_cache)}), "
+            "its engine core and host, and this process), this host has "
             f"{gib(have)} available"
         ]
     return []
