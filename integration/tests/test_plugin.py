@@ -41,7 +41,8 @@ def patched():
     }
 
 def planes():
-    return sorted(m for m in sys.modules if m.startswith("ascend_eplb.") and not m.startswith("ascend_eplb.world"))
+    ours = (m for m in sys.modules if m.startswith("ascend_eplb."))
+    return sorted(m for m in ours if not m.startswith("ascend_eplb.world"))
 
 def world():
     return sorted(m for m in sys.modules if m.startswith("ascend_eplb.world"))
