@@ -106,6 +106,7 @@ def _specs(config: SimulateConfig, folder: Path) -> tuple[EngineSpec, EngineSpec
         ascend["initial_placement"] = str(Path(config.initial_placement).resolve())
     off = EngineSpec(
         model=str(folder),
+        dtype={"bf16": "bfloat16", "fp16": "float16"}.get(config.quant_format, "float32"),
         tensor_parallel_size=config.tp_size,
         data_parallel_size=config.data_parallel_size,
         speculative_tokens=config.speculative_tokens,

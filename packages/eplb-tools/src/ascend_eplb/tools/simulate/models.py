@@ -49,6 +49,9 @@ REPLAY = "replay"
 REPLAY_FORMAT = "w8a8_dynamic"
 #: The format of a preset when ``--format`` is not given (exact comparisons on a CPU host).
 PRESET_FORMAT = "float32"
+#: The experts' formats vLLM's engine serves on this host (a real model's run; ``--model replay`` serves
+#: every format EPLB supports).
+ENGINE_FORMATS = (PRESET_FORMAT, "bf16", "fp16")
 #: Preset names and the version of their recipe (a new version writes a new folder).
 PRESETS = {"deepseek-v3": "v3", "qwen3-moe": "v2", "mixtral": "v2"}
 #: The DeepSeek-V3 preset's sizes: the embedded trace's E and top-k, its first MoE layers.
@@ -220,6 +223,12 @@ def _format_error(fmt: str) -> str | None:
         return f"must be {PRESET_FORMAT} or a format EPLB supports ({', '.join(served)})"
     if fmt != PRESET_FORMAT and not FORMAT_SUPPORT[fmt].supports_eplb:
         return f"does not support EPLB ({FORMAT_SUPPORT[fmt].reason})"
+    if fmt not in ENGINE_FORMATS:
+        return (
+            f"is a quantized format, which vLLM's engine on this host cannot serve (vLLM Ascend's `ascend` "
+            f"quantization and its kernels exist on Ascend only): --model replay serves its kernel storage "
+            f"(served by vLLM's engine here: {', '.join(ENGINE_FORMATS)})"
+        )
     return None
 
 

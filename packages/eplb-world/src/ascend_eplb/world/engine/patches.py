@@ -98,11 +98,12 @@ def _local_expert_ids(original: Any) -> Any:
 
 #: Installed while vLLM resolves its platform (before ``vllm.triton_utils`` checks for Triton).
 PLATFORM_PATCHES: tuple[Patch, ...] = patches_of(_cpu_build, _cpu_backend)
-#: Installed in every engine process by the general plugin: the EP ids above and the world's variable-size
-#: collectives (data parallelism's gather before routing; ``ascend_eplb.world.stand_ins``, stand-in 5).
+#: Installed in every engine process by the general plugin: the EP ids above, the world's 16-bit linear
+#: layers (``ascend_eplb.world.stand_ins``, stand-in 3: on an AMX host vLLM packs bf16/fp16 weights with a
+#: ``_C`` op) and its variable-size collectives (data parallelism's gather before routing, stand-in 5).
 ENGINE_PATCHES: tuple[Patch, ...] = (
     *patches_of(_local_expert_ids),
-    *(p for p in stand_ins.STAND_INS if p.qualname.endswith(("all_gatherv", "reduce_scatterv"))),
+    *(p for p in stand_ins.STAND_INS if p.name != "torch._dynamo.config.disable"),
 )
 
 _PLATFORM = PatchSet(PLATFORM_PATCHES)

@@ -1,11 +1,11 @@
 """What one engine of the engine world serves, as vLLM's own engine arguments: one source for ``vllm.LLM``
 (:meth:`EngineSpec.engine_kwargs`) and ``vllm serve`` (:meth:`EngineSpec.serve_argv`).
 
-The settings every engine of the world takes, and why: float32 (this host's CPU kernels are torch forms),
-``compilation_config.custom_ops = ["none"]`` (vLLM's native torch forms of RMSNorm, rotary embedding and the
-activations: their ``_C`` kernels are absent), a KV cache of a few MiB (the automatic size is most of the
-host's memory), and MLA checkpoints on ``CPU_MLA`` (vLLM's reference MLA backend; an AMX host would pick
-``AMX_MLA``, whose weight packing is a ``_C`` op). Nothing here imports vLLM.
+The settings every engine of the world takes, and why: float32 unless said (this host's kernels are
+torch forms), ``compilation_config.custom_ops = ["none"]`` (vLLM's native torch forms of RMSNorm, rotary
+embedding and the activations: their ``_C`` kernels are absent), a KV cache of a few MiB (the automatic
+size is most of the host's memory), and MLA checkpoints on ``CPU_MLA`` (vLLM's reference MLA backend; an
+AMX host would pick ``AMX_MLA``, whose weight packing is a ``_C`` op). Nothing here imports vLLM.
 """
 
 from __future__ import annotations
@@ -41,12 +41,13 @@ class EplbSpec:
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """One engine: the checkpoint ``model`` (a local folder), its parallel layout (EP on whenever more than
-    one rank serves), EPLB (None: off, upstream's engine exactly), the MTP draft's ``speculative_tokens``
-    (0: none), ``compilation`` (vLLM's ``compilation_config`` mode and backend; None: eager) and the
-    scheduler's sizes."""
+    """One engine: the checkpoint ``model`` (a local folder) served in ``dtype`` (vLLM's ``--dtype``), its
+    parallel layout (EP on whenever more than one rank serves), EPLB (None: off, upstream's engine
+    exactly), the MTP draft's ``speculative_tokens`` (0: none), ``compilation`` (vLLM's
+    ``compilation_config`` mode and backend; None: eager) and the scheduler's sizes."""
 
     model: str
+    dtype: str = "float32"
     tensor_parallel_size: int = 2
     data_parallel_size: int = 1
     eplb: EplbSpec | None = None
@@ -75,7 +76,7 @@ class EngineSpec:
         compilation = {"custom_ops": ["none"], **(self.compilation or {})}
         kwargs: dict[str, Any] = {
             "model": self.model,
-            "dtype": "float32",
+            "dtype": self.dtype,
             "seed": self.seed,
             "tensor_parallel_size": self.tensor_parallel_size,
             "data_parallel_size": self.data_parallel_size,
