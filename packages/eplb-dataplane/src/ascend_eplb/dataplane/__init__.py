@@ -9,6 +9,7 @@ from ascend_eplb.dataplane.lookup import (
     DEFAULT_ROWS,
     ReplicaLookup,
     build_replica_table,
+    split_inputs,
     table_checksum,
     validate_placement,
 )
@@ -26,13 +27,25 @@ from ascend_eplb.dataplane.router import (
     is_bound,
     unbind_router,
 )
+from ascend_eplb.dataplane.split import (
+    DEFAULT_SPLIT_STEPS,
+    SPLIT_STATS_SIZE,
+    BatchSplit,
+    map_to_physical_split_and_record,
+    split_boundaries,
+    split_counts,
+    split_rank_loads,
+)
 
 __all__ = [
     "DEFAULT_ROWS",
+    "DEFAULT_SPLIT_STEPS",
     "GROUP_LIST_COUNTS",
     "GROUP_LIST_CUMSUM",
     "LAYER_STATE_FIELDS",
+    "SPLIT_STATS_SIZE",
     "UPSTREAM_MAPPING_METHOD",
+    "BatchSplit",
     "GraphInput",
     "GraphObserver",
     "ReplicaLookup",
@@ -43,7 +56,12 @@ __all__ = [
     "is_bound",
     "map_to_physical",
     "map_to_physical_and_record",
+    "map_to_physical_split_and_record",
     "record_expert_tokens",
+    "split_boundaries",
+    "split_counts",
+    "split_inputs",
+    "split_rank_loads",
     "table_checksum",
     "trace_once",
     "unbind_router",
