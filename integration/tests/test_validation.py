@@ -158,9 +158,10 @@ def test_the_policy_and_gate_keys_are_judged_each_naming_value_and_rule_all_at_o
     assert [(v.rule, v.message) for v in judged] == [
         (
             "placement-policy",
-            "additional_config.eplb_config.policy='stair' is not one of ['default', 'migration_aware']; "
-            "fix: use 'default' (upstream's DefaultEplbPolicy) or 'migration_aware' (the fewest expert "
-            "moves from the placement in force)",
+            "additional_config.eplb_config.policy='stair' is not one of ['default', 'migration_aware', "
+            "'split_aware']; fix: use 'default' (upstream's DefaultEplbPolicy), 'migration_aware' (the "
+            "fewest expert moves from the placement in force) or 'split_aware' (the same, replicas placed to "
+            "link ranks for the batch split)",
         ),
         (
             "min-balancedness-gain",

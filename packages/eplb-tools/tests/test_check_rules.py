@@ -115,9 +115,10 @@ RULES = [
     (
         "placement-policy",
         {"additional_config__eplb_config__policy": "greedy"},
-        "additional_config.eplb_config.policy='greedy' is not one of ['default', 'migration_aware']; fix: "
-        "use 'default' (upstream's DefaultEplbPolicy) or 'migration_aware' (the fewest expert moves from "
-        "the placement in force)",
+        "additional_config.eplb_config.policy='greedy' is not one of ['default', 'migration_aware', "
+        "'split_aware']; fix: use 'default' (upstream's DefaultEplbPolicy), 'migration_aware' (the fewest "
+        "expert moves from the placement in force) or 'split_aware' (the same, replicas placed to link ranks "
+        "for the batch split)",
     ),
     (
         "min-balancedness-gain",

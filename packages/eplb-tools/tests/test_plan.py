@@ -894,7 +894,7 @@ def test_the_policy_comparison_refuses_what_it_cannot_compare(tmp_path, capsys):
          "balancedness; leave it unset to turn the check off)"),
         ("--min-balancedness-gain", "nan", f"{key}.min_balancedness_gain=nan must be a number in [0, 1)"),
         ("--policies", "default,fewest",
-         f"{key}.policy='fewest' is not one of ['default', 'migration_aware']"),
+         f"{key}.policy='fewest' is not one of ['default', 'migration_aware', 'split_aware']"),
         ("--load-estimates", "window,mean",
          f"{key}.load_estimate='mean' is not one of ['window', 'pooled']"),
     ]:  # fmt: skip

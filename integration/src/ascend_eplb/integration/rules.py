@@ -246,8 +246,9 @@ def _placement_policy(s: EplbSettings) -> str | None:
     if reason is None:
         return None
     return (
-        f"{reason}; fix: use 'default' (upstream's DefaultEplbPolicy) or 'migration_aware' (the fewest "
-        "expert moves from the placement in force)"
+        f"{reason}; fix: use 'default' (upstream's DefaultEplbPolicy), 'migration_aware' (the fewest "
+        "expert moves from the placement in force) or 'split_aware' (the same, replicas placed to link ranks "
+        "for the batch split)"
     )
 
 
