@@ -80,5 +80,5 @@ def test_split_bound_is_the_densest_rank_set_by_enumeration_and_by_min_cut():
 
 
 def test_split_bound_refuses_what_rank_loads_refuses():
-    with pytest.raises(ValueError, match="logical expert 2 has load 5.0 but no slot"):
+    with pytest.raises(ValueError, match=r"logical expert 2 has load 5\.0 but no slot"):
         measures.split_bound(torch.tensor([[1, 1, 5]]), torch.tensor([[0, 1]]), 2)
