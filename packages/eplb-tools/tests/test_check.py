@@ -491,7 +491,7 @@ def test_check_names_the_batch_split_in_force_on_the_configurations_rows(tmp_pat
     assert out.splitlines()[1:3] == [
         "1 EPLB configuration rule(s) violated:",
         "  - [replica-split] additional_config.eplb_config.replica_split='even' is not one of ['equal', "
-        "'batch', 'batch_local']; fix: use 'equal' (each replica an equal share, today's rule), 'batch' (split "
-        "each batch by its own load; on split rows one all-gather of E counts per MoE layer) or 'batch_local' "
-        "(on split rows each rank splits its own rows)",
+        "'batch', 'batch_local']; fix: use 'equal' (each replica an equal share, today's rule), 'batch' "
+        "(split each batch by its own load; on split rows one all-gather of E counts per MoE layer) or "
+        "'batch_local' (on split rows each rank splits its own rows)",
     ]
