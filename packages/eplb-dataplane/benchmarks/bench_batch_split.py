@@ -20,7 +20,8 @@ Targets (issue 44): ``split`` within 0.02 of ``bound`` at 1 sequence and within 
 both placements (72 slots; 80 printed beside). Then the bound each policy's placement allows (upstream's
 default, the migration-aware policy, and the migration-aware policy placing for the split). Then the
 CPU cost: the split op against today's map-and-record op as dispatched, T = 256, 4096, 32768, K = 8,
-E = 256, P = 288, N = 8 (interleaved rounds, medians; aim: at most 2x at the first two).
+E = 256, P = 288, N = 8 (interleaved rounds, medians; aim: at most 2x at the first two); and the split
+rows' all-gather of ``E`` counts per MoE layer on 2 and 4 real rank processes over Gloo (the launcher).
 
 Run (repository root): ``hatch run python packages/eplb-dataplane/benchmarks/bench_batch_split.py``.
 """
@@ -30,7 +31,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
@@ -250,11 +253,52 @@ def cost(rounds: int) -> None:
         print(f"{num_tokens:>6} {med['today']:>11.1f} {med['split']:>11.1f} {med['ratio']:>6.2f}  {aim}")
 
 
+def gather_world(ctx, num_experts: int, iterations: int) -> dict[str, float]:
+    """One rank of the split rows' all-gather: this rank's ``(1, E)`` int64 counts gathered into
+    ``(N, E)`` over Gloo, as vLLM's ``GroupCoordinator.all_gather(dim=0)`` on its CPU communicator does;
+    the median microseconds of ``iterations`` calls after 10 warm-up calls."""
+    import torch.distributed as dist
+
+    import warnings
+
+    # torch names all_gather_into_tensor deprecated; vLLM's CPU communicator calls it, as here.
+    warnings.filterwarnings("ignore", "`torch.distributed.all_gather_into_tensor` is deprecated")
+    ctx.init_gloo()
+    local = torch.arange(num_experts, dtype=torch.int64).unsqueeze(0) + ctx.rank
+    every = local.new_empty(ctx.world_size, num_experts)
+    times = []
+    for i in range(10 + iterations):
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_gather_into_tensor(every, local)
+        if i >= 10:
+            times.append((time.perf_counter() - start) * 1e6)
+    assert every[:, 0].tolist() == list(range(ctx.world_size))
+    dist.destroy_process_group()
+    return {"median_us": statistics.median(times)}
+
+
+def gather_cost(iterations: int) -> None:
+    """Split rows with global counts: the all-gather per MoE layer per forward, on real rank processes."""
+    from ascend_eplb.launch import load_module, run_ranks
+
+    me = load_module(Path(__file__))
+    print(
+        f"\n== split rows, replica_split=batch: the all-gather of E = 256 int64 counts per MoE layer per "
+        f"forward over Gloo on this host (median of {iterations} calls, the slowest rank)"
+    )
+    for world in (2, 4):
+        with tempfile.TemporaryDirectory() as tmp:
+            results = run_ranks(me.gather_world, world_size=world, tmp_path=Path(tmp), args=(256, iterations))
+        print(f"  {world} ranks: {max(r['median_us'] for r in results):.1f} us per layer")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=DEFAULT_SPLIT_STEPS, help="the solve's steps")
     parser.add_argument("--rounds", type=int, default=7, help="rounds of the cost measurement")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--gather-iterations", type=int, default=200, help="all-gathers timed per world")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ids = trace()
@@ -265,6 +309,7 @@ def main() -> None:
     ok = targets(ids, args.steps)
     policies(ids)
     cost(args.rounds)
+    gather_cost(args.gather_iterations)
     print(f"\n{'every target PASS' if ok else 'some target FAIL'} (72 slots; 80 slots shown beside)")
 
 
