@@ -257,9 +257,9 @@ def gather_world(ctx, num_experts: int, iterations: int) -> dict[str, float]:
     """One rank of the split rows' all-gather: this rank's ``(1, E)`` int64 counts gathered into
     ``(N, E)`` over Gloo, as vLLM's ``GroupCoordinator.all_gather(dim=0)`` on its CPU communicator does;
     the median microseconds of ``iterations`` calls after 10 warm-up calls."""
-    import torch.distributed as dist
-
     import warnings
+
+    import torch.distributed as dist
 
     # torch names all_gather_into_tensor deprecated; vLLM's CPU communicator calls it, as here.
     warnings.filterwarnings("ignore", "`torch.distributed.all_gather_into_tensor` is deprecated")
