@@ -47,8 +47,10 @@ from ascend_eplb.control.policy import MigrationAwarePolicy, SplitAwarePolicy
 from ascend_eplb.dataplane import (
     DEFAULT_SPLIT_STEPS,
     ReplicaLookup,
+    executed_rank_loads,
     map_to_physical_and_record,
     map_to_physical_split_and_record,
+    replica_maps,
 )
 from ascend_eplb.world.esft import (
     ESFT_NUM_LOGICAL_EXPERTS,
@@ -89,33 +91,17 @@ def upstream_placement(load: torch.Tensor, slots: int) -> torch.Tensor:
 
 def lookups(placement: torch.Tensor) -> list[ReplicaLookup]:
     """One lookup per layer of ``placement`` (int64 ``(L, P)``), with the split's inputs."""
-    slots = placement.shape[1]
     out = []
     for layer in range(L):
-        row = placement[layer]
-        count = torch.bincount(row, minlength=E)
-        l2p = torch.full((E, slots - E + 1), -1, dtype=torch.int64)
-        seen = [0] * E
-        for slot, expert in enumerate(row.tolist()):
-            l2p[expert, seen[expert]] = slot
-            seen[expert] += 1
-        lookup = ReplicaLookup(E, "cpu", num_physical_experts=slots, num_ranks=RANKS)
-        lookup.refresh_(l2p, count)
+        lookup = ReplicaLookup(E, "cpu", num_physical_experts=placement.shape[1], num_ranks=RANKS)
+        lookup.refresh_(*replica_maps(placement[layer], E))
         out.append(lookup)
     return out
 
 
 def executed(ids: torch.Tensor, lookup: ReplicaLookup, split: bool, steps: int) -> float:
     """Balancedness of the rank loads recorded by today's op or the split op on one batch's layer."""
-    slots = lookup.physical_id_bound
-    load = torch.zeros(slots, dtype=torch.int64)
-    flag, real = torch.tensor(True), torch.tensor(ids.shape[0])
-    if split:
-        split_args = (*lookup.split_inputs, load, flag, real, None, None, None, None, steps)
-        map_to_physical_split_and_record(ids, lookup.table, *split_args)
-    else:
-        map_to_physical_and_record(ids, lookup.table, load, flag, real)
-    ranks = load.view(RANKS, -1).sum(1).double()
+    ranks = executed_rank_loads(ids, lookup, split=split, steps=steps).double()
     return float(ranks.mean() / ranks.max())
 
 

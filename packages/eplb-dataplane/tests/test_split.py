@@ -10,8 +10,10 @@ from ascend_eplb.dataplane import (
     BatchSplit,
     ReplicaLookup,
     bind_router,
+    executed_rank_loads,
     map_to_physical_and_record,
     map_to_physical_split_and_record,
+    replica_maps,
     split_boundaries,
     split_counts,
     split_rank_loads,
@@ -316,3 +318,16 @@ def test_argument_rules_raise_before_anything_is_written(change, pattern):
             args["steps"],
         )
     assert int(load.sum()) == 0
+
+
+def test_replica_maps_and_executed_rank_loads_of_a_placement():
+    l2p, count = replica_maps(torch.tensor([0, 1, 2, 3, 4, 5, 0, 2]), E)
+    assert torch.equal(l2p, L2P)
+    assert torch.equal(count, COUNT)
+    with pytest.raises(ValueError, match=r"slot 3 holds expert 6, outside \[0, 6\)"):
+        replica_maps(torch.tensor([0, 1, 2, 6, 4, 5, 0, 2]), E)
+    lookup, ids = _lookup(), _hot_batch()
+    assert executed_rank_loads(ids, lookup, split=True).tolist() == [20, 20, 20, 20]
+    assert executed_rank_loads(ids, lookup, split=False).tolist() == [25, 15, 20, 20]
+    with pytest.raises(ValueError, match="keeps no split inputs: build it with num_ranks"):
+        executed_rank_loads(ids, ReplicaLookup(E, "cpu", num_physical_experts=P), split=False)

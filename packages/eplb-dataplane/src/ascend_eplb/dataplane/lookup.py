@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_ROWS",
     "ReplicaLookup",
     "build_replica_table",
+    "replica_maps",
     "split_inputs",
     "table_checksum",
     "validate_placement",
@@ -214,6 +215,33 @@ def build_replica_table(
         logical_to_physical_map, logical_replica_count, num_physical_experts=num_physical_experts
     )
     return _replica_table(l2p, count, phase, rows)
+
+
+def replica_maps(
+    physical_to_logical: torch.Tensor, num_logical_experts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's placement ``(P,)`` (each slot's logical expert) as upstream's maps: int64 CPU
+    ``(logical_to_physical_map (E, P - E + 1), logical_replica_count (E,))``, each expert's slots
+    ascending, -1 padded (what :meth:`ReplicaLookup.refresh_` takes).
+
+    Raises:
+        ValueError: ``P < E``, or an id outside ``[0, E)`` (naming it).
+    """
+    row = physical_to_logical.detach().to("cpu", torch.int64).flatten()
+    num_physical = row.numel()
+    _check_int("num_logical_experts", num_logical_experts, 1)
+    if num_physical < num_logical_experts:
+        raise ValueError(f"a placement of {num_physical} slots cannot hold E = {num_logical_experts} experts")
+    bad = (row < 0) | (row >= num_logical_experts)
+    if bool(bad.any()):
+        slot = int(torch.nonzero(bad)[0])
+        raise ValueError(f"slot {slot} holds expert {int(row[slot])}, outside [0, {num_logical_experts})")
+    count = torch.bincount(row, minlength=num_logical_experts)
+    order = torch.argsort(row, stable=True)  # slots grouped by expert, ascending within
+    column = torch.arange(num_physical) - (count.cumsum(0) - count)[row[order]]
+    l2p = torch.full((num_logical_experts, num_physical - num_logical_experts + 1), -1, dtype=torch.int64)
+    l2p[row[order], column] = order
+    return l2p, count
 
 
 def split_inputs(

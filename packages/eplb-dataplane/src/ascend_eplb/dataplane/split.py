@@ -33,13 +33,14 @@ from dataclasses import dataclass
 import torch
 
 from ascend_eplb.dataplane import _triton_split
-from ascend_eplb.dataplane.lookup import split_inputs
+from ascend_eplb.dataplane.lookup import ReplicaLookup, split_inputs
 from ascend_eplb.dataplane.ops import (
     TRITON_DISPATCH_KEYS,
     _check_map_args,
     _check_record_args,
     _map_generic,
     _recorded_rows,
+    map_to_physical_and_record,
 )
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "SPLIT_SCALE",
     "SPLIT_STATS_SIZE",
     "BatchSplit",
+    "executed_rank_loads",
     "map_to_physical_split_and_record",
     "split_boundaries",
     "split_counts",
@@ -230,6 +232,31 @@ def split_rank_loads(
     ranks = slot_rank.to(torch.int64)[slots.clamp_min(0)]
     load = torch.zeros(slot_rank.shape[0], dtype=torch.int64, device=boundaries.device)
     return load.index_add_(0, ranks.view(-1), (shares * (slots >= 0)).view(-1))
+
+
+def executed_rank_loads(
+    topk_ids: torch.Tensor, lookup: ReplicaLookup, *, split: bool, steps: int = DEFAULT_SPLIT_STEPS
+) -> torch.Tensor:
+    """int64 ``(N,)``: the selections each rank executes when every row of ``topk_ids`` (``(T, K)``,
+    real) is routed through ``lookup`` (built with ``num_ranks``) by today's rule (``split=False``,
+    ``map_to_physical_and_record``) or the batch split, as the op records them. For what-ifs on recorded
+    routing (``ascend-eplb plan --batch-split``, ``benchmarks/bench_batch_split.py``).
+
+    Raises:
+        ValueError: the lookup keeps no split inputs (built without ``num_ranks``).
+    """
+    if lookup.split_inputs is None:
+        raise ValueError(f"{lookup!r} keeps no split inputs: build it with num_ranks")
+    load = torch.zeros(lookup.physical_id_bound, dtype=torch.int64, device=lookup.device)
+    flag = torch.ones((), dtype=torch.bool, device=lookup.device)
+    real = torch.tensor(topk_ids.shape[0], device=lookup.device)
+    if split:
+        map_to_physical_split_and_record(
+            topk_ids, lookup.table, *lookup.split_inputs, load, flag, real, steps=steps
+        )
+    else:
+        map_to_physical_and_record(topk_ids, lookup.table, load, flag, real)
+    return load.view(lookup.num_ranks, -1).sum(1)
 
 
 def _batch_balancedness(
