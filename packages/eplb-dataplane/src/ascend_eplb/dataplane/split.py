@@ -133,16 +133,15 @@ def split_counts(
 _PAD_LEVEL = 1 << 48
 
 
-def _waterfill(level: torch.Tensor, amount: torch.Tensor) -> torch.Tensor:
+def _waterfill(level: torch.Tensor, amount: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """int64 ``(X, M)``: ``amount (X,)`` poured over each row's entries at ``level`` (padding columns at
-    ``_PAD_LEVEL`` or above take nothing).
+    ``_PAD_LEVEL`` or above take nothing); ``k`` is ``1 .. M``.
 
     The level ``h = min_k floor((amount + S_k) / k)`` (``S_k`` the ``k`` lowest entries' sum) gives
     ``max(h - level, 0)``; the rest, fewer than the entries at or below ``h``, one each to the first of
     them by index.
     """
     prefix = level.sort(dim=1).values.cumsum(1)
-    k = torch.arange(1, level.shape[1] + 1, device=level.device)
     top = ((amount.unsqueeze(1) + prefix) // k).amin(1, keepdim=True)
     base = (top - level).clamp_min(0)
     below = level <= top
@@ -175,14 +174,14 @@ def _solve(
     amount = counts[experts.clamp_min(0)] * listed * SPLIT_SCALE
     num = valid.sum(1).clamp_min(1)
     column = torch.arange(width, device=counts.device)
+    k = column + 1
     shares = ((amount // num).unsqueeze(1) + (column < (amount % num).unsqueeze(1))) * valid
     for _ in range(steps):
         others = base.index_add(0, ranks.view(-1), shares.view(-1))[ranks] - shares + pad
-        delta = _waterfill(others, amount) - shares
-        falling = delta < 0
-        movers = torch.zeros_like(base).index_add_(0, ranks.view(-1), falling.view(-1).to(torch.int64))
-        per = movers[ranks].clamp_min(1)
-        taken = ((-delta).clamp_min(0) + per - 1) // per
+        delta = _waterfill(others, amount, k) - shares
+        movers = torch.zeros_like(base).index_add_(0, ranks.view(-1), (delta < 0).view(-1).to(torch.int64))
+        # ceil(-delta / per) where delta < 0, as -floor(delta / per) (the kernels: on non-negatives)
+        taken = -(delta.clamp_max(0) // movers[ranks].clamp_min(1))
         rising = delta.clamp_min(0)
         before = rising.cumsum(1) - rising
         given = torch.minimum(rising, (taken.sum(1, keepdim=True) - before).clamp_min(0))
@@ -453,11 +452,14 @@ def _split_generic(
     row_of = row_of.index_copy(0, listed_rows, torch.arange(num_rows, device=device))[:num_experts]
     row = torch.where(takes, row_of[ids.clamp(0, num_experts - 1)], num_rows)  # (T, K)
     # Occurrence rank in row order: the expert's selections in earlier rows, then earlier in this row.
-    per_token = torch.zeros(num_tokens, num_rows + 1, dtype=torch.int64, device=device)
-    per_token.scatter_add_(1, row, torch.ones_like(row))
-    earlier = per_token.cumsum(0) - per_token
-    same = (row.unsqueeze(2) == row.unsqueeze(1)).tril(-1).sum(2)
-    rank = earlier.gather(1, row) + same
+    # Counts laid out (X + 1, T), int32, so the running sum runs along contiguous memory.
+    flat = (row * num_tokens + token.unsqueeze(1)).view(-1)
+    per_token = torch.zeros((num_rows + 1) * num_tokens, dtype=torch.int32, device=device)
+    per_token.index_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+    running = per_token.view(num_rows + 1, num_tokens).cumsum(1, dtype=torch.int32).view(-1)
+    before = torch.ones(row.shape[1], row.shape[1], dtype=torch.bool, device=device).tril(-1)
+    same = ((row.unsqueeze(2) == row.unsqueeze(1)) & before).sum(2, dtype=torch.int32)
+    rank = (running[flat] - per_token[flat]).view(row.shape) + same
     if rank_prefix is not None:
         prefix = torch.cat([rank_prefix.to(torch.int64), rank_prefix.new_zeros(1, dtype=torch.int64)])
         rank = rank + prefix[torch.where(takes, ids, num_experts).clamp_max(num_experts)]
