@@ -275,7 +275,9 @@ def gather_cost(iterations: int) -> None:
     )
     for world in (2, 4):
         with tempfile.TemporaryDirectory() as tmp:
-            results = run_ranks(me.gather_world, world_size=world, tmp_path=Path(tmp), args=(256, iterations))
+            results = run_ranks(
+                me.gather_world, world_size=world, tmp_path=Path(tmp), args=(256, iterations), timeout_s=600
+            )
         print(f"  {world} ranks: {max(r['median_us'] for r in results):.1f} us per layer")
 
 
@@ -284,7 +286,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=DEFAULT_SPLIT_STEPS, help="the solve's steps")
     parser.add_argument("--rounds", type=int, default=7, help="rounds of the cost measurement")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--gather-iterations", type=int, default=200, help="all-gathers timed per world")
+    parser.add_argument("--gather-iterations", type=int, default=50, help="all-gathers timed per world")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     ids = trace()
