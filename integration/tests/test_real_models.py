@@ -382,6 +382,48 @@ def test_the_batch_split_on_a_real_model_gives_eplb_off_logits_and_records_the_s
 
 
 @pytest.mark.multirank
+@pytest.mark.timeout(420)
+def test_the_batch_split_in_gathered_and_split_rows_gives_eplb_off_and_hf_logits(tmp_path):
+    """Issue 44: ``replica_split=batch`` in the DP=2 x TP=1 world, the same prompts twice: gathered rows
+    (every rank splits the gathered batch alike, no communication) and the route-first all-to-all
+    dispatch (split rows: each MoE layer all-gathers the ranks' counts over vLLM's EP group and splits
+    the global batch). Each DP rank's logits equal the EPLB-off run's and HF's on its own batch, and
+    every window's load counts each real selection once."""
+    arch, dp, world_size = "qwen3-moe", 2, 2
+    folder = rm.write_checkpoint(arch, tmp_path / arch, seed=0)
+    refused = rm.write_checkpoint("qwen2-moe", tmp_path / "qwen2-moe", seed=0)
+    info = rm.checkpoint_info(folder)
+    redundant = info.redundant_experts_for(world_size, at_least=2)
+    real_tokens = (NUM_TOKENS, NUM_TOKENS - 3)
+    spec = rm.RealModelSpec(
+        arch=arch, folder=str(folder), num_redundant_experts=redundant, steps=16, data_parallel_size=dp,
+        real_tokens=real_tokens, ascend_keys={"replica_split": "batch"},
+    )  # fmt: skip
+    reports = run_ranks(
+        ranks.layout_world, world_size=world_size, tmp_path=tmp_path, args=(spec, str(refused), False, True),
+        timeout_s=390, preload=PRELOAD,
+    )  # fmt: skip
+    cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def hf(ids):
+        key = tuple(ids.tolist())
+        if key not in cache:
+            cache[key] = hf_logits(folder, ids)
+        return cache[key]
+
+    num_physical = info.num_logical_experts + redundant
+    for name, run in (("gathered", reports), ("split", [r["split"] for r in reports])):
+        worst_off, worst_hf = _check_serving_run(run, name, 1, info, num_physical, real_tokens, hf)
+        MEASURED[f"{arch}-dp{dp}-tp1-{name}-batch-split"] = {
+            "max_rel_err_vs_off": worst_off,
+            "max_rel_err_vs_hf": worst_hf,
+        }
+        print(f"{arch} DP={dp} {name} batch split: EPLB on vs off {worst_off:.3g}, vs HF {worst_hf:.3g}")
+        assert worst_off <= TOLERANCE
+        assert worst_hf <= TOLERANCE
+
+
+@pytest.mark.multirank
 @pytest.mark.timeout(360)
 @pytest.mark.parametrize(
     ("arch", "dp", "world_size", "rows", "more"),
