@@ -1,6 +1,8 @@
-"""Placement for the batch split: replicas swapped to link ranks, never lowering the planned split bound."""
+"""Placement for the batch split (replicas swapped to link ranks, never lowering the planned split bound),
+and the state's reading of the split's on-device stats."""
 
 import numpy as np
+import pytest
 import torch
 
 from ascend_eplb.control._split_placement import _graph, _holdings, link_replicas
@@ -67,3 +69,20 @@ def test_split_aware_policy_is_the_migration_aware_placement_linked():
     assert torch.equal(
         fresh, torch.from_numpy(link_replicas(weight.double().numpy(), upstream.numpy(), 4, 1, 4))
     )
+
+
+def test_take_split_balancedness_is_the_mean_over_layers_of_each_layers_batch_mean_then_restarts():
+    from types import SimpleNamespace
+
+    from ascend_eplb.control.state import AscendEplbState
+
+    # Layer 0: two batches (0.9 + 0.7 executed, 0.6 + 0.5 equal); layer 1: one (1.0, 0.8); layer 2: none.
+    stats = torch.tensor([[1.6, 1.1, 2.0], [1.0, 0.8, 1.0], [0.0, 0.0, 0.0]], dtype=torch.float32)
+    config = SimpleNamespace(compute_hash=lambda: "m")
+    state = SimpleNamespace(split_stats={"m": stats})
+    executed, equal = AscendEplbState.take_split_balancedness(state, config)
+    assert executed == pytest.approx((0.8 + 1.0) / 2, abs=1e-7)
+    assert equal == pytest.approx((0.55 + 0.8) / 2, abs=1e-7)
+    assert int(stats.count_nonzero()) == 0  # restarted in place
+    assert AscendEplbState.take_split_balancedness(state, config) is None  # no batch since
+    assert AscendEplbState.take_split_balancedness(state, SimpleNamespace(compute_hash=lambda: "x")) is None
