@@ -24,7 +24,7 @@ API = {
                                             "experts_divisibility_error", "read_model_class",
                                             "read_moe_facts", "shown", "text_config"],
     "ascend_eplb.integration.rules": ["EPLB_OFF_RULES", "MOE_FACT_RULES", "RULES", "Judgement", "Rule",
-                                      "Violation", "check_settings", "moe_fact_errors"],
+                                      "Violation", "check_settings", "moe_fact_errors", "split_line"],
     "ascend_eplb.integration.validation": ["ASCEND_QUANT_TYPES", "DTYPE_FORMATS", "EplbConfigError",
                                            "as_dict", "ascend_format_name", "experts_format",
                                            "parallel_and_eplb_fields", "quantization_format_name",

@@ -316,6 +316,113 @@ def _check_serving_run(runs, rows, tp, info, num_physical, real_tokens, hf):
     return worst_off, worst_hf
 
 
+def _split_shares(total: torch.Tensor, placement: torch.Tensor, world_size: int) -> torch.Tensor:
+    """int64 ``(L, P)``: each slot's share of its expert's recorded selections under the batch split of
+    these counts (``total`` ``(L, P)`` recorded per slot; ``placement`` ``(L, P)`` committed)."""
+    from ascend_eplb.dataplane import split_boundaries, split_inputs
+
+    num_layers, num_physical = placement.shape
+    num_logical = int(placement.max()) + 1
+    out = torch.zeros_like(total)
+    for layer in range(num_layers):
+        row = placement[layer]
+        counts = torch.zeros(num_logical, dtype=torch.int64).index_add_(0, row, total[layer])
+        replicas = torch.bincount(row, minlength=num_logical)
+        l2p = torch.full((num_logical, num_physical - num_logical + 1), -1, dtype=torch.int64)
+        for e in range(num_logical):
+            slots = torch.nonzero(row == e).flatten()
+            l2p[e, : slots.numel()] = slots
+        inputs = split_inputs(l2p, replicas, num_physical, world_size)
+        shares = torch.diff(split_boundaries(counts, *inputs), dim=1, prepend=torch.zeros(num_logical, 1))
+        valid = l2p >= 0
+        out[layer, l2p[valid]] = shares[valid].long()
+    return out
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(240)
+def test_the_batch_split_on_a_real_model_gives_eplb_off_logits_and_records_the_split_shares(tmp_path):
+    """Issue 44: the serving world (TP=2 x EP=2, ``replicated`` rows, verifier on) with
+    ``replica_split=batch``, through rearrangements: every step's logits equal the EPLB-off run's and
+    HF's, and every recorded step's load per slot is exactly the batch split's shares of its counts under
+    the placement in force (the TP leader records every real row)."""
+    arch, world_size = "qwen3-moe", 2
+    folder = rm.write_checkpoint(arch, tmp_path / arch, seed=0)
+    info = rm.checkpoint_info(folder)
+    redundant = info.redundant_experts_for(world_size, at_least=2)
+    spec = rm.RealModelSpec(
+        arch=arch, folder=str(folder), num_redundant_experts=redundant, steps=24, phase="all",
+        ascend_keys={"replica_split": "batch"},
+    )  # fmt: skip
+    reports = run_ranks(
+        ranks.serving_world, world_size=world_size, tmp_path=tmp_path, args=(spec, False), timeout_s=200,
+        preload=PRELOAD,
+    )  # fmt: skip
+    worst_off = worst_hf = 0.0
+    for step in range(spec.steps):
+        reference = hf_logits(folder, reports[0]["prompts"][step])
+        for r in reports:
+            on, off = r["logits_on"][step], r["logits_off"][step]
+            worst_off = max(worst_off, float((on - off).abs().max()) / float(off.abs().max()))
+            worst_hf = max(worst_hf, float((on - reference).abs().max()) / float(reference.abs().max()))
+    MEASURED[f"{arch}-serving-batch-split"] = {"max_rel_err_vs_off": worst_off, "max_rel_err_vs_hf": worst_hf}
+    print(f"{arch} batch split: EPLB on vs off {worst_off:.3g}, vs HF {worst_hf:.3g}")
+    assert worst_off <= TOLERANCE
+    assert worst_hf <= TOLERANCE
+    assert sum(layer == 0 for _, layer in reports[0]["commits"]) >= 2  # placements changed under it
+    checked = 0
+    maps = reports[0]["maps"]
+    for step in range(1, spec.steps):
+        if not reports[0]["recorded"][step] or not torch.equal(maps[step], maps[step - 1]):
+            continue
+        total = sum(r["load"][step] for r in reports)
+        assert torch.equal(total, _split_shares(total, maps[step], world_size)), step
+        checked += 1
+    assert checked >= 4
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(420)
+def test_the_batch_split_in_gathered_and_split_rows_gives_eplb_off_and_hf_logits(tmp_path):
+    """Issue 44: ``replica_split=batch`` in the DP=2 x TP=1 world, the same prompts twice: gathered rows
+    (every rank splits the gathered batch alike, no communication) and the route-first all-to-all
+    dispatch (split rows: each MoE layer all-gathers the ranks' counts over vLLM's EP group and splits
+    the global batch). Each DP rank's logits equal the EPLB-off run's and HF's on its own batch, and
+    every window's load counts each real selection once."""
+    arch, dp, world_size = "qwen3-moe", 2, 2
+    folder = rm.write_checkpoint(arch, tmp_path / arch, seed=0)
+    refused = rm.write_checkpoint("qwen2-moe", tmp_path / "qwen2-moe", seed=0)
+    info = rm.checkpoint_info(folder)
+    redundant = info.redundant_experts_for(world_size, at_least=2)
+    real_tokens = (NUM_TOKENS, NUM_TOKENS - 3)
+    spec = rm.RealModelSpec(
+        arch=arch, folder=str(folder), num_redundant_experts=redundant, steps=16, data_parallel_size=dp,
+        real_tokens=real_tokens, ascend_keys={"replica_split": "batch"},
+    )  # fmt: skip
+    reports = run_ranks(
+        ranks.layout_world, world_size=world_size, tmp_path=tmp_path, args=(spec, str(refused), False, True),
+        timeout_s=390, preload=PRELOAD,
+    )  # fmt: skip
+    cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def hf(ids):
+        key = tuple(ids.tolist())
+        if key not in cache:
+            cache[key] = hf_logits(folder, ids)
+        return cache[key]
+
+    num_physical = info.num_logical_experts + redundant
+    for name, run in (("gathered", reports), ("split", [r["split"] for r in reports])):
+        worst_off, worst_hf = _check_serving_run(run, name, 1, info, num_physical, real_tokens, hf)
+        MEASURED[f"{arch}-dp{dp}-tp1-{name}-batch-split"] = {
+            "max_rel_err_vs_off": worst_off,
+            "max_rel_err_vs_hf": worst_hf,
+        }
+        print(f"{arch} DP={dp} {name} batch split: EPLB on vs off {worst_off:.3g}, vs HF {worst_hf:.3g}")
+        assert worst_off <= TOLERANCE
+        assert worst_hf <= TOLERANCE
+
+
 @pytest.mark.multirank
 @pytest.mark.timeout(360)
 @pytest.mark.parametrize(

@@ -46,6 +46,7 @@ BREAKS = {
     "phase-without-eplb": {"enable_eplb": False},
     "placement-without-eplb": {"enable_eplb": False, "ascend_eplb_config": {"initial_placement": "p.json"}},
     "policy-without-eplb": {"enable_eplb": False, "ascend_eplb_config": {"policy": "migration_aware"}},
+    "split-without-eplb": {"enable_eplb": False, "ascend_eplb_config": {"replica_split": "batch"}},
     "model-runner-v2": {"use_v2_model_runner": False},
     "v1-controls": {"legacy_top_level_keys": {"gate_eplb": True}},
     "v1-env": {"environment": {"DYNAMIC_EPLB": "1"}},
@@ -55,6 +56,7 @@ BREAKS = {
     "min-balancedness-gain": {"ascend_eplb_config": {"min_balancedness_gain": -0.5}},
     "target-balancedness": {"ascend_eplb_config": {"target_balancedness": 1.5}},
     "load-estimate": {"ascend_eplb_config": {"load_estimate": "ema"}},
+    "replica-split": {"ascend_eplb_config": {"replica_split": "even"}},
     "async-only": {"use_async": False},
     "communicator": {"communicator": "nixl"},
     "policy": {"policy": "stair"},
@@ -136,7 +138,12 @@ def test_one_function_per_rule_id_in_report_order():
     assert list(RULES) == list(BREAKS)
     # the model config's own rules (what simulate refuses a folder by) are rules of the registry, in order
     assert [r for r in RULES if r in MOE_FACT_RULES] == list(MOE_FACT_RULES)
-    assert EPLB_OFF_RULES == ("phase-without-eplb", "placement-without-eplb", "policy-without-eplb")
+    assert EPLB_OFF_RULES == (
+        "phase-without-eplb",
+        "placement-without-eplb",
+        "policy-without-eplb",
+        "split-without-eplb",
+    )
     assert len({id(fn) for fn in RULES.values()}) == len(RULES)  # one function per id, none shared
 
 
@@ -158,9 +165,10 @@ def test_the_policy_and_gate_keys_are_judged_each_naming_value_and_rule_all_at_o
     assert [(v.rule, v.message) for v in judged] == [
         (
             "placement-policy",
-            "additional_config.eplb_config.policy='stair' is not one of ['default', 'migration_aware']; "
-            "fix: use 'default' (upstream's DefaultEplbPolicy) or 'migration_aware' (the fewest expert "
-            "moves from the placement in force)",
+            "additional_config.eplb_config.policy='stair' is not one of ['default', 'migration_aware', "
+            "'split_aware']; fix: use 'default' (upstream's DefaultEplbPolicy), 'migration_aware' (the "
+            "fewest expert moves from the placement in force) or 'split_aware' (the same, replicas placed to "
+            "link ranks for the batch split)",
         ),
         (
             "min-balancedness-gain",

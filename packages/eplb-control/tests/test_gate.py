@@ -214,7 +214,7 @@ def test_each_models_estimate_is_what_its_policy_call_plans_on():
 
 
 def test_settings_name_each_bad_value_and_rule_all_at_once():
-    assert POLICY_NAMES == ("default", "migration_aware")
+    assert POLICY_NAMES == ("default", "migration_aware", "split_aware")
     assert SKIP_REASONS == ("balanced", "min_gain", "no_load")
     defaults = PolicySettings()
     assert LOAD_ESTIMATES == ("window", "pooled")
@@ -239,7 +239,8 @@ def test_settings_name_each_bad_value_and_rule_all_at_once():
     with pytest.raises(ValueError, match="policy='greedy'") as info:
         PolicySettings(policy="greedy", min_balancedness_gain=1.0, target_balancedness=0, load_estimate="ema")
     assert str(info.value) == (
-        "additional_config.eplb_config.policy='greedy' is not one of ['default', 'migration_aware']; "
+        "additional_config.eplb_config.policy='greedy' is not one of ['default', 'migration_aware', "
+        "'split_aware']; "
         "additional_config.eplb_config.min_balancedness_gain=1.0 must be a number in [0, 1) (a gain of "
         "balancedness, which lies in (0, 1]; 0 turns the check off); "
         "additional_config.eplb_config.target_balancedness=0 must be a number in (0, 1] (a balancedness; "

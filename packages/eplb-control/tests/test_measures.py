@@ -56,3 +56,29 @@ def test_initial_placement_is_upstreams_for_every_size_and_its_signature_is_a_ro
     assert measures.upstream_initial_placement(4, 2, 1).tolist() == [[0, 1, 2, 3, 0, 1]]
     with pytest.raises(ValueError, match=r"num_redundant_experts=-1: must be an int >= 0"):
         measures.upstream_initial_placement(4, -1, 1)
+
+
+def test_split_bound_is_the_densest_rank_set_by_enumeration_and_by_min_cut():
+    # 4 ranks of 2 slots [e0 e1 | e2 e3 | e4 e5 | e0 e2]: experts 0 and 2 have a second replica. Load
+    # 30, 10 x 5 (mean 20): no set holds more than 20 a rank, the split reaches 1.0; the equal split 0.8.
+    placement = torch.tensor([[0, 1, 2, 3, 4, 5, 0, 2]])
+    load = torch.tensor([[30, 10, 10, 10, 10, 10]])
+    assert measures.split_bound(load, placement, 4).tolist() == [1.0]
+    assert measures.balancedness(load, placement, 4).tolist() == [0.8]
+    # Expert 4 at 50: rank 2 alone holds 60 of 120 (mean 30): 0.5; a layer without load: 1.0.
+    heavy = torch.tensor([[30, 10, 10, 10, 50, 10], [0, 0, 0, 0, 0, 0]])
+    assert measures.split_bound(heavy, placement.repeat(2, 1), 4).tolist() == [0.5, 1.0]
+    # The min cut (Dinkelbach) reaches the same sets as the enumeration on random layers of 8 ranks.
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(10):
+        row = torch.cat([torch.arange(24), torch.randint(0, 24, (8,), generator=gen)])
+        row = row[torch.randperm(32, generator=gen)]
+        weight = torch.randint(0, 50, (24,), generator=gen).double()
+        held = measures._holdings(row[None].numpy(), 8, 24)[0] > 0
+        want = float(weight.sum()) / 8 / measures._closure_peak(weight.numpy(), held)
+        assert measures.split_bound(weight[None], row[None], 8).item() == pytest.approx(want, rel=1e-12)
+
+
+def test_split_bound_refuses_what_rank_loads_refuses():
+    with pytest.raises(ValueError, match=r"logical expert 2 has load 5\.0 but no slot"):
+        measures.split_bound(torch.tensor([[1, 1, 5]]), torch.tensor([[0, 1]]), 2)

@@ -27,6 +27,7 @@ def test_all_is_the_documented_api():
         "RearrangementEvent",
         "RegistrationEvent",
         "ShutdownEvent",
+        "SplitAwarePolicy",
         "StepEvent",
         "__version__",
         "adapt_layer_routers",
@@ -40,6 +41,7 @@ def test_all_is_the_documented_api():
         "moved_experts",
         "rank_loads",
         "received_experts",
+        "split_bound",
         "upstream_initial_placement",
     ])  # fmt: skip
     # Each name is the object a control module defines or binds; __version__ is the installed one.

@@ -17,6 +17,11 @@ d. ``staging``: device-to-host and host-to-device copies of one DeepSeek-V3 expe
    bf16: the same weights in bf16) through pinned staging buffers (``ascend_eplb.movement.StagingPool``
    when it imports, which needs vllm; else plain ``pin_memory=True`` buffers, labelled so) vs pageable
    buffers.
+f. ``batch split``: the split op (``map_to_physical_split_and_record``, issue 44) with the lookup's
+   split inputs (8 ranks): its Triton kernels' ids, counts and stats bit-identical to its torch form;
+   under ``set_sync_debug_mode("error")`` on cuda; and its time per layer beside the map-and-record
+   kernel's at the same T (interleaved rounds, medians; aim: 30 us per layer at decode sizes on a GPU).
+   On CPU: the equality at the largest T only, and the two torch forms timed.
 e. ``moe layer graph``: a whole torch-only MoE layer (bound router, map-and-record, expert compute
    reading each supported format's storage, stacked and per-expert lists) captured once as a CUDA graph
    on 2 rank processes, rearranged through upstream's transaction with the movement plane's Gloo
@@ -26,7 +31,8 @@ e. ``moe layer graph``: a whole torch-only MoE layer (bound router, map-and-reco
 
 On CPU (``--device cpu``, or no CUDA device) the Triton kernel runs under Triton's interpreter
 (``TRITON_INTERPRET=1`` is set before the package imports triton): check 0 runs, c prints interpreter
-times (not a speed measurement), a, b and d print "skipped: needs cuda", and e runs its CPU mode: one
+times (not a speed measurement), a, b and d print "skipped: needs cuda", f compares the split's kernels
+with its torch form and prints interpreter times, and e runs its CPU mode: one
 TorchDynamo trace with every guard dropped in place of the capture, and every tensor the trace reads
 must keep its storage through the rearrangements.
 
@@ -49,6 +55,7 @@ FULL_TOKENS = (256, 4096, 32768)
 QUICK_TOKENS = (1, 17, 300)
 HIDDEN, INTERMEDIATE = 7168, 2048  # DeepSeek-V3 hidden size and MoE intermediate size
 SKIPPED = "skipped: needs cuda"
+SPLIT_RANKS = 8
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -79,7 +86,7 @@ class Report:
 def _lookup(torch, device: str, seed: int):
     from ascend_eplb.dataplane import ReplicaLookup
 
-    lookup = ReplicaLookup(NUM_LOGICAL, device, num_physical_experts=NUM_PHYSICAL)
+    lookup = ReplicaLookup(NUM_LOGICAL, device, num_physical_experts=NUM_PHYSICAL, num_ranks=SPLIT_RANKS)
     lookup.refresh_(*_placement(torch, seed))
     return lookup
 
@@ -267,6 +274,126 @@ def check_speed(torch, ops, device: str, tokens, rounds: int, min_run_time: floa
         )
 
 
+def check_batch_split(
+    torch, ops, device: str, tokens, rounds: int, min_run_time: float, report: Report
+) -> None:
+    check = "f. batch split"
+    from ascend_eplb.dataplane import split
+
+    if not ops._triton.HAS_TRITON:
+        report.add(check, "all", "triton is not installed", "FAIL")
+        return
+    lookup = _lookup(torch, device, 0)
+    inputs = lookup.split_inputs
+    # Under Triton's interpreter one call of the split's kernels takes half a minute at these sizes: on
+    # CPU the largest T only (the kernel tests run the interpreter on small sizes too).
+    for num_tokens in tokens if device == "cuda" else tokens[-1:]:
+        ids = _ids(torch, num_tokens, torch.int32, device, 5)
+        flag = torch.tensor(True, device=device)
+        n = torch.tensor(num_tokens - num_tokens // 8, device=device)
+        loads = [torch.zeros(NUM_PHYSICAL, dtype=torch.int32, device=device) for _ in range(2)]
+        stats = [torch.zeros(split.SPLIT_STATS_SIZE, device=device) for _ in range(2)]
+        args = (ids, lookup.table, *inputs)
+        got = split._split_triton(*args, loads[0], flag, n, None, None, None, stats[0])
+        want = split._split_generic(*args, loads[1], flag, n, None, None, None, stats[1])
+        same = torch.equal(got, want) and torch.equal(loads[0], loads[1]) and torch.equal(stats[0], stats[1])
+        counted = int(((ids[: int(n)] >= 0) & (ids[: int(n)] < NUM_LOGICAL)).sum())
+        same = same and int(loads[0].sum()) == counted
+        result = f"ids, counts and stats identical, {counted} counted" if same else "differ"
+        report.add(check, f"kernel == torch form, T={num_tokens}", result, "PASS" if same else "FAIL")
+    if device == "cuda":
+        ids = _ids(torch, tokens[0], torch.int32, device, 5)
+        flag, n = torch.tensor(True, device=device), torch.tensor(tokens[0], device=device)
+        load = torch.zeros(NUM_PHYSICAL, dtype=torch.int32, device=device)
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            split._split_triton(ids, lookup.table, *inputs, load, flag, n)
+            split._split_generic(ids, lookup.table, *inputs, load, flag, n)
+            torch.cuda.synchronize()
+            report.add(check, "no host sync (kernels and torch form)", "no synchronising call", "PASS")
+        except RuntimeError as e:
+            report.add(check, "no host sync (kernels and torch form)", str(e).splitlines()[0], "FAIL")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    if device != "cuda":
+        _split_cpu_times(torch, ops, split, lookup, tokens, rounds, min_run_time, report)
+        return
+    load = torch.zeros(NUM_PHYSICAL, dtype=torch.int32, device=device)
+    flag = torch.tensor(True, device=device)
+    for num_tokens in tokens:
+        ids = _ids(torch, num_tokens, torch.int32, device, 3).clamp_(0, NUM_LOGICAL - 1)
+        n = torch.tensor(num_tokens - num_tokens // 8, device=device)
+        env = {
+            "split_kernel": split._split_triton,
+            "split_torch": split._split_generic,
+            "kernel": ops._map_to_physical_and_record_triton,
+            "ids": ids,
+            "table": lookup.table,
+            "inputs": inputs,
+            "load": load,
+            "flag": flag,
+            "n": n,
+        }
+        statements = {
+            "split kernel": "split_kernel(ids, table, *inputs, load, flag, n)",
+            "split torch form": "split_torch(ids, table, *inputs, load, flag, n)",
+            "map-and-record kernel": "kernel(ids, table, load, flag, n)",
+        }
+        times = {name: [] for name in statements}
+        for _ in range(rounds):
+            for name, stmt in statements.items():
+                times[name].append(_time(stmt, env, min_run_time))
+        med = {name: statistics.median(values) for name, values in times.items()}
+        ratio = statistics.median(
+            x / y for x, y in zip(times["split kernel"], times["map-and-record kernel"], strict=True)
+        )
+        report.add(
+            check,
+            f"T={num_tokens} K={TOP_K} E={NUM_LOGICAL} P={NUM_PHYSICAL} N={SPLIT_RANKS}",
+            f"split kernel {med['split kernel']:.1f} us per layer, split torch form "
+            f"{med['split torch form']:.1f} us, map-and-record kernel {med['map-and-record kernel']:.1f} us; "
+            f"split kernel/map-and-record kernel {ratio:.2f}",
+            "measured",
+        )
+
+
+def _split_cpu_times(torch, ops, split, lookup, tokens, rounds: int, min_run_time: float, report) -> None:
+    """On CPU: the split's torch form beside the map-and-record torch form (the ops as CPU dispatches
+    them; the interpreted kernels are not timed)."""
+    load = torch.zeros(NUM_PHYSICAL, dtype=torch.int32)
+    flag = torch.tensor(True)
+    for num_tokens in tokens:
+        ids = _ids(torch, num_tokens, torch.int32, "cpu", 3).clamp_(0, NUM_LOGICAL - 1)
+        env = {
+            "split_torch": split._split_generic,
+            "torch_form": ops._map_to_physical_and_record_generic,
+            "ids": ids,
+            "table": lookup.table,
+            "inputs": lookup.split_inputs,
+            "load": load,
+            "flag": flag,
+            "n": torch.tensor(num_tokens - num_tokens // 8),
+        }
+        statements = {
+            "split": "split_torch(ids, table, *inputs, load, flag, n)",
+            "map-and-record": "torch_form(ids, table, load, flag, n)",
+        }
+        times = {name: [] for name in statements}
+        for _ in range(rounds):
+            for name, stmt in statements.items():
+                times[name].append(_time(stmt, env, min_run_time))
+        med = {name: statistics.median(values) for name, values in times.items()}
+        ratio = statistics.median(x / y for x, y in zip(times["split"], times["map-and-record"], strict=True))
+        report.add(
+            "f. batch split",
+            f"T={num_tokens} K={TOP_K} E={NUM_LOGICAL} P={NUM_PHYSICAL} N={SPLIT_RANKS}",
+            f"split torch form {med['split']:.1f} us per layer, map-and-record torch form "
+            f"{med['map-and-record']:.1f} us; split/map-and-record {ratio:.2f}",
+            "cpu: torch forms, kernels not timed",
+        )
+
+
 def _staging_buffers(torch, specs):
     try:
         from ascend_eplb.movement import StagingPool
@@ -413,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     check_graph_across_refresh(torch, ops, device, tokens, report)
     check_speed(torch, ops, device, tokens, rounds, min_run_time, report)
     check_staging(torch, device, args.quick, rounds, report)
+    check_batch_split(torch, ops, device, tokens, rounds, min_run_time, report)
     if args.checks is None or "e" in args.checks:
         check_moe_layer_graph(torch, device, args.quick, report)
     print("device_check: FAILED" if report.failed else "device_check: all checks that ran passed")

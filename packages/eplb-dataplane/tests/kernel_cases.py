@@ -385,3 +385,167 @@ def bad_arguments(name: str) -> dict[str, torch.Tensor]:
     change = next(change for rule, change, _ in BAD_ARGUMENTS if rule == name)
     args.update({key: build() for key, build in change.items()})
     return args
+
+
+# ---------------------------------------------------------------------------------------------------
+# The batch split (ascend_eplb.dataplane.split): cases run by the torch form and the Triton worker.
+
+#: Ranks of the split cases: P = 21 slots of :func:`placement` on 7 ranks of 3.
+SPLIT_RANKS = 7
+
+
+def split_lookup(big: bool = False):
+    """A lookup with split inputs: :func:`placement` on :data:`SPLIT_RANKS` ranks, or (``big``) the
+    :data:`DEFAULT_LOOKUP` sizes on 8 ranks (M = 33, X = 32)."""
+    from ascend_eplb.dataplane import ReplicaLookup
+
+    if not big:
+        lookup = ReplicaLookup(
+            NUM_LOGICAL, "cpu", rows=ROWS, num_physical_experts=NUM_PHYSICAL, num_ranks=SPLIT_RANKS
+        )
+        lookup.refresh_(*placement())
+        return lookup
+    rows, num_logical, num_physical, _ = DEFAULT_LOOKUP
+    kept = big_lookup()
+    lookup = ReplicaLookup(num_logical, "cpu", rows=rows, num_physical_experts=num_physical, num_ranks=8)
+    gen = torch.Generator().manual_seed(3)
+    hot = torch.randperm(num_logical, generator=gen)[: num_physical - num_logical]
+    l2p = torch.full((num_logical, 2), -1, dtype=torch.int64)
+    l2p[:, 0] = torch.randperm(num_logical, generator=gen)
+    l2p[hot, 1] = torch.arange(num_logical, num_physical)
+    lookup.refresh_(l2p, 1 + (l2p[:, 1] >= 0).to(torch.int64))
+    assert torch.equal(lookup.table, kept.table)  # big_lookup's placement
+    return lookup
+
+
+def split_cases() -> list[dict]:
+    """Split cases: token counts, id and load dtypes, padding, layouts, global counts, steps, stats."""
+    cases = []
+    for num_tokens in (0, 1, ROWS + 1, 300, 2500):
+        for ids_dtype in ID_DTYPES:
+            cases.append(
+                {"num_tokens": num_tokens, "ids_dtype": ids_dtype, "unpadded": num_tokens - num_tokens // 5}
+            )
+    cases += [
+        {"num_tokens": 300, "layout": (3, 1, 0, 0), "unpadded": 290},
+        {"num_tokens": 300, "layout": (2, 1, -1, 0), "unpadded": 290},
+        {"num_tokens": 300, "layout": (0, 3, 1, 0), "unpadded": 70},
+        {"num_tokens": 300, "layout": (0, 4, 3, 2), "unpadded": 200},
+        {"num_tokens": 300, "unpadded": 250, "global": True},
+        {"num_tokens": 300, "unpadded": 300, "steps": 0},
+        {"num_tokens": 300, "unpadded": 300, "steps": 3, "record": False},
+        {"num_tokens": 300, "unpadded": 999, "load_dtype": torch.int64},
+        {"num_tokens": 1025, "unpadded": 1000, "big": True},
+    ]
+    for i, case in enumerate(cases):
+        case.setdefault("ids_dtype", torch.int32)
+        case.setdefault("load_dtype", torch.int32)
+        case.setdefault("steps", 8)
+        case.setdefault("record", True)
+        case["seed"] = 100 + i
+        case["name"] = (
+            "split-"
+            + "-".join(
+                f"{k}={v}" for k, v in case.items() if k not in ("seed",) and not isinstance(v, torch.dtype)
+            )
+            + f"-{str(case['ids_dtype'])[6:]}-{str(case['load_dtype'])[6:]}"
+        )
+    return cases
+
+
+def split_case_inputs(case: dict) -> dict:
+    """The op's arguments of one split case (fresh load view and stats each call): hot experts 0 and 1
+    (3 replicas each) take a third of the selections; ids outside ``[0, E)`` appear."""
+    gen = torch.Generator().manual_seed(case["seed"])
+    big = case.get("big", False)
+    lookup = split_lookup(big)
+    num_logical = lookup.num_logical_experts
+    top_k = DEFAULT_LOOKUP[3] if big else TOP_K
+    num_physical = lookup.physical_id_bound
+    ids = torch.randint(-1, num_logical + 1, (case["num_tokens"], top_k), generator=gen)
+    hot = torch.rand(ids.shape, generator=gen) < 0.35
+    ids = torch.where(hot, torch.randint(0, 2, ids.shape, generator=gen), ids).to(case["ids_dtype"])
+    unpadded = torch.tensor(case["unpadded"])
+    layout = torch.tensor(case["layout"]) if "layout" in case else None
+    counts = prefix = None
+    if case.get("global"):
+        from ascend_eplb.dataplane import split_counts
+
+        mine = split_counts(ids, num_logical, unpadded, layout)
+        prefix = (mine * 2 + 1) * (mine > 0)  # two lower ranks' counts, as an all-gather would give
+        counts = prefix + mine + mine // 3
+    return {
+        "ids": ids,
+        "table": lookup.table,
+        "split": lookup.split_inputs,
+        "load": torch.zeros(num_physical, dtype=case["load_dtype"]),
+        "record": torch.tensor(case["record"]),
+        "unpadded": unpadded,
+        "layout": layout,
+        "counts": counts,
+        "prefix": prefix,
+        "stats": torch.zeros(3),
+        "steps": case["steps"],
+    }
+
+
+def call_split(args: dict) -> torch.Tensor:
+    from ascend_eplb.dataplane import map_to_physical_split_and_record
+
+    return map_to_physical_split_and_record(
+        args["ids"],
+        args["table"],
+        *args["split"],
+        args["load"],
+        args["record"],
+        args["unpadded"],
+        args["layout"],
+        args["counts"],
+        args["prefix"],
+        args["stats"],
+        args["steps"],
+    )
+
+
+def split_reference(args: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Loop reference of the assignment: the selections that take shares, in row order, go to the replica
+    whose boundaries (``split_boundaries`` of the counts) hold their occurrence rank (plus the prefix);
+    the others read the table (row ``(t + offset) % rows``); then the recorded rows' counts."""
+    from ascend_eplb.dataplane import split_boundaries, split_counts
+
+    ids, table_ = args["ids"], args["table"]
+    slots = args["split"][0]
+    num_experts = table_.shape[1]
+    layout = tuple(args["layout"].tolist()) if args["layout"] is not None else (0, 1, 0, 0)
+    offset, num_slices = layout[0], layout[1]
+    unpadded = int(args["unpadded"])
+    counts = args["counts"]
+    if counts is None:
+        counts = split_counts(ids, num_experts, args["unpadded"], args["layout"])
+    bounds = split_boundaries(counts, *args["split"], steps=args["steps"]).tolist()
+    prefix = [0] * num_experts if args["prefix"] is None else args["prefix"].tolist()
+    limit = ids.shape[0] if num_slices > 1 else unpadded
+    seen = [0] * num_experts
+    out = [[-1] * ids.shape[1] for _ in range(ids.shape[0])]
+    for t, row in enumerate(ids.tolist()):
+        for k, e in enumerate(row):
+            if not 0 <= e < num_experts:
+                continue
+            if t < limit:
+                q = seen[e] + prefix[e]
+                seen[e] += 1
+                used = int((slots[e] >= 0).sum())
+                replica = min(sum(1 for b in bounds[e] if b <= q), used - 1)
+                out[t][k] = int(slots[e, replica])
+            else:
+                out[t][k] = int(table_[(t + offset) % table_.shape[0], e])
+    _, _, recording_slice, local_chunk = layout
+    size = ids.shape[0] // max(num_slices, 1)
+    real = min(max(unpadded - local_chunk * size, 0), size) if bool(args["record"]) else 0
+    recorded = range(recording_slice * size, recording_slice * size + real) if recording_slice >= 0 else []
+    load = [0] * len(args["load"])
+    for t in recorded:
+        for p in out[t]:
+            if 0 <= p < len(load):
+                load[p] += 1
+    return torch.tensor(out, dtype=ids.dtype).view(ids.shape), torch.tensor(load, dtype=torch.int64)

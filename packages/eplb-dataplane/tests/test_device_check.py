@@ -40,6 +40,18 @@ def test_device_check_quick_on_cpu():
     assert [case.split()[0] for case, _, _ in speed] == ["T=0", "T=1", "T=17", "T=1025"]
     assert all(status == "interpreter: not a speed measurement" for _, _, status in speed)
     assert all("kernel/floor" in result for _, result, _ in speed)
+    split = by_check.pop("f. batch split")
+    # The split's kernels under the interpreter at the largest T (7059 valid selections of the 897 real
+    # rows counted), then the two torch forms timed.
+    assert split[0] == [
+        "kernel == torch form, T=1025",
+        "ids, counts and stats identical, 7059 counted",
+        "PASS",
+    ]
+    timed = split[1:]
+    assert [case.split()[0] for case, _, _ in timed] == ["T=0", "T=1", "T=17", "T=1025"]
+    assert all(status == "cpu: torch forms, kernels not timed" for _, _, status in timed)
+    assert all("split/map-and-record" in result for _, result, _ in timed)
     layer = by_check.pop("e. moe layer graph")
     if all(importlib.util.find_spec(m) for m in ("ascend_eplb.quant_views", "ascend_eplb.movement")):
         # The workspace environment (the suite): a whole MoE layer of every format, traced once on 2

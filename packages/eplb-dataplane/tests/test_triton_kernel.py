@@ -26,6 +26,7 @@ import kernel_cases  # noqa: E402
 sys.path.remove(str(HERE))
 
 CASES = kernel_cases.equality_cases()
+SPLIT_CASES = kernel_cases.split_cases()
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def test_triton_is_installed_and_registered_for_cuda():
     # The package env installs the [triton] extra; the kernel serves the CUDA dispatch key.
     assert _triton.HAS_TRITON
     assert ops.TRITON_DISPATCH_KEYS == ("CUDA",)
-    for name in ("map_to_physical", "map_to_physical_and_record"):
+    for name in ("map_to_physical", "map_to_physical_and_record", "map_to_physical_split_and_record"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"ascend_eplb::{name}", "CUDA")
         assert not torch._C._dispatch_has_kernel_for_dispatch_key(f"ascend_eplb::{name}", "CPU")
 
@@ -57,6 +58,24 @@ def test_worker_ran_the_triton_path_through_the_dispatcher(interpreted):
     assert interpreted["triton_version"] == _triton.TRITON_VERSION
     assert interpreted["registered_for_cpu"] is True
     assert sorted(interpreted["equal"]) == sorted(case["name"] for case in CASES)
+    assert sorted(interpreted["split"]) == sorted(case["name"] for case in SPLIT_CASES)
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=[case["name"] for case in SPLIT_CASES])
+def test_split_kernel_equals_torch_form_and_loop_reference(interpreted, case):
+    got = interpreted["split"][case["name"]]
+    args = kernel_cases.split_case_inputs(case)
+    want = kernel_cases.call_split(args)
+    ref_ids, ref_load = kernel_cases.split_reference(kernel_cases.split_case_inputs(case))
+    assert want.dtype == got["ids"].dtype == case["ids_dtype"]
+    assert torch.equal(want, ref_ids)
+    assert torch.equal(got["ids"], want)
+    assert torch.equal(args["load"].long(), ref_load)
+    assert got["load"].dtype == case["load_dtype"]
+    assert torch.equal(got["load"], args["load"])
+    assert torch.equal(got["stats"], args["stats"])
+    shared = int(args["unpadded"]) > 0 and case["num_tokens"] > 0 and case["record"]
+    assert got["stats"][2].item() == (1.0 if shared else 0.0)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case["name"] for case in CASES])

@@ -23,7 +23,7 @@ def main(out_path: str) -> int:
         return 2
     import torch
 
-    from ascend_eplb.dataplane import _triton, map_to_physical, map_to_physical_and_record, ops
+    from ascend_eplb.dataplane import _triton, map_to_physical, map_to_physical_and_record, ops, split
 
     if not _triton.HAS_TRITON:
         print(
@@ -37,9 +37,10 @@ def main(out_path: str) -> int:
 
     impl = torch.library.Library("ascend_eplb", "IMPL")
     ops._register_triton(impl, "CPU")
+    split._register_triton(impl, "CPU")
     registered = all(
         torch._C._dispatch_has_kernel_for_dispatch_key(f"ascend_eplb::{name}", "CPU")
-        for name in ("map_to_physical", "map_to_physical_and_record")
+        for name in ("map_to_physical", "map_to_physical_and_record", "map_to_physical_split_and_record")
     )
     results: dict = {"triton_version": _triton.TRITON_VERSION, "registered_for_cpu": registered}
 
@@ -56,6 +57,13 @@ def main(out_path: str) -> int:
             "map": map_to_physical(args["ids"], args["table"]),
         }
     results["equal"] = equal
+
+    split_results = {}
+    for case in kernel_cases.split_cases():
+        args = kernel_cases.split_case_inputs(case)
+        ids = kernel_cases.call_split(args)
+        split_results[case["name"]] = {"ids": ids, "load": args["load"], "stats": args["stats"]}
+    results["split"] = split_results
 
     errors = {}
     for name, _, _ in kernel_cases.BAD_ARGUMENTS:

@@ -463,3 +463,35 @@ def test_what_vllms_configs_refuse_is_refused_by_check_before_anything_starts(tm
     # Eager (mode 0, or --enforce-eager): nothing is compiled, the options are never read.
     assert main([*serve, "-cc", '{"mode": 0, "inductor_compile_config": {"nope": 1}}']) == 0
     capsys.readouterr()
+
+
+def test_check_names_the_batch_split_in_force_on_the_configurations_rows(tmp_path, capsys):
+    folder = _model(tmp_path)
+    serve = ["check", "--", "serve", str(folder), *ARGS, "--enforce-eager"]
+    route_first = ["--all2all-backend", "deepep_low_latency"]
+    cases = [
+        ([], "replica_split=equal (each replica an equal share, today's rule)"),
+        (["--additional-config", '{"eplb_config": {"replica_split": "batch"}}'],
+         "replica_split=batch on gathered-sp rows: every rank routing the rows splits the batch alike, no "
+         "communication"),
+        (["--additional-config", '{"eplb_config": {"replica_split": "batch"}}', *route_first],
+         "replica_split=batch on split rows: the global batch's counts, one all-gather of E int64 counts per "
+         "MoE layer per forward (replica_split=batch_local: each rank's own rows, none)"),
+        (["--additional-config", '{"eplb_config": {"replica_split": "batch_local"}}', *route_first],
+         "replica_split=batch_local on split rows: each rank splits its own rows, no communication"),
+    ]  # fmt: skip
+    for extra, line in cases:
+        code = main([*serve, *extra])
+        out, _ = capsys.readouterr()
+        assert code == 0, out
+        assert f"  replica_split: {line}" in out.splitlines()
+    code = main([*serve, "--additional-config", '{"eplb_config": {"replica_split": "even"}}'])
+    out, _ = capsys.readouterr()
+    assert code == 2
+    assert out.splitlines()[1:3] == [
+        "1 EPLB configuration rule(s) violated:",
+        "  - [replica-split] additional_config.eplb_config.replica_split='even' is not one of ['equal', "
+        "'batch', 'batch_local']; fix: use 'equal' (each replica an equal share, today's rule), 'batch' "
+        "(split each batch by its own load; on split rows one all-gather of E counts per MoE layer) or "
+        "'batch_local' (on split rows each rank splits its own rows)",
+    ]

@@ -97,14 +97,14 @@ RULES = [
         "additional_config.eplb_config.dynamic_eplb, additional_config.gate_eplb; fix: remove them and use "
         "--eplb-config (window_size, step_interval, num_redundant_experts); the Ascend V2 keys are "
         "load_collection_phase, initial_placement, policy, min_balancedness_gain, target_balancedness, "
-        "load_estimate",
+        "load_estimate, replica_split",
     ),
     (
         "unknown-ascend-key",
         {"additional_config__eplb_config__load_scope": "decode"},
         "unknown additional_config.eplb_config key(s) ['load_scope']; fix: the Ascend Model Runner V2 keys "
         "are ['load_collection_phase', 'initial_placement', 'policy', 'min_balancedness_gain', "
-        "'target_balancedness', 'load_estimate']",
+        "'target_balancedness', 'load_estimate', 'replica_split']",
     ),
     (
         "load-collection-phase",
@@ -115,9 +115,10 @@ RULES = [
     (
         "placement-policy",
         {"additional_config__eplb_config__policy": "greedy"},
-        "additional_config.eplb_config.policy='greedy' is not one of ['default', 'migration_aware']; fix: "
-        "use 'default' (upstream's DefaultEplbPolicy) or 'migration_aware' (the fewest expert moves from "
-        "the placement in force)",
+        "additional_config.eplb_config.policy='greedy' is not one of ['default', 'migration_aware', "
+        "'split_aware']; fix: use 'default' (upstream's DefaultEplbPolicy), 'migration_aware' (the fewest "
+        "expert moves from the placement in force) or 'split_aware' (the same, replicas placed to link ranks "
+        "for the batch split)",
     ),
     (
         "min-balancedness-gain",

@@ -894,7 +894,7 @@ def test_the_policy_comparison_refuses_what_it_cannot_compare(tmp_path, capsys):
          "balancedness; leave it unset to turn the check off)"),
         ("--min-balancedness-gain", "nan", f"{key}.min_balancedness_gain=nan must be a number in [0, 1)"),
         ("--policies", "default,fewest",
-         f"{key}.policy='fewest' is not one of ['default', 'migration_aware']"),
+         f"{key}.policy='fewest' is not one of ['default', 'migration_aware', 'split_aware']"),
         ("--load-estimates", "window,mean",
          f"{key}.load_estimate='mean' is not one of ['window', 'pooled']"),
     ]:  # fmt: skip
@@ -1037,3 +1037,39 @@ def test_plan_refuses_a_repeated_level_another_models_config_and_impossible_reco
         assert code == 2, argv
         assert capsys.readouterr().err.splitlines()[0] == f"ascend-eplb plan: error: {line}", argv
     assert not (tmp_path / "map.json").exists()
+
+
+def test_batch_split_prints_each_batch_executed_by_todays_rule_and_the_split_beside_the_bound(
+    capsys, tmp_path
+):
+    argv = ["plan", str(embedded_trace_path()), "--ranks", "8", "--redundant-experts", "8", "--batch-split"]
+    assert cli.main([*argv, "--window-sequences", "8"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split() == ["batch", "sequences", "tokens", "equal", "today", "split", "bound"]
+    rows = [line.split() for line in lines[3:-1]]
+    assert [(r[0], r[1]) for r in rows] == [(str(b), f"{8 * b}-{8 * b + 7}") for b in range(5)]
+    assert sum(int(r[2]) for r in rows) == 8251  # every token of the trace, once
+    # The ESFT translation trace at 72 slots, batches of 8 sequences (the dataplane README's table): the
+    # split executes within 0.002 of the bound, today's rule 0.027 below it.
+    assert lines[-1].split() == ["mean", "0.9642", "0.9627", "0.9879", "0.9897"]
+    for r in rows:
+        _, today, split, bound = map(float, r[3:])
+        assert today < split <= bound
+    assert cli.main([*argv, "--window-sequences", "20", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [(r["first_sequence"], r["last_sequence"]) for r in report["rows"]] == [(0, 19), (20, 39)]
+    assert report["steps"] == 8
+    assert report["means"]["split"] <= report["means"]["bound"]
+    load = tmp_path / "load.json"
+    load.write_text("[[9, 1, 1, 1]]")
+    for bad, message in [
+        (["plan", str(load), "--ranks", "2", "--redundant-experts", "0", "--batch-split"],
+         f"batch split: {load} is not a routing trace (.npz or a folder of ESFT expert_weights_<layer>.txt); "
+         "the split routes each token, a load matrix has none"),
+        ([*argv[:-2], "8,16", "--batch-split"],
+         "batch split: runs one redundancy level; give --redundant-experts R"),
+        ([*argv, "--policies", "default"],
+         "batch split: not with --policies (another plan of the same command)"),
+    ]:  # fmt: skip
+        assert cli.main(bad) == 2, bad
+        assert message in capsys.readouterr().err, bad

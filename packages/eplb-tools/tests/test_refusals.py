@@ -114,7 +114,7 @@ def test_every_bad_option_of_every_subcommand_is_refused_before_anything_with_it
           "--target-balancedness", "0", "--link-gbps", "0", "--out", out],
          _options("link gbps=0.0: must be a finite number > 0 (Gbit/s)",
                   "policy: additional_config.eplb_config.policy='bogus' is not one of ['default', "
-                  "'migration_aware']",
+                  "'migration_aware', 'split_aware']",
                   "min balancedness gain: additional_config.eplb_config.min_balancedness_gain=1.0 must be a "
                   "number in [0, 1) (a gain of balancedness, which lies in (0, 1]; 0 turns the check off)",
                   "target balancedness: additional_config.eplb_config.target_balancedness=0.0 must be a "

@@ -1000,7 +1000,8 @@ def test_the_policy_and_gate_options_are_judged_by_start_ups_rules_before_any_pr
 
     key = "additional_config.eplb_config"
     for option, value, rule in [
-        ("--policy", "fewest", f"policy: {key}.policy='fewest' is not one of ['default', 'migration_aware']"),
+        ("--policy", "fewest", f"policy: {key}.policy='fewest' is not one of ['default', 'migration_aware', "
+         "'split_aware']"),
         ("--min-balancedness-gain", "1", f"min balancedness gain: {key}.min_balancedness_gain=1.0 must be a "
          "number in [0, 1)"),
         ("--target-balancedness", "1.5", f"target balancedness: {key}.target_balancedness=1.5 must be a "
@@ -1022,7 +1023,7 @@ def test_the_policy_and_gate_options_are_judged_by_start_ups_rules_before_any_pr
     with pytest.raises(ValueError, match="invalid simulate options") as raised:
         bad.validate(num_trace_moe_layers=26, num_logical_experts=64, top_k=6)
     assert [line for line in str(raised.value).splitlines() if "eplb_config" in line] == [
-        f"  - policy: {key}.policy='fewest' is not one of ['default', 'migration_aware']",
+        f"  - policy: {key}.policy='fewest' is not one of ['default', 'migration_aware', 'split_aware']",
         f"  - min balancedness gain: {key}.min_balancedness_gain=-0.1 must be a number in [0, 1) (a gain of "
         "balancedness, which lies in (0, 1]; 0 turns the check off)",
         f"  - target balancedness: {key}.target_balancedness=0.0 must be a number in (0, 1] (a balancedness; "

@@ -39,6 +39,13 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
      "load window under the placement in force when it closed"),
     ("ascend_eplb_window_balancedness_eplb_off", "gauge", ("model_name",),
      "Balancedness of the same window's load under upstream's initial placement (EPLB off)"),
+    ("ascend_eplb_window_split_balancedness", "gauge", ("model_name",),
+     "With replica_split on: the balancedness each batch executed under the batch split, the mean over the "
+     "window's recorded batches and the MoE layers (accumulated on the device, read once per window; on "
+     "split rows with batch_local, EP rank 0's own rows)"),
+    ("ascend_eplb_window_split_balancedness_equal", "gauge", ("model_name",),
+     "With replica_split on: the equal split's balancedness on the same batches' counts (each replica "
+     "count / replicas), the same mean"),
     ("ascend_eplb_rearrangement_balancedness_planned", "gauge", ("model_name",),
      "Balancedness the last rearrangement that moved experts planned: its window's load under the policy's "
      "placement"),
@@ -72,6 +79,8 @@ METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
 _FAILURE_KINDS = ("died", "stalled")
 #: The one series that exists only where the load estimate is on (a gauge at 0 would read as a plan).
 _PLANNED_ON_ESTIMATE = "ascend_eplb_rearrangement_balancedness_planned_on_estimate"
+#: The series that exist only where the batch split is on.
+_SPLIT = ("ascend_eplb_window_split_balancedness", "ascend_eplb_window_split_balancedness_equal")
 
 
 def metrics_requested(environ: Mapping[str, str] | None = None, *, serving_process: bool = True) -> bool:
@@ -155,6 +164,8 @@ class PrometheusMetrics:
         self._served = served_model_name
         self._labels: dict[str, str] = {}  # upstream's model name -> its model_name label
         self._series = _families()
+        # Model name -> (the controller's state, the model's config) where the batch split is on.
+        self._split: dict[str, tuple[Any, Any]] = {}
 
     def _label(self, model: str) -> str:
         """The ``model_name`` label of the model upstream names ``model``."""
@@ -185,10 +196,17 @@ class PrometheusMetrics:
         s["ascend_eplb_commit_publish_to_acknowledge_seconds"].labels(name, rank)
         if self._rank != 0:
             return
-        estimating = event.controller.state.policy_settings.estimating
+        state = event.controller.state
+        estimating = state.policy_settings.estimating
+        splitting = state.split_scope != "off"
+        if splitting:
+            self._split[name] = (state, event.model_config)
         for metric, _, labels, _ in METRICS:
-            if labels == ("model_name",) and (estimating or metric != _PLANNED_ON_ESTIMATE):
-                s[metric].labels(name)
+            if labels != ("model_name",) or (metric == _PLANNED_ON_ESTIMATE and not estimating):
+                continue
+            if metric in _SPLIT and not splitting:
+                continue
+            s[metric].labels(name)
         for kind in _FAILURE_KINDS:
             s["ascend_eplb_worker_failures_total"].labels(name, kind)
         for reason in SKIP_REASONS:
@@ -215,6 +233,11 @@ class PrometheusMetrics:
             s["ascend_eplb_rearrangements_started_total"].labels(model).inc()
             s["ascend_eplb_window_balancedness"].labels(model).set(record.balancedness)
             s["ascend_eplb_window_balancedness_eplb_off"].labels(model).set(record.balancedness_eplb_off)
+            split = self._split.get(model)
+            taken = split[0].take_split_balancedness(split[1]) if split is not None else None
+            if taken is not None:
+                s["ascend_eplb_window_split_balancedness"].labels(model).set(taken[0])
+                s["ascend_eplb_window_split_balancedness_equal"].labels(model).set(taken[1])
         elif event == "commit":
             s["ascend_eplb_layers_committed_total"].labels(model).inc()
         elif event == "rearrangement" and record.skipped is not None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from ascend_eplb.control.layout import unplaceable_layout
+from ascend_eplb.control.layout import default_moe_rows, unplaceable_layout
 from ascend_eplb.control.policy_config import (
     PolicySettings,
     load_estimate_error,
@@ -22,6 +22,7 @@ from ascend_eplb.control.policy_config import (
     policy_error,
     target_balancedness_error,
 )
+from ascend_eplb.control.split_config import describe_split, replica_split_error
 from ascend_eplb.control.values import INT32_MAX, is_int
 from ascend_eplb.integration.model_facts import (
     MAX_REDUNDANT_EXPERTS,
@@ -60,6 +61,7 @@ __all__ = [
     "Violation",
     "check_settings",
     "moe_fact_errors",
+    "split_line",
 ]
 
 
@@ -109,7 +111,7 @@ Rule = Callable[[EplbSettings], "str | Violation | None"]
 RULES: dict[str, Rule] = {}
 #: The rules that judge a configuration with EPLB off (the V1 path, if any, is not ours to judge; only a
 #: V2-only key without EPLB is wrong); every other rule of :data:`RULES` judges only with EPLB on.
-EPLB_OFF_RULES = ("phase-without-eplb", "placement-without-eplb", "policy-without-eplb")
+EPLB_OFF_RULES = ("phase-without-eplb", "placement-without-eplb", "policy-without-eplb", "split-without-eplb")
 #: The rules that judge a model config's MoE facts (:class:`MoeFacts`) alone, in :data:`RULES` order:
 #: :meth:`MoeFacts.errors` runs them (``ascend-eplb simulate``'s and the cost estimate's refusal of a model
 #: folder), so they are the very functions start-up and ``check`` run.
@@ -173,6 +175,16 @@ def _policy_without_eplb(s: EplbSettings) -> str | None:
     return (
         f"{shown_keys}: the placement policy, the gain gate and the load estimate need Model Runner V2 "
         f"EPLB, but enable_eplb=False; fix: pass --enable-eplb or remove {', '.join(given)}"
+    )
+
+
+@_rule("split-without-eplb")
+def _split_without_eplb(s: EplbSettings) -> str | None:
+    if s.enable_eplb or s.replica_split == "equal":
+        return None
+    return (
+        f"eplb_config.replica_split={s.replica_split!r} needs Model Runner V2 EPLB (the split is among the "
+        "replicas EPLB places), but enable_eplb=False; fix: pass --enable-eplb or remove replica_split"
     )
 
 
@@ -246,8 +258,9 @@ def _placement_policy(s: EplbSettings) -> str | None:
     if reason is None:
         return None
     return (
-        f"{reason}; fix: use 'default' (upstream's DefaultEplbPolicy) or 'migration_aware' (the fewest "
-        "expert moves from the placement in force)"
+        f"{reason}; fix: use 'default' (upstream's DefaultEplbPolicy), 'migration_aware' (the fewest "
+        "expert moves from the placement in force) or 'split_aware' (the same, replicas placed to link ranks "
+        "for the batch split)"
     )
 
 
@@ -276,6 +289,26 @@ def _load_estimate(s: EplbSettings) -> str | None:
         f"{reason}; fix: use 'window' (upstream's: plan on the closed window) or 'pooled' (plan on the "
         "windows since the last shift of the load)"
     )
+
+
+@_rule("replica-split")
+def _replica_split(s: EplbSettings) -> str | None:
+    reason = replica_split_error(s.replica_split)
+    if reason is None:
+        return None
+    return (
+        f"{reason}; fix: use 'equal' (each replica an equal share, today's rule), 'batch' (split each batch "
+        "by its own load; on split rows one all-gather of E counts per MoE layer) or 'batch_local' (on split "
+        "rows each rank splits its own rows)"
+    )
+
+
+def split_line(s: EplbSettings) -> str | None:
+    """The batch split in force on this configuration's rows and its cost (``ascend-eplb check``'s and the
+    serving log's line), or None when ``replica_split`` is not a valid value (rule ``replica-split``)."""
+    if replica_split_error(s.replica_split) is not None:
+        return None
+    return describe_split(s.replica_split, default_moe_rows(s))
 
 
 @_rule("async-only")

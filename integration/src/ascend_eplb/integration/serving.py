@@ -206,7 +206,11 @@ def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSe
     phase = setup.settings.load_collection_phase
     policy_settings = setup.settings.policy_settings()
     controller = AscendEPLBController(
-        parallel_config, device, load_collection_phase=phase, policy_settings=policy_settings
+        parallel_config,
+        device,
+        load_collection_phase=phase,
+        policy_settings=policy_settings,
+        replica_split=setup.settings.replica_split,
     )
     # Each subscribes once, here; the bus delivers in subscription order on every rank: the watchdog
     # first (a failure stops EPLB before any other subscriber looks at the cycle), then the verifier,
@@ -245,6 +249,7 @@ def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSe
             setup.settings.num_redundant_experts,
             metrics=setup.metrics,
             policy=policy_settings.describe(),
+            split=f"replica_split={setup.settings.replica_split} (split scope {controller.split_scope})",
         ),
     )
     return controller
@@ -260,12 +265,13 @@ def active_line(
     *,
     metrics: bool = False,
     policy: str = "policy=default, gate off",
+    split: str = "replica_split=equal",
 ) -> str:
     """The INFO line :func:`build_serving_controller` logs (also what an operator greps for); ``policy``
-    is control's ``PolicySettings.describe()``."""
+    is control's ``PolicySettings.describe()``, ``split`` the batch split in force."""
     return (
         f"Ascend EPLB active: AscendEPLBController, load_collection_phase={phase}, "
-        f"num_redundant_experts={num_redundant_experts}, {policy}, "
+        f"num_redundant_experts={num_redundant_experts}, {policy}, {split}, "
         f"verifier={'on' if verifying else 'off'} "
         f"(ASCEND_EPLB_VERIFY), watchdog timeout {timeout_s:g} s on_failure={on_failure}, "
         f"events={events if events is not None else 'off'} (ASCEND_EPLB_EVENTS), "

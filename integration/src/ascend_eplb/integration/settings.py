@@ -43,13 +43,26 @@ V1_EPLB_ENV_SWITCHES = ("DYNAMIC_EPLB", "EXPERT_MAP_RECORD")
 #: The Ascend keys of the placement policy, the gain gate and the load they work on
 #: (``ascend_eplb.control.policy_config``).
 POLICY_KEYS = ("policy", "min_balancedness_gain", "target_balancedness", "load_estimate")
-#: The Ascend-specific keys of the Model Runner V2 ``eplb_config``: ``load_collection_phase``, and
-#: ``initial_placement`` (a placement file to start serving on, ``ascend_eplb.integration.placement_file``).
-ASCEND_V2_KEYS = ("load_collection_phase", "initial_placement", *POLICY_KEYS)
+#: The Ascend-specific keys of the Model Runner V2 ``eplb_config``: ``load_collection_phase``,
+#: ``initial_placement`` (a placement file to start serving on, ``ascend_eplb.integration.placement_file``)
+#: and ``replica_split`` (``ascend_eplb.control.split_config``).
+ASCEND_V2_KEYS = ("load_collection_phase", "initial_placement", *POLICY_KEYS, "replica_split")
 #: Values of ``load_collection_phase``: control's own constant (``ascend_eplb.control.phase``, no vLLM).
 LOAD_COLLECTION_PHASES = _CONTROL_PHASES
 #: Communicators accepted by this integration (``torch_gloo`` -> ``AscendGlooEplbCommunicator``).
 SUPPORTED_COMMUNICATORS = ("torch_gloo",)
+#: vLLM 0.33.0's all-to-all backends of ``ParallelConfig.use_sequence_parallel_moe``.
+_SEQUENCE_PARALLEL_BACKENDS = (
+    "allgather_reducescatter",
+    "deepep_high_throughput",
+    "deepep_low_latency",
+    "deepep_v2",
+    "flashinfer_nvlink_one_sided",
+    "passthrough",
+    "mori_high_throughput",
+    "mori_low_latency",
+    "nixl_ep",
+)
 #: vLLM 0.33.0's ``CompilationMode`` names, by value (``vllm/config/compilation.py``).
 COMPILATION_MODES = ("NONE", "STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE", "VLLM_COMPILE")
 #: vLLM 0.33.0's ``CUDAGraphMode`` names (``vllm/config/compilation.py``); vLLM Ascend's ACL graph modes
@@ -75,6 +88,8 @@ class EplbSettings:
     tensor_parallel_size: int = 1
     prefill_context_parallel_size: int = 1
     data_parallel_size: int = 1
+    #: vLLM's ``ParallelConfig.all2all_backend`` (its default), which with DP decides the MoE rows.
+    all2all_backend: Any = "allgather_reducescatter"
     window_size: Any = 1000
     step_interval: Any = 3000
     num_redundant_experts: Any = 0
@@ -128,6 +143,23 @@ class EplbSettings:
     def num_ranks(self) -> int:
         """The EP size: TP x PCP x DP (the EP group of vLLM's ``ParallelConfig``)."""
         return self.tensor_parallel_size * self.prefill_context_parallel_size * self.data_parallel_size
+
+    @property
+    def use_sequence_parallel_moe(self) -> bool:
+        """vLLM 0.33.0's ``ParallelConfig.use_sequence_parallel_moe`` (restated: a sequence-parallel backend
+        with EP, TP > 1 and DP > 1)."""
+        return (
+            self.all2all_backend in _SEQUENCE_PARALLEL_BACKENDS
+            and self.enable_expert_parallel
+            and self.tensor_parallel_size > 1
+            and self.data_parallel_size > 1
+        )
+
+    @property
+    def replica_split(self) -> Any:
+        """``additional_config.eplb_config.replica_split`` as given (not validated), ``"equal"`` (today's
+        rule) when absent."""
+        return self.ascend_eplb_config.get("replica_split", "equal")
 
     @property
     def load_collection_phase(self) -> Any:

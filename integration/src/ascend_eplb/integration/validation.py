@@ -131,6 +131,7 @@ def parallel_and_eplb_fields(
         "tensor_parallel_size": parallel.tensor_parallel_size,
         "prefill_context_parallel_size": getattr(parallel, "prefill_context_parallel_size", 1),
         "data_parallel_size": parallel.data_parallel_size,
+        "all2all_backend": getattr(parallel, "all2all_backend", "allgather_reducescatter"),
         "window_size": eplb_config.window_size,
         "step_interval": eplb_config.step_interval,
         "num_redundant_experts": eplb_config.num_redundant_experts,

@@ -35,6 +35,7 @@ _LAZY_EXPORTS = {
     "AscendEplbLayerState": "state",
     "AscendEplbState": "state",
     "MigrationAwarePolicy": "policy",
+    "SplitAwarePolicy": "policy",
     "adapt_layer_routers": "router_adaptation",
     "commit_hooks_installed": "commit_hooks",
     **dict.fromkeys(
@@ -46,6 +47,7 @@ _LAZY_EXPORTS = {
             "moved_experts",
             "rank_loads",
             "received_experts",
+            "split_bound",
             "upstream_initial_placement",
         ],
         "measures",
@@ -71,6 +73,7 @@ __all__ = [
     "RearrangementEvent",
     "RegistrationEvent",
     "ShutdownEvent",
+    "SplitAwarePolicy",
     "StepEvent",
     "__version__",
     "adapt_layer_routers",
@@ -84,6 +87,7 @@ __all__ = [
     "moved_experts",
     "rank_loads",
     "received_experts",
+    "split_bound",
     "upstream_initial_placement",
 ]
 

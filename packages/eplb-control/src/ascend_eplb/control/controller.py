@@ -33,6 +33,7 @@ from ascend_eplb.control.layout import (
 from ascend_eplb.control.phase import LoadCollectionPhase, is_phase_matched, validate_phase
 from ascend_eplb.control.policy_config import PolicySettings
 from ascend_eplb.control.router_adaptation import adapt_layer_routers
+from ascend_eplb.control.split_config import replica_split_error, split_scope
 from ascend_eplb.control.state import AscendEplbState
 
 logger = init_logger(__name__)
@@ -62,6 +63,9 @@ class AscendEPLBController(EPLBController):
         device: the device of the EPLB state and lookups.
         load_collection_phase: ``"all"`` (default), ``"prefill"`` or ``"decode"`` (:func:`.is_phase_matched`).
         policy_settings: a :class:`.PolicySettings`; None: upstream's default policy, gate off.
+        replica_split: ``"equal"`` (default, today's rule), ``"batch"`` or ``"batch_local"``
+            (:mod:`.split_config`): the routers split each batch among the replicas by its own load, in the
+            scope the configuration's rows give (:func:`~.split_config.split_scope`).
 
     Attributes:
         bus: the controller's and its state's :class:`.EventBus`. ``StepEvent`` after each upstream step
@@ -70,7 +74,8 @@ class AscendEPLBController(EPLBController):
         eplb_stopped: why :meth:`stop_eplb` stopped EPLB rearrangement (None while it runs).
 
     Raises:
-        ValueError: a ``load_collection_phase`` not allowed; TypeError: ``policy_settings`` of another type;
+        ValueError: a ``load_collection_phase`` or ``replica_split`` not allowed; TypeError:
+        ``policy_settings`` of another type;
         RuntimeError: an upstream method this class overrides or relies on drifted from vLLM 0.33.0.
     """
 
@@ -83,8 +88,11 @@ class AscendEPLBController(EPLBController):
         load_collection_phase: LoadCollectionPhase = "all",
         *,
         policy_settings: PolicySettings | None = None,
+        replica_split: str = "equal",
     ) -> None:
         phase = validate_phase(load_collection_phase)
+        if (reason := replica_split_error(replica_split)) is not None:
+            raise ValueError(reason)
         self.policy_settings = PolicySettings.of(policy_settings)
         """The placement policy and gain gate of the state :meth:`prepare_load` builds."""
         check_upstream_controller_signatures()
@@ -101,6 +109,20 @@ class AscendEPLBController(EPLBController):
         self._row_layouts: dict[str, RowLayout] = {}
         self.last_row_layout: RowLayout | None = None
         """The row layout the last :meth:`prepare_forward` put in force (None before the first)."""
+        self.replica_split = replica_split
+        self.split_scope = (
+            "off"
+            if replica_split == "equal"
+            else split_scope(replica_split, default_moe_rows(parallel_config))
+        )
+        """The batch split's scope on the configuration's rows (``"off"``: the equal split)."""
+
+    def _lookup_ranks(self) -> int | None:
+        """The EP size when the batch split is on (the lookups keep its inputs), else None."""
+        if self.split_scope == "off":
+            return None
+        parallel = self.parallel_config
+        return int(parallel.data_parallel_size) * int(parallel.tensor_parallel_size)
 
     def prepare_load(self) -> None:
         """Upstream ``prepare_load``, building an :class:`AscendEplbState` when EPLB is enabled."""
@@ -108,7 +130,11 @@ class AscendEPLBController(EPLBController):
         self._has_registered_models = False
         if self.parallel_config.enable_eplb:
             self.state = AscendEplbState(
-                self.parallel_config, self.device, bus=self.bus, policy_settings=self.policy_settings
+                self.parallel_config,
+                self.device,
+                bus=self.bus,
+                policy_settings=self.policy_settings,
+                split_scope=self.split_scope,
             )
 
     def maybe_register_speculator(
@@ -126,7 +152,7 @@ class AscendEPLBController(EPLBController):
         draft = getattr(speculator, "model", None) if speculator is not None else None
         considered = self.parallel_config.enable_eplb and draft is not None and not load_dummy_weights
         if considered and draft_model_supports_eplb(speculative_config, get_mixture_of_experts_model(draft)):
-            adapt_layer_routers(draft)
+            adapt_layer_routers(draft, lookup_ranks=self._lookup_ranks())
         added = super().maybe_register_speculator(speculator, speculative_config, load_dummy_weights)
         if added:
             self.bus.publish(RegistrationEvent(self, draft, speculative_config.draft_model_config))
@@ -146,7 +172,7 @@ class AscendEPLBController(EPLBController):
                 ``MixtureOfExperts`` part: upstream returns False and would serve it without EPLB).
         """
         if self.parallel_config.enable_eplb:
-            adapt_layer_routers(model)
+            adapt_layer_routers(model, lookup_ranks=self._lookup_ranks())
         added = super().maybe_register_model(model, model_config)
         if added:
             self.bus.publish(RegistrationEvent(self, model, model_config))

@@ -22,7 +22,7 @@ from vllm.distributed.eplb.policy.abstract import AbstractEplbPolicy
 from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
 
 from ascend_eplb.control.estimate import LoadEstimate
-from ascend_eplb.control.policy import MigrationAwarePolicy, balancedness, moved_experts
+from ascend_eplb.control.policy import MigrationAwarePolicy, SplitAwarePolicy, balancedness, moved_experts
 from ascend_eplb.control.policy_config import POLICY_NAMES, PlacementDecision, PolicySettings
 
 __all__ = ["POLICIES", "DecisionChannel", "GatedPolicy", "ModelChannels", "decide", "gated_policy"]
@@ -31,6 +31,7 @@ __all__ = ["POLICIES", "DecisionChannel", "GatedPolicy", "ModelChannels", "decid
 POLICIES: dict[str, type[AbstractEplbPolicy]] = {
     "default": DefaultEplbPolicy,
     "migration_aware": MigrationAwarePolicy,
+    "split_aware": SplitAwarePolicy,
 }
 assert tuple(POLICIES) == POLICY_NAMES, (tuple(POLICIES), POLICY_NAMES)
 

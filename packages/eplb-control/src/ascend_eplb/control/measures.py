@@ -25,8 +25,13 @@ __all__ = [
     "moved_experts",
     "rank_loads",
     "received_experts",
+    "split_bound",
     "upstream_initial_placement",
 ]
+
+#: :func:`split_bound` enumerates the rank sets up to this many ranks (``2**N - 1`` sets), and solves a
+#: maximum closure (a min cut) per step of Dinkelbach's method above it.
+SPLIT_BOUND_ENUMERATED_RANKS = 12
 
 
 def _placement_array(name: str, placement: object) -> np.ndarray:
@@ -174,6 +179,74 @@ def balancedness(
         ValueError: as :func:`rank_loads`.
     """
     return layer_balancedness(rank_loads(weight_LE, physical_to_logical_LP, num_ranks))
+
+
+def split_bound(
+    weight_LE: torch.Tensor,  # noqa: N803 (DESIGN.md shape letters)
+    physical_to_logical_LP: torch.Tensor,  # noqa: N803
+    num_ranks: int,
+) -> torch.Tensor:
+    """The balancedness a split of each expert's load among its replicas can reach: float64 ``(L,)``.
+
+    With replicas free to take any share, the least max rank load is the max over rank sets ``A`` of
+    the load of the experts whose replicas all lie in ``A``, divided by ``|A|`` (max-flow min-cut); the
+    bound is the mean rank load over it (1.0 for a layer without load). Exact: the rank sets are
+    enumerated up to :data:`SPLIT_BOUND_ENUMERATED_RANKS` ranks; above, Dinkelbach's method over a
+    maximum closure (experts worth their load, each needing its ranks at the current ratio), solved as
+    a min cut (networkx), ends on the maximizing set. The batch split of the data plane
+    (``ascend_eplb.dataplane.split``) approaches it with whole selections.
+
+    Raises:
+        ValueError: as :func:`rank_loads`.
+    """
+    load = _load_array(weight_LE)
+    placement = _placement_array("physical_to_logical_LP", physical_to_logical_LP)
+    rank_loads(weight_LE, physical_to_logical_LP, num_ranks)  # the same rules, one message each
+    held = _holdings(placement, num_ranks, load.shape[1]) > 0  # (L, N, E)
+    if num_ranks <= SPLIT_BOUND_ENUMERATED_RANKS:
+        peak = _enumerated_peak(load, held)
+    else:
+        peak = np.array([_closure_peak(load[i], held[i]) for i in range(load.shape[0])])
+    mean = load.sum(axis=1) / num_ranks
+    return torch.from_numpy(np.where(peak > 0, mean / np.where(peak > 0, peak, 1.0), 1.0))
+
+
+def _enumerated_peak(load: np.ndarray, held: np.ndarray) -> np.ndarray:
+    """``(L,)``: max over the ``2**N - 1`` rank sets of (load inside) / |A|."""
+    num_ranks = held.shape[1]
+    sets = (np.arange(1, 2**num_ranks)[:, None] >> np.arange(num_ranks)) & 1  # (S, N)
+    outside = np.matmul((1 - sets).astype(np.float32), held.astype(np.float32))  # (L, S, E)
+    inside = np.einsum("lse,le->ls", (outside == 0).astype(np.float64), load)
+    return (inside / sets.sum(axis=1)).max(axis=1)
+
+
+def _closure_peak(load: np.ndarray, held: np.ndarray) -> float:
+    """max over rank sets A of (load inside A) / |A| for one layer, by Dinkelbach's method: from the
+    mean, take the set maximizing (load inside) - ratio |A| (a maximum closure: source -> expert at its
+    load, expert -> its ranks unbounded, rank -> sink at the ratio) until it gains nothing."""
+    import networkx as nx  # only above the enumerated sizes
+
+    num_ranks, num_experts = held.shape
+    loaded = [e for e in range(num_experts) if load[e] > 0]
+    ratio = load.sum() / num_ranks
+    best = ratio
+    for _ in range(4 * num_ranks):
+        graph = nx.DiGraph()
+        for e in loaded:
+            graph.add_edge("s", ("e", e), capacity=float(load[e]))
+            for r in np.nonzero(held[:, e])[0]:
+                graph.add_edge(("e", e), ("r", int(r)))
+        for r in range(num_ranks):
+            graph.add_edge(("r", r), "t", capacity=float(ratio))
+        _, (source_side, _) = nx.minimum_cut(graph, "s", "t")
+        ranks = [node[1] for node in source_side if node != "s" and node[0] == "r"]
+        if not ranks:
+            break
+        inside = sum(load[e] for e in loaded if set(np.nonzero(held[:, e])[0]) <= set(ranks))
+        if inside / len(ranks) <= ratio * (1 + 1e-12):
+            break
+        ratio = best = inside / len(ranks)
+    return float(best)
 
 
 def hottest_rank_share(rank_loads_LN: torch.Tensor) -> float:  # noqa: N803 (DESIGN.md letters)

@@ -17,6 +17,7 @@ from vllm.distributed.eplb.policy.abstract import AbstractEplbPolicy
 from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
 
 from ascend_eplb.control._search import local_search
+from ascend_eplb.control._split_placement import link_replicas
 from ascend_eplb.control.measures import (
     _balancedness,
     _check_ids,
@@ -33,7 +34,7 @@ from ascend_eplb.control.values import is_int
 
 #: ``balancedness`` and ``moved_experts`` are :mod:`ascend_eplb.control.measures`' (re-exported here,
 #: beside the policy they judge).
-__all__ = ["MigrationAwarePolicy", "balancedness", "moved_experts"]
+__all__ = ["MigrationAwarePolicy", "SplitAwarePolicy", "balancedness", "moved_experts"]
 
 # ----------------------------------------------------------------------------------------------------
 # The policy
@@ -57,6 +58,11 @@ class MigrationAwarePolicy(AbstractEplbPolicy):
     balancedness_tolerance: ClassVar[float] = 0.002
     #: A layer whose search ends more than this below ``b_up`` takes upstream's layer (aligned).
     fallback_margin: ClassVar[float] = 0.01
+    #: Place for the data plane's batch split: a last step swaps replicas so that they link ranks
+    #: (:mod:`._split_placement`), at most :attr:`split_swaps` per layer (None: N); see
+    #: :class:`SplitAwarePolicy`.
+    place_for_split: ClassVar[bool] = False
+    split_swaps: ClassVar[int | None] = None
 
     @classmethod
     def rebalance_experts(
@@ -103,9 +109,9 @@ class MigrationAwarePolicy(AbstractEplbPolicy):
         upstream = DefaultEplbPolicy.rebalance_experts(
             weight, num_replicas, num_groups, num_nodes, num_ranks, old_global_expert_indices
         )
-        if old is None:
-            return upstream
         hierarchical = num_groups % num_nodes == 0 and num_nodes > 1
+        if old is None:
+            return cls._for_split(load, upstream, num_ranks, num_nodes if hierarchical else 1)
         placement = _migrate(
             load,
             old,
@@ -116,7 +122,28 @@ class MigrationAwarePolicy(AbstractEplbPolicy):
             tolerance=cls.balancedness_tolerance,
             fallback_margin=cls.fallback_margin,
         )
-        return torch.from_numpy(placement)
+        return cls._for_split(load, torch.from_numpy(placement), num_ranks, num_nodes if hierarchical else 1)
+
+    @classmethod
+    def _for_split(
+        cls, load: np.ndarray, placement: torch.Tensor, num_ranks: int, num_nodes: int
+    ) -> torch.Tensor:
+        if not cls.place_for_split:
+            return placement
+        swaps = num_ranks if cls.split_swaps is None else cls.split_swaps
+        linked = link_replicas(load, placement.numpy().astype(np.int64), num_ranks, num_nodes, swaps)
+        return torch.from_numpy(linked)
+
+
+class SplitAwarePolicy(MigrationAwarePolicy):
+    """:class:`MigrationAwarePolicy` placing for the data plane's batch split (policy ``split_aware``):
+    its placement, then up to N swaps per layer (inside a node) exchanging a replica with a single-replica
+    expert of another rank, fewest pieces of the replica graph first, then the most distinct linked rank
+    pairs, never lowering the planned load's split bound (:mod:`._split_placement`; LPLB's cube and torus
+    layouts serve the same end). Moves a few more experts than its base; the bound it allows per batch:
+    the dataplane README's "Batch split" table."""
+
+    place_for_split: ClassVar[bool] = True
 
 
 def _check_policy_inputs(

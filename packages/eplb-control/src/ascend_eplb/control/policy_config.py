@@ -2,10 +2,11 @@
 
 Standard library only, so start-up validation and ``ascend-eplb check`` judge these settings without
 torch or vLLM; :mod:`ascend_eplb.control.gate` runs them. Four keys of ``eplb_config`` make one
-:class:`PolicySettings`: ``policy`` (``"default"``, upstream's ``DefaultEplbPolicy``, or
-``"migration_aware"``; upstream's own ``eplb_config.policy`` stays ``"default"``, as its asynchronous
-mode requires), ``min_balancedness_gain`` in ``[0, 1)`` (skip reason ``"min_gain"``; a gain lies in
-``(-1, 1)``, so 1 or more would skip everything), ``target_balancedness`` in ``(0, 1]`` or None (skip
+:class:`PolicySettings`: ``policy`` (``"default"``, upstream's ``DefaultEplbPolicy``,
+``"migration_aware"``, or ``"split_aware"``, the migration-aware policy placing for the batch split;
+upstream's own ``eplb_config.policy`` stays ``"default"``, as its asynchronous mode requires),
+``min_balancedness_gain`` in ``[0, 1)`` (skip reason ``"min_gain"``; a gain lies in ``(-1, 1)``, so 1 or
+more would skip everything), ``target_balancedness`` in ``(0, 1]`` or None (skip
 reason ``"balanced"``; 1.0 skips only an even window) and ``load_estimate`` (``"window"``, upstream's,
 or ``"pooled"``). The third reason, ``"no_load"``, needs no setting. With every key at its default
 (:attr:`PolicySettings.is_upstream_default`) upstream's ``DefaultEplbPolicy`` runs itself.
@@ -34,11 +35,11 @@ __all__ = [
     "target_balancedness_error",
 ]
 
-PolicyName = Literal["default", "migration_aware"]
+PolicyName = Literal["default", "migration_aware", "split_aware"]
 """The placement policies the Ascend state can select."""
 POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
-"""``("default", "migration_aware")``; ``ascend_eplb.control.gate.POLICIES`` maps each to its class
-(checked equal at import)."""
+"""``("default", "migration_aware", "split_aware")``; ``ascend_eplb.control.gate.POLICIES`` maps each to
+its class (checked equal at import)."""
 
 LoadEstimateName = Literal["window", "pooled"]
 """The loads a policy may plan on: the closed window (upstream's) or the pooled estimate."""

@@ -37,12 +37,14 @@ def traced_modules(model: Any) -> list[str]:
     ]
 
 
-def adapt_layer_routers(model: Any) -> int:
+def adapt_layer_routers(model: Any, *, lookup_ranks: int | None = None) -> int:
     """Convert and bind the router of every MoE layer of ``model``; idempotent.
 
     Args:
         model: a vLLM model; its ``MixtureOfExperts`` part (upstream ``get_mixture_of_experts_model``)
             is adapted. A model without one is left alone.
+        lookup_ranks: the EP size when the batch split is on: each converted layer state's lookup keeps
+            the split's inputs (``AscendEplbLayerState.lookup_ranks``); None: off.
 
     Returns:
         the number of routers bound (layers whose router carries no ``eplb_state`` are skipped).
@@ -79,7 +81,7 @@ def adapt_layer_routers(model: Any) -> int:
         if layer_state is None:
             continue
         if not isinstance(layer_state, AscendEplbLayerState):
-            layer_state = AscendEplbLayerState.from_upstream(layer_state)
+            layer_state = AscendEplbLayerState.from_upstream(layer_state, lookup_ranks=lookup_ranks)
             router.eplb_state = layer_state
         bind_router(router, layer_state, ubatch_id=dbo_current_ubatch_id)
         adapted += 1

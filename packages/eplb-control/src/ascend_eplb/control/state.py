@@ -34,7 +34,8 @@ from ascend_eplb.control.estimate import LoadEstimate
 from ascend_eplb.control.gate import DecisionChannel, ModelChannels, gated_policy
 from ascend_eplb.control.layout import RowLayout
 from ascend_eplb.control.policy_config import PlacementDecision, PolicySettings
-from ascend_eplb.dataplane import DEFAULT_ROWS, ReplicaLookup
+from ascend_eplb.control.split_config import SplitScope
+from ascend_eplb.dataplane import DEFAULT_ROWS, SPLIT_STATS_SIZE, BatchSplit, ReplicaLookup
 
 __all__ = [
     "ACKNOWLEDGEMENT_BINDING",
@@ -130,15 +131,23 @@ class AscendEplbLayerState(EplbLayerState):
             ``AscendEplbState.add_model``, written by the controller's ``prepare_forward`` (None: offset 0,
             first unpadded rows recorded); with the table, it decides which replica a rank picks.
         lookup_rows: rows of the table (dataplane's ``DEFAULT_ROWS``, 1024: vLLM Ascend's routing table).
+        lookup_ranks: the EP size when the batch split is on (the lookup then keeps the split's inputs,
+            dataplane's ``ReplicaLookup(num_ranks=...)``); None: off.
+        batch_split: the dataplane's ``BatchSplit`` the bound router follows (set by
+            ``AscendEplbState.add_model`` when the split is on); None: the equal split.
     """
 
     replica_lookup: ReplicaLookup | None = None
     moe_layer_idx: int | None = None
     row_layout: torch.Tensor | None = None
     lookup_rows: int = DEFAULT_ROWS
+    lookup_ranks: int | None = None
+    batch_split: BatchSplit | None = None
 
     @classmethod
-    def from_upstream(cls, state: EplbLayerState, *, lookup_rows: int = DEFAULT_ROWS) -> AscendEplbLayerState:
+    def from_upstream(
+        cls, state: EplbLayerState, *, lookup_rows: int = DEFAULT_ROWS, lookup_ranks: int | None = None
+    ) -> AscendEplbLayerState:
         """An :class:`AscendEplbLayerState` carrying ``state``'s upstream fields (references, not copies).
 
         A lookup is built only if ``state`` already has its maps; otherwise the first
@@ -151,6 +160,7 @@ class AscendEplbLayerState(EplbLayerState):
             should_record_tensor=state.should_record_tensor,
             num_unpadded_tokens_tensors=state.num_unpadded_tokens_tensors,
             lookup_rows=lookup_rows,
+            lookup_ranks=lookup_ranks,
         )
         if (
             new.logical_to_physical_map is not None
@@ -173,6 +183,7 @@ class AscendEplbLayerState(EplbLayerState):
             logical_to_physical_map.device,
             rows=self.lookup_rows,
             num_physical_experts=num_physical_experts,
+            num_ranks=self.lookup_ranks,
         )
         lookup.refresh_(logical_to_physical_map, logical_replica_count)
         return lookup
@@ -252,6 +263,7 @@ class AscendEplbState(EplbState):
         *,
         bus: EventBus | None = None,
         policy_settings: PolicySettings | None = None,
+        split_scope: SplitScope = "off",
     ) -> None:
         settings = PolicySettings.of(policy_settings)
         check_upstream_state_signatures()
@@ -285,6 +297,12 @@ class AscendEplbState(EplbState):
         self.row_layout_in_force: dict[str, RowLayout] = {}
         """Per registered model: the :class:`~ascend_eplb.control.layout.RowLayout` its tensor holds
         (absent before the first ``set_row_layout``)."""
+        self.split_scope: SplitScope = split_scope
+        """The batch split's scope (``ascend_eplb.control.split_config``); ``"off"``: the equal split."""
+        self.split_stats: dict[str, torch.Tensor] = {}
+        """Per registered model, with the split on: float32 ``(L, SPLIT_STATS_SIZE)`` on the device, each
+        layer's ``BatchSplit.stats`` (executed and equal-split balancedness summed over the recorded
+        batches, and their count), read by :meth:`take_split_balancedness`."""
 
     # ----------------------------------------------------------------- registration
     def add_model(self, model: Any, model_config: Any, model_name: str | None = None) -> None:
@@ -336,7 +354,53 @@ class AscendEplbState(EplbState):
             for layer_state in group:
                 layer_state.row_layout = layout
         self.row_layouts[key] = layout
+        if self.split_scope != "off":
+            self._add_batch_split(key, model.num_moe_layers, by_layer)
         attach_observer(self.model_states[key], self)
+
+    def _add_batch_split(
+        self, key: str, num_layers: int, by_layer: dict[int, list[AscendEplbLayerState]]
+    ) -> None:
+        """Give every layer of a model its ``BatchSplit`` (a row of the model's stats each)."""
+        stats = torch.zeros(num_layers, SPLIT_STATS_SIZE, dtype=torch.float32, device=self.device)
+        self.split_stats[key] = stats
+        ep = get_ep_group()
+        gather = None
+        if self.split_scope == "global":
+
+            def gather(local: torch.Tensor) -> torch.Tensor:
+                return ep.all_gather(local.unsqueeze(0), dim=0)
+
+        for idx, group in by_layer.items():
+            for layer_state in group:
+                if layer_state.replica_lookup is None or layer_state.replica_lookup.split_inputs is None:
+                    raise RuntimeError(
+                        f"MoE layer {idx}'s replica lookup keeps no split inputs: the batch split needs the "
+                        "routers adapted with lookup_ranks (AscendEPLBController does it when replica_split "
+                        "is on)"
+                    )
+                layer_state.batch_split = BatchSplit(
+                    gather_counts=gather, rank=ep.rank_in_group, stats=stats[idx]
+                )
+
+    def take_split_balancedness(self, model_config: Any) -> tuple[float, float] | None:
+        """The batch split's executed balancedness and the equal split's on the same counts, each the mean
+        over the layers of their recorded batches' mean, since the last call; then the stats restart.
+
+        One device-to-host read: call at a window's end, not per step. None with the split off, or when
+        no batch was recorded since.
+        """
+        stats = self.split_stats.get(model_config.compute_hash())
+        if stats is None:
+            return None
+        with gpu_sync_allowed():
+            values = stats.to("cpu", copy=True)
+        stats.zero_()
+        counted = values[:, 2] > 0
+        if not bool(counted.any()):
+            return None
+        means = values[counted, :2] / values[counted, 2:3]
+        return float(means[:, 0].mean()), float(means[:, 1].mean())
 
     def set_row_layout(self, layout: RowLayout) -> None:
         """Write ``layout`` into every registered model's row-layout tensor, where it differs.

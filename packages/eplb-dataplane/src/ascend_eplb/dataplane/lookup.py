@@ -21,6 +21,8 @@ __all__ = [
     "DEFAULT_ROWS",
     "ReplicaLookup",
     "build_replica_table",
+    "replica_maps",
+    "split_inputs",
     "table_checksum",
     "validate_placement",
 ]
@@ -215,6 +217,61 @@ def build_replica_table(
     return _replica_table(l2p, count, phase, rows)
 
 
+def replica_maps(
+    physical_to_logical: torch.Tensor, num_logical_experts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's placement ``(P,)`` (each slot's logical expert) as upstream's maps: int64 CPU
+    ``(logical_to_physical_map (E, P - E + 1), logical_replica_count (E,))``, each expert's slots
+    ascending, -1 padded (what :meth:`ReplicaLookup.refresh_` takes).
+
+    Raises:
+        ValueError: ``P < E``, or an id outside ``[0, E)`` (naming it).
+    """
+    row = physical_to_logical.detach().to("cpu", torch.int64).flatten()
+    num_physical = row.numel()
+    _check_int("num_logical_experts", num_logical_experts, 1)
+    if num_physical < num_logical_experts:
+        raise ValueError(f"a placement of {num_physical} slots cannot hold E = {num_logical_experts} experts")
+    bad = (row < 0) | (row >= num_logical_experts)
+    if bool(bad.any()):
+        slot = int(torch.nonzero(bad)[0])
+        raise ValueError(f"slot {slot} holds expert {int(row[slot])}, outside [0, {num_logical_experts})")
+    count = torch.bincount(row, minlength=num_logical_experts)
+    order = torch.argsort(row, stable=True)  # slots grouped by expert, ascending within
+    column = torch.arange(num_physical) - (count.cumsum(0) - count)[row[order]]
+    l2p = torch.full((num_logical_experts, num_physical - num_logical_experts + 1), -1, dtype=torch.int64)
+    l2p[row[order], column] = order
+    return l2p, count
+
+
+def split_inputs(
+    logical_to_physical_map: torch.Tensor,
+    logical_replica_count: torch.Tensor,
+    num_physical_experts: int,
+    num_ranks: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The solve's inputs of one validated placement: ``(replica_slots, slot_rank, split_experts)``.
+
+    Args:
+        logical_to_physical_map: int64 ``(E, M')`` CPU, -1 padded (``lookup.validate_placement``'s).
+        logical_replica_count: int64 ``(E,)`` CPU.
+        num_physical_experts: ``P``, a multiple of ``num_ranks``; ``num_ranks``: ``N``.
+
+    Returns int32 CPU tensors ``(E, P - E + 1)``, ``(P,)`` (``slot // (P // N)``) and
+    ``(max(P - E, 1),)`` (the experts with two or more replicas, ascending, then -1).
+    """
+    num_experts = logical_to_physical_map.shape[0]
+    width = num_physical_experts - num_experts + 1
+    slots = torch.full((num_experts, width), -1, dtype=torch.int32)
+    used = min(width, logical_to_physical_map.shape[1])
+    slots[:, :used] = logical_to_physical_map[:, :used].to(torch.int32)
+    slot_rank = (torch.arange(num_physical_experts) // (num_physical_experts // num_ranks)).to(torch.int32)
+    replicated = torch.nonzero(logical_replica_count > 1).flatten().to(torch.int32)
+    experts = torch.full((max(num_physical_experts - num_experts, 1),), -1, dtype=torch.int32)
+    experts[: replicated.numel()] = replicated
+    return slots, slot_rank, experts
+
+
 def table_checksum(table: torch.Tensor) -> int:
     """Position-weighted checksum ``sum_i (i + 1) * (table.flatten()[i] + 1)`` of a 2-D table, int64.
 
@@ -232,7 +289,8 @@ class ReplicaLookup:
     """One MoE layer's device replica table, fixed in shape and storage, refreshed in place.
 
     Args: ``num_logical_experts`` ``E >= 1``; ``device`` the routing device; ``rows >= 1``
-    (:data:`DEFAULT_ROWS`); ``num_physical_experts`` ``P`` checked at each refresh, ``None`` infers it.
+    (:data:`DEFAULT_ROWS`); ``num_physical_experts`` ``P`` checked at each refresh, ``None`` infers it;
+    ``num_ranks`` ``N`` (dividing ``P``, which it needs): the batch split's inputs are kept too.
 
     Attributes:
         table: ``int32 (rows, E)`` on ``device``, one storage for the lookup's life; the identity
@@ -240,6 +298,10 @@ class ReplicaLookup:
             :func:`build_replica_table` of the placement (``phase`` 0).
         physical_id_bound: every entry is below it: the given ``P``, else the last refresh's (``E``
             before the first); a load view needs that many counters.
+        split_inputs: with ``num_ranks``, the batch split's ``(replica_slots (E, P - E + 1),
+            slot_rank (P,), split_experts (max(P - E, 1),))`` int32 on ``device``
+            (:func:`ascend_eplb.dataplane.split.split_inputs`), fixed in storage and refreshed in place
+            with the table; None without it.
 
     Raises ``TypeError`` / ``ValueError`` for an argument of the wrong type or out of range.
     """
@@ -251,6 +313,7 @@ class ReplicaLookup:
         rows: int = DEFAULT_ROWS,
         *,
         num_physical_experts: int | None = None,
+        num_ranks: int | None = None,
     ) -> None:
         self.num_logical_experts = _check_int("num_logical_experts", num_logical_experts, 1)
         self.rows = _check_int("rows", rows, 1)
@@ -261,6 +324,19 @@ class ReplicaLookup:
         self.device = torch.device(device)
         identity = torch.arange(num_logical_experts, dtype=torch.int32, device=self.device)
         self.table = identity.unsqueeze(0).repeat(rows, 1)
+        self.num_ranks = num_ranks
+        self.split_inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        if num_ranks is not None:
+            _check_int("num_ranks", num_ranks, 1)
+            if num_physical_experts is None or num_physical_experts % num_ranks:
+                raise ValueError(
+                    f"num_ranks={num_ranks} needs num_physical_experts (P) given and divisible by it, got "
+                    f"{num_physical_experts!r}: the batch split places each slot on rank slot // (P / N)"
+                )
+            count = torch.ones(num_logical_experts, dtype=torch.int64)
+            identity_map = torch.arange(num_logical_experts).unsqueeze(1)
+            built = split_inputs(identity_map, count, num_physical_experts, num_ranks)
+            self.split_inputs = tuple(t.to(self.device) for t in built)
 
     def refresh_(
         self,
@@ -291,6 +367,10 @@ class ReplicaLookup:
         if expert_load_view is not None:
             self._check_load_view(expert_load_view, num_physical)
         self.table.copy_(_replica_table(l2p, count, 0, self.rows))
+        if self.split_inputs is not None:
+            fresh = split_inputs(l2p, count, num_physical, self.num_ranks)
+            for kept, new in zip(self.split_inputs, fresh, strict=True):
+                kept.copy_(new)
         self.physical_id_bound = num_physical
 
     def check_load_view(self, expert_load_view: torch.Tensor) -> None:
@@ -326,5 +406,5 @@ class ReplicaLookup:
     def __repr__(self) -> str:
         return (
             f"ReplicaLookup(num_logical_experts={self.num_logical_experts}, device={self.device}, "
-            f"rows={self.rows}, num_physical_experts={self.num_physical_experts})"
+            f"rows={self.rows}, num_physical_experts={self.num_physical_experts}, num_ranks={self.num_ranks})"
         )

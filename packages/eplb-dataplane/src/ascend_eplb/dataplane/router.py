@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ascend_eplb.dataplane.ops import map_to_physical_and_record
+from ascend_eplb.dataplane.split import map_to_physical_split_and_record, split_counts
 
 __all__ = [
     "LAYER_STATE_FIELDS",
@@ -67,13 +68,37 @@ def _make_mapping(ubatch_id: Callable[[], int]) -> Callable[[Any, torch.Tensor],
             )
         if state.num_unpadded_tokens_tensors is None:
             raise RuntimeError("EPLB layer state is not initialised: num_unpadded_tokens_tensors is None")
-        return map_to_physical_and_record(
+        unpadded = state.num_unpadded_tokens_tensors[ubatch_id()]
+        split = getattr(state, "batch_split", None)
+        if split is None:
+            return map_to_physical_and_record(
+                topk_ids,
+                lookup.table,
+                state.expert_load_view,
+                state.should_record_tensor,
+                unpadded,
+                state.row_layout,
+            )
+        if lookup.split_inputs is None:
+            raise RuntimeError(
+                "EPLB layer state has a batch_split but its replica_lookup keeps no split inputs: build the "
+                "ReplicaLookup with num_ranks"
+            )
+        counts, prefix = split.global_counts(
+            split_counts(topk_ids, lookup.num_logical_experts, unpadded, state.row_layout)
+        )
+        return map_to_physical_split_and_record(
             topk_ids,
             lookup.table,
+            *lookup.split_inputs,
             state.expert_load_view,
             state.should_record_tensor,
-            state.num_unpadded_tokens_tensors[ubatch_id()],
+            unpadded,
             state.row_layout,
+            counts,
+            prefix,
+            split.stats,
+            split.steps,
         )
 
     setattr(_ascend_apply_eplb_mapping, _MARKER, True)
@@ -114,8 +139,11 @@ def bind_router(
     The bound ``_apply_eplb_mapping`` reads ``self.eplb_state`` at each call: ``None`` returns the ids
     unchanged, else ``map_to_physical_and_record(topk_ids, state.replica_lookup.table,
     state.expert_load_view, state.should_record_tensor, state.num_unpadded_tokens_tensors[ubatch_id()],
-    state.row_layout)``. ``layer_state`` has :data:`LAYER_STATE_FIELDS` (set before the first forward);
-    ``ubatch_id`` is vLLM's ``dbo_current_ubatch_id`` (default: always 0). Idempotent.
+    state.row_layout)``; with an optional ``state.batch_split`` (a :class:`~ascend_eplb.dataplane.split.
+    BatchSplit`; absent or None: the equal split) ``map_to_physical_split_and_record`` with the lookup's
+    ``split_inputs`` (global counts gathered first when it says so). ``layer_state`` has
+    :data:`LAYER_STATE_FIELDS` (set before the first forward); ``ubatch_id`` is vLLM's
+    ``dbo_current_ubatch_id`` (default: always 0). Idempotent.
 
     Raises (before anything changes):
         RuntimeError: the class's ``_apply_eplb_mapping`` is missing or its parameters are not

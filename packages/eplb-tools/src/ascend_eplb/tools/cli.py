@@ -170,6 +170,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="also run the gate with this eplb_config.target_balancedness, in (0, 1]",
     )
+    pl.add_argument(
+        "--batch-split",
+        action="store_true",
+        help="a routing trace (.npz, an ESFT expert_weights folder) and one --redundant-experts level: each "
+        "batch of --window-sequences sequences routed by today's rule and by the batch split "
+        "(additional_config.eplb_config.replica_split=batch) under upstream's placement of the whole trace: "
+        "the balancedness each executes beside the equal split and the bound",
+    )
     compare.add_argument(
         "--window-sequences",
         type=positive_int,

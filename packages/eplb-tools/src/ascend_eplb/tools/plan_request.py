@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -30,13 +31,16 @@ from ascend_eplb.quant_views import get_format
 from ascend_eplb.tools.costs import ModelSize, estimate_costs, format_bytes, read_model_size
 from ascend_eplb.tools.plan import (
     DEFAULT_MARGIN,
+    DEFAULT_WINDOW_SEQUENCES,
     Candidates,
     Deployment,
     ExpertBytes,
     PlanResult,
     Windows,
+    batch_split_figures,
     compare_policies,
     export_placement,
+    format_batch_split,
     format_comparison,
     format_plan,
     load_windows,
@@ -46,9 +50,16 @@ from ascend_eplb.tools.plan import (
     sweep_levels,
     validate_plan_args,
 )
-from ascend_eplb.tools.trace import load_load_matrix, load_recorded, load_recorded_models
+from ascend_eplb.tools.trace import (
+    RoutingTrace,
+    convert,
+    load_load_matrix,
+    load_recorded,
+    load_recorded_models,
+    load_trace,
+)
 
-__all__ = ["ComparisonRequest", "ModelSweep", "SweepRequest", "plan_request", "run_plan"]
+__all__ = ["BatchSplitRequest", "ComparisonRequest", "ModelSweep", "SweepRequest", "plan_request", "run_plan"]
 
 
 @dataclass(frozen=True)
@@ -118,6 +129,54 @@ class ComparisonRequest:
     json: bool
 
 
+@dataclass(frozen=True)
+class BatchSplitRequest:
+    """``--batch-split``: a routing trace's batches (the arguments of
+    :func:`ascend_eplb.tools.plan.batch_split_figures`); ``json``: print JSON."""
+
+    routing: RoutingTrace
+    source: str
+    num_ranks: int
+    num_redundant_experts: int
+    window_sequences: int
+    json: bool
+
+
+def _batch_split_request(args: argparse.Namespace) -> BatchSplitRequest:
+    path = Path(args.load)
+    if not (path.suffix.lower() == ".npz" or path.is_dir()):
+        raise ValueError(
+            f"batch split: {args.load} is not a routing trace (.npz or a folder of ESFT "
+            "expert_weights_<layer>.txt); the split routes each token, a load matrix has none"
+        )
+    others = [
+        name
+        for name, given in (
+            ("--policies", args.policies is not None),
+            ("--load-estimates", args.load_estimates is not None),
+            ("--min-balancedness-gain", args.min_balancedness_gain > 0),
+            ("--target-balancedness", args.target_balancedness is not None),
+            ("--export-expert-map", args.export_expert_map is not None),
+            ("--last", args.last is not None),
+        )
+        if given
+    ]
+    if others:
+        raise ValueError(f"batch split: not with {', '.join(others)} (another plan of the same command)")
+    if args.redundant_experts is None or len(args.redundant_experts) != 1:
+        raise ValueError("batch split: runs one redundancy level; give --redundant-experts R")
+    if path.suffix.lower() == ".npz":
+        routing = load_trace(path)
+    else:
+        with tempfile.TemporaryDirectory() as scratch:
+            routing = load_trace(convert(path, Path(scratch) / "trace.npz"))
+    level = args.redundant_experts[0]
+    shape = (routing.num_moe_layers, routing.num_logical_experts)
+    validate_plan_args(shape, args.ranks, 1, 1, [level])
+    window = DEFAULT_WINDOW_SEQUENCES if args.window_sequences is None else args.window_sequences
+    return BatchSplitRequest(routing, str(args.load), args.ranks, level, window, args.json)
+
+
 def _compares_policies(args: argparse.Namespace) -> bool:
     return (
         args.policies is not None
@@ -128,7 +187,7 @@ def _compares_policies(args: argparse.Namespace) -> bool:
     )
 
 
-def plan_request(args: argparse.Namespace) -> SweepRequest | ComparisonRequest:
+def plan_request(args: argparse.Namespace) -> SweepRequest | ComparisonRequest | BatchSplitRequest:
     """The request of parsed ``plan`` options (``args`` is only read), its load file read once.
 
     Raises:
@@ -137,6 +196,8 @@ def plan_request(args: argparse.Namespace) -> SweepRequest | ComparisonRequest:
     """
     # Judged without --model-config too: a misspelt --format (w8a8) was silently accepted there.
     get_format(args.quant_format)
+    if args.batch_split:
+        return _batch_split_request(args)
     if _compares_policies(args):
         return _comparison_request(args)
     return _sweep_request(args)
@@ -304,7 +365,7 @@ def _inputs(args: argparse.Namespace) -> tuple[tuple[str, Path | None], ...]:
     return (("the load", args.load), ("--model-config", args.model_config))
 
 
-def run_plan(request: SweepRequest | ComparisonRequest) -> int:
+def run_plan(request: SweepRequest | ComparisonRequest | BatchSplitRequest) -> int:
     """Plan and print what ``request`` asks (stdout; an export's line on stderr under ``json``).
 
     Returns:
@@ -315,6 +376,17 @@ def run_plan(request: SweepRequest | ComparisonRequest) -> int:
     # With torch's pool on a loaded 2-core host, the metrics' small reductions took 1.5 s of the ESFT
     # summary task's sweep, against 0.22 s.
     torch.set_num_threads(1)
+    if isinstance(request, BatchSplitRequest):
+        r = request
+        report = batch_split_figures(
+            r.routing,
+            r.source,
+            num_ranks=r.num_ranks,
+            num_redundant_experts=r.num_redundant_experts,
+            window_sequences=r.window_sequences,
+        )
+        print(json.dumps(report.to_json()) if r.json else format_batch_split(report))
+        return 0
     if isinstance(request, ComparisonRequest):
         r = request
         result = compare_policies(r.windows, r.deployment, r.candidates, r.expert_bytes)

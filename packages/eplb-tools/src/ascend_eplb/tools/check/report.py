@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ascend_eplb.integration.model_facts import shown
-from ascend_eplb.integration.rules import Violation
+from ascend_eplb.integration.rules import Violation, split_line
 from ascend_eplb.integration.settings import EplbSettings
 from ascend_eplb.integration.validation import EplbConfigError
 
@@ -53,6 +53,8 @@ def _resolved(s: EplbSettings) -> dict[str, Any]:
     d["placement_policy"] = s.placement_policy
     d["min_balancedness_gain"] = s.min_balancedness_gain
     d["target_balancedness"] = s.target_balancedness
+    # The batch split in force on the configuration's rows, and what it costs (rule replica-split).
+    d["replica_split"] = split_line(s)
     d["num_ranks"] = s.num_ranks
     if s.num_logical_experts is not None:
         d["num_physical_experts"] = s.num_logical_experts + s.num_redundant_experts
