@@ -200,6 +200,7 @@ EXTERNAL_MODULES = {
     "vllm",
     "vllm_ascend",
     "prometheus_client",
+    "yaml",  # PyYAML, the config files' reader
 }
 #: Names the documents use that are not ours and that no installed source here defines, each by origin.
 EXTERNAL = {

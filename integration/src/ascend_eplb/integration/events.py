@@ -625,12 +625,12 @@ class EventsRecorder:
         self._rank = get_ep_group().rank_in_group
         if self._rank == 0 and self.path is not None and self._writer is None:
             self._writer = EventsWriter(self.path)
-            # This server's first record: every reader starts its run here.
-            self._writer.write(
-                RunStartRecord(**self._stamp(), model=None, run_id=uuid.uuid4().hex, pid=os.getpid())
-            )
         if self._writer is None and not (self._bus is not None and self._bus.subscribers(EventsRecord)):
             return
+        if not self._active and self._rank == 0:
+            # This server's first record, in its file and to the records' subscribers alike: every reader
+            # starts its run here.
+            self._emit(RunStartRecord(**self._stamp(), model=None, run_id=uuid.uuid4().hex, pid=os.getpid()))
         self._active = True
 
     def _stamp(self) -> dict[str, Any]:
