@@ -1,7 +1,8 @@
 """Cross-package end to end: the installed ``ascend-eplb`` console script, as a user runs it.
 
-One short ``simulate`` world (2 rank processes over Gloo through every plane) and ``check`` on a valid and
-an invalid config file. The script is the one pip installed beside this interpreter.
+One short ``simulate`` run (vLLM's engine with 2 workers, EPLB off then on, through every plane) and
+``check`` on a valid and an invalid config file. The script is the one pip installed beside this
+interpreter.
 """
 
 from __future__ import annotations
@@ -27,24 +28,22 @@ def _run(*args: str, timeout: float) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.multirank
+@pytest.mark.timeout(900)
 def test_console_script_simulate_passes_every_check(tmp_path):
     out = tmp_path / "sim"
     proc = _run(
         "simulate", "--ranks", "2", "--redundant-experts", "2", "--batch-size", "16",
         "--steps", "8", "--window-size", "1", "--step-interval", "2", "--no-progress", "--out", str(out),
-        timeout=280,
+        timeout=800,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((out / "report.json").read_text())
     assert report["checks"] == dict.fromkeys(("outputs", "fingerprints", "lookups", "load", "worker"), True)
     assert report["passed"] is True
-    # The default model: vLLM's DeepseekV3ForCausalLM on the preset checkpoint (4 MoE layers).
-    assert (report["model"], report["ranks"], report["layers"], report["steps"]) == (
-        "DeepseekV3ForCausalLM",
-        2,
-        4,
-        8,
-    )
+    # The default model: vLLM's DeepseekV3ForCausalLM on the preset checkpoint (4 MoE layers), served by
+    # vLLM's engine: 16 requests x 8 tokens, EPLB off and on.
+    assert (report["model"], report["ranks"], report["layers"]) == ("DeepseekV3ForCausalLM", 2, 4)
+    assert report["engine_off"]["tokens"] == report["engine_on"]["tokens"] == 16 * 8
     assert report["rearrangements"] >= 1
     assert report["layers_committed"] >= 2
     assert "PASS  outputs" in proc.stdout

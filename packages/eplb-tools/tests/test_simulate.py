@@ -124,6 +124,18 @@ def test_metrics_under_torchrun_is_refused_before_anything(tmp_path, monkeypatch
     assert not (tmp_path / "o").exists()
 
 
+def test_a_real_model_under_torchrun_is_refused_before_anything(tmp_path, monkeypatch, capsys):
+    """A real model's run is vLLM's engine, which starts its own worker processes: one process per rank
+    under torchrun cannot host it."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    assert main(["simulate", "--model", "qwen3-moe", "--out", str(tmp_path / "o")]) == 2
+    assert (
+        "model: a real model runs on vLLM's engine, which starts its own worker processes: run simulate "
+        "without torchrun (torchrun runs --model replay)"
+    ) in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_eplb_off_balancedness_is_measured_on_the_initial_placement():
     """The rank's EPLB-off number, recomputed here for one hand-made step: 4 experts, 2 ranks, 2
     redundant slots (upstream's initial map [0, 1, 2, 3, 0, 1]: rank 0 holds {0, 1, 2}, rank 1
@@ -276,7 +288,7 @@ def _readme_two_node_command() -> tuple[dict[str, str], list[str]]:
 def test_two_nodes_under_torchrun_pass_every_check_of_the_short_soak(tmp_path):
     """The README's two-node command, both nodes on this host: two ``torchrun --nnodes 2`` launchers
     (node ranks 0 and 1, 2 ranks each) meeting at a loopback c10d rendezvous, running the soak's short
-    run of vLLM's DeepseekV3ForCausalLM (at least 5 consecutive completed rearrangements): every check
+    run of the replay world (split rows; at least 5 consecutive completed rearrangements): every check
     passes, as in a one-node run, and EP rank 0 alone writes the report."""
     import os
     import socket
@@ -290,7 +302,7 @@ def test_two_nodes_under_torchrun_pass_every_check_of_the_short_soak(tmp_path):
     assert exported == {"GLOO_SOCKET_IFNAME": "$IFACE", "VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
     simulate = command[command.index("simulate") + 1 :]
     # The README runs the soak's short version: its options, plus the output folder.
-    assert simulate == [*soak.soak_args("replicated", 5, num_ranks=4), "--out", "eplb-simulate"]
+    assert simulate == [*soak.soak_args("split", 5, num_ranks=4), "--out", "eplb-simulate"]
     with socket.socket() as probe:  # a free port for the rendezvous (never a fixed one: xdist workers)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -321,7 +333,7 @@ def test_two_nodes_under_torchrun_pass_every_check_of_the_short_soak(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert (report["verdict"], report["passed"]) == ("passed", True)
     assert report["checks"] == dict.fromkeys(("outputs", "load", "fingerprints", "lookups", "worker"), True)
-    assert (report["model"], report["ranks"], report["steps"]) == ("DeepseekV3ForCausalLM", 4, 32)
+    assert (report["model"], report["ranks"], report["steps"]) == ("replay", 4, 32)
     assert report["rearrangements_completed"] >= 5
     assert report["check_evidence"]["fingerprints"].startswith(
         f"{report['layers_committed']} layer commits on each of 4 ranks: "
@@ -440,73 +452,31 @@ def test_a_bad_model_config_or_an_output_name_taken_by_a_folder_is_refused_befor
     )
 
 
-def _trace_balancedness_off(
-    num_moe_layers: int, num_ranks: int, num_redundant: int, step_tokens: int
-) -> float:
-    """The embedded ESFT trace's own EPLB-off balancedness: its first MoE layers' selections in steps of
-    ``step_tokens`` tokens, on upstream's initial placement (the metric simulate reports per step)."""
-    import torch
-
-    from ascend_eplb.control import measures
-    from ascend_eplb.tools.trace import load_trace
-
-    trace = load_trace()
-    ids = torch.from_numpy(trace.topk_ids[:num_moe_layers].astype(np.int64))  # [L, T, K]
-    e = trace.num_logical_experts
-    p2l = measures.upstream_initial_placement(e, num_redundant, num_moe_layers)
-    values = []
-    for start in range(0, ids.shape[1] - step_tokens + 1, step_tokens):
-        load = torch.stack([torch.bincount(ids[layer, start : start + step_tokens].reshape(-1), minlength=e)
-                            for layer in range(num_moe_layers)])  # fmt: skip
-        values.append(measures.mean_balancedness(measures.rank_loads(load, p2l, num_ranks)))
-    return float(np.mean(values))
+REAL_FAULTY = dict(model="qwen3-moe", num_ranks=2, num_redundant_experts=2, batch_size=8, window_size=1,
+                   step_interval=2, progress=False, timeout_s=600, worker_timeout_s=1.0)  # fmt: skip
 
 
 @pytest.mark.multirank
-def test_the_main_job_serves_a_real_deepseek_v3_model_skewed_like_the_trace(tmp_path):
-    """The default --model: vLLM's DeepseekV3ForCausalLM on the preset checkpoint (routing bias fitted to
-    the ESFT trace), 4 ranks TP=4 x EP=4, every check every step."""
-    config = SimulateConfig(steps=40, progress=False, timeout_s=280, out_dir=str(tmp_path))
-    assert (config.model, config.num_ranks, config.batch_size) == ("deepseek-v3", 4, 32)
-    report = run_simulation(config).to_json()
-    assert report["passed"], report["first_violation"]
-    assert report["checks"] == dict.fromkeys(("outputs", "load", "fingerprints", "lookups", "worker"), True)
-    served = (report["model"], report["format"], report["layers"], report["num_logical_experts"])
-    assert served == ("DeepseekV3ForCausalLM", "float32", 4, 64)
-    assert report["top_k"] == 6
-    assert report["steps"] == 40
-    assert report["rearrangements_completed"] >= 2
-    assert report["max_output_error"] <= 1e-5
-    # The load is skewed like the real trace's: without EPLB, within 0.05 of the trace's own figure.
-    trace_off = _trace_balancedness_off(4, 4, 4, 4 * 32)
-    assert abs(report["balancedness_off_mean"] - trace_off) <= 0.05, (
-        report["balancedness_off_mean"],
-        trace_off,
-    )
-    assert report["balancedness_after"] > report["balancedness_off_after"] + 0.05
-    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
-    assert {e["event"] for e in events} >= {"window", "rearrangement", "commit"}
-
-
-REAL_FAULTY = dict(model="qwen3-moe", num_ranks=2, num_redundant_experts=2, batch_size=16, window_size=1,
-                   step_interval=2, progress=False, timeout_s=240, worker_timeout_s=1.0)  # fmt: skip
-
-
-@pytest.mark.multirank
-def test_a_stale_lookup_on_the_real_model_fails_the_lookups_check(tmp_path):
+@pytest.mark.timeout(900)
+def test_a_stale_lookup_on_vllms_engine_fails_the_lookups_check_and_ends_the_engine(tmp_path):
+    """The serving verifier raises in vLLM's workers at the step boundary after the stale commit; vLLM's
+    engine ends with them, and the run reports the verifier's check and message (nothing more can be read
+    of an engine whose workers are gone)."""
     report = run_simulation(
         SimulateConfig(**REAL_FAULTY, steps=8, out_dir=str(tmp_path), fault="wrong-lookup-refresh")
     ).to_json()
     assert not report["passed"]
-    assert report["first_violation"].startswith("lookups:")
+    assert report["first_violation"].startswith("lookups: ")
+    assert "replica" in report["first_violation"] or "lookup" in report["first_violation"]
     assert report["checks"]["lookups"] is False
-    assert report["steps"] < 8  # stopped at the end of the violating step
+    assert report["engine_on"]["tokens"] < 8 * 8  # the engine ended before the workload did
 
 
 @pytest.mark.multirank
-def test_a_dead_worker_on_the_real_model_stops_eplb_and_serving_goes_on(tmp_path):
+@pytest.mark.timeout(900)
+def test_a_dead_worker_on_vllms_engine_stops_eplb_and_serving_goes_on(tmp_path):
     report = run_simulation(
-        SimulateConfig(**REAL_FAULTY, steps=60, out_dir=str(tmp_path), fault="worker-dies")
+        SimulateConfig(**REAL_FAULTY, steps=40, out_dir=str(tmp_path), fault="worker-dies")
     ).to_json()
     assert report["checks"] == {
         "outputs": True,
@@ -515,7 +485,7 @@ def test_a_dead_worker_on_the_real_model_stops_eplb_and_serving_goes_on(tmp_path
         "lookups": True,
         "worker": False,
     }
-    assert report["steps"] == 60  # no hang, no early end
+    assert report["engine_on"]["tokens"] == 8 * 40  # no hang, no early end: every request served whole
     assert "rank(s) 1 died" in report["worker_failure"][0]
     assert report["layers_committed"] == 1  # layer 0 committed, layer 1's transfer failed
     assert report["rearrangements_completed"] == 0
@@ -561,26 +531,24 @@ def test_a_format_is_refused_before_any_process_when_eplb_cannot_move_it_or_the_
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.multirank
-@pytest.mark.parametrize(("model", "fmt", "lists"), [("folder", None, False), ("qwen3-moe", "mxfp4", True)])
-def test_simulate_serves_quantized_experts_of_a_folder_or_a_preset(model, fmt, lists, tmp_path, monkeypatch):
-    """A folder's format is read from its description (as start-up reads it); a preset is written in
-    --format's msModelSlim layout; both pass every check through completed rearrangements, with
-    vllm-ascend's per-expert lists (NZ) when VLLM_ASCEND_ENABLE_NZ=1."""
-    monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "1" if lists else "0")
-    monkeypatch.setenv("ASCEND_EPLB_CACHE", str(tmp_path / "cache"))
-    if model == "folder":
-        model = str(rm.write_checkpoint("qwen3-moe", tmp_path / "ckpt", seed=0, fmt="w4a8_dynamic"))
-    config = SimulateConfig(
-        model=model, quant_format=fmt, num_ranks=2, num_redundant_experts=2, batch_size=16, steps=14,
-        window_size=1, step_interval=4, progress=False, timeout_s=240, out_dir=str(tmp_path / "out"),
-    )  # fmt: skip
-    report = run_simulation(config).to_json()
-    assert report["passed"], report["first_violation"]
-    assert report["checks"] == dict.fromkeys(("outputs", "load", "fingerprints", "lookups", "worker"), True)
-    assert (report["model"], report["format"]) == ("Qwen3MoeForCausalLM", fmt or "w4a8_dynamic")
-    assert report["rearrangements_completed"] >= 2
-    assert report["max_output_error"] == 0.0  # top-2 on 2 ranks: bit for bit (ascend_quant's docstring)
+def test_a_quantized_format_on_a_real_model_is_refused_before_any_process_naming_the_replay_world(
+    tmp_path, capsys
+):
+    """vLLM's engine on this host has no Ascend quantization (vLLM Ascend's ``ascend`` method and its
+    kernels exist on Ascend only), so a real model's run serves float32 and 16-bit experts; the quantized
+    formats' kernel storage is the replay world's (and the world's serving worker's: the integration's
+    quantized real-model tests)."""
+    folder = rm.write_checkpoint("qwen3-moe", tmp_path / "ckpt", seed=0, fmt="w4a8_dynamic")
+    for argv, fmt in (
+        (["--model", "qwen3-moe", "--format", "mxfp4"], "mxfp4"),
+        (["--model", str(folder)], None),
+    ):
+        assert main(["simulate", *argv, "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        assert "is a quantized format, which vLLM's engine on this host cannot serve" in err, err
+        assert "--model replay serves its kernel storage" in err
+        assert (f"format='{fmt}'" if fmt else f"model={folder}: its experts are w4a8_dynamic") in err
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.multirank
@@ -924,70 +892,49 @@ def test_the_gate_and_the_migration_aware_policy_in_the_report_summary_and_plot(
 
 
 REAL_GATED = dict(num_ranks=2, num_redundant_experts=2, steps=48, window_size=2, step_interval=12,
-                  progress=False, timeout_s=280)  # fmt: skip
+                  progress=False, timeout_s=600)  # fmt: skip
 
 
 @pytest.mark.multirank
-def test_the_migration_aware_policy_and_the_gate_on_the_real_model_move_fewer_bytes_than_the_default(
+@pytest.mark.timeout(900)
+def test_the_migration_aware_policy_and_the_gate_on_vllms_engine_move_fewer_bytes_than_the_default(
     tmp_path, capsys
 ):
-    """vLLM's DeepseekV3ForCausalLM (the preset, routing skewed like the ESFT trace), 2 ranks, 4
-    rearrangements: upstream's default policy, then the migration-aware policy with the gate, on the same
-    steps and tokens. Every check passes in both; the windows are the same load (a 12-step interval
-    leaves the 4 layer commits of a rearrangement time to end before the next 2-step window opens, so no
-    window mixes placements); the gated run skips 2 windows, moves 10 experts where upstream's moves
-    hundreds, and every decision is plan's on those windows."""
-    import torch
-
-    from ascend_eplb.integration.events import read_events
-
+    """vLLM's engine serving DeepseekV3ForCausalLM (the preset, routing skewed like the ESFT trace), 2
+    ranks, the migration-aware policy with the gate: every check passes, every decision is plan's on the
+    recorded windows (a 12-step interval leaves a rearrangement's 4 layer commits time to end before the
+    next 2-step window opens, so no window mixes placements), and upstream's default policy, replayed by
+    plan on the same windows, moves many times the experts and bytes."""
     gate = dict(policy="migration_aware", min_balancedness_gain=0.07, target_balancedness=0.95)
-    runs = {}
-    for name, extra in (("default", {}), ("gated", gate)):
-        config = SimulateConfig(**REAL_GATED, **extra, out_dir=str(tmp_path / name))
-        runs[name] = run_simulation(config).to_json()
-        assert runs[name]["passed"], runs[name]["first_violation"]
-        assert runs[name]["checks"] == dict.fromkeys(
-            ("outputs", "load", "fingerprints", "lookups", "worker"), True
-        )
-        assert runs[name]["max_output_error"] <= 1e-5  # float32: the outputs equal the EPLB-off model's
-        # 4 windows each; the 2 the gate skips complete no rearrangement (issue 43: upstream's commits of
-        # their unchanged layers were counted as 2 more)
-        assert runs[name]["rearrangements_completed"] == (4 if name == "default" else 2)
-    default, gated = runs["default"], runs["gated"]
-    windows = {name: read_events(tmp_path / name / "events.jsonl").recorded_load().windows for name in runs}
-    assert len(windows["default"]) == len(windows["gated"]) == 4
-    assert all(torch.equal(a, b) for a, b in zip(windows["default"], windows["gated"], strict=True))
+    gated = run_simulation(SimulateConfig(**REAL_GATED, **gate, out_dir=str(tmp_path / "gated"))).to_json()
+    assert gated["passed"], gated["first_violation"]
+    assert gated["checks"] == dict.fromkeys(("outputs", "load", "fingerprints", "lookups", "worker"), True)
+    assert gated["max_output_error"] <= 1e-5  # float32: the outputs equal the EPLB-off engine's
     ours = _assert_records_are_the_events_and_plans_decisions(
         gated, tmp_path / "gated", "migration_aware", 0.07, 0.95, groups=4
     )
-    theirs = _assert_records_are_the_events_and_plans_decisions(
-        default, tmp_path / "default", "default", 0.0, None, groups=4
-    )
-    assert [r["skipped"] for r in ours] == [None, None, "balanced", "balanced"]
-    assert gated["rearrangements_skipped"] == {"balanced": 2, "min_gain": 0, "no_load": 0}
-    assert default["rearrangements_skipped"] == {"balanced": 0, "min_gain": 0, "no_load": 0}
+    skipped = sum(r["skipped"] is not None for r in ours)
+    assert gated["rearrangements_completed"] == len(ours) - skipped  # the gate's skips complete nothing
     # Bytes: what the ranks' communicators received (report) equals what the records say moved.
-    for report, records in ((gated, ours), (default, theirs)):
-        assert report["bytes_received"] == report["bytes_moved"] == sum(r["bytes_moved"] for r in records)
-    assert gated["experts_moved"] == 10
-    assert default["experts_moved"] > 400
-    assert gated["bytes_moved"] * 40 < default["bytes_moved"]
-    # `plan` on the grouped model's events file needs no --expert-groups: the file's 4 are the ones used
-    # (the gated run's decisions, as above); a --expert-groups other than 4 is refused naming both.
+    assert gated["bytes_received"] == gated["bytes_moved"] == sum(r["bytes_moved"] for r in ours)
+    # `plan` on the run's events file: upstream's default policy on the same windows (what a server with
+    # it would have moved) beside the migration-aware policy's decisions, which are the run's.
     events = tmp_path / "gated" / "events.jsonl"
-    argv = ["plan", str(events), "--ranks", "2", "--policies", "migration_aware", "--min-balancedness-gain",
-            "0.07", "--target-balancedness", "0.95", "--json"]  # fmt: skip
+    argv = ["plan", str(events), "--ranks", "2", "--policies", "default,migration_aware",
+            "--min-balancedness-gain", "0.07", "--target-balancedness", "0.95", "--json"]  # fmt: skip
     capsys.readouterr()
     assert main(argv) == 0
     compared = json.loads(capsys.readouterr().out)
     assert (compared["num_expert_groups"], compared["num_nodes"]) == (4, 1)
-    given = next(r for r in compared["runs"] if r["gate"] == "given")
+    runs = {(r["policy"], r["gate"]): r for r in compared["runs"]}
+    given = runs["migration_aware", "given"]
     assert [(w["skipped"], w["experts_moved"]) for w in given["windows"]] == [
         (r["skipped"], r["experts_moved"]) for r in ours
     ]
-    assert main([*argv, "--expert-groups", "4"]) == 0
-    assert json.loads(capsys.readouterr().out) == compared
+    default = next(r for (policy, _), r in runs.items() if policy == "default")
+    moved_by_default = sum(w["experts_moved"] for w in default["windows"])
+    assert gated["experts_moved"] * 10 < moved_by_default
+    # a --expert-groups other than the file's 4 is refused naming both
     assert main([*argv, "--expert-groups", "1"]) == 2
     assert capsys.readouterr().err == (
         f"ascend-eplb plan: error: expert groups=1: {events} records num_expert_groups=4 (the model's, which "

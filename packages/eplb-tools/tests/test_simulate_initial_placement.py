@@ -73,13 +73,13 @@ def test_a_placement_for_another_model_or_layout_is_refused_before_any_rank_star
 
 
 @pytest.mark.multirank
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(1200)
 def test_record_plan_and_simulate_from_the_placement_on_the_real_model_class(tmp_path, capsys):
-    """Issue 28's loop on vLLM's Qwen3-MoE class: a recording run of one window; plan exports for the
+    """Issue 28's loop on vLLM's engine serving Qwen3-MoE: a recording run of one window; plan exports for the
     recorded configuration; the run started from the file serves it from step 0 (every check passes, the
     verifier checked the install), its first step balanced as plan predicted, and it rearranges on."""
     config = dict(model="qwen3-moe", num_ranks=2, num_redundant_experts=2, window_size=2, step_interval=4,
-                  progress=False, timeout_s=300)  # fmt: skip
+                  progress=False, timeout_s=600)  # fmt: skip
     # Interval 4: the first rearrangement starts at the end of step 0 (its window: step 0 alone) and its
     # 2 layers commit by step 2.
     recorded = run_simulation(SimulateConfig(**config, steps=3, out_dir=str(tmp_path / "recorded"))).to_json()

@@ -1,11 +1,14 @@
-"""``simulate --speculative-tokens``: DeepSeek-V3's MTP draft (vLLM's ``DeepSeekMTP``, the preset's MTP
-layer) served beside the target, both balanced in the one EPLB state, every check on both."""
+"""The main job's model on vLLM's engine with ``simulate --speculative-tokens``: the DeepSeek-V3 preset
+(routing skewed like the ESFT trace) and its MTP draft (vLLM's ``DeepSeekMTP``, the preset's MTP layer)
+served beside the target by vLLM's engine, both balanced in the one EPLB state, every check on both; then
+plan on the run's events file and a run started from the placement it exports."""
 
 from __future__ import annotations
 
 import json
 import re
 
+import numpy as np
 import pytest
 
 from ascend_eplb.integration.events import (
@@ -22,16 +25,31 @@ from ascend_eplb.tools.simulate.plot import balancedness_figure
 
 #: The preset on 2 ranks (TP=2 x EP=2), rearranging every 8 steps: both models complete >= 2.
 MTP = dict(speculative_tokens=1, num_ranks=2, steps=24, window_size=4, step_interval=8, progress=False,
-           timeout_s=280)  # fmt: skip
+           timeout_s=600)  # fmt: skip
 
 
 @pytest.mark.multirank
+@pytest.mark.timeout(900)
 def test_the_preset_with_its_mtp_draft_balances_both_models_every_check_on_both(tmp_path, capsys):
     folder = str(resolve_model("deepseek-v3").folder)
     draft = f"{folder} (draft)"
     report = run_simulation(SimulateConfig(**MTP, out_dir=str(tmp_path)))
     assert report.passed, report.first_violation
     assert report.checks == dict.fromkeys(("outputs", "load", "fingerprints", "lookups", "worker"), True)
+    served = (report.model, report.format, report.layers, report.num_logical_experts, report.top_k)
+    assert served == ("DeepseekV3ForCausalLM", "float32", 4, 64, 6)
+    assert report.max_output_error <= 1e-5
+    # The load is skewed like the real trace's: without EPLB, within 0.05 of the trace's own figure at
+    # the steps' size (the batch's 32 decoding requests), and EPLB balances it beyond that.
+    trace_off = _trace_balancedness_off(4, 2, 4, 32)
+    assert abs(report.balancedness_off_mean - trace_off) <= 0.05, (report.balancedness_off_mean, trace_off)
+    assert report.balancedness_after > report.balancedness_off_after
+    # vLLM's engine served it twice, EPLB off then on: each one's figures
+    for engine in (report.engine_off, report.engine_on):
+        assert engine.tokens == 32 * 24
+        assert engine.start_s > 0
+        assert engine.generate_s > 0
+        assert engine.tpot_s > 0
     d = report.draft
     assert d is not None
     assert (d.model, d.architecture, d.forwards_per_step, d.layers) == (draft, "DeepSeekMTP", 1, 1)
@@ -80,18 +98,21 @@ def test_the_preset_with_its_mtp_draft_balances_both_models_every_check_on_both(
         assert [(o.balancedness_realised, o.windows_realised) for o in moved] == [
             served[o.rearrangement] for o in moved
         ]
-    # The load check counted the draft's real selections of its forwards: the recorded steps' real rows x K.
-    assert d.load_steps_recorded == 12  # window 4 of interval 8, from upstream's 3/4 start
-    assert d.load_selections == 12 * 32 * 6
+    # The load check counted the draft's real selections of its forwards on the steps the target recorded
+    # (one record flag for both models): its real tokens x K, the target's x L.
+    assert d.load_steps_recorded == report.load_steps_recorded > 0
+    assert d.load_selections > 0
+    assert d.load_selections % 6 == 0
     # Its balancedness with EPLB beside EPLB off on the same steps, after its first completed rearrangement.
-    assert len(d.balancedness_per_step) == len(d.balancedness_off_per_step) == 24
+    assert len(d.balancedness_per_step) == len(d.balancedness_off_per_step) == report.steps
     assert d.balancedness_after > d.balancedness_off_after
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved["draft"] == report.to_json()["draft"]
     assert saved["draft"]["rearrangement_records"][0]["model"] == draft
     out = capsys.readouterr().out
     assert f"  draft {draft} (vLLM's DeepSeekMTP, 1 MoE layer, 1 forward(s) per step after the target)" in out
-    assert "the draft's 1 forward per step: its real rows' logits equal the EPLB-off draft's" in out
+    assert "with the MTP draft proposing 1 token per step (its moved experts: the fingerprints check" in out
+    assert "vLLM's engine, EPLB on beside off (EPLB's overhead on this host" in out
     assert (tmp_path / "balancedness.png").stat().st_size > 0
     # The plot marks each model's planned and realised (the draft's hollow, its labels its own).
     labels = balancedness_figure(report).axes[0].get_legend_handles_labels()[1]
@@ -204,3 +225,25 @@ def test_a_draft_is_refused_before_any_process_where_there_is_none(tmp_path, cap
     assert exit_info.value.code == 2
     assert "argument --speculative-tokens: -1: must be >= 0" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def _trace_balancedness_off(
+    num_moe_layers: int, num_ranks: int, num_redundant: int, step_tokens: int
+) -> float:
+    """The embedded ESFT trace's own EPLB-off balancedness: its first MoE layers' selections in steps of
+    ``step_tokens`` tokens, on upstream's initial placement (the metric simulate reports per step)."""
+    import torch
+
+    from ascend_eplb.control import measures
+    from ascend_eplb.tools.trace import load_trace
+
+    trace = load_trace()
+    ids = torch.from_numpy(trace.topk_ids[:num_moe_layers].astype(np.int64))  # [L, T, K]
+    e = trace.num_logical_experts
+    p2l = measures.upstream_initial_placement(e, num_redundant, num_moe_layers)
+    values = []
+    for start in range(0, ids.shape[1] - step_tokens + 1, step_tokens):
+        load = torch.stack([torch.bincount(ids[layer, start : start + step_tokens].reshape(-1), minlength=e)
+                            for layer in range(num_moe_layers)])  # fmt: skip
+        values.append(measures.mean_balancedness(measures.rank_loads(load, p2l, num_ranks)))
+    return float(np.mean(values))
