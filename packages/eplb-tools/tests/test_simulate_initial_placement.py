@@ -87,7 +87,8 @@ def test_record_plan_and_simulate_from_the_placement_on_the_real_model_class(tmp
     events = tmp_path / "recorded" / "events.jsonl"
     placement = tmp_path / "placement.json"
     assert cli.main(["plan", str(events), "--ranks", "2", "--export-expert-map", str(placement)]) == 0
-    assert "num_redundant_experts=2 (the recorded configuration, global policy)" in capsys.readouterr().out
+    # The recorded configuration's level (the sweep may recommend another: the message then says why).
+    assert "num_redundant_experts=2 (the recorded configuration" in capsys.readouterr().out
     predicted = json.loads(placement.read_text())["source"]["balancedness_after"]
 
     served = run_simulation(

@@ -222,22 +222,22 @@ def _left(deadline: float) -> float:
     return max(deadline - time.monotonic(), 1.0)
 
 
-#: The serving guardrails' errors as vLLM's engine reports them: (check, pattern of the message).
+#: The serving guardrails' errors as vLLM's engine reports a worker's (``RuntimeError: Worker failed with
+#: error '<message>'``): (check, pattern of the message; a named group ``check`` overrides the first).
 _GUARDRAIL_ERRORS = (
-    ("worker", re.compile(r"EplbWorkerFailureError: (.*)")),
-    ("fingerprints", re.compile(r"EplbVerificationError: (fingerprints.*)")),
-    ("lookups", re.compile(r"EplbVerificationError: (.*)")),
+    ("worker", re.compile(r"(EPLB worker watchdog: [^'\n]*)")),
+    ("lookups", re.compile(r"(EPLB verifier: (?P<check>\w+) check failed[^'\n]*)")),
 )
 
 
 def _check_of(error: EngineError) -> tuple[str, str] | None:
     """``(check, message)`` of a serving guardrail that stopped the engine (the verifier's or the
-    watchdog's error in its report or log), or None (another failure)."""
+    watchdog's error, as a worker's failure in the engine's report or log), or None (another failure)."""
     text = str(error)
     for check, pattern in _GUARDRAIL_ERRORS:
         match = pattern.search(text)
         if match:
-            return check, match.group(1).strip()
+            return match.groupdict().get("check") or check, match.group(1).strip()
     return None
 
 
