@@ -465,7 +465,7 @@ def test_simulate_never_starts_from_an_output_it_would_remove_first(tmp_path):
     from ascend_eplb.tools.simulate import driver
     from ascend_eplb.tools.simulate.config import RUN_OUTPUTS
 
-    assert driver._OUTPUTS == RUN_OUTPUTS  # the driver's outputs are the ones judged here
+    assert driver.RUN_OUTPUTS is RUN_OUTPUTS  # the driver's outputs are the ones judged here
     out = tmp_path / "out"
     out.mkdir()
     recorded = out / "events.jsonl"

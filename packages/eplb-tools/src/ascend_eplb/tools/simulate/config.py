@@ -223,9 +223,10 @@ class SimulateConfig:
     )  # fmt: skip
     policy: str = _option(
         "default", "--policy",
-        "placement policy (additional_config.eplb_config.policy): default (upstream's DefaultEplbPolicy) "
-        "or migration_aware (the fewest expert moves from the placement in force); default %(default)s",
-        metavar="default|migration_aware",
+        "placement policy (additional_config.eplb_config.policy): default (upstream's DefaultEplbPolicy), "
+        "migration_aware (the fewest expert moves from the placement in force) or split_aware (the same, "
+        "its replicas then linking ranks for the batch split); default %(default)s",
+        metavar="default|migration_aware|split_aware",
     )  # fmt: skip
     min_balancedness_gain: float = _option(
         0.0, "--min-balancedness-gain",

@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ascend_eplb.tools.simulate.config import SimulateConfig
+from ascend_eplb.integration.regular_files import write_regular_file
+from ascend_eplb.tools.simulate.config import RUN_OUTPUTS, SimulateConfig
 from ascend_eplb.tools.simulate.engine_run import EngineRun, run_engines
 from ascend_eplb.tools.simulate.launching import SimulationError, launch_ranks, run_torchrun_rank
 from ascend_eplb.tools.simulate.lifecycle import DeadlineExceededError, deadline_alarm, own_output_folder
@@ -112,12 +113,8 @@ def run_simulation(config: SimulateConfig, *, stream=None) -> SimulateReport:
     return report
 
 
-#: What a run writes into its output folder (and removes, from an earlier run, before it starts).
-_OUTPUTS = ("report.json", "balancedness.png", "events.jsonl", "metrics.prom")
-
-
 def _remove_outputs(out: Path) -> None:
-    for name in _OUTPUTS:
+    for name in RUN_OUTPUTS:
         (out / name).unlink(missing_ok=True)
 
 
@@ -146,7 +143,7 @@ def _output_folder(config: SimulateConfig) -> Path:
         raise ValueError(
             f"invalid simulate options:\n  - out={config.out_dir}: cannot write there ({e})"
         ) from e
-    for name in _OUTPUTS:
+    for name in RUN_OUTPUTS:
         if (out / name).exists() and not (out / name).is_file():
             raise ValueError(
                 f"invalid simulate options:\n  - out={config.out_dir}: {out / name} is not a file; the "
@@ -197,6 +194,6 @@ def _write(
     engines: EngineRun | None = None,
 ) -> SimulateReport:
     report = build_report(config, routing, results, time.perf_counter() - t0, engines)
-    (out / "report.json").write_text(json.dumps(report.to_json(), indent=1))
+    write_regular_file(out / "report.json", json.dumps(report.to_json(), indent=1).encode())
     plot_balancedness(report, out / "balancedness.png")
     return report
