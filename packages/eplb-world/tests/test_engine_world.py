@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ascend_eplb.world.engine import environment, kernels
+from ascend_eplb.world.engine import environment, kernels, patches
 from ascend_eplb.world.engine.spec import EngineSpec, EplbSpec
 
 _UNTOUCHED = r"""
@@ -252,3 +252,39 @@ def test_a_compiled_forward_traces_the_fused_moe_with_dynamic_token_counts():
         """
     )
     assert out.split() == ["True", "True", "1"]
+
+
+@pytest.mark.timeout(300)
+def test_vllm_cpu_workers_event_placeholder_gives_way_to_the_host_event():
+    """vLLM's CPU worker module binds ``torch.Event`` to a placeholder without ``elapsed_time`` at import,
+    after the plugins ran; upstream's profile rearrangement (the compiled warm-up) times itself with it.
+    The engine world's worker module imports vLLM's CPU worker, then its row."""
+    out = _child(
+        """
+        import torch
+        import vllm.v1.worker.cpu.shm
+
+        print(hasattr(torch.Event(enable_timing=True), "elapsed_time"))
+        from ascend_eplb.world.engine import worker
+        from ascend_eplb.control.host_adaptation import HostEvent
+        from vllm.v1.worker.cpu_worker import CPUWorker
+
+        start, end = torch.Event(enable_timing=True), torch.Event(enable_timing=True)
+        start.record()
+        end.record()
+        print(worker.CPUWorker is CPUWorker, torch.Event is HostEvent, start.elapsed_time(end) >= 0.0)
+        """
+    )
+    assert out.split() == ["False", "True", "True", "True"]
+
+
+def test_the_worker_row_refuses_an_event_that_times_itself():
+    (row,) = patches.WORKER_PATCHES
+    assert row.name == "vllm.v1.worker.cpu.shm.torch.Event"
+
+    class _EventPlaceholder:
+        def elapsed_time(self, end):
+            return 0.0
+
+    with pytest.raises(RuntimeError, match=r"not vLLM 0\.33\.0's _EventPlaceholder without elapsed_time"):
+        row.check(_EventPlaceholder)
