@@ -86,6 +86,20 @@ class EngineSpec:
         config = json.loads((Path(self.model) / "config.json").read_text())
         return bool(config.get("kv_lora_rank"))
 
+    def environment(self) -> dict[str, str]:
+        """The variables this engine's processes take beside the world's (:mod:`.environment`):
+        ``ASCEND_EPLB=1`` with EPLB (the integration's plugin), ``TORCHDYNAMO_DISABLE=1`` when eager, and
+        with data parallelism ``CPU_VISIBLE_MEMORY_NODES``, memory node 0 for each of the N ranks (vLLM's
+        CPU engine binds DP rank d's ranks to nodes d x TP ..; this host has one node)."""
+        env = {}
+        if self.eplb is not None:
+            env["ASCEND_EPLB"] = "1"
+        if self.eager:
+            env["TORCHDYNAMO_DISABLE"] = "1"
+        if self.data_parallel_size > 1:
+            env["CPU_VISIBLE_MEMORY_NODES"] = ",".join(["0"] * self.num_ranks)
+        return env
+
     def engine_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``vllm.LLM`` / ``EngineArgs``."""
         compilation = {"custom_ops": ["none"], **(self.compilation or {})}
