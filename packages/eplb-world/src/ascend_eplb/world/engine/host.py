@@ -141,7 +141,8 @@ class EngineWorld:
         authkey = secrets.token_hex(16)
         tmp = self.folder / "tmp"
         tmp.mkdir(exist_ok=True)
-        env = engine_environment(TMPDIR=str(tmp), **{**self.spec.environment(), **self._env})
+        scratch = {"TMPDIR": str(tmp), "VLLM_CACHE_ROOT": str(tmp / "vllm")}
+        env = engine_environment(**scratch, **{**self.spec.environment(), **self._env})
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "ascend_eplb.world.engine.host", address, authkey],
