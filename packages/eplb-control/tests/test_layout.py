@@ -158,6 +158,13 @@ def test_default_rows_follow_vllms_fused_moe_dispatch():
     assert default_moe_rows(_config(dp=2, tp=2, backend="deepep_low_latency")) == "replicated"
     assert default_moe_rows(_config(dp=2, tp=2, backend="deepep_low_latency", sp=True)) == "split"
     assert default_moe_rows(_config(dp=2, tp=1, backend="deepep_high_throughput")) == "split"
+    # vLLM's modular-kernel experts (its unquantized CPU and GPU methods) route before they dispatch: the
+    # runner's do_naive_dispatch_combine is False, and each DP rank routes its own rows.
+    assert default_moe_rows(_config(dp=2, tp=1), naive_dispatch=False) == "split"
+    assert default_moe_rows(_config(dp=2, tp=2), naive_dispatch=False) == "replicated"
+    assert default_moe_rows(_config(dp=2, tp=2, sp=True), naive_dispatch=False) == "split"
+    assert default_moe_rows(_config(dp=2, tp=1), naive_dispatch=True) == "gathered"
+    assert default_moe_rows(_config(dp=1, tp=2), naive_dispatch=True) == "replicated"
     assert unplaceable_layout(_config()) is None
     assert "prefill_context_parallel_size=2" in unplaceable_layout(_config(pcp=2))
 

@@ -5,14 +5,16 @@ references on hand-made inputs). The engine itself runs in ``integration/tests/t
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from ascend_eplb.world.engine import environment, kernels
+from ascend_eplb.world.engine import environment, kernels, patches
 from ascend_eplb.world.engine.spec import EngineSpec, EplbSpec
 
 _UNTOUCHED = r"""
@@ -189,3 +191,100 @@ def test_every_kernel_is_declared_with_the_caller_whose_signature_it_serves():
     # an engine process, so its call of init_cpu_memory_env (a list of NUMA nodes) is not a checked row.
     assert kernels.KERNELS[0].caller == "vllm.v1.worker.cpu_worker.CPUWorker.__init__"
     assert kernels.KERNELS[0].caller not in upstream.SIGNATURES
+
+
+def _child(code: str) -> str:
+    """Run ``code`` in a fresh interpreter (TorchDynamo on; registering the ops or importing vLLM's CPU
+    worker changes a process for good); its stdout."""
+    env = dict(os.environ)
+    env.pop("TORCHDYNAMO_DISABLE", None)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_a_padding_only_batch_writes_nothing_into_the_kv_cache():
+    """A data-parallel rank's dummy batch: every slot -1 (padding); its reshape had no row to infer the
+    head size from and raised."""
+    key_cache, value_cache = torch.zeros(3, 2, 4, 8), torch.zeros(3, 2, 4, 8)
+    key, value = torch.randn(5, 16), torch.randn(5, 16)
+    kernels.cpu_attn_reshape_and_cache(
+        key, value, key_cache, value_cache, torch.full((5,), -1), "vec", 1.0, 1.0, "auto"
+    )
+    assert not key_cache.any()
+    assert not value_cache.any()
+    kernels.cpu_attn_reshape_and_cache(
+        key, value, key_cache, value_cache, torch.tensor([-1, 5, -1, 0, -1]), "vec", 1.0, 1.0, "auto"
+    )
+    assert torch.equal(key_cache[1, :, 1], key[1].reshape(2, 8))  # slot 5: block 1, offset 1
+    assert torch.equal(value_cache[0, :, 0], value[3].reshape(2, 8))
+    assert int((key_cache != 0).any(dim=-1).sum()) == 4  # two slots x two KV heads, nothing else
+
+
+@pytest.mark.timeout(300)
+def test_a_compiled_forward_traces_the_fused_moe_with_dynamic_token_counts():
+    """TorchDynamo runs each op of a traced forward on fake tensors of symbolic shape; without its fake
+    form ``cpu_fused_moe`` ran its torch form there and failed ("SymIntArrayRef expected to contain only
+    concrete integers"). Two token counts through one dynamic graph equal the op run eagerly."""
+    out = _child(
+        """
+        import torch
+        from ascend_eplb.world.engine import kernels
+
+        kernels.register()
+
+        def moe(hidden, w13, w2, weights, ids):
+            out = torch.empty_like(hidden)
+            torch.ops._C.cpu_fused_moe(out, hidden, w13, w2, None, None, weights, ids, False, "silu", "vec")
+            return out * 2
+
+        compiled = torch.compile(moe, backend="eager", dynamic=True, fullgraph=True)
+        torch.manual_seed(0)
+        w13, w2 = torch.randn(3, 8, 8), torch.randn(3, 8, 4)
+        for tokens in (5, 7):
+            ids = torch.randint(0, 3, (tokens, 2)).int()
+            args = (torch.randn(tokens, 8), w13, w2, torch.rand(tokens, 2), ids)
+            print(torch.equal(compiled(*args), moe(*args)))
+        from torch._dynamo.utils import counters
+        print(counters["stats"]["unique_graphs"])
+        """
+    )
+    assert out.split() == ["True", "True", "1"]
+
+
+@pytest.mark.timeout(300)
+def test_vllm_cpu_workers_event_placeholder_gives_way_to_the_host_event():
+    """vLLM's CPU worker module binds ``torch.Event`` to a placeholder without ``elapsed_time`` at import,
+    after the plugins ran; upstream's profile rearrangement (the compiled warm-up) times itself with it.
+    The engine world's worker module imports vLLM's CPU worker, then its row."""
+    out = _child(
+        """
+        import torch
+        import vllm.v1.worker.cpu.shm
+
+        print(hasattr(torch.Event(enable_timing=True), "elapsed_time"))
+        from ascend_eplb.world.engine import worker
+        from ascend_eplb.control.host_adaptation import HostEvent
+        from vllm.v1.worker.cpu_worker import CPUWorker
+
+        start, end = torch.Event(enable_timing=True), torch.Event(enable_timing=True)
+        start.record()
+        end.record()
+        print(worker.CPUWorker is CPUWorker, torch.Event is HostEvent, start.elapsed_time(end) >= 0.0)
+        """
+    )
+    assert out.split() == ["False", "True", "True", "True"]
+
+
+def test_the_worker_row_refuses_an_event_that_times_itself():
+    (row,) = patches.WORKER_PATCHES
+    assert row.name == "vllm.v1.worker.cpu.shm.torch.Event"
+
+    class _EventPlaceholder:
+        def elapsed_time(self, end):
+            return 0.0
+
+    with pytest.raises(RuntimeError, match=r"not vLLM 0\.33\.0's _EventPlaceholder without elapsed_time"):
+        row.check(_EventPlaceholder)

@@ -24,6 +24,7 @@ from ascend_eplb.control import upstream
 from ascend_eplb.control.bus import EventBus, RegistrationEvent, ShutdownEvent, StepEvent
 from ascend_eplb.control.layout import (
     MOE_ROWS,
+    MoeRows,
     RankCoordinates,
     RowLayout,
     current_rank_coordinates,
@@ -107,6 +108,7 @@ class AscendEPLBController(EPLBController):
         self._shut_down = False
         self._ranks: RankCoordinates | None = None
         self._row_layouts: dict[str, RowLayout] = {}
+        self._default_rows: MoeRows | None = None
         self.last_row_layout: RowLayout | None = None
         """The row layout the last :meth:`prepare_forward` put in force (None before the first)."""
         self.replica_split = replica_split
@@ -128,6 +130,7 @@ class AscendEPLBController(EPLBController):
         """Upstream ``prepare_load``, building an :class:`AscendEplbState` when EPLB is enabled."""
         self.state = None
         self._has_registered_models = False
+        self._default_rows = None
         if self.parallel_config.enable_eplb:
             self.state = AscendEplbState(
                 self.parallel_config,
@@ -282,15 +285,51 @@ class AscendEPLBController(EPLBController):
             return False
         return is_phase_matched(self.load_collection_phase, self._batch_has_prefill)
 
+    def _naive_dispatch(self) -> bool | None:
+        """Whether vLLM's MoE runners of the registered models gather the rows before routing (each
+        ``MoERunner.do_naive_dispatch_combine``: an expert method with an internal modular kernel routes
+        first and dispatches in its kernel); None before a model registered or for layers that do not
+        say (not vLLM's ``MoERunner``).
+
+        Raises:
+            RuntimeError: the registered models' runners disagree (one row layout serves a forward).
+        """
+        state = self.state
+        if state is None or not state.model_states:
+            return None
+        seen = {
+            getattr(layer, "do_naive_dispatch_combine", None)
+            for model_state in state.model_states.values()
+            for layer in getattr(model_state.model, "moe_layers", [None])
+        }
+        if None in seen:
+            return None
+        if len(seen) != 1:
+            raise RuntimeError(
+                "EPLB: the MoE layers of the served models differ in whether vLLM gathers their rows "
+                "before routing (MoERunner.do_naive_dispatch_combine): one row layout cannot serve them"
+            )
+        return bool(seen.pop())
+
     def row_layout_for(self, moe_rows: str | None = None) -> RowLayout:
         """This rank's row layout for a forward whose MoE routes ``moe_rows`` (None: the configuration's,
-        :func:`~ascend_eplb.control.layout.default_moe_rows`).
+        :func:`~ascend_eplb.control.layout.default_moe_rows` with the registered models' dispatch,
+        :meth:`_naive_dispatch`).
 
         Raises:
             ValueError: ``moe_rows`` is not one of ``replicated``, ``split``, ``gathered``,
                 ``gathered-sp``.
         """
-        rows = default_moe_rows(self.parallel_config) if moe_rows is None else moe_rows
+        if moe_rows is None:
+            if self._default_rows is None:
+                naive_dispatch = self._naive_dispatch()
+                rows = default_moe_rows(self.parallel_config, naive_dispatch=naive_dispatch)
+                if naive_dispatch is not None:  # fixed once the models' runners are known
+                    self._default_rows = rows
+            else:
+                rows = self._default_rows
+        else:
+            rows = moe_rows
         layout = self._row_layouts.get(rows)
         if layout is None:
             if rows not in MOE_ROWS:

@@ -139,22 +139,25 @@ def unplaceable_layout(parallel_config: Any) -> str | None:
     return None
 
 
-def default_moe_rows(parallel_config: Any) -> MoeRows:
+def default_moe_rows(parallel_config: Any, *, naive_dispatch: bool | None = None) -> MoeRows:
     """The row layout vLLM 0.33.0's ``FusedMoE`` takes on this configuration.
 
     ``MoERunner.do_naive_dispatch_combine``: with ``data_parallel_size > 1`` or sequence-parallel MoE
-    (``ParallelConfig.use_sequence_parallel_moe``) and a backend that gathers first, the rows are
-    gathered (``gathered-sp`` with sequence parallel); with a route-first all-to-all backend
-    (:data:`ROUTE_FIRST_BACKENDS`) each DP rank routes its own rows (``split`` when sequence parallel
-    splits them over TP, else ``replicated``); without DP the TP group shares its rows
-    (``replicated``). vLLM Ascend decides per batch and names the rows to ``prepare_forward``.
+    (``ParallelConfig.use_sequence_parallel_moe``), a backend that gathers first and an expert method
+    without an internal modular kernel, the rows are gathered before routing (``gathered-sp`` with
+    sequence parallel); with a route-first all-to-all backend (:data:`ROUTE_FIRST_BACKENDS`), or a method
+    whose modular kernel dispatches after routing (``naive_dispatch`` False: vLLM's unquantized CPU and
+    GPU experts), each DP rank routes its own rows (``split`` when sequence parallel splits them over TP
+    or TP = 1, else ``replicated``); without DP the TP group shares its rows (``replicated``).
+    ``naive_dispatch``: the served model's runners' ``do_naive_dispatch_combine`` (None: not known, the
+    backend decides). vLLM Ascend decides per batch and names the rows to ``prepare_forward``.
     """
     dp = int(parallel_config.data_parallel_size)
     tp = int(parallel_config.tensor_parallel_size)
     sequence_parallel = bool(getattr(parallel_config, "use_sequence_parallel_moe", False))
     if dp == 1 and not sequence_parallel:
         return "replicated"
-    if parallel_config.all2all_backend in ROUTE_FIRST_BACKENDS:
+    if parallel_config.all2all_backend in ROUTE_FIRST_BACKENDS or naive_dispatch is False:
         return "split" if sequence_parallel or tp == 1 else "replicated"
     return "gathered-sp" if sequence_parallel else "gathered"
 

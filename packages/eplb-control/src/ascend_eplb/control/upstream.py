@@ -105,6 +105,7 @@ _RUNNER = "vllm.v1.worker.gpu.model_runner"
 _ROUTER = "vllm.model_executor.layers.fused_moe.router.base_router"
 _POLICY = "vllm.distributed.eplb.policy.abstract"
 _INTERFACES = "vllm.model_executor.models.interfaces"
+_MOE_RUNNER = "vllm.model_executor.layers.fused_moe.runner.moe_runner"
 _DEEPSEEK_MTP = "vllm.model_executor.models.deepseek_mtp"
 _FACTORY = ("group_coordinator", "backend", "expert_weights", "expert_buffer")
 
@@ -752,6 +753,17 @@ ATTRIBUTES: tuple[Attribute, ...] = (
     ),
     Attribute(
         _INTERFACES, "MixtureOfExperts", "moe_layers", "reads", (VERIFY,), "the MoE layers fingerprinted"
+    ),
+    # The configuration's row layout (control.controller.row_layout_for): vLLM's own dispatch decision.
+    Attribute(_STATE, _MODEL_STATE, "model", "reads", (CONTROLLER,), "its MoE layers' runners"),
+    Attribute(_INTERFACES, "MixtureOfExperts", "moe_layers", "reads", (CONTROLLER,), "each layer's runner"),
+    Attribute(
+        _MOE_RUNNER,
+        "MoERunner",
+        "do_naive_dispatch_combine",
+        "reads",
+        (CONTROLLER,),
+        "rows gathered before routing, or routed first (an expert method with an internal modular kernel)",
     ),
     *(
         Attribute(_STATE, _MODEL_STATE, attr, "reads", (STARTUP_PLACEMENT,), why)

@@ -47,6 +47,11 @@ def render() -> str:
                 patch_table(patches.ENGINE_PATCHES),
             ),
             (
+                "The engine world's worker patches (`engine.patches.WORKER_PATCHES`, in every worker process "
+                "once vLLM's CPU worker module is imported: `engine.worker`)",
+                patch_table(patches.WORKER_PATCHES),
+            ),
+            (
                 "The engine world's `_C` kernels (`engine.kernels.KERNELS`: torch forms, registered in "
                 "torch's `_C` namespace)",
                 markdown_table(

@@ -2,6 +2,9 @@
 CPU host whose vLLM build has no device kernels, opted in per process (``ASCEND_EPLB_ENGINE_WORLD=1``).
 
 :mod:`.environment` (the engine processes' environment, written once), :mod:`.kernels` (torch forms of the
-``_C`` ops vLLM's CPU platform calls), :mod:`.patches` (what else it needs, each a declared row) and
-:mod:`.plugin` (the two vLLM entry points that install them, inert without the opt-in).
+``_C`` ops vLLM's CPU platform calls), :mod:`.patches` (what else it needs, each a declared row),
+:mod:`.plugin` (the two vLLM entry points that install them, inert without the opt-in), :mod:`.worker`
+(vLLM's CPU worker loaded with the world's worker row), :mod:`.spec` (one engine's settings),
+:mod:`.host` (an engine in a process of its own; :mod:`.data_parallel`, vLLM's DP engine there) and
+:mod:`.probes` (what the world observes inside the workers).
 """

@@ -40,6 +40,10 @@ ENGINE_ENVIRONMENT: Mapping[str, str] = {
     "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
     # One torch thread per process: several ranks share the host's cores.
     "OMP_NUM_THREADS": "1",
+    # A compiled engine traces and compiles the model in its own warm-up: vLLM's compile cache would hand
+    # it the graph an earlier engine compiled and outlive it (the host points VLLM_CACHE_ROOT at its own
+    # TMPDIR, which vLLM still creates folders under).
+    "VLLM_DISABLE_COMPILE_CACHE": "1",
 }
 
 #: Variables the engine world removes: ``VLLM_TARGET_DEVICE=cpu`` makes vLLM skip platform plugins, so the

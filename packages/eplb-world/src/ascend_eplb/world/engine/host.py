@@ -3,7 +3,8 @@
 vLLM's engine must start in a process whose environment is the engine world's from its first instruction
 (:mod:`.environment`); a test or a tool that has imported torch or vLLM already cannot host it. So
 :class:`EngineWorld` starts ``python -m ascend_eplb.world.engine.host`` with that environment, and the host
-builds ``vllm.LLM`` from an :class:`~.spec.EngineSpec` and answers requests over a Unix socket in the
+builds ``vllm.LLM`` (with data parallelism vLLM's DP engine, :mod:`.data_parallel`) from an
+:class:`~.spec.EngineSpec` and answers requests over a Unix socket in the
 world's folder: generate (vLLM's ``LLM.generate``), run a function on every worker (vLLM's
 ``LLM.collective_rpc``), close (vLLM's shutdown). The host's output goes to ``engine.log`` in the folder.
 """
@@ -221,9 +222,15 @@ def _serve(conn: Connection) -> None:
         try:
             if kind == "start":
                 started = time.monotonic()
-                from vllm import LLM
+                spec = _spec_of(message[1])
+                if spec.data_parallel_size > 1:
+                    from ascend_eplb.world.engine.data_parallel import DataParallelEngine
 
-                llm = LLM(**_spec_of(message[1]).engine_kwargs())
+                    llm = DataParallelEngine(spec.engine_kwargs())
+                else:
+                    from vllm import LLM
+
+                    llm = LLM(**spec.engine_kwargs())
                 value: Any = {"seconds": time.monotonic() - started}
             elif kind == "generate":
                 _, prompts, max_tokens, logprobs = message
@@ -232,8 +239,10 @@ def _serve(conn: Connection) -> None:
                 _, name, args = message
                 value = llm.collective_rpc(_resolve(name), args=tuple(args))
             elif kind == "close":
-                if llm is not None:
+                if hasattr(llm, "llm_engine"):  # vllm.LLM
                     llm.llm_engine.engine_core.shutdown()
+                elif llm is not None:  # DataParallelEngine
+                    llm.shutdown()
                 conn.send(("ok", None))
                 return
             else:

@@ -27,12 +27,15 @@ __all__ = ["KERNELS", "Kernel", "register", "registered"]
 class Kernel:
     """One ``_C`` op: its ``schema`` (as vLLM's caller passes the arguments), the ``caller`` in vLLM whose
     call it serves (``module.qualname``; a row of ``world.upstream.SIGNATURES`` checked before the op is
-    registered, but for ``CPUWorker.__init__``, whose module an engine process alone may import) and its
-    torch form ``impl``."""
+    registered, but for ``CPUWorker.__init__``, whose module an engine process alone may import), its torch
+    form ``impl`` and its ``fake`` form (what TorchDynamo and inductor run on fake tensors when a compiled
+    forward traces the op: the outputs' shapes and dtypes, no values; None for an op that returns nothing,
+    whose fake form does nothing)."""
 
     schema: str
     caller: str
     impl: Callable[..., object]
+    fake: Callable[..., object] | None = None
 
     @property
     def name(self) -> str:
@@ -109,6 +112,10 @@ def get_scheduler_metadata(
     return torch.empty(0, dtype=torch.int32)
 
 
+def _no_output(*args: object) -> None:
+    """The fake form of an op that only writes its arguments in place: nothing to compute."""
+
+
 def _cache_rows(cache: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(block, offset) of each slot ``block * B + offset`` of a ``(blocks, g, B, D)`` cache."""
     block_size = cache.shape[2]
@@ -137,9 +144,14 @@ def cpu_attn_reshape_and_cache(
     slots = slot_mapping[: key.shape[0]].long()
     rows = (slots >= 0).nonzero().flatten()
     blocks, offsets = _cache_rows(key_cache, slots[rows])
+    # Explicit head sizes: a batch of padding only (a data-parallel rank's dummy batch) has no row.
     heads = key_cache.shape[1]
-    key_cache[blocks, :, offsets] = key[rows].reshape(rows.numel(), heads, -1).to(key_cache.dtype)
-    value_cache[blocks, :, offsets] = value[rows].reshape(rows.numel(), heads, -1).to(value_cache.dtype)
+    key_cache[blocks, :, offsets] = (
+        key[rows].reshape(rows.numel(), heads, key_cache.shape[-1]).to(key_cache.dtype)
+    )
+    value_cache[blocks, :, offsets] = (
+        value[rows].reshape(rows.numel(), heads, value_cache.shape[-1]).to(value_cache.dtype)
+    )
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
@@ -250,6 +262,7 @@ KERNELS: tuple[Kernel, ...] = (
         "str isa, bool enable_kv_split, Tensor? dynamic_causal, str kv_cache_dtype) -> Tensor",
         "vllm._custom_ops.cpu_attn_get_scheduler_metadata",
         get_scheduler_metadata,
+        get_scheduler_metadata,  # its output's shape depends on no input
     ),
     Kernel(
         "cpu_attn_reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
@@ -282,7 +295,8 @@ def registered() -> bool:
 
 
 def register() -> None:
-    """Define every op of :data:`KERNELS` in torch's ``_C`` namespace; idempotent.
+    """Define every op of :data:`KERNELS` in torch's ``_C`` namespace with its torch form and its fake form
+    (a compiled forward traces ``cpu_fused_moe``); idempotent.
 
     Raises:
         RuntimeError: a caller of :data:`KERNELS` changed signature since vLLM 0.33.0 (its arguments no
@@ -304,4 +318,5 @@ def register() -> None:
     for kernel in KERNELS:
         library.define(kernel.schema)
         library.impl(kernel.name, kernel.impl, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"_C::{kernel.name}", kernel.fake or _no_output, lib=library)
     _LIBRARY = library

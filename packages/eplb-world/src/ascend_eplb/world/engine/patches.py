@@ -2,8 +2,9 @@
 ``_C`` kernels (:mod:`.kernels`).
 
 :data:`PLATFORM_PATCHES` are installed by the platform plugin, while vLLM resolves its platform and before
-it checks for Triton; :data:`ENGINE_PATCHES` by the general plugin in every engine process. Each is declared
-on its factory (``@ascend_eplb.world.upstream.replaces``) and checked against vLLM's signature before
+it checks for Triton; :data:`ENGINE_PATCHES` by the general plugin in every engine process;
+:data:`WORKER_PATCHES` by :mod:`.worker` in every worker process, after vLLM's CPU worker module. Each is
+declared on its factory (``@ascend_eplb.world.upstream.replaces``) and checked against vLLM's signature before
 anything changes (``PatchSet``). Imports no vLLM at import time.
 """
 
@@ -17,7 +18,14 @@ import torch
 from ascend_eplb.control.patching import Patch, PatchSet, patches_of
 from ascend_eplb.world import stand_ins, upstream
 
-__all__ = ["ENGINE_PATCHES", "PLATFORM_PATCHES", "install_engine_patches", "install_platform_patches"]
+__all__ = [
+    "ENGINE_PATCHES",
+    "PLATFORM_PATCHES",
+    "WORKER_PATCHES",
+    "install_engine_patches",
+    "install_platform_patches",
+    "install_worker_patches",
+]
 
 
 @upstream.replaces(
@@ -96,6 +104,29 @@ def _local_expert_ids(original: Any) -> Any:
     return apply
 
 
+def _check_cpu_event_placeholder(original: Any) -> None:
+    if getattr(original, "__name__", None) != "_EventPlaceholder" or hasattr(original, "elapsed_time"):
+        raise RuntimeError(
+            f"torch.Event after vllm.v1.worker.cpu.shm is {original!r}, not vLLM 0.33.0's _EventPlaceholder "
+            "without elapsed_time: the engine world's worker row must be reviewed "
+            "(ascend_eplb.world.engine.patches)"
+        )
+
+
+@upstream.replaces(
+    ("vllm.v1.worker.cpu.shm", "torch.Event"),
+    "`torch.Event` as vLLM's CPU worker module leaves it (its `_EventPlaceholder`: no `elapsed_time`) -> "
+    "control's `HostEvent` again: vLLM imports that module after the plugins ran, undoing the host "
+    "adaptation's row, and upstream's profile rearrangement (`EplbState.rearrange(is_profile=True)`, in "
+    "the warm-up vLLM's CPU worker runs for a compiled model) times itself with `elapsed_time`",
+    check=_check_cpu_event_placeholder,
+)
+def _host_event_after_cpu_worker(original: Any) -> Any:
+    from ascend_eplb.control.host_adaptation import HostEvent
+
+    return HostEvent
+
+
 #: Installed while vLLM resolves its platform (before ``vllm.triton_utils`` checks for Triton).
 PLATFORM_PATCHES: tuple[Patch, ...] = patches_of(_cpu_build, _cpu_backend)
 #: Installed in every engine process by the general plugin: the EP ids above, the world's 16-bit linear
@@ -106,8 +137,12 @@ ENGINE_PATCHES: tuple[Patch, ...] = (
     *(p for p in stand_ins.STAND_INS if p.name != "torch._dynamo.config.disable"),
 )
 
+#: Installed in every worker process once vLLM's CPU worker module is imported (:mod:`.worker`).
+WORKER_PATCHES: tuple[Patch, ...] = patches_of(_host_event_after_cpu_worker)
+
 _PLATFORM = PatchSet(PLATFORM_PATCHES)
 _ENGINE = PatchSet(ENGINE_PATCHES)
+_WORKER = PatchSet(WORKER_PATCHES)
 
 
 def install_platform_patches() -> bool:
@@ -118,3 +153,9 @@ def install_platform_patches() -> bool:
 def install_engine_patches() -> bool:
     """Install :data:`ENGINE_PATCHES`; idempotent. True if this call installed them."""
     return _ENGINE.apply()
+
+
+def install_worker_patches() -> bool:
+    """Install :data:`WORKER_PATCHES` (after vLLM's CPU worker module is imported); idempotent. True if this
+    call installed them."""
+    return _WORKER.apply()

@@ -23,6 +23,7 @@ from ascend_eplb.world.slots import local_slot_mismatches
 __all__ = [
     "CommitRecord",
     "StepRecord",
+    "compilation",
     "eplb_state",
     "observe",
     "observed",
@@ -223,6 +224,27 @@ def observed(worker: Any) -> dict[str, Any]:
         "ep_rank": _ep_rank(),
         "steps": [asdict(s) for s in observer.steps],
         "commits": [asdict(c) for c in observer.commits],
+    }
+
+
+def compilation(worker: Any) -> dict[str, Any]:
+    """How this worker's models ran: TorchDynamo's counters of the process (``unique_graphs``: graphs
+    compiled so far; ``graph_breaks``: reason -> count) and, per model, the modules vLLM's compile wrapper
+    traced (``traced``: the target's as ``"target"``, each model EPLB balances by upstream's model name; []
+    runs eager). Unchanged counters between two calls: nothing was traced or compiled again in between."""
+    from torch._dynamo.utils import counters
+
+    from ascend_eplb.control.router_adaptation import traced_modules
+
+    runner = worker.model_runner
+    traced = {"target": traced_modules(runner.model)}
+    state = getattr(getattr(runner, "eplb", None), "state", None)
+    for ms in [] if state is None else state.model_states.values():
+        traced[ms.model_name] = traced_modules(ms.model)
+    return {
+        "unique_graphs": int(counters["stats"]["unique_graphs"]),
+        "graph_breaks": dict(counters["graph_break"]),
+        "traced": traced,
     }
 
 

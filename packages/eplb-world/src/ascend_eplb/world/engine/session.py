@@ -46,14 +46,11 @@ class Shutdown:
 
 def spec_environment(spec: EngineSpec, tmp: str | os.PathLike[str], env: Mapping[str, str]) -> dict[str, str]:
     """The environment of the process that starts ``spec``'s engine: the engine world's
-    (:func:`~.environment.engine_environment`), ``TMPDIR=tmp``, ``ASCEND_EPLB=1`` when the spec has EPLB
-    on and ``TORCHDYNAMO_DISABLE=1`` when it runs eager (each unless ``env`` sets it), then ``env``."""
-    extra = {"TMPDIR": str(tmp), **env}
-    if spec.eplb is not None:
-        extra.setdefault("ASCEND_EPLB", "1")
-    if spec.eager:
-        extra.setdefault("TORCHDYNAMO_DISABLE", "1")
-    return engine_environment(**extra)
+    (:func:`~.environment.engine_environment`), ``TMPDIR=tmp`` and ``VLLM_CACHE_ROOT`` under it (vLLM's
+    compile cache stays in the engine's scratch), the spec's own (:meth:`~.spec.EngineSpec.environment`),
+    then ``env``."""
+    scratch = {"TMPDIR": str(tmp), "VLLM_CACHE_ROOT": os.path.join(tmp, "vllm")}
+    return engine_environment(**{**scratch, **spec.environment(), **env})
 
 
 class EngineProcess:

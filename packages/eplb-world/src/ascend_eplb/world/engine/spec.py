@@ -1,11 +1,15 @@
 """What one engine of the engine world serves, as vLLM's own engine arguments: one source for ``vllm.LLM``
 (:meth:`EngineSpec.engine_kwargs`) and ``vllm serve`` (:meth:`EngineSpec.serve_argv`).
 
-The settings every engine of the world takes, and why: float32 unless said (this host's kernels are
+The settings every engine of the world takes, and why: float32 unless said (this host's CPU kernels are
 torch forms), ``compilation_config.custom_ops = ["none"]`` (vLLM's native torch forms of RMSNorm, rotary
-embedding and the activations: their ``_C`` kernels are absent), a KV cache of a few MiB (the automatic
-size is most of the host's memory), and MLA checkpoints on ``CPU_MLA`` (vLLM's reference MLA backend; an
-AMX host would pick ``AMX_MLA``, whose weight packing is a ``_C`` op). Nothing here imports vLLM.
+embedding and the activations: their ``_C`` kernels are absent), a KV cache of a few MiB (the automatic size is most of the
+host's memory), MLA checkpoints on ``CPU_MLA`` (vLLM's reference MLA backend; an AMX host would pick
+``AMX_MLA``, whose weight packing is a ``_C`` op) and vLLM's CPU worker loaded through the world
+(:mod:`.worker`). A compiled engine (:data:`COMPILATIONS`) runs without vLLM's JIT kernel warm-up: it
+compiles Triton kernels ahead of the first request, and here every Triton kernel runs in Triton's
+interpreter, which compiles nothing and rejects the warm-up's grammar-bitmask store ("mask has unsupported
+dtype"; an eager engine skips the warm-up too). Nothing here imports vLLM.
 """
 
 from __future__ import annotations
@@ -16,7 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EngineSpec", "EplbSpec"]
+__all__ = ["COMPILATIONS", "EngineSpec", "EplbSpec"]
+
+#: The compiled executions vLLM's CPU platform serves, by TorchDynamo backend (``EngineSpec.compilation``):
+#: ``inductor`` is vLLM's default mode ``VLLM_COMPILE``, which the platform turns into ``DYNAMO_TRACE_ONCE``
+#: with ``inductor``; ``eager`` is ``DYNAMO_TRACE_ONCE`` with the ``eager`` backend, what the platform sets
+#: under its CI switch (``vllm/platforms/cpu.py``), named here so that the warm-up still traces.
+COMPILATIONS: Mapping[str, Mapping[str, Any]] = {
+    "eager": {"mode": "DYNAMO_TRACE_ONCE", "backend": "eager"},
+    "inductor": {"mode": "VLLM_COMPILE"},
+}
+
+#: vLLM's CPU worker class, loaded through the engine world (:mod:`.worker`).
+WORKER_CLS = "ascend_eplb.world.engine.worker.CPUWorker"
 
 
 @dataclass(frozen=True)
@@ -71,6 +87,20 @@ class EngineSpec:
         config = json.loads((Path(self.model) / "config.json").read_text())
         return bool(config.get("kv_lora_rank"))
 
+    def environment(self) -> dict[str, str]:
+        """The variables this engine's processes take beside the world's (:mod:`.environment`):
+        ``ASCEND_EPLB=1`` with EPLB (the integration's plugin), ``TORCHDYNAMO_DISABLE=1`` when eager, and
+        with data parallelism ``CPU_VISIBLE_MEMORY_NODES``, memory node 0 for each of the N ranks (vLLM's
+        CPU engine binds DP rank d's ranks to nodes d x TP ..; this host has one node)."""
+        env = {}
+        if self.eplb is not None:
+            env["ASCEND_EPLB"] = "1"
+        if self.eager:
+            env["TORCHDYNAMO_DISABLE"] = "1"
+        if self.data_parallel_size > 1:
+            env["CPU_VISIBLE_MEMORY_NODES"] = ",".join(["0"] * self.num_ranks)
+        return env
+
     def engine_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``vllm.LLM`` / ``EngineArgs``."""
         compilation = {"custom_ops": ["none"], **(self.compilation or {})}
@@ -89,6 +119,9 @@ class EngineSpec:
             # vLLM's per-request timing (time to first token, per output token) and its periodic log.
             "disable_log_stats": False,
         }
+        kwargs["worker_cls"] = WORKER_CLS
+        if not self.eager:
+            kwargs["kernel_config"] = {"enable_jit_warmup": False}
         if self._uses_mla():
             kwargs["attention_backend"] = "CPU_MLA"
         if self.speculative_tokens:
