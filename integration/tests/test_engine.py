@@ -15,16 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from ascend_eplb.testing.hf import hf_logits
+from ascend_eplb.testing import load_module
 from ascend_eplb.world.checkpoints import checkpoint_info, write_checkpoint
 from ascend_eplb.world.engine import probes
 from ascend_eplb.world.engine.host import Completion, EngineWorld
 from ascend_eplb.world.engine.spec import EngineSpec, EplbSpec
 
-#: Today's tolerance of an output against its reference: 1e-6 + 1e-5 x max |reference|.
-ABS_TOL, REL_TOL = 1e-6, 1e-5
+checks = load_module(Path(__file__).with_name("engine_checks.py"))
 #: Rearrangements that must complete (every MoE layer committed) before the outputs are judged.
 REARRANGEMENTS = 3
 PROMPTS = [[(7 * i + 3 * j + 1) % 128 for j in range(6 + i)] for i in range(6)]
@@ -55,19 +53,6 @@ class Served:
     shutdown: Any
 
 
-def _completed(observed: list[dict[str, Any]], num_layers: int) -> int:
-    """Rearrangements whose every MoE layer was acknowledged on every rank (the target model)."""
-    done = None
-    for rank in observed:
-        layers: dict[int, set[int]] = {}
-        for c in rank["commits"]:
-            if not c["model_name"].endswith(" (draft)"):
-                layers.setdefault(c["rearrangement"], set()).add(c["layer"])
-        mine = {n for n, seen in layers.items() if len(seen) == num_layers}
-        done = mine if done is None else done & mine
-    return len(done or ())
-
-
 @pytest.fixture(scope="module", params=MODELS)
 def served(request, tmp_path_factory) -> Served:
     arch, sizes = request.param
@@ -84,7 +69,7 @@ def served(request, tmp_path_factory) -> Served:
         on, deadline = [], time.monotonic() + 300
         while (
             len(on) < ROUNDS
-            or _completed(engine.run_on_workers(probes.observed), info.num_moe_layers) < REARRANGEMENTS
+            or checks.completed(engine.run_on_workers(probes.observed), info.num_moe_layers) < REARRANGEMENTS
         ):
             assert time.monotonic() < deadline, "3 rearrangements did not complete within 300 s"
             on.append(engine.generate(PROMPTS, max_tokens=MAX_TOKENS))
@@ -94,34 +79,16 @@ def served(request, tmp_path_factory) -> Served:
     return Served(folder, info, off, on, observed, states, slots, engine.shutdown)
 
 
-def _judge(completion: Completion, reference: Completion) -> float:
-    """The worst error of ``completion``'s logprobs against ``reference``'s, in units of the tolerance
-    (<= 1 passes), after checking the greedy tokens are equal."""
-    assert completion.token_ids == reference.token_ids
-    worst = 0.0
-    for got, want in zip(completion.logprobs, reference.logprobs, strict=True):
-        scale = max(abs(v) for v in want.values())
-        for token, value in got.items():
-            if token in want:
-                worst = max(worst, abs(value - want[token]) / (ABS_TOL + REL_TOL * scale))
-    return worst
-
-
 def test_greedy_outputs_equal_the_eplb_off_engine_and_hf_through_three_rearrangements(served):
-    assert _completed(served.observed, served.info.num_moe_layers) >= REARRANGEMENTS
+    assert checks.completed(served.observed, served.info.num_moe_layers) >= REARRANGEMENTS
     for on in served.on:
         for got, want in zip(on, served.off, strict=True):
-            assert _judge(got, want) <= 1.0
+            assert checks.judge(got, want) <= 1.0
     # HF transformers on the same checkpoint: the prompt and the generated tokens in one forward.
     for prompt, completion in zip(PROMPTS, served.on[-1], strict=True):
-        ids = torch.tensor(prompt + list(completion.token_ids))
-        logprobs = torch.log_softmax(hf_logits(served.folder, ids), dim=-1)[len(prompt) - 1 : -1]
-        assert logprobs.argmax(dim=-1).tolist() == list(completion.token_ids)
-        steps = zip(logprobs, completion.logprobs, strict=True)
-        reference = Completion(
-            completion.token_ids, tuple({t: float(row[t]) for t in step} for row, step in steps)
-        )
-        assert _judge(completion, reference) <= 1.0
+        greedy, reference = checks.hf_reference(served.folder, prompt, completion)
+        assert greedy == list(completion.token_ids)
+        assert checks.judge(completion, reference) <= 1.0
 
 
 def test_every_commit_leaves_each_local_slot_holding_its_logical_expert(served):
@@ -137,19 +104,9 @@ def test_every_commit_leaves_each_local_slot_holding_its_logical_expert(served):
 
 def test_the_recorded_load_is_each_scheduled_real_token_times_k_once_and_dummy_runs_record_nothing(served):
     info = served.info
-    per_rank = [rank["steps"] for rank in served.observed]
-    assert len({len(steps) for steps in per_rank}) == 1
-    recorded_steps = 0
-    for step in zip(*per_rank, strict=True):
-        assert len({(s["is_dummy"], s["num_unpadded_tokens"], s["recorded"]) for s in step}) == 1
-        first = step[0]
-        total = sum(s["selections"][str(served.folder)] for s in step)
-        if first["is_dummy"] or not first["recorded"]:
-            assert total == 0
-        else:
-            recorded_steps += 1
-            assert total == first["num_unpadded_tokens"] * info.top_k * info.num_moe_layers
-    assert recorded_steps > 0
+    assert (
+        checks.check_recorded_load(served.observed, str(served.folder), info.top_k, info.num_moe_layers) > 0
+    )
 
 
 def test_the_async_worker_is_alive_and_the_engine_shuts_down_leaving_nothing(served):
