@@ -92,17 +92,19 @@ def _serve(folder: Path, root: Path, name: str, ascend: dict[str, Any]) -> Run:
 
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory) -> Loop:
-    root = tmp_path_factory.mktemp("initial-placement")
+    # Short folder names: vLLM's IPC sockets live in each engine's TMPDIR, a Unix socket path holds at most
+    # 107 characters, and pytest-xdist's base folder is long already.
+    root = tmp_path_factory.mktemp("placement")
     folder = write_checkpoint("qwen3-moe", root / "model", seed=0)
-    recorded = _serve(folder, root, "recorded", {})
+    recorded = _serve(folder, root, "rec", {})
     placement_path = root / "placement.json"
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         status = cli.main(
-            ["plan", str(root / "recorded.jsonl"), "--ranks", "2", "--export-expert-map", str(placement_path)]
+            ["plan", str(root / "rec.jsonl"), "--ranks", "2", "--export-expert-map", str(placement_path)]
         )
     assert status == 0, out.getvalue()
-    served = _serve(folder, root, "served", {"initial_placement": str(placement_path)})
+    served = _serve(folder, root, "srv", {"initial_placement": str(placement_path)})
     return Loop(folder, checkpoint_info(folder), recorded, placement_path, out.getvalue(), served)
 
 
@@ -128,7 +130,7 @@ def test_plan_exports_the_recorded_windows_placement_for_the_recorded_configurat
         "num_moe_layers": layers, "num_logical_experts": e, "num_physical_experts": e + 2, "num_ranks": 2,
     }  # fmt: skip
     assert json.loads(loop.placement_path.read_text())["source"]["load"] == str(
-        loop.placement_path.parent / "recorded.jsonl"
+        loop.placement_path.parent / "rec.jsonl"
     )
     assert "num_redundant_experts=2 (the recorded configuration" in loop.plan_output
     assert (
