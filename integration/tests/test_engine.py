@@ -100,6 +100,14 @@ def test_every_commit_leaves_each_local_slot_holding_its_logical_expert(served):
         assert all(mismatches == [] for mismatches in rank.values())
     placements = [s["placements"] for s in served.states]
     assert all(p == placements[0] for p in placements)
+    # The rearrangements moved the target away from upstream's initial placement (the E experts in order,
+    # then the first P - E again).
+    e = served.info.num_logical_experts
+    committed = [
+        c["placement"] for c in served.observed[0]["commits"] if c["model_name"] == str(served.folder)
+    ]
+    initial = list(range(e)) + list(range(len(committed[0]) - e))
+    assert any(row != initial for row in committed)
 
 
 def test_the_recorded_load_is_each_scheduled_real_token_times_k_once_and_dummy_runs_record_nothing(served):
