@@ -1,5 +1,5 @@
-"""The judging of a run through vLLM's own engine, one for every engine test module (``test_engine``,
-``test_engine_modes``; loaded with ``ascend_eplb.testing.load_module``).
+"""The judging of a run through vLLM's own engine, one for every engine test module (``test_engine*.py``
+here, the root ``tests/``; loaded with ``ascend_eplb.testing.load_module``).
 
 :func:`serve` runs one engine configuration twice: EPLB off (upstream's engine exactly, under the same
 compilation), then on, generating in rounds until three rearrangements have completed under a deadline
@@ -105,10 +105,9 @@ def serve(spec: EngineSpec, root: Path, *, deadline_s: float = 300.0) -> Served:
     )
 
 
-def judge(completion: Completion, reference: Completion) -> float:
-    """The worst error of ``completion``'s logprobs against ``reference``'s, in units of the tolerance
-    (<= 1 passes), after checking the greedy tokens are equal."""
-    assert completion.token_ids == reference.token_ids
+def logprob_error(completion: Completion, reference: Completion) -> float:
+    """The worst error of ``completion``'s logprobs against ``reference``'s on the tokens both list, in
+    units of the tolerance (<= 1 is within it); the token ids are not compared."""
     worst = 0.0
     for got, want in zip(completion.logprobs, reference.logprobs, strict=True):
         scale = max(abs(v) for v in want.values())
@@ -116,6 +115,29 @@ def judge(completion: Completion, reference: Completion) -> float:
             if token in want:
                 worst = max(worst, abs(value - want[token]) / (ABS_TOL + REL_TOL * scale))
     return worst
+
+
+def judge(completion: Completion, reference: Completion) -> float:
+    """:func:`logprob_error`, after checking the greedy tokens are equal."""
+    assert completion.token_ids == reference.token_ids
+    return logprob_error(completion, reference)
+
+
+def hf_reference(
+    folder: str | Path, prompt: list[int], completion: Completion
+) -> tuple[list[int], Completion]:
+    """HF transformers on the checkpoint ``folder``, the prompt and ``completion``'s tokens in one forward:
+    its greedy token at each generated position, and its logprobs of the tokens ``completion`` lists there
+    (a :class:`Completion` with ``completion``'s token ids)."""
+    ids = torch.tensor(list(prompt) + list(completion.token_ids))
+    logprobs = torch.log_softmax(hf_logits(folder, ids), dim=-1)[len(prompt) - 1 : -1]
+    reference = Completion(
+        completion.token_ids,
+        tuple(
+            {t: float(row[t]) for t in step} for row, step in zip(logprobs, completion.logprobs, strict=True)
+        ),
+    )
+    return logprobs.argmax(dim=-1).tolist(), reference
 
 
 def check_outputs(served: Served) -> None:
@@ -127,16 +149,8 @@ def check_outputs(served: Served) -> None:
         for got, want in zip(on, served.off, strict=True):
             assert judge(got, want) <= 1.0
     for prompt, completion in zip(PROMPTS, served.on[-1], strict=True):
-        ids = torch.tensor(prompt + list(completion.token_ids))
-        logprobs = torch.log_softmax(hf_logits(served.folder, ids), dim=-1)[len(prompt) - 1 : -1]
-        assert logprobs.argmax(dim=-1).tolist() == list(completion.token_ids)
-        reference = Completion(
-            completion.token_ids,
-            tuple(
-                {t: float(row[t]) for t in step}
-                for row, step in zip(logprobs, completion.logprobs, strict=True)
-            ),
-        )
+        greedy, reference = hf_reference(served.folder, prompt, completion)
+        assert greedy == list(completion.token_ids)
         assert judge(completion, reference) <= 1.0
 
 
@@ -203,3 +217,30 @@ def check_worker_and_shutdown(served: Served) -> None:
     assert served.shutdown.shared_memory == ()  # every segment vLLM's processes had mapped is gone
     # vLLM leaves its IPC sockets and file store in TMPDIR; the world's own TMPDIR held them and is gone.
     assert not (served.root / "on" / "tmp").exists()
+
+
+def recorded_steps(observed: list[dict[str, Any]], model: str) -> list[tuple[dict[str, Any], int]]:
+    """Every step the ranks' observers saw, as (rank 0's step record, the selections ``model`` recorded
+    over all ranks), after checking every rank saw the same steps: the same count, and per step the same
+    dummy flag, real tokens, record flag and batch."""
+    per_rank = [rank["steps"] for rank in observed]
+    assert len({len(steps) for steps in per_rank}) == 1
+    same = ("is_dummy", "num_unpadded_tokens", "recorded", "scheduled_tokens", "new_requests", "has_prefill")
+    out = []
+    for step in zip(*per_rank, strict=True):
+        assert len({tuple(repr(s[k]) for k in same) for s in step}) == 1
+        out.append((step[0], sum(s["selections"][model] for s in step)))
+    return out
+
+
+def check_recorded_load(observed: list[dict[str, Any]], model: str, top_k: int, num_layers: int) -> int:
+    """Every step's recorded load over all ranks: real tokens x K x L when the step recorded (a dummy run
+    never does), else 0, each selection counted once. Returns the number of steps that recorded."""
+    recorded = 0
+    for step, total in recorded_steps(observed, model):
+        if step["is_dummy"] or not step["recorded"]:
+            assert total == 0
+        else:
+            recorded += 1
+            assert total == step["num_unpadded_tokens"] * top_k * num_layers
+    return recorded

@@ -46,6 +46,14 @@ def test_greedy_outputs_equal_the_eplb_off_engine_and_hf_through_three_rearrange
 
 def test_every_commit_leaves_each_local_slot_holding_its_logical_expert(served):
     judging.check_commits(served)
+    # The rearrangements moved the target away from upstream's initial placement (the E experts in order,
+    # then the first P - E again).
+    e = served.info.num_logical_experts
+    committed = [
+        c["placement"] for c in served.observed[0]["commits"] if c["model_name"] == str(served.folder)
+    ]
+    initial = list(range(e)) + list(range(len(committed[0]) - e))
+    assert any(row != initial for row in committed)
 
 
 def test_the_recorded_load_is_each_scheduled_real_token_times_k_once_and_dummy_runs_record_nothing(served):

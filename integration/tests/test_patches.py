@@ -81,6 +81,7 @@ def test_every_patch_of_the_process_is_in_the_one_registry():
         "vllm.model_executor.models.deepseek_mtp.fused_moe_make_expert_params_mapping",
         "vllm.v1.worker.gpu.model_runner.EPLBController",
         "vllm.v1.worker.gpu.model_runner.GPUModelRunner.shutdown",
+        "vllm.v1.worker.gpu.model_runner.GPUModelRunner.prepare_inputs",
     ]
     assert {p.owner for p in patches.PATCHES} == {
         "ascend_eplb.control.host_adaptation",

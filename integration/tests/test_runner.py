@@ -181,3 +181,43 @@ def test_shutdown_runs_the_watchdogs_end_of_life_once_from_the_wiring_and_from_u
         assert order == ["controller shutdown", "upstream shutdown", "upstream shutdown"]
     finally:
         patches.remove_patches()
+
+
+def test_the_patched_prepare_inputs_declares_the_batch_phase_before_upstreams():
+    """Upstream's Model Runner V2 never calls ``set_batch_phase``: the patch of ``GPUModelRunner.
+    prepare_inputs`` declares upstream's ``BatchReqState.has_prefill`` (a numpy bool there) to a controller
+    with phases before upstream's preparation runs; upstream's controller (EPLB off) is left alone."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from ascend_eplb.control import AscendEPLBController
+
+    controller = AscendEPLBController(
+        _config(enable_eplb=True).parallel_config, torch.device("cpu"), "prefill"
+    )
+    runner = SimpleNamespace(eplb=controller)
+    seen = []
+
+    def upstream(runner, scheduler_output, batch_req_state, batch_desc, num_active_loras):
+        seen.append((controller.phase_matched(), scheduler_output, batch_desc, num_active_loras))
+        return "input batch"
+
+    patched = patches._wrap_runner_prepare_inputs(upstream)
+    for has_prefill, matched in ((np.True_, True), (np.False_, False)):
+        batch = SimpleNamespace(has_prefill=has_prefill)
+        assert patched(runner, "scheduler output", batch, "descriptor", 0) == "input batch"
+        assert seen[-1] == (matched, "scheduler output", "descriptor", 0)
+    assert controller.load_collection_phase == "prefill"
+    with pytest.raises(ValueError, match="batch_has_prefill=1 must be a bool"):
+        controller.set_batch_phase(1)  # the patch converts upstream's value; a runner's own call is checked
+    # Upstream's controller (EPLB off) has no phases: upstream's preparation alone.
+    from vllm.v1.worker.gpu.eplb_utils import EPLBController
+
+    plain = SimpleNamespace(
+        eplb=EPLBController(_config(enable_eplb=False).parallel_config, torch.device("cpu"))
+    )
+    assert (
+        patched(plain, "scheduler output", SimpleNamespace(has_prefill=True), "descriptor", 0)
+        == "input batch"
+    )

@@ -284,6 +284,38 @@ _INITIAL = torch.cat([torch.arange(64), torch.arange(8)]).repeat(2, 1)
 
 
 @pytest.mark.parametrize(
+    "policy", [DefaultEplbPolicy, MigrationAwarePolicy], ids=["default", "migration_aware"]
+)
+@pytest.mark.parametrize(
+    ("num_groups", "num_nodes", "old"),
+    [(1, 1, None), (1, 1, _INITIAL), (8, 2, None), (8, 2, _INITIAL)],
+    ids=["global", "global-from-initial", "hierarchical", "hierarchical-from-initial"],
+)
+def test_a_load_counted_once_and_counted_on_every_tp_rank_gets_the_same_placement(
+    policy, num_groups, num_nodes, old
+):
+    """GLOSSARY "recorded load" (8 against 16): this project records each real selection once; upstream's
+    router records it on every TP rank of the replicated layout, x TP (2 here). The policies place a load
+    and its double alike (upstream's sorts, argmin/argmax of weights and weight / replica count are
+    invariant to a uniform scale): the same placement, the same balancedness; only the window's absolute
+    values differ, as do vLLM's logged avg_tokens and max_tokens."""
+    from vllm.distributed.eplb.eplb_state import _compute_eplb_load_stats
+
+    from ascend_eplb.control.measures import rank_loads
+
+    load = torch.tensor(ESFT_WINDOW_1)
+    once = policy.rebalance_experts(load, 72, num_groups, num_nodes, 8, old)
+    every_tp_rank = policy.rebalance_experts(2 * load, 72, num_groups, num_nodes, 8, old)
+    assert torch.equal(once, every_tp_rank)
+    assert torch.equal(balancedness(load, once, 8), balancedness(2 * load, every_tp_rank, 8))
+    # vLLM's log_balancedness line on the two counts: avg_tokens and max_tokens double, the ratio stays.
+    avg, peak = _compute_eplb_load_stats(rank_loads(load, once, 8).float())
+    avg2, peak2 = _compute_eplb_load_stats(rank_loads(2 * load, once, 8).float())
+    assert (float(avg2), float(peak2)) == (2 * float(avg), 2 * float(peak))
+    assert float(avg2) / float(peak2) == float(avg) / float(peak)
+
+
+@pytest.mark.parametrize(
     ("change", "message"),
     [
         ({"num_replicas": 70}, r"num_ranks=8: must divide the physical experts per layer P=70"),

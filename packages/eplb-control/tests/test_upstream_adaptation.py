@@ -379,16 +379,28 @@ def test_layer_state_builds_then_refreshes_its_lookup_in_place():
         AscendEplbLayerState().refresh_replica_lookup()
 
 
-def test_an_undeclared_phase_records_nothing_and_warns_once(caplog):
+def test_an_undeclared_phase_records_nothing_and_warns_once_at_a_real_step(caplog):
     ctrl = AscendEPLBController(_parallel_config_without_eplb(), torch.device("cpu"), "decode")
+
+    def warned() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "was not declared" in r.getMessage()]
+
     with caplog.at_level("WARNING"):
+        # A dummy run declares no phase (upstream's runner prepares no inputs for it): no warning.
         assert ctrl.phase_matched() is False
+        ctrl.step(is_dummy=True, is_profile=True)
+        ctrl.step(is_dummy=True)
+        assert warned() == []
+        # A real batch without a declared phase: its step warns, once per controller.
         assert ctrl.phase_matched() is False
-    warned = [r.getMessage() for r in caplog.records if "was not declared" in r.getMessage()]
-    assert warned == [
-        "EPLB: load_collection_phase=decode but this batch's phase was not declared "
+        ctrl.step()
+        assert ctrl.phase_matched() is False
+        ctrl.step()
+    assert warned() == [
+        "EPLB: load_collection_phase=decode but a batch's phase was not declared "
         "(AscendEPLBController.set_batch_phase was not called before prepare_forward): its load is not "
-        "recorded. The runner must call set_batch_phase once per batch, or use load_collection_phase=all"
+        "recorded. The integration's patch of GPUModelRunner.prepare_inputs declares it; a runner that "
+        "replaces prepare_inputs must call set_batch_phase once per batch, or use load_collection_phase=all"
     ]
     ctrl.set_batch_phase(False)
     assert ctrl.phase_matched() is True

@@ -151,15 +151,41 @@ def _wrap_runner_shutdown(original: Callable[[Any], None]) -> Callable[[Any], No
     return shutdown
 
 
+@upstream.replaces(
+    "vllm.v1.worker.gpu.model_runner.GPUModelRunner.prepare_inputs",
+    "the batch's phase to the controller first, when it has phases (`set_batch_phase(bool("
+    "batch_req_state.has_prefill))`), then upstream's",
+)
+def _wrap_runner_prepare_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def prepare_inputs(
+        self: Any, scheduler_output: Any, batch_req_state: Any, batch_desc: Any, num_active_loras: int
+    ) -> Any:
+        """Upstream ``GPUModelRunner.prepare_inputs``, after declaring the batch's phase to the runner's
+        EPLB controller when it has phases (Ascend's ``AscendEPLBController.set_batch_phase``; upstream's
+        has none): ``batch_req_state.has_prefill``, upstream's own (any request of the batch still in
+        prefill, a mixed batch included). The one point of Model Runner V2 that knows the batch before
+        ``execute_model`` calls ``eplb.prepare_forward``; dummy runs do not pass here (their phase stays
+        undeclared, which records under ``load_collection_phase=all`` only)."""
+        controller = getattr(self, "eplb", None)
+        if controller is not None and hasattr(controller, "set_batch_phase"):
+            controller.set_batch_phase(bool(batch_req_state.has_prefill))
+        return original(self, scheduler_output, batch_req_state, batch_desc, num_active_loras)
+
+    return prepare_inputs
+
+
 #: Every patch of the process, in installation order: the platform and host adaptation first (vLLM's
 #: config and EPLB state are built on them), then the config's communicator choice and factory, the commit
-#: hooks, the worker loop, and the model runner's draft mapping, controller and shutdown.
+#: hooks, the worker loop, and the model runner's draft mapping, controller, shutdown and batch phase.
 PATCHES: tuple[Patch, ...] = (
     *host_adaptation.PATCHES,
     *patches_of(_wrap_post_init, _wrap_factory),
     *commit_hooks.PATCHES,
     *watchdog.PATCHES,
-    *patches_of(_wrap_mtp_expert_mapping, _wrap_runner_controller, _wrap_runner_shutdown),
+    *patches_of(
+        _wrap_mtp_expert_mapping, _wrap_runner_controller, _wrap_runner_shutdown, _wrap_runner_prepare_inputs
+    ),
 )
 
 #: Every upstream method the serving process replaces on single instances (the classes keep theirs): the

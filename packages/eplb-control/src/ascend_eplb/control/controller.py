@@ -1,6 +1,7 @@
 """``AscendEPLBController``: upstream ``EPLBController`` with a batch load-collection phase.
 
-Per batch the runner calls :meth:`~AscendEPLBController.set_batch_phase`, then
+Per batch the runner calls :meth:`~AscendEPLBController.set_batch_phase` (Model Runner V2: the
+integration's patch of ``GPUModelRunner.prepare_inputs``), then
 :meth:`~AscendEPLBController.prepare_forward`, the forward and upstream's ``step``. ``prepare_forward``
 fills the device record flag once, as (upstream's record decision) and (the batch matches the phase),
 and writes the forward's row layout (:mod:`.layout`). A filtered-out rank records zeros while its
@@ -104,6 +105,7 @@ class AscendEPLBController(EPLBController):
         """The flag value the last :meth:`prepare_forward` wrote (None before the first fill)."""
         self.bus = EventBus()
         self.eplb_stopped: str | None = None
+        self._undeclared_phase_forward = False
         self._warned_undeclared_phase = False
         self._shut_down = False
         self._ranks: RankCoordinates | None = None
@@ -196,6 +198,19 @@ class AscendEPLBController(EPLBController):
             and self._has_registered_models
         )
         super().step(is_dummy, is_profile)
+        undeclared, self._undeclared_phase_forward = self._undeclared_phase_forward, False
+        if undeclared and not is_dummy and not self._warned_undeclared_phase:
+            # A dummy run never declares a phase (upstream's runner prepares no inputs for it): only a
+            # real batch's undeclared phase means the runner misses the call.
+            self._warned_undeclared_phase = True
+            logger.warning(
+                "EPLB: load_collection_phase=%s but a batch's phase was not declared "
+                "(AscendEPLBController.set_batch_phase was not called before prepare_forward): its load is "
+                "not recorded. The integration's patch of GPUModelRunner.prepare_inputs declares it; a "
+                "runner that replaces prepare_inputs must call set_batch_phase once per batch, or use "
+                "load_collection_phase=all",
+                self.load_collection_phase,
+            )
         if ran:
             self.bus.publish(StepEvent(self, is_dummy, is_profile))
 
@@ -269,19 +284,12 @@ class AscendEPLBController(EPLBController):
 
     def phase_matched(self) -> bool:
         """Whether the declared batch phase is collected; a batch whose phase was not declared only
-        matches ``"all"``."""
+        matches ``"all"`` (the next :meth:`step` that is not a dummy's then warns, once per controller:
+        a dummy run declares none)."""
         if self.load_collection_phase == "all":
             return True
         if self._batch_has_prefill is None:
-            if not self._warned_undeclared_phase:
-                self._warned_undeclared_phase = True
-                logger.warning(
-                    "EPLB: load_collection_phase=%s but this batch's phase was not declared "
-                    "(AscendEPLBController.set_batch_phase was not called before prepare_forward): its "
-                    "load is not recorded. The runner must call set_batch_phase once per batch, or use "
-                    "load_collection_phase=all",
-                    self.load_collection_phase,
-                )
+            self._undeclared_phase_forward = True
             return False
         return is_phase_matched(self.load_collection_phase, self._batch_has_prefill)
 

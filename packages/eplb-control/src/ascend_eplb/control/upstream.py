@@ -229,6 +229,13 @@ SIGNATURES: Mapping[str, Signature] = _table(
     # The MRv2 runner's controller construction and shutdown (replaced by the integration).
     Signature(_RUNNER, "EPLBController", ("self", "parallel_config", "device"), (INTEGRATION,)),
     Signature(_RUNNER, "GPUModelRunner.shutdown", ("self",), (INTEGRATION,)),
+    # The MRv2 runner's input preparation, where it knows its batch's phase (replaced by the integration).
+    Signature(
+        _RUNNER,
+        "GPUModelRunner.prepare_inputs",
+        ("self", "scheduler_output", "batch_req_state", "batch_desc", "num_active_loras"),
+        (INTEGRATION,),
+    ),
     # DeepSeek-V3's MTP draft's expert-weight mapping (vLLM's deepseek_mtp module calls it by name from its
     # load_weights without num_redundant_experts: replaced there by the integration).
     Signature(
@@ -708,6 +715,24 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         _CONTROLLER, "EPLBController", "parallel_config", "reads", (CONTROLLER,), "EPLB on or off, rows"
     ),
     Attribute(_CONTROLLER, "EPLBController", "device", "reads", (CONTROLLER,), "the state's device"),
+    # The integration's runner patches: the runner's controller, and the batch's phase its input preparation
+    # computed.
+    Attribute(
+        _RUNNER,
+        "GPUModelRunner",
+        "eplb",
+        "reads",
+        (INTEGRATION,),
+        "the runner's EPLB controller: `set_batch_phase` before `prepare_inputs`, `shutdown()` at its end",
+    ),
+    Attribute(
+        _RUNNER,
+        "BatchReqState",
+        "has_prefill",
+        "reads",
+        (INTEGRATION,),
+        "the batch's phase (any request still in prefill), declared to the controller",
+    ),
     # The serving process's event file, verifier, start-up placement, Prometheus metrics and metrics.
     Attribute(
         _CONTROLLER,

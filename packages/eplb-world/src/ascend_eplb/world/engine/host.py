@@ -141,11 +141,19 @@ class EngineWorld:
         self,
         prompts: Sequence[Sequence[int]],
         *,
-        max_tokens: int,
+        max_tokens: int | Sequence[int],
         logprobs: int = 5,
         timeout: float = 600.0,
     ) -> list[Completion]:
-        """Greedy completions of ``prompts`` (token ids) through vLLM's ``LLM.generate``, in order."""
+        """Greedy completions of ``prompts`` (token ids) through vLLM's ``LLM.generate``, in order;
+        ``max_tokens`` for every prompt, or one per prompt (requests that end at different steps, so that
+        the scheduler admits waiting ones beside running ones)."""
+        if not isinstance(max_tokens, int):
+            max_tokens = [int(n) for n in max_tokens]
+            if len(max_tokens) != len(prompts):
+                raise ValueError(
+                    f"{len(max_tokens)} max_tokens for {len(prompts)} prompts: give one per prompt"
+                )
         raw = self._request(("generate", [list(p) for p in prompts], max_tokens, logprobs), timeout)
         return [Completion(tuple(ids), tuple(map(dict, lps)), ttft, tpot) for ids, lps, ttft, tpot in raw]
 
@@ -255,10 +263,13 @@ def _serve(conn: Connection) -> None:
         conn.send(("ok", value))
 
 
-def _generate(llm: Any, prompts: list[list[int]], max_tokens: int, logprobs: int) -> list[Any]:
+def _generate(llm: Any, prompts: list[list[int]], max_tokens: int | list[int], logprobs: int) -> list[Any]:
     from vllm import SamplingParams
 
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs, ignore_eos=True)
+    def params_of(n: int) -> Any:
+        return SamplingParams(max_tokens=n, temperature=0.0, logprobs=logprobs, ignore_eos=True)
+
+    params = params_of(max_tokens) if isinstance(max_tokens, int) else [params_of(n) for n in max_tokens]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return [
         (

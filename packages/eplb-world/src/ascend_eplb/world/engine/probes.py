@@ -3,11 +3,13 @@
 Each function here takes vLLM's worker first and runs on every worker when passed to
 :meth:`~.host.EngineWorld.run_on_workers` (vLLM's ``collective_rpc``); its result is plain data. The
 observer installed by :func:`observe` watches the real runner's calls on its EPLB controller: every step
-(:class:`StepRecord`: dummy or not, the real tokens the runner declared for the forward, the record flag,
-the selections each model recorded on this rank) and every layer commit (:class:`CommitRecord`: each local
-slot of the committed layer compared with its logical expert's checkpoint weights, the independent
-oracle). It wraps two methods of the controller instance and subscribes to its bus: it never calls EPLB
-itself. Shapes: L MoE layers, P physical experts, p local slots.
+(:class:`StepRecord`: dummy or not, the batch the scheduler gave the runner's ``prepare_inputs``, the real
+tokens the runner declared for the forward, the record flag, the selections each model recorded on this
+rank), every layer commit (:class:`CommitRecord`: each local slot of the committed layer compared with its
+logical expert's checkpoint weights, the independent oracle) and every placement decision. It wraps the
+runner instance's ``prepare_inputs`` and methods of the controller and its state and subscribes to its
+bus: it never calls EPLB itself. Shapes: L MoE layers, E logical experts, P physical experts, p local
+slots.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ascend_eplb.control.bus import CommitEvent
+from ascend_eplb.control.bus import CommitEvent, DecisionEvent
 from ascend_eplb.world.checkpoints import checkpoint_experts
 from ascend_eplb.world.slots import local_slot_mismatches
 
@@ -41,7 +43,11 @@ class StepRecord:
     pass itself (``load``: per model L x P ints, physical ids, this rank's share); ``in_flight``: a
     rearrangement was moving when the step began; ``rearrangements``: the state's count after it;
     ``seconds`` / ``cpu_seconds``: this process's wall and CPU time since the previous step ended, of
-    which ``verifier_seconds`` in the serving verifier's hooks (0 with the verifier off)."""
+    which ``verifier_seconds`` in the serving verifier's hooks (0 with the verifier off). The batch of the
+    runner's ``prepare_inputs`` in the step (all None: it prepared none, as in a dummy run):
+    ``scheduled_tokens``, the scheduler's tokens per request; ``new_requests``, the requests scheduled for
+    the first time (the scheduler's ``scheduled_new_reqs``); ``has_prefill``, upstream's
+    ``BatchReqState.has_prefill``."""
 
     is_dummy: bool
     is_profile: bool
@@ -55,6 +61,9 @@ class StepRecord:
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     verifier_seconds: float = 0.0
+    scheduled_tokens: dict[str, int] | None = None
+    new_requests: list[str] | None = None
+    has_prefill: bool | None = None
 
 
 @dataclass
@@ -80,6 +89,8 @@ class _Observer:
     commits: list[CommitRecord] = field(default_factory=list)
     prepared: list[tuple[int, bool | None]] = field(default_factory=list)
     forwards: dict[str, list[int]] = field(default_factory=dict)
+    batches: list[tuple[dict[str, int], list[str], bool]] = field(default_factory=list)
+    decisions: list[tuple[str, int | None, dict[str, Any]]] = field(default_factory=list)
     experts: dict[str, Any] = field(default_factory=dict)
     clock: tuple[float, float] = (0.0, 0.0)
     verifier_seconds: float = 0.0
@@ -108,7 +119,15 @@ def observe(worker: Any, checkpoint: str) -> bool:
     controller = runner.eplb
     observer = _Observer(checkpoint)
     runner._ascend_eplb_observer = observer
-    prepare_forward, step = controller.prepare_forward, controller.step
+    prepare_forward, step, prepare_inputs = controller.prepare_forward, controller.step, runner.prepare_inputs
+
+    def observed_prepare_inputs(
+        scheduler_output: Any, batch_req_state: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        scheduled = {str(r): int(n) for r, n in scheduler_output.num_scheduled_tokens.items()}
+        new = [str(r.req_id) for r in scheduler_output.scheduled_new_reqs]
+        observer.batches.append((scheduled, new, bool(batch_req_state.has_prefill)))
+        return prepare_inputs(scheduler_output, batch_req_state, *args, **kwargs)
 
     def observed_prepare_forward(
         model_config: Any, num_unpadded_tokens: int, *args: Any, **kwargs: Any
@@ -137,7 +156,9 @@ def observe(worker: Any, checkpoint: str) -> bool:
         # The target's forward is prepared first; a draft's forwards follow it in the same step.
         tokens, recorded = observer.prepared[0] if observer.prepared else (None, None)
         forwards = observer.forwards
+        batch = observer.batches[0] if observer.batches else (None, None, None)
         observer.prepared.clear()
+        observer.batches.clear()
         observer.forwards = {}
         load = (
             {ms.model_name: ms.expert_load_pass.tolist() for ms in models}
@@ -151,7 +172,7 @@ def observe(worker: Any, checkpoint: str) -> bool:
             StepRecord(
                 is_dummy, is_profile, tokens, recorded, selections, load, forwards, in_flight,
                 0 if state is None else int(state.num_rearrangements),
-                wall - observer.clock[0], cpu - observer.clock[1], observer.verifier_seconds,
+                wall - observer.clock[0], cpu - observer.clock[1], observer.verifier_seconds, *batch,
             )
         )  # fmt: skip
         observer.clock, observer.verifier_seconds = (wall, cpu), 0.0
@@ -160,6 +181,7 @@ def observe(worker: Any, checkpoint: str) -> bool:
     controller.prepare_forward = observed_prepare_forward
     controller.state.prepare_forward = observed_state_prepare_forward
     controller.step = observed_step
+    runner.prepare_inputs = observed_prepare_inputs
 
     def on_commit(event: CommitEvent) -> None:
         if event.kind != "acknowledge":
@@ -176,6 +198,10 @@ def observe(worker: Any, checkpoint: str) -> bool:
         )  # fmt: skip
 
     controller.bus.subscribe(CommitEvent, on_commit)
+    controller.bus.subscribe(
+        DecisionEvent,
+        lambda e: observer.decisions.append((e.model_name, e.rearrangement, asdict(e.decision))),
+    )
     _time_verifier(controller, observer)
     return True
 
@@ -212,7 +238,8 @@ def _time_verifier(controller: Any, observer: _Observer) -> None:
 
 def observed(worker: Any) -> dict[str, Any]:
     """What the observer saw on this worker so far: ``{"ep_rank", "steps": [StepRecord as dict], "commits":
-    [CommitRecord as dict]}``.
+    [CommitRecord as dict], "decisions": [(model name, rearrangement, PlacementDecision as dict)]}`` (the
+    decisions of every ``DecisionEvent``: a wrapped policy's, and each window without load).
 
     Raises:
         RuntimeError: :func:`observe` was not called on this worker.
@@ -224,6 +251,7 @@ def observed(worker: Any) -> dict[str, Any]:
         "ep_rank": _ep_rank(),
         "steps": [asdict(s) for s in observer.steps],
         "commits": [asdict(c) for c in observer.commits],
+        "decisions": list(observer.decisions),
     }
 
 
@@ -263,7 +291,8 @@ def slot_mismatches(worker: Any, checkpoint: str) -> dict[str, list[str]]:
 
 def eplb_state(worker: Any) -> dict[str, Any]:
     """The EPLB state of this worker: the controller's class, the async worker thread alive, the number of
-    rearrangements, and per model the committed ``physical_to_logical_map`` (L x P ints)."""
+    rearrangements, per model the committed ``physical_to_logical_map`` (L x P ints), and per model with a
+    load estimate (``load_estimate: pooled``) its windows taken in and its load (L x E floats)."""
     controller = worker.model_runner.eplb
     state = controller.state
     thread = getattr(state, "async_worker", None) if state is not None else None
@@ -275,6 +304,13 @@ def eplb_state(worker: Any) -> dict[str, Any]:
         "placements": {}
         if state is None
         else {ms.model_name: ms.physical_to_logical_map.tolist() for ms in state.model_states.values()},
+        "estimates": {}
+        if state is None
+        else {
+            channel.model_name: (channel.estimate.windows, channel.estimate.load.tolist())
+            for channel in state.channels
+            if channel.estimate is not None and channel.estimate.load is not None
+        },
     }
 
 

@@ -3,9 +3,9 @@
 
 The settings every engine of the world takes, and why: float32 unless said (this host's CPU kernels are
 torch forms), ``compilation_config.custom_ops = ["none"]`` (vLLM's native torch forms of RMSNorm, rotary
-embedding and the activations: their ``_C`` kernels are absent), a KV cache of a few MiB (the automatic size is most of the
-host's memory), MLA checkpoints on ``CPU_MLA`` (vLLM's reference MLA backend; an AMX host would pick
-``AMX_MLA``, whose weight packing is a ``_C`` op) and vLLM's CPU worker loaded through the world
+embedding and the activations: their ``_C`` kernels are absent), a KV cache of a few MiB (the automatic size
+is most of the host's memory), MLA checkpoints on ``CPU_MLA`` (vLLM's reference MLA backend; an AMX host
+would pick ``AMX_MLA``, whose weight packing is a ``_C`` op) and vLLM's CPU worker loaded through the world
 (:mod:`.worker`). A compiled engine (:data:`COMPILATIONS`) runs without vLLM's JIT kernel warm-up: it
 compiles Triton kernels ahead of the first request, and here every Triton kernel runs in Triton's
 interpreter, which compiles nothing and rejects the warm-up's grammar-bitmask store ("mask has unsupported
