@@ -2,7 +2,7 @@
 values, through start-up validation's rule ``initial-placement`` (the one ``ascend-eplb check`` runs).
 
 The serving side (a world that starts on a file and serves from it) is
-the repository's ``tests/test_initial_placement_world.py``."""
+the repository's ``tests/test_engine_initial_placement.py`` (through vLLM's own engine)."""
 
 from __future__ import annotations
 

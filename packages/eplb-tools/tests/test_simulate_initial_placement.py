@@ -80,8 +80,6 @@ def test_record_plan_and_simulate_from_the_placement_on_the_real_model_class(tmp
     verifier checked the install), its first step balanced as plan predicted, and it rearranges on."""
     config = dict(model="qwen3-moe", num_ranks=2, num_redundant_experts=2, window_size=2, step_interval=4,
                   progress=False, timeout_s=600)  # fmt: skip
-    # Interval 4: the first rearrangement starts at the end of step 0 (its window: step 0 alone) and its
-    # 2 layers commit by step 2.
     recorded = run_simulation(SimulateConfig(**config, steps=3, out_dir=str(tmp_path / "recorded"))).to_json()
     assert recorded["passed"], recorded["first_violation"]
     events = tmp_path / "recorded" / "events.jsonl"
@@ -100,9 +98,8 @@ def test_record_plan_and_simulate_from_the_placement_on_the_real_model_class(tmp
     start = served["initial_placement"]
     assert start["source"] == str(placement)
     assert start["slots_hold_their_experts"] is True
-    # The same tokens as the recording's step 0: plan's prediction for the file on that load is what the
-    # run computes for the installed placement on its first step.
-    assert start["first_step_planned"] == pytest.approx(predicted, abs=1e-12)
+    # vLLM's engine steps its own batches (the recorded window is not the served run's first step): the
+    # prediction on the recorded window against the served window is tests/test_engine_initial_placement's.
     assert start["plan_predicted_on_its_load"] == predicted
     assert start["first_step_balancedness"] == served["balancedness_per_step"][0]
     assert start["first_step_off"] == pytest.approx(recorded["balancedness_off_per_step"][0], abs=1e-12)

@@ -485,11 +485,12 @@ def test_a_second_run_on_the_same_output_folder_is_refused_and_a_stopped_run_lea
     first.assert_nothing_left(err)
 
 
-@pytest.mark.multirank
-def test_a_refusal_only_the_ranks_can_make_is_one_message_exit_2_and_nothing_left(tmp_path):
+def test_a_refusal_that_needs_vllms_model_class_is_one_message_exit_2_and_nothing_left(tmp_path):
     """Issue 38: a Qwen2-MoE folder (vLLM 0.33.0's class has no MixtureOfExperts part: start-up's rule
-    moe-model-class, which needs vLLM's model class, so only the ranks judge it) printed each rank's
-    traceback and a "leaked shared_memory" warning, left vLLM's socket files in $TMPDIR and exited 1."""
+    moe-model-class, which needs vLLM's model class) printed each rank's traceback and a "leaked
+    shared_memory" warning, left vLLM's socket files in $TMPDIR and exited 1. On vLLM's engine the rules
+    are judged on the EPLB-on engine's arguments before any engine starts (the engine's workers would
+    refuse the same, as a failed start-up)."""
     from ascend_eplb import world
 
     folder = world.write_checkpoint("qwen2-moe", tmp_path / "qwen2-moe", seed=0)
@@ -497,9 +498,8 @@ def test_a_refusal_only_the_ranks_can_make_is_one_message_exit_2_and_nothing_lef
     code, out, err = run.finish()
     assert (code, out) == (2, "")
     assert _own_lines(err) == [
-        "ascend-eplb simulate: error: refused at start-up on every rank (the serving path's own checks, some "
-        "of which read vLLM's model class: only the ranks import vLLM; `ascend-eplb check` judges the same "
-        "rules without starting anything):",
+        "ascend-eplb simulate: error: refused before vLLM's engine starts (the serving path's start-up rules "
+        "on the EPLB-on engine's arguments, as `ascend-eplb check -- serve` judges them):",
         "1 EPLB configuration rule(s) violated:",
         "  - [moe-model-class] model class Qwen2MoeForCausalLM (architecture Qwen2MoeForCausalLM) has no "
         "MixtureOfExperts part (vLLM's MixtureOfExperts interface: expert_weights, set_eplb_state, the MoE "

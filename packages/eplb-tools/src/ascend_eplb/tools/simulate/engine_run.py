@@ -13,6 +13,7 @@ Shape letters: GLOSSARY.md.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import sys
@@ -157,6 +158,7 @@ def run_engines(
     """
     rounds = workload(config, vocab_size)
     off_spec, on_spec = _specs(config, folder)
+    refuse_what_start_up_refuses(on_spec)
 
     def say(what: str) -> None:
         phase[0] = what
@@ -216,6 +218,24 @@ def run_engines(
         config, folder, observed, summaries, completions, reference, tolerance, start, installed
     )
     return EngineRun(results, off, on)
+
+
+def refuse_what_start_up_refuses(spec: EngineSpec) -> None:
+    """Judge the EPLB-on engine's arguments by the serving path's start-up rules (``ascend-eplb check --
+    serve``, vLLM's own parser and model class) before any engine starts: a rule the workers would refuse
+    on (a model class without a MixtureOfExperts part) is one message, not an engine's failed start-up.
+
+    Raises:
+        ValueError: a rule is violated (the message lists each, as ``check`` prints them).
+    """
+    from ascend_eplb.tools.check import check_serve_command
+
+    result = check_serve_command(["serve", *spec.serve_argv()], {**os.environ, **spec.environment()})
+    if not result.ok:
+        raise ValueError(
+            "refused before vLLM's engine starts (the serving path's start-up rules on the EPLB-on "
+            f"engine's arguments, as `ascend-eplb check -- serve` judges them):\n{result.report}"
+        )
 
 
 def _left(deadline: float) -> float:
