@@ -101,7 +101,9 @@ def test_the_preset_with_its_mtp_draft_balances_both_models_every_check_on_both(
     # The load check counted the draft's real selections of its forwards on the steps the target recorded
     # (one record flag for both models): its real tokens x K, the target's x L.
     assert d.load_steps_recorded > 0
-    assert report.check_evidence["load"].startswith(f"{d.load_steps_recorded} of {report.steps} steps recorded load")
+    assert report.check_evidence["load"].startswith(
+        f"{d.load_steps_recorded} of {report.steps} steps recorded load"
+    )
     assert d.load_selections > 0
     assert d.load_selections % 6 == 0
     # Its balancedness with EPLB beside EPLB off on the same steps, after its first completed rearrangement.
