@@ -147,6 +147,39 @@ def test_a_signal_mid_run_stops_every_process_removes_the_scratch_and_prints_one
 
 
 @pytest.mark.multirank
+@pytest.mark.parametrize(("sig", "code"), [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_while_vllms_engine_starts_compiled_stops_every_process_and_leaves_nothing(
+    tmp_path, sig, code
+):
+    """Issue 43 cases 5 and 6 on vLLM's engine: a signal while the EPLB-off engine starts (``--compile
+    eager``: its workers import vLLM's model registry and trace) ends in one line, exit 128 + signal, no
+    process of the run alive (the engine's host, core and workers run in a session of their own: Ctrl-C to
+    the terminal's group does not reach them, the command stops them) and nothing in ``$TMPDIR`` (the
+    engine's scratch, vLLM's compile cache and torch's included)."""
+    run = Run(tmp_path, "--model", "qwen3-moe", "--ranks", "2", "--compile", "eager", "--steps", "8",
+              "--no-progress")  # fmt: skip
+    end = time.monotonic() + 240
+    while len(run.processes()) < 4:  # the command, the engine's host, its core and a worker
+        assert run.proc.poll() is None, run.proc.communicate()
+        assert time.monotonic() < end, "vLLM's engine did not start its workers"
+        time.sleep(0.2)
+    time.sleep(3.0)
+    sent = time.monotonic()
+    if sig == "SIGINT":
+        os.killpg(run.proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the command's group
+    else:
+        run.proc.send_signal(signal.SIGTERM)
+    returncode, out, err = run.finish(timeout=120)
+    assert returncode == code, err
+    assert time.monotonic() - sent < 60
+    assert _own_lines(err) == [
+        f"ascend-eplb simulate: stopped by {sig}; every rank was stopped, nothing left behind"
+    ]
+    assert out == ""
+    run.assert_nothing_left(err)
+
+
+@pytest.mark.multirank
 def test_the_timeout_is_the_deadline_of_the_whole_run_start_up_included(tmp_path):
     # The command's own interpreter start-up (before the run, and its deadline, begin).
     t0 = time.monotonic()
