@@ -43,7 +43,6 @@ GATE = {"min_balancedness_gain": 0.01}
 pytestmark = [
     pytest.mark.multirank,
     pytest.mark.timeout(900),
-    pytest.mark.xdist_group("engine-initial-placement"),
 ]
 
 

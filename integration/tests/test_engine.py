@@ -19,13 +19,10 @@ from ascend_eplb.world.engine.spec import EngineSpec, EplbSpec
 judging = load_module(Path(__file__).with_name("engine_judging.py"))
 
 MODELS = [
-    pytest.param(("qwen3-moe", {}), marks=pytest.mark.xdist_group("engine-qwen3-moe"), id="qwen3-moe"),
-    pytest.param(
-        ("deepseek-v3", {"num_experts": 16, "top_k": 4}), marks=pytest.mark.xdist_group("engine-deepseek-v3"),
-        id="deepseek-v3",
-    ),
-    pytest.param(("mixtral", {}), marks=pytest.mark.xdist_group("engine-mixtral"), id="mixtral"),
-]  # fmt: skip
+    pytest.param(("qwen3-moe", {}), id="qwen3-moe"),
+    pytest.param(("deepseek-v3", {"num_experts": 16, "top_k": 4}), id="deepseek-v3"),
+    pytest.param(("mixtral", {}), id="mixtral"),
+]
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(900)]
 

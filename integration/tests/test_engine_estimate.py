@@ -30,7 +30,7 @@ REARRANGEMENTS = judging.REARRANGEMENTS
 PROMPTS = judging.PROMPTS
 MAX_TOKENS = 12
 
-pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600), pytest.mark.xdist_group("engine-estimate")]
+pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
 
 
 @dataclass

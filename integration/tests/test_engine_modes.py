@@ -45,7 +45,7 @@ pytestmark = [pytest.mark.multirank, pytest.mark.timeout(1200)]
 
 @pytest.fixture(
     scope="module",
-    params=[pytest.param(name, marks=pytest.mark.xdist_group(f"engine-{name}"), id=name) for name in CONFIGS],
+    params=[pytest.param(name, id=name) for name in CONFIGS],
 )
 def served(request, tmp_path_factory):
     arch, sizes, fields = CONFIGS[request.param]

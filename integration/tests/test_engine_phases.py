@@ -30,8 +30,8 @@ MAX_TOKENS = [3, 5, 7, 9, 11, 13]
 MAX_NUM_SEQS = 4
 
 PHASES = [
-    pytest.param("prefill", marks=pytest.mark.xdist_group("engine-phase-prefill"), id="prefill"),
-    pytest.param("decode", marks=pytest.mark.xdist_group("engine-phase-decode"), id="decode"),
+    pytest.param("prefill", id="prefill"),
+    pytest.param("decode", id="decode"),
 ]
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]

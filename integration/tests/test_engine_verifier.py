@@ -34,7 +34,6 @@ STEP_INTERVAL = 96
 pytestmark = [
     pytest.mark.multirank,
     pytest.mark.timeout(600),
-    pytest.mark.xdist_group("engine-replica-fault"),
 ]
 
 

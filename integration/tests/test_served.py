@@ -34,7 +34,7 @@ NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN, CONCURRENCY = 8, 16, 16, 4
 PROMPTS = [[(5 * i + 3 * j + 2) % 128 for j in range(5 + i)] for i in range(4)]
 MAX_TOKENS = 12
 
-pytestmark = [pytest.mark.multirank, pytest.mark.timeout(900), pytest.mark.xdist_group("served-qwen3-moe")]
+pytestmark = [pytest.mark.multirank, pytest.mark.timeout(900)]
 
 
 @dataclass
