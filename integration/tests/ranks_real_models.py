@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -122,17 +121,11 @@ def rank_dependent_replicas_world(
     return report
 
 
-def serving_world(ctx: RankContext, spec: Any, fault: bool) -> dict[str, Any]:
-    """``real_model_world(ctx, spec)`` (its report's keys); then, when asked, ``fault``:
-    :func:`rank_dependent_replicas_world` on ``spec.folder`` in the same layout (one world for both)."""
+def serving_world(ctx: RankContext, spec: Any) -> dict[str, Any]:
+    """``real_model_world(ctx, spec)`` (its report's keys)."""
     from ascend_eplb import world as rm
 
-    report = rm.real_model_world(ctx, spec)
-    if fault:
-        report["fault"] = rank_dependent_replicas_world(
-            ctx, spec.folder, spec.num_redundant_experts, spec.data_parallel_size
-        )
-    return report
+    return rm.real_model_world(ctx, spec)
 
 
 def layout_world(
@@ -151,7 +144,6 @@ def layout_world(
     * ``fault`` (when asked): :func:`rank_dependent_replicas_world` on ``spec.folder`` in this layout
       (last: its run ends at the verifier's error, possibly with a layer in flight).
     """
-    from dataclasses import replace
 
     from vllm.distributed.parallel_state import get_ep_group
 
@@ -277,215 +269,4 @@ def metrics_world(
         bytes_received=int(worker.model_state.communicator.cumulative_stats.bytes_received),
         skipped=worker.state.num_skipped_rearrangements,
     )
-    return report
-
-
-def _serve_steps(worker: Any, steps: int, num_tokens: int, seed: int) -> dict[str, Any]:
-    """Profile run, then ``steps`` prefill steps of the seeded prompts (each awaiting a layer in flight);
-    per step: the committed map after it, the worst logits error against EPLB-off (None without it), and
-    the slot check after a commit."""
-    from ascend_eplb import world as rm
-
-    vocab = worker.info.vocab_size
-    prompts = [rm.prompt(seed * 1000 + s, num_tokens, vocab) for s in range(steps)]
-    worker.profile_run(prompts[0])
-    maps, errors, slot_checks, unequal = [], [], [], []
-    for step, ids in enumerate(prompts):
-        worker.wait_for_transfer(20.0)
-        seen = worker.forward_step(ids, num_unpadded_tokens=num_tokens, batch_has_prefill=True)
-        if seen.logits_off is not None:
-            errors.append(float((seen.logits_on - seen.logits_off).abs().max() / seen.logits_off.abs().max()))
-            if not torch.equal(seen.logits_on, seen.logits_off):
-                unequal.append(step)
-        if worker.end_step():
-            slot_checks.append((step, worker.slot_mismatches()))
-        maps.append(worker.model_state.physical_to_logical_map.clone().long())
-    return {
-        "maps": maps,
-        "max_rel_err": errors,
-        "unequal_steps": unequal,
-        "slot_checks": slot_checks,
-        "num_rearrangements": worker.state.num_rearrangements,
-    }
-
-
-def _started(worker: Any) -> dict[str, Any]:
-    """What a worker holds right after start-up (before its profile run): the committed map, the slot
-    check under it, the lookups against the committed maps and what the verifier checked."""
-    from ascend_eplb.dataplane import build_replica_table
-    from ascend_eplb.integration.serving import guardrails_of
-
-    ms = worker.model_state
-    lookups_equal = []
-    for layer, states in worker.state.layer_states(worker.model_config).items():
-        for ls in states:
-            expected = build_replica_table(
-                ms.logical_to_physical_map[layer], ms.logical_replica_count[layer], 0, ls.replica_lookup.rows,
-                num_physical_experts=int(ms.physical_to_logical_map.shape[1]),
-            )  # fmt: skip
-            lookups_equal.append(torch.equal(ls.replica_lookup.table, expected))
-    verifier = guardrails_of(worker.wiring.controller).verifier
-    return {
-        "map": ms.physical_to_logical_map.clone().long(),
-        "slot_mismatches": worker.initial_slot_mismatches,
-        "lookups_equal": lookups_equal,
-        "verifier_commits_checked": verifier.commits_checked,
-        "commit_log": [(e.kind, e.layer, e.rearrangement) for e in worker.state.commit_log],
-        "bytes_received": int(ms.communicator.cumulative_stats.bytes_received),
-    }
-
-
-def serve_from_placement_worlds(
-    ctx: RankContext,
-    folder: str,
-    placement: str,
-    events: str,
-    wrong_layers: str,
-    quantized_folder: str,
-    quantized_events: str,
-    steps: int,
-) -> dict[str, Any]:
-    """Three serving workers, one after the other on the same ranks, verifier and events file on:
-
-    * ``served``: ``folder`` started on the placement file ``placement`` (rearranging: window 2,
-      interval 4, as the recording run), events to ``events``;
-    * ``refused``: ``folder`` started on ``wrong_layers`` (a placement for other MoE layers): the error
-      the registration raises (start-up validation cannot know the layers before the model is built);
-    * ``static``: ``quantized_folder`` (the same shape, experts in W8A8) started on ``events``, the first
-      world's events file (its last committed placement), with ``step_interval`` beyond the run; events
-      to ``quantized_events``.
-    """
-    os.environ["ASCEND_EPLB_VERIFY"] = "1"
-    from ascend_eplb import world as rm
-    from ascend_eplb.integration.validation import EplbConfigError
-
-    report: dict[str, Any] = {"rank": ctx.rank}
-    os.environ["ASCEND_EPLB_EVENTS"] = events
-    worker = rm.ServingWorker(
-        ctx, folder, num_redundant_experts=2, window_size=2, step_interval=4, initial_placement=placement
-    )
-    report["served"] = {**_started(worker), **_serve_steps(worker, steps, 12, seed=0)}
-    # Every rank's records of the first world are written before any rank reads its events file.
-    torch.distributed.barrier(group=torch.distributed.group.WORLD)
-
-    os.environ.pop("ASCEND_EPLB_EVENTS")
-    try:
-        rm.ServingWorker(
-            ctx, folder, num_redundant_experts=2, window_size=2, step_interval=4, eplb_off=False,
-            initial_placement=wrong_layers,
-        )  # fmt: skip
-    except EplbConfigError as e:
-        report["refused"] = (type(e).__name__, str(e))
-    else:
-        report["refused"] = (None, "started")
-
-    os.environ["ASCEND_EPLB_EVENTS"] = quantized_events
-    static = rm.ServingWorker(
-        ctx, quantized_folder, num_redundant_experts=2, window_size=2, step_interval=1000,
-        initial_placement=events,
-    )  # fmt: skip
-    report["static"] = {**_started(static), **_serve_steps(static, 4, 12, seed=1)}
-    return report
-
-
-def compiled_world(ctx: RankContext, spec: Any, late_binding: bool) -> dict[str, Any]:
-    """``real_model_world(ctx, spec)`` of a compiled ``spec`` (its report's keys, ``compiled`` included);
-    then, when asked, ``late_binding``: a second model of the checkpoint, compiled the same way,
-    runs its first forward (vLLM's one trace) before it is registered:
-
-    * ``refused``: ``(error class, message)`` of ``adapt_layer_routers``, which the runner's controller
-      runs first when it registers a model (upstream's router refuses a forward of an EPLB-on model
-      before its registration, so this model is built with EPLB off);
-    * ``late_recorded``: what the refusal prevents. Its MoE layer 0's router is bound anyway with
-      dataplane's ``bind_router`` to a layer state of its own (identity placement, record flag on, every
-      row real); the selections one forward of the model then records (the traced code never calls the
-      binding: 0), and those of one direct call of the bound mapping on ``(T, K)`` ids (T x K: the
-      binding itself works).
-    """
-    from types import SimpleNamespace
-
-    from ascend_eplb import world as rm
-    from ascend_eplb.dataplane import ReplicaLookup, bind_router
-
-    report = rm.real_model_world(ctx, spec)
-    if not late_binding:
-        return report
-    from ascend_eplb.control.router_adaptation import adapt_layer_routers
-
-    info = rm.checkpoint_info(spec.folder)
-    # Upstream's router refuses a forward of an EPLB-on model before its registration, so the model
-    # traced first is built with EPLB off; the runner's controller (EPLB on) then registers it.
-    late, vc = rm.build_model(ctx, spec.folder, enable_eplb=False, compilation=spec.compilation)
-    ids = rm.prompt(99, spec.num_tokens, info.vocab_size)
-    positions = torch.arange(ids.shape[0])
-    rm.forward(late, vc, ids, positions)  # its first forward: vLLM traces it
-    try:
-        adapt_layer_routers(late)  # what the controller's maybe_register_model runs first
-    except RuntimeError as exc:
-        report["refused"] = (type(exc).__name__, str(exc))
-    else:
-        report["refused"] = (None, "adapted")
-    e = info.num_logical_experts
-    lookup = ReplicaLookup(e, "cpu", num_physical_experts=e)
-    lookup.refresh_(torch.arange(e).view(e, 1), torch.ones(e, dtype=torch.int64))
-    state = SimpleNamespace(
-        replica_lookup=lookup,
-        expert_load_view=torch.zeros(e, dtype=torch.int32),
-        should_record_tensor=torch.tensor(True),
-        num_unpadded_tokens_tensors=[torch.tensor(spec.num_tokens, dtype=torch.int32)],
-        row_layout=None,
-    )
-    router = late.moe_layers[0].router
-    bind_router(router, state)
-    rm.forward(late, vc, ids, positions)
-    traced = int(state.expert_load_view.sum())
-    router._apply_eplb_mapping(torch.randint(0, e, (spec.num_tokens, info.top_k)))
-    report["late_recorded"] = (traced, int(state.expert_load_view.sum()) - traced)
-    return report
-
-
-def mtp_world(ctx: RankContext, spec: Any, events: str, served_events: str) -> dict[str, Any]:
-    """The MTP draft beside the target: ``real_model_world(ctx, spec)`` (``spec.speculative_tokens``,
-    its events file ``events``), then, on the same ranks, serving restarted from that events file (each
-    model's last committed placement) with events to ``served_events``: ``restart`` holds each model's
-    committed map right after start-up (``target``, ``draft``), the file's placements by model
-    (``file``), both models' slot checks under them and what the verifier checked; ``refused``: the
-    start-up error of a version-1 file of the target's placement alone (each rank writes its own copy):
-    the draft has none.
-    """
-    from ascend_eplb import world as rm
-    from ascend_eplb.integration import placement_file as pf
-    from ascend_eplb.integration.serving import guardrails_of
-    from ascend_eplb.integration.validation import EplbConfigError
-
-    os.environ["ASCEND_EPLB_EVENTS"] = events
-    report = rm.real_model_world(ctx, spec)
-    # Every rank's records of the first run are written (EP rank 0's) before any rank reads the file.
-    torch.distributed.barrier(group=torch.distributed.group.WORLD)
-    os.environ["ASCEND_EPLB_EVENTS"] = served_events
-    os.environ["ASCEND_EPLB_METRICS"] = "0"  # the scrape is the first run's
-    placements = pf.read_placements(events)
-    common = {
-        "num_redundant_experts": spec.num_redundant_experts, "window_size": spec.window_size,
-        "step_interval": spec.step_interval, "eplb_off": False, "data_parallel_size": spec.data_parallel_size,
-        "speculative_tokens": spec.speculative_tokens,
-    }  # fmt: skip
-    worker = rm.ServingWorker(ctx, spec.folder, initial_placement=events, **common)
-    verifier = guardrails_of(worker.wiring.controller).verifier
-    report["restart"] = {
-        "file": {p.model: [list(row) for row in p.physical_to_logical_map] for p in placements},
-        "target": worker.model_state.physical_to_logical_map.tolist(),
-        "draft": worker.draft_model_state.physical_to_logical_map.tolist(),
-        "slot_mismatches": (worker.initial_slot_mismatches, worker.draft_initial_slot_mismatches),
-        "verifier_commits_checked": verifier.commits_checked,
-    }
-    target_only = Path(ctx.tmp_dir) / f"target-only-{ctx.rank}.json"
-    target = next(p for p in placements if p.model == spec.folder)
-    pf.write_placement(target_only, replace(target, model=None))
-    try:
-        rm.ServingWorker(ctx, spec.folder, initial_placement=str(target_only), **common)
-    except EplbConfigError as e:
-        report["refused"] = str(e)
-    else:
-        report["refused"] = "started"
     return report

@@ -230,7 +230,7 @@ def test_the_batch_split_on_a_real_model_gives_eplb_off_logits_and_records_the_s
         ascend_keys={"replica_split": "batch"},
     )  # fmt: skip
     reports = run_ranks(
-        ranks.serving_world, world_size=world_size, tmp_path=tmp_path, args=(spec, False), timeout_s=200,
+        ranks.serving_world, world_size=world_size, tmp_path=tmp_path, args=(spec,), timeout_s=200,
         preload=PRELOAD,
     )  # fmt: skip
     worst_off = worst_hf = 0.0
