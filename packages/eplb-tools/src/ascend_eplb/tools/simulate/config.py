@@ -598,11 +598,6 @@ class SimulateConfig:
                 f"compile with format={fmt}: a compiled world serves float32 experts (the CPU stand-in of "
                 "the 16-bit and quantized experts computes each selection on its own, with host reads)"
             ]
-        if self.speculative_tokens and is_compiled(self.compilation):
-            return [
-                f"speculative tokens={self.speculative_tokens} with compile: the MTP draft is served eager "
-                "in this world (a compiled draft is not run here); drop one"
-            ]
         return []
 
     def _placement_errors(
