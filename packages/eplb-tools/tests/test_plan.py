@@ -18,7 +18,7 @@ import torch
 from vllm.distributed.eplb.policy.default import DefaultEplbPolicy
 
 from ascend_eplb.control import measures
-from ascend_eplb.tools import cli, plan, trace
+from ascend_eplb.tools import cli, plan, plan_compare, trace
 from ascend_eplb.world.esft import ESFT_TASKS, embedded_trace_path, task_shares_path
 
 #: ESFT's raw text of the translation task's MoE layers 1 and 2, byte-identical (data/esft/ORIGIN.md).
@@ -485,10 +485,10 @@ def test_plan_on_an_events_file_uses_its_recorded_expert_groups_and_nodes(tmp_pa
     # The policy comparison uses them too (the level: the recorded P = 8).
     assert cli.main(["plan", str(events), "--ranks", "4", "--policies", "default", "--json"]) == 0
     compared = json.loads(capsys.readouterr().out)
-    direct = plan.compare_policies(
-        plan.Windows((load,)),
-        plan.Deployment(4, 4, num_nodes=2, num_expert_groups=2),
-        plan.Candidates(("default",)),
+    direct = plan_compare.compare_policies(
+        plan_compare.Windows((load,)),
+        plan_compare.Deployment(4, 4, num_nodes=2, num_expert_groups=2),
+        plan_compare.Candidates(("default",)),
     ).to_json()
     assert (compared["num_expert_groups"], compared["num_nodes"]) == (2, 2)
     assert compared["runs"] == json.loads(json.dumps(direct["runs"]))
@@ -724,12 +724,14 @@ def test_the_load_estimate_compared_on_an_events_file_takes_in_its_recorded_new_
     assert _OVERLAPPING == [[[2, 2, 8, 2]], [[4, 4, 10, 10]], [[4, 4, 10, 10]], [[4, 4, 10, 10]]]
     events = _events_file(tmp_path / "events.jsonl", _OVERLAPPING, num_ranks=2, num_physical_experts=6,
                           new_selections=_NEW)  # fmt: skip
-    windows = plan.load_windows(events)
+    windows = plan_compare.load_windows(events)
     assert [w.tolist() for w in windows.new_selections] == _NEW
     assert windows.evidence == (
         "the selections each window record holds since the previous one, as serving's estimate took them in"
     )
-    result = plan.compare_policies(windows, plan.Deployment(2, 2), plan.Candidates(("default",)))
+    result = plan_compare.compare_policies(
+        windows, plan_compare.Deployment(2, 2), plan_compare.Candidates(("default",))
+    )
     assert [(r.label, r.gate) for r in result.runs] == [
         ("default (window)", "off"), ("default (pooled)", "off"),
         ("default (window) + recommended gate", "recommended"),
@@ -757,11 +759,13 @@ def test_the_load_estimate_compared_on_an_events_file_takes_in_its_recorded_new_
     assert [o.estimate_balancedness_planned for o in window.windows] == [None] * 4
     # The same file without the recorded selections: the estimate takes in the (overlapping) windows.
     old = _events_file(tmp_path / "old.jsonl", _OVERLAPPING, num_ranks=2, num_physical_experts=6)
-    windows = plan.load_windows(old)
+    windows = plan_compare.load_windows(old)
     assert windows.new_selections is None
     assert windows.evidence.startswith("each window's load (the file records no selections since each ")
-    on_loads = plan.compare_policies(
-        windows, plan.Deployment(2, 2), plan.Candidates(("default",), load_estimates=("pooled",))
+    on_loads = plan_compare.compare_policies(
+        windows,
+        plan_compare.Deployment(2, 2),
+        plan_compare.Candidates(("default",), load_estimates=("pooled",)),
     )
     sums = np.cumsum(np.array(_OVERLAPPING, dtype=np.float64), axis=0)
     first = on_loads.runs[0].windows
@@ -777,9 +781,9 @@ def test_the_load_estimate_compared_on_an_events_file_takes_in_its_recorded_new_
 def test_the_load_estimates_compared_on_the_embedded_esft_trace_and_the_run_to_choose():
     """The embedded ESFT trace in windows of 8 sequences (5 windows), 8 ranks, 8 redundant experts: the
     pooled estimate realises more than the window for both policies, and the choice's keys."""
-    windows = plan.load_windows(embedded_trace_path(), window_sequences=8)
+    windows = plan_compare.load_windows(embedded_trace_path(), window_sequences=8)
     assert windows.evidence == "each window's tokens (a trace's windows do not overlap)"
-    result = plan.compare_policies(windows, plan.Deployment(8, 8))
+    result = plan_compare.compare_policies(windows, plan_compare.Deployment(8, 8))
     totals = {
         r.label: (r.rearranged, r.experts_moved, round(r.mean_balancedness_realised, 4)) for r in result.runs
     }
@@ -797,7 +801,7 @@ def test_the_load_estimates_compared_on_the_embedded_esft_trace_and_the_run_to_c
     first = result.run("migration_aware", load_estimate="pooled").windows[0]
     assert first.estimate_balancedness_planned == first.balancedness_planned
     # Within 0.002 of the best realised (0.9524), the run that moves the fewest experts.
-    assert result.choice == plan.Choice(
+    assert result.choice == plan_compare.Choice(
         "migration_aware (window) + recommended gate",
         {"policy": "migration_aware", "min_balancedness_gain": 0.045, "target_balancedness": 0.949},
         result.run("migration_aware", "recommended").mean_balancedness_realised,
@@ -821,10 +825,10 @@ def _hand_trace(path):
 
 def test_a_routing_trace_compares_policies_on_windows_of_sequences(tmp_path, capsys):
     path = _hand_trace(tmp_path / "trace.npz")
-    windows = plan.load_windows(path, window_sequences=2)
+    windows = plan_compare.load_windows(path, window_sequences=2)
     assert [w.tolist() for w in windows.loads] == [[[2, 1, 0, 0]], [[0, 0, 1, 2]]]
     assert (windows.window, windows.source) == ("2 sequences (of 3)", str(path))
-    windows = plan.load_windows(path)  # default 4 sequences: the whole trace is one window
+    windows = plan_compare.load_windows(path)  # default 4 sequences: the whole trace is one window
     assert ([w.tolist() for w in windows.loads], windows.window) == ([[[2, 1, 1, 2]]], "4 sequences (of 3)")
     argv = [
         "plan",
@@ -849,8 +853,8 @@ def test_a_routing_trace_compares_policies_on_windows_of_sequences(tmp_path, cap
     assert [w["experts_moved"] for w in ours["windows"]] == [2, 0]
     # ESFT's own text files give the windows of the embedded trace, their compact conversion (on the two
     # MoE layers whose text the repository ships).
-    esft = plan.load_windows(ESFT_TEXT)
-    embedded = plan.load_windows(embedded_trace_path()).loads
+    esft = plan_compare.load_windows(ESFT_TEXT)
+    embedded = plan_compare.load_windows(embedded_trace_path()).loads
     assert esft.window == "4 sequences (of 40)"
     assert len(esft.loads) == 10
     assert all(a.shape == (2, 64) for a in esft.loads)

@@ -770,7 +770,7 @@ def _assert_records_are_the_events_and_plans_decisions(
     so (and one node), and plan takes them from the file; on the ``load_estimate`` too, fed what each
     window record says serving's estimate took in."""
     from ascend_eplb.integration.events import read_events
-    from ascend_eplb.tools import plan
+    from ascend_eplb.tools import plan, plan_compare
 
     events = _events(out / "events.jsonl")
 
@@ -815,12 +815,12 @@ def _assert_records_are_the_events_and_plans_decisions(
     assert grouping == {(groups, 1)}
     recorded = plan.planned_grouping(loaded, num_ranks=report["ranks"])
     assert recorded == (groups, 1)
-    windows = plan.load_windows(out / "events.jsonl")
+    windows = plan_compare.load_windows(out / "events.jsonl")
     assert (windows.new_selections is None) == (load_estimate == "window")
-    offline = plan.compare_policies(
+    offline = plan_compare.compare_policies(
         windows,
-        plan.Deployment(report["ranks"], report["num_redundant_experts"], recorded[1], recorded[0]),
-        plan.Candidates((policy,), gain, target, (load_estimate,)),
+        plan_compare.Deployment(report["ranks"], report["num_redundant_experts"], recorded[1], recorded[0]),
+        plan_compare.Candidates((policy,), gain, target, (load_estimate,)),
     ).run(policy, "given" if gain or target is not None else "off", load_estimate)
 
     def near(x):

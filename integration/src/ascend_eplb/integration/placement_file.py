@@ -27,6 +27,14 @@ from typing import Any
 from ascend_eplb.control.values import is_int
 from ascend_eplb.integration import json_text
 from ascend_eplb.integration.model_names import is_draft
+from ascend_eplb.integration.placement_checks import (
+    fact_problems,
+    layer_list_entry,
+    layer_list_rows,
+    map_problems,
+    short,
+    unknown_keys,
+)
 from ascend_eplb.integration.regular_files import (
     EVENTS_FILE,
     FileKind,
@@ -63,8 +71,6 @@ VERSION = 1
 VERSION_MODELS = 2
 #: The model facts a placement file states, in the order problems are reported.
 FACTS = ("num_moe_layers", "num_logical_experts", "num_physical_experts", "num_ranks")
-#: Problems of one kind listed in a message before the rest are counted ("and 12 more").
-_LISTED = 5
 #: What :func:`read_placements` reads, up to an events file's cap (either may be named).
 _PLACEMENT_OR_EVENTS = FileKind("a placement or events file", EVENTS_FILE.max_mib)
 
@@ -197,70 +203,6 @@ class Placement:
         return doc
 
 
-# ---------------------------------------------------------------------------------------------------- checks
-
-
-def _listed(kind: str, found: list[str]) -> list[str]:
-    """``found`` (problems of one kind) with at most :data:`_LISTED` named, the rest counted."""
-    if len(found) <= _LISTED:
-        return found
-    return [*found[:_LISTED], f"and {len(found) - _LISTED} more {kind}"]
-
-
-def _fact_problems(facts: Mapping[str, Any]) -> list[str]:
-    """Problems of the four facts themselves (integers >= 1, P divisible by N, P >= E)."""
-    out = [
-        f"{name}={facts[name]!r}: must be an integer >= 1"
-        for name in FACTS
-        if not (is_int(facts[name]) and facts[name] >= 1)
-    ]
-    if out:
-        return out
-    e, p, n = facts["num_logical_experts"], facts["num_physical_experts"], facts["num_ranks"]
-    if p < e:
-        out.append(
-            f"num_physical_experts={p}: must be at least num_logical_experts={e} (every logical expert "
-            "needs a slot)"
-        )
-    if p % n:
-        out.append(f"num_physical_experts={p}: must be divisible by num_ranks={n} (P / N slots per rank)")
-    return out
-
-
-def _map_problems(rows: Sequence[Any], facts: Mapping[str, int], where: Any) -> list[str]:
-    """Problems of an ``(L, P)`` map against its facts: its shape, each id (an integer in ``[0, E)``),
-    each layer holding every logical expert. ``where(layer, slot)`` names an entry in the messages."""
-    e, p_total, layers = facts["num_logical_experts"], facts["num_physical_experts"], facts["num_moe_layers"]
-    if len(rows) != layers:
-        return [f"{len(rows)} layers of placement: must be num_moe_layers={layers}"]
-    shape, ids, missing = [], [], []
-    for layer, row in enumerate(rows):
-        if len(row) != p_total:
-            shape.append(f"layer {layer}: {len(row)} slots, must be num_physical_experts={p_total}")
-            continue
-        seen: set[int] = set()
-        for slot, value in enumerate(row):
-            if is_int(value) and 0 <= value < e:
-                seen.add(value)
-            else:
-                ids.append(
-                    f"{where(layer, slot)}={value!r}: a logical expert id must be an integer in [0, {e}) "
-                    f"(num_logical_experts={e})"
-                )
-        absent = sorted(set(range(e)) - seen)
-        if absent:
-            shown = absent if len(absent) <= 8 else [*absent[:8], "..."]
-            missing.append(
-                f"layer {layer}: logical expert(s) {shown} hold no slot ({len(absent)} of {e}); every "
-                "logical expert needs at least one"
-            )
-    return (
-        _listed("slot-count problems", shape)
-        + _listed("ids out of range", ids)
-        + _listed("layers missing experts", missing)
-    )
-
-
 def placement_from_map(
     physical_to_logical_map: Sequence[Sequence[int]],
     *,
@@ -288,7 +230,7 @@ def placement_from_map(
         "num_physical_experts": len(rows[0]) if rows else 0,
         "num_ranks": num_ranks,
     }
-    problems = _fact_problems(facts) or _map_problems(
+    problems = fact_problems(facts) or map_problems(
         rows, facts, lambda layer, slot: f"layer {layer} slot {slot}"
     )
     if problems:
@@ -352,20 +294,10 @@ def read_placements(
     return _from_document(data, source)
 
 
-#: The keys of a version-1 document, of a version-2 document and of its ``models`` entry, of a
-#: ``layer_list`` entry and of a ``device_list`` entry.
+#: The keys of a version-1 document, of a version-2 document and of its ``models`` entry.
 _DOCUMENT_KEYS = ("format", "version", *FACTS, "source", "moe_layer_count", "layer_list")
 _MODELS_DOCUMENT_KEYS = ("format", "version", "source", "models")
 _MODEL_KEYS = ("model", *FACTS, "moe_layer_count", "layer_list")
-_LAYER_KEYS = ("layer_id", "device_count", "device_list")
-_DEVICE_KEYS = ("device_id", "device_expert")
-
-
-def _unknown(at: str, data: Mapping[str, Any], known: Sequence[str]) -> list[str]:
-    extra = [key for key in data if key not in known]
-    if not extra:
-        return []
-    return [f"{at}unknown key(s) {', '.join(map(repr, extra))}: the keys are {', '.join(known)}"]
 
 
 def read_placement(path: str | os.PathLike[str]) -> Placement:
@@ -421,14 +353,14 @@ def _from_document(data: Any, source: Path) -> tuple[Placement, ...]:
     models = data.get("models")
     if not isinstance(models, list) or not models or not all(isinstance(m, dict) for m in models):
         raise PlacementFileError(
-            source, [f"models={_short(models)}: version {VERSION_MODELS} holds a non-empty list of models"]
+            source, [f"models={short(models)}: version {VERSION_MODELS} holds a non-empty list of models"]
         )
-    unknown = _unknown("", data, _MODELS_DOCUMENT_KEYS)
+    unknown = unknown_keys("", data, _MODELS_DOCUMENT_KEYS)
     if unknown:
         raise PlacementFileError(source, unknown)
     names = [m.get("model") for m in models]
     problems = [
-        f"models[{i}].model={_short(name)}: must be the model's name (a non-empty string)"
+        f"models[{i}].model={short(name)}: must be the model's name (a non-empty string)"
         for i, name in enumerate(names)
         if not isinstance(name, str) or not name
     ]
@@ -451,81 +383,18 @@ def _model_placement(data: Mapping[str, Any], source: Path, model: str | None) -
     """One model's placement of a document (version 1's top level, or an entry of version 2's ``models``)
     and its problems (the placement is None when there are some)."""
     facts = {name: data.get(name) for name in FACTS}
-    problems = _unknown("", data, _DOCUMENT_KEYS if model is None else _MODEL_KEYS) + _fact_problems(facts)
+    problems = unknown_keys("", data, _DOCUMENT_KEYS if model is None else _MODEL_KEYS) + fact_problems(facts)
     if problems:
         return None, problems
-    rows, problems = _layer_list_rows(data, facts)
+    rows, problems = layer_list_rows(data, facts)
     if not problems:
-        problems = _map_problems(rows, facts, lambda layer, slot: _entry(layer, slot, facts))
+        problems = map_problems(rows, facts, lambda layer, slot: layer_list_entry(layer, slot, facts))
     if problems:
         return None, problems
     placement = Placement(
         tuple(tuple(r) for r in rows), facts["num_logical_experts"], facts["num_ranks"], str(source), model
     )
     return placement, []
-
-
-def _entry(layer: int, slot: int, facts: Mapping[str, int]) -> str:
-    p = facts["num_physical_experts"] // facts["num_ranks"]
-    return f"layer_list[{layer}].device_list[{slot // p}].device_expert[{slot % p}]"
-
-
-def _layer_list_rows(data: Mapping[str, Any], facts: Mapping[str, int]) -> tuple[list[list[Any]], list[str]]:
-    """The ``(L, P)`` rows of ``layer_list`` (devices concatenated in order), or the structure's problems."""
-    layers, n = facts["num_moe_layers"], facts["num_ranks"]
-    p = facts["num_physical_experts"] // n
-    out: list[str] = []
-    if not _equal(data.get("moe_layer_count"), layers):
-        out.append(f"moe_layer_count={data.get('moe_layer_count')!r}: must equal num_moe_layers={layers}")
-    layer_list = data.get("layer_list")
-    if not isinstance(layer_list, list):
-        return [], [*out, f"layer_list={_short(layer_list)}: must be a list of {layers} layers"]
-    if len(layer_list) != layers:
-        out.append(f"layer_list has {len(layer_list)} layers: must be num_moe_layers={layers}")
-    rows: list[list[Any]] = []
-    for li, layer in enumerate(layer_list):
-        at = f"layer_list[{li}]"
-        if not isinstance(layer, dict):
-            out.append(f"{at}: must be an object with layer_id, device_count and device_list")
-            continue
-        out += _unknown(f"{at}: ", layer, _LAYER_KEYS)
-        if not _equal(layer.get("layer_id"), li):
-            out.append(f"{at}.layer_id={layer.get('layer_id')!r}: must be {li} (layers in order)")
-        if not _equal(layer.get("device_count"), n):
-            out.append(f"{at}.device_count={layer.get('device_count')!r}: must equal num_ranks={n}")
-        devices = layer.get("device_list")
-        if not isinstance(devices, list) or len(devices) != n:
-            count = len(devices) if isinstance(devices, list) else _short(devices)
-            out.append(f"{at}.device_list: {count} devices, must be a list of num_ranks={n}")
-            continue
-        row: list[Any] = []
-        for ri, device in enumerate(devices):
-            dat = f"{at}.device_list[{ri}]"
-            if not isinstance(device, dict) or not isinstance(device.get("device_expert"), list):
-                out.append(f"{dat}: must be an object with device_id and a device_expert list")
-                continue
-            out += _unknown(f"{dat}: ", device, _DEVICE_KEYS)
-            if not _equal(device.get("device_id"), ri):
-                out.append(f"{dat}.device_id={device.get('device_id')!r}: must be {ri} (devices in order)")
-            experts = device["device_expert"]
-            if len(experts) != p:
-                out.append(
-                    f"{dat}.device_expert has {len(experts)} slots: must be num_physical_experts / num_ranks "
-                    f"= {p}"
-                )
-            row.extend(experts)
-        rows.append(row)
-    return rows, _listed("layer_list problems", out)
-
-
-def _equal(value: Any, want: int) -> bool:
-    """Whether ``value`` is the integer ``want`` (``False``, ``0.0`` and ``1.0`` are not integers)."""
-    return is_int(value) and value == want
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def _from_events(source: Path, text: str, served: Sequence[str] | None) -> tuple[Placement, ...]:
@@ -641,7 +510,7 @@ def _committed(run: Any, model: str | None, source: Path) -> Placement | list[st
             f"the events file does not record {', '.join(missing)} (its window records carry no "
             "num_ranks and num_physical_experts: recorded by an earlier ascend-eplb-integration)"
         ]
-    problems = _fact_problems(facts)
+    problems = fact_problems(facts)
     if problems:
         return problems
     absent = [layer for layer in range(facts["num_moe_layers"]) if layer not in rows]
@@ -665,7 +534,7 @@ def _committed(run: Any, model: str | None, source: Path) -> Placement | list[st
         if extra
         else []
     )
-    problems += _map_problems(ordered, facts, lambda layer, slot: f"layer {layer} slot {slot}")
+    problems += map_problems(ordered, facts, lambda layer, slot: f"layer {layer} slot {slot}")
     if problems:
         return problems
     return Placement(

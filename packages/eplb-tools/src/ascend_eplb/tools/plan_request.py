@@ -4,9 +4,11 @@
 of each model one server balanced, the target and its MoE draft; a routing trace's windows; a load
 matrix) and judges every option of every model before anything is planned: a :class:`SweepRequest`
 (the level sweep of :func:`ascend_eplb.tools.plan.plan`, one per model, with costs and the export of
-one placement file of every model) or a :class:`ComparisonRequest`
-(:func:`ascend_eplb.tools.plan.compare_policies` on the target's windows). :func:`run_plan` plans and
-prints. Errors are ``ValueError`` naming the value and the rule (the command's exit status 2).
+one placement file of every model), a :class:`ComparisonRequest`
+(:func:`ascend_eplb.tools.plan_compare.compare_policies` on the target's windows) or a
+:class:`BatchSplitRequest` (:func:`ascend_eplb.tools.plan_batch_split.batch_split_figures`).
+:func:`run_plan` plans and prints (:mod:`ascend_eplb.tools.plan_text`). Errors are ``ValueError``
+naming the value and the rule (the command's exit status 2).
 """
 
 from __future__ import annotations
@@ -31,25 +33,25 @@ from ascend_eplb.quant_views import get_format
 from ascend_eplb.tools.costs import ModelSize, estimate_costs, format_bytes, read_model_size
 from ascend_eplb.tools.plan import (
     DEFAULT_MARGIN,
-    DEFAULT_WINDOW_SEQUENCES,
-    Candidates,
-    Deployment,
-    ExpertBytes,
     PlanResult,
-    Windows,
-    batch_split_figures,
-    compare_policies,
     export_placement,
-    format_batch_split,
-    format_comparison,
-    format_plan,
-    load_windows,
     plan,
     planned_grouping,
     recorded_configuration,
     sweep_levels,
     validate_plan_args,
 )
+from ascend_eplb.tools.plan_batch_split import batch_split_figures
+from ascend_eplb.tools.plan_compare import (
+    DEFAULT_WINDOW_SEQUENCES,
+    Candidates,
+    Deployment,
+    ExpertBytes,
+    Windows,
+    compare_policies,
+    load_windows,
+)
+from ascend_eplb.tools.plan_text import format_batch_split, format_comparison, format_plan
 from ascend_eplb.tools.trace import (
     RoutingTrace,
     convert,
@@ -120,7 +122,7 @@ class SweepRequest:
 @dataclass(frozen=True)
 class ComparisonRequest:
     """The policy comparison on one sequence of windows (the arguments of
-    :func:`ascend_eplb.tools.plan.compare_policies`); ``json``: print JSON."""
+    :func:`ascend_eplb.tools.plan_compare.compare_policies`); ``json``: print JSON."""
 
     windows: Windows
     deployment: Deployment
@@ -132,7 +134,7 @@ class ComparisonRequest:
 @dataclass(frozen=True)
 class BatchSplitRequest:
     """``--batch-split``: a routing trace's batches (the arguments of
-    :func:`ascend_eplb.tools.plan.batch_split_figures`); ``json``: print JSON."""
+    :func:`ascend_eplb.tools.plan_batch_split.batch_split_figures`); ``json``: print JSON."""
 
     routing: RoutingTrace
     source: str

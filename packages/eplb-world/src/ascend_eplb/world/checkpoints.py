@@ -1,10 +1,11 @@
-"""The tiny checkpoints of vLLM's real MoE architectures: writing them, fitting their routing, reading them.
+"""The tiny checkpoints of vLLM's real MoE architectures: writing them and reading them back.
 
 :func:`write_checkpoint` writes ``"qwen3-moe"``, ``"deepseek-v3"`` (grouped top-k, sigmoid scoring with a
 nonzero correction bias, a shared expert, a dense first layer, MLA), ``"mixtral"`` or ``"qwen2-moe"``
 (the model EPLB start-up refuses: no ``MixtureOfExperts`` part in vLLM 0.33.0) with transformers' own
 classes, never a hub; :func:`to_format` converts one to a 16-bit dtype or msModelSlim's quantized layout
-(:func:`write_quantized_experts`); :func:`fit_routing_bias` fits a routing to a recorded popularity;
+(:func:`write_quantized_experts`); a routing fitted to a recorded popularity is
+:func:`ascend_eplb.world.routing_fit.fit_routing_bias`'s;
 :func:`checkpoint_info`, :func:`checkpoint_tensors`, :func:`checkpoint_experts` and
 :func:`checkpoint_format` read one back. transformers is imported inside functions (see
 :mod:`~ascend_eplb.world`); no vLLM. Shapes: E logical experts, H hidden, I MoE intermediate, L MoE
@@ -43,7 +44,6 @@ __all__ = [
     "checkpoint_format",
     "checkpoint_info",
     "checkpoint_tensors",
-    "fit_routing_bias",
     "format_of_quant_type",
     "msmodelslim_quant_type",
     "to_format",
@@ -403,77 +403,6 @@ def _draw_weights(model: Any) -> None:
                 buffer.normal_(0.0, 0.05)
 
 
-def fit_routing_bias(
-    folder: str | os.PathLike[str],
-    popularity: Any,
-    *,
-    iterations: int = 60,
-    step: float = 0.02,
-    seed: int = 0,
-) -> torch.Tensor:
-    """Fit a DeepSeek-V3 checkpoint's ``e_score_correction_bias`` so its routing follows ``popularity``.
-
-    The bias shifts selection only (upstream's ``noaux_tc`` adds it to the scores for the top-k choice, not
-    to the weights). Each of ``iterations`` runs HF transformers on 16 random sequences of 64 tokens (seed
-    ``seed``), counts each MoE layer's selections and moves its bias by ``step * log(target share / observed
-    share)``; the fitted bias is written back. 60 iterations fit the ESFT trace's first 4 MoE layers to an
-    L1 distance of 0.14-0.17 (64-expert preset; balancedness without EPLB within 0.01 of the trace's).
-
-    Args:
-        folder: a ``"deepseek-v3"`` checkpoint of :func:`write_checkpoint`.
-        popularity: ``(L, E)`` non-negative load per logical expert; each layer normalised to shares.
-
-    Returns:
-        float64 ``(L, E)``: the selection shares of the last iteration.
-
-    Raises:
-        ValueError: not a DeepSeek-V3 checkpoint, or ``popularity`` not ``(L, E)`` with positive rows.
-    """
-    from transformers import AutoModelForCausalLM
-
-    info = checkpoint_info(folder)
-    if info.arch != "deepseek-v3":
-        raise ValueError(f"{folder}: only a deepseek-v3 checkpoint has a routing bias, got {info.arch}")
-    target = torch.as_tensor(popularity, dtype=torch.float64)
-    if target.shape != (info.num_moe_layers, info.num_logical_experts) or bool((target.sum(1) <= 0).any()):
-        raise ValueError(
-            f"popularity must be (L, E) = ({info.num_moe_layers}, {info.num_logical_experts}) with a "
-            f"positive total per layer, got {tuple(target.shape)}"
-        )
-    target = target / target.sum(1, keepdim=True)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(folder), dtype=torch.float32, attn_implementation="eager"
-    )
-    model.eval()
-    gates = [model.model.layers[i].mlp.gate for i in info.moe_layer_indices]
-    counts: list[torch.Tensor | None] = [None] * len(gates)
-
-    def counter(layer: int) -> Any:
-        def hook(module: Any, inputs: Any, output: Any) -> None:
-            counts[layer] = torch.bincount(output[2].reshape(-1), minlength=info.num_logical_experts)
-
-        return hook
-
-    handles = [gate.register_forward_hook(counter(i)) for i, gate in enumerate(gates)]
-    ids = torch.randint(0, info.vocab_size, (16, 64), generator=torch.Generator().manual_seed(seed))
-    shares = target
-    try:
-        for _ in range(iterations):
-            with torch.inference_mode():
-                model(ids)
-            observed = torch.stack([c.double() for c in counts])
-            shares = observed / observed.sum(1, keepdim=True)
-            with torch.no_grad():
-                for layer, gate in enumerate(gates):
-                    error = torch.log((target[layer] + 1e-4) / (shares[layer] + 1e-4))
-                    gate.e_score_correction_bias += (step * error).float()
-    finally:
-        for handle in handles:
-            handle.remove()
-    model.save_pretrained(folder)
-    return shares
-
-
 def add_mtp_layer(
     folder: str | os.PathLike[str],
     *,
@@ -491,7 +420,8 @@ def add_mtp_layer(
     ``embed_tokens`` copies of the target's (as DeepSeek-V3's release); ``config.json`` already states
     ``num_nextn_predict_layers: 1``. The target's tensors, outputs and routing are unchanged. Drawn from
     ``seed`` as :func:`write_checkpoint` draws a layer; ``eh_proj`` std 0.02, norms 1. With ``popularity``
-    (``(E,)`` non-negative) its routing bias is fitted as :func:`fit_routing_bias` does (``iterations``,
+    (``(E,)`` non-negative) its routing bias is fitted as
+    :func:`~ascend_eplb.world.routing_fit.fit_routing_bias` does (``iterations``,
     ``step``), the layer run as transformers' ``DeepseekV3DecoderLayer`` on HF's target hidden states of 16
     random sequences of 64 tokens (``fit_seed``) and their next tokens.
 

@@ -1,4 +1,9 @@
-"""Options of ``ascend-eplb simulate`` and their rules (checked before any rank process starts)."""
+"""Options of ``ascend-eplb simulate`` and their rules (checked before any rank process starts).
+
+The rules that judge an option as another rule set does, or against another input (the layout, the
+output folder, the policy, a compilation config, ``--initial-placement``), are
+:mod:`~ascend_eplb.tools.simulate.option_rules`'.
+"""
 
 from __future__ import annotations
 
@@ -10,20 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES as PHASES
-from ascend_eplb.control.policy_config import (
-    load_estimate_error,
-    min_balancedness_gain_error,
-    policy_error,
-    target_balancedness_error,
-)
 from ascend_eplb.integration.model_facts import MAX_REDUNDANT_EXPERTS, experts_divisibility_error
-from ascend_eplb.integration.model_names import DRAFT_SUFFIX
-from ascend_eplb.integration.placement_file import (
-    PlacementFileError,
-    assign_placements,
-    describe_mismatch,
-    read_placements,
-)
 from ascend_eplb.integration.verify import CHECKS as VERIFIER_CHECKS
 from ascend_eplb.integration.watchdog import CHECK as WATCHDOG_CHECK
 from ascend_eplb.quant_views import get_format
@@ -31,7 +23,15 @@ from ascend_eplb.tools.costs import read_model_size
 from ascend_eplb.tools.options import MAX_INPUT_MIB_HELP, non_negative_int, number, path_text, positive_int
 from ascend_eplb.tools.simulate import resources
 from ascend_eplb.tools.simulate.models import PRESET_FORMAT, REPLAY, REPLAY_FORMAT
-from ascend_eplb.world.serving import COMPILE_BACKENDS, compilation_error, compilation_of, is_compiled
+from ascend_eplb.tools.simulate.option_rules import (
+    compilation_errors,
+    layout_errors,
+    placement_errors,
+    policy_errors,
+    unwritable,
+    vllm_compilation_error,
+)
+from ascend_eplb.world.serving import COMPILE_BACKENDS, compilation_of
 
 __all__ = [
     "CHECKS",
@@ -481,7 +481,7 @@ class SimulateConfig:
         num_moe_layers = self.num_moe_layers if self.num_moe_layers is not None else num_trace_moe_layers
         if 1 <= num_moe_layers <= num_trace_moe_layers and (reason := self._steps_error(num_moe_layers)):
             errors.append(reason)
-        errors += self._placement_errors(num_moe_layers, num_logical_experts)
+        errors += placement_errors(self, num_moe_layers, num_logical_experts)
         sizes = dict(num_moe_layers=num_moe_layers, num_logical_experts=num_logical_experts, top_k=top_k)
         errors += resources.integer_rules(self, **sizes)
         if not errors:
@@ -496,7 +496,7 @@ class SimulateConfig:
         errors: list[str] = []
         if not 1 <= self.num_ranks <= 8:
             errors.append(f"ranks={self.num_ranks}: must be in [1, 8] (one CPU process per rank)")
-        errors += _layout_errors(self)
+        errors += layout_errors(self)
         if self.num_ranks == 1:
             errors.append("ranks=1: EPLB needs an expert-parallel world of at least 2 ranks")
         if self.num_redundant_experts < 0:
@@ -535,7 +535,7 @@ class SimulateConfig:
             if value is not None and not str(value).strip():
                 # Path("") is the current folder: --out= cleared the outputs of wherever it ran.
                 errors.append(f"{flag}={value!r}: an empty path; name the file or folder")
-        out_error = _unwritable(Path(self.out_dir)) if str(self.out_dir).strip() else None
+        out_error = unwritable(Path(self.out_dir)) if str(self.out_dir).strip() else None
         if out_error:
             errors.append(f"out={self.out_dir}: {out_error}")
         errors += self._inputs_among_outputs()
@@ -549,7 +549,7 @@ class SimulateConfig:
             errors.append(f"on worker failure={self.on_worker_failure!r}: must be 'stop' or 'raise'")
         if self.fault is not None and self.fault not in FAULTS:
             errors.append(f"fault={self.fault!r}: must be one of {FAULTS}")
-        errors += _policy_errors(self)
+        errors += policy_errors(self)
         return errors
 
     def _inputs_among_outputs(self) -> list[str]:
@@ -579,60 +579,6 @@ class SimulateConfig:
                 )
         return errors
 
-    def _compilation_errors(self, fmt: str) -> list[str]:
-        """The rules of ``--compile`` / ``--compilation-config`` on a real model whose experts are ``fmt``."""
-
-        if self.compile is None and self.compilation_config is None:
-            return []
-        if self.compile is not None and self.compilation_config is not None:
-            return ["compile and compilation-config: give one (--compile eager is mode 2 with backend eager)"]
-        if self.compilation_config is not None:
-            try:
-                compilation = json.loads(self.compilation_config)
-            except json.JSONDecodeError as e:
-                return [f"compilation-config={self.compilation_config!r}: not JSON ({e})"]
-            if (reason := compilation_error(compilation)) is not None:
-                return [f"compilation-config: {reason}"]
-        if is_compiled(self.compilation) and fmt != "float32":
-            return [
-                f"compile with format={fmt}: a compiled world serves float32 experts (the CPU stand-in of "
-                "the 16-bit and quantized experts computes each selection on its own, with host reads)"
-            ]
-        return []
-
-    def _placement_errors(
-        self, num_moe_layers: int, num_logical_experts: int, source: Any = None
-    ) -> list[str]:
-        """Start-up's judgement of ``--initial-placement`` (the serving path's rule ``initial-placement``,
-        here before any rank starts): the file readable and valid, a placement for each model served (a
-        real model's ``source``: the target, and its MTP draft with ``--speculative-tokens``) and, in a
-        placement file, of no other (an events file's records of another model are not read), each made
-        for these logical experts, physical slots (E + ``--redundant-experts``) and ranks, the target's for
-        these MoE layers (the draft's: one, its MTP layer); every problem named."""
-        path = self.initial_placement
-        if path is None or not str(path).strip():
-            return []
-
-        target = str(source.folder) if source is not None else "the model"
-        served = (target + DRAFT_SUFFIX, target) if self.speculative_tokens else (target,)
-        try:
-            placements = read_placements(path, served)
-        except PlacementFileError as e:
-            return [f"initial placement={path}: {'; '.join(e.problems)}"]
-        assignment, problems = assign_placements(placements, served)
-        if problems:
-            return [f"initial placement={path}: {'; '.join(problems)} (the run serves {list(served)})"]
-        errors = []
-        for name, placement in assignment.items():
-            differ = placement.mismatches(
-                num_moe_layers=num_moe_layers if name == target else source.num_mtp_layers,
-                num_logical_experts=num_logical_experts,
-                num_physical_experts=num_logical_experts + self.num_redundant_experts,
-                num_ranks=self.num_ranks,
-            )
-            errors += [describe_mismatch(placement, differ)] if differ else []
-        return errors
-
     def validate_model(self, source: Any) -> None:
         """The rules of a run on a real model (``source``: a resolved ``ModelSource``); ``ValueError``
         listing every violated rule, as :meth:`validate`.
@@ -645,7 +591,7 @@ class SimulateConfig:
         """
 
         errors = self._common_errors(source.num_logical_experts)
-        errors += self._compilation_errors(source.format)
+        errors += compilation_errors(self, source.format)
         defaults = {f.name: f.default for f in fields(SimulateConfig)}
         for name in REPLAY_ONLY:
             if getattr(self, name) != defaults[name]:
@@ -674,7 +620,7 @@ class SimulateConfig:
                 f"DeepSeek-V3 checkpoint with its MTP layer; model {source.name} is {source.architecture} in "
                 f"{source.format} with {source.num_mtp_layers} MTP layer(s)"
             )
-        errors += self._placement_errors(source.num_moe_layers, source.num_logical_experts, source)
+        errors += placement_errors(self, source.num_moe_layers, source.num_logical_experts, source)
         if self.effective_padded_size > source.max_positions:
             errors.append(
                 f"padded size={self.effective_padded_size}: one step is one sequence of that many tokens, "
@@ -686,58 +632,13 @@ class SimulateConfig:
         )  # fmt: skip
         if not errors and self.compilation is not None:
             # Last, once every other rule holds: these import vLLM (the other refusals come without it).
-            reason = _vllm_compilation_error(self.compilation)
+            reason = vllm_compilation_error(self.compilation)
             flag = "compile" if self.compile is not None else "compilation-config"
             errors += [] if reason is None else [f"{flag}: {reason}"]
         if not errors:
             errors += resources.model_memory_rule(self.num_ranks, source.folder)
         if errors:
             raise ValueError("invalid simulate options:\n  - " + "\n  - ".join(errors))
-
-
-def _vllm_compilation_error(compilation: dict[str, Any]) -> str | None:
-    """What vLLM and start-up would refuse in a ``compilation_config`` the world serves (``compilation``,
-    valid by ``world.compilation_error``), before any rank starts: vLLM's own ``CompilationConfig``
-    (pydantic: the backend, the mode, each field), then the serving path's rule ``compiled-forward``
-    (inductor freezing, ``TORCHINDUCTOR_FREEZING=1`` included; an option torch's inductor does not have),
-    the very function start-up runs on every rank."""
-    from pydantic import ValidationError
-    from vllm.config import CompilationConfig
-
-    from ascend_eplb.integration.rules import RULES
-    from ascend_eplb.integration.settings import EplbSettings
-
-    try:
-        built = CompilationConfig(**compilation)
-    except ValidationError as e:
-        said = "; ".join(err["msg"] for err in e.errors())
-        return f"vLLM's CompilationConfig refuses {json.dumps(compilation)}: {said}"
-    except (TypeError, ValueError) as e:
-        return f"vLLM's CompilationConfig refuses {json.dumps(compilation)}: {e}"
-    mode = "VLLM_COMPILE" if built.mode is None else built.mode.name
-    inductor = compilation.get("inductor_compile_config") or {}
-    settings = EplbSettings(
-        enable_eplb=True,
-        compilation_mode=mode,
-        inductor_freezing=bool(inductor.get("freezing"))
-        or os.environ.get("TORCHINDUCTOR_FREEZING", "0") == "1",
-        inductor_compile_config=dict(inductor),
-    )
-    found = RULES["compiled-forward"](settings)
-    return None if found is None else f"[compiled-forward] {found}"
-
-
-def _policy_errors(config: SimulateConfig) -> list[str]:
-    """Start-up's rules of the policy and the gain gate (``ascend_eplb.control.policy_config``, the
-    functions integration's rules call), each message naming the value and the rule."""
-
-    checks = (
-        ("policy", policy_error(config.policy)),
-        ("min balancedness gain", min_balancedness_gain_error(config.min_balancedness_gain)),
-        ("target balancedness", target_balancedness_error(config.target_balancedness)),
-        ("load estimate", load_estimate_error(config.load_estimate)),
-    )
-    return [f"{name}: {reason}" for name, reason in checks if reason is not None]
 
 
 def ascend_policy_keys(config: SimulateConfig) -> dict[str, Any]:
@@ -764,34 +665,6 @@ REPLAY_ONLY = (
     "intermediate_size",
     "model_config",
 )
-
-
-def _layout_errors(config: SimulateConfig) -> list[str]:
-    """The DP x TP layout's rules: D divides the ranks, and with ``--tp`` the ranks are D x TP."""
-    dp, tp, ranks = config.data_parallel_size, config.tensor_parallel_size, config.num_ranks
-    if dp < 1 or (tp is not None and tp < 1):
-        return [f"dp={dp}, tp={tp}: must be >= 1"]
-    if tp is not None and dp * tp != ranks:
-        return [f"ranks={ranks} with dp={dp} x tp={tp}: the ranks must be dp x tp = {dp * tp}"]
-    if ranks % dp:
-        return [f"dp={dp}: must divide ranks={ranks} (ranks = dp x tp)"]
-    return []
-
-
-def _unwritable(out: Path) -> str | None:
-    """Why the output folder ``out`` cannot be created or written, or None when it can."""
-    if out.exists():
-        if not out.is_dir():
-            return "exists and is not a folder"
-        return None if os.access(out, os.W_OK | os.X_OK) else "folder is not writable"
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        return f"cannot be created: {parent} is not a folder"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"cannot be created: {parent} is not writable"
-    return None
 
 
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
