@@ -3,7 +3,7 @@
 
 :data:`PATCHES`: the :class:`~ascend_eplb.control.patching.Patch` es of ``host_adaptation``,
 ``commit_hooks``, ``watchdog`` and this module (each declared on its factory with
-``@ascend_eplb.control.upstream.replaces``), in the one installation order declared here (a binding
+``@ascend_eplb.control.upstream.SURFACE.replaces``), in the one installation order declared here (a binding
 claimed twice fails at import), installed by the process's single ``PatchSet`` (:func:`apply_patches`:
 every check before the first change). :data:`INSTANCE_BINDINGS`: the upstream methods their owners replace
 on single instances while serving. Each replacement calls the plane that owns the behaviour; the CPU
@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.config.parallel.ParallelConfig.__post_init__",
     'communicator unset -> `"torch_gloo"` before upstream probes NIXL/XCCL, then upstream\'s',
 )
@@ -50,11 +50,11 @@ def _wrap_post_init(original: Callable[[Any], None]) -> Callable[[Any], None]:
     return __post_init__
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.distributed.eplb.eplb_communicator.create_eplb_communicator",
     "`\"torch_gloo\"` -> movement's `AscendGlooEplbCommunicator(cpu_group)`; other backends upstream's",
 )
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.distributed.eplb.eplb_state.create_eplb_communicator", "the same (imported there by name)"
 )
 def _wrap_factory(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -71,7 +71,7 @@ def _wrap_factory(original: Callable[..., Any]) -> Callable[..., Any]:
     return create_eplb_communicator
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.model_executor.models.deepseek_mtp.fused_moe_make_expert_params_mapping",
     "upstream's, with the draft's `num_redundant_experts` when `DeepSeekMTP.load_weights` leaves it out "
     "(vLLM 0.33.0 does: the draft's redundant slots got no weight, and EPLB routed tokens to them)",
@@ -102,7 +102,7 @@ def _wrap_mtp_expert_mapping(original: Callable[..., Any]) -> Callable[..., Any]
     return fused_moe_make_expert_params_mapping
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.v1.worker.gpu.model_runner.EPLBController",
     "EPLB on: `create_eplb_controller`'s controller for the current vLLM config; off: upstream's class",
 )
@@ -132,7 +132,7 @@ def _wrap_runner_controller(original: type) -> Callable[[Any, Any], Any]:
     return EPLBController
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.v1.worker.gpu.model_runner.GPUModelRunner.shutdown",
     "the controller's `shutdown()` first, when it has one (the watchdog's end of life), then upstream's",
 )
@@ -151,7 +151,7 @@ def _wrap_runner_shutdown(original: Callable[[Any], None]) -> Callable[[Any], No
     return shutdown
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.v1.worker.gpu.model_runner.GPUModelRunner.prepare_inputs",
     "the batch's phase to the controller first, when it has phases (`set_batch_phase(bool("
     "batch_req_state.has_prefill))`), then upstream's",
@@ -201,7 +201,7 @@ def check_upstream() -> None:
     :data:`PATCHES` and of :data:`INSTANCE_BINDINGS` included), except a patch target whose patch does
     not apply in this process (the host adaptation's, where an accelerator is present) and that nothing
     else relies on (``EplbState.__init__`` is still checked there: the state subclasses it); then every
-    pinned body, attribute and override (:func:`ascend_eplb.control.upstream.check_rows`). The CPU
+    pinned body, attribute and override (``ascend_eplb.control.upstream.SURFACE.check_rows()``). The CPU
     world's rows are not the surface's: a vLLM change there must not stop a serving process. Wrappers
     installed by :func:`apply_patches` are checked as the functions they wrap.
 
@@ -218,7 +218,7 @@ def check_upstream() -> None:
         for entry in upstream.SIGNATURES.values()
         if entry.name not in not_applied or not set(entry.users) <= {not_applied[entry.name]}
     )
-    upstream.check_rows()
+    upstream.SURFACE.check_rows()
 
 
 def apply_patches() -> bool:

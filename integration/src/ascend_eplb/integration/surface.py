@@ -2,26 +2,18 @@
 row is importable.
 
 The rows are declared beside their code: each module-level replacement on its replacement factory
-(``@ascend_eplb.control.upstream.replaces``, in control's ``host_adaptation`` and ``commit_hooks`` and in
-this package's ``patches`` and ``watchdog``), collected in installation order by
+(``@ascend_eplb.control.upstream.SURFACE.replaces``, in control's ``host_adaptation`` and
+``commit_hooks`` and in this package's ``patches`` and ``watchdog``), collected in installation order by
 :data:`ascend_eplb.integration.patches.PATCHES`; the signatures, instance bindings, overrides,
-attributes and pinned bodies in :mod:`ascend_eplb.control.upstream`. :func:`render` writes their tables
-(``integration/UPSTREAM.md``; a test keeps them equal: ``python -m ascend_eplb.integration.surface``
-prints it). Nothing here imports vLLM.
+attributes and pinned bodies in :mod:`ascend_eplb.control.upstream` (its ``SURFACE``). :func:`render`
+writes their tables (``integration/UPSTREAM.md``; a test keeps them equal:
+``python -m ascend_eplb.integration.surface`` prints it). Nothing here imports vLLM.
 """
 
 from __future__ import annotations
 
 from ascend_eplb.control import upstream
-from ascend_eplb.control.patching import (
-    attribute_table,
-    body_table,
-    instance_binding_table,
-    override_table,
-    patch_table,
-    signature_table,
-    surface_document,
-)
+from ascend_eplb.control.markdown import patch_table
 from ascend_eplb.integration import patches
 
 __all__ = ["render"]
@@ -30,7 +22,7 @@ __all__ = ["render"]
 def render() -> str:
     """The tables of every row of the serving product, as Markdown (what ``integration/UPSTREAM.md``
     holds)."""
-    return surface_document(
+    return upstream.SURFACE.render(
         "The upstream surface",
         "Every point where the ascend_eplb serving product meets upstream vLLM 0.33.0 and torch 2.13.0. "
         "Generated from the rows (each replacement's on its replacement factory, `@upstream.replaces`; "
@@ -40,17 +32,6 @@ def render() -> str:
         "controller and the state check theirs when they are constructed.",
         [
             ("Module-level replacements (`PATCHES`, in installation order)", patch_table(patches.PATCHES)),
-            (
-                "Methods replaced on single instances (`INSTANCE_BINDINGS`)",
-                instance_binding_table(upstream.INSTANCE_BINDINGS),
-            ),
-            ("Methods our subclasses override (`OVERRIDES`)", override_table(upstream.OVERRIDES)),
-            ("Attributes of upstream objects (`ATTRIBUTES`)", attribute_table(upstream.ATTRIBUTES)),
-            ("Upstream bodies our code depends on (`BODIES`, source digests)", body_table(upstream.BODIES)),
-            (
-                "Signatures relied on (`SIGNATURES`: names, kinds, defaults)",
-                signature_table(upstream.SIGNATURES.values()),
-            ),
         ],
     )
 

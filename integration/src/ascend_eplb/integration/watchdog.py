@@ -84,7 +84,7 @@ def watchdog_settings(environ: Mapping[str, str] | None = None) -> tuple[float, 
     return timeout, policy
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.distributed.eplb.async_worker.transfer_run_periodically",
     f"upstream's loop; its exception and traceback recorded on the state (`{_ERROR_ATTR}`) before the "
     "thread ends",

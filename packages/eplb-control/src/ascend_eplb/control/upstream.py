@@ -1,31 +1,24 @@
-"""The upstream surface: every point where ascend_eplb meets vLLM 0.33.0 and torch 2.13.0, declared once.
+"""The serving product's upstream surface: every point where ascend_eplb meets vLLM 0.33.0 and torch
+2.13.0, declared once in :data:`SURFACE`.
 
 Rows (types of :mod:`ascend_eplb.control.patching`): :data:`SIGNATURES` (every upstream callable patched,
 bound per instance, overridden, body-pinned or called with arguments we build; not accessors such as
-``get_ep_group()``), module-level replacements (each on its factory with :func:`replaces`, listed by its
-owner's ``PATCHES``, installed by integration in one ``PatchSet``), :data:`INSTANCE_BINDINGS`,
+``get_ep_group()``), module-level replacements (each on its factory with ``SURFACE.replaces``, listed by
+its owner's ``PATCHES``, installed by integration in one ``PatchSet``), :data:`INSTANCE_BINDINGS`,
 :data:`OVERRIDES`, :data:`ATTRIBUTES` (written or read: upstream must declare them; added: it must not)
-and :data:`BODIES` (source digests). A package above serving declares its own rows beside its code;
-integration renders them all (``integration/UPSTREAM.md``). Users check theirs with :func:`check_used_by`
-at construction or installation; integration's ``check_upstream()`` checks every row (:func:`check_rows`).
-Nothing here imports vLLM (a row resolves when checked); dataplane's ``UPSTREAM_MAPPING_SIGNATURE`` is
-listed by reference (``ascend_eplb.dataplane.router``, torch only, the one other package imported).
+and :data:`BODIES` (source digests). Users check theirs with ``SURFACE.check(user, ...)`` at construction
+or installation; integration's ``check_upstream()`` checks every row and renders them
+(``integration/UPSTREAM.md``). Nothing here imports vLLM (a row resolves when checked); dataplane's
+``UPSTREAM_MAPPING_SIGNATURE`` is listed by reference (``ascend_eplb.dataplane.router``, torch only, the
+one other package imported).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
-from ascend_eplb.control import patching
-from ascend_eplb.control.patching import (
-    Attribute,
-    Body,
-    InstanceBinding,
-    Override,
-    Signature,
-    check_signatures,
-)
+from ascend_eplb.control.patching import Attribute, Body, InstanceBinding, Override, Signature
+from ascend_eplb.control.surface import Surface, table
 from ascend_eplb.dataplane.router import UPSTREAM_MAPPING_SIGNATURE
 
 __all__ = [
@@ -35,14 +28,9 @@ __all__ = [
     "INSTANCE_BINDINGS",
     "OVERRIDES",
     "SIGNATURES",
+    "SURFACE",
     "USERS",
     "WORKER_ERROR_ATTR",
-    "check_rows",
-    "check_used_by",
-    "instance_binding",
-    "replaces",
-    "signature",
-    "used_by",
 ]
 
 # The users (modules of ascend_eplb that rely on a row).
@@ -64,7 +52,7 @@ STARTUP_PLACEMENT = "integration.startup_placement"
 PROMETHEUS = "integration.prometheus"
 METRICS = "integration.metrics"
 MEASURES = "control.measures"
-#: Every user id a row may name (what :func:`used_by` and :func:`check_used_by` accept).
+#: Every user id a row may name (what ``SURFACE.used_by`` and ``SURFACE.check`` accept).
 USERS = (
     HOST_ADAPTATION,
     COMMIT_HOOKS,
@@ -110,17 +98,8 @@ _DEEPSEEK_MTP = "vllm.model_executor.models.deepseek_mtp"
 _FACTORY = ("group_coordinator", "backend", "expert_weights", "expert_buffer")
 
 
-def _table(*entries: Signature) -> Mapping[str, Signature]:
-    table: dict[str, Signature] = {}
-    for entry in entries:
-        if entry.name in table:
-            raise ValueError(f"upstream signature {entry.name} is listed twice")
-        table[entry.name] = entry
-    return table
-
-
 #: Every upstream signature relied on, by ``module.qualname``.
-SIGNATURES: Mapping[str, Signature] = _table(
+SIGNATURES: Mapping[str, Signature] = table(
     # torch: the host adaptation's stream and cache functions (replaced without an accelerator).
     Signature(_ACCELERATOR, "set_device_index", ("device", "/"), (HOST_ADAPTATION,)),
     Signature(_ACCELERATOR, "current_stream", ("device=None", "/"), (HOST_ADAPTATION,)),
@@ -281,63 +260,20 @@ SIGNATURES: Mapping[str, Signature] = _table(
 )
 
 
-def signature(name: str) -> Signature:
-    """The entry ``module.qualname`` of :data:`SIGNATURES`.
-
-    Raises:
-        KeyError: ``name`` is not in the table (the message says where to add it).
-    """
-    try:
-        return SIGNATURES[name]
-    except KeyError:
-        raise KeyError(f"{name} is not in ascend_eplb.control.upstream.SIGNATURES; list it there") from None
-
-
-def replaces(target: str | tuple[str, str], does: str, **options: Any) -> Callable[[Any], Any]:
-    """Declare the decorated factory as a module-level replacement of upstream
-    (:func:`ascend_eplb.control.patching.replaces`, whose keywords ``when``, ``applies`` and ``check`` it
-    takes): ``target`` is ``module.qualname`` of a function of :data:`SIGNATURES` (binding and parameters
-    from its entry), or ``(module, qualname)`` of a binding that is not a function.
-
-    Raises:
-        KeyError: a function ``target`` is not in :data:`SIGNATURES`.
-        ValueError: the factory's module is not one of :data:`USERS`.
-    """
-    declare = patching.replaces(signature(target) if isinstance(target, str) else target, does, **options)
-
-    def declared(factory: Any) -> Any:
-        _known((factory.__module__.removeprefix("ascend_eplb."),))
-        return declare(factory)
-
-    return declared
-
-
 #: Every upstream method the process replaces on single instances (the classes keep theirs).
 INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = (
     InstanceBinding(
-        signature(".".join(UPSTREAM_MAPPING_SIGNATURE[:2])),
+        SIGNATURES[".".join(UPSTREAM_MAPPING_SIGNATURE[:2])],
         "ascend_eplb.dataplane.router",
         "control.router_adaptation.adapt_layer_routers (dataplane.bind_router), on the router of each MoE "
         "layer of a model before it is registered",
     ),
     InstanceBinding(
-        signature(f"{_UTILS}.CpuGpuEvent.record"),
+        SIGNATURES[f"{_UTILS}.CpuGpuEvent.record"],
         "ascend_eplb.control.state",
         "AscendEplbState.after_commit, on the consumed_event of each async layer result it commits",
     ),
 )
-
-
-def instance_binding(name: str) -> InstanceBinding:
-    """The row of :data:`INSTANCE_BINDINGS` replacing the upstream method ``module.qualname``.
-
-    Raises:
-        KeyError: no row replaces it.
-    """
-    for binding in INSTANCE_BINDINGS:
-        if binding.name == name:
-            return binding
-    raise KeyError(f"{name} is not in ascend_eplb.control.upstream.INSTANCE_BINDINGS; list it there")
 
 
 _ASCEND_CONTROLLER = "ascend_eplb.control.controller.AscendEPLBController"
@@ -350,7 +286,7 @@ _KEEP_UNLOADED = "ascend_eplb.control.state.UnloadedModelsKeepPlacement"
 
 
 def _override(subclass: str, name: str, users: str, how: str) -> Override:
-    return Override(subclass, signature(name), (users,), how)
+    return Override(subclass, SIGNATURES[name], (users,), how)
 
 
 #: Every upstream method a subclass of ours overrides (each extends upstream's parameters).
@@ -828,33 +764,33 @@ ATTRIBUTES: tuple[Attribute, ...] = (
 #: :func:`~ascend_eplb.control.patching.source_digest`.
 BODIES: tuple[Body, ...] = (
     Body(
-        signature(f"{_CONTROLLER}.EPLBController.prepare_load"),
+        SIGNATURES[f"{_CONTROLLER}.EPLBController.prepare_load"],
         "fb6cd33474d1d15f",
         (CONTROLLER,),
         "AscendEPLBController.prepare_load copies it, building an AscendEplbState",
     ),
     Body(
-        signature(f"{_CONTROLLER}.EPLBController.step"),
+        SIGNATURES[f"{_CONTROLLER}.EPLBController.step"],
         "37b8a37ca00d9a08",
         (CONTROLLER,),
         "AscendEPLBController.step restates its run condition (a StepEvent exactly when it ran)",
     ),
     Body(
-        signature(f"{_CONTROLLER}.EPLBController.suppress"),
+        SIGNATURES[f"{_CONTROLLER}.EPLBController.suppress"],
         "6227688ee34a8821",
         (CONTROLLER,),
         "AscendEPLBController.suppress and stop_eplb rely on it saving and restoring suppressed and "
         "should_record_tensor",
     ),
     Body(
-        signature(f"{_STATE}.EplbState.step"),
+        SIGNATURES[f"{_STATE}.EplbState.step"],
         "185d58bef449a848",
         (STATE,),
         "AscendEplbState.step restates when it copies a pass into the load window (not a dummy or profile "
         "step, `_should_record_current_step`), before its commits change the placement",
     ),
     Body(
-        signature(f"{_STATE}._move_to_workspace"),
+        SIGNATURES[f"{_STATE}._move_to_workspace"],
         "303b2c6ca50e734e",
         (COMMIT_HOOKS,),
         "the per-layer order move, commit, refresh, acknowledge (invariant 6): the commit hook runs "
@@ -863,46 +799,15 @@ BODIES: tuple[Body, ...] = (
     ),
 )
 
-
-def _known(users: tuple[object, ...]) -> set[str]:
-    unknown = [u for u in users if u not in USERS]
-    if unknown:
-        raise ValueError(f"unknown user(s) {unknown!r} of the upstream table; the users are {USERS!r}")
-    return set(users)  # type: ignore[arg-type]
-
-
-def used_by(user: str) -> tuple[Signature, ...]:
-    """The signature entries ``user`` relies on, in table order.
-
-    Raises:
-        ValueError: ``user`` is not one of :data:`USERS` (a typo would otherwise select nothing).
-    """
-    _known((user,))
-    return tuple(entry for entry in SIGNATURES.values() if user in entry.users)
-
-
-def check_used_by(*users: str) -> None:
-    """Check every row the ``users`` rely on: signatures (in table order), then the bodies, attributes
-    and overrides of theirs.
-
-    Raises:
-        ValueError: a user is not one of :data:`USERS` (a typo would otherwise check nothing).
-        RuntimeError: one is missing, changed signature or body, lost an attribute we use or declares
-            one we add, since vLLM 0.33.0; the message names it.
-    """
-    wanted = _known(users)
-    check_signatures(entry for entry in SIGNATURES.values() if set(entry.users) & wanted)
-    check_rows(wanted)
-
-
-def check_rows(users: Iterable[str] | None = None) -> None:
-    """Check the :data:`BODIES`, :data:`ATTRIBUTES` and :data:`OVERRIDES` of ``users`` (None: all), in
-    that order; the signatures are :func:`check_used_by`'s (and integration's ``check_upstream``'s).
-
-    Raises:
-        RuntimeError: the first row that drifted, named.
-    """
-    wanted = set(USERS) if users is None else _known(tuple(users))
-    for row in (*BODIES, *ATTRIBUTES, *OVERRIDES):
-        if set(row.users) & wanted:
-            row.check()
+#: The serving product's surface: its rows, checked (``SURFACE.check(user, ...)``), replaced
+#: (``SURFACE.replaces``) and rendered.
+SURFACE = Surface(
+    __name__,
+    "the upstream table",
+    USERS,
+    SIGNATURES,
+    instance_bindings=INSTANCE_BINDINGS,
+    overrides=OVERRIDES,
+    attributes=ATTRIBUTES,
+    bodies=BODIES,
+)
