@@ -19,6 +19,7 @@ from ascend_eplb.control import upstream
 from ascend_eplb.control.patching import InstanceBinding, Signature
 from ascend_eplb.control.surface import table as surface_table
 from ascend_eplb.integration import patches
+from ascend_eplb.integration import upstream as integration_upstream
 
 _MISSING = object()
 
@@ -269,7 +270,7 @@ def test_upstream_runner_construction_gets_the_ascend_controller_only_with_eplb_
 
 
 def test_every_upstream_signature_is_listed_once_and_the_replacements_take_theirs_from_the_table():
-    table = upstream.SIGNATURES
+    table = patches.SURFACE.signatures
     assert all(name == entry.name for name, entry in table.items())
     assert list(table).count("vllm.distributed.eplb.eplb_state.EplbState.__init__") == 1
     entry = table["vllm.distributed.eplb.eplb_state.EplbState.__init__"]
@@ -305,7 +306,7 @@ def test_every_upstream_signature_is_listed_once_and_the_replacements_take_their
         upstream.COMMIT_HOOKS,
         upstream.INITIAL_PLACEMENT,
         upstream.MOVEMENT,
-        upstream.EVENTS,
+        integration_upstream.EVENTS,
         upstream.MEASURES,
     }
     assert [n for n, e in table.items() if n not in replaced and not set(e.users) & constructors] == []
@@ -419,9 +420,9 @@ def test_the_upstream_tables_are_rendered_from_the_rows():
         *(p.name for p in patches.PATCHES),
         *(b.name for b in upstream.INSTANCE_BINDINGS),
         *(o.name.removeprefix("ascend_eplb.") for o in upstream.OVERRIDES),
-        *(f"{a.cls}.{a.attr}" for a in upstream.ATTRIBUTES),
+        *(f"{a.cls}.{a.attr}" for a in patches.SURFACE.attributes),
         *(b.digest for b in upstream.BODIES),
-        *upstream.SIGNATURES,
+        *patches.SURFACE.signatures,
     ]
     assert [r for r in rows if f"`{r}`" not in text] == []
     assert "| `EPLBController.step` | `37b8a37ca00d9a08` | `control.controller` |" in text
@@ -541,7 +542,9 @@ def test_check_upstream_names_a_lost_attribute_and_a_changed_body_the_serving_pa
 
 
 def _reads(user: str) -> list[str]:
-    return [f"{a.cls}.{a.attr}" for a in upstream.ATTRIBUTES if user in a.users and a.access == "reads"]
+    return [
+        f"{a.cls}.{a.attr}" for a in patches.SURFACE.attributes if user in a.users and a.access == "reads"
+    ]
 
 
 def test_the_serving_reads_outside_the_watchdog_are_rows_that_resolve(clean, monkeypatch):
@@ -549,7 +552,7 @@ def test_the_serving_reads_outside_the_watchdog_are_rows_that_resolve(clean, mon
     no row declared. Each is a row now; all resolve against vLLM 0.33.0, and a lost one stops serving."""
     from vllm.distributed.eplb import eplb_state
 
-    assert _reads(upstream.EVENTS) == [
+    assert _reads(integration_upstream.EVENTS) == [
         "EPLBController.state",
         "EplbState.model_states",
         "EplbModelState.last_expert_load",
@@ -565,7 +568,7 @@ def test_the_serving_reads_outside_the_watchdog_are_rows_that_resolve(clean, mon
         "AsyncEplbLayerResult.layer_idx",
         "MixtureOfExperts.expert_weights",
     ]
-    assert _reads(upstream.VERIFY) == [
+    assert _reads(integration_upstream.VERIFY) == [
         "EPLBController.state",
         "EplbState.model_states",
         "EplbModelState.physical_to_logical_map",
@@ -574,14 +577,14 @@ def test_the_serving_reads_outside_the_watchdog_are_rows_that_resolve(clean, mon
         "EplbModelState.model_name",
         "MixtureOfExperts.moe_layers",
     ]
-    assert _reads(upstream.STARTUP_PLACEMENT) == [
+    assert _reads(integration_upstream.STARTUP_PLACEMENT) == [
         "EPLBController.state",
         "EplbState.model_states",
         "EplbModelState.physical_to_logical_map",
         "EplbModelState.logical_to_physical_map",
         "EplbModelState.communicator",
     ]
-    upstream.SURFACE.check_rows()  # every row resolves
+    patches.SURFACE.check_rows()  # every row resolves
     monkeypatch.setattr(eplb_state, "EplbStats", type("EplbStats", (), {"num_nodes": 1}))
     with pytest.raises(RuntimeError) as info:
         patches.check_upstream()

@@ -27,9 +27,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ascend_eplb.control import upstream
 from ascend_eplb.control.bus import CommitEvent, Event, EventBus, ShutdownEvent, StepEvent
 from ascend_eplb.control.patching import Patch, patches_of
+from ascend_eplb.integration import upstream
 
 # vLLM is imported where used: the simulator's configuration imports this module without vLLM.
 

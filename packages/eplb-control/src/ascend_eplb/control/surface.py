@@ -79,6 +79,20 @@ class Surface:
         for row in (*signatures.values(), *overrides, *attributes, *bodies):
             self._known(row.users)
 
+    def __add__(self, other: Surface) -> Surface:
+        """The rows of both, ``self``'s first in each kind (what a process relying on both checks and
+        renders), named as ``self``; ``ValueError`` for a signature both list."""
+        return Surface(
+            self.module,
+            self.what,
+            (*self.users, *other.users),
+            table(*self.signatures.values(), *other.signatures.values()),
+            instance_bindings=(*self.instance_bindings, *other.instance_bindings),
+            overrides=(*self.overrides, *other.overrides),
+            attributes=(*self.attributes, *other.attributes),
+            bodies=(*self.bodies, *other.bodies),
+        )
+
     def _known(self, users: Iterable[object]) -> set[str]:
         users = tuple(users)
         unknown = [u for u in users if u not in self.users]

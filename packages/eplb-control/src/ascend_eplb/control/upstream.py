@@ -1,5 +1,6 @@
-"""The serving product's upstream surface: every point where ascend_eplb meets vLLM 0.33.0 and torch
-2.13.0, declared once in :data:`SURFACE`.
+"""Control's upstream surface: every point where control, dataplane's router and movement's communicator
+meet vLLM 0.33.0 and torch 2.13.0, declared once in :data:`SURFACE` (the integration's own rows are
+``ascend_eplb.integration.upstream``'s).
 
 Rows (types of :mod:`ascend_eplb.control.patching`): :data:`SIGNATURES` (every upstream callable patched,
 bound per instance, overridden, body-pinned or called with arguments we build; not accessors such as
@@ -7,7 +8,7 @@ bound per instance, overridden, body-pinned or called with arguments we build; n
 its owner's ``PATCHES``, installed by integration in one ``PatchSet``), :data:`INSTANCE_BINDINGS`,
 :data:`OVERRIDES`, :data:`ATTRIBUTES` (written or read: upstream must declare them; added: it must not)
 and :data:`BODIES` (source digests). Users check theirs with ``SURFACE.check(user, ...)`` at construction
-or installation; integration's ``check_upstream()`` checks every row and renders them
+or installation; integration's ``check_upstream()`` checks every row, with its own, and renders them
 (``integration/UPSTREAM.md``). Nothing here imports vLLM (a row resolves when checked); dataplane's
 ``UPSTREAM_MAPPING_SIGNATURE`` is listed by reference (``ascend_eplb.dataplane.router``, torch only, the
 one other package imported).
@@ -30,7 +31,6 @@ __all__ = [
     "SIGNATURES",
     "SURFACE",
     "USERS",
-    "WORKER_ERROR_ATTR",
 ]
 
 # The users (modules of ascend_eplb that rely on a row).
@@ -43,14 +43,7 @@ POLICY = "control.policy"
 GATE = "control.gate"
 ROUTER = "dataplane.router"
 MOVEMENT = "movement.communicator"
-INTEGRATION = "integration.patches"
-WATCHDOG = "integration.watchdog"
 INITIAL_PLACEMENT = "control.initial_placement"
-EVENTS = "integration.events"
-VERIFY = "integration.verify"
-STARTUP_PLACEMENT = "integration.startup_placement"
-PROMETHEUS = "integration.prometheus"
-METRICS = "integration.metrics"
 MEASURES = "control.measures"
 #: Every user id a row may name (what ``SURFACE.used_by`` and ``SURFACE.check`` accept).
 USERS = (
@@ -63,39 +56,24 @@ USERS = (
     GATE,
     ROUTER,
     MOVEMENT,
-    INTEGRATION,
-    WATCHDOG,
     INITIAL_PLACEMENT,
-    EVENTS,
-    VERIFY,
-    STARTUP_PLACEMENT,
-    PROMETHEUS,
-    METRICS,
     MEASURES,
 )
 
 #: The attribute :mod:`~ascend_eplb.control.commit_hooks` sets on an upstream ``EplbModelState``: a weak
 #: reference to its commit observer.
 COMMIT_OBSERVER_ATTR = "_ascend_eplb_commit_observer"
-#: The attribute the watchdog's wrapper of upstream's worker loop sets on an upstream ``EplbState``: the
-#: dead worker's exception and traceback.
-WORKER_ERROR_ATTR = "_ascend_eplb_worker_error"
 
 _ACCELERATOR = "torch.accelerator"
-_PARALLEL = "vllm.config.parallel"
 _STATE = "vllm.distributed.eplb.eplb_state"
 _UTILS = "vllm.distributed.eplb.eplb_utils"
-_WORKER = "vllm.distributed.eplb.async_worker"
 _COMMUNICATOR = "vllm.distributed.eplb.eplb_communicator"
 _EXECUTE = "vllm.distributed.eplb.rebalance_execute"
 _CONTROLLER = "vllm.v1.worker.gpu.eplb_utils"
-_RUNNER = "vllm.v1.worker.gpu.model_runner"
 _ROUTER = "vllm.model_executor.layers.fused_moe.router.base_router"
 _POLICY = "vllm.distributed.eplb.policy.abstract"
 _INTERFACES = "vllm.model_executor.models.interfaces"
 _MOE_RUNNER = "vllm.model_executor.layers.fused_moe.runner.moe_runner"
-_DEEPSEEK_MTP = "vllm.model_executor.models.deepseek_mtp"
-_FACTORY = ("group_coordinator", "backend", "expert_weights", "expert_buffer")
 
 
 #: Every upstream signature relied on, by ``module.qualname``.
@@ -105,10 +83,6 @@ SIGNATURES: Mapping[str, Signature] = table(
     Signature(_ACCELERATOR, "current_stream", ("device=None", "/"), (HOST_ADAPTATION,)),
     Signature(_ACCELERATOR, "set_stream", ("stream",), (HOST_ADAPTATION,)),
     Signature(_ACCELERATOR, "empty_cache", (), (HOST_ADAPTATION,)),
-    # vLLM's parallel config and communicator factory (replaced by the integration).
-    Signature(_PARALLEL, "ParallelConfig.__post_init__", ("self",), (INTEGRATION,)),
-    Signature(_COMMUNICATOR, "create_eplb_communicator", _FACTORY, (INTEGRATION,)),
-    Signature(_STATE, "create_eplb_communicator", _FACTORY, (INTEGRATION,)),
     # Upstream's EPLB state: wrapped (__init__, by the host adaptation), overridden or called (state).
     Signature(_STATE, "EplbState.__init__", ("self", "parallel_config", "device"), (HOST_ADAPTATION, STATE)),
     Signature(_STATE, "EplbState.add_model", ("self", "model", "model_config", "model_name=None"), (STATE,)),
@@ -176,8 +150,6 @@ SIGNATURES: Mapping[str, Signature] = table(
     ),
     Signature(_STATE, "_move_to_workspace", ("model_state", "ep_rank"), (COMMIT_HOOKS,)),
     Signature(_UTILS, "CpuGpuEvent.record", ("self", "stream=None"), (COMMIT_HOOKS, STATE)),
-    # The async worker's loop (wrapped by the watchdog).
-    Signature(_WORKER, "transfer_run_periodically", ("state", "stream", "is_profile=False"), (WATCHDOG,)),
     # Upstream's MRv2 controller: overridden or called by AscendEPLBController.
     Signature(_CONTROLLER, "EPLBController.__init__", ("self", "parallel_config", "device"), (CONTROLLER,)),
     Signature(_CONTROLLER, "EPLBController.prepare_load", ("self",), (CONTROLLER,)),
@@ -204,32 +176,6 @@ SIGNATURES: Mapping[str, Signature] = table(
     # routers (and by start-up's rule speculative-moe-draft, with the draft's class standing in).
     Signature(
         _CONTROLLER, "draft_model_supports_eplb", ("speculative_config", "draft_moe_model"), (CONTROLLER,)
-    ),
-    # The MRv2 runner's controller construction and shutdown (replaced by the integration).
-    Signature(_RUNNER, "EPLBController", ("self", "parallel_config", "device"), (INTEGRATION,)),
-    Signature(_RUNNER, "GPUModelRunner.shutdown", ("self",), (INTEGRATION,)),
-    # The MRv2 runner's input preparation, where it knows its batch's phase (replaced by the integration).
-    Signature(
-        _RUNNER,
-        "GPUModelRunner.prepare_inputs",
-        ("self", "scheduler_output", "batch_req_state", "batch_desc", "num_active_loras"),
-        (INTEGRATION,),
-    ),
-    # DeepSeek-V3's MTP draft's expert-weight mapping (vLLM's deepseek_mtp module calls it by name from its
-    # load_weights without num_redundant_experts: replaced there by the integration).
-    Signature(
-        _DEEPSEEK_MTP,
-        "fused_moe_make_expert_params_mapping",
-        (
-            "model",
-            "ckpt_gate_proj_name",
-            "ckpt_down_proj_name",
-            "ckpt_up_proj_name",
-            "num_experts",
-            "num_redundant_experts=0",
-            "routed_experts_prefix='routed_experts'",
-        ),
-        (INTEGRATION,),
     ),
     # The router's EPLB mapping (bound per router instance by dataplane's adapter; its own declaration).
     Signature(*UPSTREAM_MAPPING_SIGNATURE, users=(ROUTER,)),
@@ -461,14 +407,6 @@ ATTRIBUTES: tuple[Attribute, ...] = (
     ),
     Attribute(_STATE, "EplbState", "device_index", "writes", (HOST_ADAPTATION,), "0 on a CPU device"),
     Attribute(
-        _PARALLEL,
-        "EPLBConfig",
-        "communicator",
-        "writes",
-        (INTEGRATION,),
-        '`"torch_gloo"` when unset and EPLB is on (`ParallelConfig.__post_init__`)',
-    ),
-    Attribute(
         _CONTROLLER,
         "EPLBController",
         "state",
@@ -525,57 +463,12 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         "a weak reference to the model state's commit observer (`attach_observer`)",
     ),
     Attribute(
-        _STATE,
-        "EplbState",
-        WORKER_ERROR_ATTR,
-        "adds",
-        (WATCHDOG,),
-        "the dead async worker's exception and traceback",
-    ),
-    Attribute(
         _EXECUTE,
         _LAYER_RESULT,
         "consumed_event",
         "reads",
         (STATE,),
         "the acknowledgement of the committed layer (its `record` bound per instance)",
-    ),
-    Attribute(_STATE, "EplbState", "async_worker", "reads", (WATCHDOG,), "`is_alive()` every step"),
-    Attribute(_STATE, "EplbState", "model_states", "reads", (WATCHDOG,), "each model's cycle"),
-    Attribute(
-        _STATE,
-        "EplbState",
-        "expert_rearrangement_step",
-        "reads",
-        (WATCHDOG,),
-        "steps until the next rearrangement, named in a stall (vllm-project/vllm#57883)",
-    ),
-    Attribute(
-        _STATE,
-        "EplbState",
-        "expert_rearrangement_step_interval",
-        "reads",
-        (WATCHDOG,),
-        "the same",
-    ),
-    Attribute(_STATE, _MODEL_STATE, "model_name", "reads", (WATCHDOG,), "names the model in a failure"),
-    Attribute(_STATE, _MODEL_STATE, "rebalanced", "reads", (WATCHDOG,), "whether a cycle is in flight"),
-    Attribute(
-        _STATE,
-        _MODEL_STATE,
-        "pending_result",
-        "reads",
-        (WATCHDOG,),
-        "whether this rank's worker published the layer in flight",
-    ),
-    Attribute(_EXECUTE, _LAYER_RESULT, "layer_idx", "reads", (WATCHDOG,), "the layer published"),
-    Attribute(
-        _STATE,
-        _MODEL_STATE,
-        "communicator",
-        "reads",
-        (WATCHDOG,),
-        "movement's `waiting_on`: the peer a stalled transfer waits on",
     ),
     # What the start-up install hands upstream's transaction and commit (control.initial_placement).
     *(
@@ -651,70 +544,6 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         _CONTROLLER, "EPLBController", "parallel_config", "reads", (CONTROLLER,), "EPLB on or off, rows"
     ),
     Attribute(_CONTROLLER, "EPLBController", "device", "reads", (CONTROLLER,), "the state's device"),
-    # The integration's runner patches: the runner's controller, and the batch's phase its input preparation
-    # computed.
-    Attribute(
-        _RUNNER,
-        "GPUModelRunner",
-        "eplb",
-        "reads",
-        (INTEGRATION,),
-        "the runner's EPLB controller: `set_batch_phase` before `prepare_inputs`, `shutdown()` at its end",
-    ),
-    Attribute(
-        _RUNNER,
-        "BatchReqState",
-        "has_prefill",
-        "reads",
-        (INTEGRATION,),
-        "the batch's phase (any request still in prefill), declared to the controller",
-    ),
-    # The serving process's event file, verifier, start-up placement, Prometheus metrics and metrics.
-    Attribute(
-        _CONTROLLER,
-        "EPLBController",
-        "state",
-        "reads",
-        (EVENTS, VERIFY, STARTUP_PLACEMENT, PROMETHEUS),
-        "the EPLB state of the controller an event comes from",
-    ),
-    Attribute(
-        _STATE,
-        "EplbState",
-        "model_states",
-        "reads",
-        (EVENTS, VERIFY, STARTUP_PLACEMENT, PROMETHEUS),
-        "the registered models' states",
-    ),
-    *(
-        Attribute(_STATE, _MODEL_STATE, attr, "reads", (EVENTS,), why)
-        for attr, why in (
-            ("last_expert_load", "the window a rearrangement planned from (`window` record)"),
-            ("physical_to_logical_map", "the placement before and after a cycle, each commit's row"),
-            ("logical_to_physical_map", "E, its second dimension (the installed start-up placement)"),
-            ("eplb_stats", "the grouping upstream passed its policy (`num_expert_groups`, `num_nodes`)"),
-            ("communicator", "movement's `cumulative_stats`: the bytes a cycle received"),
-            ("model", "`expert_weights`: the bytes of an expert"),
-            ("pending_result", "the layer the async worker published (its time)"),
-            ("model_name", "names the model in every record"),
-        )
-    ),
-    Attribute(_STATE, "EplbStats", "num_groups", "reads", (EVENTS,), "the `window` num_expert_groups"),
-    Attribute(_STATE, "EplbStats", "num_nodes", "reads", (EVENTS,), "the `window` record's num_nodes"),
-    Attribute(_EXECUTE, _LAYER_RESULT, "layer_idx", "reads", (EVENTS,), "the layer published"),
-    Attribute(_INTERFACES, "MixtureOfExperts", "expert_weights", "reads", (EVENTS,), "expert bytes"),
-    *(
-        Attribute(_STATE, _MODEL_STATE, attr, "reads", (VERIFY,), why)
-        for attr, why in (
-            ("physical_to_logical_map", "the committed placement each slot's fingerprint must match"),
-            ("logical_to_physical_map", "the committed maps each replica lookup must equal"),
-            ("logical_replica_count", "the same"),
-            ("model_name", "names the model in a violation"),
-        )
-    ),
-    Attribute(
-        _INTERFACES, "MixtureOfExperts", "moe_layers", "reads", (VERIFY,), "the MoE layers fingerprinted"
-    ),
     # The configuration's row layout (control.controller.row_layout_for): vLLM's own dispatch decision.
     Attribute(_STATE, _MODEL_STATE, "model", "reads", (CONTROLLER,), "its MoE layers' runners"),
     Attribute(_INTERFACES, "MixtureOfExperts", "moe_layers", "reads", (CONTROLLER,), "each layer's runner"),
@@ -725,38 +554,6 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         "reads",
         (CONTROLLER,),
         "rows gathered before routing, or routed first (an expert method with an internal modular kernel)",
-    ),
-    *(
-        Attribute(_STATE, _MODEL_STATE, attr, "reads", (STARTUP_PLACEMENT,), why)
-        for attr, why in (
-            ("physical_to_logical_map", "L and P the placement file must match; the placement installed"),
-            ("logical_to_physical_map", "E, its second dimension"),
-            ("communicator", "movement's `cumulative_stats`: the bytes the install received (its log line)"),
-        )
-    ),
-    Attribute(
-        _STATE,
-        _MODEL_STATE,
-        "model_name",
-        "reads",
-        (PROMETHEUS,),
-        "whose series a record is (a draft's: suffixed)",
-    ),
-    Attribute(
-        "vllm.config.model",
-        "ModelConfig",
-        "served_model_name",
-        "reads",
-        (PROMETHEUS,),
-        "the `model_name` label (vLLM's own series carry it)",
-    ),
-    Attribute(
-        _STATE,
-        _MODEL_STATE,
-        "communicator",
-        "reads",
-        (METRICS,),
-        "`bytes_received`: movement's `cumulative_stats`",
     ),
 )
 
