@@ -227,28 +227,21 @@ class Surface:
         sections (``(heading, table lines)``: the owner's patches), then one section per kind that has
         rows: instance bindings, overrides, attributes, bodies (headed ``bodies``), signatures."""
         sections = list(first)
-        if self.instance_bindings:
-            sections.append(
-                (
-                    "Methods replaced on single instances (`INSTANCE_BINDINGS`)",
-                    markdown.instance_binding_table(self.instance_bindings),
-                )
-            )
-        if self.overrides:
-            sections.append(
-                ("Methods our subclasses override (`OVERRIDES`)", markdown.override_table(self.overrides))
-            )
-        if self.attributes:
-            sections.append(
-                ("Attributes of upstream objects (`ATTRIBUTES`)", markdown.attribute_table(self.attributes))
-            )
-        if self.bodies:
-            sections.append((f"{bodies} (`BODIES`, source digests)", markdown.body_table(self.bodies)))
-        if self.signatures:
-            sections.append(
-                (
-                    "Signatures relied on (`SIGNATURES`: names, kinds, defaults)",
-                    markdown.signature_table(self.signatures.values()),
-                )
-            )
+        for rows, heading, write in (
+            (
+                self.instance_bindings,
+                "Methods replaced on single instances (`INSTANCE_BINDINGS`)",
+                markdown.instance_binding_table,
+            ),
+            (self.overrides, "Methods our subclasses override (`OVERRIDES`)", markdown.override_table),
+            (self.attributes, "Attributes of upstream objects (`ATTRIBUTES`)", markdown.attribute_table),
+            (self.bodies, f"{bodies} (`BODIES`, source digests)", markdown.body_table),
+            (
+                tuple(self.signatures.values()),
+                "Signatures relied on (`SIGNATURES`: names, kinds, defaults)",
+                markdown.signature_table,
+            ),
+        ):
+            if rows:
+                sections.append((heading, write(rows)))
         return markdown.surface_document(title, intro, sections)

@@ -384,8 +384,7 @@ OVERRIDES: tuple[Override, ...] = (
 _MODEL_STATE = "EplbModelState"
 _LAYER_RESULT = "AsyncEplbLayerResult"
 
-#: Every attribute of an upstream object we write, read or add (the control plane's, the watchdog's, the
-#: event file's, the verifier's, ...).
+#: Every attribute of an upstream object control and the planes below it write, read or add.
 ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute(
         _ROUTER,
