@@ -17,7 +17,9 @@ import torch
 
 from ascend_eplb.control import upstream
 from ascend_eplb.control.patching import InstanceBinding, Signature
+from ascend_eplb.control.surface import table as surface_table
 from ascend_eplb.integration import patches
+from ascend_eplb.integration import upstream as integration_upstream
 
 _MISSING = object()
 
@@ -135,14 +137,14 @@ def test_each_patch_is_declared_on_its_replacement_and_every_declared_one_is_in_
         "with its row: replaces(...))"
     )
     with pytest.raises(KeyError, match=r"vllm\.nowhere\.f is not in ascend_eplb\.control\.upstream"):
-        upstream.replaces("vllm.nowhere.f", "nothing")
+        upstream.SURFACE.replaces("vllm.nowhere.f", "nothing")
 
     def _as_stream(original):
         return original
 
     _as_stream.__module__ = "ascend_eplb.tests"
     with pytest.raises(ValueError, match=r"unknown user\(s\) \['tests'\] of the upstream table"):
-        upstream.replaces("torch.accelerator.set_stream", "nothing")(_as_stream)
+        upstream.SURFACE.replaces("torch.accelerator.set_stream", "nothing")(_as_stream)
 
 
 def test_the_registry_is_what_the_process_really_replaces(clean):
@@ -268,12 +270,12 @@ def test_upstream_runner_construction_gets_the_ascend_controller_only_with_eplb_
 
 
 def test_every_upstream_signature_is_listed_once_and_the_replacements_take_theirs_from_the_table():
-    table = upstream.SIGNATURES
+    table = patches.SURFACE.signatures
     assert all(name == entry.name for name, entry in table.items())
     assert list(table).count("vllm.distributed.eplb.eplb_state.EplbState.__init__") == 1
     entry = table["vllm.distributed.eplb.eplb_state.EplbState.__init__"]
     with pytest.raises(ValueError, match=r"EplbState.__init__ is listed twice"):
-        upstream._table(entry, Signature(entry.module, entry.qualname, ("self",)))
+        surface_table(entry, Signature(entry.module, entry.qualname, ("self",)))
     # Each patch of a function and each instance binding uses the table's entry, not a copy of it.
     for patch in patches.PATCHES:
         if patch.params is None:
@@ -287,7 +289,7 @@ def test_every_upstream_signature_is_listed_once_and_the_replacements_take_their
     from ascend_eplb.control.state import ACKNOWLEDGEMENT_BINDING
 
     assert ACKNOWLEDGEMENT_BINDING in patches.INSTANCE_BINDINGS
-    assert upstream.instance_binding(ACKNOWLEDGEMENT_BINDING.name) is ACKNOWLEDGEMENT_BINDING
+    assert upstream.SURFACE.instance_binding(ACKNOWLEDGEMENT_BINDING.name) is ACKNOWLEDGEMENT_BINDING
     # No entry is dead: each is replaced, overridden, pinned, or relied on by a module that checks it when
     # it is built or used (movement, which cannot import control, the events file and control.measures,
     # whose restatement of upstream's initial placement the events file uses, rely on the integration's
@@ -304,7 +306,7 @@ def test_every_upstream_signature_is_listed_once_and_the_replacements_take_their
         upstream.COMMIT_HOOKS,
         upstream.INITIAL_PLACEMENT,
         upstream.MOVEMENT,
-        upstream.EVENTS,
+        integration_upstream.EVENTS,
         upstream.MEASURES,
     }
     assert [n for n, e in table.items() if n not in replaced and not set(e.users) & constructors] == []
@@ -312,7 +314,7 @@ def test_every_upstream_signature_is_listed_once_and_the_replacements_take_their
     with pytest.raises(
         KeyError, match=r"vllm\.nowhere\.f is not in ascend_eplb\.control\.upstream\.SIGNATURES"
     ):
-        upstream.signature("vllm.nowhere.f")
+        upstream.SURFACE.signature("vllm.nowhere.f")
 
 
 def test_the_registry_checks_the_whole_table_and_names_a_drifted_instance_binding(clean, monkeypatch):
@@ -395,13 +397,13 @@ def test_a_user_of_the_table_that_does_not_exist_is_refused():
     from ascend_eplb.control import upstream
 
     with pytest.raises(ValueError, match="unknown user") as info:
-        upstream.check_used_by("control.contoller")
+        upstream.SURFACE.check("control.contoller")
     assert str(info.value) == (
         f"unknown user(s) ['control.contoller'] of the upstream table; the users are {upstream.USERS!r}"
     )
     with pytest.raises(ValueError, match="unknown user"):
-        upstream.used_by("state")
-    assert upstream.used_by(upstream.CONTROLLER)  # the controller relies on entries of its own
+        upstream.SURFACE.used_by("state")
+    assert upstream.SURFACE.used_by(upstream.CONTROLLER)  # the controller relies on entries of its own
 
 
 def test_the_upstream_tables_are_rendered_from_the_rows():
@@ -418,9 +420,9 @@ def test_the_upstream_tables_are_rendered_from_the_rows():
         *(p.name for p in patches.PATCHES),
         *(b.name for b in upstream.INSTANCE_BINDINGS),
         *(o.name.removeprefix("ascend_eplb.") for o in upstream.OVERRIDES),
-        *(f"{a.cls}.{a.attr}" for a in upstream.ATTRIBUTES),
+        *(f"{a.cls}.{a.attr}" for a in patches.SURFACE.attributes),
         *(b.digest for b in upstream.BODIES),
-        *upstream.SIGNATURES,
+        *patches.SURFACE.signatures,
     ]
     assert [r for r in rows if f"`{r}`" not in text] == []
     assert "| `EPLBController.step` | `37b8a37ca00d9a08` | `control.controller` |" in text
@@ -477,7 +479,7 @@ def test_every_override_of_an_upstream_class_is_declared():
                 if bases:
                     found[f"{cls.__module__}.{cls.__qualname__}"] = _overriding(cls, bases)
     assert found == declared
-    upstream.check_rows()
+    upstream.SURFACE.check_rows()
 
 
 def test_a_repeat_apply_returns_at_once_without_checking_again(clean, monkeypatch):
@@ -540,7 +542,9 @@ def test_check_upstream_names_a_lost_attribute_and_a_changed_body_the_serving_pa
 
 
 def _reads(user: str) -> list[str]:
-    return [f"{a.cls}.{a.attr}" for a in upstream.ATTRIBUTES if user in a.users and a.access == "reads"]
+    return [
+        f"{a.cls}.{a.attr}" for a in patches.SURFACE.attributes if user in a.users and a.access == "reads"
+    ]
 
 
 def test_the_serving_reads_outside_the_watchdog_are_rows_that_resolve(clean, monkeypatch):
@@ -548,7 +552,7 @@ def test_the_serving_reads_outside_the_watchdog_are_rows_that_resolve(clean, mon
     no row declared. Each is a row now; all resolve against vLLM 0.33.0, and a lost one stops serving."""
     from vllm.distributed.eplb import eplb_state
 
-    assert _reads(upstream.EVENTS) == [
+    assert _reads(integration_upstream.EVENTS) == [
         "EPLBController.state",
         "EplbState.model_states",
         "EplbModelState.last_expert_load",
@@ -564,7 +568,7 @@ def test_the_serving_reads_outside_the_watchdog_are_rows_that_resolve(clean, mon
         "AsyncEplbLayerResult.layer_idx",
         "MixtureOfExperts.expert_weights",
     ]
-    assert _reads(upstream.VERIFY) == [
+    assert _reads(integration_upstream.VERIFY) == [
         "EPLBController.state",
         "EplbState.model_states",
         "EplbModelState.physical_to_logical_map",
@@ -573,14 +577,14 @@ def test_the_serving_reads_outside_the_watchdog_are_rows_that_resolve(clean, mon
         "EplbModelState.model_name",
         "MixtureOfExperts.moe_layers",
     ]
-    assert _reads(upstream.STARTUP_PLACEMENT) == [
+    assert _reads(integration_upstream.STARTUP_PLACEMENT) == [
         "EPLBController.state",
         "EplbState.model_states",
         "EplbModelState.physical_to_logical_map",
         "EplbModelState.logical_to_physical_map",
         "EplbModelState.communicator",
     ]
-    upstream.check_rows()  # every row resolves
+    patches.SURFACE.check_rows()  # every row resolves
     monkeypatch.setattr(eplb_state, "EplbStats", type("EplbStats", (), {"num_nodes": 1}))
     with pytest.raises(RuntimeError) as info:
         patches.check_upstream()

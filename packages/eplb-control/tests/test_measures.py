@@ -44,9 +44,9 @@ def test_layer_balancedness_names_a_bad_value():
 def test_initial_placement_is_upstreams_for_every_size_and_its_signature_is_a_row():
     # Its signature is a row of the serving surface (user control.measures); its body is pinned by the tools'
     # row (ascend_eplb.tools.upstream, held by the tools' tests: plan runs without vLLM).
-    (row,) = upstream.used_by(upstream.MEASURES)
+    (row,) = upstream.SURFACE.used_by(upstream.MEASURES)
     assert row.label == "EplbState.build_initial_global_physical_to_logical_map"
-    upstream.check_used_by(upstream.MEASURES)
+    upstream.SURFACE.check(upstream.MEASURES)
     for experts in range(1, 10):
         for redundant in range(2 * experts + 1):
             want = list(EplbState.build_initial_global_physical_to_logical_map(experts, redundant))

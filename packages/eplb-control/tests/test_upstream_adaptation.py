@@ -196,17 +196,17 @@ def test_a_table_entry_checks_the_function_bound_now_and_names_its_drift(monkeyp
     from ascend_eplb.control import upstream
     from ascend_eplb.control.patching import InstanceBinding, Signature
 
-    entry = upstream.signature("vllm.distributed.eplb.eplb_state._move_to_workspace")
+    entry = upstream.SURFACE.signature("vllm.distributed.eplb.eplb_state._move_to_workspace")
     assert entry.label == "vllm.distributed.eplb.eplb_state._move_to_workspace"
     entry.check()
-    upstream.check_used_by(upstream.STATE, upstream.CONTROLLER, upstream.COMMIT_HOOKS)
+    upstream.SURFACE.check(upstream.STATE, upstream.CONTROLLER, upstream.COMMIT_HOOKS)
 
     def _move_to_workspace(model_state, ep_rank, is_profile):
         raise AssertionError("never called")
 
     monkeypatch.setattr(upstream_state, "_move_to_workspace", _move_to_workspace)
     with pytest.raises(RuntimeError) as info:
-        upstream.check_used_by(upstream.COMMIT_HOOKS)
+        upstream.SURFACE.check(upstream.COMMIT_HOOKS)
     assert str(info.value) == (
         "upstream vllm.distributed.eplb.eplb_state._move_to_workspace changed signature: expected parameters "
         "('model_state', 'ep_rank') (vLLM 0.33.0), found ('model_state', 'ep_rank', 'is_profile'); "
@@ -216,7 +216,7 @@ def test_a_table_entry_checks_the_function_bound_now_and_names_its_drift(monkeyp
     # the attribute it sets.
     patch = Patch.on(entry, lambda original: original, "tests")
     assert (patch.name, patch.params) == (entry.name, ("model_state", "ep_rank"))
-    event = upstream.signature("vllm.distributed.eplb.eplb_utils.CpuGpuEvent.record")
+    event = upstream.SURFACE.signature("vllm.distributed.eplb.eplb_utils.CpuGpuEvent.record")
     assert (event.label, InstanceBinding(event, "tests", "nowhere").attr) == ("CpuGpuEvent.record", "record")
     with pytest.raises(
         RuntimeError, match=r"upstream vllm\.distributed\.eplb\.eplb_state\.nowhere is missing"

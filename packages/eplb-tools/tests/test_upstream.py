@@ -15,7 +15,7 @@ from ascend_eplb.tools import upstream
 
 
 def test_the_tools_rows_resolve_and_serving_has_none_of_them():
-    upstream.check(*upstream.USERS)  # vLLM 0.33.0 as installed: nothing drifted
+    upstream.SURFACE.check(*upstream.USERS)  # vLLM 0.33.0 as installed: nothing drifted
     assert [f"{a.cls}.{a.attr}" for a in upstream.ATTRIBUTES] == [
         "EplbState.model_states",
         "EplbModelState.physical_to_logical_map",
@@ -28,9 +28,9 @@ def test_the_tools_rows_resolve_and_serving_has_none_of_them():
     assert set(upstream.USERS).isdisjoint(serving_surface.USERS)
     # plan's body row pins the serving surface's own signature row (one spelling of its parameters).
     (body,) = upstream.BODIES
-    assert body.signature is serving_surface.signature(body.name)
+    assert body.signature is serving_surface.SURFACE.signature(body.name)
     with pytest.raises(ValueError, match=r"unknown user\(s\) \['tools.plans'\]"):
-        upstream.check("tools.plans")
+        upstream.SURFACE.check("tools.plans")
 
 
 def test_a_drifted_row_of_the_tools_does_not_stop_serving_but_is_named(monkeypatch):
@@ -48,9 +48,9 @@ def test_a_drifted_row_of_the_tools_does_not_stop_serving_but_is_named(monkeypat
         staticmethod(build_initial_global_physical_to_logical_map),
     )
     patches.check_upstream()
-    upstream.check(upstream.SIMULATE)
+    upstream.SURFACE.check(upstream.SIMULATE)
     with pytest.raises(RuntimeError) as info:
-        upstream.check(upstream.PLAN)
+        upstream.SURFACE.check(upstream.PLAN)
     assert str(info.value).startswith(
         "upstream EplbState.build_initial_global_physical_to_logical_map changed its body: source digest "
     )
@@ -60,11 +60,11 @@ def test_a_drifted_row_of_the_tools_does_not_stop_serving_but_is_named(monkeypat
     )
     monkeypatch.undo()
 
-    lost = dataclasses.replace(upstream.ATTRIBUTES[-1], attr="model_lost")
-    monkeypatch.setattr(upstream, "ATTRIBUTES", (*upstream.ATTRIBUTES[:-1], lost))
-    upstream.check(upstream.PLAN)
+    lost = dataclasses.replace(upstream.SURFACE.attributes[-1], attr="model_lost")
+    monkeypatch.setattr(upstream.SURFACE, "attributes", (*upstream.SURFACE.attributes[:-1], lost))
+    upstream.SURFACE.check(upstream.PLAN)
     with pytest.raises(RuntimeError) as info:
-        upstream.check(upstream.SIMULATE)
+        upstream.SURFACE.check(upstream.SIMULATE)
     assert str(info.value) == (
         "upstream EplbModelState.model_lost is missing (tools.simulate reads it); ascend_eplb must be "
         "updated for this version"

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ascend_eplb.control.patching import Signature
+from ascend_eplb.control.surface import table as surface_table
 from ascend_eplb.integration import patches
 from ascend_eplb.world import stand_ins, surface, upstream
 
@@ -124,7 +125,7 @@ def test_the_cpu_worlds_stand_ins_are_rows_of_its_surface_that_serving_never_ins
         *_KERNEL_CALLERS,
         *_ENGINE_PATCHED,
     ]
-    upstream.check()  # vLLM 0.33.0 / torch 2.13.0 as installed: nothing drifted
+    upstream.SURFACE.check()  # vLLM 0.33.0 / torch 2.13.0 as installed: nothing drifted
 
 
 def test_every_world_signature_is_listed_once_used_and_taken_from_the_table():
@@ -133,7 +134,7 @@ def test_every_world_signature_is_listed_once_used_and_taken_from_the_table():
     assert all(set(entry.users) <= set(upstream.USERS) and entry.users for entry in table.values())
     entry = table["vllm.model_executor.layers.utils.check_cpu_sgl_kernel"]
     with pytest.raises(ValueError, match=r"check_cpu_sgl_kernel is listed twice"):
-        upstream._table(entry, Signature(entry.module, entry.qualname, ("n",)))
+        surface_table(entry, Signature(entry.module, entry.qualname, ("n",)))
     # Each stand-in of a function and each instance binding uses the table's entry, not a copy of it.
     for patch in stand_ins.stand_in_patches().patches:
         if patch.params is None:
@@ -161,7 +162,7 @@ def test_every_world_signature_is_listed_once_used_and_taken_from_the_table():
     with pytest.raises(
         KeyError, match=r"vllm\.nowhere\.f is not in ascend_eplb\.world\.upstream\.SIGNATURES"
     ):
-        upstream.signature("vllm.nowhere.f")
+        upstream.SURFACE.signature("vllm.nowhere.f")
 
 
 def test_the_stand_ins_install_from_their_rows_refuse_a_cpu_communicator_of_its_own_and_remove():
@@ -220,13 +221,17 @@ def test_a_drifted_row_of_the_world_does_not_stop_serving_but_stops_the_world(cl
         ("self", "query", "key", "value", "output_shape", "output_dtype"),
         ("self", "query", "key", "value", "output_shape"),
     )
-    _assert_drift(upstream.check, *drift)
+    _assert_drift(upstream.SURFACE.check, *drift)
     sgl_kernel = layer_utils.check_cpu_sgl_kernel
     _assert_drift(stand_ins.install_stand_ins, *drift)
     assert layer_utils.check_cpu_sgl_kernel is sgl_kernel
     monkeypatch.undo()
 
-    monkeypatch.setattr(upstream, "ATTRIBUTES", (*upstream.ATTRIBUTES[:-1], _lost(upstream.ATTRIBUTES[-1])))
+    monkeypatch.setattr(
+        upstream.SURFACE,
+        "attributes",
+        (*upstream.SURFACE.attributes[:-1], _lost(upstream.SURFACE.attributes[-1])),
+    )
     patches.check_upstream()
     with pytest.raises(RuntimeError) as info:
         stand_ins.install_stand_ins()

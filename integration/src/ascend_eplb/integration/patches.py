@@ -2,13 +2,14 @@
 0.33.0 and torch in this process, and checks every upstream row it relies on (:func:`check_upstream`).
 
 :data:`PATCHES`: the :class:`~ascend_eplb.control.patching.Patch` es of ``host_adaptation``,
-``commit_hooks``, ``watchdog`` and this module (each declared on its factory with
-``@ascend_eplb.control.upstream.replaces``), in the one installation order declared here (a binding
-claimed twice fails at import), installed by the process's single ``PatchSet`` (:func:`apply_patches`:
-every check before the first change). :data:`INSTANCE_BINDINGS`: the upstream methods their owners replace
-on single instances while serving. Each replacement calls the plane that owns the behaviour; the CPU
-world's rows are not installed or checked here. ``integration/UPSTREAM.md`` renders every row
-(:mod:`ascend_eplb.integration.surface`).
+``commit_hooks`` (each declared on its factory with ``@ascend_eplb.control.upstream.SURFACE.replaces``),
+``watchdog`` and this module (with ``@ascend_eplb.integration.upstream.SURFACE.replaces``), in the one
+installation order declared here (a binding claimed twice fails at import), installed by the process's
+single ``PatchSet`` (:func:`apply_patches`: every check before the first change). :data:`SURFACE`: every
+row the process relies on (control's and the integration's); :data:`INSTANCE_BINDINGS`: the upstream
+methods their owners replace on single instances while serving. Each replacement calls the plane that
+owns the behaviour; the CPU world's rows are not installed or checked here. ``integration/UPSTREAM.md``
+renders every row (:mod:`ascend_eplb.integration.surface`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from ascend_eplb.control import commit_hooks, host_adaptation, upstream
+from ascend_eplb.control import commit_hooks, host_adaptation
+from ascend_eplb.control import upstream as control_upstream
 from ascend_eplb.control.patching import InstanceBinding, Patch, PatchSet, check_signatures, patches_of
-from ascend_eplb.integration import watchdog
+from ascend_eplb.control.surface import Surface
+from ascend_eplb.integration import upstream, watchdog
 from ascend_eplb.integration.serving import build_serving_controller, read_serving_setup
 
 # vLLM and movement (which imports it) are imported where used: this module imports without vLLM (the
@@ -28,6 +31,7 @@ from ascend_eplb.integration.serving import build_serving_controller, read_servi
 __all__ = [
     "INSTANCE_BINDINGS",
     "PATCHES",
+    "SURFACE",
     "applied_bindings",
     "apply_patches",
     "check_upstream",
@@ -36,7 +40,7 @@ __all__ = [
 ]
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.config.parallel.ParallelConfig.__post_init__",
     'communicator unset -> `"torch_gloo"` before upstream probes NIXL/XCCL, then upstream\'s',
 )
@@ -50,11 +54,11 @@ def _wrap_post_init(original: Callable[[Any], None]) -> Callable[[Any], None]:
     return __post_init__
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.distributed.eplb.eplb_communicator.create_eplb_communicator",
     "`\"torch_gloo\"` -> movement's `AscendGlooEplbCommunicator(cpu_group)`; other backends upstream's",
 )
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.distributed.eplb.eplb_state.create_eplb_communicator", "the same (imported there by name)"
 )
 def _wrap_factory(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -71,7 +75,7 @@ def _wrap_factory(original: Callable[..., Any]) -> Callable[..., Any]:
     return create_eplb_communicator
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.model_executor.models.deepseek_mtp.fused_moe_make_expert_params_mapping",
     "upstream's, with the draft's `num_redundant_experts` when `DeepSeekMTP.load_weights` leaves it out "
     "(vLLM 0.33.0 does: the draft's redundant slots got no weight, and EPLB routed tokens to them)",
@@ -102,7 +106,7 @@ def _wrap_mtp_expert_mapping(original: Callable[..., Any]) -> Callable[..., Any]
     return fused_moe_make_expert_params_mapping
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.v1.worker.gpu.model_runner.EPLBController",
     "EPLB on: `create_eplb_controller`'s controller for the current vLLM config; off: upstream's class",
 )
@@ -132,7 +136,7 @@ def _wrap_runner_controller(original: type) -> Callable[[Any, Any], Any]:
     return EPLBController
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.v1.worker.gpu.model_runner.GPUModelRunner.shutdown",
     "the controller's `shutdown()` first, when it has one (the watchdog's end of life), then upstream's",
 )
@@ -151,7 +155,7 @@ def _wrap_runner_shutdown(original: Callable[[Any], None]) -> Callable[[Any], No
     return shutdown
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.v1.worker.gpu.model_runner.GPUModelRunner.prepare_inputs",
     "the batch's phase to the controller first, when it has phases (`set_batch_phase(bool("
     "batch_req_state.has_prefill))`), then upstream's",
@@ -188,20 +192,24 @@ PATCHES: tuple[Patch, ...] = (
     ),
 )
 
+#: Every upstream row the serving process relies on: the integration's, then control's (a row both rely
+#: on is named by its integration user first).
+SURFACE: Surface = upstream.SURFACE + control_upstream.SURFACE
+
 #: Every upstream method the serving process replaces on single instances (the classes keep theirs): the
 #: surface's rows.
-INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = upstream.INSTANCE_BINDINGS
+INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = SURFACE.instance_bindings
 
 _REGISTRY = PatchSet(PATCHES)
 
 
 def check_upstream() -> None:
-    """Check every upstream row the serving process relies on: each signature of the one table,
-    :data:`ascend_eplb.control.upstream.SIGNATURES` (names, kinds and defaults; the targets of
+    """Check every upstream row the serving process relies on: each signature of :data:`SURFACE`
+    (control's and the integration's: names, kinds and defaults; the targets of
     :data:`PATCHES` and of :data:`INSTANCE_BINDINGS` included), except a patch target whose patch does
     not apply in this process (the host adaptation's, where an accelerator is present) and that nothing
     else relies on (``EplbState.__init__`` is still checked there: the state subclasses it); then every
-    pinned body, attribute and override (:func:`ascend_eplb.control.upstream.check_rows`). The CPU
+    pinned body, attribute and override (``SURFACE.check_rows()``). The CPU
     world's rows are not the surface's: a vLLM change there must not stop a serving process. Wrappers
     installed by :func:`apply_patches` are checked as the functions they wrap.
 
@@ -215,10 +223,10 @@ def check_upstream() -> None:
     }
     check_signatures(
         entry
-        for entry in upstream.SIGNATURES.values()
+        for entry in SURFACE.signatures.values()
         if entry.name not in not_applied or not set(entry.users) <= {not_applied[entry.name]}
     )
-    upstream.check_rows()
+    SURFACE.check_rows()
 
 
 def apply_patches() -> bool:

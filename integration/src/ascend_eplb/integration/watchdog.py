@@ -27,9 +27,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ascend_eplb.control import upstream
 from ascend_eplb.control.bus import CommitEvent, Event, EventBus, ShutdownEvent, StepEvent
 from ascend_eplb.control.patching import Patch, patches_of
+from ascend_eplb.integration import upstream
 
 # vLLM is imported where used: the simulator's configuration imports this module without vLLM.
 
@@ -84,7 +84,7 @@ def watchdog_settings(environ: Mapping[str, str] | None = None) -> tuple[float, 
     return timeout, policy
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.distributed.eplb.async_worker.transfer_run_periodically",
     f"upstream's loop; its exception and traceback recorded on the state (`{_ERROR_ATTR}`) before the "
     "thread ends",

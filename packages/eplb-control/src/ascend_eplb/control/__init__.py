@@ -4,7 +4,8 @@ Upstream owns the control plane; this package adapts its boundaries: the control
 phase (:mod:`.phase`), a replica lookup per MoE layer refreshed at each commit (:mod:`.state`), the
 placement policy and gain gate (:mod:`.policy_config`, :mod:`.gate`), the event bus (:mod:`.bus`), the
 router adaptation, the measures, and the specs of the upstream patches it needs (:mod:`.commit_hooks`,
-:mod:`.host_adaptation`, applied by :mod:`.patching`; installed by the integration, never here).
+:mod:`.host_adaptation`, applied by :mod:`.patching`; installed by the integration, never here), and
+the one :class:`~.surface.Surface` type every owner of upstream rows declares them in (:mod:`.upstream`).
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ globals at call time (the smallest point that sees every commit): ``_commit_eplb
 async per-layer commit that ``_move_to_workspace`` calls after ``move_from_buffer`` and before
 ``result.consumed_event.record()`` acknowledges the staging buffer, and ``_commit_eplb_maps``, the sync
 whole-model commit after ``rearrange_expert_weights_inplace``. Each wrapper (its row declared with
-``@upstream.replaces``; :data:`PATCHES`, installed by integration's ``apply_patches()``) runs upstream's
-commit unchanged and tells the :class:`CommitObserver` attached to the model state (:func:`attach_observer`)
-before and after; a model state without one passes through. Imports nothing of the state module.
+``@upstream.SURFACE.replaces``; :data:`PATCHES`, installed by integration's ``apply_patches()``) runs
+upstream's commit unchanged and tells the :class:`CommitObserver` attached to the model state
+(:func:`attach_observer`) before and after; a model state without one passes through. Imports nothing of
+the state module.
 """
 
 from __future__ import annotations
@@ -61,14 +62,14 @@ def check_hooked_signatures() -> None:
     on (``_move_to_workspace``, its body pinned; ``CpuGpuEvent.record``) that is missing or drifted from
     vLLM 0.33.0, or the observer attribute upstream now declares (this module's rows of
     :mod:`ascend_eplb.control.upstream`)."""
-    upstream.check_used_by(upstream.COMMIT_HOOKS)
+    upstream.SURFACE.check(upstream.COMMIT_HOOKS)
 
 
 def _check_order(_original: Any) -> None:
     check_hooked_signatures()
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.distributed.eplb.eplb_state._commit_eplb_maps_for_layer",
     "the per-layer commit hook: the observer's move, upstream's commit, the observer's refresh (before "
     "`_move_to_workspace` acknowledges)",
@@ -90,7 +91,7 @@ def _wrap_commit_for_layer(original: Callable[..., None]) -> Callable[..., None]
 
 # Serving refuses synchronous EPLB (start-up rule ``async-only``); this hook stays so that control used
 # alone (upstream's default is ``use_async=False``) never routes on a stale lookup. See the README.
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.distributed.eplb.eplb_state._commit_eplb_maps",
     "the synchronous whole-model commit hook (move, commit, refresh of every layer)",
 )

@@ -48,7 +48,7 @@ def check_upstream_controller_signatures() -> None:
     0.33.0 (:mod:`ascend_eplb.control.upstream`): an ``EPLBController`` method it overrides or calls
     (parameters, kinds, defaults), a body it copies or restates (``prepare_load``, ``step``,
     ``suppress``), an upstream attribute it writes, or one of its overrides."""
-    upstream.check_used_by(upstream.CONTROLLER)
+    upstream.SURFACE.check(upstream.CONTROLLER)
 
 
 def _has_routed_experts(model: Any) -> bool:

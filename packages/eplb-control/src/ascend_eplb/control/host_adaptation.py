@@ -2,7 +2,7 @@
 
 vLLM 0.33.0's EPLB runs unmodified on a CPU host but at five points (measured: ``notes/upstream-on-cpu.md``,
 ``notes/real-models-on-cpu.md``; README "Host adaptation"), each declared on its factory
-(``@upstream.replaces``), listed in :data:`PATCHES`, installed by integration's ``apply_patches()``;
+(``@upstream.SURFACE.replaces``), listed in :data:`PATCHES`, installed by integration's ``apply_patches()``;
 points 2-5 apply only where ``torch.accelerator.is_available()`` is False:
 
 1. ``ParallelConfig`` refuses ``enable_eplb`` unless CUDA-alike or XPU (Ascend's platform too): the proxy
@@ -105,7 +105,7 @@ class HostEvent(_TorchEvent):
         return (end_event._recorded_at - self._recorded_at) * 1000.0
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     ("vllm.config.parallel", "current_platform"),
     "`EplbCapablePlatform`: `is_cuda_alike()` is True, everything else the real platform's (the module "
     "must consult it exactly once, in the EPLB check)",
@@ -133,7 +133,7 @@ class EplbCapablePlatform:
         return f"EplbCapablePlatform({object.__getattribute__(self, '_platform')!r})"
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     ("torch", "Event"),
     "`HostEvent`: a `torch.Event` that records a host timestamp",
     when=_no_accelerator,
@@ -159,26 +159,28 @@ def _empty_cache() -> None:
     return None
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "torch.accelerator.set_device_index", "a no-op", when=_no_accelerator, applies=_NO_ACCELERATOR
 )
 def _as_set_device_index(_original: Any) -> Any:
     return _set_device_index
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "torch.accelerator.current_stream", "the CPU stream", when=_no_accelerator, applies=_NO_ACCELERATOR
 )
 def _as_current_stream(_original: Any) -> Any:
     return _current_stream
 
 
-@upstream.replaces("torch.accelerator.set_stream", "a no-op", when=_no_accelerator, applies=_NO_ACCELERATOR)
+@upstream.SURFACE.replaces(
+    "torch.accelerator.set_stream", "a no-op", when=_no_accelerator, applies=_NO_ACCELERATOR
+)
 def _as_set_stream(_original: Any) -> Any:
     return _set_stream
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "torch.accelerator.empty_cache",
     "a no-op (vLLM's model loader calls it)",
     when=_no_accelerator,
@@ -188,7 +190,7 @@ def _as_empty_cache(_original: Any) -> Any:
     return _empty_cache
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.distributed.eplb.eplb_state.EplbState.__init__",
     "upstream's, then `device_index = 0` on a CPU device (the async worker asserts it)",
     when=_no_accelerator,

@@ -37,7 +37,7 @@ __all__ = [
 def check_upstream_install_signatures() -> None:
     """Raise ``RuntimeError`` naming the first upstream function :func:`install_initial_placement` calls
     that drifted from vLLM 0.33.0 (its entries of :data:`ascend_eplb.control.upstream.SIGNATURES`)."""
-    upstream.check_used_by(upstream.INITIAL_PLACEMENT)
+    upstream.SURFACE.check(upstream.INITIAL_PLACEMENT)
 
 
 @dataclass(frozen=True)

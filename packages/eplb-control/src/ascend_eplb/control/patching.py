@@ -1,15 +1,14 @@
-"""The row types of the upstream surface, one applier, and the one checker of each kind.
+"""The row types of the upstream surface, their introspection, and the one applier of patches.
 
-The serving product's rows (every point where it meets vLLM 0.33.0 and torch 2.13.0) are declared once:
-the tables of :mod:`ascend_eplb.control.upstream`, and each module-level patch on its factory
-(:func:`replaces`, read by :func:`patches_of`). Kinds: :class:`Signature` (an upstream callable's
-parameters, checked by :func:`check_signature`, the one checker every row uses); :class:`Patch` (one
-module-level binding that upstream does not expose as an extension point; installed only by integration's
-single :class:`PatchSet`, or by a package outside serving for its own rows); :class:`InstanceBinding`
-(an upstream method replaced on single instances by their owner); :class:`Override` (a subclass method
-that stays call-compatible, :func:`extends`); :class:`Attribute` (written or read: must exist upstream;
-added: must not); :class:`Body` (an upstream body we copy or restate, pinned by :func:`source_digest`).
-:func:`markdown_table` and one table writer per kind render them.
+Each owning package declares its rows in one :class:`~ascend_eplb.control.surface.Surface` (its tables,
+and each module-level patch on its factory with ``Surface.replaces``, read by :func:`patches_of`). Kinds:
+:class:`Signature` (an upstream callable's parameters, checked by :func:`check_signature`, the one checker
+every row uses); :class:`Patch` (one module-level binding that upstream does not expose as an extension
+point; installed only by integration's single :class:`PatchSet`, or by a package outside serving for its
+own rows); :class:`InstanceBinding` (an upstream method replaced on single instances by their owner);
+:class:`Override` (a subclass method that stays call-compatible, :func:`extends`); :class:`Attribute`
+(written or read: must exist upstream; added: must not); :class:`Body` (an upstream body we copy or
+restate, pinned by :func:`source_digest`). :mod:`ascend_eplb.control.markdown` renders them.
 """
 
 from __future__ import annotations
@@ -35,24 +34,15 @@ __all__ = [
     "Patch",
     "PatchSet",
     "Signature",
-    "attribute_table",
-    "body_table",
     "check_signature",
     "check_signatures",
     "declares_attribute",
     "extends",
-    "instance_binding_table",
-    "markdown_table",
-    "override_table",
     "parameter_names",
     "parameter_spec",
     "patch_owner",
-    "patch_table",
     "patches_of",
-    "replaces",
-    "signature_table",
     "source_digest",
-    "surface_document",
 ]
 
 #: Attribute set on every replacement a :class:`PatchSet` installs (its value: the patch's name).
@@ -513,50 +503,13 @@ class Patch:
             self.check(original)
 
 
-#: Attribute of a replacement factory holding the :class:`Patch` es declared on it by :func:`replaces`.
+#: Attribute of a replacement factory holding the :class:`Patch` es declared on it by
+#: :meth:`ascend_eplb.control.surface.Surface.replaces`.
 DECLARED_ATTR = "_ascend_eplb_replaces"
 
 
-def replaces(
-    target: Signature | tuple[str, str],
-    does: str,
-    *,
-    when: Callable[[], bool] | None = None,
-    applies: str = "always",
-    check: Callable[[Any], None] | None = None,
-) -> Callable[[Any], Any]:
-    """Declare the decorated ``original -> replacement`` factory (a function, or a class called with the
-    original) as the replacement of ``target``; the factory is returned unchanged.
-
-    Args:
-        target: the function replaced (its :class:`Signature`: binding and parameters from the table),
-            or ``(module, qualname)`` of a binding that is not a function (a module global, a class),
-            which ``check`` must then validate.
-        does: what the replacement does (for the table).
-        when: ``() -> bool``, whether the patch applies in this process; None: always.
-        applies: ``when`` in words (for the table).
-        check: an extra drift check ``original -> None`` raising ``RuntimeError``; None: none.
-
-    The row is a :class:`Patch` owned by the factory's module. Stacked decorators declare one row each,
-    in the order they are written; :func:`patches_of` reads them.
-    """
-
-    def declare(factory: Any) -> Any:
-        if isinstance(target, Signature):
-            module, qualname, params = target.module, target.qualname, target.params
-        else:
-            (module, qualname), params = target, None
-        patch = Patch(
-            module, qualname, params, factory, factory.__module__, when or _always, check, does, applies
-        )
-        setattr(factory, DECLARED_ATTR, (patch, *vars(factory).get(DECLARED_ATTR, ())))
-        return factory
-
-    return declare
-
-
 def patches_of(*factories: Any) -> tuple[Patch, ...]:
-    """The :class:`Patch` es declared (:func:`replaces`) on ``factories``, in order.
+    """The :class:`Patch` es declared (``Surface.replaces``) on ``factories``, in order.
 
     Raises:
         TypeError: a factory declares no replacement (the message names it).
@@ -688,75 +641,3 @@ class PatchSet:
     def applied_names(self) -> list[str]:
         """Names of the bindings replaced now, in installation order."""
         return [patch.name for patch, _, _, _ in self._applied]
-
-
-def markdown_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    """The lines of a Markdown table of ``header`` and ``rows`` (a ``|`` inside a cell escaped)."""
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-    return lines
-
-
-def surface_document(title: str, intro: str, sections: Sequence[tuple[str, list[str]]]) -> str:
-    """An ``UPSTREAM.md`` document: ``# title``, the ``intro`` paragraph, then each ``(heading, table
-    lines)`` of ``sections`` as a ``##`` section, in order."""
-    lines = [f"# {title}", "", intro]
-    for heading, table in sections:
-        lines += ["", f"## {heading}", "", *table]
-    return "\n".join(lines) + "\n"
-
-
-def _code(text: str) -> str:
-    return f"`{text}`"
-
-
-def _users(users: Iterable[str]) -> str:
-    return ", ".join(_code(u) for u in users)
-
-
-def patch_table(patches: Iterable[Patch]) -> list[str]:
-    """The Markdown table of module-level replacements: binding, replacement, owner, when it applies."""
-    return markdown_table(
-        ("binding", "replacement", "owner", "applies"),
-        ((_code(p.name), p.does, _code(p.owner.removeprefix("ascend_eplb.")), p.applies) for p in patches),
-    )
-
-
-def instance_binding_table(bindings: Iterable[InstanceBinding]) -> list[str]:
-    """The Markdown table of per-instance replacements: method, owner, who binds it on what."""
-    return markdown_table(
-        ("method", "owner", "bound by, on"),
-        ((_code(b.name), _code(b.owner.removeprefix("ascend_eplb.")), b.installed_by) for b in bindings),
-    )
-
-
-def override_table(overrides: Iterable[Override]) -> list[str]:
-    """The Markdown table of overrides: upstream method, our class, what it adds."""
-    return markdown_table(
-        ("upstream method", "overridden by", "what it adds"),
-        ((_code(o.signature.label), _code(o.name.removeprefix("ascend_eplb.")), o.how) for o in overrides),
-    )
-
-
-def attribute_table(attributes: Iterable[Attribute]) -> list[str]:
-    """The Markdown table of attributes: ``Class.attr``, access, users, what for."""
-    return markdown_table(
-        ("attribute", "access", "by", "what"),
-        ((_code(f"{a.cls}.{a.attr}"), a.access, _users(a.users), a.how) for a in attributes),
-    )
-
-
-def body_table(bodies: Iterable[Body]) -> list[str]:
-    """The Markdown table of pinned bodies: function, digest, users, why."""
-    return markdown_table(
-        ("function", "digest", "by", "why"),
-        ((_code(b.signature.label), _code(b.digest), _users(b.users), b.reason) for b in bodies),
-    )
-
-
-def signature_table(signatures: Iterable[Signature]) -> list[str]:
-    """The Markdown table of signatures: callable, parameters, users."""
-    return markdown_table(
-        ("callable", "parameters", "relied on by"),
-        ((_code(e.name), _code(f"({', '.join(e.params)})"), _users(e.users)) for e in signatures),
-    )

@@ -63,14 +63,16 @@ def check_upstream_state_signatures() -> None:
         RuntimeError: one changed signature or body, or an attribute drifted, since vLLM 0.33.0; the
             message names it.
     """
-    upstream.check_used_by(upstream.STATE, upstream.COMMIT_HOOKS)
+    upstream.SURFACE.check(upstream.STATE, upstream.COMMIT_HOOKS)
 
 
 #: The upstream method this module replaces per instance: the ``record`` of the async layer result's
 #: ``consumed_event`` being acknowledged, wrapped so the acknowledgement is logged when it happens
 #: (:meth:`AscendEplbState.after_commit`); its row of the one upstream surface,
 #: :data:`ascend_eplb.control.upstream.INSTANCE_BINDINGS`.
-ACKNOWLEDGEMENT_BINDING = upstream.instance_binding("vllm.distributed.eplb.eplb_utils.CpuGpuEvent.record")
+ACKNOWLEDGEMENT_BINDING = upstream.SURFACE.instance_binding(
+    "vllm.distributed.eplb.eplb_utils.CpuGpuEvent.record"
+)
 
 
 class UnloadedModelsKeepPlacement(AbstractEplbPolicy):

@@ -1,31 +1,25 @@
-"""The upstream surface: every point where ascend_eplb meets vLLM 0.33.0 and torch 2.13.0, declared once.
+"""Control's upstream surface: every point where control, dataplane's router and movement's communicator
+meet vLLM 0.33.0 and torch 2.13.0, declared once in :data:`SURFACE` (the integration's own rows are
+``ascend_eplb.integration.upstream``'s).
 
 Rows (types of :mod:`ascend_eplb.control.patching`): :data:`SIGNATURES` (every upstream callable patched,
 bound per instance, overridden, body-pinned or called with arguments we build; not accessors such as
-``get_ep_group()``), module-level replacements (each on its factory with :func:`replaces`, listed by its
-owner's ``PATCHES``, installed by integration in one ``PatchSet``), :data:`INSTANCE_BINDINGS`,
+``get_ep_group()``), module-level replacements (each on its factory with ``SURFACE.replaces``, listed by
+its owner's ``PATCHES``, installed by integration in one ``PatchSet``), :data:`INSTANCE_BINDINGS`,
 :data:`OVERRIDES`, :data:`ATTRIBUTES` (written or read: upstream must declare them; added: it must not)
-and :data:`BODIES` (source digests). A package above serving declares its own rows beside its code;
-integration renders them all (``integration/UPSTREAM.md``). Users check theirs with :func:`check_used_by`
-at construction or installation; integration's ``check_upstream()`` checks every row (:func:`check_rows`).
-Nothing here imports vLLM (a row resolves when checked); dataplane's ``UPSTREAM_MAPPING_SIGNATURE`` is
-listed by reference (``ascend_eplb.dataplane.router``, torch only, the one other package imported).
+and :data:`BODIES` (source digests). Users check theirs with ``SURFACE.check(user, ...)`` at construction
+or installation; integration's ``check_upstream()`` checks every row, with its own, and renders them
+(``integration/UPSTREAM.md``). Nothing here imports vLLM (a row resolves when checked); dataplane's
+``UPSTREAM_MAPPING_SIGNATURE`` is listed by reference (``ascend_eplb.dataplane.router``, torch only, the
+one other package imported).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
-from ascend_eplb.control import patching
-from ascend_eplb.control.patching import (
-    Attribute,
-    Body,
-    InstanceBinding,
-    Override,
-    Signature,
-    check_signatures,
-)
+from ascend_eplb.control.patching import Attribute, Body, InstanceBinding, Override, Signature
+from ascend_eplb.control.surface import Surface, table
 from ascend_eplb.dataplane.router import UPSTREAM_MAPPING_SIGNATURE
 
 __all__ = [
@@ -35,14 +29,8 @@ __all__ = [
     "INSTANCE_BINDINGS",
     "OVERRIDES",
     "SIGNATURES",
+    "SURFACE",
     "USERS",
-    "WORKER_ERROR_ATTR",
-    "check_rows",
-    "check_used_by",
-    "instance_binding",
-    "replaces",
-    "signature",
-    "used_by",
 ]
 
 # The users (modules of ascend_eplb that rely on a row).
@@ -55,16 +43,9 @@ POLICY = "control.policy"
 GATE = "control.gate"
 ROUTER = "dataplane.router"
 MOVEMENT = "movement.communicator"
-INTEGRATION = "integration.patches"
-WATCHDOG = "integration.watchdog"
 INITIAL_PLACEMENT = "control.initial_placement"
-EVENTS = "integration.events"
-VERIFY = "integration.verify"
-STARTUP_PLACEMENT = "integration.startup_placement"
-PROMETHEUS = "integration.prometheus"
-METRICS = "integration.metrics"
 MEASURES = "control.measures"
-#: Every user id a row may name (what :func:`used_by` and :func:`check_used_by` accept).
+#: Every user id a row may name (what ``SURFACE.used_by`` and ``SURFACE.check`` accept).
 USERS = (
     HOST_ADAPTATION,
     COMMIT_HOOKS,
@@ -75,61 +56,33 @@ USERS = (
     GATE,
     ROUTER,
     MOVEMENT,
-    INTEGRATION,
-    WATCHDOG,
     INITIAL_PLACEMENT,
-    EVENTS,
-    VERIFY,
-    STARTUP_PLACEMENT,
-    PROMETHEUS,
-    METRICS,
     MEASURES,
 )
 
 #: The attribute :mod:`~ascend_eplb.control.commit_hooks` sets on an upstream ``EplbModelState``: a weak
 #: reference to its commit observer.
 COMMIT_OBSERVER_ATTR = "_ascend_eplb_commit_observer"
-#: The attribute the watchdog's wrapper of upstream's worker loop sets on an upstream ``EplbState``: the
-#: dead worker's exception and traceback.
-WORKER_ERROR_ATTR = "_ascend_eplb_worker_error"
 
 _ACCELERATOR = "torch.accelerator"
-_PARALLEL = "vllm.config.parallel"
 _STATE = "vllm.distributed.eplb.eplb_state"
 _UTILS = "vllm.distributed.eplb.eplb_utils"
-_WORKER = "vllm.distributed.eplb.async_worker"
 _COMMUNICATOR = "vllm.distributed.eplb.eplb_communicator"
 _EXECUTE = "vllm.distributed.eplb.rebalance_execute"
 _CONTROLLER = "vllm.v1.worker.gpu.eplb_utils"
-_RUNNER = "vllm.v1.worker.gpu.model_runner"
 _ROUTER = "vllm.model_executor.layers.fused_moe.router.base_router"
 _POLICY = "vllm.distributed.eplb.policy.abstract"
 _INTERFACES = "vllm.model_executor.models.interfaces"
 _MOE_RUNNER = "vllm.model_executor.layers.fused_moe.runner.moe_runner"
-_DEEPSEEK_MTP = "vllm.model_executor.models.deepseek_mtp"
-_FACTORY = ("group_coordinator", "backend", "expert_weights", "expert_buffer")
-
-
-def _table(*entries: Signature) -> Mapping[str, Signature]:
-    table: dict[str, Signature] = {}
-    for entry in entries:
-        if entry.name in table:
-            raise ValueError(f"upstream signature {entry.name} is listed twice")
-        table[entry.name] = entry
-    return table
 
 
 #: Every upstream signature relied on, by ``module.qualname``.
-SIGNATURES: Mapping[str, Signature] = _table(
+SIGNATURES: Mapping[str, Signature] = table(
     # torch: the host adaptation's stream and cache functions (replaced without an accelerator).
     Signature(_ACCELERATOR, "set_device_index", ("device", "/"), (HOST_ADAPTATION,)),
     Signature(_ACCELERATOR, "current_stream", ("device=None", "/"), (HOST_ADAPTATION,)),
     Signature(_ACCELERATOR, "set_stream", ("stream",), (HOST_ADAPTATION,)),
     Signature(_ACCELERATOR, "empty_cache", (), (HOST_ADAPTATION,)),
-    # vLLM's parallel config and communicator factory (replaced by the integration).
-    Signature(_PARALLEL, "ParallelConfig.__post_init__", ("self",), (INTEGRATION,)),
-    Signature(_COMMUNICATOR, "create_eplb_communicator", _FACTORY, (INTEGRATION,)),
-    Signature(_STATE, "create_eplb_communicator", _FACTORY, (INTEGRATION,)),
     # Upstream's EPLB state: wrapped (__init__, by the host adaptation), overridden or called (state).
     Signature(_STATE, "EplbState.__init__", ("self", "parallel_config", "device"), (HOST_ADAPTATION, STATE)),
     Signature(_STATE, "EplbState.add_model", ("self", "model", "model_config", "model_name=None"), (STATE,)),
@@ -197,8 +150,6 @@ SIGNATURES: Mapping[str, Signature] = _table(
     ),
     Signature(_STATE, "_move_to_workspace", ("model_state", "ep_rank"), (COMMIT_HOOKS,)),
     Signature(_UTILS, "CpuGpuEvent.record", ("self", "stream=None"), (COMMIT_HOOKS, STATE)),
-    # The async worker's loop (wrapped by the watchdog).
-    Signature(_WORKER, "transfer_run_periodically", ("state", "stream", "is_profile=False"), (WATCHDOG,)),
     # Upstream's MRv2 controller: overridden or called by AscendEPLBController.
     Signature(_CONTROLLER, "EPLBController.__init__", ("self", "parallel_config", "device"), (CONTROLLER,)),
     Signature(_CONTROLLER, "EPLBController.prepare_load", ("self",), (CONTROLLER,)),
@@ -225,32 +176,6 @@ SIGNATURES: Mapping[str, Signature] = _table(
     # routers (and by start-up's rule speculative-moe-draft, with the draft's class standing in).
     Signature(
         _CONTROLLER, "draft_model_supports_eplb", ("speculative_config", "draft_moe_model"), (CONTROLLER,)
-    ),
-    # The MRv2 runner's controller construction and shutdown (replaced by the integration).
-    Signature(_RUNNER, "EPLBController", ("self", "parallel_config", "device"), (INTEGRATION,)),
-    Signature(_RUNNER, "GPUModelRunner.shutdown", ("self",), (INTEGRATION,)),
-    # The MRv2 runner's input preparation, where it knows its batch's phase (replaced by the integration).
-    Signature(
-        _RUNNER,
-        "GPUModelRunner.prepare_inputs",
-        ("self", "scheduler_output", "batch_req_state", "batch_desc", "num_active_loras"),
-        (INTEGRATION,),
-    ),
-    # DeepSeek-V3's MTP draft's expert-weight mapping (vLLM's deepseek_mtp module calls it by name from its
-    # load_weights without num_redundant_experts: replaced there by the integration).
-    Signature(
-        _DEEPSEEK_MTP,
-        "fused_moe_make_expert_params_mapping",
-        (
-            "model",
-            "ckpt_gate_proj_name",
-            "ckpt_down_proj_name",
-            "ckpt_up_proj_name",
-            "num_experts",
-            "num_redundant_experts=0",
-            "routed_experts_prefix='routed_experts'",
-        ),
-        (INTEGRATION,),
     ),
     # The router's EPLB mapping (bound per router instance by dataplane's adapter; its own declaration).
     Signature(*UPSTREAM_MAPPING_SIGNATURE, users=(ROUTER,)),
@@ -281,63 +206,20 @@ SIGNATURES: Mapping[str, Signature] = _table(
 )
 
 
-def signature(name: str) -> Signature:
-    """The entry ``module.qualname`` of :data:`SIGNATURES`.
-
-    Raises:
-        KeyError: ``name`` is not in the table (the message says where to add it).
-    """
-    try:
-        return SIGNATURES[name]
-    except KeyError:
-        raise KeyError(f"{name} is not in ascend_eplb.control.upstream.SIGNATURES; list it there") from None
-
-
-def replaces(target: str | tuple[str, str], does: str, **options: Any) -> Callable[[Any], Any]:
-    """Declare the decorated factory as a module-level replacement of upstream
-    (:func:`ascend_eplb.control.patching.replaces`, whose keywords ``when``, ``applies`` and ``check`` it
-    takes): ``target`` is ``module.qualname`` of a function of :data:`SIGNATURES` (binding and parameters
-    from its entry), or ``(module, qualname)`` of a binding that is not a function.
-
-    Raises:
-        KeyError: a function ``target`` is not in :data:`SIGNATURES`.
-        ValueError: the factory's module is not one of :data:`USERS`.
-    """
-    declare = patching.replaces(signature(target) if isinstance(target, str) else target, does, **options)
-
-    def declared(factory: Any) -> Any:
-        _known((factory.__module__.removeprefix("ascend_eplb."),))
-        return declare(factory)
-
-    return declared
-
-
 #: Every upstream method the process replaces on single instances (the classes keep theirs).
 INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = (
     InstanceBinding(
-        signature(".".join(UPSTREAM_MAPPING_SIGNATURE[:2])),
+        SIGNATURES[".".join(UPSTREAM_MAPPING_SIGNATURE[:2])],
         "ascend_eplb.dataplane.router",
         "control.router_adaptation.adapt_layer_routers (dataplane.bind_router), on the router of each MoE "
         "layer of a model before it is registered",
     ),
     InstanceBinding(
-        signature(f"{_UTILS}.CpuGpuEvent.record"),
+        SIGNATURES[f"{_UTILS}.CpuGpuEvent.record"],
         "ascend_eplb.control.state",
         "AscendEplbState.after_commit, on the consumed_event of each async layer result it commits",
     ),
 )
-
-
-def instance_binding(name: str) -> InstanceBinding:
-    """The row of :data:`INSTANCE_BINDINGS` replacing the upstream method ``module.qualname``.
-
-    Raises:
-        KeyError: no row replaces it.
-    """
-    for binding in INSTANCE_BINDINGS:
-        if binding.name == name:
-            return binding
-    raise KeyError(f"{name} is not in ascend_eplb.control.upstream.INSTANCE_BINDINGS; list it there")
 
 
 _ASCEND_CONTROLLER = "ascend_eplb.control.controller.AscendEPLBController"
@@ -350,7 +232,7 @@ _KEEP_UNLOADED = "ascend_eplb.control.state.UnloadedModelsKeepPlacement"
 
 
 def _override(subclass: str, name: str, users: str, how: str) -> Override:
-    return Override(subclass, signature(name), (users,), how)
+    return Override(subclass, SIGNATURES[name], (users,), how)
 
 
 #: Every upstream method a subclass of ours overrides (each extends upstream's parameters).
@@ -502,8 +384,7 @@ OVERRIDES: tuple[Override, ...] = (
 _MODEL_STATE = "EplbModelState"
 _LAYER_RESULT = "AsyncEplbLayerResult"
 
-#: Every attribute of an upstream object we write, read or add (the control plane's, the watchdog's, the
-#: event file's, the verifier's, ...).
+#: Every attribute of an upstream object control and the planes below it write, read or add.
 ATTRIBUTES: tuple[Attribute, ...] = (
     Attribute(
         _ROUTER,
@@ -524,14 +405,6 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         "which `support_torch_compile` sets on the model class it decorates, too",
     ),
     Attribute(_STATE, "EplbState", "device_index", "writes", (HOST_ADAPTATION,), "0 on a CPU device"),
-    Attribute(
-        _PARALLEL,
-        "EPLBConfig",
-        "communicator",
-        "writes",
-        (INTEGRATION,),
-        '`"torch_gloo"` when unset and EPLB is on (`ParallelConfig.__post_init__`)',
-    ),
     Attribute(
         _CONTROLLER,
         "EPLBController",
@@ -589,57 +462,12 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         "a weak reference to the model state's commit observer (`attach_observer`)",
     ),
     Attribute(
-        _STATE,
-        "EplbState",
-        WORKER_ERROR_ATTR,
-        "adds",
-        (WATCHDOG,),
-        "the dead async worker's exception and traceback",
-    ),
-    Attribute(
         _EXECUTE,
         _LAYER_RESULT,
         "consumed_event",
         "reads",
         (STATE,),
         "the acknowledgement of the committed layer (its `record` bound per instance)",
-    ),
-    Attribute(_STATE, "EplbState", "async_worker", "reads", (WATCHDOG,), "`is_alive()` every step"),
-    Attribute(_STATE, "EplbState", "model_states", "reads", (WATCHDOG,), "each model's cycle"),
-    Attribute(
-        _STATE,
-        "EplbState",
-        "expert_rearrangement_step",
-        "reads",
-        (WATCHDOG,),
-        "steps until the next rearrangement, named in a stall (vllm-project/vllm#57883)",
-    ),
-    Attribute(
-        _STATE,
-        "EplbState",
-        "expert_rearrangement_step_interval",
-        "reads",
-        (WATCHDOG,),
-        "the same",
-    ),
-    Attribute(_STATE, _MODEL_STATE, "model_name", "reads", (WATCHDOG,), "names the model in a failure"),
-    Attribute(_STATE, _MODEL_STATE, "rebalanced", "reads", (WATCHDOG,), "whether a cycle is in flight"),
-    Attribute(
-        _STATE,
-        _MODEL_STATE,
-        "pending_result",
-        "reads",
-        (WATCHDOG,),
-        "whether this rank's worker published the layer in flight",
-    ),
-    Attribute(_EXECUTE, _LAYER_RESULT, "layer_idx", "reads", (WATCHDOG,), "the layer published"),
-    Attribute(
-        _STATE,
-        _MODEL_STATE,
-        "communicator",
-        "reads",
-        (WATCHDOG,),
-        "movement's `waiting_on`: the peer a stalled transfer waits on",
     ),
     # What the start-up install hands upstream's transaction and commit (control.initial_placement).
     *(
@@ -715,70 +543,6 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         _CONTROLLER, "EPLBController", "parallel_config", "reads", (CONTROLLER,), "EPLB on or off, rows"
     ),
     Attribute(_CONTROLLER, "EPLBController", "device", "reads", (CONTROLLER,), "the state's device"),
-    # The integration's runner patches: the runner's controller, and the batch's phase its input preparation
-    # computed.
-    Attribute(
-        _RUNNER,
-        "GPUModelRunner",
-        "eplb",
-        "reads",
-        (INTEGRATION,),
-        "the runner's EPLB controller: `set_batch_phase` before `prepare_inputs`, `shutdown()` at its end",
-    ),
-    Attribute(
-        _RUNNER,
-        "BatchReqState",
-        "has_prefill",
-        "reads",
-        (INTEGRATION,),
-        "the batch's phase (any request still in prefill), declared to the controller",
-    ),
-    # The serving process's event file, verifier, start-up placement, Prometheus metrics and metrics.
-    Attribute(
-        _CONTROLLER,
-        "EPLBController",
-        "state",
-        "reads",
-        (EVENTS, VERIFY, STARTUP_PLACEMENT, PROMETHEUS),
-        "the EPLB state of the controller an event comes from",
-    ),
-    Attribute(
-        _STATE,
-        "EplbState",
-        "model_states",
-        "reads",
-        (EVENTS, VERIFY, STARTUP_PLACEMENT, PROMETHEUS),
-        "the registered models' states",
-    ),
-    *(
-        Attribute(_STATE, _MODEL_STATE, attr, "reads", (EVENTS,), why)
-        for attr, why in (
-            ("last_expert_load", "the window a rearrangement planned from (`window` record)"),
-            ("physical_to_logical_map", "the placement before and after a cycle, each commit's row"),
-            ("logical_to_physical_map", "E, its second dimension (the installed start-up placement)"),
-            ("eplb_stats", "the grouping upstream passed its policy (`num_expert_groups`, `num_nodes`)"),
-            ("communicator", "movement's `cumulative_stats`: the bytes a cycle received"),
-            ("model", "`expert_weights`: the bytes of an expert"),
-            ("pending_result", "the layer the async worker published (its time)"),
-            ("model_name", "names the model in every record"),
-        )
-    ),
-    Attribute(_STATE, "EplbStats", "num_groups", "reads", (EVENTS,), "the `window` num_expert_groups"),
-    Attribute(_STATE, "EplbStats", "num_nodes", "reads", (EVENTS,), "the `window` record's num_nodes"),
-    Attribute(_EXECUTE, _LAYER_RESULT, "layer_idx", "reads", (EVENTS,), "the layer published"),
-    Attribute(_INTERFACES, "MixtureOfExperts", "expert_weights", "reads", (EVENTS,), "expert bytes"),
-    *(
-        Attribute(_STATE, _MODEL_STATE, attr, "reads", (VERIFY,), why)
-        for attr, why in (
-            ("physical_to_logical_map", "the committed placement each slot's fingerprint must match"),
-            ("logical_to_physical_map", "the committed maps each replica lookup must equal"),
-            ("logical_replica_count", "the same"),
-            ("model_name", "names the model in a violation"),
-        )
-    ),
-    Attribute(
-        _INTERFACES, "MixtureOfExperts", "moe_layers", "reads", (VERIFY,), "the MoE layers fingerprinted"
-    ),
     # The configuration's row layout (control.controller.row_layout_for): vLLM's own dispatch decision.
     Attribute(_STATE, _MODEL_STATE, "model", "reads", (CONTROLLER,), "its MoE layers' runners"),
     Attribute(_INTERFACES, "MixtureOfExperts", "moe_layers", "reads", (CONTROLLER,), "each layer's runner"),
@@ -790,71 +554,39 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         (CONTROLLER,),
         "rows gathered before routing, or routed first (an expert method with an internal modular kernel)",
     ),
-    *(
-        Attribute(_STATE, _MODEL_STATE, attr, "reads", (STARTUP_PLACEMENT,), why)
-        for attr, why in (
-            ("physical_to_logical_map", "L and P the placement file must match; the placement installed"),
-            ("logical_to_physical_map", "E, its second dimension"),
-            ("communicator", "movement's `cumulative_stats`: the bytes the install received (its log line)"),
-        )
-    ),
-    Attribute(
-        _STATE,
-        _MODEL_STATE,
-        "model_name",
-        "reads",
-        (PROMETHEUS,),
-        "whose series a record is (a draft's: suffixed)",
-    ),
-    Attribute(
-        "vllm.config.model",
-        "ModelConfig",
-        "served_model_name",
-        "reads",
-        (PROMETHEUS,),
-        "the `model_name` label (vLLM's own series carry it)",
-    ),
-    Attribute(
-        _STATE,
-        _MODEL_STATE,
-        "communicator",
-        "reads",
-        (METRICS,),
-        "`bytes_received`: movement's `cumulative_stats`",
-    ),
 )
 
 #: Every upstream function whose body our code depends on, pinned by
 #: :func:`~ascend_eplb.control.patching.source_digest`.
 BODIES: tuple[Body, ...] = (
     Body(
-        signature(f"{_CONTROLLER}.EPLBController.prepare_load"),
+        SIGNATURES[f"{_CONTROLLER}.EPLBController.prepare_load"],
         "fb6cd33474d1d15f",
         (CONTROLLER,),
         "AscendEPLBController.prepare_load copies it, building an AscendEplbState",
     ),
     Body(
-        signature(f"{_CONTROLLER}.EPLBController.step"),
+        SIGNATURES[f"{_CONTROLLER}.EPLBController.step"],
         "37b8a37ca00d9a08",
         (CONTROLLER,),
         "AscendEPLBController.step restates its run condition (a StepEvent exactly when it ran)",
     ),
     Body(
-        signature(f"{_CONTROLLER}.EPLBController.suppress"),
+        SIGNATURES[f"{_CONTROLLER}.EPLBController.suppress"],
         "6227688ee34a8821",
         (CONTROLLER,),
         "AscendEPLBController.suppress and stop_eplb rely on it saving and restoring suppressed and "
         "should_record_tensor",
     ),
     Body(
-        signature(f"{_STATE}.EplbState.step"),
+        SIGNATURES[f"{_STATE}.EplbState.step"],
         "185d58bef449a848",
         (STATE,),
         "AscendEplbState.step restates when it copies a pass into the load window (not a dummy or profile "
         "step, `_should_record_current_step`), before its commits change the placement",
     ),
     Body(
-        signature(f"{_STATE}._move_to_workspace"),
+        SIGNATURES[f"{_STATE}._move_to_workspace"],
         "303b2c6ca50e734e",
         (COMMIT_HOOKS,),
         "the per-layer order move, commit, refresh, acknowledge (invariant 6): the commit hook runs "
@@ -863,46 +595,15 @@ BODIES: tuple[Body, ...] = (
     ),
 )
 
-
-def _known(users: tuple[object, ...]) -> set[str]:
-    unknown = [u for u in users if u not in USERS]
-    if unknown:
-        raise ValueError(f"unknown user(s) {unknown!r} of the upstream table; the users are {USERS!r}")
-    return set(users)  # type: ignore[arg-type]
-
-
-def used_by(user: str) -> tuple[Signature, ...]:
-    """The signature entries ``user`` relies on, in table order.
-
-    Raises:
-        ValueError: ``user`` is not one of :data:`USERS` (a typo would otherwise select nothing).
-    """
-    _known((user,))
-    return tuple(entry for entry in SIGNATURES.values() if user in entry.users)
-
-
-def check_used_by(*users: str) -> None:
-    """Check every row the ``users`` rely on: signatures (in table order), then the bodies, attributes
-    and overrides of theirs.
-
-    Raises:
-        ValueError: a user is not one of :data:`USERS` (a typo would otherwise check nothing).
-        RuntimeError: one is missing, changed signature or body, lost an attribute we use or declares
-            one we add, since vLLM 0.33.0; the message names it.
-    """
-    wanted = _known(users)
-    check_signatures(entry for entry in SIGNATURES.values() if set(entry.users) & wanted)
-    check_rows(wanted)
-
-
-def check_rows(users: Iterable[str] | None = None) -> None:
-    """Check the :data:`BODIES`, :data:`ATTRIBUTES` and :data:`OVERRIDES` of ``users`` (None: all), in
-    that order; the signatures are :func:`check_used_by`'s (and integration's ``check_upstream``'s).
-
-    Raises:
-        RuntimeError: the first row that drifted, named.
-    """
-    wanted = set(USERS) if users is None else _known(tuple(users))
-    for row in (*BODIES, *ATTRIBUTES, *OVERRIDES):
-        if set(row.users) & wanted:
-            row.check()
+#: The serving product's surface: its rows, checked (``SURFACE.check(user, ...)``), replaced
+#: (``SURFACE.replaces``) and rendered.
+SURFACE = Surface(
+    __name__,
+    "the upstream table",
+    USERS,
+    SIGNATURES,
+    instance_bindings=INSTANCE_BINDINGS,
+    overrides=OVERRIDES,
+    attributes=ATTRIBUTES,
+    bodies=BODIES,
+)

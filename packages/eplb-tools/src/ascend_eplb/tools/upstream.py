@@ -1,11 +1,12 @@
 """The tools' upstream surface: what ``simulate`` and ``plan`` rely on of vLLM 0.33.0 beyond the serving
-product's and the CPU world's rows, declared once, with :mod:`ascend_eplb.control.patching`'s row types.
+product's and the CPU world's rows, declared once in :data:`SURFACE`
+(:class:`~ascend_eplb.control.surface.Surface`).
 
 * :data:`ATTRIBUTES`: what ``simulate``'s ranks read of the world's EPLB state (the steps' checks and
-  accounting); each rank checks them (:func:`check` of :data:`SIMULATE`) before its world starts.
+  accounting); each rank checks them (``SURFACE.check(SIMULATE)``) before its world starts.
 * :data:`BODIES`: the upstream function ``plan`` relies on restated without vLLM (upstream's initial
   placement, ``control.measures.upstream_initial_placement``), pinned by a source digest; ``plan`` runs
-  without vLLM, so its tests hold the row (:func:`check` of :data:`PLAN`).
+  without vLLM, so its tests hold the row (``SURFACE.check(PLAN)``).
 
 Serving never checks these rows. :func:`render` writes their tables (``UPSTREAM.md`` of this package; a
 test keeps them equal: ``python -m ascend_eplb.tools.upstream`` prints it). Nothing here imports vLLM.
@@ -14,16 +15,10 @@ test keeps them equal: ``python -m ascend_eplb.tools.upstream`` prints it). Noth
 from __future__ import annotations
 
 from ascend_eplb.control import upstream as serving_surface
-from ascend_eplb.control.patching import (
-    Attribute,
-    Body,
-    attribute_table,
-    body_table,
-    check_signatures,
-    surface_document,
-)
+from ascend_eplb.control.patching import Attribute, Body
+from ascend_eplb.control.surface import Surface
 
-__all__ = ["ATTRIBUTES", "BODIES", "PLAN", "SIMULATE", "USERS", "check", "render"]
+__all__ = ["ATTRIBUTES", "BODIES", "PLAN", "SIMULATE", "SURFACE", "USERS", "check", "render"]
 
 #: ``simulate``'s ranks (:mod:`ascend_eplb.tools.simulate`).
 SIMULATE = "tools.simulate"
@@ -54,7 +49,7 @@ ATTRIBUTES: tuple[Attribute, ...] = (
 #: :func:`~ascend_eplb.control.patching.source_digest` (the signature is the serving surface's row).
 BODIES: tuple[Body, ...] = (
     Body(
-        serving_surface.signature(f"{_STATE}.EplbState.build_initial_global_physical_to_logical_map"),
+        serving_surface.SURFACE.signature(f"{_STATE}.EplbState.build_initial_global_physical_to_logical_map"),
         "b552b55acd62a5b2",
         (PLAN,),
         "ascend_eplb.control.measures.upstream_initial_placement restates it without vLLM (the EPLB-off "
@@ -63,28 +58,15 @@ BODIES: tuple[Body, ...] = (
 )
 
 
-def check(*users: str) -> None:
-    """Check every row the ``users`` rely on: the signatures of their bodies, then their bodies and
-    attributes.
-
-    Raises:
-        ValueError: a user is not one of :data:`USERS` (a typo would otherwise check nothing).
-        RuntimeError: one is missing, changed signature or body, or lost an attribute we read, since
-            vLLM 0.33.0; the message names it.
-    """
-    unknown = [u for u in users if u not in USERS]
-    if unknown:
-        raise ValueError(f"unknown user(s) {unknown!r} of the tools' upstream rows; the users are {USERS!r}")
-    wanted = set(users)
-    bodies = [b for b in BODIES if wanted & set(b.users)]
-    check_signatures(b.signature for b in bodies)
-    for row in (*bodies, *(a for a in ATTRIBUTES if wanted & set(a.users))):
-        row.check()
+#: The tools' surface: what ``simulate`` and ``plan`` rely on, checked per user (``SURFACE.check(user)``).
+SURFACE = Surface(__name__, "the tools' upstream rows", USERS, {}, attributes=ATTRIBUTES, bodies=BODIES)
+#: ``SURFACE.check``, under the name ``simulate``'s ranks call (``upstream.check(upstream.SIMULATE)``).
+check = SURFACE.check
 
 
 def render() -> str:
     """The tables of every row, as Markdown (what ``UPSTREAM.md`` of this package holds)."""
-    return surface_document(
+    return SURFACE.render(
         "The tools' upstream surface",
         "What `ascend-eplb simulate` and `plan` rely on of upstream vLLM 0.33.0 beyond the serving "
         "product's rows (`integration/UPSTREAM.md`) and the CPU world's "
@@ -93,10 +75,7 @@ def render() -> str:
         "equal to them. Never checked by serving: each `simulate` rank checks the rows of "
         f"`{SIMULATE}` before its world starts; `plan` runs without vLLM, its tests check the rows of "
         f"`{PLAN}`.",
-        [
-            ("Attributes of upstream objects (`ATTRIBUTES`)", attribute_table(ATTRIBUTES)),
-            ("Upstream bodies the tools depend on (`BODIES`, source digests)", body_table(BODIES)),
-        ],
+        bodies="Upstream bodies the tools depend on",
     )
 
 

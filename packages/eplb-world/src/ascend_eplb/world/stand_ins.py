@@ -5,7 +5,7 @@ Six, each the narrowest for what this build lacks (no ``vllm._C``), each checked
 :data:`MOE_DISPATCHES`), 2 attention (:func:`install_attention_stand_ins`), 3 16-bit linear layers, 5
 variable-size collectives, 6 TorchDynamo off in an eager world (:func:`stand_in_patches`); 4, the cache
 release, is the integration's host adaptation. What each replaces and why: the package README. Patches
-are declared on their factories (``@upstream.replaces``, :data:`STAND_INS`); :func:`install_stand_ins`
+are declared on their factories (``@upstream.SURFACE.replaces``, :data:`STAND_INS`); :func:`install_stand_ins`
 checks the world's upstream rows, then installs; :func:`install_model_stand_ins` those of one built
 model. vLLM is imported inside functions (``TorchFusedMoEMethod`` built on first access; see
 :mod:`~ascend_eplb.world`). Shapes: p local physical experts, T tokens, K top-k, H hidden, I intermediate.
@@ -234,7 +234,7 @@ def _has_packed_linear() -> bool:
         return False
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.model_executor.layers.utils.check_cpu_sgl_kernel",
     "False while `torch.ops._C` lacks `convert_weight_packed` (16-bit linear layers take vLLM's `F.linear` "
     "fallback), else upstream's",
@@ -419,7 +419,7 @@ def _check_cpu_communicator_lacks_reduce_scatterv(original: Any) -> None:
 _CPU_COMMUNICATOR_ONLY = "always (only a `CpuCommunicator` gets the stand-in; any other upstream's method)"
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase.all_gatherv",
     "a `CpuCommunicator`'s over `torch.distributed` (rows padded to the largest, gathered, concatenated in "
     "rank order); refused if `CpuCommunicator` defines its own",
@@ -441,7 +441,7 @@ def _cpu_all_gatherv(original: Any) -> Any:
     return all_gatherv
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase.reduce_scatterv",
     "a `CpuCommunicator`'s over `torch.distributed` (all-reduce, then this rank's rows); refused if "
     "`CpuCommunicator` defines its own",
@@ -483,7 +483,7 @@ def _check_dynamo_switch(original: Any) -> None:
         )
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     ("torch._dynamo.config", "disable"),
     "True: TorchDynamo off for the process, so vLLM's `torch.compile`d helpers run eagerly (vLLM Ascend's "
     '`simple_compile_backend = "eager"`)',
@@ -568,7 +568,7 @@ def install_attention_stand_ins(model: torch.nn.Module) -> dict[str, int]:
 def install_stand_ins(*, quantized: bool = False, dispatch: str = "gather", compiled: bool = False) -> None:
     """Install every process-wide stand-in, before a model is built (idempotent).
 
-    Checks the world's upstream rows first (:func:`ascend_eplb.world.upstream.check`), then applies
+    Checks the world's upstream rows first (``ascend_eplb.world.upstream.SURFACE.check()``), then applies
     :func:`stand_in_patches` (3, 5 and 6; 6 not when ``compiled``: vLLM's TorchDynamo trace), registers the
     torch expert method with ``dispatch`` (:data:`MOE_DISPATCHES`) for every model built afterwards and, with
     ``quantized`` (an msModelSlim description), the ``"ascend"`` quantization stand-in.
@@ -597,7 +597,7 @@ def install_stand_ins(*, quantized: bool = False, dispatch: str = "gather", comp
             f"this process's CPU stand-ins serve {'compiled' if _COMPILED else 'eager'} models; one process "
             "serves one execution mode (TorchDynamo's switch is process-wide)"
         )
-    upstream.check()
+    upstream.SURFACE.check()
     _COMPILED = compiled
     stand_in_patches().apply()
     register_torch_moe_method().dispatch = dispatch

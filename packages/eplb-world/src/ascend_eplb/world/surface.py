@@ -1,23 +1,16 @@
 """The CPU world's upstream surface as one document: every row, rendered where every owner of a row is
 importable.
 
-The stand-ins are declared on their factories (``@ascend_eplb.world.upstream.replaces``) and listed in
-:data:`ascend_eplb.world.stand_ins.STAND_INS`; the instance bindings, attributes and signatures are the
-tables of :mod:`ascend_eplb.world.upstream`. :func:`render` writes their tables (``UPSTREAM.md`` of this
-package; a test keeps them equal: ``python -m ascend_eplb.world.surface`` prints it). Nothing here
-imports vLLM.
+The stand-ins are declared on their factories (``@ascend_eplb.world.upstream.SURFACE.replaces``) and
+listed in :data:`ascend_eplb.world.stand_ins.STAND_INS`; the instance bindings, attributes and signatures
+are the tables of :mod:`ascend_eplb.world.upstream` (its ``SURFACE``). :func:`render` writes their tables
+(``UPSTREAM.md`` of this package; a test keeps them equal: ``python -m ascend_eplb.world.surface`` prints
+it). Nothing here imports vLLM.
 """
 
 from __future__ import annotations
 
-from ascend_eplb.control.patching import (
-    attribute_table,
-    instance_binding_table,
-    markdown_table,
-    patch_table,
-    signature_table,
-    surface_document,
-)
+from ascend_eplb.control.markdown import markdown_table, patch_table
 from ascend_eplb.world import stand_ins, upstream
 from ascend_eplb.world.engine import kernels, patches
 
@@ -26,7 +19,7 @@ __all__ = ["render"]
 
 def render() -> str:
     """The tables of every row of the CPU world, as Markdown (what ``UPSTREAM.md`` of this package holds)."""
-    return surface_document(
+    return upstream.SURFACE.render(
         "The CPU world's upstream surface",
         "What the CPU world (`ascend_eplb.world`: vLLM's own engine on this host, and the world's serving "
         "worker) meets of upstream vLLM 0.33.0, torch 2.13.0 and Triton where this CPU build of vLLM lacks "
@@ -57,15 +50,6 @@ def render() -> str:
                 markdown_table(
                     ("op schema", "called by"), ((f"`{k.schema}`", f"`{k.caller}`") for k in kernels.KERNELS)
                 ),
-            ),
-            (
-                "Methods replaced on single instances (`INSTANCE_BINDINGS`)",
-                instance_binding_table(upstream.INSTANCE_BINDINGS),
-            ),
-            ("Attributes of upstream objects (`ATTRIBUTES`)", attribute_table(upstream.ATTRIBUTES)),
-            (
-                "Signatures relied on (`SIGNATURES`: names, kinds, defaults)",
-                signature_table(upstream.SIGNATURES.values()),
             ),
         ],
     )

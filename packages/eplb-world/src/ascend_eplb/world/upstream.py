@@ -1,31 +1,28 @@
 """The CPU world's upstream surface: every point where this world meets vLLM 0.33.0 and torch 2.13.0 that
-serving does not, declared once with :mod:`ascend_eplb.control.patching`'s row types.
+serving does not, declared once in :data:`SURFACE` (:class:`~ascend_eplb.control.surface.Surface`).
 
 :data:`SIGNATURES` (the stand-ins' targets, the methods replaced on single instances, the registrations
 called and Model Runner V2's draft calls the serving worker makes), the module-level stand-ins (each
-declared on its factory in :mod:`~ascend_eplb.world.stand_ins` with :func:`replaces`),
+declared on its factory in :mod:`~ascend_eplb.world.stand_ins` with ``SURFACE.replaces``),
 :data:`INSTANCE_BINDINGS` and :data:`ATTRIBUTES` (what the stand-ins and the serving worker read).
 Serving neither installs nor checks them (a vLLM change here must not stop a serving process):
-``install_stand_ins`` checks them all (:func:`check`) before it installs anything;
+``install_stand_ins`` checks them all (``SURFACE.check()``) before it installs anything;
 :mod:`~ascend_eplb.world.surface` renders them in ``UPSTREAM.md``. Imports no vLLM.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
-from ascend_eplb.control import patching
-from ascend_eplb.control.patching import Attribute, InstanceBinding, Signature, check_signatures
+from ascend_eplb.control.patching import Attribute, InstanceBinding, Signature
+from ascend_eplb.control.surface import Surface, table
 
 __all__ = [
     "ATTRIBUTES",
     "INSTANCE_BINDINGS",
     "SIGNATURES",
+    "SURFACE",
     "USERS",
-    "check",
-    "replaces",
-    "signature",
 ]
 
 # The users (modules of this package that rely on a row).
@@ -58,17 +55,8 @@ _CUSTOM_OPS = "vllm._custom_ops"
 _CPU_MOE = "vllm.model_executor.layers.fused_moe.experts.cpu_moe"
 
 
-def _table(*entries: Signature) -> Mapping[str, Signature]:
-    table: dict[str, Signature] = {}
-    for entry in entries:
-        if entry.name in table:
-            raise ValueError(f"upstream signature {entry.name} is listed twice")
-        table[entry.name] = entry
-    return table
-
-
 #: Every upstream signature the world relies on, by ``module.qualname``.
-SIGNATURES: Mapping[str, Signature] = _table(
+SIGNATURES: Mapping[str, Signature] = table(
     Signature(_LAYER_UTILS, "check_cpu_sgl_kernel", ("n", "k", "dtype"), (WORLD_STAND_INS,)),
     Signature(
         _DEVICE_COMMUNICATOR,
@@ -235,63 +223,28 @@ SIGNATURES: Mapping[str, Signature] = _table(
 )
 
 
-def signature(name: str) -> Signature:
-    """The entry ``module.qualname`` of :data:`SIGNATURES`.
-
-    Raises:
-        KeyError: ``name`` is not in the table (the message says where to add it).
-    """
-    try:
-        return SIGNATURES[name]
-    except KeyError:
-        raise KeyError(f"{name} is not in ascend_eplb.world.upstream.SIGNATURES; list it there") from None
-
-
-def replaces(target: str | tuple[str, str], does: str, **options: Any) -> Callable[[Any], Any]:
-    """Declare the decorated factory a stand-in of the CPU world
-    (:func:`ascend_eplb.control.patching.replaces`, whose keywords ``when``, ``applies`` and ``check`` it
-    takes): ``target`` is ``module.qualname`` of a function of :data:`SIGNATURES`, or
-    ``(module, qualname)`` of a binding that is not a function.
-
-    Raises:
-        KeyError: a function ``target`` is not in :data:`SIGNATURES`.
-        ValueError: the factory's module is not one of :data:`USERS`.
-    """
-    declare = patching.replaces(signature(target) if isinstance(target, str) else target, does, **options)
-
-    def declared(factory: Any) -> Any:
-        owner = factory.__module__.removeprefix("ascend_eplb.")
-        if owner not in USERS:
-            raise ValueError(
-                f"unknown user {owner!r} of the CPU world's upstream table; the users are {USERS!r}"
-            )
-        return declare(factory)
-
-    return declared
-
-
 #: The upstream methods the CPU world replaces on single instances of a model it built.
 INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = (
     InstanceBinding(
-        signature(f"{_ATTENTION}.Attention.forward"),
+        SIGNATURES[f"{_ATTENTION}.Attention.forward"],
         "ascend_eplb.world.stand_ins",
         "install_attention_stand_ins, on each Attention of a model the CPU world built: prefill-only causal "
         "SDPA",
     ),
     InstanceBinding(
-        signature(f"{_MLA}.MLAAttention.forward"),
+        SIGNATURES[f"{_MLA}.MLAAttention.forward"],
         "ascend_eplb.world.stand_ins",
         "install_attention_stand_ins, on each MLAAttention of a model the CPU world built: prefill-only "
         "causal SDPA over kv_b_proj's expansion",
     ),
     InstanceBinding(
-        signature(f"{_ROUTED_EXPERTS}.RoutedExperts.get_expert_weights"),
+        SIGNATURES[f"{_ROUTED_EXPERTS}.RoutedExperts.get_expert_weights"],
         "ascend_eplb.world.quant_method",
         "install_ascend_routed_experts, on each RoutedExperts of a model the CPU world built whose method "
         "has a quant_views format: vllm-ascend's AscendRoutedExperts.get_expert_weights (the method's views)",
     ),
     InstanceBinding(
-        signature(f"{_COMPILATION}.CompilationConfig.init_backend"),
+        SIGNATURES[f"{_COMPILATION}.CompilationConfig.init_backend"],
         "ascend_eplb.world.compiled",
         "observe_compilation, on the CompilationConfig of a compiled world's model with the eager backend: "
         "TorchDynamo's eager backend that records each graph's inputs (dataplane's GraphObserver)",
@@ -386,14 +339,13 @@ ATTRIBUTES: tuple[Attribute, ...] = (
     ),
 )
 
-
-def check() -> None:
-    """Check every row of the CPU world: the signatures (in table order), then the attributes.
-
-    Raises:
-        RuntimeError: the first row that is missing, changed signature or lost an attribute the world
-            reads since vLLM 0.33.0 / torch 2.13.0; the message names it.
-    """
-    check_signatures(SIGNATURES.values())
-    for row in ATTRIBUTES:
-        row.check()
+#: The CPU world's surface: its rows, checked (``SURFACE.check()``), replaced (``SURFACE.replaces``) and
+#: rendered (:mod:`~ascend_eplb.world.surface`).
+SURFACE = Surface(
+    __name__,
+    "the CPU world's upstream table",
+    USERS,
+    SIGNATURES,
+    instance_bindings=INSTANCE_BINDINGS,
+    attributes=ATTRIBUTES,
+)

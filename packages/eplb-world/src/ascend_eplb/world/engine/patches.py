@@ -4,8 +4,8 @@
 :data:`PLATFORM_PATCHES` are installed by the platform plugin, while vLLM resolves its platform and before
 it checks for Triton; :data:`ENGINE_PATCHES` by the general plugin in every engine process;
 :data:`WORKER_PATCHES` by :mod:`.worker` in every worker process, after vLLM's CPU worker module. Each is
-declared on its factory (``@ascend_eplb.world.upstream.replaces``) and checked against vLLM's signature before
-anything changes (``PatchSet``). Imports no vLLM at import time.
+declared on its factory (``@ascend_eplb.world.upstream.SURFACE.replaces``) and checked against vLLM's
+signature before anything changes (``PatchSet``). Imports no vLLM at import time.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.platforms.vllm_version_matches_substr",
     '`"cpu"` -> True (this `empty` build serves as vLLM\'s CPU build: its Triton check then takes the '
     "`cpu` backend below); every other substring upstream's",
@@ -53,7 +53,7 @@ def _active() -> bool:
     return True
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     ("triton.backends", "backends"),
     "upstream's backends and a `cpu` entry whose driver is active: vLLM's Triton check on a CPU build "
     "asks for one; every kernel runs in Triton's interpreter (`TRITON_INTERPRET=1`), which needs no driver",
@@ -83,7 +83,7 @@ def _cpu_backend(original: dict[str, Any]) -> dict[str, Any]:
     return {**original, "cpu": Backend(compiler=None, driver=InterpreterDriver)}
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     "vllm.model_executor.layers.fused_moe.experts.cpu_moe.CPUUnquantizedExperts.apply",
     "with an `expert_map` (expert parallelism), each selection's global physical id -> its local slot, -1 "
     "for another rank's, before upstream's (vLLM 0.33.0 passes the map but its CPU kernel reads global ids "
@@ -113,7 +113,7 @@ def _check_cpu_event_placeholder(original: Any) -> None:
         )
 
 
-@upstream.replaces(
+@upstream.SURFACE.replaces(
     ("vllm.v1.worker.cpu.shm", "torch.Event"),
     "`torch.Event` as vLLM's CPU worker module leaves it (its `_EventPlaceholder`: no `elapsed_time`) -> "
     "control's `HostEvent` again: vLLM imports that module after the plugins ran, undoing the host "
