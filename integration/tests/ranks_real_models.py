@@ -121,8 +121,9 @@ def rank_dependent_replicas_world(
     return report
 
 
-def serving_world(ctx: RankContext, spec: Any) -> dict[str, Any]:
-    """``real_model_world(ctx, spec)`` (its report's keys)."""
+def serving_world(ctx: RankContext, spec: Any) -> Any:
+    """``real_model_world(ctx, spec)``: this rank's ``RealModelRun`` (a float or a quantized checkpoint;
+    the environment of ``spec`` chooses the quantized layout)."""
     from ascend_eplb import world as rm
 
     return rm.real_model_world(ctx, spec)
@@ -135,7 +136,7 @@ def layout_world(
 
     * ``refused``: a ``ServingWorker`` on ``refused_folder`` (a model class without a MixtureOfExperts
       part) fails at start-up: ``(error class, message, model loaded)``;
-    * the serving world ``real_model_world(ctx, spec)`` (its report's keys);
+    * ``serving``: the serving world ``real_model_world(ctx, spec)`` (a ``RealModelRun``);
     * ``collectives``: the harness's ``all_gatherv`` / ``reduce_scatterv`` stand-ins on vLLM's EP group
       with unequal sizes (rank r holds ``2 + 3 r`` rows): the gathered float and int tensors, and the
       reduce-scatter of ``(sum(sizes), 2)`` ones scaled by ``r + 1``;
@@ -166,7 +167,7 @@ def layout_world(
         report["refused"] = (None, "started", bool(loads))
     finally:
         serving.load_model = original
-    report.update(rm.real_model_world(ctx, spec))
+    report["serving"] = rm.real_model_world(ctx, spec)
 
     group = get_ep_group()
     rank = group.rank_in_group
@@ -183,13 +184,6 @@ def layout_world(
             ctx, spec.folder, spec.num_redundant_experts, spec.data_parallel_size
         )
     return report
-
-
-def quantized_world(ctx: RankContext, spec: Any) -> dict[str, Any]:
-    """``real_model_world`` of a format's checkpoint (the environment of ``spec`` chooses the layout)."""
-    from ascend_eplb import world as rm
-
-    return rm.real_model_world(ctx, spec)
 
 
 def start_up_errors(ctx: RankContext, folders: dict[str, str]) -> dict[str, Any]:

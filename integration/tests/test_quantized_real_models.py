@@ -1,12 +1,12 @@
 """Every supported expert format on vLLM's real Qwen3-MoE class, served as vLLM Ascend serves it.
 
-Each world (TP=2 x EP=2 over Gloo, ``real_models.real_model_world``, verifier on) serves a checkpoint
-whose routed experts are in the format: msModelSlim tensors and ``quant_model_description.json`` with
-``--quantization ascend`` (``ascend_eplb.world.quant_method``), or a bf16/fp16 checkpoint. vLLM's
-loader fills the format's parameters, the method lays them out as vllm-ascend does, EPLB moves the
-views ``get_eplb_weight_views`` returns, and the quant_views reference kernel computes from the layer's
-own tensors. Per-expert lists are vllm-ascend's NZ mode (``VLLM_ASCEND_ENABLE_NZ=1``), W8A8's fused
-scales its fused-MC2 mode (``VLLM_ASCEND_ENABLE_FUSED_MC2=1``).
+Each world (TP=2 x EP=2 over Gloo, ``world.real_model_world`` through ``ranks_real_models.serving_world``,
+verifier on) serves a checkpoint whose routed experts are in the format: msModelSlim tensors and
+``quant_model_description.json`` with ``--quantization ascend`` (``ascend_eplb.world.quant_method``), or
+a bf16/fp16 checkpoint. vLLM's loader fills the format's parameters, the method lays them out as
+vllm-ascend does, EPLB moves the views ``get_eplb_weight_views`` returns, and the quant_views reference
+kernel computes from the layer's own tensors. Per-expert lists are vllm-ascend's NZ mode
+(``VLLM_ASCEND_ENABLE_NZ=1``), W8A8's fused scales its fused-MC2 mode (``VLLM_ASCEND_ENABLE_FUSED_MC2=1``).
 
 The bound is 0: EPLB-on logits equal EPLB-off's bit for bit (the method computes each selection on
 its own and top-2 on 2 EP ranks sums at most two nonzero partials, commutatively; see the module
@@ -60,7 +60,6 @@ def test_each_format_serves_bit_equal_logits_through_rearrangements(variant, lis
     assert ("quant_model_description.json" in files) is (fmt not in ("bf16", "fp16"))
     env = {**environ, "VLLM_ASCEND_ENABLE_NZ": "1" if lists else "0"}
     spec = rm.RealModelSpec(
-        arch="qwen3-moe",
         folder=str(folder),
         num_redundant_experts=2,
         steps=STEPS,
@@ -68,35 +67,33 @@ def test_each_format_serves_bit_equal_logits_through_rearrangements(variant, lis
         environ=env,
     )
     reports = run_ranks(
-        ranks.quantized_world, world_size=2, tmp_path=tmp_path, args=(spec,), timeout_s=150, preload=PRELOAD
+        ranks.serving_world, world_size=2, tmp_path=tmp_path, args=(spec,), timeout_s=150, preload=PRELOAD
     )
     info = rm.checkpoint_info(folder)
     for r in reports:
         # The format's method is what ran, with the layout asked for, in every MoE layer.
-        assert r["methods"] == [METHOD.get(fmt, "QuantViewsFusedMoEMethod")] * info.num_moe_layers
-        assert r["formats"] == [fmt] * info.num_moe_layers
-        assert r["view_names"][0] == [n + ("_list" if lists else "") for n in r["kernel_names"]]
+        assert r.methods == [METHOD.get(fmt, "QuantViewsFusedMoEMethod")] * info.num_moe_layers
+        assert r.formats == [fmt] * info.num_moe_layers
+        assert r.view_names[0] == [n + ("_list" if lists else "") for n in r.kernel_names]
         if fmt == "w8a8_dynamic":
-            assert ("fused_w1_scale" in r["kernel_names"]) is ("VLLM_ASCEND_ENABLE_FUSED_MC2" in environ)
-        assert r["initial_slot_mismatches"] == []
-        assert r["worker_alive"] is True
+            assert ("fused_w1_scale" in r.kernel_names) is ("VLLM_ASCEND_ENABLE_FUSED_MC2" in environ)
+        assert r.initial_slot_mismatches == []
+        assert r.worker_alive is True
         # >= 2 completed rearrangements: every MoE layer committed at least twice, and after each
         # commit every local slot's fingerprint over the layer's kernel tensors equals its expert's.
-        committed = [layer for _, layer in r["commits"]]
-        assert all(committed.count(layer) >= 2 for layer in range(info.num_moe_layers)), r["commits"]
-        assert r["num_rearrangements"] >= 3
-        assert len(r["slot_checks"]) == len(r["commits"])
-        assert all(mismatches == [] for _, mismatches in r["slot_checks"]), r["slot_checks"]
+        committed = [layer for _, layer in r.commits]
+        assert all(committed.count(layer) >= 2 for layer in range(info.num_moe_layers)), r.commits
+        assert r.num_rearrangements >= 3
+        assert len(r.slot_checks) == len(r.commits)
+        assert all(mismatches == [] for _, mismatches in r.slot_checks), r.slot_checks
         # Bit for bit, every step.
         unequal = [
-            s
-            for s, (a, b) in enumerate(zip(r["logits_on"], r["logits_off"], strict=True))
-            if not torch.equal(a, b)
+            s for s, (a, b) in enumerate(zip(r.logits_on, r.logits_off, strict=True)) if not torch.equal(a, b)
         ]
         assert unequal == [], f"{fmt}: EPLB-on logits differ from EPLB-off at steps {unequal}"
     # The placement really changed: some slot holds another expert than at start.
-    assert any(not torch.equal(m, reports[0]["maps"][0]) for m in reports[0]["maps"][1:])
-    assert all(torch.equal(a, b) for a, b in zip(reports[0]["maps"], reports[1]["maps"], strict=True))
+    assert any(not torch.equal(m, reports[0].maps[0]) for m in reports[0].maps[1:])
+    assert all(torch.equal(a, b) for a, b in zip(reports[0].maps, reports[1].maps, strict=True))
 
 
 @pytest.mark.multirank

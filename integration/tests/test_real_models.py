@@ -141,53 +141,53 @@ def _check_serving_run(runs, rows, tp, info, num_physical, real_tokens, hf):
     """The checks of one ``real_model_world`` run in a DP layout (``runs``: every rank's report); returns
     the worst relative logits errors against EPLB off and HF (``hf(prompt)``: HF's logits, cached)."""
     for r in runs:
-        assert (r["dp_rank"], r["tp_rank"]) == (r["rank"] // tp, r["rank"] % tp)
-        assert r["moe_rows"] == rows
-        assert r["num_real_tokens"] == real_tokens[r["dp_rank"]]
-        assert r["info"]["num_physical_experts"] == num_physical
-        assert r["initial_slot_mismatches"] == []
-        assert r["worker_alive"] is True
-        committed_layers = [layer for _, layer in r["commits"]]
-        assert all(committed_layers.count(layer) >= 3 for layer in range(info.num_moe_layers)), r["commits"]
-        assert len(r["slot_checks"]) == len(r["commits"])
-        assert all(mismatches == [] for _, mismatches in r["slot_checks"]), r["slot_checks"]
+        assert (r.dp_rank, r.tp_rank) == (r.rank // tp, r.rank % tp)
+        assert r.moe_rows == rows
+        assert r.num_real_tokens == real_tokens[r.dp_rank]
+        assert r.num_physical_experts == num_physical
+        assert r.initial_slot_mismatches == []
+        assert r.worker_alive is True
+        committed_layers = [layer for _, layer in r.commits]
+        assert all(committed_layers.count(layer) >= 3 for layer in range(info.num_moe_layers)), r.commits
+        assert len(r.slot_checks) == len(r.commits)
+        assert all(mismatches == [] for _, mismatches in r.slot_checks), r.slot_checks
     # The rows each rank's experts received: its own (split), the DP ranks' gathered, or every EP rank's
     # sequence-parallel chunk gathered.
-    num_tokens = int(runs[0]["prompts"][0].shape[0])
+    num_tokens = int(runs[0].prompts[0].shape[0])
     gathered = {"split": num_tokens, "gathered": len(real_tokens) * num_tokens}
     want_rows = gathered.get(rows, len(runs) * -(-num_tokens // tp))
-    assert all(r["kernel_rows"] == [want_rows] * len(r["prompts"]) for r in runs)
-    assert any(not torch.equal(m, runs[0]["maps"][0]) for m in runs[0]["maps"])
+    assert all(r.kernel_rows == [want_rows] * len(r.prompts) for r in runs)
+    assert any(not torch.equal(m, runs[0].maps[0]) for m in runs[0].maps)
     for r in runs[1:]:
-        assert all(torch.equal(a, b) for a, b in zip(runs[0]["maps"], r["maps"], strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(runs[0].maps, r.maps, strict=True))
 
     # Each DP rank's own batch: its prompts differ from the other DP rank's; on its real rows the logits
     # equal the EPLB-off model's and HF's; TP peers return the same logits.
-    leaders = [r for r in runs if r["tp_rank"] == 0]
-    assert not torch.equal(leaders[0]["prompts"][0], leaders[1]["prompts"][0])
+    leaders = [r for r in runs if r.tp_rank == 0]
+    assert not torch.equal(leaders[0].prompts[0], leaders[1].prompts[0])
     worst_off = worst_hf = 0.0
     for r in runs:
-        leader = leaders[r["dp_rank"]]
-        real = r["num_real_tokens"]
-        for step, ids in enumerate(r["prompts"]):
-            assert torch.equal(ids, leader["prompts"][step])
-            assert torch.equal(r["logits_on"][step], leader["logits_on"][step])
-            on, off = r["logits_on"][step][:real], r["logits_off"][step][:real]
+        leader = leaders[r.dp_rank]
+        real = r.num_real_tokens
+        for step, ids in enumerate(r.prompts):
+            assert torch.equal(ids, leader.prompts[step])
+            assert torch.equal(r.logits_on[step], leader.logits_on[step])
+            on, off = r.logits_on[step][:real], r.logits_off[step][:real]
             worst_off = max(worst_off, float((on - off).abs().max()) / float(off.abs().max()))
             reference = hf(ids[:real])
             worst_hf = max(worst_hf, float((on - reference).abs().max()) / float(reference.abs().max()))
 
     # The load: over all ranks, every DP rank's real tokens x K once per layer, when the step records;
     # each rank its own rows (a TP leader its DP rank's, or its sequence-parallel chunk's).
-    assert all(r["recorded"] == runs[0]["recorded"] for r in runs)
-    assert sum(runs[0]["recorded"]) == 5  # steps 0, 5, 6, 11, 12 (window 2, interval 6)
-    for step, recorded in enumerate(runs[0]["recorded"]):
-        total = sum(r["load"][step] for r in runs).sum(dim=1).tolist()
+    assert all(r.recorded == runs[0].recorded for r in runs)
+    assert sum(runs[0].recorded) == 5  # steps 0, 5, 6, 11, 12 (window 2, interval 6)
+    for step, recorded in enumerate(runs[0].recorded):
+        total = sum(r.load[step] for r in runs).sum(dim=1).tolist()
         want = sum(real_tokens) * info.top_k if recorded else 0
         assert total == [want] * info.num_moe_layers, step
         for r in runs:
-            mine = _recorded_rows(rows, r["tp_rank"], tp, num_tokens, r["num_real_tokens"]) * info.top_k
-            assert r["load"][step].sum(dim=1).tolist() == [mine if recorded else 0] * info.num_moe_layers
+            mine = _recorded_rows(rows, r.tp_rank, tp, num_tokens, r.num_real_tokens) * info.top_k
+            assert r.load[step].sum(dim=1).tolist() == [mine if recorded else 0] * info.num_moe_layers
     return worst_off, worst_hf
 
 
@@ -226,7 +226,7 @@ def test_the_batch_split_on_a_real_model_gives_eplb_off_logits_and_records_the_s
     info = rm.checkpoint_info(folder)
     redundant = info.redundant_experts_for(world_size, at_least=2)
     spec = rm.RealModelSpec(
-        arch=arch, folder=str(folder), num_redundant_experts=redundant, steps=24, phase="all",
+        folder=str(folder), num_redundant_experts=redundant, steps=24, phase="all",
         ascend_keys={"replica_split": "batch"},
     )  # fmt: skip
     reports = run_ranks(
@@ -235,22 +235,22 @@ def test_the_batch_split_on_a_real_model_gives_eplb_off_logits_and_records_the_s
     )  # fmt: skip
     worst_off = worst_hf = 0.0
     for step in range(spec.steps):
-        reference = hf_logits(folder, reports[0]["prompts"][step])
+        reference = hf_logits(folder, reports[0].prompts[step])
         for r in reports:
-            on, off = r["logits_on"][step], r["logits_off"][step]
+            on, off = r.logits_on[step], r.logits_off[step]
             worst_off = max(worst_off, float((on - off).abs().max()) / float(off.abs().max()))
             worst_hf = max(worst_hf, float((on - reference).abs().max()) / float(reference.abs().max()))
     MEASURED[f"{arch}-serving-batch-split"] = {"max_rel_err_vs_off": worst_off, "max_rel_err_vs_hf": worst_hf}
     print(f"{arch} batch split: EPLB on vs off {worst_off:.3g}, vs HF {worst_hf:.3g}")
     assert worst_off <= TOLERANCE
     assert worst_hf <= TOLERANCE
-    assert sum(layer == 0 for _, layer in reports[0]["commits"]) >= 2  # placements changed under it
+    assert sum(layer == 0 for _, layer in reports[0].commits) >= 2  # placements changed under it
     checked = 0
-    maps = reports[0]["maps"]
+    maps = reports[0].maps
     for step in range(1, spec.steps):
-        if not reports[0]["recorded"][step] or not torch.equal(maps[step], maps[step - 1]):
+        if not reports[0].recorded[step] or not torch.equal(maps[step], maps[step - 1]):
             continue
-        total = sum(r["load"][step] for r in reports)
+        total = sum(r.load[step] for r in reports)
         assert torch.equal(total, _split_shares(total, maps[step], world_size)), step
         checked += 1
     assert checked >= 4
@@ -271,7 +271,7 @@ def test_the_batch_split_in_gathered_and_split_rows_gives_eplb_off_and_hf_logits
     redundant = info.redundant_experts_for(world_size, at_least=2)
     real_tokens = (NUM_TOKENS, NUM_TOKENS - 3)
     spec = rm.RealModelSpec(
-        arch=arch, folder=str(folder), num_redundant_experts=redundant, steps=16, data_parallel_size=dp,
+        folder=str(folder), num_redundant_experts=redundant, steps=16, data_parallel_size=dp,
         real_tokens=real_tokens, ascend_keys={"replica_split": "batch"},
     )  # fmt: skip
     reports = run_ranks(
@@ -287,7 +287,10 @@ def test_the_batch_split_in_gathered_and_split_rows_gives_eplb_off_and_hf_logits
         return cache[key]
 
     num_physical = info.num_logical_experts + redundant
-    for name, run in (("gathered", reports), ("split", [r["split"] for r in reports])):
+    for name, run in (
+        ("gathered", [r["serving"] for r in reports]),
+        ("split", [r["split"] for r in reports]),
+    ):
         worst_off, worst_hf = _check_serving_run(run, name, 1, info, num_physical, real_tokens, hf)
         MEASURED[f"{arch}-dp{dp}-tp1-{name}-batch-split"] = {
             "max_rel_err_vs_off": worst_off,
@@ -327,7 +330,7 @@ def test_data_parallel_worlds_of_a_real_model_give_eplb_off_and_hf_logits_and_co
     tp = world_size // dp
     real_tokens = (NUM_TOKENS, NUM_TOKENS - 3)
     spec = rm.RealModelSpec(
-        arch=arch, folder=str(folder), num_redundant_experts=redundant, steps=16, data_parallel_size=dp,
+        folder=str(folder), num_redundant_experts=redundant, steps=16, data_parallel_size=dp,
         real_tokens=real_tokens,
     )  # fmt: skip
     start = time.monotonic()
@@ -336,7 +339,11 @@ def test_data_parallel_worlds_of_a_real_model_give_eplb_off_and_hf_logits_and_co
         args=(spec, str(refused), more, more), timeout_s=330, preload=PRELOAD,
     )  # fmt: skip
     took = time.monotonic() - start
-    print(f"\nlayout_world {arch} DP={dp} TP={tp} ({rows}): {took:.1f} s, {reports[0]['seconds']}")
+    serving = reports[0]["serving"]
+    print(
+        f"\nlayout_world {arch} DP={dp} TP={tp} ({rows}): {took:.1f} s, build on {serving.build_on_s:.1f} s, "
+        f"off {serving.build_off_s:.1f} s, steps {serving.steps_s:.1f} s"
+    )
 
     # Start-up refuses the model class EPLB cannot balance, on every rank, before vLLM's loader runs.
     for r in reports:
@@ -361,7 +368,7 @@ def test_data_parallel_worlds_of_a_real_model_give_eplb_off_and_hf_logits_and_co
         return cache[key]
 
     num_physical = info.num_logical_experts + redundant
-    runs = {rows: reports}
+    runs = {rows: [r["serving"] for r in reports]}
     if more:
         runs["split"] = [r["split"] for r in reports]
     for name, run in runs.items():
@@ -378,7 +385,9 @@ def test_data_parallel_worlds_of_a_real_model_give_eplb_off_and_hf_logits_and_co
     if more:
         # The same prompts both ways; the all-to-all run's replicas differ by rank (offset = EP rank).
         for r in reports:
-            assert all(torch.equal(a, b) for a, b in zip(r["prompts"], r["split"]["prompts"], strict=True))
+            assert all(
+                torch.equal(a, b) for a, b in zip(r["serving"].prompts, r["split"].prompts, strict=True)
+            )
 
     # The harness's variable-size collectives on the EP group: rank r holds 2 + 3 r rows.
     sizes = [2 + 3 * r for r in range(world_size)]
@@ -392,7 +401,7 @@ def test_data_parallel_worlds_of_a_real_model_give_eplb_off_and_hf_logits_and_co
         assert got["sizes"] == sizes
         assert torch.equal(got["gathered"][0], want_rows)
         assert torch.equal(got["gathered"][1], want_ids)
-        assert torch.equal(got["scattered"], torch.full((sizes[r["rank"]], 2), float(total_weight)))
+        assert torch.equal(got["scattered"], torch.full((sizes[r["serving"].rank], 2), float(total_weight)))
 
     if more:
         for r in reports:

@@ -1,14 +1,17 @@
-"""vLLM 0.33.0's real MoE model classes on a CPU host: a rank's model and the serving worker.
+"""The world's own serving loop: vLLM 0.33.0's real MoE model classes where vLLM's CPU engine cannot serve.
 
-DESIGN.md section 5 asks for the invariants to be proven on vLLM's real model classes, here on the
-tiny checkpoints of :mod:`~ascend_eplb.world.checkpoints`: :func:`build_model` builds one rank's model
-with vLLM's ``get_model`` under DP x TP with EP over Gloo (:func:`parallel_layout`, every DP rank in one
-world as vLLM's external launcher runs them) and :func:`forward` runs a prefill forward (the HF oracle
-is ``ascend_eplb.testing.hf``); :class:`ServingWorker` is one Model Runner V2 worker with EPLB on beside
-the EPLB-off model; :func:`real_model_world` drives it for N steps. :func:`prepare_world` installs the
-project's patches (as the plugin does) and the CPU stand-ins. ``custom_ops=["none"]``: RMSNorm, rotary,
-SiluAndMul, embeddings and logits run native torch; eager or compiled as vLLM's CPU platform compiles
-(:func:`compilation_of`). vLLM and transformers are imported inside functions (see :mod:`~ascend_eplb.world`).
+vLLM's own engine serves the world's models on this host (:mod:`~ascend_eplb.world.engine`); this loop
+serves what it cannot (``README.md``, "What runs where"): the gathered, gathered-sp and split MoE rows
+and the batch split in them, the quantized formats' kernel storage. :func:`build_model` builds one rank's
+model of the tiny checkpoints of :mod:`~ascend_eplb.world.checkpoints` with vLLM's ``get_model`` under
+DP x TP with EP over Gloo (:func:`parallel_layout`, every DP rank in one world as vLLM's external launcher
+runs them) and :func:`forward` runs a prefill forward (the HF oracle is ``ascend_eplb.testing.hf``);
+:class:`ServingWorker` is one Model Runner V2 worker with EPLB on beside the EPLB-off model;
+:func:`real_model_world` drives it for N steps and returns a :class:`RealModelRun`. :func:`prepare_world`
+installs the project's patches (as the plugin does) and the CPU stand-ins. ``custom_ops=["none"]``:
+RMSNorm, rotary, SiluAndMul, embeddings and logits run native torch, eager. The compilations
+``simulate --compile`` gives vLLM's engine are named here (:func:`compilation_of`). vLLM and transformers
+are imported inside functions (see :mod:`~ascend_eplb.world`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import json
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +28,6 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ascend_eplb.control.bus import DecisionEvent
-from ascend_eplb.dataplane.graphs import TracedGraph
 from ascend_eplb.integration.patches import apply_patches
 from ascend_eplb.integration.runner import Mrv2EplbWiring, batch_has_prefill
 from ascend_eplb.quant_views import layer_storage, layer_view_names
@@ -35,11 +36,6 @@ from ascend_eplb.world.checkpoints import (
     checkpoint_experts,
     checkpoint_format,
     checkpoint_info,
-)
-from ascend_eplb.world.compiled import (
-    compiled_module,
-    dynamo_counters,
-    observe_compilation,
 )
 from ascend_eplb.world.kernel_logs import kernel_log
 from ascend_eplb.world.slots import (
@@ -53,8 +49,8 @@ from ascend_eplb.world.stand_ins import install_model_stand_ins, install_stand_i
 __all__ = [
     "COMPILATION_MODES",
     "COMPILE_BACKENDS",
-    "DraftStep",
     "ParallelLayout",
+    "RealModelRun",
     "RealModelSpec",
     "ServingWorker",
     "WorkerStep",
@@ -62,10 +58,8 @@ __all__ = [
     "compilation_error",
     "compilation_of",
     "forward",
-    "forward_draft",
     "init_world",
     "is_compiled",
-    "load_draft",
     "load_model",
     "moe_layers",
     "parallel_layout",
@@ -138,16 +132,18 @@ def _external_launcher_environment(ctx: Any) -> None:
     os.environ["WORLD_SIZE"] = str(ctx.world_size)
 
 
-#: The TorchDynamo backends of a compiled world, as vLLM's CPU platform chooses them for
+# --- the compilations of vLLM's engine (simulate --compile) ----------------------------------------
+
+#: The TorchDynamo backends ``simulate --compile`` takes, as vLLM's CPU platform chooses them for
 #: ``CompilationMode.VLLM_COMPILE`` (``platforms/cpu.py``: ``DYNAMO_TRACE_ONCE`` with ``inductor``, or
-#: ``eager`` under its CI switch ``VLLM_CPU_CI_ENV``).
+#: ``eager`` under its CI switch ``VLLM_CPU_CI_ENV``). The world's own loop runs eager.
 COMPILE_BACKENDS = ("eager", "inductor")
 #: vLLM's ``CompilationMode`` values by name (``vllm/config/compilation.py``).
 COMPILATION_MODES = {"NONE": 0, "STOCK_TORCH_COMPILE": 1, "DYNAMO_TRACE_ONCE": 2, "VLLM_COMPILE": 3}
 
 
 def compilation_of(backend: str | None) -> dict[str, Any] | None:
-    """The ``compilation_config`` of a world compiled with ``backend`` (:data:`COMPILE_BACKENDS`) as
+    """The ``compilation_config`` of an engine compiled with ``backend`` (:data:`COMPILE_BACKENDS`) as
     vLLM's CPU platform sets it: ``inductor`` is vLLM's default mode, ``VLLM_COMPILE``, which the
     platform turns into ``DYNAMO_TRACE_ONCE`` with ``inductor`` and its inductor options; ``eager`` is
     what it sets under its CI switch, ``DYNAMO_TRACE_ONCE`` with ``eager``. None: None (eager execution,
@@ -220,8 +216,6 @@ def _vllm_config(
     enable_eplb: bool,
     eplb: dict[str, Any] | None,
     data_parallel_size: int = 1,
-    compilation: dict[str, Any] | None = None,
-    speculative_tokens: int = 0,
 ) -> Any:
     from vllm.config import (
         AttentionConfig,
@@ -230,7 +224,6 @@ def _vllm_config(
         LoadConfig,
         ModelConfig,
         ParallelConfig,
-        SpeculativeConfig,
         VllmConfig,
     )
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -262,7 +255,7 @@ def _vllm_config(
         # explicit: vLLM's "auto" would serve a float32 checkpoint in a 16-bit dtype
         dtype=str(config.get("dtype") or config.get("torch_dtype") or "float32"),
         quantization="ascend" if quantized else None,
-        enforce_eager=not is_compiled(compilation),
+        enforce_eager=True,
         max_model_len=256,
     )
     # MLA: the reference CPU_MLA backend, never AMX_MLA (picked on CPUs with AMX tiles; its weight
@@ -270,25 +263,13 @@ def _vllm_config(
     attention = (
         AttentionConfig(backend=AttentionBackendEnum.CPU_MLA) if model_config.use_mla else AttentionConfig()
     )
-    # MTP: vLLM derives the draft's config from the target's (DeepSeek-V3: DeepSeekMTPModel).
-    speculative = (
-        SpeculativeConfig(
-            method="mtp",
-            num_speculative_tokens=speculative_tokens,
-            target_model_config=model_config,
-            target_parallel_config=parallel,
-        )
-        if speculative_tokens
-        else None
-    )
     return VllmConfig(
         model_config=model_config,
         # No loading progress bar: tqdm's multiprocessing lock would be a semaphore of each rank.
         load_config=LoadConfig(use_tqdm_on_load=False),
         parallel_config=parallel,
-        compilation_config=CompilationConfig(**{**(compilation or {}), "custom_ops": ["none"]}),
+        compilation_config=CompilationConfig(custom_ops=["none"]),
         attention_config=attention,
-        speculative_config=speculative,
     )
 
 
@@ -332,26 +313,20 @@ def prepare_world(
     eplb: dict[str, Any] | None = None,
     data_parallel_size: int = 1,
     dispatch: str = "gather",
-    compilation: dict[str, Any] | None = None,
-    speculative_tokens: int = 0,
 ) -> Any:
     """What a worker has before it loads the model of ``folder``: its ``VllmConfig`` and vLLM's world.
 
     Installs the project's patches (``apply_patches``, as the plugin does) and the CPU stand-ins
     (:func:`~ascend_eplb.world.stand_ins.install_stand_ins`), builds the ``VllmConfig`` (the checkpoint's
-    dtype, ``quantization="ascend"`` with an msModelSlim description, ``custom_ops=["none"]``, expert
-    parallel, ``enable_eplb``; D > 1: the external launcher's DP fields and environment; compiled: vLLM's
-    compile caches under ``ctx.tmp_dir`` unless ``VLLM_CACHE_ROOT`` is set) and initialises vLLM's
-    distributed environment once per process (D x TP = ``ctx.world_size`` ranks over Gloo, EP over all).
-    ``dispatch``: ``gather`` (vLLM's) or ``all-to-all`` (route-first, vLLM Ascend's MC2 stood in; TP = 1).
-    ``compilation`` (:func:`compilation_of`; None: eager): the first forward is TorchDynamo's one trace
-    (guards dropped), so what each forward must read fresh is in place before it. ``speculative_tokens``
-    N >= 1: vLLM's MTP speculative config (the draft: :func:`load_draft`). Others as :func:`build_model`.
+    dtype, ``quantization="ascend"`` with an msModelSlim description, ``custom_ops=["none"]``, eager,
+    expert parallel, ``enable_eplb``; D > 1: the external launcher's DP fields and environment) and
+    initialises vLLM's distributed environment once per process (D x TP = ``ctx.world_size`` ranks over
+    Gloo, EP over all). ``dispatch``: ``gather`` (vLLM's) or ``all-to-all`` (route-first, vLLM Ascend's
+    MC2 stood in; TP = 1). Others as :func:`build_model`.
 
     Raises:
-        ValueError: D does not divide the world, an unknown ``dispatch``, ``all-to-all`` with TP > 1 or a
-            quantized checkpoint, a ``compilation`` the world cannot serve (:func:`compilation_error`), or a
-            compiled world of experts that are not float32.
+        ValueError: D does not divide the world, an unknown ``dispatch``, or ``all-to-all`` with TP > 1 or
+            a quantized checkpoint.
     """
     layout = parallel_layout(ctx.world_size, data_parallel_size)  # refused before anything changes
     if dispatch == "all-to-all" and layout.tensor_parallel_size != 1:
@@ -359,30 +334,13 @@ def prepare_world(
             f"dispatch='all-to-all' with TP={layout.tensor_parallel_size}: the route-first stand-in routes "
             "each rank's own rows (vLLM Ascend's MC2 with TP = 1); use data_parallel_size = the ranks"
         )
-    reason = compilation_error(compilation)
-    if reason is not None:
-        raise ValueError(reason)
     folder = Path(folder)
-    compiled = is_compiled(compilation)
-    if compiled and checkpoint_format(folder) is not None:
-        raise ValueError(
-            f"a compiled world serves float32 experts; {folder} holds {checkpoint_format(folder)} experts, "
-            "whose CPU stand-in computes each selection on its own with host reads (eager only)"
-        )
     apply_patches()
-    install_stand_ins(
-        quantized=(folder / "quant_model_description.json").is_file(), dispatch=dispatch, compiled=compiled
-    )
-    if compiled:
-        # vLLM's compile caches (its AOT-compiled models, inductor's kernels) in this world's folder, not
-        # in ~/.cache/vllm: every run traces anew, and nothing outlives the world.
-        os.environ.setdefault("VLLM_CACHE_ROOT", str(Path(ctx.tmp_dir) / "vllm-cache"))
+    install_stand_ins(quantized=(folder / "quant_model_description.json").is_file(), dispatch=dispatch)
     _thread_lock_for_tqdm()
     if data_parallel_size > 1:
         _external_launcher_environment(ctx)
-    vllm_config = _vllm_config(
-        folder, ctx.world_size, enable_eplb, eplb, data_parallel_size, compilation, speculative_tokens
-    )
+    vllm_config = _vllm_config(folder, ctx.world_size, enable_eplb, eplb, data_parallel_size)
     init_world(ctx, vllm_config)
     return vllm_config
 
@@ -400,25 +358,6 @@ def load_model(vllm_config: Any) -> torch.nn.Module:
     return model
 
 
-def load_draft(vllm_config: Any, target_model: torch.nn.Module) -> Any:
-    """The draft of ``vllm_config``'s speculative config, as Model Runner V2 loads it: upstream's
-    ``init_speculator`` (``MTPSpeculator`` for MTP), whose ``load_model`` builds the draft with vLLM's
-    loader from the target's checkpoint (DeepSeek-V3: ``DeepSeekMTP`` from its MTP layer, the target's
-    embedding and head shared), then the stand-ins of the built draft (attention, as the target's).
-
-    Returns:
-        the speculator; its ``model`` is the draft.
-    """
-    from vllm.config import set_current_vllm_config
-    from vllm.v1.worker.gpu.spec_decode import init_speculator
-
-    with set_current_vllm_config(vllm_config):
-        speculator = init_speculator(vllm_config, torch.device("cpu"), None)
-        speculator.load_model(target_model)
-    install_model_stand_ins(speculator.model)
-    return speculator
-
-
 def build_model(
     ctx: Any,
     folder: str | os.PathLike[str],
@@ -427,8 +366,6 @@ def build_model(
     eplb: dict[str, Any] | None = None,
     data_parallel_size: int = 1,
     dispatch: str = "gather",
-    compilation: dict[str, Any] | None = None,
-    speculative_tokens: int = 0,
 ) -> tuple[torch.nn.Module, Any]:
     """One rank's vLLM model of the checkpoint in ``folder`` (:func:`write_checkpoint`): :func:`prepare_world`
     (the arguments are its: ``enable_eplb`` ``ParallelConfig.enable_eplb``, ``eplb`` ``EPLBConfig`` fields,
@@ -437,7 +374,7 @@ def build_model(
     """
     vllm_config = prepare_world(
         ctx, folder, enable_eplb=enable_eplb, eplb=eplb, data_parallel_size=data_parallel_size,
-        dispatch=dispatch, compilation=compilation, speculative_tokens=speculative_tokens,
+        dispatch=dispatch,
     )  # fmt: skip
     return load_model(vllm_config), vllm_config
 
@@ -467,7 +404,19 @@ def forward(
     Returns:
         float32 ``(T, V)`` logits of this rank's batch, on every TP rank (gathered over TP).
     """
-    return _forward(model, vllm_config, input_ids, positions)[1]
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import tensor_model_parallel_all_gather
+
+    with (
+        torch.inference_mode(),
+        set_current_vllm_config(vllm_config),
+        _forward_context(vllm_config, int(input_ids.shape[0])),
+    ):
+        hidden = model(input_ids=input_ids, positions=positions)
+        logits = F.linear(hidden, model.lm_head.weight)  # (T, V / TP): this rank's vocabulary shard
+        logits = tensor_model_parallel_all_gather(logits.contiguous(), dim=-1)
+        logits = logits[:, : model.config.vocab_size].float()
+    return logits
 
 
 def _forward_context(vllm_config: Any, num_tokens: int) -> Any:
@@ -478,67 +427,6 @@ def _forward_context(vllm_config: Any, num_tokens: int) -> Any:
     dp = int(vllm_config.parallel_config.data_parallel_size)
     across_dp = torch.tensor([num_tokens] * dp, dtype=torch.int32) if dp > 1 else None
     return set_forward_context(None, vllm_config, num_tokens=num_tokens, num_tokens_across_dp=across_dp)
-
-
-def _logits(hidden: torch.Tensor, head: Any, vocab_size: int) -> torch.Tensor:
-    """float32 ``(T, V)`` logits of ``hidden`` through the vocabulary-parallel ``head``, gathered over TP."""
-    from vllm.distributed import tensor_model_parallel_all_gather
-
-    logits = F.linear(hidden, head.weight)  # (T, vocab_size / TP): this rank's vocabulary shard
-    logits = tensor_model_parallel_all_gather(logits.contiguous(), dim=-1)
-    return logits[:, :vocab_size].float()
-
-
-def _forward(
-    model: torch.nn.Module, vllm_config: Any, input_ids: torch.Tensor, positions: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`forward`'s ``(hidden (T, H), logits (T, V))``: the model's output hidden states (what Model
-    Runner V2 hands an MTP draft) beside the logits."""
-    from vllm.config import set_current_vllm_config
-
-    with (
-        torch.inference_mode(),
-        set_current_vllm_config(vllm_config),
-        _forward_context(vllm_config, int(input_ids.shape[0])),
-    ):
-        hidden = model(input_ids=input_ids, positions=positions)
-        logits = _logits(hidden, model.lm_head, model.config.vocab_size)
-    return hidden, logits
-
-
-def forward_draft(
-    draft: torch.nn.Module,
-    vllm_config: Any,
-    input_ids: torch.Tensor,
-    positions: torch.Tensor,
-    hidden_states: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward of an MTP draft (vLLM's ``DeepSeekMTP``), as Model Runner V2's
-    ``TargetDependentARSpeculator._run_model`` calls it inside the forward context.
-
-    Args:
-        draft: the speculator's ``model`` (:func:`load_draft`); vllm_config: its config.
-        input_ids: int64 ``(T,)``, at row ``t`` the token after the target's token ``t``; positions: int64
-            ``(T,)``, ``0..T-1``.
-        hidden_states: ``(T, H)``: the target's output (first draft step) or the previous draft step's.
-
-    Returns:
-        ``(hidden (T, H), logits (T, V))``: the hidden states of the next step (after the shared head's
-        norm, as vLLM recycles them) and float32 logits through the shared head, gathered over TP.
-    """
-    from vllm.config import set_current_vllm_config
-
-    with (
-        torch.inference_mode(),
-        set_current_vllm_config(vllm_config),
-        _forward_context(vllm_config, int(input_ids.shape[0])),
-    ):
-        logits_hidden, next_hidden = draft(
-            input_ids=input_ids, positions=positions, hidden_states=hidden_states
-        )
-        layer = draft.model.layers[str(draft.model.mtp_start_layer_idx)]
-        logits = _logits(layer.shared_head(logits_hidden), layer.shared_head.head, draft.config.vocab_size)
-    return next_hidden, logits
 
 
 def prompt(seed: int, num_tokens: int = 12, vocab_size: int = VOCAB_SIZE) -> torch.Tensor:
@@ -560,7 +448,6 @@ class WorkerStep:
         load: int64 ``(L, P)``: upstream's ``expert_load_pass`` after the forward (this rank's record).
         physical_ids: per MoE layer, int64 ``(T, K)``: the ids the expert kernel consumed.
         recorded: whether this forward recorded load (the device record flag).
-        draft: the draft's forwards of the step (:class:`DraftStep`), None without a draft.
     """
 
     logits_on: torch.Tensor
@@ -568,26 +455,6 @@ class WorkerStep:
     load: torch.Tensor
     physical_ids: list[torch.Tensor]
     recorded: bool
-    draft: DraftStep | None = None
-
-
-@dataclass
-class DraftStep:
-    """What the draft's forwards of one :meth:`ServingWorker.forward_step` saw (N = the speculative tokens).
-
-    Attributes:
-        logits_on: per draft forward, float32 ``(T, vocab_size)`` of the EPLB-on draft.
-        logits_off: per draft forward, the EPLB-off draft's (fed the EPLB-off target's hidden states), or
-            None without an EPLB-off model.
-        load: int64 ``(L_draft, P)``: upstream's ``expert_load_pass`` of the draft after its N forwards.
-        physical_ids: per draft forward, per draft MoE layer, int64 ``(T, K)``: the ids its expert kernel
-            consumed.
-    """
-
-    logits_on: list[torch.Tensor]
-    logits_off: list[torch.Tensor] | None
-    load: torch.Tensor
-    physical_ids: list[list[torch.Tensor]]
 
 
 class ServingWorker:
@@ -601,14 +468,11 @@ class ServingWorker:
     EPLB-off model. Per step: :meth:`forward_step` (runner points 7-8) and :meth:`end_step` (point 9,
     upstream's step, where hooks and the verifier may raise). Args: ``num_redundant_experts`` R (``E + R``
     divides by the ranks); ``window_size``, ``step_interval``, ``phase``: ``EPLBConfig``'s (``use_async``
-    on); ``initial_placement``: ``eplb_config.initial_placement`` or None (upstream's); ``ascend_keys``: more
-    ``additional_config.eplb_config`` keys, judged by start-up validation; ``data_parallel_size`` D, every DP
-    rank stepping on its own batch; ``dispatch``: :func:`prepare_world`'s (``all-to-all`` names the rows
-    ``split``, as vLLM Ascend's MC2); ``compilation``: :func:`compilation_of`, None eager (compiled,
-    :meth:`profile_run` is each model's one trace); ``speculative_tokens`` N >= 1: the MTP draft
-    (:func:`load_draft`), registered by upstream as ``"<model> (draft)"``, run N times after the target.
-    Attributes: ``experts`` / ``expert_storage`` (the truth slots are checked against), ``model``, ``state``,
-    ``speculator`` and ``draft_*`` (None without a draft), ``observer`` / ``traced`` (``eager`` backend).
+    on); ``ascend_keys``: more ``additional_config.eplb_config`` keys, judged by start-up validation;
+    ``data_parallel_size`` D, every DP rank stepping on its own batch; ``dispatch``: :func:`prepare_world`'s
+    (``all-to-all`` names the rows ``split``, as vLLM Ascend's MC2). Attributes: ``experts`` /
+    ``expert_storage`` (the truth slots are checked against), ``model``, ``state``, ``build_on_s`` /
+    ``build_off_s`` (seconds to build each model; None without the EPLB-off one).
     """
 
     def __init__(
@@ -621,21 +485,11 @@ class ServingWorker:
         step_interval: int,
         phase: str = "all",
         eplb_off: bool = True,
-        initial_placement: str | None = None,
         data_parallel_size: int = 1,
         ascend_keys: dict[str, Any] | None = None,
         dispatch: str = "gather",
-        compilation: dict[str, Any] | None = None,
-        speculative_tokens: int = 0,
     ) -> None:
         self.layout = parallel_layout(ctx.world_size, data_parallel_size)
-        self.compiled = is_compiled(compilation)
-        self.speculative_tokens = speculative_tokens
-        if speculative_tokens and self.compiled:
-            raise ValueError(
-                f"speculative_tokens={speculative_tokens} with compilation {compilation}: the MTP draft is "
-                "served eager in this world (a compiled draft is not run here)"
-            )
         self.moe_rows = "split" if dispatch == "all-to-all" else None
         self.dp_rank, self.tp_rank = self.layout.dp_rank(ctx.rank), self.layout.tp_rank(ctx.rank)
         os.environ["ASCEND_EPLB"] = "1"
@@ -649,82 +503,49 @@ class ServingWorker:
         self.folder = Path(folder)
         self.info = checkpoint_info(self.folder)
         self.format = checkpoint_format(self.folder)
-        if speculative_tokens and (self.format is not None or not self.info.num_mtp_layers):
-            raise ValueError(
-                f"speculative_tokens={speculative_tokens}: the MTP draft needs a float32 DeepSeek-V3 "
-                f"checkpoint with its MTP layer; {self.folder} is {self.format or 'float32'} with "
-                f"{self.info.num_mtp_layers} MTP layer(s)"
-            )
-        self.draft_layers_changed: list[int] = []
         eplb = {
             "num_redundant_experts": num_redundant_experts,
             "window_size": window_size,
             "step_interval": step_interval,
             "use_async": True,
         }
-        self.seconds: dict[str, float] = {}
         t0 = time.monotonic()
         # As a serving worker: the runner (its controller: start-up validation) before the model loads.
         self.vllm_config = prepare_world(
             ctx, self.folder, enable_eplb=True, eplb=eplb, data_parallel_size=data_parallel_size,
-            dispatch=dispatch, compilation=compilation, speculative_tokens=speculative_tokens,
+            dispatch=dispatch,
         )  # fmt: skip
-        ascend = {"load_collection_phase": phase, **(ascend_keys or {})}
-        if initial_placement is not None:
-            ascend["initial_placement"] = initial_placement
         self.vllm_config.additional_config = {
             **(self.vllm_config.additional_config or {}),
-            "eplb_config": ascend,
+            "eplb_config": {"load_collection_phase": phase, **(ascend_keys or {})},
         }
         self.ep_rank = get_ep_group().rank_in_group
         self.model_config = self.vllm_config.model_config
-        # Compiled with the eager backend: the one trace of the EPLB-on model is recorded (graph inputs).
-        self.observer = (
-            observe_compilation(self.vllm_config)
-            if self.compiled and self.vllm_config.compilation_config.backend == "eager"
-            else None
-        )
-        self.traced: TracedGraph | None = None
         with set_current_vllm_config(self.vllm_config):
             self.wiring = Mrv2EplbWiring(self.vllm_config, torch.device("cpu"))
         self.model = load_model(self.vllm_config)
-        self.method = type(routed_experts(self.model)[0].quant_method)
         # the truth each slot is checked against: float weights, or the format's kernel storage
         self.experts = checkpoint_experts(self.folder) if self.format is None else None
         self.expert_storage = (
             None if self.format is None else checkpoint_expert_storage(self.folder, self.format)
         )
-        spec = self.vllm_config.speculative_config
-        self.speculator = load_draft(self.vllm_config, self.model) if speculative_tokens else None
         with set_current_vllm_config(self.vllm_config):
-            self.wiring.load_model(
-                self.model, self.model_config, speculator=self.speculator, speculative_config=spec
-            )
+            self.wiring.load_model(self.model, self.model_config)
         self.state = self.wiring.controller.state
         self.model_state = self.state.model_states[self.model_config.compute_hash()]
-        self.draft_model_state = self.draft_experts = None
-        if self.speculator is not None:
-            self.draft_model_state = self.state.model_states[spec.draft_model_config.compute_hash()]
-            self.draft_experts = checkpoint_experts(self.folder, draft=True) if self.format is None else None
-        self.seconds["build_on"] = time.monotonic() - t0
-        # Under upstream's initial placement (what vLLM's loader filled), or under the placement the
-        # start-up installed from initial_placement (the committed map).
+        self.build_on_s = time.monotonic() - t0
+        # Under upstream's initial placement (what vLLM's loader filled).
         self.initial_slot_mismatches = self._mismatches(
             initial_physical_to_logical(self.info, num_redundant_experts)
-            if initial_placement is None
-            else self.model_state.physical_to_logical_map
         )
-        self.draft_initial_slot_mismatches = None if self.speculator is None else self.draft_slot_mismatches()
-        self.model_off = self.vllm_config_off = self.speculator_off = None
+        self.model_off = self.vllm_config_off = None
+        self.build_off_s: float | None = None
         if eplb_off:
             t1 = time.monotonic()
             self.model_off, self.vllm_config_off = build_model(
-                ctx, self.folder, enable_eplb=False, data_parallel_size=data_parallel_size,
-                dispatch=dispatch, compilation=compilation, speculative_tokens=speculative_tokens,
-            )  # fmt: skip
-            if speculative_tokens:
-                self.speculator_off = load_draft(self.vllm_config_off, self.model_off)
-            self.seconds["build_off"] = time.monotonic() - t1
+                ctx, self.folder, enable_eplb=False, data_parallel_size=data_parallel_size, dispatch=dispatch
+            )
+            self.build_off_s = time.monotonic() - t1
 
     @property
     def num_physical_experts(self) -> int:
@@ -732,66 +553,25 @@ class ServingWorker:
         return int(self.model_state.physical_to_logical_map.shape[1])
 
     def profile_run(self, input_ids: torch.Tensor) -> None:
-        """Runner point 5: a dummy forward of ``input_ids`` (the target's, then the draft's), then upstream's
-        profile step."""
+        """Runner point 5: a dummy forward of ``input_ids``, then upstream's profile step."""
         from vllm.config import set_current_vllm_config
 
-        with set_current_vllm_config(self.vllm_config):
-            self._dummy_forward(input_ids)
-            self.wiring.profile_run()
-        if self.observer is not None and self.traced is None:
-            if len(self.observer.graphs) != 1:
-                raise RuntimeError(
-                    f"the EPLB-on model's first forward compiled {len(self.observer.graphs)} graphs, not one"
-                )
-            self.traced = self.observer.graphs[0]
-
-    def moved_graph_inputs(self) -> list[str]:
-        """The tensors the EPLB-on model's traced graph reads from the model (its state inputs) whose
-        storage at their source is not the traced one (dataplane's ``TracedGraph.moved``); [] when every
-        one holds.
-
-        Raises:
-            RuntimeError: the model is not observed (eager, or compiled with another backend than
-                ``eager``), or :meth:`profile_run` has not traced it yet.
-        """
-        if self.traced is None:
-            raise RuntimeError("no traced graph: a world compiled with the eager backend, after profile_run")
-        module = compiled_module(self.model)
-        return self.traced.moved({"self": module}, type(module).forward.__globals__)
-
-    def dummy_run(self, input_ids: torch.Tensor) -> None:
-        """Runner point 6, a warm-up or idle-rank ``_dummy_run``: the dummy forward of ``input_ids`` (the
-        target's, then, as upstream's ``_dummy_run`` proposes with ``dummy_run=True``, the draft's), then a
-        dummy step (upstream zeroes every registered model's load pass: no load reaches a window)."""
-        from vllm.config import set_current_vllm_config
-
-        with set_current_vllm_config(self.vllm_config):
-            self._dummy_forward(input_ids)
-            self.wiring.dummy_run()
-
-    def _dummy_forward(self, input_ids: torch.Tensor) -> None:
         num_tokens = int(input_ids.shape[0])
-        positions = torch.arange(num_tokens)
-        self.wiring.prepare_forward(self.model_config, num_tokens, moe_rows=self.moe_rows)
-        hidden, _ = _forward(self.model, self.vllm_config, input_ids, positions)
-        for _ in range(self.speculative_tokens):
-            self.speculator._prepare_eplb_forward(num_tokens)
-            hidden, _ = forward_draft(self.speculator.model, self.vllm_config, input_ids, positions, hidden)
+        with set_current_vllm_config(self.vllm_config):
+            self.wiring.prepare_forward(self.model_config, num_tokens, moe_rows=self.moe_rows)
+            forward(self.model, self.vllm_config, input_ids, torch.arange(num_tokens))
+            self.wiring.profile_run()
 
     def wait_for_transfer(self, deadline_s: float) -> None:
-        """While a rearrangement is in flight, wait until the async worker published its next layer (of
-        whichever registered model it moves: upstream's worker moves them one after the other, in
-        registration order).
+        """While a rearrangement is in flight, wait until the async worker published its next layer.
 
         Raises:
             AssertionError: the worker died, or published nothing within ``deadline_s`` seconds.
         """
-        in_cycle = [ms for ms in self.state.model_states.values() if ms.rebalanced]
-        if not in_cycle:
+        if not self.model_state.rebalanced:
             return
         deadline = time.monotonic() + deadline_s
-        while all(ms.pending_result is None for ms in in_cycle):
+        while self.model_state.pending_result is None:
             if not self.state.async_worker.is_alive():
                 raise AssertionError("the async EPLB worker died")
             if time.monotonic() > deadline:
@@ -799,34 +579,17 @@ class ServingWorker:
             time.sleep(0.001)
 
     def forward_step(
-        self,
-        input_ids: torch.Tensor,
-        *,
-        num_unpadded_tokens: int,
-        batch_has_prefill: bool,
-        draft_input_ids: Any = (),
+        self, input_ids: torch.Tensor, *, num_unpadded_tokens: int, batch_has_prefill: bool
     ) -> WorkerStep:
         """Runner points 7-8 and the forward: the batch phase, ``prepare_forward`` with the unpadded count,
-        the EPLB-on forward (the kernel's physical ids captured), the EPLB-off forward; with a draft, its N
-        forwards after the target as Model Runner V2's MTP speculator runs them (upstream's
-        ``_prepare_eplb_forward``, then the draft on the previous hidden states), EPLB on and off.
+        the EPLB-on forward (the kernel's physical ids captured), the EPLB-off forward.
 
         Args:
             input_ids: int64 ``(T,)``, one sequence; rows ``>= num_unpadded_tokens`` are padding (causal
                 attention: they change no real row). batch_has_prefill: the phase the runner declares.
-            draft_input_ids: N int64 ``(T,)``, draft forward ``k``'s ids (row ``t``: the token after row ``t``
-                of its input hidden states), or empty: no draft forward this step (speculation off).
-
-        Raises:
-            ValueError: ``draft_input_ids`` holds neither one sequence per speculative token nor none.
         """
         from vllm.config import set_current_vllm_config
 
-        if len(draft_input_ids) not in (0, self.speculative_tokens):
-            raise ValueError(
-                f"draft_input_ids holds {len(draft_input_ids)} sequences: must be one per speculative token "
-                f"({self.speculative_tokens}), or none"
-            )
         positions = torch.arange(input_ids.shape[0])
         with set_current_vllm_config(self.vllm_config):
             self.wiring.prepare_inputs(batch_has_prefill)
@@ -834,41 +597,19 @@ class ServingWorker:
             recorded = bool(self.state.should_record_tensor)
             logs = [kernel_log(layer) for layer in routed_experts(self.model)]
             before = [int(log.calls) for log in logs]
-            hidden, logits_on = _forward(self.model, self.vllm_config, input_ids, positions)
+            logits_on = forward(self.model, self.vllm_config, input_ids, positions)
             physical_ids = _called_once(logs, before, "the EPLB-on forward")
             load = self.model_state.expert_load_pass.clone().long()
-            draft = None
-            if self.speculator is not None and draft_input_ids:
-                draft_logs = [kernel_log(layer) for layer in routed_experts(self.speculator.model)]
-                draft_logits, draft_ids = [], []
-                for k, ids in enumerate(draft_input_ids):
-                    before = [int(log.calls) for log in draft_logs]
-                    self.speculator._prepare_eplb_forward(num_unpadded_tokens)
-                    hidden, logits = forward_draft(
-                        self.speculator.model, self.vllm_config, ids, positions, hidden
-                    )
-                    draft_logits.append(logits)
-                    draft_ids.append(_called_once(draft_logs, before, f"the EPLB-on draft's forward {k}"))
-                draft_load = self.draft_model_state.expert_load_pass.clone().long()
-                draft = DraftStep(draft_logits, None, draft_load, draft_ids)
         logits_off = None
         if self.model_off is not None:
-            hidden_off, logits_off = _forward(self.model_off, self.vllm_config_off, input_ids, positions)
-            if draft is not None:
-                draft.logits_off = []
-                for ids in draft_input_ids:
-                    hidden_off, logits = forward_draft(
-                        self.speculator_off.model, self.vllm_config_off, ids, positions, hidden_off
-                    )
-                    draft.logits_off.append(logits)
-        return WorkerStep(logits_on, logits_off, load, physical_ids, recorded, draft)
+            logits_off = forward(self.model_off, self.vllm_config_off, input_ids, positions)
+        return WorkerStep(logits_on, logits_off, load, physical_ids, recorded)
 
     def end_step(self) -> list[int]:
         """Runner point 9 (upstream's step, then the controller's hooks: watchdog, verifier, events).
 
         Returns:
-            the target's MoE layers whose committed placement changed in this step (the draft's:
-            :attr:`draft_layers_changed`).
+            the MoE layers whose committed placement changed in this step.
 
         Raises:
             whatever the hooks raise (``EplbVerificationError``, ``EplbWorkerFailureError``).
@@ -876,51 +617,15 @@ class ServingWorker:
         from vllm.config import set_current_vllm_config
 
         before = self.model_state.physical_to_logical_map.clone()
-        draft = self.draft_model_state
-        draft_before = None if draft is None else draft.physical_to_logical_map.clone()
         with set_current_vllm_config(self.vllm_config):
             self.wiring.after_sampling()
-        if draft is not None:
-            self.draft_layers_changed = _changed(draft_before, draft.physical_to_logical_map)
         return _changed(before, self.model_state.physical_to_logical_map)
-
-    def describe_experts(self) -> dict[str, Any]:
-        """What serves the routed experts: ``methods`` (class name per MoE layer), ``formats``
-        (quant_views format per layer, None for float32), ``kernel_names`` (layer 0's kernel tensors,
-        [] for float32) and ``view_names`` (per layer, the weight views' attribute names)."""
-        layers = routed_experts(self.model)
-        formats = [getattr(layer.quant_method, "format_name", None) for layer in layers]
-        return {
-            "methods": [type(layer.quant_method).__name__ for layer in layers],
-            "formats": formats,
-            "kernel_names": list(layer_storage(layers[0], formats[0]).kernel_tensors) if formats[0] else [],
-            "view_names": [
-                layer_view_names(layer, f) if f else ["w13_weight", "w2_weight"]
-                for layer, f in zip(layers, formats, strict=True)
-            ],
-        }
 
     def slot_mismatches(self) -> list[str]:
         """Local slots not holding their logical expert under the committed placement: the float weights
         (:func:`local_slot_mismatches`), or for a quant_views format the fingerprint over every kernel
         tensor (``quant_method.slot_fingerprint_mismatches``)."""
         return self._mismatches(self.model_state.physical_to_logical_map)
-
-    def draft_slot_mismatches(self) -> list[str]:
-        """The draft's local slots not holding their logical expert (its MTP layer's float weights) under
-        its committed placement (:func:`local_slot_mismatches`).
-
-        Raises:
-            RuntimeError: the worker has no draft.
-        """
-        if self.speculator is None:
-            raise RuntimeError("this ServingWorker serves no draft (speculative_tokens=0)")
-        return local_slot_mismatches(
-            self.speculator.model,
-            self.draft_experts,
-            self.draft_model_state.physical_to_logical_map,
-            self.ep_rank,
-        )
 
     def _mismatches(self, physical_to_logical: torch.Tensor) -> list[str]:
         if self.format is None:
@@ -952,24 +657,19 @@ def _changed(before: torch.Tensor, after: torch.Tensor) -> list[int]:
 class RealModelSpec:
     """Parameters of :func:`real_model_world` (picklable; every rank gets the same).
 
-    ``arch`` an :data:`ARCHITECTURES` key; ``folder`` the checkpoint, written before the world starts;
-    ``num_redundant_experts`` R (``E + R`` divides by the ranks); ``steps`` EPLB-on engine steps, each one
-    forward of one prompt of ``num_tokens`` T (seeded by ``seed``); ``phase`` ``load_collection_phase``
-    (even steps are declared prefill batches, odd steps decode); ``window_size``, ``step_interval``
-    upstream's ``EPLBConfig`` fields; ``run_eplb_off`` also run the EPLB-off model on the same prompts;
-    ``worker_deadline_s`` how long a step waits for the async worker's layer; ``environ`` set in each rank
-    before anything is built (e.g. ``VLLM_ASCEND_ENABLE_NZ``, ``quant_method.FORMAT_SWITCHES``);
-    ``data_parallel_size`` D (each DP rank its own prompts, DP rank 0's those of D = 1; its TP ranks the
-    same); ``real_tokens`` per DP rank the unpadded rows (Model Runner V2 pads every DP rank to one T;
-    empty: all real); ``dispatch`` ``gather`` or ``all-to-all`` (``split`` rows, TP = 1); ``ascend_keys``
-    more ``additional_config.eplb_config`` keys (``policy``, the gate's, ``load_estimate``);
-    ``compilation`` both models' (:func:`compilation_of`, None eager); ``speculative_tokens`` N >= 1 the MTP
-    draft, N forwards per step, each prompt ``num_tokens + N`` ids (draft forward ``k`` takes ids
-    ``k + 1 .. k + num_tokens``); ``draft_idle_steps`` steps without the draft (a window with the target's
-    load only); ``dummy_steps`` steps before which every rank runs a warm-up dummy run (runner point 6).
+    ``folder`` the checkpoint, written before the world starts; ``num_redundant_experts`` R (``E + R``
+    divides by the ranks); ``steps`` EPLB-on engine steps, each one forward of one prompt of ``num_tokens``
+    T (seeded by ``seed``); ``phase`` ``load_collection_phase`` (even steps are declared prefill batches,
+    odd steps decode); ``window_size``, ``step_interval`` upstream's ``EPLBConfig`` fields;
+    ``run_eplb_off`` also run the EPLB-off model on the same prompts; ``worker_deadline_s`` how long a step
+    waits for the async worker's layer; ``environ`` set in each rank before anything is built (e.g.
+    ``VLLM_ASCEND_ENABLE_NZ``, ``quant_method.FORMAT_SWITCHES``); ``data_parallel_size`` D (each DP rank
+    its own prompts, DP rank 0's those of D = 1; its TP ranks the same); ``real_tokens`` per DP rank the
+    unpadded rows (Model Runner V2 pads every DP rank to one T; empty: all real); ``dispatch`` ``gather``
+    or ``all-to-all`` (``split`` rows, TP = 1); ``ascend_keys`` more ``additional_config.eplb_config``
+    keys (``replica_split``, ...).
     """
 
-    arch: str
     folder: str
     num_redundant_experts: int = 2
     steps: int = 40
@@ -985,10 +685,6 @@ class RealModelSpec:
     real_tokens: tuple[int, ...] = ()
     dispatch: str = "gather"
     ascend_keys: dict[str, Any] = field(default_factory=dict)
-    compilation: dict[str, Any] | None = None
-    speculative_tokens: int = 0
-    draft_idle_steps: tuple[int, ...] = ()
-    dummy_steps: tuple[int, ...] = ()
 
     def num_real_tokens(self, dp_rank: int) -> int:
         """The real rows of DP rank ``dp_rank``'s prompts.
@@ -1012,25 +708,70 @@ class RealModelSpec:
         return (self.seed * 1000 + step) * self.data_parallel_size + dp_rank
 
 
-def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RealModelRun:
+    """One rank's :func:`real_model_world` run (picklable). S steps; T, V, L, P as DESIGN.
+
+    Attributes:
+        rank, dp_rank, tp_rank: the global rank, its DP rank and its TP rank.
+        moe_rows: the row layout the controller last set (``RowLayout.rows``), None if none.
+        num_real_tokens: the unpadded rows of this rank's prompts.
+        num_physical_experts: P.
+        initial_slot_mismatches: the local slots not holding their expert after loading, under upstream's
+            initial placement (:func:`local_slot_mismatches`).
+        worker_alive: upstream's async worker alive at the end.
+        num_rearrangements: upstream's count at the end.
+        build_on_s, build_off_s, steps_s: seconds to build the EPLB-on and EPLB-off models (None without
+            it) and to run the S steps.
+        methods, formats: per MoE layer, the expert method's class name and its quant_views format (None:
+            float).
+        kernel_names: layer 0's kernel tensors ([] for float experts).
+        view_names: per MoE layer, the weight views' attribute names.
+        prompts: S int64 ``(T,)``, each step's ids.
+        logits_on, logits_off: S float32 ``(T, V)``, EPLB on and off (``logits_off`` None without
+            ``run_eplb_off``).
+        load: S int64 ``(L, P)``: upstream's ``expert_load_pass`` after each forward, this rank's.
+        recorded: S bools, whether the step's forward recorded load.
+        kernel_rows: S ints, the rows the first MoE layer's method received.
+        maps: S int64 ``(L, P)``, the committed ``physical_to_logical_map`` after each step.
+        commits: ``(step, layer)`` of each changed map row.
+        slot_checks: ``(step, mismatches)`` after each step with commits
+            (:meth:`ServingWorker.slot_mismatches`).
+    """
+
+    rank: int
+    dp_rank: int
+    tp_rank: int
+    moe_rows: str | None
+    num_real_tokens: int
+    num_physical_experts: int
+    initial_slot_mismatches: list[str]
+    worker_alive: bool
+    num_rearrangements: int
+    build_on_s: float
+    build_off_s: float | None
+    steps_s: float
+    methods: list[str]
+    formats: list[str | None]
+    kernel_names: list[str]
+    view_names: list[list[str]]
+    prompts: list[torch.Tensor]
+    logits_on: list[torch.Tensor]
+    logits_off: list[torch.Tensor] | None
+    load: list[torch.Tensor]
+    recorded: list[bool]
+    kernel_rows: list[int]
+    maps: list[torch.Tensor]
+    commits: list[tuple[int, int]]
+    slot_checks: list[tuple[int, list[str]]]
+
+
+def real_model_world(ctx: Any, spec: RealModelSpec) -> RealModelRun:
     """One :class:`ServingWorker` per rank (verifier on) for ``spec.steps`` steps beside the EPLB-off logits,
     in the world's DP x TP layout. Before a step a pending layer transfer is awaited
     (:meth:`ServingWorker.wait_for_transfer`, ``worker_deadline_s``), so commits come at the same steps in
     every run; after each step with commits every local slot is checked against the checkpoint's expert
-    under upstream's committed ``physical_to_logical_map``.
-
-    Returns (every rank) a dict: ``rank``, ``dp_rank``, ``tp_rank``, ``moe_rows`` (``RowLayout.rows``),
-    ``num_real_tokens``, ``info`` (E, K, L, P); per step: ``prompts`` int64 ``(T,)``, ``logits_on`` /
-    ``logits_off`` float32 ``(T, V)`` (off absent without ``run_eplb_off``), ``load`` int64 ``(L, P)``
-    (upstream's ``expert_load_pass``, this rank's), ``recorded``, ``kernel_rows`` (rows the first MoE
-    layer's method received), ``maps`` int64 ``(L, P)`` committed; ``commits`` ``[(step, layer)]`` (a changed
-    map row or a moved layer); ``slot_checks`` ``[(step, mismatches)]`` (:func:`local_slot_mismatches`) and
-    ``initial_slot_mismatches`` (after loading); ``num_rearrangements``; ``worker_alive``; ``seconds``
-    (``build_on``, ``build_off``, ``steps``); ``moe_calls`` (EPLB-on applies); ``methods`` and ``formats``
-    per MoE layer (format None: float32); ``kernel_names`` (layer 0's kernel tensors, [] for float32);
-    ``view_names`` per layer; ``decisions`` (every ``DecisionEvent``), ``estimates`` (each model's load
-    estimate, when on); compiled: ``compiled`` (TorchDynamo's counters, the observed graph, moved inputs);
-    with a draft: ``draft`` (the draft's per-step records and its registration).
+    under upstream's committed ``physical_to_logical_map``. Returns this rank's :class:`RealModelRun`.
     """
     os.environ["ASCEND_EPLB_VERIFY"] = "1"  # the serving verifier checks every commit and step
     os.environ.update(spec.environ)
@@ -1046,139 +787,66 @@ def real_model_world(ctx: Any, spec: RealModelSpec) -> dict[str, Any]:
         data_parallel_size=spec.data_parallel_size,
         dispatch=spec.dispatch,
         ascend_keys=spec.ascend_keys or None,
-        compilation=spec.compilation,
-        speculative_tokens=spec.speculative_tokens,
     )
-    decisions: list[tuple[Any, ...]] = []
-    worker.wiring.controller.bus.subscribe(
-        DecisionEvent, lambda e: decisions.append((e.model_name, e.rearrangement, asdict(e.decision)))
-    )
-    info = worker.info
     real = spec.num_real_tokens(worker.dp_rank)
-    report: dict[str, Any] = {
-        "rank": ctx.rank,
-        "dp_rank": worker.dp_rank,
-        "tp_rank": worker.tp_rank,
-        "num_real_tokens": real,
-        "initial_slot_mismatches": worker.initial_slot_mismatches,
-        "info": {
-            "num_logical_experts": info.num_logical_experts,
-            "top_k": info.top_k,
-            "num_moe_layers": info.num_moe_layers,
-            "num_physical_experts": worker.num_physical_experts,
-        },
-    }
-    n = spec.speculative_tokens
     prompts = [
-        prompt(spec.prompt_seed(s, worker.dp_rank), spec.num_tokens + n, info.vocab_size)
+        prompt(spec.prompt_seed(s, worker.dp_rank), spec.num_tokens, worker.info.vocab_size)
         for s in range(spec.steps)
     ]
-    worker.profile_run(prompts[0][: spec.num_tokens])
-    logits_on, logits_off, loads, recorded, maps, commits, slot_checks = [], [], [], [], [], [], []
-    kernel_rows: list[int] = []
-    moved: list[tuple[int, list[str]]] = []
-    counters_first: dict[str, Any] | None = None
-    draft: dict[str, list[Any]] = {
-        k: [] for k in ("logits_on", "logits_off", "load", "maps", "commits", "slot_checks", "ran", "dummy")
-    }
+    worker.profile_run(prompts[0])
+    steps: list[WorkerStep] = []
+    maps: list[torch.Tensor] = []
+    commits: list[tuple[int, int]] = []
+    slot_checks: list[tuple[int, list[str]]] = []
     t1 = time.monotonic()
     for step in range(spec.steps):
         worker.wait_for_transfer(spec.worker_deadline_s)
-        if step in spec.dummy_steps:
-            draft["dummy"].append((step, _dummy_run_record(worker, prompts[step][: spec.num_tokens])))
         # Even steps are declared prefill batches, odd steps decode batches (computed = prompt tokens),
         # so a "prefill" or "decode" phase records every other step.
         computed = 0 if step % 2 == 0 else spec.num_tokens
-        # speculation off for the batch at an idle step: the draft does not run
-        runs_draft = n > 0 and step not in spec.draft_idle_steps
-        seen = worker.forward_step(
-            prompts[step][: spec.num_tokens],
-            num_unpadded_tokens=real,
-            batch_has_prefill=batch_has_prefill([computed], [spec.num_tokens]),
-            draft_input_ids=[prompts[step][k + 1 : k + 1 + spec.num_tokens] for k in range(n)]
-            if runs_draft
-            else (),
-        )
-        logits_on.append(seen.logits_on)
-        logits_off.append(seen.logits_off)
-        loads.append(seen.load)
-        recorded.append(seen.recorded)
-        kernel_rows.append(int(seen.physical_ids[0].shape[0]))
-        if n:
-            draft["ran"].append(runs_draft)
-            draft["logits_on"].append(seen.draft.logits_on if runs_draft else [])
-            draft["logits_off"].append(seen.draft.logits_off if runs_draft else [])
-            draft["load"].append(
-                seen.draft.load if runs_draft else worker.draft_model_state.expert_load_pass.clone().long()
+        steps.append(
+            worker.forward_step(
+                prompts[step],
+                num_unpadded_tokens=real,
+                batch_has_prefill=batch_has_prefill([computed], [spec.num_tokens]),
             )
+        )
         changed = worker.end_step()
         maps.append(worker.model_state.physical_to_logical_map.clone().long())
         if changed:
             commits.extend((step, layer) for layer in changed)
             slot_checks.append((step, worker.slot_mismatches()))
-        if worker.traced is not None and (step_moved := worker.moved_graph_inputs()):
-            moved.append((step, step_moved))
-        if step == 0 and worker.compiled:
-            counters_first = dynamo_counters()  # both models traced (their first forwards)
-        if n:
-            draft["maps"].append(worker.draft_model_state.physical_to_logical_map.clone().long())
-            if worker.draft_layers_changed:
-                draft["commits"].extend((step, layer) for layer in worker.draft_layers_changed)
-                draft["slot_checks"].append((step, worker.draft_slot_mismatches()))
-    report["seconds"] = {**worker.seconds, "steps": time.monotonic() - t1}
-    if worker.compiled:
-        report["compiled"] = {
-            "counters_after_first_step": counters_first,
-            "counters_end": dynamo_counters(),
-            "graph_state_inputs": None if worker.traced is None else [i.source for i in worker.traced.state],
-            "graph_ops": None if worker.traced is None else dict(worker.traced.ops),
-            "moved": moved,
-        }
-    report.update(worker.describe_experts())
+    steps_s = time.monotonic() - t1
+    layers = routed_experts(worker.model)
+    formats = [getattr(layer.quant_method, "format_name", None) for layer in layers]
     layout = worker.wiring.controller.last_row_layout
-    report["moe_rows"] = None if layout is None else layout.rows
-    report["num_rearrangements"] = worker.state.num_rearrangements
-    report["decisions"] = decisions
-    report["estimates"] = {
-        channel.model_name: (channel.estimate.windows, channel.estimate.load.tolist())
-        for channel in worker.state.channels
-        if channel.estimate is not None
-    }
-    report["worker_alive"] = worker.state.async_worker is not None and worker.state.async_worker.is_alive()
-    report.update(
+    return RealModelRun(
+        rank=ctx.rank,
+        dp_rank=worker.dp_rank,
+        tp_rank=worker.tp_rank,
+        moe_rows=None if layout is None else layout.rows,
+        num_real_tokens=real,
+        num_physical_experts=worker.num_physical_experts,
+        initial_slot_mismatches=worker.initial_slot_mismatches,
+        worker_alive=worker.state.async_worker is not None and worker.state.async_worker.is_alive(),
+        num_rearrangements=worker.state.num_rearrangements,
+        build_on_s=worker.build_on_s,
+        build_off_s=worker.build_off_s,
+        steps_s=steps_s,
+        methods=[type(layer.quant_method).__name__ for layer in layers],
+        formats=formats,
+        kernel_names=list(layer_storage(layers[0], formats[0]).kernel_tensors) if formats[0] else [],
+        view_names=[
+            layer_view_names(layer, f) if f else ["w13_weight", "w2_weight"]
+            for layer, f in zip(layers, formats, strict=True)
+        ],
         prompts=prompts,
-        logits_on=logits_on,
-        load=loads,
-        recorded=recorded,
-        kernel_rows=kernel_rows,
+        logits_on=[s.logits_on for s in steps],
+        logits_off=[s.logits_off for s in steps] if spec.run_eplb_off else None,
+        load=[s.load for s in steps],
+        recorded=[s.recorded for s in steps],
+        kernel_rows=[int(s.physical_ids[0].shape[0]) for s in steps],
         maps=maps,
         commits=commits,
         slot_checks=slot_checks,
-        moe_calls=sum(int(kernel_log(layer).calls) for layer in routed_experts(worker.model)),
     )
-    if spec.run_eplb_off:
-        report["logits_off"] = logits_off
-    if n:
-        report["draft"] = {
-            **draft,
-            "model_name": worker.draft_model_state.model_name,
-            "model_names": [ms.model_name for ms in worker.state.model_states.values()],
-            "initial_slot_mismatches": worker.draft_initial_slot_mismatches,
-            "num_moe_layers": int(worker.draft_model_state.physical_to_logical_map.shape[0]),
-            "skipped_rearrangements": dict(worker.state.skipped_rearrangements),
-        }
-    return report
-
-
-def _dummy_run_record(worker: ServingWorker, input_ids: torch.Tensor) -> dict[str, Any]:
-    """A warm-up dummy run of ``worker`` (:meth:`ServingWorker.dummy_run`) and, per registered model (by
-    upstream's name), whether its load window is unchanged by it and its load pass zero after it."""
-    before = {ms.model_name: ms.expert_load_window.clone() for ms in worker.state.model_states.values()}
-    worker.dummy_run(input_ids)
-    return {
-        ms.model_name: (
-            torch.equal(before[ms.model_name], ms.expert_load_window),
-            int(ms.expert_load_pass.abs().sum()) == 0,
-        )
-        for ms in worker.state.model_states.values()
-    }
