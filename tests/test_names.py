@@ -57,6 +57,12 @@ def _packages() -> list[str]:
     return sorted({m.name for m in pkgutil.iter_modules(ascend_eplb.__path__)})
 
 
+#: Modules only an engine process imports: importing vLLM's CPU worker rebinds torch's globals
+#: (``torch.Event``, ``torch.accelerator.empty_cache``) for the rest of the process, and a later test on
+#: this worker would see upstream's surface drifted. Their classes are read from their source.
+ENGINE_ONLY = ("ascend_eplb.world.engine.worker",)
+
+
 def _module_index() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
     """Every module of ascend_eplb by its last component and by each dotted suffix of it, and every class
     they define by name, each with the modules that define it."""
@@ -69,6 +75,12 @@ def _module_index() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
             parts = name.split(".")[1:]
             for cut in range(len(parts)):
                 modules.setdefault(".".join(parts[cut:]), []).append(name)
+            if name in ENGINE_ONLY:
+                source = Path(importlib.util.find_spec(name).origin).read_text()
+                for node in ast.parse(source).body:
+                    if isinstance(node, ast.ClassDef):
+                        classes.setdefault(node.name, []).append(name)
+                continue
             module = importlib.import_module(name)
             for attr, value in vars(module).items():
                 if inspect.isclass(value) and value.__module__ == name:
@@ -93,6 +105,17 @@ def _resolve_in(module_name: str, path: list[str]) -> bool:
     or ``self.<name> =`` in an ``__init__``)."""
     from ascend_eplb.control.patching import declares_attribute
 
+    if module_name in ENGINE_ONLY or any(f"{module_name}.{part}" in ENGINE_ONLY for part in path[:1]):
+        name = module_name if module_name in ENGINE_ONLY else f"{module_name}.{path[0]}"
+        rest = path if module_name in ENGINE_ONLY else path[1:]
+        tree = ast.parse(Path(importlib.util.find_spec(name).origin).read_text())
+        defined = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))} | {
+            alias.asname or alias.name
+            for n in tree.body
+            if isinstance(n, ast.ImportFrom)
+            for alias in n.names
+        }
+        return not rest or (len(rest) == 1 and rest[0] in defined)
     value = importlib.import_module(module_name)
     for index, part in enumerate(path):
         if inspect.ismodule(value) and not hasattr(value, part):

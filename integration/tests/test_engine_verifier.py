@@ -118,10 +118,10 @@ def test_the_verifier_names_the_broken_agreement_at_the_first_commit_on_both_ran
         f"Worker failed with error '{m}'" in faulted.log for messages in by_rank.values() for m in messages
     )
     assert "EngineDeadError" in faulted.error
-    # The events file (EP rank 0): the first window, the first commit (layer 0) and, at that commit's step
-    # boundary, the violation; nothing committed before it.
-    assert [r["event"] for r in faulted.events] == ["window", "commit", "verifier_violation"]
-    _, commit, violation = faulted.events
+    # The events file (EP rank 0): the server's run_start, the first window, the first commit (layer 0) and,
+    # at that commit's step boundary, the violation; nothing committed before it.
+    assert [r["event"] for r in faulted.events] == ["run_start", "window", "commit", "verifier_violation"]
+    _, _, commit, violation = faulted.events
     assert (commit["rearrangement"], commit["layer"]) == (1, 0)
     assert violation["step"] == commit["step"]
     assert (violation["check"], violation["rank"], violation["message"]) == ("lookups", 0, first)

@@ -116,11 +116,13 @@ def run_layout(args: list[str], out: Path) -> dict:
     from ascend_eplb.tools.cli import build_parser
     from ascend_eplb.tools.simulate.config import config_from_args
     from ascend_eplb.tools.simulate.driver import run_simulation
+    from ascend_eplb.tools.simulate.lifecycle import command_scope
 
     args = [*args, "--out", str(out), "--timeout", "14400"]
     config = config_from_args(build_parser().parse_args(["simulate", *args]))
     summary = io.StringIO()
-    report = run_simulation(config, stream=summary).to_json()
+    with command_scope("simulate"):  # as the command: a signal stops vLLM's engines and leaves nothing
+        report = run_simulation(config, stream=summary).to_json()
     (out / "summary.txt").write_text(f"ascend-eplb simulate {' '.join(args)}\n{summary.getvalue()}")
     return report
 

@@ -102,7 +102,7 @@ def test_record_plan_and_simulate_from_the_placement_on_the_real_model_class(tmp
     # prediction on the recorded window against the served window is tests/test_engine_initial_placement's.
     assert start["plan_predicted_on_its_load"] == predicted
     assert start["first_step_balancedness"] == served["balancedness_per_step"][0]
-    assert start["first_step_off"] == pytest.approx(recorded["balancedness_off_per_step"][0], abs=1e-12)
+    assert start["first_step_off"] == served["balancedness_off_per_step"][0]
     assert (
         f"initial placement {placement}: first step balancedness {start['first_step_balancedness']:.4f} "
         "measured (each token's selection served by one replica of its expert), "
@@ -135,5 +135,3 @@ def test_record_plan_and_simulate_from_the_placement_on_the_real_model_class(tmp
     assert served["layers_committed"] == 2 + sum(r["event"] == "commit" for r in records)
     assert "(every total counts the start-up install of 2 layers as a rearrangement)" in summary
     assert f"start-up install (before step 0): {install['experts_moved']} experts, " in summary
-    first_window = next(r for r in records if r["event"] == "window")
-    assert first_window["balancedness"] == pytest.approx(predicted, abs=1e-12)

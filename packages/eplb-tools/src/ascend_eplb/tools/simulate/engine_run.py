@@ -323,6 +323,7 @@ def _series(
     initial: torch.Tensor,
     num_logical: int,
     top_k: int,
+    data_parallel_size: int = 1,
 ) -> _Series:
     """``model``'s figures at each serving step (``serving``: indices into the observer's steps; ``start``
     the placement serving began on): the executed balancedness of its recorded load (``None`` for a step
@@ -330,17 +331,24 @@ def _series(
     committed, the balancedness the first step's load has on ``start`` split evenly over replicas (what
     ``plan`` predicts for a placement), and the ``load`` check: per step the selections recorded over the
     ranks equal its real tokens (every forward the runner prepared for it) x K x L once, nothing when the
-    step did not record."""
+    step did not record; with data parallelism each DP rank's (its TP ranks, rank-major) own tokens, a DP
+    rank's dummy batch (vLLM's, while another serves) none of them."""
     num_layers, num_ranks = initial.shape[0], len(observed)
     commits = [c for c in observed[0]["commits"] if c["model_name"] == model]
     placements = _placements(start, commits, len(observed[0]["steps"]))
     out = _Series([], [], [], [[] for _ in serving], 0, 0, None)
+    tp = num_ranks // data_parallel_size
     for k, i in enumerate(serving):
-        step = [rank["steps"][i] for rank in observed]
-        recorded = bool(step[0]["recorded"])
+        groups = [
+            [rank["steps"][i] for rank in observed[d * tp : (d + 1) * tp]] for d in range(data_parallel_size)
+        ]
+        groups = [g for g in groups if not g[0]["is_dummy"]]
+        step = [s for g in groups for s in g]
+        recorded = any(g[0]["recorded"] for g in groups)
         total = sum(s["selections"].get(model, 0) for s in step)
-        tokens = sum(step[0]["forwards"].get(model, []))
-        want = tokens * top_k * num_layers if recorded else 0
+        want = sum(
+            sum(g[0]["forwards"].get(model, [])) * top_k * num_layers for g in groups if g[0]["recorded"]
+        )
         if total != want and out.violation is None:
             out.violation = (
                 f"{model} step {k}: the ranks recorded {total} selections, its real tokens made {want}"
@@ -353,7 +361,7 @@ def _series(
         out.recorded_steps += 1
         out.selections += want
         physical = torch.tensor(
-            sum(np.asarray(s["load"][model]) for s in step), dtype=torch.float64
+            sum(np.asarray(s["load"][model]) for s in step if model in s["load"]), dtype=torch.float64
         )  # (L, P)
         rank_load = physical.view(num_layers, num_ranks, -1).sum(dim=-1)  # (L, N)
         out.balancedness.append(measures.mean_balancedness(rank_load))
@@ -398,15 +406,23 @@ def _rank_stats(
     initial = measures.upstream_initial_placement(
         info.num_logical_experts, config.num_redundant_experts, info.num_moe_layers
     )
+    dp = config.data_parallel_size
     main = _series(
-        observed, serving, target, torch.tensor(start[target]), initial, info.num_logical_experts, info.top_k
+        observed,
+        serving,
+        target,
+        torch.tensor(start[target]),
+        initial,
+        info.num_logical_experts,
+        info.top_k,
+        dp,
     )
     drafted = None
     if config.speculative_tokens:
         # upstream's initial placement of the draft: the target's rows, one per MTP layer
         drafted = _series(
             observed, serving, draft, torch.tensor(start[draft]), initial[: info.num_mtp_layers],
-            info.num_logical_experts, info.top_k,
+            info.num_logical_experts, info.top_k, dp,
         )  # fmt: skip
     mismatched = [c for rank in observed for c in rank["commits"] if c["mismatches"]]
     violation = None

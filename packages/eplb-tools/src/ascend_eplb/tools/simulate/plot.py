@@ -72,7 +72,8 @@ def balancedness_figure(report: SimulateReport):
         _planned_and_realised(ax1, draft.rearrangement_records, draft=True)
     _bytes_panel(ax_bytes, report, ax1)
     ax1.legend(loc="lower right", fontsize=7)
-    shares = np.array(report.rank_load_share_per_step, dtype=float)  # None: a step without recorded load
+    # None: a step without recorded load; no step at all: a run a guardrail ended before its first step
+    shares = np.array(report.rank_load_share_per_step, dtype=float).reshape(len(steps), report.ranks)
     for r in range(shares.shape[1]):
         ax2.plot(steps, shares[:, r], lw=0.8, label=f"rank {r}")
     ax2.axhline(1.0 / report.ranks, color="black", lw=0.8, ls=":", label="even share 1/N")

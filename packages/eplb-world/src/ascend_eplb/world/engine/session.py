@@ -110,8 +110,9 @@ class EngineProcess:
         return log_tail(self.log_path, lines)
 
     def kill(self) -> None:
-        """SIGKILL the process's whole session (vLLM's engine core and workers with it)."""
-        if self._process is not None and self._process.poll() is None:
+        """SIGKILL the process's whole session (vLLM's engine core and workers with it), the process
+        itself exited or not: its group outlives it while a child of it lives."""
+        if self._process is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._process.pid, 9)
             self._process.wait()
