@@ -560,7 +560,7 @@ def test_the_reported_outputs_tolerance_is_the_one_the_world_checks(tmp_path):
         "replay": SimulateConfig(**FAULTY, quant_format="bf16", out_dir=str(tmp_path / "replay")),
         "real": SimulateConfig(model="qwen3-moe", quant_format="bf16", num_ranks=2, num_redundant_experts=2,
                                batch_size=8, steps=6, window_size=1, step_interval=4, progress=False,
-                               timeout_s=240, out_dir=str(tmp_path / "real")),
+                               timeout_s=600, out_dir=str(tmp_path / "real")),
     }  # fmt: skip
     for name, rtol in (("replay", OUTPUT_RTOL), ("real", 16 * 2.0**-8)):
         config = worlds[name]

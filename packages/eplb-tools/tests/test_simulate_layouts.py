@@ -54,7 +54,7 @@ def test_simulate_serves_a_model_folder_at_dp2_x_tp2_with_every_check(tmp_path):
     folder = rm.write_checkpoint("qwen3-moe", tmp_path / "model", seed=0)
     config = SimulateConfig(
         model=str(folder), num_ranks=4, data_parallel_size=2, tensor_parallel_size=2, num_redundant_experts=4,
-        batch_size=12, steps=16, window_size=2, step_interval=6, progress=False, timeout_s=240,
+        batch_size=12, steps=16, window_size=2, step_interval=6, progress=False, timeout_s=600,
         out_dir=str(tmp_path / "out"),
     )  # fmt: skip
     report = run_simulation(config).to_json()
