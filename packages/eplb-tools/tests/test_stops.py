@@ -233,6 +233,21 @@ def test_a_passing_run_leaves_nothing_behind(tmp_path):
 
 
 @pytest.mark.multirank
+@pytest.mark.timeout(900)
+def test_a_passing_inductor_run_on_vllms_engine_leaves_no_compile_cache_behind(tmp_path):
+    """Issue 43 case 7 on vLLM's engine: ``--compile inductor`` left 149 MB in
+    ``$TMPDIR/torchinductor_<user>/precompiled_headers`` after a passing run. vLLM's engines compile with
+    their ``TMPDIR`` (inductor's cache) and ``VLLM_CACHE_ROOT`` (vLLM's compile cache) in the run's
+    scratch, removed with it: nothing is left in ``$TMPDIR``, and no process of the run."""
+    run = Run(tmp_path, "--model", "qwen3-moe", "--ranks", "2", "--compile", "inductor", "--steps", "4",
+              "--batch-size", "2", "--no-progress", "--timeout", "840")  # fmt: skip
+    returncode, out, err = run.finish(timeout=870)
+    assert returncode == 0, err
+    assert "PASSED in" in out
+    run.assert_nothing_left(err)
+
+
+@pytest.mark.multirank
 def test_a_failed_check_writes_a_failed_report_over_a_stale_one_and_leaves_nothing_behind(tmp_path):
     _stale(tmp_path / "out")
     run = Run(tmp_path, *SMALL, "--steps", "8", "--window-size", "1", "--step-interval", "2",
