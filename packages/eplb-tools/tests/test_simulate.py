@@ -466,8 +466,9 @@ def test_a_stale_lookup_on_vllms_engine_fails_the_lookups_check_and_ends_the_eng
         SimulateConfig(**REAL_FAULTY, steps=8, out_dir=str(tmp_path), fault="wrong-lookup-refresh")
     ).to_json()
     assert not report["passed"]
-    assert report["first_violation"].startswith("lookups: ")
-    assert "replica" in report["first_violation"] or "lookup" in report["first_violation"]
+    # The verifier's own message, as vLLM's engine reported the worker's failure.
+    assert report["first_violation"].startswith("EPLB verifier: lookups check failed at step ")
+    assert ", layer 0, rank " in report["first_violation"]
     assert report["checks"]["lookups"] is False
     assert report["engine_on"]["tokens"] < 8 * 8  # the engine ended before the workload did
 

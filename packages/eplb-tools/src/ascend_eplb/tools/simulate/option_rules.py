@@ -166,3 +166,4 @@ def placement_errors(
             num_ranks=config.num_ranks,
         )
         errors += [describe_mismatch(placement, differ)] if differ else []
+    return errors
