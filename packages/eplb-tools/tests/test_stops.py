@@ -239,7 +239,7 @@ def test_a_passing_inductor_run_on_vllms_engine_leaves_no_compile_cache_behind(t
     ``$TMPDIR/torchinductor_<user>/precompiled_headers`` after a passing run. vLLM's engines compile with
     their ``TMPDIR`` (inductor's cache) and ``VLLM_CACHE_ROOT`` (vLLM's compile cache) in the run's
     scratch, removed with it: nothing is left in ``$TMPDIR``, and no process of the run."""
-    run = Run(tmp_path, "--model", "qwen3-moe", "--ranks", "2", "--compile", "inductor", "--steps", "4",
+    run = Run(tmp_path, "--model", "qwen3-moe", "--ranks", "2", "--compile", "inductor", "--steps", "8",
               "--batch-size", "2", "--no-progress", "--timeout", "840")  # fmt: skip
     returncode, out, err = run.finish(timeout=870)
     assert returncode == 0, err
