@@ -107,11 +107,15 @@ def test_the_verifier_names_the_broken_agreement_at_the_first_commit_on_both_ran
     (first,) = by_rank[0]
     step = re.match(r"EPLB verifier: lookups check failed at step (\d+), rank 0: ", first)
     assert step is not None, first
+    # The layers whose replica choices differ on the probe batch (the step's tokens: whichever step the
+    # commit landed on), named alike by both ranks.
+    layers = re.search(r"'s layer\(s\) (\[[\d, ]+\])$", first)
+    assert layers is not None, first
     for rank, messages in by_rank.items():
         assert messages == {
             f"EPLB verifier: lookups check failed at step {step[1]}, rank {rank}: replica agreement: ranks 0 "
             "and 1 route the same rows (replicated row layout) but chose different replicas for the probe "
-            f"batch of model {model}'s layer(s) [0]"
+            f"batch of model {model}'s layer(s) {layers[1]}"
         }
     # What vLLM's engine core died of (a worker's error), and what the engine's client got.
     assert any(
