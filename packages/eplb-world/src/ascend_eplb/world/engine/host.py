@@ -133,14 +133,9 @@ class EngineWorld:
                 return False
             return True
 
-        try:
+        with host.starting():
             host.wait_until(connected, self._start_timeout, "listening engine host")
             self.ready = self._request(("start", _spec_dict(self.spec)), deadline - time.monotonic())
-        except BaseException:  # a failed start, or a signal while vLLM starts (the caller's with-block never
-            # entered, so nothing else ends the session): every process of it killed, TMPDIR gone
-            host.kill()
-            host.close(lambda: None, 10.0)
-            raise
         host.ready()
 
     def generate(

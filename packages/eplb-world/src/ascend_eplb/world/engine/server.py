@@ -125,7 +125,8 @@ class ServedEngine:
         self._server = server = EngineProcess(self.spec, self.folder, argv, env=env, log_name=_LOG)
         started = time.monotonic()
         server.start()
-        server.wait_until(self._healthy, self._start_timeout, f"200 from {self.url}/health")
+        with server.starting():
+            server.wait_until(self._healthy, self._start_timeout, f"200 from {self.url}/health")
         self.ready_s = time.monotonic() - started
         server.ready()
 

@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,6 +116,18 @@ class EngineProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._process.pid, 9)
             self._process.wait()
+
+    @contextlib.contextmanager
+    def starting(self) -> Iterator[None]:
+        """While the engine starts: a failure, or a signal, inside it kills every process of the session and
+        removes ``TMPDIR`` before it propagates (the caller's with-block never entered, so nothing else
+        would end the session)."""
+        try:
+            yield
+        except BaseException:
+            self.kill()
+            self.close(lambda: None, 10.0)
+            raise
 
     def close(self, stop: Callable[[], None], timeout: float) -> Shutdown | None:
         """End the process: ``stop()`` asks it to shut down as vLLM does (an :class:`EngineError` from it
