@@ -29,10 +29,6 @@ def test_all_is_the_documented_api():
         "write_checkpoint",
         "write_quantized_experts",
         "write_tokenizer",
-        # compiled
-        "compiled_module",
-        "dynamo_counters",
-        "observe_compilation",
         # kernel_logs
         "KernelLog",
         "attach_kernel_log",

@@ -8,8 +8,8 @@ the engine world's plugin entry points, inside this package, in every process of
 installs it). :mod:`~ascend_eplb.world.checkpoints` (tiny checkpoints of vLLM's real MoE architectures),
 :mod:`~ascend_eplb.world.routing_fit` (a DeepSeek-V3 checkpoint's routing fitted to a recorded load),
 :mod:`~ascend_eplb.world.stand_ins` (the CPU stand-ins for what this host lacks),
-:mod:`~ascend_eplb.world.kernel_logs` (what the expert methods consumed), :mod:`~ascend_eplb.world.compiled`
-(a compiled world observed), :mod:`~ascend_eplb.world.slots` (what each physical slot must hold) and
+:mod:`~ascend_eplb.world.kernel_logs` (what the expert methods consumed),
+:mod:`~ascend_eplb.world.slots` (what each physical slot must hold) and
 :mod:`~ascend_eplb.world.serving` (a rank's model and the :class:`~ascend_eplb.world.serving.ServingWorker`).
 :mod:`~ascend_eplb.world.quant_method` (vLLM Ascend's quantized experts) and
 :mod:`~ascend_eplb.world.toy_moe` (the toy MoE model) are imported by name.
@@ -22,7 +22,7 @@ from typing import Any
 from ascend_eplb.world.__about__ import __version__ as __version__
 
 #: The modules whose public names this package offers, in the order a name is looked up.
-_MODULES = ("checkpoints", "compiled", "kernel_logs", "routing_fit", "serving", "slots", "stand_ins")
+_MODULES = ("checkpoints", "kernel_logs", "routing_fit", "serving", "slots", "stand_ins")
 
 
 def _module(name: str) -> Any:

@@ -2,7 +2,7 @@
 serving does not, declared once in :data:`SURFACE` (:class:`~ascend_eplb.control.surface.Surface`).
 
 :data:`SIGNATURES` (the stand-ins' targets, the methods replaced on single instances, the registrations
-called and Model Runner V2's draft calls the serving worker makes), the module-level stand-ins (each
+called), the module-level stand-ins (each
 declared on its factory in :mod:`~ascend_eplb.world.stand_ins` with ``SURFACE.replaces``),
 :data:`INSTANCE_BINDINGS` and :data:`ATTRIBUTES` (what the stand-ins and the serving worker read).
 Serving neither installs nor checks them (a vLLM change here must not stop a serving process):
@@ -29,11 +29,10 @@ __all__ = [
 WORLD_STAND_INS = "world.stand_ins"
 WORLD_QUANT = "world.quant_method"
 WORLD_SERVING = "world.serving"
-WORLD_COMPILED = "world.compiled"
 ENGINE_KERNELS = "world.engine.kernels"
 ENGINE_PATCHES = "world.engine.patches"
 #: Every user id a row of this surface names.
-USERS = (WORLD_STAND_INS, WORLD_QUANT, WORLD_SERVING, WORLD_COMPILED, ENGINE_KERNELS, ENGINE_PATCHES)
+USERS = (WORLD_STAND_INS, WORLD_QUANT, WORLD_SERVING, ENGINE_KERNELS, ENGINE_PATCHES)
 
 _STATE = "vllm.distributed.eplb.eplb_state"
 _CONTROLLER = "vllm.v1.worker.gpu.eplb_utils"
@@ -46,11 +45,8 @@ _MLA = "vllm.model_executor.layers.attention.mla_attention"
 _UNQUANTIZED = "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method"
 _ROUTED_EXPERTS = "vllm.model_executor.layers.fused_moe.routed_experts"
 _QUANTIZATION = "vllm.model_executor.layers.quantization"
-_COMPILATION = "vllm.config.compilation"
 _PARALLEL_STATE = "vllm.distributed.parallel_state"
 _MODEL_STATE = "EplbModelState"
-_SPEC_DECODE = "vllm.v1.worker.gpu.spec_decode"
-_SPECULATOR = "vllm.v1.worker.gpu.spec_decode.speculator"
 _CUSTOM_OPS = "vllm._custom_ops"
 _CPU_MOE = "vllm.model_executor.layers.fused_moe.experts.cpu_moe"
 
@@ -91,21 +87,6 @@ SIGNATURES: Mapping[str, Signature] = table(
     Signature(_ROUTED_EXPERTS, "RoutedExperts.get_expert_weights", ("self",), (WORLD_QUANT,)),
     Signature(_QUANTIZATION, "get_quantization_config", ("quantization",), (WORLD_QUANT,)),
     Signature(_QUANTIZATION, "register_quantization_config", ("quantization",), (WORLD_QUANT,)),
-    Signature(
-        _COMPILATION,
-        "CompilationConfig.init_backend",
-        ("self", "vllm_config", "prefix=''", "is_encoder=False", "use_aot_compile=True"),
-        (WORLD_COMPILED,),
-    ),
-    # The MTP draft as Model Runner V2 loads and runs it (serving.load_draft, ServingWorker.forward_step).
-    Signature(_SPEC_DECODE, "init_speculator", ("vllm_config", "device", "req_states"), (WORLD_SERVING,)),
-    Signature(_SPECULATOR, "DraftModelSpeculator.load_model", ("self", "target_model"), (WORLD_SERVING,)),
-    Signature(
-        _SPECULATOR,
-        "DraftModelSpeculator._prepare_eplb_forward",
-        ("self", "num_unpadded_tokens"),
-        (WORLD_SERVING,),
-    ),
     # The engine world: the callers of each `_C` op it defines (engine.kernels.KERNELS), which pass the
     # arguments in the order of its schema, and what its platform plugin and patches replace. (The caller
     # of init_cpu_memory_env, CPUWorker.__init__, is not a row: importing its module replaces
@@ -243,12 +224,6 @@ INSTANCE_BINDINGS: tuple[InstanceBinding, ...] = (
         "install_ascend_routed_experts, on each RoutedExperts of a model the CPU world built whose method "
         "has a quant_views format: vllm-ascend's AscendRoutedExperts.get_expert_weights (the method's views)",
     ),
-    InstanceBinding(
-        SIGNATURES[f"{_COMPILATION}.CompilationConfig.init_backend"],
-        "ascend_eplb.world.compiled",
-        "observe_compilation, on the CompilationConfig of a compiled world's model with the eager backend: "
-        "TorchDynamo's eager backend that records each graph's inputs (dataplane's GraphObserver)",
-    ),
 )
 
 #: The attributes of upstream objects the stand-ins and the serving worker read.
@@ -308,13 +283,6 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         "reads",
         (WORLD_QUANT,),
         "`install_ascend_routed_experts`: the layers whose method has a quant_views format",
-    ),
-    *(
-        Attribute(_COMPILATION, "CompilationConfig", attr, "reads", (WORLD_COMPILED,), why)
-        for attr, why in (
-            ("mode", "only DYNAMO_TRACE_ONCE is observed"),
-            ("backend", "only the eager backend is observed"),
-        )
     ),
     Attribute(_CONTROLLER, "EPLBController", "state", "reads", (WORLD_SERVING,), "the world's EPLB state"),
     *(
