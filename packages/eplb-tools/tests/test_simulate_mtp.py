@@ -165,11 +165,38 @@ def test_the_preset_with_its_mtp_draft_balances_both_models_every_check_on_both(
         SimulateConfig(**{**MTP, "steps": 8}, initial_placement=str(both), out_dir=str(tmp_path / "o"))
     )
     assert restarted.passed, restarted.first_violation
+    summary = capsys.readouterr().out
+    lines = (tmp_path / "o" / "events.jsonl").read_text().splitlines()
+    # Both installs are recorded before any step's record.
+    assert [json.loads(line)["event"] for line in lines[:3]] == ["run_start", *["initial_placement"] * 2]
     installs = {
         r.model: r
         for _, r in read_events(tmp_path / "o" / "events.jsonl").runs[0].records
         if isinstance(r, InitialPlacementRecord)
     }
+    # The target's install as the summary and the checks say it: its first step measured beside plan's
+    # measure and EPLB off, plan's prediction, the fingerprints check of both installs, the totals' note.
+    start, predicted = restarted.initial_placement, provenance["models"][1]["balancedness_after"]
+    assert (start.source, start.plan_predicted_on_its_load) == (str(both), predicted)
+    assert start.first_step_balancedness == restarted.balancedness_per_step[0]
+    assert start.first_step_off == restarted.balancedness_off_per_step[0]
+    assert (
+        f"  initial placement {both}: first step balancedness {start.first_step_balancedness:.4f} measured "
+        "(each token's selection served by one replica of its expert), "
+        f"{start.first_step_planned:.4f} on plan's measure of that step's load (each expert's load split "
+        "evenly over its replicas: the two differ by how the replicas shared the step's tokens), EPLB off "
+        f"{start.first_step_off:.4f}; plan predicted {predicted:.4f} on the load it was made from; every "
+        "slot held its logical expert from step 0"
+    ) in summary
+    assert (
+        "; the first 5 were the start-up install of the initial placement, checked before the first step"
+        in restarted.check_evidence["fingerprints"]
+    )
+    assert "(every total counts the start-up install of 4 layers as a rearrangement)" in summary
+    assert f"start-up install (before step 0): {installs[folder].experts_moved} experts, " in summary
+    done = [r for r in restarted.rearrangement_records if r.skipped is None]
+    assert restarted.experts_moved == installs[folder].experts_moved + sum(r.experts_moved for r in done)
+    assert restarted.bytes_moved == installs[folder].bytes_moved + sum(r.bytes_moved for r in done)
     for model, install, layers in (
         (folder, restarted.initial_placement, 4),
         (draft, restarted.draft.initial_placement, 1),
