@@ -402,7 +402,7 @@ CYCLES = [
     (
         "world",
         "checkpoints.py",
-        "from ascend_eplb.world.serving import build_model",
+        "from ascend_eplb.world.rank_model import build_model",
         "the world's modules depend one way (no import cycle inside the package)",
     ),
     (

@@ -1,7 +1,7 @@
 """What the serving verifier (``ASCEND_EPLB_VERIFY=1``) costs a serving step: steps served with the
 verifier off and on, side by side in one world.
 
-The world is the serving worker of the main job (``ascend_eplb.world.serving.ServingWorker``:
+The world is the serving worker of the main job (``ascend_eplb.world.own_loop.ServingWorker``:
 the plugin, vLLM's loader and real model class, ``Mrv2EplbWiring`` with the watchdog and the verifier,
 asynchronous Gloo-staged rearrangement), by default vLLM's ``DeepseekV3ForCausalLM`` at the main job's
 shape (64 routed experts, top-6, 4 MoE layers, 4 redundant, TP=4 x EP=4, 48-token batches of which 32
@@ -59,7 +59,7 @@ def bench_rank(ctx: Any, folder: str, args: dict) -> dict:
 
     from ascend_eplb.integration.serving import guardrails_of
     from ascend_eplb.integration.verify import EplbVerifier
-    from ascend_eplb.world.serving import ServingWorker
+    from ascend_eplb.world.own_loop import ServingWorker
 
     worker = ServingWorker(
         ctx, folder, num_redundant_experts=args["redundant"], window_size=args["window"],
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 t = time.monotonic()
                 reports = run_ranks(
                     bench.bench_rank, world_size=opts.ranks, tmp_path=Path(tmp), args=(str(folder), args),
-                    timeout_s=900, preload=("vllm", "ascend_eplb.world.serving"),
+                    timeout_s=900, preload=("vllm", "ascend_eplb.world.own_loop"),
                 )  # fmt: skip
                 worlds.append(reports[0])
                 print(f"  world {repeat + 1}/{opts.repeats}: {time.monotonic() - t:.1f} s", file=sys.stderr)

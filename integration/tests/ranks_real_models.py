@@ -1,7 +1,7 @@
 """Rank functions of the real-model tests (loaded by path in each rank process).
 
 ``real_model_checks`` builds vLLM 0.33.0's real model class of a tiny checkpoint twice on one world
-(TP = EP = world size over Gloo, ``ascend_eplb.world.serving``): with EPLB off it runs one
+(TP = EP = world size over Gloo, ``ascend_eplb.world.own_loop``): with EPLB off it runs one
 prefill forward per prompt and returns the logits (the test compares them with HF transformers); with
 EPLB on (redundant experts, vLLM's loader) it returns which local slots differ from the checkpoint's
 expert under upstream's initial placement, and the EPLB state's initial map.
@@ -150,12 +150,12 @@ def layout_world(
 
     from ascend_eplb import world as rm
     from ascend_eplb.integration.validation import EplbConfigError
-    from ascend_eplb.world import serving
+    from ascend_eplb.world import own_loop
 
     report: dict[str, Any] = {}
     loads: list[str] = []
-    original = serving.load_model  # what ServingWorker calls
-    serving.load_model = lambda vc: loads.append(vc.model_config.model) or original(vc)
+    original = own_loop.load_model  # what ServingWorker calls
+    own_loop.load_model = lambda vc: loads.append(vc.model_config.model) or original(vc)
     try:
         rm.ServingWorker(
             ctx, refused_folder, num_redundant_experts=spec.num_redundant_experts, window_size=2,
@@ -166,7 +166,7 @@ def layout_world(
     else:
         report["refused"] = (None, "started", bool(loads))
     finally:
-        serving.load_model = original
+        own_loop.load_model = original
     report["serving"] = rm.real_model_world(ctx, spec)
 
     group = get_ep_group()
@@ -189,13 +189,13 @@ def layout_world(
 def start_up_errors(ctx: RankContext, folders: dict[str, str]) -> dict[str, Any]:
     """Start a ``ServingWorker`` on each folder; per format: ``(error class, message, model loaded)``."""
     from ascend_eplb import world as rm
-    from ascend_eplb.world import serving
+    from ascend_eplb.world import own_loop
 
     loads: list[str] = []
-    original = serving.load_model  # what ServingWorker calls (not the package's re-export)
+    original = own_loop.load_model  # what ServingWorker calls (not the package's re-export)
     errors = {}
     for fmt, folder in folders.items():
-        serving.load_model = lambda vc, _f=folder: loads.append(_f) or original(vc)
+        own_loop.load_model = lambda vc, _f=folder: loads.append(_f) or original(vc)
         try:
             rm.ServingWorker(
                 ctx, folder, num_redundant_experts=2, window_size=2, step_interval=4, eplb_off=False
@@ -205,7 +205,7 @@ def start_up_errors(ctx: RankContext, folders: dict[str, str]) -> dict[str, Any]
         else:
             errors[fmt] = (None, "started", folder in loads)
         finally:
-            serving.load_model = original
+            own_loop.load_model = original
     return {"rank": ctx.rank, "errors": errors}
 
 

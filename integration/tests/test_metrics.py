@@ -16,7 +16,7 @@ from ascend_eplb.integration.prometheus import METRICS, metrics_requested
 from ascend_eplb.testing import load_module, run_ranks, stop_fork_server
 
 ranks = load_module(Path(__file__).with_name("ranks_real_models.py"))
-PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.world.serving")
+PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.world.own_loop")
 
 
 def test_the_switch_is_off_unless_asked_and_on_needs_a_multiprocess_folder(tmp_path):

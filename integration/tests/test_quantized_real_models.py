@@ -26,7 +26,7 @@ from ascend_eplb.testing import load_module, run_ranks
 
 ranks = load_module(Path(__file__).with_name("ranks_real_models.py"))
 
-PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.world.serving")
+PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.world.own_loop")
 # (id, format, environment)
 VARIANTS = [
     ("bf16", "bf16", {}),

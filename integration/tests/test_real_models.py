@@ -27,7 +27,7 @@ from ascend_eplb.testing.hf import hf_logits
 
 ranks = load_module(Path(__file__).with_name("ranks_real_models.py"))
 
-PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.world.serving")
+PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.world.own_loop")
 NUM_TOKENS = 12
 #: max |vLLM - HF| / max |HF| allowed per logit tensor (float32).
 TOLERANCE = 1e-5

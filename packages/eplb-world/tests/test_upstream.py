@@ -225,8 +225,8 @@ def test_a_drifted_row_of_the_world_does_not_stop_serving_but_stops_the_world(cl
     with pytest.raises(RuntimeError) as info:
         stand_ins.install_stand_ins()
     assert str(info.value) == (
-        "upstream MixtureOfExperts.moe_layers_lost is missing (world.serving reads it); ascend_eplb must be "
-        "updated for this version"
+        "upstream MixtureOfExperts.moe_layers_lost is missing (world.rank_model reads it); ascend_eplb must "
+        "be updated for this version"
     )
     assert layer_utils.check_cpu_sgl_kernel is sgl_kernel
 

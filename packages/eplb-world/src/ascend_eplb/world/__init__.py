@@ -9,8 +9,11 @@ installs it). :mod:`~ascend_eplb.world.checkpoints` (tiny checkpoints of vLLM's 
 :mod:`~ascend_eplb.world.routing_fit` (a DeepSeek-V3 checkpoint's routing fitted to a recorded load),
 :mod:`~ascend_eplb.world.stand_ins` (the CPU stand-ins for what this host lacks),
 :mod:`~ascend_eplb.world.kernel_logs` (what the expert methods consumed),
-:mod:`~ascend_eplb.world.slots` (what each physical slot must hold) and
-:mod:`~ascend_eplb.world.serving` (a rank's model and the :class:`~ascend_eplb.world.serving.ServingWorker`).
+:mod:`~ascend_eplb.world.slots` (what each physical slot must hold),
+:mod:`~ascend_eplb.world.compilation` (the compilations ``simulate --compile`` gives vLLM's engine),
+:mod:`~ascend_eplb.world.rank_model` (one rank's model on vLLM's real classes) and
+:mod:`~ascend_eplb.world.own_loop` (the world's own loop: the
+:class:`~ascend_eplb.world.own_loop.ServingWorker`, :func:`~ascend_eplb.world.own_loop.real_model_world`).
 :mod:`~ascend_eplb.world.quant_method` (vLLM Ascend's quantized experts) and
 :mod:`~ascend_eplb.world.toy_moe` (the toy MoE model) are imported by name.
 """
@@ -22,7 +25,16 @@ from typing import Any
 from ascend_eplb.world.__about__ import __version__ as __version__
 
 #: The modules whose public names this package offers, in the order a name is looked up.
-_MODULES = ("checkpoints", "kernel_logs", "routing_fit", "serving", "slots", "stand_ins")
+_MODULES = (
+    "checkpoints",
+    "compilation",
+    "kernel_logs",
+    "own_loop",
+    "rank_model",
+    "routing_fit",
+    "slots",
+    "stand_ins",
+)
 
 
 def _module(name: str) -> Any:

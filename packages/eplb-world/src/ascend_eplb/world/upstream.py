@@ -28,11 +28,12 @@ __all__ = [
 # The users (modules of this package that rely on a row).
 WORLD_STAND_INS = "world.stand_ins"
 WORLD_QUANT = "world.quant_method"
-WORLD_SERVING = "world.serving"
+WORLD_OWN_LOOP = "world.own_loop"
+WORLD_RANK_MODEL = "world.rank_model"
 ENGINE_KERNELS = "world.engine.kernels"
 ENGINE_PATCHES = "world.engine.patches"
 #: Every user id a row of this surface names.
-USERS = (WORLD_STAND_INS, WORLD_QUANT, WORLD_SERVING, ENGINE_KERNELS, ENGINE_PATCHES)
+USERS = (WORLD_STAND_INS, WORLD_QUANT, WORLD_RANK_MODEL, WORLD_OWN_LOOP, ENGINE_KERNELS, ENGINE_PATCHES)
 
 _STATE = "vllm.distributed.eplb.eplb_state"
 _CONTROLLER = "vllm.v1.worker.gpu.eplb_utils"
@@ -284,9 +285,9 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         (WORLD_QUANT,),
         "`install_ascend_routed_experts`: the layers whose method has a quant_views format",
     ),
-    Attribute(_CONTROLLER, "EPLBController", "state", "reads", (WORLD_SERVING,), "the world's EPLB state"),
+    Attribute(_CONTROLLER, "EPLBController", "state", "reads", (WORLD_OWN_LOOP,), "the world's EPLB state"),
     *(
-        Attribute(_STATE, "EplbState", attr, "reads", (WORLD_SERVING,), why)
+        Attribute(_STATE, "EplbState", attr, "reads", (WORLD_OWN_LOOP,), why)
         for attr, why in (
             ("model_states", "the world's model"),
             ("async_worker", "`wait_for_transfer`: the worker is alive"),
@@ -294,7 +295,7 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         )
     ),
     *(
-        Attribute(_STATE, _MODEL_STATE, attr, "reads", (WORLD_SERVING,), why)
+        Attribute(_STATE, _MODEL_STATE, attr, "reads", (WORLD_OWN_LOOP,), why)
         for attr, why in (
             ("physical_to_logical_map", "the placement in force: P, the committed layers, slot checks"),
             ("rebalanced", "`wait_for_transfer`: a cycle in flight"),
@@ -303,7 +304,7 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         )
     ),
     Attribute(
-        _INTERFACES, "MixtureOfExperts", "moe_layers", "reads", (WORLD_SERVING,), "the model's MoE layers"
+        _INTERFACES, "MixtureOfExperts", "moe_layers", "reads", (WORLD_RANK_MODEL,), "the model's MoE layers"
     ),
 )
 

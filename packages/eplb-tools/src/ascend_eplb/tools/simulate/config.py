@@ -31,7 +31,7 @@ from ascend_eplb.tools.simulate.option_rules import (
     unwritable,
     vllm_compilation_error,
 )
-from ascend_eplb.world.serving import COMPILE_BACKENDS, compilation_of
+from ascend_eplb.world.compilation import COMPILE_BACKENDS, compilation_of
 
 __all__ = [
     "CHECKS",

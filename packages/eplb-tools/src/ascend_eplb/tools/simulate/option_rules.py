@@ -28,7 +28,7 @@ from ascend_eplb.integration.placement_file import (
     describe_mismatch,
     read_placements,
 )
-from ascend_eplb.world.serving import compilation_error, is_compiled
+from ascend_eplb.world.compilation import compilation_error, is_compiled
 
 __all__ = [
     "compilation_errors",

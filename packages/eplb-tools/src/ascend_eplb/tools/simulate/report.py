@@ -33,7 +33,7 @@ from ascend_eplb.tools.costs import estimate_costs, read_model_size
 from ascend_eplb.tools.simulate.config import CHECKS, SimulateConfig
 from ascend_eplb.tools.simulate.stats import InstallSeen, OutputTolerance, RankStats
 from ascend_eplb.tools.simulate.verdicts import JUDGED, PASSED, check_verdicts, run_verdict
-from ascend_eplb.world.serving import is_compiled
+from ascend_eplb.world.compilation import is_compiled
 
 __all__ = [
     "DraftReport",
