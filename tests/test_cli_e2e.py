@@ -32,7 +32,7 @@ def _run(*args: str, timeout: float) -> subprocess.CompletedProcess:
 def test_console_script_simulate_passes_every_check(tmp_path):
     out = tmp_path / "sim"
     proc = _run(
-        "simulate", "--ranks", "2", "--redundant-experts", "2", "--batch-size", "16",
+        "simulate", "--ranks", "2", "--redundant-experts", "2", "--batch-size", "16", "--format", "bf16",
         "--steps", "8", "--window-size", "1", "--step-interval", "2", "--no-progress", "--out", str(out),
         timeout=800,
     )  # fmt: skip
@@ -40,12 +40,19 @@ def test_console_script_simulate_passes_every_check(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["checks"] == dict.fromkeys(("outputs", "fingerprints", "lookups", "load", "worker"), True)
     assert report["passed"] is True
-    # The default model: vLLM's DeepseekV3ForCausalLM on the preset checkpoint (4 MoE layers), served by
-    # vLLM's engine: 16 requests x 8 tokens, EPLB off and on.
+    # The default model: vLLM's DeepseekV3ForCausalLM on the preset checkpoint (4 MoE layers, written in
+    # bf16), served by vLLM's engine: 16 requests x 8 tokens, EPLB off and on.
     assert (report["model"], report["ranks"], report["layers"]) == ("DeepseekV3ForCausalLM", 2, 4)
     assert report["engine_off"]["tokens"] == report["engine_on"]["tokens"] == 16 * 8
     assert report["rearrangements"] >= 1
     assert report["layers_committed"] >= 2
+    # A real model's 16-bit experts are compared within 16 units of their roundoff (bf16: 16 x 2^-8).
+    assert report["format"] == "bf16"
+    assert report["output_tolerance"] == {"rtol": 16 * 2.0**-8, "atol": 1e-6}
+    worst = report["max_output_error"]
+    assert report["check_evidence"]["outputs"].endswith(
+        f"(max error {worst:.3g}, tolerance 1e-06 + 0.0625 x max|reference|)"
+    )
     assert "PASS  outputs" in proc.stdout
     assert "PASSED in" in proc.stdout
     assert (out / "balancedness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
