@@ -772,3 +772,87 @@ def test_architectures_as_one_string_is_refused_as_vllm_refuses_it(tmp_path, mon
         "entry as a string"
     ]
     assert judged.unjudged == []
+
+
+def test_the_one_reader_derives_each_setting_once_from_vllms_config_paths():
+    """Issue 45: inductor freezing, an MTP draft as MoE, eager modes and the balanced models' names are
+    derived once, by :func:`read_settings`, from a mapping keyed by vLLM's config paths."""
+    from ascend_eplb.integration.settings_reader import read_settings
+
+    values = {
+        "parallel_config.enable_eplb": True,
+        "parallel_config.eplb_config.window_size": 7,
+        "additional_config.eplb_config.policy": "migration_aware",
+        "additional_config.gate_eplb": True,
+        "compilation_config.mode": 3,
+        "compilation_config.cudagraph_mode": "PIECEWISE",
+        "compilation_config.inductor_compile_config": {"freezing": True},
+        "speculative_config.method": "mtp",
+        "speculative_config.draft_model_config.model": "org/m",
+        "model_config.model": "org/m",
+    }
+    s, violations = read_settings(values, {"DYNAMIC_EPLB": "1"})
+    assert violations == []
+    assert (s.enable_eplb, s.window_size, s.step_interval) == (True, 7, 3000)
+    assert (s.ascend_eplb_config, s.legacy_top_level_keys) == (
+        {"policy": "migration_aware"},
+        {"gate_eplb": True},
+    )
+    assert (s.compilation_mode, s.cudagraph_mode, s.inductor_freezing) == ("VLLM_COMPILE", "PIECEWISE", True)
+    assert (s.speculative_draft_is_moe, s.served_models) == (True, ("org/m (draft)", "org/m"))
+    assert s.environment == {"DYNAMIC_EPLB": "1"}
+    eager, _ = read_settings({**values, "model_config.enforce_eager": True}, {})
+    assert (eager.compilation_mode, eager.cudagraph_mode, eager.inductor_freezing) == ("NONE", "NONE", True)
+    dense = {**values, "speculative_config.method": "ngram", "compilation_config.inductor_compile_config": {}}
+    s, _ = read_settings(dense, {"TORCHINDUCTOR_FREEZING": "1"})
+    assert (s.speculative_draft_is_moe, s.served_models, s.inductor_freezing) == (False, ("org/m",), True)
+    # A value of the wrong type is refused by path and read as its default.
+    s, violations = read_settings({"parallel_config.tensor_parallel_size": "2", "use_v2_model_runner": 1}, {})
+    assert [str(v) for v in violations] == [
+        "[schema] the config file.use_v2_model_runner=1 must be a JSON boolean (true or false)",
+        "[schema] parallel_config.tensor_parallel_size='2' must be an integer in [1, 2147483647]",
+    ]
+    assert (s.tensor_parallel_size, s.use_v2_model_runner) == (1, True)
+
+
+def test_the_config_files_schema_is_the_readers_mapping():
+    """The file's sections and keys are the reader's paths nested by their dots."""
+    from ascend_eplb.integration.settings import V1_EPLB_ENV_SWITCHES, V1_EPLB_KEYS
+    from ascend_eplb.integration.settings_reader import FILE_SCHEMA, file_sections
+
+    sections = file_sections()
+    assert list(sections) == [
+        "",
+        "parallel_config",
+        "parallel_config.eplb_config",
+        "additional_config",
+        "additional_config.eplb_config",
+        "model",
+        "compilation_config",
+        "speculative_config",
+        "environment",
+    ]
+    assert sections[""] == {
+        "use_v2_model_runner", "parallel_config", "additional_config", "model", "compilation_config",
+        "speculative_config", "environment",
+    }  # fmt: skip
+    assert sections["parallel_config"] == {
+        "enable_eplb", "enable_expert_parallel", "enable_elastic_ep", "enable_dbo", "tensor_parallel_size",
+        "prefill_context_parallel_size", "data_parallel_size", "eplb_config",
+    }  # fmt: skip
+    assert sections["parallel_config.eplb_config"] == {
+        "window_size", "step_interval", "num_redundant_experts", "use_async", "policy", "communicator",
+        "log_balancedness", "log_balancedness_interval", "enable_migration_batching",
+    }  # fmt: skip
+    assert sections["additional_config"] == {*V1_EPLB_KEYS, "eplb_config"}
+    assert sections["additional_config.eplb_config"] == {"*"}
+    assert sections["model"] == {"num_logical_experts", "num_moe_layers", "quantization"}
+    assert sections["compilation_config"] == {"cudagraph_mode", "mode", "inductor_compile_config"}
+    assert sections["speculative_config"] == {
+        "method",
+        "draft_is_moe",
+        "draft_architectures",
+        "draft_model_type",
+    }
+    assert sections["environment"] == set(V1_EPLB_ENV_SWITCHES)
+    assert len(FILE_SCHEMA) == 42  # 1 + 7 + 9 parallel + 12 + 1 additional + 3 + 3 + 4 + 2

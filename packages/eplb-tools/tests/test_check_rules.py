@@ -1104,3 +1104,77 @@ def test_a_typo_of_the_plugin_switch_and_odd_events_paths_are_refused_with_the_o
     assert events_path({"ASCEND_EPLB_EVENTS": "~/eplb/events.jsonl"}) == f"{home}/eplb/events.jsonl"
     assert _check(tmp_path, BASE, environ={"ASCEND_EPLB": "0", "ASCEND_EPLB_EVENTS": " "}).ok
     assert not (tmp_path / "out").exists()
+
+
+def test_a_file_a_command_line_and_a_vllm_config_are_read_alike(monkeypatch):
+    """Issue 45: the three sources only map into the one reader's mapping, so the same settings read
+    alike: inductor freezing (the options, or TORCHINDUCTOR_FREEZING), an MTP draft as MoE, the modes."""
+    from types import SimpleNamespace
+
+    from ascend_eplb.integration.validation import settings_from_vllm_config
+    from ascend_eplb.tools.check.engine_args import parse_serve_command, settings_from_engine_args
+    from ascend_eplb.tools.check.schema import settings_from_file_dict
+
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    from vllm.config import CompilationConfig, EPLBConfig, ParallelConfig, VllmConfig
+
+    # (vLLM's VllmConfig adds inductor options of its own: inductor_compile_config is not compared.)
+    fields = ("compilation_mode", "cudagraph_mode", "inductor_freezing")
+    fields += (
+        "speculative_method",
+        "speculative_draft_is_moe",
+        "ascend_eplb_config",
+        "legacy_top_level_keys",
+    )
+    fields += ("enable_eplb", "tensor_parallel_size", "window_size", "environment")
+    for env, inductor in (
+        ({}, {"freezing": True}),
+        ({"TORCHINDUCTOR_FREEZING": "1", "DYNAMIC_EPLB": "1"}, {}),
+    ):
+        additional = {"eplb_config": {"policy": "migration_aware"}, "gate_eplb": True}
+        compilation = {"mode": 2, "cudagraph_mode": "NONE", "inductor_compile_config": inductor}
+        file_data = {
+            "parallel_config": {
+                "enable_eplb": True, "enable_expert_parallel": True, "tensor_parallel_size": 2,
+                "eplb_config": {"window_size": 8},
+            },
+            "additional_config": additional,
+            "compilation_config": compilation,
+            "speculative_config": {"method": "mtp"},
+        }  # fmt: skip
+        from_file, violations = settings_from_file_dict(file_data, env)
+        assert violations == []
+        argv = ["serve", "org/m", "--enable-eplb", "--enable-expert-parallel", "-tp", "2"]
+        argv += ["--eplb-config", '{"window_size": 8}', "--additional-config", json.dumps(additional)]
+        argv += ["-cc", json.dumps(compilation), "--speculative-config", '{"method": "mtp"}']
+        from_args = settings_from_engine_args(parse_serve_command(argv), env)
+        vc = VllmConfig(
+            parallel_config=ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True),
+            compilation_config=CompilationConfig(**compilation),
+        )
+        vc.parallel_config.enable_eplb = True
+        vc.parallel_config.eplb_config = EPLBConfig(window_size=8)
+        vc.additional_config = additional
+        # vLLM's SpeculativeConfig needs a target model to build; the reader reads its method alone.
+        vc.speculative_config = SimpleNamespace(method="mtp", draft_model_config=None)
+        from_vllm = settings_from_vllm_config(vc, environ=env)
+        read = [{f: getattr(s, f) for f in fields} for s in (from_file, from_args, from_vllm)]
+        assert (
+            read[0]
+            == read[1]
+            == read[2]
+            == {
+                "compilation_mode": "DYNAMO_TRACE_ONCE",
+                "cudagraph_mode": "NONE",
+                "inductor_freezing": True,
+                "speculative_method": "mtp",
+                "speculative_draft_is_moe": True,
+                "ascend_eplb_config": {"policy": "migration_aware"},
+                "legacy_top_level_keys": {"gate_eplb": True},
+                "enable_eplb": True,
+                "tensor_parallel_size": 2,
+                "window_size": 8,
+                "environment": {"DYNAMIC_EPLB": "1"} if env else {},
+            }
+        ), env

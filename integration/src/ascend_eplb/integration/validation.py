@@ -2,7 +2,9 @@
 
 Runs before any weight or buffer is allocated (vLLM Ascend calls it from its platform's
 ``check_and_update_config``): :func:`validate_eplb_config` reads the settings from the ``VllmConfig``
-(:func:`settings_from_vllm_config`; where each comes from: README "Where start-up reads each setting"),
+(:func:`settings_from_vllm_config` maps it into the one reader's mapping,
+:func:`~ascend_eplb.integration.settings_reader.read_settings`; where each comes from: README "Where
+start-up reads each setting"),
 judges them by :func:`ascend_eplb.integration.rules.check_settings` (the one ``ascend-eplb check`` calls)
 and raises one :class:`EplbConfigError` listing every violated rule with the value and the fix. Imports
 no vLLM, YAML or argument parser at module level and allocates nothing.
@@ -16,16 +18,15 @@ from typing import Any
 
 from ascend_eplb.integration.model_facts import read_moe_facts
 from ascend_eplb.integration.rules import Violation, check_settings
-from ascend_eplb.integration.settings import V1_EPLB_ENV_SWITCHES, V1_EPLB_KEYS, EplbSettings
+from ascend_eplb.integration.settings import EplbSettings
+from ascend_eplb.integration.settings_reader import additional_paths, parallel_paths, read_settings
 
 __all__ = [
     "ASCEND_QUANT_TYPES",
     "DTYPE_FORMATS",
     "EplbConfigError",
-    "as_dict",
     "ascend_format_name",
     "experts_format",
-    "parallel_and_eplb_fields",
     "quantization_format_name",
     "settings_from_vllm_config",
     "validate_eplb_config",
@@ -58,18 +59,6 @@ class EplbConfigError(ValueError):
         lines = [f"{len(self.violations)} EPLB configuration rule(s) violated:"]
         lines += [f"  - {v}" for v in self.violations]
         super().__init__("\n".join(lines))
-
-
-def as_dict(obj: Any) -> dict[str, Any]:
-    """``obj`` (None, a mapping, or an object with ``__dict__``) as a dict, the way vLLM Ascend's
-    ``AscendConfig`` reads ``additional_config``; ``TypeError`` naming the type otherwise."""
-    if obj is None:
-        return {}
-    if isinstance(obj, Mapping):
-        return dict(obj)
-    if hasattr(obj, "__dict__"):
-        return {k: v for k, v in vars(obj).items() if not k.startswith("_")}
-    raise TypeError(f"additional_config.eplb_config must be a mapping, got {type(obj).__name__}")
 
 
 def quantization_format_name(vllm_config: Any) -> str | None:
@@ -119,100 +108,77 @@ def experts_format(description: Mapping[Any, Any]) -> str | None:
     return ascend_format_name(types[0]) if types else None
 
 
-def parallel_and_eplb_fields(
-    parallel: Any, eplb_config: Any, additional: Mapping[str, Any], env: Mapping[str, str]
-) -> dict[str, Any]:
-    """The settings a ``ParallelConfig`` and vLLM's ``EngineArgs`` name alike (same field names), with
-    the ``EPLBConfig``, the Ascend ``additional_config`` and the V1 switches of the environment."""
-    return {
-        "enable_expert_parallel": bool(parallel.enable_expert_parallel),
-        "enable_elastic_ep": bool(getattr(parallel, "enable_elastic_ep", False)),
-        "enable_dbo": bool(getattr(parallel, "enable_dbo", False)),
-        "tensor_parallel_size": parallel.tensor_parallel_size,
-        "prefill_context_parallel_size": getattr(parallel, "prefill_context_parallel_size", 1),
-        "data_parallel_size": parallel.data_parallel_size,
-        "all2all_backend": getattr(parallel, "all2all_backend", "allgather_reducescatter"),
-        "window_size": eplb_config.window_size,
-        "step_interval": eplb_config.step_interval,
-        "num_redundant_experts": eplb_config.num_redundant_experts,
-        "use_async": eplb_config.use_async,
-        "policy": eplb_config.policy,
-        "communicator": eplb_config.communicator,
-        "log_balancedness": eplb_config.log_balancedness,
-        "ascend_eplb_config": as_dict(additional.get("eplb_config")),
-        "legacy_top_level_keys": {k: additional[k] for k in V1_EPLB_KEYS if k in additional},
-        "environment": {k: env[k] for k in V1_EPLB_ENV_SWITCHES if k in env},
-    }
-
-
 def settings_from_vllm_config(vllm_config: Any, environ: Mapping[str, str] | None = None) -> EplbSettings:
-    """Extract the settings the rules read from a ``VllmConfig`` (see the module docstring)."""
-    pc = vllm_config.parallel_config
-    ec = pc.eplb_config
-    additional = as_dict(getattr(vllm_config, "additional_config", None))
-    model_config = getattr(vllm_config, "model_config", None)
-    spec = getattr(vllm_config, "speculative_config", None)
-    draft = getattr(spec, "draft_model_config", None) if spec is not None else None
-    draft_experts = 0
-    draft_architectures = draft_model_type = draft_facts = None
-    if draft is not None:
-        try:
-            draft_experts = int(draft.get_num_experts() or 0)
-        except Exception:
-            draft_experts = 0
-        names = getattr(draft, "architectures", None)
-        draft_architectures = (tuple(names) if isinstance(names, list) else names) or None
-        draft_model_type = getattr(getattr(draft, "hf_config", None), "model_type", None)
-        draft_facts = read_moe_facts(
-            draft.hf_text_config,
-            f"the config of draft model {draft.model}",
-            architectures=draft_architectures,
-        )
-    served = None
-    if model_config is not None:
-        served = (str(model_config.model),)
-        if draft is not None and (draft_experts > 0 or "mtp" in str(getattr(spec, "method", "") or "")):
-            # vLLM only with a VllmConfig in hand: ascend-eplb check imports this module without it.
-            from vllm.v1.worker.gpu.eplb_utils import eplb_draft_model_name
+    """The settings the rules read from a ``VllmConfig``: its values at vLLM's config paths and the
+    facts of its model configs, read by the one reader (:func:`read_settings`).
 
-            served = (eplb_draft_model_name(draft), *served)  # upstream registers the draft first
-    env = os.environ if environ is None else environ
+    Raises:
+        EplbConfigError: a value the reader refuses (none of a config vLLM built), or the msModelSlim
+            description's routed experts mix quant types.
+    """
+    pc = vllm_config.parallel_config
+    values = {
+        "use_v2_model_runner": bool(vllm_config.use_v2_model_runner),
+        **parallel_paths(pc, pc.eplb_config),
+        **additional_paths(getattr(vllm_config, "additional_config", None)),
+    }
     compilation = getattr(vllm_config, "compilation_config", None)
-    mode = getattr(getattr(compilation, "cudagraph_mode", None), "name", "NONE")
-    compilation_mode = getattr(getattr(compilation, "mode", None), "name", "NONE")
-    if model_config is not None and getattr(model_config, "enforce_eager", False):
-        mode = compilation_mode = "NONE"
-    inductor = getattr(compilation, "inductor_compile_config", None) or {}
-    freezing = bool(inductor.get("freezing")) or env.get("TORCHINDUCTOR_FREEZING", "0") == "1"
-    facts = architectures = None
+    values["compilation_config.cudagraph_mode"] = getattr(
+        getattr(compilation, "cudagraph_mode", None), "name", "NONE"
+    )
+    values["compilation_config.mode"] = getattr(getattr(compilation, "mode", None), "name", "NONE")
+    values["compilation_config.inductor_compile_config"] = getattr(
+        compilation, "inductor_compile_config", None
+    )
+    model_config = getattr(vllm_config, "model_config", None)
+    values["model.quantization"] = quantization_format_name(vllm_config) if pc.enable_eplb else None
     if model_config is not None:
-        architectures = getattr(model_config, "architectures", None)
-        # A list as a tuple; anything else as it is, for the rule to name (never a str's characters).
-        architectures = (tuple(architectures) if isinstance(architectures, list) else architectures) or None
+        values["model_config.model"] = str(model_config.model)
+        values["model_config.enforce_eager"] = bool(getattr(model_config, "enforce_eager", False))
+        values["model_config.architectures"] = _class_names(getattr(model_config, "architectures", None))
         facts = read_moe_facts(
             model_config.hf_text_config,
             f"the config of model {model_config.model}",
-            architectures=architectures,
+            architectures=values["model_config.architectures"],
         )
-    return EplbSettings(
-        enable_eplb=bool(pc.enable_eplb),
-        use_v2_model_runner=bool(vllm_config.use_v2_model_runner),
-        **parallel_and_eplb_fields(pc, ec, additional, env),
-        num_logical_experts=facts.num_logical_experts if facts is not None else None,
-        quantization=quantization_format_name(vllm_config) if pc.enable_eplb else None,
-        cudagraph_mode=mode,
-        compilation_mode=compilation_mode,
-        inductor_freezing=freezing,
-        inductor_compile_config=dict(inductor),
-        speculative_method=getattr(spec, "method", None) if spec is not None else None,
-        speculative_draft_is_moe=draft_experts > 0 or "mtp" in str(getattr(spec, "method", "") or ""),
-        speculative_draft_architectures=draft_architectures,
-        speculative_draft_model_type=draft_model_type,
-        speculative_draft_moe_facts=draft_facts,
-        served_models=served,
-        moe_facts=facts,
-        model_architectures=architectures,
+        values["model.moe_facts"] = facts
+        values["model.num_logical_experts"] = facts.num_logical_experts
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is not None:
+        values.update(_draft_paths(spec))
+    settings, violations = read_settings(values, os.environ if environ is None else environ)
+    if violations:
+        raise EplbConfigError(violations)
+    return settings
+
+
+def _class_names(names: Any) -> Any:
+    """A config's ``architectures``: a list as a tuple; anything else as it is, for the rule to name
+    (never a str's characters); None when it names none."""
+    return (tuple(names) if isinstance(names, list) else names) or None
+
+
+def _draft_paths(spec: Any) -> dict[str, Any]:
+    """The speculative config's method and, with a draft model config, the draft's facts."""
+    values: dict[str, Any] = {"speculative_config.method": getattr(spec, "method", None)}
+    draft = getattr(spec, "draft_model_config", None)
+    if draft is None:
+        return values
+    try:
+        draft_experts = int(draft.get_num_experts() or 0)
+    except Exception:
+        draft_experts = 0
+    architectures = _class_names(getattr(draft, "architectures", None))
+    values["speculative_config.draft_is_moe"] = draft_experts > 0
+    values["speculative_config.draft_model_config.model"] = draft.model
+    values["speculative_config.draft_model_config.architectures"] = architectures
+    values["speculative_config.draft_model_type"] = getattr(
+        getattr(draft, "hf_config", None), "model_type", None
     )
+    values["speculative_config.draft_moe_facts"] = read_moe_facts(
+        draft.hf_text_config, f"the config of draft model {draft.model}", architectures=architectures
+    )
+    return values
 
 
 def validate_eplb_config(vllm_config: Any) -> EplbSettings:
@@ -233,7 +199,7 @@ def validate_eplb_config(vllm_config: Any) -> EplbSettings:
     if violations:
         raise EplbConfigError(violations)
     if violations.unjudged:
-        from vllm.logger import init_logger  # see settings_from_vllm_config
+        from vllm.logger import init_logger  # vLLM only with a VllmConfig in hand: check imports this module
 
         for finding in violations.unjudged:
             init_logger(__name__).warning("EPLB start-up validation: %s", finding)

@@ -31,6 +31,7 @@ from ascend_eplb.integration.regular_files import CONFIG_FILE, RegularFileError,
 from ascend_eplb.integration.rules import Judgement, Violation, check_settings
 from ascend_eplb.integration.serving import serving_switch_errors
 from ascend_eplb.integration.settings import EplbSettings
+from ascend_eplb.integration.settings_reader import V2_RUNNER_SWITCH, v2_runner_switch
 from ascend_eplb.integration.validation import EplbConfigError, ascend_format_name
 from ascend_eplb.tools.check.config_text import load_yaml
 from ascend_eplb.tools.check.engine_args import (
@@ -39,12 +40,7 @@ from ascend_eplb.tools.check.engine_args import (
     settings_from_engine_args,
 )
 from ascend_eplb.tools.check.report import CheckResult, refused, result
-from ascend_eplb.tools.check.schema import (
-    V2_RUNNER_SWITCH,
-    is_engine_args,
-    settings_from_file_dict,
-    v2_runner_switch,
-)
+from ascend_eplb.tools.check.schema import is_engine_args, settings_from_file_dict
 
 __all__ = ["check_config_file", "check_serve_command"]
 

@@ -9,24 +9,23 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, get_args
 
 from ascend_eplb.integration.model_facts import EXPERT_COUNT_KEYS, TOP_K_KEYS, MoeFacts, read_moe_facts
 from ascend_eplb.integration.settings import EplbSettings
-from ascend_eplb.integration.validation import (
-    DTYPE_FORMATS,
-    as_dict,
-    ascend_format_name,
-    parallel_and_eplb_fields,
+from ascend_eplb.integration.settings_reader import (
+    additional_paths,
+    is_mtp,
+    optimization_level,
+    parallel_paths,
+    read_settings,
 )
-from ascend_eplb.tools.check.model_folder import model_folder_facts
+from ascend_eplb.integration.validation import DTYPE_FORMATS, EplbConfigError, ascend_format_name
+from ascend_eplb.tools.check.model_folder import ModelFacts, model_folder_facts
 
 __all__ = [
-    "default_cudagraph_mode",
     "engine_args_problems",
     "mtp_draft_facts",
-    "optimization_level",
     "parse_serve_command",
     "settings_from_engine_args",
 ]
@@ -58,34 +57,6 @@ def parse_serve_command(argv: Sequence[str]) -> Any:
     if getattr(args, "model_tag", None) is not None:
         args.model = args.model_tag
     return EngineArgs.from_cli_args(args)
-
-
-def optimization_level(value: Any = None) -> Any:
-    """``value`` (``-O3``, ``--optimization-level 2``: vLLM's parser keeps the text ``"3"``) as vLLM's
-    ``VllmConfig`` reads it: its field's own validator (pydantic, ``OptimizationLevel``); None: vLLM's
-    default (``O2``).
-
-    Raises:
-        ValueError: vLLM refuses the value (its message).
-    """
-    from pydantic import TypeAdapter, ValidationError
-    from vllm.config import VllmConfig
-    from vllm.config.vllm import OptimizationLevel
-
-    if value is None:
-        return VllmConfig.optimization_level
-    try:
-        return TypeAdapter(OptimizationLevel).validate_python(value)
-    except ValidationError as e:
-        raise ValueError(f"optimization level {value!r}: {e.errors()[0]['msg']}") from None
-
-
-def default_cudagraph_mode(level: Any = None) -> str:
-    """vLLM's ``cudagraph_mode`` when none is set: its optimization level's default (``O2``: graphs)."""
-    from vllm.config.vllm import OPTIMIZATION_LEVEL_TO_CONFIG
-
-    mode = OPTIMIZATION_LEVEL_TO_CONFIG[optimization_level(level)]["compilation_config"]["cudagraph_mode"]
-    return mode.name
 
 
 def engine_args_problems(engine_args: Any) -> list[str]:
@@ -159,27 +130,22 @@ def settings_from_engine_args(
     num_experts: int | None = None,
     quantization: str | None = None,
 ) -> EplbSettings:
-    """The settings the rules read from vLLM ``EngineArgs`` (parsed, with vLLM's own field defaults).
+    """The settings the rules read from vLLM ``EngineArgs`` (parsed, with vLLM's own field defaults):
+    their values at vLLM's config paths, read by the one reader
+    (:func:`~ascend_eplb.integration.settings_reader.read_settings`, which derives the runner, the modes,
+    inductor freezing and an MTP draft as MoE as start-up does).
 
-    No ``VllmConfig`` is built (that needs the model from a hub); each setting is read as vLLM resolves
-    it: the parallel and EPLB fields as given; ``use_v2_model_runner`` from ``VLLM_USE_V2_MODEL_RUNNER``
-    (unset: True); ``cudagraph_mode`` and the compilation mode NONE with ``enforce_eager``, else the
-    compilation config's, else vLLM's default (the optimization level's graph capture; ``VLLM_COMPILE``),
-    inductor freezing from ``inductor_compile_config`` or ``TORCHINDUCTOR_FREEZING``; an MTP draft is
-    MoE. Model facts come from ``num_experts``/``quantization`` (a format name), else from a local
-    folder ``model`` (:func:`model_folder_facts`, judged as start-up judges ``hf_config``). A fact
-    neither gives is in ``unknown_facts`` (its rule not judged): the expert count or top-k a folder does
-    not state, the format of ``quantization ascend`` without a description or of ``dtype auto``, whether
-    a non-MTP draft whose ``model`` is not a local folder has experts.
+    No ``VllmConfig`` is built (that needs the model from a hub). Model facts come from
+    ``num_experts``/``quantization`` (a format name), else from a local folder ``model``
+    (:func:`model_folder_facts`, judged as start-up judges ``hf_config``). A fact neither gives is in
+    ``unknown_facts`` (its rule not judged): the expert count or top-k a folder does not state, the
+    format of ``quantization ascend`` without a description or of ``dtype auto``, whether a non-MTP draft
+    whose ``model`` is not a local folder has experts.
 
     Raises:
         ValueError: a model folder's ``config.json`` or description cannot be read (naming the file).
-        EplbConfigError: the description's routed experts mix quant types.
+        EplbConfigError: the description's routed experts mix quant types, or the reader refuses a value.
     """
-
-    from vllm.config.speculative import MTPModelTypes
-    from vllm.envs import maybe_convert_bool
-
     ea = engine_args
     env = os.environ if environ is None else environ
     model = str(ea.model or "")
@@ -245,99 +211,79 @@ def settings_from_engine_args(
     else:
         fmt = str(method).lower()
 
+    values: dict[str, Any] = {
+        **parallel_paths(ea, ea.eplb_config),
+        **additional_paths(ea.additional_config),
+        "model_config.model": model,
+        "model_config.enforce_eager": bool(ea.enforce_eager),
+        "model_config.architectures": facts.architectures if facts is not None else None,
+        "optimization_level": ea.optimization_level,
+        "model.num_logical_experts": experts,
+        "model.num_moe_layers": facts.num_moe_layers if facts is not None else None,
+        "model.quantization": fmt,
+        "model.moe_facts": moe,
+    }
     compilation = ea.compilation_config
-    configured_mode = getattr(compilation, "mode", None)
-    level = optimization_level(ea.optimization_level)
-    if ea.enforce_eager:
-        compilation_mode = "NONE"
-    elif configured_mode is None:
-        # vLLM's default (VllmConfig.__post_init__): VLLM_COMPILE above O0 (its CPU platform:
-        # DYNAMO_TRACE_ONCE), NONE at O0.
-        compilation_mode = "VLLM_COMPILE" if level > 0 else "NONE"
-    else:
-        from vllm.config import CompilationMode
-
-        compilation_mode = CompilationMode(int(configured_mode)).name
-    inductor = dict(getattr(compilation, "inductor_compile_config", None) or {})
-    freezing = bool(inductor.get("freezing")) or env.get("TORCHINDUCTOR_FREEZING", "0") == "1"
-    if ea.enforce_eager:
-        mode = "NONE"
-    else:
-        configured = getattr(ea.compilation_config, "cudagraph_mode", None)
-        if configured is None:
-            mode = default_cudagraph_mode(level)
-        else:
-            mode = str(getattr(configured, "name", configured)).upper()
-
-    spec = ea.speculative_config
-    spec_method = None
-    draft_is_moe = False
-    draft_architectures = draft_model_type = draft_moe = None
-    if spec is not None:
-        spec = dict(spec)
-        spec_method = spec.get("method")
-        if spec_method in get_args(MTPModelTypes):
-            spec_method = "mtp"  # vLLM's SpeculativeConfig renames the deprecated MTP methods
-        draft = spec.get("model")
-        if "mtp" in str(spec_method or ""):
-            draft_is_moe = True
-            if facts is None:
-                unknown["speculative_draft_architectures"] = (
-                    f"the MTP draft's model class is unknown ({missing}: vLLM derives it from the target's "
-                    "config, e.g. DeepSeek-V3's DeepSeekMTPModel); pass a local model folder as MODEL"
-                )
-            else:
-                draft_architectures, draft_model_type, draft_moe = mtp_draft_facts(model, ea)
-        elif draft and Path(str(draft)).is_dir():
-            draft_facts = model_folder_facts(str(draft))
-            draft_is_moe = (draft_facts.num_logical_experts or 0) > 0
-            draft_architectures, draft_moe = draft_facts.architectures, draft_facts.moe
-            draft_model_type = draft_facts.model_type
-        else:
-            unknown["speculative_draft_is_moe"] = (
-                f"whether the draft of speculative method={spec_method!r} has routed experts is unknown "
-                f"(draft model {draft!r} is not a local folder); pass the draft's local folder as "
-                "speculative-config model"
-            )
-        spec_method = spec_method or "unset"
-    served = None
-    if model:
-        served = (model,)
-        if draft_is_moe:
-            from vllm.v1.worker.gpu.eplb_utils import eplb_draft_model_name
-
-            # vLLM's draft config of an MTP method is the target's model; another draft's is its own.
-            draft_name = eplb_draft_model_name(SimpleNamespace(model=str(spec.get("model") or model)))
-            served = (draft_name, model)  # upstream registers the draft first
-
-    layers = facts.num_moe_layers if facts is not None else None
-    if layers is None:
+    configured = getattr(compilation, "cudagraph_mode", None)
+    if configured is not None:
+        values["compilation_config.cudagraph_mode"] = str(getattr(configured, "name", configured)).upper()
+    values["compilation_config.mode"] = getattr(compilation, "mode", None)
+    values["compilation_config.inductor_compile_config"] = getattr(
+        compilation, "inductor_compile_config", None
+    )
+    if ea.speculative_config is not None:
+        values.update(_draft_paths(dict(ea.speculative_config), model, facts, ea, missing, unknown))
+    if values["model.num_moe_layers"] is None:
         unknown["num_moe_layers"] = (
             f"the MoE layer count is unknown ({missing}: config.json's num_hidden_layers); pass a local "
             "model folder as MODEL"
         )
+    settings, violations = read_settings(values, env)
+    if violations:
+        raise EplbConfigError(violations)
+    settings.unknown_facts.update(unknown)
+    return settings
 
-    v2 = maybe_convert_bool(env.get("VLLM_USE_V2_MODEL_RUNNER"))
-    additional = as_dict(ea.additional_config)
-    ec = ea.eplb_config
-    return EplbSettings(
-        enable_eplb=bool(ea.enable_eplb),
-        use_v2_model_runner=True if v2 is None else bool(v2),
-        **parallel_and_eplb_fields(ea, ec, additional, env),
-        num_logical_experts=experts,
-        num_moe_layers=layers,
-        quantization=fmt,
-        cudagraph_mode=mode,
-        compilation_mode=compilation_mode,
-        inductor_freezing=freezing,
-        inductor_compile_config=inductor,
-        speculative_method=spec_method,
-        speculative_draft_is_moe=draft_is_moe,
-        speculative_draft_architectures=draft_architectures,
-        speculative_draft_model_type=draft_model_type,
-        speculative_draft_moe_facts=draft_moe,
-        served_models=served,
-        unknown_facts=unknown,
-        moe_facts=moe,
-        model_architectures=facts.architectures if facts is not None else None,
-    )
+
+def _draft_paths(
+    spec: dict[str, Any], model: str, facts: ModelFacts | None, ea: Any, missing: str, unknown: dict[str, str]
+) -> dict[str, Any]:
+    """The speculative config's method (vLLM's name of it) and the draft's facts: an MTP draft's from
+    the target's folder (:func:`mtp_draft_facts`), another's from its own local folder; what is unknown
+    goes into ``unknown``."""
+    from vllm.config.speculative import MTPModelTypes
+
+    method = spec.get("method")
+    if method in get_args(MTPModelTypes):
+        method = "mtp"  # vLLM's SpeculativeConfig renames the deprecated MTP methods
+    draft = spec.get("model")
+    values: dict[str, Any] = {
+        "speculative_config.method": method or "unset",
+        # vLLM's draft config of an MTP method is the target's model; another draft's is its own.
+        "speculative_config.draft_model_config.model": str(draft or model),
+    }
+    if is_mtp(method):
+        if facts is None:
+            unknown["speculative_draft_architectures"] = (
+                f"the MTP draft's model class is unknown ({missing}: vLLM derives it from the target's "
+                "config, e.g. DeepSeek-V3's DeepSeekMTPModel); pass a local model folder as MODEL"
+            )
+            values["speculative_config.draft_model_config.architectures"] = None
+        else:
+            architectures, model_type, moe = mtp_draft_facts(model, ea)
+            values["speculative_config.draft_model_config.architectures"] = architectures
+            values["speculative_config.draft_model_type"] = model_type
+            values["speculative_config.draft_moe_facts"] = moe
+    elif draft and Path(str(draft)).is_dir():
+        draft_facts = model_folder_facts(str(draft))
+        values["speculative_config.draft_is_moe"] = (draft_facts.num_logical_experts or 0) > 0
+        values["speculative_config.draft_model_config.architectures"] = draft_facts.architectures
+        values["speculative_config.draft_model_type"] = draft_facts.model_type
+        values["speculative_config.draft_moe_facts"] = draft_facts.moe
+    else:
+        unknown["speculative_draft_is_moe"] = (
+            f"whether the draft of speculative method={method!r} has routed experts is unknown "
+            f"(draft model {draft!r} is not a local folder); pass the draft's local folder as "
+            "speculative-config model"
+        )
+    return values

@@ -78,7 +78,7 @@ def vllm_compilation_error(compilation: dict[str, Any]) -> str | None:
     from vllm.config import CompilationConfig
 
     from ascend_eplb.integration.rules import RULES
-    from ascend_eplb.integration.settings import EplbSettings
+    from ascend_eplb.integration.settings_reader import read_settings
 
     try:
         built = CompilationConfig(**compilation)
@@ -87,15 +87,13 @@ def vllm_compilation_error(compilation: dict[str, Any]) -> str | None:
         return f"vLLM's CompilationConfig refuses {json.dumps(compilation)}: {said}"
     except (TypeError, ValueError) as e:
         return f"vLLM's CompilationConfig refuses {json.dumps(compilation)}: {e}"
-    mode = "VLLM_COMPILE" if built.mode is None else built.mode.name
-    inductor = compilation.get("inductor_compile_config") or {}
-    settings = EplbSettings(
-        enable_eplb=True,
-        compilation_mode=mode,
-        inductor_freezing=bool(inductor.get("freezing"))
-        or os.environ.get("TORCHINDUCTOR_FREEZING", "0") == "1",
-        inductor_compile_config=dict(inductor),
-    )
+    values = {  # read by start-up's one reader: its mode default and its inductor freezing
+        "parallel_config.enable_eplb": True,
+        "compilation_config.mode": None if built.mode is None else built.mode.name,
+        "compilation_config.cudagraph_mode": "NONE",  # not judged here
+        "compilation_config.inductor_compile_config": compilation.get("inductor_compile_config"),
+    }
+    settings, _ = read_settings(values, os.environ)  # the runner switch it may refuse: not judged here
     found = RULES["compiled-forward"](settings)
     return None if found is None else f"[compiled-forward] {found}"
 
