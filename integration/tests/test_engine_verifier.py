@@ -47,6 +47,7 @@ class Faulted:
     log: str
     events: list[dict[str, Any]]
     shutdown: Any
+    num_moe_layers: int
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,9 @@ def faulted(tmp_path_factory) -> Faulted:
                 error = str(e)
     records = [json.loads(line) for line in events.read_text().splitlines()]
     log = engine.log_path.read_text(errors="replace")
-    return Faulted(folder, injected, wrong, commits_before, error, log, records, engine.shutdown)
+    return Faulted(
+        folder, injected, wrong, commits_before, error, log, records, engine.shutdown, info.num_moe_layers
+    )
 
 
 def test_rank_dependent_replicas_on_the_same_rows_serve_wrong_outputs(faulted):
@@ -122,12 +125,18 @@ def test_the_verifier_names_the_broken_agreement_at_the_first_commit_on_both_ran
         f"Worker failed with error '{m}'" in faulted.log for messages in by_rank.values() for m in messages
     )
     assert "EngineDeadError" in faulted.error
-    # The events file (EP rank 0): the server's run_start, the first window, the first commit (layer 0) and,
-    # at that commit's step boundary, the violation; nothing committed before it.
-    assert [r["event"] for r in faulted.events] == ["run_start", "window", "commit", "verifier_violation"]
-    _, _, commit, violation = faulted.events
-    assert (commit["rearrangement"], commit["layer"]) == (1, 0)
-    assert violation["step"] == commit["step"]
+    # The events file (EP rank 0): the server's run_start, the first window, the commits of the first step
+    # that committed (layer 0 on, as many as vLLM's async worker had ready: one, or on a loaded host every
+    # layer, which completes the rearrangement) and, at that step's boundary, the violation naming layers
+    # among them; nothing committed before that step.
+    events = [r["event"] for r in faulted.events]
+    commits = [r for r in faulted.events if r["event"] == "commit"]
+    done = ["rearrangement"] if len(commits) == faulted.num_moe_layers else []
+    assert events == ["run_start", "window", *["commit"] * len(commits), *done, "verifier_violation"]
+    violation = faulted.events[-1]
+    assert [(c["rearrangement"], c["layer"]) for c in commits] == [(1, i) for i in range(len(commits))]
+    assert {c["step"] for c in commits} == {violation["step"]}
+    assert set(json.loads(layers[1])) <= {c["layer"] for c in commits}
     assert (violation["check"], violation["rank"], violation["message"]) == ("lookups", 0, first)
 
 
