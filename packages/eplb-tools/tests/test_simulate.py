@@ -1029,7 +1029,7 @@ def test_the_batch_split_beside_the_equal_split_in_the_summary_report_and_plot(t
         "  replica split batch_local (scope rows: each rank splits the rows it routes by their own counts, "
         f"no communication): balancedness executed {np.mean(executed):.4f} beside the equal split's "
         f"{np.mean(equal):.4f} on the same steps' counts and placements (each replica an equal share), mean "
-        "over 16 steps with load"
+        "over the 16 steps that recorded load"
     )
     assert line in capsys.readouterr().out.splitlines()
     assert (report["balancedness_split_mean"], report["balancedness_equal_split_mean"]) == (
@@ -1067,3 +1067,39 @@ def test_the_replica_split_option_is_judged_by_start_ups_rule_before_any_process
     # What reaches additional_config.eplb_config of both worlds: the key only when it is not the default.
     assert ascend_policy_keys(SimulateConfig(replica_split="equal")) == {}
     assert ascend_policy_keys(SimulateConfig(replica_split="batch")) == {"replica_split": "batch"}
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(900)
+def test_the_batch_split_on_vllms_engine_keeps_the_outputs_and_shows_both_splits(tmp_path, capsys):
+    """Issue 44: ``--replica-split batch`` reaches vLLM's engine as an operator's
+    ``additional_config.eplb_config.replica_split`` (Qwen3-MoE preset, TP = 2: replicated rows, scope
+    ``rows``); every check passes with the outputs equal to the EPLB-off engine's in float32, and each
+    step with recorded load has the equal split's figure beside the executed one, in the summary line."""
+    config = SimulateConfig(model="qwen3-moe", num_ranks=2, num_redundant_experts=2, batch_size=8, steps=12,
+                            window_size=2, step_interval=4, replica_split="batch", progress=False,
+                            timeout_s=600, out_dir=str(tmp_path))  # fmt: skip
+    report = run_simulation(config).to_json()
+    _passed_but_the_last_cycle(report)
+    assert report["max_output_error"] <= 1e-5
+    assert (report["replica_split"], report["split_scope"], report["moe_rows"]) == (
+        "batch",
+        "rows",
+        "replicated",
+    )
+    executed, equal = report["balancedness_per_step"], report["balancedness_equal_split_per_step"]
+    assert len(equal) == len(executed) == report["steps"]  # every serving step
+    assert [e is None for e in equal] == [x is None for x in executed]  # a step not recording has neither
+    both = [(x, e) for x, e in zip(executed, equal, strict=True) if x is not None]
+    assert report["split_steps"] == len(both) > 0
+    # the steps the load check counted
+    assert report["check_evidence"]["load"].startswith(
+        f"{len(both)} of {report['steps']} steps recorded load:"
+    )
+    line = (
+        "  replica split batch (scope rows: each rank splits the rows it routes by their own counts, no "
+        f"communication): balancedness executed {np.mean([x for x, _ in both]):.4f} beside the equal split's "
+        f"{np.mean([e for _, e in both]):.4f} on the same steps' counts and placements (each replica an "
+        f"equal share), mean over the {len(both)} steps that recorded load"
+    )
+    assert line in capsys.readouterr().out.splitlines()
