@@ -437,7 +437,7 @@ def test_the_batch_split_is_one_summary_line_and_one_plot_line_and_nothing_with_
     assert [line for line in on_lines if line not in off_lines] == [
         "  replica split batch (scope global: the global batch's counts, one all-gather per MoE layer): "
         "balancedness executed 0.8000 beside the equal split's 0.6500 on the same steps' counts and "
-        "placements (each replica an equal share), mean over the 3 steps that recorded load"
+        "placements (each replica an equal share), mean over the 3 steps that have both"
     ]
     assert [line for line in off_lines if line not in on_lines] == []
     labels = {}

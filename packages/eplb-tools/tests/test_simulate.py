@@ -1029,7 +1029,7 @@ def test_the_batch_split_beside_the_equal_split_in_the_summary_report_and_plot(t
         "  replica split batch_local (scope rows: each rank splits the rows it routes by their own counts, "
         f"no communication): balancedness executed {np.mean(executed):.4f} beside the equal split's "
         f"{np.mean(equal):.4f} on the same steps' counts and placements (each replica an equal share), mean "
-        "over the 16 steps that recorded load"
+        "over the 16 steps that have both"
     )
     assert line in capsys.readouterr().out.splitlines()
     assert (report["balancedness_split_mean"], report["balancedness_equal_split_mean"]) == (
@@ -1100,6 +1100,6 @@ def test_the_batch_split_on_vllms_engine_keeps_the_outputs_and_shows_both_splits
         "  replica split batch (scope rows: each rank splits the rows it routes by their own counts, no "
         f"communication): balancedness executed {np.mean([x for x, _ in both]):.4f} beside the equal split's "
         f"{np.mean([e for _, e in both]):.4f} on the same steps' counts and placements (each replica an "
-        f"equal share), mean over the {len(both)} steps that recorded load"
+        f"equal share), mean over the {len(both)} steps that have both"
     )
     assert line in capsys.readouterr().out.splitlines()

@@ -191,7 +191,7 @@ def _split_lines(report: SimulateReport, f) -> list[str]:
         f"  replica split {report.replica_split} (scope {scope}: {SPLIT_SCOPES.get(scope, 'not read')}): "
         f"balancedness executed {f(report.balancedness_split_mean)} beside the equal split's "
         f"{f(report.balancedness_equal_split_mean)} on the same steps' counts and placements (each replica "
-        f"an equal share), mean over the {report.split_steps} steps that recorded load"
+        f"an equal share), mean over the {report.split_steps} steps that have both"
     ]
 
 
