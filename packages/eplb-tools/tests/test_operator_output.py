@@ -419,3 +419,32 @@ def test_the_plot_is_written_by_the_one_writer(tmp_path):
     with pytest.raises(RegularFileError, match="is a FIFO, not a regular file"):
         plot_balancedness(_report(format="float32"), fifo)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["balancedness.png", "fifo.png"]
+
+
+def test_the_batch_split_is_one_summary_line_and_one_plot_line_and_nothing_with_it_off():
+    """Issue 44: with ``--replica-split`` on, the summary adds one line (the executed balancedness beside
+    the equal split's on the same counts, and the scope) and the plot one line; off, neither changes."""
+    from ascend_eplb.tools.simulate.plot import balancedness_figure
+    from ascend_eplb.tools.simulate.summary import summary_text
+    from ascend_eplb.tools.simulate.verdicts import PASSED
+
+    off = _report(verdict=PASSED)
+    on = replace(
+        off, replica_split="batch", split_scope="global", balancedness_equal_split_per_step=(0.6, 0.65, 0.7),
+        split_steps=3, balancedness_split_mean=0.8, balancedness_equal_split_mean=0.65,
+    )  # fmt: skip
+    off_lines, on_lines = summary_text(off).splitlines(), summary_text(on).splitlines()
+    assert [line for line in on_lines if line not in off_lines] == [
+        "  replica split batch (scope global: the global batch's counts, one all-gather per MoE layer): "
+        "balancedness executed 0.8000 beside the equal split's 0.6500 on the same steps' counts and "
+        "placements (each replica an equal share), mean over the 3 steps that have both"
+    ]
+    assert [line for line in off_lines if line not in on_lines] == []
+    labels = {}
+    for name, report in (("off", off), ("on", on)):
+        balance = balancedness_figure(report).axes[0]
+        labels[name] = {line.get_label(): tuple(line.get_ydata()) for line in balance.get_lines()}
+    assert labels["off"]["EPLB on"] == (0.7, 0.8, 0.9)
+    assert not any("split" in label for label in labels["off"])
+    assert labels["on"]["EPLB on, replica split batch executed"] == (0.7, 0.8, 0.9)
+    assert labels["on"]["EPLB on, equal split (same counts and placement)"] == (0.6, 0.65, 0.7)

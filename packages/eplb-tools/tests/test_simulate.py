@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from ascend_eplb import world as rm
 from ascend_eplb.tools.cli import main
@@ -32,9 +33,14 @@ def _passed_but_the_last_cycle(report: dict) -> None:
 
 
 @pytest.mark.multirank
-def test_short_run_passes_every_check_and_balances(tmp_path):
+def test_short_run_passes_every_check_and_balances(tmp_path, capsys):
     report = run_simulation(SimulateConfig(**SHORT, out_dir=str(tmp_path))).to_json()
     assert report["passed"], report["first_violation"]
+    # The batch split is off by default (today's equal split): nothing of it is shown or computed.
+    assert (report["replica_split"], report["split_scope"]) == ("equal", "off")
+    assert (report["balancedness_equal_split_per_step"], report["split_steps"]) == ([], 0)
+    assert report["balancedness_split_mean"] is report["balancedness_equal_split_mean"] is None
+    assert "replica split" not in capsys.readouterr().out
     assert report["checks"] == {
         "outputs": True,
         "fingerprints": True,
@@ -978,3 +984,117 @@ def test_the_policy_and_gate_options_are_judged_by_start_ups_rules_before_any_pr
     assert ascend_policy_keys(SimulateConfig()) == {}
     gated = SimulateConfig(policy="migration_aware", target_balancedness=0.9)
     assert ascend_policy_keys(gated) == {"policy": "migration_aware", "target_balancedness": 0.9}
+
+
+@pytest.mark.multirank
+def test_the_batch_split_beside_the_equal_split_in_the_summary_report_and_plot(tmp_path, capsys):
+    """Issue 44: ``--replica-split batch_local`` reaches the serving configuration (the replay world's
+    split rows: each rank splits its own real rows); step 0's executed balancedness is the data plane's
+    split of the same rows on upstream's initial placement, not today's rule's, and its equal split's
+    figure is EPLB off's (the same counts on the same placement); the summary line, report and plot show
+    both."""
+    from ascend_eplb.control import measures
+    from ascend_eplb.dataplane import ReplicaLookup, executed_rank_loads, replica_maps
+    from ascend_eplb.tools.simulate.plot import balancedness_figure
+    from ascend_eplb.tools.trace import load_routing_source
+
+    result = run_simulation(SimulateConfig(**SHORT, replica_split="batch_local", out_dir=str(tmp_path)))
+    report = result.to_json()
+    assert report["passed"], report["first_violation"]
+    assert (report["replica_split"], report["split_scope"]) == ("batch_local", "rows")
+    executed, equal = report["balancedness_per_step"], report["balancedness_equal_split_per_step"]
+    assert len(executed) == len(equal) == report["split_steps"] == 16
+    assert equal[0] == report["balancedness_off_per_step"][0]
+    # Step 0: each rank's 32 real rows of the embedded trace (layers 0 and 1), split on the initial placement.
+    routing = load_routing_source(None).prefix(2)
+    initial = measures.upstream_initial_placement(64, 2, 2)
+    figures = {}
+    for split in (True, False):
+        loads = []
+        for layer in range(2):
+            lookup = ReplicaLookup(64, "cpu", num_physical_experts=66, num_ranks=2)
+            lookup.refresh_(*replica_maps(initial[layer], 64))
+            ids = torch.from_numpy(routing.topk_ids[layer].astype(np.int64))
+            loads.append(
+                sum(executed_rank_loads(ids[r * 32 : (r + 1) * 32], lookup, split=split) for r in (0, 1))
+            )
+        figures[split] = measures.mean_balancedness(torch.stack(loads).float())
+    assert executed[0] == figures[True] != figures[False]
+    line = (
+        "  replica split batch_local (scope rows: each rank splits the rows it routes by their own counts, "
+        f"no communication): balancedness executed {np.mean(executed):.4f} beside the equal split's "
+        f"{np.mean(equal):.4f} on the same steps' counts and placements (each replica an equal share), mean "
+        "over the 16 steps that have both"
+    )
+    assert line in capsys.readouterr().out.splitlines()
+    assert (report["balancedness_split_mean"], report["balancedness_equal_split_mean"]) == (
+        np.mean(executed),
+        np.mean(equal),
+    )
+    balance = balancedness_figure(result).axes[0]
+    lines = {line.get_label(): list(line.get_ydata()) for line in balance.get_lines()}
+    assert lines["EPLB on, replica split batch_local executed"] == executed
+    assert lines["EPLB on, equal split (same counts and placement)"] == equal
+
+
+def test_the_replica_split_option_is_judged_by_start_ups_rule_before_any_process(tmp_path, capsys):
+    from ascend_eplb.tools.simulate.config import ascend_policy_keys
+
+    out = str(tmp_path / "o")
+    assert main(["simulate", "--model", "replay", "--replica-split", "even", "--out", out]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "ascend-eplb simulate: error: invalid simulate options:",
+        "  - replica split: [replica-split] additional_config.eplb_config.replica_split='even' is not one of "
+        "['equal', 'batch', 'batch_local']; fix: use 'equal' (each replica an equal share, today's rule), "
+        "'batch' (split each batch by its own load; on split rows one all-gather of E counts per MoE layer) "
+        "or 'batch_local' (on split rows each rank splits its own rows)",
+    ]
+    # The replay world's split rows on a TP-only configuration: the controller's scope would be 'rows'.
+    assert main(["simulate", "--model", "replay", "--replica-split", "batch", "--out", out]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "ascend-eplb simulate: error: invalid simulate options:",
+        "  - replica split='batch': --model replay routes split rows (each rank its own, vLLM Ascend's MC2) "
+        "on a TP-only configuration, from whose rows (replicated) the controller takes the split's scope "
+        "('rows', no all-gather): each rank would split only its own rows, which is 'batch_local'; use "
+        "--replica-split batch_local, or a real model",
+    ]
+    assert not (tmp_path / "o").exists()
+    # What reaches additional_config.eplb_config of both worlds: the key only when it is not the default.
+    assert ascend_policy_keys(SimulateConfig(replica_split="equal")) == {}
+    assert ascend_policy_keys(SimulateConfig(replica_split="batch")) == {"replica_split": "batch"}
+
+
+@pytest.mark.multirank
+@pytest.mark.timeout(900)
+def test_the_batch_split_on_vllms_engine_keeps_the_outputs_and_shows_both_splits(tmp_path, capsys):
+    """Issue 44: ``--replica-split batch`` reaches vLLM's engine as an operator's
+    ``additional_config.eplb_config.replica_split`` (Qwen3-MoE preset, TP = 2: replicated rows, scope
+    ``rows``); every check passes with the outputs equal to the EPLB-off engine's in float32, and each
+    step with recorded load has the equal split's figure beside the executed one, in the summary line."""
+    config = SimulateConfig(model="qwen3-moe", num_ranks=2, num_redundant_experts=2, batch_size=8, steps=12,
+                            window_size=2, step_interval=4, replica_split="batch", progress=False,
+                            timeout_s=600, out_dir=str(tmp_path))  # fmt: skip
+    report = run_simulation(config).to_json()
+    _passed_but_the_last_cycle(report)
+    assert report["max_output_error"] <= 1e-5
+    assert (report["replica_split"], report["split_scope"], report["moe_rows"]) == (
+        "batch",
+        "rows",
+        "replicated",
+    )
+    executed, equal = report["balancedness_per_step"], report["balancedness_equal_split_per_step"]
+    assert len(equal) == len(executed) == report["steps"]  # every serving step
+    assert [e is None for e in equal] == [x is None for x in executed]  # a step not recording has neither
+    both = [(x, e) for x, e in zip(executed, equal, strict=True) if x is not None]
+    assert report["split_steps"] == len(both) > 0
+    # the steps the load check counted
+    assert report["check_evidence"]["load"].startswith(
+        f"{len(both)} of {report['steps']} steps recorded load:"
+    )
+    line = (
+        "  replica split batch (scope rows: each rank splits the rows it routes by their own counts, no "
+        f"communication): balancedness executed {np.mean([x for x, _ in both]):.4f} beside the equal split's "
+        f"{np.mean([e for _, e in both]):.4f} on the same steps' counts and placements (each replica an "
+        f"equal share), mean over the {len(both)} steps that have both"
+    )
+    assert line in capsys.readouterr().out.splitlines()

@@ -59,3 +59,21 @@ def test_the_outputs_bound_uses_the_tolerance_the_rank_reports():
     assert stats.output_tolerance.bound(4.0) == 1.5
     per_layer = stats.output_tolerance.bound(torch.tensor([0.0, 2.0, 8.0]))
     assert torch.equal(per_layer, torch.tensor([0.5, 1.0, 2.5]))
+
+
+def test_with_the_batch_split_the_equal_splits_balancedness_is_recorded_beside_the_executed_one():
+    """Issue 44: with ``--replica-split`` on, each step records the equal split's balancedness of its
+    logical load on the placement it routed with (each replica ``c[e] / count[e]``), beside the executed
+    one; with the split off (no placement given) nothing more is recorded."""
+    state = SimpleNamespace(num_rearrangements=0)
+    rank_load = torch.tensor([[5.0, 3.0]])  # (L=1, N=2): what the ranks executed
+    logical_load = torch.tensor([[4, 2, 2]])  # (L, E)
+    placement = torch.tensor([[0, 1, 2, 0]])  # (L, P): expert 0 on both ranks, 2 selections each
+    initial = torch.tensor([[0, 1, 2, 1]])  # EPLB off: rank 0 {0, 1} 4 + 1, rank 1 {2, 1} 2 + 1
+    split, off = (StepLog(OutputTolerance(rtol=1e-5, atol=1e-6)) for _ in range(2))
+    steps.end_of_step(split, state, [], rank_load, logical_load, initial, 2, split_placement=placement)
+    steps.end_of_step(off, state, [], rank_load, logical_load, initial, 2)
+    assert split.balancedness_per_step == off.balancedness_per_step == [4 / 5]
+    assert split.balancedness_off_per_step == off.balancedness_off_per_step == [4 / 5]
+    assert split.balancedness_equal_split_per_step == [1.0]  # ranks 4 and 4
+    assert off.balancedness_equal_split_per_step == []

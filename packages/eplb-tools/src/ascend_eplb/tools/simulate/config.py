@@ -28,6 +28,7 @@ from ascend_eplb.tools.simulate.option_rules import (
     layout_errors,
     placement_errors,
     policy_errors,
+    split_errors,
     unwritable,
     vllm_compilation_error,
 )
@@ -249,6 +250,16 @@ class SimulateConfig:
         "default %(default)s",
         metavar="window|pooled",
     )  # fmt: skip
+    replica_split: str = _option(
+        "equal", "--replica-split",
+        "which replica a replicated expert's selection goes to "
+        "(additional_config.eplb_config.replica_split): equal (each replica an equal share, today's rule), "
+        "batch (each batch's selections split among the replicas by the batch's own load) or batch_local "
+        "(on split rows each rank splits its own rows); with batch or batch_local the summary, report and "
+        "plot show each step's executed balancedness beside the equal split's on the same counts; default "
+        "%(default)s",
+        metavar="equal|batch|batch_local",
+    )  # fmt: skip
     trace: str | None = _option(
         None, "--trace",
         "routing: a compact trace (.npz), or load to sample from: a serving events file (.jsonl), a "
@@ -439,6 +450,13 @@ class SimulateConfig:
                 f"dp={self.data_parallel_size}, tp={self.tensor_parallel_size}: apply to a real model; "
                 "--model replay runs the split layout (each rank routes rows of its own, vLLM Ascend's MC2)"
             )
+        if self.replica_split == "batch":
+            errors.append(
+                "replica split='batch': --model replay routes split rows (each rank its own, vLLM Ascend's "
+                "MC2) on a TP-only configuration, from whose rows (replicated) the controller takes the "
+                "split's scope ('rows', no all-gather): each rank would split only its own rows, which is "
+                "'batch_local'; use --replica-split batch_local, or a real model"
+            )
         try:
             fmt = get_format(self.quant_format)
         except ValueError as e:
@@ -550,6 +568,7 @@ class SimulateConfig:
         if self.fault is not None and self.fault not in FAULTS:
             errors.append(f"fault={self.fault!r}: must be one of {FAULTS}")
         errors += policy_errors(self)
+        errors += split_errors(self)
         return errors
 
     def _inputs_among_outputs(self) -> list[str]:
@@ -642,15 +661,16 @@ class SimulateConfig:
 
 
 def ascend_policy_keys(config: SimulateConfig) -> dict[str, Any]:
-    """The Ascend keys of ``additional_config.eplb_config`` a run sets for its policy, gain gate and load
-    estimate (``policy``, ``min_balancedness_gain``, ``target_balancedness``, ``load_estimate``), each only
-    when it differs from its default, so that a run with the defaults serves the configuration of a
-    server that sets none."""
+    """The Ascend keys of ``additional_config.eplb_config`` a run sets for its policy, gain gate, load
+    estimate and replica split (``policy``, ``min_balancedness_gain``, ``target_balancedness``,
+    ``load_estimate``, ``replica_split``), each only when it differs from its default, so that a run with
+    the defaults serves the configuration of a server that sets none."""
     defaults = {
         "policy": "default",
         "min_balancedness_gain": 0.0,
         "target_balancedness": None,
         "load_estimate": "window",
+        "replica_split": "equal",
     }
     return {k: getattr(config, k) for k, default in defaults.items() if getattr(config, k) != default}
 

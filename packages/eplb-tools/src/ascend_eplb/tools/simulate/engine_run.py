@@ -307,6 +307,7 @@ class _Series:
 
     balancedness: list[float | None]
     balancedness_off: list[float | None]
+    balancedness_equal_split: list[float | None]
     rank_shares: list[list[float | None]]
     commits: list[list[int]]
     recorded_steps: int
@@ -324,10 +325,13 @@ def _series(
     num_logical: int,
     top_k: int,
     data_parallel_size: int = 1,
+    split: bool = False,
 ) -> _Series:
     """``model``'s figures at each serving step (``serving``: indices into the observer's steps; ``start``
     the placement serving began on): the executed balancedness of its recorded load (``None`` for a step
-    without), the same load on upstream's ``initial`` placement (EPLB off), each rank's share, the layers
+    without), the same load on upstream's ``initial`` placement (EPLB off), with the batch split on
+    (``split``) the same load on the placement the step routed with split evenly over each expert's
+    replicas (the equal split's, beside the executed one), each rank's share, the layers
     committed, the balancedness the first step's load has on ``start`` split evenly over replicas (what
     ``plan`` predicts for a placement), and the ``load`` check: per step the selections recorded over the
     ranks equal its real tokens (every forward the runner prepared for it) x K x L once, nothing when the
@@ -336,7 +340,7 @@ def _series(
     num_layers, num_ranks = initial.shape[0], len(observed)
     commits = [c for c in observed[0]["commits"] if c["model_name"] == model]
     placements = _placements(start, commits, len(observed[0]["steps"]))
-    out = _Series([], [], [], [[] for _ in serving], 0, 0, None)
+    out = _Series([], [], [], [], [[] for _ in serving], 0, 0, None)
     tp = num_ranks // data_parallel_size
     for k, i in enumerate(serving):
         groups = [
@@ -356,6 +360,8 @@ def _series(
         if not recorded or model not in step[0]["load"]:
             out.balancedness.append(None)
             out.balancedness_off.append(None)
+            if split:
+                out.balancedness_equal_split.append(None)
             out.rank_shares.append([None] * num_ranks)
             continue
         out.recorded_steps += 1
@@ -370,6 +376,10 @@ def _series(
         out.balancedness_off.append(
             measures.mean_balancedness(measures.rank_loads(logical, initial, num_ranks))
         )
+        if split:
+            out.balancedness_equal_split.append(
+                measures.mean_balancedness(measures.rank_loads(logical, placements[i], num_ranks))
+            )
         if out.first_planned is None:
             out.first_planned = measures.mean_balancedness(measures.rank_loads(logical, start, num_ranks))
         total_per_layer = rank_load.sum(dim=1, keepdim=True).clamp(min=1)
@@ -416,6 +426,7 @@ def _rank_stats(
         info.num_logical_experts,
         info.top_k,
         dp,
+        split=config.replica_split != "equal",
     )
     drafted = None
     if config.speculative_tokens:
@@ -493,6 +504,8 @@ def _rank_stats(
                 slots_per_rank=summary["slots_per_rank"],
                 in_flight_at_end=tuple(InFlightAtShutdown(**cycle) for cycle in summary["in_flight"]),
                 draft=draft_stats,
+                balancedness_equal_split_per_step=tuple(main.balancedness_equal_split),
+                split_scope=summary["split_scope"],
             )
         )
     return out

@@ -2,10 +2,11 @@
 
 Each function returns the messages of the rules an option breaks (one per rule, naming the value and the
 rule): the DP x TP layout, the output folder, start-up's policy and gain gate rules
-(``ascend_eplb.control.policy_config``), a compilation config (the world's, then vLLM's own
-``CompilationConfig`` and start-up's ``compiled-forward`` rule) and ``--initial-placement`` (start-up's
-``initial-placement`` rule). ``config`` is a :class:`~ascend_eplb.tools.simulate.config.SimulateConfig`,
-whose ``validate`` and ``validate_model`` list these among its other rules, in order.
+(``ascend_eplb.control.policy_config``), ``--replica-split`` (start-up's ``replica-split`` rule), a
+compilation config (the world's, then vLLM's own ``CompilationConfig`` and start-up's ``compiled-forward``
+rule) and ``--initial-placement`` (start-up's ``initial-placement`` rule). ``config`` is a
+:class:`~ascend_eplb.tools.simulate.config.SimulateConfig`, whose ``validate`` and ``validate_model`` list
+these among its other rules, in order.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "layout_errors",
     "placement_errors",
     "policy_errors",
+    "split_errors",
     "unwritable",
     "vllm_compilation_error",
 ]
@@ -109,6 +111,17 @@ def policy_errors(config: Any) -> list[str]:
         ("load estimate", load_estimate_error(config.load_estimate)),
     )
     return [f"{name}: {reason}" for name, reason in checks if reason is not None]
+
+
+def split_errors(config: Any) -> list[str]:
+    """Start-up's rule ``replica-split`` on ``--replica-split`` (the very function start-up runs on the
+    served configuration's ``additional_config.eplb_config``), its message naming the value and the fix."""
+    from ascend_eplb.integration.rules import RULES
+    from ascend_eplb.integration.settings import EplbSettings
+
+    settings = EplbSettings(enable_eplb=True, ascend_eplb_config={"replica_split": config.replica_split})
+    found = RULES["replica-split"](settings)
+    return [] if found is None else [f"replica split: [replica-split] {found}"]
 
 
 def compilation_errors(config: Any, fmt: str) -> list[str]:

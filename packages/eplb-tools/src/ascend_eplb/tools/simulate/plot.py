@@ -1,7 +1,7 @@
-"""``balancedness.png``: balancedness per step (EPLB on beside off) with each rearrangement's planned and
-realised balancedness (the MTP draft's beside the target's), the bytes each rearrangement (and each
-model's start-up install) moved (skipped ones marked with the gate's reason) and each rank's share of the
-load."""
+"""``balancedness.png``: balancedness per step (EPLB on beside off; the batch split's beside the equal
+split's) with each rearrangement's planned and realised balancedness (the MTP draft's beside the
+target's), the bytes each rearrangement (and each model's start-up install) moved (skipped ones marked
+with the gate's reason) and each rank's share of the load."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def plot_balancedness(report: SimulateReport, path: Path) -> None:
 
 
 def balancedness_figure(report: SimulateReport):
-    """The figure of ``balancedness.png``: balancedness per step on top, with each rearrangement's
+    """The figure of ``balancedness.png``: balancedness per step on top (with ``--replica-split`` batch or
+    batch_local, the executed one beside the equal split's on the same counts), with each rearrangement's
     planned and realised balancedness (with ``--speculative-tokens``, the MTP draft's too); below it,
     the bytes each rearrangement moved (``report.rearrangement_records``, at the step its record was
     made; a skipped one is a marker at 0 with its reason); each rank's load share at the bottom.
@@ -47,7 +48,12 @@ def balancedness_figure(report: SimulateReport):
         3, 1, figsize=(9, 8.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.6, 3]}
     )
     steps = np.arange(len(report.balancedness_per_step))
-    ax1.plot(steps, report.balancedness_per_step, lw=1.2, label="EPLB on")
+    splitting = report.replica_split != "equal"
+    on = f"EPLB on, replica split {report.replica_split} executed" if splitting else "EPLB on"
+    ax1.plot(steps, report.balancedness_per_step, lw=1.2, label=on)
+    if splitting:
+        ax1.plot(steps, report.balancedness_equal_split_per_step, lw=1, ls="-.", color="tab:cyan",
+                 label="EPLB on, equal split (same counts and placement)")  # fmt: skip
     ax1.plot(steps, report.balancedness_off_per_step, lw=1, ls="--", color="gray",
              label="EPLB off (initial placement, same tokens)")  # fmt: skip
     draft = report.draft

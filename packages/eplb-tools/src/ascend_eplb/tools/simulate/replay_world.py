@@ -222,7 +222,9 @@ def _run_replay(ctx: RankContext, cfg: RankConfig, routing: dict, vc: VllmConfig
             minlength=world.num_moe_layers * world.num_logical,
         ).view(world.num_moe_layers, world.num_logical)  # fmt: skip
         record_first_step_plan(stats, step, logical_load, placement, ctx.world_size)
-        violation, stop = close_step(loop, StepSeen(step, (t0, c0), rank_load, logical_load), violation)
+        violation, stop = close_step(
+            loop, StepSeen(step, (t0, c0), rank_load, logical_load, placement), violation
+        )
         if stop:
             break
     return end_of_run(loop, violation)

@@ -239,6 +239,18 @@ class SimulateReport:
     #: (``engine_run.EngineFigures``: start-up, workload seconds, tokens, TTFT and TPOT medians).
     engine_off: Any | None = None
     engine_on: Any | None = None
+    #: ``--replica-split`` (``additional_config.eplb_config.replica_split``) and the scope the controller
+    #: put in force (``ascend_eplb.control.split_config.SplitScope``; None: not read).
+    replica_split: str = "equal"
+    split_scope: str | None = None
+    #: With the batch split on (empty, None with it off): rank 0's per step, the equal split's
+    #: balancedness on the step's counts and placement (``RankStats.balancedness_equal_split_per_step``)
+    #: beside ``balancedness_per_step``, what the split executed; and both means over the steps that have
+    #: both (``split_steps`` of them).
+    balancedness_equal_split_per_step: tuple[float | None, ...] = ()
+    split_steps: int = 0
+    balancedness_split_mean: float | None = None
+    balancedness_equal_split_mean: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The report as ``report.json`` holds it."""
@@ -364,7 +376,23 @@ def build_report(
         draft=_draft(config, results, first_rearr),
         engine_off=None if engines is None else engines.off,
         engine_on=None if engines is None else engines.on,
+        replica_split=config.replica_split,
+        split_scope=r0.split_scope,
+        **_split_figures(bal, r0.balancedness_equal_split_per_step),
     )
+
+
+def _split_figures(executed: list[float | None], equal: tuple[float | None, ...]) -> dict[str, Any]:
+    """The batch split's fields of the report: ``equal`` per step (empty with the split off) and, over the
+    steps where both exist, the mean of ``executed`` and of ``equal``."""
+    pairs = zip(executed, equal, strict=True) if equal else ()
+    both = [(x, e) for x, e in pairs if x is not None and e is not None]
+    return {
+        "balancedness_equal_split_per_step": tuple(equal),
+        "split_steps": len(both),
+        "balancedness_split_mean": _mean([x for x, _ in both]),
+        "balancedness_equal_split_mean": _mean([e for _, e in both]),
+    }
 
 
 def _draft(config: SimulateConfig, results: list[RankStats], first_rearr: int | None) -> DraftReport | None:

@@ -53,6 +53,11 @@ class StepLog:
         balancedness_per_step: mean balancedness of the ranks' routed selections (EPLB on).
         balancedness_off_per_step: mean balancedness of the step's logical load on upstream's initial
             placement (EPLB off, the same tokens).
+        balancedness_equal_split_per_step: with the batch split on (``--replica-split``; empty with it
+            off), the mean balancedness of the step's logical load on the placement in force split
+            evenly over each expert's replicas (``c[e] / count[e]``, the equal split's, the figure the
+            data plane's split stats and the ``..._split_balancedness_equal`` gauge accumulate), beside
+            ``balancedness_per_step``, what the split executed on the same counts.
         rank_load_share_per_step: per rank, its share of each layer's selections, averaged over layers.
         commits_per_step: the MoE layers that committed in the step.
         rearrangements_per_step: upstream state's rearrangement count at the step's end.
@@ -65,6 +70,7 @@ class StepLog:
     output_tolerance: OutputTolerance
     balancedness_per_step: list[float] = field(default_factory=list)
     balancedness_off_per_step: list[float] = field(default_factory=list)
+    balancedness_equal_split_per_step: list[float] = field(default_factory=list)
     rank_load_share_per_step: list[list[float]] = field(default_factory=list)
     step_seconds: list[float] = field(default_factory=list)
     step_cpu_seconds: list[float] = field(default_factory=list)
@@ -128,6 +134,10 @@ class RankStats:
         slots_per_rank: p.
         in_flight_at_end: the watchdog's cycles in flight at shutdown.
         draft: the MTP draft's (:class:`DraftStats`), or None: no draft served.
+        balancedness_equal_split_per_step: :attr:`StepLog.balancedness_equal_split_per_step` (empty
+            with the split off).
+        split_scope: the batch split's scope in force on the controller (``"off"``, ``"rows"``,
+            ``"global"``, ``"local"``: ``ascend_eplb.control.split_config.SplitScope``), or None: not read.
     """
 
     output_tolerance: OutputTolerance
@@ -157,6 +167,8 @@ class RankStats:
     slots_per_rank: int
     in_flight_at_end: tuple[InFlightAtShutdown, ...]
     draft: DraftStats | None = None
+    balancedness_equal_split_per_step: tuple[float | None, ...] = ()
+    split_scope: str | None = None
 
     @property
     def steps_run(self) -> int:

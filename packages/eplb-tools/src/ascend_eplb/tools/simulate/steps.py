@@ -140,13 +140,15 @@ class RankLoop:
 @dataclass(frozen=True)
 class StepSeen:
     """What one step saw before its end: its index, ``started`` (``time.perf_counter()`` and
-    ``time.process_time()`` at its start), ``rank_load`` float ``(L, N)`` (the ranks' routed selections)
-    and ``logical_load`` int ``(L, E)`` (the routed logical selections)."""
+    ``time.process_time()`` at its start), ``rank_load`` float ``(L, N)`` (the ranks' routed selections),
+    ``logical_load`` int ``(L, E)`` (the routed logical selections) and ``placement`` int64 ``(L, P)``
+    (the placement the forward routed with)."""
 
     step: int
     started: tuple[float, float]
     rank_load: torch.Tensor
     logical_load: torch.Tensor
+    placement: torch.Tensor
 
 
 def close_step(loop: RankLoop, seen: StepSeen, violation: Any) -> tuple[Any, bool]:
@@ -178,7 +180,7 @@ def close_step(loop: RankLoop, seen: StepSeen, violation: Any) -> tuple[Any, boo
         violation = violation or CheckViolationError("worker", watchdog.failure.message())
     end_of_step(
         stats, state, loop.commits.drain(), seen.rank_load, seen.logical_load, loop.initial_p2l,
-        loop.ctx.world_size,
+        loop.ctx.world_size, split_placement=seen.placement if state.split_scope != "off" else None,
     )  # fmt: skip
     loop.ctx.send(("step", seen.step, state.num_rearrangements, stats.balancedness_per_step[-1]))
     if verified is not None:
@@ -209,13 +211,15 @@ def record_first_step_plan(
 
 def end_of_step(
     stats: StepLog, state: Any, committed_layers: list[int], rank_load: torch.Tensor,
-    logical_load: torch.Tensor, initial_p2l: torch.Tensor, num_ranks: int,
+    logical_load: torch.Tensor, initial_p2l: torch.Tensor, num_ranks: int, *,
+    split_placement: torch.Tensor | None = None,
 ) -> None:  # fmt: skip
     """Record the step's commits (``committed_layers``, from the bus), rearrangements, mean balancedness
     with EPLB (of ``rank_load`` ``(L, N)``: the ranks' routed selections) and without (``logical_load``
     ``(L, E)`` on upstream's initial placement ``initial_p2l``, each expert's load split over its replicas)
-    and rank shares. Both are :func:`ascend_eplb.control.measures.mean_balancedness`: a layer without
-    load counts 1.0."""
+    and rank shares; with the batch split on, ``split_placement`` ``(L, P)`` (the placement the step routed
+    with): the equal split's balancedness of the same ``logical_load`` on it, beside the executed one. All
+    are :func:`ascend_eplb.control.measures.mean_balancedness`: a layer without load counts 1.0."""
     stats.commits_per_step.append(list(committed_layers))
     stats.rearrangements_per_step.append(state.num_rearrangements)
     loads = rank_load.numpy()
@@ -227,6 +231,10 @@ def end_of_step(
     stats.balancedness_off_per_step.append(
         measures.mean_balancedness(measures.rank_loads(logical_load, initial_p2l, num_ranks))
     )
+    if split_placement is not None:
+        stats.balancedness_equal_split_per_step.append(
+            measures.mean_balancedness(measures.rank_loads(logical_load, split_placement, num_ranks))
+        )
 
 
 def end_of_run(loop: RankLoop, violation: Any, *, compilation: str | None = None) -> RankStats:
@@ -251,4 +259,5 @@ def end_of_run(loop: RankLoop, violation: Any, *, compilation: str | None = None
         verifier_steps=loop.verifier.steps,
         slots_per_rank=loop.slots_per_rank,
         in_flight_at_end=tuple(loop.watchdog.in_flight_at_shutdown),
+        split_scope=state.split_scope,
     )

@@ -173,6 +173,28 @@ def _install_line(start: InstallReport, f, head: str) -> str:
     )
 
 
+#: What each scope of the batch split covers (``ascend_eplb.control.split_config.SplitScope``).
+SPLIT_SCOPES = {
+    "rows": "each rank splits the rows it routes by their own counts, no communication",
+    "global": "the global batch's counts, one all-gather per MoE layer",
+    "local": "each rank splits its own rows, no communication",
+}
+
+
+def _split_lines(report: SimulateReport, f) -> list[str]:
+    """With ``--replica-split`` batch or batch_local: the balancedness the split executed beside the equal
+    split's on the same steps' counts (nothing with the split off)."""
+    if report.replica_split == "equal":
+        return []
+    scope = report.split_scope
+    return [
+        f"  replica split {report.replica_split} (scope {scope}: {SPLIT_SCOPES.get(scope, 'not read')}): "
+        f"balancedness executed {f(report.balancedness_split_mean)} beside the equal split's "
+        f"{f(report.balancedness_equal_split_mean)} on the same steps' counts and placements (each replica "
+        f"an equal share), mean over the {report.split_steps} steps that have both"
+    ]
+
+
 def _engine_lines(report: SimulateReport) -> list[str]:
     """vLLM's engine EPLB on beside off (a real model): throughput, TPOT and TTFT, and where the time went."""
     on, off = report.engine_on, report.engine_off
@@ -226,6 +248,7 @@ def summary_text(report: SimulateReport) -> str:
         f"  balancedness before the first rearrangement {bal_before}; after the first completed, EPLB on "
         f"{bal_after} beside EPLB off {f(report.balancedness_off_after)} (the same steps and tokens on "
         f"upstream's initial placement); EPLB off over the whole run {f(report.balancedness_off_mean)}",
+        *_split_lines(report, f),
         f"  step latency p50 {ms(report.step_seconds_p50)} ms, p99 {ms(report.step_seconds_p99)} ms "
         f"(p50 with a commit in flight {ms(report.step_seconds_p50_in_flight)} ms, "
         f"without {ms(report.step_seconds_p50_idle)} ms)",

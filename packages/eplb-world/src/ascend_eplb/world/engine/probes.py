@@ -316,11 +316,12 @@ def eplb_state(worker: Any) -> dict[str, Any]:
 
 def run_summary(worker: Any) -> dict[str, Any]:
     """What this worker's serving path holds at the end of a run, per rank: the MoE row layout of its
-    last forward, how vLLM ran the model (``"eager (enforce_eager)"`` or ``"<mode>, <backend> backend"``),
-    the state's rearrangement counters, per model the bytes its communicator received (None: not
-    counted) and one expert's bytes, the serving verifier's counters (None: verifier off), p, and the
-    cycles in flight as the watchdog names them at the runner's end of life (``InFlightAtShutdown`` as
-    dicts; asking changes nothing) and the watchdog's failure (``(message, step)``, or None)."""
+    last forward, the batch split's scope (``ascend_eplb.control.split_config``), how vLLM ran the model
+    (``"eager (enforce_eager)"`` or ``"<mode>, <backend> backend"``), the state's rearrangement counters,
+    per model the bytes its communicator received (None: not counted) and one expert's bytes, the serving
+    verifier's counters (None: verifier off), p, and the cycles in flight as the watchdog names them at
+    the runner's end of life (``InFlightAtShutdown`` as dicts; asking changes nothing) and the watchdog's
+    failure (``(message, step)``, or None)."""
     from ascend_eplb.control.bus import ShutdownEvent
     from ascend_eplb.integration import metrics
     from ascend_eplb.integration.serving import guardrails_of
@@ -338,6 +339,7 @@ def run_summary(worker: Any) -> dict[str, Any]:
     return {
         "ep_rank": _ep_rank(),
         "moe_rows": None if layout is None else layout.rows,
+        "split_scope": state.split_scope,
         "compilation": "eager (enforce_eager)"
         if eager
         else f"{compilation.mode.name}, {compilation.backend} backend",
