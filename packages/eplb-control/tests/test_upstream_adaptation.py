@@ -31,6 +31,7 @@ from ascend_eplb.control import (
     commit_hooks_installed,
     host_adaptation,
 )
+from ascend_eplb.control.layout import RankCoordinates
 from ascend_eplb.dataplane import build_replica_table
 from ascend_eplb.testing.tagged import TaggedExperts
 from ascend_eplb.world.toy_moe import ToyModelConfig, ToyMoEModel
@@ -404,6 +405,27 @@ def test_an_undeclared_phase_records_nothing_and_warns_once_at_a_real_step(caplo
     ]
     ctrl.set_batch_phase(False)
     assert ctrl.phase_matched() is True
+
+
+def test_batch_split_rows_named_on_a_configuration_without_them_split_locally_and_warn_once(
+    control_patches, caplog
+):
+    """vLLM Ascend's MC2 names split rows per forward on a TP-only configuration, whose replicated rows
+    gave replica_split=batch the scope 'rows' at construction: no all-gather, each rank's own rows."""
+    ctrl = AscendEPLBController(_eplb_parallel_config(), torch.device("cpu"), replica_split="batch")
+    local = AscendEPLBController(_eplb_parallel_config(), torch.device("cpu"), replica_split="batch_local")
+    for c in (ctrl, local):
+        c._ranks = RankCoordinates(ep_rank=0, ep_size=2, tp_rank=0, tp_size=2, dp_rank=0, dp_size=1)
+    assert (ctrl.split_scope, local.split_scope) == ("rows", "rows")
+    with caplog.at_level("WARNING"):
+        for rows in ("replicated", "split", "split", "gathered"):
+            assert ctrl.row_layout_for(rows).rows == rows
+            assert local.row_layout_for(rows).rows == rows
+    assert [r.getMessage() for r in caplog.records if "replica_split" in r.getMessage()] == [
+        "EPLB: replica_split=batch took its scope from the configuration's replicated rows at start-up (no "
+        "all-gather of the counts), but a forward routes split rows (each rank its own): each rank splits "
+        "only the rows it routes, as replica_split=batch_local does"
+    ]
 
 
 def test_remove_refuses_to_drop_a_later_replacement_of_its_binding():

@@ -107,6 +107,7 @@ class AscendEPLBController(EPLBController):
         self.eplb_stopped: str | None = None
         self._undeclared_phase_forward = False
         self._warned_undeclared_phase = False
+        self._warned_split = False
         self._shut_down = False
         self._ranks: RankCoordinates | None = None
         self._row_layouts: dict[str, RowLayout] = {}
@@ -338,6 +339,7 @@ class AscendEPLBController(EPLBController):
                 rows = self._default_rows
         else:
             rows = moe_rows
+            self._warn_local_split(rows)
         layout = self._row_layouts.get(rows)
         if layout is None:
             if rows not in MOE_ROWS:
@@ -346,6 +348,21 @@ class AscendEPLBController(EPLBController):
                 self._ranks = current_rank_coordinates()
             layout = self._row_layouts[rows] = row_layout(rows, self._ranks)
         return layout
+
+    def _warn_local_split(self, rows: str) -> None:
+        """Once: ``replica_split=batch`` took its scope from the configuration's rows at construction (no
+        all-gather of counts), and a runner names ``split`` rows for a forward (vLLM Ascend's MC2 on a
+        TP-only configuration): each rank splits only the rows it routes, as ``batch_local`` does."""
+        local = rows == "split" and self.split_scope == "rows" and self.replica_split == "batch"
+        if not local or self._warned_split:
+            return
+        self._warned_split = True
+        logger.warning(
+            "EPLB: replica_split=batch took its scope from the configuration's %s rows at start-up (no "
+            "all-gather of the counts), but a forward routes split rows (each rank its own): each rank "
+            "splits only the rows it routes, as replica_split=batch_local does",
+            default_moe_rows(self.parallel_config),
+        )
 
     def prepare_forward(
         self,
