@@ -6,7 +6,9 @@ moves nothing (README "Gain gate").
 ``rebalance_experts`` calls :func:`decide` on the window's global load ``(L, E)`` (or the model's
 estimate): ``balanced`` (committed placement at or above ``target_balancedness``, the policy does not
 run), ``min_gain`` (the policy gains less than ``min_balancedness_gain``), else the policy's placement.
-A pure function in float64 in a fixed order, so every rank decides alike with no collective. Each model
+A pure function in float64 in a fixed order, so every rank decides alike with no collective. Its figures
+(before, planned) split each expert's load of the window evenly over its replicas, whatever
+``replica_split`` serves (what the batch split executes per batch: ``plan --batch-split``). Each model
 has a :class:`DecisionChannel`; :class:`ModelChannels` routes upstream's calls, which name no model, by
 call order, checked on the call's shapes.
 """

@@ -25,7 +25,8 @@ def format_plan(result: PlanResult) -> str:
         f"logical experts, ranks={result.num_ranks} nodes={result.num_nodes} "
         f"expert groups={result.num_expert_groups} (policy upstream runs: {result.policy})",
         "balancedness = mean rank load / max rank load per layer, averaged over layers (1.0 = even); before: "
-        "upstream's initial placement, after: the policy's",
+        "upstream's initial placement, after: the policy's; each expert's load split evenly over its "
+        "replicas (replica_split=equal; --batch-split: what the batch split executes per batch)",
         "experts moved = experts a rank receives that it did not hold, summed over ranks and layers (a slot "
         "refilled with an expert its rank already holds is a copy on the rank: not moved)",
     ]
@@ -125,7 +126,7 @@ def format_comparison(result: PolicyComparison) -> str:
     lines += [
         "balancedness = mean rank load / max rank load per layer, averaged over layers (1.0 = even); after: "
         "the window under the placement in force after its rearrangement; realised: the next window under "
-        "it (what serving sees)",
+        "it (what serving sees); each expert's load split evenly over its replicas (replica_split=equal)",
         "moved = experts a rank receives that it did not hold, summed over ranks and layers; "
         + (f"bytes = moved x {result.bytes_note}" if with_bytes else f"bytes: {result.bytes_note}"),
     ]
