@@ -3,47 +3,10 @@
 import subprocess
 import sys
 
-import ascend_eplb.control as control
 from ascend_eplb.testing.api import check_public_names
 
 
-def test_all_is_the_documented_api():
-    assert sorted(control.__all__) == sorted([
-        "LOAD_COLLECTION_PHASES",
-        "AscendEPLBController",
-        "AscendEplbLayerState",
-        "AscendEplbState",
-        "CommitEvent",
-        "ControllerEvent",
-        "DecisionEvent",
-        "Event",
-        "EventBus",
-        "LoadCollectionPhase",
-        "MigrationAwarePolicy",
-        "Patch",
-        "PatchSet",
-        "PlacementDecision",
-        "PolicySettings",
-        "RearrangementEvent",
-        "RegistrationEvent",
-        "ShutdownEvent",
-        "SplitAwarePolicy",
-        "StepEvent",
-        "__version__",
-        "adapt_layer_routers",
-        "balancedness",
-        "check_signature",
-        "commit_hooks_installed",
-        "hottest_rank_share",
-        "is_phase_matched",
-        "layer_balancedness",
-        "mean_balancedness",
-        "moved_experts",
-        "rank_loads",
-        "received_experts",
-        "split_bound",
-        "upstream_initial_placement",
-    ])  # fmt: skip
+def test_each_public_name_is_the_packages_own():
     # Each name is the object a control module defines or binds; __version__ is the installed one.
     check_public_names("ascend_eplb.control", "ascend-eplb-control")
 
