@@ -1,4 +1,4 @@
-"""The public names of ascend_eplb.quant_views (DESIGN §4 and the README table), checked by ``check_public_names``."""
+"""The public names of ascend_eplb.quant_views (DESIGN §4, the README table): ``check_public_names``."""
 
 import inspect
 
