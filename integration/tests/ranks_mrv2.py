@@ -388,7 +388,7 @@ def gate_events_world(ctx: RankContext, events_file: str) -> dict[str, Any]:
     from vllm.config import EPLBConfig, ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
 
-    from ascend_eplb.integration.events import EventsRecord
+    from ascend_eplb.integration.events.recorder import EventsRecord
     from ascend_eplb.integration.runner import Mrv2EplbWiring
     from ascend_eplb.world.toy_moe import ToyModelConfig
 

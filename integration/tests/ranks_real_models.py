@@ -230,7 +230,7 @@ def metrics_world(
     os.environ["ASCEND_EPLB_EVENTS"] = events_file
     os.environ["ASCEND_EPLB_METRICS"] = "1"
     from ascend_eplb import world as rm
-    from ascend_eplb.integration.events import EventsRecord, EventsRecorder
+    from ascend_eplb.integration.events.recorder import EventsRecord, EventsRecorder
     from ascend_eplb.integration.serving import guardrails_of
     from ascend_eplb.integration.verify import EplbVerificationError
 

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import torch
 
-from ascend_eplb.integration import events, startup_placement
+from ascend_eplb.integration import startup_placement
+from ascend_eplb.integration.events import recorder
 from ascend_eplb.integration.metrics import bytes_received
 from ascend_eplb.movement.stats import TransferStats
 
@@ -29,8 +30,8 @@ def test_bytes_received_is_the_communicators_cumulative_count_or_none():
 
 
 def test_the_events_file_counts_zero_where_the_communicator_does_not_count():
-    assert events._bytes_received(COUNTED) == 12288
-    assert events._bytes_received(UNCOUNTED) == 0
+    assert recorder._bytes_received(COUNTED) == 12288
+    assert recorder._bytes_received(UNCOUNTED) == 0
 
 
 def test_the_start_up_install_line_names_the_bytes_only_where_counted(caplog):

@@ -11,11 +11,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ascend_eplb.integration import events as ev
-from ascend_eplb.integration.events import (
+from ascend_eplb.integration.events import recorder as ev
+from ascend_eplb.integration.events.reader import read_events
+from ascend_eplb.integration.events.recorder import EventsWriter
+from ascend_eplb.integration.events.records import (
     RECORD_KINDS,
     CommitRecord,
-    EventsWriter,
     InitialPlacementRecord,
     RearrangementRealisedRecord,
     RearrangementRecord,
@@ -23,7 +24,6 @@ from ascend_eplb.integration.events import (
     VerifierViolationRecord,
     WindowRecord,
     WorkerFailureRecord,
-    read_events,
 )
 
 ROW = (0, 1, 2, 3, 0, 1)

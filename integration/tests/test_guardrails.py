@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ascend_eplb.control.bus import EventBus, ShutdownEvent, StepEvent
-from ascend_eplb.integration.events import events_path
+from ascend_eplb.integration.events.recorder import events_path
 from ascend_eplb.integration.watchdog import WorkerWatchdog, watchdog_settings
 
 

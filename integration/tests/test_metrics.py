@@ -180,7 +180,8 @@ def test_each_rearrangement_record_counts_once_by_its_skip_reason_or_as_complete
     """The record -> series mapping of the gate's records (the world above has only a no_load skip)."""
     from prometheus_client import values as prometheus_values
 
-    from ascend_eplb.integration.events import EventsRecord, RearrangementRecord
+    from ascend_eplb.integration.events.recorder import EventsRecord
+    from ascend_eplb.integration.events.records import RearrangementRecord
     from ascend_eplb.integration.prometheus import PrometheusMetrics, _families
 
     if prometheus_values.ValueClass is not prometheus_values.MutexValue:
@@ -220,7 +221,8 @@ def test_series_carry_the_served_name_as_model_name_and_a_draft_its_suffix(tmp_p
     draft upstream registers beside the target (``"<model> (draft)"``) with the suffix kept."""
     from prometheus_client import values as prometheus_values
 
-    from ascend_eplb.integration.events import CommitRecord, EventsRecord
+    from ascend_eplb.integration.events.recorder import EventsRecord
+    from ascend_eplb.integration.events.records import CommitRecord
     from ascend_eplb.integration.prometheus import PrometheusMetrics, _families
 
     if prometheus_values.ValueClass is not prometheus_values.MutexValue:

@@ -558,18 +558,23 @@ def test_the_serving_reads_outside_the_watchdog_are_rows_that_resolve(clean, mon
     assert _reads(integration_upstream.EVENTS) == [
         "EPLBController.state",
         "EplbState.model_states",
-        "EplbModelState.last_expert_load",
         "EplbModelState.physical_to_logical_map",
         "EplbModelState.logical_to_physical_map",
-        "EplbModelState.eplb_stats",
         "EplbModelState.communicator",
         "EplbModelState.model",
         "EplbModelState.pending_result",
         "EplbModelState.model_name",
-        "EplbStats.num_groups",
-        "EplbStats.num_nodes",
         "AsyncEplbLayerResult.layer_idx",
         "MixtureOfExperts.expert_weights",
+    ]
+    # The figures of each window and outcome are control's, which reads the window and the grouping.
+    assert _reads(upstream.OUTCOME) == [
+        "EplbModelState.last_expert_load",
+        "EplbModelState.physical_to_logical_map",
+        "EplbModelState.eplb_stats",
+        "EplbModelState.model_name",
+        "EplbStats.num_groups",
+        "EplbStats.num_nodes",
     ]
     assert _reads(integration_upstream.VERIFY) == [
         "EPLBController.state",
@@ -592,7 +597,7 @@ def test_the_serving_reads_outside_the_watchdog_are_rows_that_resolve(clean, mon
     with pytest.raises(RuntimeError) as info:
         patches.check_upstream()
     assert str(info.value) == (
-        "upstream EplbStats.num_groups is missing (integration.events reads it); ascend_eplb must be updated "
+        "upstream EplbStats.num_groups is missing (control.outcome reads it); ascend_eplb must be updated "
         "for this version"
     )
 

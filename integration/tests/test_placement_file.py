@@ -16,7 +16,8 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 from ascend_eplb.integration import placement_file as pf
-from ascend_eplb.integration.events import RECORD_KINDS, EventsWriter
+from ascend_eplb.integration.events.recorder import EventsWriter
+from ascend_eplb.integration.events.records import RECORD_KINDS
 from ascend_eplb.integration.model_names import DRAFT_SUFFIX
 from ascend_eplb.integration.rules import Violation, check_settings
 from ascend_eplb.integration.settings import ASCEND_V2_KEYS, EplbSettings

@@ -157,8 +157,10 @@ def install_world(ctx: RankContext) -> dict[str, Any]:
             "source": event.source,
             "num_ranks": event.num_ranks,
             "previous_is_initial": torch.equal(event.previous, initial),
+            "placement_is_installed": torch.equal(event.placement, new),
             "model_name": event.model_name,
         }
+        report["event_moved"] = event.moved
 
         # The async worker runs from now on: a second install is refused, nothing changes.
         ctrl.maybe_start_async_loop(True)

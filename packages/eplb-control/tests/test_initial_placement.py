@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ascend_eplb.control.measures import moved_experts
 from ascend_eplb.testing import load_module, run_ranks
 
 ranks = load_module(Path(__file__).with_name("ranks_initial_placement.py"))
@@ -67,8 +68,13 @@ def test_install_moves_every_slot_commits_upstreams_maps_and_the_policy_starts_f
             "source": "test",
             "num_ranks": 2,
             "previous_is_initial": True,
+            "placement_is_installed": True,
             "model_name": "toy/initial-placement",
         }
+        # What the install moved, per layer (the events file's initial_placement record sums it).
+        assert torch.equal(r["event_moved"], moved_experts(r["initial"], new, 2))
+        assert r["event_moved"].dtype == torch.int64
+        assert r["event_moved"].shape == (len(LAYERS),)
         assert r["after_start"] == (
             "install_initial_placement: the async EPLB worker has started or a rearrangement is in flight; "
             "install the initial placement after registration and before maybe_start_async_loop"

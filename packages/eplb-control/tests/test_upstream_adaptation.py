@@ -577,11 +577,13 @@ def test_the_acknowledgement_evidence_is_read_before_the_worker_is_released():
     import types
 
     from ascend_eplb.control.bus import CommitEvent, EventBus
+    from ascend_eplb.control.outcome import Outcomes
     from ascend_eplb.control.state import AscendEplbState
 
     state = object.__new__(AscendEplbState)  # only what the acknowledgement reads
     state.collect_commit_evidence, state.num_rearrangements = True, 3
     state.commit_log, state.bus, state._layer_states = collections.deque(), EventBus(), {"key": {}}
+    state.outcomes = Outcomes(state.bus)
     heard = []
     state.bus.subscribe(CommitEvent, heard.append)
     model_state = types.SimpleNamespace(model_name="m", pending_result=None)  # upstream cleared it

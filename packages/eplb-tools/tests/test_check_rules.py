@@ -1097,7 +1097,7 @@ def test_a_typo_of_the_plugin_switch_and_odd_events_paths_are_refused_with_the_o
         "a writable folder"
     ]
     from ascend_eplb.integration import plugin, switches
-    from ascend_eplb.integration.events import events_path
+    from ascend_eplb.integration.events.recorder import events_path
 
     assert switches.PLUGIN_SWITCH == plugin.ENV_SWITCH
     home = os.path.expanduser("~")

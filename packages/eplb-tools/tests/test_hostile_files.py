@@ -56,7 +56,7 @@ def _corrupt_member(data: bytes) -> bytes:
 
 
 def _window(load, rearrangement: int = 1) -> str:
-    """An events file's ``window`` line (``integration.events.WindowRecord``) of ``load``."""
+    """An events file's ``window`` line (``integration.events.records.WindowRecord``) of ``load``."""
     record = {"event": "window", "time": 0.0, "step": rearrangement, "model": "m",
               "rearrangement": rearrangement, "load": load, "balancedness": 1.0,
               "balancedness_eplb_off": 1.0}  # fmt: skip

@@ -163,9 +163,9 @@ def test_every_total_counts_the_start_up_install_as_a_rearrangement_and_says_so(
 def test_the_events_file_gives_each_ranks_received_experts_install_and_rearrangements_apart(tmp_path):
     """``report.busiest_rank_experts_received`` counted experts by dividing measured bytes back by one
     expert's; now each rank's experts are replayed from the committed placements of the events file."""
-    from ascend_eplb.integration.events import (
+    from ascend_eplb.integration.events.recorder import EventsWriter
+    from ascend_eplb.integration.events.records import (
         CommitRecord,
-        EventsWriter,
         InitialPlacementRecord,
         RearrangementRecord,
         WindowRecord,
@@ -209,8 +209,8 @@ def test_planned_on_the_estimate_and_realised_over_the_windows_a_placement_serve
     """Issue 37: a rearrangement planned on the load estimate shows both plans; one followed by a skipped
     one realises over every window its placement served (the events file's realised records), the
     skipped one over the next window under the placement it kept; the summary, report and plot say so."""
-    from ascend_eplb.integration.events import (
-        EventsWriter,
+    from ascend_eplb.integration.events.recorder import EventsWriter
+    from ascend_eplb.integration.events.records import (
         RearrangementRealisedRecord,
         RearrangementRecord,
         WindowRecord,

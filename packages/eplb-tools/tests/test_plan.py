@@ -323,7 +323,8 @@ def test_export_expert_map_reads_back_as_the_recommended_placement(tmp_path, cap
 def _events_file(
     path, loads, *, num_ranks, num_physical_experts, num_expert_groups=1, num_nodes=1, new_selections=None
 ):
-    from ascend_eplb.integration.events import EventsWriter, WindowRecord
+    from ascend_eplb.integration.events.recorder import EventsWriter
+    from ascend_eplb.integration.events.records import WindowRecord
 
     writer = EventsWriter(path)
     for i, load in enumerate(loads, start=1):
@@ -399,7 +400,8 @@ def test_an_events_file_of_a_target_and_its_draft_is_one_request_of_a_sweep_per_
     it) is read into one request before anything is planned: each model its own sweep on its own windows
     (--json: one line per model, named), and an option a model's records refuse is refused naming the
     model, nothing printed. E = 4 in 2 groups, 4 ranks, 4 redundant."""
-    from ascend_eplb.integration.events import EventsWriter, WindowRecord
+    from ascend_eplb.integration.events.recorder import EventsWriter
+    from ascend_eplb.integration.events.records import WindowRecord
 
     loads = {"m (draft)": [[1, 1, 6, 2]], "m": [[9, 1, 3, 3], [1, 1, 8, 2]]}
     path = tmp_path / "events.jsonl"
@@ -944,7 +946,8 @@ def test_plan_reads_the_last_run_of_an_appended_events_file_and_says_so(tmp_path
     """Issue 38 defect 5: plan summed the windows of every run appended to one file (runs of other
     redundancy levels included) by other rules than the placement reader; both now read one model of the
     last run (``events.read_events``), and plan says what else the file holds, once."""
-    from ascend_eplb.integration.events import EventsWriter, WindowRecord
+    from ascend_eplb.integration.events.recorder import EventsWriter
+    from ascend_eplb.integration.events.records import WindowRecord
 
     first, second = [[9, 1, 3, 3], [1, 1, 8, 2]], [[1, 1, 1, 9], [2, 8, 1, 1]]
     path = tmp_path / "events.jsonl"

@@ -771,7 +771,7 @@ def _assert_records_are_the_events_and_plans_decisions(
     DeepSeek-V3 preset's ``n_group`` is 4; the replay world's toy model has 1): every window record says
     so (and one node), and plan takes them from the file; on the ``load_estimate`` too, fed what each
     window record says serving's estimate took in."""
-    from ascend_eplb.integration.events import read_events
+    from ascend_eplb.integration.events.reader import read_events
     from ascend_eplb.tools import plan, plan_compare
 
     events = _events(out / "events.jsonl")

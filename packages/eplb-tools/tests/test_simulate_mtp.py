@@ -11,12 +11,12 @@ import re
 import numpy as np
 import pytest
 
-from ascend_eplb.integration.events import (
+from ascend_eplb.integration.events.reader import read_events
+from ascend_eplb.integration.events.records import (
     InitialPlacementRecord,
     RearrangementRealisedRecord,
     RearrangementRecord,
     WindowRecord,
-    read_events,
 )
 from ascend_eplb.tools.simulate.config import SimulateConfig
 from ascend_eplb.tools.simulate.driver import run_simulation

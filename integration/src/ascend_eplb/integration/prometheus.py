@@ -177,9 +177,9 @@ class PrometheusMetrics:
         """Subscribe to a controller's event bus (control's ``AscendEPLBController.bus``, once, when the
         controller is built, after its events recorder): create each registered model's series at its
         registration and follow the recorder's records
-        (:class:`~ascend_eplb.integration.events.EventsRecord`)."""
+        (:class:`~ascend_eplb.integration.events.recorder.EventsRecord`)."""
         # Here: start-up's read (``serving``, ``ascend-eplb check``) imports this module without torch.
-        from ascend_eplb.integration.events import EventsRecord
+        from ascend_eplb.integration.events.recorder import EventsRecord
 
         bus.subscribe(RegistrationEvent, self._on_registered)
         bus.subscribe(EventsRecord, self._on_record)
@@ -217,7 +217,7 @@ class PrometheusMetrics:
             s["ascend_eplb_verifier_violations_total"].labels(name, check)
 
     def _on_record(self, published: Any) -> None:
-        record = published.record  # an ascend_eplb.integration.events.Record
+        record = published.record  # an ascend_eplb.integration.events.records.Record
         s, event = self._series, record.event
         model = None if record.model is None else self._label(record.model)
         if event == "commit":

@@ -148,7 +148,7 @@ def _read_switches(
     """Every serving switch read by its own reader, in a fixed order; each refusal collected (the
     watchdog's two switches each alone: ``ASCEND_EPLB_WORKER_TIMEOUT_S=-5`` with
     ``ASCEND_EPLB_ON_WORKER_FAILURE=explode`` names both)."""
-    from ascend_eplb.integration.events import events_path
+    from ascend_eplb.integration.events.recorder import events_path
     from ascend_eplb.integration.prometheus import metrics_requested
     from ascend_eplb.integration.regular_files import max_input_mib
     from ascend_eplb.integration.verify import verify_requested
@@ -199,7 +199,7 @@ def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSe
     from vllm.logger import init_logger
 
     from ascend_eplb.control import AscendEPLBController
-    from ascend_eplb.integration.events import EventsRecorder
+    from ascend_eplb.integration.events.recorder import EventsRecorder
     from ascend_eplb.integration.verify import EplbVerifier
     from ascend_eplb.integration.watchdog import WorkerWatchdog
 

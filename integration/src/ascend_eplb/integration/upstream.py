@@ -174,18 +174,14 @@ ATTRIBUTES: tuple[Attribute, ...] = (
     *(
         Attribute(_STATE, _MODEL_STATE, attr, "reads", (EVENTS,), why)
         for attr, why in (
-            ("last_expert_load", "the window a rearrangement planned from (`window` record)"),
-            ("physical_to_logical_map", "the placement before and after a cycle, each commit's row"),
+            ("physical_to_logical_map", "each commit's row; L at the start-up install"),
             ("logical_to_physical_map", "E, its second dimension (the installed start-up placement)"),
-            ("eplb_stats", "the grouping upstream passed its policy (`num_expert_groups`, `num_nodes`)"),
             ("communicator", "movement's `cumulative_stats`: the bytes a cycle received"),
             ("model", "`expert_weights`: the bytes of an expert"),
             ("pending_result", "the layer the async worker published (its time)"),
             ("model_name", "names the model in every record"),
         )
     ),
-    Attribute(_STATE, "EplbStats", "num_groups", "reads", (EVENTS,), "the `window` num_expert_groups"),
-    Attribute(_STATE, "EplbStats", "num_nodes", "reads", (EVENTS,), "the `window` record's num_nodes"),
     Attribute(_EXECUTE, _LAYER_RESULT, "layer_idx", "reads", (EVENTS,), "the layer published"),
     Attribute(_INTERFACES, "MixtureOfExperts", "expert_weights", "reads", (EVENTS,), "expert bytes"),
     *(

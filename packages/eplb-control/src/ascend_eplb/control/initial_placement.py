@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,7 +23,7 @@ from vllm.distributed.eplb import eplb_state as upstream_state
 from vllm.distributed.eplb import rebalance_execute
 from vllm.distributed.parallel_state import get_ep_group
 
-from ascend_eplb.control import upstream
+from ascend_eplb.control import measures, upstream
 from ascend_eplb.control.bus import Event
 
 __all__ = [
@@ -50,7 +50,9 @@ class InitialPlacementEvent(Event):
         model_name: upstream's ``model_state.model_name``.
         num_ranks: N, the EP size.
         source: where the placement came from (a path), as the caller named it.
-        previous: int64 ``(L, P)`` on the host, the placement it replaced (upstream's initial one).
+        previous: int64 ``(L, P)`` on the host, the placement it replaced (upstream's initial one);
+            ``placement``: the one committed.
+        moved: int64 ``(L,)``, experts that crossed ranks per layer (``measures.moved_experts``).
     """
 
     model_state: Any
@@ -58,6 +60,8 @@ class InitialPlacementEvent(Event):
     num_ranks: int
     source: str
     previous: torch.Tensor
+    placement: torch.Tensor = field(compare=False)
+    moved: torch.Tensor = field(compare=False)
 
 
 def install_initial_placement(
@@ -108,7 +112,11 @@ def install_initial_placement(
         is_profile=False,
     )
     upstream_state._commit_eplb_maps(model_state, new)
-    event = InitialPlacementEvent(model_state, model_state.model_name, group.world_size, source, old_cpu)
+    new_cpu = model_state.physical_to_logical_map.detach().cpu()
+    moved = measures.moved_experts(old_cpu, new_cpu, group.world_size)
+    event = InitialPlacementEvent(
+        model_state, model_state.model_name, group.world_size, source, old_cpu, new_cpu, moved
+    )
     bus = getattr(state, "bus", None)
     if bus is not None:
         bus.publish(event)

@@ -33,6 +33,7 @@ from ascend_eplb.control.commit_hooks import attach_observer, commit_hooks_insta
 from ascend_eplb.control.estimate import LoadEstimate
 from ascend_eplb.control.gate import DecisionChannel, ModelChannels, gated_policy
 from ascend_eplb.control.layout import RowLayout
+from ascend_eplb.control.outcome import Outcomes
 from ascend_eplb.control.policy_config import PlacementDecision, PolicySettings
 from ascend_eplb.control.split_config import SplitScope
 from ascend_eplb.dataplane import DEFAULT_ROWS, SPLIT_STATS_SIZE, BatchSplit, ReplicaLookup
@@ -256,6 +257,8 @@ class AscendEplbState(EplbState):
         skipped_rearrangements: ``Counter`` of skipped windows by reason (``"balanced"``, ``"min_gain"``,
             ``"no_load"``), counted when the decision is published.
         policy_settings, channels: the settings in force; the registered models' ``ModelChannels``.
+        outcomes: each window's figures and outcome, on ``bus``
+            (:class:`~ascend_eplb.control.outcome.Outcomes`).
     """
 
     def __init__(
@@ -294,6 +297,7 @@ class AscendEplbState(EplbState):
         self._awaiting_decision: set[str] = set()
         self._layer_states: dict[str, dict[int, list[AscendEplbLayerState]]] = {}
         self.bus = EventBus() if bus is None else bus
+        self.outcomes = Outcomes(self.bus)
         self.row_layouts: dict[str, torch.Tensor] = {}
         """Per registered model (by config hash): its int64 ``(4,)`` row-layout tensor."""
         self.row_layout_in_force: dict[str, RowLayout] = {}
@@ -433,6 +437,8 @@ class AscendEplbState(EplbState):
         )
         self.commit_log.append(event)
         self.bus.publish(event)
+        if kind == "acknowledge":
+            self.outcomes.acknowledged(model_state, layer)
 
     def _lookup_evidence(self, layer_states: list[AscendEplbLayerState]) -> dict[str, Any]:
         lookups = [ls.replica_lookup for ls in layer_states if ls.replica_lookup is not None]
@@ -543,6 +549,7 @@ class AscendEplbState(EplbState):
         if decision.skipped is not None:
             self.skipped_rearrangements[decision.skipped] += 1
         self.bus.publish(DecisionEvent(self, model_state.model_name, rearrangement, decision, model_state))
+        self.outcomes.decided(model_state.model_name, rearrangement, decision, model_state)
 
     def step(self, is_dummy: bool = False, is_profile: bool = False, log_stats: bool = False) -> None:
         """Upstream's ``step``; with the load estimate on, first each model's pass that upstream's copies
@@ -675,4 +682,9 @@ class AscendEplbState(EplbState):
         result = super().rearrange(is_profile, rank_mapping, use_last_expert_load)
         if not is_profile:
             self.bus.publish(RearrangementEvent(self, selections))
+            if self.outcomes.listening:
+                world_size = get_ep_group().world_size
+                self.outcomes.windows_closed(
+                    self.model_states, self.num_rearrangements, world_size, self.policy_settings, selections
+                )
         return result

@@ -45,6 +45,7 @@ ROUTER = "dataplane.router"
 MOVEMENT = "movement.communicator"
 INITIAL_PLACEMENT = "control.initial_placement"
 MEASURES = "control.measures"
+OUTCOME = "control.outcome"
 #: Every user id a row may name (what ``SURFACE.used_by`` and ``SURFACE.check`` accept).
 USERS = (
     HOST_ADAPTATION,
@@ -58,6 +59,7 @@ USERS = (
     MOVEMENT,
     INITIAL_PLACEMENT,
     MEASURES,
+    OUTCOME,
 )
 
 #: The attribute :mod:`~ascend_eplb.control.commit_hooks` sets on an upstream ``EplbModelState``: a weak
@@ -537,6 +539,18 @@ ATTRIBUTES: tuple[Attribute, ...] = (
         )
     ),
     Attribute(_EXECUTE, _LAYER_RESULT, "layer_idx", "reads", (STATE,), "the layer an acknowledgement is of"),
+    # What each closed window's figures and outcome read (control.outcome, called by the state).
+    *(
+        Attribute(_STATE, _MODEL_STATE, attr, "reads", (OUTCOME,), why)
+        for attr, why in (
+            ("last_expert_load", "the window a rearrangement planned from"),
+            ("physical_to_logical_map", "the placement in force when it closed, and after its last layer"),
+            ("eplb_stats", "the grouping upstream passed its policy (`num_expert_groups`, `num_nodes`)"),
+            ("model_name", "names the model of each window and outcome"),
+        )
+    ),
+    Attribute(_STATE, "EplbStats", "num_groups", "reads", (OUTCOME,), "a window's num_expert_groups"),
+    Attribute(_STATE, "EplbStats", "num_nodes", "reads", (OUTCOME,), "a window's num_nodes"),
     Attribute(_STATE, _MODEL_STATE, "pending_result", "reads", (COMMIT_HOOKS,), "the result acknowledged"),
     Attribute(_STATE, "EplbState", "model_states", "reads", (CONTROLLER,), "`stop_eplb`: each model's cycle"),
     Attribute(

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ascend_eplb.control import measures
-from ascend_eplb.integration.events import RecordedLoad
+from ascend_eplb.integration.events.reader import RecordedLoad
 from ascend_eplb.integration.model_facts import MAX_REDUNDANT_EXPERTS, experts_divisibility_error
 from ascend_eplb.integration.placement_file import placement_from_map
 

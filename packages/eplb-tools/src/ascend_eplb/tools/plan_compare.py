@@ -25,7 +25,7 @@ from ascend_eplb.control.estimate import LoadEstimate
 from ascend_eplb.control.policy_config import SKIP_REASONS, PolicySettings
 from ascend_eplb.control.values import is_int
 from ascend_eplb.integration import metrics
-from ascend_eplb.integration.events import RecordedLoad
+from ascend_eplb.integration.events.reader import RecordedLoad
 from ascend_eplb.tools import trace
 from ascend_eplb.tools.plan import validate_plan_args
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ascend_eplb.integration.events import RecordedLoad
+from ascend_eplb.integration.events.reader import RecordedLoad
 from ascend_eplb.integration.placement_file import write_placements
 from ascend_eplb.integration.regular_files import writable_file_problem
 from ascend_eplb.quant_views import get_format

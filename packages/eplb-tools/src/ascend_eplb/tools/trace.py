@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ascend_eplb.integration.events import RecordedLoad, read_events
+from ascend_eplb.integration.events.reader import RecordedLoad, read_events
 from ascend_eplb.integration.regular_files import (
     EVENTS_FILE,
     LOAD_FILE,
@@ -275,8 +275,8 @@ def load_esft_expert_weights(path: str | Path, *, top_k: int = 6) -> np.ndarray:
 
 def load_recorded(path: str | Path) -> RecordedLoad | None:
     """A serving events file's (``.jsonl``, ``ASCEND_EPLB_EVENTS``) windows, read once
-    (:meth:`ascend_eplb.integration.events.EventsFile.recorded_load`: one model's windows in the last run
-    that has any); None for any other file.
+    (:meth:`ascend_eplb.integration.events.reader.EventsFile.recorded_load`: one model's windows in the
+    last run that has any); None for any other file.
 
     A truncated last line that was skipped, and what else the file holds that is not read (other runs,
     other models), are each one :class:`~ascend_eplb.tools.files.InputFileWarning`.
@@ -294,7 +294,7 @@ def load_recorded(path: str | Path) -> RecordedLoad | None:
 
 def load_recorded_models(path: str | Path) -> tuple[RecordedLoad, ...]:
     """As :func:`load_recorded`, the windows of each model one server balanced
-    (:meth:`ascend_eplb.integration.events.EventsFile.recorded_loads`: the target and, when it recorded
+    (:meth:`ascend_eplb.integration.events.reader.EventsFile.recorded_loads`: the target and, when it recorded
     one, its MoE draft, each its own windows and configuration); ``()`` for any other file.
 
     Raises:

@@ -19,13 +19,13 @@ import torch
 
 from ascend_eplb.control import measures
 from ascend_eplb.control.policy_config import SKIP_REASONS
-from ascend_eplb.integration.events import (
+from ascend_eplb.integration.events.reader import read_events
+from ascend_eplb.integration.events.records import (
     CommitRecord,
     InitialPlacementRecord,
     RearrangementRealisedRecord,
     RearrangementRecord,
     WindowRecord,
-    read_events,
 )
 from ascend_eplb.integration.model_names import DRAFT_SUFFIX, is_draft
 from ascend_eplb.integration.regular_files import EVENTS_FILE, read_regular_file

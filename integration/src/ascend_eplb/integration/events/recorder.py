@@ -1,0 +1,346 @@
+"""The events recorder: the records of one controller's models, made from what control publishes on the
+controller's bus (its figures, :mod:`ascend_eplb.control.outcome`), written by EP rank 0
+(:class:`EventsWriter`, to the file :func:`events_path` names) and published as :class:`EventsRecord`."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ascend_eplb.control.bus import CommitEvent, Event, EventBus, RegistrationEvent, StepEvent
+from ascend_eplb.control.outcome import RearrangementOutcome, WindowClosed
+from ascend_eplb.integration import metrics
+from ascend_eplb.integration.events.records import (
+    CommitRecord,
+    InitialPlacementRecord,
+    RearrangementRealisedRecord,
+    RearrangementRecord,
+    Record,
+    RunStartRecord,
+    VerifierViolationRecord,
+    WindowRecord,
+    WorkerFailureRecord,
+)
+from ascend_eplb.integration.regular_files import RegularFileError, open_for_append, regular_file_problem
+from ascend_eplb.integration.verify import VerifierViolation
+from ascend_eplb.integration.watchdog import WorkerFailure
+
+# vLLM is imported where used: ``plan`` and ``simulate --trace`` read events files without it.
+
+__all__ = ["ENV_EVENTS", "EventsRecord", "EventsRecorder", "EventsWriter", "events_path"]
+
+#: The fields a ``rearrangement_realised`` record copies from its rearrangement's outcome.
+_REALISED_COPIES = (
+    "skipped",
+    "balancedness_before",
+    "balancedness_planned",
+    "load_estimate",
+    "estimate_balancedness_before",
+    "estimate_balancedness_planned",
+)
+
+ENV_EVENTS = "ASCEND_EPLB_EVENTS"
+
+
+def events_path(environ: Mapping[str, str] | None = None) -> str | None:
+    """The path ``ASCEND_EPLB_EVENTS`` names (a leading ``~`` expanded), or None (unset or empty).
+
+    Checked on every rank at start-up, though only EP rank 0 writes: a path that is a folder, a FIFO or
+    another non-regular file, or where no file can be created or appended to, is refused everywhere
+    alike. Whether it can be is judged by doing it (:func:`_creatable`): permission bits say nothing of
+    ``/proc`` or ``/sys``, where root may "write" but nothing can be created.
+
+    Raises:
+        ValueError: the path cannot be appended to (the message names it and why).
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(ENV_EVENTS, "").strip()
+    if not raw:
+        return None
+    # `~` is a shell's: a value set where no shell expands it (a container's environment, a unit file)
+    # made a folder called `~` wherever vLLM ran. Expanded here, as vLLM expands its own paths.
+    raw = os.path.expanduser(raw)
+    path = Path(raw)
+    if path.is_dir() or raw.endswith(("/", os.sep)):  # Path("out/") is "out": a file where a folder was meant
+        raise ValueError(f"{ENV_EVENTS}={raw}: is a folder; name the events file (e.g. events.jsonl)")
+    problem = regular_file_problem(path, missing_ok=True, verb="append to")
+    if problem is not None:
+        raise ValueError(f"{ENV_EVENTS}={raw}: {problem.problem}; name an events file (e.g. events.jsonl)")
+    if (why := _creatable(path)) is not None:
+        raise ValueError(f"{ENV_EVENTS}={raw}: {why}; name an events file in a writable folder")
+    return raw
+
+
+def _creatable(path: Path) -> str | None:
+    """Why the events file ``path`` cannot be appended to, or None. An existing file is opened for
+    appending (nothing written); a missing one is judged by creating and removing a file beside it (a
+    folder, in the nearest folder that exists, when its own is still to be made)."""
+    if path.exists():
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_NOCTTY))
+        except OSError as e:
+            return f"the file cannot be appended to ({e.strerror or e})"
+        return None
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    try:
+        if folder == path.parent:
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".probe")
+            os.close(fd)
+            os.unlink(probe)
+        else:
+            os.rmdir(tempfile.mkdtemp(dir=folder, prefix=".ascend-eplb-probe-"))
+    except OSError as e:
+        return f"nothing can be created in {folder} ({e.strerror or e})"
+    return None
+
+
+class EventsWriter:
+    """Appends records to ``path`` as JSON lines, each flushed at once.
+
+    Raises:
+        ValueError: ``path`` cannot be appended to: a folder, a FIFO or another non-regular file, or not
+            writable (the message names it and why); checked before it is opened, which never blocks.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        try:
+            self._file = open_for_append(self.path)
+        except RegularFileError as e:
+            raise ValueError(f"{ENV_EVENTS}={self.path}: {e.reason}") from None
+
+    def write(self, record: Record) -> None:
+        self._file.write(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@dataclass(frozen=True)
+class EventsRecord(Event):
+    """One record of the events file, published on the controller's event bus on every rank, on the
+    runner thread, as it is made (EP rank 0 also writes it)."""
+
+    record: Record
+
+
+class EventsRecorder:
+    """The records of one controller's models: written to ``path`` by EP rank 0, and published on the
+    controller's event bus as :class:`EventsRecord` on every rank. A rank with neither a file to write
+    nor a subscriber of :class:`EventsRecord` (at model registration) records nothing (and subscribes to
+    control's outcomes only once it records, so that an idle rank has none figured).
+
+    Use :meth:`attach` (``create_eplb_controller`` does when :func:`events_path` is set or the Prometheus
+    metrics are on). A one-line INFO log per rearrangement, done or skipped by the gate (EP rank 0), says
+    the same for people reading logs.
+
+    Args:
+        path: the events file, or None (no file; bus subscribers only).
+        clock: monotonic seconds (tests).
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None, clock=time.monotonic) -> None:
+        self.path = None if path is None else Path(path)
+        self.clock = clock
+        self.steps = 0
+        self._bus: EventBus | None = None
+        self._writer: EventsWriter | None = None
+        self._active = False
+        self._published: dict[tuple[str, int], float] = {}
+        self._bytes_seen: dict[str, int] = {}
+        self._rank: int | None = None
+
+    def attach(self, bus: EventBus) -> None:
+        """Subscribe to a controller's event bus (control's ``AscendEPLBController.bus``, once, when the
+        controller is built): its models' registration, steps, commits and start-up installs, and the
+        ``worker_failure`` and ``verifier_violation`` events of the watchdog and the verifier; control's
+        closed windows and rearrangement outcomes once it records (:meth:`_on_registered`)."""
+        from ascend_eplb.control.initial_placement import InitialPlacementEvent  # imports vLLM
+
+        self._bus = bus
+        bus.subscribe(RegistrationEvent, self._on_registered)
+        bus.subscribe(StepEvent, self._on_step)
+        bus.subscribe(CommitEvent, self._on_commit_event)
+        bus.subscribe(InitialPlacementEvent, self._on_initial_placement)
+        bus.subscribe(WorkerFailure, self._on_worker_failure)
+        bus.subscribe(VerifierViolation, self._on_violation)
+
+    # ------------------------------------------------------------------ subscribers
+    def _on_registered(self, event: RegistrationEvent) -> None:
+        from vllm.distributed.parallel_state import get_ep_group
+
+        self._rank = get_ep_group().rank_in_group
+        if self._rank == 0 and self.path is not None and self._writer is None:
+            self._writer = EventsWriter(self.path)
+        if self._writer is None and not (self._bus is not None and self._bus.subscribers(EventsRecord)):
+            return
+        if not self._active and self._rank == 0:
+            # This server's first record, in its file and to the records' subscribers alike: every reader
+            # starts its run here.
+            self._emit(RunStartRecord(**self._stamp(), model=None, run_id=uuid.uuid4().hex, pid=os.getpid()))
+        if not self._active and self._bus is not None:
+            self._bus.subscribe(WindowClosed, self._on_window)
+            self._bus.subscribe(RearrangementOutcome, self._on_outcome)
+        self._active = True
+
+    def _stamp(self) -> dict[str, Any]:
+        return {"time": time.time(), "step": self.steps}
+
+    def _emit(self, record: Record) -> None:
+        if self._writer is not None:
+            self._writer.write(record)
+        if self._bus is not None:
+            self._bus.publish(EventsRecord(record))
+
+    def _on_step(self, event: StepEvent) -> None:
+        if not event.is_profile:
+            self.steps += 1
+        if not self._active:
+            return
+        state = event.controller.state
+        now = self.clock()
+        for ms in state.model_states.values():
+            pending = ms.pending_result
+            if pending is not None:
+                self._published.setdefault((ms.model_name, pending.layer_idx), now)
+
+    def _on_window(self, w: WindowClosed) -> None:
+        """Control's closed window: the ``rearrangement_realised`` record of the rearrangement it realises
+        (when there is one; its figures copied from that outcome), then its ``window`` record."""
+        name, realised = w.model_name, w.realised
+        if realised is not None:
+            done = realised.outcome
+            self._emit(RearrangementRealisedRecord(
+                **self._stamp(), model=name, rearrangement=done.rearrangement,
+                **{f: getattr(done, f) for f in _REALISED_COPIES},
+                balancedness_realised=realised.balancedness, placed_by=realised.placed_by,
+                windows_realised=realised.windows, balancedness_realised_mean=realised.mean,
+            ))  # fmt: skip
+        self._bytes_seen[name] = _bytes_received(w.model_state)
+        selections = w.new_selections
+        self._emit(WindowRecord(
+            **self._stamp(), model=name, rearrangement=w.rearrangement,
+            load=tuple(map(tuple, w.load.to(torch.int64).tolist())),
+            balancedness=w.balancedness, balancedness_eplb_off=w.balancedness_eplb_off, num_ranks=w.num_ranks,
+            num_physical_experts=int(w.placement.shape[1]), num_expert_groups=w.num_expert_groups,
+            num_nodes=w.num_nodes,
+            new_selections=None if selections is None else tuple(map(tuple, selections.tolist())),
+        ))  # fmt: skip
+
+    def _on_commit_event(self, event: CommitEvent) -> None:
+        if not self._active:
+            return
+        model_state = event.model_state
+        if event.kind == "move":
+            self._published.setdefault((event.model_name, event.layer), self.clock())
+            return
+        if event.kind != "acknowledge":  # EPLB is asynchronous only: every layer is acknowledged
+            return
+        name = event.model_name
+        published = self._published.pop((name, event.layer), None)
+        received = _bytes_received(model_state)
+        delta = received - self._bytes_seen.get(name, received)
+        self._bytes_seen[name] = received
+        self._emit(CommitRecord(
+            **self._stamp(), model=name, rearrangement=event.rearrangement, layer=event.layer,
+            publish_to_acknowledge_s=None if published is None else self.clock() - published,
+            bytes_received=delta,
+            placement=tuple(model_state.physical_to_logical_map[event.layer].detach().cpu().tolist()),
+        ))  # fmt: skip
+
+    def _on_outcome(self, o: RearrangementOutcome) -> None:
+        """Control's outcome of a window (skipped at its decision, done at its last layer's acknowledgement):
+        its ``rearrangement`` record, and the INFO line (EP rank 0)."""
+        nbytes = 0 if o.moved is None else metrics.expert_bytes(o.model_state.model.expert_weights)
+        r = RearrangementRecord(
+            **self._stamp(), model=o.model_name, rearrangement=o.rearrangement, policy=o.policy,
+            skipped=o.skipped, balancedness_before=o.balancedness_before,
+            balancedness_planned=o.balancedness_planned, load_estimate=o.load_estimate,
+            estimate_balancedness_before=o.estimate_balancedness_before,
+            estimate_balancedness_planned=o.estimate_balancedness_planned, experts_moved=o.experts_moved,
+            bytes_moved=0 if o.moved is None else metrics.bytes_moved(o.moved, nbytes),
+            layers_changed=o.layers_changed,
+        )  # fmt: skip
+        self._emit(r)
+        if self._rank != 0 or r.skipped == "no_load":  # the state logs a run of windows without load
+            return
+        from vllm.logger import init_logger
+
+        log = init_logger(__name__)
+        estimate = ""
+        if r.estimate_balancedness_before is not None:
+            planned = r.estimate_balancedness_planned
+            estimate = f" (on the {r.load_estimate} load estimate {r.estimate_balancedness_before:.4f}" + (
+                ")" if planned is None else f" -> {planned:.4f})"
+            )
+        if r.skipped is None:
+            log.info(
+                "EPLB rearrangement %d of %s committed (policy %s): balancedness of its window %.4f -> "
+                "planned %.4f%s, %d experts moved (%d bytes), %d layers changed",
+                r.rearrangement, r.model, r.policy, r.balancedness_before, r.balancedness_planned, estimate,
+                r.experts_moved, r.bytes_moved, r.layers_changed,
+            )  # fmt: skip
+        else:
+            planned = r.balancedness_planned
+            log.info(
+                "EPLB rearrangement %d of %s skipped (%s, policy %s): balancedness of its window %.4f%s%s; "
+                "no expert moved",
+                r.rearrangement, r.model, r.skipped, r.policy, r.balancedness_before,
+                "" if planned is None else f", the policy's placement {planned:.4f}", estimate,
+            )  # fmt: skip
+
+    def _on_initial_placement(self, event: Any) -> None:
+        """The start-up install's record (its commit is synchronous: no acknowledge, no ``commit``
+        record; the layers' ``move`` marks are dropped so that the first rearrangement's commits time
+        from their own publication)."""
+        model_state = event.model_state
+        name = event.model_name
+        for layer in range(int(model_state.physical_to_logical_map.shape[0])):
+            self._published.pop((name, layer), None)
+        if not self._active:
+            return
+        new, moved = event.placement, event.moved
+        received = _bytes_received(model_state)
+        self._bytes_seen[name] = received
+        nbytes = metrics.expert_bytes(model_state.model.expert_weights)
+        self._emit(InitialPlacementRecord(
+            **self._stamp(), model=name, source=event.source,
+            num_logical_experts=int(model_state.logical_to_physical_map.shape[1]), num_ranks=event.num_ranks,
+            placement=tuple(map(tuple, new.tolist())),
+            layers_changed=int((event.previous != new).any(dim=1).sum()), experts_moved=int(moved.sum()),
+            bytes_moved=metrics.bytes_moved(moved, nbytes), bytes_received=received,
+        ))  # fmt: skip
+
+    def _on_worker_failure(self, failure: Any) -> None:
+        if self._active:
+            self._emit(WorkerFailureRecord(
+                **self._stamp(), model=failure.model, kind=failure.kind, ranks=tuple(failure.ranks),
+                layer=failure.layer, cause=failure.cause,
+            ))  # fmt: skip
+
+    def _on_violation(self, violation: Any) -> None:
+        if self._active:
+            self._emit(VerifierViolationRecord(
+                **self._stamp(), model=violation.model, check=violation.check, layer=violation.layer,
+                rank=violation.rank, slot=violation.slot, message=violation.message(),
+            ))  # fmt: skip
+
+
+def _bytes_received(model_state: Any) -> int:
+    """metrics.bytes_received, 0 when the communicator keeps no statistics (the records' deltas are 0)."""
+    received = metrics.bytes_received(model_state)
+    return 0 if received is None else received
