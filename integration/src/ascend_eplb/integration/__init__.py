@@ -1,5 +1,7 @@
-"""Ascend EPLB integration for vLLM Model Runner V2: start-up validation, the narrow upstream patches,
-the ``vllm.general_plugins`` entry point and the Model Runner V2 wiring.
+"""Ascend EPLB integration for vLLM Model Runner V2, the serving product: start-up validation (the support
+matrix, one settings reader), the one registry of narrow idempotent patches, the ``vllm.general_plugins``
+entry point, the Model Runner V2 wiring, the runtime verifier, the worker watchdog, the events file and
+the metrics.
 
 Importing this package imports nothing else: the submodules load their dependencies when used, so the
 plugin entry point stays free of vLLM and of the planes while EPLB is off.

@@ -1,6 +1,9 @@
-"""Ascend EPLB data plane: device replica lookup, graph-safe map-and-record, router adapter.
+"""Ascend EPLB data plane: what a forward runs to route a selection to a physical expert.
 
-Pure torch; never imports vLLM. See the package README for the contracts.
+The device replica lookup (fixed shape, refreshed in place), logical-to-physical mapping fused with load
+recording (graph-safe, padding excluded), post-compute recording from kernel token counts, the batch
+split of a replicated expert's selections by the batch's own counts, and the per-instance router
+adapter. Pure torch (Triton optional); never imports vLLM. See the package README for the contracts.
 """
 
 from ascend_eplb.dataplane.__about__ import __version__
