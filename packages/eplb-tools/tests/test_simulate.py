@@ -9,7 +9,8 @@ import torch
 
 from ascend_eplb import world as rm
 from ascend_eplb.tools.cli import main
-from ascend_eplb.tools.simulate.config import CHECK_DESCRIPTIONS, OUTPUT_ATOL, OUTPUT_RTOL, SimulateConfig
+from ascend_eplb.tools.simulate.checks import CHECK_DESCRIPTIONS, OUTPUT_ATOL, OUTPUT_RTOL
+from ascend_eplb.tools.simulate.config import SimulateConfig
 from ascend_eplb.tools.simulate.driver import run_simulation
 
 # The trace-replay world (--model replay): the embedded ESFT trace on synthetic w8a8_dynamic experts.

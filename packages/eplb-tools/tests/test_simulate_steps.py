@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import torch
 
 from ascend_eplb.control.bus import EventBus
+from ascend_eplb.control.outcome import Outcomes
 from ascend_eplb.control.state import COMMIT_LOG_MAXLEN, AscendEplbState
 from ascend_eplb.tools.simulate import steps
 from ascend_eplb.tools.simulate.stats import OutputTolerance, StepLog
@@ -18,7 +19,10 @@ def test_every_layer_commit_is_counted_past_the_commit_logs_length():
     state's own ``_log`` (which appends to the deque and publishes on the bus, as every commit does)
     runs for twice the deque's length, one layer commit per step, and every step reports its layer."""
     num_layers, num_ranks = 4, 2
-    state = SimpleNamespace(commit_log=deque(maxlen=COMMIT_LOG_MAXLEN), bus=EventBus(), num_rearrangements=0)
+    bus = EventBus()
+    state = SimpleNamespace(
+        commit_log=deque(maxlen=COMMIT_LOG_MAXLEN), bus=bus, num_rearrangements=0, outcomes=Outcomes(bus)
+    )
     model_state = SimpleNamespace(model_name="m")
     watch = steps.CommitWatch(state.bus)
     stats = StepLog(OutputTolerance(rtol=1e-5, atol=1e-6))

@@ -16,12 +16,12 @@ from typing import Any
 
 from ascend_eplb.control.phase import LOAD_COLLECTION_PHASES as PHASES
 from ascend_eplb.integration.model_facts import MAX_REDUNDANT_EXPERTS, experts_divisibility_error
-from ascend_eplb.integration.verify import CHECKS as VERIFIER_CHECKS
-from ascend_eplb.integration.watchdog import CHECK as WATCHDOG_CHECK
 from ascend_eplb.quant_views import get_format
 from ascend_eplb.tools.costs import read_model_size
 from ascend_eplb.tools.options import MAX_INPUT_MIB_HELP, non_negative_int, number, path_text, positive_int
 from ascend_eplb.tools.simulate import resources
+from ascend_eplb.tools.simulate.checks import OUTPUT_RTOL, output_rtol
+from ascend_eplb.tools.simulate.faults import FAULT_DESCRIPTIONS, FAULTS
 from ascend_eplb.tools.simulate.models import PRESET_FORMAT, REPLAY, REPLAY_FORMAT
 from ascend_eplb.tools.simulate.option_rules import (
     compilation_errors,
@@ -35,76 +35,17 @@ from ascend_eplb.tools.simulate.option_rules import (
 from ascend_eplb.world.compilation import COMPILE_BACKENDS, compilation_of
 
 __all__ = [
-    "CHECKS",
-    "CHECK_DESCRIPTIONS",
-    "FAULTS",
-    "FAULT_DESCRIPTIONS",
     "LINK_GBPS_DEFAULT",
-    "OUTPUT_ATOL",
-    "OUTPUT_RTOL",
-    "OUTPUT_RTOL_16BIT",
     "PHASES",
     "REPLAY_ONLY",
     "RUN_OUTPUTS",
-    "SIMULATOR_CHECKS",
     "SimulateConfig",
     "add_simulate_arguments",
     "ascend_policy_keys",
     "config_from_args",
     "non_negative_int",
-    "output_rtol",
     "positive_int",
 ]
-
-FAULTS = (
-    "wrong-lookup-refresh",
-    "view-skips-scale",
-    "worker-dies",
-    "worker-stalls",
-    "worker-never-publishes",
-)
-#: What each fault does (``--fault``'s help and SIMULATE.md).
-FAULT_DESCRIPTIONS = {
-    "wrong-lookup-refresh": "layer 0's lookup keeps the pre-commit placement after its commit (lookups)",
-    "view-skips-scale": (
-        "the weight views forget a scale tensor, so it is never moved (fingerprints; replay only)"
-    ),
-    "worker-dies": "the last rank's async worker raises in layer 1's transfer (worker)",
-    "worker-stalls": "the last rank's async worker never returns from layer 1's transfer (worker)",
-    "worker-never-publishes": (
-        "the last rank's async worker moves layer 1 but never publishes it, while the other ranks' "
-        "workers wait for theirs to be consumed: upstream's silent stop, vllm-project/vllm#57883 (worker)"
-    ),
-}
-#: The simulator's own checks; the others are the serving verifier's (ASCEND_EPLB_VERIFY=1) and the
-#: serving watchdog's (always on).
-SIMULATOR_CHECKS = ("outputs", "load")
-CHECKS = (*SIMULATOR_CHECKS, *VERIFIER_CHECKS, WATCHDOG_CHECK)
-#: Each check in plain words (the summary prints them).
-CHECK_DESCRIPTIONS = {
-    "outputs": "the outputs equal the EPLB-off model's every step",
-    "load": "the recorded load equals the routed real tokens (padding excluded)",
-    "fingerprints": "each moved expert's weights equal its logical expert's after the commit",
-    "lookups": "routing tables equal the committed placement, the same on every rank",
-    "worker": "the async EPLB worker stayed alive and made progress",
-}
-#: Output tolerance against the EPLB-off reference. Moved weights are bit-identical, so the only
-#: difference is float32 summation order (per-rank partial sums, then all_reduce): a few ulps of the
-#: largest value.
-OUTPUT_RTOL = 1e-5
-OUTPUT_ATOL = 1e-6
-#: 16-bit activations (the bf16/fp16 formats): the per-rank partial sums of a token's selections are
-#: rounded in the activation dtype, so a placement that splits them differently differs by rounding of
-#: that dtype (measured: at most 0.0625 on logits of scale ~9.4, 0.7 %, for bf16 on the DeepSeek-V3
-#: preset, 4 ranks, top-6, 96 steps); the check allows 16 units of roundoff (bf16 2**-8, fp16 2**-11). A wrong
-#: expert or replica is off by tens of percent (the replica-agreement bug: 52-105 %).
-OUTPUT_RTOL_16BIT = {"bf16": 16 * 2.0**-8, "fp16": 16 * 2.0**-11}
-
-
-def output_rtol(fmt: str | None) -> float:
-    """The outputs check's relative tolerance for experts of format ``fmt`` (activations in its dtype)."""
-    return OUTPUT_RTOL_16BIT.get(fmt or "", OUTPUT_RTOL)
-
 
 #: Default link speed (Gbit/s) for the rearrangement-time estimate of ``simulate`` and ``plan``:
 #: 25 Gbit/s, one 25GE port per rank. Movement stages every expert through host memory over Gloo (TCP),

@@ -10,11 +10,26 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["WORKER_FAULTS", "inject_stale_lookup", "inject_worker_fault"]
+__all__ = ["FAULTS", "FAULT_DESCRIPTIONS", "WORKER_FAULTS", "inject_stale_lookup", "inject_worker_fault"]
 
 
 #: The faults of the async worker (:func:`inject_worker_fault`), injected on the last rank.
 WORKER_FAULTS = ("worker-dies", "worker-stalls", "worker-never-publishes")
+#: Every fault ``--fault`` takes.
+FAULTS = ("wrong-lookup-refresh", "view-skips-scale", *WORKER_FAULTS)
+#: What each fault does (``--fault``'s help and SIMULATE.md).
+FAULT_DESCRIPTIONS = {
+    "wrong-lookup-refresh": "layer 0's lookup keeps the pre-commit placement after its commit (lookups)",
+    "view-skips-scale": (
+        "the weight views forget a scale tensor, so it is never moved (fingerprints; replay only)"
+    ),
+    "worker-dies": "the last rank's async worker raises in layer 1's transfer (worker)",
+    "worker-stalls": "the last rank's async worker never returns from layer 1's transfer (worker)",
+    "worker-never-publishes": (
+        "the last rank's async worker moves layer 1 but never publishes it, while the other ranks' "
+        "workers wait for theirs to be consumed: upstream's silent stop, vllm-project/vllm#57883 (worker)"
+    ),
+}
 
 
 def inject_worker_fault(communicator: Any, fault: str, rank: int) -> None:

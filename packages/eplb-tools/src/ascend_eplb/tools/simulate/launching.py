@@ -24,7 +24,8 @@ from ascend_eplb.launch import (
     run_ranks,
     stop_fork_server,
 )
-from ascend_eplb.tools.simulate.config import OUTPUT_ATOL, SimulateConfig
+from ascend_eplb.tools.simulate.checks import OUTPUT_ATOL
+from ascend_eplb.tools.simulate.config import SimulateConfig
 from ascend_eplb.tools.simulate.entry import simulate_rank  # imports vLLM only when a rank calls it
 from ascend_eplb.tools.simulate.lifecycle import (
     SCRATCH_PREFIX,

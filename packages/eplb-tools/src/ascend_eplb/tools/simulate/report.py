@@ -30,7 +30,8 @@ from ascend_eplb.integration.events.records import (
 from ascend_eplb.integration.model_names import DRAFT_SUFFIX, is_draft
 from ascend_eplb.integration.regular_files import EVENTS_FILE, read_regular_file
 from ascend_eplb.tools.costs import estimate_costs, read_model_size
-from ascend_eplb.tools.simulate.config import CHECKS, SimulateConfig
+from ascend_eplb.tools.simulate.checks import CHECKS
+from ascend_eplb.tools.simulate.config import SimulateConfig
 from ascend_eplb.tools.simulate.stats import InstallSeen, OutputTolerance, RankStats
 from ascend_eplb.tools.simulate.verdicts import JUDGED, PASSED, check_verdicts, run_verdict
 from ascend_eplb.world.compilation import is_compiled

@@ -9,7 +9,7 @@ import numpy as np
 from ascend_eplb.control.policy_config import PolicySettings
 from ascend_eplb.tools import quiet
 from ascend_eplb.tools.costs import format_bytes
-from ascend_eplb.tools.simulate.config import CHECK_DESCRIPTIONS
+from ascend_eplb.tools.simulate.checks import CHECK_DESCRIPTIONS
 from ascend_eplb.tools.simulate.report import InstallReport, SimulateReport
 from ascend_eplb.tools.simulate.verdicts import FAILED, NOT_JUDGED, PASSED
 

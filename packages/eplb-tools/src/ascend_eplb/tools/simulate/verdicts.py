@@ -10,7 +10,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from ascend_eplb.tools.simulate.config import CHECKS, SimulateConfig
+from ascend_eplb.tools.simulate.checks import CHECKS
+from ascend_eplb.tools.simulate.config import SimulateConfig
 from ascend_eplb.tools.simulate.stats import RankStats
 
 __all__ = ["FAILED", "JUDGED", "NOT_JUDGED", "PASSED", "check_verdicts", "run_verdict"]
