@@ -7,6 +7,7 @@ world's (``replay_world.QuantExperts``).
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -39,11 +40,10 @@ def inject_worker_fault(communicator: Any, fault: str, rank: int) -> None:
     transfers complete and their workers publish layer 1 and wait for it to be consumed, this rank
     never publishes it, so upstream's step counter runs past its interval: vllm-project/vllm#57883)."""
     execute = communicator.execute
-    calls = [0]
+    calls = itertools.count(1)
 
     def faulty_execute(*args: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
-        if calls[0] == 2:
+        if next(calls) == 2:
             if fault == "worker-dies":
                 raise RuntimeError(f"injected fault: the expert transfer of layer 1 failed on rank {rank}")
             if fault == "worker-never-publishes":

@@ -46,6 +46,7 @@ from ascend_eplb.tools.simulate.steps import (
     CommitWatch,
     RankLoop,
     StepSeen,
+    VerifierClock,
     close_step,
     end_of_run,
     record_first_step_plan,
@@ -140,7 +141,7 @@ class _ReplayWorld:
     model_state: Any
     watchdog: WorkerWatchdog
     verifier: EplbVerifier
-    verifier_time: list[float]
+    verifier_time: VerifierClock
     num_moe_layers: int
     num_logical: int
     num_physical: int
@@ -204,7 +205,7 @@ def _run_replay(ctx: RankContext, cfg: RankConfig, routing: dict, vc: VllmConfig
     )  # fmt: skip
     for step in range(cfg.options.steps):
         t0, c0 = time.perf_counter(), time.process_time()
-        world.verifier_time[0] = 0.0
+        world.verifier_time.seconds = 0.0
         placement = world.model_state.physical_to_logical_map.clone()  # in force for this forward
         fwd = _replay_step(world, cursor, stats)
         cursor += world.ctx.world_size * world.batch

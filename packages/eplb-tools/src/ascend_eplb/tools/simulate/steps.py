@@ -41,6 +41,7 @@ __all__ = [
     "CommitWatch",
     "RankLoop",
     "StepSeen",
+    "VerifierClock",
     "close_step",
     "end_of_run",
     "end_of_step",
@@ -60,14 +61,21 @@ def record_resources(ctx: RankContext, cfg: RankConfig) -> None:
         record_rank_resources(ctx.tmp_dir, ctx.rank)  # the launcher removes what a killed rank left
 
 
-def timed_hooks(controller: Any) -> tuple[WorkerWatchdog, EplbVerifier, list[float]]:
+@dataclass
+class VerifierClock:
+    """The serving verifier's seconds in the current step (the world sets ``seconds`` to 0 per step)."""
+
+    seconds: float = 0.0
+
+
+def timed_hooks(controller: Any) -> tuple[WorkerWatchdog, EplbVerifier, VerifierClock]:
     """Wrap the serving verifier's step and commit subscribers to time them (its cost per step);
-    returns the controller's watchdog and verifier (its serving guardrails) and the one-element list
-    each step's verifier seconds accumulate into."""
+    returns the controller's watchdog and verifier (its serving guardrails) and the clock each step's
+    verifier seconds accumulate on."""
     guardrails = guardrails_of(controller)
     watchdog, verifier = guardrails.watchdog, guardrails.verifier
     assert verifier is not None  # ASCEND_EPLB_VERIFY=1 here
-    spent = [0.0]
+    clock = VerifierClock()
 
     def timed(hook):
         def run(*args):
@@ -75,13 +83,13 @@ def timed_hooks(controller: Any) -> tuple[WorkerWatchdog, EplbVerifier, list[flo
             try:
                 hook(*args)
             finally:
-                spent[0] += time.perf_counter() - t
+                clock.seconds += time.perf_counter() - t
 
         return run
 
     controller.bus.wrap(verifier.on_step, timed)
     controller.bus.wrap(verifier.on_commit, timed)
-    return watchdog, verifier, spent
+    return watchdog, verifier, clock
 
 
 class CommitWatch:
@@ -116,8 +124,8 @@ class RankLoop:
         wiring: the rank's ``Mrv2EplbWiring``; ``state``, ``model_state``: its ``AscendEplbState`` and
             the served (target) model's upstream ``EplbModelState`` (a draft's: ``draft.DraftRun``).
         after_sampling: runner point 9 of the world (upstream's step, then the watchdog and verifier).
-        watchdog, verifier: the controller's serving guardrails; ``verifier_seconds``: the one-element
-            list :func:`timed_hooks` adds each step's verifier seconds to (reset by the world per step).
+        watchdog, verifier: the controller's serving guardrails; ``verifier_seconds``: the
+            :class:`VerifierClock` :func:`timed_hooks` adds each step's verifier seconds to.
         commits: the layers of ``model_state``'s model committed, heard on the bus.
         initial_p2l: int64 ``(L, P)``, upstream's initial placement (EPLB off).
         slots_per_rank: p.
@@ -131,7 +139,7 @@ class RankLoop:
     after_sampling: Callable[[], Any]
     watchdog: WorkerWatchdog
     verifier: EplbVerifier
-    verifier_seconds: list[float]
+    verifier_seconds: VerifierClock
     commits: CommitWatch
     initial_p2l: torch.Tensor
     slots_per_rank: int
@@ -172,7 +180,7 @@ def close_step(loop: RankLoop, seen: StepSeen, violation: Any) -> tuple[Any, boo
         verified = CheckViolationError("worker", str(e))
     stats.step_seconds.append(time.perf_counter() - seen.started[0])
     stats.step_cpu_seconds.append(time.process_time() - seen.started[1])  # this process, all its threads
-    stats.verifier_seconds.append(loop.verifier_seconds[0])
+    stats.verifier_seconds.append(loop.verifier_seconds.seconds)
     stats.step_in_flight.append(in_flight)
     if watchdog.failure is not None and stats.worker_failure is None:
         # EPLB stopped on every rank at this step; serving (and every other check) goes on.
