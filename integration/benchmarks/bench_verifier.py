@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     opts = parser.parse_args(argv)
 
-    from ascend_eplb import world as rm
     from ascend_eplb.testing import load_module, run_ranks, stop_fork_server
+    from ascend_eplb.world.checkpoints import ARCHITECTURES, write_checkpoint
 
     bench = load_module(__file__)  # the rank function under a name every rank can import
     keys = ("redundant", "window", "interval", "steps", "tokens", "batch", "seed")
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     worlds = []
     try:
         with tempfile.TemporaryDirectory(prefix="bench-verifier-") as tmp:
-            folder = rm.write_checkpoint(
+            folder = write_checkpoint(
                 opts.arch, Path(tmp) / opts.arch, seed=opts.seed, num_experts=opts.experts,
                 top_k=opts.top_k, num_moe_layers=opts.layers,
             )  # fmt: skip
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     steps_per_block = statistics.median(len(off) for _, off, _ in pairs)
     commits_per_block = statistics.median(sum(1 for i in off if w["commits"][i]) for w, off, _ in pairs)
     print(
-        f"serving verifier benchmark: {rm.ARCHITECTURES[opts.arch]} ({opts.arch}), {opts.ranks} ranks "
+        f"serving verifier benchmark: {ARCHITECTURES[opts.arch]} ({opts.arch}), {opts.ranks} ranks "
         f"TP={opts.ranks} x EP={opts.ranks}, {opts.layers} MoE layers x {opts.experts} experts "
         f"(+{opts.redundant}), top-{opts.top_k}; {len(worlds)} world(s) of {opts.steps} steps, "
         f"{len(pairs)} off/on pairs of whole rearrangement cycles ({steps_per_block:g} steps, "

@@ -17,33 +17,38 @@ from typing import Any
 import torch
 
 from ascend_eplb.testing import RankContext
+from ascend_eplb.world import own_loop
+from ascend_eplb.world.checkpoints import checkpoint_experts, checkpoint_info
+from ascend_eplb.world.kernel_logs import kernel_log
+from ascend_eplb.world.own_loop import ServingWorker, real_model_world
+from ascend_eplb.world.rank_model import build_model, forward, prompt, routed_experts
+from ascend_eplb.world.slots import initial_physical_to_logical, local_slot_mismatches
+from ascend_eplb.world.stand_ins import install_attention_stand_ins, register_torch_moe_method
 
 
 def real_model_checks(
     ctx: RankContext, folder: str, prompts: list[torch.Tensor], num_redundant_experts: int
 ) -> dict[str, Any]:
-    from ascend_eplb import world as rm
-
     report: dict[str, Any] = {"rank": ctx.rank}
-    info = rm.checkpoint_info(folder)
-    experts = rm.checkpoint_experts(folder)
+    info = checkpoint_info(folder)
+    experts = checkpoint_experts(folder)
     t0 = time.monotonic()
-    model, vc = rm.build_model(ctx, folder, enable_eplb=False)
+    model, vc = build_model(ctx, folder, enable_eplb=False)
     report["build_off_s"] = time.monotonic() - t0
-    report["attention_stand_ins"] = rm.install_attention_stand_ins(model)
-    method = rm.register_torch_moe_method()
-    report["moe_methods"] = sorted({type(m.quant_method).__name__ for m in rm.routed_experts(model)})
+    report["attention_stand_ins"] = install_attention_stand_ins(model)
+    method = register_torch_moe_method()
+    report["moe_methods"] = sorted({type(m.quant_method).__name__ for m in routed_experts(model)})
     report["moe_methods_are_stand_in"] = all(
-        isinstance(m.quant_method, method) for m in rm.routed_experts(model)
+        isinstance(m.quant_method, method) for m in routed_experts(model)
     )
-    report["expert_map_off"] = [m.expert_map.tolist() for m in rm.routed_experts(model)]
+    report["expert_map_off"] = [m.expert_map.tolist() for m in routed_experts(model)]
     positions = [torch.arange(p.shape[0]) for p in prompts]
-    logs = [rm.kernel_log(layer) for layer in rm.routed_experts(model)]
+    logs = [kernel_log(layer) for layer in routed_experts(model)]
     t1 = time.monotonic()
     # The router's selections, per MoE layer call: int64 (T, K) ids in [0, E) (EPLB off: P = E).
     report["logits_off"], report["selections"] = [], []
     for p, pos in zip(prompts, positions, strict=True):
-        report["logits_off"].append(rm.forward(model, vc, p, pos))
+        report["logits_off"].append(forward(model, vc, p, pos))
         report["selections"] += [log.last_ids() for log in logs]
     report["forward_off_s"] = (time.monotonic() - t1) / len(prompts)
     report["moe_calls_per_forward"] = [int(log.calls) / len(prompts) for log in logs]
@@ -51,21 +56,21 @@ def real_model_checks(
     from torch._dynamo.utils import counters
 
     report["graphs_compiled"] = counters["stats"]["unique_graphs"]
-    report["slot_mismatches_off"] = rm.local_slot_mismatches(
-        model, experts, rm.initial_physical_to_logical(info, 0), ctx.rank
+    report["slot_mismatches_off"] = local_slot_mismatches(
+        model, experts, initial_physical_to_logical(info, 0), ctx.rank
     )
     del model
 
     t2 = time.monotonic()
-    model_on, _ = rm.build_model(
+    model_on, _ = build_model(
         ctx, folder, enable_eplb=True, eplb={"num_redundant_experts": num_redundant_experts}
     )
     report["build_on_s"] = time.monotonic() - t2
-    layers = rm.routed_experts(model_on)
+    layers = routed_experts(model_on)
     report["local_slots_on"] = [int(m.w13_weight.shape[0]) for m in layers]
     report["expert_map_on"] = [m.expert_map.tolist() for m in layers]
-    report["slot_mismatches_on"] = rm.local_slot_mismatches(
-        model_on, experts, rm.initial_physical_to_logical(info, num_redundant_experts), ctx.rank
+    report["slot_mismatches_on"] = local_slot_mismatches(
+        model_on, experts, initial_physical_to_logical(info, num_redundant_experts), ctx.rank
     )
     # The slots hold distinct experts (not one repeated tensor): the check above can fail.
     report["distinct_local_rows"] = [
@@ -89,20 +94,19 @@ def rank_dependent_replicas_world(
     to register a model without MoE layers (a ``torch.nn.Linear``): ``(error class, message)``.
     """
     os.environ["ASCEND_EPLB_VERIFY"] = "1"
-    from ascend_eplb import world as rm
     from ascend_eplb.integration.verify import EplbVerificationError
 
-    worker = rm.ServingWorker(
+    worker = ServingWorker(
         ctx, folder, num_redundant_experts=num_redundant_experts, window_size=1, step_interval=2,
         data_parallel_size=data_parallel_size,
     )  # fmt: skip
     info = worker.info
-    worker.profile_run(rm.prompt(0, 12, info.vocab_size))
+    worker.profile_run(prompt(0, 12, info.vocab_size))
     for layout in worker.state.row_layouts.values():
         layout[0] = worker.ep_rank  # stays: the controller rewrites the tensor only when the layout changes
     report: dict[str, Any] = {"rank": ctx.rank, "error": None, "step": None, "max_rel_err": 0.0}
     for step in range(20):
-        ids = rm.prompt(step * data_parallel_size + worker.dp_rank, 12, info.vocab_size)
+        ids = prompt(step * data_parallel_size + worker.dp_rank, 12, info.vocab_size)
         seen = worker.forward_step(ids, num_unpadded_tokens=12, batch_has_prefill=True)
         report["rows"] = worker.wiring.controller.last_row_layout.rows
         err = float((seen.logits_on - seen.logits_off).abs().max() / seen.logits_off.abs().max())
@@ -124,9 +128,7 @@ def rank_dependent_replicas_world(
 def serving_world(ctx: RankContext, spec: Any) -> Any:
     """``real_model_world(ctx, spec)``: this rank's ``RealModelRun`` (a float or a quantized checkpoint;
     the environment of ``spec`` chooses the quantized layout)."""
-    from ascend_eplb import world as rm
-
-    return rm.real_model_world(ctx, spec)
+    return real_model_world(ctx, spec)
 
 
 def layout_world(
@@ -145,19 +147,16 @@ def layout_world(
     * ``fault`` (when asked): :func:`rank_dependent_replicas_world` on ``spec.folder`` in this layout
       (last: its run ends at the verifier's error, possibly with a layer in flight).
     """
-
     from vllm.distributed.parallel_state import get_ep_group
 
-    from ascend_eplb import world as rm
     from ascend_eplb.integration.validation import EplbConfigError
-    from ascend_eplb.world import own_loop
 
     report: dict[str, Any] = {}
     loads: list[str] = []
     original = own_loop.load_model  # what ServingWorker calls
     own_loop.load_model = lambda vc: loads.append(vc.model_config.model) or original(vc)
     try:
-        rm.ServingWorker(
+        ServingWorker(
             ctx, refused_folder, num_redundant_experts=spec.num_redundant_experts, window_size=2,
             step_interval=4, eplb_off=False, data_parallel_size=spec.data_parallel_size,
         )  # fmt: skip
@@ -167,7 +166,7 @@ def layout_world(
         report["refused"] = (None, "started", bool(loads))
     finally:
         own_loop.load_model = original
-    report["serving"] = rm.real_model_world(ctx, spec)
+    report["serving"] = real_model_world(ctx, spec)
 
     group = get_ep_group()
     rank = group.rank_in_group
@@ -178,7 +177,7 @@ def layout_world(
     scattered = group.reduce_scatterv(torch.ones(sum(sizes), 2) * (rank + 1), dim=0, sizes=sizes)
     report["collectives"] = {"sizes": sizes, "gathered": gathered, "scattered": scattered}
     if split:
-        report["split"] = rm.real_model_world(ctx, replace(spec, dispatch="all-to-all"))
+        report["split"] = real_model_world(ctx, replace(spec, dispatch="all-to-all"))
     if fault:
         report["fault"] = rank_dependent_replicas_world(
             ctx, spec.folder, spec.num_redundant_experts, spec.data_parallel_size
@@ -188,16 +187,13 @@ def layout_world(
 
 def start_up_errors(ctx: RankContext, folders: dict[str, str]) -> dict[str, Any]:
     """Start a ``ServingWorker`` on each folder; per format: ``(error class, message, model loaded)``."""
-    from ascend_eplb import world as rm
-    from ascend_eplb.world import own_loop
-
     loads: list[str] = []
-    original = own_loop.load_model  # what ServingWorker calls (not the package's re-export)
+    original = own_loop.load_model  # what ServingWorker calls
     errors = {}
     for fmt, folder in folders.items():
         own_loop.load_model = lambda vc, _f=folder: loads.append(_f) or original(vc)
         try:
-            rm.ServingWorker(
+            ServingWorker(
                 ctx, folder, num_redundant_experts=2, window_size=2, step_interval=4, eplb_off=False
             )
         except Exception as exc:
@@ -229,12 +225,11 @@ def metrics_world(
     os.environ["ASCEND_EPLB_VERIFY"] = "1"
     os.environ["ASCEND_EPLB_EVENTS"] = events_file
     os.environ["ASCEND_EPLB_METRICS"] = "1"
-    from ascend_eplb import world as rm
     from ascend_eplb.integration.events.recorder import EventsRecord, EventsRecorder
     from ascend_eplb.integration.serving import guardrails_of
     from ascend_eplb.integration.verify import EplbVerificationError
 
-    worker = rm.ServingWorker(
+    worker = ServingWorker(
         ctx, folder, num_redundant_experts=num_redundant_experts, window_size=2, step_interval=4,
         phase="decode", eplb_off=False, ascend_keys={"load_estimate": "pooled"},
     )  # fmt: skip
@@ -245,13 +240,13 @@ def metrics_world(
     layer_state = worker.model.moe_layers[0].eplb_state
     stale = (layer_state.logical_to_physical_map.clone(), layer_state.logical_replica_count.clone())
     info = worker.info
-    worker.profile_run(rm.prompt(0, 12, info.vocab_size))
+    worker.profile_run(prompt(0, 12, info.vocab_size))
     report: dict[str, Any] = {"model": worker.model_state.model_name, "violation": None, "step": None}
     for step in range(steps):
         if step == 12:
             layer_state.refresh_replica_lookup = lambda: layer_state.replica_lookup.refresh_(*stale)
         worker.wait_for_transfer(20.0)
-        worker.forward_step(rm.prompt(step, 12, info.vocab_size), num_unpadded_tokens=12,
+        worker.forward_step(prompt(step, 12, info.vocab_size), num_unpadded_tokens=12,
                             batch_has_prefill=step < 4)  # fmt: skip
         try:
             worker.end_step()

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ascend_eplb import world as rm
 from ascend_eplb.control import measures
 from ascend_eplb.integration.prometheus import METRICS, metrics_requested
 from ascend_eplb.testing import load_module, run_ranks, stop_fork_server
+from ascend_eplb.world.checkpoints import checkpoint_info, write_checkpoint
+from ascend_eplb.world.slots import initial_physical_to_logical
 
 ranks = load_module(Path(__file__).with_name("ranks_real_models.py"))
 PRELOAD = ("vllm", "vllm.model_executor.model_loader", "ascend_eplb.world.own_loop")
@@ -57,7 +58,7 @@ def _scrape(folder: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float
 @pytest.mark.multirank
 @pytest.mark.timeout(240)
 def test_a_scrape_of_a_serving_world_equals_its_events_file(tmp_path, monkeypatch):
-    folder = rm.write_checkpoint("qwen3-moe", tmp_path / "qwen3-moe", seed=0)
+    folder = write_checkpoint("qwen3-moe", tmp_path / "qwen3-moe", seed=0)
     prom = tmp_path / "prometheus"
     prom.mkdir()
     events_file = tmp_path / "events.jsonl"
@@ -155,8 +156,8 @@ def test_a_scrape_of_a_serving_world_equals_its_events_file(tmp_path, monkeypatc
     for w in windows:
         if w["rearrangement"] in done:
             assert w["balancedness"] == done[w["rearrangement"]]["balancedness_before"]
-    info = rm.checkpoint_info(folder)
-    initial = rm.initial_physical_to_logical(info, 2)
+    info = checkpoint_info(folder)
+    initial = initial_physical_to_logical(info, 2)
     load = torch.tensor(windows[-1]["load"], dtype=torch.float64)
     assert windows[-1]["balancedness_eplb_off"] == measures.mean_balancedness(
         measures.rank_loads(load, initial, 2)

@@ -1,6 +1,6 @@
 """Every supported expert format on vLLM's real Qwen3-MoE class, served as vLLM Ascend serves it.
 
-Each world (TP=2 x EP=2 over Gloo, ``world.real_model_world`` through ``ranks_real_models.serving_world``,
+Each world (TP=2 x EP=2 over Gloo, ``own_loop.real_model_world`` through ``ranks_real_models.serving_world``,
 verifier on) serves a checkpoint whose routed experts are in the format: msModelSlim tensors and
 ``quant_model_description.json`` with ``--quantization ascend`` (``ascend_eplb.world.quant_method``), or
 a bf16/fp16 checkpoint. vLLM's loader fills the format's parameters, the method lays them out as
@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ascend_eplb import world as rm
 from ascend_eplb.quant_views import FORMAT_SUPPORT
 from ascend_eplb.testing import load_module, run_ranks
+from ascend_eplb.world.checkpoints import checkpoint_info, write_checkpoint
+from ascend_eplb.world.own_loop import RealModelSpec
 
 ranks = load_module(Path(__file__).with_name("ranks_real_models.py"))
 
@@ -49,7 +50,7 @@ STEPS = 12  # rearrangements start at steps 0, 4, 8; each commits its 2 layers o
 @pytest.mark.parametrize(("variant", "lists"), CASES, ids=IDS)
 def test_each_format_serves_bit_equal_logits_through_rearrangements(variant, lists, tmp_path):
     _, fmt, environ = variant
-    folder = rm.write_checkpoint(
+    folder = write_checkpoint(
         "qwen3-moe",
         tmp_path / "ckpt",
         seed=0,
@@ -59,7 +60,7 @@ def test_each_format_serves_bit_equal_logits_through_rearrangements(variant, lis
     files = sorted(p.name for p in folder.iterdir())
     assert ("quant_model_description.json" in files) is (fmt not in ("bf16", "fp16"))
     env = {**environ, "VLLM_ASCEND_ENABLE_NZ": "1" if lists else "0"}
-    spec = rm.RealModelSpec(
+    spec = RealModelSpec(
         folder=str(folder),
         num_redundant_experts=2,
         steps=STEPS,
@@ -69,7 +70,7 @@ def test_each_format_serves_bit_equal_logits_through_rearrangements(variant, lis
     reports = run_ranks(
         ranks.serving_world, world_size=2, tmp_path=tmp_path, args=(spec,), timeout_s=150, preload=PRELOAD
     )
-    info = rm.checkpoint_info(folder)
+    info = checkpoint_info(folder)
     for r in reports:
         # The format's method is what ran, with the layout asked for, in every MoE layer.
         assert r.methods == [METHOD.get(fmt, "QuantViewsFusedMoEMethod")] * info.num_moe_layers
@@ -101,7 +102,7 @@ def test_each_format_serves_bit_equal_logits_through_rearrangements(variant, lis
 def test_rejected_formats_fail_at_start_up_with_the_reason_on_a_real_checkpoint(tmp_path):
     folders = {}
     for fmt in ("w4a16", "w4a16_mxfp4", "w4a8_mxfp4"):
-        folders[fmt] = str(rm.write_checkpoint("qwen3-moe", tmp_path / fmt, seed=0, fmt=fmt))
+        folders[fmt] = str(write_checkpoint("qwen3-moe", tmp_path / fmt, seed=0, fmt=fmt))
     reports = run_ranks(
         ranks.start_up_errors,
         world_size=2,

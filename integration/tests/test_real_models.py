@@ -21,9 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ascend_eplb import world as rm
 from ascend_eplb.testing import load_module, run_ranks
 from ascend_eplb.testing.hf import hf_logits
+from ascend_eplb.world.checkpoints import checkpoint_info, write_checkpoint
+from ascend_eplb.world.own_loop import RealModelSpec
+from ascend_eplb.world.rank_model import prompt
 
 ranks = load_module(Path(__file__).with_name("ranks_real_models.py"))
 
@@ -39,11 +41,11 @@ MEASURED: dict[str, dict[str, float]] = {}
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("arch", ["qwen3-moe", "deepseek-v3", "mixtral"])
 def test_real_model_on_two_ranks_matches_hf_and_loads_every_slot(arch, tmp_path):
-    folder = rm.write_checkpoint(arch, tmp_path / arch, seed=0)
-    info = rm.checkpoint_info(folder)
+    folder = write_checkpoint(arch, tmp_path / arch, seed=0)
+    info = checkpoint_info(folder)
     redundant = info.redundant_experts_for(2, at_least=2)
     assert (info.num_logical_experts + redundant) % 2 == 0
-    prompts = [rm.prompt(seed, NUM_TOKENS, info.vocab_size) for seed in range(2)]
+    prompts = [prompt(seed, NUM_TOKENS, info.vocab_size) for seed in range(2)]
     start = time.monotonic()
     reports = run_ranks(
         ranks.real_model_checks,
@@ -222,10 +224,10 @@ def test_the_batch_split_on_a_real_model_gives_eplb_off_logits_and_records_the_s
     HF's, and every recorded step's load per slot is exactly the batch split's shares of its counts under
     the placement in force (the TP leader records every real row)."""
     arch, world_size = "qwen3-moe", 2
-    folder = rm.write_checkpoint(arch, tmp_path / arch, seed=0)
-    info = rm.checkpoint_info(folder)
+    folder = write_checkpoint(arch, tmp_path / arch, seed=0)
+    info = checkpoint_info(folder)
     redundant = info.redundant_experts_for(world_size, at_least=2)
-    spec = rm.RealModelSpec(
+    spec = RealModelSpec(
         folder=str(folder), num_redundant_experts=redundant, steps=24, phase="all",
         ascend_keys={"replica_split": "batch"},
     )  # fmt: skip
@@ -265,12 +267,12 @@ def test_the_batch_split_in_gathered_and_split_rows_gives_eplb_off_and_hf_logits
     the global batch). Each DP rank's logits equal the EPLB-off run's and HF's on its own batch, and
     every window's load counts each real selection once."""
     arch, dp, world_size = "qwen3-moe", 2, 2
-    folder = rm.write_checkpoint(arch, tmp_path / arch, seed=0)
-    refused = rm.write_checkpoint("qwen2-moe", tmp_path / "qwen2-moe", seed=0)
-    info = rm.checkpoint_info(folder)
+    folder = write_checkpoint(arch, tmp_path / arch, seed=0)
+    refused = write_checkpoint("qwen2-moe", tmp_path / "qwen2-moe", seed=0)
+    info = checkpoint_info(folder)
     redundant = info.redundant_experts_for(world_size, at_least=2)
     real_tokens = (NUM_TOKENS, NUM_TOKENS - 3)
-    spec = rm.RealModelSpec(
+    spec = RealModelSpec(
         folder=str(folder), num_redundant_experts=redundant, steps=16, data_parallel_size=dp,
         real_tokens=real_tokens, ascend_keys={"replica_split": "batch"},
     )  # fmt: skip
@@ -323,13 +325,13 @@ def test_data_parallel_worlds_of_a_real_model_give_eplb_off_and_hf_logits_and_co
     route-first all-to-all dispatch (the ``split`` rows: each rank routes its own, replica offset = EP
     rank, every rank records its own), and puts a rank-dependent replica choice back into the gathered
     rows: the verifier names the broken agreement on every rank."""
-    folder = rm.write_checkpoint(arch, tmp_path / arch, seed=0)
-    refused = rm.write_checkpoint("qwen2-moe", tmp_path / "qwen2-moe", seed=0)
-    info = rm.checkpoint_info(folder)
+    folder = write_checkpoint(arch, tmp_path / arch, seed=0)
+    refused = write_checkpoint("qwen2-moe", tmp_path / "qwen2-moe", seed=0)
+    info = checkpoint_info(folder)
     redundant = info.redundant_experts_for(world_size, at_least=2)
     tp = world_size // dp
     real_tokens = (NUM_TOKENS, NUM_TOKENS - 3)
-    spec = rm.RealModelSpec(
+    spec = RealModelSpec(
         folder=str(folder), num_redundant_experts=redundant, steps=16, data_parallel_size=dp,
         real_tokens=real_tokens,
     )  # fmt: skip

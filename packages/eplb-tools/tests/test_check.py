@@ -116,17 +116,17 @@ def test_config_and_command_line_are_exclusive(tmp_path, capsys):
 def test_check_reads_the_format_from_a_real_checkpoints_description_as_start_up_does(tmp_path, capsys):
     """The checkpoints the quantized real-model worlds serve: `check` takes the experts' format from the
     msModelSlim description `ascend_quant.write_quantized_experts` wrote, and refuses a rejected one."""
-    from ascend_eplb import world as rm
+    from ascend_eplb.world.checkpoints import write_checkpoint
 
     args = ["--enable-eplb", "-tp", "2", "--enable-expert-parallel", "--enforce-eager",
             "--eplb-config", '{"num_redundant_experts": 2}', "--quantization", "ascend"]  # fmt: skip
-    good = rm.write_checkpoint("qwen3-moe", tmp_path / "w4a8", seed=0, fmt="w4a8_dynamic")
+    good = write_checkpoint("qwen3-moe", tmp_path / "w4a8", seed=0, fmt="w4a8_dynamic")
     assert main(["check", "--", "serve", str(good), *args]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].endswith("--quantization ascend: OK")
     assert "  quantization: w4a8_dynamic" in out
     assert "  num_logical_experts: 8" in out
-    bad = rm.write_checkpoint("qwen3-moe", tmp_path / "w4a16", seed=0, fmt="w4a16")
+    bad = write_checkpoint("qwen3-moe", tmp_path / "w4a16", seed=0, fmt="w4a16")
     assert main(["check", "--", "serve", str(bad), *args]) == 2
     out = capsys.readouterr().out
     assert (

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from ascend_eplb import world as rm
 from ascend_eplb.tools.cli import main
 from ascend_eplb.tools.simulate.checks import CHECK_DESCRIPTIONS, OUTPUT_ATOL, OUTPUT_RTOL
 from ascend_eplb.tools.simulate.config import SimulateConfig
 from ascend_eplb.tools.simulate.driver import run_simulation
+from ascend_eplb.world.checkpoints import write_checkpoint
 
 # The trace-replay world (--model replay): the embedded ESFT trace on synthetic w8a8_dynamic experts.
 SHORT = dict(model="replay", num_ranks=2, num_redundant_experts=2, num_moe_layers=2, batch_size=32, steps=16,
@@ -529,7 +529,7 @@ def test_a_format_is_refused_before_any_process_when_eplb_cannot_move_it_or_the_
         "format='int3': must be float32 or a format EPLB supports (bf16, fp16, mxfp4, mxfp8, w4a8_dynamic, "
         "w8a8_dynamic)" in capsys.readouterr().err
     )
-    folder = rm.write_checkpoint("qwen3-moe", tmp_path / "w8a8", seed=0, fmt="w8a8_dynamic")
+    folder = write_checkpoint("qwen3-moe", tmp_path / "w8a8", seed=0, fmt="w8a8_dynamic")
     code = main(["simulate", "--model", str(folder), "--format", "bf16", "--out", str(tmp_path / "o")])
     assert code == 2
     assert (
@@ -546,7 +546,7 @@ def test_a_quantized_format_on_a_real_model_is_refused_before_any_process_naming
     kernels exist on Ascend only), so a real model's run serves float32 and 16-bit experts; the quantized
     formats' kernel storage is the replay world's (and the world's serving worker's: the integration's
     quantized real-model tests)."""
-    folder = rm.write_checkpoint("qwen3-moe", tmp_path / "ckpt", seed=0, fmt="w4a8_dynamic")
+    folder = write_checkpoint("qwen3-moe", tmp_path / "ckpt", seed=0, fmt="w4a8_dynamic")
     for argv, fmt in (
         (["--model", "qwen3-moe", "--format", "mxfp4"], "mxfp4"),
         (["--model", str(folder)], None),

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from ascend_eplb import world as rm
 from ascend_eplb.tools.cli import build_parser, main
 from ascend_eplb.tools.simulate.config import SimulateConfig, config_from_args
 from ascend_eplb.tools.simulate.driver import run_simulation
+from ascend_eplb.world.checkpoints import write_checkpoint
 
 
 def _config(*argv: str) -> SimulateConfig:
@@ -52,7 +52,7 @@ def test_simulate_serves_a_model_folder_at_dp2_x_tp2_with_every_check(tmp_path):
     rows before dispatch (``split`` rows, as control reads vLLM's own dispatch decision); the load check
     counts each DP rank's real tokens once (its TP ranks', a dummy batch none), the outputs equal the
     EPLB-off engine's."""
-    folder = rm.write_checkpoint("qwen3-moe", tmp_path / "model", seed=0)
+    folder = write_checkpoint("qwen3-moe", tmp_path / "model", seed=0)
     config = SimulateConfig(
         model=str(folder), num_ranks=4, data_parallel_size=2, tensor_parallel_size=2, num_redundant_experts=4,
         batch_size=12, steps=16, window_size=2, step_interval=6, progress=False, timeout_s=600,

@@ -539,9 +539,9 @@ def test_a_refusal_that_needs_vllms_model_class_is_one_message_exit_2_and_nothin
     shared_memory" warning, left vLLM's socket files in $TMPDIR and exited 1. On vLLM's engine the rules
     are judged on the EPLB-on engine's arguments before any engine starts (the engine's workers would
     refuse the same, as a failed start-up)."""
-    from ascend_eplb import world
+    from ascend_eplb.world.checkpoints import write_checkpoint
 
-    folder = world.write_checkpoint("qwen2-moe", tmp_path / "qwen2-moe", seed=0)
+    folder = write_checkpoint("qwen2-moe", tmp_path / "qwen2-moe", seed=0)
     run = Run(tmp_path, "--model", str(folder), "--ranks", "2", "--no-progress")
     code, out, err = run.finish()
     assert (code, out) == (2, "")

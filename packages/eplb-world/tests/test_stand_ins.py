@@ -8,13 +8,9 @@ import torch.nn.functional as F
 
 from ascend_eplb.dataplane import trace_once
 from ascend_eplb.quant_views import reference_moe
-from ascend_eplb.world import (
-    KernelLog,
-    compilation_error,
-    compilation_of,
-    grouped_expert_compute,
-    is_compiled,
-)
+from ascend_eplb.world.compilation import compilation_error, compilation_of, is_compiled
+from ascend_eplb.world.kernel_logs import KernelLog
+from ascend_eplb.world.stand_ins import grouped_expert_compute
 
 
 def _per_slot_loop(x, w13, w2, topk_weights, local_ids):

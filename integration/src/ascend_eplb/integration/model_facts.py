@@ -467,8 +467,7 @@ def read_model_class(architectures: Any) -> ModelClass | None:
     Returns:
         None: no entry is registered (vLLM serves it through its Transformers backend, or refuses it).
     """
-    # vLLM's registry is imported when a class is resolved, never at import: the plugin and the tools'
-    # readers import this module before (or without) vLLM's model modules.
+    # local: the plugin and the tools' readers import this module before (or without) vLLM's models
     from vllm.model_executor.models import ModelRegistry
     from vllm.model_executor.models.interfaces import MixtureOfExperts, supports_multimodal
 

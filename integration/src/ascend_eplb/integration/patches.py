@@ -67,6 +67,7 @@ def _wrap_factory(original: Callable[..., Any]) -> Callable[..., Any]:
         group_coordinator: Any, backend: str, expert_weights: Any, expert_buffer: Any
     ) -> Any:
         if backend == "torch_gloo":
+            # local: movement imports vLLM's communicator; this module imports vLLM only when applied
             from ascend_eplb.movement import AscendGlooEplbCommunicator
 
             return AscendGlooEplbCommunicator(group_coordinator.cpu_group)
@@ -120,6 +121,7 @@ def _wrap_runner_controller(original: type) -> Callable[[Any, Any], Any]:
         class itself."""
         if not parallel_config.enable_eplb:
             return original(parallel_config, device)
+        # local: this module imports vLLM only when its patches are applied
         from vllm.config import get_current_vllm_config_or_none
 
         vllm_config = get_current_vllm_config_or_none()

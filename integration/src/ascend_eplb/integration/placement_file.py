@@ -400,7 +400,7 @@ def _model_placement(data: Mapping[str, Any], source: Path, model: str | None) -
 def _from_events(source: Path, text: str, served: Sequence[str] | None) -> tuple[Placement, ...]:
     """Each model's last committed placement of a serving events file (the module docstring), in the
     order the last run first names them (``served``: :func:`read_placements`)."""
-    # Here, not at the top: events imports torch, and start-up's rules read placement files before that.
+    # local: events imports torch, and start-up's rules read placement files before that
     from ascend_eplb.integration.events.reader import read_events
     from ascend_eplb.integration.events.records import CommitRecord, InitialPlacementRecord, WindowRecord
 
@@ -474,7 +474,7 @@ def _served_from_events(
 
 def _committed(run: Any, model: str | None, source: Path) -> Placement | list[str]:
     """``model``'s last committed placement in ``run``, or the problems that leave it without one."""
-    # Not at the top: see _from_events.
+    # local: events imports torch (see _from_events)
     from ascend_eplb.integration.events.records import CommitRecord, InitialPlacementRecord, WindowRecord
 
     try:

@@ -45,7 +45,7 @@ def register() -> bool:
     """
     if not eplb_requested():
         return False
-    # Only when requested: the patches import torch, vLLM and the planes.
+    # local: only when EPLB is requested: the patches import torch, vLLM and the planes
     from ascend_eplb.integration.patches import apply_patches, patches_applied
 
     apply_patches()

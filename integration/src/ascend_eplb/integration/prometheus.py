@@ -115,7 +115,7 @@ def metrics_requested(environ: Mapping[str, str] | None = None, *, serving_proce
         raise ValueError(f"{ENV_MULTIPROC_DIR}={folder}: the folder is not writable ({ENV_METRICS} is on)")
     if not serving_process:
         return True
-    # Here: prometheus_client picks its value class when imported, so it is imported only when asked for.
+    # local: prometheus_client picks its value class when imported, so only when asked for
     from prometheus_client import values
 
     if values.ValueClass is values.MutexValue:
@@ -136,6 +136,7 @@ def _families() -> dict[str, Any]:
     the API server collects them from the files."""
     global _FAMILIES
     if _FAMILIES is None:
+        # local: prometheus_client picks its value class when imported (see metrics_requested)
         from prometheus_client import Counter, Gauge
 
         families = {}
@@ -178,13 +179,14 @@ class PrometheusMetrics:
         controller is built, after its events recorder): create each registered model's series at its
         registration and follow the recorder's records
         (:class:`~ascend_eplb.integration.events.recorder.EventsRecord`)."""
-        # Here: start-up's read (``serving``, ``ascend-eplb check``) imports this module without torch.
+        # local: start-up's read (``serving``, ``ascend-eplb check``) imports this module without torch
         from ascend_eplb.integration.events.recorder import EventsRecord
 
         bus.subscribe(RegistrationEvent, self._on_registered)
         bus.subscribe(EventsRecord, self._on_record)
 
     def _on_registered(self, event: Any) -> None:
+        # local: vLLM only when serving (``ascend-eplb check`` imports this module)
         from vllm.distributed.parallel_state import get_ep_group
 
         self._rank = get_ep_group().rank_in_group
@@ -211,7 +213,8 @@ class PrometheusMetrics:
             s["ascend_eplb_worker_failures_total"].labels(name, kind)
         for reason in SKIP_REASONS:
             s["ascend_eplb_rearrangements_skipped_total"].labels(name, reason)
-        from ascend_eplb.integration.verify import CHECKS  # torch, as above
+        # local: verify imports torch (see attach)
+        from ascend_eplb.integration.verify import CHECKS
 
         for check in CHECKS:
             s["ascend_eplb_verifier_violations_total"].labels(name, check)

@@ -270,7 +270,8 @@ def _quantization(s: EplbSettings) -> str | Violation | None:
     if name == "float32":
         # Unquantized float32 experts: what exact comparisons on a CPU host need (the test suite, the
         # simulator on real models); no Ascend kernel serves them.
-        from vllm.platforms import current_platform  # only when judged: check runs without vLLM
+        # local: vLLM only when judged: check runs without vLLM
+        from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
             return None
@@ -278,7 +279,8 @@ def _quantization(s: EplbSettings) -> str | Violation | None:
             "float32 expert weights are accepted on a CPU host only (exact comparisons); fix: serve "
             "--dtype bfloat16 or float16"
         )
-    from ascend_eplb.quant_views import UnsupportedFormatError, get_format  # torch: only when judged
+    # local: quant_views imports torch, only when a format is judged
+    from ascend_eplb.quant_views import UnsupportedFormatError, get_format
 
     try:
         fmt = get_format(name)
@@ -327,6 +329,7 @@ def _unknown_inductor_options(options: Any) -> list[str]:
     vLLM's compile hands them to); torch is imported only when there are options to judge."""
     if not isinstance(options, dict) or not options:
         return []
+    # local: torch only when there are options to judge
     import torch._inductor.config as inductor_config
 
     unknown = []
@@ -360,7 +363,7 @@ def upstream_registers_draft(method: Any, model_type: Any, has_moe_part: bool | 
     part (``has_moe_part``; None, a multimodal class whose language model decides, counts as having one).
     Upstream asks it with the built draft; before anything is built the class stands in for the instance
     (the fields it reads: the method, the draft config's ``hf_config.model_type`` for DSpark)."""
-    # vLLM's MRv2 worker module is imported when a draft is judged, never at import (see read_model_class).
+    # local: vLLM's MRv2 worker module only when a draft is judged (see read_model_class)
     from vllm.v1.worker.gpu.eplb_utils import draft_model_supports_eplb
 
     draft_config = SimpleNamespace(hf_config=SimpleNamespace(model_type=model_type))

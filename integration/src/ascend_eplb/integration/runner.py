@@ -58,11 +58,12 @@ def create_eplb_controller(vllm_config: Any, device: torch.device) -> Any:
         RuntimeError: an upstream callable changed signature (from ``apply_patches``).
     """
     parallel_config = vllm_config.parallel_config
-    # Imported here: EPLB off imports no plane, and the tools import this module without vLLM.
     if not parallel_config.enable_eplb:
+        # local: the tools import this module without vLLM
         from vllm.v1.worker.gpu.eplb_utils import EPLBController
 
         return EPLBController(parallel_config, device)
+    # local: EPLB off imports no plane
     from ascend_eplb.integration.patches import apply_patches
     from ascend_eplb.integration.serving import build_serving_controller, read_serving_setup
 

@@ -18,11 +18,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ascend_eplb.integration.placement_file import assign_placements, read_placements
+from ascend_eplb.integration.prometheus import PrometheusMetrics, metrics_requested
+from ascend_eplb.integration.regular_files import max_input_mib
 from ascend_eplb.integration.switches import PLUGIN_SWITCH, env_flag
 from ascend_eplb.integration.validation import validate_eplb_config
 
-# The guardrails (torch) and control's controller (vLLM) are imported where they are used: ``ascend-eplb
-# check`` imports this module for serving_switch_errors without torch or vLLM.
+# The guardrails that import torch (events, verifier, watchdog) and control's controller (vLLM) are
+# imported where they are used: ``ascend-eplb check`` imports this module for serving_switch_errors without
+# torch or vLLM.
 
 __all__ = [
     "Guardrails",
@@ -148,9 +151,8 @@ def _read_switches(
     """Every serving switch read by its own reader, in a fixed order; each refusal collected (the
     watchdog's two switches each alone: ``ASCEND_EPLB_WORKER_TIMEOUT_S=-5`` with
     ``ASCEND_EPLB_ON_WORKER_FAILURE=explode`` names both)."""
+    # local: the guardrails' modules import torch (see the comment above __all__)
     from ascend_eplb.integration.events.recorder import events_path
-    from ascend_eplb.integration.prometheus import metrics_requested
-    from ascend_eplb.integration.regular_files import max_input_mib
     from ascend_eplb.integration.verify import verify_requested
     from ascend_eplb.integration.watchdog import ENV_ON_FAILURE, ENV_TIMEOUT, watchdog_settings
 
@@ -196,6 +198,7 @@ def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSe
     Raises:
         RuntimeError: an upstream ``EPLBController`` method changed signature (control's check).
     """
+    # local: vLLM, control's controller and the guardrails (torch) only when a controller is built
     from vllm.logger import init_logger
 
     from ascend_eplb.control import AscendEPLBController
@@ -227,12 +230,11 @@ def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSe
         recorder = EventsRecorder(setup.events)
         recorder.attach(bus)
         if setup.metrics:
-            from ascend_eplb.integration.prometheus import PrometheusMetrics
-
             metrics = PrometheusMetrics(setup.served_model_name)
             metrics.attach(bus)
     if setup.initial_placement is not None:
         # After the guardrails: the verifier fingerprints the loaded slots first and checks the install.
+        # local: the start-up install imports vLLM; only with an initial placement
         from ascend_eplb.integration.startup_placement import attach_startup_install
 
         attach_startup_install(bus, setup.initial_placement)

@@ -161,6 +161,7 @@ def optimization_level(value: Any = None) -> Any:
     Raises:
         ValueError: vLLM refuses the value (its message).
     """
+    # local: vLLM's own validators, only when a value is judged: check imports this module without vLLM
     from pydantic import TypeAdapter, ValidationError
     from vllm.config import VllmConfig
     from vllm.config.vllm import OptimizationLevel
@@ -175,6 +176,7 @@ def optimization_level(value: Any = None) -> Any:
 
 def _default_cudagraph_mode(level: Any = None) -> str:
     """vLLM's ``cudagraph_mode`` when none is set: its optimization level's default (``O2``: graphs)."""
+    # local: vLLM's own validators, only when a value is judged: check imports this module without vLLM
     from vllm.config.vllm import OPTIMIZATION_LEVEL_TO_CONFIG
 
     mode = OPTIMIZATION_LEVEL_TO_CONFIG[optimization_level(level)]["compilation_config"]["cudagraph_mode"]
@@ -346,6 +348,7 @@ def _served_models(values: Mapping[str, Any], draft_is_moe: bool) -> tuple[str, 
     draft = values.get("speculative_config.draft_model_config.model")
     if not draft_is_moe or draft is None:
         return (model,)
-    from vllm.v1.worker.gpu.eplb_utils import eplb_draft_model_name  # vLLM only with a draft to name
+    # local: vLLM only with a draft to name
+    from vllm.v1.worker.gpu.eplb_utils import eplb_draft_model_name
 
     return (eplb_draft_model_name(SimpleNamespace(model=draft)), model)

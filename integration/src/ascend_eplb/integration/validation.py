@@ -199,7 +199,8 @@ def validate_eplb_config(vllm_config: Any) -> EplbSettings:
     if violations:
         raise EplbConfigError(violations)
     if violations.unjudged:
-        from vllm.logger import init_logger  # vLLM only with a VllmConfig in hand: check imports this module
+        # local: vLLM only with a VllmConfig in hand: check imports this module
+        from vllm.logger import init_logger
 
         for finding in violations.unjudged:
             init_logger(__name__).warning("EPLB start-up validation: %s", finding)

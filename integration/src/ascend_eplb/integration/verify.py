@@ -110,6 +110,7 @@ def slot_fingerprints(layer: Any, num_rows: int) -> list[str]:
     """
     storage = getattr(layer, "expert_storage", None)
     if storage is not None:
+        # local: vLLM, dataplane and quant_views load when the verifier runs (the tools import CHECKS)
         from ascend_eplb.quant_views import expert_fingerprint
 
         return [expert_fingerprint(storage, row) for row in range(num_rows)]
@@ -159,7 +160,7 @@ class EplbVerifier:
     # ------------------------------------------------------------------ registration
     def on_model_registered(self, event: RegistrationEvent) -> None:
         """Fingerprint every logical expert from the ranks' initial slots (one gather, every rank)."""
-        # vLLM, dataplane and quant_views load when the verifier runs: the tools import CHECKS without them.
+        # local: vLLM, dataplane and quant_views load when the verifier runs (the tools import CHECKS)
         from vllm.distributed.parallel_state import get_ep_group
         from vllm.model_executor.models.interfaces import get_mixture_of_experts_model
 
@@ -233,6 +234,7 @@ class EplbVerifier:
             self._pending = self._check_layer(entry, event.layer)
 
     def _check_layer(self, entry: dict[str, Any], layer_idx: int) -> VerifierViolation | None:
+        # local: vLLM, dataplane and quant_views load when the verifier runs (the tools import CHECKS)
         from ascend_eplb.dataplane import build_replica_table
 
         ms, rank, p = entry["model_state"], entry["rank"], entry["p"]
@@ -269,6 +271,7 @@ class EplbVerifier:
     def _probe_checksum(self, entry: dict[str, Any], layers: set[int]) -> int:
         """The physical ids the probe batch gets through each of ``layers``' lookups with the layer's
         row layout (what the next forward reads), as one checksum (no load is recorded)."""
+        # local: vLLM, dataplane and quant_views load when the verifier runs (the tools import CHECKS)
         from ascend_eplb.dataplane import map_to_physical_and_record, table_checksum
 
         total = 0
@@ -303,6 +306,7 @@ class EplbVerifier:
         self._check_boundary(event.controller, committed)
 
     def _check_boundary(self, controller: Any, committed: dict[str, set[int]]) -> None:
+        # local: vLLM, dataplane and quant_views load when the verifier runs (the tools import CHECKS)
         from ascend_eplb.dataplane import table_checksum
 
         self.boundaries_checked += 1

@@ -297,6 +297,7 @@ class WorkerWatchdog:
                 )
             )
         if found:
+            # local: vLLM only when the watchdog runs (check reads its switches without vLLM)
             from vllm.logger import init_logger
 
             log = init_logger(__name__)
@@ -313,6 +314,7 @@ class WorkerWatchdog:
         Raises:
             EplbWorkerFailureError: a worker failed and the policy is ``raise``.
         """
+        # local: vLLM only when the watchdog runs (check reads its switches without vLLM)
         from vllm.distributed.parallel_state import get_ep_group
 
         self.steps += 1
@@ -342,6 +344,7 @@ class WorkerWatchdog:
         self.failure = failure
         controller.stop_eplb(failure.message())
         if group.rank_in_group == 0:
+            # local: vLLM only when the watchdog runs (check reads its switches without vLLM)
             from vllm.logger import init_logger
 
             init_logger(__name__).error("%s; EPLB rearrangement is stopped on every rank", failure.message())

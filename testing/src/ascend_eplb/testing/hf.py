@@ -17,7 +17,8 @@ def hf_logits(folder: str | os.PathLike[str], input_ids: torch.Tensor) -> torch.
 
     ``input_ids``: int64 ``(T,)``, one sequence; returns float32 ``(T, V)``, V the vocabulary size.
     """
-    from transformers import AutoModelForCausalLM  # the optional extra [vllm]; this package needs torch only
+    # local: the optional extra [vllm]; this package needs torch only
+    from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         str(folder), dtype=torch.float32, attn_implementation="eager"

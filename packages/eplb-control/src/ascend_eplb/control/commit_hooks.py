@@ -116,7 +116,8 @@ PATCHES: tuple[Patch, ...] = patches_of(_wrap_commit_for_layer, _wrap_commit)
 
 def commit_hooks_installed() -> bool:
     """Whether both commit hooks are bound in ``vllm.distributed.eplb.eplb_state`` now."""
-    from vllm.distributed.eplb import eplb_state  # here: integration's ``patches`` imports us without vLLM
+    # local: integration's ``patches`` imports us without vLLM
+    from vllm.distributed.eplb import eplb_state
 
     return all(
         patch_owner(getattr(eplb_state, name, None)) == _OWNER

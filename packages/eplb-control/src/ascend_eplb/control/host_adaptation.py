@@ -45,14 +45,15 @@ def _no_accelerator() -> bool:
     return not has_accelerator()
 
 
-# ``vllm.config.parallel`` is imported where used: integration's ``patches`` imports this module without vLLM.
 def _platform_not_cuda_alike() -> bool:
+    # local: integration's ``patches`` imports this module without vLLM
     import vllm.config.parallel as parallel_module
 
     return not parallel_module.current_platform.is_cuda_alike()
 
 
 def _check_parallel_module(_platform: Any) -> None:
+    # local: integration's ``patches`` imports this module without vLLM
     import vllm.config.parallel as parallel_module
 
     source = inspect.getsource(parallel_module)

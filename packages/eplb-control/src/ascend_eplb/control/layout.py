@@ -168,7 +168,7 @@ def current_rank_coordinates() -> RankCoordinates:
     Raises:
         ValueError: the groups do not form vLLM's DP x TP EP group (see :class:`RankCoordinates`).
     """
-    # Here, not at the top: integration's rules (``ascend-eplb check``) import this module without vLLM.
+    # local: integration's rules (``ascend-eplb check``) import this module without vLLM
     from vllm.distributed.parallel_state import get_dp_group, get_ep_group, get_tp_group
 
     ep, tp, dp = get_ep_group(), get_tp_group(), get_dp_group()

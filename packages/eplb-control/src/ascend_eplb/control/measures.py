@@ -224,7 +224,8 @@ def _closure_peak(load: np.ndarray, held: np.ndarray) -> float:
     """max over rank sets A of (load inside A) / |A| for one layer, by Dinkelbach's method: from the
     mean, take the set maximizing (load inside) - ratio |A| (a maximum closure: source -> expert at its
     load, expert -> its ranks unbounded, rank -> sink at the ratio) until it gains nothing."""
-    import networkx as nx  # only above the enumerated sizes
+    # local: only above the enumerated sizes
+    import networkx as nx
 
     num_ranks, num_experts = held.shape
     loaded = [e for e in range(num_experts) if load[e] > 0]

@@ -114,7 +114,8 @@ class RankContext:
 
     def init_gloo(self, timeout_s: float | None = None) -> None:
         """Initialise the default ``torch.distributed`` process group over Gloo for this world."""
-        import torch.distributed as dist  # torch only in a rank, once RANK_ENV is set
+        # local: torch only in a rank, once RANK_ENV is set
+        import torch.distributed as dist
 
         dist.init_process_group(
             backend="gloo",
@@ -235,7 +236,8 @@ def _rank_main(
     _die_with(launcher_pid)
     os.environ.update({k: v for k, v in RANK_ENV.items() if k not in os.environ})
     try:
-        import torch  # after RANK_ENV: OMP_NUM_THREADS and TORCH_DEVICE_BACKEND_AUTOLOAD act at import
+        # local: after RANK_ENV: OMP_NUM_THREADS and TORCH_DEVICE_BACKEND_AUTOLOAD act at import
+        import torch
 
         torch.set_num_threads(1)
         fn = _load_function(*fn_spec)

@@ -6,7 +6,9 @@ every check passed, 1 when one failed or a rank crashed, raised or missed the de
 state is printed), and 3 when none failed but one could not be judged (it says why); ``check`` exits 0
 for a valid config and 2 otherwise. A command stopped by SIGTERM, SIGHUP or Ctrl-C prints one line and
 exits ``128 + signal`` (143, 129, 130). Each subcommand's modules are imported inside the function that
-runs it, after the signal handlers are set (the parser imports ``simulate``'s options, and torch with them).
+runs it, after the signal handlers are set (the parser imports ``simulate``'s options, and torch with them),
+so ``plan`` and ``check`` import no vLLM (``check -- serve ...`` reads vLLM's own serve parser); each such
+import says ``# local:``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from ascend_eplb.tools import quiet
 from ascend_eplb.tools.options import (
     MAX_INPUT_MIB_HELP,
     file_path,
@@ -50,7 +53,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ascend_eplb.tools.simulate.config import add_simulate_arguments
+    # local: the parser imports simulate's options (and torch) after the signal handlers
+    from ascend_eplb.tools.simulate.config import LINK_GBPS_DEFAULT, LINK_GBPS_HELP, add_simulate_arguments
 
     parser = Parser(prog="ascend-eplb", description="Ascend EPLB for vLLM Model Runner V2.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -68,8 +72,6 @@ def build_parser() -> argparse.ArgumentParser:
         "instead; the options marked '--model replay only' apply to that world alone.",
     )
     add_simulate_arguments(sim)
-
-    from ascend_eplb.tools.simulate.config import LINK_GBPS_DEFAULT, LINK_GBPS_HELP
 
     pl = sub.add_parser("plan", help="offline what-if of upstream's default EPLB policy on recorded load")
     pl.add_argument(
@@ -214,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_plan(args: argparse.Namespace) -> int:
     """``plan``: its input read once into one request (:mod:`ascend_eplb.tools.plan_request`), run."""
+    # local: a subcommand's modules load when it runs, after the signal handlers (module docstring)
     from ascend_eplb.tools.plan_request import plan_request, run_plan
 
     return run_plan(plan_request(args))
@@ -235,6 +238,7 @@ def _run_check(args: argparse.Namespace) -> int:
                 + (shlex.join(serve_argv) if serve_argv else "nothing")
             )
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    # local: check's modules, after VLLM_TARGET_DEVICE is set (module docstring)
     from ascend_eplb.tools.check import check_config_file, check_serve_command
 
     facts = {"num_experts": args.num_experts, "quantization": args.quantization}
@@ -257,6 +261,7 @@ EXIT_CODES = {"passed": 0, "failed": 1, "not judged": 3}
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
+    # local: a subcommand's modules load when it runs, after the signal handlers (module docstring)
     from ascend_eplb.tools.simulate.config import config_from_args
     from ascend_eplb.tools.simulate.driver import run_simulation
 
@@ -322,8 +327,6 @@ def _stdout_to_devnull() -> None:
 
 def _main(argv: list[str], previous: dict[int, Any]) -> int:
     """The command; ``previous``: the handlers :func:`_exit_on_signals` replaced."""
-    from ascend_eplb.tools import quiet
-
     parser = build_parser()
     serve_argv = None
     if argv[:1] == ["check"] and "--" in argv:
@@ -337,6 +340,7 @@ def _main(argv: list[str], previous: dict[int, Any]) -> int:
         args.serve_argv = serve_argv
     quiet.install()
 
+    # local: a subcommand's modules load when it runs, after the signal handlers (module docstring)
     from ascend_eplb.integration.regular_files import input_limit
     from ascend_eplb.tools.files import InputFileWarning
     from ascend_eplb.tools.simulate.lifecycle import command_scope
@@ -367,6 +371,7 @@ def _main(argv: list[str], previous: dict[int, Any]) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    # local: a subcommand's modules load when it runs, after the signal handlers (module docstring)
     from ascend_eplb.launch import LauncherInterruptedError
     from ascend_eplb.tools.simulate.lifecycle import exit_code_of, signal_name_of
 
@@ -387,6 +392,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         )
         return exit_code_of(e)
     except RuntimeError as e:
+        # local: a subcommand's modules load when it runs, after the signal handlers (module docstring)
         from ascend_eplb.tools.simulate.driver import SimulationError
 
         if not isinstance(e, SimulationError):

@@ -1,5 +1,6 @@
-"""argparse value types shared by the ``ascend-eplb`` subcommands (standard library only, so the parser
-builds before anything heavy is imported). Each raises ``argparse.ArgumentTypeError`` naming the value
+"""argparse value types shared by the ``ascend-eplb`` subcommands (the standard library and control's
+``policy_config`` only, no torch: control's ``test_public_api.py`` holds it; so the parser builds before
+anything heavy is imported). Each raises ``argparse.ArgumentTypeError`` naming the value
 and the rule (argparse turns it into exit status 2)."""
 
 from __future__ import annotations
@@ -7,6 +8,13 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+
+from ascend_eplb.control.policy_config import (
+    load_estimate_error,
+    min_balancedness_gain_error,
+    policy_error,
+    target_balancedness_error,
+)
 
 __all__ = [
     "MAX_INPUT_MIB_HELP",
@@ -128,15 +136,12 @@ def file_path(value: str) -> Path:
 
 
 # The placement policy and the gain gate: judged by start-up's own rules, the functions of
-# ascend_eplb.control.policy_config that integration's rules call. Imported in each function: the CLI
-# imports this module before its signal handlers are set, and ascend_eplb.control's package is not light.
+# ascend_eplb.control.policy_config that integration's rules call.
 
 
 def policy_name(value: str) -> str:
     """A placement policy name (``additional_config.eplb_config.policy``: ``default``,
     ``migration_aware``)."""
-    from ascend_eplb.control.policy_config import policy_error
-
     if (reason := policy_error(value)) is not None:
         raise argparse.ArgumentTypeError(f"{value!r}: {reason}")
     return value
@@ -150,8 +155,6 @@ def policy_list(value: str) -> list[str]:
 
 def load_estimate_name(value: str) -> str:
     """A load estimate name (``additional_config.eplb_config.load_estimate``: ``window``, ``pooled``)."""
-    from ascend_eplb.control.policy_config import load_estimate_error
-
     if (reason := load_estimate_error(value)) is not None:
         raise argparse.ArgumentTypeError(f"{value!r}: {reason}")
     return value
@@ -173,8 +176,6 @@ def number(value: str) -> float:
 
 def min_balancedness_gain(value: str) -> float:
     """``additional_config.eplb_config.min_balancedness_gain``: a number in ``[0, 1)``."""
-    from ascend_eplb.control.policy_config import min_balancedness_gain_error
-
     x = number(value)
     if (reason := min_balancedness_gain_error(x)) is not None:
         raise argparse.ArgumentTypeError(f"{value!r}: {reason}")
@@ -183,8 +184,6 @@ def min_balancedness_gain(value: str) -> float:
 
 def target_balancedness(value: str) -> float:
     """``additional_config.eplb_config.target_balancedness``: a number in ``(0, 1]``."""
-    from ascend_eplb.control.policy_config import target_balancedness_error
-
     x = number(value)
     if (reason := target_balancedness_error(x)) is not None:
         raise argparse.ArgumentTypeError(f"{value!r}: {reason}")

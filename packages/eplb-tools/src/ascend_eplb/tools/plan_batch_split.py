@@ -71,6 +71,7 @@ def batch_split_figures(
     plane's ops (``ascend_eplb.dataplane.executed_rank_loads``: today's rule and the batch split, every
     row real) under upstream's ``DefaultEplbPolicy`` placement planned on the whole trace from its initial
     placement, beside the equal split and the bound (``ascend_eplb.control.measures``)."""
+    # local: the data plane imports Triton, which only `plan --batch-split` needs
     from ascend_eplb.dataplane import DEFAULT_SPLIT_STEPS, ReplicaLookup, executed_rank_loads, replica_maps
 
     num_experts, num_layers = routing.num_logical_experts, routing.num_moe_layers

@@ -348,7 +348,8 @@ def _run_policy(
     :class:`~ascend_eplb.control.estimate.LoadEstimate` takes in each window's new selections before
     its decision (``AscendEplbState.rearrange``), and :func:`ascend_eplb.control.gate.decide` plans and
     judges on its load (the gated policy's call)."""
-    from ascend_eplb.control.gate import decide  # imports vLLM: only plan --policies needs it
+    # local: control's gate imports vLLM, which only `plan --policies` needs
+    from ascend_eplb.control.gate import decide
 
     d = deployment
     loads = [torch.from_numpy(np.asarray(w)) for w in windows.loads]
@@ -502,7 +503,8 @@ def compare_policies(
             load estimate or gate value breaking start-up's rules (``ascend_eplb.control.policy_config``),
             an invalid redundancy level or ranks, nodes and expert groups (:func:`validate_plan_args`).
     """
-    from ascend_eplb.control.policy import MigrationAwarePolicy  # imports vLLM: only plan --policies
+    # local: control's policy imports vLLM, which only `plan --policies` needs
+    from ascend_eplb.control.policy import MigrationAwarePolicy
 
     d, c = deployment, candidates
     if not windows.loads:

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from ascend_eplb.integration.model_facts import architectures_error, read_moe_facts
 from ascend_eplb.integration.rules import moe_fact_errors
@@ -230,6 +231,7 @@ def _hf_config(
     num_moe_layers: int | None,
     moe_intermediate_size: int | None = None,
 ) -> Any:
+    # local: transformers (5 s, Triton with it) when writing: simulate's option parser imports this module
     from transformers import DeepseekV3Config, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
     common = {
@@ -336,6 +338,7 @@ def write_checkpoint(
     """
     if mtp_layers not in (0, 1) or (mtp_layers and arch != "deepseek-v3"):
         raise ValueError(f"mtp_layers={mtp_layers!r}: 0, or 1 for deepseek-v3 (DeepSeek-V3's one MTP layer)")
+    # local: transformers (5 s, Triton with it) when writing: simulate's option parser imports this module
     from transformers import AutoModelForCausalLM
 
     config = _hf_config(arch, num_experts, top_k, num_moe_layers, moe_intermediate_size)
@@ -374,7 +377,7 @@ def write_tokenizer(folder: str | os.PathLike[str], vocab_size: int = VOCAB_SIZE
     random token ids into prompts and tokenize them back) serve it: id ``i`` is the word
     ``tokenizer_words(vocab_size)[i]``, whitespace-separated, every id round-trips; id 1 is the end of
     sequence (requests that must run their length set ``ignore_eos``)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    # local: transformers (5 s, Triton with it) when writing: simulate's option parser imports this module
     from transformers import PreTrainedTokenizerFast
 
     words = tokenizer_words(vocab_size)
@@ -429,6 +432,7 @@ def add_mtp_layer(
         ValueError: not a DeepSeek-V3 checkpoint, one with MTP weights already, a sharded one, or
             ``popularity`` not ``(E,)`` with a positive total.
     """
+    # local: transformers (5 s, Triton with it) when writing: simulate's option parser imports this module
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = Path(folder)
@@ -499,6 +503,7 @@ def _fit_mtp_routing(
     """Fit ``block``'s (an HF ``DeepseekV3DecoderLayer``) routing bias in place to the shares ``target``
     ``(E,)`` on the inputs vLLM's MTP layer gives it (:func:`add_mtp_layer`); returns the last observed
     shares, float64 ``(E,)``."""
+    # local: transformers (5 s, Triton with it) when writing: simulate's option parser imports this module
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(

@@ -69,7 +69,8 @@ def attach_kernel_log(layer: torch.nn.Module) -> KernelLog:
     """
     if isinstance(getattr(layer, "kernel_log", None), KernelLog):
         return layer.kernel_log
-    from vllm.config import get_current_vllm_config  # only when a model is loaded
+    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
+    from vllm.config import get_current_vllm_config
 
     config = get_current_vllm_config()
     parallel = config.parallel_config

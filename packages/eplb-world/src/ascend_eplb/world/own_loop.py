@@ -4,8 +4,8 @@ vLLM's own engine serves the world's models on this host (:mod:`~ascend_eplb.wor
 serves what it cannot (``README.md``, "What runs where"): the gathered, gathered-sp and split MoE rows
 and the batch split in them, the quantized formats' kernel storage. :class:`ServingWorker` is one Model
 Runner V2 worker with EPLB on beside the EPLB-off model, each built by :mod:`~ascend_eplb.world.rank_model`;
-:func:`real_model_world` drives it for N steps and returns a :class:`RealModelRun`. vLLM and transformers
-are imported inside functions (see :mod:`~ascend_eplb.world`).
+:func:`real_model_world` drives it for N steps and returns a :class:`RealModelRun`. Imports vLLM: only
+the real-model tests and ``integration/benchmarks/bench_verifier.py`` import this module.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import vllm.plugins
+from vllm.config import set_current_vllm_config
+from vllm.distributed.parallel_state import get_ep_group
 
 from ascend_eplb.integration.runner import Mrv2EplbWiring, batch_has_prefill
 from ascend_eplb.quant_views import layer_storage, layer_view_names
@@ -101,12 +104,7 @@ class ServingWorker:
         self.dp_rank, self.tp_rank = self.layout.dp_rank(ctx.rank), self.layout.tp_rank(ctx.rank)
         os.environ["ASCEND_EPLB"] = "1"
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
-        import vllm.plugins
-
         vllm.plugins.load_general_plugins()
-        from vllm.config import set_current_vllm_config
-        from vllm.distributed.parallel_state import get_ep_group
-
         self.folder = Path(folder)
         self.info = checkpoint_info(self.folder)
         self.format = checkpoint_format(self.folder)
@@ -161,8 +159,6 @@ class ServingWorker:
 
     def profile_run(self, input_ids: torch.Tensor) -> None:
         """Runner point 5: a dummy forward of ``input_ids``, then upstream's profile step."""
-        from vllm.config import set_current_vllm_config
-
         num_tokens = int(input_ids.shape[0])
         with set_current_vllm_config(self.vllm_config):
             self.wiring.prepare_forward(self.model_config, num_tokens, moe_rows=self.moe_rows)
@@ -195,8 +191,6 @@ class ServingWorker:
             input_ids: int64 ``(T,)``, one sequence; rows ``>= num_unpadded_tokens`` are padding (causal
                 attention: they change no real row). batch_has_prefill: the phase the runner declares.
         """
-        from vllm.config import set_current_vllm_config
-
         positions = torch.arange(input_ids.shape[0])
         with set_current_vllm_config(self.vllm_config):
             self.wiring.prepare_inputs(batch_has_prefill)
@@ -221,8 +215,6 @@ class ServingWorker:
         Raises:
             whatever the hooks raise (``EplbVerificationError``, ``EplbWorkerFailureError``).
         """
-        from vllm.config import set_current_vllm_config
-
         before = self.model_state.physical_to_logical_map.clone()
         with set_current_vllm_config(self.vllm_config):
             self.wiring.after_sampling()

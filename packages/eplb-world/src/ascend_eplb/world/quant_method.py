@@ -7,8 +7,9 @@ reads the msModelSlim description with vLLM's ``get_quant_config`` and gives eac
 lays it out (:func:`lay_out_experts`, :data:`FORMAT_SWITCHES`), computes with quant_views' reference
 kernel (:func:`apply_layer`) and answers ``get_eplb_weight_views``; :func:`install_ascend_routed_experts`
 gives each such layer vLLM Ascend's ``get_expert_weights``. How, and why EPLB-on logits are exact: the
-package README. The classes subclass vLLM's, so they are built on first access (``__getattr__``): the package
-imports no vLLM. Shapes: E logical experts, p local physical experts, T tokens, K top-k, H, I.
+package README. The classes subclass vLLM's, so they are built on first access (``__getattr__``): the
+module imports no vLLM (:mod:`~ascend_eplb.world.engine`'s import-order rule). Shapes: E logical
+experts, p local physical experts, T tokens, K top-k, H, I.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def format_switch(name: str) -> bool:
 
 
 def _config_class() -> type:
+    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
     from vllm.model_executor.layers.fused_moe import RoutedExperts
     from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
     from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
@@ -111,6 +113,7 @@ def _config_class() -> type:
 
 
 def _method_class() -> type:
+    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
     from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
     from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
     from vllm.model_executor.utils import set_weight_attrs
@@ -335,6 +338,7 @@ def register_ascend_quantization() -> type:
         RuntimeError: another ``"ascend"`` quantization (vLLM Ascend's own) is registered already: then
             that one is what a model gets, and this stand-in must not be used.
     """
+    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
     from vllm.model_executor.layers.quantization import (
         get_quantization_config,
         register_quantization_config,
@@ -356,6 +360,7 @@ def register_ascend_quantization() -> type:
 def install_ascend_routed_experts(model: torch.nn.Module) -> int:
     """Give each ``RoutedExperts`` whose method answers ``get_eplb_weight_views`` vllm-ascend's
     ``AscendRoutedExperts.get_expert_weights`` (the method's views), per instance. Returns how many."""
+    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
     from vllm.model_executor.layers.fused_moe import RoutedExperts
 
     count = 0

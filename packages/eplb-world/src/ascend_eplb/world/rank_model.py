@@ -5,7 +5,7 @@ with vLLM's ``get_model`` under DP x TP with EP over Gloo (:func:`parallel_layou
 world as vLLM's external launcher runs them) and :func:`forward` runs a prefill forward (the HF oracle is
 ``ascend_eplb.testing.hf``). :func:`prepare_world` installs the project's patches (as the plugin does) and
 the CPU stand-ins. ``custom_ops=["none"]``: RMSNorm, rotary, SiluAndMul, embeddings and logits run native
-torch, eager. vLLM is imported inside functions (see :mod:`~ascend_eplb.world`).
+torch, eager. Imports vLLM: only :mod:`~ascend_eplb.world.own_loop` and the tests import this module.
 """
 
 from __future__ import annotations
@@ -20,11 +20,23 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
+from vllm.config import (
+    AttentionConfig,
+    CompilationConfig,
+    EPLBConfig,
+    LoadConfig,
+    ModelConfig,
+    ParallelConfig,
+    VllmConfig,
+    set_current_vllm_config,
+)
+from vllm.distributed import parallel_state, tensor_model_parallel_all_gather
+from vllm.forward_context import set_forward_context
+from vllm.model_executor.model_loader import get_model
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
 from ascend_eplb.integration.patches import apply_patches
-from ascend_eplb.world.checkpoints import (
-    VOCAB_SIZE,
-)
+from ascend_eplb.world.checkpoints import VOCAB_SIZE
 from ascend_eplb.world.stand_ins import install_model_stand_ins, install_stand_ins
 
 __all__ = [
@@ -108,17 +120,6 @@ def _vllm_config(
     eplb: dict[str, Any] | None,
     data_parallel_size: int = 1,
 ) -> Any:
-    from vllm.config import (
-        AttentionConfig,
-        CompilationConfig,
-        EPLBConfig,
-        LoadConfig,
-        ModelConfig,
-        ParallelConfig,
-        VllmConfig,
-    )
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
     layout = parallel_layout(num_ranks, data_parallel_size)
     # D > 1: every DP rank in this one world, as vLLM's external launcher runs them (data_parallel_rank
     # from RANK; the world is D x TP).
@@ -167,9 +168,6 @@ def _vllm_config(
 def init_world(ctx: Any, vllm_config: Any) -> None:
     """vLLM's distributed environment over Gloo for ``ctx``'s world (D x TP of ``vllm_config``);
     idempotent."""
-    from vllm.config import set_current_vllm_config
-    from vllm.distributed import parallel_state
-
     if parallel_state.model_parallel_is_initialized():
         return
     with set_current_vllm_config(vllm_config):
@@ -240,9 +238,6 @@ def load_model(vllm_config: Any) -> torch.nn.Module:
     """vLLM's ``get_model`` (safetensors loader) under ``vllm_config`` (:func:`prepare_world`), then the
     stand-ins of the built model (``stand_ins.install_model_stand_ins``: attention and, for quantized
     experts, vllm-ascend's ``get_expert_weights``)."""
-    from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader import get_model
-
     with set_current_vllm_config(vllm_config):
         model = get_model(vllm_config=vllm_config)
     install_model_stand_ins(model)
@@ -295,9 +290,6 @@ def forward(
     Returns:
         float32 ``(T, V)`` logits of this rank's batch, on every TP rank (gathered over TP).
     """
-    from vllm.config import set_current_vllm_config
-    from vllm.distributed import tensor_model_parallel_all_gather
-
     with (
         torch.inference_mode(),
         set_current_vllm_config(vllm_config),
@@ -313,8 +305,6 @@ def forward(
 def _forward_context(vllm_config: Any, num_tokens: int) -> Any:
     """``set_forward_context`` of one forward of ``num_tokens`` rows on every DP rank (Model Runner V2
     pads the DP ranks to one token count)."""
-    from vllm.forward_context import set_forward_context
-
     dp = int(vllm_config.parallel_config.data_parallel_size)
     across_dp = torch.tensor([num_tokens] * dp, dtype=torch.int32) if dp > 1 else None
     return set_forward_context(None, vllm_config, num_tokens=num_tokens, num_tokens_across_dp=across_dp)

@@ -45,6 +45,7 @@ def fit_routing_bias(
     Raises:
         ValueError: not a DeepSeek-V3 checkpoint, or ``popularity`` not ``(L, E)`` with positive rows.
     """
+    # local: transformers (5 s, Triton with it) when writing: simulate's option parser imports this module
     from transformers import AutoModelForCausalLM
 
     info = checkpoint_info(folder)

@@ -7,8 +7,9 @@ variable-size collectives, 6 TorchDynamo off in an eager world (:func:`stand_in_
 release, is the integration's host adaptation. What each replaces and why: the package README. Patches
 are declared on their factories (``@upstream.SURFACE.replaces``, :data:`STAND_INS`); :func:`install_stand_ins`
 checks the world's upstream rows, then installs; :func:`install_model_stand_ins` those of one built
-model. vLLM is imported inside functions (``TorchFusedMoEMethod`` built on first access; see
-:mod:`~ascend_eplb.world`). Shapes: p local physical experts, T tokens, K top-k, H hidden, I intermediate.
+model. vLLM is imported inside functions (``TorchFusedMoEMethod`` built on first access), by
+:mod:`~ascend_eplb.world.engine`'s import-order rule. Shapes: p local physical experts, T tokens, K
+top-k, H hidden, I intermediate.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ def _all_to_all_experts(
     Raises:
         RuntimeError: a selection reached a rank whose ``expert_map`` does not hold its slot.
     """
+    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
     from vllm.distributed.parallel_state import get_ep_group
 
     group = get_ep_group()
@@ -130,6 +132,7 @@ def _all_to_all_experts(
 
 
 def _torch_moe_method_class() -> type:
+    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
     from vllm.model_executor.layers.fused_moe.activation import MoEActivation
     from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
 
@@ -211,6 +214,7 @@ def register_torch_moe_method() -> type:
     Raises:
         RuntimeError: another out-of-tree ``UnquantizedFusedMoEMethod`` is registered already.
     """
+    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
     from vllm.model_executor.custom_op import op_registry_oot
     from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
 
@@ -271,6 +275,7 @@ def __getattr__(name: str) -> Any:
 
 
 def _is_cpu_communicator(communicator: Any) -> bool:
+    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
     from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
 
     return isinstance(communicator, CpuCommunicator)
@@ -367,6 +372,7 @@ def cpu_reduce_scatterv(
 
 def _group_of(group_name: str) -> Any:
     """The vLLM group (``GroupCoordinator``) of the DP, EP or TP group named ``group_name``."""
+    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
     from vllm.distributed.parallel_state import get_dp_group, get_ep_group, get_tp_group
 
     for group in (get_dp_group(), get_ep_group(), get_tp_group()):
@@ -399,6 +405,7 @@ def _(x: torch.Tensor, dim: int, sizes: list[int], group_name: str) -> torch.Ten
 
 
 def _cpu_communicator_lacks(name: str) -> None:
+    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
     from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
 
     if name in vars(CpuCommunicator):
@@ -545,6 +552,7 @@ def install_attention_stand_ins(model: torch.nn.Module) -> dict[str, int]:
     Raises:
         RuntimeError: the model has an attention layer of another class (it would run unadapted).
     """
+    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
     from vllm.model_executor.layers.attention import Attention
     from vllm.model_executor.layers.attention.mla_attention import MLAAttention
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase

@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, get_args
+from typing import Annotated, Any, get_args
 
 from ascend_eplb.integration.model_facts import EXPERT_COUNT_KEYS, TOP_K_KEYS, MoeFacts, read_moe_facts
 from ascend_eplb.integration.settings import EplbSettings
@@ -44,6 +44,7 @@ def parse_serve_command(argv: Sequence[str]) -> Any:
         ValueError: not a ``serve`` command line, or vLLM's parser's own checks (``--config`` not a YAML
             file, no model with ``--config``), or ``EngineArgs`` rejected a value.
     """
+    # local: `check` on a config file imports no vLLM (module docstring)
     from vllm.engine.arg_utils import EngineArgs
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -65,8 +66,7 @@ def engine_args_problems(engine_args: Any) -> list[str]:
     ``speculative_config`` (``SpeculativeConfig``'s field of that name, its type and constraints:
     ``num_speculative_tokens`` > 0; a key of no field: vLLM's config forbids extra keys). One message per
     problem, naming the value and vLLM's rule."""
-    from typing import Annotated
-
+    # local: `check` on a config file imports no vLLM (module docstring)
     from pydantic import TypeAdapter, ValidationError
     from vllm.config import SpeculativeConfig
 
@@ -106,6 +106,7 @@ def mtp_draft_facts(folder: str, engine_args: Any) -> tuple[tuple[str, ...] | No
     Raises:
         ValueError: the folder's config cannot be read by vLLM (naming the folder and why).
     """
+    # local: `check` on a config file imports no vLLM (module docstring)
     from vllm.config import SpeculativeConfig
     from vllm.transformers_utils.config import get_config
 
@@ -251,6 +252,7 @@ def _draft_paths(
     """The speculative config's method (vLLM's name of it) and the draft's facts: an MTP draft's from
     the target's folder (:func:`mtp_draft_facts`), another's from its own local folder; what is unknown
     goes into ``unknown``."""
+    # local: `check` on a config file imports no vLLM (module docstring)
     from vllm.config.speculative import MTPModelTypes
 
     method = spec.get("method")

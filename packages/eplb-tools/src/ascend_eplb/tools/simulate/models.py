@@ -3,7 +3,7 @@
 A folder holds ``config.json`` and safetensors of ``Qwen3MoeForCausalLM``, ``DeepseekV3ForCausalLM`` or
 ``MixtralForCausalLM`` (what ``ascend_eplb.world`` runs on a CPU host); its format is what start-up reads
 of it (``check.model_folder.model_folder_facts``) and ``--format`` must match it. A preset
-(:data:`PRESETS`) is a tiny random checkpoint written by ``world.write_checkpoint`` into
+(:data:`PRESETS`) is a tiny random checkpoint written by ``write_checkpoint`` into
 ``$ASCEND_EPLB_CACHE/models`` (default ``~/.cache/ascend-eplb``) once per recipe version and format:
 ``deepseek-v3`` (the main job's default) at the embedded ESFT trace's shape (E = 64, top-6, 4 MoE layers,
 routing bias fitted to the trace, with DeepSeek-V3's MTP layer), ``qwen3-moe`` and ``mixtral`` at
@@ -21,7 +21,6 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from ascend_eplb import world
 from ascend_eplb.integration.model_facts import EXPERT_COUNT_KEYS, TOP_K_KEYS, architectures_error
 from ascend_eplb.integration.regular_files import regular_file_problem
 from ascend_eplb.integration.rules import moe_fact_errors
@@ -29,7 +28,15 @@ from ascend_eplb.quant_views import FORMAT_SUPPORT
 from ascend_eplb.tools.check.model_folder import folder_formats, model_folder_facts
 from ascend_eplb.tools.files import json_object
 from ascend_eplb.tools.trace import load_trace
-from ascend_eplb.world.checkpoints import to_format
+from ascend_eplb.world.checkpoints import (
+    ARCHITECTURES,
+    VOCAB_SIZE,
+    add_mtp_layer,
+    checkpoint_info,
+    to_format,
+    write_checkpoint,
+)
+from ascend_eplb.world.routing_fit import fit_routing_bias
 
 __all__ = [
     "CACHE_ENV",
@@ -70,7 +77,7 @@ class ModelSource:
         max_positions: the model's ``max_position_embeddings`` (the longest sequence of one step).
         format: the routed experts' format (``float32``, ``bf16``, ``fp16`` or a quantized format).
         num_mtp_layers: DeepSeek-V3's multi-token prediction layers the checkpoint holds (the MoE draft
-            of ``--speculative-tokens``; ``world.CheckpointInfo.num_mtp_layers``).
+            of ``--speculative-tokens``; ``CheckpointInfo.num_mtp_layers``).
         vocab_size: V, the ids the workload's prompts are drawn from.
     """
 
@@ -83,7 +90,7 @@ class ModelSource:
     max_positions: int
     format: str = PRESET_FORMAT
     num_mtp_layers: int = 0
-    vocab_size: int = world.VOCAB_SIZE
+    vocab_size: int = VOCAB_SIZE
 
 
 #: The environment variable of the cache root (the presets go under ``models/``).
@@ -129,15 +136,15 @@ def _write_preset(name: str, folder: Path, fmt: str) -> None:
     try:
         sizes = {"moe_intermediate_size": 64} if fmt.startswith("mx") else {}
         if name == "deepseek-v3":
-            world.write_checkpoint(name, scratch, seed=0, **_DEEPSEEK_PRESET, **sizes)
+            write_checkpoint(name, scratch, seed=0, **_DEEPSEEK_PRESET, **sizes)
             layers = _DEEPSEEK_PRESET["num_moe_layers"]
             trace = load_trace().load()
-            world.fit_routing_bias(scratch, trace[:layers])
+            fit_routing_bias(scratch, trace[:layers])
             # DeepSeek-V3's MTP layer (the draft of --speculative-tokens), routed like the next trace layer;
             # the target's tensors are unchanged by it.
-            world.add_mtp_layer(scratch, popularity=trace[layers])
+            add_mtp_layer(scratch, popularity=trace[layers])
         else:
-            world.write_checkpoint(name, scratch, seed=0, **sizes)
+            write_checkpoint(name, scratch, seed=0, **sizes)
         to_format(scratch, fmt)
         try:
             scratch.rename(folder)
@@ -285,14 +292,14 @@ def resolve_model(model: str, fmt: str | None = None) -> ModelSource:
             raise ValueError("\n  - ".join(problems))
         fmt = own
     try:
-        info = world.checkpoint_info(folder)
+        info = checkpoint_info(folder)
         max_positions = int(json_object(folder / "config.json")["max_position_embeddings"])
     except (ValueError, KeyError, TypeError, OSError) as e:
         raise ValueError(f"model={model}: {type(e).__name__}: {e}") from None
     return ModelSource(
         name=model,
         folder=folder.resolve(),
-        architecture=world.ARCHITECTURES[info.arch],
+        architecture=ARCHITECTURES[info.arch],
         num_logical_experts=info.num_logical_experts,
         top_k=info.top_k,
         num_moe_layers=info.num_moe_layers,

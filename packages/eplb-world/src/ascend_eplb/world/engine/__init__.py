@@ -7,4 +7,12 @@ CPU host whose vLLM build has no device kernels, opted in per process (``ASCEND_
 (vLLM's CPU worker loaded with the world's worker row), :mod:`.spec` (one engine's settings),
 :mod:`.host` (an engine in a process of its own; :mod:`.data_parallel`, vLLM's DP engine there) and
 :mod:`.probes` (what the world observes inside the workers).
+
+The import-order rule, written here once: an engine process's environment is set before vLLM or Triton is
+imported (Triton reads ``TRITON_INTERPRET`` when it loads; vLLM's platform plugin runs while vLLM resolves
+its platform), so an engine runs in a process started with it (:mod:`.host`), never in one that has
+imported them. vLLM loads :mod:`.plugin` in every process of an environment that installs this package: it
+imports nothing more before the opt-in, and what it imports then (:mod:`.patches` with the world's
+``stand_ins``, ``quant_method``, ``kernel_logs`` and ``checkpoints``) imports vLLM, Triton and
+transformers only inside the functions that use them (``# local:`` names the rule at each).
 """

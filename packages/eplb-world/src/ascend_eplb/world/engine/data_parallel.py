@@ -30,6 +30,7 @@ class DataParallelEngine:
             raise ValueError(
                 f"data_parallel_size={kwargs.get('data_parallel_size', 1)}: a single engine is vllm.LLM's"
             )
+        # local: vLLM only in the engine host, started with the engine world's environment (world.engine)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 

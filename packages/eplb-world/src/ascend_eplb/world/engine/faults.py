@@ -27,6 +27,7 @@ def rank_dependent_replicas(worker: Any) -> dict[str, list[int]]:
     Raises:
         RuntimeError: EPLB is off on this worker.
     """
+    # local: runs in vLLM's workers; the process that starts the engine imports this module without vLLM
     from vllm.distributed.parallel_state import get_ep_group
 
     controller = worker.model_runner.eplb

@@ -11,6 +11,7 @@ world's folder: generate (vLLM's ``LLM.generate``), run a function on every work
 
 from __future__ import annotations
 
+import importlib
 import os
 import secrets
 import sys
@@ -52,8 +53,6 @@ def _function_name(fn: Callable[..., Any]) -> str:
 
 
 def _resolve(name: str) -> Callable[..., Any]:
-    import importlib
-
     module, qualname = name.split(":")
     obj: Any = importlib.import_module(module)
     for part in qualname.split("."):
@@ -233,10 +232,12 @@ def _serve(conn: Connection) -> None:
                 started = time.monotonic()
                 spec = _spec_of(message[1])
                 if spec.data_parallel_size > 1:
+                    # local: the client side of this module runs without vLLM (world.engine)
                     from ascend_eplb.world.engine.data_parallel import DataParallelEngine
 
                     llm = DataParallelEngine(spec.engine_kwargs())
                 else:
+                    # local: the client side of this module runs without vLLM (world.engine)
                     from vllm import LLM
 
                     llm = LLM(**spec.engine_kwargs())
@@ -265,6 +266,7 @@ def _serve(conn: Connection) -> None:
 
 
 def _generate(llm: Any, prompts: list[list[int]], max_tokens: int | list[int], logprobs: int) -> list[Any]:
+    # local: the client side of this module runs without vLLM (world.engine)
     from vllm import SamplingParams
 
     def params_of(n: int) -> Any:

@@ -60,6 +60,7 @@ def _active() -> bool:
     check=_check_backends,
 )
 def _cpu_backend(original: dict[str, Any]) -> dict[str, Any]:
+    # local: Triton and control's host adaptation (Triton) after the opt-in (world.engine's import-order rule)
     from triton.backends import Backend
     from triton.backends.driver import DriverBase
 
@@ -122,6 +123,7 @@ def _check_cpu_event_placeholder(original: Any) -> None:
     check=_check_cpu_event_placeholder,
 )
 def _host_event_after_cpu_worker(original: Any) -> Any:
+    # local: Triton and control's host adaptation (Triton) after the opt-in (world.engine's import-order rule)
     from ascend_eplb.control.host_adaptation import HostEvent
 
     return HostEvent

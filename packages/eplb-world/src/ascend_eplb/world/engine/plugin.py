@@ -24,6 +24,7 @@ def platform_plugin() -> str | None:
     patches), else None (vLLM's own detection decides)."""
     if not opted_in():
         return None
+    # local: nothing before the opt-in (world.engine's import-order rule)
     from ascend_eplb.world.engine.patches import install_platform_patches
 
     install_platform_patches()
@@ -34,6 +35,7 @@ def general_plugin() -> None:
     """Entry point of ``vllm.general_plugins``: when opted in, the ``_C`` kernels and the engine patches."""
     if not opted_in():
         return
+    # local: nothing before the opt-in (world.engine's import-order rule)
     from ascend_eplb.world.engine.kernels import register
     from ascend_eplb.world.engine.patches import install_engine_patches
 

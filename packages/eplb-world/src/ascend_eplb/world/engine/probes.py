@@ -18,7 +18,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ascend_eplb.control.bus import CommitEvent, DecisionEvent
+from ascend_eplb.control.bus import CommitEvent, DecisionEvent, ShutdownEvent
+from ascend_eplb.integration import metrics
+from ascend_eplb.integration.serving import guardrails_of
 from ascend_eplb.world.checkpoints import checkpoint_experts
 from ascend_eplb.world.slots import local_slot_mismatches
 
@@ -97,6 +99,7 @@ class _Observer:
 
 
 def _ep_rank() -> int:
+    # local: runs in vLLM's workers; the process that starts the engine imports this module without vLLM
     from vllm.distributed.parallel_state import get_ep_group
 
     return get_ep_group().rank_in_group
@@ -208,6 +211,7 @@ def observe(worker: Any, checkpoint: str) -> bool:
 
 def _name_of(model_config: Any, state: Any) -> str | None:
     """Upstream's name of the model ``state`` keys by ``model_config`` (upstream's own key), or None."""
+    # local: runs in vLLM's workers; the process that starts the engine imports this module without vLLM
     from vllm.config.utils import compute_hash_cached
 
     model_state = state.model_states.get(compute_hash_cached(model_config))
@@ -216,8 +220,6 @@ def _name_of(model_config: Any, state: Any) -> str | None:
 
 def _time_verifier(controller: Any, observer: _Observer) -> None:
     """Add the time the serving verifier's step and commit hooks take to ``observer.verifier_seconds``."""
-    from ascend_eplb.integration.serving import guardrails_of
-
     verifier = guardrails_of(controller).verifier
     if verifier is None:
         return
@@ -260,8 +262,10 @@ def compilation(worker: Any) -> dict[str, Any]:
     compiled so far; ``graph_breaks``: reason -> count) and, per model, the modules vLLM's compile wrapper
     traced (``traced``: the target's as ``"target"``, each model EPLB balances by upstream's model name; []
     runs eager). Unchanged counters between two calls: nothing was traced or compiled again in between."""
+    # local: runs in vLLM's workers; the process that starts the engine imports this module without vLLM
     from torch._dynamo.utils import counters
 
+    # local: runs in vLLM's workers; the process that starts the engine imports this module without vLLM
     from ascend_eplb.control.router_adaptation import traced_modules
 
     runner = worker.model_runner
@@ -322,10 +326,6 @@ def run_summary(worker: Any) -> dict[str, Any]:
     verifier's counters (None: verifier off), p, and the cycles in flight as the watchdog names them at
     the runner's end of life (``InFlightAtShutdown`` as dicts; asking changes nothing) and the watchdog's
     failure (``(message, step)``, or None)."""
-    from ascend_eplb.control.bus import ShutdownEvent
-    from ascend_eplb.integration import metrics
-    from ascend_eplb.integration.serving import guardrails_of
-
     runner = worker.model_runner
     controller = runner.eplb
     state = controller.state
@@ -358,6 +358,7 @@ def run_summary(worker: Any) -> dict[str, Any]:
 
 
 def _ep_size() -> int:
+    # local: runs in vLLM's workers; the process that starts the engine imports this module without vLLM
     from vllm.distributed.parallel_state import get_ep_group
 
     return get_ep_group().world_size

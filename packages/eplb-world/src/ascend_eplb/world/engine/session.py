@@ -181,6 +181,7 @@ def log_tail(path: Path, lines: int = 40) -> str:
 
 
 def _process(pid: int) -> list[Any]:
+    # local: psutil (a vLLM dependency, not this package's) only when a session's processes are checked
     import psutil
 
     try:
@@ -190,6 +191,7 @@ def _process(pid: int) -> list[Any]:
 
 
 def _descendants(pid: int) -> list[Any]:
+    # local: psutil (a vLLM dependency, not this package's) only when a session's processes are checked
     import psutil
 
     try:
@@ -200,6 +202,7 @@ def _descendants(pid: int) -> list[Any]:
 
 def _shared_memory(processes: list[Any]) -> set[str]:
     """The ``/dev/shm`` segments ``processes`` (psutil) have mapped now."""
+    # local: psutil (a vLLM dependency, not this package's) only when a session's processes are checked
     import psutil
 
     out = set()
@@ -213,6 +216,7 @@ def _shared_memory(processes: list[Any]) -> set[str]:
 
 def _reap(processes: list[Any], timeout: float) -> tuple[str, ...]:
     """Wait up to ``timeout`` s for ``processes`` (psutil) to exit; kill those still alive and name them."""
+    # local: psutil (a vLLM dependency, not this package's) only when a session's processes are checked
     import psutil
 
     _, alive = psutil.wait_procs(processes, timeout=timeout)
