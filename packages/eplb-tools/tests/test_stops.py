@@ -299,10 +299,10 @@ def _import_wrapped_by_a_library() -> None:
 def test_the_deadline_ends_the_run_even_when_a_library_wraps_the_alarm_in_its_own_error():
     """transformers' lazy imports re-raise an error raised during an import as their RuntimeError: the
     alarm must still end the run as the deadline, with its one line, not as that library's error."""
-    from ascend_eplb.tools.simulate.lifecycle import DeadlineExceededError, deadline_alarm
+    from ascend_eplb.tools.simulate.lifecycle import DeadlineExceededError, RunPhase, deadline_alarm
 
     def run() -> None:
-        with deadline_alarm(time.monotonic() - 1.0, 3.0, ["importing"]):
+        with deadline_alarm(time.monotonic() - 1.0, 3.0, RunPhase("importing")):
             _import_wrapped_by_a_library()
 
     with pytest.raises(DeadlineExceededError) as info:
@@ -322,13 +322,13 @@ def test_the_deadline_ends_the_run_even_when_the_alarm_fires_inside_a_finalizer(
     """CI caught it: the alarm fired inside regex's ``Group.__del__`` during vLLM's import; Python
     printed "Exception ignored in ..." with a traceback and dropped the error. The deadline must still
     end the scope, and nothing but the command's own line may reach stderr."""
-    from ascend_eplb.tools.simulate.lifecycle import DeadlineExceededError, deadline_alarm
+    from ascend_eplb.tools.simulate.lifecycle import DeadlineExceededError, RunPhase, deadline_alarm
 
     hook = sys.unraisablehook
     reached = []
 
     def run() -> None:
-        with deadline_alarm(time.monotonic(), 3.0, ["importing"]):
+        with deadline_alarm(time.monotonic(), 3.0, RunPhase("importing")):
             _SlowFinalizer()  # dropped at once: its __del__ runs here
             reached.append("after the finalizer")
             time.sleep(5)

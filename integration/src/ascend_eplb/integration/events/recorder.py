@@ -34,7 +34,7 @@ from ascend_eplb.integration.regular_files import RegularFileError, open_for_app
 from ascend_eplb.integration.verify import VerifierViolation
 from ascend_eplb.integration.watchdog import WorkerFailure
 
-# vLLM is imported where used: ``plan`` and ``simulate --trace`` read events files without it.
+# vLLM is imported where used (`# local:`): `ascend-eplb check` reads `events_path` without it.
 
 __all__ = ["ENV_EVENTS", "EventsRecord", "EventsRecorder", "EventsWriter", "events_path"]
 
@@ -169,7 +169,7 @@ class EventsRecorder:
         controller is built): its models' registration, steps, commits and start-up installs, and the
         ``worker_failure`` and ``verifier_violation`` events of the watchdog and the verifier; control's
         closed windows and rearrangement outcomes once it records (:meth:`_on_registered`)."""
-        from ascend_eplb.control.initial_placement import InitialPlacementEvent  # imports vLLM
+        from ascend_eplb.control.initial_placement import InitialPlacementEvent  # local: imports vLLM
 
         self._bus = bus
         bus.subscribe(RegistrationEvent, self._on_registered)
@@ -181,7 +181,7 @@ class EventsRecorder:
 
     # ------------------------------------------------------------------ subscribers
     def _on_registered(self, event: RegistrationEvent) -> None:
-        from vllm.distributed.parallel_state import get_ep_group
+        from vllm.distributed.parallel_state import get_ep_group  # local: check reads events_path, no vLLM
 
         self._rank = get_ep_group().rank_in_group
         if self._rank == 0 and self.path is not None and self._writer is None:
@@ -278,7 +278,7 @@ class EventsRecorder:
         self._emit(r)
         if self._rank != 0 or r.skipped == "no_load":  # the state logs a run of windows without load
             return
-        from vllm.logger import init_logger
+        from vllm.logger import init_logger  # local: check reads events_path, no vLLM
 
         log = init_logger(__name__)
         estimate = ""

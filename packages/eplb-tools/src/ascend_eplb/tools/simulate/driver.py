@@ -26,7 +26,12 @@ from ascend_eplb.integration.regular_files import write_regular_file
 from ascend_eplb.tools.simulate.config import RUN_OUTPUTS, SimulateConfig
 from ascend_eplb.tools.simulate.engine_run import EngineRun, run_engines
 from ascend_eplb.tools.simulate.launching import SimulationError, launch_ranks, run_torchrun_rank
-from ascend_eplb.tools.simulate.lifecycle import DeadlineExceededError, deadline_alarm, own_output_folder
+from ascend_eplb.tools.simulate.lifecycle import (
+    DeadlineExceededError,
+    RunPhase,
+    deadline_alarm,
+    own_output_folder,
+)
 from ascend_eplb.tools.simulate.models import resolve_model
 from ascend_eplb.tools.simulate.plot import plot_balancedness
 from ascend_eplb.tools.simulate.report import SimulateReport, build_report
@@ -92,7 +97,7 @@ def run_simulation(config: SimulateConfig, *, stream=None) -> SimulateReport:
     if under_torchrun():
         return _run_under_torchrun(config, t0, stream)
 
-    phase = ["reading the routing"]
+    phase = RunPhase("reading the routing")
     with contextlib.ExitStack() as owned:
         try:
             with deadline_alarm(deadline, config.timeout_s, phase):
@@ -176,7 +181,7 @@ def _run_under_torchrun(config: SimulateConfig, t0: float, stream: Any) -> Simul
     return report
 
 
-def _run_engines(config: SimulateConfig, source: Any, deadline: float, phase: list[str]) -> EngineRun:
+def _run_engines(config: SimulateConfig, source: Any, deadline: float, phase: RunPhase) -> EngineRun:
     """The real model on vLLM's engine (:mod:`~ascend_eplb.tools.simulate.engine_run`); an engine's failure
     is the run's (:class:`SimulationError`, naming the cause)."""
     try:

@@ -27,11 +27,15 @@ import numpy as np
 import torch
 
 from ascend_eplb.control import measures
+from ascend_eplb.integration.model_names import DRAFT_SUFFIX
 from ascend_eplb.integration.watchdog import InFlightAtShutdown
+from ascend_eplb.tools.check import check_serve_command
 from ascend_eplb.tools.simulate.config import SimulateConfig, ascend_policy_keys
 from ascend_eplb.tools.simulate.faults import WORKER_FAULTS, inject_stale_lookup, inject_worker_fault
 from ascend_eplb.tools.simulate.launching import write_scrape
+from ascend_eplb.tools.simulate.lifecycle import RunPhase
 from ascend_eplb.tools.simulate.stats import DraftStats, InstallSeen, OutputTolerance, RankStats
+from ascend_eplb.world.checkpoints import checkpoint_info
 from ascend_eplb.world.engine import probes
 from ascend_eplb.world.engine.host import Completion, EngineError, EngineWorld
 from ascend_eplb.world.engine.spec import EngineSpec, EplbSpec
@@ -135,6 +139,7 @@ def _figures(engine: EngineWorld, completions: list[Completion], generate_s: flo
 def inject_fault(worker: Any, fault: str) -> None:
     """``--fault`` in this worker (run on every worker through vLLM's RPC): an async-worker fault on the
     last EP rank, or layer 0's stale lookup refresh on every rank."""
+    # local: runs in vLLM's workers; this process starts vLLM's engine in processes of its own
     from vllm.distributed.parallel_state import get_ep_group
 
     state = worker.model_runner.eplb.state
@@ -147,7 +152,7 @@ def inject_fault(worker: Any, fault: str) -> None:
 
 
 def run_engines(
-    config: SimulateConfig, folder: Path, vocab_size: int, deadline: float, phase: list[str]
+    config: SimulateConfig, folder: Path, vocab_size: int, deadline: float, phase: RunPhase
 ) -> EngineRun:
     """Serve the workload on the EPLB-off engine, then on the EPLB-on engine (``config``'s EPLB settings,
     verifier and watchdog on, ``events.jsonl`` in ``--out``), each in a scratch folder of its own removed
@@ -161,7 +166,7 @@ def run_engines(
     refuse_what_start_up_refuses(on_spec)
 
     def say(what: str) -> None:
-        phase[0] = what
+        phase.what = what
         if config.progress:
             print(f"ascend-eplb simulate: {what}", file=sys.stderr, flush=True)
 
@@ -228,8 +233,6 @@ def refuse_what_start_up_refuses(spec: EngineSpec) -> None:
     Raises:
         ValueError: a rule is violated (the message lists each, as ``check`` prints them).
     """
-    from ascend_eplb.tools.check import check_serve_command
-
     result = check_serve_command(["serve", *spec.serve_argv()], {**os.environ, **spec.environment()})
     if not result.ok:
         raise ValueError(
@@ -406,9 +409,6 @@ def _rank_stats(
     """Each rank's ``RankStats`` from what the observer saw on the EPLB-on engine's workers (``start``:
     each model's placement when serving began; ``installed``: with ``--initial-placement``, each rank's
     slots not holding their expert right after start-up)."""
-    from ascend_eplb.integration.model_names import DRAFT_SUFFIX
-    from ascend_eplb.world.checkpoints import checkpoint_info
-
     info = checkpoint_info(folder)
     target, draft = str(folder), str(folder) + DRAFT_SUFFIX
     max_error, output_violation = _outputs_error(completions, reference, tolerance)

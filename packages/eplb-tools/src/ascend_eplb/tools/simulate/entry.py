@@ -14,6 +14,6 @@ __all__ = ["simulate_rank"]
 
 def simulate_rank(ctx: Any, cfg: dict, routing: dict, gather: bool = False) -> Any:
     """:func:`ascend_eplb.tools.simulate.rank.simulate_rank` (same arguments and result)."""
-    from ascend_eplb.tools.simulate.rank import simulate_rank as run
+    from ascend_eplb.tools.simulate.rank import simulate_rank as run  # local: imports vLLM (docstring)
 
     return run(ctx, cfg, routing, gather)

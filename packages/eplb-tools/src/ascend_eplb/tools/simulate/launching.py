@@ -30,6 +30,7 @@ from ascend_eplb.tools.simulate.entry import simulate_rank  # imports vLLM only 
 from ascend_eplb.tools.simulate.lifecycle import (
     SCRATCH_PREFIX,
     DeadlineExceededError,
+    RunPhase,
     read_refusals,
     release_world_resources,
 )
@@ -101,7 +102,7 @@ def _rank_args(
     return cfg, arrays
 
 
-def launch_ranks(config: SimulateConfig, routing: Any, deadline: float, phase: list[str]) -> list[RankStats]:
+def launch_ranks(config: SimulateConfig, routing: Any, deadline: float, phase: RunPhase) -> list[RankStats]:
     # Scratch of this world (rendezvous file, per-rank results and resource records): removed after the
     # run, whatever ends it, with whatever a killed rank left.
     world = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
@@ -119,12 +120,12 @@ def launch_ranks(config: SimulateConfig, routing: Any, deadline: float, phase: l
             bar = Progress(config.steps)  # start-up its own phase, then the steps
 
         def on_message(rank: int, message: Any) -> None:
-            phase[0] = "running the ranks"
+            phase.what = "running the ranks"
             _, step, rearrangements, bal = message
             if bar is not None and rank == 0:
                 bar.step(step, rearrangements, bal)
 
-        phase[0] = "starting the ranks (the fork server imports vLLM)"
+        phase.what = "starting the ranks (the fork server imports vLLM)"
         results = run_ranks(
             simulate_rank,
             world_size=config.num_ranks,
@@ -176,7 +177,7 @@ def launch_ranks(config: SimulateConfig, routing: Any, deadline: float, phase: l
 def write_scrape(folder: Path, path: Path) -> None:
     """What vLLM's API server's ``/metrics`` serves from ``folder`` (prometheus_client's
     ``MultiProcessCollector``), in the Prometheus text format."""
-    # prometheus_client fixes its value class from PROMETHEUS_MULTIPROC_DIR when first imported, set above
+    # local: prometheus_client fixes its value class from PROMETHEUS_MULTIPROC_DIR when first imported
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.multiprocess import MultiProcessCollector
 

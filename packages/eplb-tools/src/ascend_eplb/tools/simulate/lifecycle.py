@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
@@ -37,6 +38,7 @@ __all__ = [
     "SCRATCH_PREFIX",
     "DeadlineExceededError",
     "OutputFolderInUseError",
+    "RunPhase",
     "StoppedBySignal",
     "command_scope",
     "deadline_alarm",
@@ -173,11 +175,18 @@ def command_scope(command: str) -> Iterator[None]:
                 os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
 
 
+@dataclass
+class RunPhase:
+    """What the run is doing (``what``, set as it goes on), for the deadline's message."""
+
+    what: str
+
+
 @contextlib.contextmanager
-def deadline_alarm(deadline: float, timeout_s: float, phase: list[str]) -> Iterator[None]:
+def deadline_alarm(deadline: float, timeout_s: float, phase: RunPhase) -> Iterator[None]:
     """Raise :class:`DeadlineExceededError` in the main thread just after ``deadline`` (monotonic).
 
-    ``phase[0]`` says what the run was doing, for the message. Off the main thread (no signals
+    ``phase`` says what the run was doing, for the message. Off the main thread (no signals
     there) this does nothing: the launcher's own deadline still holds once ranks run. An alarm that
     fires inside a finalizer (where Python drops any error, printing "Exception ignored") is not
     printed and fires again a moment later, outside it.
@@ -191,7 +200,7 @@ def deadline_alarm(deadline: float, timeout_s: float, phase: list[str]) -> Itera
     def handler(_signum: int, _frame: object) -> None:
         fired.append(
             f"simulation failed: the deadline (--timeout {timeout_s:g} s, start-up included) passed while "
-            f"{phase[0]}; every process of the run was stopped"
+            f"{phase.what}; every process of the run was stopped"
         )
         raise DeadlineExceededError(fired[0])
 
@@ -206,7 +215,7 @@ def deadline_alarm(deadline: float, timeout_s: float, phase: list[str]) -> Itera
 
     previous = signal.signal(signal.SIGALRM, handler)
     previous_hook, sys.unraisablehook = sys.unraisablehook, swallowed
-    from ascend_eplb.tools.simulate.resources import MAX_TIMEOUT_S  # imports torch; check does not
+    from ascend_eplb.tools.simulate.resources import MAX_TIMEOUT_S  # local: imports torch; check does not
 
     # Capped: a timeout beyond the limit, or not > 0 (--timeout -1: a deadline already past), is refused
     # by the options' validation, inside this scope; no alarm may end the run before that refusal.
@@ -231,7 +240,7 @@ def deadline_alarm(deadline: float, timeout_s: float, phase: list[str]) -> Itera
 def record_rank_resources(world_dir: str | os.PathLike[str], rank: int) -> None:
     """In a rank, once vLLM's groups exist: write ``resources-rank<r>.json`` (shared-memory segment
     names and message-queue socket paths this rank's vLLM groups created) into the world's folder."""
-    # Every command imports this module; only a rank, where vLLM is loaded already, calls this.
+    # local: every command imports this module; only a rank, where vLLM is loaded already, calls this
     from vllm.distributed import parallel_state
 
     shm, sockets = [], []

@@ -29,6 +29,9 @@ from ascend_eplb.integration.placement_file import (
     describe_mismatch,
     read_placements,
 )
+from ascend_eplb.integration.rules import RULES
+from ascend_eplb.integration.settings import EplbSettings
+from ascend_eplb.integration.settings_reader import read_settings
 from ascend_eplb.world.compilation import compilation_error, is_compiled
 
 __all__ = [
@@ -76,11 +79,9 @@ def vllm_compilation_error(compilation: dict[str, Any]) -> str | None:
     (pydantic: the backend, the mode, each field), then the serving path's rule ``compiled-forward``
     (inductor freezing, ``TORCHINDUCTOR_FREEZING=1`` included; an option torch's inductor does not have),
     the very function start-up runs on every rank."""
+    # local: vLLM only where a compilation config is given (the option parser and check stay off it)
     from pydantic import ValidationError
     from vllm.config import CompilationConfig
-
-    from ascend_eplb.integration.rules import RULES
-    from ascend_eplb.integration.settings_reader import read_settings
 
     try:
         built = CompilationConfig(**compilation)
@@ -116,9 +117,6 @@ def policy_errors(config: Any) -> list[str]:
 def split_errors(config: Any) -> list[str]:
     """Start-up's rule ``replica-split`` on ``--replica-split`` (the very function start-up runs on the
     served configuration's ``additional_config.eplb_config``), its message naming the value and the fix."""
-    from ascend_eplb.integration.rules import RULES
-    from ascend_eplb.integration.settings import EplbSettings
-
     settings = EplbSettings(enable_eplb=True, ascend_eplb_config={"replica_split": config.replica_split})
     found = RULES["replica-split"](settings)
     return [] if found is None else [f"replica split: [replica-split] {found}"]

@@ -20,7 +20,7 @@ def plot_balancedness(report: SimulateReport, path: Path) -> None:
     """Write :func:`balancedness_figure` of ``report`` to ``path`` (PNG) by the one writer
     (:func:`ascend_eplb.integration.regular_files.write_regular_file`: whole, beside it then renamed;
     only a regular file replaced)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # local: only when a plot is drawn (balancedness_figure's backend)
 
     fig = balancedness_figure(report)
     png = io.BytesIO()
@@ -39,7 +39,7 @@ def balancedness_figure(report: SimulateReport):
     The y-axis labels are two short lines each, aligned: one line each ran past its panel's height, so
     the two labels overlapped between the panels.
     """
-    import matplotlib  # only when a plot is drawn, its backend chosen before pyplot loads
+    import matplotlib  # local: only when a plot is drawn, its backend chosen before pyplot loads
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

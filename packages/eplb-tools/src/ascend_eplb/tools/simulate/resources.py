@@ -24,6 +24,7 @@ from ascend_eplb.quant_views import get_format
 from ascend_eplb.quant_views.reference import LAYER_SEED_STRIDE as _LAYER_STRIDE
 from ascend_eplb.quant_views.reference import SEED_STRIDE as _SEED_STRIDE
 from ascend_eplb.tools.host_memory import available_bytes, gib, sampling_bytes
+from ascend_eplb.world.engine.spec import EngineSpec
 
 __all__ = [
     "MAX_TIMEOUT_S",
@@ -186,8 +187,6 @@ def model_memory_rule(num_ranks: int, folder: Any) -> list[str]:
     process, vLLM's engine core and ``num_ranks`` workers, each with vLLM imported, every worker holding
     the checkpoint's weights once (at most its safetensors bytes) and its KV cache, plus this process,
     against :func:`available_bytes`. Returns the rule's message, or nothing."""
-
-    from ascend_eplb.world.engine.spec import EngineSpec
 
     weights = sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))
     kv_cache = EngineSpec.kv_cache_memory_bytes
