@@ -186,7 +186,14 @@ def test_a_simulated_events_file_plans_like_its_load_matrix_and_like_the_online_
             out_dir=str(tmp_path),
         )
     ).to_json()
-    assert report["passed"], report["first_violation"]
+    # Every check passed; the worker's may be "not judged" where a loaded host's last cycle is still in
+    # flight at the end (test_simulate's _passed_but_the_last_cycle): that cycle is then named.
+    checks = dict(report["checks"])
+    worker = checks.pop("worker")
+    assert (checks, report["first_violation"]) == (dict.fromkeys(checks, True), None), report[
+        "check_evidence"
+    ]
+    assert worker is True or (worker is None and report["in_flight_at_end"]), report["check_evidence"]
     events_file = tmp_path / "events.jsonl"
     events = [json.loads(line) for line in events_file.read_text().splitlines()]
     windows = [e for e in events if e["event"] == "window"]

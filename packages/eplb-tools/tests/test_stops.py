@@ -224,9 +224,15 @@ def test_a_passing_run_leaves_nothing_behind(tmp_path):
 
     run = Run(tmp_path, *SMALL, "--steps", "12", "--window-size", "1", "--step-interval", "4")
     returncode, out, err = run.finish()
-    assert returncode == 0, err
-    assert "PASSED in" in out
-    in_flight = json.loads((run.out / "report.json").read_text())["in_flight_at_end"]
+    report = json.loads((run.out / "report.json").read_text())
+    in_flight = report["in_flight_at_end"]
+    # Passed, or (a loaded host) every check passed but the worker's, not judged with the last cycle in
+    # flight at the end: exit 3, that cycle named. Either way nothing may be left.
+    if returncode == 3:
+        assert (report["verdict"], report["checks"]["worker"], bool(in_flight)) == ("not judged", None, True)
+    else:
+        assert returncode == 0, err
+        assert "PASSED in" in out
     expected = [InFlightAtShutdown(**cycle).message() for cycle in in_flight]
     assert sorted(_own_lines(err)) == sorted(expected)
     run.assert_nothing_left(err)
