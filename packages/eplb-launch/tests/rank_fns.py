@@ -51,3 +51,20 @@ def collected_objects(ctx: RankContext) -> tuple[bool, bool]:
     made_here = [[ctx.rank]]  # a list is always tracked (a dict of atoms is not)
     tracked = {id(obj) for obj in gc.get_objects()}
     return id(multiprocessing.__dict__) in tracked, id(made_here) in tracked
+
+
+def leave_at_once(ctx: RankContext) -> bool:
+    """Rank 1 is slow to finish connecting (a sleep after its ``init_process_group``, then a marker
+    file); whether the marker exists when ``init_gloo`` returns on this rank (it must on every rank)."""
+    marker = ctx.tmp_dir / "rank1-connected"
+    if ctx.rank == 1:
+        connect = dist.init_process_group
+
+        def slow_connect(*args, **kwargs):
+            connect(*args, **kwargs)
+            time.sleep(1.0)
+            marker.touch()
+
+        dist.init_process_group = slow_connect
+    ctx.init_gloo()
+    return marker.exists()

@@ -20,6 +20,12 @@ def test_a_rank_never_collects_what_it_inherited_from_the_fork_server(tmp_path):
     assert run_ranks(rank_fns.collected_objects, world_size=2, tmp_path=tmp_path) == [(False, True)] * 2
 
 
+def test_init_gloo_returns_once_every_rank_has_connected(tmp_path):
+    # Without the barrier a rank with nothing to run left while a peer was still in Gloo's
+    # connectFullMesh, which then failed with "Connection closed by peer" (CI, split_world on 4 ranks).
+    assert run_ranks(rank_fns.leave_at_once, world_size=3, tmp_path=tmp_path) == [True, True, True]
+
+
 def test_exception_of_one_rank_is_surfaced_with_traceback(tmp_path):
     with pytest.raises(RankFailureError) as info:
         run_ranks(rank_fns.raise_on_rank_one, world_size=2, tmp_path=tmp_path)

@@ -113,7 +113,12 @@ class RankContext:
             self.messages.put((self.rank, message))
 
     def init_gloo(self, timeout_s: float | None = None) -> None:
-        """Initialise the default ``torch.distributed`` process group over Gloo for this world."""
+        """Initialise the default ``torch.distributed`` process group over Gloo for this world.
+
+        Returns once every rank has connected (a barrier): Gloo's ``connectFullMesh`` fails with
+        "Connection closed by peer" on a rank still connecting when a peer that finished first leaves
+        and closes its end, as a rank with no collective to run does at once on a loaded host.
+        """
         # local: torch only in a rank, once RANK_ENV is set
         import torch.distributed as dist
 
@@ -124,6 +129,7 @@ class RankContext:
             world_size=self.world_size,
             timeout=datetime.timedelta(seconds=timeout_s if timeout_s is not None else self.timeout_s),
         )
+        dist.barrier()
 
 
 class RankFailureError(AssertionError):
