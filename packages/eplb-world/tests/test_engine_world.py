@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ascend_eplb.world.engine import environment, kernels, patches
+from ascend_eplb.world.engine import environment, kernels, patches, session
 from ascend_eplb.world.engine.spec import EngineSpec, EplbSpec
 
 _UNTOUCHED = r"""
@@ -69,6 +69,37 @@ def test_the_environment_is_written_once_and_removes_the_target_device():
     assert env["TRITON_INTERPRET"] == "1"
     assert environment.opted_in(env)
     assert not environment.opted_in({})
+
+
+def test_vllms_model_class_inspections_are_kept_across_engines_whole_and_only_json(tmp_path, monkeypatch):
+    monkeypatch.setenv(environment.CACHE_ENV, str(tmp_path / "cache"))
+    kept = session.modelinfo_cache()
+    assert kept == tmp_path / "cache" / "vllm-modelinfos"
+    # Nothing kept yet: nothing copied, nothing created, nothing raised.
+    assert session.copy_modelinfos(kept, tmp_path / "engine1" / "modelinfos") == 0
+    # What vLLM wrote in one engine's scratch: kept, but not a partial file, a link or another suffix.
+    written = tmp_path / "engine1" / "modelinfos"
+    assert not written.exists()
+    written.mkdir(parents=True)
+    (written / "vllm-model_executor-models-qwen3_moe-Qwen3MoeForCausalLM.json").write_text('{"hash": "a"}')
+    (written / "notes.txt").write_text("not vLLM's")
+    (written / "link.json").symlink_to(written / "notes.txt")
+    assert session.copy_modelinfos(written, kept) == 1
+    assert sorted(p.name for p in kept.iterdir()) == [
+        "vllm-model_executor-models-qwen3_moe-Qwen3MoeForCausalLM.json"
+    ]
+    # The next engine's scratch gets it; a newer one written there replaces the kept one whole.
+    second = tmp_path / "engine2" / "modelinfos"
+    assert session.copy_modelinfos(kept, second) == 1
+    (second / "vllm-model_executor-models-qwen3_moe-Qwen3MoeForCausalLM.json").write_text('{"hash": "b"}')
+    assert session.copy_modelinfos(second, kept) == 1
+    assert json.loads(
+        (kept / "vllm-model_executor-models-qwen3_moe-Qwen3MoeForCausalLM.json").read_text()
+    ) == {"hash": "b"}
+    # An unwritable cache (a file where the folder would be) copies nothing and raises nothing.
+    monkeypatch.setenv(environment.CACHE_ENV, str(tmp_path / "cache" / "vllm-modelinfos" / "notes"))
+    (tmp_path / "cache" / "vllm-modelinfos" / "notes").write_text("a file")
+    assert session.copy_modelinfos(second, session.modelinfo_cache()) == 0
 
 
 def test_one_spec_gives_the_llm_keywords_and_the_same_engine_as_vllm_serve_flags(tmp_path):

@@ -36,10 +36,10 @@ from ascend_eplb.world.checkpoints import (
     to_format,
     write_checkpoint,
 )
+from ascend_eplb.world.engine.environment import CACHE_ENV, cache_root
 from ascend_eplb.world.routing_fit import fit_routing_bias
 
 __all__ = [
-    "CACHE_ENV",
     "PRESETS",
     "REPLAY",
     "REPLAY_FORMAT",
@@ -93,17 +93,10 @@ class ModelSource:
     vocab_size: int = VOCAB_SIZE
 
 
-#: The environment variable of the cache root (the presets go under ``models/``).
-CACHE_ENV = "ASCEND_EPLB_CACHE"
-
-
 def cache_folder() -> Path:
-    """``$ASCEND_EPLB_CACHE/models`` (default ``~/.cache/ascend-eplb/models``; an empty or blank value is
-    unset, as an empty ``ASCEND_EPLB_EVENTS`` is: ``Path("")`` is the current folder, where a preset was
-    written and refitted)."""
-    raw = os.environ.get(CACHE_ENV, "")
-    root = Path(raw) if raw.strip() else Path.home() / ".cache" / "ascend-eplb"
-    return root / "models"
+    """``$ASCEND_EPLB_CACHE/models`` (default ``~/.cache/ascend-eplb/models``:
+    :func:`~ascend_eplb.world.engine.environment.cache_root`)."""
+    return cache_root() / "models"
 
 
 def _cache_error(folder: Path, error: OSError) -> str:

@@ -10,12 +10,24 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
-__all__ = ["ENGINE_ENVIRONMENT", "REMOVED", "SWITCH", "engine_environment", "opted_in"]
+__all__ = [
+    "CACHE_ENV",
+    "ENGINE_ENVIRONMENT",
+    "REMOVED",
+    "SWITCH",
+    "cache_root",
+    "engine_environment",
+    "opted_in",
+]
 
 #: The opt-in of the engine world's plugins (``vllm.platform_plugins`` and ``vllm.general_plugins`` of
 #: this package): without ``1`` they return at once and vLLM runs as if this package were not installed.
 SWITCH = "ASCEND_EPLB_ENGINE_WORLD"
+
+#: The environment variable of the project's cache root (:func:`cache_root`).
+CACHE_ENV = "ASCEND_EPLB_CACHE"
 
 #: Every variable the engine world sets, and why.
 ENGINE_ENVIRONMENT: Mapping[str, str] = {
@@ -66,3 +78,11 @@ def engine_environment(base: Mapping[str, str] | None = None, **extra: str) -> d
 def opted_in(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this process is an engine-world process (:data:`SWITCH` is ``1``)."""
     return (os.environ if environ is None else environ).get(SWITCH) == "1"
+
+
+def cache_root() -> Path:
+    """The project's cache folder: ``$ASCEND_EPLB_CACHE``, default ``~/.cache/ascend-eplb`` (an empty or
+    blank value is unset: ``Path("")`` would be the current folder). It holds the presets (``models/``)
+    and vLLM's model-class inspections kept across engines (``vllm-modelinfos/``)."""
+    raw = os.environ.get(CACHE_ENV, "")
+    return Path(raw) if raw.strip() else Path.home() / ".cache" / "ascend-eplb"

@@ -20,10 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ascend_eplb.world.engine.environment import engine_environment
+from ascend_eplb.world.engine.environment import cache_root, engine_environment
 from ascend_eplb.world.engine.spec import EngineSpec
 
-__all__ = ["EngineError", "EngineProcess", "Shutdown", "log_tail", "spec_environment"]
+__all__ = [
+    "EngineError",
+    "EngineProcess",
+    "Shutdown",
+    "copy_modelinfos",
+    "log_tail",
+    "modelinfo_cache",
+    "spec_environment",
+]
 
 
 class EngineError(RuntimeError):
@@ -82,6 +90,7 @@ class EngineProcess:
 
     def start(self) -> None:
         self.tmp.mkdir(parents=True, exist_ok=True)
+        copy_modelinfos(modelinfo_cache(), self.tmp / "vllm" / "modelinfos")
         env = spec_environment(self._spec, self.tmp, self._env)
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
@@ -153,6 +162,7 @@ class EngineProcess:
             status = self._process.wait()
         lingering = _reap(processes, 10.0)
         scratch = tuple(sorted(p.name for p in self.tmp.iterdir())) if self.tmp.is_dir() else ()
+        copy_modelinfos(self.tmp / "vllm" / "modelinfos", modelinfo_cache())
         shutil.rmtree(self.tmp, ignore_errors=True)
         left = tuple(sorted(name for name in mapped if Path(name).exists()))
         self.shutdown = Shutdown(status, lingering, left, scratch)
@@ -168,6 +178,38 @@ class EngineProcess:
                 self.kill()
                 raise EngineError(f"no {what} within {timeout:.0f} s{self.tail()}")
             time.sleep(0.2)
+
+
+def modelinfo_cache() -> Path:
+    """Where vLLM's model-class inspections are kept across engines (``vllm-modelinfos`` under
+    :func:`~.environment.cache_root`). An engine's ``VLLM_CACHE_ROOT`` is its own scratch, where vLLM
+    looks for them (``modelinfos/<module>-<class>.json``, each with its model module's source hash, which
+    vLLM checks before use); without them each engine start inspects its model class in a fresh
+    ``python`` that imports vLLM (about 12 s of CPU on a 2-core host)."""
+    return cache_root() / "vllm-modelinfos"
+
+
+def copy_modelinfos(source: Path, target: Path) -> int:
+    """Copy the regular ``*.json`` files of ``source`` into ``target`` (created), each written whole
+    (a temporary file renamed over the old one, so engines closing together never read half a file);
+    returns how many. A cache only: a missing or unreadable ``source`` or an unwritable ``target`` copies
+    what it can and raises nothing."""
+    copied = 0
+    try:
+        files = [p for p in source.iterdir() if p.suffix == ".json" and p.is_file() and not p.is_symlink()]
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return 0
+    for path in files:
+        partial = target / f".{path.name}.{os.getpid()}.partial"
+        try:
+            shutil.copyfile(path, partial)
+            os.replace(partial, target / path.name)
+            copied += 1
+        except OSError:
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)
+    return copied
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
