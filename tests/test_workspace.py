@@ -45,8 +45,9 @@ PACKAGES = {
 # product's Prometheus metrics, prometheus_client, already a dependency of vLLM).
 TOOL_LIBRARIES = {
     "packages/eplb-tools": {"numpy", "tqdm", "matplotlib", "psutil", "prometheus-client", "pyyaml"},
-    # the world's tiny checkpoints (world.checkpoints), its ESFT trace, vLLM's loader's progress-bar lock
-    "packages/eplb-world": {"transformers", "safetensors", "numpy", "tqdm"},
+    # the world's tiny checkpoints (world.checkpoints), its ESFT trace, vLLM's loader's progress-bar lock,
+    # an engine session's processes (world.engine.session)
+    "packages/eplb-world": {"transformers", "safetensors", "numpy", "tqdm", "psutil"},
     "integration": {"prometheus-client"},
 }
 #: Optional extras a package may declare: torch_npu probes, the dataplane's Triton kernel, the toy

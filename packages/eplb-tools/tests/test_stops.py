@@ -370,6 +370,7 @@ def test_a_signal_during_any_subcommand_stops_it_with_its_one_line(
     """Issue 31: SIGTERM during ``check`` printed INVALID (exit 2) with a violation about stopped ranks
     that do not exist (the reader took the stop for a bad file); every command stops as ``simulate``."""
     import ascend_eplb.tools.check as check
+    import ascend_eplb.tools.check.engine_args as engine_args
     import ascend_eplb.tools.trace as trace
     from ascend_eplb.tools.simulate.config import SimulateConfig
 
@@ -380,7 +381,10 @@ def test_a_signal_during_any_subcommand_stops_it_with_its_one_line(
     argv, (target, name) = {
         "plan": (["plan", str(load), "--ranks", "2"], (trace, "_read_load")),
         "check a file": (["check", str(config)], (check, "settings_from_file_dict")),
-        "check -- serve": (["check", "--", "serve", "m", "--enable-eplb"], (check, "parse_serve_command")),
+        "check -- serve": (
+            ["check", "--", "serve", "m", "--enable-eplb"],
+            (engine_args, "parse_serve_command"),
+        ),
         "simulate": (
             ["simulate", "--model", "replay", "--out", str(tmp_path / "o")],
             (SimulateConfig, "validate"),

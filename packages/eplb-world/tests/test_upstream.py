@@ -136,10 +136,11 @@ def test_every_world_signature_is_listed_once_used_and_taken_from_the_table():
     # calls (vLLM's out-of-tree method and quantization registries), all checked by install_stand_ins, or
     # a draft call its serving worker makes.
     from ascend_eplb.world.engine import patches as engine_patches
+    from ascend_eplb.world.engine import platform_patches
 
     replaced = {
         p.name
-        for p in (*stand_ins.STAND_INS, *engine_patches.ENGINE_PATCHES, *engine_patches.PLATFORM_PATCHES)
+        for p in (*stand_ins.STAND_INS, *engine_patches.ENGINE_PATCHES, *platform_patches.PLATFORM_PATCHES)
     }
     replaced |= {b.name for b in upstream.INSTANCE_BINDINGS}
     assert [n for n in table if n not in replaced] == [

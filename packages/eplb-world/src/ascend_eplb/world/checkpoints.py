@@ -37,6 +37,7 @@ __all__ = [
     "ARCHITECTURES",
     "DESCRIPTION_FILE",
     "EXPERT_KEYS",
+    "FORMAT_SWITCHES",
     "MTP_LAYERS_KEY",
     "VOCAB_SIZE",
     "CheckpointInfo",
@@ -46,6 +47,7 @@ __all__ = [
     "checkpoint_info",
     "checkpoint_tensors",
     "format_of_quant_type",
+    "format_switch",
     "msmodelslim_quant_type",
     "to_format",
     "write_checkpoint",
@@ -550,6 +552,19 @@ def _fit_mtp_routing(
 
 #: The msModelSlim description file of a quantized checkpoint.
 DESCRIPTION_FILE = "quant_model_description.json"
+
+
+#: The vllm-ascend environment switches the world's quantized experts follow (``quant_method``), as
+#: vllm-ascend reads them ("0" off).
+FORMAT_SWITCHES = {
+    "per_expert_lists": "VLLM_ASCEND_ENABLE_NZ",
+    "fused_scales": "VLLM_ASCEND_ENABLE_FUSED_MC2",
+}
+
+
+def format_switch(name: str) -> bool:
+    """Whether vllm-ascend's switch of ``name`` (a :data:`FORMAT_SWITCHES` key) is on in this process."""
+    return os.environ.get(FORMAT_SWITCHES[name], "0").strip() not in ("", "0")
 
 
 def msmodelslim_quant_type(fmt: str) -> str:

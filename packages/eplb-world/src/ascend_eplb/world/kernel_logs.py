@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 
 import torch
+from vllm.config import get_current_vllm_config
 
 __all__ = ["KernelLog", "attach_kernel_log", "kernel_log"]
 
@@ -69,9 +70,6 @@ def attach_kernel_log(layer: torch.nn.Module) -> KernelLog:
     """
     if isinstance(getattr(layer, "kernel_log", None), KernelLog):
         return layer.kernel_log
-    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
-    from vllm.config import get_current_vllm_config
-
     config = get_current_vllm_config()
     parallel = config.parallel_config
     capacity = (config.scheduler_config.max_num_batched_tokens + parallel.tensor_parallel_size) * (

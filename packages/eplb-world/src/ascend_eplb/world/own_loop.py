@@ -262,7 +262,7 @@ class RealModelSpec:
     odd steps decode); ``window_size``, ``step_interval`` upstream's ``EPLBConfig`` fields;
     ``run_eplb_off`` also run the EPLB-off model on the same prompts; ``worker_deadline_s`` how long a step
     waits for the async worker's layer; ``environ`` set in each rank before anything is built (e.g.
-    ``VLLM_ASCEND_ENABLE_NZ``, ``quant_method.FORMAT_SWITCHES``); ``data_parallel_size`` D (each DP rank
+    ``VLLM_ASCEND_ENABLE_NZ``, ``checkpoints.FORMAT_SWITCHES``); ``data_parallel_size`` D (each DP rank
     its own prompts, DP rank 0's those of D = 1; its TP ranks the same); ``real_tokens`` per DP rank the
     unpadded rows (Model Runner V2 pads every DP rank to one T; empty: all real); ``dispatch`` ``gather``
     or ``all-to-all`` (``split`` rows, TP = 1); ``ascend_keys`` more ``additional_config.eplb_config``

@@ -4,190 +4,169 @@ Stands in for what vLLM Ascend's ``--quantization ascend`` needs and this host l
 :class:`AscendQuantConfig` (registered by :func:`register_ascend_quantization` unless vLLM Ascend's is)
 reads the msModelSlim description with vLLM's ``get_quant_config`` and gives each ``RoutedExperts`` a
 :class:`QuantViewsFusedMoEMethod` of its format, which registers quant_views' ``checkpoint_layout``,
-lays it out (:func:`lay_out_experts`, :data:`FORMAT_SWITCHES`), computes with quant_views' reference
-kernel (:func:`apply_layer`) and answers ``get_eplb_weight_views``; :func:`install_ascend_routed_experts`
-gives each such layer vLLM Ascend's ``get_expert_weights``. How, and why EPLB-on logits are exact: the
-package README. The classes subclass vLLM's, so they are built on first access (``__getattr__``): the
-module imports no vLLM (:mod:`~ascend_eplb.world.engine`'s import-order rule). Shapes: E logical
-experts, p local physical experts, T tokens, K top-k, H, I.
+lays it out (:func:`lay_out_experts`, ``checkpoints.FORMAT_SWITCHES``), computes with quant_views'
+reference kernel (:func:`apply_layer`) and answers ``get_eplb_weight_views``;
+:func:`install_ascend_routed_experts` gives each such layer vLLM Ascend's ``get_expert_weights``. How, and
+why EPLB-on logits are exact: the package README. The module imports vLLM (its classes subclass vLLM's):
+the engine world's general plugin imports it once vLLM knows its platform
+(:mod:`~ascend_eplb.world.engine`'s import-order rule). Shapes: E logical experts, p local physical
+experts, T tokens, K top-k, H, I.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
+from vllm.model_executor.layers.fused_moe import RoutedExperts
+from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
+from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
+from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+from vllm.model_executor.layers.quantization import (
+    get_quantization_config,
+    register_quantization_config,
+)
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.utils import set_weight_attrs
 
 from ascend_eplb.quant_views import FORMAT_SUPPORT, get_format, layer_storage, layer_weight_views
-from ascend_eplb.world.checkpoints import (
-    DESCRIPTION_FILE,
-    format_of_quant_type,
-)
+from ascend_eplb.world.checkpoints import DESCRIPTION_FILE, format_of_quant_type, format_switch
 from ascend_eplb.world.kernel_logs import attach_kernel_log, kernel_log
 
 __all__ = [
-    "FORMAT_SWITCHES",
+    "AscendQuantConfig",
+    "QuantViewsFusedMoEMethod",
     "apply_layer",
-    "format_switch",
     "install_ascend_routed_experts",
     "lay_out_experts",
     "register_ascend_quantization",
 ]
 
-#: The vllm-ascend environment switches this stand-in follows, as vllm-ascend reads them ("0" off).
-FORMAT_SWITCHES = {
-    "per_expert_lists": "VLLM_ASCEND_ENABLE_NZ",
-    "fused_scales": "VLLM_ASCEND_ENABLE_FUSED_MC2",
-}
-
-
-def format_switch(name: str) -> bool:
-    """Whether vllm-ascend's switch of ``name`` (a :data:`FORMAT_SWITCHES` key) is on in this process."""
-    return os.environ.get(FORMAT_SWITCHES[name], "0").strip() not in ("", "0")
-
-
 # --- the quantization config and the FusedMoE method ---------------------------------------------
 
 
-def _config_class() -> type:
-    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
-    from vllm.model_executor.layers.fused_moe import RoutedExperts
-    from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
-    from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+class AscendQuantConfig(QuantizationConfig):
+    """Stand-in for vllm-ascend's ``AscendQuantConfig`` (routed experts only).
 
-    class AscendQuantConfig(QuantizationConfig):
-        """Stand-in for vllm-ascend's ``AscendQuantConfig`` (routed experts only).
+    Attributes:
+        quant_description: the msModelSlim description (name -> quant type), as vllm-ascend keeps it.
+    """
 
-        Attributes:
-            quant_description: the msModelSlim description (name -> quant type), as vllm-ascend keeps it.
+    def __init__(self, quant_description: dict[str, Any]) -> None:
+        super().__init__()
+        self.quant_description = dict(quant_description)
+
+    def get_name(self) -> str:
+        return "ascend"
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 0
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return [DESCRIPTION_FILE]
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> AscendQuantConfig:
+        return cls(config)
+
+    def experts_format(self, prefix: str) -> str | None:
+        """The quant_views format of the routed experts under ``prefix`` (None: ``FLOAT``).
+
+        Raises:
+            ValueError: the layer's experts mix quant types, or a type maps to no format.
         """
+        types = {
+            str(v).upper()
+            for k, v in self.quant_description.items()
+            if k.startswith(prefix + ".") and k.endswith(".weight")
+        }
+        types.discard("FLOAT")
+        if len(types) > 1:
+            raise ValueError(f"{prefix}: routed experts mix quant types {sorted(types)}")
+        return format_of_quant_type(types.pop()) if types else None
 
-        def __init__(self, quant_description: dict[str, Any]) -> None:
-            super().__init__()
-            self.quant_description = dict(quant_description)
-
-        def get_name(self) -> str:
-            return "ascend"
-
-        def get_supported_act_dtypes(self) -> list[torch.dtype]:
-            return [torch.bfloat16, torch.float16, torch.float32]
-
-        @classmethod
-        def get_min_capability(cls) -> int:
-            return 0
-
-        @staticmethod
-        def get_config_filenames() -> list[str]:
-            return [DESCRIPTION_FILE]
-
-        @classmethod
-        def from_config(cls, config: dict[str, Any]) -> AscendQuantConfig:
-            return cls(config)
-
-        def experts_format(self, prefix: str) -> str | None:
-            """The quant_views format of the routed experts under ``prefix`` (None: ``FLOAT``).
-
-            Raises:
-                ValueError: the layer's experts mix quant types, or a type maps to no format.
-            """
-            types = {
-                str(v).upper()
-                for k, v in self.quant_description.items()
-                if k.startswith(prefix + ".") and k.endswith(".weight")
-            }
-            types.discard("FLOAT")
-            if len(types) > 1:
-                raise ValueError(f"{prefix}: routed experts mix quant types {sorted(types)}")
-            return format_of_quant_type(types.pop()) if types else None
-
-        def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Any:
-            if isinstance(layer, RoutedExperts):
-                fmt = self.experts_format(prefix)
-                return None if fmt is None else _cached("QuantViewsFusedMoEMethod")(fmt, layer.moe_config)
-            if isinstance(layer, LinearBase):
-                return UnquantizedLinearMethod()
-            return None
-
-    return AscendQuantConfig
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> Any:
+        if isinstance(layer, RoutedExperts):
+            fmt = self.experts_format(prefix)
+            return None if fmt is None else QuantViewsFusedMoEMethod(fmt, layer.moe_config)
+        if isinstance(layer, LinearBase):
+            return UnquantizedLinearMethod()
+        return None
 
 
-def _method_class() -> type:
-    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
-    from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
-    from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
-    from vllm.model_executor.utils import set_weight_attrs
+class QuantViewsFusedMoEMethod(FusedMoEMethodBase):
+    """A format's FusedMoE method: checkpoint parameters, Ascend layout, quant_views kernel.
 
-    class QuantViewsFusedMoEMethod(FusedMoEMethodBase):
-        """A format's FusedMoE method: checkpoint parameters, Ascend layout, quant_views kernel.
+    Args:
+        fmt: a quant_views format name (``FORMAT_SUPPORT`` key).
+        moe: the layer's ``FusedMoEConfig``.
 
-        Args:
-            fmt: a quant_views format name (``FORMAT_SUPPORT`` key).
-            moe: the layer's ``FusedMoEConfig``.
+    Attributes:
+        format_name: ``fmt``; ``per_expert_lists``, ``fused_scales``: the layout chosen at
+        ``create_weights`` from ``checkpoints.FORMAT_SWITCHES``.
+    """
 
-        Attributes:
-            format_name: ``fmt``; ``per_expert_lists``, ``fused_scales``: the layout chosen at
-            ``create_weights`` from :data:`FORMAT_SWITCHES`.
-        """
+    def __init__(self, fmt: str, moe: Any) -> None:
+        super().__init__(moe)
+        if fmt not in FORMAT_SUPPORT:
+            raise ValueError(f"format {fmt!r} is none of {sorted(FORMAT_SUPPORT)}")
+        self.format_name = fmt
+        self.per_expert_lists = format_switch("per_expert_lists")
+        self.fused_scales = fmt == "w8a8_dynamic" and format_switch("fused_scales")
+        self._layout: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
 
-        def __init__(self, fmt: str, moe: Any) -> None:
-            super().__init__(moe)
-            if fmt not in FORMAT_SUPPORT:
-                raise ValueError(f"format {fmt!r} is none of {sorted(FORMAT_SUPPORT)}")
-            self.format_name = fmt
-            self.per_expert_lists = format_switch("per_expert_lists")
-            self.fused_scales = fmt == "w8a8_dynamic" and format_switch("fused_scales")
-            self._layout: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+    @property
+    def supports_eplb(self) -> bool:
+        return FORMAT_SUPPORT[self.format_name].supports_eplb
 
-        @property
-        def supports_eplb(self) -> bool:
-            return FORMAT_SUPPORT[self.format_name].supports_eplb
+    @property
+    def is_monolithic(self) -> bool:
+        return False
 
-        @property
-        def is_monolithic(self) -> bool:
-            return False
+    @property
+    def format(self) -> Any:
+        """The quant_views format (``UnsupportedFormatError`` with the reason for a rejected one)."""
+        return get_format(self.format_name)
 
-        @property
-        def format(self) -> Any:
-            """The quant_views format (``UnsupportedFormatError`` with the reason for a rejected one)."""
-            return get_format(self.format_name)
+    def create_weights(
+        self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **extra
+    ) -> None:
+        self._layout = self.format.checkpoint_layout(
+            num_experts, hidden_size, intermediate_size_per_partition
+        )
+        for name, (shape, dtype) in self._layout.items():
+            param = torch.nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
+            layer.register_parameter(name, param)
+            set_weight_attrs(param, extra)
+            if "scale" in name or "offset" in name:
+                kind = (
+                    FusedMoeWeightScaleSupported.CHANNEL
+                    if shape[-1] == 1
+                    else FusedMoeWeightScaleSupported.BLOCK
+                )
+                set_weight_attrs(param, {"quant_method": kind.value})
 
-        def create_weights(
-            self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **extra
-        ) -> None:
-            self._layout = self.format.checkpoint_layout(
-                num_experts, hidden_size, intermediate_size_per_partition
-            )
-            for name, (shape, dtype) in self._layout.items():
-                param = torch.nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
-                layer.register_parameter(name, param)
-                set_weight_attrs(param, extra)
-                if "scale" in name or "offset" in name:
-                    kind = (
-                        FusedMoeWeightScaleSupported.CHANNEL
-                        if shape[-1] == 1
-                        else FusedMoeWeightScaleSupported.BLOCK
-                    )
-                    set_weight_attrs(param, {"quant_method": kind.value})
+    def process_weights_after_loading(self, layer) -> None:
+        lay_out_experts(layer, self.format_name, tuple(self._layout), fused_scales=self.fused_scales)
+        attach_kernel_log(layer)
 
-        def process_weights_after_loading(self, layer) -> None:
-            lay_out_experts(layer, self.format_name, tuple(self._layout), fused_scales=self.fused_scales)
-            attach_kernel_log(layer)
+    def get_fused_moe_quant_config(self, layer) -> None:
+        return None
 
-        def get_fused_moe_quant_config(self, layer) -> None:
-            return None
+    def get_eplb_weight_views(self, layer) -> list[Any]:
+        """vllm-ascend's contract: every kernel tensor, expert-first (``layer_weight_views``)."""
+        return layer_weight_views(layer, self.format)
 
-        def get_eplb_weight_views(self, layer) -> list[Any]:
-            """vllm-ascend's contract: every kernel tensor, expert-first (``layer_weight_views``)."""
-            return layer_weight_views(layer, self.format)
-
-        def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
-            ids = topk_ids.long()
-            kernel_log(layer).record(ids)
-            path = "fused_mc2" if self.fused_scales else "standard"
-            return apply_layer(layer, self.format_name, x, topk_weights, ids, path)
-
-    return QuantViewsFusedMoEMethod
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
+        ids = topk_ids.long()
+        kernel_log(layer).record(ids)
+        path = "fused_mc2" if self.fused_scales else "standard"
+        return apply_layer(layer, self.format_name, x, topk_weights, ids, path)
 
 
 def lay_out_experts(
@@ -313,24 +292,6 @@ def apply_layer(
     return out
 
 
-_CLASSES: dict[str, type] = {}
-
-
-def _cached(name: str) -> type:
-    if name not in _CLASSES:
-        _CLASSES[name] = {"AscendQuantConfig": _config_class, "QuantViewsFusedMoEMethod": _method_class}[
-            name
-        ]()
-    return _CLASSES[name]
-
-
-def __getattr__(name: str) -> Any:
-    # The classes subclass vLLM's; they are built on first access.
-    if name in ("AscendQuantConfig", "QuantViewsFusedMoEMethod"):
-        return _cached(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def register_ascend_quantization() -> type:
     """Register :class:`AscendQuantConfig` as vLLM quantization ``"ascend"`` (idempotent); return it.
 
@@ -338,13 +299,7 @@ def register_ascend_quantization() -> type:
         RuntimeError: another ``"ascend"`` quantization (vLLM Ascend's own) is registered already: then
             that one is what a model gets, and this stand-in must not be used.
     """
-    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
-    from vllm.model_executor.layers.quantization import (
-        get_quantization_config,
-        register_quantization_config,
-    )
-
-    cls = _cached("AscendQuantConfig")
+    cls = AscendQuantConfig
     try:
         current = get_quantization_config("ascend")
     except ValueError:
@@ -360,9 +315,6 @@ def register_ascend_quantization() -> type:
 def install_ascend_routed_experts(model: torch.nn.Module) -> int:
     """Give each ``RoutedExperts`` whose method answers ``get_eplb_weight_views`` vllm-ascend's
     ``AscendRoutedExperts.get_expert_weights`` (the method's views), per instance. Returns how many."""
-    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
-    from vllm.model_executor.layers.fused_moe import RoutedExperts
-
     count = 0
     for module in model.modules():
         if (

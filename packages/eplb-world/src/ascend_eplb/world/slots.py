@@ -24,8 +24,8 @@ from ascend_eplb.world.checkpoints import (
     CheckpointInfo,
     checkpoint_info,
     checkpoint_tensors,
+    format_switch,
 )
-from ascend_eplb.world.quant_method import format_switch
 
 __all__ = [
     "checkpoint_expert_storage",

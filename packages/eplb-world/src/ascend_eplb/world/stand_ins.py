@@ -7,8 +7,8 @@ variable-size collectives, 6 TorchDynamo off in an eager world (:func:`stand_in_
 release, is the integration's host adaptation. What each replaces and why: the package README. Patches
 are declared on their factories (``@upstream.SURFACE.replaces``, :data:`STAND_INS`); :func:`install_stand_ins`
 checks the world's upstream rows, then installs; :func:`install_model_stand_ins` those of one built
-model. vLLM is imported inside functions (``TorchFusedMoEMethod`` built on first access), by
-:mod:`~ascend_eplb.world.engine`'s import-order rule. Shapes: p local physical experts, T tokens, K
+model. The module imports vLLM: the engine world's general plugin imports it once vLLM knows its platform
+(:mod:`~ascend_eplb.world.engine`'s import-order rule). Shapes: p local physical experts, T tokens, K
 top-k, H hidden, I intermediate.
 """
 
@@ -21,6 +21,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
+from vllm.distributed.parallel_state import get_dp_group, get_ep_group, get_tp_group
+from vllm.model_executor.custom_op import op_registry_oot
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
 
 from ascend_eplb.control.patching import Patch, PatchSet, patches_of
 from ascend_eplb.quant_views import layer_weight_views
@@ -36,6 +44,7 @@ from ascend_eplb.world.quant_method import (
 __all__ = [
     "MOE_DISPATCHES",
     "STAND_INS",
+    "TorchFusedMoEMethod",
     "cpu_all_gatherv",
     "cpu_reduce_scatterv",
     "grouped_expert_compute",
@@ -94,9 +103,6 @@ def _all_to_all_experts(
     Raises:
         RuntimeError: a selection reached a rank whose ``expert_map`` does not hold its slot.
     """
-    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
-    from vllm.distributed.parallel_state import get_ep_group
-
     group = get_ep_group()
     pg, world = group.device_group, group.world_size
     w13, w2 = layer.w13_weight, layer.w2_weight
@@ -131,78 +137,59 @@ def _all_to_all_experts(
     return out
 
 
-def _torch_moe_method_class() -> type:
-    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
-    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
-    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
+class TorchFusedMoEMethod(UnquantizedFusedMoEMethod):
+    """Plain-torch routed-expert compute from the layer's own ``w13_weight`` / ``w2_weight``.
 
-    class TorchFusedMoEMethod(UnquantizedFusedMoEMethod):
-        """Plain-torch routed-expert compute from the layer's own ``w13_weight`` / ``w2_weight``.
+    ``apply`` takes the router's ``topk_ids`` ``(T, K)`` (physical ids, global P space) and
+    ``topk_weights`` ``(T, K)`` float32 and returns ``(T, H)`` in ``x``'s dtype: the weighted sum of
+    SiLU-gated expert outputs of the selections whose slot is local (``layer.expert_map``), zero for
+    the others (:func:`grouped_expert_compute`). Weights stay as loaded (no kernel layout, no
+    prepacking). Each call is logged in the layer's :class:`KernelLog` (:func:`kernel_log`).
+    """
 
-        ``apply`` takes the router's ``topk_ids`` ``(T, K)`` (physical ids, global P space) and
-        ``topk_weights`` ``(T, K)`` float32 and returns ``(T, H)`` in ``x``'s dtype: the weighted sum of
-        SiLU-gated expert outputs of the selections whose slot is local (``layer.expert_map``), zero for
-        the others (:func:`grouped_expert_compute`). Weights stay as loaded (no kernel layout, no
-        prepacking). Each call is logged in the layer's :class:`KernelLog` (:func:`kernel_log`).
-        """
+    #: :data:`MOE_DISPATCHES` entry of this process (install_stand_ins sets it before a model is built)
+    dispatch: str = "gather"
+    #: the quant_views format of a bf16/fp16 layer (set after loading); None for float32
+    format_name: str | None = None
 
-        #: :data:`MOE_DISPATCHES` entry of this process (install_stand_ins sets it before a model is built)
-        dispatch: str = "gather"
-        #: the quant_views format of a bf16/fp16 layer (set after loading); None for float32
-        format_name: str | None = None
+    @property
+    def is_monolithic(self) -> bool:
+        return False
 
-        @property
-        def is_monolithic(self) -> bool:
-            return False
+    @property
+    def supports_internal_mk(self) -> bool:
+        # all-to-all: the method dispatches itself, so vLLM's runner routes this rank's rows only
+        return type(self).dispatch == "all-to-all"
 
-        @property
-        def supports_internal_mk(self) -> bool:
-            # all-to-all: the method dispatches itself, so vLLM's runner routes this rank's rows only
-            return type(self).dispatch == "all-to-all"
+    def process_weights_after_loading(self, layer: Any) -> None:
+        # float32 (CPU host only): keep the loaded (p, 2I, H) / (p, H, I) parameters, no kernel.
+        # bf16/fp16: vllm-ascend's AscendUnquantizedFusedMoEMethod layout through quant_views.
+        fmt = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(layer.w13_weight.dtype)
+        if fmt is not None:
+            self.format_name = fmt
+            lay_out_experts(layer, fmt, ("w13_weight", "w2_weight", "w13_bias", "w2_bias"))
+        attach_kernel_log(layer)
 
-        def process_weights_after_loading(self, layer: Any) -> None:
-            # float32 (CPU host only): keep the loaded (p, 2I, H) / (p, H, I) parameters, no kernel.
-            # bf16/fp16: vllm-ascend's AscendUnquantizedFusedMoEMethod layout through quant_views.
-            fmt = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(layer.w13_weight.dtype)
-            if fmt is not None:
-                self.format_name = fmt
-                lay_out_experts(layer, fmt, ("w13_weight", "w2_weight", "w13_bias", "w2_bias"))
-            attach_kernel_log(layer)
+    def get_eplb_weight_views(self, layer: Any) -> list[Any]:
+        """vllm-ascend's contract (bf16/fp16 layers): quant_views ``layer_weight_views``."""
+        return layer_weight_views(layer, self.format_name)
 
-        def get_eplb_weight_views(self, layer: Any) -> list[Any]:
-            """vllm-ascend's contract (bf16/fp16 layers): quant_views ``layer_weight_views``."""
-            return layer_weight_views(layer, self.format_name)
-
-        def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
-            if layer.activation != MoEActivation.SILU:
-                raise NotImplementedError(f"TorchFusedMoEMethod: activation {layer.activation} (only silu)")
-            if layer.apply_router_weight_on_input:
-                raise NotImplementedError("TorchFusedMoEMethod: apply_router_weight_on_input")
-            ids = topk_ids.long()
-            kernel_log(layer).record(ids)
-            if type(self).dispatch == "all-to-all":
-                if self.format_name is not None:
-                    raise NotImplementedError(f"the all-to-all dispatch stand-in: {self.format_name} experts")
-                return _all_to_all_experts(layer, x, topk_weights, ids)
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input):
+        if layer.activation != MoEActivation.SILU:
+            raise NotImplementedError(f"TorchFusedMoEMethod: activation {layer.activation} (only silu)")
+        if layer.apply_router_weight_on_input:
+            raise NotImplementedError("TorchFusedMoEMethod: apply_router_weight_on_input")
+        ids = topk_ids.long()
+        kernel_log(layer).record(ids)
+        if type(self).dispatch == "all-to-all":
             if self.format_name is not None:
-                return apply_layer(layer, self.format_name, x, topk_weights, ids)
-            expert_map = layer.expert_map
-            local = (
-                ids if expert_map is None else torch.where(ids >= 0, expert_map.long()[ids.clamp(min=0)], -1)
-            )
-            return grouped_expert_compute(x, layer.w13_weight, layer.w2_weight, topk_weights, local)
-
-    return TorchFusedMoEMethod
-
-
-_METHOD: type | None = None
-
-
-def _method_class() -> type:
-    global _METHOD
-    if _METHOD is None:
-        _METHOD = _torch_moe_method_class()
-    return _METHOD
+                raise NotImplementedError(f"the all-to-all dispatch stand-in: {self.format_name} experts")
+            return _all_to_all_experts(layer, x, topk_weights, ids)
+        if self.format_name is not None:
+            return apply_layer(layer, self.format_name, x, topk_weights, ids)
+        expert_map = layer.expert_map
+        local = ids if expert_map is None else torch.where(ids >= 0, expert_map.long()[ids.clamp(min=0)], -1)
+        return grouped_expert_compute(x, layer.w13_weight, layer.w2_weight, topk_weights, local)
 
 
 def register_torch_moe_method() -> type:
@@ -214,11 +201,7 @@ def register_torch_moe_method() -> type:
     Raises:
         RuntimeError: another out-of-tree ``UnquantizedFusedMoEMethod`` is registered already.
     """
-    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
-    from vllm.model_executor.custom_op import op_registry_oot
-    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
-
-    method = _method_class()
+    method = TorchFusedMoEMethod
     current = op_registry_oot.get("UnquantizedFusedMoEMethod")
     if current is method:
         return method
@@ -264,20 +247,10 @@ def stand_in_patches() -> PatchSet:
     return _STAND_IN_PATCHES
 
 
-def __getattr__(name: str) -> Any:
-    # TorchFusedMoEMethod is built on first access (it subclasses a vLLM class); not registered by this.
-    if name == "TorchFusedMoEMethod":
-        return _method_class()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # --- stand-in 5: variable-size collectives -----------------------------------------------------------
 
 
 def _is_cpu_communicator(communicator: Any) -> bool:
-    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
-    from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
-
     return isinstance(communicator, CpuCommunicator)
 
 
@@ -372,9 +345,6 @@ def cpu_reduce_scatterv(
 
 def _group_of(group_name: str) -> Any:
     """The vLLM group (``GroupCoordinator``) of the DP, EP or TP group named ``group_name``."""
-    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
-    from vllm.distributed.parallel_state import get_dp_group, get_ep_group, get_tp_group
-
     for group in (get_dp_group(), get_ep_group(), get_tp_group()):
         if group.unique_name == group_name:
             return group
@@ -405,9 +375,6 @@ def _(x: torch.Tensor, dim: int, sizes: list[int], group_name: str) -> torch.Ten
 
 
 def _cpu_communicator_lacks(name: str) -> None:
-    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
-    from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
-
     if name in vars(CpuCommunicator):
         raise RuntimeError(
             f"upstream CpuCommunicator now implements {name}: the harness's stand-in for it must go "
@@ -552,11 +519,6 @@ def install_attention_stand_ins(model: torch.nn.Module) -> dict[str, int]:
     Raises:
         RuntimeError: the model has an attention layer of another class (it would run unadapted).
     """
-    # local: the engine's platform plugin imports this module (world.engine's import-order rule)
-    from vllm.model_executor.layers.attention import Attention
-    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
-    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
-
     counts = {"Attention": 0, "MLAAttention": 0}
     for name, module in model.named_modules():
         if type(module) is Attention:

@@ -5,14 +5,14 @@ The stand-ins are declared on their factories (``@ascend_eplb.world.upstream.SUR
 listed in :data:`ascend_eplb.world.stand_ins.STAND_INS`; the instance bindings, attributes and signatures
 are the tables of :mod:`ascend_eplb.world.upstream` (its ``SURFACE``). :func:`render` writes their tables
 (``UPSTREAM.md`` of this package; a test keeps them equal: ``python -m ascend_eplb.world.surface`` prints
-it). Nothing here imports vLLM.
+it). Importing it imports vLLM (the stand-ins subclass and patch vLLM's classes).
 """
 
 from __future__ import annotations
 
 from ascend_eplb.control.markdown import markdown_table, patch_table
 from ascend_eplb.world import stand_ins, upstream
-from ascend_eplb.world.engine import kernels, patches
+from ascend_eplb.world.engine import kernels, patches, platform_patches
 
 __all__ = ["render"]
 
@@ -31,9 +31,9 @@ def render() -> str:
         [
             ("Module-level stand-ins (`STAND_INS`, in installation order)", patch_table(stand_ins.STAND_INS)),
             (
-                "The engine world's platform patches (`engine.patches.PLATFORM_PATCHES`, while vLLM resolves "
-                "its platform; opted in by `ASCEND_EPLB_ENGINE_WORLD=1`)",
-                patch_table(patches.PLATFORM_PATCHES),
+                "The engine world's platform patches (`engine.platform_patches.PLATFORM_PATCHES`, while vLLM "
+                "resolves its platform; opted in by `ASCEND_EPLB_ENGINE_WORLD=1`)",
+                patch_table(platform_patches.PLATFORM_PATCHES),
             ),
             (
                 "The engine world's patches (`engine.patches.ENGINE_PATCHES`, in every engine process)",

@@ -32,8 +32,17 @@ WORLD_OWN_LOOP = "world.own_loop"
 WORLD_RANK_MODEL = "world.rank_model"
 ENGINE_KERNELS = "world.engine.kernels"
 ENGINE_PATCHES = "world.engine.patches"
+ENGINE_PLATFORM = "world.engine.platform_patches"
 #: Every user id a row of this surface names.
-USERS = (WORLD_STAND_INS, WORLD_QUANT, WORLD_RANK_MODEL, WORLD_OWN_LOOP, ENGINE_KERNELS, ENGINE_PATCHES)
+USERS = (
+    WORLD_STAND_INS,
+    WORLD_QUANT,
+    WORLD_RANK_MODEL,
+    WORLD_OWN_LOOP,
+    ENGINE_KERNELS,
+    ENGINE_PATCHES,
+    ENGINE_PLATFORM,
+)
 
 _STATE = "vllm.distributed.eplb.eplb_state"
 _CONTROLLER = "vllm.v1.worker.gpu.eplb_utils"
@@ -178,7 +187,7 @@ SIGNATURES: Mapping[str, Signature] = table(
         ("out", "query", "kv_cache", "scale", "block_tables", "seq_lens"),
         (ENGINE_KERNELS,),
     ),
-    Signature("vllm.platforms", "vllm_version_matches_substr", ("substr",), (ENGINE_PATCHES,)),
+    Signature("vllm.platforms", "vllm_version_matches_substr", ("substr",), (ENGINE_PLATFORM,)),
     Signature(
         _CPU_MOE,
         "CPUUnquantizedExperts.apply",

@@ -8,7 +8,7 @@ function, :func:`ascend_eplb.integration.rules.check_settings`, the one start-up
 Modules: ``schema`` (this package's config-file schema), ``engine_args`` (vLLM's ``vllm serve`` parser
 and engine arguments), ``model_folder`` (a local model folder's facts), ``report`` (the result and the
 text ``check`` prints). YAML and vLLM's argument parser are imported here, in the tools, never by the
-serving package.
+serving package; ``engine_args`` (vLLM) only when a serve command line or a ``--config`` file is judged.
 """
 
 from __future__ import annotations
@@ -34,11 +34,6 @@ from ascend_eplb.integration.settings import EplbSettings
 from ascend_eplb.integration.settings_reader import V2_RUNNER_SWITCH, v2_runner_switch
 from ascend_eplb.integration.validation import EplbConfigError, ascend_format_name
 from ascend_eplb.tools.check.config_text import load_yaml
-from ascend_eplb.tools.check.engine_args import (
-    engine_args_problems,
-    parse_serve_command,
-    settings_from_engine_args,
-)
 from ascend_eplb.tools.check.report import CheckResult, refused, result
 from ascend_eplb.tools.check.schema import is_engine_args, settings_from_file_dict
 
@@ -56,7 +51,7 @@ def check_config_file(
 
     The form is told by content: the schema (README) has a nested ``parallel_config``, a ``model`` object
     or only schema keys; anything else is a flat mapping of vLLM engine arguments, read by vLLM's own
-    ``--config`` handling and parser (:func:`parse_serve_command`, :func:`settings_from_engine_args`).
+    ``--config`` handling and parser (``engine_args.parse_serve_command``, ``settings_from_engine_args``).
     ``.yaml``/``.yml`` is read as YAML, anything else as JSON. ``environ`` (default ``os.environ``)
     supplies the V1 switches and ``VLLM_USE_V2_MODEL_RUNNER``; ``num_experts`` and ``quantization`` (a
     format name) win over the file's model facts. Returns ``CheckResult(ok, report, violations,
@@ -169,9 +164,9 @@ def check_serve_command(
 ) -> CheckResult:
     """Validate a ``vllm serve`` command line (``argv`` after ``vllm``: ``serve MODEL --enable-eplb ...``).
 
-    The arguments go through vLLM's own parser (:func:`parse_serve_command`, ``--config FILE`` included)
-    and :func:`settings_from_engine_args`; ``environ``, ``num_experts`` and ``quantization`` as for
-    :func:`check_config_file`; ``source`` names the input in messages.
+    The arguments go through vLLM's own parser (``engine_args.parse_serve_command``, ``--config FILE``
+    included) and ``engine_args.settings_from_engine_args``; ``environ``, ``num_experts`` and
+    ``quantization`` as for :func:`check_config_file`; ``source`` names the input in messages.
 
     Never raises on the command line (an interrupt aside): an argument vLLM's parser rejects is an
     ``engine-args`` violation quoting vLLM's message (``vllm serve: error: unrecognized arguments:
@@ -181,6 +176,8 @@ def check_serve_command(
         ValueError: ``num_experts`` or ``quantization`` as for :func:`check_config_file`.
     """
     _check_fact_options(num_experts, quantization)
+    # local: vLLM only for a serve command line (`check` on a schema file imports none)
+    from ascend_eplb.tools.check import engine_args as serve
 
     where = source or "the command line"
     for config in _config_files(argv):
@@ -193,7 +190,7 @@ def check_serve_command(
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            engine_args = parse_serve_command(argv)
+            engine_args = serve.parse_serve_command(argv)
     except SystemExit as exc:
         said = _parser_error(err.getvalue()) or f"vLLM's parser exited with status {exc.code}"
         return refused("engine-args", f"{where}: vLLM's parser rejects the engine arguments: {said}")
@@ -201,7 +198,7 @@ def check_serve_command(
         return refused(
             "engine-args", f"{where}: vLLM's parser rejects the engine arguments: {type(exc).__name__}: {exc}"
         )
-    found = [Violation("engine-args", f"{where}: {p}") for p in engine_args_problems(engine_args)]
+    found = [Violation("engine-args", f"{where}: {p}") for p in serve.engine_args_problems(engine_args)]
     if found:  # vLLM would refuse them before building anything: nothing else is judged on them
         return CheckResult(False, str(EplbConfigError(found)), tuple(found))
     env = dict(os.environ if environ is None else environ)
@@ -211,7 +208,7 @@ def check_serve_command(
         violations.append(v2_error)
         env.pop(V2_RUNNER_SWITCH)  # judged: the other rules read the default (V2)
     try:
-        settings = settings_from_engine_args(
+        settings = serve.settings_from_engine_args(
             engine_args, env, num_experts=num_experts, quantization=quantization
         )
     except EplbConfigError as exc:

@@ -1,7 +1,7 @@
 """Engine arguments (a ``vllm serve`` command line, a ``vllm serve --config`` file): parsed by vLLM's own
 parser and read into the rules' :class:`~ascend_eplb.integration.settings.EplbSettings` as vLLM resolves
-each setting, with no ``VllmConfig`` built. vLLM is imported inside the functions that call it: ``check`` on
-this package's config-file schema imports no vLLM."""
+each setting, with no ``VllmConfig`` built. This module imports vLLM: ``check`` imports it only for a serve
+command line or a ``--config`` file (``check`` on this package's config-file schema imports no vLLM)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, get_args
+
+from pydantic import TypeAdapter, ValidationError
+from vllm.config import SpeculativeConfig
+from vllm.config.speculative import MTPModelTypes
+from vllm.engine.arg_utils import EngineArgs
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.transformers_utils.config import get_config
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 from ascend_eplb.integration.model_facts import EXPERT_COUNT_KEYS, TOP_K_KEYS, MoeFacts, read_moe_facts
 from ascend_eplb.integration.settings import EplbSettings
@@ -44,11 +52,6 @@ def parse_serve_command(argv: Sequence[str]) -> Any:
         ValueError: not a ``serve`` command line, or vLLM's parser's own checks (``--config`` not a YAML
             file, no model with ``--config``), or ``EngineArgs`` rejected a value.
     """
-    # local: `check` on a config file imports no vLLM (module docstring)
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.entrypoints.cli.serve import ServeSubcommand
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
     argv = list(argv)
     if argv[:1] != ["serve"]:
         raise ValueError(f"a vllm serve command line starts with 'serve' (as after 'vllm'), got {argv[:1]}")
@@ -66,10 +69,6 @@ def engine_args_problems(engine_args: Any) -> list[str]:
     ``speculative_config`` (``SpeculativeConfig``'s field of that name, its type and constraints:
     ``num_speculative_tokens`` > 0; a key of no field: vLLM's config forbids extra keys). One message per
     problem, naming the value and vLLM's rule."""
-    # local: `check` on a config file imports no vLLM (module docstring)
-    from pydantic import TypeAdapter, ValidationError
-    from vllm.config import SpeculativeConfig
-
     problems = []
     try:
         optimization_level(engine_args.optimization_level)
@@ -106,10 +105,6 @@ def mtp_draft_facts(folder: str, engine_args: Any) -> tuple[tuple[str, ...] | No
     Raises:
         ValueError: the folder's config cannot be read by vLLM (naming the folder and why).
     """
-    # local: `check` on a config file imports no vLLM (module docstring)
-    from vllm.config import SpeculativeConfig
-    from vllm.transformers_utils.config import get_config
-
     try:
         hf_config = get_config(
             folder, trust_remote_code=bool(getattr(engine_args, "trust_remote_code", False))
@@ -252,9 +247,6 @@ def _draft_paths(
     """The speculative config's method (vLLM's name of it) and the draft's facts: an MTP draft's from
     the target's folder (:func:`mtp_draft_facts`), another's from its own local folder; what is unknown
     goes into ``unknown``."""
-    # local: `check` on a config file imports no vLLM (module docstring)
-    from vllm.config.speculative import MTPModelTypes
-
     method = spec.get("method")
     if method in get_args(MTPModelTypes):
         method = "mtp"  # vLLM's SpeculativeConfig renames the deprecated MTP methods

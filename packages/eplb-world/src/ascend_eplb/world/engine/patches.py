@@ -1,11 +1,12 @@
-"""The engine world's patches of vLLM 0.33.0 and Triton: what its engine needs on a CPU host beyond the
-``_C`` kernels (:mod:`.kernels`).
+"""The engine world's patches of vLLM 0.33.0: what its engine needs on a CPU host beyond the ``_C`` kernels
+(:mod:`.kernels`) and the platform patches (:mod:`.platform_patches`).
 
-:data:`PLATFORM_PATCHES` are installed by the platform plugin, while vLLM resolves its platform and before
-it checks for Triton; :data:`ENGINE_PATCHES` by the general plugin in every engine process;
-:data:`WORKER_PATCHES` by :mod:`.worker` in every worker process, after vLLM's CPU worker module. Each is
-declared on its factory (``@ascend_eplb.world.upstream.SURFACE.replaces``) and checked against vLLM's
-signature before anything changes (``PatchSet``). Imports no vLLM at import time.
+:data:`ENGINE_PATCHES` are installed by the general plugin in every engine process, after vLLM resolved
+its platform; :data:`WORKER_PATCHES` by :mod:`.worker` in every worker process, after vLLM's CPU worker
+module. Each is declared on its factory (``@ascend_eplb.world.upstream.SURFACE.replaces``) and checked
+against vLLM's signature before anything changes (``PatchSet``). Imports vLLM (through the world's
+``stand_ins``) and Triton (control's host adaptation): only the general plugin, after the opt-in, and the
+worker import it (:mod:`~ascend_eplb.world.engine`'s import-order rule).
 """
 
 from __future__ import annotations
@@ -15,73 +16,16 @@ from typing import Any
 
 import torch
 
+from ascend_eplb.control.host_adaptation import HostEvent
 from ascend_eplb.control.patching import Patch, PatchSet, patches_of
 from ascend_eplb.world import stand_ins, upstream
 
 __all__ = [
     "ENGINE_PATCHES",
-    "PLATFORM_PATCHES",
     "WORKER_PATCHES",
     "install_engine_patches",
-    "install_platform_patches",
     "install_worker_patches",
 ]
-
-
-@upstream.SURFACE.replaces(
-    "vllm.platforms.vllm_version_matches_substr",
-    '`"cpu"` -> True (this `empty` build serves as vLLM\'s CPU build: its Triton check then takes the '
-    "`cpu` backend below); every other substring upstream's",
-)
-def _cpu_build(original: Any) -> Any:
-    @functools.wraps(original)
-    def vllm_version_matches_substr(substr: str) -> bool:
-        return substr == "cpu" or original(substr)
-
-    return vllm_version_matches_substr
-
-
-def _check_backends(original: Any) -> None:
-    if not isinstance(original, dict) or "cpu" in original:
-        raise RuntimeError(
-            "triton.backends.backends is not a dict without a `cpu` entry: this Triton has a CPU backend "
-            "(or another layout), and the engine world's entry must go (ascend_eplb.world.engine.patches)"
-        )
-
-
-def _active() -> bool:
-    return True
-
-
-@upstream.SURFACE.replaces(
-    ("triton.backends", "backends"),
-    "upstream's backends and a `cpu` entry whose driver is active: vLLM's Triton check on a CPU build "
-    "asks for one; every kernel runs in Triton's interpreter (`TRITON_INTERPRET=1`), which needs no driver",
-    check=_check_backends,
-)
-def _cpu_backend(original: dict[str, Any]) -> dict[str, Any]:
-    # local: Triton and control's host adaptation (Triton) after the opt-in (world.engine's import-order rule)
-    from triton.backends import Backend
-    from triton.backends.driver import DriverBase
-
-    class InterpreterDriver(DriverBase):
-        """The `cpu` backend's driver: active, and nothing else (the interpreter compiles nothing)."""
-
-        is_active = staticmethod(_active)
-
-        def get_active_torch_device(self) -> torch.device:
-            return torch.device("cpu")
-
-        def get_current_target(self) -> Any:
-            raise NotImplementedError("kernels run in Triton's interpreter (TRITON_INTERPRET=1)")
-
-        def get_benchmarker(self) -> Any:
-            raise NotImplementedError("kernels run in Triton's interpreter (TRITON_INTERPRET=1)")
-
-        def map_python_to_cpp_type(self, ty: str) -> str:
-            raise NotImplementedError("kernels run in Triton's interpreter (TRITON_INTERPRET=1)")
-
-    return {**original, "cpu": Backend(compiler=None, driver=InterpreterDriver)}
 
 
 @upstream.SURFACE.replaces(
@@ -123,14 +67,9 @@ def _check_cpu_event_placeholder(original: Any) -> None:
     check=_check_cpu_event_placeholder,
 )
 def _host_event_after_cpu_worker(original: Any) -> Any:
-    # local: Triton and control's host adaptation (Triton) after the opt-in (world.engine's import-order rule)
-    from ascend_eplb.control.host_adaptation import HostEvent
-
     return HostEvent
 
 
-#: Installed while vLLM resolves its platform (before ``vllm.triton_utils`` checks for Triton).
-PLATFORM_PATCHES: tuple[Patch, ...] = patches_of(_cpu_build, _cpu_backend)
 #: Installed in every engine process by the general plugin: the EP ids above, the world's 16-bit linear
 #: layers (``ascend_eplb.world.stand_ins``, stand-in 3: on an AMX host vLLM packs bf16/fp16 weights with a
 #: ``_C`` op) and its variable-size collectives (data parallelism's gather before routing, stand-in 5).
@@ -142,14 +81,8 @@ ENGINE_PATCHES: tuple[Patch, ...] = (
 #: Installed in every worker process once vLLM's CPU worker module is imported (:mod:`.worker`).
 WORKER_PATCHES: tuple[Patch, ...] = patches_of(_host_event_after_cpu_worker)
 
-_PLATFORM = PatchSet(PLATFORM_PATCHES)
 _ENGINE = PatchSet(ENGINE_PATCHES)
 _WORKER = PatchSet(WORKER_PATCHES)
-
-
-def install_platform_patches() -> bool:
-    """Install :data:`PLATFORM_PATCHES`; idempotent. True if this call installed them."""
-    return _PLATFORM.apply()
 
 
 def install_engine_patches() -> bool:

@@ -5,8 +5,8 @@ in every vLLM process of an environment where this package is installed. Without
 ``ASCEND_EPLB_ENGINE_WORLD=1`` (:mod:`.environment`) both return at once, import nothing and change nothing:
 vLLM runs as if this package were absent. With it, vLLM's own engine (``LLM``, ``vllm serve``) runs Model
 Runner V2 on this CPU host: the platform plugin selects vLLM's ``CpuPlatform`` after making Triton's
-interpreter acceptable to it (:data:`.patches.PLATFORM_PATCHES`); the general plugin defines the ``_C``
-kernels (:mod:`.kernels`) and installs :data:`.patches.ENGINE_PATCHES`.
+interpreter acceptable to it (:data:`.platform_patches.PLATFORM_PATCHES`); the general plugin defines the
+``_C`` kernels (:mod:`.kernels`) and installs :data:`.patches.ENGINE_PATCHES`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def platform_plugin() -> str | None:
     if not opted_in():
         return None
     # local: nothing before the opt-in (world.engine's import-order rule)
-    from ascend_eplb.world.engine.patches import install_platform_patches
+    from ascend_eplb.world.engine.platform_patches import install_platform_patches
 
     install_platform_patches()
     return CPU_PLATFORM

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from ascend_eplb.world.engine.environment import cache_root, engine_environment
 from ascend_eplb.world.engine.spec import EngineSpec
 
@@ -223,9 +225,6 @@ def log_tail(path: Path, lines: int = 40) -> str:
 
 
 def _process(pid: int) -> list[Any]:
-    # local: psutil (a vLLM dependency, not this package's) only when a session's processes are checked
-    import psutil
-
     try:
         return [psutil.Process(pid)]
     except psutil.NoSuchProcess:
@@ -233,9 +232,6 @@ def _process(pid: int) -> list[Any]:
 
 
 def _descendants(pid: int) -> list[Any]:
-    # local: psutil (a vLLM dependency, not this package's) only when a session's processes are checked
-    import psutil
-
     try:
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
@@ -244,9 +240,6 @@ def _descendants(pid: int) -> list[Any]:
 
 def _shared_memory(processes: list[Any]) -> set[str]:
     """The ``/dev/shm`` segments ``processes`` (psutil) have mapped now."""
-    # local: psutil (a vLLM dependency, not this package's) only when a session's processes are checked
-    import psutil
-
     out = set()
     for process in processes:
         try:
@@ -258,9 +251,6 @@ def _shared_memory(processes: list[Any]) -> set[str]:
 
 def _reap(processes: list[Any], timeout: float) -> tuple[str, ...]:
     """Wait up to ``timeout`` s for ``processes`` (psutil) to exit; kill those still alive and name them."""
-    # local: psutil (a vLLM dependency, not this package's) only when a session's processes are checked
-    import psutil
-
     _, alive = psutil.wait_procs(processes, timeout=timeout)
     names = []
     for process in alive:
