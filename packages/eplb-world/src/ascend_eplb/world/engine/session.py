@@ -187,7 +187,7 @@ def modelinfo_cache() -> Path:
     :func:`~.environment.cache_root`). An engine's ``VLLM_CACHE_ROOT`` is its own scratch, where vLLM
     looks for them (``modelinfos/<module>-<class>.json``, each with its model module's source hash, which
     vLLM checks before use); without them each engine start inspects its model class in a fresh
-    ``python`` that imports vLLM (about 12 s of CPU on a 2-core host)."""
+    ``python`` that imports vLLM (the CHANGELOG has what it cost)."""
     return cache_root() / "vllm-modelinfos"
 
 
