@@ -299,17 +299,16 @@ def register_ascend_quantization() -> type:
         RuntimeError: another ``"ascend"`` quantization (vLLM Ascend's own) is registered already: then
             that one is what a model gets, and this stand-in must not be used.
     """
-    cls = AscendQuantConfig
     try:
         current = get_quantization_config("ascend")
     except ValueError:
         current = None
-    if current is cls:
-        return cls
+    if current is AscendQuantConfig:
+        return AscendQuantConfig
     if current is not None:
         raise RuntimeError(f"vLLM quantization 'ascend' is registered already: {current!r}")
-    register_quantization_config("ascend")(cls)
-    return cls
+    register_quantization_config("ascend")(AscendQuantConfig)
+    return AscendQuantConfig
 
 
 def install_ascend_routed_experts(model: torch.nn.Module) -> int:

@@ -201,14 +201,13 @@ def register_torch_moe_method() -> type:
     Raises:
         RuntimeError: another out-of-tree ``UnquantizedFusedMoEMethod`` is registered already.
     """
-    method = TorchFusedMoEMethod
     current = op_registry_oot.get("UnquantizedFusedMoEMethod")
-    if current is method:
-        return method
+    if current is TorchFusedMoEMethod:
+        return TorchFusedMoEMethod
     if current is not None:
         raise RuntimeError(f"UnquantizedFusedMoEMethod already has an out-of-tree replacement: {current!r}")
-    UnquantizedFusedMoEMethod.register_oot(method)
-    return method
+    UnquantizedFusedMoEMethod.register_oot(TorchFusedMoEMethod)
+    return TorchFusedMoEMethod
 
 
 # --- stand-in 3: 16-bit linear layers ------------------------------------------------------------
@@ -248,10 +247,6 @@ def stand_in_patches() -> PatchSet:
 
 
 # --- stand-in 5: variable-size collectives -----------------------------------------------------------
-
-
-def _is_cpu_communicator(communicator: Any) -> bool:
-    return isinstance(communicator, CpuCommunicator)
 
 
 def _group_sizes(communicator: Any, rows: int, sizes: list[int] | None, what: str) -> list[int]:
@@ -403,7 +398,7 @@ _CPU_COMMUNICATOR_ONLY = "always (only a `CpuCommunicator` gets the stand-in; an
 def _cpu_all_gatherv(original: Any) -> Any:
     @functools.wraps(original)
     def all_gatherv(self, input_, dim=0, sizes=None):
-        if not _is_cpu_communicator(self):
+        if not isinstance(self, CpuCommunicator):
             return original(self, input_, dim, sizes)
         if dim != 0:
             raise NotImplementedError(f"all_gatherv stand-in: dim={dim}, only dim 0 is supported")
@@ -425,7 +420,7 @@ def _cpu_all_gatherv(original: Any) -> Any:
 def _cpu_reduce_scatterv(original: Any) -> Any:
     @functools.wraps(original)
     def reduce_scatterv(self, input_, dim=-1, sizes=None):
-        if not _is_cpu_communicator(self):
+        if not isinstance(self, CpuCommunicator):
             return original(self, input_, dim, sizes)
         world, rows = self.world_size, input_.shape[dim]
         counts = [rows // world] * world if sizes is None else list(sizes)

@@ -59,8 +59,13 @@ def spec_environment(spec: EngineSpec, tmp: str | os.PathLike[str], env: Mapping
     (:func:`~.environment.engine_environment`), ``TMPDIR=tmp`` and ``VLLM_CACHE_ROOT`` under it (vLLM's
     compile cache stays in the engine's scratch), the spec's own (:meth:`~.spec.EngineSpec.environment`),
     then ``env``."""
-    scratch = {"TMPDIR": str(tmp), "VLLM_CACHE_ROOT": os.path.join(tmp, "vllm")}
+    scratch = {"TMPDIR": str(tmp), "VLLM_CACHE_ROOT": str(_vllm_cache_root(tmp))}
     return engine_environment(**{**scratch, **spec.environment(), **env})
+
+
+def _vllm_cache_root(tmp: str | os.PathLike[str]) -> Path:
+    """An engine's ``VLLM_CACHE_ROOT``: ``vllm`` in its ``TMPDIR`` ``tmp``."""
+    return Path(tmp) / "vllm"
 
 
 class EngineProcess:
@@ -80,6 +85,7 @@ class EngineProcess:
         self.folder = folder
         self.tmp = folder / "tmp"
         self.log_path = folder / log_name
+        self._modelinfos = _vllm_cache_root(self.tmp) / "modelinfos"  # where vLLM looks for them
         self._spec, self._argv, self._env = spec, list(argv), dict(env)
         self._process: subprocess.Popen[bytes] | None = None
         self._descendants: list[Any] = []
@@ -92,7 +98,7 @@ class EngineProcess:
 
     def start(self) -> None:
         self.tmp.mkdir(parents=True, exist_ok=True)
-        copy_modelinfos(modelinfo_cache(), self.tmp / "vllm" / "modelinfos")
+        copy_modelinfos(modelinfo_cache(), self._modelinfos)
         env = spec_environment(self._spec, self.tmp, self._env)
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
@@ -164,7 +170,7 @@ class EngineProcess:
             status = self._process.wait()
         lingering = _reap(processes, 10.0)
         scratch = tuple(sorted(p.name for p in self.tmp.iterdir())) if self.tmp.is_dir() else ()
-        copy_modelinfos(self.tmp / "vllm" / "modelinfos", modelinfo_cache())
+        copy_modelinfos(self._modelinfos, modelinfo_cache())
         shutil.rmtree(self.tmp, ignore_errors=True)
         left = tuple(sorted(name for name in mapped if Path(name).exists()))
         self.shutdown = Shutdown(status, lingering, left, scratch)
