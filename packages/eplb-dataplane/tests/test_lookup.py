@@ -7,6 +7,7 @@ from ascend_eplb.dataplane import (
     ReplicaLookup,
     build_replica_table,
     map_to_physical,
+    map_to_physical_and_record,
     table_checksum,
     validate_placement,
 )
@@ -101,9 +102,35 @@ def test_checksum_distinguishes_placements_and_ranks():
     sums = {table_checksum(build_replica_table(l2p, count, r, rows=64)) for r in range(3)}
     assert len(sums) == 3
     a = build_replica_table(l2p, count, 0, rows=64)
-    assert table_checksum(a) == table_checksum(a.clone())
-    flat = a.flatten().to(torch.int64) + 1
-    assert table_checksum(a) == int((flat * torch.arange(1, flat.numel() + 1)).sum())
+    assert table_checksum(a) == table_checksum(a.clone()) == table_checksum(a.to(torch.int64))
+    assert table_checksum(a.reshape(32, 8)) != table_checksum(a)  # same values, another shape
+
+
+def test_checksum_tells_apart_the_replica_choices_a_linear_sum_confuses():
+    # 8 experts on 10 slots (experts 1 and 2 replicated): the probe batch of the serving verifier (8 rows,
+    # each routing every expert once) read at replica offsets 0 and 1 (TP peers whose offsets differ, the
+    # broken replica agreement it must name). The choices differ, yet their position-weighted sums
+    # (the verifier's checksum before, which then let the broken agreement through) are equal.
+    placement = [7, 2, 1, 2, 1, 0, 3, 4, 5, 6]
+    replicas = [[slot for slot, e in enumerate(placement) if e == expert] for expert in range(8)]
+    table = build_replica_table(*_maps(replicas), rows=64)
+    probe = torch.arange(8).repeat(8, 1)
+    off, rows = torch.tensor(False), torch.tensor(8)
+    at_offset = [
+        map_to_physical_and_record(
+            probe, table, torch.zeros(10, dtype=torch.int64), off, rows, torch.tensor(layout)
+        )
+        for layout in ([0, 1, 0, 0], [1, 1, 0, 0])
+    ]
+    assert at_offset[0][:, 1:3].tolist() == [[4, 1], [2, 3]] * 4
+    assert at_offset[1][:, 1:3].tolist() == [[2, 3], [4, 1]] * 4
+
+    def linear(t: torch.Tensor) -> int:
+        flat = t.flatten().to(torch.int64) + 1
+        return int((flat * torch.arange(1, flat.numel() + 1)).sum())
+
+    assert linear(at_offset[0]) == linear(at_offset[1])
+    assert table_checksum(at_offset[0]) != table_checksum(at_offset[1])
 
 
 BAD_PLACEMENTS = [

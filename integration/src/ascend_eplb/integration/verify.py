@@ -270,21 +270,23 @@ class EplbVerifier:
 
     def _probe_checksum(self, entry: dict[str, Any], layers: set[int]) -> int:
         """The physical ids the probe batch gets through each of ``layers``' lookups with the layer's
-        row layout (what the next forward reads), as one checksum (no load is recorded)."""
+        row layout (what the next forward reads), stacked in layer order, as one digest
+        (:func:`~ascend_eplb.dataplane.table_checksum`; no load is recorded)."""
         # local: vLLM, dataplane and quant_views load when the verifier runs (the tools import CHECKS)
         from ascend_eplb.dataplane import map_to_physical_and_record, table_checksum
 
-        total = 0
+        physical = []
         for layer_idx in sorted(layers):
             ls = entry["layer_states"][layer_idx][0]
             table = ls.replica_lookup.table
             ids = torch.arange(table.shape[1], device=table.device).repeat(PROBE_ROWS, 1)
             off = torch.zeros((), dtype=torch.bool, device=table.device)
-            physical = map_to_physical_and_record(
-                ids, table, ls.expert_load_view, off, ls.num_unpadded_tokens_tensors[0], ls.row_layout
+            physical.append(
+                map_to_physical_and_record(
+                    ids, table, ls.expert_load_view, off, ls.num_unpadded_tokens_tensors[0], ls.row_layout
+                )
             )
-            total += (layer_idx + 1) * table_checksum(physical)
-        return total
+        return table_checksum(torch.cat(physical))
 
     # ------------------------------------------------------------------ per step
     def _raise(self, violation: VerifierViolation) -> None:

@@ -13,6 +13,8 @@ README). Refreshed in place (``copy_``): graphs holding the table stay valid acr
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import numbers
 
 import torch
@@ -273,16 +275,20 @@ def split_inputs(
 
 
 def table_checksum(table: torch.Tensor) -> int:
-    """Position-weighted checksum ``sum_i (i + 1) * (table.flatten()[i] + 1)`` of a 2-D table, int64.
+    """A 64-bit BLAKE2b digest of a 2-D table's shape and values (as int64), as a signed int64.
 
-    Computed on the table's device, one host read. Exact (no int64 overflow) for ``rows * E <= 2**20``
-    and ids below ``2**20``. Raises ``ValueError`` for a non-2-D table.
+    Equal tables give equal digests; tables that differ in any entry or in shape differ but with
+    probability about ``2**-64`` (a linear checksum such as ``sum_i (i + 1) * table.flat[i]`` does not:
+    two rank-dependent replica choices can cancel in it). One device-to-host copy of the table. Raises
+    ``ValueError`` for a non-2-D table.
     """
     if not isinstance(table, torch.Tensor) or table.dim() != 2:
         raise ValueError(f"table must be a 2-D tensor (rows, E), got {table!r}")
-    flat = table.detach().reshape(-1).to(torch.int64)
-    weight = torch.arange(1, flat.numel() + 1, dtype=torch.int64, device=flat.device)
-    return int(((flat + 1) * weight).sum())
+    values = table.detach().to("cpu", torch.int64).contiguous()
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(repr(tuple(values.shape)).encode())
+    digest.update(ctypes.string_at(values.data_ptr(), values.numel() * values.element_size()))
+    return int.from_bytes(digest.digest(), "little", signed=True)
 
 
 class ReplicaLookup:
