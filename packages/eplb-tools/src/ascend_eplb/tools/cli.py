@@ -65,9 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
         "checked every step (CPU, Gloo)",
         description="The main job: serve vLLM's real DeepseekV3ForCausalLM (a tiny checkpoint whose "
         "routing is skewed like the embedded ESFT trace; --model takes another preset or a model folder) "
-        "on EP rank processes over Gloo on CPU, each a Model Runner V2 worker wired as a serving worker, "
-        "with upstream vLLM's async EPLB through the Ascend integration, and check every invariant at "
-        "every step (the outputs against the EPLB-off model, the recorded load, the serving verifier and "
+        "through vLLM's own engine on CPU (Model Runner V2, TP x EP ranks as vLLM's workers), EPLB off then "
+        "on, with upstream vLLM's async EPLB through the Ascend integration, and check every invariant at "
+        "every step (the outputs against the EPLB-off engine, the recorded load, the serving verifier and "
         "watchdog). --model replay replays routing traces on the quantized formats' kernel storage "
         "instead; the options marked '--model replay only' apply to that world alone.",
     )

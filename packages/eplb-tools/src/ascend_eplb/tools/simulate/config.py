@@ -147,7 +147,12 @@ class SimulateConfig:
         "padded batch size (graph size), default the next multiple of 16 above the batch size",
         type=positive_int,
     )  # fmt: skip
-    steps: int = _option(96, "--steps", "default %(default)s", type=positive_int)
+    steps: int = _option(
+        64, "--steps",
+        "tokens each request of a real model generates (vLLM's engine steps count its prefill too); "
+        "--model replay: forward steps; default %(default)s",
+        type=positive_int,
+    )  # fmt: skip
     window_size: int = _option(8, "--window-size", "EPLB load window, default %(default)s", type=positive_int)
     step_interval: int = _option(
         16, "--step-interval", "EPLB step interval, default %(default)s", type=positive_int
