@@ -5,7 +5,7 @@ engine is the one ``vllm serve`` runs: ``AsyncLLM`` starts a DP coordinator and 
 (each with its TP workers), balances requests across them, and runs a dummy batch on a rank that has none
 while another serves (every forward meets the others in the EP collectives). :class:`DataParallelEngine`
 is that engine behind the calls the host makes of ``vllm.LLM`` (``generate``, ``collective_rpc``,
-``shutdown``), driven on an event loop of its own.
+``shutdown``), driven on an event loop of its own. Imported by the engine host alone (:mod:`.host_main`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ import asyncio
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.v1.engine.async_llm import AsyncLLM
 
 __all__ = ["DataParallelEngine"]
 
@@ -30,10 +33,6 @@ class DataParallelEngine:
             raise ValueError(
                 f"data_parallel_size={kwargs.get('data_parallel_size', 1)}: a single engine is vllm.LLM's"
             )
-        # local: vLLM only in the engine host, started with the engine world's environment (world.engine)
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
         self._loop = asyncio.new_event_loop()
         self._ids = itertools.count()
         args = AsyncEngineArgs(**kwargs)

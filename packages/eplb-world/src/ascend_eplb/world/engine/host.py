@@ -2,29 +2,28 @@
 
 vLLM's engine must start in a process whose environment is the engine world's from its first instruction
 (:mod:`.environment`); a test or a tool that has imported torch or vLLM already cannot host it. So
-:class:`EngineWorld` starts ``python -m ascend_eplb.world.engine.host`` with that environment, and the host
-builds ``vllm.LLM`` (with data parallelism vLLM's DP engine, :mod:`.data_parallel`) from an
-:class:`~.spec.EngineSpec` and answers requests over a Unix socket in the
+:class:`EngineWorld` starts ``python -m ascend_eplb.world.engine.host_main`` (:mod:`.host_main`) with that
+environment, and the host builds ``vllm.LLM`` (with data parallelism vLLM's DP engine,
+:mod:`.data_parallel`) from an :class:`~.spec.EngineSpec` and answers requests over a Unix socket in the
 world's folder: generate (vLLM's ``LLM.generate``), run a function on every worker (vLLM's
 ``LLM.collective_rpc``), close (vLLM's shutdown). The host's output goes to ``engine.log`` in the folder.
+This module, the client, imports no vLLM.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import secrets
 import sys
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
 
 from ascend_eplb.world.engine.session import EngineError, EngineProcess, Shutdown
-from ascend_eplb.world.engine.spec import EngineSpec, EplbSpec
+from ascend_eplb.world.engine.spec import EngineSpec
 
 __all__ = ["Completion", "EngineError", "EngineWorld", "Shutdown"]
 
@@ -50,14 +49,6 @@ def _function_name(fn: Callable[..., Any]) -> str:
     if "<" in name or fn.__module__ == "__main__":
         raise ValueError(f"{name}: run a module-level function of an importable module on the workers")
     return name
-
-
-def _resolve(name: str) -> Callable[..., Any]:
-    module, qualname = name.split(":")
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 class EngineWorld:
@@ -120,7 +111,7 @@ class EngineWorld:
         """
         address = str(self.folder / _SOCKET)
         authkey = secrets.token_hex(16)
-        argv = [sys.executable, "-m", "ascend_eplb.world.engine.host", address, authkey]
+        argv = [sys.executable, "-m", "ascend_eplb.world.engine.host_main", address, authkey]
         self._host = host = EngineProcess(self.spec, self.folder, argv, env=self._env, log_name=_LOG)
         host.start()
         deadline = time.monotonic() + self._start_timeout
@@ -214,92 +205,3 @@ def _spec_dict(spec: EngineSpec) -> dict[str, Any]:
     out = asdict(spec)
     out["compilation"] = None if spec.compilation is None else dict(spec.compilation)
     return out
-
-
-def _spec_of(data: dict[str, Any]) -> EngineSpec:
-    eplb = data.pop("eplb")
-    return EngineSpec(**data, eplb=None if eplb is None else EplbSpec(**eplb))
-
-
-def _serve(conn: Connection) -> None:
-    """The host's loop: build the engine on ``start``, answer until ``close``."""
-    llm: Any = None
-    while True:
-        message = conn.recv()
-        kind = message[0]
-        try:
-            if kind == "start":
-                started = time.monotonic()
-                spec = _spec_of(message[1])
-                if spec.data_parallel_size > 1:
-                    # local: the client side of this module runs without vLLM (world.engine)
-                    from ascend_eplb.world.engine.data_parallel import DataParallelEngine
-
-                    llm = DataParallelEngine(spec.engine_kwargs())
-                else:
-                    # local: the client side of this module runs without vLLM (world.engine)
-                    from vllm import LLM
-
-                    llm = LLM(**spec.engine_kwargs())
-                value: Any = {"seconds": time.monotonic() - started}
-            elif kind == "generate":
-                _, prompts, max_tokens, logprobs = message
-                value = _generate(llm, prompts, max_tokens, logprobs)
-            elif kind == "rpc":
-                _, name, args = message
-                value = llm.collective_rpc(_resolve(name), args=tuple(args))
-            elif kind == "close":
-                if hasattr(llm, "llm_engine"):  # vllm.LLM
-                    llm.llm_engine.engine_core.shutdown()
-                elif llm is not None:  # DataParallelEngine
-                    llm.shutdown()
-                conn.send(("ok", None))
-                return
-            else:
-                raise ValueError(f"unknown request {kind!r}")
-        except BaseException:
-            conn.send(("error", traceback.format_exc()))
-            if kind == "start":
-                return
-            continue
-        conn.send(("ok", value))
-
-
-def _generate(llm: Any, prompts: list[list[int]], max_tokens: int | list[int], logprobs: int) -> list[Any]:
-    # local: the client side of this module runs without vLLM (world.engine)
-    from vllm import SamplingParams
-
-    def params_of(n: int) -> Any:
-        return SamplingParams(max_tokens=n, temperature=0.0, logprobs=logprobs, ignore_eos=True)
-
-    params = params_of(max_tokens) if isinstance(max_tokens, int) else [params_of(n) for n in max_tokens]
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    return [
-        (
-            list(out.outputs[0].token_ids),
-            [{int(t): float(lp.logprob) for t, lp in step.items()} for step in out.outputs[0].logprobs],
-            *_timing(out.metrics),
-        )
-        for out in outputs
-    ]
-
-
-def _timing(stats: Any) -> tuple[float | None, float | None]:
-    """(time to first token, time per output token) of vLLM's ``RequestStateStats``, in seconds."""
-    if stats is None or not stats.first_token_ts:
-        return None, None
-    ttft = stats.first_token_ts - stats.scheduled_ts
-    n = stats.num_generation_tokens
-    return ttft, (stats.last_token_ts - stats.first_token_ts) / (n - 1) if n > 1 else None
-
-
-def main(argv: Sequence[str]) -> int:
-    """``python -m ascend_eplb.world.engine.host ADDRESS AUTHKEY``: listen, serve one client, exit."""
-    address, authkey = argv
-    with Listener(address, family="AF_UNIX", authkey=authkey.encode()) as listener, listener.accept() as conn:
-        _serve(conn)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
