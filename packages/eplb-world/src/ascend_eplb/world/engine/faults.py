@@ -27,7 +27,7 @@ def rank_dependent_replicas(worker: Any) -> dict[str, list[int]]:
     Raises:
         RuntimeError: EPLB is off on this worker.
     """
-    # local: runs in vLLM's workers; the process that starts the engine imports this module without vLLM
+    # local: runs in vLLM's workers; the processes that name this function (the engine tests) import no vLLM
     from vllm.distributed.parallel_state import get_ep_group
 
     controller = worker.model_runner.eplb

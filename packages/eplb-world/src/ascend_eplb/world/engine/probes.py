@@ -18,6 +18,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from torch._dynamo.utils import counters
+
 from ascend_eplb.control.bus import CommitEvent, DecisionEvent, ShutdownEvent
 from ascend_eplb.integration import metrics
 from ascend_eplb.integration.serving import guardrails_of
@@ -98,11 +100,13 @@ class _Observer:
     verifier_seconds: float = 0.0
 
 
-def _ep_rank() -> int:
-    # local: runs in vLLM's workers; the process that starts the engine imports this module without vLLM
+def _ep_group() -> Any:
+    """vLLM's EP group of this worker."""
+    # local: runs in vLLM's workers; the processes that name these functions (simulate, the engine tests)
+    # import no vLLM
     from vllm.distributed.parallel_state import get_ep_group
 
-    return get_ep_group().rank_in_group
+    return get_ep_group()
 
 
 def _experts_of(observer: _Observer, model_state: Any) -> Any:
@@ -192,7 +196,8 @@ def observe(worker: Any, checkpoint: str) -> bool:
         ms = event.model_state
         placement = ms.physical_to_logical_map.cpu()
         # Every layer: those not yet committed in this rearrangement still hold their old row and weights.
-        mismatches = local_slot_mismatches(ms.model, _experts_of(observer, ms), placement, _ep_rank())
+        rank = _ep_group().rank_in_group
+        mismatches = local_slot_mismatches(ms.model, _experts_of(observer, ms), placement, rank)
         observer.commits.append(
             CommitRecord(
                 ms.model_name, event.layer, event.rearrangement, placement[event.layer].tolist(), mismatches,
@@ -211,7 +216,7 @@ def observe(worker: Any, checkpoint: str) -> bool:
 
 def _name_of(model_config: Any, state: Any) -> str | None:
     """Upstream's name of the model ``state`` keys by ``model_config`` (upstream's own key), or None."""
-    # local: runs in vLLM's workers; the process that starts the engine imports this module without vLLM
+    # local: runs in vLLM's workers; the processes that name these functions import no vLLM
     from vllm.config.utils import compute_hash_cached
 
     model_state = state.model_states.get(compute_hash_cached(model_config))
@@ -250,7 +255,7 @@ def observed(worker: Any) -> dict[str, Any]:
     if observer is None:
         raise RuntimeError("no observer on this worker: run observe first")
     return {
-        "ep_rank": _ep_rank(),
+        "ep_rank": _ep_group().rank_in_group,
         "steps": [asdict(s) for s in observer.steps],
         "commits": [asdict(c) for c in observer.commits],
         "decisions": list(observer.decisions),
@@ -262,10 +267,7 @@ def compilation(worker: Any) -> dict[str, Any]:
     compiled so far; ``graph_breaks``: reason -> count) and, per model, the modules vLLM's compile wrapper
     traced (``traced``: the target's as ``"target"``, each model EPLB balances by upstream's model name; []
     runs eager). Unchanged counters between two calls: nothing was traced or compiled again in between."""
-    # local: runs in vLLM's workers; the process that starts the engine imports this module without vLLM
-    from torch._dynamo.utils import counters
-
-    # local: runs in vLLM's workers; the process that starts the engine imports this module without vLLM
+    # local: control's router adaptation imports vLLM; the processes that name these functions import none
     from ascend_eplb.control.router_adaptation import traced_modules
 
     runner = worker.model_runner
@@ -288,7 +290,7 @@ def slot_mismatches(worker: Any, checkpoint: str) -> dict[str, list[str]]:
     for ms in state.model_states.values():
         experts = checkpoint_experts(checkpoint, draft=ms.model_name.endswith(" (draft)"))
         out[ms.model_name] = local_slot_mismatches(
-            ms.model, experts, ms.physical_to_logical_map.cpu(), _ep_rank()
+            ms.model, experts, ms.physical_to_logical_map.cpu(), _ep_group().rank_in_group
         )
     return out
 
@@ -302,7 +304,7 @@ def eplb_state(worker: Any) -> dict[str, Any]:
     thread = getattr(state, "async_worker", None) if state is not None else None
     return {
         "controller": type(controller).__name__,
-        "ep_rank": _ep_rank(),
+        "ep_rank": _ep_group().rank_in_group,
         "async_worker_alive": None if thread is None else bool(thread.is_alive()),
         "num_rearrangements": None if state is None else getattr(state, "num_rearrangements", None),
         "placements": {}
@@ -336,8 +338,9 @@ def run_summary(worker: Any) -> dict[str, Any]:
     verifier = guardrails.verifier
     in_flight = guardrails.watchdog.at_shutdown(ShutdownEvent(controller))
     models = list(state.model_states.values())
+    group = _ep_group()
     return {
-        "ep_rank": _ep_rank(),
+        "ep_rank": group.rank_in_group,
         "moe_rows": None if layout is None else layout.rows,
         "split_scope": state.split_scope,
         "compilation": "eager (enforce_eager)"
@@ -349,16 +352,11 @@ def run_summary(worker: Any) -> dict[str, Any]:
         "expert_nbytes": {ms.model_name: metrics.expert_bytes(ms.model.expert_weights)[0] for ms in models},
         "verifier_commits_checked": None if verifier is None else verifier.commits_checked,
         "verifier_steps": None if verifier is None else verifier.steps,
-        "slots_per_rank": int(models[0].physical_to_logical_map.shape[1]) // _ep_size() if models else 0,
+        "slots_per_rank": int(models[0].physical_to_logical_map.shape[1]) // group.world_size
+        if models
+        else 0,
         "in_flight": [asdict(cycle) for cycle in in_flight],
         "worker_failure": None
         if guardrails.watchdog.failure is None
         else (guardrails.watchdog.failure.message(), guardrails.watchdog.failure.step),
     }
-
-
-def _ep_size() -> int:
-    # local: runs in vLLM's workers; the process that starts the engine imports this module without vLLM
-    from vllm.distributed.parallel_state import get_ep_group
-
-    return get_ep_group().world_size
