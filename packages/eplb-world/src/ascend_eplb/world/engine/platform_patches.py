@@ -5,7 +5,8 @@
 ``vllm.triton_utils`` checks for Triton, each declared on its factory
 (``@ascend_eplb.world.upstream.SURFACE.replaces``) and checked before anything changes (``PatchSet``). vLLM
 imports this module while it resolves its platform, so it imports no more of vLLM (its modules would ask
-for the platform being resolved); Triton inside the factory that patches it, when the plugin installs it.
+for the platform being resolved). It imports Triton at the top: in an engine process the platform plugin
+imports it after the opt-in, and the process started with ``TRITON_INTERPRET=1`` (:mod:`.environment`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import functools
 from typing import Any
 
 import torch
+from triton.backends import Backend
+from triton.backends.driver import DriverBase
 
 from ascend_eplb.control.patching import Patch, PatchSet, patches_of
 from ascend_eplb.world import upstream
@@ -54,10 +57,6 @@ def _active() -> bool:
     check=_check_backends,
 )
 def _cpu_backend(original: dict[str, Any]) -> dict[str, Any]:
-    # local: Triton after the opt-in, when the platform plugin installs this row (world.engine's rule)
-    from triton.backends import Backend
-    from triton.backends.driver import DriverBase
-
     class InterpreterDriver(DriverBase):
         """The `cpu` backend's driver: active, and nothing else (the interpreter compiles nothing)."""
 
