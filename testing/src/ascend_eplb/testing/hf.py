@@ -1,6 +1,7 @@
 """The HF transformers oracle: logits of a checkpoint computed by transformers itself, never by vLLM.
 
 The real-model tests compare vLLM's logits, EPLB on and off, with these on the same tiny checkpoint.
+Needs the package's ``[vllm]`` extra (transformers); nothing else of the package imports this module.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import os
 
 import torch
+from transformers import AutoModelForCausalLM
 
 __all__ = ["hf_logits"]
 
@@ -17,9 +19,6 @@ def hf_logits(folder: str | os.PathLike[str], input_ids: torch.Tensor) -> torch.
 
     ``input_ids``: int64 ``(T,)``, one sequence; returns float32 ``(T, V)``, V the vocabulary size.
     """
-    # local: the optional extra [vllm]; this package needs torch only
-    from transformers import AutoModelForCausalLM
-
     model = AutoModelForCausalLM.from_pretrained(
         str(folder), dtype=torch.float32, attn_implementation="eager"
     )
