@@ -61,6 +61,22 @@ def test_without_the_opt_in_the_plugins_change_nothing_and_vllm_runs_as_if_they_
     }
 
 
+def test_the_client_and_the_functions_sent_to_the_workers_import_no_vllm():
+    """``host`` (the client), ``probes`` and ``faults`` are what ``simulate``'s driver and the engine tests
+    import to start an engine and name the functions its workers run: a fresh process importing them has
+    no vLLM module (their vLLM imports are inside the functions the workers run; the host's process is
+    ``host_main``)."""
+    code = (
+        "import json, sys\n"
+        "from ascend_eplb.world.engine import faults, host, probes\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
 def test_the_environment_is_written_once_and_removes_the_target_device():
     env = environment.engine_environment({"VLLM_TARGET_DEVICE": "cpu", "KEEP": "1"}, EXTRA="2")
     assert "VLLM_TARGET_DEVICE" not in env
