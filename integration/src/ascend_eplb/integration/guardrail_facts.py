@@ -1,13 +1,13 @@
 """The serving guardrails' facts that processes without vLLM read: their switches, their checks' names, the
 watchdog's shutdown report.
 
-Standard library, :mod:`.switches` and :mod:`.regular_files` only, so that ``ascend-eplb check`` (judging
-another process's environment, without torch or vLLM), the simulator's options and report (before vLLM)
-and start-up (:func:`read_serving_switches`, which ``serving.read_serving_setup`` runs) read one
-definition: each ``ASCEND_EPLB_*`` guardrail switch's name and reader (the verifier's, the events file's,
-the watchdog's two, the metrics'), the names of the verifier's and the watchdog's checks, and
-:class:`InFlightAtShutdown`. The guardrails themselves (``verify``, ``watchdog``, ``events.recorder``,
-``prometheus``) import vLLM.
+Standard library, :mod:`.switches` and :mod:`.regular_files` only (prometheus_client inside
+:func:`metrics_requested`, for a serving process), so that ``ascend-eplb check`` (judging another process's
+environment, without torch or vLLM), the simulator's options and report (before vLLM) and start-up
+(:func:`read_serving_switches`, which ``serving.read_serving_setup`` runs) read one definition: each
+``ASCEND_EPLB_*`` guardrail switch's name and reader (the verifier's, the events file's, the watchdog's two,
+the metrics'), the names of the verifier's and the watchdog's checks, and :class:`InFlightAtShutdown`. The
+guardrails themselves (``verify``, ``watchdog``, ``events.recorder``, ``prometheus``) import vLLM.
 """
 
 from __future__ import annotations
