@@ -11,7 +11,6 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ascend_eplb.integration.events import recorder as ev
 from ascend_eplb.integration.events.reader import read_events
 from ascend_eplb.integration.events.recorder import EventsWriter
 from ascend_eplb.integration.events.records import (
@@ -25,6 +24,7 @@ from ascend_eplb.integration.events.records import (
     WindowRecord,
     WorkerFailureRecord,
 )
+from ascend_eplb.integration.guardrail_facts import events_path
 
 ROW = (0, 1, 2, 3, 0, 1)
 
@@ -229,8 +229,8 @@ def test_the_writer_appends_flushed_lines_and_refuses_what_it_cannot_append_to(t
         f"ASCEND_EPLB_EVENTS={fifo}: is a FIFO, not a regular file (appending to it would block or never "
         "end); fix: name a regular file"
     ]
-    assert ev.events_path({"ASCEND_EPLB_EVENTS": " "}) is None
-    assert ev.events_path({"ASCEND_EPLB_EVENTS": "/x/e.jsonl"}) == "/x/e.jsonl"
+    assert events_path({"ASCEND_EPLB_EVENTS": " "}) is None
+    assert events_path({"ASCEND_EPLB_EVENTS": "/x/e.jsonl"}) == "/x/e.jsonl"
 
 
 def _refusal(call) -> str:

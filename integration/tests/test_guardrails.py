@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from ascend_eplb.control.bus import EventBus, ShutdownEvent, StepEvent
-from ascend_eplb.integration.events.recorder import events_path
-from ascend_eplb.integration.watchdog import WorkerWatchdog, watchdog_settings
+from ascend_eplb.integration.guardrail_facts import events_path, verify_requested, watchdog_settings
+from ascend_eplb.integration.watchdog import WorkerWatchdog
 
 
 def test_watchdog_settings_defaults_and_every_bad_value():
@@ -175,8 +175,6 @@ def test_a_model_waiting_behind_the_draft_starts_its_clock_when_its_turn_comes()
 
 
 def test_a_bad_verify_or_events_switch_is_refused_not_ignored(tmp_path):
-    from ascend_eplb.integration.verify import verify_requested
-
     assert verify_requested({}) is False
     assert verify_requested({"ASCEND_EPLB_VERIFY": "On"}) is True
     assert verify_requested({"ASCEND_EPLB_VERIFY": "0"}) is False

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from ascend_eplb.control import measures
-from ascend_eplb.integration.prometheus import METRICS, metrics_requested
+from ascend_eplb.integration.guardrail_facts import metrics_requested
+from ascend_eplb.integration.prometheus import METRICS
 from ascend_eplb.testing import load_module, run_ranks, stop_fork_server
 from ascend_eplb.world.checkpoints import checkpoint_info, write_checkpoint
 from ascend_eplb.world.slots import initial_physical_to_logical

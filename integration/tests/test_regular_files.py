@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from ascend_eplb.integration import regular_files as rf
-from ascend_eplb.integration.serving import serving_switch_errors
+from ascend_eplb.integration.guardrail_facts import serving_switch_errors
 
 
 def _in_thread(call, seconds: float = 10.0):

@@ -119,8 +119,8 @@ def test_invalid_eplb_config_raises_before_any_patch(monkeypatch):
 
 def test_every_bad_serving_switch_is_named_at_once_before_any_patch(monkeypatch):
     """Start-up names every bad switch in one error (as it names every violated rule), before patching;
-    ``ascend-eplb check`` reports the same lines (``serving.serving_switch_errors``)."""
-    from ascend_eplb.integration.serving import serving_switch_errors
+    ``ascend-eplb check`` reports the same lines (``guardrail_facts.serving_switch_errors``)."""
+    from ascend_eplb.integration.guardrail_facts import serving_switch_errors
 
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     monkeypatch.setenv("ASCEND_EPLB_WORKER_TIMEOUT_S", "-1")

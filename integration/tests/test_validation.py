@@ -461,7 +461,8 @@ def test_start_up_names_every_bad_serving_switch_at_once(monkeypatch):
     only the timeout; start-up reads each switch alone, with the readers ``ascend-eplb check`` reports."""
     from vllm.config import EPLBConfig, ParallelConfig, VllmConfig
 
-    from ascend_eplb.integration.serving import read_serving_setup, serving_switch_errors
+    from ascend_eplb.integration.guardrail_facts import serving_switch_errors
+    from ascend_eplb.integration.serving import read_serving_setup
 
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     vc = VllmConfig(parallel_config=ParallelConfig(tensor_parallel_size=2, enable_expert_parallel=True))

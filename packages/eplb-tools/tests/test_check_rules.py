@@ -885,7 +885,7 @@ def test_the_graph_capture_rule_names_a_mode_that_is_not_a_string():
 
 def test_the_serving_switches_start_up_refuses_are_reported_by_check_too(tmp_path):
     """A new user found ``check`` said OK for switches start-up refuses: it now reads them with
-    start-up's own readers (``serving.serving_switch_errors``), one violation per bad switch."""
+    start-up's own readers (``guardrail_facts.serving_switch_errors``), one violation per bad switch."""
     environ = {
         "ASCEND_EPLB_METRICS": "1",
         "ASCEND_EPLB_VERIFY": "maybe",
@@ -1097,7 +1097,7 @@ def test_a_typo_of_the_plugin_switch_and_odd_events_paths_are_refused_with_the_o
         "a writable folder"
     ]
     from ascend_eplb.integration import plugin, switches
-    from ascend_eplb.integration.events.recorder import events_path
+    from ascend_eplb.integration.guardrail_facts import events_path
 
     assert switches.PLUGIN_SWITCH == plugin.ENV_SWITCH
     home = os.path.expanduser("~")

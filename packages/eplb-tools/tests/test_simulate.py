@@ -652,7 +652,7 @@ def _results(steps, starts, commits, in_flight=(), skipped=0, failure=None, num_
     ``(steps_without_progress, seconds_without_progress)`` of rank 0."""
     from dataclasses import replace
 
-    from ascend_eplb.integration.watchdog import InFlightAtShutdown
+    from ascend_eplb.integration.guardrail_facts import InFlightAtShutdown
     from ascend_eplb.tools.simulate.stats import OutputTolerance, RankStats
 
     counts = tuple(sum(1 for s in starts if s <= i) for i in range(steps))

@@ -220,7 +220,7 @@ def test_a_passing_run_leaves_nothing_behind(tmp_path):
     # A cycle may still be in flight when the run ends (a loaded host's worker lags the fast replay steps;
     # CI saw it once): then each rank's watchdog says so at shutdown, exactly what report.json records,
     # and nothing else may be printed.
-    from ascend_eplb.integration.watchdog import InFlightAtShutdown
+    from ascend_eplb.integration.guardrail_facts import InFlightAtShutdown
 
     run = Run(tmp_path, *SMALL, "--steps", "12", "--window-size", "1", "--step-interval", "4")
     returncode, out, err = run.finish()

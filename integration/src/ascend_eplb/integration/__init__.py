@@ -3,8 +3,8 @@ matrix, one settings reader), the one registry of narrow idempotent patches, the
 entry point, the Model Runner V2 wiring, the runtime verifier, the worker watchdog, the events file and
 the metrics.
 
-Importing this package imports nothing else: the submodules load their dependencies when used, so the
-plugin entry point stays free of vLLM and of the planes while EPLB is off.
+Importing this package imports nothing else, so that the plugin entry point stays free of vLLM and of the
+planes while EPLB is off; what processes without vLLM read of the guardrails is :mod:`.guardrail_facts`.
 """
 
 from ascend_eplb.integration.__about__ import __version__

@@ -18,15 +18,15 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from vllm.config import get_current_vllm_config_or_none
+
 from ascend_eplb.control import commit_hooks, host_adaptation
 from ascend_eplb.control import upstream as control_upstream
 from ascend_eplb.control.patching import InstanceBinding, Patch, PatchSet, check_signatures, patches_of
 from ascend_eplb.control.surface import Surface
 from ascend_eplb.integration import upstream, watchdog
 from ascend_eplb.integration.serving import build_serving_controller, read_serving_setup
-
-# vLLM and movement (which imports it) are imported where used: this module imports without vLLM (the
-# plugin imports it while vLLM loads its plugins; ``surface`` renders its rows).
+from ascend_eplb.movement import AscendGlooEplbCommunicator
 
 __all__ = [
     "INSTANCE_BINDINGS",
@@ -67,9 +67,6 @@ def _wrap_factory(original: Callable[..., Any]) -> Callable[..., Any]:
         group_coordinator: Any, backend: str, expert_weights: Any, expert_buffer: Any
     ) -> Any:
         if backend == "torch_gloo":
-            # local: movement imports vLLM's communicator; this module imports vLLM only when applied
-            from ascend_eplb.movement import AscendGlooEplbCommunicator
-
             return AscendGlooEplbCommunicator(group_coordinator.cpu_group)
         return original(group_coordinator, backend, expert_weights, expert_buffer)
 
@@ -121,9 +118,6 @@ def _wrap_runner_controller(original: type) -> Callable[[Any, Any], Any]:
         class itself."""
         if not parallel_config.enable_eplb:
             return original(parallel_config, device)
-        # local: this module imports vLLM only when its patches are applied
-        from vllm.config import get_current_vllm_config_or_none
-
         vllm_config = get_current_vllm_config_or_none()
         if vllm_config is None or vllm_config.parallel_config is not parallel_config:
             raise RuntimeError(

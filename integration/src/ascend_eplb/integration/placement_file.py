@@ -26,6 +26,7 @@ from typing import Any
 
 from ascend_eplb.control.values import is_int
 from ascend_eplb.integration import json_text
+from ascend_eplb.integration.events.records import CommitRecord, InitialPlacementRecord, WindowRecord
 from ascend_eplb.integration.model_names import is_draft
 from ascend_eplb.integration.placement_checks import (
     fact_problems,
@@ -400,9 +401,9 @@ def _model_placement(data: Mapping[str, Any], source: Path, model: str | None) -
 def _from_events(source: Path, text: str, served: Sequence[str] | None) -> tuple[Placement, ...]:
     """Each model's last committed placement of a serving events file (the module docstring), in the
     order the last run first names them (``served``: :func:`read_placements`)."""
-    # local: events imports torch, and start-up's rules read placement files before that
+    # local: the events reader imports torch; `ascend-eplb check` and start-up's rules read placement
+    # files without it
     from ascend_eplb.integration.events.reader import read_events
-    from ascend_eplb.integration.events.records import CommitRecord, InitialPlacementRecord, WindowRecord
 
     try:
         log = read_events(source, stacklevel=4, text=text)
@@ -474,9 +475,6 @@ def _served_from_events(
 
 def _committed(run: Any, model: str | None, source: Path) -> Placement | list[str]:
     """``model``'s last committed placement in ``run``, or the problems that leave it without one."""
-    # local: events imports torch (see _from_events)
-    from ascend_eplb.integration.events.records import CommitRecord, InitialPlacementRecord, WindowRecord
-
     try:
         run.layout(model, source)
     except ValueError as e:

@@ -1,36 +1,32 @@
 """Prometheus metrics of a serving worker: the events file's facts as series on vLLM's ``/metrics``.
 
-Switched on by ``ASCEND_EPLB_METRICS=1`` (:func:`~ascend_eplb.integration.switches.env_flag`; off by
-default: only :func:`metrics_requested`, standard library, runs). On, prometheus_client's multiprocess
-mode: each worker writes to ``PROMETHEUS_MULTIPROC_DIR`` (a writable folder in vLLM's environment; vLLM
-sets one itself with ``--api-server-count`` > 1; one it did not create must be emptied between runs or
-counters add up), which vLLM's API server serves through ``MultiProcessCollector``. A
-:class:`PrometheusMetrics` follows the records of the controller's ``EventsRecorder``, so a scrape and the
-events file agree. Series (:data:`METRICS`) are labelled ``model_name`` as vLLM's own series are (the
-served name, ``--served-model-name``; a draft's with upstream's `` (draft)`` suffix) and, where the value
-differs per rank, ``rank``; ``kind``, ``check`` and ``reason`` take the watchdog's, verifier's and gate's few
-values (bounded by models x EP ranks). Rank-equal values are written by EP rank 0; every series exists from
-registration (counters at 0); gauges keep the most recent value (``multiprocess_mode="mostrecent"``, no
-``pid`` label).
+Switched on by ``ASCEND_EPLB_METRICS=1``
+(:func:`~ascend_eplb.integration.guardrail_facts.metrics_requested`; off by default: only that reader,
+standard library, runs). On, prometheus_client's multiprocess mode: each worker writes to
+``PROMETHEUS_MULTIPROC_DIR`` (a writable folder in vLLM's environment; vLLM sets one itself with
+``--api-server-count`` > 1; one it did not create must be emptied between runs or counters add up), which
+vLLM's API server serves through ``MultiProcessCollector``. A :class:`PrometheusMetrics` follows the records
+of the controller's ``EventsRecorder``, so a scrape and the events file agree. Series (:data:`METRICS`) are
+labelled ``model_name`` as vLLM's own series are (the served name, ``--served-model-name``; a draft's with
+upstream's `` (draft)`` suffix) and, where the value differs per rank, ``rank``; ``kind``, ``check`` and
+``reason`` take the watchdog's, verifier's and gate's few values (bounded by models x EP ranks). Rank-equal
+values are written by EP rank 0; every series exists from registration (counters at 0); gauges keep the most
+recent value (``multiprocess_mode="mostrecent"``, no ``pid`` label).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from typing import Any
+
+from vllm.distributed.parallel_state import get_ep_group
 
 from ascend_eplb.control.bus import RegistrationEvent
 from ascend_eplb.control.policy_config import SKIP_REASONS
+from ascend_eplb.integration.events.recorder import EventsRecord
+from ascend_eplb.integration.guardrail_facts import VERIFIER_CHECKS
 from ascend_eplb.integration.model_names import DRAFT_SUFFIX, is_draft
-from ascend_eplb.integration.switches import env_flag
 
-__all__ = ["ENV_METRICS", "ENV_MULTIPROC_DIR", "METRICS", "PrometheusMetrics", "metrics_requested"]
-
-#: The environment switch of the metrics.
-ENV_METRICS = "ASCEND_EPLB_METRICS"
-#: prometheus_client's multiprocess folder (read by vLLM's API server).
-ENV_MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
+__all__ = ["METRICS", "PrometheusMetrics"]
 
 #: Every series: ``(name as scraped, type, labels, what it counts)``.
 METRICS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
@@ -83,50 +79,6 @@ _PLANNED_ON_ESTIMATE = "ascend_eplb_rearrangement_balancedness_planned_on_estima
 _SPLIT = ("ascend_eplb_window_split_balancedness", "ascend_eplb_window_split_balancedness_equal")
 
 
-def metrics_requested(environ: Mapping[str, str] | None = None, *, serving_process: bool = True) -> bool:
-    """Whether ``ASCEND_EPLB_METRICS`` asks for the metrics, checked for what they need.
-
-    ``serving_process=False`` (``ascend-eplb check``, judging another process's environment) checks the
-    switch and the folder only, not this process's prometheus_client import.
-
-    Raises:
-        ValueError: the switch is not one of the accepted words; or it is on and ``PROMETHEUS_MULTIPROC_DIR``
-            is unset, missing, not a folder or not writable, or was set after this process imported
-            prometheus_client (its values would never reach the API server). Names the variable and rule.
-    """
-    env = os.environ if environ is None else environ
-    if not env_flag(ENV_METRICS, env):
-        return False
-    folder = env.get(ENV_MULTIPROC_DIR, "").strip()
-    if not folder:
-        raise ValueError(
-            f"{ENV_METRICS}={env.get(ENV_METRICS)}: needs {ENV_MULTIPROC_DIR}, the folder where every vLLM "
-            "process writes its metrics and vLLM's API server reads them (set it in the environment vLLM "
-            "starts with)"
-        )
-    if not os.path.exists(folder):
-        raise ValueError(
-            f"{ENV_MULTIPROC_DIR}={folder}: no such folder ({ENV_METRICS} is on); create it, empty, before "
-            "vLLM starts"
-        )
-    if not os.path.isdir(folder):
-        raise ValueError(f"{ENV_MULTIPROC_DIR}={folder}: not a folder ({ENV_METRICS} is on)")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"{ENV_MULTIPROC_DIR}={folder}: the folder is not writable ({ENV_METRICS} is on)")
-    if not serving_process:
-        return True
-    # local: prometheus_client picks its value class when imported, so only when asked for
-    from prometheus_client import values
-
-    if values.ValueClass is values.MutexValue:
-        raise ValueError(
-            f"{ENV_MULTIPROC_DIR}={folder}: this process imported prometheus_client before the variable was "
-            f"set, so its metrics would stay in this process ({ENV_METRICS} is on); set it in the "
-            "environment vLLM starts with"
-        )
-    return True
-
-
 _FAMILIES: dict[str, Any] | None = None
 
 
@@ -136,7 +88,7 @@ def _families() -> dict[str, Any]:
     the API server collects them from the files."""
     global _FAMILIES
     if _FAMILIES is None:
-        # local: prometheus_client picks its value class when imported (see metrics_requested)
+        # local: prometheus_client picks its value class when imported (guardrail_facts.metrics_requested)
         from prometheus_client import Counter, Gauge
 
         families = {}
@@ -157,7 +109,8 @@ class PrometheusMetrics:
             ``model_name``): the target's ``model_name`` label, a draft's with `` (draft)`` appended; None
             (a world without a model config): upstream's name of each model (``EplbModelState.model_name``).
 
-    Use :meth:`attach` (``create_eplb_controller`` does when :func:`metrics_requested`).
+    Use :meth:`attach` (``create_eplb_controller`` does when
+    :func:`~ascend_eplb.integration.guardrail_facts.metrics_requested`).
     """
 
     def __init__(self, served_model_name: str | None = None) -> None:
@@ -179,16 +132,10 @@ class PrometheusMetrics:
         controller is built, after its events recorder): create each registered model's series at its
         registration and follow the recorder's records
         (:class:`~ascend_eplb.integration.events.recorder.EventsRecord`)."""
-        # local: start-up's read (``serving``, ``ascend-eplb check``) imports this module without torch
-        from ascend_eplb.integration.events.recorder import EventsRecord
-
         bus.subscribe(RegistrationEvent, self._on_registered)
         bus.subscribe(EventsRecord, self._on_record)
 
     def _on_registered(self, event: Any) -> None:
-        # local: vLLM only when serving (``ascend-eplb check`` imports this module)
-        from vllm.distributed.parallel_state import get_ep_group
-
         self._rank = get_ep_group().rank_in_group
         upstream_name = event.controller.state.model_states[event.model_config.compute_hash()].model_name
         self._labels[upstream_name] = name = self._label(upstream_name)
@@ -213,10 +160,7 @@ class PrometheusMetrics:
             s["ascend_eplb_worker_failures_total"].labels(name, kind)
         for reason in SKIP_REASONS:
             s["ascend_eplb_rearrangements_skipped_total"].labels(name, reason)
-        # local: verify imports torch (see attach)
-        from ascend_eplb.integration.verify import CHECKS
-
-        for check in CHECKS:
+        for check in VERIFIER_CHECKS:
             s["ascend_eplb_verifier_violations_total"].labels(name, check)
 
     def _on_record(self, published: Any) -> None:

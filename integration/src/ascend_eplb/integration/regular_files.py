@@ -127,7 +127,7 @@ def input_limit(max_mib: int | None) -> Iterator[None]:
 
 def _cap_mib(kind: FileKind) -> int:
     """``kind``'s cap: ``ASCEND_EPLB_MAX_INPUT_MIB``'s, else its own (also for a bad value of the switch,
-    which the serving switches' check refuses on its own: ``serving.serving_switch_errors``)."""
+    which the serving switches' check refuses on its own: ``guardrail_facts.serving_switch_errors``)."""
     try:
         limit = max_input_mib()
     except ValueError:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from vllm.v1.worker.gpu.eplb_utils import EPLBController
 
 __all__ = ["Mrv2EplbWiring", "batch_has_prefill", "create_eplb_controller"]
 
@@ -59,11 +60,9 @@ def create_eplb_controller(vllm_config: Any, device: torch.device) -> Any:
     """
     parallel_config = vllm_config.parallel_config
     if not parallel_config.enable_eplb:
-        # local: the tools import this module without vLLM
-        from vllm.v1.worker.gpu.eplb_utils import EPLBController
-
         return EPLBController(parallel_config, device)
-    # local: EPLB off imports no plane
+    # local: with EPLB off no plane is imported (test_plugin.py holds it); the patches and the serving
+    # controller import them all
     from ascend_eplb.integration.patches import apply_patches
     from ascend_eplb.integration.serving import build_serving_controller, read_serving_setup
 

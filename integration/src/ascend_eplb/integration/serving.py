@@ -1,31 +1,31 @@
 """The Ascend controller of a serving worker: its start-up validation, switches and guardrails.
 
 Building it with EPLB on takes two steps, the patches applied between them: :func:`read_serving_setup`
-validates the ``VllmConfig`` and reads every ``ASCEND_EPLB_*`` switch, refusing a bad value before
-anything is patched or built; :func:`build_serving_controller` builds control's ``AscendEPLBController``
-and subscribes the guardrails to its bus, each once (watchdog always; verifier, events file, Prometheus
-metrics when switched on), and logs :func:`active_line`. :func:`guardrails_of` hands them out later.
-Callers: ``runner.create_eplb_controller`` and the patched ``EPLBController`` of ``patches``; this
-module imports neither (no cycle).
+validates the ``VllmConfig`` and reads every ``ASCEND_EPLB_*`` switch (:mod:`.guardrail_facts`), refusing a
+bad value before anything is patched or built; :func:`build_serving_controller` builds control's
+``AscendEPLBController`` and subscribes the guardrails to its bus, each once (watchdog always; verifier,
+events file, Prometheus metrics when switched on), and logs :func:`active_line`. :func:`guardrails_of` hands
+them out later. Callers: ``runner.create_eplb_controller`` and the patched ``EPLBController`` of
+``patches``; this module imports neither (no cycle).
 """
 
 from __future__ import annotations
 
-import os
 import weakref
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ascend_eplb.integration.placement_file import assign_placements, read_placements
-from ascend_eplb.integration.prometheus import PrometheusMetrics, metrics_requested
-from ascend_eplb.integration.regular_files import max_input_mib
-from ascend_eplb.integration.switches import PLUGIN_SWITCH, env_flag
-from ascend_eplb.integration.validation import validate_eplb_config
+from vllm.logger import init_logger
 
-# The guardrails that import torch (events, verifier, watchdog) and control's controller (vLLM) are
-# imported where they are used: ``ascend-eplb check`` imports this module for serving_switch_errors without
-# torch or vLLM.
+from ascend_eplb.control import AscendEPLBController
+from ascend_eplb.integration.events.recorder import EventsRecorder
+from ascend_eplb.integration.guardrail_facts import read_serving_switches
+from ascend_eplb.integration.placement_file import assign_placements, read_placements
+from ascend_eplb.integration.prometheus import PrometheusMetrics
+from ascend_eplb.integration.startup_placement import attach_startup_install
+from ascend_eplb.integration.validation import validate_eplb_config
+from ascend_eplb.integration.verify import EplbVerifier
+from ascend_eplb.integration.watchdog import WorkerWatchdog
 
 __all__ = [
     "Guardrails",
@@ -34,7 +34,6 @@ __all__ = [
     "build_serving_controller",
     "guardrails_of",
     "read_serving_setup",
-    "serving_switch_errors",
 ]
 
 
@@ -116,7 +115,7 @@ def read_serving_setup(vllm_config: Any) -> ServingSetup:
             each naming it and the rule).
     """
     settings = validate_eplb_config(vllm_config)
-    values, errors = _read_switches(None, serving_process=True)
+    values, errors = read_serving_switches(None, serving_process=True)
     if errors:
         raise ValueError("\n".join(errors))
     timeout_s, on_failure = values["worker timeout"], values["on worker failure"]
@@ -137,60 +136,6 @@ def read_serving_setup(vllm_config: Any) -> ServingSetup:
     )
 
 
-def serving_switch_errors(environ: Mapping[str, str] | None = None) -> list[str]:
-    """What :func:`read_serving_setup` would refuse in the serving switches of ``environ`` (default
-    ``os.environ``): one message per bad switch, naming it and the rule (``ascend-eplb check`` reports
-    them). The metrics' check that the serving process had ``PROMETHEUS_MULTIPROC_DIR`` before it imported
-    prometheus_client is about that process, so it is not made here."""
-    return _read_switches(environ, serving_process=False)[1]
-
-
-def _read_switches(
-    environ: Mapping[str, str] | None, *, serving_process: bool
-) -> tuple[dict[str, Any], list[str]]:
-    """Every serving switch read by its own reader, in a fixed order; each refusal collected (the
-    watchdog's two switches each alone: ``ASCEND_EPLB_WORKER_TIMEOUT_S=-5`` with
-    ``ASCEND_EPLB_ON_WORKER_FAILURE=explode`` names both)."""
-    # local: the guardrails' modules import torch (see the comment above __all__)
-    from ascend_eplb.integration.events.recorder import events_path
-    from ascend_eplb.integration.verify import verify_requested
-    from ascend_eplb.integration.watchdog import ENV_ON_FAILURE, ENV_TIMEOUT, watchdog_settings
-
-    env = os.environ if environ is None else environ
-
-    def alone(name: str) -> dict[str, str]:
-        return {name: env[name]} if name in env else {}
-
-    def plugin_switch() -> bool:
-        # EPLB is on here (through --enable-eplb); a typo of the switch leaves the integration off in a
-        # process that reads only it (another node's, one whose --enable-eplb is in a --config YAML).
-        try:
-            return env_flag(PLUGIN_SWITCH, environ)
-        except ValueError as e:
-            raise ValueError(
-                f"{e} (a process started without --enable-eplb on its command line reads only this switch "
-                "and would leave the Ascend integration off)"
-            ) from None
-
-    readers = {
-        "plugin": plugin_switch,
-        "worker timeout": lambda: watchdog_settings(alone(ENV_TIMEOUT))[0],
-        "on worker failure": lambda: watchdog_settings(alone(ENV_ON_FAILURE))[1],
-        "verify": lambda: verify_requested(environ),
-        "events": lambda: events_path(environ),
-        "metrics": lambda: metrics_requested(environ, serving_process=serving_process),
-        "max input": lambda: max_input_mib(environ),
-    }
-    values: dict[str, Any] = {}
-    errors: list[str] = []
-    for name, read in readers.items():
-        try:
-            values[name] = read()
-        except ValueError as e:
-            errors.append(str(e))
-    return values, errors
-
-
 def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSetup) -> Any:
     """Control's ``AscendEPLBController`` for ``parallel_config`` on ``device``, with the guardrails of
     ``setup`` attached; logs :func:`active_line` at INFO. Call it with the patches in effect.
@@ -198,14 +143,6 @@ def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSe
     Raises:
         RuntimeError: an upstream ``EPLBController`` method changed signature (control's check).
     """
-    # local: vLLM, control's controller and the guardrails (torch) only when a controller is built
-    from vllm.logger import init_logger
-
-    from ascend_eplb.control import AscendEPLBController
-    from ascend_eplb.integration.events.recorder import EventsRecorder
-    from ascend_eplb.integration.verify import EplbVerifier
-    from ascend_eplb.integration.watchdog import WorkerWatchdog
-
     phase = setup.settings.load_collection_phase
     policy_settings = setup.settings.policy_settings()
     controller = AscendEPLBController(
@@ -234,9 +171,6 @@ def build_serving_controller(parallel_config: Any, device: Any, setup: ServingSe
             metrics.attach(bus)
     if setup.initial_placement is not None:
         # After the guardrails: the verifier fingerprints the loaded slots first and checks the install.
-        # local: the start-up install imports vLLM; only with an initial placement
-        from ascend_eplb.integration.startup_placement import attach_startup_install
-
         attach_startup_install(bus, setup.initial_placement)
     _GUARDRAILS[controller] = Guardrails(watchdog, verifier, recorder, metrics)
     # The one line that tells an operator, in the serving log, that Ascend EPLB is active and how.

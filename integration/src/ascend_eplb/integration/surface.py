@@ -7,7 +7,7 @@ The rows are declared beside their code: each module-level replacement on its re
 ``watchdog``), collected in installation order by :data:`ascend_eplb.integration.patches.PATCHES`; the
 other rows in the tables of those two modules (``patches.SURFACE`` joins them, the integration's
 first). :func:`render` writes their tables (``integration/UPSTREAM.md``; a test keeps them equal:
-``python -m ascend_eplb.integration.surface`` prints it). Nothing here imports vLLM.
+``python -m ascend_eplb.integration.surface`` prints it).
 """
 
 from __future__ import annotations

@@ -1,55 +1,41 @@
 """Runtime verifier of a serving worker: invariants 3 and 5 checked at every commit (README "Verifier").
 
-Switched on by ``ASCEND_EPLB_VERIFY=1``; off, nothing is allocated, hooked or imported. On,
-:class:`EplbVerifier` fingerprints every slot's kernel storage at registration, checks at each layer
-commit that every local slot holds its committed logical expert (``fingerprints``) and that the lookup
-equals the committed maps (``lookups``), and after a step with commits checks on every rank that the
-maps' checksums and a probe batch's replicas agree (one ``all_gather`` on the EP CPU group). A violation
-is published as :class:`VerifierViolation`, then raised at the next step boundary on every rank alike
-as :class:`EplbVerificationError` naming the check, step, layer, rank and slot.
+Switched on by ``ASCEND_EPLB_VERIFY=1`` (the switch and the checks' names: :mod:`.guardrail_facts`);
+off, nothing is allocated or hooked. On, :class:`EplbVerifier` fingerprints every slot's kernel storage
+at registration, checks at each layer commit that every local slot holds its committed logical expert
+(``fingerprints``) and that the lookup equals the committed maps (``lookups``), and after a step with
+commits checks on every rank that the maps' checksums and a probe batch's replicas agree (one
+``all_gather`` on the EP CPU group). A violation is published as :class:`VerifierViolation`, then raised
+at the next step boundary on every rank alike as :class:`EplbVerificationError` naming the check, step,
+layer, rank and slot.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from vllm.distributed.parallel_state import get_ep_group
+from vllm.model_executor.models.interfaces import get_mixture_of_experts_model
 
 from ascend_eplb.control.bus import CommitEvent, Event, EventBus, RegistrationEvent, StepEvent
-from ascend_eplb.integration.switches import env_flag
+from ascend_eplb.dataplane import build_replica_table, map_to_physical_and_record, table_checksum
+from ascend_eplb.quant_views import expert_fingerprint
 
 __all__ = [
-    "CHECKS",
-    "ENV_VERIFY",
     "EplbVerificationError",
     "EplbVerifier",
     "VerifierViolation",
-    "verify_requested",
 ]
 
-#: The environment switch of the verifier.
-ENV_VERIFY = "ASCEND_EPLB_VERIFY"
-#: What the verifier checks, by name (used in errors and by the simulator's report).
-CHECKS = ("fingerprints", "lookups")
 #: Rows of the replica-agreement probe batch (each routes every logical expert once).
 PROBE_ROWS = 8
 #: The gathered probe entry of a rank without a fresh probe this step (no layer committed).
 _NO_PROBE = -1
-
-
-def verify_requested(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``ASCEND_EPLB_VERIFY`` asks for the verifier (``1``/``true``/``yes``/``on``; unset or
-    ``0``/``false``/``no``/``off``: no; :func:`ascend_eplb.integration.switches.env_flag`).
-
-    Raises:
-        ValueError: any other value (a typo must not silently leave the verifier off).
-    """
-    return env_flag(ENV_VERIFY, environ)
 
 
 @dataclass(frozen=True)
@@ -110,9 +96,6 @@ def slot_fingerprints(layer: Any, num_rows: int) -> list[str]:
     """
     storage = getattr(layer, "expert_storage", None)
     if storage is not None:
-        # local: vLLM, dataplane and quant_views load when the verifier runs (the tools import CHECKS)
-        from ascend_eplb.quant_views import expert_fingerprint
-
         return [expert_fingerprint(storage, row) for row in range(num_rows)]
     # Stacked (p, ...) tensors or per-expert lists (quant_views' ExpertTensorList): ``view[row]`` either way.
     views = list(layer.get_expert_weights())
@@ -130,7 +113,8 @@ def slot_fingerprints(layer: Any, num_rows: int) -> list[str]:
 class EplbVerifier:
     """The checks of the module docstring for every model registered with one controller.
 
-    Use :meth:`attach` (``create_eplb_controller`` does when :func:`verify_requested`).
+    Use :meth:`attach` (``create_eplb_controller`` does when
+    :func:`~ascend_eplb.integration.guardrail_facts.verify_requested`).
 
     Attributes:
         steps: EPLB steps seen.
@@ -160,10 +144,6 @@ class EplbVerifier:
     # ------------------------------------------------------------------ registration
     def on_model_registered(self, event: RegistrationEvent) -> None:
         """Fingerprint every logical expert from the ranks' initial slots (one gather, every rank)."""
-        # local: vLLM, dataplane and quant_views load when the verifier runs (the tools import CHECKS)
-        from vllm.distributed.parallel_state import get_ep_group
-        from vllm.model_executor.models.interfaces import get_mixture_of_experts_model
-
         model_config = event.model_config
         state = event.controller.state
         key = model_config.compute_hash()
@@ -234,9 +214,6 @@ class EplbVerifier:
             self._pending = self._check_layer(entry, event.layer)
 
     def _check_layer(self, entry: dict[str, Any], layer_idx: int) -> VerifierViolation | None:
-        # local: vLLM, dataplane and quant_views load when the verifier runs (the tools import CHECKS)
-        from ascend_eplb.dataplane import build_replica_table
-
         ms, rank, p = entry["model_state"], entry["rank"], entry["p"]
         p2l = ms.physical_to_logical_map[layer_idx].cpu()
         layer = entry["layers"][layer_idx]
@@ -272,9 +249,6 @@ class EplbVerifier:
         """The physical ids the probe batch gets through each of ``layers``' lookups with the layer's
         row layout (what the next forward reads), stacked in layer order, as one digest
         (:func:`~ascend_eplb.dataplane.table_checksum`; no load is recorded)."""
-        # local: vLLM, dataplane and quant_views load when the verifier runs (the tools import CHECKS)
-        from ascend_eplb.dataplane import map_to_physical_and_record, table_checksum
-
         physical = []
         for layer_idx in sorted(layers):
             ls = entry["layer_states"][layer_idx][0]
@@ -308,9 +282,6 @@ class EplbVerifier:
         self._check_boundary(event.controller, committed)
 
     def _check_boundary(self, controller: Any, committed: dict[str, set[int]]) -> None:
-        # local: vLLM, dataplane and quant_views load when the verifier runs (the tools import CHECKS)
-        from ascend_eplb.dataplane import table_checksum
-
         self.boundaries_checked += 1
         entries = list(self._models.values())
         group = entries[0]["group"]

@@ -16,72 +16,37 @@ progress.
 from __future__ import annotations
 
 import functools
-import math
-import os
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from vllm.distributed.parallel_state import get_ep_group
+from vllm.logger import init_logger
 
 from ascend_eplb.control.bus import CommitEvent, Event, EventBus, ShutdownEvent, StepEvent
 from ascend_eplb.control.patching import Patch, patches_of
 from ascend_eplb.integration import upstream
-
-# vLLM is imported where used: the simulator's configuration imports this module without vLLM.
+from ascend_eplb.integration.guardrail_facts import (
+    DEFAULT_WORKER_TIMEOUT_S,
+    ENV_WORKER_TIMEOUT,
+    ON_FAILURE_POLICIES,
+    InFlightAtShutdown,
+)
 
 __all__ = [
-    "CHECK",
-    "DEFAULT_WORKER_TIMEOUT_S",
-    "ENV_ON_FAILURE",
-    "ENV_TIMEOUT",
     "PATCHES",
     "EplbWorkerFailureError",
-    "InFlightAtShutdown",
     "WorkerFailure",
     "WorkerWatchdog",
-    "watchdog_settings",
 ]
 
-#: The name of the watchdog's check (in errors, logs and the simulator's report).
-CHECK = "worker"
-ENV_TIMEOUT = "ASCEND_EPLB_WORKER_TIMEOUT_S"
-ENV_ON_FAILURE = "ASCEND_EPLB_ON_WORKER_FAILURE"
-#: Seconds a started cycle may go without progress before its worker is declared stalled.
-DEFAULT_WORKER_TIMEOUT_S = 600.0
-ON_FAILURE_POLICIES = ("stop", "raise")
 #: Attribute of upstream's ``EplbState`` holding the worker's exception and traceback, once it died (a
 #: row of the upstream surface's ``ATTRIBUTES``).
 _ERROR_ATTR = upstream.WORKER_ERROR_ATTR
-
-
-def watchdog_settings(environ: Mapping[str, str] | None = None) -> tuple[float, str]:
-    """``(timeout_s, on_failure)`` from ``ASCEND_EPLB_WORKER_TIMEOUT_S`` and
-    ``ASCEND_EPLB_ON_WORKER_FAILURE``.
-
-    Raises:
-        ValueError: the timeout is not a finite number > 0, or the policy is not ``stop``/``raise``
-            (the message names the variable and the value).
-    """
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_TIMEOUT, "").strip()
-    timeout = DEFAULT_WORKER_TIMEOUT_S
-    if raw:
-        try:
-            timeout = float(raw)
-        except ValueError:
-            timeout = math.nan
-        if not (timeout > 0 and math.isfinite(timeout)):
-            raise ValueError(f"{ENV_TIMEOUT}={raw!r}: must be a finite number of seconds > 0")
-    policy = env.get(ENV_ON_FAILURE, "").strip().lower() or "stop"
-    if policy not in ON_FAILURE_POLICIES:
-        raise ValueError(
-            f"{ENV_ON_FAILURE}={env.get(ENV_ON_FAILURE)!r}: must be one of {', '.join(ON_FAILURE_POLICIES)}"
-        )
-    return timeout, policy
 
 
 @upstream.SURFACE.replaces(
@@ -132,46 +97,6 @@ class WorkerFailure(Event):
         return (
             f"EPLB worker watchdog: the async EPLB worker of rank(s) {ranks} {self.kind} ({where}, step "
             f"{self.step}): {self.cause}"
-        )
-
-
-@dataclass(frozen=True)
-class InFlightAtShutdown:
-    """A rearrangement cycle still in flight on this rank when the runner shut down.
-
-    Attributes:
-        model: the model of the cycle.
-        rearrangement: upstream's rearrangement count (the cycle's number).
-        layer: the MoE layer in flight (the next to commit).
-        published: whether this rank's worker had published that layer (waiting to be consumed).
-        seconds_without_progress: since the cycle's last progress on this rank (a layer published or
-            committed, or its start), seconds of the watchdog's clock.
-        steps_without_progress: EPLB steps since then.
-        timeout_s: the watchdog's timeout (``ASCEND_EPLB_WORKER_TIMEOUT_S``).
-        rank: this rank in the EP group (None when no step was seen).
-    """
-
-    model: str
-    rearrangement: int
-    layer: int
-    published: bool
-    seconds_without_progress: float
-    steps_without_progress: int
-    timeout_s: float
-    rank: int | None
-
-    def message(self) -> str:
-        judged = (
-            "below the watchdog's timeout, so it was never judged stalled"
-            if self.seconds_without_progress <= self.timeout_s
-            else "past the watchdog's timeout"
-        )
-        layer = f"layer {self.layer} {'published, not yet committed' if self.published else 'not published'}"
-        return (
-            f"EPLB worker watchdog at shutdown: rank {self.rank if self.rank is not None else '?'}: "
-            f"rearrangement {self.rearrangement} of model {self.model} in flight ({layer}), no progress for "
-            f"{self.seconds_without_progress:.1f} s ({self.steps_without_progress} steps), {judged} "
-            f"({ENV_TIMEOUT}={self.timeout_s:g} s); the cycle is dropped with the runner"
         )
 
 
@@ -297,9 +222,6 @@ class WorkerWatchdog:
                 )
             )
         if found:
-            # local: vLLM only when the watchdog runs (check reads its switches without vLLM)
-            from vllm.logger import init_logger
-
             log = init_logger(__name__)
             for cycle in found:
                 # At most one step without progress is a cycle progressing as it ends; more is worth a look.
@@ -314,9 +236,6 @@ class WorkerWatchdog:
         Raises:
             EplbWorkerFailureError: a worker failed and the policy is ``raise``.
         """
-        # local: vLLM only when the watchdog runs (check reads its switches without vLLM)
-        from vllm.distributed.parallel_state import get_ep_group
-
         self.steps += 1
         if self.failure is not None:
             return
@@ -344,9 +263,6 @@ class WorkerWatchdog:
         self.failure = failure
         controller.stop_eplb(failure.message())
         if group.rank_in_group == 0:
-            # local: vLLM only when the watchdog runs (check reads its switches without vLLM)
-            from vllm.logger import init_logger
-
             init_logger(__name__).error("%s; EPLB rearrangement is stopped on every rank", failure.message())
         controller.bus.publish(failure)
         if self.on_failure == "raise":
@@ -408,7 +324,7 @@ class WorkerWatchdog:
         return WorkerFailure(
             "stalled", silent, model, layer, self.steps,
             f"the rearrangement cycle made no progress for {idle_s:.1f} s (> {self.timeout_s:g} s, "
-            f"{ENV_TIMEOUT}): layer {layer} was not published by rank(s) {', '.join(map(str, silent))}"
+            f"{ENV_WORKER_TIMEOUT}): layer {layer} was not published by rank(s) {', '.join(map(str, silent))}"
             f"{waiting}{_overrun(_steps_until_next_rearrangement(state))}",
         )  # fmt: skip
 

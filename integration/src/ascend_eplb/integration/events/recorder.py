@@ -1,22 +1,24 @@
 """The events recorder: the records of one controller's models, made from what control publishes on the
 controller's bus (its figures, :mod:`ascend_eplb.control.outcome`), written by EP rank 0
-(:class:`EventsWriter`, to the file :func:`events_path` names) and published as :class:`EventsRecord`."""
+(:class:`EventsWriter`, to the file :func:`~ascend_eplb.integration.guardrail_facts.events_path` names)
+and published as :class:`EventsRecord`."""
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from vllm.distributed.parallel_state import get_ep_group
+from vllm.logger import init_logger
 
 from ascend_eplb.control.bus import CommitEvent, Event, EventBus, RegistrationEvent, StepEvent
+from ascend_eplb.control.initial_placement import InitialPlacementEvent
 from ascend_eplb.control.outcome import RearrangementOutcome, WindowClosed
 from ascend_eplb.integration import metrics
 from ascend_eplb.integration.events.records import (
@@ -30,13 +32,12 @@ from ascend_eplb.integration.events.records import (
     WindowRecord,
     WorkerFailureRecord,
 )
-from ascend_eplb.integration.regular_files import RegularFileError, open_for_append, regular_file_problem
+from ascend_eplb.integration.guardrail_facts import ENV_EVENTS
+from ascend_eplb.integration.regular_files import RegularFileError, open_for_append
 from ascend_eplb.integration.verify import VerifierViolation
 from ascend_eplb.integration.watchdog import WorkerFailure
 
-# vLLM is imported where used (`# local:`): `ascend-eplb check` reads `events_path` without it.
-
-__all__ = ["ENV_EVENTS", "EventsRecord", "EventsRecorder", "EventsWriter", "events_path"]
+__all__ = ["EventsRecord", "EventsRecorder", "EventsWriter"]
 
 #: The fields a ``rearrangement_realised`` record copies from its rearrangement's outcome.
 _REALISED_COPIES = (
@@ -47,64 +48,6 @@ _REALISED_COPIES = (
     "estimate_balancedness_before",
     "estimate_balancedness_planned",
 )
-
-ENV_EVENTS = "ASCEND_EPLB_EVENTS"
-
-
-def events_path(environ: Mapping[str, str] | None = None) -> str | None:
-    """The path ``ASCEND_EPLB_EVENTS`` names (a leading ``~`` expanded), or None (unset or empty).
-
-    Checked on every rank at start-up, though only EP rank 0 writes: a path that is a folder, a FIFO or
-    another non-regular file, or where no file can be created or appended to, is refused everywhere
-    alike. Whether it can be is judged by doing it (:func:`_creatable`): permission bits say nothing of
-    ``/proc`` or ``/sys``, where root may "write" but nothing can be created.
-
-    Raises:
-        ValueError: the path cannot be appended to (the message names it and why).
-    """
-    env = os.environ if environ is None else environ
-    raw = env.get(ENV_EVENTS, "").strip()
-    if not raw:
-        return None
-    # `~` is a shell's: a value set where no shell expands it (a container's environment, a unit file)
-    # made a folder called `~` wherever vLLM ran. Expanded here, as vLLM expands its own paths.
-    raw = os.path.expanduser(raw)
-    path = Path(raw)
-    if path.is_dir() or raw.endswith(("/", os.sep)):  # Path("out/") is "out": a file where a folder was meant
-        raise ValueError(f"{ENV_EVENTS}={raw}: is a folder; name the events file (e.g. events.jsonl)")
-    problem = regular_file_problem(path, missing_ok=True, verb="append to")
-    if problem is not None:
-        raise ValueError(f"{ENV_EVENTS}={raw}: {problem.problem}; name an events file (e.g. events.jsonl)")
-    if (why := _creatable(path)) is not None:
-        raise ValueError(f"{ENV_EVENTS}={raw}: {why}; name an events file in a writable folder")
-    return raw
-
-
-def _creatable(path: Path) -> str | None:
-    """Why the events file ``path`` cannot be appended to, or None. An existing file is opened for
-    appending (nothing written); a missing one is judged by creating and removing a file beside it (a
-    folder, in the nearest folder that exists, when its own is still to be made)."""
-    if path.exists():
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK | os.O_NOCTTY))
-        except OSError as e:
-            return f"the file cannot be appended to ({e.strerror or e})"
-        return None
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    if not folder.is_dir():
-        return f"{folder} is a file, not a folder"
-    try:
-        if folder == path.parent:
-            fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".probe")
-            os.close(fd)
-            os.unlink(probe)
-        else:
-            os.rmdir(tempfile.mkdtemp(dir=folder, prefix=".ascend-eplb-probe-"))
-    except OSError as e:
-        return f"nothing can be created in {folder} ({e.strerror or e})"
-    return None
 
 
 class EventsWriter:
@@ -144,9 +87,10 @@ class EventsRecorder:
     nor a subscriber of :class:`EventsRecord` (at model registration) records nothing (and subscribes to
     control's outcomes only once it records, so that an idle rank has none figured).
 
-    Use :meth:`attach` (``create_eplb_controller`` does when :func:`events_path` is set or the Prometheus
-    metrics are on). A one-line INFO log per rearrangement, done or skipped by the gate (EP rank 0), says
-    the same for people reading logs.
+    Use :meth:`attach` (``create_eplb_controller`` does when
+    :func:`~ascend_eplb.integration.guardrail_facts.events_path` is set or the Prometheus metrics are on).
+    A one-line INFO log per rearrangement, done or skipped by the gate (EP rank 0), says the same for
+    people reading logs.
 
     Args:
         path: the events file, or None (no file; bus subscribers only).
@@ -169,8 +113,6 @@ class EventsRecorder:
         controller is built): its models' registration, steps, commits and start-up installs, and the
         ``worker_failure`` and ``verifier_violation`` events of the watchdog and the verifier; control's
         closed windows and rearrangement outcomes once it records (:meth:`_on_registered`)."""
-        from ascend_eplb.control.initial_placement import InitialPlacementEvent  # local: imports vLLM
-
         self._bus = bus
         bus.subscribe(RegistrationEvent, self._on_registered)
         bus.subscribe(StepEvent, self._on_step)
@@ -181,8 +123,6 @@ class EventsRecorder:
 
     # ------------------------------------------------------------------ subscribers
     def _on_registered(self, event: RegistrationEvent) -> None:
-        from vllm.distributed.parallel_state import get_ep_group  # local: check reads events_path, no vLLM
-
         self._rank = get_ep_group().rank_in_group
         if self._rank == 0 and self.path is not None and self._writer is None:
             self._writer = EventsWriter(self.path)
@@ -278,8 +218,6 @@ class EventsRecorder:
         self._emit(r)
         if self._rank != 0 or r.skipped == "no_load":  # the state logs a run of windows without load
             return
-        from vllm.logger import init_logger  # local: check reads events_path, no vLLM
-
         log = init_logger(__name__)
         estimate = ""
         if r.estimate_balancedness_before is not None:

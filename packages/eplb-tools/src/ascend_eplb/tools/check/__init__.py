@@ -26,10 +26,10 @@ import yaml
 
 from ascend_eplb.control.values import INT32_MAX, is_int
 from ascend_eplb.integration import json_text
+from ascend_eplb.integration.guardrail_facts import serving_switch_errors
 from ascend_eplb.integration.model_facts import shown
 from ascend_eplb.integration.regular_files import CONFIG_FILE, RegularFileError, read_regular_file
 from ascend_eplb.integration.rules import Judgement, Violation, check_settings
-from ascend_eplb.integration.serving import serving_switch_errors
 from ascend_eplb.integration.settings import EplbSettings
 from ascend_eplb.integration.settings_reader import V2_RUNNER_SWITCH, v2_runner_switch
 from ascend_eplb.integration.validation import EplbConfigError, ascend_format_name

@@ -7,8 +7,7 @@ summary prints them); :func:`output_rtol` and :data:`OUTPUT_ATOL` (EPLB on again
 
 from __future__ import annotations
 
-from ascend_eplb.integration.verify import CHECKS as VERIFIER_CHECKS
-from ascend_eplb.integration.watchdog import CHECK as WATCHDOG_CHECK
+from ascend_eplb.integration.guardrail_facts import VERIFIER_CHECKS, WATCHDOG_CHECK
 
 __all__ = [
     "CHECKS",

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from ascend_eplb.control import measures
+from ascend_eplb.integration.guardrail_facts import InFlightAtShutdown
 from ascend_eplb.integration.model_names import DRAFT_SUFFIX
-from ascend_eplb.integration.watchdog import InFlightAtShutdown
 from ascend_eplb.tools.check import check_serve_command
 from ascend_eplb.tools.simulate.config import SimulateConfig, ascend_policy_keys
 from ascend_eplb.tools.simulate.faults import WORKER_FAULTS, inject_stale_lookup, inject_worker_fault

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ascend_eplb.integration.watchdog import InFlightAtShutdown
+from ascend_eplb.integration.guardrail_facts import InFlightAtShutdown
 from ascend_eplb.tools.simulate.config import SimulateConfig
 
 __all__ = [

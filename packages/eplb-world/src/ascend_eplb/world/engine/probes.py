@@ -22,7 +22,6 @@ from torch._dynamo.utils import counters
 
 from ascend_eplb.control.bus import CommitEvent, DecisionEvent, ShutdownEvent
 from ascend_eplb.integration import metrics
-from ascend_eplb.integration.serving import guardrails_of
 from ascend_eplb.world.checkpoints import checkpoint_experts
 from ascend_eplb.world.slots import local_slot_mismatches
 
@@ -225,6 +224,9 @@ def _name_of(model_config: Any, state: Any) -> str | None:
 
 def _time_verifier(controller: Any, observer: _Observer) -> None:
     """Add the time the serving verifier's step and commit hooks take to ``observer.verifier_seconds``."""
+    # local: runs in vLLM's workers; the process that starts the engine imports this module without vLLM
+    from ascend_eplb.integration.serving import guardrails_of
+
     verifier = guardrails_of(controller).verifier
     if verifier is None:
         return
@@ -328,6 +330,9 @@ def run_summary(worker: Any) -> dict[str, Any]:
     verifier's counters (None: verifier off), p, and the cycles in flight as the watchdog names them at
     the runner's end of life (``InFlightAtShutdown`` as dicts; asking changes nothing) and the watchdog's
     failure (``(message, step)``, or None)."""
+    # local: runs in vLLM's workers; the process that starts the engine imports this module without vLLM
+    from ascend_eplb.integration.serving import guardrails_of
+
     runner = worker.model_runner
     controller = runner.eplb
     state = controller.state
