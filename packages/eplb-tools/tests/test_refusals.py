@@ -197,7 +197,7 @@ def test_simulate_help_opens_with_the_main_job_and_marks_the_replay_only_options
     text = " ".join(capsys.readouterr().out.split())
     description = text.split(" options: ")[0]
     assert "The main job: serve vLLM's real DeepseekV3ForCausalLM" in description
-    assert "on EP rank processes over Gloo on CPU" in description
+    assert "through vLLM's own engine on CPU" in description
     assert "Replay real MoE routing" not in text
     actions = {a.dest: a for a in build_parser().subcommands["simulate"]._actions}
     marked = sorted(dest for dest, a in actions.items() if (a.help or "").startswith("--model replay only: "))

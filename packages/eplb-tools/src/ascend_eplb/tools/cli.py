@@ -5,10 +5,11 @@ with status 2 and names the value and the rule. ``simulate`` prints what each ch
 every check passed, 1 when one failed or a rank crashed, raised or missed the deadline (each rank's
 state is printed), and 3 when none failed but one could not be judged (it says why); ``check`` exits 0
 for a valid config and 2 otherwise. A command stopped by SIGTERM, SIGHUP or Ctrl-C prints one line and
-exits ``128 + signal`` (143, 129, 130). Each subcommand's modules are imported inside the function that
-runs it, after the signal handlers are set (the parser imports ``simulate``'s options, and torch with them),
-so ``plan`` and ``check`` import no vLLM (``check -- serve ...`` reads vLLM's own serve parser); each such
-import says ``# local:``.
+exits ``128 + signal`` (143, 129, 130). This module imports only the standard library and modules that
+import no numpy, torch or vLLM (``check``, the command's scope, the launcher's error); what imports more
+(the parser imports ``simulate``'s options, and torch with them; ``plan``; ``simulate``) is imported
+inside the function that needs it, after the signal handlers are set, so ``plan`` and ``check`` import no
+vLLM (``check -- serve ...`` reads vLLM's own serve parser); each such import says ``# local:``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from ascend_eplb.integration.regular_files import input_limit
+from ascend_eplb.launch import LauncherInterruptedError
 from ascend_eplb.tools import quiet
+from ascend_eplb.tools.check import check_config_file, check_serve_command
 from ascend_eplb.tools.options import (
     MAX_INPUT_MIB_HELP,
     file_path,
@@ -36,6 +40,7 @@ from ascend_eplb.tools.options import (
     positive_int,
     target_balancedness,
 )
+from ascend_eplb.tools.simulate.lifecycle import command_scope, exit_code_of, signal_name_of
 
 __all__ = ["Parser", "build_parser", "main"]
 
@@ -238,9 +243,6 @@ def _run_check(args: argparse.Namespace) -> int:
                 + (shlex.join(serve_argv) if serve_argv else "nothing")
             )
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    # local: check's modules, after VLLM_TARGET_DEVICE is set (module docstring)
-    from ascend_eplb.tools.check import check_config_file, check_serve_command
-
     facts = {"num_experts": args.num_experts, "quantization": args.quantization}
     if serve_argv is not None:
         label = "vllm " + shlex.join(serve_argv)
@@ -340,10 +342,8 @@ def _main(argv: list[str], previous: dict[int, Any]) -> int:
         args.serve_argv = serve_argv
     quiet.install()
 
-    # local: a subcommand's modules load when it runs, after the signal handlers (module docstring)
-    from ascend_eplb.integration.regular_files import input_limit
+    # local: tools.files imports numpy, which loads after the signal handlers (module docstring)
     from ascend_eplb.tools.files import InputFileWarning
-    from ascend_eplb.tools.simulate.lifecycle import command_scope
 
     formatwarning = warnings.formatwarning
 
@@ -371,10 +371,6 @@ def _main(argv: list[str], previous: dict[int, Any]) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    # local: a subcommand's modules load when it runs, after the signal handlers (module docstring)
-    from ascend_eplb.launch import LauncherInterruptedError
-    from ascend_eplb.tools.simulate.lifecycle import exit_code_of, signal_name_of
-
     try:
         if args.command == "plan":
             return _run_plan(args)

@@ -34,6 +34,7 @@ from pathlib import Path
 from ascend_eplb.launch import reap_child, stop_fork_server
 
 __all__ = [
+    "MAX_TIMEOUT_S",
     "OUTPUT_LOCK",
     "SCRATCH_PREFIX",
     "DeadlineExceededError",
@@ -51,6 +52,9 @@ __all__ = [
     "signal_name_of",
 ]
 
+#: Longest ``--timeout`` / ``--worker-timeout``: 7 days (the OS timers and timedeltas they feed stay
+#: far from their limits).
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 SCRATCH_PREFIX = "ascend-eplb-simulate-"
 #: The alarm comes this long after the deadline, so the launcher's own deadline (which names each
 #: rank still running) decides first whenever ranks run.
@@ -215,8 +219,6 @@ def deadline_alarm(deadline: float, timeout_s: float, phase: RunPhase) -> Iterat
 
     previous = signal.signal(signal.SIGALRM, handler)
     previous_hook, sys.unraisablehook = sys.unraisablehook, swallowed
-    from ascend_eplb.tools.simulate.resources import MAX_TIMEOUT_S  # local: imports torch; check does not
-
     # Capped: a timeout beyond the limit, or not > 0 (--timeout -1: a deadline already past), is refused
     # by the options' validation, inside this scope; no alarm may end the run before that refusal.
     remaining = deadline - time.monotonic() + _ALARM_AFTER_S

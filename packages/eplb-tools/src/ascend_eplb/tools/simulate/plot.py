@@ -9,6 +9,8 @@ import io
 from pathlib import Path
 
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from ascend_eplb.integration.regular_files import write_regular_file
 from ascend_eplb.tools.simulate.report import RearrangementOutcome, SimulateReport
@@ -20,16 +22,12 @@ def plot_balancedness(report: SimulateReport, path: Path) -> None:
     """Write :func:`balancedness_figure` of ``report`` to ``path`` (PNG) by the one writer
     (:func:`ascend_eplb.integration.regular_files.write_regular_file`: whole, beside it then renamed;
     only a regular file replaced)."""
-    import matplotlib.pyplot as plt  # local: only when a plot is drawn (balancedness_figure's backend)
-
-    fig = balancedness_figure(report)
     png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=100)
-    plt.close(fig)
+    balancedness_figure(report).savefig(png, format="png", dpi=100)
     write_regular_file(path, png.getvalue())
 
 
-def balancedness_figure(report: SimulateReport):
+def balancedness_figure(report: SimulateReport) -> Figure:
     """The figure of ``balancedness.png``: balancedness per step on top (with ``--replica-split`` batch or
     batch_local, the executed one beside the equal split's on the same counts), with each rearrangement's
     planned and realised balancedness (with ``--speculative-tokens``, the MTP draft's too); below it,
@@ -39,14 +37,9 @@ def balancedness_figure(report: SimulateReport):
     The y-axis labels are two short lines each, aligned: one line each ran past its panel's height, so
     the two labels overlapped between the panels.
     """
-    import matplotlib  # local: only when a plot is drawn, its backend chosen before pyplot loads
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax_bytes, ax2) = plt.subplots(
-        3, 1, figsize=(9, 8.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.6, 3]}
-    )
+    fig = Figure(figsize=(9, 8.5))
+    FigureCanvasAgg(fig)  # drawn headless, no pyplot state (matplotlib's way for a server or a tool)
+    ax1, ax_bytes, ax2 = fig.subplots(3, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.6, 3]})
     steps = np.arange(len(report.balancedness_per_step))
     splitting = report.replica_split != "equal"
     on = f"EPLB on, replica split {report.replica_split} executed" if splitting else "EPLB on"

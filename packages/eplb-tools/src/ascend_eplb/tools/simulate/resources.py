@@ -24,10 +24,10 @@ from ascend_eplb.quant_views import get_format
 from ascend_eplb.quant_views.reference import LAYER_SEED_STRIDE as _LAYER_STRIDE
 from ascend_eplb.quant_views.reference import SEED_STRIDE as _SEED_STRIDE
 from ascend_eplb.tools.host_memory import available_bytes, gib, sampling_bytes
+from ascend_eplb.tools.simulate.lifecycle import MAX_TIMEOUT_S
 from ascend_eplb.world.engine.spec import EngineSpec
 
 __all__ = [
-    "MAX_TIMEOUT_S",
     "PROCESS_BASE_BYTES",
     "ResourceEstimate",
     "estimate",
@@ -42,9 +42,6 @@ PROCESS_BASE_BYTES = 768 * 2**20
 #: Rows of the replay world's hidden-state table (float32 ``[rows, H]``, ``simulate.replay_world``'s
 #: ``_hidden_table``, which reads it here: this module does not import vLLM, replay_world does).
 HIDDEN_TABLE_ROWS = 4096
-#: Longest ``--timeout`` / ``--worker-timeout``: 7 days (the OS timers and timedeltas they feed stay
-#: far from their limits).
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
 _INT64_MAX = 2**63 - 1
 #: Python objects per step in the statistics a rank keeps and pickles (floats in lists, ~40 bytes each).
 _STAT_BYTES = 40
