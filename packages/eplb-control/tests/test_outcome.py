@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import torch
 
 from ascend_eplb.control.bus import EventBus
-from ascend_eplb.control.outcome import Outcomes, RearrangementOutcome, WindowClosed
+from ascend_eplb.control.outcome import Outcomes, PublishTimes, RearrangementOutcome, WindowClosed
 from ascend_eplb.control.policy_config import PlacementDecision, PolicySettings
 
 INITIAL = [[0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 0, 1]]
@@ -131,3 +131,24 @@ def test_nothing_is_figured_or_kept_while_no_one_listens():
     outcomes.windows_closed({"k": ms}, 2, 2, SETTINGS, {})
     assert len(heard) == 1
     assert heard[0].realised is None  # nor an outcome left to realise
+
+
+def test_publish_times_count_from_the_first_sight_of_each_layer_to_its_acknowledgement():
+    now = [10.0]
+    times = PublishTimes(clock=lambda: now[0])
+    pending = [SimpleNamespace(model_name="m", pending_result=SimpleNamespace(layer_idx=0))]
+    times.seen_pending([*pending, SimpleNamespace(model_name="d", pending_result=None)])
+    now[0] = 10.5
+    times.seen_pending(pending)  # still pending at the next step boundary: first sight kept
+    times.seen("m", (0, 1))  # its commit's move: layer 0 already seen, layer 1 published and moved at once
+    now[0] = 11.25
+    assert times.acknowledged("m", 0) == 1.25
+    assert times.acknowledged("m", 0) is None  # its mark went with the acknowledgement
+    assert times.acknowledged("m", 1) == 0.75
+    assert times.acknowledged("d", 0) is None  # never published
+    times.seen("m", (0, 1, 2))  # a synchronous commit (the start-up install): never acknowledged
+    times.drop("m", (0, 1, 2))
+    now[0] = 20.0
+    times.seen("m", (2,))
+    now[0] = 20.5
+    assert times.acknowledged("m", 2) == 0.5  # from its own publication, not the install's move

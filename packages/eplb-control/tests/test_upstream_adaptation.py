@@ -577,13 +577,17 @@ def test_the_acknowledgement_evidence_is_read_before_the_worker_is_released():
     import types
 
     from ascend_eplb.control.bus import CommitEvent, EventBus
-    from ascend_eplb.control.outcome import Outcomes
+    from ascend_eplb.control.outcome import Outcomes, PublishTimes
     from ascend_eplb.control.state import AscendEplbState
 
     state = object.__new__(AscendEplbState)  # only what the acknowledgement reads
     state.collect_commit_evidence, state.num_rearrangements = True, 3
     state.commit_log, state.bus, state._layer_states = collections.deque(), EventBus(), {"key": {}}
     state.outcomes = Outcomes(state.bus)
+    now = [5.0]
+    state.publish_times = PublishTimes(clock=lambda: now[0])
+    state.publish_times.seen("m", (1,))  # seen published at 5.0 s, acknowledged at 7.5 s
+    now[0] = 7.5
     heard = []
     state.bus.subscribe(CommitEvent, heard.append)
     model_state = types.SimpleNamespace(model_name="m", pending_result=None)  # upstream cleared it
@@ -597,8 +601,9 @@ def test_the_acknowledgement_evidence_is_read_before_the_worker_is_released():
     state._observe_acknowledgement(model_state, "key", result)
     result.consumed_event.record("stream")
     assert recorded == ["stream"]
-    assert heard == [CommitEvent("acknowledge", "m", 1, 3, {"pending_result_cleared": True, "checksums": [],
-                                                            "data_ptrs": []})]  # fmt: skip
+    evidence = {"pending_result_cleared": True, "checksums": [], "data_ptrs": []}
+    assert heard == [CommitEvent("acknowledge", "m", 1, 3, evidence, publish_to_acknowledge_s=2.5)]
+    assert heard[0].publish_to_acknowledge_s == 2.5
 
 
 def test_an_moe_draft_upstream_does_not_register_is_refused_a_dense_one_passes(control_patches):

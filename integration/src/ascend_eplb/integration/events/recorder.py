@@ -94,17 +94,14 @@ class EventsRecorder:
 
     Args:
         path: the events file, or None (no file; bus subscribers only).
-        clock: monotonic seconds (tests).
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None, clock=time.monotonic) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None) -> None:
         self.path = None if path is None else Path(path)
-        self.clock = clock
         self.steps = 0
         self._bus: EventBus | None = None
         self._writer: EventsWriter | None = None
         self._active = False
-        self._published: dict[tuple[str, int], float] = {}
         self._bytes_seen: dict[str, int] = {}
         self._rank: int | None = None
 
@@ -149,14 +146,6 @@ class EventsRecorder:
     def _on_step(self, event: StepEvent) -> None:
         if not event.is_profile:
             self.steps += 1
-        if not self._active:
-            return
-        state = event.controller.state
-        now = self.clock()
-        for ms in state.model_states.values():
-            pending = ms.pending_result
-            if pending is not None:
-                self._published.setdefault((ms.model_name, pending.layer_idx), now)
 
     def _on_window(self, w: WindowClosed) -> None:
         """Control's closed window: the ``rearrangement_realised`` record of the rearrangement it realises
@@ -185,19 +174,15 @@ class EventsRecorder:
         if not self._active:
             return
         model_state = event.model_state
-        if event.kind == "move":
-            self._published.setdefault((event.model_name, event.layer), self.clock())
-            return
         if event.kind != "acknowledge":  # EPLB is asynchronous only: every layer is acknowledged
             return
         name = event.model_name
-        published = self._published.pop((name, event.layer), None)
         received = _bytes_received(model_state)
         delta = received - self._bytes_seen.get(name, received)
         self._bytes_seen[name] = received
         self._emit(CommitRecord(
             **self._stamp(), model=name, rearrangement=event.rearrangement, layer=event.layer,
-            publish_to_acknowledge_s=None if published is None else self.clock() - published,
+            publish_to_acknowledge_s=event.publish_to_acknowledge_s,
             bytes_received=delta,
             placement=tuple(model_state.physical_to_logical_map[event.layer].detach().cpu().tolist()),
         ))  # fmt: skip
@@ -243,12 +228,9 @@ class EventsRecorder:
 
     def _on_initial_placement(self, event: Any) -> None:
         """The start-up install's record (its commit is synchronous: no acknowledge, no ``commit``
-        record; the layers' ``move`` marks are dropped so that the first rearrangement's commits time
-        from their own publication)."""
+        record)."""
         model_state = event.model_state
         name = event.model_name
-        for layer in range(int(model_state.physical_to_logical_map.shape[0])):
-            self._published.pop((name, layer), None)
         if not self._active:
             return
         new, moved = event.placement, event.moved

@@ -343,7 +343,8 @@ class CommitRecord(Record):
     Attributes:
         rearrangement, layer: which.
         publish_to_acknowledge_s: from the step boundary at which the runner thread first saw the layer
-            published (or its move) to the acknowledgement of the staging buffer; None when not seen.
+            published (or its move) to the acknowledgement of the staging buffer (control's
+            ``PublishTimes``, carried by the ``acknowledge`` commit event); None when not seen.
         bytes_received: what this rank's communicator measured receiving for the layer.
         placement: ``(P,)``, the layer's committed ``physical_to_logical_map`` row (None in a file
             recorded before it was).

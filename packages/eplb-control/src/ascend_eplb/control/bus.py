@@ -134,6 +134,8 @@ class CommitEvent(Event):
             ``refresh``: the lookups' ``checksums`` and ``data_ptrs``; ``acknowledge``:
             ``pending_result_cleared`` and ``checksums``.
         model_state: upstream's ``EplbModelState`` of the layer (not compared, not in the repr).
+        publish_to_acknowledge_s: ``acknowledge`` only: seconds from the layer's publication by the async
+            worker to this acknowledgement (``AscendEplbState.publish_times``); None otherwise or unseen.
     """
 
     kind: CommitEventKind
@@ -142,6 +144,7 @@ class CommitEvent(Event):
     rearrangement: int
     evidence: Mapping[str, Any] = field(default_factory=dict)
     model_state: Any = field(default=None, compare=False, repr=False)
+    publish_to_acknowledge_s: float | None = None
 
 
 #: Bases no event is published as (a subscription to one would never be called).

@@ -12,7 +12,8 @@ of the window as float64 ``(L, E)`` on N ranks.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,7 @@ from ascend_eplb.control.bus import Event, EventBus
 from ascend_eplb.control.policy_config import PlacementDecision
 from ascend_eplb.control.values import is_int
 
-__all__ = ["Outcomes", "Realised", "RearrangementOutcome", "WindowClosed"]
+__all__ = ["Outcomes", "PublishTimes", "Realised", "RearrangementOutcome", "WindowClosed"]
 
 
 @dataclass(frozen=True)
@@ -265,3 +266,35 @@ def _on_estimate(decision: PlacementDecision | None) -> tuple[float | None, floa
     if decision is None or decision.load_estimate == "window":
         return None, None
     return decision.balancedness_before, decision.balancedness_planned
+
+
+class PublishTimes:
+    """Each layer's async result from its publication to its acknowledgement, in seconds of ``clock``.
+
+    Published is when the runner thread first saw it: upstream's ``pending_result`` at a step boundary
+    (:meth:`seen_pending`), else at its commit's ``move`` (published and consumed within one step). A
+    synchronous commit (the start-up install) is never acknowledged: its marks are dropped.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._seen: dict[tuple[str, int], float] = {}
+
+    def seen(self, model_name: str, layers: Iterable[int]) -> None:
+        for layer in layers:
+            self._seen.setdefault((model_name, layer), self.clock())
+
+    def seen_pending(self, model_states: Iterable[Any]) -> None:
+        """Mark each model's ``pending_result`` (upstream ``EplbModelState``) seen now, if it has one."""
+        for ms in model_states:
+            if ms.pending_result is not None:
+                self.seen(ms.model_name, (ms.pending_result.layer_idx,))
+
+    def drop(self, model_name: str, layers: Iterable[int]) -> None:
+        for layer in layers:
+            self._seen.pop((model_name, layer), None)
+
+    def acknowledged(self, model_name: str, layer: int) -> float | None:
+        """Seconds since the layer was seen published (None if never seen); its mark is dropped."""
+        seen = self._seen.pop((model_name, layer), None)
+        return None if seen is None else self.clock() - seen

@@ -33,7 +33,7 @@ from ascend_eplb.control.commit_hooks import attach_observer, commit_hooks_insta
 from ascend_eplb.control.estimate import LoadEstimate
 from ascend_eplb.control.gate import DecisionChannel, ModelChannels, gated_policy
 from ascend_eplb.control.layout import RowLayout
-from ascend_eplb.control.outcome import Outcomes
+from ascend_eplb.control.outcome import Outcomes, PublishTimes
 from ascend_eplb.control.policy_config import PlacementDecision, PolicySettings
 from ascend_eplb.control.split_config import SplitScope
 from ascend_eplb.dataplane import DEFAULT_ROWS, SPLIT_STATS_SIZE, BatchSplit, ReplicaLookup
@@ -257,8 +257,8 @@ class AscendEplbState(EplbState):
         skipped_rearrangements: ``Counter`` of skipped windows by reason (``"balanced"``, ``"min_gain"``,
             ``"no_load"``), counted when the decision is published.
         policy_settings, channels: the settings in force; the registered models' ``ModelChannels``.
-        outcomes: each window's figures and outcome, on ``bus``
-            (:class:`~ascend_eplb.control.outcome.Outcomes`).
+        outcomes, publish_times: each window's figures and outcome, on ``bus``; each layer's publication
+            to acknowledgement (:mod:`~ascend_eplb.control.outcome`'s ``Outcomes``, ``PublishTimes``).
     """
 
     def __init__(
@@ -298,6 +298,7 @@ class AscendEplbState(EplbState):
         self._layer_states: dict[str, dict[int, list[AscendEplbLayerState]]] = {}
         self.bus = EventBus() if bus is None else bus
         self.outcomes = Outcomes(self.bus)
+        self.publish_times = PublishTimes()
         self.row_layouts: dict[str, torch.Tensor] = {}
         """Per registered model (by config hash): its int64 ``(4,)`` row-layout tensor."""
         self.row_layout_in_force: dict[str, RowLayout] = {}
@@ -431,9 +432,12 @@ class AscendEplbState(EplbState):
         return self._layer_states[model_config.compute_hash()]
 
     # ----------------------------------------------------------------- commit, refresh, acknowledge
-    def _log(self, kind: CommitEventKind, model_state: EplbModelState, layer: int, **evidence: Any) -> None:
+    def _log(
+        self, kind: CommitEventKind, model_state: EplbModelState, layer: int, seconds: float | None = None,
+        **evidence: Any,
+    ) -> None:  # fmt: skip
         event = CommitEvent(
-            kind, model_state.model_name, layer, self.num_rearrangements, dict(evidence), model_state
+            kind, model_state.model_name, layer, self.num_rearrangements, dict(evidence), model_state, seconds
         )
         self.commit_log.append(event)
         self.bus.publish(event)
@@ -458,6 +462,7 @@ class AscendEplbState(EplbState):
         if key in self._awaiting_decision:
             self._awaiting_decision.discard(key)
             self._publish_decision(model_state, self.num_rearrangements, self._take_decision(model_state))
+        self.publish_times.seen(model_state.model_name, layers)
         for layer in layers:
             if self.collect_commit_evidence:
                 with gpu_sync_allowed():
@@ -486,7 +491,9 @@ class AscendEplbState(EplbState):
             else:
                 self._log("commit", model_state, layer)
             self._refresh_layer(model_state, key, layer)
-        if acknowledged_by is not None and tuple(layers) == (acknowledged_by.layer_idx,):
+        if acknowledged_by is None:  # synchronous: nothing to acknowledge
+            self.publish_times.drop(model_state.model_name, layers)
+        elif tuple(layers) == (acknowledged_by.layer_idx,):
             self._observe_acknowledgement(model_state, key, acknowledged_by)
 
     def _refresh_layer(self, model_state: EplbModelState, key: str, layer: int) -> None:
@@ -513,7 +520,8 @@ class AscendEplbState(EplbState):
                     evidence = self._lookup_evidence(self._layer_states[key].get(layer, []))
                 evidence = {"pending_result_cleared": model_state.pending_result is None, **evidence}
             record(stream)
-            self._log("acknowledge", model_state, layer, **evidence)
+            seconds = self.publish_times.acknowledged(model_state.model_name, layer)
+            self._log("acknowledge", model_state, layer, seconds, **evidence)
 
         event.record = record_and_log  # ACKNOWLEDGEMENT_BINDING
 
@@ -564,6 +572,7 @@ class AscendEplbState(EplbState):
                 logical = mapping.masked_fill(mapping < 0, new.shape[1] - 1).long()
                 new.scatter_add_(1, logical, model_state.expert_load_pass[:, : mapping.shape[1]].long())
         super().step(is_dummy, is_profile, log_stats)
+        self.publish_times.seen_pending(self.model_states.values())
 
     def new_selections(self) -> dict[str, torch.Tensor]:
         """Per model with the load estimate on (by config hash): int64 ``(L, E)`` CPU, the global logical
