@@ -21,6 +21,18 @@ import pytest
 from ascend_eplb.tools.cli import main
 
 SCRIPT = Path(sys.executable).with_name("ascend-eplb")
+
+
+@pytest.fixture(autouse=True)
+def _hangup_from_a_terminal():
+    """The hangups these tests send are a terminal's: each test starts with SIGHUP's default disposition,
+    in this process and the commands it starts. A runner started under nohup ignores SIGHUP, which the
+    command then keeps ignoring on purpose (the test of a signal the process ignores)."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGHUP, previous)
+
+
 #: vLLM 0.33.0's import-time notices on a host without an accelerator (SIMULATE.md), from the launcher
 #: and the fork server; everything else on stderr is the command's own.
 VLLM_NOTICES = (
