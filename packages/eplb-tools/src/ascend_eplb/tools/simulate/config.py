@@ -148,7 +148,7 @@ class SimulateConfig:
         type=positive_int,
     )  # fmt: skip
     steps: int = _option(
-        64, "--steps",
+        48, "--steps",
         "tokens each request of a real model generates (vLLM's engine steps count its prefill too); "
         "--model replay: forward steps; default %(default)s",
         type=positive_int,
