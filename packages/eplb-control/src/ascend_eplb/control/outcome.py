@@ -6,7 +6,8 @@ rearrangement), then the rearrangement ends (:class:`RearrangementOutcome`): ski
 window without load decided so, done when its last layer is acknowledged. :class:`Outcomes` (one per
 ``AscendEplbState``, on its bus) figures them only while someone subscribes to either type; integration's
 events recorder writes them. Every balancedness is :func:`~ascend_eplb.control.measures.mean_balancedness`
-of the window as float64 ``(L, E)`` on N ranks.
+of the window as float64 ``(L, E)`` on N ranks. :class:`PublishTimes` times each layer of a rearrangement
+from its publication to its acknowledgement (the ``acknowledge`` commit event carries it).
 """
 
 from __future__ import annotations

@@ -224,7 +224,7 @@ def _name_of(model_config: Any, state: Any) -> str | None:
 
 def _time_verifier(controller: Any, observer: _Observer) -> None:
     """Add the time the serving verifier's step and commit hooks take to ``observer.verifier_seconds``."""
-    # local: runs in vLLM's workers; the process that starts the engine imports this module without vLLM
+    # local: integration's serving imports vLLM; the processes that name these functions import none
     from ascend_eplb.integration.serving import guardrails_of
 
     verifier = guardrails_of(controller).verifier
@@ -330,7 +330,7 @@ def run_summary(worker: Any) -> dict[str, Any]:
     verifier's counters (None: verifier off), p, and the cycles in flight as the watchdog names them at
     the runner's end of life (``InFlightAtShutdown`` as dicts; asking changes nothing) and the watchdog's
     failure (``(message, step)``, or None)."""
-    # local: runs in vLLM's workers; the process that starts the engine imports this module without vLLM
+    # local: integration's serving imports vLLM; the processes that name these functions import none
     from ascend_eplb.integration.serving import guardrails_of
 
     runner = worker.model_runner
