@@ -138,6 +138,8 @@ def test_the_verifier_names_the_broken_agreement_at_the_first_commit_on_both_ran
     assert {c["step"] for c in commits} == {violation["step"]}
     assert set(json.loads(layers[1])) <= {c["layer"] for c in commits}
     assert (violation["check"], violation["rank"], violation["message"]) == ("lookups", 0, first)
+    # One step number: the message's is the events file's (control's steps_run, profile run not counted).
+    assert violation["step"] == int(step[1])
 
 
 def test_the_engine_the_verifier_stopped_shuts_down_leaving_nothing(faulted):

@@ -22,7 +22,7 @@ def test_subscribers_hear_their_event_type_in_subscription_order_on_the_publishi
     bus.subscribe(StepEvent, lambda e: heard.append(("first", e, threading.get_ident())))
     bus.subscribe(CommitEvent, lambda e: heard.append(("commit", e, threading.get_ident())))
     bus.subscribe(StepEvent, lambda e: heard.append(("second", e, threading.get_ident())))
-    step = StepEvent("controller", False, True)
+    step = StepEvent("controller", False, True, 0)
     result = []
     publisher = threading.Thread(target=lambda: result.append((bus.publish(step), threading.get_ident())))
     publisher.start()
@@ -44,7 +44,7 @@ def test_subscribers_hear_their_event_type_in_subscription_order_on_the_publishi
 
 def test_subscribe_refuses_what_is_not_an_event_type_before_anything_changes():
     bus = EventBus()
-    for bad in (int, dict, "StepEvent", StepEvent("c", False, False), Event, ControllerEvent, None):
+    for bad in (int, dict, "StepEvent", StepEvent("c", False, False, 0), Event, ControllerEvent, None):
         with pytest.raises(TypeError, match=r"is not an event type: subscribe to a subclass of "):
             bus.subscribe(bad, print)
         with pytest.raises(TypeError, match="is not an event type"):
@@ -73,10 +73,10 @@ def test_a_subscribers_exception_propagates_at_once_like_the_hook_lists_before_i
     bus.subscribe(StepEvent, failing)
     bus.subscribe(StepEvent, lambda e: heard.append("after"))
     with pytest.raises(RuntimeError, match="subscriber failed"):
-        bus.publish(StepEvent("c", False, False))
+        bus.publish(StepEvent("c", False, False, 0))
     assert heard == ["before", "failing"]
     with pytest.raises(RuntimeError, match="subscriber failed"):
-        bus.publish(StepEvent("c", False, False))
+        bus.publish(StepEvent("c", False, False, 0))
     assert heard == ["before", "failing", "before", "failing"]
 
 
@@ -93,9 +93,9 @@ def test_a_subscriber_added_while_publishing_hears_the_next_event_only():
             bus.subscribe(StepEvent, late)
 
     bus.subscribe(StepEvent, subscribing)
-    bus.publish(StepEvent("c", False, False))
+    bus.publish(StepEvent("c", False, False, 0))
     assert heard == [("subscribing", False)]
-    bus.publish(StepEvent("c", True, False))
+    bus.publish(StepEvent("c", True, False, 0))
     assert heard == [("subscribing", False), ("subscribing", True), ("late", True)]
 
 
@@ -121,7 +121,7 @@ def test_wrap_replaces_a_subscriber_in_its_place():
         return run
 
     bus.wrap(owner.on_step, timed)  # a new bound method object: found by equality
-    bus.publish(StepEvent("c", False, False))
+    bus.publish(StepEvent("c", False, False, 0))
     assert heard == ["first", "timed", "owner", "last"]
     assert bus.subscribers(StepEvent)[0] is first
     with pytest.raises(ValueError, match="is not subscribed to this bus"):

@@ -117,7 +117,8 @@ class EplbVerifier:
     :func:`~ascend_eplb.integration.guardrail_facts.verify_requested`).
 
     Attributes:
-        steps: EPLB steps seen.
+        steps: the controller's ``steps_run`` (the step in progress; after the run, the steps EPLB ran,
+            profile runs not counted): the step a violation names, as the events file's records do.
         commits_checked: layer commits checked on this rank.
         boundaries_checked: step boundaries that ran the collective checks (those after a commit).
         bus: the event bus attached to (None before :meth:`attach`); each :class:`VerifierViolation` is
@@ -125,13 +126,17 @@ class EplbVerifier:
     """
 
     def __init__(self) -> None:
-        self.steps = 0
         self.commits_checked = 0
         self.boundaries_checked = 0
         self.bus: EventBus | None = None
         self._models: dict[str, dict[str, Any]] = {}
         self._pending: VerifierViolation | None = None
         self._committed_layers: dict[str, set[int]] = {}  # per model: layers committed since last step
+        self._controller: Any = None
+
+    @property
+    def steps(self) -> int:
+        return 0 if self._controller is None else self._controller.steps_run
 
     def attach(self, bus: EventBus) -> None:
         """Subscribe to a controller's event bus (control's ``AscendEPLBController.bus``, once, when the
@@ -145,6 +150,7 @@ class EplbVerifier:
     def on_model_registered(self, event: RegistrationEvent) -> None:
         """Fingerprint every logical expert from the ranks' initial slots (one gather, every rank)."""
         model_config = event.model_config
+        self._controller = event.controller
         state = event.controller.state
         key = model_config.compute_hash()
         model_state = state.model_states[key]
@@ -275,7 +281,6 @@ class EplbVerifier:
         Raises:
             EplbVerificationError: on every rank, when any rank found a violation.
         """
-        self.steps += 1
         if not self._committed_layers:
             return
         committed, self._committed_layers = self._committed_layers, {}

@@ -17,7 +17,7 @@ import torch
 from vllm.distributed.parallel_state import get_ep_group
 from vllm.logger import init_logger
 
-from ascend_eplb.control.bus import CommitEvent, Event, EventBus, RegistrationEvent, StepEvent
+from ascend_eplb.control.bus import CommitEvent, Event, EventBus, RegistrationEvent
 from ascend_eplb.control.initial_placement import InitialPlacementEvent
 from ascend_eplb.control.outcome import RearrangementOutcome, WindowClosed
 from ascend_eplb.integration import metrics
@@ -98,7 +98,7 @@ class EventsRecorder:
 
     def __init__(self, path: str | os.PathLike[str] | None) -> None:
         self.path = None if path is None else Path(path)
-        self.steps = 0
+        self._controller: Any = None  # the bus's controller (its ``steps_run`` stamps each record)
         self._bus: EventBus | None = None
         self._writer: EventsWriter | None = None
         self._active = False
@@ -112,7 +112,6 @@ class EventsRecorder:
         closed windows and rearrangement outcomes once it records (:meth:`_on_registered`)."""
         self._bus = bus
         bus.subscribe(RegistrationEvent, self._on_registered)
-        bus.subscribe(StepEvent, self._on_step)
         bus.subscribe(CommitEvent, self._on_commit_event)
         bus.subscribe(InitialPlacementEvent, self._on_initial_placement)
         bus.subscribe(WorkerFailure, self._on_worker_failure)
@@ -120,6 +119,7 @@ class EventsRecorder:
 
     # ------------------------------------------------------------------ subscribers
     def _on_registered(self, event: RegistrationEvent) -> None:
+        self._controller = event.controller
         self._rank = get_ep_group().rank_in_group
         if self._rank == 0 and self.path is not None and self._writer is None:
             self._writer = EventsWriter(self.path)
@@ -135,17 +135,13 @@ class EventsRecorder:
         self._active = True
 
     def _stamp(self) -> dict[str, Any]:
-        return {"time": time.time(), "step": self.steps}
+        return {"time": time.time(), "step": 0 if self._controller is None else self._controller.steps_run}
 
     def _emit(self, record: Record) -> None:
         if self._writer is not None:
             self._writer.write(record)
         if self._bus is not None:
             self._bus.publish(EventsRecord(record))
-
-    def _on_step(self, event: StepEvent) -> None:
-        if not event.is_profile:
-            self.steps += 1
 
     def _on_window(self, w: WindowClosed) -> None:
         """Control's closed window: the ``rearrangement_realised`` record of the rearrangement it realises

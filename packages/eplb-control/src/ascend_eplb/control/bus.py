@@ -64,10 +64,12 @@ class RegistrationEvent(ControllerEvent):
 @dataclass(frozen=True)
 class StepEvent(ControllerEvent):
     """Upstream's step ran (EPLB on, not suppressed, a model registered): same condition on every rank;
-    also upstream's ``is_dummy`` and ``is_profile``."""
+    also upstream's ``is_dummy`` and ``is_profile``, and ``step``, the step's number (the controller's
+    ``steps_run`` while its boundary is published: a profile run shares the next step's number)."""
 
     is_dummy: bool
     is_profile: bool
+    step: int
 
 
 @dataclass(frozen=True)

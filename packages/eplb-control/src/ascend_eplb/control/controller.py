@@ -104,6 +104,10 @@ class AscendEPLBController(EPLBController):
         self.last_record_decision: bool | None = None
         """The flag value the last :meth:`prepare_forward` wrote (None before the first fill)."""
         self.bus = EventBus()
+        self.steps_run = 0
+        """The number of the step in progress: the steps upstream's EPLB ran on this controller before it
+        (a :class:`~ascend_eplb.control.bus.StepEvent` each), profile runs not counted. The one step
+        number of the events file's records and the verifier's messages."""
         self.eplb_stopped: str | None = None
         self._undeclared_phase_forward = False
         self._warned_undeclared_phase = False
@@ -213,7 +217,10 @@ class AscendEPLBController(EPLBController):
                 self.load_collection_phase,
             )
         if ran:
-            self.bus.publish(StepEvent(self, is_dummy, is_profile))
+            try:  # what the step's boundary publishes carries the step's number, even if a subscriber raises
+                self.bus.publish(StepEvent(self, is_dummy, is_profile, self.steps_run))
+            finally:
+                self.steps_run += not is_profile
 
     def shutdown(self) -> None:
         """The runner's end of life: a :class:`~ascend_eplb.control.bus.ShutdownEvent`, once (later calls
