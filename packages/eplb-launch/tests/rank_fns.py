@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import gc
+import os
+import socket
+import tempfile
 import time
 
 import torch
@@ -68,3 +71,20 @@ def leave_at_once(ctx: RankContext) -> bool:
         dist.init_process_group = slow_connect
     ctx.init_gloo()
     return marker.exists()
+
+
+def leave_a_socket(ctx: RankContext) -> tuple[str, str, str]:
+    """Bind a Unix socket in the temporary folder, as vLLM's IPC does, and never unlink it (the rank ends
+    in ``os._exit``); returns the temporary folder (tempfile's and ``TMPDIR``) and the socket's path."""
+    path = os.path.join(tempfile.gettempdir(), f"ipc-{ctx.rank}")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(path)
+    return tempfile.gettempdir(), os.environ["TMPDIR"], path
+
+
+def leave_a_file_then_sleep(ctx: RankContext) -> None:
+    """A file in the temporary folder, its path sent to the launcher, then no end (killed at the deadline)."""
+    fd, path = tempfile.mkstemp()
+    os.close(fd)
+    ctx.send(path)
+    time.sleep(3600)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,6 +61,33 @@ def test_peer_blocked_on_a_dead_rank_is_killed_after_grace(tmp_path):
     assert time.monotonic() - start < 30
     assert "rank one died" in info.value.reports[1][1]
     assert info.value.reports[0][0] in (None, 1)
+
+
+def test_the_ranks_share_a_temporary_folder_removed_with_what_they_left_there(tmp_path):
+    # vLLM's IPC sockets (shm_broadcast's, under TP > 1) go to the temporary folder and a rank's os._exit
+    # never unlinks them: they went to the host's /tmp, two per world. Now the world's own folder, beside
+    # the launcher's (a short path: AF_UNIX's 108 bytes), removed once the ranks have ended.
+    results = run_ranks(rank_fns.leave_a_socket, world_size=2, tmp_path=tmp_path)
+    folders = {(found, env) for found, env, _ in results}
+    assert len(folders) == 1
+    ((folder, env),) = folders
+    assert folder == env
+    assert Path(folder).parent == Path(tempfile.gettempdir())
+    assert Path(folder).name.startswith("ascend-eplb-ranks-")
+    assert [path for _, _, path in results] == [os.path.join(folder, "ipc-0"), os.path.join(folder, "ipc-1")]
+    assert not Path(folder).exists()
+
+
+def test_the_temporary_folder_goes_when_the_deadline_kills_the_ranks(tmp_path):
+    paths: list[str] = []
+    with pytest.raises(RankFailureError):
+        run_ranks(
+            rank_fns.leave_a_file_then_sleep, world_size=2, tmp_path=tmp_path, timeout_s=10.0,
+            on_message=lambda rank, path: paths.append(path),
+        )  # fmt: skip
+    assert len(paths) == 2
+    assert len({Path(p).parent for p in paths}) == 1
+    assert not Path(paths[0]).parent.exists()
 
 
 def test_functions_must_be_module_level(tmp_path):

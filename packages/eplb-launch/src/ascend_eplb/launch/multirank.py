@@ -3,7 +3,9 @@
 The repository's one multi-rank launcher (DESIGN.md section 6): tests and ``ascend-eplb simulate`` call
 :func:`run_ranks`; under ``torchrun`` the same rank functions take :meth:`RankContext.from_torchrun`.
 Ranks come from a ``forkserver`` that imports ``preload`` once, rendezvous through a ``file://`` URL in
-the caller's folder, run with :data:`RANK_ENV`, and freeze what they inherited (``gc.freeze()``). One
+the caller's folder, run with :data:`RANK_ENV`, and freeze what they inherited (``gc.freeze()``). Each
+world's ranks share a temporary folder of their own (``TMPDIR``), removed once every rank has ended: what
+their libraries leave there (vLLM's IPC sockets, which a rank's ``os._exit`` never unlinks) goes with it. One
 deadline covers the world; after a failure the others get ``grace_s``, then are killed, and
 :class:`RankFailureError` reports every rank. Nothing outlives the launcher. Rank functions are
 module-level ``fn(ctx: RankContext, *args)``, in an installed module or a plain file loaded with
@@ -27,6 +29,7 @@ import pickle
 import queue as queue_module
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -237,9 +240,13 @@ def _rank_main(
     args: tuple[Any, ...],
     result_file: str,
     launcher_pid: int,
+    temporary: str,
 ) -> None:
     gc.freeze()  # what the fork server imported is never traversed by this rank's collections
     _die_with(launcher_pid)
+    # The world's temporary folder, for this process (tempfile's cached choice, inherited from the fork
+    # server) and any it starts (TMPDIR).
+    os.environ["TMPDIR"] = tempfile.tempdir = temporary
     os.environ.update({k: v for k, v in RANK_ENV.items() if k not in os.environ})
     try:
         # local: after RANK_ENV: OMP_NUM_THREADS and TORCH_DEVICE_BACKEND_AUTOLOAD act at import
@@ -326,87 +333,90 @@ def run_ranks(
         raise ValueError(f"timeout_s={timeout_s} must be a finite number of seconds > 0")
     spec = _function_spec(fn)
     deadline = time.monotonic() + timeout_s
-    world_dir = Path(tmp_path) / f"world-{time.monotonic_ns()}"
-    world_dir.mkdir(parents=True)
-    for key, value in RANK_ENV.items():
-        os.environ.setdefault(key, value)
-    mp = multiprocessing.get_context("forkserver")
-    if preload:
-        mp.set_forkserver_preload(list(preload))
-    messages = mp.Queue() if on_message is not None else None
-    procs: list[Any] = []
-    first_failure: float | None = None
-    with signals_raise():
-        try:
-            for rank in range(world_size):
-                ctx = RankContext(
-                    rank=rank,
-                    world_size=world_size,
-                    init_method=f"file://{world_dir / 'rendezvous'}",
-                    tmp_dir=world_dir,
-                    timeout_s=timeout_s,
-                    local_rank=rank,
-                    messages=messages,
-                )
-                result_file = str(world_dir / f"rank{rank}.pkl")
-                proc = mp.Process(
-                    target=_rank_main,
-                    args=(spec, ctx, tuple(args), result_file, os.getpid()),
-                    name=f"rank{rank}",
-                    daemon=True,
-                )
-                proc.start()
-                procs.append(proc)
-            while True:
+    # The world's temporary folder (short: vLLM's IPC socket paths must fit AF_UNIX's 108 bytes).
+    with tempfile.TemporaryDirectory(prefix="ascend-eplb-ranks-", ignore_cleanup_errors=True) as temporary:
+        world_dir = Path(tmp_path) / f"world-{time.monotonic_ns()}"
+        world_dir.mkdir(parents=True)
+        for key, value in RANK_ENV.items():
+            os.environ.setdefault(key, value)
+        mp = multiprocessing.get_context("forkserver")
+        if preload:
+            mp.set_forkserver_preload(list(preload))
+        messages = mp.Queue() if on_message is not None else None
+        procs: list[Any] = []
+        first_failure: float | None = None
+        with signals_raise():
+            try:
+                for rank in range(world_size):
+                    ctx = RankContext(
+                        rank=rank,
+                        world_size=world_size,
+                        init_method=f"file://{world_dir / 'rendezvous'}",
+                        tmp_dir=world_dir,
+                        timeout_s=timeout_s,
+                        local_rank=rank,
+                        messages=messages,
+                    )
+                    result_file = str(world_dir / f"rank{rank}.pkl")
+                    proc = mp.Process(
+                        target=_rank_main,
+                        args=(spec, ctx, tuple(args), result_file, os.getpid(), temporary),
+                        name=f"rank{rank}",
+                        daemon=True,
+                    )
+                    proc.start()
+                    procs.append(proc)
+                while True:
+                    _drain(messages, on_message)
+                    alive = [p for p in procs if p.exitcode is None]
+                    if not alive:
+                        break
+                    if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
+                        first_failure = time.monotonic()
+                    now = time.monotonic()
+                    limit = deadline if first_failure is None else min(deadline, first_failure + grace_s)
+                    if now >= limit:
+                        break
+                    poll = 0.5 if messages is None else 0.1
+                    sentinels = [p.sentinel for p in alive]
+                    multiprocessing.connection.wait(sentinels, timeout=min(poll, limit - now))
                 _drain(messages, on_message)
-                alive = [p for p in procs if p.exitcode is None]
-                if not alive:
-                    break
-                if first_failure is None and any(p.exitcode not in (None, 0) for p in procs):
-                    first_failure = time.monotonic()
-                now = time.monotonic()
-                limit = deadline if first_failure is None else min(deadline, first_failure + grace_s)
-                if now >= limit:
-                    break
-                poll = 0.5 if messages is None else 0.1
-                multiprocessing.connection.wait([p.sentinel for p in alive], timeout=min(poll, limit - now))
-            _drain(messages, on_message)
-        except BaseException:
-            _kill(procs)
-            raise
-        finally:
-            if messages is not None:
-                messages.close()
-                messages.cancel_join_thread()
+            except BaseException:
+                _kill(procs)
+                raise
+            finally:
+                if messages is not None:
+                    messages.close()
+                    messages.cancel_join_thread()
 
-    reports: dict[int, tuple[int | None, str]] = {}
-    results: list[Any] = []
-    for rank, proc in enumerate(procs):
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join(5)
-            reason = "deadline" if first_failure is None else "grace period after another rank failed"
-            waited = timeout_s if first_failure is None else grace_s
-            reports[rank] = (None, f"still running after the {reason} ({waited:.0f} s); killed")
-            results.append(None)
-            continue
-        proc.join()
-        result_file = world_dir / f"rank{rank}.pkl"
-        if not result_file.exists():
-            reports[rank] = (proc.exitcode or 1, f"exited with code {proc.exitcode} without a result")
-            results.append(None)
-            continue
-        with open(result_file, "rb") as f:
-            status, value = pickle.load(f)
-        if status == "ok" and proc.exitcode == 0:
-            reports[rank] = (0, "")
-            results.append(value)
-        else:
-            reports[rank] = (proc.exitcode or 1, value if status == "error" else "")
-            results.append(None)
-    if any(code != 0 for code, _ in reports.values()):
-        raise RankFailureError(f"{spec[2]} on {world_size} ranks", reports)
-    return results
+        reports: dict[int, tuple[int | None, str]] = {}
+        results: list[Any] = []
+        for rank, proc in enumerate(procs):
+            if proc.exitcode is None:
+                proc.kill()
+                proc.join(5)
+                reason = "deadline" if first_failure is None else "grace period after another rank failed"
+                waited = timeout_s if first_failure is None else grace_s
+                reports[rank] = (None, f"still running after the {reason} ({waited:.0f} s); killed")
+                results.append(None)
+                continue
+            proc.join()
+            result_file = world_dir / f"rank{rank}.pkl"
+            if not result_file.exists():
+                reports[rank] = (proc.exitcode or 1, f"exited with code {proc.exitcode} without a result")
+                results.append(None)
+                continue
+            with open(result_file, "rb") as f:
+                status, value = pickle.load(f)
+            if status == "ok" and proc.exitcode == 0:
+                reports[rank] = (0, "")
+                results.append(value)
+            else:
+                reports[rank] = (proc.exitcode or 1, value if status == "error" else "")
+                results.append(None)
+        if any(code != 0 for code, _ in reports.values()):
+            raise RankFailureError(f"{spec[2]} on {world_size} ranks", reports)
+        return results
 
 
 def _drain(messages: Any, on_message: Callable[[int, Any], None] | None) -> None:
