@@ -500,13 +500,21 @@ def test_a_dead_worker_on_vllms_engine_stops_eplb_and_serving_goes_on(tmp_path):
 
 
 def test_real_model_runs_refuse_replay_options_and_bad_folders_before_any_process(tmp_path, capsys):
-    code = main(["simulate", "--model", "qwen3-moe", "--layers", "2", "--padded-size",
-                 "300", "--fault", "view-skips-scale", "--out", str(tmp_path / "o")])  # fmt: skip
+    code = main(["simulate", "--model", "qwen3-moe", "--layers", "2", "--padded-size", "300", "--fault",
+                 "view-skips-scale", "--out", str(tmp_path / "o")])  # fmt: skip
     assert code == 2
     err = capsys.readouterr().err
     assert "layers=2: applies to --model replay only" in err
+    assert "padded-size=300: applies to --model replay only (a real model's experts, sizes and routing are " \
+        "its checkpoint's, its batches vLLM's scheduler's)" in err  # fmt: skip
     assert "fault=view-skips-scale: a quantized format's view list; applies to --model replay only" in err
-    assert "padded size=300: one step is one sequence of that many tokens, the model has 256 positions" in err
+    # vLLM's max_model_len for the requests against the preset's 256 positions (MTP drafts count too).
+    long_drafts = ["--speculative-tokens", "100", "--steps", "250"]
+    assert main(["simulate", *long_drafts, "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.splitlines()[1:] == [
+        "  - steps=250: each request needs 260 positions (16 prompt tokens, 128 generated in a round, 100 "
+        "draft, 16 spare), the model has 256 (max_position_embeddings)"
+    ]
     empty = tmp_path / "empty"
     empty.mkdir()
     assert main(["simulate", "--model", str(empty), "--out", str(tmp_path / "o")]) == 2

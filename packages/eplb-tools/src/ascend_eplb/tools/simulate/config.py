@@ -37,7 +37,9 @@ from ascend_eplb.world.compilation import COMPILE_BACKENDS, compilation_of
 __all__ = [
     "LINK_GBPS_DEFAULT",
     "PHASES",
+    "PROMPT_TOKENS",
     "REPLAY_ONLY",
+    "ROUND_TOKENS",
     "RUN_OUTPUTS",
     "SimulateConfig",
     "add_simulate_arguments",
@@ -56,6 +58,12 @@ LINK_GBPS_HELP = (
     "host port per rank: the Gloo-staged movement goes through host memory and TCP)"
 )
 
+
+#: A real model's workload (:func:`~ascend_eplb.tools.simulate.engine_run.workload`): each request's prompt
+#: tokens, and the tokens it generates at most (a longer run serves its ``--steps`` in rounds of requests:
+#: the presets' context is 256 positions).
+PROMPT_TOKENS = 16
+ROUND_TOKENS = 128
 
 #: What a run writes into ``--out`` (and removes, an earlier run's, before its ranks start): the driver's
 #: outputs, which no input of the run may be (:meth:`SimulateConfig._inputs_among_outputs`).
@@ -103,9 +111,9 @@ class SimulateConfig:
     )  # fmt: skip
     data_parallel_size: int = _option(
         1, "--dp",
-        "data-parallel ranks of a real model (vLLM's data_parallel_size, every DP rank in the one world, "
-        "each serving its own batch): the MoE rows are gathered before routing (TP = 1) or gathered "
-        "sequence-parallel (TP > 1); default %(default)s",
+        "data-parallel ranks of a real model (vLLM's data-parallel engine, data_parallel_size, each DP "
+        "rank serving its own requests; the MoE rows are vLLM's dispatch's, report.json's moe_rows: "
+        "split on this host's CPU experts); default %(default)s",
         metavar="N",
         type=positive_int,
     )  # fmt: skip
@@ -130,17 +138,21 @@ class SimulateConfig:
     )  # fmt: skip
     quant_format: str | None = _option(
         None, "--format",
-        "the routed experts' format: a preset is written in it (float32 by default, exact on a CPU "
-        "host; bf16, fp16; or w8a8_dynamic, w4a8_dynamic, mxfp8, mxfp4 in msModelSlim's layout, served "
-        "with --quantization ascend); a model folder says its own (quant_model_description.json, else "
-        "its dtype), which --format must match; --model replay: default w8a8_dynamic",
+        "the routed experts' format: a real model's is float32 (the default, exact on a CPU host), bf16 "
+        "or fp16 (a preset is written in it; a model folder says its own, its dtype, which --format must "
+        "match); --model replay: w8a8_dynamic (its default), w4a8_dynamic, mxfp8, mxfp4 or those, in "
+        "the kernels' storage",
         metavar="FORMAT",
     )  # fmt: skip
     num_moe_layers: int | None = _option(
         None, "--layers", "MoE layers (a prefix of the trace's loaded layers), default all", type=positive_int
     )
     batch_size: int = _option(
-        32, "--batch-size", "real tokens per step, default %(default)s", type=positive_int
+        32,
+        "--batch-size",
+        "requests of a real model served together (vLLM's max_num_seqs); --model replay: real tokens per "
+        "step; default %(default)s",
+        type=positive_int,
     )
     padded_size: int | None = _option(
         None, "--padded-size",
@@ -317,6 +329,12 @@ class SimulateConfig:
         if self.compilation_config is not None:
             return json.loads(self.compilation_config)
         return None
+
+    @property
+    def engine_max_model_len(self) -> int:
+        """vLLM's ``max_model_len`` for a real model's requests: :data:`PROMPT_TOKENS`, at most
+        :data:`ROUND_TOKENS` generated, the draft tokens, 16 spare."""
+        return PROMPT_TOKENS + min(self.steps, ROUND_TOKENS) + self.speculative_tokens + 16
 
     @property
     def effective_padded_size(self) -> int:
@@ -563,7 +581,7 @@ class SimulateConfig:
                 flag = next(f.metadata["flag"] for f in fields(SimulateConfig) if f.name == name)
                 errors.append(
                     f"{flag[2:]}={getattr(self, name)}: applies to --model replay only (a real model's "
-                    "experts, sizes and routing are its checkpoint's)"
+                    "experts, sizes and routing are its checkpoint's, its batches vLLM's scheduler's)"
                 )
         if self.fault == "view-skips-scale":
             errors.append(
@@ -586,10 +604,12 @@ class SimulateConfig:
                 f"{source.format} with {source.num_mtp_layers} MTP layer(s)"
             )
         errors += placement_errors(self, source.num_moe_layers, source.num_logical_experts, source)
-        if self.effective_padded_size > source.max_positions:
+        if self.engine_max_model_len > source.max_positions:
             errors.append(
-                f"padded size={self.effective_padded_size}: one step is one sequence of that many tokens, "
-                f"the model has {source.max_positions} positions (max_position_embeddings)"
+                f"steps={self.steps}: each request needs {self.engine_max_model_len} positions ("
+                f"{PROMPT_TOKENS} prompt tokens, {min(self.steps, ROUND_TOKENS)} generated in a round, "
+                f"{self.speculative_tokens} draft, 16 spare), the model has {source.max_positions} "
+                "(max_position_embeddings)"
             )
         errors += resources.integer_rules(
             self, num_moe_layers=source.num_moe_layers, num_logical_experts=source.num_logical_experts,
@@ -623,6 +643,7 @@ def ascend_policy_keys(config: SimulateConfig) -> dict[str, Any]:
 
 #: Options of the trace-replay world only (``--model replay``).
 REPLAY_ONLY = (
+    "padded_size",
     "num_moe_layers",
     "trace",
     "sample_top_k",

@@ -30,7 +30,7 @@ from ascend_eplb.control import measures
 from ascend_eplb.integration.guardrail_facts import InFlightAtShutdown
 from ascend_eplb.integration.model_names import DRAFT_SUFFIX
 from ascend_eplb.tools.check import check_serve_command
-from ascend_eplb.tools.simulate.config import SimulateConfig, ascend_policy_keys
+from ascend_eplb.tools.simulate.config import PROMPT_TOKENS, ROUND_TOKENS, SimulateConfig, ascend_policy_keys
 from ascend_eplb.tools.simulate.faults import WORKER_FAULTS, inject_stale_lookup, inject_worker_fault
 from ascend_eplb.tools.simulate.launching import write_scrape
 from ascend_eplb.tools.simulate.lifecycle import RunPhase
@@ -40,13 +40,8 @@ from ascend_eplb.world.engine import probes
 from ascend_eplb.world.engine.host import Completion, EngineError, EngineWorld
 from ascend_eplb.world.engine.spec import EngineSpec, EplbSpec
 
-__all__ = ["PROMPT_TOKENS", "EngineFigures", "EngineRun", "inject_fault", "run_engines", "workload"]
+__all__ = ["EngineFigures", "EngineRun", "inject_fault", "run_engines", "workload"]
 
-#: Prompt length of every request of the workload.
-PROMPT_TOKENS = 16
-#: Tokens one request generates at most: a longer run serves its ``--steps`` in rounds of requests (the
-#: presets' context is 256 positions).
-ROUND_TOKENS = 128
 #: Top candidates vLLM returns per generated token (the ``outputs`` check compares them all).
 LOGPROBS = 5
 
@@ -117,7 +112,7 @@ def _specs(config: SimulateConfig, folder: Path) -> tuple[EngineSpec, EngineSpec
         speculative_tokens=config.speculative_tokens,
         compilation=config.compilation,
         max_num_seqs=config.batch_size,
-        max_model_len=PROMPT_TOKENS + min(config.steps, ROUND_TOKENS) + config.speculative_tokens + 16,
+        max_model_len=config.engine_max_model_len,
         seed=config.seed,
     )
     eplb = EplbSpec(config.window_size, config.step_interval, config.num_redundant_experts, ascend)
