@@ -7,33 +7,34 @@ MoE layers (the MTP draft's included), so upstream starts the next rearrangement
 layer commits. A run passes when every check passed (no failure between two rearrangements: they are
 consecutive) and at least ``--rearrangements`` completed.
 
-Layouts (which rows each rank routes, ``ascend_eplb.control.layout``):
+Layouts (the parallel configuration; the rows each rank routes, ``ascend_eplb.control.layout``, are
+vLLM's dispatch's, printed from ``report.json``'s ``moe_rows``):
 
-* ``replicated``: vLLM's engine serving vLLM 0.33.0's own ``DeepseekV3ForCausalLM`` (the ``deepseek-v3``
+* ``tp``: vLLM's engine serving vLLM 0.33.0's own ``DeepseekV3ForCausalLM`` (the ``deepseek-v3``
   preset, 4 MoE layers, 64 experts, top-6; ``--mtp``: its ``DeepSeekMTP`` draft beside it) at TP = EP =
-  the ranks: every rank routes the same TP-replicated rows.
-* ``gathered``: the same model at DP = the ranks x TP = 1 (``simulate --dp N``): each DP rank's batch,
-  gathered before routing by vLLM's dispatch (every rank routes the whole gathered batch).
-* ``gathered-sp``: the same model at DP = 2 x TP = the ranks / 2: vLLM's sequence-parallel MoE, each
-  rank's chunk of its DP batch gathered over the EP group.
-* ``split``: the trace-replay world (``--model replay``: the repository's toy MoE model on upstream's
+  the ranks: every rank routes the same TP-replicated rows (``replicated``).
+* ``dp``: the same model at DP = the ranks x TP = 1 (``simulate --dp N``, vLLM's data-parallel engine).
+* ``dp-tp``: the same model at DP = 2 x TP = the ranks / 2.
+* ``replay``: the trace-replay world (``--model replay``: the repository's toy MoE model on upstream's
   ``CustomRoutingRouter``, ``w8a8_dynamic`` kernel storage, the embedded ESFT trace's first 4 MoE
-  layers): every rank routes rows of its own (vLLM Ascend's MC2 dispatch). Not a real model class.
+  layers): every rank routes rows of its own (``split``, vLLM Ascend's MC2 dispatch). Not a real model
+  class.
 
 Execution modes (``--compile``, one run per layout and mode, one after another in this process):
 ``none`` (eager, ``enforce_eager``: the default), and the real model compiled as vLLM's CPU platform
 compiles it (``simulate --compile``: ``DYNAMO_TRACE_ONCE`` with the ``eager`` or the ``inductor``
-backend). The replay world (``split``) runs eagerly only.
+backend). The replay world runs eagerly only.
 
 Usage (from the repository root)::
 
     hatch run python packages/eplb-tools/benchmarks/soak.py [--rearrangements 100] [--ranks 2]
-        [--layouts replicated gathered gathered-sp split] [--compile none eager inductor] [--mtp]
+        [--layouts tp dp dp-tp replay] [--compile none eager inductor] [--mtp]
         [--policy migration_aware] [--batch-size 8] [--out eplb-soak]
 
-Prints one row per layout and mode (steps, wall time, step time p50, rearrangements completed, max
-output error against the EPLB-off model, bytes received (measured), verdict), so the modes' step times
-stand side by side, measured in one run, and writes each run's ``report.json`` and summary under
+Prints one row per layout and mode (the rows routed, steps, wall time, step time p50, rearrangements
+completed, max output error against the EPLB-off model, bytes received (measured), verdict), so the
+modes' step times stand side by side, measured in one run, and writes each run's ``report.json`` and
+summary under
 ``--out/<layout>[-<mode>]``. Exit status 0 when every run passed with enough rearrangements, 1
 otherwise.
 """
@@ -47,10 +48,10 @@ import sys
 from pathlib import Path
 
 LAYOUTS = {
-    "replicated": ["--model", "deepseek-v3"],
-    "gathered": ["--model", "deepseek-v3"],  # --dp N: the ranks (soak_args)
-    "gathered-sp": ["--model", "deepseek-v3", "--dp", "2"],
-    "split": ["--model", "replay", "--layers", "4"],
+    "tp": ["--model", "deepseek-v3"],
+    "dp": ["--model", "deepseek-v3"],  # --dp N: the ranks (soak_args)
+    "dp-tp": ["--model", "deepseek-v3", "--dp", "2"],
+    "replay": ["--model", "replay", "--layers", "4"],
 }
 #: ``--compile`` values: eager execution, or ``simulate --compile``'s backends.
 MODES = ("none", "eager", "inductor")
@@ -60,7 +61,7 @@ SLACK = 1.5
 
 
 def _num_moe_layers(layout: str) -> int:
-    if layout == "split":
+    if layout == "replay":
         return 4
     from ascend_eplb.tools.simulate.models import resolve_model
 
@@ -85,7 +86,7 @@ def soak_args(
 
     Raises:
         ValueError: ``layout`` is not one of :data:`LAYOUTS`, ``rearrangements`` < 1, or ``mode`` is not
-            one of :data:`MODES` or compiles the replay world (``split``).
+            one of :data:`MODES` or compiles the replay world.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}: must be one of {', '.join(LAYOUTS)}")
@@ -93,15 +94,15 @@ def soak_args(
         raise ValueError(f"rearrangements={rearrangements}: must be >= 1")
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}: must be one of {', '.join(MODES)}")
-    if mode != "none" and layout == "split":
-        raise ValueError(f"mode={mode!r} with layout split: the replay world (a toy model) runs eagerly only")
-    if mtp and layout == "split":
-        raise ValueError("mtp with layout split: the replay world (a toy model) has no MTP draft")
+    if mode != "none" and layout == "replay":
+        raise ValueError(f"mode={mode!r} with layout replay: the replay world (a toy model) runs eagerly")
+    if mtp and layout == "replay":
+        raise ValueError("mtp with layout replay: the replay world (a toy model) has no MTP draft")
     layers = _num_moe_layers(layout) + int(mtp)
     # Window = interval = L: upstream's first rearrangement starts at step max(L // 4, 1), each takes L
     # steps (the draft's layer after the target's), and the next starts at the step the last layer commits.
     steps = math.ceil((max(layers // 4, 1) + rearrangements * layers) * SLACK)
-    data_parallel = ["--dp", str(num_ranks)] if layout == "gathered" else []
+    data_parallel = ["--dp", str(num_ranks)] if layout == "dp" else []
     compiled = [] if mode == "none" else ["--compile", mode]
     return [
         *LAYOUTS[layout], *data_parallel, "--ranks", str(num_ranks), "--redundant-experts", str(num_ranks),
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.modes:
             try:  # every run refused before the first starts
                 runs[layout, mode] = soak_args(
-                    layout, args.rearrangements, args.ranks, mode, mtp=args.mtp and layout != "split",
+                    layout, args.rearrangements, args.ranks, mode, mtp=args.mtp and layout != "replay",
                     policy=policy, batch_size=args.batch_size,
                 )  # fmt: skip
             except ValueError as error:
@@ -165,9 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         report = run_layout(options, out)
         enough = report["rearrangements_completed"] >= args.rearrangements
         ok &= report["passed"] and enough
-        served = report["model"] if layout != "split" else f"replay ({report['format']}, toy MoE)"
+        served = report["model"] if layout != "replay" else f"replay ({report['format']}, toy MoE)"
         rows.append(
-            f"{layout:<11} {mode:<8} {served:<30} {report['ranks']:>5} {report['steps']:>6} "
+            f"{layout:<7} {mode:<8} {served:<30} {report['moe_rows']:<10} {report['ranks']:>5} "
+            f"{report['steps']:>6} "
             f"{report['wall_seconds']:>8.1f} {(report['step_seconds_p50'] or 0) * 1000:>11.1f} "
             f"{report['rearrangements_completed']:>9} {report['max_output_error']:>10.3g} "
             f"{report['bytes_received']:>12} {report['verdict']}"
@@ -175,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"{layout} {mode}: {report['verdict']}, report in {out}", file=sys.stderr)
     print(
-        f"{'layout':<11} {'compile':<8} {'model':<30} {'ranks':>5} {'steps':>6} {'wall s':>8} "
+        f"{'layout':<7} {'compile':<8} {'model':<30} {'rows':<10} {'ranks':>5} {'steps':>6} {'wall s':>8} "
         f"{'step p50 ms':>11} {'completed':>9} {'max error':>10} {'bytes recv':>12} verdict"
     )
     print("\n".join(rows))

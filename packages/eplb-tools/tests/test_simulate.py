@@ -309,7 +309,7 @@ def test_two_nodes_under_torchrun_pass_every_check_of_the_short_soak(tmp_path):
     assert exported == {"GLOO_SOCKET_IFNAME": "$IFACE", "VLLM_TARGET_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
     simulate = command[command.index("simulate") + 1 :]
     # The README runs the soak's short version: its options, plus the output folder.
-    assert simulate == [*soak.soak_args("split", 5, num_ranks=4), "--out", "eplb-simulate"]
+    assert simulate == [*soak.soak_args("replay", 5, num_ranks=4), "--out", "eplb-simulate"]
     with socket.socket() as probe:  # a free port for the rendezvous (never a fixed one: xdist workers)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
