@@ -27,10 +27,10 @@ DROPPED: dict[str, tuple[str, ...]] = {
     ),
     "vllm.platforms.interface": ("Failed to import from vllm._C",),
     "vllm.config.vllm": (
-        "Model Runner V2 requires Triton",  # the simulator builds no vLLM runner: it makes MRv2's EPLB calls
-        "Enforce eager set",  # the real models run eager, as start-up validation requires
+        "Model Runner V2 requires Triton",  # judging vLLM's config here: the engine's runner runs elsewhere
+        "Enforce eager set",  # without --compile the engine runs eagerly (enforce_eager), as asked
         "Inductor compilation was disabled by user settings",
-        "max_num_scheduled_tokens is set to",  # --speculative-tokens: about the scheduler, not run here
+        "max_num_scheduled_tokens is set to",  # --speculative-tokens: the scheduler's note, judged here
     ),
     "vllm.ir.op": ("Priority not set for op",),  # per custom op of a real model: its torch form runs
 }

@@ -38,9 +38,10 @@ OUTPUT_RTOL = 1e-5
 OUTPUT_ATOL = 1e-6
 #: 16-bit activations (the bf16/fp16 formats): the per-rank partial sums of a token's selections are
 #: rounded in the activation dtype, so a placement that splits them differently differs by rounding of
-#: that dtype (measured: at most 0.0625 on logits of scale ~9.4, 0.7 %, for bf16 on the DeepSeek-V3
-#: preset, 4 ranks, top-6, 96 steps); the check allows 16 units of roundoff (bf16 2**-8, fp16 2**-11). A wrong
-#: expert or replica is off by tens of percent (the replica-agreement bug: 52-105 %).
+#: that dtype (measured on logits, before the engine world: at most 0.0625 on a scale of ~9.4, 0.7 %, for
+#: bf16 on the DeepSeek-V3 preset, 4 ranks, top-6, 96 steps); the check allows 16 units of roundoff (bf16
+#: 2**-8, fp16 2**-11). A wrong expert or replica is off by tens of percent (the replica-agreement bug:
+#: 52-105 %).
 OUTPUT_RTOL_16BIT = {"bf16": 16 * 2.0**-8, "fp16": 16 * 2.0**-11}
 
 
