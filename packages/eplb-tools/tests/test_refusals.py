@@ -161,7 +161,10 @@ def test_every_bad_option_of_every_subcommand_is_refused_before_anything_with_it
                   "scheduler's default, which the world serves with): a step schedules each token with its N "
                   "draft tokens",
                   "speculative tokens=2048: the MTP draft needs a float32 DeepSeek-V3 checkpoint with its "
-                  f"MTP layer; model {good} is Qwen3MoeForCausalLM in float32 with 0 MTP layer(s)")),
+                  f"MTP layer; model {good} is Qwen3MoeForCausalLM in float32 with 0 MTP layer(s)",
+                  "steps=48 with speculative tokens=2048: each request needs 2128 positions (16 prompt "
+                  "tokens, 48 generated in a round, 2048 draft, 16 spare), the model has 256 "
+                  "(max_position_embeddings)")),
         (["simulate", "--compile", "aot"],
          _hint("simulate", "argument --compile: invalid choice: 'aot' (choose from 'eager', 'inductor')")),
         # argparse's own errors: one line and the pointer, named by the subcommand

@@ -512,8 +512,8 @@ def test_real_model_runs_refuse_replay_options_and_bad_folders_before_any_proces
     long_drafts = ["--speculative-tokens", "100", "--steps", "250"]
     assert main(["simulate", *long_drafts, "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err.splitlines()[1:] == [
-        "  - steps=250: each request needs 260 positions (16 prompt tokens, 128 generated in a round, 100 "
-        "draft, 16 spare), the model has 256 (max_position_embeddings)"
+        "  - steps=250 with speculative tokens=100: each request needs 260 positions (16 prompt tokens, 128 "
+        "generated in a round, 100 draft, 16 spare), the model has 256 (max_position_embeddings)"
     ]
     empty = tmp_path / "empty"
     empty.mkdir()

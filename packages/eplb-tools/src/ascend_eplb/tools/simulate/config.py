@@ -606,7 +606,9 @@ class SimulateConfig:
         errors += placement_errors(self, source.num_moe_layers, source.num_logical_experts, source)
         if self.engine_max_model_len > source.max_positions:
             errors.append(
-                f"steps={self.steps}: each request needs {self.engine_max_model_len} positions ("
+                f"steps={self.steps}"
+                + (f" with speculative tokens={self.speculative_tokens}" if self.speculative_tokens else "")
+                + f": each request needs {self.engine_max_model_len} positions ("
                 f"{PROMPT_TOKENS} prompt tokens, {min(self.steps, ROUND_TOKENS)} generated in a round, "
                 f"{self.speculative_tokens} draft, 16 spare), the model has {source.max_positions} "
                 "(max_position_embeddings)"
