@@ -22,9 +22,9 @@ FAULTY = dict(model="replay", num_ranks=2, num_redundant_experts=2, num_moe_laye
 
 
 def _passed_but_the_last_cycle(report: dict) -> None:
-    """Every check of a FAULTY-sized run passed (interval 2 over 8 steps), but the worker's may be "not
-    judged": on a loaded host the last cycle can lag the replay's fast steps and still be in flight at the
-    end (CI saw it once), and then that cycle is named."""
+    """Every check of a short replay run passed (FAULTY's interval 2 over 8 steps, SHORT's 4 over 16), but
+    the worker's may be "not judged": on a loaded host the last cycle can lag the replay's fast steps (13 ms)
+    and still be in flight at the end (CI saw it for both), and then that cycle is named."""
     checks = dict(report["checks"])
     worker = checks.pop("worker")
     assert (checks, report["first_violation"]) == (dict.fromkeys(checks, True), None), report[
@@ -1009,7 +1009,8 @@ def test_the_batch_split_beside_the_equal_split_in_the_summary_report_and_plot(t
 
     result = run_simulation(SimulateConfig(**SHORT, replica_split="batch_local", out_dir=str(tmp_path)))
     report = result.to_json()
-    assert report["passed"], report["first_violation"]
+    # CI once saw rearrangement 2's first layer unpublished 11 steps (0.2 s) before the end: not judged.
+    _passed_but_the_last_cycle(report)
     assert (report["replica_split"], report["split_scope"]) == ("batch_local", "rows")
     executed, equal = report["balancedness_per_step"], report["balancedness_equal_split_per_step"]
     assert len(executed) == len(equal) == report["split_steps"] == 16
