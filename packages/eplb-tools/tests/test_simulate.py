@@ -314,11 +314,7 @@ def test_two_nodes_under_torchrun_pass_every_check_of_the_short_soak(tmp_path):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     out = tmp_path / "sim"
-    # A private TMPDIR: torchrun's torchelastic_* folders, and the two IPC sockets vLLM's message queue
-    # binds per node (under torchrun no launcher of ours removes them), stay out of the host's /tmp.
-    private = tmp_path / "tmp"
-    private.mkdir()
-    env = os.environ | {**exported, "GLOO_SOCKET_IFNAME": "lo", "TMPDIR": str(private)}
+    env = os.environ | {**exported, "GLOO_SOCKET_IFNAME": "lo"}
     procs, logs = [], [tmp_path / "node0.log", tmp_path / "node1.log"]
     for node, log in enumerate(logs):
         words = {"$NODE_RANK": str(node), "$HOST0:$PORT": f"127.0.0.1:{port}", "eplb-simulate": str(out)}
